@@ -1,0 +1,201 @@
+//! Typed errors. Every public function reports bad input through one of
+//! these; none panics on user input.
+
+use thiserror::Error;
+
+/// A layout that cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LayoutError {
+    /// Names are 1 to 32 characters of `a-z`, `0-9`, `_` and `-`.
+    #[error("invalid name {0:?}: use 1 to 32 characters of a-z, 0-9, '_' and '-'")]
+    InvalidName(String),
+    /// The fields' widths add up to more than 64.
+    #[error("layout fields use {bits} bits; at most 64 fit in an id")]
+    TooWide {
+        /// Sum of the widths.
+        bits: u64,
+    },
+    /// A field of width zero.
+    #[error("field {0:?} has zero width")]
+    ZeroWidth(String),
+    /// Two fields with one name, or two time or sequence fields.
+    #[error("field {0:?} appears twice")]
+    DuplicateField(String),
+    /// A node field named `time` or `sequence`.
+    #[error("{0:?} is reserved for the time and sequence fields")]
+    ReservedName(String),
+    /// No time or no sequence field.
+    #[error("layout has no {0} field")]
+    Missing(&'static str),
+    /// The sequence is more significant than the time, so ids would not sort by time.
+    #[error(
+        "the sequence field must come after (below) the time field, or ids do not sort by time"
+    )]
+    SequenceAboveTime,
+    /// A tick of zero milliseconds.
+    #[error("tick length must be at least 1 ms")]
+    ZeroTick,
+    /// The epoch is later than now.
+    #[error("epoch {epoch_ms} ms is in the future")]
+    EpochInFuture {
+        /// The epoch given.
+        epoch_ms: u64,
+    },
+    /// No preset of that name.
+    #[error(
+        "unknown layout {0:?}; presets: snowflake, twitter, discord, instagram, sonyflake, mysql-procedure, js-safe"
+    )]
+    UnknownPreset(String),
+}
+
+/// An id, or parts of one, that does not fit a layout.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum IdError {
+    /// A field value wider than its field.
+    #[error("{field} {value} is out of range for layout {layout} (0..={max})")]
+    OutOfRange {
+        /// Layout name.
+        layout: String,
+        /// Field name.
+        field: String,
+        /// The value given.
+        value: u64,
+        /// Largest value the field holds.
+        max: u64,
+    },
+    /// A node field the layout does not have.
+    #[error("layout {layout} has no field {field:?} (fields: {known})")]
+    UnknownField {
+        /// Layout name.
+        layout: String,
+        /// Field name given.
+        field: String,
+        /// The layout's node fields, comma separated.
+        known: String,
+    },
+    /// A node field with no value.
+    #[error("layout {layout} needs a value for {field:?}")]
+    MissingField {
+        /// Layout name.
+        layout: String,
+        /// Field name.
+        field: String,
+    },
+    /// An id with bits set above the layout's fields.
+    #[error("id {id} does not fit layout {layout}: it is above the layout's largest id {max}")]
+    TooLarge {
+        /// The id.
+        id: u64,
+        /// Layout name.
+        layout: String,
+        /// The layout's largest id.
+        max: u64,
+    },
+    /// A time outside the layout's range.
+    #[error(
+        "time {unix_ms} ms is outside layout {layout}'s range (epoch {epoch_ms} ms, end {end_ms} ms)"
+    )]
+    TimeOutOfRange {
+        /// Layout name.
+        layout: String,
+        /// The time given.
+        unix_ms: u64,
+        /// The layout's epoch.
+        epoch_ms: u64,
+        /// The layout's end of life.
+        end_ms: u128,
+    },
+    /// A shard count of zero.
+    #[error("the number of logical shards must be at least 1")]
+    NoShards,
+}
+
+/// Text that is not an id in the format asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ParseError {
+    /// Empty input.
+    #[error("empty id")]
+    Empty,
+    /// A character outside the format's alphabet.
+    #[error("invalid {format} id {input:?}: unexpected character {ch:?}")]
+    InvalidChar {
+        /// Format name.
+        format: &'static str,
+        /// The input.
+        input: String,
+        /// The first bad character.
+        ch: char,
+    },
+    /// A value above 2^64 - 1 (or below -2^63).
+    #[error("{format} id {input:?} does not fit in 64 bits")]
+    Overflow {
+        /// Format name.
+        format: &'static str,
+        /// The input.
+        input: String,
+    },
+    /// Unknown format name.
+    #[error("unknown format {0:?}; use dec, hex, base32 or base62")]
+    UnknownFormat(String),
+    /// Text that is no kind of id known.
+    #[error("{0:?} is not a 64-bit id, UUID or ObjectId")]
+    Unrecognised(String),
+}
+
+/// Why a generator could not issue an id.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum GenerateError {
+    /// The clock is behind the last issued tick by more than the policy allows.
+    #[error("clock moved backwards; refusing to generate ids for {behind_ms} ms")]
+    ClockMovedBackwards {
+        /// How far behind, in milliseconds.
+        behind_ms: u64,
+    },
+    /// The clock did not advance while the generator waited for it.
+    #[error("clock did not advance for {waited_ms} ms while waiting for the next tick")]
+    ClockStalled {
+        /// How long the generator waited.
+        waited_ms: u64,
+    },
+    /// The clock reads before the layout's epoch.
+    #[error("clock reads {now_ms} ms, before the layout's epoch {epoch_ms} ms")]
+    BeforeEpoch {
+        /// Clock reading.
+        now_ms: u64,
+        /// Layout epoch.
+        epoch_ms: u64,
+    },
+    /// The time field is full: the layout's life is over.
+    #[error("layout {layout} ran out of time bits (end of life {end_ms} ms)")]
+    EpochExhausted {
+        /// Layout name.
+        layout: String,
+        /// End of life, Unix ms.
+        end_ms: u128,
+    },
+    /// A batch of zero ids, or more than the generator allows.
+    #[error("batch size {requested} is invalid: ask for 1 to {max} ids")]
+    InvalidCount {
+        /// Count asked for.
+        requested: u64,
+        /// Largest batch allowed.
+        max: u64,
+    },
+}
+
+/// A node id source that found nothing usable.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NodeIdError {
+    /// No network interface had a hardware address.
+    #[error("no network interface has a MAC address; give the node id explicitly")]
+    NoMacAddress,
+    /// No usable IP address.
+    #[error("no non-loopback IP address found; give the node id explicitly")]
+    NoIpAddress,
+    /// The host name does not end in `-N`.
+    #[error("host name {0:?} does not end in an ordinal like 'ids-7'")]
+    NoOrdinal(String),
+    /// The value does not fit the layout's field.
+    #[error(transparent)]
+    OutOfRange(#[from] IdError),
+}

@@ -1,0 +1,560 @@
+//! The id generator: lock-free, bounded in every wait.
+//!
+//! State is one atomic word, the last issued `(tick, sequence)` packed as
+//! `tick << sequence_bits | sequence`. A call reads the clock, computes the
+//! next run of that packed counter and claims it with one compare-and-swap,
+//! so ids come out in the order the swaps succeed: **any id returned before
+//! another call starts is smaller than that call's id**, on every thread.
+//! Node bits are constant, so the id grows with the packed counter.
+//!
+//! Twitter Snowflake's rules (MISSION.md §2.1) are the defaults: a new tick
+//! restarts the sequence at 0; a full sequence waits for the next tick; a
+//! clock behind the last issued tick is an error. [`ExhaustedPolicy`] and
+//! [`RollbackPolicy`] relax them, always within a bound: no call spins or
+//! sleeps for longer than its policy allows plus the stall timeout.
+//!
+//! [`LocalGenerator`] is the fastest mode, for one thread: it reserves small
+//! blocks from the shared generator and hands them out without atomics. Its
+//! ids increase on its own thread only.
+
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::error::{GenerateError, IdError};
+use crate::id::{Id, NodeBits};
+use crate::layout::{Layout, mask};
+use crate::sync::{AtomicU64, Ordering};
+
+/// What to do when a tick's sequence runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExhaustedPolicy {
+    /// Wait for the next tick (Snowflake's behaviour).
+    #[default]
+    Wait,
+    /// Take sequence values of future ticks while the generator is at most
+    /// `max_lead` ahead of the clock, then wait.
+    Borrow {
+        /// How far ahead of the clock ids may be stamped.
+        max_lead: Duration,
+    },
+}
+
+/// What to do when the clock reads earlier than the last issued tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RollbackPolicy {
+    /// Refuse with [`GenerateError::ClockMovedBackwards`] (Snowflake's behaviour).
+    #[default]
+    Error,
+    /// Wait for the clock to catch up if it is at most `max` behind; refuse beyond.
+    Wait {
+        /// Longest rollback to wait out.
+        max: Duration,
+    },
+    /// Keep issuing on the last tick (its sequence, then borrowed ticks)
+    /// while the clock is at most `max` behind; refuse beyond.
+    Continue {
+        /// Longest rollback to ride through.
+        max: Duration,
+    },
+}
+
+/// Counters of the cold paths, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Calls that found their tick's sequence used up.
+    pub exhaustions: u64,
+    /// Calls that found the clock behind the last issued tick.
+    pub clock_behind: u64,
+    /// Calls refused because the clock was behind by more than allowed.
+    pub rollback_errors: u64,
+}
+
+/// Builds a [`Generator`]; see [`Generator::builder`].
+#[derive(Debug, Clone)]
+pub struct GeneratorBuilder<C = MonotonicClock> {
+    layout: Layout,
+    nodes: Vec<(String, u64)>,
+    clock: C,
+    exhausted: ExhaustedPolicy,
+    rollback: RollbackPolicy,
+    max_batch: u64,
+    stall_timeout: Duration,
+    resume_after_ms: Option<u64>,
+}
+
+impl<C: Clock> GeneratorBuilder<C> {
+    /// Sets a node or shard field (`node`, `datacenter`, `shard`, ...).
+    pub fn node(mut self, field: impl Into<String>, value: u64) -> Self {
+        self.nodes.push((field.into(), value));
+        self
+    }
+    /// Uses another clock.
+    pub fn clock<D: Clock>(self, clock: D) -> GeneratorBuilder<D> {
+        GeneratorBuilder {
+            layout: self.layout,
+            nodes: self.nodes,
+            clock,
+            exhausted: self.exhausted,
+            rollback: self.rollback,
+            max_batch: self.max_batch,
+            stall_timeout: self.stall_timeout,
+            resume_after_ms: self.resume_after_ms,
+        }
+    }
+    /// What to do when a tick's sequence runs out.
+    pub fn on_exhausted(mut self, policy: ExhaustedPolicy) -> Self {
+        self.exhausted = policy;
+        self
+    }
+    /// What to do when the clock goes backwards.
+    pub fn on_rollback(mut self, policy: RollbackPolicy) -> Self {
+        self.rollback = policy;
+        self
+    }
+    /// Largest batch [`Generator::next_ids`] hands out (default 1,048,576).
+    pub fn max_batch(mut self, max: u64) -> Self {
+        self.max_batch = max;
+        self
+    }
+    /// How long a wait may go on with the clock not advancing before it
+    /// fails with [`GenerateError::ClockStalled`] (default 1 s).
+    pub fn stall_timeout(mut self, timeout: Duration) -> Self {
+        self.stall_timeout = timeout;
+        self
+    }
+    /// Treats every tick up to and including the one holding `unix_ms` as
+    /// used: a restarted node passes its recorded high-water time here so it
+    /// never reissues a tick its previous life may have used.
+    pub fn resume_after(mut self, unix_ms: u64) -> Self {
+        self.resume_after_ms = Some(unix_ms);
+        self
+    }
+
+    /// Checks the node values against the layout and builds.
+    pub fn build(self) -> Result<Generator<C>, IdError> {
+        let values: Vec<(&str, u64)> = self.nodes.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        let node_bits = self.layout.nodes(&values)?;
+        let seq_bits = self.layout.sequence().bits();
+        let state = match self.resume_after_ms {
+            None => 0,
+            Some(ms) => {
+                let tick = self
+                    .layout
+                    .unix_ms_to_tick(ms)
+                    .unwrap_or(0)
+                    .min(self.layout.max_tick());
+                (tick << seq_bits) | mask(seq_bits)
+            }
+        };
+        let ticks = |d: Duration| (d.as_millis() as u64).div_ceil(self.layout.tick_ms());
+        let borrow = match self.exhausted {
+            ExhaustedPolicy::Wait => 0,
+            ExhaustedPolicy::Borrow { max_lead } => ticks(max_lead),
+        };
+        let ride = match self.rollback {
+            RollbackPolicy::Continue { max } => ticks(max),
+            _ => 0,
+        };
+        Ok(Generator {
+            state: Padded(AtomicU64::new(state)),
+            clock: self.clock,
+            node_bits,
+            epoch_ms: self.layout.epoch_ms(),
+            tick_ms: self.layout.tick_ms(),
+            seq_bits,
+            time_shift: self.layout.time().shift(),
+            seq_shift: self.layout.sequence().shift(),
+            max_tick: self.layout.max_tick(),
+            borrow_ticks: borrow,
+            allowed_lead: borrow.saturating_add(ride),
+            rollback: self.rollback,
+            max_batch: self.max_batch,
+            stall_timeout: self.stall_timeout,
+            exhaustions: AtomicU64::new(0),
+            clock_behind: AtomicU64::new(0),
+            rollback_errors: AtomicU64::new(0),
+            layout: self.layout,
+        })
+    }
+}
+
+/// Keeps the hot atomic on its own cache line, away from the read-only fields.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// A thread-safe, lock-free id generator for one node.
+///
+/// ```
+/// use shardflake::{preset, Generator};
+///
+/// let generator = Generator::builder(preset::by_name("snowflake")?)
+///     .node("node", 7)
+///     .build()?;
+/// let a = generator.next_id()?;
+/// let b = generator.next_id()?;
+/// assert!(a < b);
+/// assert_eq!(b.decode(generator.layout())?.field("node"), Some(7));
+/// let batch = generator.next_ids(1000)?;
+/// assert_eq!(batch.iter().count(), 1000);
+/// assert!(batch.first() > b);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Generator<C = MonotonicClock> {
+    state: Padded<AtomicU64>,
+    clock: C,
+    node_bits: NodeBits,
+    epoch_ms: u64,
+    tick_ms: u64,
+    seq_bits: u32,
+    time_shift: u32,
+    seq_shift: u32,
+    max_tick: u64,
+    borrow_ticks: u64,
+    allowed_lead: u64,
+    rollback: RollbackPolicy,
+    max_batch: u64,
+    stall_timeout: Duration,
+    exhaustions: AtomicU64,
+    clock_behind: AtomicU64,
+    rollback_errors: AtomicU64,
+    layout: Layout,
+}
+
+/// A run of consecutive `(tick, sequence)` values from one reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    start: u64,
+    end: u64,
+    seq_bits: u32,
+    time_shift: u32,
+    seq_shift: u32,
+    node_bits: u64,
+}
+
+impl Batch {
+    /// Number of ids.
+    pub fn len(&self) -> u64 {
+        self.end - self.start + 1
+    }
+    /// Never true: a batch holds at least one id.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    /// The smallest id.
+    pub fn first(&self) -> Id {
+        self.id(self.start)
+    }
+    /// The largest id.
+    pub fn last(&self) -> Id {
+        self.id(self.end)
+    }
+    /// Every id, ascending.
+    pub fn iter(&self) -> BatchIter {
+        BatchIter {
+            range: self.start..=self.end,
+            batch: *self,
+        }
+    }
+    #[inline]
+    fn id(&self, packed: u64) -> Id {
+        let tick = packed >> self.seq_bits;
+        let seq = packed & mask(self.seq_bits);
+        Id((tick << self.time_shift) | (seq << self.seq_shift) | self.node_bits)
+    }
+}
+
+impl IntoIterator for Batch {
+    type Item = Id;
+    type IntoIter = BatchIter;
+    fn into_iter(self) -> BatchIter {
+        self.iter()
+    }
+}
+
+/// The ids of a [`Batch`], ascending.
+#[derive(Debug, Clone)]
+pub struct BatchIter {
+    range: std::ops::RangeInclusive<u64>,
+    batch: Batch,
+}
+
+impl Iterator for BatchIter {
+    type Item = Id;
+    #[inline]
+    fn next(&mut self) -> Option<Id> {
+        self.range.next().map(|packed| self.batch.id(packed))
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.range.size_hint()
+    }
+}
+
+impl Generator<MonotonicClock> {
+    /// Starts a generator for `layout` on the process's monotonic clock,
+    /// with Snowflake's policies.
+    pub fn builder(layout: Layout) -> GeneratorBuilder<MonotonicClock> {
+        GeneratorBuilder {
+            layout,
+            nodes: Vec::new(),
+            clock: MonotonicClock::new(),
+            exhausted: ExhaustedPolicy::Wait,
+            rollback: RollbackPolicy::Error,
+            max_batch: 1 << 20,
+            stall_timeout: Duration::from_secs(1),
+            resume_after_ms: None,
+        }
+    }
+}
+
+impl<C: Clock> Generator<C> {
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+    /// The packed node fields.
+    pub fn node_bits(&self) -> NodeBits {
+        self.node_bits
+    }
+    /// Largest batch allowed.
+    pub fn max_batch(&self) -> u64 {
+        self.max_batch
+    }
+    /// Cold-path counters.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            exhaustions: self.exhaustions.load(Ordering::Relaxed),
+            clock_behind: self.clock_behind.load(Ordering::Relaxed),
+            rollback_errors: self.rollback_errors.load(Ordering::Relaxed),
+        }
+    }
+    /// Unix millisecond of the last issued tick's end: every id issued so
+    /// far has a time before it. Persist it (plus a window) as a high-water
+    /// mark and pass it to [`GeneratorBuilder::resume_after`] after a restart.
+    pub fn high_water_ms(&self) -> u64 {
+        let tick = self.state.0.load(Ordering::Acquire) >> self.seq_bits;
+        self.layout.tick_to_unix_ms(tick.saturating_add(1)) - 1
+    }
+    /// How far the last issued tick is ahead of the clock (borrowed lead).
+    pub fn lead(&self) -> Duration {
+        let tick = self.state.0.load(Ordering::Relaxed) >> self.seq_bits;
+        let now = self.tick(self.clock.now_ms_precise()).unwrap_or(0);
+        Duration::from_millis(tick.saturating_sub(now) * self.tick_ms)
+    }
+
+    /// The next id.
+    #[inline]
+    pub fn next_id(&self) -> Result<Id, GenerateError> {
+        let (start, _) = self.reserve(1, false)?;
+        Ok(self.id(start))
+    }
+
+    /// `count` ids reserved in one step: consecutive sequence values, over as
+    /// few ticks as the layout allows (the most recent ones when the count
+    /// spans several).
+    pub fn next_ids(&self, count: u64) -> Result<Batch, GenerateError> {
+        if count == 0 || count > self.max_batch {
+            return Err(GenerateError::InvalidCount {
+                requested: count,
+                max: self.max_batch,
+            });
+        }
+        let (start, end) = self.reserve(count, false)?;
+        Ok(self.batch(start, end))
+    }
+
+    /// A handle for one thread that reserves `block` ids at a time (at most
+    /// a tick's worth) and hands them out without touching shared state.
+    /// Ids increase per handle; across threads only the blocks are ordered.
+    pub fn local(&self, block: u64) -> LocalGenerator<'_, C> {
+        LocalGenerator {
+            generator: self,
+            block: block.clamp(1, 1 << self.seq_bits),
+            next: 1,
+            end: 0,
+            tick: 0,
+        }
+    }
+
+    fn batch(&self, start: u64, end: u64) -> Batch {
+        Batch {
+            start,
+            end,
+            seq_bits: self.seq_bits,
+            time_shift: self.time_shift,
+            seq_shift: self.seq_shift,
+            node_bits: self.node_bits.get(),
+        }
+    }
+
+    #[inline]
+    fn id(&self, packed: u64) -> Id {
+        let tick = packed >> self.seq_bits;
+        let seq = packed & mask(self.seq_bits);
+        Id((tick << self.time_shift) | (seq << self.seq_shift) | self.node_bits.get())
+    }
+
+    #[inline]
+    fn tick(&self, unix_ms: u64) -> Result<u64, GenerateError> {
+        let ms = unix_ms
+            .checked_sub(self.epoch_ms)
+            .ok_or(GenerateError::BeforeEpoch {
+                now_ms: unix_ms,
+                epoch_ms: self.epoch_ms,
+            })?;
+        Ok(if self.tick_ms == 1 {
+            ms
+        } else {
+            ms / self.tick_ms
+        })
+    }
+
+    /// Claims `count` consecutive packed values; returns the first and last.
+    /// With `within_tick`, the run stops at the end of its first tick.
+    #[inline]
+    fn reserve(&self, count: u64, within_tick: bool) -> Result<(u64, u64), GenerateError> {
+        // Ticks a batch needs; it may be stamped with that many recent ticks.
+        let span = count.div_ceil(1 << self.seq_bits).max(1);
+        let mut cur = self.state.0.load(Ordering::Acquire);
+        loop {
+            let cur_tick = cur >> self.seq_bits;
+            let mut now = self.tick(self.clock.now_ms())?;
+            if now < cur_tick {
+                // The cached reading may lag, or another thread read a later
+                // clock: only a precise reading tells a real rollback.
+                now = self.tick(self.clock.now_ms_precise())?;
+            }
+            if now > self.max_tick {
+                return Err(self.exhausted_epoch());
+            }
+            let floor = (now + 1).saturating_sub(span) << self.seq_bits;
+            let start = cur
+                .checked_add(1)
+                .ok_or_else(|| self.exhausted_epoch())?
+                .max(floor);
+            let mut end = start
+                .checked_add(count - 1)
+                .ok_or_else(|| self.exhausted_epoch())?;
+            if within_tick {
+                end = end.min(start | mask(self.seq_bits));
+            }
+            let end_tick = end >> self.seq_bits;
+            if end_tick > self.max_tick {
+                return Err(self.exhausted_epoch());
+            }
+            if end_tick > now.saturating_add(self.allowed_lead) {
+                self.wait_for_clock(cur_tick, now, end_tick)?;
+                cur = self.state.0.load(Ordering::Acquire);
+                continue;
+            }
+            match self
+                .state
+                .0
+                .compare_exchange_weak(cur, end, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok((start, end)),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// The cold path: the run would end too far ahead of the clock.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_clock(&self, cur_tick: u64, now: u64, end_tick: u64) -> Result<(), GenerateError> {
+        let behind = cur_tick.saturating_sub(now);
+        let mut budget = self.stall_timeout;
+        if behind > 0 {
+            self.clock_behind.fetch_add(1, Ordering::Relaxed);
+        }
+        // A clock behind by more than borrowing explains has stepped back.
+        if behind > self.borrow_ticks {
+            let behind_ms = behind * self.tick_ms;
+            let refuse = match self.rollback {
+                RollbackPolicy::Error => true,
+                RollbackPolicy::Wait { max } | RollbackPolicy::Continue { max } => {
+                    behind_ms > max.as_millis() as u64
+                }
+            };
+            if refuse {
+                self.rollback_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(GenerateError::ClockMovedBackwards { behind_ms });
+            }
+        } else {
+            self.exhaustions.fetch_add(1, Ordering::Relaxed);
+        }
+        let target = end_tick - self.allowed_lead;
+        budget += Duration::from_millis((target - now) * self.tick_ms);
+        self.sleep_until_tick(target, budget)
+    }
+
+    /// Waits until the clock reaches `target`, for at most `budget`.
+    fn sleep_until_tick(&self, target: u64, budget: Duration) -> Result<(), GenerateError> {
+        let started = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let now = self.tick(self.clock.now_ms_precise())?;
+            if now >= target {
+                return Ok(());
+            }
+            let waited = started.elapsed();
+            if waited >= budget {
+                return Err(GenerateError::ClockStalled {
+                    waited_ms: waited.as_millis() as u64,
+                });
+            }
+            let ahead_ms = (target - now) * self.tick_ms;
+            if ahead_ms > 2 {
+                // Long waits sleep, leaving a millisecond to spin out precisely.
+                std::thread::sleep(Duration::from_millis(ahead_ms - 1).min(budget - waited));
+            } else if spins < 64 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    #[cold]
+    fn exhausted_epoch(&self) -> GenerateError {
+        GenerateError::EpochExhausted {
+            layout: self.layout.name().to_string(),
+            end_ms: self.layout.end_of_life_ms(),
+        }
+    }
+}
+
+/// One thread's handle on a shared [`Generator`]; see [`Generator::local`].
+#[derive(Debug)]
+pub struct LocalGenerator<'g, C = MonotonicClock> {
+    generator: &'g Generator<C>,
+    block: u64,
+    next: u64,
+    end: u64,
+    tick: u64,
+}
+
+impl<C: Clock> LocalGenerator<'_, C> {
+    /// The next id; larger than every id this handle returned before.
+    #[inline]
+    pub fn next_id(&mut self) -> Result<Id, GenerateError> {
+        let g = self.generator;
+        // A block is spent once the clock passes its tick, so ids stay stamped
+        // with the tick they were made in.
+        if self.next > self.end || g.tick(g.clock.now_ms())? > self.tick {
+            let (start, end) = g.reserve(self.block, true)?;
+            self.next = start;
+            self.end = end;
+            self.tick = start >> g.seq_bits;
+        }
+        let id = g.id(self.next);
+        self.next += 1;
+        Ok(id)
+    }
+}

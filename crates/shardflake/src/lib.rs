@@ -1,0 +1,67 @@
+//! Unique 64-bit, time-ordered ids for sharded and distributed databases.
+//!
+//! shardflake speaks the layouts of Twitter Snowflake, Instagram's PostgreSQL
+//! shard ids, Sonyflake, Discord and the MySQL procedure variant, and makes
+//! UUIDs and MongoDB ObjectIds on request. This crate is the core: pure id
+//! logic, no I/O and no async. The service and database crates build on it.
+//!
+//! ```
+//! use shardflake::{Generator, preset};
+//!
+//! let layout = preset::by_name("snowflake")?;
+//! let generator = Generator::builder(layout.clone()).node("node", 5).build()?;
+//! let a = generator.next_id()?;
+//! let b = generator.next_id()?;
+//! assert!(a < b);
+//! assert_eq!(a.decode(&layout)?.field("node"), Some(5));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Map of the modules
+//!
+//! - [`layout`]: [`Layout`], the bit layout every other part reads; built and
+//!   validated once.
+//! - [`preset`]: the named layouts (`snowflake`, `twitter`, `instagram`, ...).
+//! - [`id`]: [`Id`], decoding into [`Parts`] and composing from them.
+//! - [`format`]: text forms (decimal, hex, Crockford base32, base62).
+//! - [`clock`]: where time comes from ([`SystemClock`], [`MonotonicClock`],
+//!   [`ManualClock`]).
+//! - [`generator`]: the lock-free [`Generator`] and its policies.
+//! - [`node`]: node ids from host names, MAC addresses and IPs.
+//! - [`plan`]: capacity of a layout and a suggested layout for a need.
+//! - [`uuid`], [`objectid`], [`kind`]: the other id kinds, and recognising
+//!   any of them in text.
+//! - [`timestamp`]: RFC 3339 formatting shared by everything that shows time.
+//! - [`error`]: one typed error per job.
+//! - `serde` (feature `serde`, on by default): ids as strings.
+
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod error;
+pub mod format;
+pub mod generator;
+pub mod id;
+pub mod kind;
+pub mod layout;
+pub mod node;
+pub mod objectid;
+mod parse;
+pub mod plan;
+pub mod preset;
+#[cfg(feature = "serde")]
+pub mod serde;
+mod sync;
+pub mod timestamp;
+pub mod uuid;
+
+pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
+pub use error::{GenerateError, IdError, LayoutError, NodeIdError, ParseError};
+pub use format::Format;
+pub use generator::{
+    Batch, ExhaustedPolicy, Generator, GeneratorBuilder, LocalGenerator, RollbackPolicy, Stats,
+};
+pub use id::{Id, NodeBits, Parts};
+pub use kind::{Kind, Recognised};
+pub use layout::{Field, FieldKind, Layout, LayoutBuilder};
+pub use objectid::{ObjectId, ObjectIdGenerator};

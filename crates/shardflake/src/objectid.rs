@@ -1,0 +1,228 @@
+//! MongoDB ObjectId (MISSION.md §2.5): 4-byte big-endian seconds, a 5-byte
+//! random value per process (older drivers put a machine id and the process
+//! id there), a 3-byte counter that starts at a random value.
+//!
+//! The `bson` crate's generator lets the counter wrap silently, so a process
+//! that makes more than 2^24 ids in one second repeats ids. Ours treats
+//! `(seconds, counter)` as one 56-bit number that only grows: a wrap carries
+//! into the seconds (the id borrows the next second), and the generator
+//! waits, boundedly, rather than run more than a second ahead of the clock.
+//! Convert to `bson::oid::ObjectId` with `ObjectId::from_bytes(id.bytes())`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{GenerateError, ParseError};
+use crate::sync::{AtomicU64, Ordering};
+use crate::timestamp::rfc3339_ms;
+
+const COUNTER_BITS: u32 = 24;
+const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
+/// The furthest ahead of the clock, in seconds, an ObjectId may be stamped.
+const MAX_LEAD_SECS: u64 = 1;
+
+/// A 12-byte MongoDB ObjectId.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectId([u8; 12]);
+
+impl ObjectId {
+    /// From raw bytes.
+    pub const fn from_bytes(bytes: [u8; 12]) -> Self {
+        ObjectId(bytes)
+    }
+    /// The raw bytes.
+    pub const fn bytes(&self) -> [u8; 12] {
+        self.0
+    }
+    /// Seconds since the Unix epoch.
+    pub fn seconds(&self) -> u32 {
+        u32::from_be_bytes([self.0[0], self.0[1], self.0[2], self.0[3]])
+    }
+    /// The 5-byte per-process random value.
+    pub fn random(&self) -> [u8; 5] {
+        [self.0[4], self.0[5], self.0[6], self.0[7], self.0[8]]
+    }
+    /// The 3-byte counter.
+    pub fn counter(&self) -> u32 {
+        u32::from_be_bytes([0, self.0[9], self.0[10], self.0[11]])
+    }
+    /// The time as RFC 3339.
+    pub fn timestamp(&self) -> String {
+        rfc3339_ms(u64::from(self.seconds()) * 1000)
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl FromStr for ObjectId {
+    type Err = ParseError;
+    /// 24 hex digits.
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        let s = s.trim();
+        if s.len() != 24 || !s.is_ascii() {
+            return Err(ParseError::Unrecognised(s.to_string()));
+        }
+        let mut bytes = [0u8; 12];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|_| ParseError::Unrecognised(s.to_string()))?;
+        }
+        Ok(ObjectId(bytes))
+    }
+}
+
+/// Makes ObjectIds that never repeat; thread-safe and lock-free.
+///
+/// ```
+/// use shardflake::objectid::ObjectIdGenerator;
+/// let generator = ObjectIdGenerator::new();
+/// let a = generator.next_id()?;
+/// let b = generator.next_id()?;
+/// assert_ne!(a, b);
+/// assert_eq!(a.random(), b.random());
+/// # Ok::<(), shardflake::GenerateError>(())
+/// ```
+#[derive(Debug)]
+pub struct ObjectIdGenerator<C = SystemClock> {
+    /// `seconds << 24 | counter` of the last id.
+    state: AtomicU64,
+    random: [u8; 5],
+    clock: C,
+}
+
+impl ObjectIdGenerator<SystemClock> {
+    /// A generator with fresh random bytes and counter, on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+}
+
+impl Default for ObjectIdGenerator<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> ObjectIdGenerator<C> {
+    /// A generator with fresh random bytes and counter start.
+    pub fn with_clock(clock: C) -> Self {
+        let mut seed = [0u8; 8];
+        // Without an OS RNG, fall back to the clock: still unique within the process.
+        if getrandom::fill(&mut seed).is_err() {
+            seed = (clock.now_ms_precise() ^ 0x9e37_79b9_7f4a_7c15).to_le_bytes();
+        }
+        let counter = u64::from_le_bytes([seed[5], seed[6], seed[7], 0, 0, 0, 0, 0]);
+        Self::with_parts(
+            clock,
+            [seed[0], seed[1], seed[2], seed[3], seed[4]],
+            counter,
+        )
+    }
+
+    /// A generator with given random bytes and counter start (for tests).
+    pub fn with_parts(clock: C, random: [u8; 5], counter_start: u64) -> Self {
+        // The state holds the last id; the first id takes the counter start.
+        let state = (counter_start & COUNTER_MASK).wrapping_sub(1) & COUNTER_MASK;
+        ObjectIdGenerator {
+            state: AtomicU64::new(state),
+            random,
+            clock,
+        }
+    }
+
+    /// The next ObjectId.
+    pub fn next_id(&self) -> Result<ObjectId, GenerateError> {
+        let started = Instant::now();
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            let now = (self.clock.now_ms() / 1000).min(u64::from(u32::MAX));
+            // The counter runs on across seconds, as the spec has it; a wrap
+            // within a second carries into the seconds instead of repeating.
+            let carried = cur + 1;
+            let fresh = (now << COUNTER_BITS) | (carried & COUNTER_MASK);
+            let next = carried.max(fresh);
+            let secs = next >> COUNTER_BITS;
+            if secs > u64::from(u32::MAX) {
+                return Err(GenerateError::EpochExhausted {
+                    layout: "objectid".into(),
+                    end_ms: (u128::from(u32::MAX) + 1) * 1000,
+                });
+            }
+            if secs > now + MAX_LEAD_SECS {
+                let waited = started.elapsed();
+                if waited > Duration::from_secs(MAX_LEAD_SECS + 1) {
+                    return Err(GenerateError::ClockStalled {
+                        waited_ms: waited.as_millis() as u64,
+                    });
+                }
+                std::thread::yield_now();
+                cur = self.state.load(Ordering::Acquire);
+                continue;
+            }
+            match self
+                .state
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok(self.compose(secs as u32, (next & COUNTER_MASK) as u32)),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    fn compose(&self, secs: u32, counter: u32) -> ObjectId {
+        let mut b = [0u8; 12];
+        b[..4].copy_from_slice(&secs.to_be_bytes());
+        b[4..9].copy_from_slice(&self.random);
+        b[9..].copy_from_slice(&counter.to_be_bytes()[1..]);
+        ObjectId(b)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[test]
+    fn layout_and_text() {
+        let g = ObjectIdGenerator::with_parts(
+            ManualClock::new(1_700_000_000_500),
+            [1, 2, 3, 4, 5],
+            0xFFFFFE,
+        );
+        let a = g.next_id().unwrap();
+        assert_eq!(a.to_string(), "6553f1000102030405fffffe");
+        assert_eq!(
+            (a.seconds(), a.random(), a.counter()),
+            (1_700_000_000, [1, 2, 3, 4, 5], 0xFFFFFE)
+        );
+        assert_eq!(a.to_string().parse::<ObjectId>(), Ok(a));
+        assert!("xyz".parse::<ObjectId>().is_err());
+        assert!("zz53f100010203040500fffe".parse::<ObjectId>().is_err());
+        assert_eq!(a.timestamp(), "2023-11-14T22:13:20.000Z");
+    }
+
+    #[test]
+    fn more_than_2_pow_24_in_one_second_never_repeats() {
+        // The clock stands still: bson's generator would wrap and repeat here.
+        let clock = ManualClock::new(1_700_000_000_000);
+        let g = ObjectIdGenerator::with_parts(clock.clone(), [0; 5], 7);
+        let mut last = None;
+        for _ in 0..(1u32 << 24) + 10 {
+            let id = g.next_id().unwrap();
+            // Strictly increasing, hence no repeat.
+            assert!(Some(id) > last, "{id} after {last:?}");
+            last = Some(id);
+        }
+        // The wrap borrowed the next second; a further second's worth must wait.
+        assert_eq!(last.unwrap().seconds(), 1_700_000_001);
+        clock.advance(1000);
+        assert!(g.next_id().unwrap() > last.unwrap());
+    }
+}

@@ -1,0 +1,170 @@
+//! Parsing the text forms of [`crate::format`].
+//!
+//! - decimal: unsigned, or negative as a signed `bigint` prints an id that
+//!   uses the sign bit (Instagram's after 2046);
+//! - hex: up to 16 digits, any case, optional `0x`;
+//! - base32: Crockford, any case, `I`/`L` read as 1 and `O` as 0, hyphens ignored;
+//! - base62: up to 11 characters of `0-9A-Za-z`.
+
+use crate::error::ParseError;
+use crate::format::{BASE62, Format};
+use crate::id::Id;
+
+pub(crate) fn parse(format: Format, text: &str) -> Result<Id, ParseError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(ParseError::Empty);
+    }
+    match format {
+        Format::Dec => dec(text),
+        Format::Hex => {
+            let digits = text
+                .strip_prefix("0x")
+                .or_else(|| text.strip_prefix("0X"))
+                .unwrap_or(text);
+            radix(format, text, digits.chars(), 16, hex_digit)
+        }
+        Format::Base32 => radix(
+            format,
+            text,
+            text.chars().filter(|c| *c != '-'),
+            32,
+            crockford_digit,
+        ),
+        Format::Base62 => radix(format, text, text.chars(), 62, base62_digit),
+    }
+}
+
+fn dec(text: &str) -> Result<Id, ParseError> {
+    let bad = |ch| ParseError::InvalidChar {
+        format: "dec",
+        input: text.to_string(),
+        ch,
+    };
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if let Some(ch) = digits.chars().find(|c| !c.is_ascii_digit()) {
+        return Err(bad(ch));
+    }
+    if digits.is_empty() {
+        return Err(ParseError::Empty);
+    }
+    let overflow = || ParseError::Overflow {
+        format: "dec",
+        input: text.to_string(),
+    };
+    if text.starts_with('-') {
+        text.parse::<i64>()
+            .map(|v| Id(v as u64))
+            .map_err(|_| overflow())
+    } else {
+        text.parse::<u64>().map(Id).map_err(|_| overflow())
+    }
+}
+
+fn radix(
+    format: Format,
+    input: &str,
+    digits: impl Iterator<Item = char>,
+    base: u64,
+    digit: fn(char) -> Option<u64>,
+) -> Result<Id, ParseError> {
+    let mut value: u64 = 0;
+    let mut any = false;
+    for ch in digits {
+        let d = digit(ch).ok_or_else(|| ParseError::InvalidChar {
+            format: format.name(),
+            input: input.to_string(),
+            ch,
+        })?;
+        value = value
+            .checked_mul(base)
+            .and_then(|v| v.checked_add(d))
+            .ok_or_else(|| ParseError::Overflow {
+                format: format.name(),
+                input: input.to_string(),
+            })?;
+        any = true;
+    }
+    if !any {
+        return Err(ParseError::Empty);
+    }
+    Ok(Id(value))
+}
+
+fn hex_digit(c: char) -> Option<u64> {
+    c.to_digit(16).map(u64::from)
+}
+
+fn crockford_digit(c: char) -> Option<u64> {
+    let c = match c.to_ascii_uppercase() {
+        'I' | 'L' => '1',
+        'O' => '0',
+        'U' => return None,
+        c => c,
+    };
+    crate::format::BASE32
+        .iter()
+        .position(|&b| b as char == c)
+        .map(|p| p as u64)
+}
+
+fn base62_digit(c: char) -> Option<u64> {
+    BASE62
+        .iter()
+        .position(|&b| b as char == c)
+        .map(|p| p as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_documented_variants() {
+        assert_eq!(
+            Format::Dec.parse("-679477248"),
+            Ok(Id((-679_477_248i64) as u64))
+        );
+        assert_eq!(Format::Hex.parse("0xFF"), Ok(Id(255)));
+        assert_eq!(Format::Base32.parse("0o-il"), Ok(Id(33)));
+        assert_eq!(Format::Base62.parse("z"), Ok(Id(61)));
+    }
+
+    #[test]
+    fn rejects_with_typed_errors() {
+        assert_eq!(Format::Dec.parse(""), Err(ParseError::Empty));
+        assert_eq!(Format::Dec.parse("-"), Err(ParseError::Empty));
+        assert!(matches!(
+            Format::Dec.parse("12a"),
+            Err(ParseError::InvalidChar { ch: 'a', .. })
+        ));
+        assert!(matches!(
+            Format::Dec.parse("18446744073709551616"),
+            Err(ParseError::Overflow { .. })
+        ));
+        assert!(matches!(
+            Format::Hex.parse("1ffffffffffffffff"),
+            Err(ParseError::Overflow { .. })
+        ));
+        assert!(matches!(
+            Format::Base32.parse("U"),
+            Err(ParseError::InvalidChar { ch: 'U', .. })
+        ));
+        assert!(matches!(
+            Format::Base32.parse("G0000000000000"),
+            Err(ParseError::Overflow { .. })
+        ));
+        assert!(matches!(
+            Format::Base62.parse("LygHa16AHYG"),
+            Err(ParseError::Overflow { .. })
+        ));
+        assert!(matches!(
+            Format::Base62.parse("a-b"),
+            Err(ParseError::InvalidChar { ch: '-', .. })
+        ));
+        assert!(matches!(
+            "json".parse::<Format>(),
+            Err(ParseError::UnknownFormat(_))
+        ));
+    }
+}

@@ -1,0 +1,120 @@
+//! Capacity planning: what a layout allows, and a layout for a need.
+
+use crate::error::LayoutError;
+use crate::layout::Layout;
+
+/// What a layout allows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capacity {
+    /// Ids per tick per node.
+    pub ids_per_tick: u64,
+    /// Ids per second per node.
+    pub ids_per_second: f64,
+    /// Distinct nodes.
+    pub nodes: u128,
+    /// First Unix ms the layout cannot represent.
+    pub end_of_life_ms: u128,
+    /// First Unix ms whose ids are negative as a signed `bigint`.
+    pub negative_from_ms: Option<u64>,
+    /// First Unix ms whose ids reach 2^53 (unsafe in JavaScript).
+    pub js_unsafe_from_ms: Option<u64>,
+}
+
+impl Layout {
+    /// This layout's capacity.
+    pub fn capacity(&self) -> Capacity {
+        Capacity {
+            ids_per_tick: self.ids_per_tick(),
+            ids_per_second: self.ids_per_second(),
+            nodes: self.node_count(),
+            end_of_life_ms: self.end_of_life_ms(),
+            negative_from_ms: self.negative_from_ms(),
+            js_unsafe_from_ms: self.js_unsafe_from_ms(),
+        }
+    }
+}
+
+/// What a deployment needs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Need {
+    /// Nodes that generate at once.
+    pub nodes: u64,
+    /// Peak ids per second on one node.
+    pub rate_per_node: f64,
+    /// Years the layout must last.
+    pub years: f64,
+    /// The epoch, Unix ms (usually the start of the project).
+    pub epoch_ms: u64,
+}
+
+const MS_PER_YEAR: f64 = 365.25 * 24.0 * 3600.0 * 1000.0;
+
+fn bits_for(n: f64) -> u32 {
+    if n <= 1.0 {
+        0
+    } else {
+        (n - 1.0).log2().floor() as u32 + 1
+    }
+}
+
+/// The smallest layout (sign bit kept clear) that meets `need`, trying tick
+/// lengths of 1, 2, 5, 10, 100 and 1000 ms; spare bits widen the sequence.
+///
+/// ```
+/// use shardflake::plan::{suggest, Need};
+/// let l = suggest(&Need { nodes: 1000, rate_per_node: 4_000_000.0, years: 69.0, epoch_ms: 1_288_834_974_657 })?;
+/// assert_eq!(l.to_string(), "suggested: time 41 | node 10 | sequence 12 (epoch 1288834974657 ms, tick 1 ms)");
+/// # Ok::<(), shardflake::LayoutError>(())
+/// ```
+pub fn suggest(need: &Need) -> Result<Layout, LayoutError> {
+    let node_bits = bits_for(need.nodes as f64);
+    let mut widest = 0;
+    for tick_ms in [1u64, 2, 5, 10, 100, 1000] {
+        let time_bits = bits_for(need.years * MS_PER_YEAR / tick_ms as f64).max(1);
+        let seq_bits = bits_for(need.rate_per_node * tick_ms as f64 / 1000.0).max(1);
+        let used = time_bits + node_bits + seq_bits;
+        widest = widest.max(used);
+        if used <= 63 {
+            let mut b = Layout::builder("suggested")
+                .epoch_ms(need.epoch_ms)
+                .tick_ms(tick_ms)
+                .time(time_bits);
+            if node_bits > 0 {
+                b = b.node("node", node_bits);
+            }
+            return b.sequence(seq_bits + (63 - used)).build_at(u64::MAX);
+        }
+    }
+    Err(LayoutError::TooWide {
+        bits: u64::from(widest) + 1,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_the_smallest_tick_that_fits() {
+        let need = Need {
+            nodes: 65536,
+            rate_per_node: 25_600.0,
+            years: 174.0,
+            epoch_ms: 0,
+        };
+        let l = suggest(&need).unwrap();
+        // 174 years of 1 ms ticks need 43 bits, 2 ms ticks 42: neither fits with
+        // 16 node bits and the sequence; 5 ms ticks do.
+        assert_eq!(l.tick_ms(), 5);
+        assert!(l.ids_per_second() >= need.rate_per_node);
+        assert!(l.node_count() >= 65536);
+        assert!(l.end_of_life_ms() as f64 >= need.years * MS_PER_YEAR);
+        let huge = Need {
+            nodes: u64::MAX,
+            rate_per_node: 1e12,
+            years: 1e6,
+            epoch_ms: 0,
+        };
+        assert!(matches!(suggest(&huge), Err(LayoutError::TooWide { .. })));
+    }
+}

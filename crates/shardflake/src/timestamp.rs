@@ -1,0 +1,40 @@
+//! Unix milliseconds to and from RFC 3339 text (UTC, millisecond precision).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// `2018-06-09T10:00:00.000Z` for 1528538400000.
+pub fn rfc3339_ms(unix_ms: u64) -> String {
+    match UNIX_EPOCH.checked_add(Duration::from_millis(unix_ms)) {
+        Some(t) => humantime::format_rfc3339_millis(t).to_string(),
+        None => format!("{unix_ms} ms after 1970"),
+    }
+}
+
+/// Parses RFC 3339 (`2023-01-01T00:00:00Z`) or a plain number of Unix
+/// milliseconds.
+pub fn parse_unix_ms(text: &str) -> Option<u64> {
+    if let Ok(ms) = text.parse::<u64>() {
+        return Some(ms);
+    }
+    let t: SystemTime = humantime::parse_rfc3339_weak(text).ok()?;
+    t.duration_since(UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        assert_eq!(rfc3339_ms(1_528_538_400_000), "2018-06-09T10:00:00.000Z");
+        assert_eq!(rfc3339_ms(1_288_834_974_657), "2010-11-04T01:42:54.657Z");
+        assert_eq!(
+            parse_unix_ms("2014-09-01T00:00:00Z"),
+            Some(1_409_529_600_000)
+        );
+        assert_eq!(parse_unix_ms("1409529600000"), Some(1_409_529_600_000));
+        assert_eq!(parse_unix_ms("yesterday"), None);
+    }
+}
