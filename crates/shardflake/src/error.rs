@@ -46,6 +46,16 @@ pub enum LayoutError {
         "unknown layout {0:?}; presets: snowflake, twitter, discord, instagram, sonyflake, mysql-procedure, js-safe"
     )]
     UnknownPreset(String),
+    /// A layout spec that does not read as `time 41 | node 10 | sequence 12`.
+    #[error(
+        "cannot read layout spec {spec:?}: {reason}; write a preset name or fields like \"time 41 | node 10 | sequence 12\", optionally followed by \"(epoch 1288834974657 ms, tick 1 ms)\""
+    )]
+    Spec {
+        /// The spec given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// An id, or parts of one, that does not fit a layout.

@@ -101,10 +101,92 @@ pub fn all() -> Vec<Layout> {
     NAMES.iter().filter_map(|n| by_name(n).ok()).collect()
 }
 
+/// A preset name, or a layout spec in the form [`Layout`]'s `Display`
+/// prints: `[name:] time 41 | node 10 | sequence 12 [(epoch 1288834974657 ms, tick 1 ms)]`.
+/// Fields named `time` and `sequence` are the time and sequence; any other
+/// name is a node or shard field. Epoch defaults to 0 and tick to 1 ms.
+///
+/// ```
+/// use shardflake::preset::resolve;
+/// let custom = resolve("orders: time 40 | region 3 | shard 7 | sequence 13 (epoch 1735689600000 ms)")?;
+/// assert_eq!(custom.field("shard").unwrap().bits(), 7);
+/// assert_eq!(resolve(&custom.to_string())?, custom);
+/// assert_eq!(resolve("instagram")?, shardflake::preset::by_name("instagram")?);
+/// # Ok::<(), shardflake::LayoutError>(())
+/// ```
+pub fn resolve(spec: &str) -> Result<Layout, LayoutError> {
+    let spec = spec.trim();
+    if !spec.contains(|c: char| c.is_ascii_whitespace() || c == '|') {
+        return by_name(spec);
+    }
+    let bad = |reason: &str| LayoutError::Spec {
+        spec: spec.to_string(),
+        reason: reason.to_string(),
+    };
+    let (body, options) = match spec.split_once('(') {
+        Some((body, rest)) => {
+            let options = rest.strip_suffix(')').ok_or_else(|| bad("missing ')'"))?;
+            (body, Some(options))
+        }
+        None => (spec, None),
+    };
+    let (name, fields) = match body.split_once(':') {
+        Some((name, fields)) => (name.trim(), fields),
+        None => ("custom", body),
+    };
+    let mut builder = Layout::builder(name);
+    for field in fields.split('|') {
+        let mut words = field.split_whitespace();
+        let (Some(field_name), Some(bits), None) = (words.next(), words.next(), words.next())
+        else {
+            return Err(bad(&format!("field {:?} is not \"NAME BITS\"", field.trim())));
+        };
+        let bits: u32 = bits
+            .parse()
+            .map_err(|_| bad(&format!("{bits:?} is not a bit width")))?;
+        builder = match field_name {
+            crate::layout::TIME => builder.time(bits),
+            crate::layout::SEQUENCE => builder.sequence(bits),
+            node => builder.node(node, bits),
+        };
+    }
+    for option in options.into_iter().flat_map(|o| o.split(',')) {
+        let words: Vec<&str> = option.split_whitespace().collect();
+        match words.as_slice() {
+            ["epoch", ms, "ms"] | ["epoch", ms] => {
+                builder = builder.epoch_ms(ms.parse().map_err(|_| bad("epoch is not a number"))?);
+            }
+            ["tick", ms, "ms"] | ["tick", ms] => {
+                builder = builder.tick_ms(ms.parse().map_err(|_| bad("tick is not a number"))?);
+            }
+            // What Display adds for information; derived, so ignored.
+            ["negative", ..] => {}
+            _ => return Err(bad(&format!("unknown option {:?}", option.trim()))),
+        }
+    }
+    builder.build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::timestamp::rfc3339_ms;
+
+    #[test]
+    fn every_preset_reads_back_from_its_display() {
+        for l in all() {
+            assert_eq!(resolve(&l.to_string()).unwrap(), l, "{l}");
+        }
+    }
+
+    #[test]
+    fn bad_specs_say_why() {
+        for spec in ["time 41 | node", "time x | sequence 3", "time 41 | sequence 12 (epoch 5 ms", "time 41 | sequence 12 (colour red)"] {
+            assert!(matches!(resolve(spec), Err(LayoutError::Spec { .. })), "{spec}");
+        }
+        assert!(matches!(resolve("time 60 | node 10 | sequence 12"), Err(LayoutError::TooWide { .. })));
+        assert!(matches!(resolve("time 41 | node 10"), Err(LayoutError::Missing(_))));
+    }
 
     #[test]
     fn every_preset_builds() {
