@@ -150,6 +150,25 @@ pub enum ParseError {
     /// Text that is no kind of id known.
     #[error("{0:?} is not a 64-bit id, UUID or ObjectId")]
     Unrecognised(String),
+    /// Unknown kind name.
+    #[error(
+        "unknown kind {0:?}; kinds: layout, uuidv1, uuidv3, uuidv4, uuidv5, uuidv6, uuidv7, uuid-nil, objectid"
+    )]
+    UnknownKind(String),
+    /// Unknown UUID name-space.
+    #[error("unknown UUID name-space {0:?}; use dns, url, oid, x500 or a UUID")]
+    UnknownNamespace(String),
+}
+
+/// Why a UUID could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum UuidError {
+    /// The kind is not a UUID version.
+    #[error("{0} is not a UUID kind")]
+    NotUuid(&'static str),
+    /// v3 and v5 hash a name in a name-space; none was given.
+    #[error("{0} needs a name-space and a name (for example --namespace dns --name example.com)")]
+    MissingName(&'static str),
 }
 
 /// Why a generator could not issue an id.

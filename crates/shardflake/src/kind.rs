@@ -86,7 +86,7 @@ impl FromStr for Kind {
         Kind::ALL
             .into_iter()
             .find(|k| k.name() == s || (s == "snowflake" && *k == Kind::Layout))
-            .ok_or(ParseError::Unrecognised(s))
+            .ok_or(ParseError::UnknownKind(s))
     }
 }
 

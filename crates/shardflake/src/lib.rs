@@ -56,7 +56,7 @@ pub mod timestamp;
 pub mod uuid;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
-pub use error::{GenerateError, IdError, LayoutError, NodeIdError, ParseError};
+pub use error::{GenerateError, IdError, LayoutError, NodeIdError, ParseError, UuidError};
 pub use format::Format;
 pub use generator::{
     Batch, ExhaustedPolicy, Generator, GeneratorBuilder, LocalGenerator, RollbackPolicy, Stats,

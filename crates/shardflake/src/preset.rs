@@ -139,7 +139,10 @@ pub fn resolve(spec: &str) -> Result<Layout, LayoutError> {
         let mut words = field.split_whitespace();
         let (Some(field_name), Some(bits), None) = (words.next(), words.next(), words.next())
         else {
-            return Err(bad(&format!("field {:?} is not \"NAME BITS\"", field.trim())));
+            return Err(bad(&format!(
+                "field {:?} is not \"NAME BITS\"",
+                field.trim()
+            )));
         };
         let bits: u32 = bits
             .parse()
@@ -181,11 +184,25 @@ mod tests {
 
     #[test]
     fn bad_specs_say_why() {
-        for spec in ["time 41 | node", "time x | sequence 3", "time 41 | sequence 12 (epoch 5 ms", "time 41 | sequence 12 (colour red)"] {
-            assert!(matches!(resolve(spec), Err(LayoutError::Spec { .. })), "{spec}");
+        for spec in [
+            "time 41 | node",
+            "time x | sequence 3",
+            "time 41 | sequence 12 (epoch 5 ms",
+            "time 41 | sequence 12 (colour red)",
+        ] {
+            assert!(
+                matches!(resolve(spec), Err(LayoutError::Spec { .. })),
+                "{spec}"
+            );
         }
-        assert!(matches!(resolve("time 60 | node 10 | sequence 12"), Err(LayoutError::TooWide { .. })));
-        assert!(matches!(resolve("time 41 | node 10"), Err(LayoutError::Missing(_))));
+        assert!(matches!(
+            resolve("time 60 | node 10 | sequence 12"),
+            Err(LayoutError::TooWide { .. })
+        ));
+        assert!(matches!(
+            resolve("time 41 | node 10"),
+            Err(LayoutError::Missing(_))
+        ));
     }
 
     #[test]
