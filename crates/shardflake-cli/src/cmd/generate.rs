@@ -1,0 +1,214 @@
+//! `shardflake gen`: ids of a layout, UUIDs or ObjectIds, one per line.
+
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use shardflake::node::NodeIdSource;
+use shardflake::{Clock, Format, Generator, Kind, Layout, ObjectIdGenerator, SystemClock, uuid};
+use shardflake_host::HostInfo;
+
+use super::{LayoutArg, with_stdout};
+
+/// Ids are made in runs of this many: one reservation each.
+const RUN: u64 = 1 << 16;
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  shardflake gen --node 5 -n 3
+  shardflake gen --layout twitter --datacenter 1 --worker 3
+  shardflake gen --layout instagram --key 31341 --shards 2000
+  shardflake gen --node-from host-ordinal        # ids-7 -> node 7
+  shardflake gen --kind uuidv5 --namespace dns --name example.com")]
+pub struct Args {
+    #[command(flatten)]
+    layout: LayoutArg,
+    /// How many ids.
+    #[arg(short = 'n', long, default_value_t = 1)]
+    count: u64,
+    /// Text form of layout ids.
+    #[arg(short, long, default_value = "dec")]
+    format: Format,
+    /// What to make: layout (64-bit ids), uuidv1, uuidv3, uuidv4, uuidv5,
+    /// uuidv6, uuidv7, uuid-nil or objectid.
+    #[arg(short, long, default_value = "layout")]
+    kind: Kind,
+    /// `node` field (snowflake, js-safe layouts).
+    #[arg(long)]
+    node: Option<u64>,
+    /// `datacenter` field (twitter layout).
+    #[arg(long)]
+    datacenter: Option<u64>,
+    /// `worker` field (twitter, discord layouts).
+    #[arg(long)]
+    worker: Option<u64>,
+    /// `process` field (discord layout).
+    #[arg(long)]
+    process: Option<u64>,
+    /// `machine` field (sonyflake layout).
+    #[arg(long)]
+    machine: Option<u64>,
+    /// `shard` field (instagram, mysql-procedure layouts).
+    #[arg(long, conflicts_with = "key")]
+    shard: Option<u64>,
+    /// Any field by name, for custom layouts: `--field region=3`.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_field)]
+    field: Vec<(String, u64)>,
+    /// A sharding key: the shard field is KEY mod --shards (Instagram's rule).
+    #[arg(long, requires = "shards")]
+    key: Option<u64>,
+    /// Logical shard count for --key.
+    #[arg(long, requires = "key")]
+    shards: Option<u64>,
+    /// Take the layout's node field from the host: host-ordinal (ids-7 -> 7),
+    /// mac-hash (the seed's Java way) or ip (low bits, Sonyflake's way).
+    #[arg(long, value_parser = parse_source)]
+    node_from: Option<NodeIdSource>,
+    /// UUID name-space for uuidv3/uuidv5: dns, url, oid, x500 or a UUID.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Name hashed by uuidv3/uuidv5.
+    #[arg(long)]
+    name: Option<String>,
+}
+
+fn parse_field(text: &str) -> Result<(String, u64), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not NAME=VALUE"))?;
+    let value = value
+        .parse()
+        .map_err(|_| format!("{value:?} is not a non-negative integer"))?;
+    Ok((name.to_string(), value))
+}
+
+fn parse_source(text: &str) -> Result<NodeIdSource, String> {
+    match text {
+        "host-ordinal" => Ok(NodeIdSource::HostOrdinal),
+        "mac-hash" => Ok(NodeIdSource::MacHash),
+        "ip" => Ok(NodeIdSource::Ip),
+        _ => Err(format!(
+            "unknown node source {text:?}; use host-ordinal, mac-hash or ip"
+        )),
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.kind {
+        Kind::Layout => layout_ids(&args),
+        Kind::ObjectId => {
+            let generator = ObjectIdGenerator::new();
+            with_stdout(|out| {
+                for _ in 0..args.count {
+                    writeln!(out, "{}", generator.next_id()?)?;
+                }
+                Ok(())
+            })
+        }
+        kind => {
+            let name = match (&args.namespace, &args.name) {
+                (Some(ns), Some(name)) => Some((uuid::namespace(ns)?, name.as_bytes())),
+                (None, None) => None,
+                _ => bail!("--namespace and --name go together"),
+            };
+            if name.is_some() && !kind.is_name_based() {
+                bail!("{kind} takes no name; --namespace and --name are for uuidv3 and uuidv5");
+            }
+            with_stdout(|out| {
+                for _ in 0..args.count {
+                    writeln!(out, "{}", uuid::generate(kind, name)?)?;
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+/// Node and shard values by field name, from every flag that sets one.
+/// A node field nobody set is 0, as `shardflake serve` defaults to node 0.
+fn node_values(args: &Args, layout: &Layout) -> anyhow::Result<Vec<(String, u64)>> {
+    let named = [
+        ("node", args.node),
+        ("datacenter", args.datacenter),
+        ("worker", args.worker),
+        ("process", args.process),
+        ("machine", args.machine),
+        ("shard", args.shard),
+    ];
+    let mut values: Vec<(String, u64)> = named
+        .into_iter()
+        .filter_map(|(name, v)| Some((name.to_string(), v?)))
+        .chain(args.field.iter().cloned())
+        .collect();
+    if let (Some(key), Some(shards)) = (args.key, args.shards) {
+        if layout.field("shard").is_none() {
+            bail!("layout {} has no shard field for --key", layout.name());
+        }
+        values.push(("shard".into(), Layout::shard_of(key, shards)?));
+    }
+    if let Some(source) = &args.node_from {
+        let mut fields = layout.node_fields();
+        let (Some(field), None) = (fields.next(), fields.next()) else {
+            bail!(
+                "--node-from needs a layout with exactly one node field; {} has {}",
+                layout.name(),
+                layout.node_fields().count()
+            );
+        };
+        let value = HostInfo::read().node_id(layout, field.name(), source)?;
+        values.push((field.name().to_string(), value));
+    }
+    for (i, (name, _)) in values.iter().enumerate() {
+        if values[..i].iter().any(|(n, _)| n == name) {
+            bail!("field {name:?} is given twice");
+        }
+    }
+    for field in layout.node_fields() {
+        if !values.iter().any(|(n, _)| n == field.name()) {
+            values.push((field.name().to_string(), 0));
+        }
+    }
+    Ok(values)
+}
+
+fn layout_ids(args: &Args) -> anyhow::Result<()> {
+    let layout = args.layout.resolve()?;
+    if args.namespace.is_some() || args.name.is_some() {
+        bail!("--namespace and --name are for uuidv3 and uuidv5");
+    }
+    let values = node_values(args, &layout)?;
+    let mut builder = Generator::builder(layout.clone()).clock(SystemClock);
+    for (name, value) in &values {
+        builder = builder.node(name, *value);
+    }
+    let generator = builder.build()?;
+    with_stdout(|out| {
+        let mut left = args.count;
+        while left > 0 {
+            let run = left.min(RUN);
+            let batch = generator.next_ids(run)?;
+            for id in batch {
+                match args.format {
+                    Format::Dec => writeln!(out, "{id}")?,
+                    format => writeln!(out, "{}", format.format(id))?,
+                }
+            }
+            left -= run;
+        }
+        Ok(())
+    })?;
+    outlive_last_tick(&generator)
+}
+
+/// Returns once the clock has passed the last tick used, so that the next
+/// process started with the same node values cannot reuse it.
+fn outlive_last_tick(generator: &Generator<SystemClock>) -> anyhow::Result<()> {
+    let high_water = generator.high_water_ms();
+    let deadline = Instant::now() + generator.lead() + Duration::from_secs(1);
+    while SystemClock.now_ms() <= high_water {
+        if Instant::now() > deadline {
+            bail!("the clock did not pass the last tick used ({high_water} ms); did it step back?");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
+}

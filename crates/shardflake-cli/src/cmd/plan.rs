@@ -1,0 +1,133 @@
+//! `shardflake plan`: what a layout allows, or a layout for a deployment.
+
+use std::io::Write;
+
+use anyhow::{Context, bail};
+use serde_json::json;
+use shardflake::plan::{Need, suggest};
+use shardflake::timestamp::{parse_unix_ms, rfc3339_ms};
+use shardflake::{Layout, preset};
+
+use super::{LayoutArg, with_stdout};
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  shardflake plan --layout instagram
+  shardflake plan --nodes 1000 --rate 50000 --years 50
+  shardflake plan --all --json")]
+pub struct Args {
+    #[command(flatten)]
+    layout: LayoutArg,
+    /// Every preset.
+    #[arg(long, conflicts_with_all = ["nodes", "rate", "years"])]
+    all: bool,
+    /// Suggest a layout: nodes generating at once.
+    #[arg(long, requires_all = ["rate", "years"])]
+    nodes: Option<u64>,
+    /// Suggest a layout: peak ids per second on one node.
+    #[arg(long, requires_all = ["nodes", "years"])]
+    rate: Option<f64>,
+    /// Suggest a layout: years it must last.
+    #[arg(long, requires_all = ["nodes", "rate"])]
+    years: Option<f64>,
+    /// Epoch of a suggested layout, RFC 3339 (default: now).
+    #[arg(long)]
+    epoch: Option<String>,
+    /// JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let layouts = if args.all {
+        preset::all()
+    } else if let (Some(nodes), Some(rate), Some(years)) = (args.nodes, args.rate, args.years) {
+        if !(rate > 0.0 && rate.is_finite() && years > 0.0 && years.is_finite()) {
+            bail!("--rate and --years must be positive numbers");
+        }
+        let epoch_ms = match &args.epoch {
+            Some(text) => parse_unix_ms(text)
+                .with_context(|| format!("--epoch {text:?} is not an RFC 3339 time"))?,
+            None => shardflake::Clock::now_ms(&shardflake::SystemClock),
+        };
+        let need = Need {
+            nodes,
+            rate_per_node: rate,
+            years,
+            epoch_ms,
+        };
+        vec![suggest(&need).context("no 63-bit layout meets that need")?]
+    } else {
+        vec![args.layout.resolve()?]
+    };
+    with_stdout(|out| {
+        for layout in &layouts {
+            if args.json {
+                writeln!(out, "{}", to_json(layout))?;
+            } else {
+                write_text(out, layout)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+fn date(ms: Option<u128>) -> String {
+    match ms {
+        None => "never".into(),
+        Some(ms) => match u64::try_from(ms) {
+            Ok(ms) if ms < 253_402_300_800_000 => rfc3339_ms(ms),
+            _ => "after the year 9999".into(),
+        },
+    }
+}
+
+fn to_json(layout: &Layout) -> serde_json::Value {
+    let c = layout.capacity();
+    let fields: Vec<_> = layout
+        .fields()
+        .iter()
+        .map(|f| json!({ "name": f.name(), "bits": f.bits(), "shift": f.shift() }))
+        .collect();
+    json!({
+        "layout": layout.name(),
+        "spec": layout.to_string(),
+        "fields": fields,
+        "epoch_ms": layout.epoch_ms(),
+        "tick_ms": layout.tick_ms(),
+        "ids_per_tick": c.ids_per_tick,
+        "ids_per_second": c.ids_per_second,
+        "nodes": c.nodes.to_string(),
+        "end_of_life": date(Some(c.end_of_life_ms)),
+        "negative_from": c.negative_from_ms.map(rfc3339_ms),
+        "js_unsafe_from": c.js_unsafe_from_ms.map(rfc3339_ms),
+    })
+}
+
+fn write_text(out: &mut dyn Write, layout: &Layout) -> anyhow::Result<()> {
+    let c = layout.capacity();
+    writeln!(out, "{layout}")?;
+    writeln!(out, "  ids per tick per node    {}", c.ids_per_tick)?;
+    writeln!(out, "  ids per second per node  {}", c.ids_per_second)?;
+    writeln!(out, "  nodes                    {}", c.nodes)?;
+    writeln!(
+        out,
+        "  epoch                    {}",
+        rfc3339_ms(layout.epoch_ms())
+    )?;
+    writeln!(
+        out,
+        "  end of life              {}",
+        date(Some(c.end_of_life_ms))
+    )?;
+    writeln!(
+        out,
+        "  negative as bigint from  {}",
+        date(c.negative_from_ms.map(u128::from))
+    )?;
+    match c.js_unsafe_from_ms {
+        None => writeln!(out, "  below 2^53 (JavaScript)  always")?,
+        Some(ms) => writeln!(out, "  below 2^53 (JavaScript)  until {}", rfc3339_ms(ms))?,
+    }
+    Ok(())
+}

@@ -1,0 +1,45 @@
+//! `shardflake`: the command line. Each subcommand lives in `cmd/<name>.rs`
+//! and returns an error that `main` prints to stderr with a non-zero exit.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// Unique 64-bit, time-ordered ids for sharded and distributed databases.
+#[derive(Debug, Parser)]
+#[command(name = "shardflake", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate ids (one per line) for a layout, or UUIDs and ObjectIds.
+    Gen(cmd::generate::Args),
+    /// Decode ids into time, node and shard fields, and sequence.
+    Decode(cmd::decode::Args),
+    /// Show a layout's capacity, or suggest a layout for a deployment.
+    Plan(cmd::plan::Args),
+    /// Measure generator throughput against the layout's cap.
+    Bench(cmd::bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Gen(args) => cmd::generate::run(args),
+        Command::Decode(args) => cmd::decode::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
