@@ -295,10 +295,17 @@ impl Generator<MonotonicClock> {
     /// Starts a generator for `layout` on the process's monotonic clock,
     /// with Snowflake's policies.
     pub fn builder(layout: Layout) -> GeneratorBuilder<MonotonicClock> {
+        Generator::with_clock(layout, MonotonicClock::new())
+    }
+}
+
+impl<C: Clock> Generator<C> {
+    /// Starts a generator for `layout` on `clock`, with Snowflake's policies.
+    pub fn with_clock(layout: Layout, clock: C) -> GeneratorBuilder<C> {
         GeneratorBuilder {
             layout,
             nodes: Vec::new(),
-            clock: MonotonicClock::new(),
+            clock,
             exhausted: ExhaustedPolicy::Wait,
             rollback: RollbackPolicy::Error,
             max_batch: 1 << 20,

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every check and test on a fresh machine; .ci/run calls exactly this.
+# Installs the real servers the integration tests start (PostgreSQL, MariaDB,
+# etcd, libfaketime, wrk); each test starts its own on 127.0.0.1 under a
+# temporary directory and stops it afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*" >&2; }
+
+step "install servers and tools"
+bash scripts/install-deps.sh
+
+step "format"
+cargo fmt --all --check
+
+step "clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast
+else
+  cargo test --workspace --locked --no-fail-fast --lib --bins --tests
+fi
+
+step "doc tests"
+cargo test --workspace --locked --doc
+
+step "model check (loom)"
+# A build of its own: --cfg loom swaps the generator's atomics for loom's.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo test -p shardflake --locked --release --test loom
+
+step "all passed"
