@@ -118,6 +118,22 @@ pub enum IdError {
     /// A shard count of zero.
     #[error("the number of logical shards must be at least 1")]
     NoShards,
+    /// More logical shards than a layout's shard field can number.
+    #[error(
+        "{shards} logical shards do not fit layout {layout}'s {bits}-bit {field} field (at most {max})"
+    )]
+    TooManyShards {
+        /// Layout name.
+        layout: String,
+        /// Shard field name.
+        field: String,
+        /// Its width.
+        bits: u32,
+        /// Shards asked for.
+        shards: u64,
+        /// Most shards the field numbers.
+        max: u64,
+    },
 }
 
 /// Text that is not an id in the format asked for.

@@ -135,17 +135,19 @@ impl<C: Clock> GeneratorBuilder<C> {
         let values: Vec<(&str, u64)> = self.nodes.iter().map(|(n, v)| (n.as_str(), *v)).collect();
         let node_bits = self.layout.nodes(&values)?;
         let seq_bits = self.layout.sequence().bits();
-        let state = match self.resume_after_ms {
-            None => 0,
-            Some(ms) => {
-                let tick = self
-                    .layout
-                    .unix_ms_to_tick(ms)
-                    .unwrap_or(0)
-                    .min(self.layout.max_tick());
-                (tick << seq_bits) | mask(seq_bits)
-            }
-        };
+        // Nothing is ever stamped before the generator was built (a batch
+        // may take recent ticks, but only ones this generator has lived
+        // through), so a process started after another's last tick has
+        // passed can never reuse it; nor at or before a recorded high-water.
+        let max_tick = self.layout.max_tick();
+        let to_tick = |ms: u64| self.layout.unix_ms_to_tick(ms).map(|t| t.min(max_tick));
+        let built =
+            to_tick(self.clock.now_ms_precise()).map_or(0, |t| (t << seq_bits).saturating_sub(1));
+        let resumed = self
+            .resume_after_ms
+            .and_then(to_tick)
+            .map_or(0, |t| (t << seq_bits) | mask(seq_bits));
+        let state = built.max(resumed);
         let ticks = |d: Duration| (d.as_millis() as u64).div_ceil(self.layout.tick_ms());
         let borrow = match self.exhausted {
             ExhaustedPolicy::Wait => 0,

@@ -214,6 +214,37 @@ impl Layout {
     pub fn shard_of(key: u64, shards: u64) -> Result<u64, IdError> {
         key.checked_rem(shards).ok_or(IdError::NoShards)
     }
+
+    /// [`Layout::shard_of`], checking that `shards` logical shards fit the
+    /// layout's `field`.
+    ///
+    /// ```
+    /// let layout = shardflake::preset::by_name("instagram")?;
+    /// assert_eq!(layout.shard_for_key("shard", 31341, 2000)?, 1341);
+    /// assert!(layout.shard_for_key("shard", 31341, 9000).is_err()); // 13 bits: 8192 at most
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shard_for_key(&self, field: &str, key: u64, shards: u64) -> Result<u64, IdError> {
+        let f = self.field(field).ok_or_else(|| IdError::UnknownField {
+            layout: self.name().to_string(),
+            field: field.to_string(),
+            known: self
+                .node_fields()
+                .map(|f| f.name().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+        if shards.saturating_sub(1) > f.max() {
+            return Err(IdError::TooManyShards {
+                layout: self.name().to_string(),
+                field: field.to_string(),
+                bits: f.bits(),
+                shards,
+                max: f.max().saturating_add(1),
+            });
+        }
+        Self::shard_of(key, shards)
+    }
 }
 
 #[cfg(test)]

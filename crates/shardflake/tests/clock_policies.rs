@@ -247,14 +247,33 @@ fn batch_counts_are_checked() {
 
 #[test]
 fn a_batch_larger_than_a_tick_takes_the_most_recent_ticks() {
-    let clock = ManualClock::new(T0 + 100);
-    let g = on(clock).build().unwrap();
+    let clock = ManualClock::new(T0);
+    let g = on(clock.clone()).build().unwrap();
+    clock.set(T0 + 100);
     let b = g.next_ids(10).unwrap();
     let ids: Vec<_> = b.iter().collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]));
     assert_eq!(tick_of(g.layout(), b.first()), T0 + 98);
     assert_eq!(tick_of(g.layout(), b.last()), T0 + 100);
     assert!(g.lead().is_zero(), "stamped no later than now");
+}
+
+#[test]
+fn nothing_is_stamped_before_the_generator_was_built() {
+    // A previous process used ticks up to T0 + 99 and exited; this one starts
+    // at T0 + 100 and must not take a batch's ticks from before its start.
+    let clock = ManualClock::new(T0 + 100);
+    let g = on(clock.clone()).build().unwrap();
+    let first = g.next_ids(4).unwrap();
+    assert_eq!(tick_of(g.layout(), first.first()), T0 + 100);
+    clock.set(T0 + 102);
+    let b = g.next_ids(8).unwrap();
+    assert_eq!(
+        tick_of(g.layout(), b.first()),
+        T0 + 101,
+        "back to the first unused tick only"
+    );
+    assert_eq!(tick_of(g.layout(), b.last()), T0 + 102);
 }
 
 #[test]

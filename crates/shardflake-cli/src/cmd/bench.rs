@@ -71,6 +71,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let duration = Duration::from_secs_f64(args.seconds);
     let mut builder = Generator::builder(layout.clone()).max_batch(args.batch.max(1));
+    for field in layout.node_fields() {
+        builder = builder.node(field.name(), 0);
+    }
     if let Some(ms) = args.borrow_ms {
         builder = builder.on_exhausted(ExhaustedPolicy::Borrow {
             max_lead: Duration::from_millis(ms),

@@ -140,10 +140,7 @@ fn node_values(args: &Args, layout: &Layout) -> anyhow::Result<Vec<(String, u64)
         .chain(args.field.iter().cloned())
         .collect();
     if let (Some(key), Some(shards)) = (args.key, args.shards) {
-        if layout.field("shard").is_none() {
-            bail!("layout {} has no shard field for --key", layout.name());
-        }
-        values.push(("shard".into(), Layout::shard_of(key, shards)?));
+        values.push(("shard".into(), layout.shard_for_key("shard", key, shards)?));
     }
     if let Some(source) = &args.node_from {
         let mut fields = layout.node_fields();

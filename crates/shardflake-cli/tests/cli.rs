@@ -1,0 +1,255 @@
+//! The `shardflake` binary end to end: several processes and restarts make
+//! distinct ids; decode, plan and bench speak their documented formats; bad
+//! input is a clear error on stderr with a non-zero exit, never a panic.
+
+use std::collections::HashSet;
+use std::process::{Command, Output};
+use std::thread;
+
+fn shardflake(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardflake"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(args: &[&str]) -> String {
+    let out = shardflake(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn ids(text: &str) -> Vec<u64> {
+    text.lines().map(|l| l.parse().unwrap()).collect()
+}
+
+#[test]
+fn processes_and_restarts_never_repeat_an_id() {
+    // Four nodes at once, each restarted three times in a row.
+    let per_node: Vec<Vec<u64>> = thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|node| {
+                s.spawn(move || {
+                    let node = node.to_string();
+                    (0..3)
+                        .flat_map(|_| ids(&stdout(&["gen", "--node", &node, "-n", "50000"])))
+                        .collect()
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let mut seen = HashSet::new();
+    for ids in &per_node {
+        assert_eq!(ids.len(), 150_000);
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "a node's ids went down across restarts"
+        );
+        for id in ids {
+            assert!(seen.insert(*id), "duplicate id {id}");
+        }
+    }
+}
+
+#[test]
+fn back_to_back_runs_on_one_node_never_repeat() {
+    // Each run ends inside a tick; the next must not reuse it.
+    let mut all = Vec::new();
+    for _ in 0..20 {
+        all.extend(ids(&stdout(&["gen", "--node", "7", "-n", "3"])));
+    }
+    assert!(all.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[test]
+fn decode_json_has_the_documented_keys() {
+    let out = stdout(&[
+        "decode",
+        "--layout",
+        "instagram",
+        "--json",
+        "11637205501278089",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["id"], "11637205501278089");
+    assert_eq!(v["layout"], "instagram");
+    assert_eq!(v["fields"]["shard"], 1341);
+    assert_eq!(v["sequence"], 905);
+    assert_eq!(v["unix_ms"], 1_315_607_284_721u64);
+    assert_eq!(v["timestamp"], "2011-09-09T22:28:04.721Z");
+}
+
+#[test]
+fn generated_ids_decode_to_their_fields_in_every_format() {
+    for format in ["dec", "hex", "base32", "base62"] {
+        let id = stdout(&[
+            "gen",
+            "--layout",
+            "twitter",
+            "--datacenter",
+            "2",
+            "--worker",
+            "30",
+            "-f",
+            format,
+        ]);
+        let out = stdout(&[
+            "decode",
+            "--layout",
+            "twitter",
+            "-f",
+            format,
+            "--json",
+            id.trim(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(
+            (
+                v["fields"]["datacenter"].as_u64(),
+                v["fields"]["worker"].as_u64()
+            ),
+            (Some(2), Some(30))
+        );
+    }
+    let id = stdout(&[
+        "gen",
+        "--layout",
+        "instagram",
+        "--key",
+        "31341",
+        "--shards",
+        "2000",
+    ]);
+    let out = stdout(&["decode", "--layout", "instagram", "--json", id.trim()]);
+    assert!(out.contains(r#""shard":1341"#), "{out}");
+}
+
+#[test]
+fn other_kinds_are_made_and_recognised() {
+    assert_eq!(
+        stdout(&[
+            "gen",
+            "--kind",
+            "uuidv5",
+            "--namespace",
+            "dns",
+            "--name",
+            "www.example.com"
+        ])
+        .trim(),
+        "2ed6657d-e927-568b-95e1-2665a8aea6a2"
+    );
+    let v7 = stdout(&["gen", "--kind", "uuidv7", "-n", "1000"]);
+    let lines: Vec<&str> = v7.lines().collect();
+    assert_eq!(lines.iter().collect::<HashSet<_>>().len(), 1000);
+    let oid = stdout(&["gen", "--kind", "objectid"]);
+    let out = stdout(&["decode", "--json", lines[0], oid.trim()]);
+    assert!(
+        out.contains(r#""kind":"uuidv7""#) && out.contains(r#""kind":"objectid""#),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_input_is_a_clear_error_never_a_panic() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["gen", "--node", "1024"], "out of range"),
+        (&["gen", "--shard", "1"], "no field \"shard\""),
+        (&["gen", "--layout", "nope"], "unknown layout"),
+        (
+            &["gen", "--layout", "time 60 | node 10 | sequence 12"],
+            "at most 64",
+        ),
+        (
+            &[
+                "gen",
+                "--layout",
+                "instagram",
+                "--key",
+                "5",
+                "--shards",
+                "0",
+            ],
+            "shard",
+        ),
+        (
+            &[
+                "gen",
+                "--layout",
+                "instagram",
+                "--key",
+                "5",
+                "--shards",
+                "9000",
+            ],
+            "shard",
+        ),
+        (&["gen", "--kind", "uuidv5"], "needs a name-space"),
+        (&["gen", "--kind", "uuidv9"], "unknown kind"),
+        (&["decode", "12x"], "unexpected character"),
+        (
+            &["decode", "99999999999999999999"],
+            "does not fit in 64 bits",
+        ),
+        (
+            &["decode", "--layout", "js-safe", "18446744073709551615"],
+            "js-safe",
+        ),
+        (
+            &["plan", "--nodes", "100", "--rate=-5", "--years", "10"],
+            "positive",
+        ),
+        (
+            &["plan", "--nodes", "100", "--rate", "0", "--years", "10"],
+            "positive",
+        ),
+        (&["bench", "--batch", "0"], "--batch"),
+    ];
+    for (args, needle) in cases {
+        let out = shardflake(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+}
+
+#[test]
+fn plan_reports_capacity_and_the_negative_date() {
+    let out = stdout(&["plan", "--layout", "instagram"]);
+    assert!(out.contains("2046-06-27"), "{out}");
+    assert!(out.contains("1024"), "ids per tick: {out}");
+    let js: serde_json::Value =
+        serde_json::from_str(stdout(&["plan", "--layout", "js-safe", "--json"]).trim()).unwrap();
+    assert!(js["js_unsafe_from"].is_null());
+    let suggested = stdout(&[
+        "plan",
+        "--nodes",
+        "1000",
+        "--rate",
+        "4000000",
+        "--years",
+        "69",
+        "--epoch",
+        "2010-11-04T01:42:54.657Z",
+    ]);
+    assert!(
+        suggested.contains("time 41 | node 10 | sequence 12"),
+        "{suggested}"
+    );
+}
+
+#[test]
+fn bench_json_reports_a_rate_against_the_cap() {
+    let out = stdout(&["bench", "--threads", "2", "--seconds", "0.2", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["ids"].as_u64().unwrap() > 0);
+    assert!(v["fraction_of_cap"].as_f64().unwrap() > 0.0);
+    assert!(v["vs_baseline"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["cap_per_second"].as_f64(), Some(4_096_000.0));
+}
