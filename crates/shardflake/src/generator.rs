@@ -359,6 +359,26 @@ impl<C: Clock> Generator<C> {
     /// The next id.
     #[inline]
     pub fn next_id(&self) -> Result<Id, GenerateError> {
+        // Fast path for the common case: a 1 ms tick, the clock past the
+        // epoch and not behind the last id, and the next value no later than
+        // now. Anything else, a lost race included, takes the full path.
+        let cur = self.state.0.load(Ordering::Acquire);
+        let now_ms = self.clock.now_ms();
+        if self.tick_ms == 1 && now_ms >= self.epoch_ms {
+            let now = now_ms - self.epoch_ms;
+            let next = cur.wrapping_add(1).max(now << self.seq_bits);
+            if next > cur
+                && next >> self.seq_bits <= now
+                && now <= self.max_tick
+                && self
+                    .state
+                    .0
+                    .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return Ok(self.id(next));
+            }
+        }
         let (start, _) = self.reserve(1, false)?;
         Ok(self.id(start))
     }
@@ -428,7 +448,8 @@ impl<C: Clock> Generator<C> {
     #[inline]
     fn reserve(&self, count: u64, within_tick: bool) -> Result<(u64, u64), GenerateError> {
         // Ticks a batch needs; it may be stamped with that many recent ticks.
-        let span = count.div_ceil(1 << self.seq_bits).max(1);
+        // (A shift, not a division: this is the hot path.)
+        let span = (count.saturating_sub(1) >> self.seq_bits) + 1;
         let mut cur = self.state.0.load(Ordering::Acquire);
         loop {
             let cur_tick = cur >> self.seq_bits;

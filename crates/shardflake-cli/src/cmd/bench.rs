@@ -41,6 +41,9 @@ pub struct Args {
     /// How threads share the generator.
     #[arg(long, value_enum, default_value_t = Mode::Shared)]
     mode: Mode,
+    /// Ids each thread reserves at a time in the local mode (at most a tick's worth).
+    #[arg(long, default_value_t = 4096)]
+    block: u64,
     /// Seconds to run each measurement.
     #[arg(short, long, default_value_t = 2.0)]
     seconds: f64,
@@ -54,6 +57,9 @@ pub struct Args {
     #[arg(long)]
     json: bool,
 }
+
+#[repr(align(128))]
+struct CacheLine<T>(T);
 
 /// Calls between checks of the stop flag and updates of the shared count.
 const ROUND: u64 = 256;
@@ -125,11 +131,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })?,
         Mode::Local => {
             // One handle per thread, kept across rounds.
+            // One handle per thread, kept across rounds, each on its own
+            // cache line (neighbours would slow each other down).
             let locals: Vec<_> = (0..threads)
-                .map(|_| std::sync::Mutex::new(generator.local(args.batch.max(64))))
+                .map(|_| CacheLine(std::sync::Mutex::new(generator.local(args.block))))
                 .collect();
             measure(&label, threads, duration, args.json, |t| {
-                let mut local = locals[t].lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+                let mut local = locals[t]
+                    .0
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))?;
                 for _ in 0..ROUND {
                     black_box(local.next_id()?);
                 }
