@@ -59,7 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             for d in &decoded {
                 writeln!(out, "{}", to_json(d))?;
             }
-        } else {
+        } else if !decoded.is_empty() {
             write_table(out, &layout, &decoded)?;
         }
         Ok(())
