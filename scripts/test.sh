@@ -15,21 +15,21 @@ step "format"
 cargo fmt --all --check
 
 step "clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 
 step "tests"
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast
+  cargo nextest run --workspace --no-fail-fast
 else
-  cargo test --workspace --locked --no-fail-fast --lib --bins --tests
+  cargo test --workspace --no-fail-fast --lib --bins --tests
 fi
 
 step "doc tests"
-cargo test --workspace --locked --doc
+cargo test --workspace --doc
 
 step "model check (loom)"
 # A build of its own: --cfg loom swaps the generator's atomics for loom's.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-  cargo test -p shardflake --locked --release --test loom
+  cargo test -p shardflake --release --test loom
 
 step "all passed"
