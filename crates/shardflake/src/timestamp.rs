@@ -2,11 +2,21 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// `2018-06-09T10:00:00.000Z` for 1528538400000.
+/// First Unix ms of the year 10000, which RFC 3339 cannot write.
+pub const YEAR_10000_MS: u64 = 253_402_300_800_000;
+
+/// `2018-06-09T10:00:00.000Z` for 1528538400000; times from the year 10000
+/// on (layouts may last that long) as `after 9999 (N ms after 1970)`.
+///
+/// ```
+/// use shardflake::timestamp::rfc3339_ms;
+/// assert_eq!(rfc3339_ms(1_528_538_400_000), "2018-06-09T10:00:00.000Z");
+/// assert_eq!(rfc3339_ms(u64::MAX), "after 9999 (18446744073709551615 ms after 1970)");
+/// ```
 pub fn rfc3339_ms(unix_ms: u64) -> String {
     match UNIX_EPOCH.checked_add(Duration::from_millis(unix_ms)) {
-        Some(t) => humantime::format_rfc3339_millis(t).to_string(),
-        None => format!("{unix_ms} ms after 1970"),
+        Some(t) if unix_ms < YEAR_10000_MS => humantime::format_rfc3339_millis(t).to_string(),
+        _ => format!("after 9999 ({unix_ms} ms after 1970)"),
     }
 }
 

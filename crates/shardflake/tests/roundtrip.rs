@@ -119,3 +119,31 @@ proptest! {
         prop_assert_eq!(preset::resolve(&layout.to_string()).unwrap(), layout);
     }
 }
+
+proptest! {
+    /// Text from users never panics a parser: it is an id or a typed error.
+    #[test]
+    fn parsers_never_panic(text in "\\PC{0,40}", spec in "[a-z0-9 |():,-]{0,60}") {
+        for format in Format::ALL {
+            let _ = format.parse(&text);
+            let _ = shardflake::kind::recognise(&text, format);
+        }
+        let _ = text.parse::<shardflake::ObjectId>();
+        let _ = text.parse::<shardflake::Kind>();
+        let _ = shardflake::uuid::namespace(&text);
+        let _ = shardflake::timestamp::parse_unix_ms(&text);
+        let _ = preset::resolve(&text);
+        let _ = preset::resolve(&spec);
+    }
+
+    /// Any u64 decodes against every preset without panicking.
+    #[test]
+    fn decoding_any_number_never_panics(raw in any::<u64>()) {
+        for layout in preset::all() {
+            match Id(raw).decode(&layout) {
+                Ok(parts) => prop_assert_eq!(parts.id, Id(raw)),
+                Err(e) => prop_assert!(matches!(e, IdError::TooLarge { .. }), "{e}"),
+            }
+        }
+    }
+}
