@@ -171,18 +171,25 @@ fn batch_1000(c: &mut Criterion) {
 }
 
 /// `threads` threads each make `iters / threads` ids from one shared
-/// generator; the time is wall time from a common start.
-fn shared<F: Fn() + Sync>(threads: usize, iters: u64, next: F) -> Duration {
+/// generator, through per-thread state made by `init` on the thread; the
+/// time is the slowest thread's, from a common start.
+fn on_threads<S>(
+    threads: usize,
+    iters: u64,
+    init: impl Fn() -> S + Sync,
+    next: impl Fn(&mut S) + Sync,
+) -> Duration {
     let per_thread = iters.div_ceil(threads as u64);
     let barrier = Barrier::new(threads);
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(|| {
+                    let mut state = init();
                     barrier.wait();
                     let start = Instant::now();
                     for _ in 0..per_thread {
-                        next();
+                        next(&mut state);
                     }
                     start.elapsed()
                 })
@@ -199,49 +206,46 @@ fn shared<F: Fn() + Sync>(threads: usize, iters: u64, next: F) -> Duration {
 fn shared_threads(c: &mut Criterion) {
     let mut group = c.benchmark_group("shared_threads");
     group.throughput(Throughput::Elements(1));
+    let wide = "time 41 | sequence 22 (epoch 1288834974657 ms)";
     for threads in [1, 2] {
-        let g = ours(layout("time 41 | sequence 22 (epoch 1288834974657 ms)"));
+        let g = ours(layout(wide));
         group.bench_function(BenchmarkId::new("shardflake", threads), |b| {
             b.iter_custom(|iters| {
-                shared(threads, iters, || {
-                    black_box(g.next_id().unwrap());
-                })
+                on_threads(
+                    threads,
+                    iters,
+                    || (),
+                    |_| {
+                        black_box(g.next_id().unwrap());
+                    },
+                )
             })
         });
-        let g = ours(layout("time 41 | sequence 22 (epoch 1288834974657 ms)"));
+        let g = ours(layout(wide));
+        // Each thread's handle lives on its own stack, as in real use.
         group.bench_function(BenchmarkId::new("shardflake_local", threads), |b| {
-            // Each thread's handle lives on its own stack, as in real use.
             b.iter_custom(|iters| {
-                let per_thread = iters.div_ceil(threads as u64);
-                let barrier = Barrier::new(threads);
-                std::thread::scope(|s| {
-                    let workers: Vec<_> = (0..threads)
-                        .map(|_| {
-                            s.spawn(|| {
-                                let mut local = g.local(4096);
-                                barrier.wait();
-                                let start = Instant::now();
-                                for _ in 0..per_thread {
-                                    black_box(local.next_id().unwrap());
-                                }
-                                start.elapsed()
-                            })
-                        })
-                        .collect();
-                    workers
-                        .into_iter()
-                        .map(|w| w.join().unwrap())
-                        .max()
-                        .unwrap()
-                })
+                on_threads(
+                    threads,
+                    iters,
+                    || g.local(4096),
+                    |local| {
+                        black_box(local.next_id().unwrap());
+                    },
+                )
             })
         });
         let f = AtomicSnowflakeGenerator::<Ferroid22, _>::new(0, FerroidClock::default());
         group.bench_function(BenchmarkId::new("ferroid_atomic", threads), |b| {
             b.iter_custom(|iters| {
-                shared(threads, iters, || {
-                    black_box(f.try_next_id(spin).unwrap());
-                })
+                on_threads(
+                    threads,
+                    iters,
+                    || (),
+                    |_| {
+                        black_box(f.try_next_id(spin).unwrap());
+                    },
+                )
             })
         });
     }

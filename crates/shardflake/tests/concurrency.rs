@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
+use std::time::Duration;
 
 use shardflake::{ExhaustedPolicy, Generator, Id, Layout, preset};
 
@@ -16,6 +17,15 @@ fn snowflake() -> Generator {
         .node("node", 3)
         .build()
         .unwrap()
+}
+
+/// Runs `work(thread index)` on `THREADS` threads; returns each thread's ids.
+fn on_threads(work: impl Fn(usize) -> Vec<Id> + Sync) -> Vec<Vec<Id>> {
+    thread::scope(|s| {
+        let work = &work;
+        let workers: Vec<_> = (0..THREADS).map(|t| s.spawn(move || work(t))).collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    })
 }
 
 fn assert_unique(per_thread: &[Vec<Id>]) {
@@ -36,26 +46,19 @@ fn shared_next_id_is_unique_and_linearizable() {
     let g = snowflake();
     // Highest id any call has returned so far.
     let published = AtomicU64::new(0);
-    let per_thread: Vec<Vec<Id>> = thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
+    let per_thread = on_threads(|_| {
+        (0..PER_THREAD)
             .map(|_| {
-                s.spawn(|| {
-                    let mut ids = Vec::with_capacity(PER_THREAD);
-                    for _ in 0..PER_THREAD {
-                        let before = published.load(Ordering::SeqCst);
-                        let id = g.next_id().unwrap();
-                        assert!(
-                            id.get() > before,
-                            "{id} not above {before}, returned earlier"
-                        );
-                        published.fetch_max(id.get(), Ordering::SeqCst);
-                        ids.push(id);
-                    }
-                    ids
-                })
+                let before = published.load(Ordering::SeqCst);
+                let id = g.next_id().unwrap();
+                assert!(
+                    id.get() > before,
+                    "{id} not above {before}, returned earlier"
+                );
+                published.fetch_max(id.get(), Ordering::SeqCst);
+                id
             })
-            .collect();
-        workers.into_iter().map(|w| w.join().unwrap()).collect()
+            .collect()
     });
     assert_unique(&per_thread);
 }
@@ -63,24 +66,16 @@ fn shared_next_id_is_unique_and_linearizable() {
 #[test]
 fn mixed_batches_and_single_ids_never_overlap() {
     let g = snowflake();
-    let per_thread: Vec<Vec<Id>> = thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let g = &g;
-                s.spawn(move || {
-                    let mut ids = Vec::with_capacity(PER_THREAD);
-                    while ids.len() < PER_THREAD {
-                        if t % 2 == 0 {
-                            ids.extend(g.next_ids(1 + (ids.len() as u64 % 5000)).unwrap());
-                        } else {
-                            ids.push(g.next_id().unwrap());
-                        }
-                    }
-                    ids
-                })
-            })
-            .collect();
-        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    let per_thread = on_threads(|t| {
+        let mut ids = Vec::with_capacity(PER_THREAD);
+        while ids.len() < PER_THREAD {
+            if t % 2 == 0 {
+                ids.extend(g.next_ids(1 + (ids.len() as u64 % 5000)).unwrap());
+            } else {
+                ids.push(g.next_id().unwrap());
+            }
+        }
+        ids
     });
     assert_unique(&per_thread);
 }
@@ -88,16 +83,9 @@ fn mixed_batches_and_single_ids_never_overlap() {
 #[test]
 fn local_handles_are_unique_and_increase_per_thread() {
     let g = snowflake();
-    let per_thread: Vec<Vec<Id>> = thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut local = g.local(256);
-                    (0..PER_THREAD).map(|_| local.next_id().unwrap()).collect()
-                })
-            })
-            .collect();
-        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    let per_thread = on_threads(|_| {
+        let mut local = g.local(256);
+        (0..PER_THREAD).map(|_| local.next_id().unwrap()).collect()
     });
     assert_unique(&per_thread);
     // Every id carries the tick it was made in: none ahead of the clock.
@@ -123,16 +111,11 @@ fn saturated_small_sequence_with_borrowing_stays_unique() {
     let g = Generator::builder(layout)
         .node("node", 9)
         .on_exhausted(ExhaustedPolicy::Borrow {
-            max_lead: std::time::Duration::from_millis(2),
+            max_lead: Duration::from_millis(2),
         })
         .build()
         .unwrap();
-    let per_thread: Vec<Vec<Id>> = thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|_| s.spawn(|| (0..2_000).map(|_| g.next_id().unwrap()).collect()))
-            .collect();
-        workers.into_iter().map(|w| w.join().unwrap()).collect()
-    });
+    let per_thread = on_threads(|_| (0..2_000).map(|_| g.next_id().unwrap()).collect());
     assert_unique(&per_thread);
     assert!(
         g.stats().exhaustions > 0,
