@@ -25,6 +25,8 @@ enum Command {
     Plan(cmd::plan::Args),
     /// Measure generator throughput against the layout's cap.
     Bench(cmd::bench::Args),
+    /// Run the id service: HTTP and gRPC, node id static or leased from etcd.
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
         Command::Decode(args) => cmd::decode::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod decode;
 pub mod generate;
 pub mod plan;
+pub mod serve;
 
 use std::io::{self, Write};
 

@@ -1,0 +1,463 @@
+//! The HTTP/JSON API (axum).
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /v1/id[?numbers=true][&format=hex][&kind=uuidv7]` | `{"id":"…"}` |
+//! | `GET /v1/ids?count=N[&numbers=true]`, `POST /v1/ids {"count":N}` | `{"count":N,"ids":[…]}`, one contiguous reservation |
+//! | `GET /v1/shard-id?key=K` | `{"id":"…","shard":S,"key":K}` (layouts with a `shard` field) |
+//! | `GET /v1/decode/{id}[?format=hex]` | the id's parts |
+//! | `GET /v1/info` | layout and node identity |
+//! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | health, readiness (node id held), Prometheus, OpenAPI 3 |
+//!
+//! Ids are JSON strings (JavaScript loses integers above 2^53) unless
+//! `numbers=true`. Errors are `{"error":{"code","message"}}`. Query strings
+//! are parsed by hand so every bad input gets that shape, and the hot path
+//! formats its answer into a small buffer without serde.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+use shardflake::{Batch, Format, Id};
+
+use crate::error::ApiError;
+use crate::issuer::{Issuer, LeaseState};
+use crate::metrics;
+
+type Shared = State<Arc<Issuer>>;
+
+/// Batches above this size are made and formatted off the async workers.
+const BLOCKING_BATCH: u64 = 4096;
+
+/// The router.
+pub fn router(issuer: Arc<Issuer>) -> Router {
+    let max_body = issuer.config.max_body;
+    Router::new()
+        .route("/v1/id", get(next_id))
+        .route("/v1/ids", get(next_ids_get).post(next_ids_post))
+        .route("/v1/shard-id", get(shard_id))
+        .route("/v1/decode/{id}", get(decode))
+        .route("/v1/info", get(info))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .route("/openapi.json", get(openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(issuer)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        json_response(
+            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            self.to_json(),
+        )
+    }
+}
+
+fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
+    let mut r = Response::new(body.into());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Query parameters, unescaped only for `+`/`%XX` of ASCII.
+struct Query<'a>(Vec<(&'a str, std::borrow::Cow<'a, str>)>);
+
+impl<'a> Query<'a> {
+    fn parse(raw: &'a Option<String>) -> Self {
+        let pairs = raw
+            .as_deref()
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (k, unescape(v))
+            })
+            .collect();
+        Query(pairs)
+    }
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_ref())
+    }
+    fn flag(&self, key: &str) -> Result<bool, ApiError> {
+        match self.get(key) {
+            None | Some("false") | Some("0") => Ok(false),
+            Some("" | "true" | "1") => Ok(true),
+            Some(other) => Err(ApiError::bad_request(
+                "invalid_parameter",
+                format!("{key} must be true or false, got {other:?}"),
+            )),
+        }
+    }
+    fn format(&self) -> Result<Option<Format>, ApiError> {
+        match self.get("format") {
+            None | Some("dec") => Ok(None),
+            Some(f) => f.parse().map(Some).map_err(|_| {
+                ApiError::bad_request(
+                    "invalid_parameter",
+                    format!("format must be dec, hex, base32 or base62, got {f:?}"),
+                )
+            }),
+        }
+    }
+}
+
+fn unescape(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['%', '+']) {
+        return v.into();
+    }
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+                {
+                    Ok(c) => {
+                        out.push(c);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned().into()
+}
+
+/// Appends `v` in decimal.
+pub fn push_u64(buf: &mut Vec<u8>, mut v: u64) {
+    let mut tmp = [0u8; 20];
+    let mut i = tmp.len();
+    loop {
+        i -= 1;
+        tmp[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&tmp[i..]);
+}
+
+fn push_id(buf: &mut Vec<u8>, id: Id, numbers: bool, format: Option<Format>) {
+    match format {
+        Some(f) => {
+            buf.push(b'"');
+            buf.extend_from_slice(f.format(id).as_bytes());
+            buf.push(b'"');
+        }
+        None if numbers => push_u64(buf, id.get()),
+        None => {
+            buf.push(b'"');
+            push_u64(buf, id.get());
+            buf.push(b'"');
+        }
+    }
+}
+
+async fn next_id(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+    let (numbers, format) = if raw.is_none() {
+        (false, None)
+    } else {
+        let q = Query::parse(&raw);
+        if let Some(kind) = q.get("kind").filter(|k| *k != "layout") {
+            let (name, value) = issuer.other_kind(kind)?;
+            return Ok(json_response(
+                StatusCode::OK,
+                json!({ "id": value, "kind": name }).to_string(),
+            ));
+        }
+        (q.flag("numbers")?, q.format()?)
+    };
+    let (batch, _) = issuer.issue(0, 1)?;
+    let mut buf = Vec::with_capacity(32);
+    buf.extend_from_slice(b"{\"id\":");
+    push_id(&mut buf, batch.first(), numbers, format);
+    buf.push(b'}');
+    Ok(json_response(StatusCode::OK, buf))
+}
+
+fn parse_count(text: &str, max: u64) -> Result<u64, ApiError> {
+    match text.trim().parse::<u64>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(ApiError::invalid_count(text, max)),
+    }
+}
+
+async fn next_ids_get(
+    State(issuer): Shared,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = Query::parse(&raw);
+    let max = issuer.config.max_batch;
+    let count = parse_count(
+        q.get("count")
+            .ok_or_else(|| ApiError::invalid_count("", max))?,
+        max,
+    )?;
+    batch_response(issuer, count, q.flag("numbers")?, q.format()?).await
+}
+
+async fn next_ids_post(
+    State(issuer): Shared,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                413,
+                "body_too_large",
+                format!("request body over {} bytes", issuer.config.max_body),
+            )
+        } else {
+            ApiError::bad_request("invalid_body", e.body_text())
+        }
+    })?;
+    let v: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request("invalid_body", format!("body is not JSON: {e}")))?;
+    let max = issuer.config.max_batch;
+    let count = match v.get("count") {
+        Some(serde_json::Value::Number(n)) => parse_count(&n.to_string(), max)?,
+        Some(serde_json::Value::String(s)) => parse_count(s, max)?,
+        Some(other) => return Err(ApiError::invalid_count(&other.to_string(), max)),
+        None => return Err(ApiError::invalid_count("", max)),
+    };
+    let numbers = v.get("numbers").and_then(|n| n.as_bool()).unwrap_or(false);
+    batch_response(issuer, count, numbers, None).await
+}
+
+fn format_batch(batch: &Batch, numbers: bool, format: Option<Format>) -> Vec<u8> {
+    let per = if numbers { 20 } else { 22 };
+    let mut buf = Vec::with_capacity(32 + batch.len() as usize * per);
+    buf.extend_from_slice(b"{\"count\":");
+    push_u64(&mut buf, batch.len());
+    buf.extend_from_slice(b",\"ids\":[");
+    for (i, id) in batch.iter().enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        push_id(&mut buf, id, numbers, format);
+    }
+    buf.extend_from_slice(b"]}");
+    buf
+}
+
+async fn batch_response(
+    issuer: Arc<Issuer>,
+    count: u64,
+    numbers: bool,
+    format: Option<Format>,
+) -> Result<Response, ApiError> {
+    let make = move || -> Result<Vec<u8>, ApiError> {
+        let (batch, _) = issuer.issue(0, count)?;
+        Ok(format_batch(&batch, numbers, format))
+    };
+    let body = if count > BLOCKING_BATCH {
+        tokio::task::spawn_blocking(make)
+            .await
+            .map_err(|e| ApiError::new(500, "internal", e.to_string()))??
+    } else {
+        make()?
+    };
+    Ok(json_response(StatusCode::OK, body))
+}
+
+async fn shard_id(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+    let q = Query::parse(&raw);
+    if issuer.config.shard_field.is_none() {
+        return Err(ApiError::bad_request(
+            "no_shard_field",
+            format!(
+                "layout {} has no shard field besides the node field; use a layout with a `shard` field",
+                issuer.layout().name()
+            ),
+        ));
+    }
+    let text = q.get("key").unwrap_or("");
+    let key: u64 = text.trim().parse().map_err(|_| {
+        ApiError::bad_request(
+            "invalid_key",
+            format!("key must be a non-negative whole number, got {text:?}"),
+        )
+    })?;
+    let shard = key % issuer.config.shards;
+    let (batch, _) = issuer.issue(shard, 1)?;
+    let numbers = q.flag("numbers")?;
+    let mut buf = Vec::with_capacity(64);
+    buf.extend_from_slice(b"{\"id\":");
+    push_id(&mut buf, batch.first(), numbers, None);
+    buf.extend_from_slice(b",\"shard\":");
+    push_u64(&mut buf, shard);
+    buf.extend_from_slice(b",\"key\":");
+    push_u64(&mut buf, key);
+    buf.push(b'}');
+    Ok(json_response(StatusCode::OK, buf))
+}
+
+/// Decodes `text` (decimal, or `format`) with the active layout.
+pub fn decode_json(
+    issuer: &Issuer,
+    text: &str,
+    format: Option<Format>,
+) -> Result<serde_json::Value, ApiError> {
+    let malformed = |e: String| ApiError::bad_request("malformed_id", e);
+    let id = format
+        .unwrap_or(Format::Dec)
+        .parse(text.trim())
+        .map_err(|e| malformed(format!("{text:?}: {e}")))?;
+    let parts = id
+        .decode(issuer.layout())
+        .map_err(|e| malformed(e.to_string()))?;
+    let fields: serde_json::Map<String, serde_json::Value> = parts
+        .fields
+        .iter()
+        .map(|(n, v)| (n.clone(), json!(v)))
+        .collect();
+    Ok(json!({
+        "id": id.get().to_string(),
+        "layout": parts.layout,
+        "tick": parts.tick,
+        "unix_ms": parts.unix_ms,
+        "timestamp": parts.timestamp(),
+        "fields": fields,
+        "sequence": parts.sequence,
+    }))
+}
+
+async fn decode(
+    State(issuer): Shared,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let Path(text) = path.map_err(|e| ApiError::bad_request("malformed_id", e.body_text()))?;
+    let q = Query::parse(&raw);
+    let v = decode_json(&issuer, &text, q.format()?)?;
+    Ok(json_response(StatusCode::OK, v.to_string()))
+}
+
+/// The layout and node identity as JSON.
+pub fn info_json(issuer: &Issuer) -> serde_json::Value {
+    let c = &issuer.config;
+    let active = issuer.active();
+    let fixed: serde_json::Map<String, serde_json::Value> = c
+        .fixed_fields
+        .iter()
+        .map(|(n, v)| (n.clone(), json!(v)))
+        .collect();
+    json!({
+        "layout": c.layout.name(),
+        "layout_spec": c.layout.to_string(),
+        "node_field": c.node_field,
+        "node_id": active.as_ref().map(|a| a.node_id),
+        "node_source": match c.node { crate::config::NodeSource::Static(_) => "static", _ => "etcd" },
+        "lease_state": issuer.lease_state().name(),
+        "fixed_fields": fixed,
+        "shard_field": c.shard_field,
+        "shards": c.shard_field.as_ref().map(|_| c.shards),
+        "max_batch": c.max_batch,
+        "ids_per_ms": c.layout.ids_per_tick() / c.layout.tick_ms().max(1),
+        "resumed_after_ms": active.as_ref().map(|a| a.resumed_after_ms),
+        "high_water_ms": active.as_ref().map(|a| a.durable_hw()),
+        "kinds": ["layout", "uuidv1", "uuidv4", "uuidv6", "uuidv7", "uuid-nil", "objectid"],
+    })
+}
+
+async fn info(State(issuer): Shared) -> Response {
+    json_response(StatusCode::OK, info_json(&issuer).to_string())
+}
+
+async fn healthz() -> Response {
+    json_response(StatusCode::OK, "{\"status\":\"ok\"}")
+}
+
+async fn readyz(State(issuer): Shared) -> Response {
+    let state = issuer.lease_state();
+    match issuer.active() {
+        Some(a) if matches!(state, LeaseState::Held | LeaseState::Static) => json_response(
+            StatusCode::OK,
+            json!({ "ready": true, "node_id": a.node_id, "lease_state": state.name() }).to_string(),
+        ),
+        _ => ApiError::new(
+            503,
+            "no_lease",
+            format!("not ready: lease state {}", state.name()),
+        )
+        .into_response(),
+    }
+}
+
+async fn metrics_text(State(issuer): Shared) -> Response {
+    let mut r = Response::new(Body::from(metrics::render(&issuer)));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    r
+}
+
+async fn openapi() -> Response {
+    json_response(StatusCode::OK, include_str!("openapi.json"))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(404, "not_found", "no such route; see /openapi.json")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        405,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimal_formatting() {
+        for v in [0, 7, 10, 454_947_766_275_222_906, u64::MAX] {
+            let mut b = Vec::new();
+            push_u64(&mut b, v);
+            assert_eq!(String::from_utf8(b).unwrap(), v.to_string());
+        }
+    }
+
+    #[test]
+    fn query_parsing() {
+        let raw = Some("count=5&numbers=true&key=a%20b+c&bad%zz=1".to_string());
+        let q = Query::parse(&raw);
+        assert_eq!(q.get("count"), Some("5"));
+        assert!(q.flag("numbers").unwrap());
+        assert_eq!(q.get("key"), Some("a b c"));
+        assert_eq!(parse_count("5", 10).unwrap(), 5);
+        for bad in ["0", "-1", "x", "11", "", "1.5"] {
+            assert_eq!(parse_count(bad, 10).unwrap_err().code, "invalid_count");
+        }
+        assert_eq!(unescape("%4"), "%4");
+        assert_eq!(unescape("%"), "%");
+    }
+}

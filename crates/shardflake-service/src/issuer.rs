@@ -1,0 +1,354 @@
+//! The issuing path: the node identity currently held, its generators, and
+//! the two fences every id passes before it leaves the process.
+//!
+//! - **Lease fence**: `fence_until`, a monotonic deadline (last keep-alive's
+//!   send time + TTL − safety margin). Checked before and after taking ids,
+//!   so a process that was paused (SIGSTOP) past its deadline refuses on wake,
+//!   before its background tasks have run.
+//! - **High-water fence**: no id is stamped with a tick after the last
+//!   durably recorded high-water time, so a successor that resumes after that
+//!   record can never reissue a tick, even if this process crashes.
+//!
+//! Both are single atomic loads; the identity itself sits behind an
+//! [`ArcSwapOption`] that the lease keeper replaces.
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use arc_swap::ArcSwapOption;
+use shardflake::{
+    Batch, ExhaustedPolicy, Generator, Id, Layout, ObjectIdGenerator, Stats, SystemClock,
+};
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// The lease state, as `/readyz`, `/v1/info` and metrics report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LeaseState {
+    /// Looking for a node id (at start or after losing one).
+    Acquiring = 0,
+    /// Holding a leased node id.
+    Held = 1,
+    /// A static node id (no coordination).
+    Static = 2,
+    /// Lost the lease; fenced until re-acquired.
+    Lost = 3,
+    /// Shutting down; nothing more is issued.
+    Stopped = 4,
+}
+
+impl LeaseState {
+    /// The name shown to clients.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseState::Acquiring => "acquiring",
+            LeaseState::Held => "held",
+            LeaseState::Static => "static",
+            LeaseState::Lost => "lost",
+            LeaseState::Stopped => "stopped",
+        }
+    }
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => LeaseState::Held,
+            2 => LeaseState::Static,
+            3 => LeaseState::Lost,
+            4 => LeaseState::Stopped,
+            _ => LeaseState::Acquiring,
+        }
+    }
+}
+
+/// One held node identity and its generators.
+#[derive(Debug)]
+pub struct Active {
+    /// The node id.
+    pub node_id: u64,
+    /// Ids are stamped strictly after this Unix ms (the resumed high-water).
+    pub resumed_after_ms: u64,
+    /// Per shard value (one entry when the layout has no shard field).
+    generators: Box<[OnceLock<Generator<SystemClock>>]>,
+    fence_until_ns: AtomicU64,
+    durable_hw_ms: AtomicU64,
+}
+
+/// The issuing state shared by the HTTP and gRPC front ends.
+#[derive(Debug)]
+pub struct Issuer {
+    current: ArcSwapOption<Active>,
+    /// The validated configuration.
+    pub config: Config,
+    /// Counters.
+    pub metrics: Metrics,
+    base: Instant,
+    state: AtomicU8,
+    objectids: ObjectIdGenerator,
+    retired: std::sync::Mutex<Stats>,
+}
+
+impl Issuer {
+    /// An issuer holding nothing yet.
+    pub fn new(config: Config) -> Self {
+        Issuer {
+            current: ArcSwapOption::empty(),
+            config,
+            metrics: Metrics::default(),
+            base: Instant::now(),
+            state: AtomicU8::new(LeaseState::Acquiring as u8),
+            objectids: ObjectIdGenerator::new(),
+            retired: std::sync::Mutex::new(Stats::default()),
+        }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.config.layout
+    }
+
+    /// Nanoseconds on this issuer's monotonic clock.
+    pub fn mono_ns(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_nanos() as u64
+    }
+
+    /// The lease state.
+    pub fn lease_state(&self) -> LeaseState {
+        LeaseState::from_u8(self.state.load(Ordering::Relaxed))
+    }
+
+    /// Sets the lease state.
+    pub fn set_state(&self, s: LeaseState) {
+        self.state.store(s as u8, Ordering::Relaxed);
+    }
+
+    /// The identity held now.
+    pub fn active(&self) -> Option<Arc<Active>> {
+        self.current.load_full()
+    }
+
+    /// Builds an identity for `node_id`, issuing after `resume_after_ms`,
+    /// fenced until `fence_until` and capped at `durable_hw_ms`.
+    pub fn make_active(
+        &self,
+        node_id: u64,
+        resume_after_ms: u64,
+        fence_until: Option<Instant>,
+        durable_hw_ms: u64,
+    ) -> Result<Active, ApiError> {
+        let slots = if self.config.shard_field.is_some() {
+            self.config.shards as usize
+        } else {
+            1
+        };
+        let active = Active {
+            node_id,
+            resumed_after_ms: resume_after_ms,
+            generators: (0..slots).map(|_| OnceLock::new()).collect(),
+            fence_until_ns: AtomicU64::new(fence_until.map_or(u64::MAX, |t| self.mono_ns(t))),
+            durable_hw_ms: AtomicU64::new(durable_hw_ms),
+        };
+        // Build shard 0 now so a bad node id fails here, not on a request.
+        self.generator(&active, 0)?;
+        Ok(active)
+    }
+
+    /// Publishes an identity (or withdraws it with `None`). The stats of a
+    /// withdrawn identity's generators are kept for metrics.
+    pub fn publish(&self, active: Option<Arc<Active>>) {
+        let old = self.current.swap(active);
+        if let Some(old) = old {
+            let s = old.stats();
+            if let Ok(mut r) = self.retired.lock() {
+                r.exhaustions += s.exhaustions;
+                r.clock_behind += s.clock_behind;
+                r.rollback_errors += s.rollback_errors;
+            }
+        }
+    }
+
+    /// Generator stats, including withdrawn identities.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.retired.lock().map(|r| *r).unwrap_or_default();
+        if let Some(a) = self.active() {
+            let c = a.stats();
+            s.exhaustions += c.exhaustions;
+            s.clock_behind += c.clock_behind;
+            s.rollback_errors += c.rollback_errors;
+        }
+        s
+    }
+
+    fn generator<'a>(
+        &self,
+        active: &'a Active,
+        shard: u64,
+    ) -> Result<&'a Generator<SystemClock>, ApiError> {
+        let cell = active
+            .generators
+            .get(shard as usize)
+            .ok_or_else(|| ApiError::bad_request("invalid_key", "shard out of range"))?;
+        if let Some(g) = cell.get() {
+            return Ok(g);
+        }
+        let c = &self.config;
+        let mut b = Generator::builder(c.layout.clone())
+            .clock(SystemClock)
+            .node(c.node_field.clone(), active.node_id)
+            .on_rollback(c.rollback)
+            .max_batch(c.max_batch)
+            .resume_after(active.resumed_after_ms);
+        if !c.borrow.is_zero() {
+            b = b.on_exhausted(ExhaustedPolicy::Borrow { max_lead: c.borrow });
+        }
+        for (name, value) in &c.fixed_fields {
+            b = b.node(name.clone(), *value);
+        }
+        if let Some(f) = &c.shard_field {
+            b = b.node(f.clone(), shard);
+        }
+        let g = b
+            .build()
+            .map_err(|e| ApiError::new(500, "bad_node_id", e.to_string()))?;
+        let _ = cell.set(g);
+        cell.get()
+            .ok_or_else(|| ApiError::new(500, "internal", "generator cell empty"))
+    }
+
+    /// `count` ids (1..=max_batch) from one reservation, for `shard`
+    /// (0 without a shard field). The count must be checked by the caller.
+    pub fn issue(&self, shard: u64, count: u64) -> Result<(Batch, u64), ApiError> {
+        let guard = self.current.load();
+        let active = guard.as_ref().ok_or_else(ApiError::no_lease)?;
+        self.check_fence(active)?;
+        let generator = self.generator(active, shard)?;
+        let batch = generator.next_ids(count)?;
+        // Pairs with the fence in `close`: an id taken after the deadline
+        // moved is seen by the check below.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.check_fence(active)?;
+        let tick = self.config.layout.time().extract(batch.last().get());
+        if self.config.layout.tick_to_unix_ms(tick) > active.durable_hw_ms.load(Ordering::Acquire) {
+            self.metrics
+                .refused_high_water
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                503,
+                "high_water_not_recorded",
+                "the clock is past the last recorded high-water time; waiting for the record",
+            ));
+        }
+        self.metrics.ids.fetch_add(count, Ordering::Relaxed);
+        if count > 1 {
+            self.metrics.batches.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok((batch, active.node_id))
+    }
+
+    fn check_fence(&self, active: &Active) -> Result<(), ApiError> {
+        let until = active.fence_until_ns.load(Ordering::SeqCst);
+        if until != u64::MAX && self.mono_ns(Instant::now()) >= until {
+            self.metrics.refused_fenced.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::no_lease());
+        }
+        Ok(())
+    }
+
+    /// Another kind of id by name.
+    pub fn other_kind(&self, kind: &str) -> Result<(&'static str, String), ApiError> {
+        use shardflake::Kind;
+        let k: Kind = kind.parse().map_err(|_| {
+            ApiError::bad_request(
+                "unknown_kind",
+                format!(
+                    "unknown kind {kind:?}; use layout, uuidv1, uuidv4, uuidv6, uuidv7, uuid-nil or objectid"
+                ),
+            )
+        })?;
+        let text = match k {
+            Kind::ObjectId => self.objectids.next_id()?.to_string(),
+            Kind::Layout => return Err(ApiError::bad_request("unknown_kind", "use /v1/id")),
+            k if k.is_name_based() => {
+                return Err(ApiError::bad_request(
+                    "unknown_kind",
+                    format!(
+                        "{} is name-based; the service makes uuidv1, uuidv4, uuidv6, uuidv7, uuid-nil and objectid",
+                        k.name()
+                    ),
+                ));
+            }
+            k => shardflake::uuid::generate(k, None)
+                .map_err(|e| ApiError::bad_request("unknown_kind", e.to_string()))?
+                .to_string(),
+        };
+        self.metrics.other_kinds.fetch_add(1, Ordering::Relaxed);
+        Ok((k.name(), text))
+    }
+}
+
+impl Active {
+    /// Moves the lease deadline (monotonic ns of the issuer).
+    pub fn set_fence(&self, until_ns: u64) {
+        self.fence_until_ns.store(until_ns, Ordering::SeqCst);
+    }
+    /// The lease deadline.
+    pub fn fence_ns(&self) -> u64 {
+        self.fence_until_ns.load(Ordering::SeqCst)
+    }
+    /// Stops all issuing by this identity; returns once every id that got
+    /// past the fence is visible to [`Active::high_water_ms`].
+    pub fn close(&self) {
+        self.fence_until_ns.store(0, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+    /// Records that `unix_ms` is durably stored as the high-water.
+    pub fn set_durable_hw(&self, unix_ms: u64) {
+        self.durable_hw_ms.fetch_max(unix_ms, Ordering::AcqRel);
+    }
+    /// The last durable high-water.
+    pub fn durable_hw(&self) -> u64 {
+        self.durable_hw_ms.load(Ordering::Acquire)
+    }
+    /// End of the latest tick used by any generator (Unix ms), at least the
+    /// resumed high-water.
+    pub fn high_water_ms(&self) -> u64 {
+        self.generators
+            .iter()
+            .filter_map(|g| g.get())
+            .map(|g| g.high_water_ms())
+            .fold(self.resumed_after_ms, u64::max)
+    }
+    /// Largest borrowed lead of any generator, ms.
+    pub fn lead_ms(&self) -> u64 {
+        self.generators
+            .iter()
+            .filter_map(|g| g.get())
+            .map(|g| g.lead().as_millis() as u64)
+            .max()
+            .unwrap_or(0)
+    }
+    fn stats(&self) -> Stats {
+        let mut s = Stats::default();
+        for g in self.generators.iter().filter_map(|g| g.get()) {
+            let c = g.stats();
+            s.exhaustions += c.exhaustions;
+            s.clock_behind += c.clock_behind;
+            s.rollback_errors += c.rollback_errors;
+        }
+        s
+    }
+}
+
+/// The node field value of an id in `layout`.
+pub fn node_of(layout: &Layout, field: &str, id: Id) -> Option<u64> {
+    layout.field(field).map(|f| f.extract(id.get()))
+}
+
+/// Nanoseconds since the Unix epoch (for unique names).
+pub fn now_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}

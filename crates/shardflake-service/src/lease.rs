@@ -1,0 +1,487 @@
+//! The node identity's life: acquire, keep, record the high-water, lose and
+//! re-acquire, give back.
+//!
+//! **Static** ids just resume after the local state file and record
+//! `now + window` there periodically.
+//!
+//! **etcd**: under `<prefix>/node/<id>` (attached to a lease) the node takes
+//! the lowest free id in one transaction (`create_revision == 0`), reading
+//! `<prefix>/hw/<id>` (not leased: it outlives holders), the high-water of
+//! whoever held the id before, in the same transaction. It issues nothing
+//! until its clock is past max(that, local state file). It keeps the lease
+//! alive every (TTL − margin)/4; each success moves the fence to the
+//! keep-alive's *send* time + TTL − margin. It writes `now + window` to
+//! `hw/<id>` in a transaction that checks it still holds the key, the way
+//! TiKV's PD persists a timestamp window in etcd; ids are never stamped past
+//! the last successful write. A failed check, a keep-alive answered with
+//! TTL 0, or a passed deadline withdraws the identity (503) and starts over.
+//! On shutdown the exact final high-water is written and the lease revoked.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use shardflake::{Clock, SystemClock};
+use tokio::sync::watch;
+
+use crate::config::{EtcdConfig, NodeSource};
+use crate::etcd::{Client, Compare, EtcdError, Op};
+use crate::issuer::{Active, Issuer, LeaseState};
+use crate::state_file::StateFile;
+
+/// How long the first acquisition may take before start fails: five
+/// request timeouts, at least 3 s (etcd may be starting too).
+fn start_deadline(timeout: Duration) -> Duration {
+    (timeout * 5).max(Duration::from_secs(3))
+}
+
+/// A held etcd lease and the node id under it.
+#[derive(Debug, Clone)]
+struct Lease {
+    id: i64,
+    node_id: u64,
+    ttl: Duration,
+}
+
+/// Keeps the node identity: see the module docs.
+#[derive(Debug)]
+pub struct Keeper {
+    issuer: Arc<Issuer>,
+    state_file: StateFile,
+    etcd: Option<(Client, EtcdConfig)>,
+    lease: Option<Lease>,
+    holder: String,
+}
+
+fn now_ms() -> u64 {
+    SystemClock.now_ms()
+}
+
+impl Keeper {
+    /// Acquires the first identity and publishes it; fails with a clear
+    /// error when etcd is unreachable or every node id is taken.
+    pub async fn start(issuer: Arc<Issuer>, holder: String) -> anyhow::Result<Keeper> {
+        let state_file = StateFile::new(issuer.config.state_file.clone());
+        let local = read_state(&state_file).await?;
+        let etcd = match &issuer.config.node {
+            NodeSource::Static(_) => None,
+            NodeSource::Etcd(e) => Some((Client::new(&e.endpoints, e.timeout), e.clone())),
+        };
+        let mut keeper = Keeper {
+            issuer,
+            state_file,
+            etcd,
+            lease: None,
+            holder,
+        };
+        match keeper.issuer.config.node.clone() {
+            NodeSource::Static(id) => {
+                keeper.wait_past(local).await;
+                let hw = keeper.target_hw(local);
+                write_state(&keeper.state_file, hw)
+                    .await
+                    .context("writing the state file")?;
+                let active = keeper
+                    .issuer
+                    .make_active(id, local, None, hw)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                keeper.issuer.publish(Some(Arc::new(active)));
+                keeper.issuer.set_state(LeaseState::Static);
+                keeper
+                    .issuer
+                    .metrics
+                    .acquisitions
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            NodeSource::Etcd(e) => {
+                let wait = start_deadline(e.timeout);
+                let deadline = Instant::now() + wait;
+                loop {
+                    match keeper.acquire(local).await {
+                        Ok(()) => break,
+                        Err(e @ AcquireError::Full { .. }) => return Err(e.into()),
+                        Err(e) if Instant::now() >= deadline => {
+                            return Err(anyhow::Error::new(e)
+                                .context(format!("no node id within {wait:?}")));
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+            }
+        }
+        Ok(keeper)
+    }
+
+    /// Keeps the identity until `shutdown` turns true.
+    pub async fn run(&mut self, mut shutdown: watch::Receiver<bool>) {
+        let window = self.issuer.config.window;
+        let hw_every = window / 3;
+        let ka_every = self
+            .etcd
+            .as_ref()
+            .map_or(hw_every, |(_, e)| (e.lease_ttl - e.safety_margin) / 4);
+        let tick = hw_every.min(ka_every).min(Duration::from_millis(250));
+        let mut next_hw = Instant::now() + hw_every;
+        let mut next_ka = Instant::now() + ka_every;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(tick) => {}
+            }
+            let Some(active) = self.issuer.active() else {
+                // Lost: look for a node id again.
+                let local = read_state(&self.state_file).await.unwrap_or(0);
+                match self.acquire(local).await {
+                    Ok(()) => {
+                        backoff = Duration::from_millis(100);
+                        next_hw = Instant::now() + hw_every;
+                        next_ka = Instant::now() + ka_every;
+                    }
+                    Err(e) => {
+                        eprintln!("shardflake serve: re-acquiring a node id: {e}");
+                        tokio::select! {
+                            _ = shutdown.changed() => return,
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                }
+                continue;
+            };
+            let now = Instant::now();
+            if self.lease.is_some() && now >= next_ka {
+                next_ka = now + ka_every;
+                if !self.keep_alive(&active).await {
+                    self.lose(&active, "the lease is gone").await;
+                    continue;
+                }
+            }
+            if self.lease.is_some() && self.issuer.mono_ns(Instant::now()) >= active.fence_ns() {
+                self.lose(&active, "keep-alives failed until the safety deadline")
+                    .await;
+                continue;
+            }
+            if now >= next_hw {
+                next_hw = now + hw_every;
+                let target = self.target_hw(active.durable_hw());
+                match self.record_hw(&active, target).await {
+                    Ok(()) => active.set_durable_hw(target),
+                    Err(HwError::NotHolder) => {
+                        self.lose(&active, "another holder owns the node id").await
+                    }
+                    Err(HwError::Io(e)) => {
+                        self.issuer
+                            .metrics
+                            .high_water_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        eprintln!("shardflake serve: recording the high-water: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops issuing, records the exact final high-water, revokes the lease.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        self.issuer.set_state(LeaseState::Stopped);
+        let Some(active) = self.issuer.active() else {
+            return Ok(());
+        };
+        active.close();
+        self.issuer.publish(None);
+        let last = active.high_water_ms();
+        let mut result = write_state(&self.state_file, last)
+            .await
+            .context("writing the final high-water to the state file");
+        if let (Some((client, cfg)), Some(lease)) = (&self.etcd, self.lease.take()) {
+            let (node, hw) = keys(cfg, lease.node_id);
+            let put = client
+                .txn(
+                    &[Compare::LeaseIs(node, lease.id)],
+                    &[Op::Put(hw, last.to_string().into_bytes(), 0)],
+                    &[],
+                )
+                .await;
+            // Without the final record the successor resumes after the last
+            // periodic one, which is later: still safe.
+            if let Err(e) = put {
+                eprintln!("shardflake serve: final high-water to etcd: {e}");
+            }
+            if let Err(e) = client.revoke(lease.id).await {
+                result = result.and(Err(anyhow::Error::new(e).context("revoking the lease")));
+            }
+        }
+        result
+    }
+
+    /// now + window, never below `floor`.
+    fn target_hw(&self, floor: u64) -> u64 {
+        (now_ms() + self.issuer.config.window.as_millis() as u64).max(floor)
+    }
+
+    /// Sleeps until the wall clock is past `unix_ms`, keeping any lease alive.
+    async fn wait_past(&self, unix_ms: u64) {
+        loop {
+            let now = now_ms();
+            if now > unix_ms {
+                return;
+            }
+            let step = Duration::from_millis(unix_ms - now + 1).min(Duration::from_millis(500));
+            tokio::time::sleep(step).await;
+            if let (Some((client, _)), Some(lease)) = (&self.etcd, &self.lease) {
+                let _ = client.keep_alive(lease.id).await;
+            }
+        }
+    }
+
+    async fn keep_alive(&self, active: &Active) -> bool {
+        let (Some((client, cfg)), Some(lease)) = (&self.etcd, &self.lease) else {
+            return true;
+        };
+        let sent = Instant::now();
+        match client.keep_alive(lease.id).await {
+            Ok(ttl) if ttl > 0 => {
+                let ttl = Duration::from_secs(ttl).min(lease.ttl);
+                let until = self.issuer.mono_ns(sent + ttl - cfg.safety_margin);
+                // Only ever later: an answer to an older send never shortens it.
+                if until > active.fence_ns() {
+                    active.set_fence(until);
+                }
+                self.issuer.metrics.renewals.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                self.issuer
+                    .metrics
+                    .renewal_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                eprintln!("shardflake serve: lease keep-alive: {e}");
+                true
+            }
+        }
+    }
+
+    async fn lose(&mut self, active: &Arc<Active>, why: &str) {
+        active.close();
+        self.issuer.publish(None);
+        self.issuer.set_state(LeaseState::Lost);
+        self.issuer.metrics.losses.fetch_add(1, Ordering::Relaxed);
+        eprintln!(
+            "shardflake serve: node id {} withdrawn: {why}; re-acquiring",
+            active.node_id
+        );
+        // The local record must cover what this identity issued.
+        let _ = write_state(
+            &self.state_file,
+            active.high_water_ms().max(active.durable_hw()),
+        )
+        .await;
+        if let (Some((client, _)), Some(lease)) = (&self.etcd, self.lease.take()) {
+            let _ = client.revoke(lease.id).await;
+        }
+    }
+
+    async fn record_hw(&self, active: &Active, target: u64) -> Result<(), HwError> {
+        write_state(&self.state_file, target)
+            .await
+            .map_err(|e| HwError::Io(format!("state file: {e}")))?;
+        if let (Some((client, cfg)), Some(lease)) = (&self.etcd, &self.lease) {
+            let (node, hw) = keys(cfg, active.node_id);
+            let (ok, _) = client
+                .txn(
+                    &[Compare::LeaseIs(node, lease.id)],
+                    &[Op::Put(hw, target.to_string().into_bytes(), 0)],
+                    &[],
+                )
+                .await
+                .map_err(|e| HwError::Io(e.to_string()))?;
+            if !ok {
+                return Err(HwError::NotHolder);
+            }
+        }
+        self.issuer
+            .metrics
+            .high_water_writes
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Takes the lowest free node id, waits out its high-water, publishes.
+    async fn acquire(&mut self, local_hw: u64) -> Result<(), AcquireError> {
+        let Some((client, cfg)) = &self.etcd else {
+            return Err(AcquireError::Etcd(EtcdError::Protocol("no etcd".into())));
+        };
+        self.issuer.set_state(LeaseState::Acquiring);
+        let sent = Instant::now();
+        let (lease_id, ttl) = client.grant(cfg.lease_ttl.as_secs()).await?;
+        let ttl = Duration::from_secs(ttl).min(cfg.lease_ttl);
+        let taken = match take_lowest(
+            client,
+            cfg,
+            lease_id,
+            self.issuer.config.max_node_id(),
+            &self.holder,
+        )
+        .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = client.revoke(lease_id).await;
+                return Err(e);
+            }
+        };
+        let (node_id, etcd_hw) = taken;
+        self.lease = Some(Lease {
+            id: lease_id,
+            node_id,
+            ttl,
+        });
+        let resume = local_hw.max(etcd_hw);
+        let mut fence = sent + ttl - cfg.safety_margin;
+        self.wait_past(resume).await;
+        // Renew once more so the fence starts fresh after the wait.
+        let sent = Instant::now();
+        match client.keep_alive(lease_id).await {
+            Ok(t) if t > 0 => fence = sent + Duration::from_secs(t).min(ttl) - cfg.safety_margin,
+            Ok(_) => {
+                self.lease = None;
+                return Err(AcquireError::Etcd(EtcdError::Server(
+                    "lease expired while waiting".into(),
+                )));
+            }
+            Err(_) => {}
+        }
+        let active = self
+            .issuer
+            .make_active(node_id, resume, Some(fence), 0)
+            .map_err(|e| AcquireError::Etcd(EtcdError::Protocol(e.to_string())))?;
+        let target = self.target_hw(resume);
+        match self.record_hw(&active, target).await {
+            Ok(()) => active.set_durable_hw(target),
+            Err(e) => {
+                if let Some(l) = self.lease.take() {
+                    let _ = client.revoke(l.id).await;
+                }
+                return Err(AcquireError::Etcd(EtcdError::Server(format!(
+                    "recording the high-water: {e:?}"
+                ))));
+            }
+        }
+        self.issuer.publish(Some(Arc::new(active)));
+        self.issuer.set_state(LeaseState::Held);
+        self.issuer
+            .metrics
+            .acquisitions
+            .fetch_add(1, Ordering::Relaxed);
+        eprintln!(
+            "shardflake serve: holding node id {node_id} (lease {lease_id:x}, resumed after {resume} ms)"
+        );
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+enum HwError {
+    NotHolder,
+    Io(String),
+}
+
+/// Why no node id could be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    /// Every id of the node field is held.
+    #[error(
+        "cluster full: all {count} node ids under {prefix}/node/ are held; widen the node field or use another prefix"
+    )]
+    Full {
+        /// Number of ids the field holds.
+        count: u64,
+        /// The key prefix.
+        prefix: String,
+    },
+    /// etcd failed.
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+}
+
+fn keys(cfg: &EtcdConfig, node_id: u64) -> (Vec<u8>, Vec<u8>) {
+    (
+        format!("{}/node/{node_id}", cfg.prefix).into_bytes(),
+        format!("{}/hw/{node_id}", cfg.prefix).into_bytes(),
+    )
+}
+
+/// The lowest free node id, taken in one transaction with its high-water.
+async fn take_lowest(
+    client: &Client,
+    cfg: &EtcdConfig,
+    lease: i64,
+    max_id: u64,
+    holder: &str,
+) -> Result<(u64, u64), AcquireError> {
+    let node_prefix = format!("{}/node/", cfg.prefix);
+    for _rescan in 0..3 {
+        let held: std::collections::HashSet<u64> = client
+            .range_prefix(node_prefix.as_bytes())
+            .await?
+            .iter()
+            .filter_map(|kv| {
+                std::str::from_utf8(&kv.key)
+                    .ok()?
+                    .strip_prefix(&node_prefix)?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        for candidate in (0..=max_id).filter(|c| !held.contains(c)) {
+            let (node, hw) = keys(cfg, candidate);
+            let (ok, kvs) = client
+                .txn(
+                    &[Compare::Absent(node.clone())],
+                    &[
+                        Op::Put(node, holder.as_bytes().to_vec(), lease),
+                        Op::Get(hw),
+                    ],
+                    &[],
+                )
+                .await?;
+            if ok {
+                let hw = kvs
+                    .first()
+                    .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse().ok())
+                    .unwrap_or(0);
+                return Ok((candidate, hw));
+            }
+        }
+    }
+    Err(AcquireError::Full {
+        count: max_id + 1,
+        prefix: cfg.prefix.clone(),
+    })
+}
+
+async fn read_state(f: &StateFile) -> anyhow::Result<u64> {
+    let f = f.clone();
+    tokio::task::spawn_blocking(move || {
+        f.read()
+            .with_context(|| format!("reading state file {}", f.path().display()))
+    })
+    .await
+    .context("state file task")?
+}
+
+async fn write_state(f: &StateFile, ms: u64) -> anyhow::Result<()> {
+    let f = f.clone();
+    tokio::task::spawn_blocking(move || {
+        f.write(ms)
+            .with_context(|| format!("writing state file {}", f.path().display()))
+    })
+    .await
+    .context("state file task")?
+}

@@ -1,0 +1,169 @@
+//! Prometheus metrics, as plain atomics rendered in the text format: ids
+//! issued, batches, sequence exhaustions, clock rollbacks, borrowed lead,
+//! lease state and renewals.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::issuer::{Issuer, LeaseState};
+
+/// Counters updated by the issuing path and the lease keeper.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Ids of the layout issued.
+    pub ids: AtomicU64,
+    /// Batch requests served (count > 1).
+    pub batches: AtomicU64,
+    /// UUIDs and ObjectIds issued.
+    pub other_kinds: AtomicU64,
+    /// Requests refused because the lease deadline had passed.
+    pub refused_fenced: AtomicU64,
+    /// Requests refused because the clock ran past the recorded high-water.
+    pub refused_high_water: AtomicU64,
+    /// Node ids acquired.
+    pub acquisitions: AtomicU64,
+    /// Successful lease keep-alives.
+    pub renewals: AtomicU64,
+    /// Failed keep-alives.
+    pub renewal_failures: AtomicU64,
+    /// Leases lost (fenced, then re-acquiring).
+    pub losses: AtomicU64,
+    /// High-water records written.
+    pub high_water_writes: AtomicU64,
+    /// Failed high-water writes.
+    pub high_water_failures: AtomicU64,
+}
+
+/// The text exposition of every metric.
+pub fn render(issuer: &Issuer) -> String {
+    let m = &issuer.metrics;
+    let stats = issuer.stats();
+    let active = issuer.active();
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut out = String::with_capacity(2048);
+    let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+        let _ = writeln!(
+            out,
+            "# HELP shardflake_{name} {help}\n# TYPE shardflake_{name} {kind}\nshardflake_{name} {value}"
+        );
+    };
+    metric(
+        "ids_issued_total",
+        "counter",
+        "Ids of the layout issued.",
+        get(&m.ids) as f64,
+    );
+    metric(
+        "batches_total",
+        "counter",
+        "Batch requests served.",
+        get(&m.batches) as f64,
+    );
+    metric(
+        "other_kinds_total",
+        "counter",
+        "UUIDs and ObjectIds issued.",
+        get(&m.other_kinds) as f64,
+    );
+    metric(
+        "sequence_exhaustions_total",
+        "counter",
+        "Calls that found their tick's sequence used up.",
+        stats.exhaustions as f64,
+    );
+    metric(
+        "clock_rollbacks_total",
+        "counter",
+        "Calls that found the clock behind the last issued tick.",
+        stats.clock_behind as f64,
+    );
+    metric(
+        "clock_rollback_refusals_total",
+        "counter",
+        "Calls refused because the clock was further behind than the rollback policy allows.",
+        stats.rollback_errors as f64,
+    );
+    metric(
+        "borrowed_lead_seconds",
+        "gauge",
+        "How far the last issued tick is ahead of the clock.",
+        active.as_ref().map_or(0, |a| a.lead_ms()) as f64 / 1000.0,
+    );
+    let state = issuer.lease_state();
+    metric(
+        "lease_held",
+        "gauge",
+        "1 while a node id is held (leased or static).",
+        f64::from(u8::from(matches!(
+            state,
+            LeaseState::Held | LeaseState::Static
+        ))),
+    );
+    metric(
+        "lease_state",
+        "gauge",
+        "0 acquiring, 1 held, 2 static, 3 lost, 4 stopped.",
+        f64::from(state as u8),
+    );
+    metric(
+        "node_id",
+        "gauge",
+        "The node id held, -1 when none.",
+        active.as_ref().map_or(-1.0, |a| a.node_id as f64),
+    );
+    metric(
+        "lease_acquisitions_total",
+        "counter",
+        "Node ids acquired.",
+        get(&m.acquisitions) as f64,
+    );
+    metric(
+        "lease_renewals_total",
+        "counter",
+        "Successful lease keep-alives.",
+        get(&m.renewals) as f64,
+    );
+    metric(
+        "lease_renewal_failures_total",
+        "counter",
+        "Failed lease keep-alives.",
+        get(&m.renewal_failures) as f64,
+    );
+    metric(
+        "lease_losses_total",
+        "counter",
+        "Leases lost.",
+        get(&m.losses) as f64,
+    );
+    metric(
+        "high_water_ms",
+        "gauge",
+        "Last durably recorded high-water time, Unix ms.",
+        active.as_ref().map_or(0, |a| a.durable_hw()) as f64,
+    );
+    metric(
+        "high_water_writes_total",
+        "counter",
+        "High-water records written.",
+        get(&m.high_water_writes) as f64,
+    );
+    metric(
+        "high_water_write_failures_total",
+        "counter",
+        "Failed high-water writes.",
+        get(&m.high_water_failures) as f64,
+    );
+    metric(
+        "refused_fenced_total",
+        "counter",
+        "Requests refused because the lease deadline had passed.",
+        get(&m.refused_fenced) as f64,
+    );
+    metric(
+        "refused_high_water_total",
+        "counter",
+        "Requests refused because the clock ran past the recorded high-water.",
+        get(&m.refused_high_water) as f64,
+    );
+    out
+}

@@ -1,0 +1,144 @@
+//! Wires the parts together: bind both ports, serve health at once, acquire
+//! the node identity, serve ids until SIGTERM, then drain in-flight requests,
+//! record the final high-water, revoke the lease and return.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+
+use crate::config::{Config, ServeArgs};
+use crate::issuer::Issuer;
+use crate::lease::Keeper;
+use crate::shutdown::{self, Shutdown};
+use crate::{grpc, http};
+
+/// How long in-flight requests may take to finish after SIGTERM.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// `shardflake serve`: loads the configuration, runs a multi-threaded
+/// runtime and serves until SIGTERM or Ctrl-C.
+pub fn run_blocking(args: &ServeArgs) -> anyhow::Result<()> {
+    let config = Config::load(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.workers)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(serve(config))
+}
+
+/// Serves with `config` until SIGTERM or Ctrl-C.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let http_listener = TcpListener::bind(config.http)
+        .await
+        .with_context(|| format!("binding HTTP {}", config.http))?;
+    let grpc_listener = TcpListener::bind(config.grpc)
+        .await
+        .with_context(|| format!("binding gRPC {}", config.grpc))?;
+    let http_addr = http_listener.local_addr()?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    {
+        // Tests and scripts read this line for the ports (port 0 picks free ones).
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "shardflake serve: http={http_addr} grpc={grpc_addr}");
+        let _ = out.flush();
+    }
+
+    let issuer = Arc::new(Issuer::new(config));
+    let shutdown = Arc::new(Shutdown::new());
+    {
+        let shutdown = shutdown.clone();
+        let mut signals = tokio::spawn(shutdown::signal());
+        tokio::spawn(async move {
+            match (&mut signals).await {
+                Ok(Ok(sig)) => eprintln!("shardflake serve: {sig}: draining"),
+                Ok(Err(e)) => eprintln!("shardflake serve: cannot watch signals: {e}"),
+                Err(_) => {}
+            }
+            shutdown.trigger();
+        });
+    }
+
+    let app = http::router(issuer.clone());
+    let http_server = tokio::spawn(
+        axum::serve(
+            http_listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            }),
+            app,
+        )
+        .with_graceful_shutdown(shutdown::wait(shutdown.subscribe()))
+        .into_future(),
+    );
+    let routes = grpc::routes(issuer.clone())?;
+    let grpc_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                shutdown::wait(shutdown.subscribe()),
+            ),
+    );
+
+    let holder = serde_json::json!({
+        "pid": std::process::id(),
+        "host": shardflake_host::hostname(),
+        "http": http_addr.to_string(),
+        "grpc": grpc_addr.to_string(),
+    })
+    .to_string();
+    let mut stop_rx = shutdown.subscribe();
+    let started = tokio::select! {
+        k = Keeper::start(issuer.clone(), holder) => Some(k),
+        _ = stop_rx.wait_for(|v| *v) => None,
+    };
+    let mut keeper = match started {
+        Some(Ok(k)) => k,
+        Some(Err(e)) => {
+            shutdown.trigger();
+            let _ = tokio::time::timeout(DRAIN, http_server).await;
+            let _ = tokio::time::timeout(DRAIN, grpc_server).await;
+            return Err(e);
+        }
+        None => {
+            let _ = tokio::time::timeout(DRAIN, http_server).await;
+            let _ = tokio::time::timeout(DRAIN, grpc_server).await;
+            return Ok(());
+        }
+    };
+    let node = issuer.active().map(|a| a.node_id);
+    eprintln!(
+        "shardflake serve: ready, layout {} node id {}",
+        issuer.layout().name(),
+        node.map_or("-".into(), |n| n.to_string())
+    );
+
+    let keep_rx = shutdown.subscribe();
+    let keeper_task = tokio::spawn(async move {
+        keeper.run(keep_rx).await;
+        keeper
+    });
+    shutdown::wait(shutdown.subscribe()).await;
+    let http_result = tokio::time::timeout(DRAIN, http_server).await;
+    let grpc_result = tokio::time::timeout(DRAIN, grpc_server).await;
+    let mut keeper = keeper_task.await.context("lease keeper task")?;
+    keeper.stop().await?;
+    match http_result {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => return Err(anyhow::Error::new(e).context("HTTP server")),
+        Ok(Err(e)) => return Err(anyhow::Error::new(e).context("HTTP server task")),
+        Err(_) => eprintln!("shardflake serve: HTTP requests still running after {DRAIN:?}"),
+    }
+    match grpc_result {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => return Err(anyhow::Error::new(e).context("gRPC server")),
+        Ok(Err(e)) => return Err(anyhow::Error::new(e).context("gRPC server task")),
+        Err(_) => eprintln!("shardflake serve: gRPC requests still running after {DRAIN:?}"),
+    }
+    eprintln!("shardflake serve: stopped");
+    Ok(())
+}

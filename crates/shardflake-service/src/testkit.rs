@@ -1,0 +1,354 @@
+//! Helpers for process-level tests (feature `testkit`): etcd clusters started
+//! by `scripts/etcd.sh`, `shardflake serve` processes, and HTTP/gRPC clients.
+//! Everything is killed on drop, also when a test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+use crate::grpc::pb::id_service_client::IdServiceClient;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// An etcd cluster on 127.0.0.1; stopped on drop.
+#[derive(Debug)]
+pub struct Etcd {
+    /// The cluster's directory (pid files, logs, data).
+    pub dir: PathBuf,
+    /// Client endpoints.
+    pub endpoints: Vec<String>,
+}
+
+impl Etcd {
+    /// Starts `members` members with `scripts/etcd.sh start`.
+    pub fn start(members: usize) -> anyhow::Result<Etcd> {
+        let out = Command::new("bash")
+            .arg(repo_root().join("scripts/etcd.sh"))
+            .args(["start", "--members", &members.to_string()])
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running scripts/etcd.sh")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let get = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(str::to_string)
+        };
+        match (out.status.success(), get("DIR="), get("ENDPOINTS=")) {
+            (true, Some(dir), Some(eps)) => Ok(Etcd {
+                dir: dir.into(),
+                endpoints: eps.split(',').map(str::to_string).collect(),
+            }),
+            _ => bail!("etcd did not start: {text}"),
+        }
+    }
+    /// Endpoints joined by commas, for `--etcd`.
+    pub fn urls(&self) -> String {
+        self.endpoints.join(",")
+    }
+    /// The index of the current leader.
+    pub fn leader(&self) -> anyhow::Result<usize> {
+        let out = self.script(&["leader"])?;
+        out.trim().parse().context("leader index")
+    }
+    /// SIGKILLs member `i`.
+    pub fn kill(&self, i: usize) -> anyhow::Result<()> {
+        self.script(&["kill", &i.to_string()]).map(drop)
+    }
+    fn script(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new("bash")
+            .arg(repo_root().join("scripts/etcd.sh"))
+            .arg(args[0])
+            .arg(&self.dir)
+            .args(&args[1..])
+            .output()?;
+        if !out.status.success() {
+            bail!("etcd.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo_root().join("scripts/etcd.sh"))
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+/// A `shardflake serve` process; SIGKILLed on drop.
+#[derive(Debug)]
+pub struct Serve {
+    child: Child,
+    /// Its working directory (state file, logs).
+    pub dir: PathBuf,
+    /// HTTP address.
+    pub http: String,
+    /// gRPC address.
+    pub grpc: String,
+    exited: Option<std::process::ExitStatus>,
+}
+
+/// How to start a server.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOpts {
+    /// Extra flags after `serve`.
+    pub args: Vec<String>,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// Working directory (a fresh one under the system temp dir when `None`).
+    pub dir: Option<PathBuf>,
+}
+
+impl Serve {
+    /// Starts `bin serve --http 127.0.0.1:0 --grpc 127.0.0.1:0 ARGS` and
+    /// waits (bounded) until it prints its ports.
+    pub fn start(bin: &str, opts: ServeOpts) -> anyhow::Result<Serve> {
+        let dir = match opts.dir {
+            Some(d) => d,
+            None => tempdir()?,
+        };
+        std::fs::create_dir_all(&dir)?;
+        let stdout = std::fs::File::create(dir.join("stdout.log"))?;
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("stderr.log"))?;
+        let child = Command::new(bin)
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .args(&opts.args)
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("spawning {bin}"))?;
+        let mut s = Serve {
+            child,
+            dir,
+            http: String::new(),
+            grpc: String::new(),
+            exited: None,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(s.dir.join("stdout.log")).unwrap_or_default();
+            if let Some(line) = text
+                .lines()
+                .find(|l| l.starts_with("shardflake serve: http="))
+            {
+                for word in line.split_whitespace() {
+                    if let Some(a) = word.strip_prefix("http=") {
+                        s.http = a.to_string();
+                    }
+                    if let Some(a) = word.strip_prefix("grpc=") {
+                        s.grpc = a.to_string();
+                    }
+                }
+                return Ok(s);
+            }
+            if let Some(status) = s.child.try_wait()? {
+                bail!("server exited with {status}: {}", s.stderr());
+            }
+            if Instant::now() > deadline {
+                bail!("server printed no address in 20 s: {}", s.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    /// What it wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+    /// Sends a signal.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+    /// Waits (bounded) for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                self.exited = Some(st);
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                bail!("server still running after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            self.exited = self.child.wait().ok();
+        }
+    }
+    /// Waits (bounded) until `/readyz` answers 200; returns its node id.
+    pub async fn ready(&self, timeout: Duration) -> anyhow::Result<u64> {
+        let deadline = Instant::now() + timeout;
+        let mut client = Http::new(&self.http);
+        loop {
+            if let Ok((200, body)) = client.get("/readyz").await {
+                let v: serde_json::Value = serde_json::from_str(&body)?;
+                return v["node_id"].as_u64().context("node_id");
+            }
+            if Instant::now() > deadline {
+                bail!("not ready within {timeout:?}: {}", self.stderr());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A fresh directory under the system temp dir (removed by the OS, not us:
+/// logs stay for a failed test's post-mortem).
+pub fn tempdir() -> anyhow::Result<PathBuf> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "shardflake-test-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        crate::issuer::now_nanos()
+    ));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+/// A keep-alive HTTP/1 client for one server; reconnects after errors.
+#[derive(Debug)]
+pub struct Http {
+    addr: String,
+    send: Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>,
+}
+
+impl Http {
+    /// A client for `host:port`.
+    pub fn new(addr: &str) -> Self {
+        Http {
+            addr: addr.to_string(),
+            send: None,
+        }
+    }
+    /// GET; `(status, body)`.
+    pub async fn get(&mut self, path: &str) -> anyhow::Result<(u16, String)> {
+        self.request("GET", path, Bytes::new()).await
+    }
+    /// POST with a body.
+    pub async fn post(&mut self, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
+        self.request("POST", path, Bytes::from(body.to_string()))
+            .await
+    }
+    /// Any method.
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+    ) -> anyhow::Result<(u16, String)> {
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.request_inner(method, path, body),
+        )
+        .await;
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.send = None;
+                Err(e)
+            }
+            Err(_) => {
+                self.send = None;
+                bail!("no answer in 10 s")
+            }
+        }
+    }
+    async fn request_inner(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+    ) -> anyhow::Result<(u16, String)> {
+        if self.send.as_ref().is_none_or(|s| s.is_closed()) {
+            let stream = tokio::net::TcpStream::connect(&self.addr).await?;
+            stream.set_nodelay(true)?;
+            let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            self.send = Some(send);
+        }
+        let send = self.send.as_mut().context("no connection")?;
+        send.ready().await?;
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", &self.addr)
+            .header("content-type", "application/json")
+            .body(Full::new(body))?;
+        let resp = send.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+/// A gRPC client for `host:port`.
+pub async fn grpc_client(addr: &str) -> anyhow::Result<IdServiceClient<tonic::transport::Channel>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await?;
+    Ok(IdServiceClient::new(channel).max_decoding_message_size(64 << 20))
+}
+
+/// The JSON string or number under `"id"`.
+pub fn id_of(body: &str) -> anyhow::Result<u64> {
+    let v: serde_json::Value = serde_json::from_str(body).with_context(|| format!("{body}"))?;
+    match &v["id"] {
+        serde_json::Value::String(s) => Ok(s.parse()?),
+        serde_json::Value::Number(n) => n.as_u64().context("id"),
+        _ => bail!("no id in {body}"),
+    }
+}
+
+/// The `"error"."code"` of an error body.
+pub fn error_code(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The snowflake node field (bits 12..22) of an id.
+pub fn snowflake_node(id: u64) -> u64 {
+    (id >> 12) & 0x3ff
+}
