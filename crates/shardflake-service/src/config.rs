@@ -71,7 +71,7 @@ pub struct ServeArgs {
     /// Stop issuing this long before the lease could expire [default: TTL/5, at least 500ms].
     #[arg(long, env = "SHARDFLAKE_SAFETY_MARGIN", value_parser = humantime::parse_duration)]
     pub safety_margin: Option<Duration>,
-    /// Timeout of one etcd request [default: 1s].
+    /// Timeout of one etcd request [default: 1s, at most (TTL - margin)/4].
     #[arg(long, env = "SHARDFLAKE_ETCD_TIMEOUT", value_parser = humantime::parse_duration)]
     pub etcd_timeout: Option<Duration>,
     /// High-water window: the recorded high-water is now + window [default: 3s].
@@ -351,11 +351,12 @@ impl Config {
                     "safety margin {safety_margin:?} must be at most half the lease TTL {lease_ttl:?}"
                 );
             }
+            let default_timeout = ((lease_ttl - safety_margin) / 4).min(Duration::from_secs(1));
             let timeout = dur(
                 args.etcd_timeout,
                 fe.timeout,
                 "etcd.timeout",
-                Duration::from_secs(1),
+                default_timeout,
             )?;
             if timeout.is_zero() || timeout * 4 > lease_ttl - safety_margin {
                 bail!(

@@ -27,6 +27,9 @@ pub enum EtcdError {
         endpoints: String,
         /// The last failure.
         last: String,
+        /// Every endpoint refused the connection (nothing listening), as
+        /// opposed to a slow answer.
+        refused: bool,
     },
     /// etcd answered with an error.
     #[error("etcd error: {0}")]
@@ -63,12 +66,17 @@ pub enum Op {
     Put(Vec<u8>, Vec<u8>, i64),
     /// Read one key.
     Get(Vec<u8>),
+    /// Read every key under a prefix.
+    Prefix(Vec<u8>),
 }
 
-/// A client for a list of endpoints.
+type Conn = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// A client for a list of endpoints, keeping one connection to each.
 #[derive(Debug)]
 pub struct Client {
     endpoints: Vec<(String, String)>,
+    conns: Vec<tokio::sync::Mutex<Option<Conn>>>,
     timeout: Duration,
     preferred: AtomicUsize,
 }
@@ -76,7 +84,7 @@ pub struct Client {
 impl Client {
     /// A client for `http://host:port` endpoints.
     pub fn new(endpoints: &[String], timeout: Duration) -> Self {
-        let endpoints = endpoints
+        let endpoints: Vec<(String, String)> = endpoints
             .iter()
             .map(|e| {
                 let hostport = e
@@ -86,8 +94,12 @@ impl Client {
                 (e.clone(), hostport)
             })
             .collect();
+        let conns = (0..endpoints.len())
+            .map(|_| tokio::sync::Mutex::new(None))
+            .collect();
         Client {
             endpoints,
+            conns,
             timeout,
             preferred: AtomicUsize::new(0),
         }
@@ -99,10 +111,27 @@ impl Client {
         let n = self.endpoints.len();
         let start = self.preferred.load(Ordering::Relaxed);
         let mut last = String::from("no endpoints");
+        let mut refused = true;
         for i in 0..n {
             let idx = (start + i) % n;
             let (_, hostport) = &self.endpoints[idx];
-            match tokio::time::timeout(self.timeout, post(hostport, path, body.clone())).await {
+            let mut conn = self.conns[idx].lock().await;
+            let t0 = std::time::Instant::now();
+            let answer =
+                tokio::time::timeout(self.timeout, post(&mut conn, hostport, path, body.clone()))
+                    .await;
+            if !matches!(answer, Ok(Ok(_))) {
+                // A timed-out or failed connection may be mid-answer: start afresh.
+                *conn = None;
+            }
+            drop(conn);
+            if t0.elapsed() > self.timeout / 2 {
+                eprintln!(
+                    "shardflake serve: slow etcd call {path} on {hostport}: {:?}",
+                    t0.elapsed()
+                );
+            }
+            match answer {
                 Ok(Ok((status, value))) => {
                     if status == 200 {
                         self.preferred.store(idx, Ordering::Relaxed);
@@ -117,13 +146,20 @@ impl Client {
                     let code = value.get("code").and_then(Value::as_i64).unwrap_or(0);
                     // 14 UNAVAILABLE, 4 DEADLINE_EXCEEDED: no leader here; try another member.
                     if status >= 500 && (code == 14 || code == 4 || code == 0) {
+                        refused = false;
                         last = format!("{hostport}: {status} {msg}");
                         continue;
                     }
                     return Err(EtcdError::Server(format!("{status} {msg}")));
                 }
-                Ok(Err(e)) => last = format!("{hostport}: {e}"),
-                Err(_) => last = format!("{hostport}: no answer within {:?}", self.timeout),
+                Ok(Err(e)) => {
+                    refused &= e.starts_with("connect: ");
+                    last = format!("{hostport}: {e}");
+                }
+                Err(_) => {
+                    refused = false;
+                    last = format!("{hostport}: no answer within {:?}", self.timeout);
+                }
             }
         }
         Err(EtcdError::Unreachable {
@@ -134,6 +170,7 @@ impl Client {
                 .collect::<Vec<_>>()
                 .join(","),
             last,
+            refused,
         })
     }
 
@@ -173,6 +210,9 @@ impl Client {
                         "key": B64.encode(k), "value": B64.encode(v), "lease": l.to_string()
                     }}),
                     Op::Get(k) => json!({ "request_range": { "key": B64.encode(k) } }),
+                    Op::Prefix(k) => json!({ "request_range": {
+                        "key": B64.encode(k), "range_end": B64.encode(prefix_end(k))
+                    }}),
                 })
                 .collect()
         };
@@ -229,17 +269,27 @@ impl Client {
     }
 }
 
-async fn post(hostport: &str, path: &str, body: Bytes) -> Result<(u16, Value), String> {
-    let stream = tokio::net::TcpStream::connect(hostport)
-        .await
-        .map_err(|e| e.to_string())?;
-    let _ = stream.set_nodelay(true);
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+async fn post(
+    slot: &mut Option<Conn>,
+    hostport: &str,
+    path: &str,
+    body: Bytes,
+) -> Result<(u16, Value), String> {
+    if slot.as_ref().is_none_or(|c| c.is_closed()) {
+        let stream = tokio::net::TcpStream::connect(hostport)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        *slot = Some(send);
+    }
+    let send = slot.as_mut().ok_or("no connection")?;
+    send.ready().await.map_err(|e| e.to_string())?;
     let req = Request::post(path)
         .header("host", hostport)
         .header("content-type", "application/json")

@@ -27,7 +27,7 @@ use serde_json::json;
 use shardflake::{Batch, Format, Id};
 
 use crate::error::ApiError;
-use crate::issuer::{Issuer, LeaseState};
+use crate::issuer::Issuer;
 use crate::metrics;
 
 type Shared = State<Arc<Issuer>>;
@@ -394,12 +394,12 @@ async fn healthz() -> Response {
 
 async fn readyz(State(issuer): Shared) -> Response {
     let state = issuer.lease_state();
-    match issuer.active() {
-        Some(a) if matches!(state, LeaseState::Held | LeaseState::Static) => json_response(
+    match issuer.is_ready() {
+        Some(node_id) => json_response(
             StatusCode::OK,
-            json!({ "ready": true, "node_id": a.node_id, "lease_state": state.name() }).to_string(),
+            json!({ "ready": true, "node_id": node_id, "lease_state": state.name() }).to_string(),
         ),
-        _ => ApiError::new(
+        None => ApiError::new(
             503,
             "no_lease",
             format!("not ready: lease state {}", state.name()),

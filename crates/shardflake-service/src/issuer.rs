@@ -194,8 +194,9 @@ impl Issuer {
             return Ok(g);
         }
         let c = &self.config;
-        let mut b = Generator::builder(c.layout.clone())
-            .clock(SystemClock)
+        // Not `builder(..).clock(..)`: that would start the monotonic
+        // clock's ticker thread (a wake-up every 100 µs) for nothing.
+        let mut b = Generator::with_clock(c.layout.clone(), SystemClock)
             .node(c.node_field.clone(), active.node_id)
             .on_rollback(c.rollback)
             .max_batch(c.max_batch)
@@ -245,6 +246,17 @@ impl Issuer {
             self.metrics.batches.fetch_add(1, Ordering::Relaxed);
         }
         Ok((batch, active.node_id))
+    }
+
+    /// Whether ids can be issued now: an identity is held and its lease
+    /// deadline has not passed.
+    pub fn is_ready(&self) -> Option<u64> {
+        let state = self.lease_state();
+        let active = self.active()?;
+        let fenced =
+            active.fence_ns() != u64::MAX && self.mono_ns(Instant::now()) >= active.fence_ns();
+        (matches!(state, LeaseState::Held | LeaseState::Static) && !fenced)
+            .then_some(active.node_id)
     }
 
     fn check_fence(&self, active: &Active) -> Result<(), ApiError> {

@@ -30,9 +30,13 @@ use crate::etcd::{Client, Compare, EtcdError, Op};
 use crate::issuer::{Active, Issuer, LeaseState};
 use crate::state_file::StateFile;
 
+/// How long start keeps trying once etcd has answered at least once.
+const CONTENDED_START: Duration = Duration::from_secs(60);
+
 /// How long the first acquisition may take before start fails: five
 /// request timeouts, at least 3 s (etcd may be starting too).
 fn start_deadline(timeout: Duration) -> Duration {
+    // (see CONTENDED_START for an etcd that answers)
     (timeout * 5).max(Duration::from_secs(3))
 }
 
@@ -95,17 +99,28 @@ impl Keeper {
                     .fetch_add(1, Ordering::Relaxed);
             }
             NodeSource::Etcd(e) => {
-                let wait = start_deadline(e.timeout);
-                let deadline = Instant::now() + wait;
+                // Unreachable fails fast; once etcd has answered, contention
+                // (many nodes starting at once) gets a longer wait.
+                let started = Instant::now();
+                let mut answered = false;
                 loop {
                     match keeper.acquire(local).await {
                         Ok(()) => break,
                         Err(e @ AcquireError::Full { .. }) => return Err(e.into()),
-                        Err(e) if Instant::now() >= deadline => {
-                            return Err(anyhow::Error::new(e)
-                                .context(format!("no node id within {wait:?}")));
+                        Err(err) => {
+                            answered |=
+                                !matches!(err, AcquireError::Etcd(EtcdError::Unreachable { .. }));
+                            let wait = if answered {
+                                CONTENDED_START
+                            } else {
+                                start_deadline(e.timeout)
+                            };
+                            if started.elapsed() >= wait {
+                                return Err(anyhow::Error::new(err)
+                                    .context(format!("no node id within {wait:?}")));
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
                         }
-                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                     }
                 }
             }
@@ -418,6 +433,10 @@ fn keys(cfg: &EtcdConfig, node_id: u64) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// The lowest free node id, taken in one transaction with its high-water.
+/// A lost race returns the fresh list of held ids in the same round trip;
+/// the next try picks at random among the lowest 2^losses free ids, so a
+/// herd of nodes starting together spreads out instead of all racing for
+/// the same id (n² transactions). Uncontended, the id is the lowest free.
 async fn take_lowest(
     client: &Client,
     cfg: &EtcdConfig,
@@ -426,11 +445,8 @@ async fn take_lowest(
     holder: &str,
 ) -> Result<(u64, u64), AcquireError> {
     let node_prefix = format!("{}/node/", cfg.prefix);
-    for _rescan in 0..3 {
-        let held: std::collections::HashSet<u64> = client
-            .range_prefix(node_prefix.as_bytes())
-            .await?
-            .iter()
+    let parse = |kvs: &[crate::etcd::Kv]| -> std::collections::HashSet<u64> {
+        kvs.iter()
             .filter_map(|kv| {
                 std::str::from_utf8(&kv.key)
                     .ok()?
@@ -438,27 +454,42 @@ async fn take_lowest(
                     .parse()
                     .ok()
             })
+            .collect()
+    };
+    let mut held = parse(&client.range_prefix(node_prefix.as_bytes()).await?);
+    let mut losses = 0u32;
+    // Each lost race means another node took an id: bounded by the id count.
+    for _ in 0..=max_id.saturating_mul(2).min(1 << 20) {
+        let spread = 1u64 << losses.min(10);
+        let free: Vec<u64> = (0..=max_id)
+            .filter(|c| !held.contains(c))
+            .take(spread as usize)
             .collect();
-        for candidate in (0..=max_id).filter(|c| !held.contains(c)) {
-            let (node, hw) = keys(cfg, candidate);
-            let (ok, kvs) = client
-                .txn(
-                    &[Compare::Absent(node.clone())],
-                    &[
-                        Op::Put(node, holder.as_bytes().to_vec(), lease),
-                        Op::Get(hw),
-                    ],
-                    &[],
-                )
-                .await?;
-            if ok {
-                let hw = kvs
-                    .first()
-                    .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse().ok())
-                    .unwrap_or(0);
-                return Ok((candidate, hw));
-            }
+        let Some(&candidate) = free.get((jitter(losses) % free.len().max(1) as u64) as usize)
+        else {
+            break;
+        };
+        let (node, hw) = keys(cfg, candidate);
+        let (ok, kvs) = client
+            .txn(
+                &[Compare::Absent(node.clone())],
+                &[
+                    Op::Put(node, holder.as_bytes().to_vec(), lease),
+                    Op::Get(hw),
+                ],
+                &[Op::Prefix(node_prefix.clone().into_bytes())],
+            )
+            .await?;
+        if ok {
+            let hw = kvs
+                .first()
+                .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse().ok())
+                .unwrap_or(0);
+            return Ok((candidate, hw));
         }
+        held = parse(&kvs);
+        held.insert(candidate);
+        losses += 1;
     }
     Err(AcquireError::Full {
         count: max_id + 1,
@@ -484,4 +515,13 @@ async fn write_state(f: &StateFile, ms: u64) -> anyhow::Result<()> {
     })
     .await
     .context("state file task")?
+}
+
+/// A random number per process and call (for spreading racing nodes).
+fn jitter(salt: u32) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(salt);
+    h.write_u128(crate::issuer::now_nanos());
+    h.finish()
 }

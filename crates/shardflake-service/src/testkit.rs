@@ -54,10 +54,16 @@ impl Etcd {
     pub fn urls(&self) -> String {
         self.endpoints.join(",")
     }
-    /// The index of the current leader.
+    /// The index of the current leader (asks for up to 10 s).
     pub fn leader(&self) -> anyhow::Result<usize> {
-        let out = self.script(&["leader"])?;
-        out.trim().parse().context("leader index")
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.script(&["leader"]) {
+                Ok(out) => return out.trim().parse().context("leader index"),
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
     }
     /// SIGKILLs member `i`.
     pub fn kill(&self, i: usize) -> anyhow::Result<()> {
