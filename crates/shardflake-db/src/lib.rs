@@ -1,0 +1,129 @@
+//! Ids made inside the database, Instagram style: every logical shard is a
+//! PostgreSQL schema whose `next_id()` is the id column's default, thousands
+//! of logical shards live on a few physical servers, and the application
+//! routes by key. Plus the MariaDB/MySQL stored-procedure variant.
+//!
+//! # Map of the modules, one job each
+//!
+//! - [`topology`]: the TOML topology file (layout, logical shards, servers,
+//!   table templates), validated with typed errors.
+//! - [`sql`]: pure SQL generation from a [`shardflake::Layout`]: schemas,
+//!   sequences, `next_id()`, the decode function, tables. The design of
+//!   `next_id` (no integer overflow, sign-bit policy, no repeated id beyond
+//!   2^sequence ids per tick) is documented there.
+//! - [`pg`]: `apply` (idempotent, one transaction per server) and `check`
+//!   (drift between servers and topology) over tokio-postgres.
+//! - [`route`]: key → logical shard → server and schema; id → shard → server;
+//!   `INSERT ... RETURNING id`.
+//! - [`move_shard`]: copies a logical shard to another server under a brief
+//!   write pause, switches the topology, verifies, then drops the old copy.
+//! - [`mysql`]: the MariaDB/MySQL `generate_post_id` procedure (the seed's and
+//!   ours, race-free) and calling it from Rust with mysql_async.
+
+#![warn(missing_docs)]
+
+pub mod move_shard;
+pub mod mysql;
+pub mod pg;
+pub mod route;
+pub mod sql;
+pub mod topology;
+
+pub use route::{Route, Router};
+pub use topology::{SignBit, Topology, TopologyError};
+
+/// Every error of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad topology file.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    /// SQL generation refused the layout.
+    #[error(transparent)]
+    Sql(#[from] sql::SqlError),
+    /// An id that does not decode.
+    #[error(transparent)]
+    Id(#[from] shardflake::IdError),
+    /// A server could not be reached.
+    #[error("cannot connect to server {server:?} ({url}): {source}")]
+    Connect {
+        /// Server name.
+        server: String,
+        /// Its URL.
+        url: String,
+        /// Why.
+        source: tokio_postgres::Error,
+    },
+    /// A statement failed.
+    #[error("server {server:?}: {context}: {}", pg_message(source))]
+    Postgres {
+        /// Server name.
+        server: String,
+        /// What was being done.
+        context: String,
+        /// Why.
+        source: tokio_postgres::Error,
+    },
+    /// A deployment that does not match the topology, where that is fatal.
+    #[error("server {server:?}: {message}")]
+    Conflict {
+        /// Server name.
+        server: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A shard move that could not be completed.
+    #[error("moving shard {shard}: {message}")]
+    Move {
+        /// Shard.
+        shard: u64,
+        /// What failed.
+        message: String,
+    },
+    /// MariaDB/MySQL failure.
+    #[error("mysql: {context}: {source}")]
+    Mysql {
+        /// What was being done.
+        context: String,
+        /// Why.
+        source: mysql_async::Error,
+    },
+    /// Writing the topology file.
+    #[error("writing topology {path}: {source}")]
+    Io {
+        /// File.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// The server's message and SQLSTATE, not just "db error".
+pub fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => {
+            let mut s = e.to_string();
+            let mut src = std::error::Error::source(e);
+            while let Some(inner) = src {
+                s.push_str(": ");
+                s.push_str(&inner.to_string());
+                src = inner.source();
+            }
+            s
+        }
+    }
+}
+
+/// SQLSTATE raised by a shard's tables and `next_id` after the shard moved
+/// away: reload the topology and retry.
+pub const SQLSTATE_MOVED: &str = "SF001";
+/// SQLSTATE raised by `next_id` when the id would be negative or past the
+/// layout's end.
+pub const SQLSTATE_TIME_LIMIT: &str = "SF002";
+
+/// Whether a PostgreSQL error says the shard moved.
+pub fn is_moved(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|d| d.code().code() == SQLSTATE_MOVED)
+}

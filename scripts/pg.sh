@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Starts and stops throw-away PostgreSQL servers on 127.0.0.1, for tests,
+# benchmarks and the README walk-through.
+#
+#   scripts/pg.sh start N [DIR]   start N servers under DIR (default: a new
+#                                 temp dir); prints one URL per line and, last,
+#                                 "dir DIR"
+#   scripts/pg.sh stop DIR        stop every server under DIR and remove DIR
+#
+# Each server: initdb --auth=trust -U postgres, a free port probed before use,
+# fsync=off (data is thrown away), max_connections=200, socket in its own dir.
+# PostgreSQL refuses to run as root, so initdb/pg_ctl run as user postgres.
+set -euo pipefail
+
+bindir() {
+  local d
+  d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)
+  [[ -x "$d/pg_ctl" ]] || { echo "pg.sh: PostgreSQL not installed (run scripts/install-deps.sh)" >&2; exit 1; }
+  echo "$d"
+}
+
+as_pg() {
+  if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+port_free() {
+  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$((20000 + RANDOM % 30000))
+    if port_free "$p"; then echo "$p"; return; fi
+  done
+  echo "pg.sh: no free port found" >&2
+  exit 1
+}
+
+start() {
+  local n=${1:?usage: pg.sh start N [DIR]} dir=${2:-} bin
+  bin=$(bindir)
+  [[ -n $dir ]] || dir=$(mktemp -d /tmp/shardflake-pg.XXXXXX)
+  mkdir -p "$dir"
+  chmod 755 "$dir"
+  [[ $(id -u) -eq 0 ]] && chown postgres "$dir"
+  for i in $(seq 1 "$n"); do
+    local data="$dir/pg$i" port
+    as_pg "$bin/initdb" -D "$data" --auth=trust -U postgres -E UTF8 --no-sync >"$dir/pg$i.initdb.log" 2>&1 \
+      || { cat "$dir/pg$i.initdb.log" >&2; exit 1; }
+    port=$(free_port)
+    as_pg "$bin/pg_ctl" -D "$data" -l "$dir/pg$i.log" -w -t 60 \
+      -o "-p $port -k $data -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+      start >/dev/null || { cat "$dir/pg$i.log" >&2; exit 1; }
+    echo "$port" >"$dir/pg$i.port"
+    echo "postgres://postgres@127.0.0.1:$port/postgres"
+  done
+  echo "dir $dir"
+}
+
+stop() {
+  local dir=${1:?usage: pg.sh stop DIR} bin
+  bin=$(bindir)
+  for data in "$dir"/pg*/; do
+    [[ -f "$data/PG_VERSION" ]] || continue
+    as_pg "$bin/pg_ctl" -D "$data" -m immediate -w stop >/dev/null 2>&1 || true
+  done
+  rm -rf "$dir"
+}
+
+case "${1:-}" in
+  start) shift; start "$@" ;;
+  stop) shift; stop "$@" ;;
+  *) echo "usage: $0 start N [DIR] | stop DIR" >&2; exit 2 ;;
+esac
