@@ -1,0 +1,135 @@
+//! A server whose wall clock is stepped back 5 s while it runs (libfaketime,
+//! `FAKETIME_TIMESTAMP_FILE` + `FAKETIME_NO_CACHE`): no duplicate, no id
+//! out of order, and each rollback policy does what it says.
+
+use std::time::{Duration, Instant};
+
+use shardflake_service::testkit::{Http, Serve, ServeOpts, error_code, id_of};
+
+const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+fn faked(policy: &str) -> anyhow::Result<(Serve, std::path::PathBuf)> {
+    anyhow::ensure!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} missing: run scripts/install-deps.sh (package libfaketime)"
+    );
+    let dir = shardflake_service::testkit::tempdir()?;
+    let stamp = dir.join("faketime");
+    std::fs::write(&stamp, "+0s")?;
+    let env = [
+        ("LD_PRELOAD", LIBFAKETIME.to_string()),
+        ("FAKETIME_TIMESTAMP_FILE", stamp.display().to_string()),
+        ("FAKETIME_NO_CACHE", "1".into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+    ];
+    let s = Serve::start(
+        BIN,
+        ServeOpts {
+            args: ["--rollback", policy, "--workers", "1"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+            dir: Some(dir),
+        },
+    )?;
+    Ok((s, stamp))
+}
+
+/// Requests ids for `for_at_least` and until `until` holds; returns
+/// (ids, refusal codes).
+async fn load(
+    c: &mut Http,
+    for_at_least: Duration,
+    until: impl Fn(&[u64], &[String]) -> bool,
+) -> anyhow::Result<(Vec<u64>, Vec<String>)> {
+    let started = Instant::now();
+    let (mut ids, mut refused) = (Vec::new(), Vec::new());
+    loop {
+        let (st, body) = c.get("/v1/id").await?;
+        if st == 200 {
+            ids.push(id_of(&body)?);
+        } else {
+            refused.push(error_code(&body));
+        }
+        if started.elapsed() >= for_at_least && until(&ids, &refused) {
+            return Ok((ids, refused));
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "no progress in 30 s: {} ids, {} refused",
+            ids.len(),
+            refused.len()
+        );
+    }
+}
+
+fn assert_increasing(ids: &[u64]) {
+    for w in ids.windows(2) {
+        assert!(w[0] < w[1], "{} then {}", w[0], w[1]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_stepped_back_5s_no_duplicate_and_policy_followed() -> anyhow::Result<()> {
+    let (err_srv, err_stamp) = faked("error")?;
+    let (cont_srv, cont_stamp) = faked("continue:10s")?;
+    err_srv.ready(Duration::from_secs(10)).await?;
+    cont_srv.ready(Duration::from_secs(10)).await?;
+    let (mut e, mut c) = (Http::new(&err_srv.http), Http::new(&cont_srv.http));
+    let (mut err_ids, _) = load(&mut e, Duration::ZERO, |i, _| i.len() >= 200).await?;
+    let (mut cont_ids, _) = load(&mut c, Duration::ZERO, |i, _| i.len() >= 200).await?;
+
+    std::fs::write(&err_stamp, "-5s")?;
+    std::fs::write(&cont_stamp, "-5s")?;
+    let stepped = Instant::now();
+
+    // `continue:10s`: rides through on the last tick, never refusing.
+    let (ids, refused) = load(&mut c, Duration::from_secs(1), |i, _| i.len() >= 500).await?;
+    assert!(refused.is_empty(), "{refused:?}");
+    cont_ids.extend(ids);
+
+    // Riding through shows as lead: ids stamped ~5 s ahead of the stepped clock.
+    let (_, m) = c.get("/metrics").await?;
+    let lead: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("shardflake_borrowed_lead_seconds "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(lead >= 3.0, "lead {lead}: {m}");
+    // `error`: refuses (503 clock_moved_backwards) until the clock has caught
+    // up, then issues again, every id after the ones before the step.
+    let (ids, refused) = load(&mut e, Duration::from_millis(500), |i, r| {
+        !r.is_empty() && i.len() >= 50
+    })
+    .await?;
+    assert!(
+        refused.iter().all(|r| r == "clock_moved_backwards"),
+        "{refused:?}"
+    );
+    assert!(refused.len() > 10, "refused while behind");
+    let caught_up = stepped.elapsed();
+    err_ids.extend(ids);
+    assert!(
+        caught_up >= Duration::from_secs(4),
+        "issued again only once the clock caught up ({caught_up:?})"
+    );
+
+    for ids in [&err_ids, &cont_ids] {
+        assert_increasing(ids);
+    }
+    let (_, m) = e.get("/metrics").await?;
+    assert!(
+        !m.contains("shardflake_clock_rollback_refusals_total 0\n"),
+        "{m}"
+    );
+    eprintln!(
+        "error policy: issued again {caught_up:?} after the step; continue policy: {} ids, none refused",
+        cont_ids.len()
+    );
+    Ok(())
+}
