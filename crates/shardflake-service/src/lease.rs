@@ -457,9 +457,8 @@ async fn take_lowest(
             .collect()
     };
     let mut held = parse(&client.range_prefix(node_prefix.as_bytes()).await?);
-    let mut losses = 0u32;
     // Each lost race means another node took an id: bounded by the id count.
-    for _ in 0..=max_id.saturating_mul(2).min(1 << 20) {
+    for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
         let spread = 1u64 << losses.min(10);
         let free: Vec<u64> = (0..=max_id)
             .filter(|c| !held.contains(c))
@@ -489,7 +488,6 @@ async fn take_lowest(
         }
         held = parse(&kvs);
         held.insert(candidate);
-        losses += 1;
     }
     Err(AcquireError::Full {
         count: max_id + 1,

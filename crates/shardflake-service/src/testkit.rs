@@ -338,7 +338,7 @@ pub async fn grpc_client(addr: &str) -> anyhow::Result<IdServiceClient<tonic::tr
 
 /// The JSON string or number under `"id"`.
 pub fn id_of(body: &str) -> anyhow::Result<u64> {
-    let v: serde_json::Value = serde_json::from_str(body).with_context(|| format!("{body}"))?;
+    let v: serde_json::Value = serde_json::from_str(body).with_context(|| body.to_string())?;
     match &v["id"] {
         serde_json::Value::String(s) => Ok(s.parse()?),
         serde_json::Value::Number(n) => n.as_u64().context("id"),
