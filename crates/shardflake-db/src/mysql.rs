@@ -305,7 +305,7 @@ mod tests {
     fn generated_from_layout() {
         let l = preset::by_name("mysql-procedure").unwrap();
         let p = procedure_sql(&l, "generate_post_id", "post_seq");
-        assert!(p.contains("- 1672531200000) << 10"), "{p}");
+        assert!(p.contains("- 1672531200000)) << 10"), "{p}");
         assert!(p.contains("((w >> 10) << 20)"));
         assert!(p.contains("((user_id % 1024) << 10)"));
         assert!(p.contains("((w & 1023) << 0)"));

@@ -235,6 +235,7 @@ BEGIN
     -- Behind the clock: catch up, one session at a time (see shardflake-db docs).
     PERFORM pg_advisory_lock({LOCK_BASE} + seq::oid::bigint);
     BEGIN
+      t := {tick_expr} << {seq_bits};  -- the wait may have been long
       w := nextval(seq);
       IF w + {gap} <= t THEN
         PERFORM setval(seq, t);
