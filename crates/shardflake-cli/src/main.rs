@@ -27,6 +27,10 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Run the id service: HTTP and gRPC, node id static or leased from etcd.
     Serve(cmd::serve::Args),
+    /// Ids made inside PostgreSQL per logical shard: apply, check, route, locate, move-shard, sql.
+    Pg(cmd::pg::Args),
+    /// The MariaDB/MySQL generate_post_id procedure: apply, call, sql, bench.
+    Mysql(cmd::mysql::Args),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +41,8 @@ fn main() -> ExitCode {
         Command::Plan(args) => cmd::plan::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Serve(args) => cmd::serve::run(args),
+        Command::Pg(args) => cmd::pg::run(args),
+        Command::Mysql(args) => cmd::mysql::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -32,7 +32,11 @@ pub mod sql;
 pub mod testing;
 pub mod topology;
 
+/// The MariaDB/MySQL client this crate uses.
+pub use mysql_async;
 pub use route::{Route, Router};
+/// The PostgreSQL client this crate uses (for rows and parameters).
+pub use tokio_postgres;
 pub use topology::{SignBit, Topology, TopologyError};
 
 /// Every error of this crate.

@@ -105,7 +105,10 @@ pub async fn move_shard(
         .map_err(ctx(s, "looking up schema"))?
         .get(0);
     if !on_src {
-        return Err(fail(format!("schema {schema} does not exist on {:?}", from.name)));
+        return Err(fail(format!(
+            "schema {schema} does not exist on {:?}",
+            from.name
+        )));
     }
 
     // 1. Bulk copy from a snapshot.
@@ -143,7 +146,17 @@ pub async fn move_shard(
 
     // 2. Pause: lock, delta, fence.
     let paused_at = Instant::now();
-    let result = pause_and_copy(&mut src, &mut dst, &schema, &tables, &snapshot, (s, d), shard, to).await;
+    let result = pause_and_copy(
+        &mut src,
+        &mut dst,
+        &schema,
+        &tables,
+        &snapshot,
+        (s, d),
+        shard,
+        to,
+    )
+    .await;
     let delta_rows = match result {
         Ok(n) => n,
         Err(e) => {
@@ -256,15 +269,33 @@ async fn pause_and_copy(
             .map(|r| r.get(0))
             .collect();
         if !changed.is_empty() {
-            dtx.execute(&format!("DELETE FROM {rel} WHERE id = ANY($1)"), &[&changed])
-                .await
-                .map_err(ctx(d, "replacing changed rows"))?;
-            delta += copy(&stx, &dtx, &format!("SELECT * FROM {rel} WHERE {newer}"), &rel, (s, d)).await?;
+            dtx.execute(
+                &format!("DELETE FROM {rel} WHERE id = ANY($1)"),
+                &[&changed],
+            )
+            .await
+            .map_err(ctx(d, "replacing changed rows"))?;
+            delta += copy(
+                &stx,
+                &dtx,
+                &format!("SELECT * FROM {rel} WHERE {newer}"),
+                &rel,
+                (s, d),
+            )
+            .await?;
         }
         // Deletions: only when the counts say some happened.
         let q = format!("SELECT count(*) FROM {rel}");
-        let a: i64 = stx.query_one(&q, &[]).await.map_err(ctx(s, "counting"))?.get(0);
-        let b: i64 = dtx.query_one(&q, &[]).await.map_err(ctx(d, "counting"))?.get(0);
+        let a: i64 = stx
+            .query_one(&q, &[])
+            .await
+            .map_err(ctx(s, "counting"))?
+            .get(0);
+        let b: i64 = dtx
+            .query_one(&q, &[])
+            .await
+            .map_err(ctx(d, "counting"))?
+            .get(0);
         if a != b {
             let ids: Vec<i64> = stx
                 .query(&format!("SELECT id FROM {rel}"), &[])
@@ -273,9 +304,12 @@ async fn pause_and_copy(
                 .iter()
                 .map(|r| r.get(0))
                 .collect();
-            dtx.execute(&format!("DELETE FROM {rel} WHERE NOT (id = ANY($1))"), &[&ids])
-                .await
-                .map_err(ctx(d, "removing deleted rows"))?;
+            dtx.execute(
+                &format!("DELETE FROM {rel} WHERE NOT (id = ANY($1))"),
+                &[&ids],
+            )
+            .await
+            .map_err(ctx(d, "removing deleted rows"))?;
         }
     }
     dtx.commit().await.map_err(ctx(d, "commit delta"))?;
@@ -314,8 +348,15 @@ async fn unfence(src: &Client, topo: &Topology, shard: u64) -> Result<(), Error>
             t.name
         ));
     }
-    sql.push_str(&sql::next_id_function(topo.layout(), &schema, shard, topo.sign_bit()));
-    src.batch_execute(&sql).await.map_err(ctx("source", "unfencing"))
+    sql.push_str(&sql::next_id_function(
+        topo.layout(),
+        &schema,
+        shard,
+        topo.sign_bit(),
+    ));
+    src.batch_execute(&sql)
+        .await
+        .map_err(ctx("source", "unfencing"))
 }
 
 async fn drop_schema(c: &Client, schema: &str) -> Result<(), Error> {

@@ -89,10 +89,7 @@ pub async fn apply_server(
 ) -> Result<Applied, Error> {
     let name = server.name.as_str();
     check_max_connections(topo, name, client).await?;
-    let tx = client
-        .transaction()
-        .await
-        .map_err(ctx(name, "begin"))?;
+    let tx = client.transaction().await.map_err(ctx(name, "begin"))?;
     // Serialise concurrent applies on this server.
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&(sql::LOCK_BASE - 1)])
         .await
@@ -125,7 +122,13 @@ pub async fn apply_server(
                 });
             }
         }
-        let ddl = sql::shard_ddl(topo.layout(), &schema, shard, topo.sign_bit(), topo.tables())?;
+        let ddl = sql::shard_ddl(
+            topo.layout(),
+            &schema,
+            shard,
+            topo.sign_bit(),
+            topo.tables(),
+        )?;
         tx.batch_execute(&ddl)
             .await
             .map_err(ctx(name, &format!("installing shard {shard} ({schema})")))?;
@@ -261,10 +264,16 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
             }
         };
         match deployed_layout(&client, name).await? {
-            None => drift.push(d(None, "schema shardflake is missing (run pg apply)".into())),
+            None => drift.push(d(
+                None,
+                "schema shardflake is missing (run pg apply)".into(),
+            )),
             Some(l) if l != topo.layout().to_string() => drift.push(d(
                 None,
-                format!("deployment layout is {l:?}, topology says {:?}", topo.layout().to_string()),
+                format!(
+                    "deployment layout is {l:?}, topology says {:?}",
+                    topo.layout().to_string()
+                ),
             )),
             Some(_) => {}
         }

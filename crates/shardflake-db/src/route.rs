@@ -174,11 +174,12 @@ impl Router {
             server: self.route(key).map(|r| r.server).unwrap_or_default(),
             message: "INSERT ... RETURNING id returned no row".into(),
         })?;
-        row.try_get::<_, i64>(0).map_err(|e| crate::Error::Postgres {
-            server: self.route(key).map(|r| r.server).unwrap_or_default(),
-            context: "reading the returned id".into(),
-            source: e,
-        })
+        row.try_get::<_, i64>(0)
+            .map_err(|e| crate::Error::Postgres {
+                server: self.route(key).map(|r| r.server).unwrap_or_default(),
+                context: "reading the returned id".into(),
+                source: e,
+            })
     }
 
     async fn run(

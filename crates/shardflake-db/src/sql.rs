@@ -65,9 +65,7 @@ pub const VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum SqlError {
     /// Time and sequence together do not fit a `bigint` sequence.
-    #[error(
-        "layout {0:?}: time + sequence bits exceed 62, too wide for a PostgreSQL sequence"
-    )]
+    #[error("layout {0:?}: time + sequence bits exceed 62, too wide for a PostgreSQL sequence")]
     TooWide(String),
     /// A shard the layout cannot hold.
     #[error("shard {shard} does not fit layout {layout:?}")]
@@ -89,10 +87,7 @@ pub fn catch_up_gap(layout: &Layout) -> i64 {
 /// [`SignBit::Refuse`] for sign-bit layouts, else the first tick past the end.
 pub fn limit_tick(layout: &Layout, sign_bit: SignBit) -> u64 {
     let time = layout.time();
-    if layout.uses_sign_bit()
-        && sign_bit == SignBit::Refuse
-        && time.shift() + time.bits() == 64
-    {
+    if layout.uses_sign_bit() && sign_bit == SignBit::Refuse && time.shift() + time.bits() == 64 {
         1u64 << (time.bits() - 1)
     } else {
         time.max() + 1
@@ -311,7 +306,10 @@ mod tests {
         assert!(f.contains("- 1314220021721) << 10"), "{f}");
         assert!(f.contains("((w >> 10) << 23) | 5120 | (w & 1023)"), "{f}");
         // refuse from tick 2^40 (2046-06-27)
-        assert!(f.contains(&format!("IF w >= {}", (1i64 << 40) << 10)), "{f}");
+        assert!(
+            f.contains(&format!("IF w >= {}", (1i64 << 40) << 10)),
+            "{f}"
+        );
         assert!(f.contains("2046-06-27"), "{f}");
         assert!(f.contains("w + 256 <= t"));
         let allow = next_id_function(&l, "shard5", 5, SignBit::Allow);
@@ -322,7 +320,10 @@ mod tests {
     fn mysql_layout_and_no_int4_overflow() {
         let l = preset::by_name("mysql-procedure").unwrap();
         let f = next_id_function(&l, "s", 1023, SignBit::Refuse);
-        assert!(f.contains("((w >> 10) << 20) | 1047552 | (w & 1023)"), "{f}");
+        assert!(
+            f.contains("((w >> 10) << 20) | 1047552 | (w & 1023)"),
+            "{f}"
+        );
         // every shift applies to a bigint: w, t and the casted clock
         assert!(f.contains("::bigint -"));
         assert!(!l.uses_sign_bit());
@@ -333,7 +334,10 @@ mod tests {
     fn decode_and_templates() {
         let l = preset::by_name("instagram").unwrap();
         let d = deployment_ddl(&l).unwrap();
-        assert!(d.contains("(((id >> 23) & 2199023255551) * 1 + 1314220021721)"), "{d}");
+        assert!(
+            d.contains("(((id >> 23) & 2199023255551) * 1 + 1314220021721)"),
+            "{d}"
+        );
         assert!(d.contains("((id >> 10) & 8191)::integer, ((id >> 0) & 1023)::integer"));
         let t = Table {
             name: "posts".into(),

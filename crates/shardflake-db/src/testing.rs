@@ -218,7 +218,8 @@ pub struct MariaDbServer {
 }
 
 impl MariaDbServer {
-    /// mariadb-install-db + mariadbd; waits until it accepts TCP connections.
+    /// mariadb-install-db + mariadbd; waits until it accepts TCP connections
+    /// and creates database `app`.
     pub fn start() -> Result<Self, StartError> {
         let dir = temp_dir("shardflake-mariadb")?;
         let mut server = MariaDbServer {
@@ -236,7 +237,10 @@ impl MariaDbServer {
         if root {
             install.arg("--user=root");
         }
-        run(&mut install, "mariadb-install-db (run scripts/install-deps.sh if missing)")?;
+        run(
+            &mut install,
+            "mariadb-install-db (run scripts/install-deps.sh if missing)",
+        )?;
         let port = free_port()?;
         server.port = port;
         let mut cmd = Command::new("mariadbd");
@@ -274,9 +278,20 @@ impl MariaDbServer {
                     return Err(StartError(format!("mariadbd exited ({status}):\n{log}")));
                 }
             }
-            if TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
-                .is_ok()
+            if TcpStream::connect_timeout(
+                &([127, 0, 0, 1], port).into(),
+                Duration::from_millis(200),
+            )
+            .is_ok()
             {
+                // Listening: create the `app` database the URL names.
+                run(
+                    Command::new("mariadb")
+                        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+                        .arg(format!("-P{port}"))
+                        .args(["-e", "CREATE DATABASE IF NOT EXISTS app"]),
+                    "mariadb client",
+                )?;
                 return Ok(server);
             }
             if Instant::now() > deadline {
@@ -286,9 +301,9 @@ impl MariaDbServer {
         }
     }
 
-    /// `mysql://root@127.0.0.1:PORT/mysql`.
+    /// `mysql://root@127.0.0.1:PORT/app` (database `app`, created at start).
     pub fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/mysql", self.port)
+        format!("mysql://root@127.0.0.1:{}/app", self.port)
     }
 }
 

@@ -86,7 +86,9 @@ pub enum TopologyError {
         fields: String,
     },
     /// Zero shards, or more than the shard field holds.
-    #[error("shards = {shards}: layout {layout:?} has {bits} shard bits, so 1..={max} logical shards")]
+    #[error(
+        "shards = {shards}: layout {layout:?} has {bits} shard bits, so 1..={max} logical shards"
+    )]
     ShardCount {
         /// Asked for.
         shards: u64,
@@ -293,13 +295,12 @@ impl Topology {
                 return Err(TopologyError::DuplicateServer(s.name));
             }
             check_url(&s.name, &s.url)?;
-            let shards = parse_shard_list(&s.shards).map_err(|reason| {
-                TopologyError::BadShardList {
+            let shards =
+                parse_shard_list(&s.shards).map_err(|reason| TopologyError::BadShardList {
                     server: s.name.clone(),
                     spec: s.shards.clone(),
                     reason,
-                }
-            })?;
+                })?;
             for &shard in &shards {
                 if shard >= raw.shards {
                     return Err(TopologyError::ShardOutOfRange {
@@ -623,12 +624,16 @@ sql = "CREATE TABLE {schema}.posts (id bigint PRIMARY KEY DEFAULT {next_id})"
         assert!(err(&OK.replace("\"4-6,7\"", "\"3-7\"")).contains("shard 3 is held by both"));
         assert!(err(&OK.replace("\"4-6,7\"", "\"4-6\"")).contains("shards 7 are not held"));
         assert!(
-            err(&OK.replace("shards = 8", "shards = 9000"))
-                .contains("13 shard bits, so 1..=8192")
+            err(&OK.replace("shards = 8", "shards = 9000")).contains("13 shard bits, so 1..=8192")
         );
         assert!(err(&OK.replace("\"4-6,7\"", "\"4-8\"")).contains("holds shard 8"));
-        assert!(err(&OK.replace("postgres://postgres@127.0.0.1:5433", "mysql://x")).contains("bad url"));
-        assert!(err(&OK.replace("postgres://postgres@127.0.0.1:5433/postgres", "not a url")).contains("bad url"));
+        assert!(
+            err(&OK.replace("postgres://postgres@127.0.0.1:5433", "mysql://x")).contains("bad url")
+        );
+        assert!(
+            err(&OK.replace("postgres://postgres@127.0.0.1:5433/postgres", "not a url"))
+                .contains("bad url")
+        );
         assert!(err(&OK.replace("\"0-3\"", "\"3-0\"")).contains("runs backwards"));
         assert!(err(&OK.replace("instagram", "snowflake")).contains("named \"shard\""));
         assert!(err(&OK.replace("{schema}.posts", "posts")).contains("{schema}"));

@@ -122,11 +122,18 @@ async fn ids_agree_between_sql_and_rust_and_never_repeat() {
         .collect();
     assert!(burst.windows(2).all(|w| w[0] < w[1]), "strictly increasing");
     for id in &burst {
-        assert_eq!(Id(*id as u64).decode(&layout).unwrap().field("shard"), Some(1));
+        assert_eq!(
+            Id(*id as u64).decode(&layout).unwrap().field("shard"),
+            Some(1)
+        );
     }
     // The integer-overflow trap: a literal shifted as integer overflows; our
     // functions only shift bigints, so this is shown on the seed's pattern.
-    let wrapped: i32 = c.query_one("SELECT 1992325551 << 23", &[]).await.unwrap().get(0);
+    let wrapped: i32 = c
+        .query_one("SELECT 1992325551 << 23", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(wrapped, -679_477_248);
 }
 
@@ -151,7 +158,10 @@ async fn more_ids_per_tick_than_the_sequence_holds_borrow_the_next_tick() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly increasing, so no repeat");
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "strictly increasing, so no repeat"
+    );
     let layout = topo.layout();
     let ticks: HashSet<u64> = ids
         .iter()
@@ -184,14 +194,26 @@ async fn pgbench_burst_into_one_shard_table() {
     std::fs::write(&script, "INSERT INTO shard1.posts (user_id) VALUES (1);\n").unwrap();
     let start = now_ms();
     let out = Command::new(a.program("pgbench"))
-        .args(["-n", "-h", "127.0.0.1", "-p", &a.port.to_string(), "-U", "postgres"])
+        .args([
+            "-n",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &a.port.to_string(),
+            "-U",
+            "postgres",
+        ])
         .args(["-c", "32", "-j", "2", "-t", "500", "-M", "prepared", "-f"])
         .arg(&script)
         .arg("postgres")
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let end = now_ms();
     let c = client(&a).await;
     let row = c
@@ -246,12 +268,23 @@ async fn routing_puts_every_key_on_its_server() {
         assert_eq!(r.server, if key % 8 < 5 { "a" } else { "b" });
         assert_eq!(router.locate(id).unwrap(), r);
         let q = format!("SELECT user_id FROM {}.posts WHERE id = $1", r.schema);
-        let (here, there) = if r.server == "a" { (&ca, &cb) } else { (&cb, &ca) };
-        assert_eq!(here.query_one(&q, &[&id]).await.unwrap().get::<_, i64>(0), key as i64);
+        let (here, there) = if r.server == "a" {
+            (&ca, &cb)
+        } else {
+            (&cb, &ca)
+        };
+        assert_eq!(
+            here.query_one(&q, &[&id]).await.unwrap().get::<_, i64>(0),
+            key as i64
+        );
         let elsewhere = there.query(&q, &[&id]).await;
         assert!(elsewhere.map(|r| r.is_empty()).unwrap_or(true));
         let by_id = router
-            .query_id(id, "SELECT user_id FROM {schema}.posts WHERE id = $1", &[&id])
+            .query_id(
+                id,
+                "SELECT user_id FROM {schema}.posts WHERE id = $1",
+                &[&id],
+            )
             .await
             .unwrap();
         assert_eq!(by_id[0].get::<_, i64>(0), key as i64);
@@ -269,9 +302,11 @@ async fn move_shard_under_concurrent_writes_loses_nothing_and_reuses_no_id() {
     pg::apply(&topo).await.unwrap();
     // Rows that exist before the move, some updated and deleted during it.
     let ca = client(&a).await;
-    ca.batch_execute("INSERT INTO shard3.posts (user_id, body) SELECT 3, 'old' FROM generate_series(1, 5000)")
-        .await
-        .unwrap();
+    ca.batch_execute(
+        "INSERT INTO shard3.posts (user_id, body) SELECT 3, 'old' FROM generate_series(1, 5000)",
+    )
+    .await
+    .unwrap();
 
     let router = Arc::new(Router::from_file(&path).unwrap());
     let inserted = Arc::new(AtomicU64::new(0));
@@ -344,14 +379,22 @@ async fn move_shard_under_concurrent_writes_loses_nothing_and_reuses_no_id() {
 
     let moved = Topology::load(&path).unwrap();
     assert_eq!(moved.server_of(3).unwrap().name, "b");
-    assert!(pg::check(&moved).await.unwrap().is_empty(), "{:?}", pg::check(&moved).await);
+    assert!(
+        pg::check(&moved).await.unwrap().is_empty(),
+        "{:?}",
+        pg::check(&moved).await
+    );
     let cb = client(&b).await;
     // Every acknowledged row is on its shard's (new) server; no id repeats.
     let unique: HashSet<i64> = all.iter().map(|(_, id)| *id).collect();
     assert_eq!(unique.len(), all.len(), "an id was handed out twice");
     let mut on_b: HashSet<i64> = HashSet::new();
     for schema in ["shard3", "shard6"] {
-        for r in cb.query(&format!("SELECT id FROM {schema}.posts"), &[]).await.unwrap() {
+        for r in cb
+            .query(&format!("SELECT id FROM {schema}.posts"), &[])
+            .await
+            .unwrap()
+        {
             assert!(on_b.insert(r.get(0)), "duplicate id across shards");
         }
     }
@@ -393,22 +436,38 @@ async fn check_reports_drift_and_dead_servers_give_clear_errors() {
     let topo = Topology::parse(&topology(&[("a", &a, "0-1"), ("b", &b, "2-3")], 4)).unwrap();
     pg::apply(&topo).await.unwrap();
     let ca = client(&a).await;
-    ca.batch_execute("DROP SCHEMA shard1 CASCADE").await.unwrap();
+    ca.batch_execute("DROP SCHEMA shard1 CASCADE")
+        .await
+        .unwrap();
     // shard0's function rebuilt for shard 2 (a hand edit / wrong deploy)
-    let other = shardflake_db::sql::shard_ddl(
-        topo.layout(),
-        "shard0",
-        2,
-        Default::default(),
-        &[],
-    )
-    .unwrap();
+    let other =
+        shardflake_db::sql::shard_ddl(topo.layout(), "shard0", 2, Default::default(), &[]).unwrap();
     ca.batch_execute(&other).await.unwrap();
     ca.batch_execute("CREATE SCHEMA shard3").await.unwrap();
-    let drift: Vec<String> = pg::check(&topo).await.unwrap().iter().map(|d| d.to_string()).collect();
-    assert!(drift.iter().any(|d| d == "a: shard 1: schema shard1 is missing"), "{drift:?}");
-    assert!(drift.iter().any(|d| d.starts_with("a: shard 0: shard0.next_id() was built for \"v1; shard=2")), "{drift:?}");
-    assert!(drift.iter().any(|d| d.contains("unexpected schema shard3 (topology puts it on \"b\")")), "{drift:?}");
+    let drift: Vec<String> = pg::check(&topo)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d == "a: shard 1: schema shard1 is missing"),
+        "{drift:?}"
+    );
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.starts_with("a: shard 0: shard0.next_id() was built for \"v1; shard=2")),
+        "{drift:?}"
+    );
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.contains("unexpected schema shard3 (topology puts it on \"b\")")),
+        "{drift:?}"
+    );
     // apply refuses to rebuild a live shard's function for another shard.
     let e = pg::apply(&topo).await.unwrap_err().to_string();
     assert!(e.contains("refusing to rebuild a live shard"), "{e}");
@@ -419,5 +478,10 @@ async fn check_reports_drift_and_dead_servers_give_clear_errors() {
     let e = pg::apply(&topo2).await.unwrap_err().to_string();
     assert!(e.starts_with("cannot connect to server \"b\""), "{e}");
     let drift = pg::check(&topo2).await.unwrap();
-    assert!(drift[0].to_string().starts_with("b: unreachable: cannot connect"), "{drift:?}");
+    assert!(
+        drift[0]
+            .to_string()
+            .starts_with("b: unreachable: cannot connect"),
+        "{drift:?}"
+    );
 }

@@ -3,6 +3,8 @@
 pub mod bench;
 pub mod decode;
 pub mod generate;
+pub mod mysql;
+pub mod pg;
 pub mod plan;
 pub mod serve;
 

@@ -1,0 +1,197 @@
+//! `shardflake pg ...`: ids made inside PostgreSQL, per logical shard
+//! (the work is in the `shardflake-db` crate; this only parses and prints).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Subcommand;
+use shardflake::Id;
+use shardflake_db::{Topology, move_shard, pg, route, sql};
+
+/// Topology file option shared by every `pg` subcommand.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TopologyArg {
+    /// Topology file (TOML): layout, logical shards, servers, table templates.
+    #[arg(
+        long,
+        short,
+        default_value = "shardflake.toml",
+        env = "SHARDFLAKE_TOPOLOGY"
+    )]
+    pub topology: PathBuf,
+}
+
+impl TopologyArg {
+    fn load(&self) -> anyhow::Result<Topology> {
+        Ok(Topology::load(&self.topology)?)
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: PgCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum PgCommand {
+    /// Create (idempotently) every shard's schema, sequences, next_id() and
+    /// tables on its server; one transaction per server.
+    Apply(TopologyArg),
+    /// Report drift between the servers and the topology (exit 1 if any).
+    Check(TopologyArg),
+    /// Which logical shard, schema and server a sharding key lives on.
+    Route {
+        /// Sharding key (e.g. a user id).
+        key: u64,
+        #[command(flatten)]
+        topology: TopologyArg,
+    },
+    /// Which shard and server made an id, and its time and sequence.
+    Locate {
+        /// Id as stored (signed bigint).
+        #[arg(allow_hyphen_values = true)]
+        id: i64,
+        #[command(flatten)]
+        topology: TopologyArg,
+    },
+    /// Move a logical shard to another server: copy, brief write pause,
+    /// switch the topology file, verify, drop the old copy.
+    MoveShard {
+        /// Logical shard to move.
+        shard: u64,
+        /// Destination server (its name in the topology).
+        #[arg(long)]
+        to: String,
+        /// Keep the old (fenced) copy instead of dropping it.
+        #[arg(long)]
+        keep_source: bool,
+        #[command(flatten)]
+        topology: TopologyArg,
+    },
+    /// Print the generated SQL (deployment functions, and one shard's schema).
+    Sql {
+        /// Shard whose schema to print (default: the first).
+        #[arg(long)]
+        shard: Option<u64>,
+        #[command(flatten)]
+        topology: TopologyArg,
+    },
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        PgCommand::Apply(t) => {
+            let topo = t.load()?;
+            for applied in runtime()?.block_on(pg::apply(&topo))? {
+                println!("{applied}");
+            }
+            Ok(())
+        }
+        PgCommand::Check(t) => {
+            let topo = t.load()?;
+            let drift = runtime()?.block_on(pg::check(&topo))?;
+            if drift.is_empty() {
+                println!("ok: {topo}, deployed as in {}", t.topology.display());
+                return Ok(());
+            }
+            for d in &drift {
+                println!("{d}");
+            }
+            anyhow::bail!(
+                "{} difference(s) between the servers and {}",
+                drift.len(),
+                t.topology.display()
+            )
+        }
+        PgCommand::Route { key, topology } => {
+            let topo = topology.load()?;
+            let r = route::route_key(&topo, key)?;
+            println!(
+                "key {key} -> shard {} (schema {}) on server {} ({})",
+                r.shard, r.schema, r.server, r.url
+            );
+            Ok(())
+        }
+        PgCommand::Locate { id, topology } => {
+            let topo = topology.load()?;
+            let r = route::locate(&topo, id)?;
+            let parts = Id(id as u64).decode(topo.layout())?;
+            println!(
+                "id {id} -> shard {} (schema {}) on server {} ({}); time {}, sequence {}",
+                r.shard,
+                r.schema,
+                r.server,
+                r.url,
+                parts.timestamp(),
+                parts.sequence
+            );
+            Ok(())
+        }
+        PgCommand::MoveShard {
+            shard,
+            to,
+            keep_source,
+            topology,
+        } => {
+            let opts = move_shard::MoveOptions { keep_source };
+            let report = runtime()?.block_on(move_shard::move_shard(
+                &topology.topology,
+                shard,
+                &to,
+                &opts,
+            ))?;
+            let rows: Vec<String> = report
+                .rows
+                .iter()
+                .map(|(t, n)| format!("{t} {n}"))
+                .collect();
+            println!(
+                "moved shard {} from {} to {}: rows [{}] ({} bulk, {} during the pause); writes paused {:.1} ms; old copy {}",
+                report.shard,
+                report.from,
+                report.to,
+                rows.join(", "),
+                report.bulk_rows,
+                report.delta_rows,
+                report.paused.as_secs_f64() * 1000.0,
+                if report.dropped_source {
+                    "dropped"
+                } else {
+                    "kept (fenced)"
+                }
+            );
+            Ok(())
+        }
+        PgCommand::Sql { shard, topology } => {
+            let topo = topology.load()?;
+            let shard = shard.unwrap_or(0);
+            topo.server_of(shard)?;
+            let schema = topo.schema(shard);
+            println!("-- deployment-wide (every server)");
+            print!("{}", sql::deployment_ddl(topo.layout())?);
+            println!("\n-- logical shard {shard}");
+            print!(
+                "{}",
+                sql::shard_ddl(
+                    topo.layout(),
+                    &schema,
+                    shard,
+                    topo.sign_bit(),
+                    topo.tables()
+                )?
+            );
+            for t in topo.tables() {
+                println!("{};", sql::table_ddl(&schema, t));
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! `shardflake pg ...` and `shardflake mysql ...` end to end, against real
+//! servers the tests start (and stop on drop).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use shardflake_db::testing::{MariaDbServer, PgServer};
+
+fn shardflake(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardflake"))
+        .args(args)
+        .env_remove("SHARDFLAKE_TOPOLOGY")
+        .env_remove("SHARDFLAKE_LAYOUT")
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = shardflake(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "shardflake {args:?} failed:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Runs a failing command; returns stdout + stderr, checking it is an error
+/// exit and not a panic.
+fn fails(args: &[&str]) -> String {
+    let out = shardflake(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "shardflake {args:?}: {text}");
+    assert!(!text.contains("panicked"), "{text}");
+    text
+}
+
+fn write_topology(path: &Path, a: &PgServer, b: &PgServer, a_shards: &str, b_shards: &str) {
+    std::fs::write(
+        path,
+        format!(
+            r#"layout = "instagram"
+shards = 4
+
+[[servers]]
+name = "a"
+url = "{}"
+shards = "{a_shards}"
+
+[[servers]]
+name = "b"
+url = "{}"
+shards = "{b_shards}"
+
+[[tables]]
+name = "posts"
+sql = "CREATE TABLE {{schema}}.posts (id bigint PRIMARY KEY DEFAULT {{next_id}}, user_id bigint NOT NULL, body text)"
+"#,
+            a.url(),
+            b.url()
+        ),
+    )
+    .unwrap();
+}
+
+async fn psql(s: &PgServer, sql: &str) -> Vec<shardflake_db::tokio_postgres::Row> {
+    let c = shardflake_db::pg::connect_url("t", &s.url()).await.unwrap();
+    c.query(sql, &[]).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_apply_check_route_locate_move() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let dir = std::env::temp_dir().join(format!("sf-pg-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let topo = dir.join("shardflake.toml");
+    let t = topo.to_str().unwrap();
+    write_topology(&topo, &a, &b, "0-1", "2-3");
+
+    assert_eq!(
+        ok(&["pg", "apply", "-t", t]),
+        "a: 2 shards, 2 tables created\nb: 2 shards, 2 tables created\n"
+    );
+    assert_eq!(
+        ok(&["pg", "apply", "-t", t]),
+        "a: 2 shards, 0 tables created\nb: 2 shards, 0 tables created\n"
+    );
+    assert!(ok(&["pg", "check", "-t", t]).starts_with("ok: 4 logical shards"));
+    let route = ok(&["pg", "route", "31341", "-t", t]);
+    assert_eq!(
+        route,
+        format!(
+            "key 31341 -> shard 1 (schema shard1) on server a ({})\n",
+            a.url()
+        )
+    );
+    assert!(
+        ok(&["pg", "sql", "-t", t, "--shard", "1"])
+            .contains("CREATE OR REPLACE FUNCTION shard1.next_id(seq regclass)")
+    );
+
+    let id: i64 = psql(
+        &a,
+        "INSERT INTO shard1.posts (user_id) VALUES (31341) RETURNING id",
+    )
+    .await[0]
+        .get(0);
+    let located = ok(&["pg", "locate", &id.to_string(), "-t", t]);
+    assert!(
+        located.starts_with(&format!("id {id} -> shard 1 (schema shard1) on server a")),
+        "{located}"
+    );
+
+    // Move shard 1 to b: the topology file switches, the old copy is dropped.
+    let moved = ok(&["pg", "move-shard", "1", "--to", "b", "-t", t]);
+    assert!(
+        moved.starts_with("moved shard 1 from a to b: rows [posts 1]"),
+        "{moved}"
+    );
+    assert!(ok(&["pg", "route", "31341", "-t", t]).contains("on server b"));
+    assert!(ok(&["pg", "locate", &id.to_string(), "-t", t]).contains("on server b"));
+    assert!(ok(&["pg", "check", "-t", t]).starts_with("ok:"));
+    let next: i64 = psql(
+        &b,
+        "INSERT INTO shard1.posts (user_id) VALUES (31341) RETURNING id",
+    )
+    .await[0]
+        .get(0);
+    assert!(next > id, "the sequence moved with the shard");
+    assert!(fails(&["pg", "move-shard", "1", "--to", "b", "-t", t]).contains("already on \"b\""));
+    assert!(
+        fails(&["pg", "move-shard", "1", "--to", "zz", "-t", t]).contains("no server named \"zz\"")
+    );
+
+    // Drift: a missing schema is reported, with a failing exit.
+    psql(&a, "DROP SCHEMA shard0 CASCADE").await;
+    let drift = fails(&["pg", "check", "-t", t]);
+    assert!(
+        drift.contains("a: shard 0: schema shard0 is missing"),
+        "{drift}"
+    );
+    ok(&["pg", "apply", "-t", t]);
+    assert!(ok(&["pg", "check", "-t", t]).starts_with("ok:"));
+
+    // Bad topology files: clear errors, no panic.
+    let bad = dir.join("bad.toml");
+    let b_ = bad.to_str().unwrap();
+    write_topology(&bad, &a, &b, "0-2", "2-3");
+    assert!(
+        fails(&["pg", "check", "-t", b_])
+            .contains("error: shard 2 is held by both \"a\" and \"b\"")
+    );
+    write_topology(&bad, &a, &b, "0", "2-3");
+    assert!(fails(&["pg", "apply", "-t", b_]).contains("shards 1 are not held by any server"));
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&topo)
+            .unwrap()
+            .replace("shards = 4", "shards = 9000"),
+    )
+    .unwrap();
+    assert!(fails(&["pg", "route", "1", "-t", b_]).contains("13 shard bits, so 1..=8192"));
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&topo)
+            .unwrap()
+            .replace(&b.url(), "http://x"),
+    )
+    .unwrap();
+    assert!(fails(&["pg", "apply", "-t", b_]).contains("bad url \"http://x\""));
+    assert!(
+        fails(&["pg", "check", "-t", "/nonexistent.toml"])
+            .contains("reading topology /nonexistent.toml")
+    );
+
+    // A dead server.
+    b.stop();
+    let e = fails(&["pg", "apply", "-t", t]);
+    assert!(e.contains("cannot connect to server \"b\""), "{e}");
+    assert!(fails(&["pg", "check", "-t", t]).contains("b: unreachable: cannot connect"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mysql_apply_call_sql() {
+    let sql = ok(&["mysql", "sql"]);
+    assert!(
+        sql.contains("LAST_INSERT_ID(GREATEST(next_val + 1, now_packed))"),
+        "{sql}"
+    );
+    assert!(ok(&["mysql", "sql", "--seed"]).contains("SELECT next_val % 1024 FROM sequences"));
+
+    let server = MariaDbServer::start().unwrap();
+    let url = server.url();
+    assert!(ok(&["mysql", "apply", "--url", &url]).starts_with("installed generate_post_id"));
+    let out = ok(&["mysql", "call", "1801", "-n", "3", "--url", &url]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3);
+    for l in &lines {
+        assert!(l.contains(" shard 777 "), "{l}");
+    }
+    let ids: Vec<i64> = lines
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    let dead = format!(
+        "mysql://root@127.0.0.1:{}/mysql",
+        shardflake_db::testing::free_port().unwrap()
+    );
+    let e = fails(&["mysql", "call", "1", "--url", &dead]);
+    assert!(e.contains("error:"), "{e}");
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Ids inside the database: what each primary key costs, in one run.
+#
+# PostgreSQL (one server started here, fsync off): pgbench, 8 clients, 2
+# threads, prepared protocol, 1,000,000 single-row INSERTs per key kind
+# (125,000 per client), into a table whose primary key is
+#   bigserial | Instagram's published PL/pgSQL next_id() (the seed's exact SQL)
+#   | shardflake next_id() (installed by `shardflake pg apply`)
+#   | UUIDv4 (gen_random_uuid()) | UUIDv7 (a SQL function; PG 15 has none),
+# then the primary-key index size with exactly 1,000,000 rows. The kinds run
+# in ROUNDS rounds (default 2), each in a rotated order, and the rate reported
+# is the median per kind; ratios are against bigserial from the same run.
+#
+# MariaDB (one server started here): `shardflake mysql bench`: 8 clients
+# sharing one user id, AUTO_INCREMENT vs the seed's procedure vs ours, with
+# duplicate ids counted.
+#
+#   scripts/bench-db.sh [ROUNDS]        results in markdown on stdout
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-2}
+ROWS_PER_CLIENT=${ROWS_PER_CLIENT:-125000}
+CLIENTS=8
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo build -q -p shardflake-cli
+SF=$CARGO_TARGET_DIR/debug/shardflake
+
+work=$(mktemp -d /tmp/shardflake-bench.XXXXXX)
+chmod 755 "$work"
+pgdir="$work/pg" mdir="$work/mariadb"
+cleanup() {
+  scripts/pg.sh stop "$pgdir" >/dev/null 2>&1 || true
+  scripts/mariadb.sh stop "$mdir" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+url=$(scripts/pg.sh start 1 "$pgdir" | head -n1)
+port=${url##*:}; port=${port%%/*}
+bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
+psql() { "$bin/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres postgres "$@"; }
+
+cat >"$work/topology.toml" <<TOML
+layout = "instagram"
+shards = 1
+[[servers]]
+name = "bench"
+url = "$url"
+shards = "0"
+[[tables]]
+name = "k_shardflake"
+sql = "CREATE TABLE {schema}.k_shardflake (id bigint PRIMARY KEY DEFAULT {next_id}, user_id bigint NOT NULL, body text)"
+TOML
+"$SF" pg apply -t "$work/topology.toml" >/dev/null
+
+psql <<'SQL'
+CREATE TABLE k_bigserial (id bigserial PRIMARY KEY, user_id bigint NOT NULL, body text);
+-- Instagram's published function, exactly as in MISSION.md §2.2.
+CREATE SCHEMA insta5;
+CREATE SEQUENCE insta5.table_id_seq;
+CREATE OR REPLACE FUNCTION insta5.next_id(OUT result bigint) AS $$
+DECLARE
+    our_epoch bigint := 1314220021721;
+    seq_id bigint;
+    now_millis bigint;
+    shard_id int := 5;
+BEGIN
+    SELECT nextval('insta5.table_id_seq') % 1024 INTO seq_id;
+    SELECT FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) INTO now_millis;
+    result := (now_millis - our_epoch) << 23;
+    result := result | (shard_id << 10);
+    result := result | (seq_id);
+END;
+$$ LANGUAGE PLPGSQL;
+CREATE TABLE k_instagram (id bigint PRIMARY KEY DEFAULT insta5.next_id(), user_id bigint NOT NULL, body text);
+CREATE TABLE k_uuid4 (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), user_id bigint NOT NULL, body text);
+-- UUIDv7 (RFC 9562): 48-bit Unix ms, version 7, random rest; an inlinable SQL function.
+CREATE FUNCTION uuid_v7() RETURNS uuid LANGUAGE sql VOLATILE AS $$
+  SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+           PLACING substring(int8send(floor(date_part('epoch', clock_timestamp()) * 1000)::bigint) FROM 3)
+           FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
+$$;
+CREATE TABLE k_uuid7 (id uuid PRIMARY KEY DEFAULT uuid_v7(), user_id bigint NOT NULL, body text);
+SQL
+
+declare -A table=(
+  [bigserial]=k_bigserial [instagram]=k_instagram [shardflake]=shard0.k_shardflake
+  [uuid4]=k_uuid4 [uuid7]=k_uuid7
+)
+kinds=(bigserial instagram shardflake uuid4 uuid7)
+declare -A rates=() index=() tsize=()
+for round in $(seq 1 "$ROUNDS"); do
+  # rotate the order each round so no kind always runs first
+  order=("${kinds[@]:$(( (round - 1) % 5 ))}" "${kinds[@]:0:$(( (round - 1) % 5 ))}")
+  for k in "${order[@]}"; do
+    t=${table[$k]}
+    psql -c "TRUNCATE $t" -c "CHECKPOINT"
+    echo "INSERT INTO $t (user_id, body) VALUES (31341, 'hello');" >"$work/$k.sql"
+    tps=$("$bin/pgbench" -n -h 127.0.0.1 -p "$port" -U postgres -c $CLIENTS -j 2 -M prepared \
+      -t "$ROWS_PER_CLIENT" -f "$work/$k.sql" postgres 2>&1 | awk '/^tps/ {print int($3)}')
+    rates[$k]="${rates[$k]:-} $tps"
+    rows=$(psql -At -c "SELECT count(*) FROM $t")
+    [[ $rows -eq $((CLIENTS * ROWS_PER_CLIENT)) ]] || { echo "bench: $t has $rows rows" >&2; exit 1; }
+    index[$k]=$(psql -At -c "SELECT pg_relation_size(i.indexrelid) FROM pg_index i WHERE i.indrelid = '$t'::regclass AND i.indisprimary")
+    tsize[$k]=$(psql -At -c "SELECT pg_relation_size('$t')")
+    echo "round $round $k: $tps inserts/s" >&2
+  done
+done
+# exact duplicate check for ours (the PK would have refused one anyway)
+median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2] + a[NR/2+1]) / 2)}'; }
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+base=$(echo "${rates[bigserial]}" | median)
+pgver=$("$bin/postgres" --version)
+echo "### PostgreSQL: primary key kinds ($pgver; pgbench -c $CLIENTS -j 2 -M prepared, $((CLIENTS * ROWS_PER_CLIENT)) inserts per kind, $ROUNDS rounds)"
+echo
+echo "| primary key | inserts/s (median) | each round | vs bigserial | PK index, 1 M rows | table |"
+echo "|---|---:|---|---:|---:|---:|"
+for k in "${kinds[@]}"; do
+  m=$(echo "${rates[$k]}" | median)
+  printf '| %s | %s | %s | %.2fx | %s MiB | %s MiB |\n' "$k" "$m" "$(echo ${rates[$k]} | tr ' ' '/')" \
+    "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')" "$(mib "${index[$k]}")" "$(mib "${tsize[$k]}")"
+done
+scripts/pg.sh stop "$pgdir" >/dev/null
+
+murl=$(scripts/mariadb.sh start "$mdir" | head -n1)
+echo
+echo "### MariaDB: AUTO_INCREMENT vs generate_post_id ($(mariadbd --version | awk '{print $3}'); $CLIENTS clients sharing user id 1801, ${MYSQL_ROWS:-2000} rows per client per mode)"
+echo
+"$SF" mysql bench --url "$murl" --clients $CLIENTS --rows "${MYSQL_ROWS:-2000}"
