@@ -25,17 +25,45 @@
 //!
 //! The clock keeps the packed value honest: when a caller finds the value
 //! behind `now`, it catches the sequence up with `setval(seq, now_packed)`.
-//! Catch-ups are serialised by an advisory lock and happen at most about once
-//! per tick per table; the common path is a `nextval` and a clock read, with
-//! no lock. `setval` is not atomic with other sessions' `nextval`, so a
-//! catch-up is only made when the sequence is at least `GAP` values behind
-//! the clock ([`catch_up_gap`], a quarter of a tick's sequence space, 256 for
-//! 10 bits): a session that draws a value behind its own clock takes the
-//! slow path and waits on the lock, so while one session is between its
-//! `nextval` and its `setval`, each other session can draw at most one value,
-//! and all of those lie below the catch-up target as long as fewer than `GAP`
-//! sessions exist (PostgreSQL's `max_connections`; `pg apply` checks it).
-//! Between catch-ups an id's time may lag the clock by less than one tick.
+//! Catch-ups are serialised by an advisory lock and happen about once per
+//! tick per busy table.
+//!
+//! `next_id(seq)` is a `LANGUAGE sql` function whose body is one `SELECT`
+//! with no `FROM`, so PostgreSQL *inlines* it into the `INSERT` (no function
+//! call, no PL/pgSQL interpreter; `EXPLAIN VERBOSE` shows the expression):
+//!
+//! ```sql
+//! SELECT CASE
+//!   WHEN nextval(seq) < now_packed THEN next_id_slow(seq)  -- behind: catch up
+//!   WHEN currval(seq) >= limit     THEN next_id_slow(seq)  -- raises
+//!   ELSE encode(currval(seq))                               -- the common path
+//! END
+//! ```
+//!
+//! `CASE` arms run in order, the clock is read after the draw, and
+//! `currval` re-reads the value this session just drew. `next_id_slow` is
+//! PL/pgSQL: advisory lock, clock, `nextval`, `setval` if still behind,
+//! unlock (also on error), encode.
+//!
+//! Why no id repeats although `setval` is not atomic with other sessions'
+//! `nextval`: a catch-up is only made when the sequence is at least `GAP`
+//! values behind the clock ([`catch_up_gap`], a quarter of a tick's sequence
+//! space, 256 for 10 bits). While one session X is between its `nextval`
+//! and its `setval` (holding the lock), any other session that draws reads
+//! its clock after its draw, hence after X read the clock, so it sees a value
+//! behind its clock and takes the slow path, where it waits on X's lock:
+//! each other session draws at most one value in X's window, and with fewer
+//! than `GAP` sessions (PostgreSQL's `max_connections`; `pg apply` refuses a
+//! server with more) none of them reaches X's target. Assumptions: the
+//! server's wall clock does not step backwards by more than the lag *during*
+//! a catch-up window, and nothing else calls `nextval`/`setval` on the
+//! shard's sequences. Between catch-ups an id's time may lag the clock by
+//! up to one tick.
+//!
+//! Cost, measured in `docs/BENCHMARKS.md` (`scripts/bench-db.sh`): a
+//! million calls in one statement take about 0.8 µs each against 0.3 µs for a
+//! bare `nextval`; per single-row `INSERT` the difference is within the noise
+//! of a shared machine.
 //!
 //! # The sign bit
 //!
@@ -211,46 +239,60 @@ pub fn next_id_function(layout: &Layout, schema: &str, shard: u64, sign_bit: Sig
             layout.tick_ms()
         )
     };
-    let seq_part = if seq_shift == 0 {
-        format!("(w & {})", layout.sequence().max())
-    } else {
-        format!("((w & {}) << {seq_shift})", layout.sequence().max())
+    let part = |w: &str| {
+        let seq_part = if seq_shift == 0 {
+            format!("({w} & {})", layout.sequence().max())
+        } else {
+            format!("(({w} & {}) << {seq_shift})", layout.sequence().max())
+        };
+        format!("(({w} >> {seq_bits}) << {time_shift}) | {shard_bits} | {seq_part}")
     };
     format!(
-        "CREATE OR REPLACE FUNCTION {schema}.next_id(seq regclass) RETURNS bigint
+        "CREATE OR REPLACE FUNCTION {schema}.next_id_slow(seq regclass) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $f$
 -- shardflake: {layout}, shard {shard}. Generated; do not edit.
+-- next_id's slow path: the sequence is behind the clock (or at the limit).
 DECLARE
   w bigint;  -- packed (tick << {seq_bits}) | sequence, from the table's sequence
   t bigint;  -- the clock, packed the same way
 BEGIN
-  w := nextval(seq);
-  t := {tick_expr} << {seq_bits};
-  IF w < t THEN
-    -- Behind the clock: catch up, one session at a time (see shardflake-db docs).
-    PERFORM pg_advisory_lock({LOCK_BASE} + seq::oid::bigint);
-    BEGIN
-      t := {tick_expr} << {seq_bits};  -- the wait may have been long
-      w := nextval(seq);
-      IF w + {gap} <= t THEN
-        PERFORM setval(seq, t);
-        w := t;
-      END IF;
-    EXCEPTION WHEN OTHERS OR query_canceled THEN
-      PERFORM pg_advisory_unlock({LOCK_BASE} + seq::oid::bigint);
-      RAISE;
-    END;
+  -- Catch up, one session at a time (see the shardflake-db docs).
+  PERFORM pg_advisory_lock({LOCK_BASE} + seq::oid::bigint);
+  BEGIN
+    t := {tick_expr} << {seq_bits};
+    w := nextval(seq);
+    IF w + {gap} <= t THEN
+      PERFORM setval(seq, t);
+      w := t;
+    END IF;
+  EXCEPTION WHEN OTHERS OR query_canceled THEN
     PERFORM pg_advisory_unlock({LOCK_BASE} + seq::oid::bigint);
-  END IF;
+    RAISE;
+  END;
+  PERFORM pg_advisory_unlock({LOCK_BASE} + seq::oid::bigint);
   IF w >= {limit} THEN
     RAISE EXCEPTION USING ERRCODE = 'SF002', MESSAGE = {why_lit};
   END IF;
-  RETURN ((w >> {seq_bits}) << {time_shift}) | {shard_bits} | {seq_part};
+  RETURN {slow_part};
 END
+$f$;
+CREATE OR REPLACE FUNCTION {schema}.next_id(seq regclass) RETURNS bigint
+LANGUAGE sql VOLATILE AS $f$
+  -- shardflake: {layout}, shard {shard}. Generated; do not edit.
+  -- One SELECT with no FROM: PostgreSQL inlines it into the INSERT (no
+  -- function call). The CASE arms run in order: draw, compare with the clock
+  -- read after the draw, then currval() re-reads this session's drawn value.
+  SELECT CASE
+    WHEN nextval(seq) < {tick_expr} << {seq_bits} THEN {schema}.next_id_slow(seq)
+    WHEN currval(seq) >= {limit} THEN {schema}.next_id_slow(seq)
+    ELSE {fast_part}
+  END
 $f$;
 ",
         gap = catch_up_gap(layout),
         why_lit = lit(&why),
+        slow_part = part("w"),
+        fast_part = part("currval(seq)"),
     )
 }
 
@@ -305,6 +347,10 @@ mod tests {
         // packed value = tick << 10 | seq; id = tick << 23 | 5 << 10 | seq
         assert!(f.contains("- 1314220021721) << 10"), "{f}");
         assert!(f.contains("((w >> 10) << 23) | 5120 | (w & 1023)"), "{f}");
+        assert!(
+            f.contains("((currval(seq) >> 10) << 23) | 5120 | (currval(seq) & 1023)"),
+            "{f}"
+        );
         // refuse from tick 2^40 (2046-06-27)
         assert!(
             f.contains(&format!("IF w >= {}", (1i64 << 40) << 10)),
