@@ -130,7 +130,10 @@ impl Router {
     }
 
     /// Runs `sql` (with `{schema}` for the shard's schema) on the key's shard
-    /// and returns the rows. Retries on another server after a shard move.
+    /// and returns the rows. With a topology file: on SQLSTATE `SF001` (the
+    /// shard is moving or moved) it waits for the file to change and retries
+    /// where it says; on any other error it re-reads the file and retries
+    /// once the shard's server changed (a stale topology).
     pub async fn query_key(
         &self,
         key: u64,
@@ -182,6 +185,12 @@ impl Router {
             })
     }
 
+    /// Reloads the file; whether the route's shard now lives elsewhere.
+    fn moved_since(&self, route: &Route) -> Result<bool, Error> {
+        self.reload()?;
+        Ok(route_shard(&self.topology(), route.shard)?.url != route.url)
+    }
+
     async fn run(
         &self,
         route_of: impl Fn(&Topology) -> Result<Route, Error>,
@@ -202,6 +211,16 @@ impl Router {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(100));
                     self.reload()?;
+                }
+                Err(e)
+                    if self.path.is_some()
+                        && Instant::now() < deadline
+                        && self.moved_since(&route)? =>
+                {
+                    // A stale topology (e.g. the old copy was already dropped
+                    // when this router first went there): the file now says
+                    // elsewhere, so retry there.
+                    let _ = e;
                 }
                 Err(e) => {
                     return Err(Error::Postgres {

@@ -34,9 +34,9 @@
 //!
 //! ```sql
 //! SELECT CASE
-//!   WHEN nextval(seq) < now_packed THEN next_id_slow(seq)  -- behind: catch up
-//!   WHEN currval(seq) >= limit     THEN next_id_slow(seq)  -- raises
-//!   ELSE encode(currval(seq))                               -- the common path
+//!   WHEN nextval(seq) < now_packed - LAG THEN next_id_slow(seq)  -- behind: catch up
+//!   WHEN currval(seq) >= limit THEN next_id_slow(seq)  -- raises
+//!   ELSE encode(currval(seq))  -- the common path
 //! END
 //! ```
 //!
@@ -46,19 +46,22 @@
 //! unlock (also on error), encode.
 //!
 //! Why no id repeats although `setval` is not atomic with other sessions'
-//! `nextval`: a catch-up is only made when the sequence is at least `GAP`
-//! values behind the clock ([`catch_up_gap`], a quarter of a tick's sequence
-//! space, 256 for 10 bits). While one session X is between its `nextval`
-//! and its `setval` (holding the lock), any other session that draws reads
-//! its clock after its draw, hence after X read the clock, so it sees a value
-//! behind its clock and takes the slow path, where it waits on X's lock:
-//! each other session draws at most one value in X's window, and with fewer
-//! than `GAP` sessions (PostgreSQL's `max_connections`; `pg apply` refuses a
-//! server with more) none of them reaches X's target. Assumptions: the
-//! server's wall clock does not step backwards by more than the lag *during*
-//! a catch-up window, and nothing else calls `nextval`/`setval` on the
-//! shard's sequences. Between catch-ups an id's time may lag the clock by
-//! up to one tick.
+//! `nextval`: a caller takes the slow path when its drawn value is more than
+//! `LAG` ([`lag_tolerance`], one tick of sequence values) behind its clock,
+//! and a catch-up is only made when the value drawn under the lock is at
+//! least `LAG + GAP` behind ([`catch_up_gap`], a quarter of a tick's
+//! sequence space, 256 for 10 bits). While one session X is between its
+//! `nextval` and its `setval` (holding the lock), any other session that
+//! draws reads its clock after its draw, hence after X read the clock; its
+//! value lies less than `GAP` above X's, so more than `LAG` behind its own
+//! clock: it takes the slow path and waits on X's lock. So each other session
+//! draws at most one value in X's window, and with fewer than `GAP` sessions
+//! (PostgreSQL's `max_connections`; `pg apply` refuses a server with more)
+//! none of them reaches X's target. Assumptions: the server's wall clock does
+//! not step backwards by more than the lag *during* a catch-up window, and
+//! nothing else calls `nextval`/`setval` on the shard's sequences. An id's
+//! time may lag the clock by up to about two ticks; it is never ahead of the
+//! clock unless more than 2^sequence ids per tick were asked for.
 //!
 //! Cost, measured in `docs/BENCHMARKS.md` (`scripts/bench-db.sh`): a
 //! million calls in one statement take about 0.8 µs each against 0.3 µs for a
@@ -109,6 +112,14 @@ pub enum SqlError {
 /// the largest number of concurrent sessions the no-repeat argument allows.
 pub fn catch_up_gap(layout: &Layout) -> i64 {
     ((1i64 << layout.sequence().bits()) / 4).max(1)
+}
+
+/// How far, in packed sequence values, the sequence may lag the clock before
+/// a caller catches it up: one tick's worth (2^sequence bits). Halves the
+/// catch-ups of a busy table against catching up at every tick, at the price
+/// of ids whose time may lag the clock by up to about two ticks.
+pub fn lag_tolerance(layout: &Layout) -> i64 {
+    1i64 << layout.sequence().bits()
 }
 
 /// Tick from which `next_id` raises: the first negative tick under
@@ -261,7 +272,7 @@ BEGIN
   BEGIN
     t := {tick_expr} << {seq_bits};
     w := nextval(seq);
-    IF w + {gap} <= t THEN
+    IF w + {lag} + {gap} <= t THEN
       PERFORM setval(seq, t);
       w := t;
     END IF;
@@ -283,13 +294,14 @@ LANGUAGE sql VOLATILE AS $f$
   -- function call). The CASE arms run in order: draw, compare with the clock
   -- read after the draw, then currval() re-reads this session's drawn value.
   SELECT CASE
-    WHEN nextval(seq) < {tick_expr} << {seq_bits} THEN {schema}.next_id_slow(seq)
+    WHEN nextval(seq) < ({tick_expr} << {seq_bits}) - {lag} THEN {schema}.next_id_slow(seq)
     WHEN currval(seq) >= {limit} THEN {schema}.next_id_slow(seq)
     ELSE {fast_part}
   END
 $f$;
 ",
         gap = catch_up_gap(layout),
+        lag = lag_tolerance(layout),
         why_lit = lit(&why),
         slow_part = part("w"),
         fast_part = part("currval(seq)"),
@@ -357,7 +369,11 @@ mod tests {
             "{f}"
         );
         assert!(f.contains("2046-06-27"), "{f}");
-        assert!(f.contains("w + 256 <= t"));
+        assert!(f.contains("w + 1024 + 256 <= t"), "{f}");
+        assert!(
+            f.contains(") << 10) - 1024 THEN shard5.next_id_slow(seq)"),
+            "{f}"
+        );
         let allow = next_id_function(&l, "shard5", 5, SignBit::Allow);
         assert!(allow.contains(&format!("IF w >= {}", (1i64 << 41) << 10)));
     }

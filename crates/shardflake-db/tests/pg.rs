@@ -63,7 +63,8 @@ async fn ids_agree_between_sql_and_rust_and_never_repeat() {
         let parts = Id(id as u64).decode(&layout).unwrap();
         assert_eq!(parts.field("shard"), Some(key % 4));
         assert!(
-            parts.unix_ms + 2 >= before && parts.unix_ms <= after,
+            // the id's time may lag the clock by up to ~2 ticks (see sql.rs)
+            parts.unix_ms + 4 >= before && parts.unix_ms <= after,
             "{} not in [{before}, {after}]",
             parts.unix_ms
         );
@@ -225,7 +226,7 @@ async fn pgbench_burst_into_one_shard_table() {
         .unwrap();
     assert_eq!(row.get::<_, i64>(0), 32 * 500);
     assert_eq!(row.get::<_, i64>(1), 32 * 500, "no duplicate id");
-    assert!(row.get::<_, i64>(2) as u64 + 2 >= start);
+    assert!(row.get::<_, i64>(2) as u64 + 4 >= start);
     assert!(row.get::<_, i64>(3) as u64 <= end + 2);
     // Each client's ids increase with its insert time, and no id's time is
     // later than the row's clock_timestamp() (evaluated after the id).
