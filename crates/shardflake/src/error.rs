@@ -41,6 +41,17 @@ pub enum LayoutError {
         /// The epoch given.
         epoch_ms: u64,
     },
+    /// The layout's last tick ends after the year 584 million (past `u64`
+    /// milliseconds), so its times cannot be computed.
+    #[error(
+        "layout lasts past u64 milliseconds ({time_bits} time bits of {tick_ms} ms ticks); use fewer time bits or a shorter tick"
+    )]
+    TooLong {
+        /// Width of the time field.
+        time_bits: u32,
+        /// Tick length.
+        tick_ms: u64,
+    },
     /// No preset of that name.
     #[error(
         "unknown layout {0:?}; presets: snowflake, twitter, discord, instagram, sonyflake, mysql-procedure, js-safe"

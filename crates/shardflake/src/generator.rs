@@ -52,6 +52,11 @@ pub enum RollbackPolicy {
     },
     /// Keep issuing on the last tick (its sequence, then borrowed ticks)
     /// while the clock is at most `max` behind; refuse beyond.
+    ///
+    /// A generator cannot tell a tick it borrowed from a clock that stepped
+    /// back, so this also lets a full tick borrow up to `max` ahead of the
+    /// clock, as [`ExhaustedPolicy::Borrow`] would: the lead it may reach is
+    /// the sum of the two bounds.
     Continue {
         /// Longest rollback to ride through.
         max: Duration,
@@ -148,7 +153,7 @@ impl<C: Clock> GeneratorBuilder<C> {
             .and_then(to_tick)
             .map_or(0, |t| (t << seq_bits) | mask(seq_bits));
         let state = built.max(resumed);
-        let ticks = |d: Duration| (d.as_millis() as u64).div_ceil(self.layout.tick_ms());
+        let ticks = |d: Duration| millis(d).div_ceil(self.layout.tick_ms());
         let borrow = match self.exhausted {
             ExhaustedPolicy::Wait => 0,
             ExhaustedPolicy::Borrow { max_lead } => ticks(max_lead),
@@ -451,9 +456,12 @@ impl<C: Clock> Generator<C> {
         // (A shift, not a division: this is the hot path.)
         let span = (count.saturating_sub(1) >> self.seq_bits) + 1;
         let mut cur = self.state.0.load(Ordering::Acquire);
+        // The latest tick a precise reading has shown: the cached clock may
+        // lag it, and must not send this call back to wait again.
+        let mut seen = 0;
         loop {
             let cur_tick = cur >> self.seq_bits;
-            let mut now = self.tick(self.clock.now_ms())?;
+            let mut now = self.tick(self.clock.now_ms())?.max(seen);
             if now < cur_tick {
                 // The cached reading may lag, or another thread read a later
                 // clock: only a precise reading tells a real rollback.
@@ -478,7 +486,7 @@ impl<C: Clock> Generator<C> {
                 return Err(self.exhausted_epoch());
             }
             if end_tick > now.saturating_add(self.allowed_lead) {
-                self.wait_for_clock(cur_tick, now, end_tick)?;
+                seen = self.wait_for_clock(cur_tick, end_tick)?;
                 cur = self.state.0.load(Ordering::Acquire);
                 continue;
             }
@@ -493,10 +501,17 @@ impl<C: Clock> Generator<C> {
         }
     }
 
-    /// The cold path: the run would end too far ahead of the clock.
+    /// The cold path: the run would end too far ahead of the (cached) clock.
+    /// Returns the tick a precise reading showed once the run fits.
     #[cold]
     #[inline(never)]
-    fn wait_for_clock(&self, cur_tick: u64, now: u64, end_tick: u64) -> Result<(), GenerateError> {
+    fn wait_for_clock(&self, cur_tick: u64, end_tick: u64) -> Result<u64, GenerateError> {
+        let target = end_tick - self.allowed_lead;
+        let now = self.tick(self.clock.now_ms_precise())?;
+        if now >= target {
+            // Only the cached reading was behind: no wait, no exhaustion.
+            return Ok(now);
+        }
         let behind = cur_tick.saturating_sub(now);
         let mut budget = self.stall_timeout;
         if behind > 0 {
@@ -508,7 +523,7 @@ impl<C: Clock> Generator<C> {
             let refuse = match self.rollback {
                 RollbackPolicy::Error => true,
                 RollbackPolicy::Wait { max } | RollbackPolicy::Continue { max } => {
-                    behind_ms > max.as_millis() as u64
+                    behind_ms > millis(max)
                 }
             };
             if refuse {
@@ -518,24 +533,24 @@ impl<C: Clock> Generator<C> {
         } else {
             self.exhaustions.fetch_add(1, Ordering::Relaxed);
         }
-        let target = end_tick - self.allowed_lead;
-        budget += Duration::from_millis((target - now) * self.tick_ms);
+        budget = budget.saturating_add(Duration::from_millis((target - now) * self.tick_ms));
         self.sleep_until_tick(target, budget)
     }
 
-    /// Waits until the clock reaches `target`, for at most `budget`.
-    fn sleep_until_tick(&self, target: u64, budget: Duration) -> Result<(), GenerateError> {
+    /// Waits until the clock reaches `target`, for at most `budget`; returns
+    /// the tick it read.
+    fn sleep_until_tick(&self, target: u64, budget: Duration) -> Result<u64, GenerateError> {
         let started = Instant::now();
         let mut spins = 0u32;
         loop {
             let now = self.tick(self.clock.now_ms_precise())?;
             if now >= target {
-                return Ok(());
+                return Ok(now);
             }
             let waited = started.elapsed();
             if waited >= budget {
                 return Err(GenerateError::ClockStalled {
-                    waited_ms: waited.as_millis() as u64,
+                    waited_ms: millis(waited),
                 });
             }
             let ahead_ms = (target - now) * self.tick_ms;
@@ -587,4 +602,9 @@ impl<C: Clock> LocalGenerator<'_, C> {
         self.next += 1;
         Ok(id)
     }
+}
+
+/// Whole milliseconds of `d`, saturating (a `Duration` can hold more).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -101,6 +101,10 @@ impl Parts {
     pub fn timestamp(&self) -> String {
         rfc3339_ms(self.unix_ms)
     }
+    /// The time as a UTC instant (the start of the id's tick).
+    pub fn time(&self) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.unix_ms)
+    }
     /// A node or shard field by name.
     pub fn field(&self, name: &str) -> Option<u64> {
         self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
@@ -282,10 +286,12 @@ mod tests {
             l.compose(1_528_538_400_000, &n, 0).unwrap().get(),
             454_947_766_275_219_456
         );
-        assert_eq!(
-            l.compose(1_528_538_400_000, &n, 3450).unwrap().get(),
-            454_947_766_275_222_906
-        );
+        let id = l.compose(1_528_538_400_000, &n, 3450).unwrap();
+        assert_eq!(id.get(), 454_947_766_275_222_906);
+        let parts = id.decode(&l).unwrap();
+        let since_epoch = parts.time().duration_since(std::time::UNIX_EPOCH);
+        assert_eq!(since_epoch.unwrap().as_millis(), 1_528_538_400_000);
+        assert_eq!(parts.timestamp(), "2018-06-09T10:00:00.000Z");
     }
 
     #[test]

@@ -341,6 +341,17 @@ impl LayoutBuilder {
         if sequence < time {
             return Err(LayoutError::SequenceAboveTime);
         }
+        // Every time in the layout's life must be a u64 of Unix ms, so tick
+        // arithmetic (ticks × tick length + epoch) can never overflow.
+        let time_bits = self.fields[time].2;
+        let end = (u128::from(mask(time_bits)) + 1) * u128::from(self.tick_ms)
+            + u128::from(self.epoch_ms);
+        if end > u128::from(u64::MAX) {
+            return Err(LayoutError::TooLong {
+                time_bits,
+                tick_ms: self.tick_ms,
+            });
+        }
         let mut shift = total as u32;
         let fields = self
             .fields
@@ -426,6 +437,13 @@ mod tests {
                 InvalidName("Bad Name".into()),
             ),
             (b().tick_ms(0).time(41).sequence(3), ZeroTick),
+            (
+                b().tick_ms(10).time(62).sequence(2),
+                TooLong {
+                    time_bits: 62,
+                    tick_ms: 10,
+                },
+            ),
             (
                 Layout::builder("t").epoch_ms(5_000).time(41).sequence(3),
                 EpochInFuture { epoch_ms: 5_000 },

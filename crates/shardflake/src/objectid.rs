@@ -225,4 +225,40 @@ mod tests {
         clock.advance(1000);
         assert!(g.next_id().unwrap() > last.unwrap());
     }
+
+    #[test]
+    fn two_threads_past_2_pow_24_in_one_second_never_repeat() {
+        // Where bson repeated millions of ids: two threads, one second.
+        let g = ObjectIdGenerator::with_parts(ManualClock::new(1_700_000_000_000), [0; 5], 7);
+        let per_thread = (1usize << 23) + 1000;
+        let [a, b] = std::thread::scope(|s| {
+            [0, 1]
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..per_thread)
+                            .map(|_| g.next_id().unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .map(|t| t.join().unwrap())
+        });
+        for ids in [&a, &b] {
+            assert!(
+                ids.windows(2).all(|w| w[0] < w[1]),
+                "a thread's ids went down"
+            );
+        }
+        // Both runs are sorted: one merge pass finds any id in both.
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() && j < b.len() {
+            assert_ne!(a[i], b[j], "id issued to both threads");
+            if a[i] < b[j] { i += 1 } else { j += 1 }
+        }
+        let last = a.last().max(b.last()).unwrap();
+        assert_eq!(
+            last.seconds(),
+            1_700_000_001,
+            "the wrap borrowed one second"
+        );
+    }
 }

@@ -49,11 +49,14 @@ pub struct Need {
 
 const MS_PER_YEAR: f64 = 365.25 * 24.0 * 3600.0 * 1000.0;
 
+/// Bits needed to count `n` values; 65 (too many) for anything past `u64`.
 fn bits_for(n: f64) -> u32 {
     if n <= 1.0 {
         0
-    } else {
+    } else if n.is_finite() && n <= 2f64.powi(64) {
         (n - 1.0).log2().floor() as u32 + 1
+    } else {
+        65
     }
 }
 
@@ -116,5 +119,18 @@ mod tests {
             epoch_ms: 0,
         };
         assert!(matches!(suggest(&huge), Err(LayoutError::TooWide { .. })));
+        // Needs past any float's integer range are refused, not wrapped.
+        for (rate, years) in [(f64::INFINITY, 1.0), (1.0, 1e300), (1e308, 1.0)] {
+            let need = Need {
+                nodes: 1,
+                rate_per_node: rate,
+                years,
+                epoch_ms: 0,
+            };
+            assert!(
+                matches!(suggest(&need), Err(LayoutError::TooWide { .. })),
+                "{rate} {years}"
+            );
+        }
     }
 }

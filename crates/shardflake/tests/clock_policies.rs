@@ -293,3 +293,53 @@ fn max_node_and_max_sequence_compose() {
         Err(shardflake::IdError::OutOfRange { .. })
     ));
 }
+
+#[test]
+fn ten_ms_ticks_wait_borrow_and_refuse_in_whole_ticks() {
+    // Sonyflake: 10 ms ticks, 256 ids per tick; T0 starts a tick.
+    let layout = preset::by_name("sonyflake").unwrap();
+    let clock = ManualClock::new(T0);
+    let g = Generator::with_clock(layout.clone(), clock.clone())
+        .node("machine", 9)
+        // No bound at all must not overflow the wait's arithmetic.
+        .stall_timeout(Duration::MAX)
+        .build()
+        .unwrap();
+    let first = g.next_ids(256).unwrap();
+    assert_eq!(tick_of(&layout, first.last()), T0);
+    thread::scope(|s| {
+        let waiter = s.spawn(|| g.next_id());
+        until(|| g.stats().exhaustions > 0);
+        // 9 ms later it is still the same tick: the waiter keeps waiting.
+        clock.advance(9);
+        clock.advance(1);
+        let next = waiter.join().unwrap().unwrap();
+        assert_eq!(tick_of(&layout, next), T0 + 10);
+        assert!(next > first.last());
+        assert_eq!(next.decode(&layout).unwrap().field("machine"), Some(9));
+    });
+    // The clock 20 ms behind the last tick (T0 + 10) is two ticks: refused.
+    clock.set(T0 - 10);
+    assert_eq!(
+        g.next_id(),
+        Err(GenerateError::ClockMovedBackwards { behind_ms: 20 })
+    );
+
+    // Borrowing 20 ms is two whole ticks: three ticks of ids on a stopped clock.
+    let clock = ManualClock::new(T0);
+    let g = Generator::with_clock(layout.clone(), clock.clone())
+        .node("machine", 9)
+        .on_exhausted(ExhaustedPolicy::Borrow {
+            max_lead: Duration::from_millis(20),
+        })
+        .stall_timeout(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let run = g.next_ids(3 * 256).unwrap();
+    assert_eq!(tick_of(&layout, run.last()), T0 + 20);
+    assert_eq!(g.lead(), Duration::from_millis(20));
+    assert!(matches!(
+        g.next_id(),
+        Err(GenerateError::ClockStalled { .. })
+    ));
+}

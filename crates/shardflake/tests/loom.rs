@@ -72,7 +72,13 @@ fn concurrent_single_ids_and_batches_never_collide() {
         // The clock moves while both run.
         clock.advance(1);
         let mine = vec![g.next_id().unwrap()];
-        check(vec![singles.join().unwrap(), batch.join().unwrap(), mine]);
+        let (singles, batch) = (singles.join().unwrap(), batch.join().unwrap());
+        // Linearizable: a call that starts after every other has returned
+        // gets an id above all of theirs.
+        let after = g.next_id().unwrap();
+        let before = singles.iter().chain(&batch).chain(&mine).max().copied();
+        assert!(Some(after) > before, "{after:?} not above {before:?}");
+        check(vec![singles, batch, mine]);
     });
 }
 

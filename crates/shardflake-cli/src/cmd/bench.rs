@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
+use shardflake::timestamp::rfc3339_ms;
 use shardflake::{ExhaustedPolicy, GenerateError, Generator};
 
 use super::{LayoutArg, with_stdout};
@@ -149,18 +150,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    let rate = ids as f64 / duration.as_secs_f64();
+    let (ids, elapsed) = ids;
+    let rate = ids as f64 / elapsed.as_secs_f64();
     let cap = layout.ids_per_second();
     let stats = generator.stats();
-    let baseline_rate = baseline.map(|n| n as f64 / duration.as_secs_f64());
+    let baseline_rate = baseline.map(|(n, took)| n as f64 / took.as_secs_f64());
     with_stdout(|out| {
         if args.json {
             let report = json!({
                 "layout": layout.name(),
+                "negative_from": layout.negative_from_ms().map(rfc3339_ms),
                 "threads": threads,
                 "mode": format!("{:?}", args.mode).to_lowercase(),
                 "batch": args.batch,
-                "seconds": duration.as_secs_f64(),
+                "seconds": elapsed.as_secs_f64(),
                 "ids": ids,
                 "ids_per_second": rate,
                 "cap_per_second": cap,
@@ -178,7 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "run        {threads} threads, {:?}, batch {}, {:.1} s",
                 args.mode,
                 args.batch,
-                duration.as_secs_f64()
+                elapsed.as_secs_f64()
             )?;
             writeln!(
                 out,
@@ -210,14 +213,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// Runs `round` on `threads` threads for `duration`; returns the ids made.
+/// Runs `round` on `threads` threads for `duration`; returns the ids made
+/// and the time until the last thread finished its last round (threads run
+/// on past `duration` to the end of a round, so that is what the ids took).
 fn measure(
     label: &str,
     threads: usize,
     duration: Duration,
     quiet: bool,
     round: impl Fn(usize) -> Result<u64, anyhow::Error> + Sync,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<(u64, Duration)> {
     let stop = AtomicBool::new(false);
     let total = AtomicU64::new(0);
     let bar = if quiet {
@@ -268,6 +273,7 @@ fn measure(
             })
             .collect()
     });
+    let elapsed = started.elapsed();
     bar.finish_and_clear();
     let mut ids = 0;
     for r in results {
@@ -276,5 +282,5 @@ fn measure(
             Err(e) => e,
         })?;
     }
-    Ok(ids)
+    Ok((ids, elapsed))
 }

@@ -57,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     with_stdout(|out| {
         if args.json {
             for d in &decoded {
-                writeln!(out, "{}", to_json(d))?;
+                writeln!(out, "{}", to_json(d, &layout))?;
             }
         } else if !decoded.is_empty() {
             write_table(out, &layout, &decoded)?;
@@ -88,7 +88,7 @@ fn decode(text: &str, format: Format, layout: &Layout) -> anyhow::Result<Decoded
     })
 }
 
-fn to_json(d: &Decoded) -> Value {
+fn to_json(d: &Decoded, layout: &Layout) -> Value {
     match d {
         Decoded::Id(p) => {
             let fields: Map<String, Value> = p
@@ -96,14 +96,19 @@ fn to_json(d: &Decoded) -> Value {
                 .iter()
                 .map(|(n, v)| (n.clone(), json!(v)))
                 .collect();
-            json!({
+            let mut object = json!({
                 "id": p.id.to_string(),
                 "layout": p.layout,
                 "timestamp": p.timestamp(),
                 "unix_ms": p.unix_ms,
                 "fields": fields,
                 "sequence": p.sequence,
-            })
+            });
+            // A sign-bit layout says, wherever it is shown, when its ids turn negative.
+            if let Some(ms) = layout.negative_from_ms() {
+                object["negative_from"] = json!(rfc3339_ms(ms));
+            }
+            object
         }
         Decoded::Other {
             text,
