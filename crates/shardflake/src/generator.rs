@@ -391,6 +391,12 @@ impl<C: Clock> Generator<C> {
     /// `count` ids reserved in one step: consecutive sequence values, over as
     /// few ticks as the layout allows (the most recent ones when the count
     /// spans several).
+    ///
+    /// A batch may only use ticks the generator has lived through (or may
+    /// borrow), so a batch wider than that waits for the clock: at most
+    /// `count / ids per tick` ticks (256 ms for 2^20 `snowflake` ids on a
+    /// fresh generator), within the stall timeout. Keep
+    /// [`GeneratorBuilder::max_batch`] to what a caller may wait for.
     pub fn next_ids(&self, count: u64) -> Result<Batch, GenerateError> {
         if count == 0 || count > self.max_batch {
             return Err(GenerateError::InvalidCount {
