@@ -8,6 +8,7 @@
 
 use std::fs;
 use std::net::{IpAddr, UdpSocket};
+use std::path::Path;
 
 use shardflake::node::NodeIdSource;
 use shardflake::{Layout, NodeIdError};
@@ -67,7 +68,14 @@ pub fn hostname() -> String {
 
 /// MAC addresses of the non-loopback interfaces that have one.
 pub fn mac_addresses() -> Vec<[u8; 6]> {
-    let Ok(entries) = fs::read_dir("/sys/class/net") else {
+    mac_addresses_in(Path::new("/sys/class/net"))
+}
+
+/// MAC addresses under a `/sys/class/net`-shaped directory (one folder per
+/// interface, each with an `address` file), in interface-name order; all-zero
+/// addresses (loopback) and unreadable ones are left out.
+pub fn mac_addresses_in(dir: &Path) -> Vec<[u8; 6]> {
+    let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut named: Vec<(String, [u8; 6])> = entries
@@ -121,6 +129,29 @@ mod tests {
     fn reads_this_host() {
         let host = HostInfo::read();
         assert!(!host.hostname.is_empty());
-        assert!(host.macs.iter().all(|m| m.iter().any(|&b| b != 0)));
+    }
+
+    #[test]
+    fn macs_are_read_in_interface_order_without_loopback_or_garbage() {
+        let dir = std::env::temp_dir().join(format!("shardflake-host-{}", std::process::id()));
+        let iface = |name: &str, address: Option<&str>| {
+            let d = dir.join(name);
+            fs::create_dir_all(&d).unwrap();
+            if let Some(a) = address {
+                fs::write(d.join("address"), format!("{a}\n")).unwrap();
+            }
+        };
+        iface("lo", Some("00:00:00:00:00:00"));
+        iface("eth1", Some("02:00:00:00:00:02"));
+        iface("eth0", Some("02:00:00:00:00:01"));
+        iface("tun0", Some("not a mac"));
+        iface("bond0", None);
+        let macs = mac_addresses_in(&dir);
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(macs, vec![[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]]);
+        assert!(
+            mac_addresses_in(&dir).is_empty(),
+            "a missing directory is no MACs"
+        );
     }
 }
