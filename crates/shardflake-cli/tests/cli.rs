@@ -191,6 +191,16 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         ),
         (&["gen", "--kind", "uuidv5"], "needs a name-space"),
         (&["gen", "--kind", "uuidv9"], "unknown kind"),
+        (&["gen", "-n", "0"], "not in 1.."),
+        (&["gen", "-n", "-3"], "unexpected argument"),
+        (
+            &["gen", "--layout", "time 62 | sequence 2 (tick 10 ms)"],
+            "past u64 milliseconds",
+        ),
+        (
+            &["plan", "--nodes", "3", "--rate", "1e308", "--years", "5"],
+            "no 63-bit layout",
+        ),
         (&["decode", "12x"], "unexpected character"),
         (
             &["decode", "99999999999999999999"],

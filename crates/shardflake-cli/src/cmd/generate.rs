@@ -23,7 +23,8 @@ pub struct Args {
     #[command(flatten)]
     layout: LayoutArg,
     /// How many ids.
-    #[arg(short = 'n', long, default_value_t = 1)]
+    #[arg(short = 'n', long, default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
     /// Text form of layout ids.
     #[arg(short, long, default_value = "dec")]
