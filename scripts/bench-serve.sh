@@ -20,10 +20,13 @@ dir=$(mktemp -d)
     >"$dir/out" 2>"$dir/err" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+fail() { echo "bench-serve: $1; server stderr:" >&2; cat "$dir/err" >&2; exit 1; }
 for _ in $(seq 100); do grep -q http= "$dir/out" 2>/dev/null && break; sleep 0.05; done
-http=$(grep -o 'http=[^ ]*' "$dir/out" | cut -d= -f2)
-grpc=$(grep -o 'grpc=[^ ]*' "$dir/out" | cut -d= -f2)
-for _ in $(seq 100); do curl -sf "http://$http/readyz" >/dev/null && break; sleep 0.05; done
+http=$(grep -o 'http=[^ ]*' "$dir/out" | cut -d= -f2) || fail "the server printed no address in 5 s"
+grpc=$(grep -o 'grpc=[^ ]*' "$dir/out" | cut -d= -f2) || fail "the server printed no gRPC address"
+ready=0
+for _ in $(seq 100); do curl -sf "http://$http/readyz" >/dev/null && { ready=1; break; }; sleep 0.05; done
+[ "$ready" = 1 ] || fail "the server was not ready within 5 s"
 
 run_wrk() {  # name path
     local out rps p50 p99

@@ -1,46 +1,56 @@
 //! A small gRPC load generator for `scripts/bench-serve.sh`:
 //! `grpc_load HOST:PORT SECONDS CONCURRENCY BATCH` prints requests/s, ids/s
 //! and p50/p99 latency. BATCH 1 calls NextId, larger calls NextIds.
+//!
+//! Every client connects before the clock starts; a call counts only if it
+//! finished inside the measured window, and rates divide by that window.
 
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, bail};
 use shardflake_service::grpc::pb;
 use shardflake_service::testkit::grpc_client;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    anyhow::ensure!(
-        args.len() == 5,
-        "usage: grpc_load HOST:PORT SECONDS CONCURRENCY BATCH"
-    );
+    let usage = "usage: grpc_load HOST:PORT SECONDS CONCURRENCY BATCH";
+    anyhow::ensure!(args.len() == 5, usage);
     let (addr, secs, conc, batch) = (
         args[1].clone(),
-        args[2].parse::<u64>()?,
-        args[3].parse::<usize>()?,
-        args[4].parse::<u64>()?,
+        args[2].parse::<u64>().context(usage)?,
+        args[3].parse::<usize>().context(usage)?,
+        args[4].parse::<u64>().context(usage)?,
     );
-    let end = Instant::now() + Duration::from_secs(secs);
-    let mut tasks = Vec::new();
+    anyhow::ensure!(secs > 0 && conc > 0 && batch > 0, usage);
+    let mut clients = Vec::with_capacity(conc);
     for _ in 0..conc {
-        let addr = addr.clone();
+        clients.push(grpc_client(&addr).await?);
+    }
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for mut g in clients {
         tasks.push(tokio::spawn(async move {
-            let mut g = grpc_client(&addr).await?;
             let (mut lat, mut ids) = (Vec::new(), 0u64);
-            while Instant::now() < end {
+            loop {
                 let t = Instant::now();
-                if batch == 1 {
+                let n = if batch == 1 {
                     g.next_id(pb::NextIdRequest {}).await?;
-                    ids += 1;
+                    1
                 } else {
-                    ids += g
-                        .next_ids(pb::NextIdsRequest { count: batch })
+                    g.next_ids(pb::NextIdsRequest { count: batch })
                         .await?
                         .into_inner()
                         .ids
-                        .len() as u64;
+                        .len() as u64
+                };
+                let done = Instant::now();
+                if done > end {
+                    break; // finished outside the window: not counted
                 }
-                lat.push(t.elapsed());
+                lat.push(done - t);
+                ids += n;
             }
             anyhow::Ok((lat, ids))
         }));
@@ -51,12 +61,16 @@ async fn main() -> anyhow::Result<()> {
         lat.extend(l);
         ids += n;
     }
+    if lat.is_empty() {
+        bail!("no call finished within {secs} s");
+    }
     lat.sort();
     let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    let window = (end - start).as_secs_f64();
     println!(
         "requests/s {:.0}  ids/s {:.0}  p50 {:?}  p99 {:?}",
-        lat.len() as f64 / secs as f64,
-        ids as f64 / secs as f64,
+        lat.len() as f64 / window,
+        ids as f64 / window,
         pct(0.5),
         pct(0.99)
     );
