@@ -9,6 +9,7 @@ use shardflake_service::testkit::{
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 fn opts(args: &[&str]) -> ServeOpts {
     ServeOpts {
@@ -268,21 +269,36 @@ async fn grpc_api_and_reflection() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarts_resume_after_the_state_file() -> anyhow::Result<()> {
+    anyhow::ensure!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} missing: run scripts/install-deps.sh (package libfaketime)"
+    );
     let dir = shardflake_service::testkit::tempdir()?;
-    let with_dir = || ServeOpts {
+    // Rounds 1 and 2 run with the wall clock 5 s behind (libfaketime): only
+    // the state file's high-water keeps their ids above round 0's (caught:
+    // a state file ignored or read as 0).
+    let with_dir = |round: usize| ServeOpts {
         args: vec![
             "--workers".into(),
             "1".into(),
             "--window".into(),
             "1s".into(),
         ],
+        env: if round == 0 {
+            Vec::new()
+        } else {
+            vec![
+                ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+                ("FAKETIME".into(), "-5s".into()),
+                ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+            ]
+        },
         dir: Some(dir.clone()),
-        ..Default::default()
     };
     let mut last = 0;
     for round in 0..3 {
-        let mut s = Serve::start(BIN, with_dir())?;
-        s.ready(Duration::from_secs(10)).await?;
+        let mut s = tokio::task::block_in_place(|| Serve::start(BIN, with_dir(round)))?;
+        s.ready(Duration::from_secs(20)).await?;
         let mut c = Http::new(&s.http);
         for _ in 0..200 {
             let (st, body) = c.get("/v1/id").await?;
@@ -296,12 +312,43 @@ async fn restarts_resume_after_the_state_file() -> anyhow::Result<()> {
         } else {
             s.signal(libc::SIGTERM);
             assert!(
-                s.wait_exit(Duration::from_secs(15))?.success(),
+                s.exit(Duration::from_secs(15)).await?.success(),
                 "{}",
                 s.stderr()
             );
         }
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_serves_one_process() -> anyhow::Result<()> {
+    let dir = shardflake_service::testkit::tempdir()?;
+    let state = dir.join("state").display().to_string();
+    let args = |d: &str| ServeOpts {
+        args: vec![
+            "--workers".into(),
+            "1".into(),
+            "--state-file".into(),
+            state.clone(),
+        ],
+        dir: Some(dir.join(d)),
+        ..Default::default()
+    };
+    let a = tokio::task::block_in_place(|| Serve::start(BIN, args("a")))?;
+    assert_eq!(a.ready(Duration::from_secs(10)).await?, 0);
+    // Caught: a second process with the same node id and state file would
+    // issue the same ids. It must fail at start, with the reason.
+    let why = match tokio::task::block_in_place(|| Serve::start(BIN, args("b"))) {
+        Ok(mut b) => {
+            assert!(!b.exit(Duration::from_secs(10)).await?.success());
+            b.stderr()
+        }
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(why.contains("in use by another"), "{why}");
+    let (st, _) = Http::new(&a.http).get("/v1/id").await?;
+    assert_eq!(st, 200, "the first process serves on");
     Ok(())
 }
 

@@ -26,7 +26,8 @@ fn faked(policy: &str) -> anyhow::Result<(Serve, std::path::PathBuf)> {
     let s = Serve::start(
         BIN,
         ServeOpts {
-            args: ["--rollback", policy, "--workers", "1"]
+            // The window must exceed how far `continue` may ride ahead.
+            args: ["--rollback", policy, "--workers", "1", "--window", "11s"]
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),

@@ -9,12 +9,24 @@ use std::time::{Duration, Instant};
 
 use shardflake_service::etcd::Client;
 use shardflake_service::testkit::{
-    Etcd, Http, Serve, ServeOpts, error_code, id_of, snowflake_node,
+    Etcd, Http, Queued, Serve, ServeOpts, error_code, id_of, metric, snowflake_node,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 fn node(etcd: &Etcd, prefix: &str, extra: &[&str]) -> anyhow::Result<Serve> {
+    node_env(etcd, prefix, extra, &[])
+}
+
+/// A node with extra environment (libfaketime). Starting waits for the
+/// process to print its ports: off the async workers.
+fn node_env(
+    etcd: &Etcd,
+    prefix: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<Serve> {
     let ttl = if extra.contains(&"--lease-ttl") {
         &[][..]
     } else {
@@ -32,13 +44,35 @@ fn node(etcd: &Etcd, prefix: &str, extra: &[&str]) -> anyhow::Result<Serve> {
     .map(|s| s.to_string())
     .collect();
     args.extend(ttl.iter().chain(extra).map(|s| s.to_string()));
-    Serve::start(
-        BIN,
-        ServeOpts {
-            args,
-            ..Default::default()
-        },
-    )
+    let opts = ServeOpts {
+        args,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    tokio::task::block_in_place(|| Serve::start(BIN, opts))
+}
+
+/// libfaketime setting this process's wall clock `offset` (e.g. "-10s")
+/// from real time; `Instant` keeps running normally.
+fn clock_offset(offset: &str) -> anyhow::Result<[(&'static str, String); 3]> {
+    anyhow::ensure!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} missing: run scripts/install-deps.sh (package libfaketime)"
+    );
+    Ok([
+        ("LD_PRELOAD", LIBFAKETIME.into()),
+        ("FAKETIME", offset.into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+    ])
+}
+
+/// The Unix ms an id of a layout with `low_bits` below its time field was
+/// stamped in, for an epoch.
+fn id_ms(id: u64, low_bits: u32, epoch_ms: u64) -> u64 {
+    (id >> low_bits) + epoch_ms
 }
 
 /// Waits (bounded) until etcd no longer has `key`.
@@ -104,7 +138,7 @@ async fn nodes_get_distinct_ids_and_cluster_full_is_clear() -> anyhow::Result<()
     _x.ready(Duration::from_secs(15)).await?;
     _y.ready(Duration::from_secs(15)).await?;
     let mut z = node(&etcd, "/t/tiny", &["--layout", spec])?;
-    let status = z.wait_exit(Duration::from_secs(20))?;
+    let status = z.exit(Duration::from_secs(20)).await?;
     assert!(!status.success());
     assert!(z.stderr().contains("cluster full"), "{}", z.stderr());
     Ok(())
@@ -119,12 +153,19 @@ async fn hundred_nodes_started_together_get_distinct_ids_quickly() -> anyhow::Re
         nodes.push(node(
             &etcd,
             "/t/hundred",
-            &["--lease-ttl", "10s", "--etcd-timeout", "2s"],
+            &[
+                "--lease-ttl",
+                "10s",
+                "--etcd-timeout",
+                "2s",
+                "--window",
+                "6s",
+            ],
         )?);
     }
     let mut ids = HashSet::new();
     for n in &nodes {
-        ids.insert(n.ready(Duration::from_secs(60)).await?);
+        ids.insert(n.ready(Duration::from_secs(30)).await?);
     }
     let took = started.elapsed();
     assert_eq!(ids.len(), 100, "every node its own id");
@@ -132,7 +173,9 @@ async fn hundred_nodes_started_together_get_distinct_ids_quickly() -> anyhow::Re
     // Racing nodes spread over the lowest free ids (see lease::take_lowest).
     assert!(highest < 256, "ids stay low: highest {highest}");
     eprintln!("100 nodes ready with distinct ids (highest {highest}) in {took:?}");
-    assert!(took < Duration::from_secs(60));
+    // Catches a herd that serialises (every node racing for the same id):
+    // that took minutes before take_lowest spread the races.
+    assert!(took < Duration::from_secs(20), "took {took:?}");
     Ok(())
 }
 
@@ -145,18 +188,25 @@ async fn sigkilled_nodes_id_is_reclaimed_after_the_ttl_and_sorts_after() -> anyh
     a.kill();
     let gone = until_gone(&etcd, "/t/kill/node/0", Duration::from_secs(10)).await?;
     eprintln!("node id 0 free {gone:?} after SIGKILL (TTL 2s)");
-    let b = node(&etcd, "/t/kill", &[])?;
+    // The new holder's clock is 10 s behind: elapsed time alone would give
+    // it smaller ids. Only waiting out A's recorded high-water (hw/0, read
+    // when taking the id) makes them sort after A's.
+    let env = clock_offset("-10s")?;
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let b = node_env(&etcd, "/t/kill", &[], &env)?;
     assert_eq!(
-        b.ready(Duration::from_secs(15)).await?,
+        b.ready(Duration::from_secs(30)).await?,
         0,
         "the id is reclaimed"
     );
     let after = take_ids(&mut Http::new(&b.http), 500).await?;
     let max_before = *before.iter().max().unwrap();
     assert!(
-        after.iter().all(|id| *id > max_before),
-        "new holder's ids sort after the old holder's"
+        after[0] > max_before,
+        "new holder's first id {} after the old holder's largest {max_before}",
+        after[0]
     );
+    assert!(after.windows(2).all(|w| w[0] < w[1]));
     Ok(())
 }
 
@@ -177,57 +227,52 @@ async fn sigstopped_node_issues_nothing_with_its_old_id_after_waking() -> anyhow
     let b_ids = take_ids(&mut Http::new(&b.http), 200).await?;
     assert!(b_ids[0] > *before.iter().max().unwrap());
 
-    // Requests queued at A while it is stopped, then A wakes.
-    let mut clients = Vec::new();
-    let done = Arc::new(AtomicBool::new(false));
-    for _ in 0..4 {
-        let (addr, done) = (a.http.clone(), done.clone());
-        clients.push(tokio::spawn(async move {
-            let mut c = Http::new(&addr);
-            let mut got = Vec::new();
-            while !done.load(Ordering::Relaxed) {
-                match c.get("/v1/id").await {
-                    Ok((200, body)) => got.push(Ok(id_of(&body).unwrap())),
-                    Ok((_, body)) => got.push(Err(error_code(&body))),
-                    Err(e) => got.push(Err(e.to_string())),
-                }
-            }
-            got
-        }));
+    // Requests queued at A while it is stopped: connected and written (the
+    // kernel buffers them), so A finds them the moment it wakes, before its
+    // keeper has noticed anything: they meet the lease fence itself.
+    let mut queued = Vec::new();
+    for _ in 0..16 {
+        queued.push(Queued::send(&a.http, "/v1/id").await?);
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
     a.signal(libc::SIGCONT);
-    // A re-leases another id (B holds 0); keep the load on until then.
-    let new_id = a.ready(Duration::from_secs(20)).await?;
-    assert_ne!(new_id, 0);
-    let settle = Instant::now();
-    while settle.elapsed() < Duration::from_millis(200) {
-        tokio::task::yield_now().await;
-    }
-    done.store(true, Ordering::Relaxed);
-    let mut refused = 0;
-    let mut issued = 0;
-    for c in clients {
-        for r in c.await? {
-            match r {
-                Ok(id) => {
-                    assert_ne!(
-                        snowflake_node(id),
-                        0,
-                        "A issued {id} with its old node id after waking"
-                    );
-                    issued += 1;
-                }
-                Err(code) => {
-                    assert_eq!(code, "no_lease");
-                    refused += 1;
-                }
+    let (mut refused, mut issued) = (0, 0);
+    for q in queued {
+        match q.response(Duration::from_secs(10)).await? {
+            (200, body) => {
+                let id = id_of(&body)?;
+                assert_ne!(
+                    snowflake_node(id),
+                    0,
+                    "A issued {id} with its old node id after waking"
+                );
+                issued += 1;
+            }
+            (st, body) => {
+                assert_eq!((st, error_code(&body).as_str()), (503, "no_lease"));
+                refused += 1;
             }
         }
     }
-    assert!(refused > 0, "A refused while it held no id");
+    // A re-leases another id (B holds 0).
+    let new_id = a.ready(Duration::from_secs(20)).await?;
+    assert_ne!(new_id, 0);
+    let mut ca = Http::new(&a.http);
+    assert!(
+        take_ids(&mut ca, 20)
+            .await?
+            .iter()
+            .all(|id| snowflake_node(*id) == new_id)
+    );
+    // Fails if the issuing path's fence check were gone: the queued requests
+    // would then be answered with node id 0 (asserted above), or refused only
+    // once the keeper withdrew the identity, which this counter does not see.
+    // (The keeper's first step on waking is a keep-alive round trip to etcd,
+    // while which the queued requests are served.)
+    let (_, m) = ca.get("/metrics").await?;
+    let fenced = metric(&m, "shardflake_refused_fenced_total").unwrap_or(0.0);
+    assert!(fenced > 0.0, "no request met the lease fence: {m}");
     eprintln!(
-        "after SIGCONT: {refused} refused (503 no_lease), {issued} issued with node id {new_id}"
+        "after SIGCONT: {refused} refused (503 no_lease, {fenced} by the fence), {issued} issued with node id {new_id}"
     );
     Ok(())
 }
@@ -259,21 +304,25 @@ async fn etcd_leader_killed_under_load_service_continues_without_duplicates() ->
             while !done.load(Ordering::Relaxed) {
                 match c.get("/v1/id").await {
                     Ok((200, body)) => got.push((Instant::now(), id_of(&body).unwrap())),
-                    _ => errors += 1,
+                    // Refused while fenced or reconnecting: back off a little
+                    // rather than spin on the two shared cores.
+                    _ => {
+                        errors += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
                 }
             }
             (got, errors)
         }));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let leader = etcd.leader()?;
+    // etcd.sh calls block: keep them off the async workers the load runs on.
+    let leader = tokio::task::block_in_place(|| etcd.leader())?;
     let killed_at = Instant::now();
-    etcd.kill(leader)?;
-    // Bounded: wait for a new leader, then keep the load on a little longer.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while etcd.leader().is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "no new etcd leader");
-    }
+    tokio::task::block_in_place(|| etcd.kill(leader))?;
+    // Bounded (leader() asks for up to 10 s): wait for a new leader, then
+    // keep the load on a little longer.
+    tokio::task::block_in_place(|| etcd.leader())?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     done.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
@@ -300,5 +349,186 @@ async fn etcd_leader_killed_under_load_service_continues_without_duplicates() ->
     );
     n1.ready(Duration::from_secs(1)).await?;
     n2.ready(Duration::from_secs(1)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_layout_under_one_prefix_is_refused() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let a = node(&etcd, "/t/layout", &[])?;
+    assert_eq!(a.ready(Duration::from_secs(15)).await?, 0);
+    let recorded = etcd.get("/t/layout/layout").await?.unwrap_or_default();
+    assert!(
+        recorded.contains("snowflake") && recorded.contains("node"),
+        "{recorded}"
+    );
+    // twitter's worker 0 in datacenter 1 composes the same ids as snowflake
+    // node 32: the two must not share a prefix (caught: duplicates).
+    let mut b = node(
+        &etcd,
+        "/t/layout",
+        &[
+            "--layout",
+            "twitter",
+            "--node-field",
+            "worker",
+            "--field",
+            "datacenter=1",
+        ],
+    )?;
+    assert!(!b.exit(Duration::from_secs(20)).await?.success());
+    assert!(b.stderr().contains("another layout"), "{}", b.stderr());
+    // The same layout with the id in another field is refused too.
+    let mut c = node(
+        &etcd,
+        "/t/layout",
+        &["--layout", "twitter", "--field", "worker=1"],
+    )?;
+    assert!(!c.exit(Duration::from_secs(20)).await?.success());
+    assert!(c.stderr().contains("another layout"), "{}", c.stderr());
+    // B and C took no id.
+    assert_eq!(etcd.get("/t/layout/node/1").await?, None);
+    // The matching layout still joins.
+    let d = node(&etcd, "/t/layout", &[])?;
+    assert_eq!(d.ready(Duration::from_secs(15)).await?, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_or_far_future_high_water_refuses_the_id() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    // Read as 0 (the old behaviour), "garbage" would let this node reissue
+    // the old holder's ticks.
+    etcd.put("/t/badhw/hw/0", "garbage").await?;
+    let mut a = node(&etcd, "/t/badhw", &[])?;
+    assert!(!a.exit(Duration::from_secs(20)).await?.success());
+    assert!(
+        a.stderr().contains("not a Unix ms high-water"),
+        "{}",
+        a.stderr()
+    );
+    assert_eq!(etcd.get("/t/badhw/node/0").await?, None, "id released");
+    assert_eq!(etcd.get("/t/badhw/hw/0").await?.as_deref(), Some("garbage"));
+
+    // A record an hour ahead: start fails at once (caught: waiting for it,
+    // 503 for an hour while holding the id) and gives the id back.
+    let hour_ahead = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?
+        + Duration::from_secs(3600))
+    .as_millis();
+    etcd.put("/t/ahead/hw/0", &hour_ahead.to_string()).await?;
+    let started = Instant::now();
+    let mut b = node(&etcd, "/t/ahead", &["--max-resume-wait", "5s"])?;
+    assert!(!b.exit(Duration::from_secs(20)).await?.success());
+    assert!(b.stderr().contains("ahead of this clock"), "{}", b.stderr());
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_eq!(etcd.get("/t/ahead/node/0").await?, None, "id released");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_a_long_batch_then_revokes_and_records() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    // 16 ids per ms: a batch of 64,000 waits ~4 s for its ticks, longer
+    // than the lease fence lasts without renewals (TTL 3 s − 0.6 s margin).
+    let epoch = 1_288_834_974_657u64;
+    let spec = format!("slow: time 41 | node 10 | sequence 4 (epoch {epoch} ms)");
+    let mut a = node(
+        &etcd,
+        "/t/term",
+        &["--layout", &spec, "--max-batch", "64000"],
+    )?;
+    let node_id = a.ready(Duration::from_secs(15)).await?;
+    let mut c = Http::new(&a.http);
+    let (st, _) = c.get("/v1/id").await?; // the generator's state is now
+    assert_eq!(st, 200);
+    let addr = a.http.clone();
+    let batch = tokio::spawn(async move {
+        Http::new(&addr)
+            .get("/v1/ids?count=64000&numbers=true")
+            .await
+    });
+    // SIGTERM once the batch is being reserved (the server says so).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, m) = c.get("/metrics").await?;
+        if metric(&m, "shardflake_batches_in_flight") == Some(1.0) {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "batch never in flight: {m}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.signal(libc::SIGTERM);
+    // Caught: keep-alives stopping at SIGTERM (the batch would end fenced,
+    // 503, and the revoke would fail: exit 1).
+    let (st, body) = batch.await??;
+    assert_eq!(st, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    let last = v["ids"]
+        .as_array()
+        .and_then(|ids| ids.last())
+        .and_then(|id| id.as_u64())
+        .ok_or_else(|| anyhow::anyhow!("no ids in {body}"))?;
+    let status = a.exit(Duration::from_secs(20)).await?;
+    assert!(status.success(), "{status}: {}", a.stderr());
+    // Revoked, not left to expire.
+    let prefix = "/t/term";
+    assert_eq!(etcd.get(&format!("{prefix}/node/{node_id}")).await?, None);
+    let hw: u64 = etcd
+        .get(&format!("{prefix}/hw/{node_id}"))
+        .await?
+        .unwrap_or_default()
+        .parse()?;
+    let last_ms = id_ms(last, 14, epoch);
+    assert!(hw >= last_ms, "hw {hw} below the last id's ms {last_ms}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_keep_alives_fence_before_the_ttl() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    // TTL 4 s, margin 0.8 s: no id later than 3.2 s after the last renewal.
+    // A window of 5 s keeps the high-water fence out of the way.
+    let a = node(
+        &etcd,
+        "/t/etcdstop",
+        &["--lease-ttl", "4s", "--window", "5s"],
+    )?;
+    a.ready(Duration::from_secs(15)).await?;
+    let mut c = Http::new(&a.http);
+    take_ids(&mut c, 10).await?;
+    etcd.signal(0, libc::SIGSTOP)?;
+    let stopped = Instant::now();
+    // Caught: renewal failures ignored (issuing until the lease is long gone).
+    let limit = Duration::from_millis(3200 + 200); // + one poll and scheduling
+    let (mut id_refused, mut not_ready) = (false, false);
+    while !(id_refused && not_ready) {
+        let (st, body) = c.get("/v1/id").await?;
+        if st == 200 {
+            assert!(
+                stopped.elapsed() < limit,
+                "issued {:?} after etcd stopped answering",
+                stopped.elapsed()
+            );
+        } else {
+            assert_eq!(
+                (st, error_code(&body).as_str()),
+                (503, "no_lease"),
+                "{body}"
+            );
+            id_refused = true;
+        }
+        let (st, _) = c.get("/readyz").await?;
+        not_ready |= st == 503;
+        anyhow::ensure!(
+            stopped.elapsed() < limit,
+            "still serving {:?} after etcd stopped answering (ids refused: {id_refused}, not ready: {not_ready})",
+            stopped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("fenced {:?} after etcd stopped", stopped.elapsed());
+    etcd.signal(0, libc::SIGCONT)?;
+    a.ready(Duration::from_secs(20)).await?;
+    assert_eq!(take_ids(&mut c, 10).await?.len(), 10);
     Ok(())
 }

@@ -27,13 +27,12 @@ fn start(etcd: &Etcd) -> anyhow::Result<Serve> {
         "--workers",
         "1",
     ];
-    Serve::start(
-        BIN,
-        ServeOpts {
-            args: args.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        },
-    )
+    let opts = ServeOpts {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    // Waits (blocking) for the ports line: off the async workers.
+    tokio::task::block_in_place(|| Serve::start(BIN, opts))
 }
 
 /// One client's ids, in the order it received them (each request waits for
@@ -138,7 +137,7 @@ async fn many_servers_http_and_grpc_with_restarts_no_duplicates() -> anyhow::Res
         if graceful {
             servers[i].signal(libc::SIGTERM);
             assert!(
-                servers[i].wait_exit(Duration::from_secs(15))?.success(),
+                servers[i].exit(Duration::from_secs(15)).await?.success(),
                 "{}",
                 servers[i].stderr()
             );

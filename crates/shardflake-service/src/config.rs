@@ -11,6 +11,7 @@
 //! fields = { datacenter = 1 }   # other fixed node fields
 //! state_file = "/var/lib/shardflake/state"
 //! window = "3s"                 # high-water written as now + window
+//! max_resume_wait = "1m"        # longest wait for a recorded high-water past window
 //! max_batch = 1000000
 //! rollback = "error"            # or "continue:5s", "wait:500ms"
 //!
@@ -56,8 +57,14 @@ pub struct ServeArgs {
     /// A static node id from the host: hostname (StatefulSet ordinal), mac, ip.
     #[arg(long, env = "SHARDFLAKE_NODE_ID_FROM")]
     pub node_id_from: Option<String>,
-    /// Another fixed node field, NAME=VALUE (repeatable).
-    #[arg(long = "field", value_name = "NAME=VALUE")]
+    /// Another fixed node field, NAME=VALUE (repeatable; in SHARDFLAKE_FIELD
+    /// separate them with commas).
+    #[arg(
+        long = "field",
+        value_name = "NAME=VALUE",
+        env = "SHARDFLAKE_FIELD",
+        value_delimiter = ','
+    )]
     pub fields: Vec<String>,
     /// Lease node ids from etcd: comma-separated endpoints (http://host:port).
     #[arg(long, env = "SHARDFLAKE_ETCD", value_delimiter = ',')]
@@ -77,6 +84,10 @@ pub struct ServeArgs {
     /// High-water window: the recorded high-water is now + window [default: 3s].
     #[arg(long, env = "SHARDFLAKE_WINDOW", value_parser = humantime::parse_duration)]
     pub window: Option<Duration>,
+    /// At start, wait at most window + this for the clock to pass a recorded
+    /// high-water; a record further ahead fails the start [default: 1m].
+    #[arg(long, env = "SHARDFLAKE_MAX_RESUME_WAIT", value_parser = humantime::parse_duration)]
+    pub max_resume_wait: Option<Duration>,
     /// Local high-water state file [default: ./shardflake.state].
     #[arg(long, env = "SHARDFLAKE_STATE_FILE")]
     pub state_file: Option<PathBuf>,
@@ -114,6 +125,7 @@ struct FileConfig {
     fields: BTreeMap<String, u64>,
     state_file: Option<PathBuf>,
     window: Option<String>,
+    max_resume_wait: Option<String>,
     max_batch: Option<u64>,
     max_body: Option<usize>,
     rollback: Option<String>,
@@ -181,6 +193,9 @@ pub struct Config {
     pub state_file: PathBuf,
     /// High-water window.
     pub window: Duration,
+    /// How much further than `window` ahead of the clock a recorded
+    /// high-water may be before start gives up instead of waiting.
+    pub max_resume_wait: Duration,
     /// Largest batch.
     pub max_batch: u64,
     /// Largest request body.
@@ -408,6 +423,21 @@ impl Config {
         if window < Duration::from_millis(100) || window > Duration::from_secs(600) {
             bail!("window {window:?}: use 100ms to 10m");
         }
+        if let NodeSource::Etcd(e) = &node {
+            // Three tries at recording the high-water fit in one window.
+            if window < e.timeout * 3 {
+                bail!(
+                    "window {window:?} must be at least 3 times the etcd timeout {:?}",
+                    e.timeout
+                );
+            }
+        }
+        let max_resume_wait = dur(
+            args.max_resume_wait,
+            file.max_resume_wait,
+            "max_resume_wait",
+            Duration::from_secs(60),
+        )?;
         let max_batch = args.max_batch.or(file.max_batch).unwrap_or(1_000_000);
         if max_batch == 0 || max_batch > MAX_BATCH_LIMIT {
             bail!("max_batch {max_batch}: use 1..={MAX_BATCH_LIMIT}");
@@ -424,6 +454,18 @@ impl Config {
                 .unwrap_or_else(|| "error".into()),
         )?;
         let borrow = dur(args.borrow, file.borrow, "borrow", Duration::ZERO)?;
+        // Ids stamped ahead of the clock (borrowed, or riding out a rollback)
+        // must stay within the recorded window.
+        if borrow >= window {
+            bail!("borrow {borrow:?} must be below the window {window:?}");
+        }
+        if let RollbackPolicy::Continue { max } = rollback {
+            if max >= window {
+                bail!(
+                    "rollback continue:{max:?} must be below the window {window:?} (raise --window)"
+                );
+            }
+        }
         let workers = args
             .workers
             .or(file.workers)
@@ -452,6 +494,7 @@ impl Config {
                 .or(file.state_file)
                 .unwrap_or_else(|| PathBuf::from("shardflake.state")),
             window,
+            max_resume_wait,
             max_batch,
             max_body,
             rollback,
@@ -548,6 +591,17 @@ mod tests {
             ..Default::default()
         };
         assert!(err(ttl, "").contains("TTL"));
+        assert!(err(ServeArgs::default(), "borrow = \"3s\"").contains("below the window"));
+        assert!(
+            err(ServeArgs::default(), "rollback = \"continue:5s\"").contains("below the window")
+        );
+        let slow = ServeArgs {
+            etcd: vec!["http://127.0.0.1:1".into()],
+            etcd_timeout: Some(Duration::from_secs(1)),
+            window: Some(Duration::from_secs(2)),
+            ..Default::default()
+        };
+        assert!(err(slow, "").contains("3 times the etcd timeout"));
     }
 
     #[test]

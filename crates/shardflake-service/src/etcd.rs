@@ -57,6 +57,8 @@ pub enum Compare {
     Absent(Vec<u8>),
     /// The key is attached to this lease.
     LeaseIs(Vec<u8>, i64),
+    /// The key exists and holds exactly this value.
+    ValueIs(Vec<u8>, Vec<u8>),
 }
 
 /// One operation of a transaction.
@@ -200,6 +202,9 @@ impl Client {
                 }),
                 Compare::LeaseIs(k, l) => json!({
                     "target": "LEASE", "result": "EQUAL", "key": B64.encode(k), "lease": l.to_string()
+                }),
+                Compare::ValueIs(k, v) => json!({
+                    "target": "VALUE", "result": "EQUAL", "key": B64.encode(k), "value": B64.encode(v)
                 }),
             })
             .collect();

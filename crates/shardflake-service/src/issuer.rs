@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwapOption;
 use shardflake::{
-    Batch, ExhaustedPolicy, Generator, Id, Layout, ObjectIdGenerator, Stats, SystemClock,
+    Batch, Clock, ExhaustedPolicy, Generator, Id, Layout, ObjectIdGenerator, Stats, SystemClock,
 };
 
 use crate::config::Config;
@@ -225,7 +225,19 @@ impl Issuer {
         let active = guard.as_ref().ok_or_else(ApiError::no_lease)?;
         self.check_fence(active)?;
         let generator = self.generator(active, shard)?;
-        let batch = generator.next_ids(count)?;
+        let batch = if count == 1 {
+            generator.next_ids(1)?
+        } else {
+            // Counted while in progress (a large batch waits for ticks).
+            self.metrics
+                .batches_in_flight
+                .fetch_add(1, Ordering::Relaxed);
+            let batch = generator.next_ids(count);
+            self.metrics
+                .batches_in_flight
+                .fetch_sub(1, Ordering::Relaxed);
+            batch?
+        };
         // Pairs with the fence in `close`: an id taken after the deadline
         // moved is seen by the check below.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -248,14 +260,16 @@ impl Issuer {
         Ok((batch, active.node_id))
     }
 
-    /// Whether ids can be issued now: an identity is held and its lease
-    /// deadline has not passed.
+    /// Whether ids can be issued now: an identity is held, its lease
+    /// deadline has not passed, and the recorded high-water is ahead of the
+    /// clock (else every id would be refused as `high_water_not_recorded`).
     pub fn is_ready(&self) -> Option<u64> {
         let state = self.lease_state();
         let active = self.active()?;
         let fenced =
             active.fence_ns() != u64::MAX && self.mono_ns(Instant::now()) >= active.fence_ns();
-        (matches!(state, LeaseState::Held | LeaseState::Static) && !fenced)
+        let recorded_ahead = active.durable_hw() > SystemClock.now_ms();
+        (matches!(state, LeaseState::Held | LeaseState::Static) && !fenced && recorded_ahead)
             .then_some(active.node_id)
     }
 

@@ -7,15 +7,26 @@
 //! **etcd**: under `<prefix>/node/<id>` (attached to a lease) the node takes
 //! the lowest free id in one transaction (`create_revision == 0`), reading
 //! `<prefix>/hw/<id>` (not leased: it outlives holders), the high-water of
-//! whoever held the id before, in the same transaction. It issues nothing
-//! until its clock is past max(that, local state file). It keeps the lease
+//! whoever held the id before, in the same transaction. The same transaction
+//! checks `<prefix>/layout` (layout and node field, written by the first node
+//! of the cluster): nodes with different layouts under one prefix would
+//! compose equal ids from different node ids, so a mismatch is refused. It
+//! issues nothing until its clock is past max(that, local state file), and
+//! gives the id back if that is more than window + `max_resume_wait` ahead
+//! (a bad clock here, or a corrupt record; an unreadable record is refused
+//! too, never read as 0). It keeps the lease
 //! alive every (TTL − margin)/4; each success moves the fence to the
 //! keep-alive's *send* time + TTL − margin. It writes `now + window` to
 //! `hw/<id>` in a transaction that checks it still holds the key, the way
 //! TiKV's PD persists a timestamp window in etcd; ids are never stamped past
 //! the last successful write. A failed check, a keep-alive answered with
 //! TTL 0, or a passed deadline withdraws the identity (503) and starts over.
-//! On shutdown the exact final high-water is written and the lease revoked.
+//! The recorded high-water is max(now, the generators' latest tick) + window.
+//!
+//! On shutdown the keeper keeps renewing while in-flight requests drain
+//! (they may still issue), then writes the exact final high-water and
+//! revokes the lease. Failures there are logged, not fatal: the periodic
+//! record already covers everything issued, and the lease expires anyway.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -28,7 +39,7 @@ use tokio::sync::watch;
 use crate::config::{EtcdConfig, NodeSource};
 use crate::etcd::{Client, Compare, EtcdError, Op};
 use crate::issuer::{Active, Issuer, LeaseState};
-use crate::state_file::StateFile;
+use crate::state_file::{StateFile, StateLock};
 
 /// How long start keeps trying once etcd has answered at least once.
 const CONTENDED_START: Duration = Duration::from_secs(60);
@@ -56,6 +67,7 @@ pub struct Keeper {
     etcd: Option<(Client, EtcdConfig)>,
     lease: Option<Lease>,
     holder: String,
+    _state_lock: StateLock,
 }
 
 fn now_ms() -> u64 {
@@ -67,6 +79,7 @@ impl Keeper {
     /// error when etcd is unreachable or every node id is taken.
     pub async fn start(issuer: Arc<Issuer>, holder: String) -> anyhow::Result<Keeper> {
         let state_file = StateFile::new(issuer.config.state_file.clone());
+        let state_lock = state_file.lock().context("locking the state file")?;
         let local = read_state(&state_file).await?;
         let etcd = match &issuer.config.node {
             NodeSource::Static(_) => None,
@@ -78,11 +91,14 @@ impl Keeper {
             etcd,
             lease: None,
             holder,
+            _state_lock: state_lock,
         };
         match keeper.issuer.config.node.clone() {
             NodeSource::Static(id) => {
-                keeper.wait_past(local).await;
-                let hw = keeper.target_hw(local);
+                keeper.wait_past(local).await.with_context(|| {
+                    format!("state file {}", keeper.state_file.path().display())
+                })?;
+                let hw = keeper.target_hw(local, local);
                 write_state(&keeper.state_file, hw)
                     .await
                     .context("writing the state file")?;
@@ -106,10 +122,8 @@ impl Keeper {
                 loop {
                     match keeper.acquire(local).await {
                         Ok(()) => break,
-                        Err(e @ AcquireError::Full { .. }) => return Err(e.into()),
-                        Err(err) => {
-                            answered |=
-                                !matches!(err, AcquireError::Etcd(EtcdError::Unreachable { .. }));
+                        Err(AcquireError::Etcd(err)) => {
+                            answered |= !matches!(err, EtcdError::Unreachable { .. });
                             let wait = if answered {
                                 CONTENDED_START
                             } else {
@@ -121,6 +135,8 @@ impl Keeper {
                             }
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
+                        // Retrying cannot help: the operator must act.
+                        Err(fatal) => return Err(fatal.into()),
                     }
                 }
             }
@@ -128,8 +144,14 @@ impl Keeper {
         Ok(keeper)
     }
 
-    /// Keeps the identity until `shutdown` turns true.
-    pub async fn run(&mut self, mut shutdown: watch::Receiver<bool>) {
+    /// Keeps the identity (renewing, recording, re-acquiring when lost) until
+    /// `drained` turns true. Once `shutdown` turns true it still renews and
+    /// records (in-flight requests may issue) but takes no new identity.
+    pub async fn run(
+        &mut self,
+        mut shutdown: watch::Receiver<bool>,
+        mut drained: watch::Receiver<bool>,
+    ) {
         let window = self.issuer.config.window;
         let hw_every = window / 3;
         let ka_every = self
@@ -141,17 +163,32 @@ impl Keeper {
         let mut next_ka = Instant::now() + ka_every;
         let mut backoff = Duration::from_millis(100);
         loop {
-            if *shutdown.borrow() {
+            if *drained.borrow() {
                 return;
             }
             tokio::select! {
-                _ = shutdown.changed() => return,
+                _ = drained.changed() => return,
                 _ = tokio::time::sleep(tick) => {}
             }
             let Some(active) = self.issuer.active() else {
-                // Lost: look for a node id again.
-                let local = read_state(&self.state_file).await.unwrap_or(0);
-                match self.acquire(local).await {
+                if *shutdown.borrow() {
+                    continue; // draining: no new identity
+                }
+                // Lost: look for a node id again. A state file that cannot
+                // be read must not become 0: wait and retry.
+                let local = match read_state(&self.state_file).await {
+                    Ok(ms) => ms,
+                    Err(e) => {
+                        eprintln!("shardflake serve: {e:#}");
+                        continue;
+                    }
+                };
+                // Cancelled by shutdown: `stop` revokes a lease taken so far.
+                let acquired = tokio::select! {
+                    r = self.acquire(local) => r,
+                    _ = shutdown.wait_for(|v| *v) => continue,
+                };
+                match acquired {
                     Ok(()) => {
                         backoff = Duration::from_millis(100);
                         next_hw = Instant::now() + hw_every;
@@ -160,7 +197,7 @@ impl Keeper {
                     Err(e) => {
                         eprintln!("shardflake serve: re-acquiring a node id: {e}");
                         tokio::select! {
-                            _ = shutdown.changed() => return,
+                            _ = drained.changed() => return,
                             _ = tokio::time::sleep(backoff) => {}
                         }
                         backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -183,7 +220,7 @@ impl Keeper {
             }
             if now >= next_hw {
                 next_hw = now + hw_every;
-                let target = self.target_hw(active.durable_hw());
+                let target = self.target_hw(active.high_water_ms(), active.durable_hw());
                 match self.record_hw(&active, target).await {
                     Ok(()) => active.set_durable_hw(target),
                     Err(HwError::NotHolder) => {
@@ -201,19 +238,29 @@ impl Keeper {
         }
     }
 
-    /// Stops issuing, records the exact final high-water, revokes the lease.
-    pub async fn stop(&mut self) -> anyhow::Result<()> {
+    /// Stops issuing, records the exact final high-water, revokes the lease
+    /// (also one taken by an acquisition that shutdown cancelled).
+    ///
+    /// Failures are logged, not returned: every id issued is already below
+    /// the last periodic record (the issuing fence guarantees it), and an
+    /// unrevoked lease expires after its TTL.
+    pub async fn stop(&mut self) {
         self.issuer.set_state(LeaseState::Stopped);
-        let Some(active) = self.issuer.active() else {
-            return Ok(());
-        };
-        active.close();
+        let active = self.issuer.active();
         self.issuer.publish(None);
-        let last = active.high_water_ms();
-        let mut result = write_state(&self.state_file, last)
-            .await
-            .context("writing the final high-water to the state file");
-        if let (Some((client, cfg)), Some(lease)) = (&self.etcd, self.lease.take()) {
+        let last = active.map(|a| {
+            a.close();
+            a.high_water_ms()
+        });
+        if let Some(last) = last {
+            if let Err(e) = write_state(&self.state_file, last).await {
+                eprintln!("shardflake serve: final high-water to the state file: {e:#}");
+            }
+        }
+        let (Some((client, cfg)), Some(lease)) = (&self.etcd, self.lease.take()) else {
+            return;
+        };
+        if let Some(last) = last {
             let (node, hw) = keys(cfg, lease.node_id);
             let put = client
                 .txn(
@@ -222,35 +269,65 @@ impl Keeper {
                     &[],
                 )
                 .await;
-            // Without the final record the successor resumes after the last
-            // periodic one, which is later: still safe.
             if let Err(e) = put {
-                eprintln!("shardflake serve: final high-water to etcd: {e}");
-            }
-            if let Err(e) = client.revoke(lease.id).await {
-                result = result.and(Err(anyhow::Error::new(e).context("revoking the lease")));
+                eprintln!(
+                    "shardflake serve: final high-water to etcd: {e} (the last periodic record, which is later, stands)"
+                );
             }
         }
-        result
+        if let Err(e) = client.revoke(lease.id).await {
+            eprintln!(
+                "shardflake serve: revoking lease {:x}: {e} (node id {} is free once its TTL ends)",
+                lease.id, lease.node_id
+            );
+        }
     }
 
-    /// now + window, never below `floor`.
-    fn target_hw(&self, floor: u64) -> u64 {
-        (now_ms() + self.issuer.config.window.as_millis() as u64).max(floor)
+    /// max(now, `issued_ms`) + window, never below `floor`. `issued_ms` is
+    /// the latest tick issued, which may be ahead of the clock (borrowed
+    /// sequence, or a `continue` ride through a clock step).
+    fn target_hw(&self, issued_ms: u64, floor: u64) -> u64 {
+        let window = self.issuer.config.window.as_millis() as u64;
+        now_ms().max(issued_ms).saturating_add(window).max(floor)
     }
 
-    /// Sleeps until the wall clock is past `unix_ms`, keeping any lease alive.
-    async fn wait_past(&self, unix_ms: u64) {
+    /// Sleeps until the wall clock is past `unix_ms`, keeping any lease
+    /// alive; a record more than window + `max_resume_wait` ahead is an
+    /// error, at once or when that much time has passed.
+    async fn wait_past(&self, unix_ms: u64) -> Result<(), AcquireError> {
+        let limit = self.issuer.config.window + self.issuer.config.max_resume_wait;
+        let too_far = |now: u64| AcquireError::HighWaterAhead {
+            high_water_ms: unix_ms,
+            ahead: Duration::from_millis(unix_ms.saturating_sub(now)),
+            limit,
+        };
+        let now = now_ms();
+        if Duration::from_millis(unix_ms.saturating_sub(now)) > limit {
+            return Err(too_far(now));
+        }
+        // The clock could stall or step back while we wait: bound it too.
+        let deadline = Instant::now() + limit;
         loop {
             let now = now_ms();
             if now > unix_ms {
-                return;
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(too_far(now));
             }
             let step = Duration::from_millis(unix_ms - now + 1).min(Duration::from_millis(500));
             tokio::time::sleep(step).await;
             if let (Some((client, _)), Some(lease)) = (&self.etcd, &self.lease) {
                 let _ = client.keep_alive(lease.id).await;
             }
+        }
+    }
+
+    /// Revokes the lease taken by a failed acquisition (best effort: it
+    /// expires after its TTL anyway).
+    async fn release(&mut self) {
+        if let (Some((client, _)), Some(lease)) = (&self.etcd, self.lease.take()) {
+            let _ = client.revoke(lease.id).await;
         }
     }
 
@@ -342,6 +419,7 @@ impl Keeper {
             lease_id,
             self.issuer.config.max_node_id(),
             &self.holder,
+            &cluster_layout(&self.issuer.config),
         )
         .await
         {
@@ -359,7 +437,10 @@ impl Keeper {
         });
         let resume = local_hw.max(etcd_hw);
         let mut fence = sent + ttl - cfg.safety_margin;
-        self.wait_past(resume).await;
+        if let Err(e) = self.wait_past(resume).await {
+            self.release().await;
+            return Err(e);
+        }
         // Renew once more so the fence starts fresh after the wait.
         let sent = Instant::now();
         match client.keep_alive(lease_id).await {
@@ -372,22 +453,21 @@ impl Keeper {
             }
             Err(_) => {}
         }
-        let active = self
-            .issuer
-            .make_active(node_id, resume, Some(fence), 0)
-            .map_err(|e| AcquireError::Etcd(EtcdError::Protocol(e.to_string())))?;
-        let target = self.target_hw(resume);
-        match self.record_hw(&active, target).await {
-            Ok(()) => active.set_durable_hw(target),
+        let active = match self.issuer.make_active(node_id, resume, Some(fence), 0) {
+            Ok(a) => a,
             Err(e) => {
-                if let Some(l) = self.lease.take() {
-                    let _ = client.revoke(l.id).await;
-                }
-                return Err(AcquireError::Etcd(EtcdError::Server(format!(
-                    "recording the high-water: {e:?}"
-                ))));
+                self.release().await;
+                return Err(AcquireError::Etcd(EtcdError::Protocol(e.to_string())));
             }
+        };
+        let target = self.target_hw(resume, resume);
+        if let Err(e) = self.record_hw(&active, target).await {
+            self.release().await;
+            return Err(AcquireError::Etcd(EtcdError::Server(format!(
+                "recording the high-water: {e:?}"
+            ))));
         }
+        active.set_durable_hw(target);
         self.issuer.publish(Some(Arc::new(active)));
         self.issuer.set_state(LeaseState::Held);
         self.issuer
@@ -420,9 +500,51 @@ pub enum AcquireError {
         /// The key prefix.
         prefix: String,
     },
+    /// Another layout or node field already uses this prefix.
+    #[error(
+        "etcd prefix {prefix} belongs to a cluster with another layout: it records {recorded:?}, this node has {ours:?}; use another --etcd-prefix, or the same layout and node field"
+    )]
+    LayoutMismatch {
+        /// The key prefix.
+        prefix: String,
+        /// What `<prefix>/layout` holds (empty: deleted since).
+        recorded: String,
+        /// What this node would record.
+        ours: String,
+    },
+    /// The recorded high-water of the id taken does not read as a number.
+    #[error(
+        "{key} holds {value:?}, not a Unix ms high-water; refusing node id {node_id} (set it to a time at or after the last id its holder issued)"
+    )]
+    BadHighWater {
+        /// The node id (released again).
+        node_id: u64,
+        /// The high-water key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// The recorded high-water is further ahead of this clock than start may wait.
+    #[error(
+        "the recorded high-water {high_water_ms} is {ahead:?} ahead of this clock, more than window + max_resume_wait ({limit:?}); check this host's clock, or raise --max-resume-wait"
+    )]
+    HighWaterAhead {
+        /// The record (Unix ms).
+        high_water_ms: u64,
+        /// How far ahead of the clock it is.
+        ahead: Duration,
+        /// window + max_resume_wait.
+        limit: Duration,
+    },
     /// etcd failed.
     #[error(transparent)]
     Etcd(#[from] EtcdError),
+}
+
+/// What `<prefix>/layout` holds for this configuration: the layout (every
+/// field, epoch and tick) and the field the node id goes into.
+fn cluster_layout(config: &crate::config::Config) -> Vec<u8> {
+    format!("{}; node id in field {}", config.layout, config.node_field).into_bytes()
 }
 
 fn keys(cfg: &EtcdConfig, node_id: u64) -> (Vec<u8>, Vec<u8>) {
@@ -437,14 +559,33 @@ fn keys(cfg: &EtcdConfig, node_id: u64) -> (Vec<u8>, Vec<u8>) {
 /// the next try picks at random among the lowest 2^losses free ids, so a
 /// herd of nodes starting together spreads out instead of all racing for
 /// the same id (n² transactions). Uncontended, the id is the lowest free.
+///
+/// `layout` must equal `<prefix>/layout`: the first node of a cluster writes
+/// it; every take compares it in the same transaction.
 async fn take_lowest(
     client: &Client,
     cfg: &EtcdConfig,
     lease: i64,
     max_id: u64,
     holder: &str,
+    layout: &[u8],
 ) -> Result<(u64, u64), AcquireError> {
     let node_prefix = format!("{}/node/", cfg.prefix);
+    let layout_key = format!("{}/layout", cfg.prefix).into_bytes();
+    let check_layout = |kvs: &[crate::etcd::Kv]| -> Result<(), AcquireError> {
+        let recorded = kvs
+            .iter()
+            .find(|kv| kv.key == layout_key)
+            .map_or(&[][..], |kv| &kv.value[..]);
+        if recorded == layout {
+            return Ok(());
+        }
+        Err(AcquireError::LayoutMismatch {
+            prefix: cfg.prefix.clone(),
+            recorded: String::from_utf8_lossy(recorded).into_owned(),
+            ours: String::from_utf8_lossy(layout).into_owned(),
+        })
+    };
     let parse = |kvs: &[crate::etcd::Kv]| -> std::collections::HashSet<u64> {
         kvs.iter()
             .filter_map(|kv| {
@@ -456,7 +597,24 @@ async fn take_lowest(
             })
             .collect()
     };
-    let mut held = parse(&client.range_prefix(node_prefix.as_bytes()).await?);
+    // Record the layout if this is the cluster's first node; read the held ids.
+    let (created, kvs) = client
+        .txn(
+            &[Compare::Absent(layout_key.clone())],
+            &[
+                Op::Put(layout_key.clone(), layout.to_vec(), 0),
+                Op::Prefix(node_prefix.clone().into_bytes()),
+            ],
+            &[
+                Op::Get(layout_key.clone()),
+                Op::Prefix(node_prefix.clone().into_bytes()),
+            ],
+        )
+        .await?;
+    if !created {
+        check_layout(&kvs)?;
+    }
+    let mut held = parse(&kvs);
     // Each lost race means another node took an id: bounded by the id count.
     for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
         let spread = 1u64 << losses.min(10);
@@ -471,21 +629,39 @@ async fn take_lowest(
         let (node, hw) = keys(cfg, candidate);
         let (ok, kvs) = client
             .txn(
-                &[Compare::Absent(node.clone())],
+                &[
+                    Compare::Absent(node.clone()),
+                    Compare::ValueIs(layout_key.clone(), layout.to_vec()),
+                ],
                 &[
                     Op::Put(node, holder.as_bytes().to_vec(), lease),
-                    Op::Get(hw),
+                    Op::Get(hw.clone()),
                 ],
-                &[Op::Prefix(node_prefix.clone().into_bytes())],
+                &[
+                    Op::Prefix(node_prefix.clone().into_bytes()),
+                    Op::Get(layout_key.clone()),
+                ],
             )
             .await?;
         if ok {
-            let hw = kvs
-                .first()
-                .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse().ok())
-                .unwrap_or(0);
-            return Ok((candidate, hw));
+            // No record: the id was never used under this prefix.
+            let Some(kv) = kvs.first() else {
+                return Ok((candidate, 0));
+            };
+            // Never read an unreadable record as 0: the caller revokes the
+            // lease, which gives the id back.
+            return std::str::from_utf8(&kv.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .map(|hw| (candidate, hw))
+                .ok_or_else(|| AcquireError::BadHighWater {
+                    node_id: candidate,
+                    key: String::from_utf8_lossy(&hw).into_owned(),
+                    value: String::from_utf8_lossy(&kv.value).into_owned(),
+                });
         }
+        // Lost the race for the id, or the layout record changed since.
+        check_layout(&kvs)?;
         held = parse(&kvs);
         held.insert(candidate);
     }

@@ -14,6 +14,8 @@ pub struct Metrics {
     pub ids: AtomicU64,
     /// Batch requests served (count > 1).
     pub batches: AtomicU64,
+    /// Batches being reserved right now (a large one waits for ticks).
+    pub batches_in_flight: AtomicU64,
     /// UUIDs and ObjectIds issued.
     pub other_kinds: AtomicU64,
     /// Requests refused because the lease deadline had passed.
@@ -58,6 +60,12 @@ pub fn render(issuer: &Issuer) -> String {
         "counter",
         "Batch requests served.",
         get(&m.batches) as f64,
+    );
+    metric(
+        "batches_in_flight",
+        "gauge",
+        "Batches being reserved now (large ones wait for the clock).",
+        get(&m.batches_in_flight) as f64,
     );
     metric(
         "other_kinds_total",

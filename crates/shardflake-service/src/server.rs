@@ -117,16 +117,24 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         node.map_or("-".into(), |n| n.to_string())
     );
 
-    let keep_rx = shutdown.subscribe();
-    let keeper_task = tokio::spawn(async move {
-        keeper.run(keep_rx).await;
-        keeper
-    });
+    // The keeper renews the lease until the drain ends: in-flight requests
+    // may still issue ids after SIGTERM, and a lease that ran out under them
+    // would refuse them (and could not be revoked).
+    let drained = Shutdown::new();
+    let keeper_task = {
+        let (shutdown_rx, drained_rx) = (shutdown.subscribe(), drained.subscribe());
+        tokio::spawn(async move {
+            keeper.run(shutdown_rx, drained_rx).await;
+            keeper
+        })
+    };
     shutdown::wait(shutdown.subscribe()).await;
-    let http_result = tokio::time::timeout(DRAIN, http_server).await;
-    let grpc_result = tokio::time::timeout(DRAIN, grpc_server).await;
+    let deadline = tokio::time::Instant::now() + DRAIN;
+    let http_result = tokio::time::timeout_at(deadline, http_server).await;
+    let grpc_result = tokio::time::timeout_at(deadline, grpc_server).await;
+    drained.trigger();
     let mut keeper = keeper_task.await.context("lease keeper task")?;
-    keeper.stop().await?;
+    keeper.stop().await;
     match http_result {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => return Err(anyhow::Error::new(e).context("HTTP server")),

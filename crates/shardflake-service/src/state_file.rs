@@ -2,6 +2,11 @@
 //! host issued was stamped, so a restart resumes after it and never reissues
 //! a tick. Written atomically (temporary file, fsync, rename, fsync of the
 //! directory): a crash leaves the old value or the new one, never a torn one.
+//!
+//! One process per file: [`StateFile::lock`] takes an exclusive `flock` on a
+//! sibling `<name>.lock` (the state file itself is replaced on every write)
+//! for the life of the process. Two processes sharing a file would share a
+//! node id's history, and one could resume below what the other issued.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -43,6 +48,40 @@ impl StateFile {
         }
     }
 
+    /// Locks the file for this process (exclusive, non-blocking) until the
+    /// returned guard is dropped; fails at once while another process holds it.
+    pub fn lock(&self) -> io::Result<StateLock> {
+        use std::os::fd::AsRawFd;
+        let mut name = self
+            .path
+            .file_name()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "state file has no name"))?
+            .to_os_string();
+        name.push(".lock");
+        let path = self.path.with_file_name(name);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)?;
+        // SAFETY: flock(2) on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::WouldBlock {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "{} is in use by another shardflake process (locked: {}); give each process its own --state-file",
+                        self.path.display(),
+                        path.display()
+                    ),
+                ));
+            }
+            return Err(err);
+        }
+        Ok(StateLock { _file: file })
+    }
+
     /// Records `unix_ms` durably.
     pub fn write(&self, unix_ms: u64) -> io::Result<()> {
         let dir = match self.path.parent() {
@@ -66,6 +105,12 @@ impl StateFile {
     }
 }
 
+/// Holds a state file's lock; released when dropped (or when the process ends).
+#[derive(Debug)]
+pub struct StateLock {
+    _file: File,
+}
+
 fn parse(text: &str) -> Option<u64> {
     let mut words = text.split_ascii_whitespace();
     (words.next()? == HEADER).then_some(())?;
@@ -87,6 +132,20 @@ mod tests {
         f.write(5).unwrap();
         assert_eq!(f.read().unwrap(), 5);
         assert!(!dir.path().join("state.tmp").exists());
+    }
+
+    #[test]
+    fn a_second_lock_fails_until_the_first_is_dropped() {
+        // flock locks belong to the open file description, so two opens in
+        // one process conflict just as two processes do.
+        let dir = tempfile::tempdir().unwrap();
+        let f = StateFile::new(dir.path().join("state"));
+        let held = f.lock().unwrap();
+        let err = f.lock().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert!(err.to_string().contains("in use"), "{err}");
+        drop(held);
+        f.lock().unwrap();
     }
 
     #[test]

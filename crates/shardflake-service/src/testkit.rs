@@ -65,6 +65,39 @@ impl Etcd {
             }
         }
     }
+    /// Sends `sig` to member `i` (SIGSTOP/SIGCONT to make it unresponsive).
+    pub fn signal(&self, i: usize, sig: i32) -> anyhow::Result<()> {
+        let pid: i32 = std::fs::read_to_string(self.dir.join(format!("m{i}.pid")))?
+            .trim()
+            .parse()
+            .context("member pid")?;
+        // SAFETY: kill(2) on a member this cluster started.
+        if unsafe { libc::kill(pid, sig) } != 0 {
+            bail!("kill m{i}: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    /// A client for this cluster.
+    pub fn client(&self) -> crate::etcd::Client {
+        crate::etcd::Client::new(&self.endpoints, Duration::from_secs(2))
+    }
+    /// The value of `key`, if it exists.
+    pub async fn get(&self, key: &str) -> anyhow::Result<Option<String>> {
+        let (_, kvs) = self
+            .client()
+            .txn(&[], &[crate::etcd::Op::Get(key.as_bytes().to_vec())], &[])
+            .await?;
+        Ok(kvs
+            .into_iter()
+            .find(|kv| kv.key == key.as_bytes())
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
+    }
+    /// Puts `key` = `value` (no lease).
+    pub async fn put(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        let put = crate::etcd::Op::Put(key.as_bytes().to_vec(), value.as_bytes().to_vec(), 0);
+        self.client().txn(&[], &[put], &[]).await?;
+        Ok(())
+    }
     /// SIGKILLs member `i`.
     pub fn kill(&self, i: usize) -> anyhow::Result<()> {
         self.script(&["kill", &i.to_string()]).map(drop)
@@ -203,6 +236,20 @@ impl Serve {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+    /// Waits (bounded) for the process to exit, without blocking the runtime.
+    pub async fn exit(&mut self, timeout: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                self.exited = Some(st);
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                bail!("server still running after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
         if self.exited.is_none() {
@@ -324,6 +371,49 @@ impl Http {
         let body = resp.into_body().collect().await?.to_bytes();
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
+}
+
+/// A request written to a server's socket before it is read: the kernel
+/// accepts the connection and buffers the bytes even while the server is
+/// stopped (SIGSTOP), so the server finds it waiting when it wakes.
+#[derive(Debug)]
+pub struct Queued(tokio::net::TcpStream);
+
+impl Queued {
+    /// Connects to `addr` and writes `GET path` (`Connection: close`).
+    pub async fn send(addr: &str, path: &str) -> anyhow::Result<Queued> {
+        use tokio::io::AsyncWriteExt;
+        let mut stream =
+            tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+                .await
+                .context("connect timed out")??;
+        let req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await?;
+        Ok(Queued(stream))
+    }
+    /// Reads the answer (bounded): `(status, body)`.
+    pub async fn response(mut self, timeout: Duration) -> anyhow::Result<(u16, String)> {
+        use tokio::io::AsyncReadExt;
+        let mut raw = Vec::new();
+        tokio::time::timeout(timeout, self.0.read_to_end(&mut raw))
+            .await
+            .context("no answer in time")??;
+        let text = String::from_utf8_lossy(&raw);
+        let (head, body) = text.split_once("\r\n\r\n").context("no HTTP header")?;
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("status line of {head:?}"))?;
+        Ok((status, body.to_string()))
+    }
+}
+
+/// The value of a metric in Prometheus text (`name value` lines).
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .find_map(|v| v.trim().parse().ok())
 }
 
 /// A gRPC client for `host:port`.
