@@ -4,14 +4,23 @@
 //!    sequences, functions and tables; copy every table with `COPY` from a
 //!    `REPEATABLE READ` snapshot of the source.
 //! 2. **Pause** (writes to this shard only): lock the source tables
-//!    `IN EXCLUSIVE MODE` (reads go on), copy the delta (rows whose version
-//!    the snapshot does not see: inserts and updates; deletions found by
-//!    comparing ids), then *fence* the source in the same transaction: a
-//!    trigger and a replaced `next_id` raise SQLSTATE `SF001` ("moved") from
-//!    now on, so writers that were waiting on the lock fail instead of
-//!    writing to the old copy.
-//! 3. **Verify** row counts and id sums of every table on both sides (the
-//!    source can no longer change), then set each destination sequence to
+//!    `IN EXCLUSIVE MODE` (reads go on), copy the delta, then *fence* the
+//!    source in the same transaction: a trigger and a replaced `next_id`
+//!    raise SQLSTATE `SF001` ("moved") from now on, so writers that were
+//!    waiting on the lock fail instead of writing to the old copy.
+//!
+//!    The delta is every row version whose `xmin` is not older than the
+//!    snapshot's `xmin` (compared with `age()`, so wraparound-safe): a
+//!    superset of the versions the snapshot does not see. Asking
+//!    `pg_visible_in_snapshot(xmin)` instead would miss a row written in a
+//!    *subtransaction* (`SAVEPOINT`) of a transaction open across the
+//!    snapshot: snapshots list top-level xids only, so the subxact's xid
+//!    looks committed before the snapshot. Deletions are found by comparing
+//!    ids (the destination then holds every source row plus the deleted ones).
+//! 3. **Verify** every table on both sides (the source can no longer
+//!    change): row count, id sum and a sum of hashes of each row's text
+//!    (both sessions with the same `TimeZone`, `DateStyle`, ... so the text
+//!    is comparable), then set each destination sequence to
 //!    the source's value (the packed time and sequence, see [`crate::sql`]):
 //!    the destination continues where the source stopped, so no id is reused.
 //! 4. **Switch** the topology file atomically (write, fsync, rename). Writers
@@ -22,6 +31,11 @@
 //! Sharded tables must have a unique `id bigint` column (the delta and the
 //! verification use it). If anything fails before the switch, the fence is
 //! removed and the destination copy dropped: the shard stays where it was.
+//!
+//! A move refuses a shard schema that holds relations, functions or types
+//! the topology does not describe (dropping the old copy would destroy them
+//! uncopied), and holds the lock `pg apply` takes on both servers from start
+//! to end, so a concurrent apply cannot rebuild (unfence) the old copy.
 
 use std::path::Path;
 use std::pin::pin;
@@ -77,11 +91,55 @@ pub async fn move_shard(
     if from.name == dest.name {
         return Err(fail(format!("shard {shard} is already on {to:?}")));
     }
-    let moved = topo.with_shard_moved(shard, to)?;
-    let schema = topo.schema(shard);
     let mut src = pg::connect(&from).await?;
     let mut dst = pg::connect(&dest).await?;
     let (s, d) = (from.name.as_str(), dest.name.as_str());
+    // The apply lock on both servers, in name order (two moves in opposite
+    // directions must not deadlock across servers).
+    let mut servers = [(&src, s), (&dst, d)];
+    servers.sort_by_key(|(_, name)| *name);
+    for (c, name) in servers {
+        c.execute("SELECT pg_advisory_lock($1)", &[&APPLY_LOCK])
+            .await
+            .map_err(ctx(name, "taking the apply lock"))?;
+    }
+    let result = locked_move(&topo, path, shard, opts, &mut src, &mut dst, (s, d)).await;
+    for (c, name) in [(&src, s), (&dst, d)] {
+        // On failure, closing the connection releases it anyway.
+        let unlocked = c
+            .execute("SELECT pg_advisory_unlock($1)", &[&APPLY_LOCK])
+            .await
+            .map_err(ctx(name, "releasing the apply lock"));
+        if result.is_ok() {
+            unlocked?;
+        }
+    }
+    result
+}
+
+/// The lock `pg apply` holds on a server while it installs (see
+/// [`crate::pg::apply_server`]).
+const APPLY_LOCK: i64 = sql::LOCK_BASE - 1;
+
+/// Settings under which a row's text is the same on both servers.
+const TEXT_SETTINGS: &str = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; \
+    SET IntervalStyle = 'postgres'; SET extra_float_digits = 3; SET bytea_output = 'hex'";
+
+/// The move, with the apply lock held on both servers.
+async fn locked_move(
+    topo: &Topology,
+    path: &Path,
+    shard: u64,
+    opts: &MoveOptions,
+    src: &mut Client,
+    dst: &mut Client,
+    (s, d): (&str, &str),
+) -> Result<MoveReport, Error> {
+    let fail = |message: String| Error::Move { shard, message };
+    let to = d;
+    let moved = topo.with_shard_moved(shard, to)?;
+    let schema = topo.schema(shard);
+    let dest = topo.server(to)?.clone();
 
     let on_dest: bool = dst
         .query_one(
@@ -105,14 +163,26 @@ pub async fn move_shard(
         .map_err(ctx(s, "looking up schema"))?
         .get(0);
     if !on_src {
+        return Err(fail(format!("schema {schema} does not exist on {s:?}")));
+    }
+    let foreign = foreign_objects(src, topo, &schema)
+        .await
+        .map_err(ctx(s, "listing the shard's objects"))?;
+    if !foreign.is_empty() {
         return Err(fail(format!(
-            "schema {schema} does not exist on {:?}",
-            from.name
+            "schema {schema} on {s:?} holds objects the topology does not describe ({}); \
+             a move would not copy them and would drop them with the old copy: move or drop them first",
+            foreign.join(", ")
         )));
+    }
+    for (c, name) in [(&*src, s), (&*dst, d)] {
+        c.batch_execute(TEXT_SETTINGS)
+            .await
+            .map_err(ctx(name, "setting the session"))?;
     }
 
     // 1. Bulk copy from a snapshot.
-    pg::apply_server(&topo, &dest, &mut dst, &[shard]).await?;
+    pg::apply_server(topo, &dest, dst, &[shard]).await?;
     let tables: Vec<String> = topo.tables().iter().map(|t| t.name.clone()).collect();
     let snapshot: String;
     let mut bulk_rows = 0;
@@ -146,21 +216,11 @@ pub async fn move_shard(
 
     // 2. Pause: lock, delta, fence.
     let paused_at = Instant::now();
-    let result = pause_and_copy(
-        &mut src,
-        &mut dst,
-        &schema,
-        &tables,
-        &snapshot,
-        (s, d),
-        shard,
-        to,
-    )
-    .await;
+    let result = pause_and_copy(src, dst, &schema, &tables, &snapshot, (s, d), shard, to).await;
     let delta_rows = match result {
         Ok(n) => n,
         Err(e) => {
-            let _ = drop_schema(&dst, &schema).await;
+            let _ = drop_schema(dst, &schema).await;
             return Err(e);
         }
     };
@@ -169,17 +229,22 @@ pub async fn move_shard(
     let verified = async {
         let mut rows = Vec::new();
         for t in &tables {
-            let q = format!("SELECT count(*), coalesce(sum(id::numeric), 0)::text FROM {schema}.{t}");
+            let q = format!(
+                "SELECT count(*), coalesce(sum(id::numeric), 0)::text, \
+                        coalesce(sum(hashtextextended(shardflake_row::text, 0)), 0)::text \
+                   FROM {schema}.{t} shardflake_row"
+            );
             let a = src.query_one(&q, &[]).await.map_err(ctx(s, "verifying"))?;
             let b = dst.query_one(&q, &[]).await.map_err(ctx(d, "verifying"))?;
-            let (ac, asum): (i64, String) = (a.get(0), a.get(1));
-            let (bc, bsum): (i64, String) = (b.get(0), b.get(1));
-            if ac != bc || asum != bsum {
+            let a: (i64, String, String) = (a.get(0), a.get(1), a.get(2));
+            let b: (i64, String, String) = (b.get(0), b.get(1), b.get(2));
+            if a != b {
                 return Err(fail(format!(
-                    "verification failed for {schema}.{t}: source {ac} rows (id sum {asum}), destination {bc} rows (id sum {bsum})"
+                    "verification failed for {schema}.{t}: source {} rows (id sum {}, row hash sum {}), destination {} rows (id sum {}, row hash sum {})",
+                    a.0, a.1, a.2, b.0, b.1, b.2
                 )));
             }
-            rows.push((t.clone(), ac));
+            rows.push((t.clone(), a.0));
         }
         let mut seqs = vec![format!("{schema}.id_seq")];
         seqs.extend(tables.iter().map(|t| sql::table_sequence(&schema, t)));
@@ -202,16 +267,16 @@ pub async fn move_shard(
     let rows = match verified {
         Ok(r) => r,
         Err(e) => {
-            let _ = unfence(&src, &topo, shard).await;
-            let _ = drop_schema(&dst, &schema).await;
+            let _ = unfence(src, topo, shard).await;
+            let _ = drop_schema(dst, &schema).await;
             return Err(e);
         }
     };
 
     // 4. Switch the topology.
     if let Err(source) = moved.save(path) {
-        let _ = unfence(&src, &topo, shard).await;
-        let _ = drop_schema(&dst, &schema).await;
+        let _ = unfence(src, topo, shard).await;
+        let _ = drop_schema(dst, &schema).await;
         return Err(Error::Io {
             path: path.display().to_string(),
             source,
@@ -221,12 +286,12 @@ pub async fn move_shard(
 
     // 5. Drop the old copy.
     if !opts.keep_source {
-        drop_schema(&src, &schema).await?;
+        drop_schema(src, &schema).await?;
     }
     Ok(MoveReport {
         shard,
-        from: from.name.clone(),
-        to: dest.name.clone(),
+        from: s.to_string(),
+        to: d.to_string(),
         rows,
         bulk_rows,
         delta_rows,
@@ -255,9 +320,11 @@ async fn pause_and_copy(
     }
     let dtx = dst.transaction().await.map_err(ctx(d, "begin delta"))?;
     let mut delta = 0;
-    // Row versions the snapshot does not see: inserted or updated since.
+    // Row versions written by the snapshot's oldest running transaction or
+    // later (see the module docs): a superset of what the snapshot misses.
     let newer = format!(
-        "NOT pg_visible_in_snapshot(((pg_current_xact_id()::text::bigint >> 32 << 32) | xmin::text::bigint)::text::xid8, '{snapshot}'::pg_snapshot)"
+        "age(xmin) <= age('{}'::xid)",
+        snapshot_xmin(snapshot, shard)?
     );
     for t in tables {
         let rel = format!("{schema}.{t}");
@@ -318,6 +385,56 @@ async fn pause_and_copy(
         .map_err(ctx(s, "fencing the old copy"))?;
     stx.commit().await.map_err(ctx(s, "commit fence"))?;
     Ok(delta)
+}
+
+/// The snapshot's `xmin` (`pg_current_snapshot()` text is `xmin:xmax:xip,..`)
+/// as a 32-bit xid.
+fn snapshot_xmin(snapshot: &str, shard: u64) -> Result<u32, Error> {
+    snapshot
+        .split(':')
+        .next()
+        .and_then(|x| x.parse::<u64>().ok())
+        .map(|x| x as u32) // the xid is the low 32 bits of the xid8
+        .ok_or_else(|| Error::Move {
+            shard,
+            message: format!("unexpected snapshot {snapshot:?}"),
+        })
+}
+
+/// Relations (other than indexes and TOAST), functions and types in the
+/// shard's schema that the topology does not describe, as "kind name".
+async fn foreign_objects(
+    c: &Client,
+    topo: &Topology,
+    schema: &str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let mut relations = vec!["id_seq".to_string()];
+    for t in topo.tables() {
+        relations.push(t.name.clone());
+        relations.push(format!("{}_id_seq", t.name));
+    }
+    let functions = [
+        "next_id",
+        "next_id_slow",
+        "shardflake_meta",
+        "shardflake_moved",
+    ];
+    let rows = c
+        .query(
+            "SELECT 'relation ' || c.relname FROM pg_class c
+              WHERE c.relnamespace = to_regnamespace($1) AND c.relkind NOT IN ('i', 'I', 't')
+                AND NOT (c.relname = ANY($2))
+             UNION ALL
+             SELECT 'function ' || p.proname FROM pg_proc p
+              WHERE p.pronamespace = to_regnamespace($1) AND NOT (p.proname = ANY($3))
+             UNION ALL
+             SELECT 'type ' || t.typname FROM pg_type t
+              WHERE t.typnamespace = to_regnamespace($1) AND t.typrelid = 0 AND t.typcategory <> 'A'
+             ORDER BY 1",
+            &[&schema, &relations, &&functions[..]],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// SQL that makes the old copy refuse writes and ids with SQLSTATE SF001.
