@@ -69,6 +69,11 @@ impl IdService for Service {
         if count == 0 || count > max {
             return Err(status(ApiError::invalid_count(&count.to_string(), max)));
         }
+        let _permit = self
+            .issuer
+            .large_batch_permit(count, crate::issuer::LARGE_BATCH_WAIT)
+            .await
+            .map_err(status)?;
         let issuer = self.issuer.clone();
         let make = move || {
             issuer

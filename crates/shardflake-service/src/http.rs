@@ -15,10 +15,10 @@
 //! formats its answer into a small buffer without serde.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -34,6 +34,10 @@ type Shared = State<Arc<Issuer>>;
 
 /// Batches above this size are made and formatted off the async workers.
 const BLOCKING_BATCH: u64 = 4096;
+
+/// How long a client may take to send a request body (slowloris; the
+/// headers have their own timeout in the server).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The router.
 pub fn router(issuer: Arc<Issuer>) -> Router {
@@ -220,21 +224,35 @@ async fn next_ids_get(
     batch_response(issuer, count, q.flag("numbers")?, q.format()?).await
 }
 
-async fn next_ids_post(
-    State(issuer): Shared,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                413,
-                "body_too_large",
-                format!("request body over {} bytes", issuer.config.max_body),
-            )
-        } else {
-            ApiError::bad_request("invalid_body", e.body_text())
+async fn next_ids_post(State(issuer): Shared, body: Body) -> Result<Response, ApiError> {
+    let max_body = issuer.config.max_body;
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, max_body));
+    let body: Bytes = match read.await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
+            let e = e.into_inner();
+            return Err(
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    ApiError::new(
+                        413,
+                        "body_too_large",
+                        format!("request body over {max_body} bytes"),
+                    )
+                } else {
+                    ApiError::bad_request("invalid_body", e.to_string())
+                },
+            );
         }
-    })?;
+        Err(_) => {
+            return Err(ApiError::new(
+                408,
+                "body_timeout",
+                format!("request body not received within {BODY_READ_TIMEOUT:?}"),
+            ));
+        }
+    };
     let v: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request("invalid_body", format!("body is not JSON: {e}")))?;
     let max = issuer.config.max_batch;
@@ -270,6 +288,9 @@ async fn batch_response(
     numbers: bool,
     format: Option<Format>,
 ) -> Result<Response, ApiError> {
+    let _permit = issuer
+        .large_batch_permit(count, crate::issuer::LARGE_BATCH_WAIT)
+        .await?;
     let make = move || -> Result<Vec<u8>, ApiError> {
         let (batch, _) = issuer.issue(0, count)?;
         Ok(format_batch(&batch, numbers, format))

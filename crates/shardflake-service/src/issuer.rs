@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use shardflake::{
@@ -24,6 +24,14 @@ use shardflake::{
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+
+/// Batches above this many ids need a permit (see [`Issuer::large_batch_permit`]).
+pub const LARGE_BATCH: u64 = 65_536;
+/// Large batches built at once: each holds its ids and its answer (up to
+/// ~30 bytes an id) in memory, so this bounds the memory batches take.
+pub const LARGE_BATCHES_AT_ONCE: usize = 2;
+/// How long a large batch waits for a permit before the answer is 503 `busy`.
+pub const LARGE_BATCH_WAIT: Duration = Duration::from_secs(5);
 
 /// The lease state, as `/readyz`, `/v1/info` and metrics report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +96,7 @@ pub struct Issuer {
     state: AtomicU8,
     objectids: ObjectIdGenerator,
     retired: std::sync::Mutex<Stats>,
+    large_batches: Arc<tokio::sync::Semaphore>,
 }
 
 impl Issuer {
@@ -101,6 +110,30 @@ impl Issuer {
             state: AtomicU8::new(LeaseState::Acquiring as u8),
             objectids: ObjectIdGenerator::new(),
             retired: std::sync::Mutex::new(Stats::default()),
+            large_batches: Arc::new(tokio::sync::Semaphore::new(LARGE_BATCHES_AT_ONCE)),
+        }
+    }
+
+    /// For a batch of more than [`LARGE_BATCH`] ids, a permit to build it
+    /// (hold it until the answer is made); waits up to `wait`, then 503
+    /// `busy`. Smaller batches need none (`None`).
+    pub async fn large_batch_permit(
+        &self,
+        count: u64,
+        wait: Duration,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+        if count <= LARGE_BATCH {
+            return Ok(None);
+        }
+        match tokio::time::timeout(wait, self.large_batches.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(Some(permit)),
+            _ => Err(ApiError::new(
+                503,
+                "busy",
+                format!(
+                    "{LARGE_BATCHES_AT_ONCE} batches of over {LARGE_BATCH} ids are being made; retry, or ask for fewer ids"
+                ),
+            )),
         }
     }
 
@@ -377,4 +410,40 @@ pub fn now_nanos() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn large_batches_wait_for_a_permit_then_are_busy() {
+        let config = Config::from_toml(&crate::ServeArgs::default(), "").unwrap();
+        let issuer = Issuer::new(config);
+        let short = Duration::from_millis(20);
+        assert!(
+            issuer
+                .large_batch_permit(LARGE_BATCH, short)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let held: Vec<_> = (0..LARGE_BATCHES_AT_ONCE)
+            .map(|_| issuer.large_batches.clone().try_acquire_owned().unwrap())
+            .collect();
+        // Caught: a missing bound (a third large batch built at once).
+        let err = issuer
+            .large_batch_permit(LARGE_BATCH + 1, short)
+            .await
+            .unwrap_err();
+        assert_eq!((err.status, err.code), (503, "busy"));
+        drop(held);
+        assert!(
+            issuer
+                .large_batch_permit(LARGE_BATCH + 1, short)
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, ServeArgs};
@@ -18,6 +20,9 @@ use crate::{grpc, http};
 
 /// How long in-flight requests may take to finish after SIGTERM.
 const DRAIN: Duration = Duration::from_secs(10);
+
+/// How long a client may take to send a request's headers (slowloris).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `shardflake serve`: loads the configuration, runs a multi-threaded
 /// runtime and serves until SIGTERM or Ctrl-C.
@@ -64,16 +69,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
 
     let app = http::router(issuer.clone());
-    let http_server = tokio::spawn(
-        axum::serve(
-            http_listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            }),
-            app,
-        )
-        .with_graceful_shutdown(shutdown::wait(shutdown.subscribe()))
-        .into_future(),
-    );
+    let http_server = tokio::spawn(serve_http(http_listener, app, shutdown.subscribe()));
     let routes = grpc::routes(issuer.clone())?;
     let grpc_server = tokio::spawn(
         tonic::transport::Server::builder()
@@ -148,5 +144,44 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Err(_) => eprintln!("shardflake serve: gRPC requests still running after {DRAIN:?}"),
     }
     eprintln!("shardflake serve: stopped");
+    Ok(())
+}
+
+/// Serves HTTP/1 on `listener` until `shutdown`, then waits for the open
+/// connections' in-flight requests. (Not `axum::serve`: it has no header
+/// read timeout, so a client trickling headers would hold a connection
+/// forever.)
+async fn serve_http(
+    listener: TcpListener,
+    app: axum::Router,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    let mut stop = std::pin::pin!(shutdown::wait(shutdown));
+    loop {
+        let tcp = tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of descriptors and the like: pause instead of spinning.
+                    eprintln!("shardflake serve: accepting an HTTP connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
     Ok(())
 }
