@@ -459,12 +459,10 @@ impl Config {
         if borrow >= window {
             bail!("borrow {borrow:?} must be below the window {window:?}");
         }
-        if let RollbackPolicy::Continue { max } = rollback {
-            if max >= window {
-                bail!(
-                    "rollback continue:{max:?} must be below the window {window:?} (raise --window)"
-                );
-            }
+        if let RollbackPolicy::Continue { max } = rollback
+            && max >= window
+        {
+            bail!("rollback continue:{max:?} must be below the window {window:?} (raise --window)");
         }
         let workers = args
             .workers

@@ -252,10 +252,10 @@ impl Keeper {
             a.close();
             a.high_water_ms()
         });
-        if let Some(last) = last {
-            if let Err(e) = write_state(&self.state_file, last).await {
-                eprintln!("shardflake serve: final high-water to the state file: {e:#}");
-            }
+        if let Some(last) = last
+            && let Err(e) = write_state(&self.state_file, last).await
+        {
+            eprintln!("shardflake serve: final high-water to the state file: {e:#}");
         }
         let (Some((client, cfg)), Some(lease)) = (&self.etcd, self.lease.take()) else {
             return;

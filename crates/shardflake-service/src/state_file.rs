@@ -51,7 +51,6 @@ impl StateFile {
     /// Locks the file for this process (exclusive, non-blocking) until the
     /// returned guard is dropped; fails at once while another process holds it.
     pub fn lock(&self) -> io::Result<StateLock> {
-        use std::os::fd::AsRawFd;
         let mut name = self
             .path
             .file_name()
@@ -64,10 +63,11 @@ impl StateFile {
             .truncate(false)
             .write(true)
             .open(&path)?;
-        // SAFETY: flock(2) on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::WouldBlock {
+        // std's lock is flock(2) on Unix: it ends with the process, so a
+        // crashed holder never leaves a stale lock behind.
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
                 return Err(io::Error::new(
                     io::ErrorKind::WouldBlock,
                     format!(
@@ -77,7 +77,7 @@ impl StateFile {
                     ),
                 ));
             }
-            return Err(err);
+            Err(fs::TryLockError::Error(err)) => return Err(err),
         }
         Ok(StateLock { _file: file })
     }
