@@ -108,6 +108,10 @@ pub enum Error {
 /// The server's message and SQLSTATE, not just "db error".
 pub fn pg_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
+        Some(db) if db.code().code() == "2200H" => format!(
+            "{} (SQLSTATE 2200H): a shard sequence at its MAXVALUE means the layout's ids are used up (time past its limit, see SQLSTATE {SQLSTATE_TIME_LIMIT})",
+            db.message()
+        ),
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
         None => {
             let mut s = e.to_string();

@@ -88,22 +88,27 @@ pub async fn apply_server(
     shards: &[u64],
 ) -> Result<Applied, Error> {
     let name = server.name.as_str();
-    check_max_connections(topo, name, client).await?;
+    if let Some(message) = too_many_sessions(topo, name, client).await? {
+        return Err(Error::Conflict {
+            server: name.to_string(),
+            message,
+        });
+    }
     let tx = client.transaction().await.map_err(ctx(name, "begin"))?;
     // Serialise concurrent applies on this server.
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&(sql::LOCK_BASE - 1)])
         .await
         .map_err(ctx(name, "taking the apply lock"))?;
-    if let Some(deployed) = deployed_layout(&tx, name).await? {
-        if deployed != topo.layout().to_string() {
-            return Err(Error::Conflict {
-                server: name.to_string(),
-                message: format!(
-                    "deployed layout is {deployed:?}, topology says {:?}; refusing to change the layout of live shards",
-                    topo.layout().to_string()
-                ),
-            });
-        }
+    if let Some(deployed) = deployed_layout(&tx, name).await?
+        && deployed != topo.layout().to_string()
+    {
+        return Err(Error::Conflict {
+            server: name.to_string(),
+            message: format!(
+                "deployed layout is {deployed:?}, topology says {:?}; refusing to change the layout of live shards",
+                topo.layout().to_string()
+            ),
+        });
     }
     tx.batch_execute(&sql::deployment_ddl(topo.layout())?)
         .await
@@ -113,7 +118,8 @@ pub async fn apply_server(
         let schema = topo.schema(shard);
         let want = sql::shard_meta(topo.layout(), shard, topo.sign_bit());
         if let Some(have) = shard_meta(&tx, name, &schema).await? {
-            if have != want {
+            // Another generator version of the same shard is rebuilt in place.
+            if meta_without_version(&have) != meta_without_version(&want) {
                 return Err(Error::Conflict {
                     server: name.to_string(),
                     message: format!(
@@ -132,6 +138,17 @@ pub async fn apply_server(
         tx.batch_execute(&ddl)
             .await
             .map_err(ctx(name, &format!("installing shard {shard} ({schema})")))?;
+        // Sequences made before (or by hand) keep their options under
+        // CREATE IF NOT EXISTS: set the ones next_id needs, only where they
+        // differ (ALTER SEQUENCE blocks nextval until commit).
+        let seqs = sql::shard_sequences(&schema, topo.tables());
+        let max = sql::sequence_max(topo.layout(), topo.sign_bit());
+        for (seq, _) in odd_sequences(&tx, name, &seqs, max).await? {
+            let options = sql::sequence_options(topo.layout(), topo.sign_bit());
+            tx.batch_execute(&format!("ALTER SEQUENCE {seq} {options}"))
+                .await
+                .map_err(ctx(name, &format!("setting the options of {seq}")))?;
+        }
         for table in topo.tables() {
             let exists: bool = tx
                 .query_one(
@@ -157,25 +174,68 @@ pub async fn apply_server(
     })
 }
 
-/// `next_id`'s no-repeat argument needs fewer sessions than the catch-up gap.
-async fn check_max_connections(topo: &Topology, name: &str, client: &Client) -> Result<(), Error> {
-    let max: String = client
-        .query_one("SHOW max_connections", &[])
+/// `next_id`'s no-repeat argument needs fewer sessions than the catch-up gap:
+/// client connections plus background workers (which can run SQL too).
+/// `Some(problem)` when the server allows too many.
+async fn too_many_sessions(
+    topo: &Topology,
+    name: &str,
+    client: &Client,
+) -> Result<Option<String>, Error> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_connections')::bigint, current_setting('max_worker_processes')::bigint",
+            &[],
+        )
         .await
-        .map_err(ctx(name, "reading max_connections"))?
-        .get(0);
-    let max: i64 = max.parse().unwrap_or(i64::MAX);
+        .map_err(ctx(name, "reading max_connections"))?;
+    let (conns, workers): (i64, i64) = (row.get(0), row.get(1));
     let gap = sql::catch_up_gap(topo.layout());
-    if max >= gap {
-        return Err(Error::Conflict {
-            server: name.to_string(),
-            message: format!(
-                "max_connections = {max}, but next_id() for layout {} guarantees no repeated id only with fewer than {gap} sessions; lower max_connections (use a pooler) or widen the sequence field",
-                topo.layout().name()
-            ),
-        });
+    if conns.saturating_add(workers) < gap {
+        return Ok(None);
     }
-    Ok(())
+    Ok(Some(format!(
+        "max_connections = {conns} + max_worker_processes = {workers}, but next_id() for layout {} guarantees no repeated id only with fewer than {gap} sessions; lower them (use a pooler) or widen the sequence field",
+        topo.layout().name()
+    )))
+}
+
+/// Sequences among `seqs` (schema-qualified) whose options differ from what
+/// `next_id` needs ([`sql::sequence_options`]), each with what it has.
+async fn odd_sequences(
+    c: &impl tokio_postgres::GenericClient,
+    name: &str,
+    seqs: &[String],
+    max: i64,
+) -> Result<Vec<(String, String)>, Error> {
+    let rows = c
+        .query(
+            "SELECT schemaname || '.' || sequencename, increment_by, cache_size, cycle, max_value \
+             FROM pg_sequences WHERE schemaname || '.' || sequencename = ANY($1) \
+             AND (increment_by <> 1 OR cache_size <> 1 OR cycle OR max_value <> $2) ORDER BY 1",
+            &[&seqs, &max],
+        )
+        .await
+        .map_err(ctx(name, "reading sequence options"))?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let (inc, cache, cycle, maxv): (i64, i64, bool, i64) =
+                (r.get(1), r.get(2), r.get(3), r.get(4));
+            (
+                r.get(0),
+                format!(
+                    "INCREMENT {inc} CACHE {cache} {}CYCLE MAXVALUE {maxv}",
+                    if cycle { "" } else { "NO " }
+                ),
+            )
+        })
+        .collect())
+}
+
+/// `shardflake_meta()` text without its leading generator version.
+fn meta_without_version(meta: &str) -> &str {
+    meta.split_once("; ").map_or(meta, |(_, rest)| rest)
 }
 
 async fn deployed_layout(
@@ -263,6 +323,9 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 continue;
             }
         };
+        if let Some(problem) = too_many_sessions(topo, name, &client).await? {
+            drift.push(d(None, problem));
+        }
         match deployed_layout(&client, name).await? {
             None => drift.push(d(
                 None,
@@ -311,13 +374,24 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 .await
                 .map_err(ctx(name, "reading next_id"))?
                 .map(|r| r.get(0));
-            if let Some(body) = body {
-                if !expected.contains(body.trim()) {
-                    drift.push(d(
+            if let Some(body) = body
+                && !expected.contains(body.trim())
+            {
+                drift.push(d(
                         Some(shard),
                         format!("{schema}.next_id(regclass) was edited by hand (body differs from the generated one)"),
                     ));
-                }
+            }
+            let seqs = sql::shard_sequences(&schema, topo.tables());
+            let max = sql::sequence_max(topo.layout(), topo.sign_bit());
+            for (seq, has) in odd_sequences(&client, name, &seqs, max).await? {
+                drift.push(d(
+                    Some(shard),
+                    format!(
+                        "sequence {seq} has {has}, next_id() needs {} (run pg apply)",
+                        sql::sequence_options(topo.layout(), topo.sign_bit())
+                    ),
+                ));
             }
             for t in topo.tables() {
                 for (what, rel) in [

@@ -3,11 +3,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use shardflake::{Id, Layout};
-use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
@@ -116,15 +115,21 @@ impl Router {
         locate(&self.topology(), id)
     }
 
-    /// The shared connection to a route's server.
+    /// The shared connection to a route's server. Connects without holding
+    /// the connection map, so a dead or hanging server stalls only the
+    /// callers routed to it; of two racing connects, the first stored wins.
     pub async fn client(&self, route: &Route) -> Result<Arc<Client>, Error> {
-        let mut clients = self.clients.lock().await;
-        if let Some(c) = clients.get(&route.url) {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
+        let open = |clients: &HashMap<String, Arc<Client>>| {
+            clients.get(&route.url).filter(|c| !c.is_closed()).cloned()
+        };
+        if let Some(c) = open(&self.clients.lock().expect("client map lock")) {
+            return Ok(c);
         }
         let c = Arc::new(pg::connect_url(&route.server, &route.url).await?);
+        let mut clients = self.clients.lock().expect("client map lock");
+        if let Some(existing) = open(&clients) {
+            return Ok(existing);
+        }
         clients.insert(route.url.clone(), c.clone());
         Ok(c)
     }

@@ -24,9 +24,7 @@
 //! `nextval() % 1024` does.
 //!
 //! The clock keeps the packed value honest: when a caller finds the value
-//! behind `now`, it catches the sequence up with `setval(seq, now_packed)`.
-//! Catch-ups are serialised by an advisory lock and happen about once per
-//! tick per busy table.
+//! far behind `now`, it catches the sequence up with `setval(seq, now_packed)`.
 //!
 //! `next_id(seq)` is a `LANGUAGE sql` function whose body is one `SELECT`
 //! with no `FROM`, so PostgreSQL *inlines* it into the `INSERT` (no function
@@ -34,40 +32,78 @@
 //!
 //! ```sql
 //! SELECT CASE
-//!   WHEN nextval(seq) < now_packed - LAG THEN next_id_slow(seq)  -- behind: catch up
-//!   WHEN currval(seq) >= limit THEN next_id_slow(seq)  -- raises
+//!   WHEN nextval(seq) < now_packed - LAG THEN next_id_slow(seq)  -- behind
 //!   ELSE encode(currval(seq))  -- the common path
 //! END
 //! ```
 //!
 //! `CASE` arms run in order, the clock is read after the draw, and
-//! `currval` re-reads the value this session just drew. `next_id_slow` is
-//! PL/pgSQL: advisory lock, clock, `nextval`, `setval` if still behind,
-//! unlock (also on error), encode.
+//! `currval` re-reads the value this session just drew. Each sequence has
+//! `MAXVALUE` just below the layout's limit ([`sequence_max`]), so a drawn
+//! value always makes a valid id and the fast path needs no range check.
 //!
-//! Why no id repeats although `setval` is not atomic with other sessions'
-//! `nextval`: a caller takes the slow path when its drawn value is more than
-//! `LAG` ([`lag_tolerance`], one tick of sequence values) behind its clock,
-//! and a catch-up is only made when the value drawn under the lock is at
-//! least `LAG + GAP` behind ([`catch_up_gap`], a quarter of a tick's
-//! sequence space, 256 for 10 bits). While one session X is between its
-//! `nextval` and its `setval` (holding the lock), any other session that
-//! draws reads its clock after its draw, hence after X read the clock; its
-//! value lies less than `GAP` above X's, so more than `LAG` behind its own
-//! clock: it takes the slow path and waits on X's lock. So each other session
-//! draws at most one value in X's window, and with fewer than `GAP` sessions
-//! (PostgreSQL's `max_connections`; `pg apply` refuses a server with more)
-//! none of them reaches X's target. Assumptions: the server's wall clock does
-//! not step backwards by more than the lag *during* a catch-up window, and
-//! nothing else calls `nextval`/`setval` on the shard's sequences. An id's
-//! time may lag the clock by up to about two ticks; it is never ahead of the
-//! clock unless more than 2^sequence ids per tick were asked for.
+//! `next_id_slow` (PL/pgSQL) looks at the value `w` this session drew
+//! (`currval`) against a fresh clock reading:
+//!
+//! - **Far behind** (`w + LAG + GAP <= clock`): take the sequence's advisory
+//!   lock (exclusive, waiting), read the clock `t`, draw `w'`; if
+//!   `w' + LAG + GAP <= t` still, `setval(seq, t)` and return `t` (raising
+//!   `SF002` first if `t` is past the layout's limit), else return `w'`;
+//!   unlock. So a caller that arrives far behind always leaves with a value
+//!   near the clock, even after an idle table (or a fresh one, at 1).
+//! - **In the band** (between `LAG` and `LAG + GAP` behind):
+//!   `pg_advisory_lock_shared` then `pg_advisory_unlock_shared` in one
+//!   statement, which waits out a catch-up in progress and nothing else,
+//!   then return its own draw `w`: no second `nextval`, no queue.
+//!
+//! Errors (a cancel while waiting included) release whatever the session
+//! holds of the lock, looked up in `pg_locks`, and re-raise. Only callers
+//! that cross `LAG + GAP` while one catch-up runs queue behind it; a busy
+//! table catches up about once per `LAG` ([`LAG_MS`]), and callers in the
+//! band (a quarter of a tick per catch-up) run a short PL/pgSQL call.
+//!
+//! **Why no value is handed out twice**, although `setval` is not atomic
+//! with other sessions' `nextval`. `LAG` is [`lag_tolerance`], `GAP` is
+//! [`catch_up_gap`] (a quarter of a tick's sequence space: 256 for 10 bits),
+//! `N` the number of sessions. Values come from `nextval` (fast path: no
+//! lock; far-behind path: under the exclusive lock) and from `setval(t)`
+//! (returned as `t`, under the exclusive lock). Take a catch-up by X: X
+//! holds the lock exclusively from before its clock read `t` until after
+//! its `setval(t)`, and drew `w'` in between with `w' + LAG + GAP <= t`;
+//! the *window* is from that draw to the `setval`. A value repeats only if
+//! some value `>= t` was drawn before the `setval` (later draws are `> t`).
+//! Before the window all draws are `< w'`. In the window only X holds the
+//! lock, so no one else sets, and the other draws are fast-path draws
+//! `w'+1, w'+2, ...` in order. Let Y draw `v < w' + GAP` in the window. Y
+//! reads its clock after its draw, hence after X read `t`, so (clock not
+//! stepping back) Y's clock is at least `t`, and
+//! `v + LAG < w' + GAP + LAG <= t`: Y is behind by more than `LAG` and calls
+//! `next_id_slow`, which waits on X's lock (exclusive or shared, either way
+//! until X unlocks, after the `setval`): Y draws nothing more in the window.
+//! So the draws below `w' + GAP` in the window come from distinct sessions
+//! other than X, at most `N - 1` of them; the first draw to reach
+//! `w' + GAP` would be the `GAP`-th, which needs `N > GAP`. With `N < GAP`
+//! (`pg apply` and `pg check` require `max_connections +
+//! max_worker_processes < GAP`) every value drawn before the `setval` is
+//! below `w' + GAP <= t - LAG`: `t` and every later draw are fresh.
+//! Assumptions: the server's wall clock does not step backwards during a
+//! catch-up window (microseconds: a draw and a `setval` under the lock); a
+//! step back outside windows only makes ids' times lag; nothing but
+//! `next_id` calls `nextval`/`setval` on a shard's sequences (a move sets
+//! them while the shard is fenced); the sequences have `INCREMENT 1`,
+//! `CACHE 1`, `NO CYCLE` (`pg apply` sets them, `pg check` reports others);
+//! and all sessions run the same version of the functions (upgrade with
+//! `pg apply` while writes to the server are paused).
+//!
+//! An id's time may lag the clock by up to about `LAG + GAP` (4.25 ms for
+//! Instagram's layout); it is never ahead of the clock unless more than
+//! 2^sequence ids per tick were asked for.
 //!
 //! Cost, measured in `docs/BENCHMARKS.md` (`scripts/bench-db.sh`, pgbench,
-//! 8 clients, prepared): 0.89–0.94x the insert rate of `bigserial` on a
-//! shared 2-vCPU machine, against 0.75–0.79x for Instagram's published
-//! PL/pgSQL function; the primary-key index is as small as `bigserial`'s.
-//! One call costs about 0.8 µs against 0.3 µs for a bare `nextval()`.
+//! 8 clients, prepared), against `bigserial` in the same run. In isolation
+//! (one session, 1,000,000 calls in one `SELECT`) the fast path costs
+//! `nextval` (about 0.6 µs), the clock expression (0.4 µs) and two
+//! `currval` (0.1 µs each).
 //!
 //! # The sign bit
 //!
@@ -75,7 +111,10 @@
 //! as `bigint` once the time's top bit is set (2046-06-27 for Instagram).
 //! With [`SignBit::Refuse`] (the default) `next_id` raises an error from that
 //! tick on rather than break ordering; with [`SignBit::Allow`] it keeps going.
-//! Past the layout's last tick it always raises.
+//! Past the layout's last tick it always raises. The error is `SF002` from
+//! the catch-up, or `2200H` ("reached maximum value of sequence") should the
+//! sequence itself reach its `MAXVALUE` first; [`crate::pg_message`] explains
+//! the latter.
 
 use std::fmt::Write as _;
 
@@ -91,7 +130,7 @@ pub const LOCK_BASE: i64 = 0x5346 << 32;
 pub const DEPLOYMENT_SCHEMA: &str = "shardflake";
 
 /// Version of the generated functions; bumped when their SQL changes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Errors from SQL generation.
 #[derive(Debug, thiserror::Error)]
@@ -116,11 +155,31 @@ pub fn catch_up_gap(layout: &Layout) -> i64 {
 }
 
 /// How far, in packed sequence values, the sequence may lag the clock before
-/// a caller catches it up: one tick's worth (2^sequence bits). Halves the
-/// catch-ups of a busy table against catching up at every tick, at the price
-/// of ids whose time may lag the clock by up to about two ticks.
+/// a caller catches it up: the ticks of [`LAG_MS`] (at least one tick). A
+/// busy table catches up about once per `LAG_MS` instead of once per tick;
+/// the price is ids whose time may lag the clock by up to about that much.
 pub fn lag_tolerance(layout: &Layout) -> i64 {
-    1i64 << layout.sequence().bits()
+    let ticks = (LAG_MS / layout.tick_ms().max(1)).max(1) as i64;
+    ticks << layout.sequence().bits()
+}
+
+/// The lag tolerance of [`lag_tolerance`], in milliseconds.
+pub const LAG_MS: u64 = 4;
+
+/// The largest value a shard sequence may hand out (its `MAXVALUE`): the
+/// packed value just below [`limit_tick`]. `nextval` past it fails (SQLSTATE
+/// `2200H`), so no id at or past the limit is ever made.
+pub fn sequence_max(layout: &Layout, sign_bit: SignBit) -> i64 {
+    ((limit_tick(layout, sign_bit) as i64) << layout.sequence().bits()) - 1
+}
+
+/// Options every shard sequence must have for the no-repeat argument:
+/// `ALTER SEQUENCE` to them (idempotent).
+pub fn sequence_options(layout: &Layout, sign_bit: SignBit) -> String {
+    format!(
+        "INCREMENT 1 CACHE 1 NO CYCLE MAXVALUE {}",
+        sequence_max(layout, sign_bit)
+    )
 }
 
 /// Tick from which `next_id` raises: the first negative tick under
@@ -159,6 +218,14 @@ pub fn table_sequence(schema: &str, table: &str) -> String {
     format!("{schema}.{table}_id_seq")
 }
 
+/// Every sequence of a shard: `{schema}.id_seq` (for `{schema}.next_id()`)
+/// and one per table.
+pub fn shard_sequences(schema: &str, tables: &[Table]) -> Vec<String> {
+    let mut seqs = vec![format!("{schema}.id_seq")];
+    seqs.extend(tables.iter().map(|t| table_sequence(schema, &t.name)));
+    seqs
+}
+
 /// `{schema}.next_id('{schema}.{table}_id_seq'::regclass)`: what `{next_id}`
 /// in a table template becomes.
 pub fn next_id_call(schema: &str, table: &str) -> String {
@@ -195,13 +262,9 @@ pub fn shard_ddl(
     }
     let mut out = String::new();
     let _ = writeln!(out, "CREATE SCHEMA IF NOT EXISTS {schema};");
-    let _ = writeln!(out, "CREATE SEQUENCE IF NOT EXISTS {schema}.id_seq;");
-    for t in tables {
-        let _ = writeln!(
-            out,
-            "CREATE SEQUENCE IF NOT EXISTS {};",
-            table_sequence(schema, &t.name)
-        );
+    let options = sequence_options(layout, sign_bit);
+    for seq in shard_sequences(schema, tables) {
+        let _ = writeln!(out, "CREATE SEQUENCE IF NOT EXISTS {seq} {options};");
     }
     out.push_str(&next_id_function(layout, schema, shard, sign_bit));
     let _ = writeln!(
@@ -224,7 +287,7 @@ pub fn next_id_function(layout: &Layout, schema: &str, shard: u64, sign_bit: Sig
     let seq_shift = layout.sequence().shift();
     let time_shift = layout.time().shift();
     let shard_bits = (shard << shard_field(layout).shift()) as i64;
-    let limit = (limit_tick(layout, sign_bit) as i64) << seq_bits;
+    let max = sequence_max(layout, sign_bit);
     let limit_ms = layout.tick_to_unix_ms(limit_tick(layout, sign_bit));
     let why = if limit_tick(layout, sign_bit) <= layout.max_tick() {
         format!(
@@ -239,17 +302,30 @@ pub fn next_id_function(layout: &Layout, schema: &str, shard: u64, sign_bit: Sig
             shardflake::timestamp::rfc3339_ms(limit_ms)
         )
     };
-    let tick_expr = if layout.tick_ms() == 1 {
-        format!(
-            "(floor(date_part('epoch', clock_timestamp()) * 1000)::bigint - {})",
-            layout.epoch_ms()
+    let ms = "floor(date_part('epoch', clock_timestamp()) * 1000)::bigint";
+    let (epoch, tick) = (layout.epoch_ms(), layout.tick_ms());
+    let lag = lag_tolerance(layout);
+    let gap = catch_up_gap(layout);
+    // The clock, packed like the sequence (tick << seq_bits), and the fast
+    // path's threshold `packed clock - LAG`, with the constants folded where
+    // the Unix ms shifted by the sequence bits fits a bigint (to year 9999).
+    const MS_YEAR_10000: i128 = 253_402_300_800_000;
+    let folded = ((epoch as i128) << seq_bits) + lag as i128;
+    let fold =
+        tick == 1 && (MS_YEAR_10000 << seq_bits) <= i64::MAX as i128 && folded <= i64::MAX as i128;
+    let (clock, threshold) = if fold {
+        (
+            format!("(({ms} - {epoch}) << {seq_bits})"),
+            format!("({ms} << {seq_bits}) - {folded}"),
         )
     } else {
-        format!(
-            "((floor(date_part('epoch', clock_timestamp()) * 1000)::bigint - {}) / {})",
-            layout.epoch_ms(),
-            layout.tick_ms()
-        )
+        let ticks = if tick == 1 {
+            format!("({ms} - {epoch})")
+        } else {
+            format!("(({ms} - {epoch}) / {tick})")
+        };
+        let packed = format!("({ticks} << {seq_bits})");
+        (packed.clone(), format!("{packed} - {lag}"))
     };
     let part = |w: &str| {
         let seq_part = if seq_shift == 0 {
@@ -259,32 +335,47 @@ pub fn next_id_function(layout: &Layout, schema: &str, shard: u64, sign_bit: Sig
         };
         format!("(({w} >> {seq_bits}) << {time_shift}) | {shard_bits} | {seq_part}")
     };
+    let lock_class = LOCK_BASE >> 32;
     format!(
         "CREATE OR REPLACE FUNCTION {schema}.next_id_slow(seq regclass) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $f$
 -- shardflake: {layout}, shard {shard}. Generated; do not edit.
--- next_id's slow path: the sequence is behind the clock (or at the limit).
+-- next_id's slow path: this session's drawn value (currval) is LAG or more
+-- behind the clock. See the shardflake-db docs for why no id repeats.
 DECLARE
-  w bigint;  -- packed (tick << {seq_bits}) | sequence, from the table's sequence
-  t bigint;  -- the clock, packed the same way
+  w bigint := currval(seq);  -- packed (tick << {seq_bits}) | sequence
+  t bigint;                  -- the clock, packed the same way
+  k bigint := {LOCK_BASE} + seq::oid::bigint;
 BEGIN
-  -- Catch up, one session at a time (see the shardflake-db docs).
-  PERFORM pg_advisory_lock({LOCK_BASE} + seq::oid::bigint);
   BEGIN
-    t := {tick_expr} << {seq_bits};
-    w := nextval(seq);
-    IF w + {lag} + {gap} <= t THEN
-      PERFORM setval(seq, t);
-      w := t;
+    IF w + {lag} + {gap} <= {clock} THEN
+      -- Far behind: catch the sequence up, one session at a time; a session
+      -- that finds it caught up draws a fresh value.
+      PERFORM pg_advisory_lock(k);
+      t := {clock};
+      IF t > {max} THEN
+        RAISE EXCEPTION USING ERRCODE = 'SF002', MESSAGE = {why_lit};
+      END IF;
+      w := nextval(seq);
+      IF w + {lag} + {gap} <= t THEN
+        PERFORM setval(seq, t);
+        w := t;
+      END IF;
+      PERFORM pg_advisory_unlock(k);
+    ELSE
+      -- Less than LAG + GAP behind: wait out a catch-up in progress, then
+      -- keep the value drawn (no second draw).
+      PERFORM pg_advisory_lock_shared(k), pg_advisory_unlock_shared(k);
     END IF;
   EXCEPTION WHEN OTHERS OR query_canceled THEN
-    PERFORM pg_advisory_unlock({LOCK_BASE} + seq::oid::bigint);
+    -- Release what this session holds of the lock (even one granted while
+    -- the wait was being cancelled), then re-raise.
+    PERFORM CASE WHEN l.mode = 'ExclusiveLock' THEN pg_advisory_unlock(k) ELSE pg_advisory_unlock_shared(k) END
+      FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
+       AND l.classid = {lock_class} AND l.objid = seq::oid AND l.objsubid = 1;
     RAISE;
   END;
-  PERFORM pg_advisory_unlock({LOCK_BASE} + seq::oid::bigint);
-  IF w >= {limit} THEN
-    RAISE EXCEPTION USING ERRCODE = 'SF002', MESSAGE = {why_lit};
-  END IF;
   RETURN {slow_part};
 END
 $f$;
@@ -292,17 +383,14 @@ CREATE OR REPLACE FUNCTION {schema}.next_id(seq regclass) RETURNS bigint
 LANGUAGE sql VOLATILE AS $f$
   -- shardflake: {layout}, shard {shard}. Generated; do not edit.
   -- One SELECT with no FROM: PostgreSQL inlines it into the INSERT (no
-  -- function call). The CASE arms run in order: draw, compare with the clock
+  -- function call). The CASE runs in order: draw, compare with the clock
   -- read after the draw, then currval() re-reads this session's drawn value.
   SELECT CASE
-    WHEN nextval(seq) < ({tick_expr} << {seq_bits}) - {lag} THEN {schema}.next_id_slow(seq)
-    WHEN currval(seq) >= {limit} THEN {schema}.next_id_slow(seq)
-    ELSE {fast_part}
+    WHEN nextval(seq) >= {threshold} THEN {fast_part}
+    ELSE {schema}.next_id_slow(seq)
   END
 $f$;
 ",
-        gap = catch_up_gap(layout),
-        lag = lag_tolerance(layout),
         why_lit = lit(&why),
         slow_part = part("w"),
         fast_part = part("currval(seq)"),
@@ -364,19 +452,23 @@ mod tests {
             f.contains("((currval(seq) >> 10) << 23) | 5120 | (currval(seq) & 1023)"),
             "{f}"
         );
-        // refuse from tick 2^40 (2046-06-27)
-        assert!(
-            f.contains(&format!("IF w >= {}", (1i64 << 40) << 10)),
-            "{f}"
-        );
+        // refuse from tick 2^40 (2046-06-27): the sequence stops just below
+        let max = ((1i64 << 40) << 10) - 1;
+        assert_eq!(sequence_max(&l, SignBit::Refuse), max);
+        assert!(f.contains(&format!("IF t > {max} THEN")), "{f}");
         assert!(f.contains("2046-06-27"), "{f}");
-        assert!(f.contains("w + 1024 + 256 <= t"), "{f}");
+        // lag 4 ticks (4 ms), gap 256
+        assert_eq!(lag_tolerance(&l), 4096);
+        assert!(f.contains("w + 4096 + 256 <= t"), "{f}");
+        // the fast path's threshold: (ms << 10) - (epoch << 10) - lag
+        let folded = (1314220021721i64 << 10) + 4096;
         assert!(
-            f.contains(") << 10) - 1024 THEN shard5.next_id_slow(seq)"),
+            f.contains(&format!("::bigint << 10) - {folded} THEN ((currval(seq)")),
             "{f}"
         );
-        let allow = next_id_function(&l, "shard5", 5, SignBit::Allow);
-        assert!(allow.contains(&format!("IF w >= {}", (1i64 << 41) << 10)));
+        assert!(f.contains("ELSE shard5.next_id_slow(seq)"), "{f}");
+        assert!(!f.contains("currval(seq) >="), "no range check: MAXVALUE");
+        assert_eq!(sequence_max(&l, SignBit::Allow), ((1i64 << 41) << 10) - 1);
     }
 
     #[test]
@@ -390,7 +482,27 @@ mod tests {
         // every shift applies to a bigint: w, t and the casted clock
         assert!(f.contains("::bigint -"));
         assert!(!l.uses_sign_bit());
-        assert!(f.contains(&format!("IF w >= {}", (1i64 << 43) << 10)));
+        assert_eq!(sequence_max(&l, SignBit::Refuse), ((1i64 << 43) << 10) - 1);
+    }
+
+    #[test]
+    fn wide_sequence_fields_do_not_fold_the_clock() {
+        let l = shardflake::preset::resolve("w: time 30 | shard 2 | sequence 30").unwrap();
+        let f = next_id_function(&l, "s", 1, SignBit::Refuse);
+        // (Unix ms << 30) would overflow a bigint: ticks are shifted instead
+        assert!(f.contains("::bigint - 0) << 30) - 4294967296 THEN"), "{f}");
+        assert!(!f.contains("::bigint << 30"), "{f}");
+    }
+
+    #[test]
+    fn lag_is_about_four_ms_and_at_least_a_tick() {
+        let ten = shardflake::preset::resolve("t: time 41 | shard 13 | sequence 10 (tick 10 ms)")
+            .unwrap();
+        assert_eq!(lag_tolerance(&ten), 1024);
+        let two =
+            shardflake::preset::resolve("t: time 41 | shard 13 | sequence 6 (tick 2 ms)").unwrap();
+        assert_eq!(lag_tolerance(&two), 2 << 6);
+        assert_eq!(catch_up_gap(&two), 16);
     }
 
     #[test]
@@ -411,8 +523,12 @@ mod tests {
             "CREATE TABLE shard7.posts (id bigint DEFAULT shard7.next_id('shard7.posts_id_seq'::regclass))"
         );
         let ddl = shard_ddl(&l, "shard7", 7, SignBit::Refuse, &[t]).unwrap();
-        assert!(ddl.contains("CREATE SEQUENCE IF NOT EXISTS shard7.posts_id_seq;"));
-        assert!(ddl.contains("v1; shard=7; sign_bit=refuse; layout=instagram"));
+        assert!(ddl.contains(&format!(
+            "CREATE SEQUENCE IF NOT EXISTS shard7.posts_id_seq INCREMENT 1 CACHE 1 NO CYCLE MAXVALUE {};",
+            ((1i64 << 40) << 10) - 1
+        )));
+        assert!(ddl.contains("CREATE SEQUENCE IF NOT EXISTS shard7.id_seq INCREMENT 1"));
+        assert!(ddl.contains("v2; shard=7; sign_bit=refuse; layout=instagram"));
         assert!(shard_ddl(&l, "x", 9000, SignBit::Refuse, &[]).is_err());
     }
 }

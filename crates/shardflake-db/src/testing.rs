@@ -272,11 +272,11 @@ impl MariaDbServer {
         server.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Some(c) = server.child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
-                    let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-                    return Err(StartError(format!("mariadbd exited ({status}):\n{log}")));
-                }
+            if let Some(c) = server.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                return Err(StartError(format!("mariadbd exited ({status}):\n{log}")));
             }
             if TcpStream::connect_timeout(
                 &([127, 0, 0, 1], port).into(),

@@ -63,8 +63,8 @@ async fn ids_agree_between_sql_and_rust_and_never_repeat() {
         let parts = Id(id as u64).decode(&layout).unwrap();
         assert_eq!(parts.field("shard"), Some(key % 4));
         assert!(
-            // the id's time may lag the clock by up to ~2 ticks (see sql.rs)
-            parts.unix_ms + 4 >= before && parts.unix_ms <= after,
+            // the id's time may lag the clock by up to LAG + GAP (see sql.rs)
+            parts.unix_ms + shardflake_db::sql::LAG_MS + 2 >= before && parts.unix_ms <= after,
             "{} not in [{before}, {after}]",
             parts.unix_ms
         );
@@ -143,7 +143,8 @@ async fn ids_agree_between_sql_and_rust_and_never_repeat() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_ids_per_tick_than_the_sequence_holds_borrow_the_next_tick() {
     // next_id's no-repeat argument needs fewer sessions than 64 / 4.
-    let a = PgServer::start_with(&[("max_connections", "10")]).unwrap();
+    let a =
+        PgServer::start_with(&[("max_connections", "10"), ("max_worker_processes", "4")]).unwrap();
     let spec = "narrow: time 41 | shard 13 | sequence 6 (epoch 1314220021721 ms)";
     let text = topology(&[("a", &a, "0")], 1).replace("\"instagram\"", &format!("{spec:?}"));
     let topo = Topology::parse(&text).unwrap();
@@ -460,7 +461,7 @@ async fn check_reports_drift_and_dead_servers_give_clear_errors() {
     assert!(
         drift
             .iter()
-            .any(|d| d.starts_with("a: shard 0: shard0.next_id() was built for \"v1; shard=2")),
+            .any(|d| d.starts_with("a: shard 0: shard0.next_id() was built for \"v2; shard=2")),
         "{drift:?}"
     );
     assert!(
@@ -485,4 +486,218 @@ async fn check_reports_drift_and_dead_servers_give_clear_errors() {
             .starts_with("b: unreachable: cannot connect"),
         "{drift:?}"
     );
+}
+
+/// `CREATE SEQUENCE IF NOT EXISTS` keeps an existing sequence's options:
+/// apply sets the ones next_id needs, check reports others; and the session
+/// limit the no-repeat argument needs is enforced by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_options_and_session_limit_are_checked_and_fixed() {
+    let a = PgServer::start().unwrap();
+    let topo = Topology::parse(&topology(&[("a", &a, "0-1")], 2)).unwrap();
+    let ca = client(&a).await;
+    // A sequence made before apply with a cache, and one altered after it.
+    ca.batch_execute("CREATE SCHEMA shard0; CREATE SEQUENCE shard0.posts_id_seq CACHE 20 CYCLE")
+        .await
+        .unwrap();
+    pg::apply(&topo).await.unwrap();
+    assert!(pg::check(&topo).await.unwrap().is_empty());
+    let fixed = ca
+        .query_one(
+            "SELECT cache_size, cycle, max_value FROM pg_sequences WHERE schemaname = 'shard0' AND sequencename = 'posts_id_seq'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(fixed.get::<_, i64>(0), 1);
+    assert!(!fixed.get::<_, bool>(1));
+    assert_eq!(fixed.get::<_, i64>(2), ((1i64 << 40) << 10) - 1);
+    ca.batch_execute("ALTER SEQUENCE shard1.id_seq INCREMENT 2")
+        .await
+        .unwrap();
+    let drift: Vec<String> = pg::check(&topo)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    assert_eq!(drift.len(), 1, "{drift:?}");
+    assert!(
+        drift[0].starts_with("a: shard 1: sequence shard1.id_seq has INCREMENT 2 CACHE 1 NO CYCLE"),
+        "{drift:?}"
+    );
+    pg::apply(&topo).await.unwrap();
+    assert!(pg::check(&topo).await.unwrap().is_empty());
+
+    // Functions of an older generator version are rebuilt by apply.
+    let meta = shardflake_db::sql::shard_meta(topo.layout(), 0, Default::default());
+    let old = meta.replacen(&format!("v{}", shardflake_db::sql::VERSION), "v1", 1);
+    ca.batch_execute(&format!(
+        "CREATE OR REPLACE FUNCTION shard0.shardflake_meta() RETURNS text LANGUAGE sql IMMUTABLE AS $f$ SELECT '{old}'::text $f$"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(pg::check(&topo).await.unwrap().len(), 1);
+    pg::apply(&topo).await.unwrap();
+    assert!(pg::check(&topo).await.unwrap().is_empty());
+
+    // 6 sequence bits: GAP is 16, and this server allows 10 + 8 sessions.
+    let spec = "narrow: time 41 | shard 13 | sequence 6 (epoch 1314220021721 ms)";
+    let narrow = Topology::parse(
+        &topology(&[("a", &a, "0-1")], 2).replace("\"instagram\"", &format!("{spec:?}")),
+    )
+    .unwrap();
+    let b = PgServer::start_with(&[("max_connections", "10")]).unwrap();
+    let narrow_b = Topology::parse(
+        &topology(&[("b", &b, "0-1")], 2).replace("\"instagram\"", &format!("{spec:?}")),
+    )
+    .unwrap();
+    let e = pg::apply(&narrow_b).await.unwrap_err().to_string();
+    assert!(
+        e.contains("max_connections = 10 + max_worker_processes = 8")
+            && e.contains("fewer than 16 sessions"),
+        "{e}"
+    );
+    let drift = pg::check(&narrow).await.unwrap();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.shard.is_none() && d.problem.contains("max_connections = 200")),
+        "{drift:?}"
+    );
+}
+
+/// Waits until the narrow layout's packed clock is more than `far` ahead of
+/// `shard0.posts_id_seq`.
+async fn clock_overtakes_sequence(c: &tokio_postgres::Client, far: i64) {
+    loop {
+        let behind: i64 = c
+            .query_one(
+                "SELECT ((floor(date_part('epoch', clock_timestamp()) * 1000)::bigint - 1314220021721) << 6) - last_value FROM shard0.posts_id_seq",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if behind > far {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Borrowing under concurrency: 6 sequence bits (64 ids per ms per
+/// shard-table, GAP 16) on a server that allows 10 + 4 sessions. In each
+/// round 9 sessions burst far more than 64 ids per ms into one table at once
+/// (the sequence runs ahead of the clock), then wait until the clock has
+/// overtaken the sequence by more than LAG + GAP, so the next burst starts
+/// with catch-ups racing the other sessions' draws. The primary key refuses
+/// a repeated id (the insert fails); the distinct count checks it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn borrowing_under_concurrency_never_repeats() {
+    let a =
+        PgServer::start_with(&[("max_connections", "10"), ("max_worker_processes", "4")]).unwrap();
+    let spec = "narrow: time 41 | shard 13 | sequence 6 (epoch 1314220021721 ms)";
+    let text = topology(&[("a", &a, "0")], 1).replace("\"instagram\"", &format!("{spec:?}"));
+    let topo = Topology::parse(&text).unwrap();
+    pg::apply(&topo).await.unwrap();
+    let far = shardflake_db::sql::lag_tolerance(topo.layout())
+        + shardflake_db::sql::catch_up_gap(topo.layout());
+    let (sessions, rounds, burst) = (9usize, 8, 400);
+    let barrier = Arc::new(tokio::sync::Barrier::new(sessions));
+    let mut tasks = tokio::task::JoinSet::new();
+    for s in 0..sessions {
+        let (url, barrier) = (a.url(), barrier.clone());
+        tasks.spawn(async move {
+            let c = pg::connect_url("test", &url).await.unwrap();
+            for _ in 0..rounds {
+                barrier.wait().await;
+                c.batch_execute(&format!(
+                    "INSERT INTO shard0.posts (user_id) SELECT {s} FROM generate_series(1, {burst})"
+                ))
+                .await
+                .unwrap();
+                barrier.wait().await;
+                // One session waits for the clock to overtake the sequence.
+                if s == 0 {
+                    clock_overtakes_sequence(&c, far).await;
+                }
+            }
+        });
+    }
+    // The first failed insert fails the test (dropping the set aborts the
+    // sessions waiting at the barrier).
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let c = client(&a).await;
+    let row = c
+        .query_one(
+            "SELECT count(*), count(DISTINCT id),
+                    max(n) FROM (SELECT id, count(*) OVER (PARTITION BY id >> 19) n FROM shard0.posts) x",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (n, distinct, per_tick): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(n as usize, sessions * rounds * burst);
+    assert_eq!(distinct, n, "an id was handed out twice");
+    assert_eq!(per_tick, 64, "ticks were filled: ids borrowed ahead");
+    // Every round began with a catch-up: setval jumps the packed value
+    // (time << 6 | sequence) by more than LAG + GAP.
+    let jumps: i64 = c
+        .query_one(
+            "SELECT count(*) FROM (SELECT p - lag(p) OVER (ORDER BY p) d
+               FROM (SELECT ((id >> 19) << 6) | (id & 63) p FROM shard0.posts) x) y WHERE d > $1",
+            &[&far],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        jumps >= rounds as i64 - 1,
+        "catch-ups between bursts ({jumps})"
+    );
+}
+
+/// A server that accepts TCP but never answers stalls only the callers
+/// routed to it: the router connects without holding its connection map.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_server_does_not_stall_routing_to_the_others() {
+    let a = PgServer::start().unwrap();
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = hole.local_addr().unwrap().port();
+    let text = format!(
+        "layout = \"instagram\"\nshards = 2\n\
+         [[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0\"\n\
+         [[servers]]\nname = \"hole\"\nurl = \"postgres://postgres@127.0.0.1:{port}/postgres\"\nshards = \"1\"\n\
+         [[tables]]\nname = \"posts\"\nsql = \"CREATE TABLE {{schema}}.posts (id bigint PRIMARY KEY DEFAULT {{next_id}})\"\n",
+        a.url()
+    );
+    let topo = Topology::parse(&text).unwrap();
+    pg::apply_server(
+        &topo,
+        topo.server("a").unwrap(),
+        &mut client(&a).await,
+        &[0],
+    )
+    .await
+    .unwrap();
+    let router = Arc::new(Router::new(topo));
+    let stalled = {
+        let router = router.clone();
+        tokio::spawn(async move { router.query_key(1, "SELECT 1", &[]).await })
+    };
+    // The stalled caller is inside its connect once the hole accepts it.
+    let (_socket, _) = hole.accept().await.unwrap();
+    let rows = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        router.query_key(0, "SELECT count(*) FROM {schema}.posts", &[]),
+    )
+    .await
+    .expect("routing to server a waited for the hanging server")
+    .unwrap();
+    assert_eq!(rows[0].get::<_, i64>(0), 0);
+    assert!(!stalled.is_finished());
+    stalled.abort();
 }
