@@ -11,11 +11,18 @@
 # in ROUNDS rounds (default 2), each in a rotated order, and the rate reported
 # is the median per kind; ratios are against bigserial from the same run.
 #
+# Then a measure that other load on the machine barely moves: the CPU time
+# (/proc/PID/schedstat) of ONE backend inserting
+# CPU_ROWS rows (default 300,000) in one INSERT ... SELECT, CPU_RUNS times
+# (default 3) for bigserial, Instagram's function and ours, with the share
+# of our calls that took the slow path (pg_stat_user_functions).
+#
 # MariaDB (one server started here): `shardflake mysql bench`: 8 clients
 # sharing one user id, AUTO_INCREMENT vs the seed's procedure vs ours, with
 # duplicate ids counted.
 #
 #   scripts/bench-db.sh [ROUNDS]        results in markdown on stdout
+#   scripts/bench-db.sh 0               only the per-backend CPU measure
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
@@ -35,7 +42,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-url=$(scripts/pg.sh start 1 "$pgdir" | head -n1)
+url=$(scripts/pg.sh start 1 "$pgdir" | sed -n 1p)
 port=${url##*:}; port=${port%%/*}
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
 psql() { "$bin/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres postgres "$@"; }
@@ -110,8 +117,9 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2] + a[NR/2+1]) / 2)}'; }
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
-base=$(echo "${rates[bigserial]}" | median)
 pgver=$("$bin/postgres" --version)
+if [[ $ROUNDS -gt 0 ]]; then
+base=$(echo "${rates[bigserial]}" | median)
 echo "### PostgreSQL: primary key kinds ($pgver; pgbench -c $CLIENTS -j 2 -M prepared, $((CLIENTS * ROWS_PER_CLIENT)) inserts per kind, $ROUNDS rounds)"
 echo
 echo "| primary key | inserts/s (median) | each round | vs bigserial | PK index, 1 M rows | table |"
@@ -121,9 +129,51 @@ for k in "${kinds[@]}"; do
   printf '| %s | %s | %s | %.2fx | %s MiB | %s MiB |\n' "$k" "$m" "$(echo ${rates[$k]} | tr ' ' '/')" \
     "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')" "$(mib "${index[$k]}")" "$(mib "${tsize[$k]}")"
 done
-scripts/pg.sh stop "$pgdir" >/dev/null
+fi
 
-murl=$(scripts/mariadb.sh start "$mdir" | head -n1)
+# One backend runs one INSERT ... SELECT of $2 rows into $1: prints its CPU
+# µs per row (from /proc/PID/schedstat: nanoseconds on a CPU) and the share
+# of rows whose id took next_id_slow.
+backend_cpu() {
+  local t=$1 n=$2 pid ns0 ns1 slow
+  psql -c "TRUNCATE $t" -c "CHECKPOINT" -c "SELECT pg_stat_reset()" >/dev/null
+  coproc BACKEND { "$bin/psql" -X -q -At -h 127.0.0.1 -p "$port" -U postgres postgres; }
+  echo "SELECT pg_backend_pid();" >&"${BACKEND[1]}"
+  read -r pid <&"${BACKEND[0]}"
+  read -r ns0 _ <"/proc/$pid/schedstat"
+  echo "INSERT INTO $t (user_id, body) SELECT 31341, 'hello' FROM generate_series(1, $n); SELECT 'done';" >&"${BACKEND[1]}"
+  read -r _ <&"${BACKEND[0]}"
+  read -r ns1 _ <"/proc/$pid/schedstat"
+  # this session's function counts reach the view once flushed
+  echo "SELECT pg_stat_force_next_flush();" >&"${BACKEND[1]}"
+  read -r _ <&"${BACKEND[0]}"
+  echo "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = 'next_id_slow';" >&"${BACKEND[1]}"
+  read -r slow <&"${BACKEND[0]}"
+  echo '\q' >&"${BACKEND[1]}"; wait "$BACKEND_PID" 2>/dev/null || true
+  awk -v a="$ns0" -v b="$ns1" -v n="$n" -v slow="$slow" 'BEGIN {printf "%.2f %.1f%%\n", (b - a) / 1000 / n, 100 * slow / n}'
+}
+if [[ -r /proc/self/schedstat ]]; then
+  CPU_ROWS=${CPU_ROWS:-300000} CPU_RUNS=${CPU_RUNS:-3}
+  psql -c "ALTER SYSTEM SET track_functions = 'pl'" -c "SELECT pg_reload_conf()" >/dev/null
+  echo
+  echo "### PostgreSQL: CPU of one backend per row ($pgver; one INSERT ... SELECT of $CPU_ROWS rows, $CPU_RUNS runs)"
+  echo
+  echo "| primary key | µs CPU per row, each run | slow-path calls (ours) |"
+  echo "|---|---|---:|"
+  for k in bigserial instagram shardflake; do
+    runs="" slow=""
+    for _ in $(seq 1 "$CPU_RUNS"); do
+      read -r cpu share < <(backend_cpu "${table[$k]}" "$CPU_ROWS")
+      runs="$runs $cpu" slow="$slow $share"
+    done
+    [[ $k == shardflake ]] || slow=""
+    printf '| %s | %s | %s |\n' "$k" "$(echo $runs | tr ' ' '/')" "$(echo $slow | tr ' ' '/')"
+  done
+fi
+scripts/pg.sh stop "$pgdir" >/dev/null
+[[ $ROUNDS -gt 0 ]] || exit 0
+
+murl=$(scripts/mariadb.sh start "$mdir" | sed -n 1p)
 echo
 echo "### MariaDB: AUTO_INCREMENT vs generate_post_id ($(mariadbd --version | awk '{print $3}'); $CLIENTS clients sharing user id 1801, ${MYSQL_ROWS:-2000} rows per client per mode)"
 echo
