@@ -31,6 +31,19 @@ fn topology(servers: &[(&str, &PgServer, &str)], shards: u64) -> String {
     t
 }
 
+/// A server that allows 10 + 4 sessions, with one logical shard of a layout
+/// of only 6 sequence bits (64 ids per ms per shard-table, catch-up gap 16)
+/// applied to it.
+async fn narrow_shard() -> (PgServer, Topology) {
+    let a =
+        PgServer::start_with(&[("max_connections", "10"), ("max_worker_processes", "4")]).unwrap();
+    let spec = "narrow: time 41 | shard 13 | sequence 6 (epoch 1314220021721 ms)";
+    let text = topology(&[("a", &a, "0")], 1).replace("\"instagram\"", &format!("{spec:?}"));
+    let topo = Topology::parse(&text).unwrap();
+    pg::apply(&topo).await.unwrap();
+    (a, topo)
+}
+
 async fn client(s: &PgServer) -> tokio_postgres::Client {
     pg::connect_url("test", &s.url()).await.unwrap()
 }
@@ -143,12 +156,7 @@ async fn ids_agree_between_sql_and_rust_and_never_repeat() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_ids_per_tick_than_the_sequence_holds_borrow_the_next_tick() {
     // next_id's no-repeat argument needs fewer sessions than 64 / 4.
-    let a =
-        PgServer::start_with(&[("max_connections", "10"), ("max_worker_processes", "4")]).unwrap();
-    let spec = "narrow: time 41 | shard 13 | sequence 6 (epoch 1314220021721 ms)";
-    let text = topology(&[("a", &a, "0")], 1).replace("\"instagram\"", &format!("{spec:?}"));
-    let topo = Topology::parse(&text).unwrap();
-    pg::apply(&topo).await.unwrap();
+    let (a, topo) = narrow_shard().await;
     let c = client(&a).await;
     let ids: Vec<i64> = c
         .query(
@@ -595,12 +603,7 @@ async fn clock_overtakes_sequence(c: &tokio_postgres::Client, far: i64) {
 /// a repeated id (the insert fails); the distinct count checks it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn borrowing_under_concurrency_never_repeats() {
-    let a =
-        PgServer::start_with(&[("max_connections", "10"), ("max_worker_processes", "4")]).unwrap();
-    let spec = "narrow: time 41 | shard 13 | sequence 6 (epoch 1314220021721 ms)";
-    let text = topology(&[("a", &a, "0")], 1).replace("\"instagram\"", &format!("{spec:?}"));
-    let topo = Topology::parse(&text).unwrap();
-    pg::apply(&topo).await.unwrap();
+    let (a, topo) = narrow_shard().await;
     let far = shardflake_db::sql::lag_tolerance(topo.layout())
         + shardflake_db::sql::catch_up_gap(topo.layout());
     let (sessions, rounds, burst) = (9usize, 8, 400);
