@@ -109,7 +109,7 @@ pub enum Error {
 pub fn pg_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) if db.code().code() == "2200H" => format!(
-            "{} (SQLSTATE 2200H): a shard sequence at its MAXVALUE means the layout's ids are used up (time past its limit, see SQLSTATE {SQLSTATE_TIME_LIMIT})",
+            "{} (SQLSTATE 2200H): a shard sequence at its MAXVALUE means the layout's ids are used up (time past its limit, see SQLSTATE {SQLSTATE_TIME_LIMIT}), or that the statement was running while its shard moved to another server (the old copy's sequences are fenced): reload the topology and retry",
             db.message()
         ),
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),

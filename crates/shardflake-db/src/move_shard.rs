@@ -3,11 +3,14 @@
 //! 1. **Bulk copy**, no lock: on the destination, create the shard's schema,
 //!    sequences, functions and tables; copy every table with `COPY` from a
 //!    `REPEATABLE READ` snapshot of the source.
-//! 2. **Pause** (writes to this shard only): lock the source tables
-//!    `IN EXCLUSIVE MODE` (reads go on), copy the delta, then *fence* the
-//!    source in the same transaction: a trigger and a replaced `next_id`
-//!    raise SQLSTATE `SF001` ("moved") from now on, so writers that were
-//!    waiting on the lock fail instead of writing to the old copy.
+//! 2. **Pause** (writes and ids of this shard only): lock the source tables
+//!    `IN EXCLUSIVE MODE` (reads go on), then every sequence of the shard
+//!    against `nextval` (see [below](#no-id-twice-across-a-move)), read the
+//!    sequences' last values, copy the delta, then *fence* the source in the
+//!    same transaction: a trigger and a replaced `next_id` raise SQLSTATE
+//!    `SF001` ("moved") from now on, so writers that were waiting on the lock
+//!    fail instead of writing to the old copy, and each sequence's
+//!    `MAXVALUE` becomes its last value, so it hands out nothing more.
 //!
 //!    The delta is every row version whose `xmin` is not older than the
 //!    snapshot's `xmin` (compared with `age()`, so wraparound-safe): a
@@ -20,9 +23,10 @@
 //! 3. **Verify** every table on both sides (the source can no longer
 //!    change): row count, id sum and a sum of hashes of each row's text
 //!    (both sessions with the same `TimeZone`, `DateStyle`, ... so the text
-//!    is comparable), then set each destination sequence to
-//!    the source's value (the packed time and sequence, see [`crate::sql`]):
-//!    the destination continues where the source stopped, so no id is reused.
+//!    is comparable), then set each destination sequence to the source's
+//!    last value read in the pause (the packed time and sequence, see
+//!    [`crate::sql`]): the destination continues where the source stopped,
+//!    so no id is reused.
 //! 4. **Switch** the topology file atomically (write, fsync, rename). Writers
 //!    that got `SF001` reload it and go to the new server ([`crate::Router`]
 //!    does this). The pause ends here.
@@ -31,6 +35,44 @@
 //! Sharded tables must have a unique `id bigint` column (the delta and the
 //! verification use it). If anything fails before the switch, the fence is
 //! removed and the destination copy dropped: the shard stays where it was.
+//!
+//! # No id twice across a move
+//!
+//! Ids are not only drawn by writes to the shard's tables: any statement can
+//! call `shardN.next_id()` (`INSERT INTO elsewhere SELECT shard5.next_id()
+//! FROM generate_series(1, 5000000)`), and PostgreSQL inlines `next_id` into
+//! the statement's plan when it is planned, so replacing the function does
+//! not reach a statement already running (nor one planned before the fence
+//! commits and drawing later). Locking the tables does not stop it either.
+//! What every draw does take is a lock on the sequence relation itself:
+//! `nextval` and `setval` lock it in `ROW EXCLUSIVE` mode on their first use
+//! in a transaction and hold that until the transaction ends. The pause
+//! takes `SHARE ROW EXCLUSIVE`, which conflicts with it, on every sequence of
+//! the shard, with a no-op `ALTER SEQUENCE` (to the options `next_id`
+//! needs; PostgreSQL 15 refuses `LOCK TABLE` on a sequence: "cannot lock
+//! relation"). So:
+//!
+//! - the pause waits until every transaction that has drawn from the shard
+//!   has ended: a statement already drawing holds the lock from its first
+//!   draw, so the move waits for it to finish (and the pause lasts that
+//!   long, as it already did for a long transaction writing the tables);
+//! - while the pause holds the locks nobody draws (new draws queue behind
+//!   it), so the last values it reads are final;
+//! - a draw queued behind the pause, or made later by a statement planned
+//!   with the old `next_id`, comes from a transaction that had not drawn
+//!   before: it must take the lock after the fence committed, which makes
+//!   it read the sequence's options afresh, and it finds `MAXVALUE` at the
+//!   last value: `nextval` fails (SQLSTATE `2200H`) and a catch-up's
+//!   `setval` past it too (`22003`). Statements planned after the fence
+//!   call the fenced `next_id` (`SF001`).
+//!
+//! Nothing is added to `next_id`'s path: the lock it takes is the one
+//! `nextval` always takes. A transaction that drew ids and then writes to a
+//! shard table can deadlock with the pause (it waits for the tables, the
+//! pause for its sequence); PostgreSQL then aborts one of the two, and if
+//! it is the pause, the pause starts again (at most [`PAUSE_ATTEMPTS`]
+//! times). Should the move fail before the switch, the fence is removed and
+//! the sequences' options restored.
 //!
 //! A move refuses a shard schema that holds relations, functions or types
 //! the topology does not describe (dropping the old copy would destroy them
@@ -43,6 +85,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
 
 use crate::pg::{self, ctx};
 use crate::sql;
@@ -120,6 +163,11 @@ pub async fn move_shard(
 /// The lock `pg apply` holds on a server while it installs (see
 /// [`crate::pg::apply_server`]).
 const APPLY_LOCK: i64 = sql::LOCK_BASE - 1;
+
+/// How many times the pause is started, at most, when PostgreSQL breaks a
+/// deadlock between it and an application transaction by aborting the
+/// pause (see the module docs).
+pub const PAUSE_ATTEMPTS: u32 = 5;
 
 /// Settings under which a row's text is the same on both servers.
 const TEXT_SETTINGS: &str = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; \
@@ -216,9 +264,20 @@ async fn locked_move(
 
     // 2. Pause: lock, delta, fence.
     let paused_at = Instant::now();
-    let result = pause_and_copy(src, dst, &schema, &tables, &snapshot, (s, d), shard, to).await;
-    let delta_rows = match result {
-        Ok(n) => n,
+    let mut seqs = vec![format!("{schema}.id_seq")];
+    seqs.extend(tables.iter().map(|t| sql::table_sequence(&schema, t)));
+    let pause = Pause {
+        schema: &schema,
+        tables: &tables,
+        seqs: &seqs,
+        options: sql::sequence_options(topo.layout(), topo.sign_bit()),
+        snapshot: &snapshot,
+        shard,
+        to,
+    };
+    let result = pause_and_copy(src, dst, &pause, (s, d)).await;
+    let (delta_rows, last_values) = match result {
+        Ok(r) => r,
         Err(e) => {
             let _ = drop_schema(dst, &schema).await;
             return Err(e);
@@ -246,17 +305,11 @@ async fn locked_move(
             }
             rows.push((t.clone(), a.0));
         }
-        let mut seqs = vec![format!("{schema}.id_seq")];
-        seqs.extend(tables.iter().map(|t| sql::table_sequence(&schema, t)));
-        for seq in &seqs {
-            let v: i64 = src
-                .query_one(&format!("SELECT last_value FROM {seq}"), &[])
-                .await
-                .map_err(ctx(s, "reading sequences"))?
-                .get(0);
+        // The values read under the pause's locks: final (module docs).
+        for (seq, v) in &last_values {
             dst.execute(
                 &format!("SELECT setval('{seq}', greatest($1, (SELECT last_value FROM {seq})))"),
-                &[&v],
+                &[v],
             )
             .await
             .map_err(ctx(d, "setting sequences"))?;
@@ -300,31 +353,54 @@ async fn locked_move(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the pause works on.
+struct Pause<'a> {
+    schema: &'a str,
+    tables: &'a [String],
+    /// Every sequence of the shard, schema-qualified.
+    seqs: &'a [String],
+    /// [`sql::sequence_options`] of the topology.
+    options: String,
+    snapshot: &'a str,
+    shard: u64,
+    to: &'a str,
+}
+
+/// The pause (see the module docs): returns the rows copied and each
+/// sequence's last value, read under the locks.
 async fn pause_and_copy(
     src: &mut Client,
     dst: &mut Client,
-    schema: &str,
-    tables: &[String],
-    snapshot: &str,
+    p: &Pause<'_>,
     (s, d): (&str, &str),
-    shard: u64,
-    to: &str,
-) -> Result<u64, Error> {
-    let stx = src.transaction().await.map_err(ctx(s, "begin pause"))?;
-    if !tables.is_empty() {
-        let list: Vec<String> = tables.iter().map(|t| format!("{schema}.{t}")).collect();
-        stx.batch_execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", list.join(", ")))
-            .await
-            .map_err(ctx(s, "locking the shard's tables"))?;
-    }
+) -> Result<(u64, Vec<(String, i64)>), Error> {
+    let (schema, tables, shard) = (p.schema, p.tables, p.shard);
+    let mut attempt = 1;
+    let (stx, last_values) = loop {
+        let stx = src.transaction().await.map_err(ctx(s, "begin pause"))?;
+        match lock_shard(&stx, p).await {
+            Ok(v) => break (stx, v),
+            Err(e)
+                if attempt < PAUSE_ATTEMPTS
+                    && e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED) =>
+            {
+                // PostgreSQL chose the pause as the deadlock's victim: its
+                // locks are gone with the transaction; start again.
+                stx.rollback()
+                    .await
+                    .map_err(ctx(s, "rolling back the pause"))?;
+                attempt += 1;
+            }
+            Err(e) => return Err(ctx(s, "locking the shard's tables and sequences")(e)),
+        }
+    };
     let dtx = dst.transaction().await.map_err(ctx(d, "begin delta"))?;
     let mut delta = 0;
     // Row versions written by the snapshot's oldest running transaction or
     // later (see the module docs): a superset of what the snapshot misses.
     let newer = format!(
         "age(xmin) <= age('{}'::xid)",
-        snapshot_xmin(snapshot, shard)?
+        snapshot_xmin(p.snapshot, shard)?
     );
     for t in tables {
         let rel = format!("{schema}.{t}");
@@ -380,11 +456,54 @@ async fn pause_and_copy(
         }
     }
     dtx.commit().await.map_err(ctx(d, "commit delta"))?;
-    stx.batch_execute(&fence_sql(schema, tables, shard, to))
+    let mut fence = fence_sql(schema, tables, shard, p.to);
+    fence.push_str(&fence_sequences_sql(&last_values));
+    stx.batch_execute(&fence)
         .await
         .map_err(ctx(s, "fencing the old copy"))?;
     stx.commit().await.map_err(ctx(s, "commit fence"))?;
-    Ok(delta)
+    Ok((delta, last_values))
+}
+
+/// Locks the shard's tables `IN EXCLUSIVE MODE`, then its sequences against
+/// every `nextval` (`SHARE ROW EXCLUSIVE`, by `ALTER SEQUENCE` to the options
+/// they must have anyway), and reads each sequence's last value.
+async fn lock_shard(
+    stx: &tokio_postgres::Transaction<'_>,
+    p: &Pause<'_>,
+) -> Result<Vec<(String, i64)>, tokio_postgres::Error> {
+    if !p.tables.is_empty() {
+        let list: Vec<String> = p
+            .tables
+            .iter()
+            .map(|t| format!("{}.{t}", p.schema))
+            .collect();
+        stx.batch_execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", list.join(", ")))
+            .await?;
+    }
+    let mut last_values = Vec::new();
+    for seq in p.seqs {
+        stx.batch_execute(&format!("ALTER SEQUENCE {seq} {}", p.options))
+            .await?;
+        let v: i64 = stx
+            .query_one(&format!("SELECT last_value FROM {seq}"), &[])
+            .await?
+            .get(0);
+        last_values.push((seq.clone(), v));
+    }
+    Ok(last_values)
+}
+
+/// SQL that makes the old copy's sequences hand out nothing more: each
+/// marked as having handed out its last value `v` (at least 1), with
+/// `MAXVALUE v` (and `MINVALUE 0`: PostgreSQL wants it below `MAXVALUE`).
+fn fence_sequences_sql(last_values: &[(String, i64)]) -> String {
+    last_values
+        .iter()
+        .map(|(seq, v)| {
+            format!("SELECT setval('{seq}', {v});\nALTER SEQUENCE {seq} MINVALUE 0 MAXVALUE {v};\n")
+        })
+        .collect()
 }
 
 /// The snapshot's `xmin` (`pg_current_snapshot()` text is `xmin:xmax:xip,..`)
@@ -438,14 +557,20 @@ async fn foreign_objects(
 }
 
 /// SQL that makes the old copy refuse writes and ids with SQLSTATE SF001.
+///
+/// `schema` and `tables` must be plain identifiers (a validated topology's
+/// are). `to` may be any text: it ends up in a string literal that escapes
+/// quotes and backslashes, inside a dollar quote whose tag it cannot contain
+/// (topologies also refuse such server names).
 pub fn fence_sql(schema: &str, tables: &[String], shard: u64, to: &str) -> String {
-    let msg = format!("shard {shard} ({schema}) has moved to server {to}; reload the topology")
-        .replace('\'', "''");
+    let msg = format!("shard {shard} ({schema}) has moved to server {to}; reload the topology");
+    let msg = format!("E'{}'", msg.replace('\\', "\\\\").replace('\'', "''"));
+    let body = dollar_quote(&format!(
+        "\nBEGIN RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_MOVED}', MESSAGE = {msg}; END "
+    ));
     let mut out = format!(
-        "CREATE OR REPLACE FUNCTION {schema}.shardflake_moved() RETURNS trigger LANGUAGE plpgsql AS $f$\n\
-         BEGIN RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_MOVED}', MESSAGE = '{msg}'; END $f$;\n\
-         CREATE OR REPLACE FUNCTION {schema}.next_id(seq regclass) RETURNS bigint LANGUAGE plpgsql AS $f$\n\
-         BEGIN RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_MOVED}', MESSAGE = '{msg}'; END $f$;\n"
+        "CREATE OR REPLACE FUNCTION {schema}.shardflake_moved() RETURNS trigger LANGUAGE plpgsql AS {body};\n\
+         CREATE OR REPLACE FUNCTION {schema}.next_id(seq regclass) RETURNS bigint LANGUAGE plpgsql AS {body};\n"
     );
     for t in tables {
         out.push_str(&format!(
@@ -456,9 +581,32 @@ pub fn fence_sql(schema: &str, tables: &[String], shard: u64, to: &str) -> Strin
     out
 }
 
+/// `body` in dollar quotes whose tag does not occur in it (nor is formed
+/// where the body ends).
+fn dollar_quote(body: &str) -> String {
+    let mut n = 0u32;
+    loop {
+        let tag = if n == 0 {
+            "$f$".to_string()
+        } else {
+            format!("$f{n}$")
+        };
+        let closed = format!("{body}{tag}");
+        if closed.find(&tag) == Some(body.len()) {
+            return format!("{tag}{closed}");
+        }
+        n += 1;
+    }
+}
+
 async fn unfence(src: &Client, topo: &Topology, shard: u64) -> Result<(), Error> {
     let schema = topo.schema(shard);
     let mut sql = String::new();
+    // The sequences' options (the fence lowered MAXVALUE).
+    let options = sql::sequence_options(topo.layout(), topo.sign_bit());
+    for seq in sql::shard_sequences(&schema, topo.tables()) {
+        sql.push_str(&format!("ALTER SEQUENCE {seq} MINVALUE 1 {options};\n"));
+    }
     for t in topo.tables() {
         sql.push_str(&format!(
             "DROP TRIGGER IF EXISTS shardflake_moved ON {schema}.{};\n",

@@ -90,10 +90,11 @@
 //! catch-up window (microseconds: a draw and a `setval` under the lock); a
 //! step back outside windows only makes ids' times lag; nothing but
 //! `next_id` calls `nextval`/`setval` on a shard's sequences (a move sets
-//! them while the shard is fenced); the sequences have `INCREMENT 1`,
-//! `CACHE 1`, `NO CYCLE` (`pg apply` sets them, `pg check` reports others);
-//! and all sessions run the same version of the functions (upgrade with
-//! `pg apply` while writes to the server are paused).
+//! them under locks no draw can pass, see [`crate::move_shard`]); the
+//! sequences have `INCREMENT 1`, `CACHE 1`, `NO CYCLE` (`pg apply` sets
+//! them, `pg check` reports others); and all sessions run the same
+//! version of the functions (upgrade with `pg apply` while writes to the
+//! server are paused).
 //!
 //! An id's time may lag the clock by up to about `LAG + GAP` (4.25 ms for
 //! Instagram's layout); it is never ahead of the clock unless more than

@@ -8,7 +8,7 @@
 //! sign_bit = "refuse"         # or "allow" (see crate docs); default refuse
 //!
 //! [[servers]]
-//! name = "pg1"
+//! name = "pg1"               # a-z, 0-9, _ and -, starting with a letter
 //! url = "postgres://postgres@127.0.0.1:5432/postgres"
 //! shards = "0-3"              # ranges and single shards: "0-3,7"
 //!
@@ -105,6 +105,12 @@ pub enum TopologyError {
     /// Two servers with one name.
     #[error("server name {0:?} is used twice")]
     DuplicateServer(String),
+    /// A server name outside the allowed characters (names reach generated
+    /// SQL, e.g. the fenced copy's "moved to server X" message).
+    #[error(
+        "server name {0:?} must be 1-63 characters of a-z, 0-9, _ and -, starting with a letter"
+    )]
+    BadServerName(String),
     /// A URL that does not parse or is not postgres://.
     #[error("server {server:?}: bad url {url:?}: {reason}")]
     BadUrl {
@@ -291,6 +297,9 @@ impl Topology {
         let mut owner: Vec<Option<usize>> = vec![None; raw.shards as usize];
         let mut servers = Vec::new();
         for (i, s) in raw.servers.into_iter().enumerate() {
+            if !is_server_name(&s.name) {
+                return Err(TopologyError::BadServerName(s.name));
+            }
             if servers.iter().any(|o: &Server| o.name == s.name) {
                 return Err(TopologyError::DuplicateServer(s.name));
             }
@@ -493,6 +502,18 @@ pub fn is_ident(s: &str) -> bool {
         && !s.as_bytes()[0].is_ascii_digit()
 }
 
+/// Whether `s` is a valid server name: 1-63 characters of `a-z`, `0-9`, `_`
+/// and `-`, starting with a letter. Like schema names, so a name never needs
+/// quoting or escaping where it reaches SQL (string literals inside
+/// dollar-quoted function bodies) or logs.
+pub fn is_server_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.as_bytes()[0].is_ascii_lowercase()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
 fn check_url(server: &str, raw: &str) -> Result<(), TopologyError> {
     let bad = |reason: String| TopologyError::BadUrl {
         server: server.to_string(),
@@ -639,6 +660,50 @@ sql = "CREATE TABLE {schema}.posts (id bigint PRIMARY KEY DEFAULT {next_id})"
         assert!(err(&OK.replace("{schema}.posts", "posts")).contains("{schema}"));
         assert!(err("shards = ").contains("not valid TOML"));
         assert!(err("shards = 1\n").contains("no [[servers]]"));
+    }
+
+    #[test]
+    fn server_names_are_validated_like_schema_names() {
+        let named = |name: &str| {
+            OK.replace(
+                "name = \"b\"",
+                &format!("name = {}", toml::Value::String(name.into())),
+            )
+        };
+        for bad in [
+            "b$f$; DROP SCHEMA public CASCADE; --",
+            "b$$",
+            "$f$",
+            "",
+            "b'",
+            "b\"",
+            "b;",
+            "b c",
+            "B",
+            "1b",
+            "-b",
+            "_b",
+            "b.c",
+            "b\\",
+            "b\n",
+            "bé",
+            &"b".repeat(64),
+        ] {
+            let e = match Topology::parse(&named(bad)) {
+                Ok(_) => panic!("server name {bad:?} accepted"),
+                Err(e) => e,
+            };
+            assert!(
+                matches!(&e, TopologyError::BadServerName(n) if n == bad),
+                "{bad:?} accepted or wrong error: {e}"
+            );
+            assert!(e.to_string().contains("a-z, 0-9, _ and -"), "{e}");
+        }
+        for good in ["b", "pg2", "pg_eu-1", "hole", &"b".repeat(63)] {
+            let t = Topology::parse(&named(good)).unwrap();
+            assert_eq!(t.server_of(5).unwrap().name, good);
+            assert_eq!(Topology::parse(&t.to_toml()).unwrap(), t);
+        }
     }
 
     #[test]

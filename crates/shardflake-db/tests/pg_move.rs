@@ -1,6 +1,8 @@
 //! Shard moves against real PostgreSQL servers: changes committed during the
 //! move (also from subtransactions of a transaction open across the bulk
-//! copy's snapshot), the sequence carry-over, refusals.
+//! copy's snapshot), the sequence carry-over, refusals; ids drawn across a
+//! move by statements that touch no shard table, a deadlock with the pause,
+//! the old copy given back after a late failure, the fence's quoting.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -258,4 +260,323 @@ async fn move_carries_the_sequence_refuses_foreign_objects_and_holds_the_apply_l
     );
     // The move released the apply lock: apply runs.
     pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+}
+
+/// Advisory-lock key of the gate the id-drawing statement waits at.
+const GATE: i64 = 0x5346_6761_7465;
+
+/// Polls (bounded) until `cond` holds on `c`'s server.
+async fn wait_until(c: &Client, what: &str, cond: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let yes: bool = c.query_one(cond, &[]).await.unwrap().get(0);
+        if yes {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What [`ids_drawn_across_a_move`] saw.
+struct Drawn {
+    /// The drawing statement's outcome (rows inserted).
+    statement: Result<u64, tokio_postgres::Error>,
+    /// Ids the statement drew on the source (committed ones).
+    on_source: Vec<i64>,
+    /// Ids drawn on the destination after the move.
+    on_destination: Vec<i64>,
+    /// Whether the move was waiting on a lock when the gate opened.
+    move_waited: bool,
+}
+
+/// Another session runs `INSERT INTO public.prealloc SELECT
+/// shard3.next_id() FROM generate_series(1, 2000)` on the source: it touches
+/// no shard table, only the shard's sequence. At row `gate_at` it waits for
+/// an advisory lock the test holds (so it has drawn `gate_at - 1` ids), and
+/// shard 3 is moved meanwhile; the gate opens once the move has finished or
+/// is waiting on a lock. Then 3000 ids are drawn on the destination.
+async fn ids_drawn_across_a_move(name: &str, gate_at: i32) -> Drawn {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new(name, &topology(&a, &b));
+    let topo = Topology::load(&file.0).unwrap();
+    pg::apply(&topo).await.unwrap();
+    let ca = client(&a).await;
+    ca.batch_execute("CREATE TABLE public.prealloc (id bigint NOT NULL)")
+        .await
+        .unwrap();
+    // The sequence is a minute ahead of the clock (a burst borrowed ticks),
+    // so every draw takes the fast path: consecutive values on each side.
+    let layout = topo.layout();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let ahead = ((now + 60_000 - layout.epoch_ms()) as i64) << layout.sequence().bits();
+    ca.execute("SELECT setval('shard3.id_seq', $1)", &[&ahead])
+        .await
+        .unwrap();
+
+    let gate = client(&a).await;
+    gate.execute("SELECT pg_advisory_lock($1)", &[&GATE])
+        .await
+        .unwrap();
+    let drawer = client(&a).await;
+    let statement = tokio::spawn(async move {
+        drawer
+            .execute(
+                "INSERT INTO public.prealloc SELECT shard3.next_id() FROM generate_series(1, 2000) g \
+                 WHERE g <> $1 OR (SELECT g > 0 FROM pg_advisory_lock($2))",
+                &[&gate_at, &GATE],
+            )
+            .await
+    });
+    wait_until(
+        &ca,
+        "the statement waits at the gate",
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                         WHERE query LIKE 'INSERT INTO public.prealloc%' AND wait_event = 'advisory')",
+    )
+    .await;
+
+    let path = file.0.clone();
+    let mover = tokio::spawn(async move {
+        let opts = MoveOptions { keep_source: true };
+        move_shard(&path, 3, "b", &opts).await
+    });
+    // The move either finishes or waits on a lock (the statement's).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let move_waited = loop {
+        let blocked: bool = ca
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                 WHERE application_name = 'shardflake' AND wait_event_type = 'Lock'
+                                   AND query NOT LIKE 'INSERT INTO public.prealloc%')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if blocked || mover.is_finished() {
+            break blocked;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the move neither finished nor blocked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    gate.execute("SELECT pg_advisory_unlock($1)", &[&GATE])
+        .await
+        .unwrap();
+    let statement = statement.await.unwrap();
+    mover.await.unwrap().unwrap();
+    assert_eq!(
+        Topology::load(&file.0).unwrap().server_of(3).unwrap().name,
+        "b"
+    );
+
+    let on_source: Vec<i64> = ca
+        .query("SELECT id FROM public.prealloc", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let cb = client(&b).await;
+    let on_destination: Vec<i64> = cb
+        .query("SELECT shard3.next_id() FROM generate_series(1, 3000)", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Drawn {
+        statement,
+        on_source,
+        on_destination,
+        move_waited,
+    }
+}
+
+/// Ids handed out on both sides.
+fn twice(d: &Drawn) -> Vec<i64> {
+    let source: std::collections::HashSet<i64> = d.on_source.iter().copied().collect();
+    let mut both: Vec<i64> = d
+        .on_destination
+        .iter()
+        .copied()
+        .filter(|id| source.contains(id))
+        .collect();
+    both.sort_unstable();
+    both
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_waits_for_a_statement_already_drawing_ids_without_touching_shard_tables() {
+    // The statement has drawn 999 ids when the move starts; it draws the rest
+    // after the move began (and, before the fix, after the fence committed).
+    let d = ids_drawn_across_a_move("move-drawing", 1000).await;
+    let dup = twice(&d);
+    assert!(
+        dup.is_empty(),
+        "{} ids handed out twice (on the source and on the destination), e.g. {:?}",
+        dup.len(),
+        &dup[..dup.len().min(3)]
+    );
+    // It was not disturbed: the move waited for it.
+    assert!(d.move_waited, "the move did not wait for the statement");
+    assert_eq!(d.statement.unwrap(), 2000);
+    assert_eq!(d.on_source.len(), 2000);
+    assert_eq!(d.on_destination.len(), 3000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_planned_before_the_fence_draws_nothing_from_the_old_copy() {
+    // The statement was planned (old next_id inlined) before the move, but
+    // draws its first id only after the move.
+    let d = ids_drawn_across_a_move("move-planned", 1).await;
+    let dup = twice(&d);
+    assert!(
+        dup.is_empty(),
+        "{} ids handed out twice (on the source and on the destination), e.g. {:?}",
+        dup.len(),
+        &dup[..dup.len().min(3)]
+    );
+    // Its first draw on the fenced old copy fails.
+    let e = d.statement.unwrap_err();
+    assert_eq!(
+        e.code().map(|c| c.code()),
+        Some("2200H"),
+        "{}",
+        shardflake_db::pg_message(&e)
+    );
+    assert!(d.on_source.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_sql_keeps_any_server_name_inside_the_message() {
+    // Topologies refuse such names; the generated SQL must not depend on it.
+    let a = PgServer::start().unwrap();
+    let ca = client(&a).await;
+    // Unchecked bodies (as in a restore session): a name that ends the
+    // dollar quote would run the rest as SQL instead of a syntax error.
+    ca.batch_execute("CREATE SCHEMA shard3; SET check_function_bodies = off")
+        .await
+        .unwrap();
+    let to = "b$f$; CREATE TABLE public.pwned (); SELECT $f$ '\"; --";
+    let fence = shardflake_db::move_shard::fence_sql("shard3", &[], 3, to);
+    ca.batch_execute(&fence)
+        .await
+        .unwrap_or_else(|e| panic!("{}\n{fence}", shardflake_db::pg_message(&e)));
+    let pwned: bool = ca
+        .query_one("SELECT to_regclass('public.pwned') IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!pwned, "the server name ran as SQL:\n{fence}");
+    let e = ca
+        .query_one("SELECT shard3.next_id('pg_class'::regclass)", &[])
+        .await
+        .unwrap_err();
+    assert!(shardflake_db::is_moved(&e), "{e}");
+    let message = e.as_db_error().unwrap().message().to_string();
+    assert!(
+        message.ends_with(&format!("to server {to}; reload the topology")),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_between_the_pause_and_a_transaction_drawing_then_writing_is_retried() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new("move-deadlock", &topology(&a, &b));
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let ca = client(&a).await;
+    // T takes an id first (holding shard3.id_seq), then writes a shard table.
+    let mut ct = client(&a).await;
+    let t = ct.transaction().await.unwrap();
+    let id: i64 = t
+        .query_one("SELECT shard3.next_id()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let path = file.0.clone();
+    let mover = tokio::spawn(async move { move_shard(&path, 3, "b", &Default::default()).await });
+    // The pause holds the tables and waits for T's sequence lock; T's write
+    // now waits for the tables: PostgreSQL aborts one of the two.
+    wait_for_blocked(&ca, "ALTER SEQUENCE").await;
+    let write = t
+        .execute(
+            "INSERT INTO shard3.posts (id, user_id, body) VALUES ($1, 1, 'prealloc')",
+            &[&id],
+        )
+        .await;
+    match write {
+        Ok(_) => t.commit().await.unwrap(),
+        Err(e) => {
+            assert_eq!(e.code().map(|c| c.code()), Some("40P01"), "{e}");
+            t.rollback().await.unwrap();
+        }
+    }
+    // Either way the move completes (the pause starts again if it was the
+    // victim), with T's row if T committed.
+    mover.await.unwrap().unwrap();
+    let cb = client(&b).await;
+    let n: i64 = cb
+        .query_one("SELECT count(*) FROM shard3.posts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(n <= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_failing_after_the_fence_gives_the_old_copy_back_its_sequences() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new("move-unfence", &topology(&a, &b));
+    let topo = Topology::load(&file.0).unwrap();
+    pg::apply(&topo).await.unwrap();
+    let ca = client(&a).await;
+    let before: i64 = ca
+        .query_one("SELECT shard3.next_id()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // The topology cannot be written (a directory where its temp file goes):
+    // the move fails after fencing the old copy.
+    let tmp = file.0.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::create_dir(&tmp).unwrap();
+    let e = move_shard(&file.0, 3, "b", &Default::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, shardflake_db::Error::Io { .. }), "{e}");
+    std::fs::remove_dir(&tmp).unwrap();
+    assert_eq!(
+        Topology::load(&file.0).unwrap().server_of(3).unwrap().name,
+        "a"
+    );
+    // The old copy is whole again: ids and writes work, above the earlier
+    // ones, and the sequences have the options next_id needs.
+    let after: i64 = ca
+        .query_one("SELECT shard3.next_id()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(after > before, "{after} <= {before}");
+    ca.execute("INSERT INTO shard3.posts (user_id) VALUES (1)", &[])
+        .await
+        .unwrap();
+    let max = sql::sequence_max(topo.layout(), topo.sign_bit());
+    let odd: i64 = ca
+        .query_one(
+            "SELECT count(*) FROM pg_sequences WHERE schemaname = 'shard3' \
+             AND (min_value <> 1 OR max_value <> $1)",
+            &[&max],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(odd, 0);
+    assert!(pg::check(&topo).await.unwrap().is_empty());
 }
