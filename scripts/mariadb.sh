@@ -1,17 +1,87 @@
 #!/usr/bin/env bash
-# Starts and stops a throw-away MariaDB server on 127.0.0.1.
+# Starts, crashes, restarts and stops a throw-away MariaDB server on 127.0.0.1.
 #
 #   scripts/mariadb.sh start [DIR]   prints the URL (mysql://root@127.0.0.1:PORT/app;
 #                                    database app is created)
 #                                    and, last, "dir DIR"
+#   scripts/mariadb.sh kill DIR      SIGKILLs it (a crash: no shutdown, InnoDB
+#                                    recovers at the next start); waits until dead
+#   scripts/mariadb.sh restart DIR   starts it again on the same data and port
+#                                    (after kill or stop-less SIGTERM); prints the URL
+#   scripts/mariadb.sh pid DIR       prints the server's pid
 #   scripts/mariadb.sh stop DIR      stops it (SIGTERM, clean) and removes DIR
 #
 # --no-defaults comes first so /etc/mysql is ignored; as root it runs with
-# --user=root; root logs in over TCP with no password. No binary log, InnoDB
-# flushes once a second (data is thrown away).
+# --user=root; root logs in over TCP with no password. No binary log. InnoDB
+# writes its log to the OS at every commit and flushes it once a second
+# (innodb_flush_log_at_trx_commit=2): a killed server (SIGKILL) loses no
+# committed transaction, an OS crash may lose the last second; the data is
+# thrown away anyway. The event scheduler is on (the MariaDB one-statement
+# ids keep their sequence up with the clock through an event).
+#
+# Environment, read by start (and remembered for restart):
+#   MARIADB_OPTS="--opt=value ..."  extra server options (last wins, e.g.
+#                                   --innodb-flush-log-at-trx-commit=0)
+#   MARIADB_FAKETIME_FILE=FILE      run mariadbd under libfaketime, its clock
+#                                   offset read from FILE at every call
+#                                   (write "-10s", "+1d" or "+0" into FILE);
+#                                   the file is created with "+0" if missing
 set -euo pipefail
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+faketime_lib() {
+  local f
+  for f in /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 /usr/lib/*/faketime/libfaketime.so.1; do
+    [[ -e $f ]] && { echo "$f"; return; }
+  done
+  echo "mariadb.sh: libfaketime not installed (run scripts/install-deps.sh)" >&2
+  exit 1
+}
+
+# Starts mariadbd on the data dir and port recorded in DIR; waits until it
+# answers queries.
+launch() {
+  local dir=$1 port user=() opts=() env=()
+  port=$(cat "$dir/port")
+  [[ $(id -u) -eq 0 ]] && user=(--user=root)
+  read -r -a opts <"$dir/opts" || true
+  if [[ -s $dir/faketime ]]; then
+    env=(env LD_PRELOAD="$(faketime_lib)" FAKETIME_TIMESTAMP_FILE="$(cat "$dir/faketime")"
+      FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1)
+  fi
+  "${env[@]}" mariadbd --no-defaults --datadir="$dir/data" --port="$port" --bind-address=127.0.0.1 \
+    --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --skip-log-bin \
+    --innodb-flush-log-at-trx-commit=2 --innodb-buffer-pool-size=256M --max-connections=500 \
+    --event-scheduler=ON "${opts[@]}" "${user[@]}" >>"$dir/server.log" 2>&1 &
+  echo $! >"$dir/server.pid"
+  for _ in $(seq 1 600); do
+    if ! port_free "$port" &&
+      mariadb --no-defaults -h 127.0.0.1 -P "$port" -u root -e 'CREATE DATABASE IF NOT EXISTS app' 2>/dev/null; then
+      echo "mysql://root@127.0.0.1:$port/app"
+      return
+    fi
+    alive "$(cat "$dir/server.pid")" || break
+    sleep 0.1
+  done
+  cat "$dir/server.log" >&2
+  exit 1
+}
+
+# A dead daemon may linger as a zombie: check its state, not kill -0.
+alive() {
+  local state
+  state=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null || true)
+  [[ -n $state && $state != Z ]]
+}
+
+wait_dead() {
+  for _ in $(seq 1 300); do
+    alive "$1" || return 0
+    sleep 0.05
+  done
+  return 1
+}
 
 start() {
   local dir=${1:-} port user=()
@@ -25,23 +95,33 @@ start() {
     port=$((20000 + RANDOM % 30000))
     port_free "$port" && break
   done
-  mariadbd --no-defaults --datadir="$dir/data" --port="$port" --bind-address=127.0.0.1 \
-    --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --skip-log-bin \
-    --innodb-flush-log-at-trx-commit=0 --innodb-buffer-pool-size=256M --max-connections=500 \
-    "${user[@]}" >"$dir/server.log" 2>&1 &
-  echo $! >"$dir/server.pid"
-  for _ in $(seq 1 600); do
-    if ! port_free "$port" &&
-      mariadb --no-defaults -h 127.0.0.1 -P "$port" -u root -e 'CREATE DATABASE IF NOT EXISTS app' 2>/dev/null; then
-      echo "mysql://root@127.0.0.1:$port/app"
-      echo "dir $dir"
-      return
-    fi
-    if ! kill -0 "$(cat "$dir/server.pid")" 2>/dev/null; then break; fi
-    sleep 0.1
-  done
-  cat "$dir/server.log" >&2
-  exit 1
+  echo "$port" >"$dir/port"
+  echo "${MARIADB_OPTS:-}" >"$dir/opts"
+  if [[ -n ${MARIADB_FAKETIME_FILE:-} ]]; then
+    [[ -e $MARIADB_FAKETIME_FILE ]] || echo "+0" >"$MARIADB_FAKETIME_FILE"
+    faketime_lib >/dev/null
+    echo "$MARIADB_FAKETIME_FILE" >"$dir/faketime"
+  fi
+  launch "$dir"
+  echo "dir $dir"
+}
+
+kill_server() {
+  local dir=${1:?usage: mariadb.sh kill DIR} pid
+  pid=$(cat "$dir/server.pid")
+  kill -KILL "$pid" 2>/dev/null || true
+  wait_dead "$pid" || { echo "mariadb.sh: pid $pid still alive after SIGKILL" >&2; exit 1; }
+}
+
+restart() {
+  local dir=${1:?usage: mariadb.sh restart DIR} pid
+  pid=$(cat "$dir/server.pid")
+  if alive "$pid"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    wait_dead "$pid" || { echo "mariadb.sh: pid $pid did not stop" >&2; exit 1; }
+  fi
+  port_free "$(cat "$dir/port")" || { echo "mariadb.sh: port $(cat "$dir/port") taken" >&2; exit 1; }
+  launch "$dir"
 }
 
 stop() {
@@ -49,18 +129,16 @@ stop() {
   if [[ -f $dir/server.pid ]]; then
     pid=$(cat "$dir/server.pid")
     kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do
-      # A dead daemon may linger as a zombie: check its state, not kill -0.
-      state=$(awk '/^State:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
-      [[ -z $state || $state == Z ]] && break
-      sleep 0.1
-    done
+    wait_dead "$pid" || kill -KILL "$pid" 2>/dev/null || true
   fi
   rm -rf "$dir"
 }
 
 case "${1:-}" in
   start) shift; start "$@" ;;
+  kill) shift; kill_server "$@" ;;
+  restart) shift; restart "$@" ;;
+  pid) shift; cat "${1:?usage: mariadb.sh pid DIR}/server.pid" ;;
   stop) shift; stop "$@" ;;
-  *) echo "usage: $0 start [DIR] | stop DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 start [DIR] | kill DIR | restart DIR | pid DIR | stop DIR" >&2; exit 2 ;;
 esac

@@ -1,33 +1,120 @@
-//! The MariaDB/MySQL variant (MISSION.md §2.3): a `sequences` table and a
-//! `generate_post_id(IN user_id, OUT post_id)` procedure, called from Rust
-//! the way the seed's JPA `IdentifierGenerator` calls it
-//! (`CALL generate_post_id(?, @post_id)`, then read `@post_id`).
-//!
-//! The seed's procedure reads `next_val` with a `SELECT` and increments it in
-//! a second statement, with no lock: two callers in the same millisecond can
-//! read the same value and return the same id; and `next_val % 1024` wraps
-//! after 1024 ids in one millisecond. Ours ([`procedure_sql`]) does both in
-//! one atomic statement on the row:
+//! Ids inside MariaDB/MySQL (MISSION.md §2.3), made in the application's own
+//! `INSERT`:
 //!
 //! ```sql
-//! UPDATE sequences SET next_val = LAST_INSERT_ID(GREATEST(next_val + 1, now_packed))
-//!  WHERE name = 'post_seq';
+//! INSERT INTO posts (user_id, body) VALUES (?, ?) RETURNING id   -- MariaDB ≥ 10.5
 //! ```
 //!
-//! `next_val` holds the last packed `tick << sequence_bits | sequence` handed
-//! out; the row lock makes the read-modify-write atomic and
-//! `LAST_INSERT_ID(expr)` hands the new value back to this session only. The
-//! value always grows, so ids never repeat; more than 2^sequence ids in one
-//! millisecond borrow the next one. Every number comes from the [`Layout`].
+//! `posts.id` has a `DEFAULT` that draws the next value of a MariaDB
+//! `SEQUENCE`, `posts_id_seq`, whose values are *packed* times and
+//! sequences, `tick << sequence_bits | sequence` (the two low fields of the
+//! id), and puts the shard (`user_id mod 2^shard_bits`) between them:
+//!
+//! ```text
+//! w  := NEXT VALUE FOR posts_id_seq       -- never handed out twice
+//! id := (w >> seq_bits) << time_shift | (user_id & shard_mask) << shard_shift | (w & seq_mask)
+//! ```
+//!
+//! No call, no second statement, no row lock: a sequence is not
+//! transactional, and a cached one hands out values from memory under a
+//! mutex. For callers who want the seed's JPA shape the same sequence backs
+//! `CALL generate_post_id(?, ?)`; where there are no sequences (MySQL),
+//! `generate_post_id_locked` counts in a row of the seed's `sequences` table.
+//! The SQL is generated in [`sql`] from the same [`Layout`] `shardflake
+//! decode` reads.
+//!
+//! # Why no id is handed out twice
+//!
+//! 1. **The id is one to one in `w`.** For one shard key, `w`'s time and
+//!    sequence bits land in disjoint fields of the id; other shards differ in
+//!    the shard field. Two rows get one id only if they drew one `w`.
+//! 2. **The sequence hands out each value at most once.** `NEXT VALUE FOR`
+//!    takes the next value under the sequence's lock and moves past it. The
+//!    sequence is `INCREMENT BY 1 NOCYCLE` with `MAXVALUE` at the layout's
+//!    last packed value ([`Plan::max_packed`]), so it never wraps (past it,
+//!    `NEXT VALUE FOR` fails: "Sequence ... has run out"). The one other
+//!    writer is `SETVAL(seq, v, 0)`, which MariaDB ignores unless `v` is
+//!    above every value handed out (it never moves a sequence down; the
+//!    tests check it): values go out in increasing order.
+//! 3. **A crash skips values, never repeats them.** A sequence with `CACHE n`
+//!    hands out `n` values from memory after writing the first value past
+//!    them (`next_not_cached_value`) to its InnoDB row; a restart resumes
+//!    from that row. The write reaches the disk with the log: with
+//!    `innodb_flush_log_at_trx_commit = 1` (or 2, against a killed server but
+//!    not a crashed OS) every commit writes the log up to itself, and the
+//!    reservation is in the log before any commit that stored an id drawn
+//!    from it. With 0, the last second of the log can be lost and the
+//!    sequence can restart below ids that were stored and returned
+//!    (measured: a SIGKILL set it back 25,000 values). `mysql check` reports
+//!    0; `mysql apply` warns.
+//! 4. **Nothing else moves the sequence.** No `ALTER SEQUENCE ... RESTART`,
+//!    no `INSERT` into the sequence table, no explicit ids above the
+//!    sequence (`mysql apply` never does these; `mysql check` draws one
+//!    value and verifies it is above every stored id).
+//!
+//! This holds at any rate (more than 2^sequence_bits ids in one tick run
+//! into the next tick: the id *borrows* time instead of wrapping) and at any
+//! clock: the clock never enters the id.
+//!
+//! # The clock
+//!
+//! The time comes from catch-ups: `SETVAL(seq, packed clock, 0)` moves the
+//! sequence up to the clock when it lags it by more than [`sql::LAG_MS`].
+//! MariaDB's `SETVAL` takes only a literal number, and a `DEFAULT`, a
+//! trigger or a stored function may not run dynamic SQL, so the catch-up
+//! runs in an event, `posts_id_clock` ([`sql::event_sql`]): it fires every
+//! second; the firing that gets a user-level lock loops for good and, about
+//! every millisecond, reads the sequence's reserved value and, if it lags by
+//! more than `LAG_MS`, runs `SETVAL` through `EXECUTE IMMEDIATE`. An id's time
+//! therefore lags its insert by about `LAG_MS` plus the event's period at
+//! most while the event runs, and is ahead of it only when more than
+//! 2^sequence_bits ids per tick were drawn. `mysql apply` turns the event
+//! scheduler on (put `event_scheduler=ON` in the server's configuration too)
+//! and `mysql check` reports an event that is not running.
+//!
+//! The `DEFAULT` reads the clock (`UTC_TIMESTAMP(6)`, the statement's start)
+//! only to refuse, with an error naming the cause: a shard key that is
+//! `NULL` or negative, a server clock before the layout's epoch or past its
+//! end, and a sequence more than [`sql::STALE_MS`] behind the clock (the
+//! event is not running). After a restart, ids continue from the
+//! sequence's reservation (dated before the crash) until the event's first
+//! run, within a second of the start.
+//!
+//! Clock steps: backwards, ids keep coming from the sequence (dated ahead of
+//! the clock until it catches up); forwards, the event moves the sequence up
+//! within a millisecond or two, and an `INSERT` that runs first, more than
+//! `STALE_MS` behind, fails rather than make an id dated that far back.
+//!
+//! # The procedures
+//!
+//! `generate_post_id(IN user_id, OUT id)` ([`sql::procedure_sql`]) draws from
+//! the same sequence, so its ids and the default's never collide; a draw
+//! that lags the clock catches the sequence up itself (a procedure may run
+//! `EXECUTE IMMEDIATE`), so it needs no event. `generate_post_id_locked`
+//! ([`sql::locked_procedure_sql`]) is the row-lock design for servers
+//! without sequences; `generate_post_id_seed` is the seed's, verbatim, kept
+//! to show its duplicates. All routines, the event and the table are created
+//! with `sql_mode` [`sql::SQL_MODE`] (a routine keeps the mode it was created
+//! with); every range check comes before any write.
+//!
+//! Costs are measured in `docs/BENCHMARKS.md` (`scripts/bench-db.sh`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts, Pool};
 use shardflake::Layout;
 
 use crate::Error;
-use crate::topology::SHARD_FIELD;
+
+#[path = "mysql_sql.rs"]
+pub mod sql;
+
+#[path = "mysql_bench.rs"]
+mod bench_impl;
+
+pub use bench_impl::{BenchMode, BenchOptions, BenchReport, BenchResult, CpuResult, bench};
+pub use sql::{MysqlSqlError, Names, Plan};
 
 fn my(context: &str) -> impl FnOnce(mysql_async::Error) -> Error + '_ {
     move |source| Error::Mysql {
@@ -36,114 +123,18 @@ fn my(context: &str) -> impl FnOnce(mysql_async::Error) -> Error + '_ {
     }
 }
 
-/// `CREATE TABLE sequences` as in the seed (idempotent), and its row.
-pub fn sequences_sql(sequence: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS sequences (\n    name     varchar(32) PRIMARY KEY,\n    next_val BIGINT NOT NULL DEFAULT 1\n);\n\
-         INSERT IGNORE INTO sequences (name) VALUES ('{sequence}');"
-    )
-}
-
-/// The seed's procedure, verbatim except for its name and sequence name
-/// (kept to show its duplicates; do not use it).
-pub fn seed_procedure_sql(name: &str, sequence: &str) -> String {
-    format!(
-        "CREATE PROCEDURE {name}(IN user_id BIGINT, OUT post_id BIGINT)
-BEGIN
-    SET @service_start_time = UNIX_TIMESTAMP('2023-01-01 00:00:00.000');
-    SET @shard_count = 1024;
-    SET @sequence_name = '{sequence}';
-
-    SET post_id = (
-            FLOOR((UNIX_TIMESTAMP(NOW(3)) - @service_start_time) * 1000) << 20 |
-            (user_id % @shard_count) << 10
-        );
-
-    SET post_id = post_id | (SELECT next_val % 1024 FROM sequences WHERE name = @sequence_name);
-    UPDATE sequences SET next_val = next_val + 1 WHERE name = @sequence_name;
-END"
-    )
-}
-
-/// Our race-free `generate_post_id`, generated from `layout` (which needs a
-/// `shard` field; the shard is `user_id % 2^shard_bits`).
-pub fn procedure_sql(layout: &Layout, name: &str, sequence: &str) -> String {
-    let seq = layout.sequence();
-    let time = layout.time();
-    let shard = layout
-        .field(SHARD_FIELD)
-        .expect("layout with a shard field");
-    let limit: i64 = ((time.max() as i64) + 1) << seq.bits();
-    let limit = if layout.uses_sign_bit() {
-        ((1i64) << (time.bits() - 1)) << seq.bits()
-    } else {
-        limit
-    };
-    let tick = if layout.tick_ms() == 1 {
-        String::new()
-    } else {
-        format!(" DIV {}", layout.tick_ms())
-    };
-    format!(
-        "CREATE PROCEDURE {name}(IN user_id BIGINT, OUT post_id BIGINT)
-BEGIN
-    -- shardflake: {layout}. Generated; do not edit.
-    DECLARE now_packed BIGINT;
-    DECLARE w BIGINT;
-    IF user_id IS NULL OR user_id < 0 THEN
-        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'generate_post_id: user_id must be >= 0';
-    END IF;
-    SET now_packed = ((CAST(FLOOR(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED) - {epoch}){tick}) << {seq_bits};
-    UPDATE sequences SET next_val = LAST_INSERT_ID(GREATEST(next_val + 1, now_packed))
-     WHERE name = '{sequence}';
-    IF ROW_COUNT() <> 1 THEN
-        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'generate_post_id: no row {sequence} in sequences';
-    END IF;
-    SET w = LAST_INSERT_ID();
-    IF w >= {limit} THEN
-        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'generate_post_id: time out of the layout''s range';
-    END IF;
-    SET post_id = ((w >> {seq_bits}) << {time_shift})
-                | ((user_id % {shards}) << {shard_shift})
-                | ((w & {seq_mask}) << {seq_shift});
-END",
-        epoch = layout.epoch_ms(),
-        seq_bits = seq.bits(),
-        time_shift = time.shift(),
-        shards = 1u64 << shard.bits(),
-        shard_shift = shard.shift(),
-        seq_mask = seq.max(),
-        seq_shift = seq.shift(),
-    )
-}
-
-/// Which procedure to install or call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flavor {
-    /// The seed's, verbatim: `generate_post_id_seed`, sequence `post_seq_seed`.
-    Seed,
-    /// Ours: `generate_post_id`, sequence `post_seq`.
-    Ours,
-}
-
-impl Flavor {
-    /// Procedure name.
-    pub fn procedure(self) -> &'static str {
-        match self {
-            Flavor::Seed => "generate_post_id_seed",
-            Flavor::Ours => "generate_post_id",
-        }
-    }
-    /// Row in `sequences`.
-    pub fn sequence(self) -> &'static str {
-        match self {
-            Flavor::Seed => "post_seq_seed",
-            Flavor::Ours => "post_seq",
-        }
+fn other(context: &str, message: impl Into<String>) -> Error {
+    Error::Mysql {
+        context: context.to_string(),
+        source: mysql_async::Error::Other(message.into().into()),
     }
 }
 
-/// Connects a pool to `url` (`mysql://root@127.0.0.1:3306/db`).
+fn plan(layout: &Layout) -> Result<Plan, Error> {
+    Plan::new(layout).map_err(|e| other(&format!("layout {}", layout.name()), e.to_string()))
+}
+
+/// Connects a pool to `url` (`mysql://root@127.0.0.1:3306/app`).
 pub fn pool(url: &str) -> Result<Pool, Error> {
     let opts = Opts::from_url(url).map_err(|e| Error::Mysql {
         context: format!("bad url {url:?}"),
@@ -152,166 +143,924 @@ pub fn pool(url: &str) -> Result<Pool, Error> {
     Ok(Pool::new(opts))
 }
 
-/// Installs the `sequences` table and the procedure (replacing it).
-pub async fn install(conn: &mut Conn, layout: &Layout, flavor: Flavor) -> Result<(), Error> {
-    conn.query_drop(sequences_sql(flavor.sequence()))
+/// Which procedure to install or call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `generate_post_id`: draws from the table's sequence (MariaDB ≥ 10.3).
+    Sequence,
+    /// `generate_post_id_locked`: a row of `sequences` under its row lock
+    /// (any MySQL or MariaDB).
+    Locked,
+    /// The seed's, verbatim: `generate_post_id_seed` (racy; for comparison).
+    Seed,
+}
+
+impl Flavor {
+    /// The procedure's name.
+    pub fn procedure(self, names: &Names) -> String {
+        match self {
+            Flavor::Sequence => names.procedure.clone(),
+            Flavor::Locked => names.locked_procedure(),
+            Flavor::Seed => names.seed_procedure(),
+        }
+    }
+}
+
+/// What `apply` and `check` read from the server.
+#[derive(Debug, Clone)]
+pub struct Server {
+    /// `VERSION()`.
+    pub version: String,
+    /// MariaDB (not MySQL).
+    pub mariadb: bool,
+    /// Major and minor version.
+    pub major_minor: (u32, u32),
+    /// `DATABASE()`: the URL must name one.
+    pub database: Option<String>,
+    /// `@@innodb_flush_log_at_trx_commit`.
+    pub flush_log_at_trx_commit: i64,
+    /// `@@event_scheduler` (`ON`, `OFF`, `DISABLED`).
+    pub event_scheduler: String,
+}
+
+impl Server {
+    /// `SEQUENCE` objects: MariaDB ≥ 10.3.
+    pub fn has_sequences(&self) -> bool {
+        self.mariadb && self.major_minor >= (10, 3)
+    }
+    /// `INSERT ... RETURNING`: MariaDB ≥ 10.5.
+    pub fn has_returning(&self) -> bool {
+        self.mariadb && self.major_minor >= (10, 5)
+    }
+}
+
+/// Reads [`Server`].
+pub async fn server(conn: &mut Conn) -> Result<Server, Error> {
+    let row: Option<(String, Option<String>, i64, String)> = conn
+        .query_first(
+            "SELECT VERSION(), DATABASE(), @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.event_scheduler",
+        )
         .await
-        .map_err(my("creating sequences"))?;
-    conn.query_drop(format!("DROP PROCEDURE IF EXISTS {}", flavor.procedure()))
+        .map_err(my("reading the server's settings"))?;
+    let (version, database, flush, scheduler) =
+        row.ok_or_else(|| other("reading the server's settings", "no row"))?;
+    let mut nums = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|s| s.parse::<u32>().ok());
+    let major_minor = (nums.next().unwrap_or(0), nums.next().unwrap_or(0));
+    Ok(Server {
+        mariadb: version.contains("MariaDB"),
+        version,
+        major_minor,
+        database,
+        flush_log_at_trx_commit: flush,
+        event_scheduler: scheduler.to_ascii_uppercase(),
+    })
+}
+
+/// What to install.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Table, shard-key column, procedure.
+    pub names: Names,
+    /// The sequence's `CACHE` (1 or 0: `NOCACHE`).
+    pub cache: u64,
+    /// Also the row-lock procedure and its `sequences` row.
+    pub locked: bool,
+    /// Also the seed's procedure (racy; for comparison).
+    pub seed: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            names: Names::default(),
+            cache: sql::DEFAULT_CACHE,
+            locked: true,
+            seed: false,
+        }
+    }
+}
+
+/// What `apply` did.
+#[derive(Debug, Clone, Default)]
+pub struct Applied {
+    /// Objects created or replaced, in order (`sequence posts_id_seq`, ...).
+    pub installed: Vec<String>,
+    /// Settings that weaken a guarantee, or that must also go into the
+    /// server's configuration.
+    pub warnings: Vec<String>,
+    /// The clock event was seen running before `apply` returned.
+    pub clock_running: bool,
+}
+
+const FLUSH_0: &str = "innodb_flush_log_at_trx_commit = 0: a crash can lose the last second of InnoDB's log, with the sequence's reservations in it, so ids handed out just before a crash can be handed out again; set it to 1 (or 2: safe against a killed server, not against an OS crash)";
+
+/// Installs, idempotently, on the database the connection uses: the
+/// sequence (created at the server's packed clock; an existing one keeps
+/// its position, gets the options the no-repeat argument needs, and is
+/// caught up with the clock), the table or its `id` default (unchanged
+/// definitions are not touched, so a re-run takes no table lock), the clock
+/// event (a running loop with an older body is stopped; the scheduler starts
+/// the new one within a second), `generate_post_id`, and with
+/// [`Options::locked`] the row-lock procedure, with [`Options::seed`] the
+/// seed's. Without sequences (MySQL) it installs only the row-lock
+/// procedure. Refuses a server clock outside the layout, a sequence made
+/// for another layout or already past it, an `id` column that is not a
+/// plain `BIGINT`, and an event scheduler it cannot turn on.
+pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Applied, Error> {
+    let plan = plan(layout)?;
+    let srv = server(conn).await?;
+    if srv.database.is_none() {
+        return Err(other(
+            "apply",
+            "the URL names no database (mysql://user@host:port/DATABASE)",
+        ));
+    }
+    let old_mode: String = conn
+        .query_first("SELECT @@SESSION.sql_mode")
+        .await
+        .map_err(my("reading sql_mode"))?
+        .unwrap_or_default();
+    conn.query_drop(format!("SET SESSION sql_mode = '{}'", sql::SQL_MODE))
+        .await
+        .map_err(my("setting sql_mode"))?;
+    let result = apply_pinned(conn, &plan, opts, &srv).await;
+    conn.exec_drop("SET SESSION sql_mode = ?", (old_mode,))
+        .await
+        .map_err(my("restoring sql_mode"))?;
+    result
+}
+
+async fn apply_pinned(
+    conn: &mut Conn,
+    plan: &Plan,
+    opts: &Options,
+    srv: &Server,
+) -> Result<Applied, Error> {
+    let names = &opts.names;
+    let mut applied = Applied::default();
+    if !srv.has_sequences() {
+        applied.warnings.push(format!(
+            "{} has no sequences (MariaDB >= 10.3 has): installed only {}, the row-lock procedure",
+            srv.version,
+            names.locked_procedure()
+        ));
+        install_locked(conn, plan, names).await?;
+        applied.installed.push(names.locked_procedure());
+        if opts.seed {
+            install_seed(conn, names).await?;
+            applied.installed.push(names.seed_procedure());
+        }
+        return Ok(applied);
+    }
+    if srv.flush_log_at_trx_commit == 0 {
+        applied.warnings.push(FLUSH_0.to_string());
+    }
+    match srv.event_scheduler.as_str() {
+        "ON" => {}
+        "DISABLED" => {
+            return Err(other(
+                "apply",
+                "event_scheduler is DISABLED (set at server start): the clock event cannot run; start the server with event_scheduler=ON",
+            ));
+        }
+        _ => {
+            conn.query_drop("SET GLOBAL event_scheduler = ON")
+                .await
+                .map_err(my("turning the event scheduler on (SET GLOBAL event_scheduler = ON)"))?;
+            applied.warnings.push(
+                "turned the event scheduler on; put event_scheduler=ON in the server's configuration, or it is off again after a restart".into(),
+            );
+        }
+    }
+    let now = server_packed_clock(conn, plan).await?;
+    // The sequence.
+    let seq = names.sequence();
+    let kind: Option<(String, String, String)> = conn
+        .exec_first(
+            "SELECT TABLE_TYPE, ENGINE, TABLE_COMMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+            (&seq,),
+        )
+        .await
+        .map_err(my("looking up the sequence"))?;
+    match kind {
+        None => {
+            conn.query_drop(sql::sequence_sql(plan, names, now, opts.cache))
+                .await
+                .map_err(my("creating the sequence"))?;
+            applied.installed.push(format!("sequence {seq}"));
+        }
+        Some((kind, engine, comment)) => {
+            if kind != "SEQUENCE" {
+                return Err(other(
+                    "apply",
+                    format!("{seq} exists and is a {kind}, not a sequence"),
+                ));
+            }
+            if !engine.eq_ignore_ascii_case("InnoDB") {
+                return Err(other(
+                    "apply",
+                    format!("sequence {seq} uses engine {engine}; the crash argument needs InnoDB (its reservations go to InnoDB's log)"),
+                ));
+            }
+            if layout_of(&comment) != Some(plan.layout().to_string()) {
+                return Err(other(
+                    "apply",
+                    format!(
+                        "sequence {seq} was made for another layout ({comment:?}); its values mean other times: refusing to reuse it for {}",
+                        plan.layout()
+                    ),
+                ));
+            }
+            let fix = sequence_fixes(conn, plan, names, opts.cache).await?;
+            if let Some(alter) = fix {
+                conn.query_drop(alter)
+                    .await
+                    .map_err(my("setting the sequence's options"))?;
+                applied.installed.push(format!("options of sequence {seq}"));
+            }
+            if comment != plan.marker() {
+                conn.query_drop(format!(
+                    "ALTER TABLE `{seq}` COMMENT = {}",
+                    quote(&plan.marker())
+                ))
+                .await
+                .map_err(my("marking the sequence"))?;
+            }
+        }
+    }
+    // Up with the clock now, so the first ids are dated now (SETVAL never
+    // moves a sequence down).
+    conn.query_drop(format!("DO SETVAL(`{seq}`, {now}, 0)"))
+        .await
+        .map_err(my("catching the sequence up with the clock"))?;
+    // The table, or its id default.
+    match id_column(conn, &names.table).await? {
+        None if table_exists(conn, &names.table).await? => {
+            return Err(other(
+                "apply",
+                format!("table {} has no id column", names.table),
+            ));
+        }
+        None => {
+            conn.query_drop(sql::table_sql(plan, names))
+                .await
+                .map_err(my("creating the table"))?;
+            applied.installed.push(format!("table {}", names.table));
+        }
+        Some(col) => {
+            col.usable(&names.table)?;
+            if !default_matches(conn, plan, names).await? {
+                conn.query_drop(sql::alter_table_sql(plan, names))
+                    .await
+                    .map_err(my("setting the id column's default"))?;
+                applied.installed.push(format!("default of {}.id", names.table));
+            }
+        }
+    }
+    // The clock event.
+    let event = names.event();
+    let current: Option<(Option<String>, Option<String>, String)> = conn
+        .exec_first(
+            "SELECT EVENT_DEFINITION, EVENT_COMMENT, STATUS FROM information_schema.EVENTS WHERE EVENT_SCHEMA = DATABASE() AND EVENT_NAME = ?",
+            (&event,),
+        )
+        .await
+        .map_err(my("looking up the clock event"))?;
+    let wanted = sql::event_sql(plan, names);
+    let same = current.as_ref().is_some_and(|(def, comment, status)| {
+        status == "ENABLED"
+            && def.as_deref().map(str::trim) == body_after(&wanted, "\nDO ")
+            && comment.as_deref() == comment_of(&wanted)
+    });
+    if !same {
+        conn.query_drop(&wanted)
+            .await
+            .map_err(my("creating the clock event"))?;
+        stop_clock(conn, names).await?;
+        applied.installed.push(format!("event {event}"));
+    }
+    applied.clock_running = wait_clock(conn, names, Duration::from_secs(3)).await?;
+    if !applied.clock_running {
+        applied.warnings.push(format!(
+            "the clock event {event} was not seen running within 3 s"
+        ));
+    }
+    // The procedures.
+    replace_procedure(conn, &names.procedure, &sql::procedure_sql(plan, names)).await?;
+    applied.installed.push(names.procedure.clone());
+    if opts.locked {
+        install_locked(conn, plan, names).await?;
+        applied.installed.push(names.locked_procedure());
+    }
+    if opts.seed {
+        install_seed(conn, names).await?;
+        applied.installed.push(names.seed_procedure());
+    }
+    Ok(applied)
+}
+
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// The layout text in a [`Plan::marker`] (`shardflake vN: <layout>`).
+fn layout_of(marker: &str) -> Option<String> {
+    let rest = marker.strip_prefix("shardflake v")?;
+    let (_, layout) = rest.split_once(": ")?;
+    Some(layout.split("; ").next().unwrap_or(layout).to_string())
+}
+
+fn body_after<'a>(sql: &'a str, marker: &str) -> Option<&'a str> {
+    sql.find(marker).map(|i| sql[i + marker.len()..].trim())
+}
+
+fn comment_of(sql: &str) -> Option<&str> {
+    let i = sql.find("\nCOMMENT '")? + "\nCOMMENT '".len();
+    let rest = &sql[i..];
+    let end = rest.find("'\n")?;
+    Some(&rest[..end])
+}
+
+/// The server's clock as a packed value; refuses a clock outside the layout.
+async fn server_packed_clock(conn: &mut Conn, plan: &Plan) -> Result<i64, Error> {
+    let row: Option<(Option<i64>, String)> = conn
+        .query_first(format!(
+            "SELECT {}, CAST(UTC_TIMESTAMP(3) AS CHAR)",
+            plan.micros_sql("UTC_TIMESTAMP(6)")
+        ))
+        .await
+        .map_err(my("reading the server's clock"))?;
+    let (us, text) = row.ok_or_else(|| other("reading the server's clock", "no row"))?;
+    let us = us.unwrap_or(-1);
+    if us < 0 {
+        return Err(other(
+            "apply",
+            format!(
+                "the server clock ({text} UTC) is before the epoch {} UTC of layout {}",
+                plan.epoch_datetime(),
+                plan.layout().name()
+            ),
+        ));
+    }
+    let unix_ms = plan.layout().epoch_ms() + us as u64 / 1000;
+    plan.packed_at(unix_ms).ok_or_else(|| {
+        other(
+            "apply",
+            format!(
+                "the server clock ({text} UTC) is past the last time of layout {} (ids end at {})",
+                plan.layout().name(),
+                plan.limit_text()
+            ),
+        )
+    })
+}
+
+/// An `ALTER SEQUENCE` giving the options the argument needs, if any
+/// differ; refuses a sequence already past the layout.
+async fn sequence_fixes(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    cache: u64,
+) -> Result<Option<String>, Error> {
+    let seq = names.sequence();
+    let o = seq_options(conn, &seq).await?;
+    if o.next > plan.max_packed() + 1 {
+        return Err(other(
+            "apply",
+            format!(
+                "sequence {seq} is at {}, past the layout's last value {}",
+                o.next,
+                plan.max_packed()
+            ),
+        ));
+    }
+    let want_cache = cache.max(1) as i64;
+    let mut fix = Vec::new();
+    if o.min != 0 && o.min > 0 {
+        fix.push("MINVALUE 0".to_string());
+    }
+    if o.max != plan.max_packed() {
+        fix.push(format!("MAXVALUE {}", plan.max_packed()));
+    }
+    if o.increment != 1 {
+        fix.push("INCREMENT BY 1".into());
+    }
+    if o.cycle {
+        fix.push("NOCYCLE".into());
+    }
+    if o.cache.max(1) != want_cache {
+        fix.push(if want_cache == 1 {
+            "NOCACHE".to_string()
+        } else {
+            format!("CACHE {want_cache}")
+        });
+    }
+    Ok((!fix.is_empty()).then(|| format!("ALTER SEQUENCE `{seq}` {}", fix.join(" "))))
+}
+
+struct SeqOptions {
+    next: i64,
+    min: i64,
+    max: i64,
+    increment: i64,
+    cache: i64,
+    cycle: bool,
+}
+
+async fn seq_options(conn: &mut Conn, seq: &str) -> Result<SeqOptions, Error> {
+    let row: Option<(i64, i64, i64, i64, i64, i64)> = conn
+        .query_first(format!(
+            "SELECT next_not_cached_value, minimum_value, maximum_value, increment, cache_size, cycle_option FROM `{seq}`"
+        ))
+        .await
+        .map_err(my("reading the sequence's options"))?;
+    let (next, min, max, increment, cache, cycle) =
+        row.ok_or_else(|| other("reading the sequence", "no row"))?;
+    Ok(SeqOptions {
+        next,
+        min,
+        max,
+        increment,
+        cache,
+        cycle: cycle != 0,
+    })
+}
+
+async fn table_exists(conn: &mut Conn, table: &str) -> Result<bool, Error> {
+    let n: Option<i64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+            (table,),
+        )
+        .await
+        .map_err(my("looking up the table"))?;
+    Ok(n.unwrap_or(0) > 0)
+}
+
+struct IdColumn {
+    column_type: String,
+    extra: String,
+}
+
+impl IdColumn {
+    fn usable(&self, table: &str) -> Result<(), Error> {
+        let t = self.column_type.to_ascii_lowercase();
+        if !t.starts_with("bigint") || t.contains("unsigned") {
+            return Err(other(
+                "apply",
+                format!(
+                    "{table}.id is {}, not a signed BIGINT",
+                    self.column_type
+                ),
+            ));
+        }
+        if self.extra.to_ascii_lowercase().contains("auto_increment") {
+            return Err(other(
+                "apply",
+                format!("{table}.id is AUTO_INCREMENT; drop that first (a column cannot have both AUTO_INCREMENT and a default)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+async fn id_column(conn: &mut Conn, table: &str) -> Result<Option<IdColumn>, Error> {
+    let row: Option<(String, String)> = conn
+        .exec_first(
+            "SELECT COLUMN_TYPE, EXTRA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'id'",
+            (table,),
+        )
+        .await
+        .map_err(my("looking up the id column"))?;
+    Ok(row.map(|(column_type, extra)| IdColumn { column_type, extra }))
+}
+
+/// The `id` line of `SHOW CREATE TABLE`.
+async fn id_line(conn: &mut Conn, table: &str) -> Result<Option<String>, Error> {
+    let row: Option<(String, String)> = conn
+        .query_first(format!("SHOW CREATE TABLE `{table}`"))
+        .await
+        .map_err(my("reading the table's definition"))?;
+    Ok(row.and_then(|(_, ddl)| {
+        ddl.lines()
+            .find(|l| l.trim_start().starts_with("`id` "))
+            .map(|l| l.trim().trim_end_matches(',').to_string())
+    }))
+}
+
+/// Whether `table.id` has exactly the default and comment `apply` would
+/// give it: compared with a temporary table made with them, as the server
+/// prints both.
+async fn default_matches(conn: &mut Conn, plan: &Plan, names: &Names) -> Result<bool, Error> {
+    let probe = format!("shardflake_probe_{}", conn.id());
+    conn.query_drop(format!(
+        "CREATE TEMPORARY TABLE `{probe}` (id {}, `{}` BIGINT NOT NULL)",
+        sql::id_column_sql(plan, names),
+        names.key
+    ))
+    .await
+    .map_err(my("making a probe table"))?;
+    let want = id_line(conn, &probe).await;
+    conn.query_drop(format!("DROP TEMPORARY TABLE IF EXISTS `{probe}`"))
+        .await
+        .map_err(my("dropping the probe table"))?;
+    let want = want?;
+    let have = id_line(conn, &names.table).await?;
+    Ok(want.is_some() && want == have)
+}
+
+async fn stop_clock(conn: &mut Conn, names: &Names) -> Result<(), Error> {
+    let holder: Option<Option<u64>> = conn
+        .query_first(format!("SELECT IS_USED_LOCK({})", names.clock_lock_sql()))
+        .await
+        .map_err(my("looking for a running clock event"))?;
+    if let Some(Some(id)) = holder {
+        // An older loop: end it; the scheduler starts the new body.
+        let _ = conn.query_drop(format!("KILL CONNECTION {id}")).await;
+    }
+    Ok(())
+}
+
+/// Waits up to `within` for the clock event's loop to hold its lock.
+async fn wait_clock(conn: &mut Conn, names: &Names, within: Duration) -> Result<bool, Error> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if clock_running(conn, names).await? {
+            return Ok(true);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether the clock event's loop runs (holds its lock).
+pub async fn clock_running(conn: &mut Conn, names: &Names) -> Result<bool, Error> {
+    let holder: Option<Option<u64>> = conn
+        .query_first(format!("SELECT IS_USED_LOCK({})", names.clock_lock_sql()))
+        .await
+        .map_err(my("looking for the clock event"))?;
+    Ok(matches!(holder, Some(Some(_))))
+}
+
+async fn replace_procedure(conn: &mut Conn, name: &str, create: &str) -> Result<(), Error> {
+    conn.query_drop(format!("DROP PROCEDURE IF EXISTS `{name}`"))
         .await
         .map_err(my("dropping the old procedure"))?;
-    let sql = match flavor {
-        Flavor::Seed => seed_procedure_sql(flavor.procedure(), flavor.sequence()),
-        Flavor::Ours => procedure_sql(layout, flavor.procedure(), flavor.sequence()),
-    };
-    conn.query_drop(sql)
+    conn.query_drop(create)
         .await
         .map_err(my("creating the procedure"))
 }
 
-/// Calls the procedure as the seed's ORM id generator does: IN `user_id`,
-/// OUT `post_id`, read back from the session variable.
-pub async fn generate_post_id(conn: &mut Conn, flavor: Flavor, user_id: i64) -> Result<i64, Error> {
-    conn.exec_drop(
-        format!("CALL {}(?, @shardflake_post_id)", flavor.procedure()),
-        (user_id,),
-    )
-    .await
-    .map_err(my("calling the procedure"))?;
-    let id: Option<i64> = conn
-        .query_first("SELECT @shardflake_post_id")
+async fn install_locked(conn: &mut Conn, plan: &Plan, names: &Names) -> Result<(), Error> {
+    conn.query_drop(sql::sequences_sql(&names.locked_row()))
         .await
-        .map_err(my("reading @post_id"))?;
-    id.ok_or_else(|| Error::Mysql {
-        context: "reading @post_id".into(),
-        source: mysql_async::Error::Other("procedure returned NULL".into()),
-    })
-}
-
-/// Result of one benchmark mode.
-#[derive(Debug, Clone)]
-pub struct BenchResult {
-    /// `auto_increment`, `seed procedure` or `shardflake procedure`.
-    pub mode: String,
-    /// Rows attempted.
-    pub rows: u64,
-    /// Rows rejected as duplicate keys (`INSERT IGNORE`).
-    pub duplicates: u64,
-    /// Wall time.
-    pub elapsed: Duration,
-}
-
-impl BenchResult {
-    /// Inserts per second.
-    pub fn rate(&self) -> f64 {
-        self.rows as f64 / self.elapsed.as_secs_f64()
-    }
-    /// Fraction of rows whose id was a duplicate.
-    pub fn duplicate_rate(&self) -> f64 {
-        self.duplicates as f64 / self.rows.max(1) as f64
-    }
-}
-
-/// Inserts `rows_per_client` posts from each of `clients` connections, all
-/// for the same user id (as the seed's test does), in three modes:
-/// `AUTO_INCREMENT`, the seed's procedure + insert, ours + insert. Ids go
-/// into a primary key with `INSERT IGNORE`, so duplicates are counted, not
-/// fatal. Installs tables and procedures first.
-pub async fn bench(
-    pool: &Pool,
-    layout: &Layout,
-    clients: usize,
-    rows_per_client: u64,
-    user_id: i64,
-) -> Result<Vec<BenchResult>, Error> {
-    let mut c = pool.get_conn().await.map_err(my("connecting"))?;
-    install(&mut c, layout, Flavor::Seed).await?;
-    install(&mut c, layout, Flavor::Ours).await?;
-    c.query_drop(
-        "DROP TABLE IF EXISTS post_auto, post_seed, post_ours;
-         CREATE TABLE post_auto (id BIGINT AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;
-         CREATE TABLE post_seed (id BIGINT PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;
-         CREATE TABLE post_ours (id BIGINT PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;",
+        .map_err(my("creating sequences"))?;
+    replace_procedure(
+        conn,
+        &names.locked_procedure(),
+        &sql::locked_procedure_sql(plan, names),
     )
     .await
-    .map_err(my("creating bench tables"))?;
-    drop(c);
-    let mut out = Vec::new();
-    for (mode, flavor) in [
-        ("auto_increment", None),
-        ("seed procedure", Some(Flavor::Seed)),
-        ("shardflake procedure", Some(Flavor::Ours)),
-    ] {
-        let start = Instant::now();
-        let mut tasks = Vec::new();
-        for _ in 0..clients {
-            let pool = pool.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut c = pool.get_conn().await.map_err(my("connecting"))?;
-                let mut dups = 0u64;
-                for _ in 0..rows_per_client {
-                    let affected = match flavor {
-                        None => {
-                            c.exec_drop(
-                                "INSERT INTO post_auto (user_id, body) VALUES (?, 'hello')",
-                                (user_id,),
-                            )
-                            .await
-                            .map_err(my("insert"))?;
-                            c.affected_rows()
-                        }
-                        Some(f) => {
-                            let id = generate_post_id(&mut c, f, user_id).await?;
-                            let table = if f == Flavor::Seed { "post_seed" } else { "post_ours" };
-                            c.exec_drop(
-                                format!("INSERT IGNORE INTO {table} (id, user_id, body) VALUES (?, ?, 'hello')"),
-                                (id, user_id),
-                            )
-                            .await
-                            .map_err(my("insert"))?;
-                            c.affected_rows()
-                        }
-                    };
-                    if affected == 0 {
-                        dups += 1;
-                    }
-                }
-                Ok::<u64, Error>(dups)
-            }));
-        }
-        let mut duplicates = 0;
-        for t in tasks {
-            duplicates += t.await.map_err(|e| Error::Mysql {
-                context: "bench task".into(),
-                source: mysql_async::Error::Other(e.to_string().into()),
-            })??;
-        }
-        out.push(BenchResult {
-            mode: mode.to_string(),
-            rows: rows_per_client * clients as u64,
-            duplicates,
-            elapsed: start.elapsed(),
-        });
+}
+
+async fn install_seed(conn: &mut Conn, names: &Names) -> Result<(), Error> {
+    conn.query_drop(sql::sequences_sql(&names.seed_row()))
+        .await
+        .map_err(my("creating sequences"))?;
+    replace_procedure(
+        conn,
+        &names.seed_procedure(),
+        &sql::seed_procedure_sql(&names.seed_procedure(), &names.seed_row()),
+    )
+    .await
+}
+
+/// The packed value (`tick << sequence_bits | sequence`) of the newest id
+/// stored in the table, for layouts with time on top (`None`: empty table,
+/// or time not on top).
+async fn max_stored_packed(conn: &mut Conn, plan: &Plan, names: &Names) -> Result<Option<i64>, Error> {
+    let l = plan.layout();
+    if l.fields().first().map(|f| f.kind()) != Some(shardflake::FieldKind::Time) {
+        return Ok(None);
     }
-    Ok(out)
+    let (ts, tmax) = (l.time().shift(), l.time().max());
+    let (qs, qbits, qmax) = (l.sequence().shift(), l.sequence().bits(), l.sequence().max());
+    let max: Option<Option<i64>> = conn
+        .query_first(format!("SELECT MAX(id) FROM `{}`", names.table))
+        .await
+        .map_err(my("reading the newest id"))?;
+    let Some(Some(max)) = max else {
+        return Ok(None);
+    };
+    if max < 0 {
+        return Ok(None);
+    }
+    let tick = ((max as u64) >> ts) & tmax;
+    let lo = (tick as i128) << ts;
+    let hi = ((tick as i128 + 1) << ts).min(i64::MAX as i128);
+    let seq: Option<Option<i64>> = conn
+        .query_first(format!(
+            "SELECT MAX((id >> {qs}) & {qmax}) FROM `{}` WHERE id >= {lo} AND id <= {hi}",
+            names.table
+        ))
+        .await
+        .map_err(my("reading the newest ids"))?;
+    let seq = seq.flatten().unwrap_or(0);
+    Ok(Some(((tick as i64) << qbits) | seq))
+}
+
+fn same_modes(a: &str, b: &str) -> bool {
+    let set = |s: &str| {
+        let mut v: Vec<String> = s
+            .split(',')
+            .filter(|m| !m.is_empty())
+            .map(|m| m.trim().to_ascii_uppercase())
+            .collect();
+        v.sort();
+        v
+    };
+    set(a) == set(b)
+}
+
+async fn check_routine(
+    conn: &mut Conn,
+    name: &str,
+    create: &str,
+    problems: &mut Vec<String>,
+) -> Result<(), Error> {
+    let row: Option<(Option<String>, String)> = conn
+        .exec_first(
+            "SELECT ROUTINE_DEFINITION, SQL_MODE FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'",
+            (name,),
+        )
+        .await
+        .map_err(my("looking up a procedure"))?;
+    match row {
+        None => problems.push(format!("procedure {name} is missing")),
+        Some((def, mode)) => {
+            let want = create.find("\nBEGIN").map(|i| create[i + 1..].trim());
+            if def.as_deref().map(str::trim) != want {
+                problems.push(format!(
+                    "procedure {name} differs from this version's (another layout, or older): re-run apply"
+                ));
+            }
+            if !same_modes(&mode, sql::SQL_MODE) {
+                problems.push(format!(
+                    "procedure {name} was created with sql_mode {mode:?}, not {:?}: re-run apply",
+                    sql::SQL_MODE
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reports every difference between the server and what [`apply`] installs
+/// with `opts`, and every setting that breaks the no-repeat argument or the
+/// clock: `innodb_flush_log_at_trx_commit = 0`, the event scheduler off,
+/// the clock event not running, a sequence that is not InnoDB, cycles,
+/// increments by other than 1, ends past the layout, draws a value at or
+/// below a stored id or lags the clock by more than [`sql::STALE_MS`]. Draws
+/// one value from the sequence. An empty list: all is well.
+pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Vec<String>, Error> {
+    let plan = plan(layout)?;
+    let srv = server(conn).await?;
+    let names = &opts.names;
+    let mut problems = Vec::new();
+    if srv.database.is_none() {
+        problems.push("the URL names no database".to_string());
+        return Ok(problems);
+    }
+    if !srv.has_sequences() {
+        check_routine(
+            conn,
+            &names.locked_procedure(),
+            &sql::locked_procedure_sql(&plan, names),
+            &mut problems,
+        )
+        .await?;
+        return Ok(problems);
+    }
+    if srv.flush_log_at_trx_commit == 0 {
+        problems.push(FLUSH_0.to_string());
+    }
+    if srv.event_scheduler != "ON" {
+        problems.push(format!(
+            "event_scheduler = {}: the clock event does not run, ids' times fall behind the clock and INSERTs fail once the sequence is {} s behind",
+            srv.event_scheduler,
+            sql::STALE_MS / 1000
+        ));
+    }
+    let seq = names.sequence();
+    let kind: Option<(String, String, String)> = conn
+        .exec_first(
+            "SELECT TABLE_TYPE, ENGINE, TABLE_COMMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+            (&seq,),
+        )
+        .await
+        .map_err(my("looking up the sequence"))?;
+    match kind {
+        None => problems.push(format!("sequence {seq} is missing")),
+        Some((kind, _, _)) if kind != "SEQUENCE" => {
+            problems.push(format!("{seq} is a {kind}, not a sequence"))
+        }
+        Some((_, engine, comment)) => {
+            if !engine.eq_ignore_ascii_case("InnoDB") {
+                problems.push(format!(
+                    "sequence {seq} uses engine {engine}, not InnoDB: its reservations may not survive a crash"
+                ));
+            }
+            if comment != plan.marker() {
+                problems.push(format!(
+                    "sequence {seq} is marked {comment:?}, not {:?}",
+                    plan.marker()
+                ));
+            }
+            let o = seq_options(conn, &seq).await?;
+            if o.increment != 1 {
+                problems.push(format!("sequence {seq} increments by {}, not 1", o.increment));
+            }
+            if o.cycle {
+                problems.push(format!("sequence {seq} cycles: it would hand out values again"));
+            }
+            if o.max != plan.max_packed() || o.min < 0 {
+                problems.push(format!(
+                    "sequence {seq} runs from {} to {}, not 0 to {} (the layout's last packed value)",
+                    o.min,
+                    o.max,
+                    plan.max_packed()
+                ));
+            }
+            let drawn: Option<i64> = conn
+                .query_first(format!("SELECT NEXT VALUE FOR `{seq}`"))
+                .await
+                .map_err(my("drawing from the sequence"))?;
+            let drawn = drawn.unwrap_or(i64::MAX);
+            if let Some(stored) = max_stored_packed(conn, &plan, names).await?
+                && drawn <= stored
+            {
+                problems.push(format!(
+                    "sequence {seq} hands out {drawn}, at or below the packed value {stored} of an id stored in {}: ids would repeat",
+                    names.table
+                ));
+            }
+            if let Ok(now) = server_packed_clock(conn, &plan).await
+                && drawn + plan.packed_ms(sql::STALE_MS) < now
+            {
+                problems.push(format!(
+                    "sequence {seq} is {} ms behind the server clock: INSERTs fail until the clock event catches it up",
+                    (now - drawn) / plan.per_tick() * plan.layout().tick_ms() as i64
+                ));
+            }
+        }
+    }
+    match id_column(conn, &names.table).await? {
+        None => problems.push(format!("table {} or its id column is missing", names.table)),
+        Some(col) => {
+            if let Err(e) = col.usable(&names.table) {
+                problems.push(e.to_string());
+            } else if !default_matches(conn, &plan, names).await? {
+                problems.push(format!(
+                    "the default of {}.id differs from this version's: re-run apply",
+                    names.table
+                ));
+            }
+        }
+    }
+    let event = names.event();
+    let current: Option<(Option<String>, Option<String>, String, String)> = conn
+        .exec_first(
+            "SELECT EVENT_DEFINITION, EVENT_COMMENT, STATUS, SQL_MODE FROM information_schema.EVENTS WHERE EVENT_SCHEMA = DATABASE() AND EVENT_NAME = ?",
+            (&event,),
+        )
+        .await
+        .map_err(my("looking up the clock event"))?;
+    let wanted = sql::event_sql(&plan, names);
+    match current {
+        None => problems.push(format!("event {event} is missing")),
+        Some((def, comment, status, mode)) => {
+            if status != "ENABLED" {
+                problems.push(format!("event {event} is {status}"));
+            }
+            if def.as_deref().map(str::trim) != body_after(&wanted, "\nDO ")
+                || comment.as_deref() != comment_of(&wanted)
+            {
+                problems.push(format!(
+                    "event {event} differs from this version's: re-run apply"
+                ));
+            }
+            if !same_modes(&mode, sql::SQL_MODE) {
+                problems.push(format!("event {event} has sql_mode {mode:?}: re-run apply"));
+            }
+        }
+    }
+    if !clock_running(conn, names).await? {
+        problems.push(format!(
+            "the clock event {event} is not running (nothing holds its lock)"
+        ));
+    }
+    check_routine(
+        conn,
+        &names.procedure,
+        &sql::procedure_sql(&plan, names),
+        &mut problems,
+    )
+    .await?;
+    if opts.locked {
+        check_routine(
+            conn,
+            &names.locked_procedure(),
+            &sql::locked_procedure_sql(&plan, names),
+            &mut problems,
+        )
+        .await?;
+    }
+    Ok(problems)
+}
+
+/// Calls a procedure as the seed's ORM id generator does, IN the shard key,
+/// OUT the id, in one round trip (the OUT parameter comes back through the
+/// binary protocol, as JDBC's `CallableStatement` reads it).
+pub async fn generate_post_id(conn: &mut Conn, procedure: &str, user_id: i64) -> Result<i64, Error> {
+    let id: Option<Option<i64>> = conn
+        .exec_first(
+            format!("CALL `{procedure}`(?, ?)"),
+            (user_id, mysql_async::Value::NULL),
+        )
+        .await
+        .map_err(my("calling the procedure"))?;
+    id.flatten()
+        .ok_or_else(|| other("calling the procedure", "it returned no id"))
+}
+
+/// The one-statement insert: `INSERT INTO posts (user_id, body) VALUES (?,
+/// ?) RETURNING id` (MariaDB ≥ 10.5).
+pub async fn insert(conn: &mut Conn, names: &Names, user_id: i64, body: &str) -> Result<i64, Error> {
+    let id: Result<Option<i64>, _> = conn
+        .exec_first(
+            format!(
+                "INSERT INTO `{}` (`{}`, body) VALUES (?, ?) RETURNING id",
+                names.table, names.key
+            ),
+            (user_id, body),
+        )
+        .await;
+    match id {
+        Ok(id) => id.ok_or_else(|| other("inserting", "RETURNING gave no row")),
+        Err(e) => Err(explained(conn, e, "inserting").await),
+    }
+}
+
+/// The error of a statement the id default refused, with the reason: in a
+/// non-strict `sql_mode` the default's message is a warning and the error
+/// only says so; the warning is read back and added.
+pub async fn explained(conn: &mut Conn, e: mysql_async::Error, context: &str) -> Error {
+    let refused = matches!(&e, mysql_async::Error::Server(s) if s.message.contains("shardflake: ") && s.message.contains("refused;"));
+    if refused
+        && let Ok(warnings) = conn
+            .query::<(String, u32, String), _>("SHOW WARNINGS")
+            .await
+        && let Some((_, _, reason)) = warnings
+            .iter()
+            .find(|(_, _, m)| m.contains("'shardflake: "))
+    {
+        return Error::Mysql {
+            context: format!("{context}: {reason}"),
+            source: e,
+        };
+    }
+    Error::Mysql {
+        context: context.to_string(),
+        source: e,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardflake::preset;
 
     #[test]
-    fn generated_from_layout() {
-        let l = preset::by_name("mysql-procedure").unwrap();
-        let p = procedure_sql(&l, "generate_post_id", "post_seq");
-        assert!(p.contains("- 1672531200000)) << 10"), "{p}");
-        assert!(p.contains("((w >> 10) << 20)"));
-        assert!(p.contains("((user_id % 1024) << 10)"));
-        assert!(p.contains("((w & 1023) << 0)"));
-        assert!(p.contains("LAST_INSERT_ID(GREATEST(next_val + 1, now_packed))"));
-        assert!(p.contains(&format!("IF w >= {}", (1i64 << 43) << 10)));
-        let seed = seed_procedure_sql("generate_post_id", "post_seq");
-        assert!(seed.contains("SELECT next_val % 1024 FROM sequences"));
+    fn markers_and_bodies() {
+        let l = shardflake::preset::by_name("mysql-procedure").unwrap();
+        let p = Plan::new(&l).unwrap();
+        assert_eq!(layout_of(&p.marker()), Some(l.to_string()));
+        assert_eq!(
+            layout_of(&sql::column_comment(&p, &Names::default())),
+            Some(l.to_string())
+        );
+        assert_eq!(layout_of("hello"), None);
+        let e = sql::event_sql(&p, &Names::default());
+        assert!(body_after(&e, "\nDO ").unwrap().starts_with("BEGIN"));
+        assert!(comment_of(&e).unwrap().ends_with("keeps posts_id_seq up with the clock"));
+        assert!(same_modes(
+            "NO_ENGINE_SUBSTITUTION,STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO",
+            sql::SQL_MODE
+        ));
+        assert!(!same_modes("", sql::SQL_MODE));
     }
 }

@@ -1,15 +1,199 @@
-//! The MariaDB procedure against a real server started by the test.
+//! MariaDB ids against real servers started by the tests: the one-statement
+//! `INSERT ... RETURNING id` under concurrency, bursts and a SIGKILL, clock
+//! moves under libfaketime (before the epoch, back, forward, past 2038 and
+//! past the layout's end), the procedures, `apply` and `check`.
 
 use std::collections::HashSet;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use shardflake::{Id, preset};
-use shardflake_db::mysql::{self, Flavor};
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Pool};
+use shardflake::{Id, Layout, preset};
+use shardflake_db::mysql::{self, Flavor, Names, Options, Plan, sql};
 use shardflake_db::testing::MariaDbServer;
 
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A server started by `scripts/mariadb.sh` (InnoDB log written at every
+/// commit, event scheduler on), which the test can SIGKILL and restart;
+/// stopped and removed on drop.
+struct Script {
+    dir: PathBuf,
+    url: String,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/mariadb.sh")
+}
+
+impl Script {
+    fn start(opts: &str, faketime: Option<&Path>) -> Script {
+        let dir = std::env::temp_dir().join(format!(
+            "shardflake-mysql-test-{}-{}",
+            std::process::id(),
+            now_ms() % 1_000_000_007
+        ));
+        let mut cmd = Command::new("bash");
+        cmd.arg(script()).arg("start").arg(&dir).env("MARIADB_OPTS", opts);
+        if let Some(f) = faketime {
+            cmd.env("MARIADB_FAKETIME_FILE", f);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "mariadb.sh start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let url = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .to_string();
+        Script { dir, url }
+    }
+    fn run(&self, what: &str) -> String {
+        let out = Command::new("bash")
+            .arg(script())
+            .arg(what)
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mariadb.sh {what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+    fn kill(&self) {
+        self.run("kill");
+    }
+    fn restart(&self) {
+        self.run("restart");
+    }
+}
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(&self.dir)
+            .output();
+    }
+}
+
+fn layout() -> Layout {
+    preset::by_name("mysql-procedure").unwrap()
+}
+
+async fn applied(pool: &Pool, layout: &Layout, opts: &Options) -> mysql::Applied {
+    let mut c = pool.get_conn().await.unwrap();
+    mysql::apply(&mut c, layout, opts).await.unwrap()
+}
+
+fn err_text<T: std::fmt::Debug>(r: Result<T, shardflake_db::Error>) -> String {
+    r.unwrap_err().to_string()
+}
+
+/// Every id: unique, of the shard of `user_id`, dated within [from, to].
+fn verify(layout: &Layout, ids: &[i64], user_id: i64, from: u64, to: u64) {
+    let unique: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(
+        unique.len(),
+        ids.len(),
+        "{} duplicate ids",
+        ids.len() - unique.len()
+    );
+    let shards = 1i64 << layout.field("shard").unwrap().bits();
+    for &id in ids {
+        let p = Id(id as u64).decode(layout).unwrap();
+        assert_eq!(p.field("shard"), Some((user_id % shards) as u64), "{id}");
+        assert!(
+            p.unix_ms >= from && p.unix_ms <= to,
+            "id {id} dated {} outside the run [{}, {}]",
+            p.timestamp(),
+            shardflake::timestamp::rfc3339_ms(from),
+            shardflake::timestamp::rfc3339_ms(to)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn seed_procedure_repeats_ids_under_concurrency_ours_do_not() {
+    let server = MariaDbServer::start().unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let layout = layout();
+    let opts = Options {
+        seed: true,
+        ..Options::default()
+    };
+    let first = applied(&pool, &layout, &opts).await;
+    assert!(
+        first
+            .warnings
+            .iter()
+            .any(|w| w.contains("innodb_flush_log_at_trx_commit = 0")),
+        "{:?}",
+        first.warnings
+    );
+    assert!(first.clock_running, "{first:?}");
+    // Re-applying changes nothing.
+    let again = applied(&pool, &layout, &opts).await;
+    assert_eq!(
+        again.installed,
+        ["generate_post_id", "generate_post_id_locked", "generate_post_id_seed"],
+        "{again:?}"
+    );
+    let names = Names::default();
+
+    // One id of each kind, decoded in Rust: the seed's test (user 1801).
+    let mut c = pool.get_conn().await.unwrap();
+    for flavor in [Flavor::Sequence, Flavor::Locked] {
+        let before = now_ms();
+        let id = mysql::generate_post_id(&mut c, &flavor.procedure(&names), 1801)
+            .await
+            .unwrap();
+        let inserted = mysql::insert(&mut c, &names, 1801, "hello").await.unwrap();
+        let after = now_ms();
+        // the clock event may not have caught up yet: allow its lag
+        verify(&layout, &[id, inserted], 1801, before - 2000, after + 1);
+        let e = err_text(mysql::generate_post_id(&mut c, &flavor.procedure(&names), -1).await);
+        assert!(e.contains("user_id must be >= 0"), "{e}");
+    }
+    drop(c);
+
+    // 16 callers sharing one user id, as the seed's ORM generator would call it.
+    let seed = ids_from(&pool, "generate_post_id_seed", 16, 300, 1801).await;
+    let seed_unique: HashSet<i64> = seed.iter().copied().collect();
+    assert!(
+        seed_unique.len() < seed.len(),
+        "the seed's procedure handed out {} ids, all distinct: expected duplicates",
+        seed.len()
+    );
+    for procedure in ["generate_post_id", "generate_post_id_locked"] {
+        let from = now_ms();
+        let ours = ids_from(&pool, procedure, 16, 300, 1801).await;
+        verify(&layout, &ours, 1801, from - 2000, now_ms() + 1000);
+    }
+    eprintln!(
+        "seed: {} of {} ids duplicated; ours: none",
+        seed.len() - seed_unique.len(),
+        seed.len()
+    );
+    pool.disconnect().await.unwrap();
+}
+
 async fn ids_from(
-    pool: &mysql_async::Pool,
-    flavor: Flavor,
+    pool: &Pool,
+    procedure: &'static str,
     clients: usize,
     calls: usize,
     user_id: i64,
@@ -22,7 +206,7 @@ async fn ids_from(
             let mut ids = Vec::with_capacity(calls);
             for _ in 0..calls {
                 ids.push(
-                    mysql::generate_post_id(&mut c, flavor, user_id)
+                    mysql::generate_post_id(&mut c, procedure, user_id)
                         .await
                         .unwrap(),
                 );
@@ -37,75 +221,498 @@ async fn ids_from(
     all
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn seed_procedure_repeats_ids_under_concurrency_ours_does_not() {
-    let server = MariaDbServer::start().unwrap();
-    let pool = mysql::pool(&server.url()).unwrap();
-    let layout = preset::by_name("mysql-procedure").unwrap();
-    let mut c = pool.get_conn().await.unwrap();
-    mysql::install(&mut c, &layout, Flavor::Seed).await.unwrap();
-    mysql::install(&mut c, &layout, Flavor::Ours).await.unwrap();
-    // Re-installing is harmless.
-    mysql::install(&mut c, &layout, Flavor::Ours).await.unwrap();
+/// What one client collected: ids acknowledged before the kill was sent,
+/// after the restart was seen, and in between (either side).
+#[derive(Default)]
+struct Collected {
+    ids: Vec<i64>,
+    bursts: usize,
+    errors: usize,
+}
 
-    // One call, decoded in Rust: the seed's test (user 1801).
-    let before = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
+/// Inserts until `stop` is set: single rows, and every 20th statement a
+/// burst of `burst` rows from one statement (one clock reading); on an
+/// error (the server was killed) reconnects and goes on.
+async fn writer(
+    pool: Pool,
+    user_id: i64,
+    burst: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Collected {
+    let mut out = Collected::default();
+    let mut conn: Option<Conn> = None;
+    let mut n = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let c = match conn.as_mut() {
+            Some(c) => c,
+            None => match pool.get_conn().await {
+                Ok(c) => conn.insert(c),
+                Err(_) => {
+                    out.errors += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        n += 1;
+        let r: Result<Vec<i64>, _> = if n % 20 == 0 {
+            c.exec(
+                format!("INSERT INTO posts (user_id, body) SELECT ?, 'burst' FROM seq_1_to_{burst} RETURNING id"),
+                (user_id,),
+            )
+            .await
+        } else {
+            c.exec(
+                "INSERT INTO posts (user_id, body) VALUES (?, 'hello') RETURNING id",
+                (user_id,),
+            )
+            .await
+        };
+        match r {
+            Ok(ids) => {
+                if ids.len() > 1 {
+                    out.bursts += 1;
+                }
+                out.ids.extend(ids);
+            }
+            Err(_) => {
+                out.errors += 1;
+                conn = None;
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
+    let server = Script::start("", None);
+    let pool = mysql::pool(&server.url).unwrap();
+    let layout = layout();
+    let a = applied(&pool, &layout, &Options::default()).await;
+    assert!(a.warnings.is_empty(), "{:?}", a.warnings);
+    let mut c = pool.get_conn().await.unwrap();
+    assert!(
+        mysql::check(&mut c, &layout, &Options::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    drop(c);
+    let plan = Plan::new(&layout).unwrap();
+    let start = now_ms();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spawn = |stop| tokio::spawn(writer(pool.clone(), 1801, 3000, stop));
+    let mut tasks: Vec<_> = (0..8).map(|_| spawn(stop.clone())).collect();
+    // Let the writers make ids, then kill the server under them.
+    let count = |pool: &Pool| {
+        let pool = pool.clone();
+        async move {
+            let mut c = pool.get_conn().await.ok()?;
+            c.query_first::<i64, _>("SELECT COUNT(*) FROM posts").await.ok().flatten()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(&pool).await.unwrap_or(0) < 30_000 {
+        assert!(Instant::now() < deadline, "writers made too few ids");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before_kill: Option<(i64, i64)> = {
+        let mut c = pool.get_conn().await.unwrap();
+        c.query_first("SELECT MAX(id), (SELECT next_not_cached_value FROM posts_id_seq) FROM posts")
+            .await
+            .unwrap()
+    };
+    server.kill();
+    let killed_at = now_ms();
+    server.restart();
+    let restarted_at = now_ms();
+    // The first draw after the restart, before anyone else's: where the
+    // sequence resumed (its reservation), compared with the last id seen.
+    let mut c = loop {
+        match pool.get_conn().await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let resumed: Option<i64> = c.query_first("SELECT NEXT VALUE FOR posts_id_seq").await.unwrap();
+    drop(c);
+    // Let the writers go on for as many ids again after the restart.
+    let after_restart = count(&pool).await.unwrap_or(0);
+    while count(&pool).await.unwrap_or(0) < after_restart + 30_000 {
+        assert!(Instant::now() < deadline + Duration::from_secs(60), "no ids after the restart");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut all = Vec::new();
+    let (mut bursts, mut errors) = (0, 0);
+    for t in tasks.drain(..) {
+        let c = t.await.unwrap();
+        all.extend(c.ids);
+        bursts += c.bursts;
+        errors += c.errors;
+    }
+    let end = now_ms();
+    verify(&layout, &all, 1801, start, end + 10);
+    assert!(bursts >= 8, "{bursts} bursts");
+    assert!(errors > 0, "the kill interrupted no writer");
+    // Every acknowledged id was stored, and survived the SIGKILL (InnoDB
+    // writes its log at each commit here).
+    let mut c = pool.get_conn().await.unwrap();
+    let stored: Vec<i64> = c.query("SELECT id FROM posts").await.unwrap();
+    let stored: HashSet<i64> = stored.into_iter().collect();
+    let lost = all.iter().filter(|id| !stored.contains(id)).count();
+    assert_eq!(lost, 0, "{lost} acknowledged ids are not in the table");
+    // More than 2^10 ids per clock reading borrow the next milliseconds:
+    // some decoded millisecond holds a full 1,024.
+    let mut per_ms = std::collections::HashMap::<u64, u32>::new();
+    for id in &all {
+        *per_ms
+            .entry(Id(*id as u64).decode(&layout).unwrap().unix_ms)
+            .or_default() += 1;
+    }
+    assert_eq!(per_ms.values().max(), Some(&1024));
+    let (max_before, reserved) = before_kill.unwrap();
+    let resumed = resumed.unwrap();
+    let w_before = ((max_before >> 20) << 10) | (max_before & 1023);
+    assert!(resumed > w_before, "the sequence resumed at {resumed}, at or below {w_before}");
+    eprintln!(
+        "{} ids from 8 clients ({bursts} bursts of 3,000 rows, {errors} failed statements around the kill, {lost} lost); \
+         killed at +{} ms, answering again {} ms later; the sequence had reserved up to {reserved} (last stored id's value {w_before}) \
+         and resumed at {resumed}: {} values skipped, none repeated; largest ids per decoded ms: 1024",
+        all.len(),
+        killed_at - start,
+        restarted_at - killed_at,
+        resumed - w_before - 1,
+    );
+    assert!(resumed >= reserved, "resumed {resumed} below the reservation {reserved}");
+    let _ = plan;
+    pool.disconnect().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn narrow_sequence_borrows_time_under_concurrency() {
+    // 6 sequence bits: 64 ids per ms, so 8 clients go far past it.
+    let server = Script::start("", None);
+    let pool = mysql::pool(&server.url).unwrap();
+    let spec = "narrow: time 47 | shard 10 | sequence 6 (epoch 1672531200000 ms)";
+    let layout = preset::resolve(spec).unwrap();
+    applied(&pool, &layout, &Options::default()).await;
+    let start = now_ms();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(writer(pool.clone(), 77, 500, stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap().ids);
+    }
+    let end = now_ms();
+    // The ids borrow: at 64 per ms they may be dated past the end of the run.
+    let ahead = all.len() as u64 / 64;
+    verify(&layout, &all, 77, start, end + ahead);
+    let mut per_ms = std::collections::HashMap::<u64, u32>::new();
+    for id in &all {
+        *per_ms
+            .entry(Id(*id as u64).decode(&layout).unwrap().unix_ms)
+            .or_default() += 1;
+    }
+    assert!(per_ms.values().all(|&n| n <= 64));
+    assert!(
+        per_ms.values().filter(|&&n| n == 64).count() > 100,
+        "expected many full milliseconds"
+    );
+    eprintln!(
+        "{} ids in {} ms, 64 per ms at most: {} full milliseconds",
+        all.len(),
+        end - start,
+        per_ms.values().filter(|&&n| n == 64).count()
+    );
+}
+
+async fn set_clock(file: &Path, offset: &str) {
+    std::fs::write(file, offset).unwrap();
+}
+
+async fn server_ms(c: &mut Conn) -> u64 {
+    let us: i64 = c
+        .query_first("SELECT TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6))")
+        .await
         .unwrap()
-        .as_millis() as u64;
-    let id = mysql::generate_post_id(&mut c, Flavor::Ours, 1801)
+        .unwrap();
+    (us / 1000) as u64
+}
+
+/// Waits until the clock event has the sequence within `LAG + 5 ms` of the
+/// server's clock (a condition, not a sleep: it fails after 5 s).
+async fn caught_up(c: &mut Conn, plan: &Plan, names: &Names) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let reserved: i64 = c
+            .query_first(format!("SELECT next_not_cached_value FROM {}", names.sequence()))
+            .await
+            .unwrap()
+            .unwrap();
+        let now = plan.packed_at(server_ms(c).await).unwrap();
+        if reserved + plan.packed_ms(sql::LAG_MS + 5) >= now {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the clock event did not catch up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
+    let faketime = std::env::temp_dir().join(format!("shardflake-faketime-{}", std::process::id()));
+    std::fs::write(&faketime, "+0").unwrap();
+    let server = Script::start("", Some(&faketime));
+    let pool = mysql::pool(&server.url).unwrap();
+    let layout = layout();
+    let plan = Plan::new(&layout).unwrap();
+    let names = Names::default();
+    let mut c = pool.get_conn().await.unwrap();
+
+    // The arithmetic on given times, past 2038 and to the layout's end.
+    for (text, unix_ms) in [
+        ("2023-01-01 00:00:00.000", 1_672_531_200_000u64),
+        ("2038-01-19 03:14:08.001", 2_147_483_648_001),
+        ("2106-02-07 06:28:16.500", 4_294_967_296_500),
+        ("2300-06-01 12:00:00.123", 10_319_486_400_123),
+    ] {
+        let sql = format!(
+            "SELECT {}",
+            plan.packed_sql(&plan.micros_sql(&format!("TIMESTAMP'{text}'")))
+        );
+        let packed: i64 = c.query_first(sql).await.unwrap().unwrap();
+        assert_eq!(Some(packed), plan.packed_at(unix_ms), "{text}");
+        let id = plan.id_of(packed | 5, 1801);
+        assert_eq!(Id(id as u64).decode(&layout).unwrap().unix_ms, unix_ms, "{text}");
+    }
+
+    // Apply on a server whose default sql_mode is not strict (database
+    // app) and on one whose is (database app2): the routines are pinned.
+    c.query_drop("SET GLOBAL sql_mode = ''").await.unwrap();
+    drop(c);
+    let pool = {
+        pool.disconnect().await.unwrap();
+        mysql::pool(&server.url).unwrap()
+    };
+    applied(&pool, &layout, &Options::default()).await;
+    let mut c = pool.get_conn().await.unwrap();
+    c.query_drop("SET GLOBAL sql_mode = 'STRICT_TRANS_TABLES'; CREATE DATABASE app2")
         .await
         .unwrap();
-    let after = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
+    let url2 = server.url.replace("/app", "/app2");
+    let pool2 = mysql::pool(&url2).unwrap();
+    applied(&pool2, &layout, &Options::default()).await;
+    for db in ["app", "app2"] {
+        let modes: Vec<String> = c
+            .exec(
+                "SELECT SQL_MODE FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = ? UNION ALL SELECT SQL_MODE FROM information_schema.EVENTS WHERE EVENT_SCHEMA = ?",
+                (db, db),
+            )
+            .await
+            .unwrap();
+        assert_eq!(modes.len(), 3, "{db}: {modes:?}");
+        assert!(modes.iter().all(|m| m.contains("STRICT_ALL_TABLES")), "{db}: {modes:?}");
+    }
+    c.query_drop("SET GLOBAL sql_mode = DEFAULT").await.unwrap();
+    let mut c2 = pool2.get_conn().await.unwrap();
+    // A few ids at the real time.
+    let id0 = mysql::insert(&mut c, &names, 5, "x").await.unwrap();
+    let row0: i64 = c
+        .query_first("SELECT next_val FROM sequences WHERE name = 'posts_id'")
+        .await
         .unwrap()
-        .as_millis() as u64;
-    let parts = Id(id as u64).decode(&layout).unwrap();
-    assert_eq!(parts.field("shard"), Some(1801 % 1024));
-    assert!(
-        parts.unix_ms + 2 >= before && parts.unix_ms <= after + 1,
-        "{} [{before}, {after}]",
-        parts.unix_ms
-    );
-    let e = mysql::generate_post_id(&mut c, Flavor::Ours, -1)
+        .unwrap();
+
+    // 1. Before the epoch (2022): every path refuses, naming clock and
+    //    epoch, in a strict and in a non-strict session, and writes nothing.
+    set_clock(&faketime, "-1500d").await;
+    for (conn, mode) in [(&mut c, "STRICT_TRANS_TABLES"), (&mut c2, "")] {
+        conn.query_drop(format!("SET SESSION sql_mode = '{mode}'")).await.unwrap();
+        let clock = server_ms(conn).await;
+        assert!(clock < layout.epoch_ms(), "faketime did not move the clock");
+        let e = err_text(mysql::insert(conn, &names, 5, "x").await);
+        assert!(
+            e.contains("is before the epoch 2023-01-01 00:00:00.000 UTC of layout mysql-procedure")
+                && e.contains("the server clock (2022-"),
+            "{mode:?}: {e}"
+        );
+        for p in ["generate_post_id", "generate_post_id_locked"] {
+            let e = err_text(mysql::generate_post_id(conn, p, 5).await);
+            assert!(
+                e.contains(&format!("{p}: the server clock (2022-"))
+                    && e.contains("is before the epoch 2023-01-01 00:00:00.000 UTC"),
+                "{mode:?} {p}: {e}"
+            );
+        }
+    }
+    let row1: i64 = c
+        .query_first("SELECT next_val FROM sequences WHERE name = 'posts_id'")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row0, row1, "a refused call wrote next_val");
+    // Bad shard keys.
+    c.query_drop("SET SESSION sql_mode = DEFAULT").await.unwrap();
+    set_clock(&faketime, "+0").await;
+    let e = err_text(mysql::insert(&mut c, &names, -3, "x").await);
+    assert!(e.contains("shard key user_id = -3 is not >= 0"), "{e}");
+    let e = c
+        .query_drop("INSERT IGNORE INTO posts (user_id) VALUES (-4)")
         .await
         .unwrap_err()
         .to_string();
-    assert!(e.contains("user_id must be >= 0"), "{e}");
-    drop(c);
+    assert!(e.contains("BIGINT value is out of range") && e.contains("shardflake: posts.id: refused;"), "{e}");
 
-    // 16 callers sharing one user id, as the seed's ORM generator would call it.
-    let seed = ids_from(&pool, Flavor::Seed, 16, 300, 1801).await;
-    let seed_unique: HashSet<i64> = seed.iter().copied().collect();
-    assert!(
-        seed_unique.len() < seed.len(),
-        "the seed's procedure handed out {} ids, all distinct: expected duplicates",
-        seed.len()
-    );
-    let ours = ids_from(&pool, Flavor::Ours, 16, 300, 1801).await;
-    let ours_unique: HashSet<i64> = ours.iter().copied().collect();
-    assert_eq!(
-        ours_unique.len(),
-        ours.len(),
-        "our procedure repeated an id"
-    );
-    for id in &ours {
-        assert_eq!(
-            Id(*id as u64).decode(&layout).unwrap().field("shard"),
-            Some(1801 % 1024)
-        );
+    // 2. Back to now: the next ids are dated now.
+    for p in ["generate_post_id", "generate_post_id_locked"] {
+        let before = now_ms();
+        let id = mysql::generate_post_id(&mut c, p, 5).await.unwrap();
+        verify(&layout, &[id], 5, before, now_ms());
     }
-    eprintln!(
-        "seed: {} of {} ids duplicated; ours: 0 of {}",
-        seed.len() - seed_unique.len(),
-        seed.len(),
-        ours.len()
-    );
+    caught_up(&mut c, &plan, &names).await;
+    let before = now_ms();
+    let id1 = mysql::insert(&mut c, &names, 5, "x").await.unwrap();
+    verify(&layout, &[id1], 5, before - sql::LAG_MS - 10, now_ms());
+    assert!(id1 > id0);
 
-    // The benchmark driver runs end to end (tiny).
-    let results = mysql::bench(&pool, &layout, 4, 50, 1801).await.unwrap();
-    assert_eq!(results.len(), 3);
-    assert_eq!(results[0].duplicates, 0);
-    assert_eq!(results[2].duplicates, 0);
-    pool.disconnect().await.unwrap();
+    // 3. One hour back: ids go on from the sequence, increasing, dated
+    //    ahead of the (wrong) clock; no error.
+    set_clock(&faketime, "-1h").await;
+    let mut last = id1;
+    for _ in 0..50 {
+        let id = mysql::insert(&mut c, &names, 5, "x").await.unwrap();
+        assert!(id > last);
+        last = id;
+    }
+    let p = Id(last as u64).decode(&layout).unwrap();
+    assert!(p.unix_ms > server_ms(&mut c).await + 3_000_000, "{}", p.timestamp());
+
+    // 4. Past 2038 (2300-09): the event moves the sequence up; ids are
+    //    dated then, and decode.
+    set_clock(&faketime, "+100000d").await;
+    let fake = server_ms(&mut c).await;
+    assert!(fake > 10_000_000_000_000, "{fake}");
+    caught_up(&mut c, &plan, &names).await;
+    let id = mysql::insert(&mut c, &names, 5, "x").await.unwrap();
+    let p = Id(id as u64).decode(&layout).unwrap();
+    assert!(p.timestamp().starts_with("2300-"), "{}", p.timestamp());
+    let id = mysql::generate_post_id(&mut c, "generate_post_id_locked", 5).await.unwrap();
+    assert!(Id(id as u64).decode(&layout).unwrap().timestamp().starts_with("2300-"));
+
+    // 5. Past the layout's end (2301-09): refused, naming it.
+    set_clock(&faketime, "+102000d").await;
+    let e = err_text(mysql::insert(&mut c, &names, 5, "x").await);
+    assert!(e.contains("is past the last time of layout mysql-procedure (ids end at 2301-"), "{e}");
+    for p in ["generate_post_id", "generate_post_id_locked"] {
+        let e = err_text(mysql::generate_post_id(&mut c, p, 5).await);
+        assert!(e.contains("is past the last time of layout mysql-procedure"), "{p}: {e}");
+    }
+    set_clock(&faketime, "+0").await;
+    let _ = std::fs::remove_file(&faketime);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_and_check_refuse_what_breaks_the_argument() {
+    let server = Script::start("--innodb-flush-log-at-trx-commit=0", None);
+    let pool = mysql::pool(&server.url).unwrap();
+    let layout = layout();
+    let opts = Options::default();
+    let mut c = pool.get_conn().await.unwrap();
+    // An AUTO_INCREMENT id is refused.
+    c.query_drop("CREATE TABLE posts (id BIGINT AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body TEXT)")
+        .await
+        .unwrap();
+    let e = err_text(mysql::apply(&mut c, &layout, &opts).await);
+    assert!(e.contains("posts.id is AUTO_INCREMENT"), "{e}");
+    c.query_drop("ALTER TABLE posts MODIFY id BIGINT NOT NULL").await.unwrap();
+    // An existing table gets the default; flush 0 is warned about.
+    let a = mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    assert!(a.installed.contains(&"default of posts.id".to_string()), "{a:?}");
+    assert!(a.warnings.iter().any(|w| w.contains("innodb_flush_log_at_trx_commit = 0")));
+    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("innodb_flush_log_at_trx_commit = 0"));
+    let id = mysql::insert(&mut c, &names_default(), 9, "x").await.unwrap();
+    // An explicit id above the sequence: future ids would repeat it.
+    let ahead = id + (1 << 30);
+    c.exec_drop("INSERT INTO posts (id, user_id) VALUES (?, 9)", (ahead,))
+        .await
+        .unwrap();
+    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap();
+    assert!(
+        problems.iter().any(|p| p.contains("ids would repeat")),
+        "{problems:?}"
+    );
+    c.exec_drop("DELETE FROM posts WHERE id = ?", (ahead,)).await.unwrap();
+    // A cycling sequence, a changed default, the scheduler off.
+    c.query_drop("ALTER SEQUENCE posts_id_seq CYCLE; ALTER TABLE posts ALTER COLUMN id SET DEFAULT 7; SET GLOBAL event_scheduler = OFF")
+        .await
+        .unwrap();
+    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap().join("\n");
+    for want in [
+        "cycles",
+        "the default of posts.id differs",
+        "event_scheduler = OFF",
+    ] {
+        assert!(problems.contains(want), "{want}: {problems}");
+    }
+    // apply puts it all back.
+    let a = mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    assert!(a.clock_running, "{a:?}");
+    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    // Another layout on the same sequence is refused.
+    let other = preset::resolve("other: time 41 | shard 12 | sequence 10 (epoch 1672531200000 ms)").unwrap();
+    let e = err_text(mysql::apply(&mut c, &other, &opts).await);
+    assert!(e.contains("was made for another layout"), "{e}");
+    // The sequence runs out at the layout's last value: a clear error.
+    let max = Plan::new(&layout).unwrap().max_packed();
+    c.query_drop(format!("DO SETVAL(posts_id_seq, {}, 0)", max - 1))
+        .await
+        .unwrap();
+    mysql::insert(&mut c, &names_default(), 9, "x").await.unwrap();
+    mysql::insert(&mut c, &names_default(), 9, "x").await.unwrap();
+    let e = err_text(mysql::insert(&mut c, &names_default(), 9, "x").await);
+    assert!(e.contains("Sequence 'app.posts_id_seq' has run out"), "{e}");
+    let e = err_text(mysql::generate_post_id(&mut c, "generate_post_id", 9).await);
+    assert!(
+        e.contains("generate_post_id: sequence posts_id_seq has run out: the ids of layout mysql-procedure end at 2301-"),
+        "{e}"
+    );
+}
+
+fn names_default() -> Names {
+    Names::default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_every_mode() {
+    let server = Script::start("", None);
+    let pool = mysql::pool(&server.url).unwrap();
+    let pid: u32 = server.run("pid").trim().parse().unwrap();
+    let opts = mysql::BenchOptions {
+        clients: 4,
+        rows: 50,
+        rounds: 2,
+        server_pid: Some(pid),
+        cpu_rows: 2000,
+        cpu_runs: 1,
+        ..Default::default()
+    };
+    let r = mysql::bench(&pool, &layout(), &opts).await.unwrap();
+    assert_eq!(r.results.len(), 16);
+    for res in &r.results {
+        if res.mode != mysql::BenchMode::SeedProcedure {
+            assert_eq!(res.duplicates, 0, "{res:?}");
+        }
+        assert!(res.cpu_per_row_us().is_some());
+    }
+    assert_eq!(r.cpu.len(), 5);
+    assert!(r.clock_cpu_share.is_some());
 }

@@ -1,9 +1,12 @@
-//! `shardflake mysql ...`: the MariaDB/MySQL `generate_post_id` procedure.
+//! `shardflake mysql ...`: ids inside MariaDB/MySQL: the one-statement
+//! `INSERT ... RETURNING id` (a sequence `DEFAULT` kept up with the clock by
+//! an event) and the seed-shaped `generate_post_id` procedures (the work is
+//! in `shardflake_db::mysql`; this only parses and prints).
 
 use anyhow::Context;
 use clap::Subcommand;
 use shardflake::Id;
-use shardflake_db::mysql::{self, Flavor};
+use shardflake_db::mysql::{self, BenchMode, BenchOptions, Flavor, Names, Options, sql};
 
 use super::LayoutArg;
 
@@ -15,55 +18,152 @@ pub struct Args {
 
 #[derive(Debug, Clone, clap::Args)]
 struct Conn {
-    /// Server URL, e.g. mysql://root@127.0.0.1:3306/app.
+    /// Server URL naming a database, e.g. mysql://root@127.0.0.1:3306/app.
     #[arg(long, env = "SHARDFLAKE_MYSQL_URL")]
     url: String,
-    /// Use the seed's original procedure (racy; for comparison only).
-    #[arg(long)]
-    seed: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct Target {
+    /// Table whose `id` column gets the default (created if missing, in the
+    /// seed's shape: id, <key>, body).
+    #[arg(long, default_value = "posts")]
+    table: String,
+    /// Its shard-key column: shard = key mod 2^shard_bits.
+    #[arg(long, default_value = "user_id")]
+    key: String,
+    /// The procedure's name (the row-lock one is <name>_locked, the seed's
+    /// <name>_seed).
+    #[arg(long, default_value = "generate_post_id")]
+    procedure: String,
+}
+
+impl Target {
+    fn names(&self) -> anyhow::Result<Names> {
+        Ok(Names::new(&self.table, &self.key, &self.procedure)?)
+    }
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum FlavorArg {
+    /// generate_post_id: the sequence (MariaDB >= 10.3).
+    Sequence,
+    /// generate_post_id_locked: a row of `sequences` under its row lock.
+    Locked,
+    /// The seed's procedure, verbatim (racy; for comparison only).
+    Seed,
+}
+
+impl From<FlavorArg> for Flavor {
+    fn from(f: FlavorArg) -> Flavor {
+        match f {
+            FlavorArg::Sequence => Flavor::Sequence,
+            FlavorArg::Locked => Flavor::Locked,
+            FlavorArg::Seed => Flavor::Seed,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
 enum MysqlCommand {
-    /// Install the `sequences` table and `generate_post_id` (replacing it).
+    /// Install (idempotently): the sequence, the table or its id default,
+    /// the clock event, generate_post_id and generate_post_id_locked.
+    /// Without sequences (MySQL): generate_post_id_locked only.
     Apply {
         #[command(flatten)]
         conn: Conn,
         #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        layout: LayoutArg,
+        /// The sequence's CACHE (0 or 1: NOCACHE).
+        #[arg(long, default_value_t = sql::DEFAULT_CACHE)]
+        cache: u64,
+        /// Also install the seed's racy procedure, for comparison.
+        #[arg(long)]
+        seed: bool,
+    },
+    /// Verify what apply installs and the settings the no-repeat argument
+    /// needs (exit 1 on any difference). Draws one value of the sequence.
+    Check {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
         layout: LayoutArg,
     },
-    /// Call the procedure as the seed's ORM does; print the ids and decode them.
+    /// INSERT rows in one statement (INSERT ... RETURNING id); print the ids
+    /// and decode them.
+    Insert {
+        /// Shard key (user id).
+        user_id: i64,
+        /// How many rows.
+        #[arg(long, short = 'n', default_value_t = 1)]
+        count: usize,
+        /// The body column's text.
+        #[arg(long, default_value = "hello")]
+        body: String,
+        #[command(flatten)]
+        conn: Conn,
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        layout: LayoutArg,
+    },
+    /// Call a procedure as the seed's ORM does; print the ids and decode them.
     Call {
-        /// Sharding key (user id); the shard is user_id % 2^shard_bits.
+        /// Shard key (user id); the shard is user_id mod 2^shard_bits.
         user_id: i64,
         /// How many ids.
         #[arg(long, short = 'n', default_value_t = 1)]
         count: usize,
+        /// Which procedure.
+        #[arg(long, value_enum, default_value = "sequence")]
+        flavor: FlavorArg,
         #[command(flatten)]
         conn: Conn,
         #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
         layout: LayoutArg,
     },
-    /// Print the generated procedure.
+    /// Print the generated SQL (what apply installs).
     Sql {
         /// Print the seed's procedure instead.
         #[arg(long)]
         seed: bool,
         #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
         layout: LayoutArg,
     },
-    /// AUTO_INCREMENT vs the seed's procedure vs ours, N clients sharing one
-    /// user id; counts duplicate ids. Creates tables post_auto/post_seed/post_ours.
+    /// Every way to get an id against AUTO_INCREMENT, N clients sharing one
+    /// user id: inserts/s, duplicates, server CPU. Drops and creates bench_*
+    /// tables, sequences, events and routines.
     Bench {
         #[arg(long)]
         url: String,
         #[arg(long, default_value_t = 8)]
         clients: usize,
-        /// Rows per client per mode.
+        /// Rows per client per mode per round.
         #[arg(long, default_value_t = 2000)]
         rows: u64,
+        /// Rounds, each in a rotated order of the modes.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         #[arg(long, default_value_t = 1801)]
         user_id: i64,
+        /// The server's pid, if it runs on this machine: server CPU per insert.
+        #[arg(long)]
+        server_pid: Option<u32>,
+        /// Rows of a bulk INSERT ... SELECT for the per-row CPU of one
+        /// connection (needs --server-pid; 0: skip).
+        #[arg(long, default_value_t = 0)]
+        cpu_rows: u64,
+        /// Runs of that measure per mode.
+        #[arg(long, default_value_t = 3)]
+        cpu_runs: usize,
         #[command(flatten)]
         layout: LayoutArg,
     },
@@ -77,11 +177,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-fn flavor(seed: bool) -> Flavor {
-    if seed { Flavor::Seed } else { Flavor::Ours }
-}
-
-fn procedure_layout(layout: &LayoutArg) -> anyhow::Result<shardflake::Layout> {
+fn mysql_layout(layout: &LayoutArg) -> anyhow::Result<shardflake::Layout> {
     // The `--layout` option defaults to snowflake for the other commands;
     // here the seed's mysql-procedure layout is the natural default.
     let spec = if layout.layout == "snowflake" {
@@ -90,59 +186,179 @@ fn procedure_layout(layout: &LayoutArg) -> anyhow::Result<shardflake::Layout> {
         &layout.layout
     };
     let l = shardflake::preset::resolve(spec)?;
-    anyhow::ensure!(
-        l.field("shard").is_some(),
-        "layout {} has no \"shard\" field; the procedure needs one",
-        l.name()
-    );
+    mysql::Plan::new(&l)?;
     Ok(l)
+}
+
+fn print_id(l: &shardflake::Layout, id: i64) -> anyhow::Result<()> {
+    let p = Id(id as u64).decode(l)?;
+    println!(
+        "{id} time {} shard {} sequence {}",
+        p.timestamp(),
+        p.field("shard").unwrap_or_default(),
+        p.sequence
+    );
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        MysqlCommand::Sql { seed, layout } => {
-            let l = procedure_layout(&layout)?;
-            let f = flavor(seed);
-            println!("{}\n", mysql::sequences_sql(f.sequence()));
-            let p = if seed {
-                mysql::seed_procedure_sql(f.procedure(), f.sequence())
-            } else {
-                mysql::procedure_sql(&l, f.procedure(), f.sequence())
-            };
-            println!("DELIMITER //\n{p} //\nDELIMITER ;");
+        MysqlCommand::Sql {
+            seed,
+            target,
+            layout,
+        } => {
+            let l = mysql_layout(&layout)?;
+            let names = target.names()?;
+            if seed {
+                println!("{}\n", sql::sequences_sql(&names.seed_row()));
+                println!(
+                    "DELIMITER //\n{} //\nDELIMITER ;",
+                    sql::seed_procedure_sql(&names.seed_procedure(), &names.seed_row())
+                );
+                return Ok(());
+            }
+            let plan = mysql::Plan::new(&l)?;
+            println!("-- shardflake mysql apply: {l}");
+            println!("-- every routine, the event and the table are created with");
+            println!("SET SESSION sql_mode = '{}';\n", sql::SQL_MODE);
+            println!("-- START WITH: the server's packed clock at apply time");
+            println!(
+                "{};\n",
+                sql::sequence_sql(&plan, &names, 0, sql::DEFAULT_CACHE)
+            );
+            println!("{};\n", sql::table_sql(&plan, &names));
+            println!(
+                "-- on an existing table:\n-- {};\n",
+                sql::alter_table_sql(&plan, &names)
+            );
+            println!("DELIMITER //\n{} //\n", sql::event_sql(&plan, &names));
+            println!("{} //\n", sql::procedure_sql(&plan, &names));
+            println!("DELIMITER ;\n{}\n", sql::sequences_sql(&names.locked_row()));
+            println!(
+                "DELIMITER //\n{} //\nDELIMITER ;",
+                sql::locked_procedure_sql(&plan, &names)
+            );
             Ok(())
         }
-        MysqlCommand::Apply { conn, layout } => {
-            let l = procedure_layout(&layout)?;
+        MysqlCommand::Apply {
+            conn,
+            target,
+            layout,
+            cache,
+            seed,
+        } => {
+            let l = mysql_layout(&layout)?;
+            let opts = Options {
+                names: target.names()?,
+                cache,
+                locked: true,
+                seed,
+            };
             runtime()?.block_on(async {
                 let pool = mysql::pool(&conn.url)?;
                 let mut c = pool.get_conn().await.context("connecting")?;
-                mysql::install(&mut c, &l, flavor(conn.seed)).await?;
+                let applied = mysql::apply(&mut c, &l, &opts).await?;
                 drop(c);
                 pool.disconnect().await.ok();
-                println!("installed {} ({})", flavor(conn.seed).procedure(), l);
+                let procedure = if applied.installed.contains(&opts.names.procedure) {
+                    opts.names.procedure.clone()
+                } else {
+                    opts.names.locked_procedure()
+                };
+                println!(
+                    "installed {procedure} ({l}); created or changed: {}",
+                    if applied.installed.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        applied.installed.join(", ")
+                    }
+                );
+                if applied.clock_running {
+                    println!("clock event {} running", opts.names.event());
+                }
+                for w in &applied.warnings {
+                    eprintln!("warning: {w}");
+                }
+                Ok(())
+            })
+        }
+        MysqlCommand::Check {
+            conn,
+            target,
+            layout,
+        } => {
+            let l = mysql_layout(&layout)?;
+            let opts = Options {
+                names: target.names()?,
+                ..Options::default()
+            };
+            runtime()?.block_on(async {
+                let pool = mysql::pool(&conn.url)?;
+                let mut c = pool.get_conn().await.context("connecting")?;
+                let problems = mysql::check(&mut c, &l, &opts).await?;
+                drop(c);
+                pool.disconnect().await.ok();
+                if problems.is_empty() {
+                    println!(
+                        "ok: {}.id and {} as installed for {l}",
+                        opts.names.table, opts.names.procedure
+                    );
+                    return Ok(());
+                }
+                for p in &problems {
+                    println!("{p}");
+                }
+                anyhow::bail!("{} problem(s)", problems.len())
+            })
+        }
+        MysqlCommand::Insert {
+            user_id,
+            count,
+            body,
+            conn,
+            target,
+            layout,
+        } => {
+            let l = mysql_layout(&layout)?;
+            let names = target.names()?;
+            runtime()?.block_on(async {
+                let pool = mysql::pool(&conn.url)?;
+                let mut c = pool.get_conn().await.context("connecting")?;
+                for _ in 0..count {
+                    let id = mysql::insert(&mut c, &names, user_id, &body).await?;
+                    print_id(&l, id)?;
+                }
+                drop(c);
+                pool.disconnect().await.ok();
                 Ok(())
             })
         }
         MysqlCommand::Call {
             user_id,
             count,
+            flavor,
             conn,
+            target,
             layout,
         } => {
-            let l = procedure_layout(&layout)?;
+            let l = mysql_layout(&layout)?;
+            let procedure = Flavor::from(flavor).procedure(&target.names()?);
             runtime()?.block_on(async {
                 let pool = mysql::pool(&conn.url)?;
                 let mut c = pool.get_conn().await.context("connecting")?;
                 for _ in 0..count {
-                    let id = mysql::generate_post_id(&mut c, flavor(conn.seed), user_id).await?;
-                    let p = Id(id as u64).decode(&l)?;
-                    println!(
-                        "{id} time {} shard {} sequence {}",
-                        p.timestamp(),
-                        p.field("shard").unwrap_or_default(),
-                        p.sequence
-                    );
+                    let id = mysql::generate_post_id(&mut c, &procedure, user_id).await?;
+                    print_id(&l, id)?;
                 }
                 drop(c);
                 pool.disconnect().await.ok();
@@ -153,30 +369,106 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             url,
             clients,
             rows,
+            rounds,
             user_id,
+            server_pid,
+            cpu_rows,
+            cpu_runs,
             layout,
         } => {
-            let l = procedure_layout(&layout)?;
+            let l = mysql_layout(&layout)?;
+            anyhow::ensure!(
+                clients > 0 && rows > 0 && rounds > 0,
+                "clients, rows and rounds must be > 0"
+            );
+            let opts = BenchOptions {
+                clients,
+                rows,
+                user_id,
+                rounds,
+                modes: BenchMode::ALL.to_vec(),
+                server_pid,
+                cpu_rows,
+                cpu_runs,
+            };
             runtime()?.block_on(async {
                 let pool = mysql::pool(&url)?;
-                let results = mysql::bench(&pool, &l, clients, rows, user_id).await?;
+                let report = mysql::bench(&pool, &l, &opts).await?;
                 pool.disconnect().await.ok();
-                let base = results[0].rate();
-                println!("| mode | rows | inserts/s | vs AUTO_INCREMENT | duplicate ids |");
-                println!("|---|---:|---:|---:|---:|");
-                for r in &results {
-                    println!(
-                        "| {} | {} | {:.0} | {:.2}x | {} ({:.1}%) |",
-                        r.mode,
-                        r.rows,
-                        r.rate(),
-                        r.rate() / base,
-                        r.duplicates,
-                        r.duplicate_rate() * 100.0
-                    );
-                }
+                print_report(&report, &opts);
                 Ok(())
             })
+        }
+    }
+}
+
+fn print_report(report: &mysql::BenchReport, opts: &BenchOptions) {
+    let base: Vec<f64> = report
+        .of(BenchMode::AutoIncrement)
+        .iter()
+        .map(|r| r.rate())
+        .collect();
+    println!(
+        "| mode | inserts/s (median) | each round | vs AUTO_INCREMENT, each round | server CPU µs/insert (median) | duplicate ids | id time lag, max |"
+    );
+    println!("|---|---:|---|---|---:|---:|---:|");
+    for mode in &opts.modes {
+        let rs = report.of(*mode);
+        let rates: Vec<f64> = rs.iter().map(|r| r.rate()).collect();
+        let ratios: Vec<String> = rs
+            .iter()
+            .map(|r| {
+                base.get(r.round - 1)
+                    .map_or("-".into(), |b| format!("{:.2}x", r.rate() / b))
+            })
+            .collect();
+        let cpu: Vec<f64> = rs.iter().filter_map(|r| r.cpu_per_row_us()).collect();
+        let dups: u64 = rs.iter().map(|r| r.duplicates).sum();
+        let total: u64 = rs.iter().map(|r| r.rows).sum();
+        let lag = rs.iter().filter_map(|r| r.max_lag_ms).max();
+        println!(
+            "| {} | {:.0} | {} | {} | {} | {} ({:.1}%) | {} |",
+            mode.label(),
+            median(rates.clone()),
+            rates
+                .iter()
+                .map(|r| format!("{r:.0}"))
+                .collect::<Vec<_>>()
+                .join("/"),
+            ratios.join("/"),
+            if cpu.is_empty() {
+                "-".into()
+            } else {
+                format!("{:.1}", median(cpu))
+            },
+            dups,
+            100.0 * dups as f64 / total.max(1) as f64,
+            lag.map_or("-".into(), |l| format!("{l} ms")),
+        );
+    }
+    if let Some(share) = report.clock_cpu_share {
+        println!(
+            "\nClock event (one loop per sequence): {:.2}% of one CPU over the run.",
+            share * 100.0
+        );
+    }
+    if !report.cpu.is_empty() {
+        println!(
+            "\n| id (one connection, one INSERT ... SELECT of {} rows) | µs CPU per row, each run | median |",
+            opts.cpu_rows
+        );
+        println!("|---|---|---:|");
+        for c in &report.cpu {
+            println!(
+                "| {} | {} | {:.2} |",
+                c.mode.label(),
+                c.per_row_us
+                    .iter()
+                    .map(|u| format!("{u:.2}"))
+                    .collect::<Vec<_>>()
+                    .join("/"),
+                median(c.per_row_us.clone())
+            );
         }
     }
 }

@@ -1,0 +1,786 @@
+//! MariaDB/MySQL SQL generated from a [`Layout`]: pure functions, no server.
+//! The design, and why no id repeats, is in the [`crate::mysql`] module docs.
+//!
+//! Every number in the SQL (epoch, tick, shifts, masks, limits) comes from
+//! [`Plan`], which reads them from the same [`Layout`] `shardflake decode`
+//! uses. Time is computed on `DATETIME` values,
+//! `TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'<epoch>', UTC_TIMESTAMP(6))`, valid
+//! from the epoch to the year 9999 (MySQL ≥ 8.0.28 and MariaDB ≥ 11.5 run
+//! with clocks past 2038; `UNIX_TIMESTAMP` is `NULL` there on MariaDB before
+//! 11.5 and ends in 2106 after it). [`Plan::micros_sql`] takes the time as an
+//! argument so the arithmetic is testable for any date.
+
+use std::fmt::Write as _;
+
+use shardflake::Layout;
+use shardflake::layout::FieldKind;
+
+use crate::topology::SHARD_FIELD;
+
+/// Version of the generated objects; bumped when their SQL changes. Stored
+/// in their comments and compared by `mysql check`.
+pub const VERSION: u32 = 1;
+
+/// The clock event catches the sequence up when its reserved values lag the
+/// clock by more than this many milliseconds (at least one tick).
+pub const LAG_MS: u64 = 4;
+
+/// An `INSERT` refuses to make an id whose time lags the clock by more than
+/// this: the clock event is not running (see [`crate::mysql`]).
+pub const STALE_MS: u64 = 10_000;
+
+/// The sequence's `CACHE` unless told otherwise: values handed out from
+/// memory between two writes of the sequence's row. A crash skips what is
+/// left of it (never reissues).
+pub const DEFAULT_CACHE: u64 = 1000;
+
+/// The `sql_mode` the routines, the event and the table are created with
+/// (a routine keeps the mode it was created with): strict, so an
+/// out-of-range value is an error, never a silently clipped one.
+pub const SQL_MODE: &str = "STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION";
+
+/// MariaDB's error number for "Sequence '...' has run out".
+pub const ER_SEQUENCE_RUN_OUT: u16 = 4084;
+
+/// Refusals of SQL generation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MysqlSqlError {
+    /// No `shard` node field.
+    #[error("layout {0:?} has no \"shard\" field; the MariaDB ids need one (shard = key mod 2^bits)")]
+    NoShard(String),
+    /// Time and sequence do not fit a positive `BIGINT`.
+    #[error("layout {0:?}: time + sequence bits exceed 62, too wide for a MariaDB sequence")]
+    TooWide(String),
+    /// A field other than time holds the sign bit.
+    #[error(
+        "layout {0:?}: a field other than time holds the sign bit, so some ids are negative from the start"
+    )]
+    SignBit(String),
+    /// The epoch cannot be written as a `DATETIME`.
+    #[error("layout {0:?}: its epoch is past the year 9999, which a DATETIME cannot hold")]
+    Epoch(String),
+    /// A name that is not a plain identifier.
+    #[error("{what} {name:?} must be 1 to {max} letters, digits or '_', not starting with a digit")]
+    Name {
+        /// What is named.
+        what: &'static str,
+        /// The name.
+        name: String,
+        /// Longest allowed.
+        max: usize,
+    },
+}
+
+/// A [`Layout`] checked for MariaDB, with every number the SQL uses.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    layout: Layout,
+    seq_bits: u32,
+    seq_shift: u32,
+    time_shift: u32,
+    shard_bits: u32,
+    shard_shift: u32,
+    limit_tick: u64,
+    epoch_datetime: String,
+}
+
+impl Plan {
+    /// Checks `layout`: a `shard` node field, time + sequence ≤ 62 bits (the
+    /// packed value is a positive `BIGINT`), no sign bit outside the time
+    /// field, an epoch a `DATETIME` can hold.
+    pub fn new(layout: &Layout) -> Result<Plan, MysqlSqlError> {
+        let name = || layout.name().to_string();
+        let shard = layout
+            .field(SHARD_FIELD)
+            .filter(|f| f.kind() == FieldKind::Node)
+            .ok_or_else(|| MysqlSqlError::NoShard(name()))?;
+        let time = layout.time();
+        let seq = layout.sequence();
+        if time.bits() + seq.bits() > 62 {
+            return Err(MysqlSqlError::TooWide(name()));
+        }
+        // Ids are signed BIGINT: with all 64 bits used, the time's top bit
+        // would make them negative, so that tick is the first one refused.
+        let limit_tick = if layout.uses_sign_bit() {
+            if time.shift() + time.bits() != 64 {
+                return Err(MysqlSqlError::SignBit(name()));
+            }
+            1u64 << (time.bits() - 1)
+        } else {
+            time.max() + 1
+        };
+        if layout.epoch_ms() >= shardflake::timestamp::YEAR_10000_MS {
+            return Err(MysqlSqlError::Epoch(name()));
+        }
+        let epoch_datetime = shardflake::timestamp::rfc3339_ms(layout.epoch_ms())
+            .replace('T', " ")
+            .replace('Z', "");
+        Ok(Plan {
+            layout: layout.clone(),
+            seq_bits: seq.bits(),
+            seq_shift: seq.shift(),
+            time_shift: time.shift(),
+            shard_bits: shard.bits(),
+            shard_shift: shard.shift(),
+            limit_tick,
+            epoch_datetime,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The epoch as a `DATETIME` literal's text, `2023-01-01 00:00:00.000` (UTC).
+    pub fn epoch_datetime(&self) -> &str {
+        &self.epoch_datetime
+    }
+
+    /// The first tick refused: past the time field, or (layouts using all 64
+    /// bits) the first whose ids would be negative.
+    pub fn limit_tick(&self) -> u64 {
+        self.limit_tick
+    }
+
+    /// The largest packed value (`tick << sequence_bits | sequence`) handed
+    /// out: the sequence's `MAXVALUE`.
+    pub fn max_packed(&self) -> i64 {
+        ((self.limit_tick as i64) << self.seq_bits) - 1
+    }
+
+    /// The first Unix millisecond refused ([`Plan::limit_tick`]), as text.
+    pub fn limit_text(&self) -> String {
+        shardflake::timestamp::rfc3339_ms(self.layout.tick_to_unix_ms(self.limit_tick))
+    }
+
+    /// Packed values per tick (`2^sequence_bits`).
+    pub fn per_tick(&self) -> i64 {
+        1i64 << self.seq_bits
+    }
+
+    /// `ms` milliseconds as packed values (at least one tick).
+    pub fn packed_ms(&self, ms: u64) -> i64 {
+        let ticks = (ms / self.layout.tick_ms()).max(1);
+        (ticks as i64) << self.seq_bits
+    }
+
+    /// The packed value of a Unix millisecond (the clock side of the
+    /// sequence), or `None` before the epoch or at or past the limit.
+    pub fn packed_at(&self, unix_ms: u64) -> Option<i64> {
+        let tick = self.layout.unix_ms_to_tick(unix_ms)?;
+        (tick < self.limit_tick).then(|| (tick as i64) << self.seq_bits)
+    }
+
+    /// SQL for the microseconds from the epoch to `datetime`, an SQL
+    /// expression of a UTC `DATETIME` (`UTC_TIMESTAMP(6)`, or a literal in
+    /// tests): `DATETIME` arithmetic, valid from year 1000 to 9999.
+    pub fn micros_sql(&self, datetime: &str) -> String {
+        format!(
+            "TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'{}', {datetime})",
+            self.epoch_datetime
+        )
+    }
+
+    /// SQL for the packed clock from microseconds `us` (which must be
+    /// `>= 0`; `DIV` truncates): `(us DIV (1000 * tick)) << sequence_bits`.
+    pub fn packed_sql(&self, us: &str) -> String {
+        format!(
+            "(({us} DIV {}) << {})",
+            1000 * self.layout.tick_ms(),
+            self.seq_bits
+        )
+    }
+
+    /// SQL for the id made of packed value `w` and shard key `key` (both
+    /// SQL expressions, `key >= 0`): the time and sequence of `w` put in
+    /// their fields, the shard `key mod 2^shard_bits` in its own. One to one
+    /// in `w` for a given shard.
+    pub fn id_sql(&self, w: &str, key: &str) -> String {
+        let seq_mask = (1u64 << self.seq_bits) - 1;
+        let shard_mask = (1u64 << self.shard_bits) - 1;
+        let shifted = |e: String, s: u32| {
+            if s == 0 { e } else { format!("({e} << {s})") }
+        };
+        format!(
+            "{} | {} | {}",
+            shifted(format!("({w} >> {})", self.seq_bits), self.time_shift),
+            shifted(format!("({key} & {shard_mask})"), self.shard_shift),
+            shifted(format!("({w} & {seq_mask})"), self.seq_shift),
+        )
+    }
+
+    /// The id of packed value `w` and shard key `key`, in Rust ([`Plan::id_sql`]).
+    pub fn id_of(&self, w: i64, key: i64) -> i64 {
+        let seq_mask = (1i64 << self.seq_bits) - 1;
+        let shard_mask = (1i64 << self.shard_bits) - 1;
+        ((w >> self.seq_bits) << self.time_shift)
+            | ((key & shard_mask) << self.shard_shift)
+            | ((w & seq_mask) << self.seq_shift)
+    }
+
+    /// Text naming the layout and its version in comments:
+    /// `shardflake v1: mysql-procedure: time 43 | shard 10 | ...`.
+    pub fn marker(&self) -> String {
+        format!("shardflake v{VERSION}: {}", self.layout)
+    }
+}
+
+fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// Whether `name` is a plain identifier of at most `max` characters.
+fn check_name(what: &'static str, name: &str, max: usize) -> Result<(), MysqlSqlError> {
+    let ok = !name.is_empty()
+        && name.len() <= max
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(MysqlSqlError::Name {
+            what,
+            name: name.to_string(),
+            max,
+        })
+    }
+}
+
+/// The objects of one table's ids: the table, its shard-key column, the
+/// sequence `{table}_id_seq`, the clock event `{table}_id_clock` and the
+/// seed-shaped procedure (`generate_post_id` by default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    /// Table whose `id` column gets the default.
+    pub table: String,
+    /// Its shard-key column (`user_id`): shard = key mod 2^shard_bits.
+    pub key: String,
+    /// The procedure `(IN key BIGINT, OUT id BIGINT)`; the row-lock variant
+    /// is `{procedure}_locked`, the seed's `{procedure}_seed`.
+    pub procedure: String,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Names {
+            table: "posts".into(),
+            key: "user_id".into(),
+            procedure: "generate_post_id".into(),
+        }
+    }
+}
+
+impl Names {
+    /// Checked names (identifiers short enough for every derived name).
+    pub fn new(table: &str, key: &str, procedure: &str) -> Result<Names, MysqlSqlError> {
+        check_name("table", table, 48)?;
+        check_name("shard-key column", key, 64)?;
+        check_name("procedure", procedure, 48)?;
+        Ok(Names {
+            table: table.into(),
+            key: key.into(),
+            procedure: procedure.into(),
+        })
+    }
+    /// `{table}_id_seq`.
+    pub fn sequence(&self) -> String {
+        format!("{}_id_seq", self.table)
+    }
+    /// `{table}_id_clock`.
+    pub fn event(&self) -> String {
+        format!("{}_id_clock", self.table)
+    }
+    /// `{procedure}_locked`.
+    pub fn locked_procedure(&self) -> String {
+        format!("{}_locked", self.procedure)
+    }
+    /// `{procedure}_seed`.
+    pub fn seed_procedure(&self) -> String {
+        format!("{}_seed", self.procedure)
+    }
+    /// The row of `sequences` the row-lock procedure counts in: `{table}_id`.
+    pub fn locked_row(&self) -> String {
+        format!("{}_id", self.table)
+    }
+    /// The row of `sequences` the seed's procedure counts in.
+    pub fn seed_row(&self) -> String {
+        format!("{}_seed", self.table)
+    }
+    /// SQL for the name of the user-level lock the clock event holds while
+    /// it runs (one per database and sequence; at most 64 characters).
+    pub fn clock_lock_sql(&self) -> String {
+        format!(
+            "CONCAT('shardflake ', MD5(CONCAT(DATABASE(), '.', {})))",
+            lit(&self.sequence())
+        )
+    }
+}
+
+/// `CREATE SEQUENCE IF NOT EXISTS` for the ids: packed values from `start`
+/// (the packed clock at install), `INCREMENT BY 1`, `NOCYCLE`, `MAXVALUE`
+/// [`Plan::max_packed`], InnoDB.
+pub fn sequence_sql(plan: &Plan, names: &Names, start: i64, cache: u64) -> String {
+    let cache = if cache <= 1 {
+        "NOCACHE".to_string()
+    } else {
+        format!("CACHE {cache}")
+    };
+    format!(
+        "CREATE SEQUENCE IF NOT EXISTS `{seq}` START WITH {start} MINVALUE 0 MAXVALUE {max} \
+         INCREMENT BY 1 {cache} NOCYCLE COMMENT {comment} ENGINE=InnoDB",
+        seq = names.sequence(),
+        max = plan.max_packed(),
+        comment = lit(&plan.marker()),
+    )
+}
+
+/// The `id` column's `DEFAULT` expression (without `DEFAULT`): draw the
+/// next packed value, check the shard key and the clock, make the id.
+///
+/// ```sql
+/// CASE WHEN (NEXT VALUE FOR seq) + STALE >= clock AND us >= 0 AND key >= 0
+///      THEN id(PREVIOUS VALUE FOR seq, key)
+///      ELSE <an error naming the key, the clock or the event> END
+/// ```
+///
+/// `AND` evaluates left to right, so every row draws exactly once, first;
+/// `PREVIOUS VALUE FOR` is that draw (it is per session). The clock
+/// (`UTC_TIMESTAMP(6)`, the statement's start) only decides between an id
+/// and an error: the id is a function of the draw alone. The error branch
+/// casts a message to a number: in a strict `sql_mode` (MariaDB's default)
+/// the message is the error ("Truncated incorrect INTEGER value:
+/// 'shardflake: ...'"); elsewhere it is a warning, and the branch then adds
+/// past `BIGINT`'s maximum, which fails in any mode (`INSERT IGNORE`
+/// included: "BIGINT value is out of range in '...shardflake: posts.id:
+/// refused; the reason is in the warning...'"). [`crate::mysql::insert`]
+/// adds that warning to its error.
+pub fn default_sql(plan: &Plan, names: &Names) -> String {
+    let seq = format!("`{}`", names.sequence());
+    let key = format!("`{}`", names.key);
+    let us = plan.micros_sql("UTC_TIMESTAMP(6)");
+    let clock = plan.packed_sql(&us);
+    let stale = plan.packed_ms(STALE_MS);
+    let prev = format!("(PREVIOUS VALUE FOR {seq})");
+    format!(
+        "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0 \
+         THEN {id} ELSE {err} END",
+        id = plan.id_sql(&prev, &key),
+        err = error_sql(plan, names, &prev, &key, &us, &clock),
+    )
+}
+
+/// The error branch of [`default_sql`]: a message, cast to a number, plus
+/// past `BIGINT`'s maximum.
+fn error_sql(plan: &Plan, names: &Names, w: &str, key: &str, us: &str, clock: &str) -> String {
+    let layout = plan.layout().name();
+    let tick = plan.layout().tick_ms();
+    let per_tick = plan.per_tick();
+    let msg = format!(
+        "CONCAT('shardflake: {table}.id: ', CASE \
+         WHEN {key} IS NULL OR {key} < 0 THEN CONCAT('shard key {keyname} = ', COALESCE({key}, 'NULL'), ' is not >= 0') \
+         WHEN {us} < 0 THEN CONCAT('the server clock (', UTC_TIMESTAMP(3), ' UTC) is before the epoch {epoch} UTC of layout {layout}') \
+         WHEN {clock} > {max} THEN CONCAT('the server clock (', UTC_TIMESTAMP(3), ' UTC) is past the last time of layout {layout} (ids end at {end})') \
+         ELSE CONCAT('sequence {seq} is ', (({clock} - {w}) DIV {per_tick}) * {tick}, ' ms behind the server clock (', UTC_TIMESTAMP(3), \
+         ' UTC): the event {event} that keeps it up with the clock is not running (event_scheduler = ', @@GLOBAL.event_scheduler, ')') END)",
+        table = names.table,
+        keyname = names.key,
+        epoch = plan.epoch_datetime(),
+        max = plan.max_packed(),
+        end = plan.limit_text(),
+        seq = names.sequence(),
+        event = names.event(),
+    );
+    format!(
+        "(CAST({msg} AS SIGNED) * 0) + (9223372036854775807 + CHAR_LENGTH(CONCAT({refused}, LEFT(COALESCE({key}, 0), 0))))",
+        refused = lit(&format!(
+            "shardflake: {}.id: refused; the reason is in the warning before this error (SHOW WARNINGS)",
+            names.table
+        )),
+    )
+}
+
+/// Comment of the `id` column: [`Plan::marker`] and the sequence.
+pub fn column_comment(plan: &Plan, names: &Names) -> String {
+    format!("{}; sequence {}", plan.marker(), names.sequence())
+}
+
+/// The `id` column's definition: `BIGINT NOT NULL DEFAULT (...) COMMENT '...'`.
+pub fn id_column_sql(plan: &Plan, names: &Names) -> String {
+    format!(
+        "BIGINT NOT NULL DEFAULT ({}) COMMENT {}",
+        default_sql(plan, names),
+        lit(&column_comment(plan, names))
+    )
+}
+
+/// `CREATE TABLE IF NOT EXISTS` in the seed's shape: `id` (the default),
+/// the shard key, a `body`.
+pub fn table_sql(plan: &Plan, names: &Names) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS `{table}` (\n  id {id},\n  `{key}` BIGINT NOT NULL,\n  body TEXT,\n  PRIMARY KEY (id)\n) ENGINE=InnoDB",
+        table = names.table,
+        key = names.key,
+        id = id_column_sql(plan, names),
+    )
+}
+
+/// Puts the default on an existing table's `id` column (metadata only).
+pub fn alter_table_sql(plan: &Plan, names: &Names) -> String {
+    format!(
+        "ALTER TABLE `{}` MODIFY id {}",
+        names.table,
+        id_column_sql(plan, names)
+    )
+}
+
+/// The clock event: fires every second; the firing that gets the lock
+/// ([`Names::clock_lock_sql`]) loops for good, and every millisecond moves
+/// the sequence up to the packed clock if its reserved values
+/// (`next_not_cached_value`, at or above every value handed out) lag it by
+/// more than [`LAG_MS`]. `SETVAL` takes only a literal, so it runs through
+/// `EXECUTE IMMEDIATE` (allowed in events and procedures, not in defaults,
+/// triggers or functions). `SETVAL` never moves a sequence down; a clock
+/// before the epoch or past the layout's end is left alone.
+pub fn event_sql(plan: &Plan, names: &Names) -> String {
+    let us = plan.micros_sql("UTC_TIMESTAMP(6)");
+    format!(
+        "CREATE OR REPLACE EVENT `{event}` ON SCHEDULE EVERY 1 SECOND ON COMPLETION PRESERVE ENABLE
+COMMENT {comment}
+DO BEGIN
+  DECLARE us BIGINT;
+  DECLARE t BIGINT;
+  IF GET_LOCK({lock}, 0) = 1 THEN
+    LOOP
+      SET us = {us};
+      IF us >= 0 THEN
+        SET t = {clock};
+        IF t <= {max} AND (SELECT next_not_cached_value FROM `{seq}`) + {lag} < t THEN
+          EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
+        END IF;
+      END IF;
+      DO SLEEP(0.001);
+    END LOOP;
+  END IF;
+END",
+        event = names.event(),
+        comment = lit(&format!(
+            "{}; keeps {} up with the clock",
+            plan.marker(),
+            names.sequence()
+        )),
+        lock = names.clock_lock_sql(),
+        clock = plan.packed_sql("us"),
+        max = plan.max_packed(),
+        seq = names.sequence(),
+        lag = plan.packed_ms(LAG_MS),
+    )
+}
+
+/// Declarations and checks shared by the procedures: `us` and `msg`
+/// declared, the key checked, the clock read and checked against the epoch.
+fn clock_checks(plan: &Plan, proc_name: &str, key: &str) -> String {
+    format!(
+        "  IF {key} IS NULL OR {key} < 0 THEN
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{proc_name}: {key} must be >= 0 (it is the shard key)';
+  END IF;
+  SET us = {us};
+  IF us < 0 THEN
+    SET msg = CONCAT('{proc_name}: the server clock (', UTC_TIMESTAMP(3), ' UTC) is before the epoch {epoch} UTC of layout {layout}');
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;
+  END IF;
+",
+        us = plan.micros_sql("UTC_TIMESTAMP(6)"),
+        epoch = plan.epoch_datetime(),
+        layout = plan.layout().name(),
+    )
+}
+
+fn past_end(plan: &Plan, proc_name: &str) -> String {
+    format!(
+        "SET msg = CONCAT('{proc_name}: the server clock (', UTC_TIMESTAMP(3), ' UTC) is past the last time of layout {layout} (ids end at {end})');
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;",
+        layout = plan.layout().name(),
+        end = plan.limit_text(),
+    )
+}
+
+/// The seed-shaped procedure on the sequence (MariaDB ≥ 10.3):
+/// `CALL generate_post_id(user_id, @id)` draws from the same sequence as
+/// the column default, so ids from both never collide. A draw that lags the
+/// clock by more than [`LAG_MS`] catches the sequence up itself (a
+/// procedure may run `EXECUTE IMMEDIATE`) and draws again: it does not
+/// need the clock event. No row lock, no write but the sequence's.
+pub fn procedure_sql(plan: &Plan, names: &Names) -> String {
+    let name = &names.procedure;
+    let key = &names.key;
+    format!(
+        "CREATE PROCEDURE `{name}`(IN {key} BIGINT, OUT id BIGINT)
+COMMENT {comment}
+BEGIN
+  DECLARE us BIGINT;
+  DECLARE t BIGINT;
+  DECLARE w BIGINT;
+  DECLARE msg VARCHAR(255);
+  DECLARE EXIT HANDLER FOR {run_out}
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: sequence {seq} has run out: the ids of layout {layout} end at {end}';
+{checks}  SET w = NEXT VALUE FOR `{seq}`;
+  SET t = {clock};
+  IF w + {lag} < t THEN
+    IF t > {max} THEN
+      {past_end}
+    END IF;
+    EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
+    SET w = NEXT VALUE FOR `{seq}`;
+  END IF;
+  SET id = {id};
+END",
+        comment = lit(&plan.marker()),
+        run_out = ER_SEQUENCE_RUN_OUT,
+        seq = names.sequence(),
+        layout = plan.layout().name(),
+        end = plan.limit_text(),
+        checks = clock_checks(plan, name, key),
+        clock = plan.packed_sql("us"),
+        lag = plan.packed_ms(LAG_MS),
+        max = plan.max_packed(),
+        past_end = past_end(plan, name),
+        id = plan.id_sql("w", key),
+    )
+}
+
+/// `CREATE TABLE sequences` as in the seed (idempotent), and one row.
+pub fn sequences_sql(row: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS sequences (\n    name     varchar(32) PRIMARY KEY,\n    next_val BIGINT NOT NULL DEFAULT 1\n);\n\
+         INSERT IGNORE INTO sequences (name) VALUES ({});",
+        lit(row)
+    )
+}
+
+/// The row-lock procedure, for servers without sequences (MySQL): one
+/// atomic statement on a row of `sequences`,
+///
+/// ```sql
+/// UPDATE sequences SET next_val = LAST_INSERT_ID(GREATEST(next_val + 1, now_packed))
+///  WHERE name = '<row>' AND next_val < MAX;
+/// ```
+///
+/// `next_val` holds the last packed value handed out; the row lock makes
+/// the read-modify-write atomic, `LAST_INSERT_ID(expr)` hands the new value
+/// back to this session only, and the value only grows, so ids never
+/// repeat. Every check comes **before** the write: the clock against the
+/// epoch (no negative shift) and the layout's end, the row against `MAX`.
+/// The row stays locked until the caller's transaction ends.
+pub fn locked_procedure_sql(plan: &Plan, names: &Names) -> String {
+    let name = names.locked_procedure();
+    let key = &names.key;
+    let row = lit(&names.locked_row());
+    format!(
+        "CREATE PROCEDURE `{name}`(IN {key} BIGINT, OUT id BIGINT)
+COMMENT {comment}
+BEGIN
+  DECLARE us BIGINT;
+  DECLARE now_packed BIGINT;
+  DECLARE msg VARCHAR(255);
+{checks}  SET now_packed = {clock};
+  IF now_packed > {max} THEN
+    {past_end}
+  END IF;
+  UPDATE sequences SET next_val = LAST_INSERT_ID(GREATEST(next_val + 1, now_packed))
+   WHERE name = {row} AND next_val < {max};
+  IF ROW_COUNT() <> 1 THEN
+    IF EXISTS (SELECT 1 FROM sequences WHERE name = {row}) THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: row {row_text} of sequences has run out: the ids of layout {layout} end at {end}';
+    END IF;
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: no row {row_text} in sequences';
+  END IF;
+  SET id = {id};
+END",
+        comment = lit(&plan.marker()),
+        checks = clock_checks(plan, &name, key),
+        clock = plan.packed_sql("us"),
+        max = plan.max_packed(),
+        past_end = past_end(plan, &name),
+        row_text = names.locked_row(),
+        layout = plan.layout().name(),
+        end = plan.limit_text(),
+        id = plan.id_sql("LAST_INSERT_ID()", key),
+    )
+}
+
+/// The seed's procedure, verbatim except for its name and row (kept to show
+/// its duplicates; do not use it).
+pub fn seed_procedure_sql(name: &str, row: &str) -> String {
+    format!(
+        "CREATE PROCEDURE {name}(IN user_id BIGINT, OUT post_id BIGINT)
+BEGIN
+    SET @service_start_time = UNIX_TIMESTAMP('2023-01-01 00:00:00.000');
+    SET @shard_count = 1024;
+    SET @sequence_name = '{row}';
+
+    SET post_id = (
+            FLOOR((UNIX_TIMESTAMP(NOW(3)) - @service_start_time) * 1000) << 20 |
+            (user_id % @shard_count) << 10
+        );
+
+    SET post_id = post_id | (SELECT next_val % 1024 FROM sequences WHERE name = @sequence_name);
+    UPDATE sequences SET next_val = next_val + 1 WHERE name = @sequence_name;
+END"
+    )
+}
+
+/// A stored function with the default's semantics (draw, check, id; errors
+/// by `SIGNAL`), for the trigger candidates of the benchmark:
+/// `{fn_name}(key BIGINT) RETURNS BIGINT`.
+pub fn id_function_sql(plan: &Plan, names: &Names, fn_name: &str) -> String {
+    let us = plan.micros_sql("UTC_TIMESTAMP(6)");
+    format!(
+        "CREATE FUNCTION `{fn_name}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC
+COMMENT {comment}
+BEGIN
+  DECLARE w BIGINT DEFAULT NEXT VALUE FOR `{seq}`;
+  DECLARE us BIGINT DEFAULT {us};
+  IF k IS NULL OR k < 0 THEN
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{fn_name}: the shard key must be >= 0';
+  END IF;
+  IF us < 0 OR w + {stale} < {clock} THEN
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{fn_name}: the clock is before the epoch, or the sequence is far behind it';
+  END IF;
+  RETURN {id};
+END",
+        comment = lit(&plan.marker()),
+        seq = names.sequence(),
+        stale = plan.packed_ms(STALE_MS),
+        clock = plan.packed_sql("us"),
+        id = plan.id_sql("w", "k"),
+    )
+}
+
+/// A `BEFORE INSERT` trigger on `table` setting `NEW.id`: with `inline`,
+/// the default's fast path written into the trigger (one `SET`) and the
+/// function only for errors; without, a call of the function per row.
+pub fn trigger_sql(plan: &Plan, names: &Names, table: &str, fn_name: &str, inline: bool) -> String {
+    let key = format!("NEW.`{}`", names.key);
+    let body = if inline {
+        let seq = format!("`{}`", names.sequence());
+        let us = plan.micros_sql("UTC_TIMESTAMP(6)");
+        format!(
+            "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0 THEN {id} ELSE `{fn_name}`({key}) END",
+            stale = plan.packed_ms(STALE_MS),
+            clock = plan.packed_sql(&us),
+            id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), &key),
+        )
+    } else {
+        format!("`{fn_name}`({key})")
+    };
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "CREATE TRIGGER `{table}_id` BEFORE INSERT ON `{table}` FOR EACH ROW SET NEW.id = {body}"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardflake::preset;
+
+    fn plan() -> Plan {
+        Plan::new(&preset::by_name("mysql-procedure").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn numbers_of_the_mysql_procedure_layout() {
+        let p = plan();
+        assert_eq!(p.epoch_datetime(), "2023-01-01 00:00:00.000");
+        assert_eq!(p.max_packed(), (1i64 << 53) - 1);
+        assert_eq!(p.packed_ms(LAG_MS), 4096);
+        assert_eq!(
+            p.id_sql("w", "`user_id`"),
+            "((w >> 10) << 20) | ((`user_id` & 1023) << 10) | (w & 1023)"
+        );
+        assert_eq!(
+            p.micros_sql("UTC_TIMESTAMP(6)"),
+            "TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6))"
+        );
+        assert_eq!(p.packed_sql("us"), "((us DIV 1000) << 10)");
+        // MISSION §2.2's worked example, in this layout's shape
+        assert_eq!(p.id_of(1387263000 << 10 | 5001 % 1024, 1341), {
+            (1387263000i64 << 20) | ((1341 % 1024) << 10) | (5001 % 1024)
+        });
+        assert_eq!(p.packed_at(1_672_531_200_000), Some(0));
+        assert_eq!(p.packed_at(1_672_531_199_999), None);
+        assert_eq!(p.packed_at(1_672_531_200_003), Some(3 << 10));
+    }
+
+    #[test]
+    fn default_draws_first_and_names_its_errors() {
+        let p = plan();
+        let d = default_sql(&p, &Names::default());
+        assert!(
+            d.starts_with("CASE WHEN (NEXT VALUE FOR `posts_id_seq`) + 10240000 >= ((TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6)) DIV 1000) << 10) AND "),
+            "{d}"
+        );
+        assert!(d.contains("THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((`user_id` & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) ELSE"), "{d}");
+        assert_eq!(d.matches("NEXT VALUE FOR").count(), 1, "{d}");
+        assert!(d.contains("is before the epoch 2023-01-01 00:00:00.000 UTC of layout mysql-procedure"));
+        assert!(d.contains("the event posts_id_clock that keeps it up"));
+        assert!(d.contains("AS SIGNED) * 0) + (9223372036854775807 + CHAR_LENGTH(CONCAT('shardflake: posts.id: refused;"), "{d}");
+    }
+
+    #[test]
+    fn event_and_procedures() {
+        let p = plan();
+        let n = Names::default();
+        let e = event_sql(&p, &n);
+        assert!(e.contains("(SELECT next_not_cached_value FROM `posts_id_seq`) + 4096 < t"), "{e}");
+        assert!(e.contains(&format!("IF t <= {} AND", (1i64 << 53) - 1)), "{e}");
+        assert!(e.contains("EXECUTE IMMEDIATE CONCAT('DO SETVAL(`posts_id_seq`, ', t, ', 0)')"));
+        let proc_ = procedure_sql(&p, &n);
+        assert!(proc_.contains("CREATE PROCEDURE `generate_post_id`(IN user_id BIGINT, OUT id BIGINT)"));
+        assert!(proc_.contains("IF w + 4096 < t THEN"), "{proc_}");
+        assert!(proc_.contains("SET id = ((w >> 10) << 20) | ((user_id & 1023) << 10) | (w & 1023);"));
+        let locked = locked_procedure_sql(&p, &n);
+        assert!(locked.contains("LAST_INSERT_ID(GREATEST(next_val + 1, now_packed))"));
+        // the clock is checked before the shift, the range before the write
+        let before = locked.find("IF us < 0").unwrap();
+        let shift = locked.find("SET now_packed =").unwrap();
+        let range = locked.find("IF now_packed >").unwrap();
+        let write = locked.find("UPDATE sequences").unwrap();
+        assert!(before < shift && shift < range && range < write, "{locked}");
+        assert!(!locked.contains("UNIX_TIMESTAMP"), "{locked}");
+        assert!(!proc_.contains("UNIX_TIMESTAMP"));
+        assert!(seed_procedure_sql("s", "r").contains("SELECT next_val % 1024 FROM sequences"));
+    }
+
+    #[test]
+    fn refused_layouts_and_names() {
+        let no_shard = preset::by_name("snowflake").unwrap();
+        assert!(matches!(Plan::new(&no_shard), Err(MysqlSqlError::NoShard(_))));
+        let wide = preset::resolve("w: time 40 | shard 1 | sequence 23").unwrap();
+        assert!(matches!(Plan::new(&wide), Err(MysqlSqlError::TooWide(_))));
+        let insta = preset::by_name("instagram").unwrap();
+        let p = Plan::new(&insta).unwrap();
+        // all 64 bits: refuse from the first negative tick (2046-06-27)
+        assert_eq!(p.limit_tick(), 1 << 40);
+        assert!(p.limit_text().starts_with("2046-06-27"), "{}", p.limit_text());
+        assert!(Names::new("posts; DROP", "user_id", "p").is_err());
+        assert!(Names::new("posts", "1user", "p").is_err());
+        assert!(Names::new(&"x".repeat(49), "user_id", "p").is_err());
+        assert!(Names::new("posts", "user_id", "generate_post_id").is_ok());
+    }
+
+    #[test]
+    fn shards_in_the_low_bits_and_ticks() {
+        let l = preset::resolve("t: time 41 | sequence 12 | shard 10 (tick 10 ms)").unwrap();
+        let p = Plan::new(&l).unwrap();
+        assert_eq!(
+            p.id_sql("w", "k"),
+            "((w >> 12) << 22) | (k & 1023) | ((w & 4095) << 10)"
+        );
+        assert_eq!(p.packed_sql("us"), "((us DIV 10000) << 12)");
+        assert_eq!(p.packed_ms(LAG_MS), 1 << 12, "at least one tick");
+    }
+}
