@@ -156,6 +156,67 @@ async fn http_api_and_errors() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_that_would_be_ignored_or_reinterpreted_are_refused() -> anyhow::Result<()> {
+    let s = Serve::start(BIN, opts(&["--node-id", "6", "--workers", "1"]))?;
+    s.ready(Duration::from_secs(10)).await?;
+    let mut c = Http::new(&s.http);
+    for (path, code) in [
+        // The first `count` used to win silently.
+        ("/v1/ids?count=5&count=999999", "invalid_parameter"),
+        ("/v1/ids?count=5&numbers=bogus", "invalid_parameter"),
+        ("/v1/ids?count=5&bogus=1", "invalid_parameter"),
+        ("/v1/ids?count=%2B5", "invalid_count"),
+        ("/v1/ids?count=%205", "invalid_count"),
+        (
+            "/v1/ids?count=5&numbers=true&format=hex",
+            "invalid_parameter",
+        ),
+        ("/v1/id?numbers=true&format=hex", "invalid_parameter"),
+        ("/v1/id?numbers=maybe", "invalid_parameter"),
+        ("/v1/id?count=5", "invalid_parameter"),
+        ("/v1/id?kind=uuidv4&format=hex", "invalid_parameter"),
+        ("/v1/decode/5?format=hex&format=dec", "invalid_parameter"),
+        ("/v1/shard-id?key=1&key=2", "invalid_parameter"),
+    ] {
+        let (st, body) = c.get(path).await?;
+        assert_eq!(
+            (st, error_code(&body).as_str()),
+            (400, code),
+            "{path}: {body}"
+        );
+    }
+    for (body, code) in [
+        (r#"{"count":5,"extra":1}"#, "invalid_body"),
+        (r#"{"count":5,"numbers":"yes"}"#, "invalid_body"),
+        (
+            r#"{"count":5,"numbers":true,"format":"hex"}"#,
+            "invalid_parameter",
+        ),
+        (r#"{"count":5,"format":"octal"}"#, "invalid_parameter"),
+        (r#"{"count":" 5"}"#, "invalid_count"),
+    ] {
+        let (st, answer) = c.post("/v1/ids", body).await?;
+        assert_eq!(
+            (st, error_code(&answer).as_str()),
+            (400, code),
+            "{body}: {answer}"
+        );
+    }
+    // `format` in the body is honoured, as in the query.
+    let (st, body) = c.post("/v1/ids", r#"{"count":2,"format":"hex"}"#).await?;
+    assert_eq!(st, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    for id in v["ids"].as_array().unwrap() {
+        let hex = id.as_str().unwrap();
+        assert!(
+            hex.len() == 16 && u64::from_str_radix(hex, 16).is_ok(),
+            "{hex}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_api_and_reflection() -> anyhow::Result<()> {
     let spec = "orders: time 41 | node 6 | shard 6 | sequence 10 (epoch 1735689600000 ms)";
     let s = Serve::start(

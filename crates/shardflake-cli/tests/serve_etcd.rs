@@ -537,3 +537,112 @@ async fn unanswered_keep_alives_fence_before_the_ttl() -> anyhow::Result<()> {
     assert_eq!(take_ids(&mut c, 10).await?.len(), 10);
     Ok(())
 }
+
+/// A proxy in front of one etcd member that forwards everything, except
+/// that it swallows the answer to the `nth` transaction (1-based) after etcd
+/// has executed it and closes the connection: to the node, a take that timed
+/// out, which its client retries on the next endpoint.
+async fn answer_losing_proxy(upstream: String, nth: usize) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let txns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tokio::spawn(async move {
+        // Bounded: the test ends long before this many connections.
+        for _ in 0..1000 {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            let upstream = upstream.clone();
+            let txns = txns.clone();
+            tokio::spawn(async move {
+                let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let (mut up_read, mut up_write) = up.into_split();
+                let (mut client_read, client_write) = client.split();
+                let _ = &client_write;
+                let mut client_write = client_write;
+                // One request at a time (HTTP/1.1 without pipelining): read
+                // a request whole, forward it, relay its answer.
+                loop {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if client_read.read_exact(&mut byte).await.is_err() {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; len];
+                    if client_read.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let lose = text.starts_with("post /v3/kv/txn")
+                        && txns.fetch_add(1, Ordering::SeqCst) + 1 == nth;
+                    if up_write.write_all(&head).await.is_err()
+                        || up_write.write_all(&body).await.is_err()
+                    {
+                        return;
+                    }
+                    let mut answer = vec![0u8; 64 << 10];
+                    let Ok(n) = up_read.read(&mut answer).await else {
+                        return;
+                    };
+                    if lose || n == 0 {
+                        // etcd has answered, so it executed the request.
+                        return;
+                    }
+                    if client_write.write_all(&answer[..n]).await.is_err() {
+                        return;
+                    }
+                    // The rest of a long answer, if any, is read on the next
+                    // round's relay; etcd's answers here are small.
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_whose_answer_was_lost_is_not_taken_twice() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let member = etcd.endpoints[0].trim_start_matches("http://").to_string();
+    // The node's first transaction records the layout; its second takes a
+    // node id, and that answer is lost. The retry goes to the member itself.
+    let proxy = answer_losing_proxy(member, 2).await?;
+    let endpoints = format!("http://{proxy},{}", etcd.endpoints[0]);
+    let args: Vec<String> = [
+        "--etcd",
+        &endpoints,
+        "--etcd-prefix",
+        "/t/lost",
+        "--workers",
+        "1",
+        "--lease-ttl",
+        "3s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let opts = ServeOpts {
+        args,
+        ..Default::default()
+    };
+    let a = tokio::task::block_in_place(|| Serve::start(BIN, opts))?;
+    let id = a.ready(Duration::from_secs(15)).await?;
+    let held = etcd.client().range_prefix(b"/t/lost/node/").await?;
+    let keys: Vec<String> = held
+        .iter()
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+        .collect();
+    assert_eq!(keys, vec![format!("/t/lost/node/{id}")], "one node, one id");
+    Ok(())
+}

@@ -116,3 +116,146 @@ async fn a_third_large_batch_at_once_is_busy() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Single ids over HTTP and gRPC until `stop`; returns them.
+fn single_id_traffic(
+    s: &Serve,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<anyhow::Result<Vec<u64>>> {
+    use std::sync::atomic::Ordering;
+    let (http, grpc) = (s.http.clone(), s.grpc.clone());
+    tokio::spawn(async move {
+        let mut c = Http::new(&http);
+        let mut g = grpc_client(&grpc).await?;
+        let mut ids = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let (st, body) = c.get("/v1/id").await?;
+            anyhow::ensure!(st == 200, "single id over HTTP: {st} {body}");
+            ids.push(shardflake_service::testkit::id_of(&body)?);
+            ids.push(g.next_id(pb::NextIdRequest {}).await?.into_inner().id);
+        }
+        Ok(ids)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_complete_while_single_ids_keep_flowing() -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // The default --max-batch (1,000,000 ids: 245 ticks of `snowflake`).
+    let s = serve(&["--node-id", "2"])?;
+    s.ready(Duration::from_secs(10)).await?;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let traffic = [
+        single_id_traffic(&s, stop.clone()),
+        single_id_traffic(&s, stop.clone()),
+    ];
+    let mut http = Http::new(&s.http);
+    let mut grpc = grpc_client(&s.grpc)
+        .await?
+        .max_decoding_message_size(32 << 20);
+    let mut all = Vec::new();
+    for (over_grpc, count) in [
+        (false, 65_536u64),
+        (true, 65_536),
+        (false, 1_000_000),
+        (true, 1_000_000),
+        (false, 100_000),
+    ] {
+        let started = Instant::now();
+        // A hang shows as this timeout (it was: no answer while traffic lasted).
+        let ids: Vec<u64> = tokio::time::timeout(Duration::from_secs(30), async {
+            if over_grpc {
+                let reply = grpc.next_ids(pb::NextIdsRequest { count }).await?;
+                anyhow::Ok(reply.into_inner().ids)
+            } else {
+                let (st, body) = http.get(&format!("/v1/ids?count={count}")).await?;
+                anyhow::ensure!(st == 200, "{st} {}", &body[..body.len().min(300)]);
+                let v: serde_json::Value = serde_json::from_str(&body)?;
+                Ok(v["ids"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_str().unwrap().parse().unwrap())
+                    .collect())
+            }
+        })
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("batch of {count} not answered within 30 s under traffic")
+        })??;
+        assert_eq!(ids.len() as u64, count);
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        eprintln!(
+            "batch of {count} over {} answered in {:?} under single-id traffic",
+            if over_grpc { "gRPC" } else { "HTTP" },
+            started.elapsed()
+        );
+        all.extend(ids);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut singles = 0;
+    for t in traffic {
+        let ids = t.await??;
+        assert!(ids.len() > 10, "single ids flowed the whole time");
+        singles += ids.len();
+        all.extend(ids);
+    }
+    let total = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), total, "an id was issued twice");
+    let (_, m) = http.get("/metrics").await?;
+    eprintln!(
+        "{singles} single ids meanwhile; sequence exhaustions counted: {:?}",
+        metric(&m, "shardflake_sequence_exhaustions_total")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_batch_stops_its_work() -> anyhow::Result<()> {
+    // 8 ids per ms: 80,000 ids need 10 s of ticks, so a batch whose client
+    // left but is still worked on shows in the gauge long after.
+    let spec = "slow: time 41 | node 10 | sequence 3 (epoch 1288834974657 ms)";
+    let s = serve(&["--node-id", "1", "--layout", spec, "--max-batch", "100000"])?;
+    s.ready(Duration::from_secs(10)).await?;
+    let abandoned = [
+        shardflake_service::testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
+        shardflake_service::testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
+    ];
+    let mut c = Http::new(&s.http);
+    let in_flight = |m: &str| metric(m, "shardflake_batches_in_flight");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, m) = c.get("/metrics").await?;
+        if in_flight(&m) == Some(2.0) {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "two batches never in flight: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The clients hang up: their batches stop with them (and free their
+    // permits), not 10 and 20 s later when their ticks have come.
+    drop(abandoned);
+    let hung_up = Instant::now();
+    loop {
+        let (_, m) = c.get("/metrics").await?;
+        if in_flight(&m) == Some(0.0) {
+            break;
+        }
+        anyhow::ensure!(
+            hung_up.elapsed() < Duration::from_secs(5),
+            "abandoned batches still worked on after {:?}: {m}",
+            hung_up.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "abandoned batches stopped {:?} after their clients left",
+        hung_up.elapsed()
+    );
+    Ok(())
+}

@@ -297,6 +297,12 @@ impl Config {
             }
         }
         for (name, value) in &fixed {
+            if Some(name.as_str()) == shard_field.as_deref() {
+                bail!(
+                    "--field {name}: layout {} sets {name} per request from the key (/v1/shard-id?key=K); it cannot be fixed",
+                    layout.name()
+                );
+            }
             let field = layout
                 .field(name)
                 .filter(|f| f.kind() == FieldKind::Node && *name != node_field)
@@ -456,13 +462,16 @@ impl Config {
         let borrow = dur(args.borrow, file.borrow, "borrow", Duration::ZERO)?;
         // Ids stamped ahead of the clock (borrowed, or riding out a rollback)
         // must stay within the recorded window.
-        if borrow >= window {
-            bail!("borrow {borrow:?} must be below the window {window:?}");
-        }
-        if let RollbackPolicy::Continue { max } = rollback
-            && max >= window
-        {
-            bail!("rollback continue:{max:?} must be below the window {window:?} (raise --window)");
+        // The generator adds the two leads (a borrowed tick and a rollback
+        // ridden through look alike to it), so their sum is what must fit.
+        let ride = match rollback {
+            RollbackPolicy::Continue { max } => max,
+            _ => Duration::ZERO,
+        };
+        if borrow.saturating_add(ride) >= window {
+            bail!(
+                "borrow {borrow:?} plus rollback continue:{ride:?} must be below the window {window:?} (raise --window)"
+            );
         }
         let workers = args
             .workers
@@ -507,7 +516,12 @@ impl Config {
     }
 }
 
-/// `error`, `wait:DURATION` or `continue:DURATION`.
+/// The longest clock rollback `wait:` may wait out: each request that meets
+/// the rollback is held that long (on a timer, not a thread), and clients
+/// and load balancers give up on a request long before minutes.
+pub const MAX_ROLLBACK_WAIT: Duration = Duration::from_secs(5);
+
+/// `error`, `wait:DURATION` (at most [`MAX_ROLLBACK_WAIT`]) or `continue:DURATION`.
 pub fn parse_rollback(text: &str) -> anyhow::Result<RollbackPolicy> {
     let (name, arg) = text.split_once(':').unwrap_or((text, ""));
     let max = || {
@@ -516,7 +530,15 @@ pub fn parse_rollback(text: &str) -> anyhow::Result<RollbackPolicy> {
     };
     Ok(match name.trim() {
         "error" if arg.is_empty() => RollbackPolicy::Error,
-        "wait" => RollbackPolicy::Wait { max: max()? },
+        "wait" => {
+            let max = max()?;
+            if max > MAX_ROLLBACK_WAIT {
+                bail!(
+                    "rollback {text:?}: a request waits at most {MAX_ROLLBACK_WAIT:?} for the clock; use continue:DURATION or error for longer steps"
+                );
+            }
+            RollbackPolicy::Wait { max }
+        }
         "continue" => RollbackPolicy::Continue { max: max()? },
         _ => bail!("rollback {text:?}: use error, wait:DURATION or continue:DURATION"),
     })
@@ -593,6 +615,19 @@ mod tests {
         assert!(
             err(ServeArgs::default(), "rollback = \"continue:5s\"").contains("below the window")
         );
+        // Each below the window, but the generator adds them.
+        let both = "borrow = \"2s\"\nrollback = \"continue:2s\"";
+        assert!(err(ServeArgs::default(), both).contains("plus rollback continue"));
+        assert!(
+            load(
+                ServeArgs::default(),
+                "borrow = \"1s\"\nrollback = \"continue:1s\""
+            )
+            .is_ok()
+        );
+        // A request may not be held for half a minute.
+        assert!(err(ServeArgs::default(), "rollback = \"wait:30s\"").contains("at most 5s"));
+        assert!(load(ServeArgs::default(), "rollback = \"wait:5s\"").is_ok());
         let slow = ServeArgs {
             etcd: vec!["http://127.0.0.1:1".into()],
             etcd_timeout: Some(Duration::from_secs(1)),
@@ -616,6 +651,17 @@ mod tests {
         .unwrap();
         assert_eq!(c.shard_field.as_deref(), Some("shard"));
         assert_eq!(c.shards, 40);
+        // The key sets the shard: a fixed value would be shown and ignored.
+        let fixed_shard = load(
+            ServeArgs {
+                layout: Some(spec.into()),
+                fields: vec!["shard=5".into()],
+                ..Default::default()
+            },
+            "",
+        )
+        .unwrap_err();
+        assert!(format!("{fixed_shard:#}").contains("per request from the key"));
         let twitter = load(
             ServeArgs {
                 layout: Some("twitter".into()),

@@ -54,7 +54,7 @@ impl IdService for Service {
         &self,
         _: Request<pb::NextIdRequest>,
     ) -> Result<Response<pb::NextIdReply>, Status> {
-        let (batch, _) = self.issuer.issue(0, 1).map_err(status)?;
+        let (batch, _) = self.issuer.issue(0, 1).await.map_err(status)?;
         Ok(Response::new(pb::NextIdReply {
             id: batch.first().get(),
         }))
@@ -74,20 +74,15 @@ impl IdService for Service {
             .large_batch_permit(count, crate::issuer::LARGE_BATCH_WAIT)
             .await
             .map_err(status)?;
-        let issuer = self.issuer.clone();
-        let make = move || {
-            issuer
-                .issue(0, count)
-                .map(|(b, _)| b.iter().map(|id| id.get()).collect::<Vec<u64>>())
-        };
-        let ids = if count > 4096 {
-            tokio::task::spawn_blocking(make)
+        let (batch, _) = self.issuer.issue(0, count).await.map_err(status)?;
+        let collect = move || batch.iter().map(|id| id.get()).collect::<Vec<u64>>();
+        let ids = if count > crate::http::BLOCKING_BATCH {
+            tokio::task::spawn_blocking(collect)
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?
         } else {
-            make()
-        }
-        .map_err(status)?;
+            collect()
+        };
         Ok(Response::new(pb::NextIdsReply { ids }))
     }
 
@@ -103,7 +98,7 @@ impl IdService for Service {
             )));
         }
         let shard = req.into_inner().key % c.shards;
-        let (batch, _) = self.issuer.issue(shard, 1).map_err(status)?;
+        let (batch, _) = self.issuer.issue(shard, 1).await.map_err(status)?;
         Ok(Response::new(pb::NextIdReply {
             id: batch.first().get(),
         }))
@@ -114,7 +109,7 @@ impl IdService for Service {
         req: Request<pb::NextKindRequest>,
     ) -> Result<Response<pb::NextKindReply>, Status> {
         let kind = req.into_inner().kind;
-        let (name, value) = self.issuer.other_kind(&kind).map_err(status)?;
+        let (name, value) = self.issuer.other_kind(&kind).await.map_err(status)?;
         Ok(Response::new(pb::NextKindReply {
             kind: name.to_string(),
             value,

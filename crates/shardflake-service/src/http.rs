@@ -32,8 +32,8 @@ use crate::metrics;
 
 type Shared = State<Arc<Issuer>>;
 
-/// Batches above this size are made and formatted off the async workers.
-const BLOCKING_BATCH: u64 = 4096;
+/// Batches above this size are formatted off the async workers.
+pub(crate) const BLOCKING_BATCH: u64 = 4096;
 
 /// How long a client may take to send a request body (slowloris; the
 /// headers have their own timeout in the server).
@@ -77,77 +77,94 @@ fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
     r
 }
 
-/// Query parameters, unescaped only for `+`/`%XX` of ASCII.
-struct Query<'a>(Vec<(&'a str, std::borrow::Cow<'a, str>)>);
+/// The query parameters a route accepts, each at most once. Anything else
+/// (an unknown or repeated key) is a 400, never silently ignored. Values
+/// stay text here so each gets its own error code below.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Query {
+    count: Option<String>,
+    numbers: Option<String>,
+    format: Option<String>,
+    kind: Option<String>,
+    key: Option<String>,
+}
 
-impl<'a> Query<'a> {
-    fn parse(raw: &'a Option<String>) -> Self {
-        let pairs = raw
-            .as_deref()
-            .unwrap_or("")
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                (k, unescape(v))
-            })
-            .collect();
-        Query(pairs)
-    }
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0
+impl Query {
+    /// Parses `raw`, refusing the keys `allowed` does not list.
+    fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<Query, ApiError> {
+        let Some(raw) = raw else {
+            return Ok(Query::default());
+        };
+        let q: Query = serde_urlencoded::from_str(raw)
+            .map_err(|e| ApiError::bad_request("invalid_parameter", e.to_string()))?;
+        let given = [
+            ("count", q.count.is_some()),
+            ("numbers", q.numbers.is_some()),
+            ("format", q.format.is_some()),
+            ("kind", q.kind.is_some()),
+            ("key", q.key.is_some()),
+        ];
+        if let Some((name, _)) = given
             .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v.as_ref())
+            .find(|(name, present)| *present && !allowed.contains(name))
+        {
+            return Err(ApiError::bad_request(
+                "invalid_parameter",
+                format!("unknown parameter `{name}` on this route; expected one of {allowed:?}"),
+            ));
+        }
+        Ok(q)
     }
-    fn flag(&self, key: &str) -> Result<bool, ApiError> {
-        match self.get(key) {
-            None | Some("false") | Some("0") => Ok(false),
+    fn numbers(&self) -> Result<bool, ApiError> {
+        match self.numbers.as_deref() {
+            None | Some("false" | "0") => Ok(false),
             Some("" | "true" | "1") => Ok(true),
             Some(other) => Err(ApiError::bad_request(
                 "invalid_parameter",
-                format!("{key} must be true or false, got {other:?}"),
+                format!("numbers must be true or false, got {other:?}"),
             )),
         }
     }
     fn format(&self) -> Result<Option<Format>, ApiError> {
-        match self.get("format") {
-            None | Some("dec") => Ok(None),
-            Some(f) => f.parse().map(Some).map_err(|_| {
-                ApiError::bad_request(
-                    "invalid_parameter",
-                    format!("format must be dec, hex, base32 or base62, got {f:?}"),
-                )
-            }),
-        }
+        parse_format(self.format.as_deref())
+    }
+    /// `numbers` and `format`, which cannot both be asked for.
+    fn output(&self) -> Result<(bool, Option<Format>), ApiError> {
+        output(self.numbers()?, self.format()?)
     }
 }
 
-fn unescape(v: &str) -> std::borrow::Cow<'_, str> {
-    if !v.contains(['%', '+']) {
-        return v.into();
+/// `format`: dec (the default) or another text form.
+fn parse_format(text: Option<&str>) -> Result<Option<Format>, ApiError> {
+    match text {
+        None | Some("dec") => Ok(None),
+        Some(f) => f.parse().map(Some).map_err(|_| {
+            ApiError::bad_request(
+                "invalid_parameter",
+                format!("format must be dec, hex, base32 or base62, got {f:?}"),
+            )
+        }),
     }
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
-                {
-                    Ok(c) => {
-                        out.push(c);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
+}
+
+/// JSON numbers are decimal: a text form cannot be asked for with them.
+fn output(numbers: bool, format: Option<Format>) -> Result<(bool, Option<Format>), ApiError> {
+    if numbers && format.is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_parameter",
+            "numbers=true writes ids as JSON numbers, format as strings: ask for one",
+        ));
     }
-    String::from_utf8_lossy(&out).into_owned().into()
+    Ok((numbers, format))
+}
+
+/// A whole number written in ASCII digits only (no sign, space or point).
+fn parse_digits(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 /// Appends `v` in decimal.
@@ -185,17 +202,23 @@ async fn next_id(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Respo
     let (numbers, format) = if raw.is_none() {
         (false, None)
     } else {
-        let q = Query::parse(&raw);
-        if let Some(kind) = q.get("kind").filter(|k| *k != "layout") {
-            let (name, value) = issuer.other_kind(kind)?;
+        let q = Query::parse(raw.as_deref(), &["numbers", "format", "kind"])?;
+        if let Some(kind) = q.kind.as_deref().filter(|k| *k != "layout") {
+            if q.numbers.is_some() || q.format.is_some() {
+                return Err(ApiError::bad_request(
+                    "invalid_parameter",
+                    "numbers and format apply to layout ids only",
+                ));
+            }
+            let (name, value) = issuer.other_kind(kind).await?;
             return Ok(json_response(
                 StatusCode::OK,
                 json!({ "id": value, "kind": name }).to_string(),
             ));
         }
-        (q.flag("numbers")?, q.format()?)
+        q.output()?
     };
-    let (batch, _) = issuer.issue(0, 1)?;
+    let (batch, _) = issuer.issue(0, 1).await?;
     let mut buf = Vec::with_capacity(32);
     buf.extend_from_slice(b"{\"id\":");
     push_id(&mut buf, batch.first(), numbers, format);
@@ -204,8 +227,8 @@ async fn next_id(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Respo
 }
 
 fn parse_count(text: &str, max: u64) -> Result<u64, ApiError> {
-    match text.trim().parse::<u64>() {
-        Ok(n) if (1..=max).contains(&n) => Ok(n),
+    match parse_digits(text) {
+        Some(n) if (1..=max).contains(&n) => Ok(n),
         _ => Err(ApiError::invalid_count(text, max)),
     }
 }
@@ -214,14 +237,16 @@ async fn next_ids_get(
     State(issuer): Shared,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    let q = Query::parse(&raw);
+    let q = Query::parse(raw.as_deref(), &["count", "numbers", "format"])?;
     let max = issuer.config.max_batch;
     let count = parse_count(
-        q.get("count")
+        q.count
+            .as_deref()
             .ok_or_else(|| ApiError::invalid_count("", max))?,
         max,
     )?;
-    batch_response(issuer, count, q.flag("numbers")?, q.format()?).await
+    let (numbers, format) = q.output()?;
+    batch_response(issuer, count, numbers, format).await
 }
 
 async fn next_ids_post(State(issuer): Shared, body: Body) -> Result<Response, ApiError> {
@@ -253,17 +278,30 @@ async fn next_ids_post(State(issuer): Shared, body: Body) -> Result<Response, Ap
             ));
         }
     };
-    let v: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request("invalid_body", format!("body is not JSON: {e}")))?;
+    let request: IdsBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request("invalid_body", format!("body: {e}")))?;
     let max = issuer.config.max_batch;
-    let count = match v.get("count") {
+    let count = match request.count {
         Some(serde_json::Value::Number(n)) => parse_count(&n.to_string(), max)?,
-        Some(serde_json::Value::String(s)) => parse_count(s, max)?,
+        Some(serde_json::Value::String(s)) => parse_count(&s, max)?,
         Some(other) => return Err(ApiError::invalid_count(&other.to_string(), max)),
         None => return Err(ApiError::invalid_count("", max)),
     };
-    let numbers = v.get("numbers").and_then(|n| n.as_bool()).unwrap_or(false);
-    batch_response(issuer, count, numbers, None).await
+    let (numbers, format) = output(
+        request.numbers.unwrap_or(false),
+        parse_format(request.format.as_deref())?,
+    )?;
+    batch_response(issuer, count, numbers, format).await
+}
+
+/// `POST /v1/ids`: the same choices as the query of `GET /v1/ids`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdsBody {
+    /// A number, or a string of digits.
+    count: Option<serde_json::Value>,
+    numbers: Option<bool>,
+    format: Option<String>,
 }
 
 fn format_batch(batch: &Batch, numbers: bool, format: Option<Format>) -> Vec<u8> {
@@ -291,22 +329,19 @@ async fn batch_response(
     let _permit = issuer
         .large_batch_permit(count, crate::issuer::LARGE_BATCH_WAIT)
         .await?;
-    let make = move || -> Result<Vec<u8>, ApiError> {
-        let (batch, _) = issuer.issue(0, count)?;
-        Ok(format_batch(&batch, numbers, format))
-    };
+    let (batch, _) = issuer.issue(0, count).await?;
     let body = if count > BLOCKING_BATCH {
-        tokio::task::spawn_blocking(make)
+        tokio::task::spawn_blocking(move || format_batch(&batch, numbers, format))
             .await
-            .map_err(|e| ApiError::new(500, "internal", e.to_string()))??
+            .map_err(|e| ApiError::new(500, "internal", e.to_string()))?
     } else {
-        make()?
+        format_batch(&batch, numbers, format)
     };
     Ok(json_response(StatusCode::OK, body))
 }
 
 async fn shard_id(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
-    let q = Query::parse(&raw);
+    let q = Query::parse(raw.as_deref(), &["key", "numbers"])?;
     if issuer.config.shard_field.is_none() {
         return Err(ApiError::bad_request(
             "no_shard_field",
@@ -316,16 +351,16 @@ async fn shard_id(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Resp
             ),
         ));
     }
-    let text = q.get("key").unwrap_or("");
-    let key: u64 = text.trim().parse().map_err(|_| {
+    let text = q.key.as_deref().unwrap_or("");
+    let key = parse_digits(text).ok_or_else(|| {
         ApiError::bad_request(
             "invalid_key",
             format!("key must be a non-negative whole number, got {text:?}"),
         )
     })?;
+    let numbers = q.numbers()?;
     let shard = key % issuer.config.shards;
-    let (batch, _) = issuer.issue(shard, 1)?;
-    let numbers = q.flag("numbers")?;
+    let (batch, _) = issuer.issue(shard, 1).await?;
     let mut buf = Vec::with_capacity(64);
     buf.extend_from_slice(b"{\"id\":");
     push_id(&mut buf, batch.first(), numbers, None);
@@ -373,7 +408,7 @@ async fn decode(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let Path(text) = path.map_err(|e| ApiError::bad_request("malformed_id", e.body_text()))?;
-    let q = Query::parse(&raw);
+    let q = Query::parse(raw.as_deref(), &["format"])?;
     let v = decode_json(&issuer, &text, q.format()?)?;
     Ok(json_response(StatusCode::OK, v.to_string()))
 }
@@ -413,20 +448,13 @@ async fn healthz() -> Response {
     json_response(StatusCode::OK, "{\"status\":\"ok\"}")
 }
 
-async fn readyz(State(issuer): Shared) -> Response {
-    let state = issuer.lease_state();
-    match issuer.is_ready() {
-        Some(node_id) => json_response(
-            StatusCode::OK,
-            json!({ "ready": true, "node_id": node_id, "lease_state": state.name() }).to_string(),
-        ),
-        None => ApiError::new(
-            503,
-            "no_lease",
-            format!("not ready: lease state {}", state.name()),
-        )
-        .into_response(),
-    }
+async fn readyz(State(issuer): Shared) -> Result<Response, ApiError> {
+    let node_id = issuer.readiness()?;
+    let state = issuer.lease_state().name();
+    Ok(json_response(
+        StatusCode::OK,
+        json!({ "ready": true, "node_id": node_id, "lease_state": state }).to_string(),
+    ))
 }
 
 async fn metrics_text(State(issuer): Shared) -> Response {
@@ -469,16 +497,55 @@ mod tests {
 
     #[test]
     fn query_parsing() {
-        let raw = Some("count=5&numbers=true&key=a%20b+c&bad%zz=1".to_string());
-        let q = Query::parse(&raw);
-        assert_eq!(q.get("count"), Some("5"));
-        assert!(q.flag("numbers").unwrap());
-        assert_eq!(q.get("key"), Some("a b c"));
+        let ids = &["count", "numbers", "format"];
+        let q = Query::parse(Some("count=5&numbers=true"), ids).unwrap();
+        assert_eq!(q.count.as_deref(), Some("5"));
+        assert!(q.numbers().unwrap());
+        let key = Query::parse(Some("key=a%20b+c"), &["key"]).unwrap();
+        assert_eq!(key.key.as_deref(), Some("a b c"));
         assert_eq!(parse_count("5", 10).unwrap(), 5);
-        for bad in ["0", "-1", "x", "11", "", "1.5"] {
-            assert_eq!(parse_count(bad, 10).unwrap_err().code, "invalid_count");
+        for bad in [
+            "0",
+            "-1",
+            "x",
+            "11",
+            "",
+            "1.5",
+            "+5",
+            " 5",
+            "5 ",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(
+                parse_count(bad, 10).unwrap_err().code,
+                "invalid_count",
+                "{bad:?}"
+            );
         }
-        assert_eq!(unescape("%4"), "%4");
-        assert_eq!(unescape("%"), "%");
+    }
+
+    #[test]
+    fn query_refuses_what_it_would_ignore() {
+        let ids = &["count", "numbers", "format"];
+        let refused = |raw: &str, allowed: &[&str]| {
+            let e = Query::parse(Some(raw), allowed)
+                .and_then(|q| q.output())
+                .unwrap_err();
+            (e.status, e.code)
+        };
+        for raw in [
+            "count=5&count=999999",
+            "count=5&bogus=1",
+            "count=5&key=3",
+            "count=5&numbers=bogus",
+            "count=5&numbers=true&format=hex",
+            "count=5&format=octal",
+        ] {
+            assert_eq!(refused(raw, ids), (400, "invalid_parameter"), "{raw}");
+        }
+        assert_eq!(
+            refused("format=hex&format=dec", &["format"]),
+            (400, "invalid_parameter")
+        );
     }
 }

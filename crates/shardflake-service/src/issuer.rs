@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use shardflake::{
-    Batch, Clock, ExhaustedPolicy, Generator, Id, Layout, ObjectIdGenerator, Stats, SystemClock,
+    Attempt, Batch, Clock, ExhaustedPolicy, Generator, Id, Layout, ObjectIdGenerator, Stats, Step,
+    SystemClock,
 };
 
 use crate::config::Config;
@@ -102,13 +103,14 @@ pub struct Issuer {
 impl Issuer {
     /// An issuer holding nothing yet.
     pub fn new(config: Config) -> Self {
+        let objectids = ObjectIdGenerator::new().on_rollback(config.rollback);
         Issuer {
             current: ArcSwapOption::empty(),
             config,
             metrics: Metrics::default(),
             base: Instant::now(),
             state: AtomicU8::new(LeaseState::Acquiring as u8),
-            objectids: ObjectIdGenerator::new(),
+            objectids,
             retired: std::sync::Mutex::new(Stats::default()),
             large_batches: Arc::new(tokio::sync::Semaphore::new(LARGE_BATCHES_AT_ONCE)),
         }
@@ -253,28 +255,36 @@ impl Issuer {
 
     /// `count` ids (1..=max_batch) from one reservation, for `shard`
     /// (0 without a shard field). The count must be checked by the caller.
-    pub fn issue(&self, shard: u64, count: u64) -> Result<(Batch, u64), ApiError> {
-        let guard = self.current.load();
-        let active = guard.as_ref().ok_or_else(ApiError::no_lease)?;
-        self.check_fence(active)?;
-        let generator = self.generator(active, shard)?;
-        let batch = if count == 1 {
-            generator.next_ids(1)?
-        } else {
-            // Counted while in progress (a large batch waits for ticks).
-            self.metrics
-                .batches_in_flight
-                .fetch_add(1, Ordering::Relaxed);
-            let batch = generator.next_ids(count);
-            self.metrics
-                .batches_in_flight
-                .fetch_sub(1, Ordering::Relaxed);
-            batch?
+    ///
+    /// Waits for the clock (a full tick, a batch's ticks, a rollback the
+    /// policy waits out) happen on tokio's timer, never on a worker thread,
+    /// and stop when the caller drops the future (the claimed ids are then
+    /// skipped, never reissued).
+    pub async fn issue(&self, shard: u64, count: u64) -> Result<(Batch, u64), ApiError> {
+        let active = self.current.load_full().ok_or_else(ApiError::no_lease)?;
+        self.check_fence(&active)?;
+        let generator = self.generator(&active, shard)?;
+        let mut attempt = Attempt::new();
+        let batch = match generator.try_next_ids(count, &mut attempt)? {
+            Step::Ready(batch) => batch,
+            Step::Wait(d) => {
+                // Counted while in progress (a large batch waits for ticks).
+                let _in_flight =
+                    (count > 1).then(|| InFlight::enter(&self.metrics.batches_in_flight));
+                let mut wait = d;
+                loop {
+                    pause(wait).await;
+                    match generator.try_next_ids(count, &mut attempt)? {
+                        Step::Ready(batch) => break batch,
+                        Step::Wait(d) => wait = d,
+                    }
+                }
+            }
         };
         // Pairs with the fence in `close`: an id taken after the deadline
         // moved is seen by the check below.
         std::sync::atomic::fence(Ordering::SeqCst);
-        self.check_fence(active)?;
+        self.check_fence(&active)?;
         let tick = self.config.layout.time().extract(batch.last().get());
         if self.config.layout.tick_to_unix_ms(tick) > active.durable_hw_ms.load(Ordering::Acquire) {
             self.metrics
@@ -293,17 +303,46 @@ impl Issuer {
         Ok((batch, active.node_id))
     }
 
-    /// Whether ids can be issued now: an identity is held, its lease
-    /// deadline has not passed, and the recorded high-water is ahead of the
-    /// clock (else every id would be refused as `high_water_not_recorded`).
-    pub fn is_ready(&self) -> Option<u64> {
+    /// Whether ids can be issued now, or why not: an identity is held, its
+    /// lease deadline has not passed, the recorded high-water is ahead of
+    /// the clock (else every id would be refused as
+    /// `high_water_not_recorded`), and the clock is not behind further than
+    /// the rollback policy rides or waits out. Returns the node id.
+    pub fn readiness(&self) -> Result<u64, ApiError> {
         let state = self.lease_state();
-        let active = self.active()?;
-        let fenced =
-            active.fence_ns() != u64::MAX && self.mono_ns(Instant::now()) >= active.fence_ns();
-        let recorded_ahead = active.durable_hw() > SystemClock.now_ms();
-        (matches!(state, LeaseState::Held | LeaseState::Static) && !fenced && recorded_ahead)
-            .then_some(active.node_id)
+        let active = self.active();
+        let active = match active {
+            Some(a) if matches!(state, LeaseState::Held | LeaseState::Static) => a,
+            _ => {
+                return Err(ApiError::new(
+                    503,
+                    "no_lease",
+                    format!("not ready: lease state {}", state.name()),
+                ));
+            }
+        };
+        if active.fence_ns() != u64::MAX && self.mono_ns(Instant::now()) >= active.fence_ns() {
+            return Err(ApiError::new(
+                503,
+                "no_lease",
+                "not ready: the lease could not be renewed in time (fenced)",
+            ));
+        }
+        if active.durable_hw() <= SystemClock.now_ms() {
+            return Err(ApiError::new(
+                503,
+                "high_water_not_recorded",
+                "not ready: the clock is past the last recorded high-water time",
+            ));
+        }
+        for g in active.generators.iter().filter_map(|g| g.get()) {
+            g.check_clock().map_err(|e| {
+                let mut e = ApiError::from(e);
+                e.message = format!("not ready: {}", e.message);
+                e
+            })?;
+        }
+        Ok(active.node_id)
     }
 
     fn check_fence(&self, active: &Active) -> Result<(), ApiError> {
@@ -316,7 +355,7 @@ impl Issuer {
     }
 
     /// Another kind of id by name.
-    pub fn other_kind(&self, kind: &str) -> Result<(&'static str, String), ApiError> {
+    pub async fn other_kind(&self, kind: &str) -> Result<(&'static str, String), ApiError> {
         use shardflake::Kind;
         let k: Kind = kind.parse().map_err(|_| {
             ApiError::bad_request(
@@ -327,7 +366,15 @@ impl Issuer {
             )
         })?;
         let text = match k {
-            Kind::ObjectId => self.objectids.next_id()?.to_string(),
+            Kind::ObjectId => {
+                let mut attempt = Attempt::new();
+                loop {
+                    match self.objectids.try_next_id(&mut attempt)? {
+                        Step::Ready(id) => break id.to_string(),
+                        Step::Wait(d) => pause(d).await,
+                    }
+                }
+            }
             Kind::Layout => return Err(ApiError::bad_request("unknown_kind", "use /v1/id")),
             k if k.is_name_based() => {
                 return Err(ApiError::bad_request(
@@ -397,6 +444,32 @@ impl Active {
             s.rollback_errors += c.rollback_errors;
         }
         s
+    }
+}
+
+/// Waits `d` without holding a worker thread: on tokio's timer, or for a
+/// wait under its millisecond resolution, by yielding to other tasks.
+async fn pause(d: Duration) {
+    if d <= Duration::from_millis(1) {
+        tokio::task::yield_now().await;
+    } else {
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// Counts a call in progress for as long as it lives (dropped futures too).
+struct InFlight<'a>(&'a AtomicU64);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -644,24 +644,24 @@ async fn take_lowest(
             )
             .await?;
         if ok {
-            // No record: the id was never used under this prefix.
-            let Some(kv) = kvs.first() else {
-                return Ok((candidate, 0));
-            };
-            // Never read an unreadable record as 0: the caller revokes the
-            // lease, which gives the id back.
-            return std::str::from_utf8(&kv.value)
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .map(|hw| (candidate, hw))
-                .ok_or_else(|| AcquireError::BadHighWater {
-                    node_id: candidate,
-                    key: String::from_utf8_lossy(&hw).into_owned(),
-                    value: String::from_utf8_lossy(&kv.value).into_owned(),
-                });
+            return read_hw(candidate, &hw, kvs.first());
         }
         // Lost the race for the id, or the layout record changed since.
         check_layout(&kvs)?;
+        // Or won it already: a take whose answer was lost (a timeout) and
+        // that the client retried on another endpoint may have committed.
+        // An id held by our own lease is ours; taking another would hold
+        // two until the lease ends.
+        let ours = kvs
+            .iter()
+            .filter(|kv| kv.lease == lease)
+            .flat_map(|kv| parse(std::slice::from_ref(kv)))
+            .next();
+        if let Some(node_id) = ours {
+            let (_, hw_key) = keys(cfg, node_id);
+            let (_, record) = client.txn(&[], &[Op::Get(hw_key.clone())], &[]).await?;
+            return read_hw(node_id, &hw_key, record.first());
+        }
         held = parse(&kvs);
         held.insert(candidate);
     }
@@ -669,6 +669,28 @@ async fn take_lowest(
         count: max_id + 1,
         prefix: cfg.prefix.clone(),
     })
+}
+
+/// The high-water record of a node id just taken: none means the id was
+/// never used under this prefix. Never reads an unreadable record as 0: the
+/// caller revokes the lease, which gives the id back.
+fn read_hw(
+    node_id: u64,
+    key: &[u8],
+    record: Option<&crate::etcd::Kv>,
+) -> Result<(u64, u64), AcquireError> {
+    let Some(kv) = record else {
+        return Ok((node_id, 0));
+    };
+    std::str::from_utf8(&kv.value)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map(|hw| (node_id, hw))
+        .ok_or_else(|| AcquireError::BadHighWater {
+            node_id,
+            key: String::from_utf8_lossy(key).into_owned(),
+            value: String::from_utf8_lossy(&kv.value).into_owned(),
+        })
 }
 
 async fn read_state(f: &StateFile) -> anyhow::Result<u64> {

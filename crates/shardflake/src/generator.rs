@@ -13,17 +13,27 @@
 //! [`RollbackPolicy`] relax them, always within a bound: no call spins or
 //! sleeps for longer than its policy allows plus the stall timeout.
 //!
+//! A call that must wait (a full tick, a batch wider than the ticks lived
+//! through, a clock behind under [`RollbackPolicy::Wait`]) first **claims**
+//! its ids with its one swap, then waits until the clock reaches the last
+//! of them: a call never competes twice for the same ids, so a batch
+//! completes in the time its ticks need however many other calls run
+//! meanwhile, and ids are still never handed out ahead of the clock (beyond
+//! the lead a policy allows). The `try_` calls leave the waiting to the
+//! caller (an async runtime, say); see [`crate::wait`].
+//!
 //! [`LocalGenerator`] is the fastest mode, for one thread: it reserves small
 //! blocks from the shared generator and hands them out without atomics. Its
 //! ids increase on its own thread only.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::{GenerateError, IdError};
 use crate::id::{Id, NodeBits};
 use crate::layout::{Layout, mask};
 use crate::sync::{AtomicU64, Ordering};
+use crate::wait::{Attempt, Step, block_on};
 
 /// What to do when a tick's sequence runs out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -180,6 +190,8 @@ impl<C: Clock> GeneratorBuilder<C> {
             exhaustions: AtomicU64::new(0),
             clock_behind: AtomicU64::new(0),
             rollback_errors: AtomicU64::new(0),
+            claimed_until: AtomicU64::new(0),
+            claim_reading: AtomicU64::new(0),
             layout: self.layout,
         })
     }
@@ -226,6 +238,12 @@ pub struct Generator<C = MonotonicClock> {
     exhaustions: AtomicU64,
     clock_behind: AtomicU64,
     rollback_errors: AtomicU64,
+    /// The latest tick any call claimed ahead of the clock, and the latest
+    /// precise reading such a call made: state ahead of the clock up to
+    /// `claimed_until` is explained by claims, not a clock step, as long as
+    /// the clock has not gone back from `claim_reading`.
+    claimed_until: AtomicU64,
+    claim_reading: AtomicU64,
     layout: Layout,
 }
 
@@ -384,7 +402,7 @@ impl<C: Clock> Generator<C> {
                 return Ok(self.id(next));
             }
         }
-        let (start, _) = self.reserve(1, false)?;
+        let (start, _) = block_on(|a| self.try_reserve(1, false, a))?;
         Ok(self.id(start))
     }
 
@@ -393,19 +411,49 @@ impl<C: Clock> Generator<C> {
     /// spans several).
     ///
     /// A batch may only use ticks the generator has lived through (or may
-    /// borrow), so a batch wider than that waits for the clock: at most
-    /// `count / ids per tick` ticks (256 ms for 2^20 `snowflake` ids on a
-    /// fresh generator), within the stall timeout. Keep
-    /// [`GeneratorBuilder::max_batch`] to what a caller may wait for.
+    /// borrow), so a batch wider than that claims the ticks it needs and
+    /// waits for the clock to reach them: about `count / ids per tick` ticks
+    /// (256 ms for 2^20 `snowflake` ids), plus what calls claimed before
+    /// it, within the stall timeout, whatever other calls run meanwhile.
+    /// Keep [`GeneratorBuilder::max_batch`] to what a caller may wait for.
     pub fn next_ids(&self, count: u64) -> Result<Batch, GenerateError> {
+        block_on(|a| self.try_next_ids(count, a))
+    }
+
+    /// [`Generator::next_ids`] that never sleeps: [`Step::Wait`] asks the
+    /// caller to wait and call again with the same `attempt` (see
+    /// [`crate::wait`]). Dropping the attempt abandons the ids it claimed.
+    ///
+    /// ```
+    /// use shardflake::{preset, Generator};
+    /// use shardflake::wait::{Attempt, Step};
+    ///
+    /// let generator = Generator::builder(preset::by_name("snowflake")?).node("node", 1).build()?;
+    /// let mut attempt = Attempt::new();
+    /// let batch = loop {
+    ///     match generator.try_next_ids(10_000, &mut attempt)? {
+    ///         Step::Ready(batch) => break batch,
+    ///         Step::Wait(d) => std::thread::sleep(d), // or an async timer
+    ///     }
+    /// };
+    /// assert_eq!(batch.len(), 10_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_next_ids(
+        &self,
+        count: u64,
+        attempt: &mut Attempt,
+    ) -> Result<Step<Batch>, GenerateError> {
         if count == 0 || count > self.max_batch {
             return Err(GenerateError::InvalidCount {
                 requested: count,
                 max: self.max_batch,
             });
         }
-        let (start, end) = self.reserve(count, false)?;
-        Ok(self.batch(start, end))
+        Ok(match self.try_reserve(count, false, attempt)? {
+            Step::Ready((start, end)) => Step::Ready(self.batch(start, end)),
+            Step::Wait(d) => Step::Wait(d),
+        })
     }
 
     /// A handle for one thread that reserves `block` ids at a time (at most
@@ -454,20 +502,27 @@ impl<C: Clock> Generator<C> {
         })
     }
 
-    /// Claims `count` consecutive packed values; returns the first and last.
-    /// With `within_tick`, the run stops at the end of its first tick.
+    /// Claims `count` consecutive packed values; returns the first and last
+    /// once the clock allows them. With `within_tick`, the run stops at the
+    /// end of its first tick.
     #[inline]
-    fn reserve(&self, count: u64, within_tick: bool) -> Result<(u64, u64), GenerateError> {
+    fn try_reserve(
+        &self,
+        count: u64,
+        within_tick: bool,
+        attempt: &mut Attempt,
+    ) -> Result<Step<(u64, u64)>, GenerateError> {
+        if let Some(claim) = attempt.claimed {
+            return self.await_claim(claim, attempt);
+        }
         // Ticks a batch needs; it may be stamped with that many recent ticks.
         // (A shift, not a division: this is the hot path.)
         let span = (count.saturating_sub(1) >> self.seq_bits) + 1;
         let mut cur = self.state.0.load(Ordering::Acquire);
-        // The latest tick a precise reading has shown: the cached clock may
-        // lag it, and must not send this call back to wait again.
-        let mut seen = 0;
         loop {
             let cur_tick = cur >> self.seq_bits;
-            let mut now = self.tick(self.clock.now_ms())?.max(seen);
+            // The cached reading may lag a precise one this call already made.
+            let mut now = self.tick(self.clock.now_ms())?.max(attempt.seen);
             if now < cur_tick {
                 // The cached reading may lag, or another thread read a later
                 // clock: only a precise reading tells a real rollback.
@@ -491,85 +546,148 @@ impl<C: Clock> Generator<C> {
             if end_tick > self.max_tick {
                 return Err(self.exhausted_epoch());
             }
-            if end_tick > now.saturating_add(self.allowed_lead) {
-                seen = self.wait_for_clock(cur_tick, end_tick)?;
-                cur = self.state.0.load(Ordering::Acquire);
-                continue;
+            let ahead = end_tick > now.saturating_add(self.allowed_lead);
+            if ahead {
+                // Loaded before the precise reading below, so a claim they
+                // show was made on a reading taken before ours.
+                let claimed_until = self.claimed_until.load(Ordering::Acquire);
+                let claim_reading = self.claim_reading.load(Ordering::Acquire);
+                let precise = self.tick(self.clock.now_ms_precise())?;
+                if precise > now {
+                    // Only the cached reading was behind: try again with the
+                    // precise one (no wait, no exhaustion).
+                    attempt.seen = precise;
+                    cur = self.state.0.load(Ordering::Acquire);
+                    continue;
+                }
+                let reading =
+                    self.check_rollback(cur_tick, precise, claimed_until, claim_reading, span)?;
+                // Published before the swap: a caller that sees the claim in
+                // the state also sees why the state is ahead of the clock.
+                self.claimed_until.fetch_max(end_tick, Ordering::AcqRel);
+                self.claim_reading.fetch_max(reading, Ordering::AcqRel);
             }
             match self
                 .state
                 .0
                 .compare_exchange_weak(cur, end, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Ok((start, end)),
+                Ok(_) if !ahead => return Ok(Step::Ready((start, end))),
+                Ok(_) => {
+                    attempt.claimed = Some((start, end));
+                    return self.await_claim((start, end), attempt);
+                }
                 Err(actual) => cur = actual,
             }
         }
     }
 
-    /// The cold path: the run would end too far ahead of the (cached) clock.
-    /// Returns the tick a precise reading showed once the run fits.
+    /// The cold path: a run lies ahead of the clock beyond the allowed lead.
+    /// Tells a clock that stepped back (refused or waited out, by policy)
+    /// from ticks that earlier calls claimed or borrowed (waited for).
+    /// Returns the latest tick the clock is known to have read.
     #[cold]
     #[inline(never)]
-    fn wait_for_clock(&self, cur_tick: u64, end_tick: u64) -> Result<u64, GenerateError> {
-        let target = end_tick - self.allowed_lead;
-        let now = self.tick(self.clock.now_ms_precise())?;
-        if now >= target {
-            // Only the cached reading was behind: no wait, no exhaustion.
-            return Ok(now);
-        }
-        let behind = cur_tick.saturating_sub(now);
-        let mut budget = self.stall_timeout;
+    fn check_rollback(
+        &self,
+        cur_tick: u64,
+        now: u64,
+        claimed_until: u64,
+        claim_reading: u64,
+        span: u64,
+    ) -> Result<u64, GenerateError> {
+        let (behind, reading) = self.stepped_back(cur_tick, now, claimed_until, claim_reading);
         if behind > 0 {
             self.clock_behind.fetch_add(1, Ordering::Relaxed);
         }
-        // A clock behind by more than borrowing explains has stepped back.
-        if behind > self.borrow_ticks {
-            let behind_ms = behind * self.tick_ms;
-            let refuse = match self.rollback {
-                RollbackPolicy::Error => true,
-                RollbackPolicy::Wait { max } | RollbackPolicy::Continue { max } => {
-                    behind_ms > millis(max)
-                }
-            };
-            if refuse {
+        if let Some(reading) = reading {
+            let behind_ms = behind.saturating_mul(self.tick_ms);
+            if self.refuses(behind_ms) {
                 self.rollback_errors.fetch_add(1, Ordering::Relaxed);
                 return Err(GenerateError::ClockMovedBackwards { behind_ms });
             }
-        } else {
+            return Ok(reading);
+        }
+        if span == 1 {
+            // A call that fits in one tick found the ticks up to now used.
             self.exhaustions.fetch_add(1, Ordering::Relaxed);
         }
-        budget = budget.saturating_add(Duration::from_millis((target - now) * self.tick_ms));
-        self.sleep_until_tick(target, budget)
+        Ok(now)
     }
 
-    /// Waits until the clock reaches `target`, for at most `budget`; returns
-    /// the tick it read.
-    fn sleep_until_tick(&self, target: u64, budget: Duration) -> Result<u64, GenerateError> {
-        let started = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            let now = self.tick(self.clock.now_ms_precise())?;
-            if now >= target {
-                return Ok(now);
-            }
-            let waited = started.elapsed();
-            if waited >= budget {
-                return Err(GenerateError::ClockStalled {
-                    waited_ms: millis(waited),
-                });
-            }
-            let ahead_ms = (target - now) * self.tick_ms;
-            if ahead_ms > 2 {
-                // Long waits sleep, leaving a millisecond to spin out precisely.
-                std::thread::sleep(Duration::from_millis(ahead_ms - 1).min(budget - waited));
-            } else if spins < 64 {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+    /// How far (ticks) the clock reading `now` is behind the state, and, if
+    /// it stepped back, the latest tick it is known to have read before.
+    fn stepped_back(
+        &self,
+        cur_tick: u64,
+        now: u64,
+        claimed_until: u64,
+        claim_reading: u64,
+    ) -> (u64, Option<u64>) {
+        // State up to a claimed tick is ahead because calls claimed it, not
+        // because the clock went back: measure the clock against the reading
+        // those claims were made on. Past it, against the state itself, of
+        // which only borrowing explains a lead.
+        if cur_tick <= claimed_until {
+            let behind = claim_reading.saturating_sub(now);
+            (behind, (behind > 0).then_some(claim_reading))
+        } else {
+            let behind = cur_tick.saturating_sub(now);
+            let stepped = behind > self.borrow_ticks;
+            (behind, stepped.then(|| cur_tick - self.borrow_ticks))
+        }
+    }
+
+    /// Whether the rollback policy refuses a clock `behind_ms` behind.
+    fn refuses(&self, behind_ms: u64) -> bool {
+        match self.rollback {
+            RollbackPolicy::Error => true,
+            RollbackPolicy::Wait { max } | RollbackPolicy::Continue { max } => {
+                behind_ms > millis(max)
             }
         }
+    }
+
+    /// Whether a call made now would be refused because of the clock:
+    /// before the epoch, or stepped back further than the rollback policy
+    /// allows. Takes no id; a readiness probe asks this.
+    pub fn check_clock(&self) -> Result<(), GenerateError> {
+        let cur_tick = self.state.0.load(Ordering::Acquire) >> self.seq_bits;
+        let claimed_until = self.claimed_until.load(Ordering::Acquire);
+        let claim_reading = self.claim_reading.load(Ordering::Acquire);
+        let now = self.tick(self.clock.now_ms_precise())?;
+        match self.stepped_back(cur_tick, now, claimed_until, claim_reading) {
+            (behind, Some(_)) if self.refuses(behind.saturating_mul(self.tick_ms)) => {
+                Err(GenerateError::ClockMovedBackwards {
+                    behind_ms: behind.saturating_mul(self.tick_ms),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A claimed run is handed out once the clock reaches its last tick
+    /// (less the allowed lead); until then the caller waits.
+    fn await_claim(
+        &self,
+        (start, end): (u64, u64),
+        attempt: &mut Attempt,
+    ) -> Result<Step<(u64, u64)>, GenerateError> {
+        let target = (end >> self.seq_bits).saturating_sub(self.allowed_lead);
+        let now_ms = self.clock.now_ms_precise();
+        let now = self.tick(now_ms)?;
+        if now >= target {
+            // The clock read this far: a later step back is measured from here.
+            self.claim_reading.fetch_max(now, Ordering::AcqRel);
+            attempt.claimed = None;
+            return Ok(Step::Ready((start, end)));
+        }
+        attempt.seen = attempt.seen.max(now);
+        let target_ms = self
+            .epoch_ms
+            .saturating_add(target.saturating_mul(self.tick_ms));
+        let ahead = Duration::from_millis(target_ms.saturating_sub(now_ms).max(1));
+        Ok(Step::Wait(attempt.wait(ahead, self.stall_timeout)?))
     }
 
     #[cold]
@@ -599,7 +717,7 @@ impl<C: Clock> LocalGenerator<'_, C> {
         // A block is spent once the clock passes its tick, so ids stay stamped
         // with the tick they were made in.
         if self.next > self.end || g.tick(g.clock.now_ms())? > self.tick {
-            let (start, end) = g.reserve(self.block, true)?;
+            let (start, end) = block_on(|a| g.try_reserve(self.block, true, a))?;
             self.next = start;
             self.end = end;
             self.tick = start >> g.seq_bits;

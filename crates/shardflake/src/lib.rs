@@ -31,6 +31,8 @@
 //! - [`plan`]: capacity of a layout and a suggested layout for a need.
 //! - [`uuid`], [`objectid`], [`kind`]: the other id kinds, and recognising
 //!   any of them in text.
+//! - [`wait`]: waits for the clock, left to the caller by the `try_` calls
+//!   (so an async server never blocks a worker thread).
 //! - [`timestamp`]: RFC 3339 formatting shared by everything that shows time.
 //! - [`error`]: one typed error per job.
 //! - `serde` (feature `serde`, on by default): ids as strings.
@@ -54,6 +56,7 @@ pub mod serde;
 mod sync;
 pub mod timestamp;
 pub mod uuid;
+pub mod wait;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::{GenerateError, IdError, LayoutError, NodeIdError, ParseError, UuidError};
@@ -65,3 +68,4 @@ pub use id::{Id, NodeBits, Parts};
 pub use kind::{Kind, Recognised};
 pub use layout::{Field, FieldKind, Layout, LayoutBuilder};
 pub use objectid::{ObjectId, ObjectIdGenerator};
+pub use wait::{Attempt, Step};

@@ -7,16 +7,20 @@
 //! `(seconds, counter)` as one 56-bit number that only grows: a wrap carries
 //! into the seconds (the id borrows the next second), and the generator
 //! waits, boundedly, rather than run more than a second ahead of the clock.
+//! A clock that steps back is handled by a [`RollbackPolicy`], as for the
+//! 64-bit generators (default: refuse at once).
 //! Convert to `bson::oid::ObjectId` with `ObjectId::from_bytes(id.bytes())`.
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{GenerateError, ParseError};
+use crate::generator::RollbackPolicy;
 use crate::sync::{AtomicU64, Ordering};
 use crate::timestamp::rfc3339_ms;
+use crate::wait::{Attempt, Step, block_on};
 
 const COUNTER_BITS: u32 = 24;
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
@@ -94,6 +98,8 @@ pub struct ObjectIdGenerator<C = SystemClock> {
     state: AtomicU64,
     random: [u8; 5],
     clock: C,
+    rollback: RollbackPolicy,
+    stall_timeout: Duration,
 }
 
 impl ObjectIdGenerator<SystemClock> {
@@ -133,15 +139,35 @@ impl<C: Clock> ObjectIdGenerator<C> {
             state: AtomicU64::new(state),
             random,
             clock,
+            rollback: RollbackPolicy::Error,
+            stall_timeout: Duration::from_secs(1),
         }
     }
 
-    /// The next ObjectId.
+    /// What to do when the clock reads earlier than the last id's second
+    /// (default: [`RollbackPolicy::Error`]). `Continue { max }` keeps
+    /// counting on the last second while the clock is at most `max` behind.
+    pub fn on_rollback(mut self, policy: RollbackPolicy) -> Self {
+        self.rollback = policy;
+        self
+    }
+
+    /// The next ObjectId; waits (boundedly) when the counter borrowed a
+    /// second or the rollback policy says wait.
     pub fn next_id(&self) -> Result<ObjectId, GenerateError> {
-        let started = Instant::now();
+        block_on(|a| self.try_next_id(a))
+    }
+
+    /// [`ObjectIdGenerator::next_id`] that never sleeps; see [`crate::wait`].
+    pub fn try_next_id(&self, attempt: &mut Attempt) -> Result<Step<ObjectId>, GenerateError> {
+        let ride_secs = match self.rollback {
+            RollbackPolicy::Continue { max } => max.as_secs() + u64::from(max.subsec_nanos() > 0),
+            _ => 0,
+        };
         let mut cur = self.state.load(Ordering::Acquire);
         loop {
-            let now = (self.clock.now_ms() / 1000).min(u64::from(u32::MAX));
+            let now_ms = self.clock.now_ms();
+            let now = (now_ms / 1000).min(u64::from(u32::MAX));
             // The counter runs on across seconds, as the spec has it; a wrap
             // within a second carries into the seconds instead of repeating.
             let carried = cur + 1;
@@ -154,22 +180,35 @@ impl<C: Clock> ObjectIdGenerator<C> {
                     end_ms: (u128::from(u32::MAX) + 1) * 1000,
                 });
             }
-            if secs > now + MAX_LEAD_SECS {
-                let waited = started.elapsed();
-                if waited > Duration::from_secs(MAX_LEAD_SECS + 1) {
-                    return Err(GenerateError::ClockStalled {
-                        waited_ms: waited.as_millis() as u64,
-                    });
+            if secs > now + MAX_LEAD_SECS + ride_secs {
+                // Further ahead than a wrap explains: the clock stepped back
+                // from the last id's second.
+                let last_secs = cur >> COUNTER_BITS;
+                if last_secs > now + MAX_LEAD_SECS {
+                    let behind_ms = last_secs.saturating_mul(1000).saturating_sub(now_ms);
+                    let refuse = match self.rollback {
+                        RollbackPolicy::Error => true,
+                        RollbackPolicy::Wait { max } | RollbackPolicy::Continue { max } => {
+                            u128::from(behind_ms) > max.as_millis()
+                        }
+                    };
+                    if refuse {
+                        return Err(GenerateError::ClockMovedBackwards { behind_ms });
+                    }
                 }
-                std::thread::yield_now();
-                cur = self.state.load(Ordering::Acquire);
-                continue;
+                let until_ms = (secs - MAX_LEAD_SECS - ride_secs).saturating_mul(1000);
+                let ahead = Duration::from_millis(until_ms.saturating_sub(now_ms).max(1));
+                return Ok(Step::Wait(attempt.wait(ahead, self.stall_timeout)?));
             }
             match self
                 .state
                 .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Ok(self.compose(secs as u32, (next & COUNTER_MASK) as u32)),
+                Ok(_) => {
+                    return Ok(Step::Ready(
+                        self.compose(secs as u32, (next & COUNTER_MASK) as u32),
+                    ));
+                }
                 Err(actual) => cur = actual,
             }
         }
@@ -224,6 +263,45 @@ mod tests {
         assert_eq!(last.unwrap().seconds(), 1_700_000_001);
         clock.advance(1000);
         assert!(g.next_id().unwrap() > last.unwrap());
+    }
+
+    #[test]
+    fn a_clock_stepped_back_follows_the_rollback_policy() {
+        use crate::wait::{Attempt, Step};
+        let clock = ManualClock::new(1_700_000_010_000);
+        let id = |g: &ObjectIdGenerator<ManualClock>| g.try_next_id(&mut Attempt::new());
+        // Error (the default): refused at once, not after a wait.
+        let g = ObjectIdGenerator::with_parts(clock.clone(), [0; 5], 7);
+        let before = g.next_id().unwrap();
+        clock.set(1_700_000_000_000);
+        assert_eq!(
+            id(&g),
+            Err(GenerateError::ClockMovedBackwards { behind_ms: 10_000 })
+        );
+        // Wait: a step within the bound is a wait for the caller, not a spin.
+        let g = g.on_rollback(RollbackPolicy::Wait {
+            max: Duration::from_secs(10),
+        });
+        assert!(matches!(id(&g), Ok(Step::Wait(d)) if d >= Duration::from_secs(1)));
+        let g = g.on_rollback(RollbackPolicy::Wait {
+            max: Duration::from_secs(5),
+        });
+        assert!(matches!(
+            id(&g),
+            Err(GenerateError::ClockMovedBackwards { .. })
+        ));
+        // Continue: counts on in the last second, still increasing.
+        let g = g.on_rollback(RollbackPolicy::Continue {
+            max: Duration::from_secs(10),
+        });
+        let Ok(Step::Ready(after)) = id(&g) else {
+            panic!("continue must issue")
+        };
+        assert!(after > before);
+        assert_eq!(after.seconds(), before.seconds());
+        // The clock back: fresh seconds again.
+        clock.set(1_700_000_020_000);
+        assert_eq!(g.next_id().unwrap().seconds(), 1_700_000_020);
     }
 
     #[test]

@@ -101,13 +101,20 @@ fn rollback_error_is_the_default() {
     let clock = ManualClock::new(T0);
     let g = on(clock.clone()).build().unwrap();
     let before = g.next_id().unwrap();
+    assert_eq!(g.check_clock(), Ok(()));
     clock.set(T0 - 5);
+    // A readiness probe sees the refusal coming, without taking an id.
+    assert_eq!(
+        g.check_clock(),
+        Err(GenerateError::ClockMovedBackwards { behind_ms: 5 })
+    );
     assert_eq!(
         g.next_id(),
         Err(GenerateError::ClockMovedBackwards { behind_ms: 5 })
     );
     assert_eq!(g.stats().rollback_errors, 1);
     clock.set(T0);
+    assert_eq!(g.check_clock(), Ok(()));
     assert!(
         g.next_id().unwrap() > before,
         "recovers once the clock is back"

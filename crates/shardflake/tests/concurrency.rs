@@ -122,3 +122,78 @@ fn saturated_small_sequence_with_borrowing_stays_unique() {
         "the test must exhaust the sequence"
     );
 }
+
+/// Batches spanning many ticks while single ids keep flowing the whole time,
+/// shared or local: every batch completes (the generator's own bound, its
+/// ticks plus the stall timeout, turns a hang into an error), no id is
+/// handed out ahead of the clock, and no id is repeated.
+fn batches_complete_under_single_id_traffic(local: bool) {
+    let g = snowflake();
+    // Set once the batches are done; the single-id threads stop then, or at
+    // this deadline if the batches never finish (a hang, reported below).
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let singles = |_| {
+        let mut ids = Vec::new();
+        let mut handle = g.local(64);
+        while !done.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+            for _ in 0..64 {
+                ids.push(if local {
+                    handle.next_id().unwrap()
+                } else {
+                    g.next_id().unwrap()
+                });
+            }
+        }
+        ids
+    };
+    let (batches, per_thread) = thread::scope(|s| {
+        let workers: Vec<_> = (0..2).map(|t| s.spawn(move || singles(t))).collect();
+        let batcher = s.spawn(|| {
+            let mut batches = Vec::new();
+            for count in [65_536, 1 << 20, 65_536, 100_000, 1 << 20, 65_536] {
+                let batch = g.next_ids(count).unwrap();
+                let now = shardflake::Clock::now_ms_precise(g.clock());
+                let last = batch.last().decode(g.layout()).unwrap().unix_ms;
+                assert!(
+                    last <= now,
+                    "batch stamped {last}, ahead of the clock {now}"
+                );
+                assert_eq!(batch.len(), count);
+                batches.push(batch);
+            }
+            done.store(true, Ordering::Relaxed);
+            batches
+        });
+        let batches = batcher.join().unwrap();
+        let singles: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        (batches, singles)
+    });
+    assert!(
+        std::time::Instant::now() < deadline,
+        "the batches did not finish while single ids kept flowing"
+    );
+    assert!(per_thread.iter().all(|ids| !ids.is_empty()));
+    let mut all: Vec<Id> = per_thread.iter().flatten().copied().collect();
+    for ids in &per_thread {
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "a thread's ids went down"
+        );
+    }
+    all.extend(batches.iter().flat_map(|b| b.iter()));
+    let total = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), total, "an id was issued twice");
+}
+
+#[test]
+fn batches_complete_while_shared_single_ids_keep_flowing() {
+    batches_complete_under_single_id_traffic(false);
+}
+
+#[test]
+fn batches_complete_while_local_single_ids_keep_flowing() {
+    batches_complete_under_single_id_traffic(true);
+}
