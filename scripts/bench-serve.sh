@@ -50,3 +50,26 @@ echo -n "grpc NextId (c$conns):          "
 "$target/release/examples/grpc_load" "$grpc" "$secs" "$conns" 1
 echo -n "grpc NextIds 100000 (c4):     "
 "$target/release/examples/grpc_load" "$grpc" "$secs" 4 100000
+
+# Batches under single-id traffic: each batch's answer time alone (baseline)
+# and while wrk keeps single ids flowing on 2 connections, with the single
+# ids' latency meanwhile. A batch needs count / 4,096 ms of ticks.
+batch_times() {  # count rounds -> median seconds
+    for _ in $(seq "$2"); do
+        curl -s -o /dev/null -w '%{time_total}\n' "http://$http/v1/ids?count=$1"
+    done | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+}
+echo "batches: median answer time of 5, alone and under single-id traffic (wrk -t1 -c2 /v1/id)"
+for count in 65536 1000000; do
+    alone=$(batch_times "$count" 5)
+    wrk -t1 -c2 -d"$((secs + 5))s" --latency "http://$http/v1/id" >"$dir/traffic.out" &
+    wrk_pid=$!
+    sleep 1
+    loaded=$(batch_times "$count" 5)
+    wait "$wrk_pid"
+    p99=$(awk '$1 == "99%" {print $2}' "$dir/traffic.out")
+    rps=$(awk '/Requests\/sec/ {print $2}' "$dir/traffic.out")
+    awk -v c="$count" -v a="$alone" -v l="$loaded" -v p="$p99" -v r="$rps" 'BEGIN {
+        printf "batch %-8d alone %6.0f ms   under %s single-id req/s %6.0f ms (%.2fx)   single-id p99 meanwhile %s\n",
+            c, a * 1000, r, l * 1000, l / a, p }'
+done
