@@ -185,6 +185,49 @@ pub enum ParseError {
     /// Unknown UUID name-space.
     #[error("unknown UUID name-space {0:?}; use dns, url, oid, x500 or a UUID")]
     UnknownNamespace(String),
+    /// Text of the wrong length for a fixed-width form (an ObjectId is 24
+    /// hex digits).
+    #[error("invalid {kind} {input:?}: expected {expected} characters, found {found}")]
+    WrongLength {
+        /// Kind or format name.
+        kind: &'static str,
+        /// The input.
+        input: String,
+        /// Characters the form has.
+        expected: usize,
+        /// Characters given.
+        found: usize,
+    },
+}
+
+/// A number or byte string that is not an id, or an id that does not fit the
+/// type asked for. Made by the `TryFrom` conversions of [`crate::Id`] and
+/// [`crate::ObjectId`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConvertError {
+    /// A negative `i64` given where an id is read as a number. A signed
+    /// `BIGINT` column stores ids at or above 2^63 as negative numbers: read
+    /// those with [`crate::Id::from_i64_wrapping`].
+    #[error(
+        "{0} is negative; ids are unsigned (for a signed BIGINT column use Id::from_i64_wrapping)"
+    )]
+    Negative(i64),
+    /// An id at or above 2^63 asked for as an `i64`. Store it bit for bit,
+    /// negative, with [`crate::Id::to_i64_wrapping`].
+    #[error(
+        "id {0} is above i64::MAX (it uses the sign bit; for a signed BIGINT column use Id::to_i64_wrapping)"
+    )]
+    AboveI64Max(u64),
+    /// A byte string of the wrong length.
+    #[error("{kind} needs {expected} bytes, got {found}")]
+    WrongLength {
+        /// Kind name.
+        kind: &'static str,
+        /// Bytes the kind has.
+        expected: usize,
+        /// Bytes given.
+        found: usize,
+    },
 }
 
 /// Why a UUID could not be made.

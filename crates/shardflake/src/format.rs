@@ -13,6 +13,20 @@ use crate::error::ParseError;
 use crate::id::Id;
 
 /// A text form of an id.
+///
+/// [`Format::format`] writes the forms shown on each variant;
+/// [`Format::parse`] reads them back, and is lenient where a form allows:
+///
+/// - surrounding whitespace is ignored in every form;
+/// - decimal: unsigned, or negative as a signed `BIGINT` prints an id that
+///   uses the sign bit (Instagram's after 2046), read two's complement;
+/// - hex: up to 16 digits, any case, optional `0x`;
+/// - base32: Crockford, any case, `I`/`L` read as 1 and `O` as 0, hyphens
+///   ignored;
+/// - base62: up to 11 characters of `0-9A-Za-z` (case matters).
+///
+/// Text that is not an id in the form is a [`ParseError`]; nothing panics.
+/// The same calls are on [`Id`]: [`Id::format_as`] and [`Id::parse_as`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Format {
     /// `454947766275222906` (the Snowflake vector in all four forms)
@@ -71,9 +85,30 @@ impl Format {
         }
     }
 
-    /// Parses text in this form (see [`crate::parse`] for what is accepted).
+    /// Parses text in this form (see [`Format`] for what is accepted).
     pub fn parse(self, text: &str) -> Result<Id, ParseError> {
         crate::parse::parse(self, text)
+    }
+
+    /// The form text of unknown origin is most likely in, by its shape;
+    /// [`Format::Dec`] when nothing else fits (so its error speaks of
+    /// decimal). Each fixed-width form has its own width (hex 16, base32 13,
+    /// base62 11), so only text of digits alone is ambiguous: it is read as
+    /// decimal, as [`Display`](fmt::Display) writes it, unless it has a
+    /// leading zero (which decimal never writes) and a fixed form's width.
+    ///
+    /// ```
+    /// use shardflake::{Format, Id};
+    /// let id = Id(454_947_766_275_222_906);
+    /// for f in Format::ALL {
+    ///     assert_eq!(Format::detect(&f.format(id)), f);
+    /// }
+    /// assert_eq!(Format::detect("0xff"), Format::Hex);
+    /// assert_eq!(Format::detect("-679477248"), Format::Dec);
+    /// assert_eq!(Format::detect("12345678901"), Format::Dec); // digits: decimal
+    /// ```
+    pub fn detect(text: &str) -> Format {
+        crate::parse::detect(text)
     }
 }
 

@@ -1,12 +1,31 @@
 //! 64-bit ids: composing from parts and decoding back, against a [`Layout`].
 
 use std::fmt;
+use std::str::FromStr;
 
-use crate::error::IdError;
+use crate::error::{ConvertError, IdError, ParseError};
+use crate::format::Format;
 use crate::layout::Layout;
 use crate::timestamp::rfc3339_ms;
 
 /// A 64-bit id. It means nothing without the [`Layout`] that made it.
+///
+/// # Text and numbers
+///
+/// - [`Display`](fmt::Display) writes the unsigned decimal and
+///   [`FromStr`] reads exactly that back (strictly: ASCII digits only, no
+///   sign, no spaces); `{:x}`/`{:X}` write hex.
+/// - Every [`Format`] (decimal, hex, Crockford base32, base62) through one
+///   call each: [`Id::format_as`] and [`Id::parse_as`]; [`Format::detect`]
+///   guesses the form of text of unknown origin.
+/// - `u64` both ways with `From` (lossless).
+/// - `i64`, as PostgreSQL and MySQL keep ids in a signed `BIGINT`: layouts
+///   that use all 64 bits (Instagram's, after 2046) have ids at or above
+///   2^63, which have no non-negative `i64`. Pick the meaning you want:
+///   [`Id::to_i64_wrapping`]/[`Id::from_i64_wrapping`] are bit for bit (two's
+///   complement; what a `BIGINT` column stores, negative above `i64::MAX`),
+///   while `TryFrom<Id> for i64` and `TryFrom<i64> for Id` keep the number
+///   and fail with a [`ConvertError`] where it does not fit.
 ///
 /// ```
 /// use shardflake::{preset, Id};
@@ -33,10 +52,79 @@ impl Id {
         self.0
     }
     /// The value as a signed `bigint` would store it (negative once the top
-    /// bit is set).
+    /// bit is set); the same as [`Id::to_i64_wrapping`].
     pub const fn as_i64(self) -> i64 {
+        self.to_i64_wrapping()
+    }
+
+    /// The id bit for bit as an `i64` (two's complement): what a signed
+    /// `BIGINT` column in PostgreSQL or MySQL stores. Ids at or above 2^63
+    /// (the sign bit set, as Instagram's layout makes from 2046) come out
+    /// negative; [`Id::from_i64_wrapping`] turns them back. Never fails.
+    ///
+    /// ```
+    /// use shardflake::Id;
+    /// assert_eq!(Id(42).to_i64_wrapping(), 42);
+    /// assert_eq!(Id(1 << 63).to_i64_wrapping(), i64::MIN);
+    /// assert_eq!(Id(u64::MAX).to_i64_wrapping(), -1);
+    /// // Checked instead: the number itself, or an error.
+    /// assert!(i64::try_from(Id(u64::MAX)).is_err());
+    /// ```
+    pub const fn to_i64_wrapping(self) -> i64 {
         self.0 as i64
     }
+
+    /// The id whose bits are those of `value` (two's complement): reads back
+    /// what a signed `BIGINT` column stores, negative values included.
+    /// Inverse of [`Id::to_i64_wrapping`]. Never fails.
+    ///
+    /// ```
+    /// use shardflake::Id;
+    /// assert_eq!(Id::from_i64_wrapping(-1), Id(u64::MAX));
+    /// assert_eq!(Id::from_i64_wrapping(i64::MIN), Id(1 << 63));
+    /// let id = Id(0x8000_0000_0000_1234);
+    /// assert_eq!(Id::from_i64_wrapping(id.to_i64_wrapping()), id);
+    /// // Checked instead: a negative number is an error.
+    /// assert!(Id::try_from(-1i64).is_err());
+    /// ```
+    pub const fn from_i64_wrapping(value: i64) -> Id {
+        Id(value as u64)
+    }
+
+    /// The id in a text [`Format`]; [`Id::parse_as`] reads it back.
+    ///
+    /// ```
+    /// use shardflake::{Format, Id};
+    /// let id = Id(454_947_766_275_222_906);
+    /// assert_eq!(id.format_as(Format::Dec), "454947766275222906");
+    /// assert_eq!(id.format_as(Format::Hex), "06504c9540312d7a");
+    /// assert_eq!(id.format_as(Format::Base32), "0CM2CJN032BBT");
+    /// assert_eq!(id.format_as(Format::Base62), "0XbfGYCuLKE");
+    /// ```
+    pub fn format_as(self, format: Format) -> String {
+        format.format(self)
+    }
+
+    /// Reads an id in a text [`Format`]. Lenient where the form allows
+    /// (surrounding spaces, `0x`, any case, Crockford's `I`/`L`/`O` and
+    /// hyphens, a negative decimal as a `BIGINT` prints a sign-bit id); see
+    /// [`Format`]. Text of unknown form: `Id::parse_as(t, Format::detect(t))`.
+    ///
+    /// ```
+    /// use shardflake::{Format, Id, ParseError};
+    /// let id = Id(454_947_766_275_222_906);
+    /// for f in Format::ALL {
+    ///     assert_eq!(Id::parse_as(&id.format_as(f), f)?, id);
+    /// }
+    /// assert_eq!(Id::parse_as("0xFF", Format::Hex)?, Id(255));
+    /// assert_eq!(Id::parse_as("-1", Format::Dec)?, Id(u64::MAX));
+    /// assert!(matches!(Id::parse_as("0XbfGYCuLK!", Format::Base62), Err(ParseError::InvalidChar { ch: '!', .. })));
+    /// # Ok::<(), ParseError>(())
+    /// ```
+    pub fn parse_as(text: &str, format: Format) -> Result<Id, ParseError> {
+        format.parse(text)
+    }
+
     /// Splits the id into its parts.
     pub fn decode(self, layout: &Layout) -> Result<Parts, IdError> {
         if self.0 > layout.max_id() {
@@ -67,15 +155,101 @@ impl fmt::Display for Id {
     }
 }
 
+/// Hex without padding or prefix, as for `u64`: `{:016x}` is [`Format::Hex`].
+impl fmt::LowerHex for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+/// Upper-case hex, as for `u64`.
+impl fmt::UpperHex for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::UpperHex::fmt(&self.0, f)
+    }
+}
+
+/// The decimal [`Display`](fmt::Display) writes, strictly: 1 to 20 ASCII
+/// digits (leading zeros allowed) up to `u64::MAX`. No sign, no spaces, no
+/// other form; for those use [`Id::parse_as`].
+///
+/// ```
+/// use shardflake::{Id, ParseError};
+/// let id: Id = "454947766275222906".parse()?;
+/// assert_eq!(id, Id(454_947_766_275_222_906));
+/// assert_eq!(id.to_string().parse::<Id>()?, id);
+/// assert_eq!("".parse::<Id>(), Err(ParseError::Empty));
+/// assert!(matches!(" 1".parse::<Id>(), Err(ParseError::InvalidChar { ch: ' ', .. })));
+/// assert!(matches!("-1".parse::<Id>(), Err(ParseError::InvalidChar { ch: '-', .. })));
+/// assert!(matches!("18446744073709551616".parse::<Id>(), Err(ParseError::Overflow { .. })));
+/// # Ok::<(), ParseError>(())
+/// ```
+impl FromStr for Id {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        crate::parse::dec_strict(s)
+    }
+}
+
+/// Lossless.
 impl From<u64> for Id {
     fn from(v: u64) -> Self {
         Id(v)
     }
 }
 
+/// Lossless.
 impl From<Id> for u64 {
     fn from(id: Id) -> Self {
         id.0
+    }
+}
+
+/// Lossless.
+impl From<Id> for u128 {
+    fn from(id: Id) -> Self {
+        u128::from(id.0)
+    }
+}
+
+/// Lossless: ids at or above 2^63 stay positive (unlike an `i64`).
+impl From<Id> for i128 {
+    fn from(id: Id) -> Self {
+        i128::from(id.0)
+    }
+}
+
+/// The number itself; a negative number is [`ConvertError::Negative`]. To
+/// read a signed `BIGINT` column bit for bit, negative ids included, use
+/// [`Id::from_i64_wrapping`].
+///
+/// ```
+/// use shardflake::{ConvertError, Id};
+/// assert_eq!(Id::try_from(i64::MAX), Ok(Id(i64::MAX as u64)));
+/// assert_eq!(Id::try_from(-5i64), Err(ConvertError::Negative(-5)));
+/// ```
+impl TryFrom<i64> for Id {
+    type Error = ConvertError;
+    fn try_from(value: i64) -> Result<Self, ConvertError> {
+        u64::try_from(value)
+            .map(Id)
+            .map_err(|_| ConvertError::Negative(value))
+    }
+}
+
+/// The number itself; an id above `i64::MAX` (the sign bit set) is
+/// [`ConvertError::AboveI64Max`]. To store any id in a signed `BIGINT`
+/// column bit for bit, use [`Id::to_i64_wrapping`].
+///
+/// ```
+/// use shardflake::{ConvertError, Id};
+/// assert_eq!(i64::try_from(Id(7)), Ok(7));
+/// assert_eq!(i64::try_from(Id(1 << 63)), Err(ConvertError::AboveI64Max(1 << 63)));
+/// ```
+impl TryFrom<Id> for i64 {
+    type Error = ConvertError;
+    fn try_from(id: Id) -> Result<Self, ConvertError> {
+        i64::try_from(id.0).map_err(|_| ConvertError::AboveI64Max(id.0))
     }
 }
 

@@ -59,7 +59,9 @@ pub mod uuid;
 pub mod wait;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
-pub use error::{GenerateError, IdError, LayoutError, NodeIdError, ParseError, UuidError};
+pub use error::{
+    ConvertError, GenerateError, IdError, LayoutError, NodeIdError, ParseError, UuidError,
+};
 pub use format::Format;
 pub use generator::{
     Batch, ExhaustedPolicy, Generator, GeneratorBuilder, LocalGenerator, RollbackPolicy, Stats,

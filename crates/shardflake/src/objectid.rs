@@ -16,7 +16,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::{GenerateError, ParseError};
+use crate::error::{ConvertError, GenerateError, ParseError};
 use crate::generator::RollbackPolicy;
 use crate::sync::{AtomicU64, Ordering};
 use crate::timestamp::rfc3339_ms;
@@ -64,20 +64,98 @@ impl fmt::Display for ObjectId {
     }
 }
 
+/// 24 hex digits, any case, surrounding whitespace ignored. Other text is a
+/// typed [`ParseError`]: [`ParseError::Empty`],
+/// [`ParseError::WrongLength`] or [`ParseError::InvalidChar`].
+///
+/// ```
+/// use shardflake::{ObjectId, ParseError};
+/// let oid: ObjectId = "6553f1000102030405fffffe".parse()?;
+/// assert_eq!(oid.seconds(), 1_700_000_000);
+/// assert_eq!(oid.to_string().parse::<ObjectId>()?, oid);
+/// assert!(matches!("6553f1".parse::<ObjectId>(), Err(ParseError::WrongLength { expected: 24, found: 6, .. })));
+/// assert!(matches!("6553f1000102030405fffffg".parse::<ObjectId>(), Err(ParseError::InvalidChar { ch: 'g', .. })));
+/// # Ok::<(), ParseError>(())
+/// ```
 impl FromStr for ObjectId {
     type Err = ParseError;
-    /// 24 hex digits.
     fn from_str(s: &str) -> Result<Self, ParseError> {
         let s = s.trim();
-        if s.len() != 24 || !s.is_ascii() {
-            return Err(ParseError::Unrecognised(s.to_string()));
+        if s.is_empty() {
+            return Err(ParseError::Empty);
+        }
+        if let Some(ch) = s.chars().find(|c| !c.is_ascii_hexdigit()) {
+            return Err(ParseError::InvalidChar {
+                format: "objectid",
+                input: s.to_string(),
+                ch,
+            });
+        }
+        if s.len() != 24 {
+            return Err(ParseError::WrongLength {
+                kind: "objectid",
+                input: s.to_string(),
+                expected: 24,
+                found: s.len(),
+            });
         }
         let mut bytes = [0u8; 12];
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
-                .map_err(|_| ParseError::Unrecognised(s.to_string()))?;
+        for (b, pair) in bytes.iter_mut().zip(s.as_bytes().chunks_exact(2)) {
+            // Both are ASCII hex digits (checked above).
+            let hi = (pair[0] as char).to_digit(16).unwrap_or(0) as u8;
+            let lo = (pair[1] as char).to_digit(16).unwrap_or(0) as u8;
+            *b = hi << 4 | lo;
         }
         Ok(ObjectId(bytes))
+    }
+}
+
+/// The 12 bytes as they are (big-endian seconds, random, counter).
+impl From<[u8; 12]> for ObjectId {
+    fn from(bytes: [u8; 12]) -> Self {
+        ObjectId(bytes)
+    }
+}
+
+/// The 12 bytes.
+impl From<ObjectId> for [u8; 12] {
+    fn from(oid: ObjectId) -> Self {
+        oid.0
+    }
+}
+
+/// Exactly 12 bytes; another length is [`ConvertError::WrongLength`].
+///
+/// ```
+/// use shardflake::{ConvertError, ObjectId};
+/// let bytes = [0x65, 0x53, 0xf1, 0, 1, 2, 3, 4, 5, 0xff, 0xff, 0xfe];
+/// let oid = ObjectId::try_from(&bytes[..])?;
+/// assert_eq!(oid.as_ref(), &bytes[..]);
+/// assert_eq!(oid, ObjectId::from(bytes));
+/// assert_eq!(<[u8; 12]>::from(oid), bytes);
+/// assert_eq!(
+///     ObjectId::try_from(&bytes[..11]),
+///     Err(ConvertError::WrongLength { kind: "objectid", expected: 12, found: 11 })
+/// );
+/// # Ok::<(), ConvertError>(())
+/// ```
+impl TryFrom<&[u8]> for ObjectId {
+    type Error = ConvertError;
+    fn try_from(bytes: &[u8]) -> Result<Self, ConvertError> {
+        <[u8; 12]>::try_from(bytes)
+            .map(ObjectId)
+            .map_err(|_| ConvertError::WrongLength {
+                kind: "objectid",
+                expected: 12,
+                found: bytes.len(),
+            })
+    }
+}
+
+/// The 12 bytes.
+impl AsRef<[u8]> for ObjectId {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
 }
 

@@ -35,6 +35,53 @@ pub(crate) fn parse(format: Format, text: &str) -> Result<Id, ParseError> {
     }
 }
 
+/// `FromStr for Id`: exactly what `Display` writes (ASCII digits, leading
+/// zeros allowed); no sign, no spaces.
+pub(crate) fn dec_strict(text: &str) -> Result<Id, ParseError> {
+    if text.is_empty() {
+        return Err(ParseError::Empty);
+    }
+    if let Some(ch) = text.chars().find(|c| !c.is_ascii_digit()) {
+        return Err(ParseError::InvalidChar {
+            format: "dec",
+            input: text.to_string(),
+            ch,
+        });
+    }
+    text.parse::<u64>()
+        .map(Id)
+        .map_err(|_| ParseError::Overflow {
+            format: "dec",
+            input: text.to_string(),
+        })
+}
+
+/// The form text is most likely in; see [`Format::detect`].
+pub(crate) fn detect(text: &str) -> Format {
+    let t = text.trim();
+    let unsigned = t.strip_prefix('-').unwrap_or(t);
+    let digits = !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit());
+    // `Display` never writes a leading zero, so digits with one, at a fixed
+    // width, are that fixed-width form.
+    let padded = t.len() > 1 && t.starts_with('0');
+    if digits && !(padded && matches!(t.len(), 11 | 13 | 16)) {
+        return Format::Dec;
+    }
+    let unhyphenated = t.bytes().filter(|b| *b != b'-').count();
+    if t.len() == 16 && t.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Format::Hex
+    } else if unhyphenated == 13 && t.chars().all(|c| c == '-' || crockford_digit(c).is_some()) {
+        Format::Base32
+    } else if t.len() == 11 && t.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        // Before `0x`: base62 and base32 text may start with `0x`/`0X` too.
+        Format::Base62
+    } else if t.starts_with("0x") || t.starts_with("0X") {
+        Format::Hex
+    } else {
+        Format::Dec
+    }
+}
+
 fn dec(text: &str) -> Result<Id, ParseError> {
     let bad = |ch| ParseError::InvalidChar {
         format: "dec",
