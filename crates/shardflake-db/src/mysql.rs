@@ -252,6 +252,12 @@ pub struct Applied {
     pub warnings: Vec<String>,
     /// The clock event was seen running before `apply` returned.
     pub clock_running: bool,
+    /// The procedure to call: `generate_post_id`, or on a server without
+    /// sequences the row-lock one.
+    pub procedure: String,
+    /// Whether the one-statement ids (trigger, sequence, clock event) are
+    /// installed (not on a server without sequences).
+    pub one_statement: bool,
 }
 
 const FLUSH_0: &str = "innodb_flush_log_at_trx_commit = 0: a crash can lose the last second of InnoDB's log, with the sequence's reservations in it, so ids handed out just before a crash can be handed out again; set it to 1 (or 2: safe against a killed server, not against an OS crash)";
@@ -299,17 +305,20 @@ async fn apply_pinned(
     srv: &Server,
 ) -> Result<Applied, Error> {
     let names = &opts.names;
-    let mut applied = Applied::default();
+    let mut applied = Applied {
+        procedure: names.locked_procedure(),
+        ..Applied::default()
+    };
     if !srv.has_sequences() {
         applied.warnings.push(format!(
             "{} has no sequences (MariaDB >= 10.3 has): installed only {}, the row-lock procedure",
             srv.version,
             names.locked_procedure()
         ));
-        install_locked(conn, plan, names).await?;
-        applied.installed.push(names.locked_procedure());
-        if opts.seed {
-            install_seed(conn, names).await?;
+        if install_locked(conn, plan, names, srv.mariadb).await? {
+            applied.installed.push(names.locked_procedure());
+        }
+        if opts.seed && install_seed(conn, names, srv.mariadb).await? {
             applied.installed.push(names.seed_procedure());
         }
         return Ok(applied);
@@ -395,7 +404,7 @@ async fn apply_pinned(
     conn.query_drop(format!("DO SETVAL(`{seq}`, {now}, 0)"))
         .await
         .map_err(my("catching the sequence up with the clock"))?;
-    // The table, or its id default.
+    // The table (the seed's shape, if missing), the function and the trigger.
     match id_column(conn, &names.table).await? {
         None if table_exists(conn, &names.table).await? => {
             return Err(other(
@@ -411,13 +420,31 @@ async fn apply_pinned(
         }
         Some(col) => {
             col.usable(&names.table)?;
-            if !default_matches(conn, plan, names).await? {
-                conn.query_drop(sql::alter_table_sql(plan, names))
-                    .await
-                    .map_err(my("setting the id column's default"))?;
-                applied.installed.push(format!("default of {}.id", names.table));
+            if !col.auto_increment() && col.default.is_none() {
+                // INSERT ... SELECT without an id needs a default in strict mode.
+                conn.query_drop(format!(
+                    "ALTER TABLE `{}` ALTER COLUMN id SET DEFAULT 0",
+                    names.table
+                ))
+                .await
+                .map_err(my("giving the id column a default"))?;
+                applied.installed.push(format!("default 0 of {}.id", names.table));
             }
         }
+    }
+    let refused = sql::refused_function_sql(plan, names);
+    if routine_differs(conn, &names.refused_function(), "FUNCTION", &refused).await? {
+        conn.query_drop(&refused)
+            .await
+            .map_err(my("creating the refusal function"))?;
+        applied.installed.push(names.refused_function());
+    }
+    let trigger = sql::trigger_sql(plan, names);
+    if trigger_differs(conn, names, &trigger).await? {
+        conn.query_drop(&trigger)
+            .await
+            .map_err(my("creating the trigger"))?;
+        applied.installed.push(format!("trigger {}", names.trigger()));
     }
     // The clock event.
     let event = names.event();
@@ -447,15 +474,16 @@ async fn apply_pinned(
             "the clock event {event} was not seen running within 3 s"
         ));
     }
+    applied.one_statement = true;
+    applied.procedure = names.procedure.clone();
     // The procedures.
-    replace_procedure(conn, &names.procedure, &sql::procedure_sql(plan, names)).await?;
-    applied.installed.push(names.procedure.clone());
-    if opts.locked {
-        install_locked(conn, plan, names).await?;
+    if replace_procedure(conn, &names.procedure, &sql::procedure_sql(plan, names), true).await? {
+        applied.installed.push(names.procedure.clone());
+    }
+    if opts.locked && install_locked(conn, plan, names, true).await? {
         applied.installed.push(names.locked_procedure());
     }
-    if opts.seed {
-        install_seed(conn, names).await?;
+    if opts.seed && install_seed(conn, names, true).await? {
         applied.installed.push(names.seed_procedure());
     }
     Ok(applied)
@@ -603,24 +631,19 @@ async fn table_exists(conn: &mut Conn, table: &str) -> Result<bool, Error> {
 struct IdColumn {
     column_type: String,
     extra: String,
+    default: Option<String>,
 }
 
 impl IdColumn {
+    fn auto_increment(&self) -> bool {
+        self.extra.to_ascii_lowercase().contains("auto_increment")
+    }
     fn usable(&self, table: &str) -> Result<(), Error> {
         let t = self.column_type.to_ascii_lowercase();
         if !t.starts_with("bigint") || t.contains("unsigned") {
             return Err(other(
                 "apply",
-                format!(
-                    "{table}.id is {}, not a signed BIGINT",
-                    self.column_type
-                ),
-            ));
-        }
-        if self.extra.to_ascii_lowercase().contains("auto_increment") {
-            return Err(other(
-                "apply",
-                format!("{table}.id is AUTO_INCREMENT; drop that first (a column cannot have both AUTO_INCREMENT and a default)"),
+                format!("{table}.id is {}, not a signed BIGINT", self.column_type),
             ));
         }
         Ok(())
@@ -628,48 +651,106 @@ impl IdColumn {
 }
 
 async fn id_column(conn: &mut Conn, table: &str) -> Result<Option<IdColumn>, Error> {
-    let row: Option<(String, String)> = conn
+    let row: Option<(String, String, Option<String>)> = conn
         .exec_first(
-            "SELECT COLUMN_TYPE, EXTRA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'id'",
+            "SELECT COLUMN_TYPE, EXTRA, COLUMN_DEFAULT FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'id'",
             (table,),
         )
         .await
         .map_err(my("looking up the id column"))?;
-    Ok(row.map(|(column_type, extra)| IdColumn { column_type, extra }))
-}
-
-/// The `id` line of `SHOW CREATE TABLE`.
-async fn id_line(conn: &mut Conn, table: &str) -> Result<Option<String>, Error> {
-    let row: Option<(String, String)> = conn
-        .query_first(format!("SHOW CREATE TABLE `{table}`"))
-        .await
-        .map_err(my("reading the table's definition"))?;
-    Ok(row.and_then(|(_, ddl)| {
-        ddl.lines()
-            .find(|l| l.trim_start().starts_with("`id` "))
-            .map(|l| l.trim().trim_end_matches(',').to_string())
+    Ok(row.map(|(column_type, extra, default)| IdColumn {
+        column_type,
+        extra,
+        default: default.filter(|d| d != "NULL"),
     }))
 }
 
-/// Whether `table.id` has exactly the default and comment `apply` would
-/// give it: compared with a temporary table made with them, as the server
-/// prints both.
-async fn default_matches(conn: &mut Conn, plan: &Plan, names: &Names) -> Result<bool, Error> {
-    let probe = format!("shardflake_probe_{}", conn.id());
-    conn.query_drop(format!(
-        "CREATE TEMPORARY TABLE `{probe}` (id {}, `{}` BIGINT NOT NULL)",
-        sql::id_column_sql(plan, names),
-        names.key
-    ))
-    .await
-    .map_err(my("making a probe table"))?;
-    let want = id_line(conn, &probe).await;
-    conn.query_drop(format!("DROP TEMPORARY TABLE IF EXISTS `{probe}`"))
+/// The body of a `CREATE ... ROUTINE` from `BEGIN` on.
+fn routine_body(create: &str) -> Option<&str> {
+    create.find("\nBEGIN").map(|i| create[i + 1..].trim())
+}
+
+/// Whether a routine is missing or differs from `create` (its body or its
+/// `sql_mode`).
+async fn routine_differs(
+    conn: &mut Conn,
+    name: &str,
+    kind: &str,
+    create: &str,
+) -> Result<bool, Error> {
+    Ok(routine_problem(conn, name, kind, create).await?.is_some())
+}
+
+async fn routine_problem(
+    conn: &mut Conn,
+    name: &str,
+    kind: &str,
+    create: &str,
+) -> Result<Option<String>, Error> {
+    let row: Option<(Option<String>, String)> = conn
+        .exec_first(
+            "SELECT ROUTINE_DEFINITION, SQL_MODE FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ? AND ROUTINE_TYPE = ?",
+            (name, kind),
+        )
         .await
-        .map_err(my("dropping the probe table"))?;
-    let want = want?;
-    let have = id_line(conn, &names.table).await?;
-    Ok(want.is_some() && want == have)
+        .map_err(my("looking up a routine"))?;
+    let kind_lc = kind.to_ascii_lowercase();
+    Ok(match row {
+        None => Some(format!("{kind_lc} {name} is missing")),
+        Some((def, mode)) => {
+            if def.as_deref().map(str::trim) != routine_body(create) {
+                Some(format!(
+                    "{kind_lc} {name} differs from this version's (another layout, or older): re-run apply"
+                ))
+            } else if !same_modes(&mode, sql::SQL_MODE) {
+                Some(format!(
+                    "{kind_lc} {name} was created with sql_mode {mode:?}, not {:?}: re-run apply",
+                    sql::SQL_MODE
+                ))
+            } else {
+                None
+            }
+        }
+    })
+}
+
+async fn trigger_problem(
+    conn: &mut Conn,
+    names: &Names,
+    create: &str,
+) -> Result<Option<String>, Error> {
+    let row: Option<(String, String, String, String)> = conn
+        .exec_first(
+            "SELECT ACTION_STATEMENT, ACTION_TIMING, EVENT_MANIPULATION, SQL_MODE FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ? AND EVENT_OBJECT_TABLE = ?",
+            (names.trigger(), &names.table),
+        )
+        .await
+        .map_err(my("looking up the trigger"))?;
+    let name = names.trigger();
+    let want = create
+        .split_once("FOR EACH ROW\n")
+        .map(|(_, body)| body.trim());
+    Ok(match row {
+        None => Some(format!(
+            "trigger {name} on {} is missing: rows inserted without an id get none from the sequence",
+            names.table
+        )),
+        Some((stmt, timing, event, mode)) => {
+            if timing != "BEFORE" || event != "INSERT" || Some(stmt.trim()) != want {
+                Some(format!(
+                    "trigger {name} differs from this version's (another layout, or older): re-run apply"
+                ))
+            } else if !same_modes(&mode, sql::SQL_MODE) {
+                Some(format!("trigger {name} has sql_mode {mode:?}: re-run apply"))
+            } else {
+                None
+            }
+        }
+    })
+}
+
+async fn trigger_differs(conn: &mut Conn, names: &Names, create: &str) -> Result<bool, Error> {
+    Ok(trigger_problem(conn, names, create).await?.is_some())
 }
 
 async fn stop_clock(conn: &mut Conn, names: &Names) -> Result<(), Error> {
@@ -707,16 +788,40 @@ pub async fn clock_running(conn: &mut Conn, names: &Names) -> Result<bool, Error
     Ok(matches!(holder, Some(Some(_))))
 }
 
-async fn replace_procedure(conn: &mut Conn, name: &str, create: &str) -> Result<(), Error> {
-    conn.query_drop(format!("DROP PROCEDURE IF EXISTS `{name}`"))
-        .await
-        .map_err(my("dropping the old procedure"))?;
-    conn.query_drop(create)
-        .await
-        .map_err(my("creating the procedure"))
+/// Creates or replaces a procedure whose body or `sql_mode` differs from
+/// `create` (`CREATE OR REPLACE` on MariaDB: no moment without it; `DROP`
+/// then `CREATE` on MySQL). Whether it did.
+async fn replace_procedure(
+    conn: &mut Conn,
+    name: &str,
+    create: &str,
+    mariadb: bool,
+) -> Result<bool, Error> {
+    if !routine_differs(conn, name, "PROCEDURE", create).await? {
+        return Ok(false);
+    }
+    if mariadb {
+        let create = create.replacen("CREATE PROCEDURE", "CREATE OR REPLACE PROCEDURE", 1);
+        conn.query_drop(create)
+            .await
+            .map_err(my("creating the procedure"))?;
+    } else {
+        conn.query_drop(format!("DROP PROCEDURE IF EXISTS `{name}`"))
+            .await
+            .map_err(my("dropping the old procedure"))?;
+        conn.query_drop(create)
+            .await
+            .map_err(my("creating the procedure"))?;
+    }
+    Ok(true)
 }
 
-async fn install_locked(conn: &mut Conn, plan: &Plan, names: &Names) -> Result<(), Error> {
+async fn install_locked(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    mariadb: bool,
+) -> Result<bool, Error> {
     conn.query_drop(sql::sequences_sql(&names.locked_row()))
         .await
         .map_err(my("creating sequences"))?;
@@ -724,11 +829,12 @@ async fn install_locked(conn: &mut Conn, plan: &Plan, names: &Names) -> Result<(
         conn,
         &names.locked_procedure(),
         &sql::locked_procedure_sql(plan, names),
+        mariadb,
     )
     .await
 }
 
-async fn install_seed(conn: &mut Conn, names: &Names) -> Result<(), Error> {
+async fn install_seed(conn: &mut Conn, names: &Names, mariadb: bool) -> Result<bool, Error> {
     conn.query_drop(sql::sequences_sql(&names.seed_row()))
         .await
         .map_err(my("creating sequences"))?;
@@ -736,6 +842,7 @@ async fn install_seed(conn: &mut Conn, names: &Names) -> Result<(), Error> {
         conn,
         &names.seed_procedure(),
         &sql::seed_procedure_sql(&names.seed_procedure(), &names.seed_row()),
+        mariadb,
     )
     .await
 }
@@ -787,39 +894,6 @@ fn same_modes(a: &str, b: &str) -> bool {
     set(a) == set(b)
 }
 
-async fn check_routine(
-    conn: &mut Conn,
-    name: &str,
-    create: &str,
-    problems: &mut Vec<String>,
-) -> Result<(), Error> {
-    let row: Option<(Option<String>, String)> = conn
-        .exec_first(
-            "SELECT ROUTINE_DEFINITION, SQL_MODE FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'",
-            (name,),
-        )
-        .await
-        .map_err(my("looking up a procedure"))?;
-    match row {
-        None => problems.push(format!("procedure {name} is missing")),
-        Some((def, mode)) => {
-            let want = create.find("\nBEGIN").map(|i| create[i + 1..].trim());
-            if def.as_deref().map(str::trim) != want {
-                problems.push(format!(
-                    "procedure {name} differs from this version's (another layout, or older): re-run apply"
-                ));
-            }
-            if !same_modes(&mode, sql::SQL_MODE) {
-                problems.push(format!(
-                    "procedure {name} was created with sql_mode {mode:?}, not {:?}: re-run apply",
-                    sql::SQL_MODE
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Reports every difference between the server and what [`apply`] installs
 /// with `opts`, and every setting that breaks the no-repeat argument or the
 /// clock: `innodb_flush_log_at_trx_commit = 0`, the event scheduler off,
@@ -837,13 +911,15 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         return Ok(problems);
     }
     if !srv.has_sequences() {
-        check_routine(
-            conn,
-            &names.locked_procedure(),
-            &sql::locked_procedure_sql(&plan, names),
-            &mut problems,
-        )
-        .await?;
+        problems.extend(
+            routine_problem(
+                conn,
+                &names.locked_procedure(),
+                "PROCEDURE",
+                &sql::locked_procedure_sql(&plan, names),
+            )
+            .await?,
+        );
         return Ok(problems);
     }
     if srv.flush_log_at_trx_commit == 0 {
@@ -924,14 +1000,19 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         Some(col) => {
             if let Err(e) = col.usable(&names.table) {
                 problems.push(e.to_string());
-            } else if !default_matches(conn, &plan, names).await? {
-                problems.push(format!(
-                    "the default of {}.id differs from this version's: re-run apply",
-                    names.table
-                ));
             }
         }
     }
+    problems.extend(
+        routine_problem(
+            conn,
+            &names.refused_function(),
+            "FUNCTION",
+            &sql::refused_function_sql(&plan, names),
+        )
+        .await?,
+    );
+    problems.extend(trigger_problem(conn, names, &sql::trigger_sql(&plan, names)).await?);
     let event = names.event();
     let current: Option<(Option<String>, Option<String>, String, String)> = conn
         .exec_first(
@@ -964,21 +1045,25 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
             "the clock event {event} is not running (nothing holds its lock)"
         ));
     }
-    check_routine(
-        conn,
-        &names.procedure,
-        &sql::procedure_sql(&plan, names),
-        &mut problems,
-    )
-    .await?;
-    if opts.locked {
-        check_routine(
+    problems.extend(
+        routine_problem(
             conn,
-            &names.locked_procedure(),
-            &sql::locked_procedure_sql(&plan, names),
-            &mut problems,
+            &names.procedure,
+            "PROCEDURE",
+            &sql::procedure_sql(&plan, names),
         )
-        .await?;
+        .await?,
+    );
+    if opts.locked {
+        problems.extend(
+            routine_problem(
+                conn,
+                &names.locked_procedure(),
+                "PROCEDURE",
+                &sql::locked_procedure_sql(&plan, names),
+            )
+            .await?,
+        );
     }
     Ok(problems)
 }
@@ -1016,26 +1101,16 @@ pub async fn insert(conn: &mut Conn, names: &Names, user_id: i64, body: &str) ->
     }
 }
 
-/// The error of a statement the id default refused, with the reason: in a
-/// non-strict `sql_mode` the default's message is a warning and the error
-/// only says so; the warning is read back and added.
-pub async fn explained(conn: &mut Conn, e: mysql_async::Error, context: &str) -> Error {
-    let refused = matches!(&e, mysql_async::Error::Server(s) if s.message.contains("shardflake: ") && s.message.contains("refused;"));
-    if refused
-        && let Ok(warnings) = conn
-            .query::<(String, u32, String), _>("SHOW WARNINGS")
-            .await
-        && let Some((_, _, reason)) = warnings
-            .iter()
-            .find(|(_, _, m)| m.contains("'shardflake: "))
-    {
-        return Error::Mysql {
-            context: format!("{context}: {reason}"),
-            source: e,
-        };
-    }
+/// A failed insert's error, with a word on a used-up sequence (MariaDB's
+/// own "Sequence '...' has run out", raised by the trigger's draw).
+pub async fn explained(_conn: &mut Conn, e: mysql_async::Error, context: &str) -> Error {
+    let run_out = matches!(&e, mysql_async::Error::Server(s) if s.code == sql::ER_SEQUENCE_RUN_OUT);
     Error::Mysql {
-        context: context.to_string(),
+        context: if run_out {
+            format!("{context} (the id sequence is used up: the layout's last time is reached)")
+        } else {
+            context.to_string()
+        },
         source: e,
     }
 }
@@ -1049,14 +1124,13 @@ mod tests {
         let l = shardflake::preset::by_name("mysql-procedure").unwrap();
         let p = Plan::new(&l).unwrap();
         assert_eq!(layout_of(&p.marker()), Some(l.to_string()));
-        assert_eq!(
-            layout_of(&sql::column_comment(&p, &Names::default())),
-            Some(l.to_string())
-        );
+        assert!(routine_body(&sql::procedure_sql(&p, &Names::default()))
+            .unwrap()
+            .starts_with("BEGIN"));
         assert_eq!(layout_of("hello"), None);
         let e = sql::event_sql(&p, &Names::default());
         assert!(body_after(&e, "\nDO ").unwrap().starts_with("BEGIN"));
-        assert!(comment_of(&e).unwrap().ends_with("keeps posts_id_seq up with the clock"));
+        assert_eq!(comment_of(&e), Some("shardflake v1 clock event"));
         assert!(same_modes(
             "NO_ENGINE_SUBSTITUTION,STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO",
             sql::SQL_MODE

@@ -19,16 +19,19 @@ use crate::Error;
 pub enum BenchMode {
     /// `INSERT`, the id from the OK packet.
     AutoIncrement,
-    /// Ours: the sequence `DEFAULT` (`CACHE 1000`), `INSERT ... RETURNING id`.
-    Default,
+    /// Ours, as `mysql apply` installs it: the trigger on a cached sequence
+    /// (`CACHE 1000`); the id from the OK packet.
+    Trigger,
+    /// The same table, `INSERT ... RETURNING id`.
+    TriggerReturning,
     /// The same with a `NOCACHE` sequence.
-    DefaultNocache,
-    /// A `BEFORE INSERT` trigger with the default's expression inline
-    /// (function only for errors); `AUTO_INCREMENT` column, so the id comes
-    /// back in the OK packet.
-    TriggerInline,
+    TriggerNocache,
     /// A `BEFORE INSERT` trigger calling a stored function per row.
     TriggerFunction,
+    /// The expression as the column's `DEFAULT`, sent as text (a
+    /// server-side prepared `INSERT` into it repeats ids and crashes
+    /// MariaDB 10.11.19: measured only).
+    DefaultText,
     /// `CALL generate_post_id(?, ?)` on the sequence, then `INSERT`.
     Procedure,
     /// `CALL generate_post_id_locked(?, ?)` (row lock on `sequences`, the
@@ -41,12 +44,13 @@ pub enum BenchMode {
 
 impl BenchMode {
     /// Every mode, in report order.
-    pub const ALL: [BenchMode; 8] = [
+    pub const ALL: [BenchMode; 9] = [
         BenchMode::AutoIncrement,
-        BenchMode::Default,
-        BenchMode::DefaultNocache,
-        BenchMode::TriggerInline,
+        BenchMode::Trigger,
+        BenchMode::TriggerReturning,
+        BenchMode::TriggerNocache,
         BenchMode::TriggerFunction,
+        BenchMode::DefaultText,
         BenchMode::Procedure,
         BenchMode::LockedProcedure,
         BenchMode::SeedProcedure,
@@ -55,11 +59,12 @@ impl BenchMode {
     /// Label in reports.
     pub fn label(self) -> &'static str {
         match self {
-            BenchMode::AutoIncrement => "AUTO_INCREMENT",
-            BenchMode::Default => "sequence DEFAULT (ours), RETURNING id",
-            BenchMode::DefaultNocache => "sequence DEFAULT, NOCACHE",
-            BenchMode::TriggerInline => "trigger, inline expression, OK packet",
-            BenchMode::TriggerFunction => "trigger calling a function, OK packet",
+            BenchMode::AutoIncrement => "AUTO_INCREMENT (id in the OK packet)",
+            BenchMode::Trigger => "**ours: sequence + trigger (id in the OK packet)**",
+            BenchMode::TriggerReturning => "ours, INSERT ... RETURNING id",
+            BenchMode::TriggerNocache => "ours with a NOCACHE sequence",
+            BenchMode::TriggerFunction => "trigger calling a stored function",
+            BenchMode::DefaultText => "column DEFAULT on the sequence (text protocol only)",
             BenchMode::Procedure => "CALL generate_post_id (sequence) + INSERT",
             BenchMode::LockedProcedure => "CALL generate_post_id_locked (row lock) + INSERT",
             BenchMode::SeedProcedure => "seed procedure (verbatim) + INSERT IGNORE",
@@ -69,10 +74,10 @@ impl BenchMode {
     fn table(self) -> &'static str {
         match self {
             BenchMode::AutoIncrement => "bench_auto",
-            BenchMode::Default => "bench_default",
-            BenchMode::DefaultNocache => "bench_nocache",
-            BenchMode::TriggerInline => "bench_trigger",
+            BenchMode::Trigger | BenchMode::TriggerReturning => "bench_trigger",
+            BenchMode::TriggerNocache => "bench_nocache",
             BenchMode::TriggerFunction => "bench_trigfn",
+            BenchMode::DefaultText => "bench_default",
             BenchMode::Procedure => "bench_proc",
             BenchMode::LockedProcedure => "bench_locked",
             BenchMode::SeedProcedure => "bench_seed",
@@ -84,7 +89,10 @@ impl BenchMode {
     pub fn one_statement(self) -> bool {
         !matches!(
             self,
-            BenchMode::Procedure | BenchMode::LockedProcedure | BenchMode::SeedProcedure
+            BenchMode::Procedure
+                | BenchMode::LockedProcedure
+                | BenchMode::SeedProcedure
+                | BenchMode::TriggerReturning
         )
     }
 }
@@ -179,7 +187,7 @@ pub struct BenchReport {
     pub results: Vec<BenchResult>,
     /// Bulk per-row CPU.
     pub cpu: Vec<CpuResult>,
-    /// CPU of the clock event's loop (of `bench_default`'s sequence), per
+    /// CPU of the clock event's loop (of `bench_trigger`'s sequence), per
     /// second of the run.
     pub clock_cpu_share: Option<f64>,
 }
@@ -199,24 +207,26 @@ fn names(table: &str, procedure: &str) -> Names {
     }
 }
 
+fn ours() -> Names {
+    names("bench_trigger", "bench_proc")
+}
+
 /// Drops and re-creates every bench table, sequence, event and routine.
 async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
     let plan = Plan::new(layout).map_err(|e| other("bench layout", e.to_string()))?;
-    let default = names("bench_default", "bench_proc");
+    let ours = ours();
     let nocache = names("bench_nocache", "bench_nocache_proc");
-    for n in [&default, &nocache] {
+    for n in [&ours, &nocache] {
         conn.query_drop(format!("DROP EVENT IF EXISTS `{}`", n.event()))
             .await
             .map_err(my("dropping a bench event"))?;
         super::stop_clock(conn, n).await?;
     }
     conn.query_drop(
-        "DROP TABLE IF EXISTS bench_auto, bench_default, bench_nocache, bench_trigger, bench_trigfn, bench_proc, bench_locked, bench_seed;
-         DROP SEQUENCE IF EXISTS bench_default_id_seq;
+        "DROP TABLE IF EXISTS bench_auto, bench_trigger, bench_nocache, bench_trigfn, bench_default, bench_proc, bench_locked, bench_seed;
+         DROP SEQUENCE IF EXISTS bench_trigger_id_seq;
          DROP SEQUENCE IF EXISTS bench_nocache_id_seq;
-         DROP FUNCTION IF EXISTS bench_next_id;
-         DROP TRIGGER IF EXISTS bench_trigger_id;
-         DROP TRIGGER IF EXISTS bench_trigfn_id;",
+         DROP FUNCTION IF EXISTS bench_next_id;",
     )
     .await
     .map_err(my("dropping the bench tables"))?;
@@ -224,7 +234,7 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
         conn,
         layout,
         &Options {
-            names: default.clone(),
+            names: ours.clone(),
             cache: sql::DEFAULT_CACHE,
             locked: true,
             seed: true,
@@ -245,7 +255,7 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
     // Fresh rows in `sequences` for the locked and seed procedures.
     conn.exec_drop(
         "UPDATE sequences SET next_val = 1 WHERE name IN (?, ?)",
-        (default.locked_row(), default.seed_row()),
+        (ours.locked_row(), ours.seed_row()),
     )
     .await
     .map_err(my("resetting sequences"))?;
@@ -253,34 +263,24 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
     conn.query_drop(format!("SET SESSION sql_mode = '{mode}'"))
         .await
         .map_err(my("setting sql_mode"))?;
-    conn.query_drop(
+    conn.query_drop(format!(
         "CREATE TABLE bench_auto (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;
-         CREATE TABLE bench_trigger (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;
          CREATE TABLE bench_trigfn (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;
+         CREATE TABLE bench_default (user_id BIGINT NOT NULL, id BIGINT NOT NULL DEFAULT ({}) PRIMARY KEY, body VARCHAR(64)) ENGINE=InnoDB;
          CREATE TABLE bench_proc (id BIGINT NOT NULL PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;
          CREATE TABLE bench_locked (id BIGINT NOT NULL PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;
          CREATE TABLE bench_seed (id BIGINT NOT NULL PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;",
-    )
-    .await
-    .map_err(my("creating the bench tables"))?;
-    conn.query_drop(sql::id_function_sql(&plan, &default, "bench_next_id"))
-        .await
-        .map_err(my("creating the id function"))?;
-    conn.query_drop(sql::trigger_sql(
-        &plan,
-        &default,
-        "bench_trigger",
-        "bench_next_id",
-        true,
+        sql::default_candidate_sql(&plan, &ours)
     ))
     .await
-    .map_err(my("creating the inline trigger"))?;
-    conn.query_drop(sql::trigger_sql(
-        &plan,
-        &default,
+    .map_err(my("creating the bench tables"))?;
+    conn.query_drop(sql::id_function_sql(&plan, &ours, "bench_next_id"))
+        .await
+        .map_err(my("creating the id function"))?;
+    conn.query_drop(sql::function_trigger_sql(
         "bench_trigfn",
+        &ours,
         "bench_next_id",
-        false,
     ))
     .await
     .map_err(my("creating the function trigger"))?;
@@ -341,9 +341,19 @@ async fn client(
         }
     };
     let insert_auto = format!("INSERT INTO {table} (user_id, body) VALUES (?, 'hello')");
-    let insert_returning = format!("INSERT INTO {table} (user_id, body) VALUES (?, 'hello') RETURNING id");
+    let insert_returning =
+        format!("INSERT INTO {table} (user_id, body) VALUES (?, 'hello') RETURNING id");
+    let insert_text =
+        format!("INSERT INTO {table} (user_id, body) VALUES ({user_id}, 'hello') RETURNING id");
     let insert_id = format!("INSERT INTO {table} (id, user_id, body) VALUES (?, ?, 'hello')");
-    let insert_ignore = format!("INSERT IGNORE INTO {table} (id, user_id, body) VALUES (?, ?, 'hello')");
+    let insert_ignore =
+        format!("INSERT IGNORE INTO {table} (id, user_id, body) VALUES (?, ?, 'hello')");
+    let n = ours();
+    let procedure = match mode {
+        BenchMode::Procedure => n.procedure.clone(),
+        BenchMode::LockedProcedure => n.locked_procedure(),
+        _ => n.seed_procedure(),
+    };
     for _ in 0..rows {
         match mode {
             BenchMode::AutoIncrement => {
@@ -354,15 +364,7 @@ async fn client(
                     return Err(other("insert", "no id in the OK packet"));
                 }
             }
-            BenchMode::Default | BenchMode::DefaultNocache => {
-                let id: Option<i64> = c
-                    .exec_first(&insert_returning, (user_id,))
-                    .await
-                    .map_err(my("insert"))?;
-                let id = id.ok_or_else(|| other("insert", "RETURNING gave no row"))?;
-                decode_lag(id, &mut lag);
-            }
-            BenchMode::TriggerInline | BenchMode::TriggerFunction => {
+            BenchMode::Trigger | BenchMode::TriggerNocache | BenchMode::TriggerFunction => {
                 c.exec_drop(&insert_auto, (user_id,))
                     .await
                     .map_err(my("insert"))?;
@@ -371,13 +373,17 @@ async fn client(
                     .ok_or_else(|| other("insert", "no id in the OK packet"))?;
                 decode_lag(id as i64, &mut lag);
             }
+            BenchMode::TriggerReturning | BenchMode::DefaultText => {
+                let id: Option<i64> = if mode == BenchMode::DefaultText {
+                    c.query_first(&insert_text).await
+                } else {
+                    c.exec_first(&insert_returning, (user_id,)).await
+                }
+                .map_err(my("insert"))?;
+                let id = id.ok_or_else(|| other("insert", "RETURNING gave no row"))?;
+                decode_lag(id, &mut lag);
+            }
             BenchMode::Procedure | BenchMode::LockedProcedure | BenchMode::SeedProcedure => {
-                let n = names("bench_default", "bench_proc");
-                let procedure = match mode {
-                    BenchMode::Procedure => n.procedure.clone(),
-                    BenchMode::LockedProcedure => n.locked_procedure(),
-                    _ => n.seed_procedure(),
-                };
                 let id = super::generate_post_id(&mut c, &procedure, user_id).await?;
                 if mode == BenchMode::SeedProcedure {
                     c.exec_drop(&insert_ignore, (id, user_id))
@@ -506,7 +512,7 @@ pub async fn bench(pool: &Pool, layout: &Layout, opts: &BenchOptions) -> Result<
         .await
         .map_err(my("reading the version"))?;
     let plan = setup(&mut c, layout).await?;
-    let default = names("bench_default", "bench_proc");
+    let default = ours();
     let clock_tid = match opts.server_pid {
         Some(_) => {
             thread_of(

@@ -10,7 +10,6 @@
 //! 11.5 and ends in 2106 after it). [`Plan::micros_sql`] takes the time as an
 //! argument so the arithmetic is testable for any date.
 
-use std::fmt::Write as _;
 
 use shardflake::Layout;
 use shardflake::layout::FieldKind;
@@ -291,6 +290,14 @@ impl Names {
     pub fn event(&self) -> String {
         format!("{}_id_clock", self.table)
     }
+    /// The trigger: `{table}_id`.
+    pub fn trigger(&self) -> String {
+        format!("{}_id", self.table)
+    }
+    /// The function the trigger calls to refuse a row: `{table}_id_refused`.
+    pub fn refused_function(&self) -> String {
+        format!("{}_id_refused", self.table)
+    }
     /// `{procedure}_locked`.
     pub fn locked_procedure(&self) -> String {
         format!("{}_locked", self.procedure)
@@ -335,102 +342,123 @@ pub fn sequence_sql(plan: &Plan, names: &Names, start: i64, cache: u64) -> Strin
     )
 }
 
-/// The `id` column's `DEFAULT` expression (without `DEFAULT`): draw the
-/// next packed value, check the shard key and the clock, make the id.
+/// SQL for the id of a new row whose shard key is `key` (an SQL
+/// expression, `NEW.user_id` in the trigger): draw the next packed value,
+/// check the key and the clock, make the id.
 ///
 /// ```sql
 /// CASE WHEN (NEXT VALUE FOR seq) + STALE >= clock AND us >= 0 AND key >= 0
 ///      THEN id(PREVIOUS VALUE FOR seq, key)
-///      ELSE <an error naming the key, the clock or the event> END
+///      ELSE <table>_id_refused(key)      -- SIGNALs the reason
+/// END
 /// ```
 ///
 /// `AND` evaluates left to right, so every row draws exactly once, first;
 /// `PREVIOUS VALUE FOR` is that draw (it is per session). The clock
 /// (`UTC_TIMESTAMP(6)`, the statement's start) only decides between an id
-/// and an error: the id is a function of the draw alone. The error branch
-/// casts a message to a number: in a strict `sql_mode` (MariaDB's default)
-/// the message is the error ("Truncated incorrect INTEGER value:
-/// 'shardflake: ...'"); elsewhere it is a warning, and the branch then adds
-/// past `BIGINT`'s maximum, which fails in any mode (`INSERT IGNORE`
-/// included: "BIGINT value is out of range in '...shardflake: posts.id:
-/// refused; the reason is in the warning...'"). [`crate::mysql::insert`]
-/// adds that warning to its error.
-pub fn default_sql(plan: &Plan, names: &Names) -> String {
+/// and an error: the id is a function of the draw alone.
+pub fn id_expression_sql(plan: &Plan, names: &Names, key: &str) -> String {
     let seq = format!("`{}`", names.sequence());
-    let key = format!("`{}`", names.key);
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
-    let clock = plan.packed_sql(&us);
-    let stale = plan.packed_ms(STALE_MS);
-    let prev = format!("(PREVIOUS VALUE FOR {seq})");
     format!(
         "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0 \
-         THEN {id} ELSE {err} END",
-        id = plan.id_sql(&prev, &key),
-        err = error_sql(plan, names, &prev, &key, &us, &clock),
+         THEN {id} ELSE `{refused}`({key}) END",
+        stale = plan.packed_ms(STALE_MS),
+        clock = plan.packed_sql(&us),
+        id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), key),
+        refused = names.refused_function(),
     )
 }
 
-/// The error branch of [`default_sql`]: a message, cast to a number, plus
-/// past `BIGINT`'s maximum.
-fn error_sql(plan: &Plan, names: &Names, w: &str, key: &str, us: &str, clock: &str) -> String {
-    let layout = plan.layout().name();
-    let tick = plan.layout().tick_ms();
-    let per_tick = plan.per_tick();
-    let msg = format!(
-        "CONCAT('shardflake: {table}.id: ', CASE \
-         WHEN {key} IS NULL OR {key} < 0 THEN CONCAT('shard key {keyname} = ', COALESCE({key}, 'NULL'), ' is not >= 0') \
-         WHEN {us} < 0 THEN CONCAT('the server clock (', UTC_TIMESTAMP(3), ' UTC) is before the epoch {epoch} UTC of layout {layout}') \
-         WHEN {clock} > {max} THEN CONCAT('the server clock (', UTC_TIMESTAMP(3), ' UTC) is past the last time of layout {layout} (ids end at {end})') \
-         ELSE CONCAT('sequence {seq} is ', (({clock} - {w}) DIV {per_tick}) * {tick}, ' ms behind the server clock (', UTC_TIMESTAMP(3), \
-         ' UTC): the event {event} that keeps it up with the clock is not running (event_scheduler = ', @@GLOBAL.event_scheduler, ')') END)",
+/// The `BEFORE INSERT` trigger that gives a new row its id: a row inserted
+/// without one (`id` 0 or `NULL`) gets [`id_expression_sql`]; an explicit id
+/// is kept (copies, backfills; `mysql check` verifies that none is above the
+/// sequence). One `SET`: the trigger's only statement.
+///
+/// Why a trigger and not the column's `DEFAULT`: MariaDB 10.11.19 evaluates
+/// `NEXT VALUE FOR` in a `DEFAULT` against another session's state when the
+/// `INSERT` is a server-side prepared statement run by several sessions at
+/// once (measured here: 8 sessions repeated values, and the server died of
+/// signal 11, with `DEFAULT (NEXT VALUE FOR s)` alone). The same expression
+/// in a trigger gave 16,000 distinct values from 8 prepared sessions.
+pub fn trigger_sql(plan: &Plan, names: &Names) -> String {
+    format!(
+        "CREATE OR REPLACE TRIGGER `{trigger}` BEFORE INSERT ON `{table}` FOR EACH ROW\n\
+         SET NEW.id = IF(NEW.id <> 0, NEW.id, {expr})",
+        trigger = names.trigger(),
         table = names.table,
-        keyname = names.key,
+        expr = id_expression_sql(plan, names, &format!("NEW.`{}`", names.key)),
+    )
+}
+
+/// The function the trigger calls only to refuse a row: it finds the
+/// reason (shard key, clock before the epoch or past the layout, sequence
+/// far behind the clock) and `SIGNAL`s it (SQLSTATE 45000), in any
+/// `sql_mode`, `INSERT IGNORE` included.
+pub fn refused_function_sql(plan: &Plan, names: &Names) -> String {
+    let f = names.refused_function();
+    let layout = plan.layout().name();
+    format!(
+        "CREATE OR REPLACE FUNCTION `{f}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC
+COMMENT {comment}
+BEGIN
+  DECLARE us BIGINT DEFAULT {us};
+  DECLARE msg VARCHAR(512);
+  IF k IS NULL OR k < 0 THEN
+    SET msg = CONCAT('shardflake: {table}.id: shard key {key} = ', COALESCE(k, 'NULL'), ' is not >= 0');
+  ELSEIF us < 0 THEN
+    SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is before the epoch {epoch} UTC of layout {layout}');
+  ELSEIF {clock} > {max} THEN
+    SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is past the last time of layout {layout} (ids end at {end})');
+  ELSE
+    SET msg = CONCAT('shardflake: {table}.id: sequence {seq} is ', (({clock} - COALESCE(PREVIOUS VALUE FOR `{seq}`, 0)) DIV {per_tick}) * {tick},
+      ' ms behind the server clock (', UTC_TIMESTAMP(3), ' UTC): the event {event} is not running (event_scheduler = ', @@GLOBAL.event_scheduler, ')');
+  END IF;
+  SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;
+  RETURN 0;
+END",
+        comment = lit(&plan.marker()),
+        us = plan.micros_sql("UTC_TIMESTAMP(6)"),
+        table = names.table,
+        key = names.key,
         epoch = plan.epoch_datetime(),
+        clock = plan.packed_sql("us"),
         max = plan.max_packed(),
         end = plan.limit_text(),
         seq = names.sequence(),
+        per_tick = plan.per_tick(),
+        tick = plan.layout().tick_ms(),
         event = names.event(),
-    );
-    format!(
-        "(CAST({msg} AS SIGNED) * 0) + (9223372036854775807 + CHAR_LENGTH(CONCAT({refused}, LEFT(COALESCE({key}, 0), 0))))",
-        refused = lit(&format!(
-            "shardflake: {}.id: refused; the reason is in the warning before this error (SHOW WARNINGS)",
-            names.table
-        )),
     )
 }
 
-/// Comment of the `id` column: [`Plan::marker`] and the sequence.
-pub fn column_comment(plan: &Plan, names: &Names) -> String {
-    format!("{}; sequence {}", plan.marker(), names.sequence())
-}
-
-/// The `id` column's definition: `BIGINT NOT NULL DEFAULT (...) COMMENT '...'`.
-pub fn id_column_sql(plan: &Plan, names: &Names) -> String {
-    format!(
-        "BIGINT NOT NULL DEFAULT ({}) COMMENT {}",
-        default_sql(plan, names),
-        lit(&column_comment(plan, names))
-    )
-}
-
-/// `CREATE TABLE IF NOT EXISTS` in the seed's shape: `id` (the default),
-/// the shard key, a `body`.
+/// `CREATE TABLE IF NOT EXISTS` in the seed's shape: `id` (`BIGINT
+/// AUTO_INCREMENT`, so the OK packet carries the id the trigger set, for
+/// clients that read `LAST_INSERT_ID` rather than `RETURNING`), the shard
+/// key, a `body`. The trigger overrides the counter; it only ever follows.
 pub fn table_sql(plan: &Plan, names: &Names) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS `{table}` (\n  id {id},\n  `{key}` BIGINT NOT NULL,\n  body TEXT,\n  PRIMARY KEY (id)\n) ENGINE=InnoDB",
+        "CREATE TABLE IF NOT EXISTS `{table}` (\n  id BIGINT NOT NULL AUTO_INCREMENT COMMENT {comment},\n  `{key}` BIGINT NOT NULL,\n  body TEXT,\n  PRIMARY KEY (id)\n) ENGINE=InnoDB",
         table = names.table,
         key = names.key,
-        id = id_column_sql(plan, names),
+        comment = lit(&format!("{}; sequence {}", plan.marker(), names.sequence())),
     )
 }
 
-/// Puts the default on an existing table's `id` column (metadata only).
-pub fn alter_table_sql(plan: &Plan, names: &Names) -> String {
+/// A candidate measured by `mysql bench`, **not** installed: the same
+/// expression as the column's `DEFAULT` (no function call: an error comes
+/// from drawing an exhausted sequence). Unsafe with server-side prepared
+/// statements on MariaDB 10.11 (see [`trigger_sql`]).
+pub fn default_candidate_sql(plan: &Plan, names: &Names) -> String {
+    let seq = format!("`{}`", names.sequence());
+    let key = format!("`{}`", names.key);
+    let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     format!(
-        "ALTER TABLE `{}` MODIFY id {}",
-        names.table,
-        id_column_sql(plan, names)
+        "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0 \
+         THEN {id} ELSE NULL END",
+        stale = plan.packed_ms(STALE_MS),
+        clock = plan.packed_sql(&us),
+        id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), &key),
     )
 }
 
@@ -464,11 +492,8 @@ DO BEGIN
   END IF;
 END",
         event = names.event(),
-        comment = lit(&format!(
-            "{}; keeps {} up with the clock",
-            plan.marker(),
-            names.sequence()
-        )),
+        // (event comments hold 64 characters: the body carries the layout's numbers)
+        comment = lit(&format!("shardflake v{VERSION} clock event")),
         lock = names.clock_lock_sql(),
         clock = plan.packed_sql("us"),
         max = plan.max_packed(),
@@ -657,29 +682,14 @@ END",
     )
 }
 
-/// A `BEFORE INSERT` trigger on `table` setting `NEW.id`: with `inline`,
-/// the default's fast path written into the trigger (one `SET`) and the
-/// function only for errors; without, a call of the function per row.
-pub fn trigger_sql(plan: &Plan, names: &Names, table: &str, fn_name: &str, inline: bool) -> String {
-    let key = format!("NEW.`{}`", names.key);
-    let body = if inline {
-        let seq = format!("`{}`", names.sequence());
-        let us = plan.micros_sql("UTC_TIMESTAMP(6)");
-        format!(
-            "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0 THEN {id} ELSE `{fn_name}`({key}) END",
-            stale = plan.packed_ms(STALE_MS),
-            clock = plan.packed_sql(&us),
-            id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), &key),
-        )
-    } else {
-        format!("`{fn_name}`({key})")
-    };
-    let mut out = String::new();
-    let _ = write!(
-        out,
-        "CREATE TRIGGER `{table}_id` BEFORE INSERT ON `{table}` FOR EACH ROW SET NEW.id = {body}"
-    );
-    out
+/// A `BEFORE INSERT` trigger on `table` calling [`id_function_sql`]'s
+/// function for every row: the candidate "trigger calling a stored
+/// function" of `mysql bench` (not installed).
+pub fn function_trigger_sql(table: &str, names: &Names, fn_name: &str) -> String {
+    format!(
+        "CREATE OR REPLACE TRIGGER `{table}_id` BEFORE INSERT ON `{table}` FOR EACH ROW SET NEW.id = `{fn_name}`(NEW.`{}`)",
+        names.key
+    )
 }
 
 #[cfg(test)]
@@ -716,18 +726,21 @@ mod tests {
     }
 
     #[test]
-    fn default_draws_first_and_names_its_errors() {
+    fn trigger_draws_first_and_names_its_errors() {
         let p = plan();
-        let d = default_sql(&p, &Names::default());
+        let n = Names::default();
+        let t = trigger_sql(&p, &n);
         assert!(
-            d.starts_with("CASE WHEN (NEXT VALUE FOR `posts_id_seq`) + 10240000 >= ((TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6)) DIV 1000) << 10) AND "),
-            "{d}"
+            t.starts_with("CREATE OR REPLACE TRIGGER `posts_id` BEFORE INSERT ON `posts` FOR EACH ROW\nSET NEW.id = IF(NEW.id <> 0, NEW.id, CASE WHEN (NEXT VALUE FOR `posts_id_seq`) + 10240000 >= ((TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6)) DIV 1000) << 10) AND "),
+            "{t}"
         );
-        assert!(d.contains("THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((`user_id` & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) ELSE"), "{d}");
-        assert_eq!(d.matches("NEXT VALUE FOR").count(), 1, "{d}");
-        assert!(d.contains("is before the epoch 2023-01-01 00:00:00.000 UTC of layout mysql-procedure"));
-        assert!(d.contains("the event posts_id_clock that keeps it up"));
-        assert!(d.contains("AS SIGNED) * 0) + (9223372036854775807 + CHAR_LENGTH(CONCAT('shardflake: posts.id: refused;"), "{d}");
+        assert!(t.contains("THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((NEW.`user_id` & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) ELSE `posts_id_refused`(NEW.`user_id`) END)"), "{t}");
+        assert_eq!(t.matches("NEXT VALUE FOR").count(), 1, "{t}");
+        let f = refused_function_sql(&p, &n);
+        assert!(f.contains("is before the epoch 2023-01-01 00:00:00.000 UTC of layout mysql-procedure"));
+        assert!(f.contains("the event posts_id_clock is not running"));
+        assert!(f.contains("SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;"));
+        assert!(table_sql(&p, &n).contains("id BIGINT NOT NULL AUTO_INCREMENT COMMENT 'shardflake v1: mysql-procedure"));
     }
 
     #[test]

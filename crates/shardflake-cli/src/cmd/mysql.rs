@@ -236,12 +236,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "{};\n",
                 sql::sequence_sql(&plan, &names, 0, sql::DEFAULT_CACHE)
             );
+            println!(
+                "-- if missing (an existing table keeps its columns; id must be a signed BIGINT)"
+            );
             println!("{};\n", sql::table_sql(&plan, &names));
             println!(
-                "-- on an existing table:\n-- {};\n",
-                sql::alter_table_sql(&plan, &names)
+                "DELIMITER //\n{} //\n",
+                sql::refused_function_sql(&plan, &names)
             );
-            println!("DELIMITER //\n{} //\n", sql::event_sql(&plan, &names));
+            println!("{} //\n", sql::trigger_sql(&plan, &names));
+            println!("{} //\n", sql::event_sql(&plan, &names));
             println!("{} //\n", sql::procedure_sql(&plan, &names));
             println!("DELIMITER ;\n{}\n", sql::sequences_sql(&names.locked_row()));
             println!(
@@ -270,19 +274,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let applied = mysql::apply(&mut c, &l, &opts).await?;
                 drop(c);
                 pool.disconnect().await.ok();
-                let procedure = if applied.installed.contains(&opts.names.procedure) {
-                    opts.names.procedure.clone()
-                } else {
-                    opts.names.locked_procedure()
-                };
                 println!(
-                    "installed {procedure} ({l}); created or changed: {}",
+                    "installed {} ({l}); created or changed: {}",
+                    applied.procedure,
                     if applied.installed.is_empty() {
                         "nothing".to_string()
                     } else {
                         applied.installed.join(", ")
                     }
                 );
+                if applied.one_statement {
+                    println!(
+                        "ids in one statement: INSERT INTO {} ({}, ...) VALUES (...) RETURNING id (or the OK packet's insert id)",
+                        opts.names.table, opts.names.key
+                    );
+                }
                 if applied.clock_running {
                     println!("clock event {} running", opts.names.event());
                 }
