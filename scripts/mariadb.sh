@@ -51,7 +51,7 @@ launch() {
       FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1)
   fi
   "${env[@]}" mariadbd --no-defaults --datadir="$dir/data" --port="$port" --bind-address=127.0.0.1 \
-    --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --skip-log-bin \
+    --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --tmpdir="$dir/tmp" --skip-log-bin \
     --innodb-flush-log-at-trx-commit=2 --innodb-buffer-pool-size=256M --max-connections=500 \
     --event-scheduler=ON "${opts[@]}" "${user[@]}" >>"$dir/server.log" 2>&1 &
   echo $! >"$dir/server.pid"
@@ -89,7 +89,10 @@ start() {
   mkdir -p "$dir"
   command -v mariadbd >/dev/null || { echo "mariadb.sh: mariadbd not installed (run scripts/install-deps.sh)" >&2; exit 1; }
   [[ $(id -u) -eq 0 ]] && user=(--user=root)
-  mariadb-install-db --no-defaults --datadir="$dir/data" --auth-root-authentication-method=normal \
+  # Temporary files under DIR: servers started side by side share nothing.
+  mkdir -p "$dir/tmp"
+  mariadb-install-db --no-defaults --datadir="$dir/data" --tmpdir="$dir/tmp" \
+    --auth-root-authentication-method=normal \
     --skip-test-db "${user[@]}" >"$dir/install.log" 2>&1 || { cat "$dir/install.log" >&2; exit 1; }
   for _ in $(seq 1 200); do
     port=$((20000 + RANDOM % 30000))

@@ -35,9 +35,11 @@ fn script() -> PathBuf {
 
 impl Script {
     fn start(opts: &str, faketime: Option<&Path>) -> Script {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
-            "shardflake-mysql-test-{}-{}",
+            "shardflake-mysql-test-{}-{}-{}",
             std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             now_ms() % 1_000_000_007
         ));
         let mut cmd = Command::new("bash");
