@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
 
@@ -31,6 +31,10 @@ enum Command {
     Pg(cmd::pg::Args),
     /// The MariaDB/MySQL generate_post_id procedure: apply, call, sql, bench.
     Mysql(cmd::mysql::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(cmd::completions::CompletionsArgs),
+    /// Print the man page (roff) to stdout.
+    Man(cmd::completions::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +47,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Pg(args) => cmd::pg::run(args),
         Command::Mysql(args) => cmd::mysql::run(args),
+        Command::Completions(args) => cmd::completions::run_completions(args, Cli::command()),
+        Command::Man(args) => cmd::completions::run_man(args, Cli::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

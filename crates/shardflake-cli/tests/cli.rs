@@ -263,3 +263,136 @@ fn bench_json_reports_a_rate_against_the_cap() {
     assert!(v["vs_baseline"].as_f64().unwrap() > 0.0);
     assert_eq!(v["cap_per_second"].as_f64(), Some(4_096_000.0));
 }
+
+fn decode_json(args: &[&str]) -> Vec<serde_json::Value> {
+    let mut full = vec!["decode", "--json"];
+    full.extend_from_slice(args);
+    stdout(&full)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn decode_reads_every_format_gen_writes_without_being_told() {
+    use shardflake::Format;
+    for format in Format::ALL {
+        let out = stdout(&["gen", "--node", "9", "-n", "5", "-f", format.name()]);
+        let texts: Vec<&str> = out.lines().collect();
+        let decoded = decode_json(&texts);
+        assert_eq!(decoded.len(), 5, "{format}");
+        for (text, v) in texts.iter().zip(&decoded) {
+            let id = format.parse(text).unwrap();
+            assert_eq!(v["id"], id.to_string(), "{format} {text}");
+            assert_eq!(v["fields"]["node"], 9, "{format} {text}");
+        }
+        // Forcing the form gives the same answer.
+        let mut forced = vec!["--format", format.name()];
+        forced.extend(&texts);
+        assert_eq!(decode_json(&forced), decoded, "{format}");
+    }
+    // A layout whose ids are 16 decimal digits (js-safe) still reads as decimal.
+    let out = stdout(&["gen", "--layout", "js-safe", "--node", "1"]);
+    let v = &decode_json(&["--layout", "js-safe", out.trim()])[0];
+    assert_eq!(v["id"], out.trim());
+}
+
+#[test]
+fn decode_reads_every_other_kind_gen_writes() {
+    for kind in [
+        "uuidv1", "uuidv4", "uuidv6", "uuidv7", "uuid-nil", "objectid",
+    ] {
+        let out = stdout(&["gen", "--kind", kind]);
+        let v = &decode_json(&[out.trim()])[0];
+        assert_eq!(v["id"], out.trim(), "{kind}");
+        let expected = match kind {
+            "uuid-nil" => "uuidv0",
+            k => k,
+        };
+        assert_eq!(v["kind"], expected, "{kind}");
+    }
+    let out = stdout(&[
+        "gen",
+        "--kind",
+        "uuidv5",
+        "--namespace",
+        "dns",
+        "--name",
+        "example.com",
+    ]);
+    assert_eq!(decode_json(&[out.trim()])[0]["kind"], "uuidv5");
+}
+
+#[test]
+fn decode_format_forces_the_form_of_digit_only_text() {
+    // 2^63 in hex is digits alone: read as decimal unless told.
+    let as_dec = &decode_json(&["--layout", "instagram", "8000000000000000"])[0];
+    assert_eq!(as_dec["id"], "8000000000000000");
+    let as_hex = &decode_json(&["--layout", "instagram", "-f", "hex", "8000000000000000"])[0];
+    assert_eq!(as_hex["id"], "9223372036854775808");
+    // Forcing a form that does not fit the text is an error, not a guess.
+    let out = shardflake(&["decode", "--format", "hex", "0XbfGYCuLKE"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid hex id"), "{err}");
+}
+
+#[test]
+fn decode_of_malformed_ids_is_a_clear_error() {
+    for text in ["", " ", "12x", "héllo", "0XbfGYCuLK!", "-", "+5", "1 2"] {
+        let out = shardflake(&["decode", text]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text:?} succeeded");
+        assert!(err.contains("error:"), "{text:?}: {err}");
+        assert!(!err.contains("panicked"), "{text:?} panicked: {err}");
+    }
+    let out = shardflake(&["decode", "12x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"12x\" is not an id in any form"), "{err}");
+    // One bad id among good ones: the good ones are decoded, the exit says so.
+    let out = shardflake(&["decode", "454947766275222906", "nope"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("454947766275222906"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 of 2 ids"));
+}
+
+#[test]
+fn completions_name_every_subcommand() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = stdout(&["completions", shell]);
+        for sub in [
+            "gen",
+            "decode",
+            "plan",
+            "bench",
+            "serve",
+            "pg",
+            "mysql",
+            "completions",
+            "man",
+        ] {
+            assert!(out.contains(sub), "{shell} completions lack {sub}");
+        }
+        assert!(out.contains("shardflake"), "{shell}");
+    }
+    assert!(stdout(&["completions", "bash"]).contains("complete -F"));
+    assert!(stdout(&["completions", "zsh"]).starts_with("#compdef shardflake"));
+    assert!(stdout(&["completions", "fish"]).contains("complete -c shardflake"));
+    let out = shardflake(&["completions", "tcsh"]);
+    assert!(!out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}
+
+#[test]
+fn man_page_is_roff() {
+    let out = stdout(&["man"]);
+    assert!(
+        out.starts_with(".ie \\n(.g .ds Aq"),
+        "{}",
+        &out[..out.len().min(200)]
+    );
+    assert!(out.contains(".TH shardflake 1"), "{out}");
+    assert!(out.contains(".SH NAME"));
+    assert!(out.contains(".SH SYNOPSIS"));
+    assert!(out.contains("decode"));
+}

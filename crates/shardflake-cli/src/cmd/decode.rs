@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use serde_json::{Map, Value, json};
 use shardflake::kind::{Recognised, recognise};
 use shardflake::timestamp::rfc3339_ms;
@@ -14,17 +14,25 @@ use super::{LayoutArg, with_stdout};
 #[command(after_help = "Examples:
   shardflake decode 454947766275222906
   shardflake decode --layout instagram --json 11637205501278089
-  shardflake decode --format base62 0XbfGYCuLKE
-  shardflake decode 0190f3a2-8b5c-7d3e-9f00-000000000000")]
+  shardflake decode 0XbfGYCuLKE 06504c9540312d7a 0CM2CJN032BBT
+  shardflake decode --format hex 8000000000000000
+  shardflake decode 0190f3a2-8b5c-7d3e-9f00-000000000000
+
+Every form `shardflake gen --format` and `--kind` writes is read back. Without
+--format each id's form is told by its shape: hex has 16 digits (or 0x),
+base32 13 characters, base62 11, an ObjectId 24 hex digits, a UUID 36 (or 32).
+Digits alone are decimal unless they start with 0 at one of those widths;
+force the form with --format for other digit-only text.")]
 pub struct Args {
     /// Ids to decode; UUIDs and ObjectIds are recognised by their shape.
     #[arg(required = true)]
     ids: Vec<String>,
     #[command(flatten)]
     layout: LayoutArg,
-    /// Text form of 64-bit ids.
-    #[arg(short, long, default_value = "dec")]
-    format: Format,
+    /// Text form of 64-bit ids: dec, hex, base32 or base62 [default: told
+    /// by each id's shape].
+    #[arg(short, long)]
+    format: Option<Format>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -70,8 +78,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn decode(text: &str, format: Format, layout: &Layout) -> anyhow::Result<Decoded> {
-    Ok(match recognise(text, format)? {
+fn decode(text: &str, format: Option<Format>, layout: &Layout) -> anyhow::Result<Decoded> {
+    let recognised = match format {
+        Some(format) => recognise(text, format)?,
+        None => recognise(text, Format::detect(text)).with_context(|| {
+            format!(
+                "{text:?} is not an id in any form shardflake writes \
+                 (dec, hex, base32, base62, UUID, ObjectId)"
+            )
+        })?,
+    };
+    Ok(match recognised {
         Recognised::Id(id) => Decoded::Id(id.decode(layout)?),
         Recognised::Uuid(info) => Decoded::Other {
             text: info.uuid.to_string(),
