@@ -23,7 +23,7 @@
 //!   validated once.
 //! - [`preset`]: the named layouts (`snowflake`, `twitter`, `instagram`, ...).
 //! - [`id`]: [`Id`], decoding into [`Parts`] and composing from them.
-//! - [`format`]: text forms (decimal, hex, Crockford base32, base62).
+//! - [`format`](mod@format): text forms (decimal, hex, Crockford base32, base62).
 //! - [`clock`]: where time comes from ([`SystemClock`], [`MonotonicClock`],
 //!   [`ManualClock`]).
 //! - [`generator`]: the lock-free [`Generator`] and its policies.
