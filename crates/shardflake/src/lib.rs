@@ -36,8 +36,13 @@
 //! - [`timestamp`]: RFC 3339 formatting shared by everything that shows time.
 //! - [`error`]: one typed error per job.
 //! - `serde` (feature `serde`, on by default): ids as strings.
+//! - `postgres` (feature `postgres`): [`Id`] as a PostgreSQL `bigint` in
+//!   `tokio-postgres`/`postgres`.
+//! - `sqlx` (feature `sqlx`): [`Id`] in sqlx, for PostgreSQL and
+//!   MySQL/MariaDB.
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod clock;
 pub mod error;
@@ -50,9 +55,15 @@ pub mod node;
 pub mod objectid;
 mod parse;
 pub mod plan;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 pub mod preset;
 #[cfg(feature = "serde")]
 pub mod serde;
+#[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+pub mod sqlx;
 mod sync;
 pub mod timestamp;
 pub mod uuid;
