@@ -36,7 +36,9 @@ async fn create_post(
 }
 
 fn app(ids: Arc<Generator>) -> Router {
-    Router::new().route("/posts", post(create_post)).with_state(ids)
+    Router::new()
+        .route("/posts", post(create_post))
+        .with_state(ids)
 }
 
 #[tokio::main(flavor = "current_thread")]

@@ -26,7 +26,12 @@ fn ids_in(line: &str, layout: &Layout) -> Vec<String> {
                         .iter()
                         .map(|(name, value)| format!("{name}={value}"))
                         .collect();
-                    format!("{word}: {} {} seq={}", parts.timestamp(), fields.join(" "), parts.sequence)
+                    format!(
+                        "{word}: {} {} seq={}",
+                        parts.timestamp(),
+                        fields.join(" "),
+                        parts.sequence
+                    )
                 }
                 Err(_) => continue,
             },
@@ -40,7 +45,9 @@ fn ids_in(line: &str, layout: &Layout) -> Vec<String> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let name = std::env::args().nth(1).unwrap_or_else(|| "snowflake".into());
+    let name = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "snowflake".into());
     let layout = preset::resolve(&name)?;
     for line in std::io::stdin().lock().lines() {
         for described in ids_in(&line?, &layout) {
@@ -57,7 +64,10 @@ mod tests {
     #[test]
     fn finds_ids_and_skips_other_numbers() {
         let layout = preset::by_name("snowflake").unwrap();
-        let found = ids_in("GET /posts/2124581121277558784 took 3 ms, user 31341", &layout);
+        let found = ids_in(
+            "GET /posts/2124581121277558784 took 3 ms, user 31341",
+            &layout,
+        );
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].starts_with("2124581121277558784: 20"), "{found:?}");
         let found = ids_in("req 6553f1000102030405fffffe ok", &layout);

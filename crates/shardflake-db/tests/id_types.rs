@@ -27,7 +27,10 @@ async fn postgres_bigint_round_trips_every_id() -> anyhow::Result<()> {
     for v in EDGES {
         let id = Id(v);
         let row = client
-            .query_one("INSERT INTO ids (id) VALUES ($1) RETURNING id, id::text", &[&id])
+            .query_one(
+                "INSERT INTO ids (id) VALUES ($1) RETURNING id, id::text",
+                &[&id],
+            )
             .await?;
         let back: Id = row.get(0);
         assert_eq!(back, id);

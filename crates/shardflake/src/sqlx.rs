@@ -50,7 +50,9 @@ impl Encode<'_, Postgres> for Id {
 
 impl<'r> Decode<'r, Postgres> for Id {
     fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
-        Ok(Id::from_i64_wrapping(<i64 as Decode<Postgres>>::decode(value)?))
+        Ok(Id::from_i64_wrapping(<i64 as Decode<Postgres>>::decode(
+            value,
+        )?))
     }
 }
 
@@ -75,7 +77,9 @@ impl<'r> Decode<'r, MySql> for Id {
         if <u64 as Type<MySql>>::compatible(&value.type_info()) {
             Ok(Id(<u64 as Decode<MySql>>::decode(value)?))
         } else {
-            Ok(Id::from_i64_wrapping(<i64 as Decode<MySql>>::decode(value)?))
+            Ok(Id::from_i64_wrapping(<i64 as Decode<MySql>>::decode(
+                value,
+            )?))
         }
     }
 }
