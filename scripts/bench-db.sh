@@ -17,12 +17,21 @@
 # (default 3) for bigserial, Instagram's function and ours, with the share
 # of our calls that took the slow path (pg_stat_user_functions).
 #
-# MariaDB (one server started here): `shardflake mysql bench`: 8 clients
-# sharing one user id, AUTO_INCREMENT vs the seed's procedure vs ours, with
-# duplicate ids counted.
+# MariaDB (one server started here by scripts/mariadb.sh: InnoDB log written
+# at each commit, flushed once a second): `shardflake mysql bench`, 8 clients
+# sharing one user id, server-side prepared statements, MYSQL_ROWS (default
+# 4,000) single-row inserts per client per mode, ROUNDS rounds in rotated
+# order: AUTO_INCREMENT against our one-statement id (sequence + trigger,
+# id from the OK packet or RETURNING), its candidates (NOCACHE sequence,
+# trigger calling a function, column DEFAULT sent as text), our procedures
+# (on the sequence; row lock, the previous design) and the seed's verbatim
+# procedure with its duplicates counted; the CPU of all the server's threads
+# per insert (/proc/PID/task/*/schedstat); then the CPU of one connection per
+# row of one INSERT ... SELECT of CPU_ROWS rows, CPU_RUNS times.
 #
 #   scripts/bench-db.sh [ROUNDS]        results in markdown on stdout
-#   scripts/bench-db.sh 0               only the per-backend CPU measure
+#   scripts/bench-db.sh 0               only the per-backend CPU measure (PostgreSQL)
+#   ONLY=mariadb scripts/bench-db.sh 3  only MariaDB (ONLY=pg: only PostgreSQL)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
@@ -42,6 +51,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if [[ ${ONLY:-} != mariadb ]]; then
 url=$(scripts/pg.sh start 1 "$pgdir" | sed -n 1p)
 port=${url##*:}; port=${port%%/*}
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
@@ -171,10 +181,14 @@ if [[ -r /proc/self/schedstat ]]; then
   done
 fi
 scripts/pg.sh stop "$pgdir" >/dev/null
-[[ $ROUNDS -gt 0 ]] || exit 0
+fi
+[[ $ROUNDS -gt 0 && ${ONLY:-} != pg ]] || exit 0
 
 murl=$(scripts/mariadb.sh start "$mdir" | sed -n 1p)
+mpid=$(scripts/mariadb.sh pid "$mdir")
+MYSQL_ROWS=${MYSQL_ROWS:-4000}
 echo
-echo "### MariaDB: AUTO_INCREMENT vs generate_post_id ($(mariadbd --version | awk '{print $3}'); $CLIENTS clients sharing user id 1801, ${MYSQL_ROWS:-2000} rows per client per mode)"
+echo "### MariaDB: ids against AUTO_INCREMENT ($(mariadbd --version | awk '{print $3}'); $CLIENTS clients sharing user id 1801, prepared statements, $MYSQL_ROWS inserts per client per mode, $ROUNDS rounds)"
 echo
-"$SF" mysql bench --url "$murl" --clients $CLIENTS --rows "${MYSQL_ROWS:-2000}"
+"$SF" mysql bench --url "$murl" --clients $CLIENTS --rows "$MYSQL_ROWS" --rounds "$ROUNDS" \
+  --server-pid "$mpid" --cpu-rows "${CPU_ROWS:-300000}" --cpu-runs "${CPU_RUNS:-3}"

@@ -5,8 +5,10 @@
 //! INSERT INTO posts (user_id, body) VALUES (?, ?) RETURNING id   -- MariaDB ≥ 10.5
 //! ```
 //!
-//! `posts.id` has a `DEFAULT` that draws the next value of a MariaDB
-//! `SEQUENCE`, `posts_id_seq`, whose values are *packed* times and
+//! or, for clients that read the id from the OK packet (`LAST_INSERT_ID`,
+//! JDBC's generated keys), the same `INSERT` without `RETURNING`. A `BEFORE
+//! INSERT` trigger on `posts` ([`sql::trigger_sql`]) draws the next value of a
+//! MariaDB `SEQUENCE`, `posts_id_seq`, whose values are *packed* times and
 //! sequences, `tick << sequence_bits | sequence` (the two low fields of the
 //! id), and puts the shard (`user_id mod 2^shard_bits`) between them:
 //!
@@ -15,13 +17,22 @@
 //! id := (w >> seq_bits) << time_shift | (user_id & shard_mask) << shard_shift | (w & seq_mask)
 //! ```
 //!
-//! No call, no second statement, no row lock: a sequence is not
-//! transactional, and a cached one hands out values from memory under a
-//! mutex. For callers who want the seed's JPA shape the same sequence backs
-//! `CALL generate_post_id(?, ?)`; where there are no sequences (MySQL),
-//! `generate_post_id_locked` counts in a row of the seed's `sequences` table.
-//! The SQL is generated in [`sql`] from the same [`Layout`] `shardflake
-//! decode` reads.
+//! No call, no second statement, no lock held to commit: a sequence is not
+//! transactional (a rolled-back insert wastes its value, it does not return
+//! it), and a cached one hands out values from memory under a mutex. `id`
+//! is `BIGINT AUTO_INCREMENT` only so that the OK packet carries the id the
+//! trigger set. For callers who want the seed's JPA shape the same sequence
+//! backs `CALL generate_post_id(?, ?)`; where there are no sequences
+//! (MySQL), `generate_post_id_locked` counts in a row of the seed's
+//! `sequences` table. The SQL is generated in [`sql`] from the same
+//! [`Layout`] `shardflake decode` reads.
+//!
+//! Not a column `DEFAULT (NEXT VALUE FOR ...)`, though MariaDB allows it and
+//! it costs less: on MariaDB 10.11.19, eight sessions running a server-side
+//! prepared `INSERT` into a table with that default got one another's values
+//! (duplicate keys, `NULL` ids) and crashed the server (signal 11); the same
+//! expression in the trigger gave 16,000 distinct values. `mysql bench`
+//! still measures the default, sent as text, for comparison.
 //!
 //! # Why no id is handed out twice
 //!
@@ -72,13 +83,15 @@
 //! scheduler on (put `event_scheduler=ON` in the server's configuration too)
 //! and `mysql check` reports an event that is not running.
 //!
-//! The `DEFAULT` reads the clock (`UTC_TIMESTAMP(6)`, the statement's start)
-//! only to refuse, with an error naming the cause: a shard key that is
-//! `NULL` or negative, a server clock before the layout's epoch or past its
-//! end, and a sequence more than [`sql::STALE_MS`] behind the clock (the
-//! event is not running). After a restart, ids continue from the
-//! sequence's reservation (dated before the crash) until the event's first
-//! run, within a second of the start.
+//! The trigger reads the clock (`UTC_TIMESTAMP(6)`, the statement's start)
+//! only to refuse, with an error (SQLSTATE 45000, from the function
+//! `posts_id_refused`, in any `sql_mode`) naming the cause: a shard key that
+//! is `NULL` or negative, a server clock before the layout's epoch or past
+//! its end, and a sequence more than [`sql::STALE_MS`] behind the clock (the
+//! event is not running). A used-up sequence fails with MariaDB's own
+//! "Sequence 'db.posts_id_seq' has run out". After a restart, ids continue
+//! from the sequence's reservation (dated before the crash) until the
+//! event's first run, within a second of the start.
 //!
 //! Clock steps: backwards, ids keep coming from the sequence (dated ahead of
 //! the clock until it catches up); forwards, the event moves the sequence up
@@ -88,14 +101,14 @@
 //! # The procedures
 //!
 //! `generate_post_id(IN user_id, OUT id)` ([`sql::procedure_sql`]) draws from
-//! the same sequence, so its ids and the default's never collide; a draw
+//! the same sequence, so its ids and the trigger's never collide; a draw
 //! that lags the clock catches the sequence up itself (a procedure may run
 //! `EXECUTE IMMEDIATE`), so it needs no event. `generate_post_id_locked`
 //! ([`sql::locked_procedure_sql`]) is the row-lock design for servers
 //! without sequences; `generate_post_id_seed` is the seed's, verbatim, kept
-//! to show its duplicates. All routines, the event and the table are created
-//! with `sql_mode` [`sql::SQL_MODE`] (a routine keeps the mode it was created
-//! with); every range check comes before any write.
+//! to show its duplicates. All routines, the trigger, the event and the
+//! table are created with `sql_mode` [`sql::SQL_MODE`] (a routine keeps the
+//! mode it was created with); every range check comes before any write.
 //!
 //! Costs are measured in `docs/BENCHMARKS.md` (`scripts/bench-db.sh`).
 
@@ -265,15 +278,18 @@ const FLUSH_0: &str = "innodb_flush_log_at_trx_commit = 0: a crash can lose the 
 /// Installs, idempotently, on the database the connection uses: the
 /// sequence (created at the server's packed clock; an existing one keeps
 /// its position, gets the options the no-repeat argument needs, and is
-/// caught up with the clock), the table or its `id` default (unchanged
-/// definitions are not touched, so a re-run takes no table lock), the clock
-/// event (a running loop with an older body is stopped; the scheduler starts
-/// the new one within a second), `generate_post_id`, and with
+/// caught up with the clock), the table if missing (an existing one keeps
+/// its columns; an `id` with neither `AUTO_INCREMENT` nor a default gets
+/// `DEFAULT 0`), the refusal function and the trigger (replaced in one
+/// statement, only when they differ, so a re-run takes no table lock), the
+/// clock event (a running loop with an older body is stopped; the scheduler
+/// starts the new one within a second), `generate_post_id`, and with
 /// [`Options::locked`] the row-lock procedure, with [`Options::seed`] the
 /// seed's. Without sequences (MySQL) it installs only the row-lock
 /// procedure. Refuses a server clock outside the layout, a sequence made
 /// for another layout or already past it, an `id` column that is not a
-/// plain `BIGINT`, and an event scheduler it cannot turn on.
+/// signed `BIGINT`, and an event scheduler it cannot turn on; warns about
+/// `innodb_flush_log_at_trx_commit = 0`.
 pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Applied, Error> {
     let plan = plan(layout)?;
     let srv = server(conn).await?;
@@ -337,7 +353,9 @@ async fn apply_pinned(
         _ => {
             conn.query_drop("SET GLOBAL event_scheduler = ON")
                 .await
-                .map_err(my("turning the event scheduler on (SET GLOBAL event_scheduler = ON)"))?;
+                .map_err(my(
+                    "turning the event scheduler on (SET GLOBAL event_scheduler = ON)",
+                ))?;
             applied.warnings.push(
                 "turned the event scheduler on; put event_scheduler=ON in the server's configuration, or it is off again after a restart".into(),
             );
@@ -370,7 +388,9 @@ async fn apply_pinned(
             if !engine.eq_ignore_ascii_case("InnoDB") {
                 return Err(other(
                     "apply",
-                    format!("sequence {seq} uses engine {engine}; the crash argument needs InnoDB (its reservations go to InnoDB's log)"),
+                    format!(
+                        "sequence {seq} uses engine {engine}; the crash argument needs InnoDB (its reservations go to InnoDB's log)"
+                    ),
                 ));
             }
             if layout_of(&comment) != Some(plan.layout().to_string()) {
@@ -428,7 +448,9 @@ async fn apply_pinned(
                 ))
                 .await
                 .map_err(my("giving the id column a default"))?;
-                applied.installed.push(format!("default 0 of {}.id", names.table));
+                applied
+                    .installed
+                    .push(format!("default 0 of {}.id", names.table));
             }
         }
     }
@@ -444,7 +466,9 @@ async fn apply_pinned(
         conn.query_drop(&trigger)
             .await
             .map_err(my("creating the trigger"))?;
-        applied.installed.push(format!("trigger {}", names.trigger()));
+        applied
+            .installed
+            .push(format!("trigger {}", names.trigger()));
     }
     // The clock event.
     let event = names.event();
@@ -477,7 +501,14 @@ async fn apply_pinned(
     applied.one_statement = true;
     applied.procedure = names.procedure.clone();
     // The procedures.
-    if replace_procedure(conn, &names.procedure, &sql::procedure_sql(plan, names), true).await? {
+    if replace_procedure(
+        conn,
+        &names.procedure,
+        &sql::procedure_sql(plan, names),
+        true,
+    )
+    .await?
+    {
         applied.installed.push(names.procedure.clone());
     }
     if opts.locked && install_locked(conn, plan, names, true).await? {
@@ -741,7 +772,9 @@ async fn trigger_problem(
                     "trigger {name} differs from this version's (another layout, or older): re-run apply"
                 ))
             } else if !same_modes(&mode, sql::SQL_MODE) {
-                Some(format!("trigger {name} has sql_mode {mode:?}: re-run apply"))
+                Some(format!(
+                    "trigger {name} has sql_mode {mode:?}: re-run apply"
+                ))
             } else {
                 None
             }
@@ -850,13 +883,21 @@ async fn install_seed(conn: &mut Conn, names: &Names, mariadb: bool) -> Result<b
 /// The packed value (`tick << sequence_bits | sequence`) of the newest id
 /// stored in the table, for layouts with time on top (`None`: empty table,
 /// or time not on top).
-async fn max_stored_packed(conn: &mut Conn, plan: &Plan, names: &Names) -> Result<Option<i64>, Error> {
+async fn max_stored_packed(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+) -> Result<Option<i64>, Error> {
     let l = plan.layout();
     if l.fields().first().map(|f| f.kind()) != Some(shardflake::FieldKind::Time) {
         return Ok(None);
     }
     let (ts, tmax) = (l.time().shift(), l.time().max());
-    let (qs, qbits, qmax) = (l.sequence().shift(), l.sequence().bits(), l.sequence().max());
+    let (qs, qbits, qmax) = (
+        l.sequence().shift(),
+        l.sequence().bits(),
+        l.sequence().max(),
+    );
     let max: Option<Option<i64>> = conn
         .query_first(format!("SELECT MAX(id) FROM `{}`", names.table))
         .await
@@ -959,10 +1000,15 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
             }
             let o = seq_options(conn, &seq).await?;
             if o.increment != 1 {
-                problems.push(format!("sequence {seq} increments by {}, not 1", o.increment));
+                problems.push(format!(
+                    "sequence {seq} increments by {}, not 1",
+                    o.increment
+                ));
             }
             if o.cycle {
-                problems.push(format!("sequence {seq} cycles: it would hand out values again"));
+                problems.push(format!(
+                    "sequence {seq} cycles: it would hand out values again"
+                ));
             }
             if o.max != plan.max_packed() || o.min < 0 {
                 problems.push(format!(
@@ -1071,7 +1117,11 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
 /// Calls a procedure as the seed's ORM id generator does, IN the shard key,
 /// OUT the id, in one round trip (the OUT parameter comes back through the
 /// binary protocol, as JDBC's `CallableStatement` reads it).
-pub async fn generate_post_id(conn: &mut Conn, procedure: &str, user_id: i64) -> Result<i64, Error> {
+pub async fn generate_post_id(
+    conn: &mut Conn,
+    procedure: &str,
+    user_id: i64,
+) -> Result<i64, Error> {
     let id: Option<Option<i64>> = conn
         .exec_first(
             format!("CALL `{procedure}`(?, ?)"),
@@ -1085,7 +1135,12 @@ pub async fn generate_post_id(conn: &mut Conn, procedure: &str, user_id: i64) ->
 
 /// The one-statement insert: `INSERT INTO posts (user_id, body) VALUES (?,
 /// ?) RETURNING id` (MariaDB ≥ 10.5).
-pub async fn insert(conn: &mut Conn, names: &Names, user_id: i64, body: &str) -> Result<i64, Error> {
+pub async fn insert(
+    conn: &mut Conn,
+    names: &Names,
+    user_id: i64,
+    body: &str,
+) -> Result<i64, Error> {
     let id: Result<Option<i64>, _> = conn
         .exec_first(
             format!(
@@ -1097,13 +1152,13 @@ pub async fn insert(conn: &mut Conn, names: &Names, user_id: i64, body: &str) ->
         .await;
     match id {
         Ok(id) => id.ok_or_else(|| other("inserting", "RETURNING gave no row")),
-        Err(e) => Err(explained(conn, e, "inserting").await),
+        Err(e) => Err(explained(e, "inserting")),
     }
 }
 
 /// A failed insert's error, with a word on a used-up sequence (MariaDB's
 /// own "Sequence '...' has run out", raised by the trigger's draw).
-pub async fn explained(_conn: &mut Conn, e: mysql_async::Error, context: &str) -> Error {
+pub fn explained(e: mysql_async::Error, context: &str) -> Error {
     let run_out = matches!(&e, mysql_async::Error::Server(s) if s.code == sql::ER_SEQUENCE_RUN_OUT);
     Error::Mysql {
         context: if run_out {
@@ -1124,9 +1179,11 @@ mod tests {
         let l = shardflake::preset::by_name("mysql-procedure").unwrap();
         let p = Plan::new(&l).unwrap();
         assert_eq!(layout_of(&p.marker()), Some(l.to_string()));
-        assert!(routine_body(&sql::procedure_sql(&p, &Names::default()))
-            .unwrap()
-            .starts_with("BEGIN"));
+        assert!(
+            routine_body(&sql::procedure_sql(&p, &Names::default()))
+                .unwrap()
+                .starts_with("BEGIN")
+        );
         assert_eq!(layout_of("hello"), None);
         let e = sql::event_sql(&p, &Names::default());
         assert!(body_after(&e, "\nDO ").unwrap().starts_with("BEGIN"));

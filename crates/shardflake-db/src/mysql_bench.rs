@@ -436,9 +436,7 @@ async fn run_mode(
     let mut duplicates = 0;
     let mut max_lag: Option<i64> = None;
     for t in tasks {
-        let (d, l) = t
-            .await
-            .map_err(|e| other("bench task", e.to_string()))??;
+        let (d, l) = t.await.map_err(|e| other("bench task", e.to_string()))??;
         duplicates += d;
         if let Some(l) = l {
             max_lag = Some(max_lag.map_or(l, |m| m.max(l)));
@@ -505,7 +503,11 @@ async fn bulk_cpu(
 /// Runs the benchmark: sets up every table (dropping the bench tables
 /// first), then `rounds` rounds of every mode in a rotated order, then the
 /// bulk CPU measure.
-pub async fn bench(pool: &Pool, layout: &Layout, opts: &BenchOptions) -> Result<BenchReport, Error> {
+pub async fn bench(
+    pool: &Pool,
+    layout: &Layout,
+    opts: &BenchOptions,
+) -> Result<BenchReport, Error> {
     let mut c = pool.get_conn().await.map_err(my("connecting"))?;
     let version: Option<String> = c
         .query_first("SELECT VERSION()")

@@ -10,7 +10,6 @@
 //! 11.5 and ends in 2106 after it). [`Plan::micros_sql`] takes the time as an
 //! argument so the arithmetic is testable for any date.
 
-
 use shardflake::Layout;
 use shardflake::layout::FieldKind;
 
@@ -45,7 +44,9 @@ pub const ER_SEQUENCE_RUN_OUT: u16 = 4084;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MysqlSqlError {
     /// No `shard` node field.
-    #[error("layout {0:?} has no \"shard\" field; the MariaDB ids need one (shard = key mod 2^bits)")]
+    #[error(
+        "layout {0:?} has no \"shard\" field; the MariaDB ids need one (shard = key mod 2^bits)"
+    )]
     NoShard(String),
     /// Time and sequence do not fit a positive `BIGINT`.
     #[error("layout {0:?}: time + sequence bits exceed 62, too wide for a MariaDB sequence")]
@@ -463,13 +464,15 @@ pub fn default_candidate_sql(plan: &Plan, names: &Names) -> String {
 }
 
 /// The clock event: fires every second; the firing that gets the lock
-/// ([`Names::clock_lock_sql`]) loops for good, and every millisecond moves
-/// the sequence up to the packed clock if its reserved values
-/// (`next_not_cached_value`, at or above every value handed out) lag it by
-/// more than [`LAG_MS`]. `SETVAL` takes only a literal, so it runs through
-/// `EXECUTE IMMEDIATE` (allowed in events and procedures, not in defaults,
-/// triggers or functions). `SETVAL` never moves a sequence down; a clock
-/// before the epoch or past the layout's end is left alone.
+/// ([`Names::clock_lock_sql`]) loops for good, moving the sequence up to the
+/// packed clock whenever its reserved values (`next_not_cached_value`, at or
+/// above every value handed out) lag it by more than [`LAG_MS`], and
+/// otherwise sleeping until they could (at least 1 ms, at most
+/// [`LAG_MS`]: a clock that steps forward is seen within that). `SETVAL`
+/// takes only a literal, so it runs through `EXECUTE IMMEDIATE` (allowed in
+/// events and procedures, not in defaults, triggers or functions). `SETVAL`
+/// never moves a sequence down; a clock before the epoch or past the
+/// layout's end is left alone.
 pub fn event_sql(plan: &Plan, names: &Names) -> String {
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     format!(
@@ -478,16 +481,22 @@ COMMENT {comment}
 DO BEGIN
   DECLARE us BIGINT;
   DECLARE t BIGINT;
+  DECLARE r BIGINT;
+  DECLARE pause_ms BIGINT;
   IF GET_LOCK({lock}, 0) = 1 THEN
     LOOP
       SET us = {us};
+      SET pause_ms = {lag_ms};
       IF us >= 0 THEN
         SET t = {clock};
-        IF t <= {max} AND (SELECT next_not_cached_value FROM `{seq}`) + {lag} < t THEN
+        SET r = (SELECT next_not_cached_value FROM `{seq}`);
+        IF t <= {max} AND r + {lag} < t THEN
           EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
+        ELSE
+          SET pause_ms = LEAST(GREATEST(((r + {lag} - t) DIV {per_tick}) * {tick}, 1), {lag_ms});
         END IF;
       END IF;
-      DO SLEEP(0.001);
+      DO SLEEP(pause_ms / 1000);
     END LOOP;
   END IF;
 END",
@@ -499,6 +508,9 @@ END",
         max = plan.max_packed(),
         seq = names.sequence(),
         lag = plan.packed_ms(LAG_MS),
+        lag_ms = LAG_MS.max(plan.layout().tick_ms()),
+        per_tick = plan.per_tick(),
+        tick = plan.layout().tick_ms(),
     )
 }
 
@@ -717,7 +729,7 @@ mod tests {
         );
         assert_eq!(p.packed_sql("us"), "((us DIV 1000) << 10)");
         // MISSION §2.2's worked example, in this layout's shape
-        assert_eq!(p.id_of(1387263000 << 10 | 5001 % 1024, 1341), {
+        assert_eq!(p.id_of((1387263000 << 10) | (5001 % 1024), 1341), {
             (1387263000i64 << 20) | ((1341 % 1024) << 10) | (5001 % 1024)
         });
         assert_eq!(p.packed_at(1_672_531_200_000), Some(0));
@@ -737,10 +749,16 @@ mod tests {
         assert!(t.contains("THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((NEW.`user_id` & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) ELSE `posts_id_refused`(NEW.`user_id`) END)"), "{t}");
         assert_eq!(t.matches("NEXT VALUE FOR").count(), 1, "{t}");
         let f = refused_function_sql(&p, &n);
-        assert!(f.contains("is before the epoch 2023-01-01 00:00:00.000 UTC of layout mysql-procedure"));
+        assert!(
+            f.contains("is before the epoch 2023-01-01 00:00:00.000 UTC of layout mysql-procedure")
+        );
         assert!(f.contains("the event posts_id_clock is not running"));
         assert!(f.contains("SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;"));
-        assert!(table_sql(&p, &n).contains("id BIGINT NOT NULL AUTO_INCREMENT COMMENT 'shardflake v1: mysql-procedure"));
+        assert!(
+            table_sql(&p, &n).contains(
+                "id BIGINT NOT NULL AUTO_INCREMENT COMMENT 'shardflake v1: mysql-procedure"
+            )
+        );
     }
 
     #[test]
@@ -748,13 +766,24 @@ mod tests {
         let p = plan();
         let n = Names::default();
         let e = event_sql(&p, &n);
-        assert!(e.contains("(SELECT next_not_cached_value FROM `posts_id_seq`) + 4096 < t"), "{e}");
-        assert!(e.contains(&format!("IF t <= {} AND", (1i64 << 53) - 1)), "{e}");
+        assert!(
+            e.contains("SET r = (SELECT next_not_cached_value FROM `posts_id_seq`);"),
+            "{e}"
+        );
+        assert!(e.contains("AND r + 4096 < t THEN"), "{e}");
+        assert!(
+            e.contains(&format!("IF t <= {} AND", (1i64 << 53) - 1)),
+            "{e}"
+        );
         assert!(e.contains("EXECUTE IMMEDIATE CONCAT('DO SETVAL(`posts_id_seq`, ', t, ', 0)')"));
         let proc_ = procedure_sql(&p, &n);
-        assert!(proc_.contains("CREATE PROCEDURE `generate_post_id`(IN user_id BIGINT, OUT id BIGINT)"));
+        assert!(
+            proc_.contains("CREATE PROCEDURE `generate_post_id`(IN user_id BIGINT, OUT id BIGINT)")
+        );
         assert!(proc_.contains("IF w + 4096 < t THEN"), "{proc_}");
-        assert!(proc_.contains("SET id = ((w >> 10) << 20) | ((user_id & 1023) << 10) | (w & 1023);"));
+        assert!(
+            proc_.contains("SET id = ((w >> 10) << 20) | ((user_id & 1023) << 10) | (w & 1023);")
+        );
         let locked = locked_procedure_sql(&p, &n);
         assert!(locked.contains("LAST_INSERT_ID(GREATEST(next_val + 1, now_packed))"));
         // the clock is checked before the shift, the range before the write
@@ -771,14 +800,21 @@ mod tests {
     #[test]
     fn refused_layouts_and_names() {
         let no_shard = preset::by_name("snowflake").unwrap();
-        assert!(matches!(Plan::new(&no_shard), Err(MysqlSqlError::NoShard(_))));
+        assert!(matches!(
+            Plan::new(&no_shard),
+            Err(MysqlSqlError::NoShard(_))
+        ));
         let wide = preset::resolve("w: time 40 | shard 1 | sequence 23").unwrap();
         assert!(matches!(Plan::new(&wide), Err(MysqlSqlError::TooWide(_))));
         let insta = preset::by_name("instagram").unwrap();
         let p = Plan::new(&insta).unwrap();
         // all 64 bits: refuse from the first negative tick (2046-06-27)
         assert_eq!(p.limit_tick(), 1 << 40);
-        assert!(p.limit_text().starts_with("2046-06-27"), "{}", p.limit_text());
+        assert!(
+            p.limit_text().starts_with("2046-06-27"),
+            "{}",
+            p.limit_text()
+        );
         assert!(Names::new("posts; DROP", "user_id", "p").is_err());
         assert!(Names::new("posts", "1user", "p").is_err());
         assert!(Names::new(&"x".repeat(49), "user_id", "p").is_err());

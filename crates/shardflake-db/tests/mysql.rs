@@ -43,7 +43,10 @@ impl Script {
             now_ms() % 1_000_000_007
         ));
         let mut cmd = Command::new("bash");
-        cmd.arg(script()).arg("start").arg(&dir).env("MARIADB_OPTS", opts);
+        cmd.arg(script())
+            .arg("start")
+            .arg(&dir)
+            .env("MARIADB_OPTS", opts);
         if let Some(f) = faketime {
             cmd.env("MARIADB_FAKETIME_FILE", f);
         }
@@ -155,9 +158,12 @@ async fn seed_procedure_repeats_ids_under_concurrency_ours_do_not() {
     // The OK packet carries the id the trigger set (LAST_INSERT_ID-style
     // clients), and it is the stored one.
     let mut c = pool.get_conn().await.unwrap();
-    c.exec_drop("INSERT INTO posts (user_id, body) VALUES (?, 'ok packet')", (1801,))
-        .await
-        .unwrap();
+    c.exec_drop(
+        "INSERT INTO posts (user_id, body) VALUES (?, 'ok packet')",
+        (1801,),
+    )
+    .await
+    .unwrap();
     let from_ok = c.last_insert_id().unwrap() as i64;
     let stored: i64 = c
         .query_first("SELECT id FROM posts WHERE body = 'ok packet'")
@@ -269,7 +275,7 @@ async fn writer(
             },
         };
         n += 1;
-        let r: Result<Vec<i64>, _> = if n % 20 == 0 {
+        let r: Result<Vec<i64>, _> = if n.is_multiple_of(20) {
             c.exec(
                 format!("INSERT INTO posts (user_id, body) SELECT ?, 'burst' FROM seq_1_to_{burst} RETURNING id"),
                 (user_id,),
@@ -327,7 +333,10 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
         let pool = pool.clone();
         async move {
             let mut c = pool.get_conn().await.ok()?;
-            c.query_first::<i64, _>("SELECT COUNT(*) FROM posts").await.ok().flatten()
+            c.query_first::<i64, _>("SELECT COUNT(*) FROM posts")
+                .await
+                .ok()
+                .flatten()
         }
     };
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -353,12 +362,18 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     };
-    let resumed: Option<i64> = c.query_first("SELECT NEXT VALUE FOR posts_id_seq").await.unwrap();
+    let resumed: Option<i64> = c
+        .query_first("SELECT NEXT VALUE FOR posts_id_seq")
+        .await
+        .unwrap();
     drop(c);
     // Let the writers go on for as many ids again after the restart.
     let after_restart = count(&pool).await.unwrap_or(0);
     while count(&pool).await.unwrap_or(0) < after_restart + 30_000 {
-        assert!(Instant::now() < deadline + Duration::from_secs(60), "no ids after the restart");
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(60),
+            "no ids after the restart"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -393,7 +408,10 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
     let (max_before, reserved) = before_kill.unwrap();
     let resumed = resumed.unwrap();
     let w_before = ((max_before >> 20) << 10) | (max_before & 1023);
-    assert!(resumed > w_before, "the sequence resumed at {resumed}, at or below {w_before}");
+    assert!(
+        resumed > w_before,
+        "the sequence resumed at {resumed}, at or below {w_before}"
+    );
     eprintln!(
         "{} ids from 8 clients ({bursts} bursts of 3,000 rows, {errors} failed statements around the kill, {lost} lost); \
          killed at +{} ms, answering again {} ms later; before the kill the newest stored id's value was {w_before} and the sequence's row said {reserved}; \
@@ -456,7 +474,9 @@ async fn set_clock(file: &Path, offset: &str) {
 
 async fn server_ms(c: &mut Conn) -> u64 {
     let us: i64 = c
-        .query_first("SELECT TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6))")
+        .query_first(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+        )
         .await
         .unwrap()
         .unwrap();
@@ -469,7 +489,10 @@ async fn caught_up(c: &mut Conn, plan: &Plan, names: &Names) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let reserved: i64 = c
-            .query_first(format!("SELECT next_not_cached_value FROM {}", names.sequence()))
+            .query_first(format!(
+                "SELECT next_not_cached_value FROM {}",
+                names.sequence()
+            ))
             .await
             .unwrap()
             .unwrap();
@@ -477,7 +500,10 @@ async fn caught_up(c: &mut Conn, plan: &Plan, names: &Names) {
         if reserved + plan.packed_ms(sql::LAG_MS + 5) >= now {
             return;
         }
-        assert!(Instant::now() < deadline, "the clock event did not catch up");
+        assert!(
+            Instant::now() < deadline,
+            "the clock event did not catch up"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -507,7 +533,11 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
         let packed: i64 = c.query_first(sql).await.unwrap().unwrap();
         assert_eq!(Some(packed), plan.packed_at(unix_ms), "{text}");
         let id = plan.id_of(packed | 5, 1801);
-        assert_eq!(Id(id as u64).decode(&layout).unwrap().unix_ms, unix_ms, "{text}");
+        assert_eq!(
+            Id(id as u64).decode(&layout).unwrap().unix_ms,
+            unix_ms,
+            "{text}"
+        );
     }
 
     // Apply on a server whose default sql_mode is not strict (database
@@ -536,7 +566,10 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
             .unwrap();
         // two procedures, the refusal function, the event, the trigger
         assert_eq!(modes.len(), 5, "{db}: {modes:?}");
-        assert!(modes.iter().all(|m| m.contains("STRICT_ALL_TABLES")), "{db}: {modes:?}");
+        assert!(
+            modes.iter().all(|m| m.contains("STRICT_ALL_TABLES")),
+            "{db}: {modes:?}"
+        );
     }
     c.query_drop("SET GLOBAL sql_mode = DEFAULT").await.unwrap();
     let mut c2 = pool2.get_conn().await.unwrap();
@@ -552,7 +585,9 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
     //    epoch, in a strict and in a non-strict session, and writes nothing.
     set_clock(&faketime, "-1500d").await;
     for (conn, mode) in [(&mut c, "STRICT_TRANS_TABLES"), (&mut c2, "")] {
-        conn.query_drop(format!("SET SESSION sql_mode = '{mode}'")).await.unwrap();
+        conn.query_drop(format!("SET SESSION sql_mode = '{mode}'"))
+            .await
+            .unwrap();
         let clock = server_ms(conn).await;
         assert!(clock < layout.epoch_ms(), "faketime did not move the clock");
         let e = err_text(mysql::insert(conn, &names, 5, "x").await);
@@ -577,7 +612,9 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
         .unwrap();
     assert_eq!(row0, row1, "a refused call wrote next_val");
     // Bad shard keys.
-    c.query_drop("SET SESSION sql_mode = DEFAULT").await.unwrap();
+    c.query_drop("SET SESSION sql_mode = DEFAULT")
+        .await
+        .unwrap();
     set_clock(&faketime, "+0").await;
     let e = err_text(mysql::insert(&mut c, &names, -3, "x").await);
     assert!(e.contains("shard key user_id = -3 is not >= 0"), "{e}");
@@ -586,11 +623,17 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(e.contains("shardflake: posts.id: shard key user_id = -4 is not >= 0"), "{e}");
+    assert!(
+        e.contains("shardflake: posts.id: shard key user_id = -4 is not >= 0"),
+        "{e}"
+    );
 
     // 2. Back to now: the next ids are dated now (the sequence procedure
     //    lets its draw lag the clock by up to LAG_MS before it catches up).
-    for (p, lag) in [("generate_post_id", sql::LAG_MS + 1), ("generate_post_id_locked", 0)] {
+    for (p, lag) in [
+        ("generate_post_id", sql::LAG_MS + 1),
+        ("generate_post_id_locked", 0),
+    ] {
         let before = now_ms();
         let id = mysql::generate_post_id(&mut c, p, 5).await.unwrap();
         verify(&layout, &[id], 5, before - lag, now_ms());
@@ -611,7 +654,11 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
         last = id;
     }
     let p = Id(last as u64).decode(&layout).unwrap();
-    assert!(p.unix_ms > server_ms(&mut c).await + 3_000_000, "{}", p.timestamp());
+    assert!(
+        p.unix_ms > server_ms(&mut c).await + 3_000_000,
+        "{}",
+        p.timestamp()
+    );
 
     // 4. Past 2038 (2300-09): the event moves the sequence up; ids are
     //    dated then, and decode.
@@ -622,16 +669,30 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
     let id = mysql::insert(&mut c, &names, 5, "x").await.unwrap();
     let p = Id(id as u64).decode(&layout).unwrap();
     assert!(p.timestamp().starts_with("2300-"), "{}", p.timestamp());
-    let id = mysql::generate_post_id(&mut c, "generate_post_id_locked", 5).await.unwrap();
-    assert!(Id(id as u64).decode(&layout).unwrap().timestamp().starts_with("2300-"));
+    let id = mysql::generate_post_id(&mut c, "generate_post_id_locked", 5)
+        .await
+        .unwrap();
+    assert!(
+        Id(id as u64)
+            .decode(&layout)
+            .unwrap()
+            .timestamp()
+            .starts_with("2300-")
+    );
 
     // 5. Past the layout's end (2301-09): refused, naming it.
     set_clock(&faketime, "+102000d").await;
     let e = err_text(mysql::insert(&mut c, &names, 5, "x").await);
-    assert!(e.contains("is past the last time of layout mysql-procedure (ids end at 2301-"), "{e}");
+    assert!(
+        e.contains("is past the last time of layout mysql-procedure (ids end at 2301-"),
+        "{e}"
+    );
     for p in ["generate_post_id", "generate_post_id_locked"] {
         let e = err_text(mysql::generate_post_id(&mut c, p, 5).await);
-        assert!(e.contains("is past the last time of layout mysql-procedure"), "{p}: {e}");
+        assert!(
+            e.contains("is past the last time of layout mysql-procedure"),
+            "{p}: {e}"
+        );
     }
     set_clock(&faketime, "+0").await;
     let _ = std::fs::remove_file(&faketime);
@@ -650,15 +711,28 @@ async fn apply_and_check_refuse_what_breaks_the_argument() {
         .await
         .unwrap();
     let e = err_text(mysql::apply(&mut c, &layout, &opts).await);
-    assert!(e.contains("posts.id is bigint(20) unsigned, not a signed BIGINT"), "{e}");
-    c.query_drop("ALTER TABLE posts MODIFY id BIGINT NOT NULL").await.unwrap();
+    assert!(
+        e.contains("posts.id is bigint(20) unsigned, not a signed BIGINT"),
+        "{e}"
+    );
+    c.query_drop("ALTER TABLE posts MODIFY id BIGINT NOT NULL")
+        .await
+        .unwrap();
     // An existing table gets a default 0 (for INSERT ... SELECT), the
     // function and the trigger; flush 0 is warned about.
     let a = mysql::apply(&mut c, &layout, &opts).await.unwrap();
-    for want in ["default 0 of posts.id", "posts_id_refused", "trigger posts_id"] {
+    for want in [
+        "default 0 of posts.id",
+        "posts_id_refused",
+        "trigger posts_id",
+    ] {
         assert!(a.installed.contains(&want.to_string()), "{want}: {a:?}");
     }
-    assert!(a.warnings.iter().any(|w| w.contains("innodb_flush_log_at_trx_commit = 0")));
+    assert!(
+        a.warnings
+            .iter()
+            .any(|w| w.contains("innodb_flush_log_at_trx_commit = 0"))
+    );
     let problems = mysql::check(&mut c, &layout, &opts).await.unwrap();
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].contains("innodb_flush_log_at_trx_commit = 0"));
@@ -678,12 +752,17 @@ async fn apply_and_check_refuse_what_breaks_the_argument() {
         problems.iter().any(|p| p.contains("ids would repeat")),
         "{problems:?}"
     );
-    c.exec_drop("DELETE FROM posts WHERE id = ?", (ahead,)).await.unwrap();
+    c.exec_drop("DELETE FROM posts WHERE id = ?", (ahead,))
+        .await
+        .unwrap();
     // A cycling sequence, another trigger, the scheduler off.
     c.query_drop("ALTER SEQUENCE posts_id_seq CYCLE; CREATE OR REPLACE TRIGGER posts_id BEFORE INSERT ON posts FOR EACH ROW SET NEW.id = 7; SET GLOBAL event_scheduler = OFF")
         .await
         .unwrap();
-    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap().join("\n");
+    let problems = mysql::check(&mut c, &layout, &opts)
+        .await
+        .unwrap()
+        .join("\n");
     for want in [
         "cycles",
         "trigger posts_id differs",
@@ -692,15 +771,22 @@ async fn apply_and_check_refuse_what_breaks_the_argument() {
         assert!(problems.contains(want), "{want}: {problems}");
     }
     c.query_drop("DROP TRIGGER posts_id").await.unwrap();
-    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap().join("\n");
-    assert!(problems.contains("trigger posts_id on posts is missing"), "{problems}");
+    let problems = mysql::check(&mut c, &layout, &opts)
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        problems.contains("trigger posts_id on posts is missing"),
+        "{problems}"
+    );
     // apply puts it all back.
     let a = mysql::apply(&mut c, &layout, &opts).await.unwrap();
     assert!(a.clock_running, "{a:?}");
     let problems = mysql::check(&mut c, &layout, &opts).await.unwrap();
     assert_eq!(problems.len(), 1, "{problems:?}");
     // Another layout on the same sequence is refused.
-    let other = preset::resolve("other: time 41 | shard 12 | sequence 10 (epoch 1672531200000 ms)").unwrap();
+    let other = preset::resolve("other: time 41 | shard 12 | sequence 10 (epoch 1672531200000 ms)")
+        .unwrap();
     let e = err_text(mysql::apply(&mut c, &other, &opts).await);
     assert!(e.contains("was made for another layout"), "{e}");
     // The sequence runs out at the layout's last value: a clear error.
