@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::error::ApiError;
+use crate::error::{ErrorKind, IssueError};
 use crate::issuer::Issuer;
 
 /// Generated messages, server and client.
@@ -44,8 +44,21 @@ pub fn routes(issuer: Arc<Issuer>) -> anyhow::Result<tonic::service::Routes> {
         .add_service(v1alpha))
 }
 
-fn status(e: ApiError) -> Status {
-    e.into()
+/// The one mapping of the domain's errors to gRPC: the kind picks the
+/// status code, and the code string travels in `x-error-code`.
+impl From<IssueError> for Status {
+    fn from(e: IssueError) -> Self {
+        let code = match e.kind() {
+            ErrorKind::BadInput => tonic::Code::InvalidArgument,
+            ErrorKind::Unavailable => tonic::Code::Unavailable,
+            ErrorKind::Broken => tonic::Code::Internal,
+        };
+        let mut status = Status::new(code, e.to_string());
+        if let Ok(v) = e.code().parse() {
+            status.metadata_mut().insert("x-error-code", v);
+        }
+        status
+    }
 }
 
 #[tonic::async_trait]
@@ -54,10 +67,8 @@ impl IdService for Service {
         &self,
         _: Request<pb::NextIdRequest>,
     ) -> Result<Response<pb::NextIdReply>, Status> {
-        let (batch, _) = self.issuer.issue(0, 1).await.map_err(status)?;
-        Ok(Response::new(pb::NextIdReply {
-            id: batch.first().get(),
-        }))
+        let id = self.issuer.next_id().await?;
+        Ok(Response::new(pb::NextIdReply { id: id.get() }))
     }
 
     async fn next_ids(
@@ -65,17 +76,8 @@ impl IdService for Service {
         req: Request<pb::NextIdsRequest>,
     ) -> Result<Response<pb::NextIdsReply>, Status> {
         let count = req.into_inner().count;
-        let max = self.issuer.config.max_batch;
-        if count == 0 || count > max {
-            return Err(status(ApiError::invalid_count(&count.to_string(), max)));
-        }
-        let _permit = self
-            .issuer
-            .large_batch_permit(count, crate::issuer::LARGE_BATCH_WAIT)
-            .await
-            .map_err(status)?;
-        let (batch, _) = self.issuer.issue(0, count).await.map_err(status)?;
-        let collect = move || batch.iter().map(|id| id.get()).collect::<Vec<u64>>();
+        let issued = self.issuer.next_ids(count).await?;
+        let collect = move || issued.batch.iter().map(|id| id.get()).collect::<Vec<u64>>();
         let ids = if count > crate::http::BLOCKING_BATCH {
             tokio::task::spawn_blocking(collect)
                 .await
@@ -90,18 +92,8 @@ impl IdService for Service {
         &self,
         req: Request<pb::ShardIdRequest>,
     ) -> Result<Response<pb::NextIdReply>, Status> {
-        let c = &self.issuer.config;
-        if c.shard_field.is_none() {
-            return Err(status(ApiError::bad_request(
-                "no_shard_field",
-                format!("layout {} has no shard field", c.layout.name()),
-            )));
-        }
-        let shard = req.into_inner().key % c.shards;
-        let (batch, _) = self.issuer.issue(shard, 1).await.map_err(status)?;
-        Ok(Response::new(pb::NextIdReply {
-            id: batch.first().get(),
-        }))
+        let got = self.issuer.shard_id(req.into_inner().key).await?;
+        Ok(Response::new(pb::NextIdReply { id: got.id.get() }))
     }
 
     async fn next_kind(
@@ -109,7 +101,7 @@ impl IdService for Service {
         req: Request<pb::NextKindRequest>,
     ) -> Result<Response<pb::NextKindReply>, Status> {
         let kind = req.into_inner().kind;
-        let (name, value) = self.issuer.other_kind(&kind).await.map_err(status)?;
+        let (name, value) = self.issuer.other_kind(&kind).await?;
         Ok(Response::new(pb::NextKindReply {
             kind: name.to_string(),
             value,
@@ -124,24 +116,12 @@ impl IdService for Service {
         let format = match req.format.as_str() {
             "" | "dec" => None,
             f => Some(f.parse().map_err(|_| {
-                status(ApiError::bad_request(
-                    "invalid_parameter",
-                    format!("format must be dec, hex, base32 or base62, got {f:?}"),
+                IssueError::InvalidParameter(format!(
+                    "format must be dec, hex, base32 or base62, got {f:?}"
                 ))
             })?),
         };
-        let id = format
-            .unwrap_or(shardflake::Format::Dec)
-            .parse(req.id.trim())
-            .map_err(|e| {
-                status(ApiError::bad_request(
-                    "malformed_id",
-                    format!("{:?}: {e}", req.id),
-                ))
-            })?;
-        let parts = id
-            .decode(self.issuer.layout())
-            .map_err(|e| status(ApiError::bad_request("malformed_id", e.to_string())))?;
+        let (id, parts) = self.issuer.decode(&req.id, format)?;
         Ok(Response::new(pb::DecodeReply {
             id: id.get(),
             timestamp: parts.timestamp(),
@@ -158,20 +138,17 @@ impl IdService for Service {
     }
 
     async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::InfoReply>, Status> {
-        let c = &self.issuer.config;
+        let info = self.issuer.info();
         Ok(Response::new(pb::InfoReply {
-            layout: c.layout.name().to_string(),
-            layout_spec: c.layout.to_string(),
-            node_field: c.node_field.clone(),
-            node_id: self.issuer.active().map(|a| a.node_id),
-            node_source: match c.node {
-                crate::config::NodeSource::Static(_) => "static".into(),
-                crate::config::NodeSource::Etcd(_) => "etcd".into(),
-            },
-            lease_state: self.issuer.lease_state().name().to_string(),
-            max_batch: c.max_batch,
-            shard_field: c.shard_field.clone().unwrap_or_default(),
-            shards: c.shard_field.as_ref().map_or(0, |_| c.shards),
+            layout: info.layout,
+            layout_spec: info.layout_spec,
+            node_field: info.node_field,
+            node_id: info.node_id,
+            node_source: info.node_source.to_string(),
+            lease_state: info.lease_state.to_string(),
+            max_batch: info.max_batch,
+            shard_field: info.shard_field.unwrap_or_default(),
+            shards: info.shards.unwrap_or(0),
         }))
     }
 }

@@ -26,7 +26,7 @@ use axum::routing::get;
 use serde_json::json;
 use shardflake::{Batch, Format, Id};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind, IssueError};
 use crate::issuer::Issuer;
 use crate::metrics;
 
@@ -56,6 +56,25 @@ pub fn router(issuer: Arc<Issuer>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(issuer)
+}
+
+/// The one mapping of the domain's errors to HTTP: the code stays, the kind
+/// picks the status.
+impl From<IssueError> for ApiError {
+    fn from(e: IssueError) -> Self {
+        let status = match e.kind() {
+            ErrorKind::BadInput => 400,
+            ErrorKind::Unavailable => 503,
+            ErrorKind::Broken => 500,
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl IntoResponse for IssueError {
+    fn into_response(self) -> Response {
+        ApiError::from(self).into_response()
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -218,18 +237,21 @@ async fn next_id(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Respo
         }
         q.output()?
     };
-    let (batch, _) = issuer.issue(0, 1).await?;
+    let id = issuer.next_id().await?;
     let mut buf = Vec::with_capacity(32);
     buf.extend_from_slice(b"{\"id\":");
-    push_id(&mut buf, batch.first(), numbers, format);
+    push_id(&mut buf, id, numbers, format);
     buf.push(b'}');
     Ok(json_response(StatusCode::OK, buf))
 }
 
-fn parse_count(text: &str, max: u64) -> Result<u64, ApiError> {
+fn parse_count(text: &str, max: u64) -> Result<u64, IssueError> {
     match parse_digits(text) {
         Some(n) if (1..=max).contains(&n) => Ok(n),
-        _ => Err(ApiError::invalid_count(text, max)),
+        _ => Err(IssueError::InvalidCount {
+            text: text.to_string(),
+            max,
+        }),
     }
 }
 
@@ -239,12 +261,7 @@ async fn next_ids_get(
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref(), &["count", "numbers", "format"])?;
     let max = issuer.config.max_batch;
-    let count = parse_count(
-        q.count
-            .as_deref()
-            .ok_or_else(|| ApiError::invalid_count("", max))?,
-        max,
-    )?;
+    let count = parse_count(q.count.as_deref().unwrap_or(""), max)?;
     let (numbers, format) = q.output()?;
     batch_response(issuer, count, numbers, format).await
 }
@@ -284,8 +301,8 @@ async fn next_ids_post(State(issuer): Shared, body: Body) -> Result<Response, Ap
     let count = match request.count {
         Some(serde_json::Value::Number(n)) => parse_count(&n.to_string(), max)?,
         Some(serde_json::Value::String(s)) => parse_count(&s, max)?,
-        Some(other) => return Err(ApiError::invalid_count(&other.to_string(), max)),
-        None => return Err(ApiError::invalid_count("", max)),
+        Some(other) => parse_count(&other.to_string(), max)?,
+        None => parse_count("", max)?,
     };
     let (numbers, format) = output(
         request.numbers.unwrap_or(false),
@@ -326,80 +343,50 @@ async fn batch_response(
     numbers: bool,
     format: Option<Format>,
 ) -> Result<Response, ApiError> {
-    let _permit = issuer
-        .large_batch_permit(count, crate::issuer::LARGE_BATCH_WAIT)
-        .await?;
-    let (batch, _) = issuer.issue(0, count).await?;
+    let issued = issuer.next_ids(count).await?;
     let body = if count > BLOCKING_BATCH {
-        tokio::task::spawn_blocking(move || format_batch(&batch, numbers, format))
+        tokio::task::spawn_blocking(move || format_batch(&issued.batch, numbers, format))
             .await
             .map_err(|e| ApiError::new(500, "internal", e.to_string()))?
     } else {
-        format_batch(&batch, numbers, format)
+        format_batch(&issued.batch, numbers, format)
     };
     Ok(json_response(StatusCode::OK, body))
 }
 
 async fn shard_id(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref(), &["key", "numbers"])?;
-    if issuer.config.shard_field.is_none() {
-        return Err(ApiError::bad_request(
-            "no_shard_field",
-            format!(
-                "layout {} has no shard field besides the node field; use a layout with a `shard` field",
-                issuer.layout().name()
-            ),
-        ));
-    }
     let text = q.key.as_deref().unwrap_or("");
-    let key = parse_digits(text).ok_or_else(|| {
-        ApiError::bad_request(
-            "invalid_key",
-            format!("key must be a non-negative whole number, got {text:?}"),
-        )
-    })?;
+    let key = parse_digits(text).ok_or_else(|| IssueError::InvalidKey(text.to_string()))?;
     let numbers = q.numbers()?;
-    let shard = key % issuer.config.shards;
-    let (batch, _) = issuer.issue(shard, 1).await?;
+    let got = issuer.shard_id(key).await?;
     let mut buf = Vec::with_capacity(64);
     buf.extend_from_slice(b"{\"id\":");
-    push_id(&mut buf, batch.first(), numbers, None);
+    push_id(&mut buf, got.id, numbers, None);
     buf.extend_from_slice(b",\"shard\":");
-    push_u64(&mut buf, shard);
+    push_u64(&mut buf, got.shard);
     buf.extend_from_slice(b",\"key\":");
-    push_u64(&mut buf, key);
+    push_u64(&mut buf, got.key);
     buf.push(b'}');
     Ok(json_response(StatusCode::OK, buf))
 }
 
-/// Decodes `text` (decimal, or `format`) with the active layout.
-pub fn decode_json(
-    issuer: &Issuer,
-    text: &str,
-    format: Option<Format>,
-) -> Result<serde_json::Value, ApiError> {
-    let malformed = |e: String| ApiError::bad_request("malformed_id", e);
-    let id = format
-        .unwrap_or(Format::Dec)
-        .parse(text.trim())
-        .map_err(|e| malformed(format!("{text:?}: {e}")))?;
-    let parts = id
-        .decode(issuer.layout())
-        .map_err(|e| malformed(e.to_string()))?;
+/// An id's parts as JSON.
+fn parts_json(id: Id, parts: shardflake::Parts) -> serde_json::Value {
     let fields: serde_json::Map<String, serde_json::Value> = parts
         .fields
         .iter()
         .map(|(n, v)| (n.clone(), json!(v)))
         .collect();
-    Ok(json!({
+    json!({
         "id": id.get().to_string(),
+        "timestamp": parts.timestamp(),
         "layout": parts.layout,
         "tick": parts.tick,
         "unix_ms": parts.unix_ms,
-        "timestamp": parts.timestamp(),
         "fields": fields,
         "sequence": parts.sequence,
-    }))
+    })
 }
 
 async fn decode(
@@ -407,41 +394,16 @@ async fn decode(
     path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    let Path(text) = path.map_err(|e| ApiError::bad_request("malformed_id", e.body_text()))?;
+    let Path(text) = path.map_err(|e| IssueError::MalformedId(e.body_text()))?;
     let q = Query::parse(raw.as_deref(), &["format"])?;
-    let v = decode_json(&issuer, &text, q.format()?)?;
+    let (id, parts) = issuer.decode(&text, q.format()?)?;
+    let v = parts_json(id, parts);
     Ok(json_response(StatusCode::OK, v.to_string()))
 }
 
-/// The layout and node identity as JSON.
-pub fn info_json(issuer: &Issuer) -> serde_json::Value {
-    let c = &issuer.config;
-    let active = issuer.active();
-    let fixed: serde_json::Map<String, serde_json::Value> = c
-        .fixed_fields
-        .iter()
-        .map(|(n, v)| (n.clone(), json!(v)))
-        .collect();
-    json!({
-        "layout": c.layout.name(),
-        "layout_spec": c.layout.to_string(),
-        "node_field": c.node_field,
-        "node_id": active.as_ref().map(|a| a.node_id),
-        "node_source": match c.node { crate::config::NodeSource::Static(_) => "static", _ => "etcd" },
-        "lease_state": issuer.lease_state().name(),
-        "fixed_fields": fixed,
-        "shard_field": c.shard_field,
-        "shards": c.shard_field.as_ref().map(|_| c.shards),
-        "max_batch": c.max_batch,
-        "ids_per_ms": c.layout.ids_per_tick() / c.layout.tick_ms().max(1),
-        "resumed_after_ms": active.as_ref().map(|a| a.resumed_after_ms),
-        "high_water_ms": active.as_ref().map(|a| a.durable_hw()),
-        "kinds": ["layout", "uuidv1", "uuidv4", "uuidv6", "uuidv7", "uuid-nil", "objectid"],
-    })
-}
-
 async fn info(State(issuer): Shared) -> Response {
-    json_response(StatusCode::OK, info_json(&issuer).to_string())
+    let body = serde_json::to_string(&issuer.info()).unwrap_or_else(|_| "{}".into());
+    json_response(StatusCode::OK, body)
 }
 
 async fn healthz() -> Response {
@@ -517,7 +479,7 @@ mod tests {
             "99999999999999999999999",
         ] {
             assert_eq!(
-                parse_count(bad, 10).unwrap_err().code,
+                parse_count(bad, 10).unwrap_err().code(),
                 "invalid_count",
                 "{bad:?}"
             );

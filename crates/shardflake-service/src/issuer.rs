@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use shardflake::{
-    Attempt, Batch, Clock, ExhaustedPolicy, Generator, Id, Layout, ObjectIdGenerator, Stats, Step,
-    SystemClock,
+    Attempt, Batch, Clock, ExhaustedPolicy, Format, Generator, Id, Layout, ObjectIdGenerator,
+    Parts, Stats, Step, SystemClock,
 };
 
 use crate::config::Config;
-use crate::error::ApiError;
+use crate::error::IssueError;
 use crate::metrics::Metrics;
 
 /// Batches above this many ids need a permit (see [`Issuer::large_batch_permit`]).
@@ -123,19 +123,16 @@ impl Issuer {
         &self,
         count: u64,
         wait: Duration,
-    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, IssueError> {
         if count <= LARGE_BATCH {
             return Ok(None);
         }
         match tokio::time::timeout(wait, self.large_batches.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(Some(permit)),
-            _ => Err(ApiError::new(
-                503,
-                "busy",
-                format!(
-                    "{LARGE_BATCHES_AT_ONCE} batches of over {LARGE_BATCH} ids are being made; retry, or ask for fewer ids"
-                ),
-            )),
+            _ => Err(IssueError::Busy {
+                at_once: LARGE_BATCHES_AT_ONCE,
+                over: LARGE_BATCH,
+            }),
         }
     }
 
@@ -172,7 +169,7 @@ impl Issuer {
         resume_after_ms: u64,
         fence_until: Option<Instant>,
         durable_hw_ms: u64,
-    ) -> Result<Active, ApiError> {
+    ) -> Result<Active, IssueError> {
         let slots = if self.config.shard_field.is_some() {
             self.config.shards as usize
         } else {
@@ -220,11 +217,11 @@ impl Issuer {
         &self,
         active: &'a Active,
         shard: u64,
-    ) -> Result<&'a Generator<SystemClock>, ApiError> {
+    ) -> Result<&'a Generator<SystemClock>, IssueError> {
         let cell = active
             .generators
             .get(shard as usize)
-            .ok_or_else(|| ApiError::bad_request("invalid_key", "shard out of range"))?;
+            .ok_or_else(|| IssueError::InvalidKey(format!("shard {shard} out of range")))?;
         if let Some(g) = cell.get() {
             return Ok(g);
         }
@@ -247,10 +244,10 @@ impl Issuer {
         }
         let g = b
             .build()
-            .map_err(|e| ApiError::new(500, "bad_node_id", e.to_string()))?;
-        let _ = cell.set(g);
-        cell.get()
-            .ok_or_else(|| ApiError::new(500, "internal", "generator cell empty"))
+            .map_err(|e| IssueError::BadNodeId(e.to_string()))?;
+        // Another request may have set it first: either generator is fine,
+        // as long as one is kept (`get_or_init` cannot fail the build).
+        Ok(cell.get_or_init(|| g))
     }
 
     /// `count` ids (1..=max_batch) from one reservation, for `shard`
@@ -260,8 +257,11 @@ impl Issuer {
     /// policy waits out) happen on tokio's timer, never on a worker thread,
     /// and stop when the caller drops the future (the claimed ids are then
     /// skipped, never reissued).
-    pub async fn issue(&self, shard: u64, count: u64) -> Result<(Batch, u64), ApiError> {
-        let active = self.current.load_full().ok_or_else(ApiError::no_lease)?;
+    async fn issue(&self, shard: u64, count: u64) -> Result<(Batch, u64), IssueError> {
+        let active = self
+            .current
+            .load_full()
+            .ok_or_else(|| IssueError::NoLease(self.lease_state().name()))?;
         self.check_fence(&active)?;
         let generator = self.generator(&active, shard)?;
         let mut attempt = Attempt::new();
@@ -290,11 +290,7 @@ impl Issuer {
             self.metrics
                 .refused_high_water
                 .fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError::new(
-                503,
-                "high_water_not_recorded",
-                "the clock is past the last recorded high-water time; waiting for the record",
-            ));
+            return Err(IssueError::HighWaterNotRecorded);
         }
         self.metrics.ids.fetch_add(count, Ordering::Relaxed);
         if count > 1 {
@@ -308,62 +304,116 @@ impl Issuer {
     /// the clock (else every id would be refused as
     /// `high_water_not_recorded`), and the clock is not behind further than
     /// the rollback policy rides or waits out. Returns the node id.
-    pub fn readiness(&self) -> Result<u64, ApiError> {
+    pub fn readiness(&self) -> Result<u64, IssueError> {
         let state = self.lease_state();
-        let active = self.active();
-        let active = match active {
+        let active = match self.active() {
             Some(a) if matches!(state, LeaseState::Held | LeaseState::Static) => a,
-            _ => {
-                return Err(ApiError::new(
-                    503,
-                    "no_lease",
-                    format!("not ready: lease state {}", state.name()),
-                ));
-            }
+            _ => return Err(IssueError::NoLease(state.name())),
         };
         if active.fence_ns() != u64::MAX && self.mono_ns(Instant::now()) >= active.fence_ns() {
-            return Err(ApiError::new(
-                503,
-                "no_lease",
-                "not ready: the lease could not be renewed in time (fenced)",
-            ));
+            return Err(IssueError::Fenced);
         }
         if active.durable_hw() <= SystemClock.now_ms() {
-            return Err(ApiError::new(
-                503,
-                "high_water_not_recorded",
-                "not ready: the clock is past the last recorded high-water time",
-            ));
+            return Err(IssueError::HighWaterNotRecorded);
         }
         for g in active.generators.iter().filter_map(|g| g.get()) {
-            g.check_clock().map_err(|e| {
-                let mut e = ApiError::from(e);
-                e.message = format!("not ready: {}", e.message);
-                e
-            })?;
+            g.check_clock()?;
         }
         Ok(active.node_id)
     }
 
-    fn check_fence(&self, active: &Active) -> Result<(), ApiError> {
+    fn check_fence(&self, active: &Active) -> Result<(), IssueError> {
         let until = active.fence_until_ns.load(Ordering::SeqCst);
         if until != u64::MAX && self.mono_ns(Instant::now()) >= until {
             self.metrics.refused_fenced.fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError::no_lease());
+            return Err(IssueError::Fenced);
         }
         Ok(())
     }
 
+    /// The next id (for layouts with a shard field: of shard 0).
+    pub async fn next_id(&self) -> Result<Id, IssueError> {
+        Ok(self.issue(0, 1).await?.0.first())
+    }
+
+    /// `count` ids from one reservation: `1..=max_batch`, and a batch over
+    /// [`LARGE_BATCH`] waits for one of [`LARGE_BATCHES_AT_ONCE`] permits
+    /// (then [`IssueError::Busy`]). Hold the answer's permit until the
+    /// batch is written out: it bounds the memory batches take.
+    pub async fn next_ids(&self, count: u64) -> Result<IssuedBatch, IssueError> {
+        let max = self.config.max_batch;
+        if count == 0 || count > max {
+            return Err(IssueError::InvalidCount {
+                text: count.to_string(),
+                max,
+            });
+        }
+        let permit = self.large_batch_permit(count, LARGE_BATCH_WAIT).await?;
+        let (batch, _) = self.issue(0, count).await?;
+        Ok(IssuedBatch {
+            batch,
+            _permit: permit,
+        })
+    }
+
+    /// An id for sharding key `key`: its shard is `key % shards`.
+    pub async fn shard_id(&self, key: u64) -> Result<ShardId, IssueError> {
+        if self.config.shard_field.is_none() {
+            return Err(IssueError::NoShardField(self.layout().name().to_string()));
+        }
+        let shard = key % self.config.shards;
+        let (batch, _) = self.issue(shard, 1).await?;
+        Ok(ShardId {
+            id: batch.first(),
+            shard,
+            key,
+        })
+    }
+
+    /// Decodes `text` (decimal, or `format`) with the layout.
+    pub fn decode(&self, text: &str, format: Option<Format>) -> Result<(Id, Parts), IssueError> {
+        let id = format
+            .unwrap_or(Format::Dec)
+            .parse(text.trim())
+            .map_err(|e| IssueError::MalformedId(format!("{text:?}: {e}")))?;
+        let parts = id
+            .decode(self.layout())
+            .map_err(|e| IssueError::MalformedId(e.to_string()))?;
+        Ok((id, parts))
+    }
+
+    /// The layout and the node identity held now.
+    pub fn info(&self) -> Info {
+        let c = &self.config;
+        let active = self.active();
+        Info {
+            layout: c.layout.name().to_string(),
+            layout_spec: c.layout.to_string(),
+            node_field: c.node_field.clone(),
+            node_id: active.as_ref().map(|a| a.node_id),
+            node_source: match c.node {
+                crate::config::NodeSource::Static(_) => "static",
+                crate::config::NodeSource::Etcd(_) => "etcd",
+            },
+            lease_state: self.lease_state().name(),
+            fixed_fields: c.fixed_fields.iter().cloned().collect(),
+            shard_field: c.shard_field.clone(),
+            shards: c.shard_field.as_ref().map(|_| c.shards),
+            max_batch: c.max_batch,
+            ids_per_ms: c.layout.ids_per_tick() / c.layout.tick_ms().max(1),
+            resumed_after_ms: active.as_ref().map(|a| a.resumed_after_ms),
+            high_water_ms: active.as_ref().map(|a| a.durable_hw()),
+            kinds: &KINDS,
+        }
+    }
+
     /// Another kind of id by name.
-    pub async fn other_kind(&self, kind: &str) -> Result<(&'static str, String), ApiError> {
+    pub async fn other_kind(&self, kind: &str) -> Result<(&'static str, String), IssueError> {
         use shardflake::Kind;
         let k: Kind = kind.parse().map_err(|_| {
-            ApiError::bad_request(
-                "unknown_kind",
-                format!(
-                    "unknown kind {kind:?}; use layout, uuidv1, uuidv4, uuidv6, uuidv7, uuid-nil or objectid"
-                ),
-            )
+            IssueError::UnknownKind(format!(
+                "unknown kind {kind:?}; use layout, uuidv1, uuidv4, uuidv6, uuidv7, uuid-nil or objectid"
+            ))
         })?;
         let text = match k {
             Kind::ObjectId => {
@@ -375,23 +425,77 @@ impl Issuer {
                     }
                 }
             }
-            Kind::Layout => return Err(ApiError::bad_request("unknown_kind", "use /v1/id")),
+            Kind::Layout => return Err(IssueError::UnknownKind("use /v1/id".into())),
             k if k.is_name_based() => {
-                return Err(ApiError::bad_request(
-                    "unknown_kind",
-                    format!(
-                        "{} is name-based; the service makes uuidv1, uuidv4, uuidv6, uuidv7, uuid-nil and objectid",
-                        k.name()
-                    ),
-                ));
+                return Err(IssueError::UnknownKind(format!(
+                    "{} is name-based; the service makes uuidv1, uuidv4, uuidv6, uuidv7, uuid-nil and objectid",
+                    k.name()
+                )));
             }
             k => shardflake::uuid::generate(k, None)
-                .map_err(|e| ApiError::bad_request("unknown_kind", e.to_string()))?
+                .map_err(|e| IssueError::UnknownKind(e.to_string()))?
                 .to_string(),
         };
         self.metrics.other_kinds.fetch_add(1, Ordering::Relaxed);
         Ok((k.name(), text))
     }
+}
+
+/// The kinds of id the service makes.
+const KINDS: [&str; 7] = [
+    "layout", "uuidv1", "uuidv4", "uuidv6", "uuidv7", "uuid-nil", "objectid",
+];
+
+/// A batch and, for a large one, the permit that counts it until dropped.
+#[derive(Debug)]
+pub struct IssuedBatch {
+    /// The ids.
+    pub batch: Batch,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// An id for a sharding key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardId {
+    /// The id.
+    pub id: Id,
+    /// Its shard (`key % shards`).
+    pub shard: u64,
+    /// The key asked for.
+    pub key: u64,
+}
+
+/// The layout and node identity, as `/v1/info` and the gRPC `Info` call show them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Info {
+    /// Layout name.
+    pub layout: String,
+    /// Layout spec string.
+    pub layout_spec: String,
+    /// The field holding the node id.
+    pub node_field: String,
+    /// The node id held, if any.
+    pub node_id: Option<u64>,
+    /// `static` or `etcd`.
+    pub node_source: &'static str,
+    /// The lease state's name.
+    pub lease_state: &'static str,
+    /// Other node fields and their fixed values.
+    pub fixed_fields: std::collections::BTreeMap<String, u64>,
+    /// The shard field, if the layout has one.
+    pub shard_field: Option<String>,
+    /// Number of shards (with a shard field).
+    pub shards: Option<u64>,
+    /// Largest batch.
+    pub max_batch: u64,
+    /// The layout's cap per node.
+    pub ids_per_ms: u64,
+    /// Ids are stamped after this Unix ms.
+    pub resumed_after_ms: Option<u64>,
+    /// The last recorded high-water, Unix ms.
+    pub high_water_ms: Option<u64>,
+    /// The kinds of id made.
+    pub kinds: &'static [&'static str],
 }
 
 impl Active {
@@ -509,7 +613,7 @@ mod tests {
             .large_batch_permit(LARGE_BATCH + 1, short)
             .await
             .unwrap_err();
-        assert_eq!((err.status, err.code), (503, "busy"));
+        assert_eq!(err.code(), "busy");
         drop(held);
         assert!(
             issuer
