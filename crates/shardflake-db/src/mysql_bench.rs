@@ -19,6 +19,8 @@ use crate::Error;
 pub enum BenchMode {
     /// `INSERT`, the id from the OK packet.
     AutoIncrement,
+    /// The same, sent as text (the baseline of [`BenchMode::DefaultText`]).
+    AutoIncrementText,
     /// Ours, as `mysql apply` installs it: the trigger on a cached sequence
     /// (`CACHE 1000`); the id from the OK packet.
     Trigger,
@@ -44,8 +46,9 @@ pub enum BenchMode {
 
 impl BenchMode {
     /// Every mode, in report order.
-    pub const ALL: [BenchMode; 9] = [
+    pub const ALL: [BenchMode; 10] = [
         BenchMode::AutoIncrement,
+        BenchMode::AutoIncrementText,
         BenchMode::Trigger,
         BenchMode::TriggerReturning,
         BenchMode::TriggerNocache,
@@ -60,6 +63,7 @@ impl BenchMode {
     pub fn label(self) -> &'static str {
         match self {
             BenchMode::AutoIncrement => "AUTO_INCREMENT (id in the OK packet)",
+            BenchMode::AutoIncrementText => "AUTO_INCREMENT, text protocol",
             BenchMode::Trigger => "**ours: sequence + trigger (id in the OK packet)**",
             BenchMode::TriggerReturning => "ours, INSERT ... RETURNING id",
             BenchMode::TriggerNocache => "ours with a NOCACHE sequence",
@@ -73,7 +77,7 @@ impl BenchMode {
 
     fn table(self) -> &'static str {
         match self {
-            BenchMode::AutoIncrement => "bench_auto",
+            BenchMode::AutoIncrement | BenchMode::AutoIncrementText => "bench_auto",
             BenchMode::Trigger | BenchMode::TriggerReturning => "bench_trigger",
             BenchMode::TriggerNocache => "bench_nocache",
             BenchMode::TriggerFunction => "bench_trigfn",
@@ -93,6 +97,7 @@ impl BenchMode {
                 | BenchMode::LockedProcedure
                 | BenchMode::SeedProcedure
                 | BenchMode::TriggerReturning
+                | BenchMode::AutoIncrementText
         )
     }
 }
@@ -341,6 +346,8 @@ async fn client(
         }
     };
     let insert_auto = format!("INSERT INTO {table} (user_id, body) VALUES (?, 'hello')");
+    let insert_auto_text =
+        format!("INSERT INTO {table} (user_id, body) VALUES ({user_id}, 'hello')");
     let insert_returning =
         format!("INSERT INTO {table} (user_id, body) VALUES (?, 'hello') RETURNING id");
     let insert_text =
@@ -356,10 +363,13 @@ async fn client(
     };
     for _ in 0..rows {
         match mode {
-            BenchMode::AutoIncrement => {
-                c.exec_drop(&insert_auto, (user_id,))
-                    .await
-                    .map_err(my("insert"))?;
+            BenchMode::AutoIncrement | BenchMode::AutoIncrementText => {
+                if mode == BenchMode::AutoIncrement {
+                    c.exec_drop(&insert_auto, (user_id,)).await
+                } else {
+                    c.query_drop(&insert_auto_text).await
+                }
+                .map_err(my("insert"))?;
                 if c.last_insert_id().is_none() {
                     return Err(other("insert", "no id in the OK packet"));
                 }

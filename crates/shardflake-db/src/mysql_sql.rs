@@ -543,45 +543,54 @@ fn past_end(plan: &Plan, proc_name: &str) -> String {
 }
 
 /// The seed-shaped procedure on the sequence (MariaDB ≥ 10.3):
-/// `CALL generate_post_id(user_id, @id)` draws from the same sequence as
-/// the column default, so ids from both never collide. A draw that lags the
-/// clock by more than [`LAG_MS`] catches the sequence up itself (a
-/// procedure may run `EXECUTE IMMEDIATE`) and draws again: it does not
-/// need the clock event. No row lock, no write but the sequence's.
+/// `CALL generate_post_id(?, ?)` draws from the same sequence as the
+/// trigger, so ids from both never collide. Its common path is one `SET`
+/// (the trigger's expression, `NULL` instead of an error); a draw that lags
+/// the clock by more than [`LAG_MS`], a bad key or a clock before the epoch
+/// take the other branch, which names the error or catches the sequence up
+/// itself (a procedure may run `EXECUTE IMMEDIATE`) and draws again: the
+/// procedure does not need the clock event. No row lock, no write but the
+/// sequence's.
 pub fn procedure_sql(plan: &Plan, names: &Names) -> String {
     let name = &names.procedure;
     let key = &names.key;
+    let seq = format!("`{}`", names.sequence());
+    let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     format!(
         "CREATE PROCEDURE `{name}`(IN {key} BIGINT, OUT id BIGINT)
 COMMENT {comment}
 BEGIN
-  DECLARE us BIGINT;
-  DECLARE t BIGINT;
-  DECLARE w BIGINT;
-  DECLARE msg VARCHAR(255);
   DECLARE EXIT HANDLER FOR {run_out}
-    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: sequence {seq} has run out: the ids of layout {layout} end at {end}';
-{checks}  SET w = NEXT VALUE FOR `{seq}`;
-  SET t = {clock};
-  IF w + {lag} < t THEN
-    IF t > {max} THEN
-      {past_end}
-    END IF;
-    EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
-    SET w = NEXT VALUE FOR `{seq}`;
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: sequence {seq_name} has run out: the ids of layout {layout} end at {end}';
+  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND {us} >= 0 AND {key} >= 0 THEN {fast_id} END;
+  IF id IS NULL THEN
+    BEGIN
+      DECLARE us BIGINT;
+      DECLARE t BIGINT;
+      DECLARE w BIGINT;
+      DECLARE msg VARCHAR(255);
+{checks}      SET t = {clock};
+      IF t > {max} THEN
+        {past_end}
+      END IF;
+      EXECUTE IMMEDIATE CONCAT('DO SETVAL({seq}, ', t, ', 0)');
+      SET w = NEXT VALUE FOR {seq};
+      SET id = {id};
+    END;
   END IF;
-  SET id = {id};
 END",
         comment = lit(&plan.marker()),
         run_out = ER_SEQUENCE_RUN_OUT,
-        seq = names.sequence(),
+        seq_name = names.sequence(),
         layout = plan.layout().name(),
         end = plan.limit_text(),
-        checks = clock_checks(plan, name, key),
-        clock = plan.packed_sql("us"),
         lag = plan.packed_ms(LAG_MS),
+        clock_now = plan.packed_sql(&us),
+        fast_id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), key),
+        checks = clock_checks(plan, name, key).replace("\n  ", "\n      ").replacen("  IF", "      IF", 1),
+        clock = plan.packed_sql("us"),
         max = plan.max_packed(),
-        past_end = past_end(plan, name),
+        past_end = past_end(plan, name).replace("\n      ", "\n        "),
         id = plan.id_sql("w", key),
     )
 }
@@ -780,7 +789,12 @@ mod tests {
         assert!(
             proc_.contains("CREATE PROCEDURE `generate_post_id`(IN user_id BIGINT, OUT id BIGINT)")
         );
-        assert!(proc_.contains("IF w + 4096 < t THEN"), "{proc_}");
+        assert!(
+            proc_.contains("SET id = CASE WHEN (NEXT VALUE FOR `posts_id_seq`) + 4096 >= "),
+            "{proc_}"
+        );
+        assert!(proc_.contains("AND user_id >= 0 THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((user_id & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) END;"), "{proc_}");
+        assert!(proc_.contains("IF id IS NULL THEN"), "{proc_}");
         assert!(
             proc_.contains("SET id = ((w >> 10) << 20) | ((user_id & 1023) << 10) | (w & 1023);")
         );

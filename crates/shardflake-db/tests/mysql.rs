@@ -824,7 +824,7 @@ async fn bench_runs_every_mode() {
         ..Default::default()
     };
     let r = mysql::bench(&pool, &layout(), &opts).await.unwrap();
-    assert_eq!(r.results.len(), 18);
+    assert_eq!(r.results.len(), 20);
     for res in &r.results {
         if res.mode != mysql::BenchMode::SeedProcedure {
             assert_eq!(res.duplicates, 0, "{res:?}");
