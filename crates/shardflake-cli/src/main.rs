@@ -13,6 +13,30 @@ mod cmd;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines (stderr) as `text` or `json`, filtered by `RUST_LOG`
+    /// (default `info`, e.g. `RUST_LOG=shardflake_service=debug`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "SHARDFLAKE_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs go to stderr through `tracing`; stdout stays for output.
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 #[derive(Debug, Subcommand)]
@@ -39,6 +63,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     let result = match cli.command {
         Command::Gen(args) => cmd::generate::run(args),
         Command::Decode(args) => cmd::decode::run(args),

@@ -78,7 +78,7 @@ async fn failover(transport: Transport) {
             while !stop.load(Ordering::Relaxed) {
                 k += 1;
                 let was_killed = killed.load(Ordering::Acquire);
-                let got = if (t + k) % 2 == 0 {
+                let got = if (t + k).is_multiple_of(2) {
                     client.next_id().await.map(|id| vec![id])
                 } else {
                     client.next_ids(100).await
@@ -259,7 +259,7 @@ async fn prefetch_ids_unique_across_clients_and_increasing_per_client() {
                     None => buffer.next_id().await.expect("prefetch next_id"),
                 };
                 ids.push(id);
-                if ids.len() % 1000 == 0 {
+                if ids.len().is_multiple_of(1000) {
                     taken.fetch_add(1000, Ordering::Relaxed);
                     tokio::task::yield_now().await;
                 }

@@ -128,10 +128,7 @@ impl Client {
             }
             drop(conn);
             if t0.elapsed() > self.timeout / 2 {
-                eprintln!(
-                    "shardflake serve: slow etcd call {path} on {hostport}: {:?}",
-                    t0.elapsed()
-                );
+                tracing::warn!(path, endpoint = %hostport, took = ?t0.elapsed(), "slow etcd call");
             }
             match answer {
                 Ok(Ok((status, value))) => {

@@ -68,6 +68,9 @@ pub struct Keeper {
     lease: Option<Lease>,
     holder: String,
     _state_lock: StateLock,
+    /// Lease generations taken so far, and the span of the current one.
+    generation: u64,
+    span: tracing::Span,
 }
 
 fn now_ms() -> u64 {
@@ -92,6 +95,8 @@ impl Keeper {
             lease: None,
             holder,
             _state_lock: state_lock,
+            generation: 0,
+            span: tracing::Span::none(),
         };
         match keeper.issuer.config.node.clone() {
             NodeSource::Static(id) => {
@@ -179,7 +184,7 @@ impl Keeper {
                 let local = match read_state(&self.state_file).await {
                     Ok(ms) => ms,
                     Err(e) => {
-                        eprintln!("shardflake serve: {e:#}");
+                        tracing::error!(error = format!("{e:#}"), "reading the state file");
                         continue;
                     }
                 };
@@ -195,7 +200,7 @@ impl Keeper {
                         next_ka = Instant::now() + ka_every;
                     }
                     Err(e) => {
-                        eprintln!("shardflake serve: re-acquiring a node id: {e}");
+                        tracing::warn!(error = %e, retry_in = ?backoff, "re-acquiring a node id");
                         tokio::select! {
                             _ = drained.changed() => return,
                             _ = tokio::time::sleep(backoff) => {}
@@ -231,7 +236,8 @@ impl Keeper {
                             .metrics
                             .high_water_failures
                             .fetch_add(1, Ordering::Relaxed);
-                        eprintln!("shardflake serve: recording the high-water: {e}");
+                        self.span
+                            .in_scope(|| tracing::warn!(error = %e, "recording the high-water"));
                     }
                 }
             }
@@ -255,7 +261,10 @@ impl Keeper {
         if let Some(last) = last
             && let Err(e) = write_state(&self.state_file, last).await
         {
-            eprintln!("shardflake serve: final high-water to the state file: {e:#}");
+            tracing::error!(
+                error = format!("{e:#}"),
+                "final high-water to the state file"
+            );
         }
         let (Some((client, cfg)), Some(lease)) = (&self.etcd, self.lease.take()) else {
             return;
@@ -270,16 +279,18 @@ impl Keeper {
                 )
                 .await;
             if let Err(e) = put {
-                eprintln!(
-                    "shardflake serve: final high-water to etcd: {e} (the last periodic record, which is later, stands)"
-                );
+                self.span.in_scope(|| {
+                    tracing::warn!(
+                        error = %e,
+                        "final high-water to etcd (the last periodic record, which is later, stands)"
+                    )
+                });
             }
         }
         if let Err(e) = client.revoke(lease.id).await {
-            eprintln!(
-                "shardflake serve: revoking lease {:x}: {e} (node id {} is free once its TTL ends)",
-                lease.id, lease.node_id
-            );
+            self.span.in_scope(|| {
+                tracing::warn!(error = %e, "revoking the lease (the node id is free once its TTL ends)")
+            });
         }
     }
 
@@ -353,7 +364,8 @@ impl Keeper {
                     .metrics
                     .renewal_failures
                     .fetch_add(1, Ordering::Relaxed);
-                eprintln!("shardflake serve: lease keep-alive: {e}");
+                self.span
+                    .in_scope(|| tracing::warn!(error = %e, "lease keep-alive"));
                 true
             }
         }
@@ -364,10 +376,8 @@ impl Keeper {
         self.issuer.publish(None);
         self.issuer.set_state(LeaseState::Lost);
         self.issuer.metrics.losses.fetch_add(1, Ordering::Relaxed);
-        eprintln!(
-            "shardflake serve: node id {} withdrawn: {why}; re-acquiring",
-            active.node_id
-        );
+        self.span
+            .in_scope(|| tracing::warn!(why, "node id withdrawn; re-acquiring"));
         // The local record must cover what this identity issued.
         let _ = write_state(
             &self.state_file,
@@ -474,9 +484,17 @@ impl Keeper {
             .metrics
             .acquisitions
             .fetch_add(1, Ordering::Relaxed);
-        eprintln!(
-            "shardflake serve: holding node id {node_id} (lease {lease_id:x}, resumed after {resume} ms)"
+        // One span per lease generation: every later line about this
+        // holding carries its node id and lease.
+        self.generation += 1;
+        self.span = tracing::info_span!(
+            "lease",
+            generation = self.generation,
+            node_id,
+            lease = format!("{lease_id:x}")
         );
+        self.span
+            .in_scope(|| tracing::info!(resumed_after_ms = resume, "holding the node id"));
         Ok(())
     }
 }

@@ -60,8 +60,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         let mut signals = tokio::spawn(shutdown::signal());
         tokio::spawn(async move {
             match (&mut signals).await {
-                Ok(Ok(sig)) => eprintln!("shardflake serve: {sig}: draining"),
-                Ok(Err(e)) => eprintln!("shardflake serve: cannot watch signals: {e}"),
+                Ok(Ok(sig)) => tracing::info!(signal = %sig, "draining"),
+                Ok(Err(e)) => tracing::error!(error = %e, "cannot watch signals"),
                 Err(_) => {}
             }
             shutdown.trigger();
@@ -107,11 +107,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         }
     };
     let node = issuer.active().map(|a| a.node_id);
-    eprintln!(
-        "shardflake serve: ready, layout {} node id {}",
-        issuer.layout().name(),
-        node.map_or("-".into(), |n| n.to_string())
-    );
+    tracing::info!(layout = issuer.layout().name(), node_id = node, "ready");
 
     // The keeper renews the lease until the drain ends: in-flight requests
     // may still issue ids after SIGTERM, and a lease that ran out under them
@@ -135,15 +131,15 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => return Err(anyhow::Error::new(e).context("HTTP server")),
         Ok(Err(e)) => return Err(anyhow::Error::new(e).context("HTTP server task")),
-        Err(_) => eprintln!("shardflake serve: HTTP requests still running after {DRAIN:?}"),
+        Err(_) => tracing::warn!(drain = ?DRAIN, "HTTP requests still running after the drain"),
     }
     match grpc_result {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => return Err(anyhow::Error::new(e).context("gRPC server")),
         Ok(Err(e)) => return Err(anyhow::Error::new(e).context("gRPC server task")),
-        Err(_) => eprintln!("shardflake serve: gRPC requests still running after {DRAIN:?}"),
+        Err(_) => tracing::warn!(drain = ?DRAIN, "gRPC requests still running after the drain"),
     }
-    eprintln!("shardflake serve: stopped");
+    tracing::info!("stopped");
     Ok(())
 }
 
@@ -165,7 +161,7 @@ async fn serve_http(
                 Ok((tcp, _)) => tcp,
                 Err(e) => {
                     // Out of descriptors and the like: pause instead of spinning.
-                    eprintln!("shardflake serve: accepting an HTTP connection: {e}");
+                    tracing::warn!(error = %e, "accepting an HTTP connection");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
