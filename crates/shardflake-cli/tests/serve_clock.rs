@@ -11,7 +11,9 @@ use shardflake_service::testkit::{Etcd, Http, Serve, ServeOpts, error_code, id_o
 const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
-fn faked(policy: &str) -> anyhow::Result<(Serve, std::path::PathBuf)> {
+/// A server whose wall clock follows a libfaketime timestamp file (write
+/// e.g. `-5s` into it to step the clock), with `args`; returns it and the file.
+fn faked_with(args: &[&str]) -> anyhow::Result<(Serve, std::path::PathBuf)> {
     anyhow::ensure!(
         std::path::Path::new(LIBFAKETIME).exists(),
         "{LIBFAKETIME} missing: run scripts/install-deps.sh (package libfaketime)"
@@ -28,11 +30,7 @@ fn faked(policy: &str) -> anyhow::Result<(Serve, std::path::PathBuf)> {
     let s = Serve::start(
         BIN,
         ServeOpts {
-            // The window must exceed how far `continue` may ride ahead.
-            args: ["--rollback", policy, "--workers", "1", "--window", "11s"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            args: args.iter().map(|s| s.to_string()).collect(),
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
@@ -41,6 +39,11 @@ fn faked(policy: &str) -> anyhow::Result<(Serve, std::path::PathBuf)> {
         },
     )?;
     Ok((s, stamp))
+}
+
+fn faked(policy: &str) -> anyhow::Result<(Serve, std::path::PathBuf)> {
+    // The window must exceed how far `continue` may ride ahead.
+    faked_with(&["--rollback", policy, "--workers", "1", "--window", "11s"])
 }
 
 /// Requests ids for `for_at_least` and until `until` holds; returns
@@ -169,18 +172,10 @@ async fn clock_waits_never_hold_the_server() -> anyhow::Result<()> {
     // One worker thread: a request that slept on it would stall everything,
     // the lease keeper included.
     let etcd = Etcd::start(1)?;
-    let dir = shardflake_service::testkit::tempdir()?;
-    let stamp = dir.join("faketime");
-    std::fs::write(&stamp, "+0s")?;
-    let env = [
-        ("LD_PRELOAD", LIBFAKETIME.to_string()),
-        ("FAKETIME_TIMESTAMP_FILE", stamp.display().to_string()),
-        ("FAKETIME_NO_CACHE", "1".into()),
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
-    ];
+    let urls = etcd.urls();
     let args = [
         "--etcd",
-        &etcd.urls(),
+        &urls,
         "--etcd-prefix",
         "/t/waits",
         "--lease-ttl",
@@ -190,19 +185,7 @@ async fn clock_waits_never_hold_the_server() -> anyhow::Result<()> {
         "--workers",
         "1",
     ];
-    let s = tokio::task::block_in_place(|| {
-        Serve::start(
-            BIN,
-            ServeOpts {
-                args: args.iter().map(|s| s.to_string()).collect(),
-                env: env
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.clone()))
-                    .collect(),
-                dir: Some(dir),
-            },
-        )
-    })?;
+    let (s, stamp) = tokio::task::block_in_place(|| faked_with(&args))?;
     s.ready(Duration::from_secs(15)).await?;
     let mut c = Http::new(&s.http);
     let before = id_of(&c.get("/v1/id").await?.1)?;
