@@ -27,6 +27,9 @@ fi
 step "doc tests"
 cargo test --workspace --doc
 
+step "docs build without warnings"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
 step "model check (loom)"
 # A build of its own: --cfg loom swaps the generator's atomics for loom's.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
