@@ -45,7 +45,7 @@ pub enum ClientError {
     InvalidEndpoint {
         /// The endpoint as given.
         endpoint: String,
-        /// Why.
+        /// What is wrong with it.
         reason: String,
     },
     /// A setting or argument out of range (no endpoints, count 0, …).

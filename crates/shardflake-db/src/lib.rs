@@ -58,7 +58,7 @@ pub enum Error {
         server: String,
         /// Its URL.
         url: String,
-        /// Why.
+        /// The driver's or the server's error.
         source: tokio_postgres::Error,
     },
     /// A statement failed.
@@ -68,7 +68,7 @@ pub enum Error {
         server: String,
         /// What was being done.
         context: String,
-        /// Why.
+        /// The driver's or the server's error.
         source: tokio_postgres::Error,
     },
     /// A deployment that does not match the topology, where that is fatal.
@@ -92,7 +92,7 @@ pub enum Error {
     Mysql {
         /// What was being done.
         context: String,
-        /// Why.
+        /// The underlying error.
         source: mysql_async::Error,
     },
     /// Writing the topology file.
@@ -100,7 +100,7 @@ pub enum Error {
     Io {
         /// File.
         path: String,
-        /// Why.
+        /// The I/O error that stopped it.
         source: std::io::Error,
     },
 }

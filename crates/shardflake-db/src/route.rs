@@ -26,7 +26,7 @@ pub struct Route {
     pub url: String,
 }
 
-/// The shard of a key: `key % shards` (MISSION.md §2.2: user 31341 of 2000
+/// The shard of a key: `key % shards` ("Sharding & IDs at Instagram": user 31341 of 2000
 /// shards is shard 1341).
 pub fn shard_of_key(topo: &Topology, key: u64) -> u64 {
     key % topo.shards()

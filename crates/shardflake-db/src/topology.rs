@@ -61,7 +61,7 @@ pub enum TopologyError {
     Read {
         /// The file.
         path: String,
-        /// Why.
+        /// The I/O error that stopped it.
         source: std::io::Error,
     },
     /// Not valid TOML, or fields of the wrong type.
@@ -72,7 +72,7 @@ pub enum TopologyError {
     Layout {
         /// The `layout` value.
         spec: String,
-        /// Why.
+        /// What is wrong with the layout.
         source: shardflake::LayoutError,
     },
     /// The layout has no `shard` field, or other node fields.
@@ -118,7 +118,7 @@ pub enum TopologyError {
         server: String,
         /// The url.
         url: String,
-        /// Why.
+        /// What is wrong with it.
         reason: String,
     },
     /// A shard list that does not parse.
@@ -128,7 +128,7 @@ pub enum TopologyError {
         server: String,
         /// The list.
         spec: String,
-        /// Why.
+        /// What is wrong with it.
         reason: String,
     },
     /// A shard beyond `shards`.
@@ -166,7 +166,7 @@ pub enum TopologyError {
     BadTable {
         /// Table.
         table: String,
-        /// Why.
+        /// What is wrong with it.
         reason: String,
     },
     /// No such server (for moves and lookups).

@@ -7,7 +7,8 @@
 //! another call starts is smaller than that call's id**, on every thread.
 //! Node bits are constant, so the id grows with the packed counter.
 //!
-//! Twitter Snowflake's rules (MISSION.md §2.1) are the defaults: a new tick
+//! Twitter Snowflake's rules ("Announcing Snowflake", 2010, and its
+//! `IdWorker`) are the defaults: a new tick
 //! restarts the sequence at 0; a full sequence waits for the next tick; a
 //! clock behind the last issued tick is an error. [`ExhaustedPolicy`] and
 //! [`RollbackPolicy`] relax them, always within a bound: no call spins or

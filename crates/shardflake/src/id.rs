@@ -30,7 +30,8 @@ use crate::timestamp::rfc3339_ms;
 /// ```
 /// use shardflake::{preset, Id};
 ///
-/// // MISSION.md §2.1: epoch 2015-01-01, node 786, sequence 3450.
+/// // A Java Snowflake with epoch 2015-01-01: node 786, sequence 3450 at
+/// // 2018-06-09T10:00:00Z (the vector our source documents print).
 /// let layout = shardflake::Layout::builder("java")
 ///     .epoch_ms(1_420_070_400_000)
 ///     .time(41).node("node", 10).sequence(12)
@@ -432,7 +433,8 @@ mod tests {
 
     #[test]
     fn instagram_vector() {
-        // MISSION.md §2.2: 1387263000 ms after the epoch, shard 1341, sequence 5001 % 1024.
+        // "Sharding & IDs at Instagram" (Instagram Engineering, 2012): 1387263000 ms
+        // after the epoch, shard 1341, sequence 5001 % 1024.
         let l = preset::by_name("instagram").unwrap();
         let nodes = l.nodes(&[("shard", 1341)]).unwrap();
         let id = l.compose_tick(1_387_263_000, &nodes, 5001 % 1024).unwrap();

@@ -4,7 +4,7 @@
 //! fields, most significant first: one `time` field, one `sequence` field and
 //! any number of node or shard fields, in any order as long as time is more
 //! significant than the sequence (otherwise ids would not sort by time).
-//! Twitter Snowflake (MISSION.md §2.1) is `time 41 | node 10 | sequence 12`;
+//! Twitter Snowflake ("Announcing Snowflake", 2010) is `time 41 | node 10 | sequence 12`;
 //! Sonyflake puts its machine id last, below the sequence.
 //!
 //! Bits above the fields are zero. A layout whose fields use all 64 bits

@@ -1,4 +1,5 @@
-//! MongoDB ObjectId (MISSION.md §2.5): 4-byte big-endian seconds, a 5-byte
+//! MongoDB ObjectId (the BSON ObjectId specification, MongoDB manual
+//! "ObjectId"): 4-byte big-endian seconds, a 5-byte
 //! random value per process (older drivers put a machine id and the process
 //! id there), a 3-byte counter that starts at a random value.
 //!

@@ -1,4 +1,7 @@
-//! The layouts of the source documents (MISSION.md §2), by name.
+//! The layouts of the systems shardflake speaks, by name: Twitter's
+//! "Announcing Snowflake" (2010), Discord's and Sonyflake's variants, the
+//! PL/pgSQL ids of "Sharding & IDs at Instagram" (2012), and the MySQL
+//! procedure variant of the same idea.
 //!
 //! | name | fields, most significant first | epoch | tick |
 //! |---|---|---|---|

@@ -1,5 +1,6 @@
 //! UUIDs (RFC 9562) through the `uuid` crate: versions 1, 3, 4, 5, 6, 7 and
-//! nil (MISSION.md §2.5). The crate's `fast-rng` feature is on, so v4 and v7
+//! nil (RFC 9562 §5.1, §5.3–§5.7 and §5.9). The crate's `fast-rng` feature
+//! is on, so v4 and v7
 //! do not make a system call per id.
 
 pub use ::uuid::Uuid;
