@@ -97,6 +97,7 @@ enum MysqlCommand {
     /// and decode them.
     Insert {
         /// Shard key (user id).
+        #[arg(allow_hyphen_values = true)]
         user_id: i64,
         /// How many rows.
         #[arg(long, short = 'n', default_value_t = 1)]
@@ -114,6 +115,7 @@ enum MysqlCommand {
     /// Call a procedure as the seed's ORM does; print the ids and decode them.
     Call {
         /// Shard key (user id); the shard is user_id mod 2^shard_bits.
+        #[arg(allow_hyphen_values = true)]
         user_id: i64,
         /// How many ids.
         #[arg(long, short = 'n', default_value_t = 1)]
