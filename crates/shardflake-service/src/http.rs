@@ -42,6 +42,11 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The router.
 pub fn router(issuer: Arc<Issuer>) -> Router {
     let max_body = issuer.config.max_body;
+    let doc: Arc<str> = openapi_document(&issuer.config).into();
+    let openapi = move || {
+        let doc = doc.clone();
+        async move { json_response(StatusCode::OK, doc.to_string()) }
+    };
     Router::new()
         .route("/v1/id", get(next_id))
         .route("/v1/ids", get(next_ids_get).post(next_ids_post))
@@ -295,30 +300,48 @@ async fn next_ids_post(State(issuer): Shared, body: Body) -> Result<Response, Ap
             ));
         }
     };
-    let request: IdsBody = serde_json::from_slice(&body)
+    // The body's fields one by one: an unknown field, or `null` or another
+    // type where a value is expected, is refused rather than read as absent.
+    let request: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request("invalid_body", format!("body: {e}")))?;
+    if let Some(unknown) = request
+        .keys()
+        .find(|k| !["count", "numbers", "format"].contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            format!("body: unknown field `{unknown}`, expected count, numbers or format"),
+        ));
+    }
     let max = issuer.config.max_batch;
-    let count = match request.count {
+    // A JSON number only: a string or a fraction is refused, not read as one.
+    let count = match request.get("count") {
         Some(serde_json::Value::Number(n)) => parse_count(&n.to_string(), max)?,
-        Some(serde_json::Value::String(s)) => parse_count(&s, max)?,
         Some(other) => parse_count(&other.to_string(), max)?,
         None => parse_count("", max)?,
     };
-    let (numbers, format) = output(
-        request.numbers.unwrap_or(false),
-        parse_format(request.format.as_deref())?,
-    )?;
+    let numbers = match request.get("numbers") {
+        None => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                format!("numbers must be true or false, got {other}"),
+            ));
+        }
+    };
+    let format = match request.get("format") {
+        None => None,
+        Some(serde_json::Value::String(f)) => parse_format(Some(f))?,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                format!("format must be a string, got {other}"),
+            ));
+        }
+    };
+    let (numbers, format) = output(numbers, format)?;
     batch_response(issuer, count, numbers, format).await
-}
-
-/// `POST /v1/ids`: the same choices as the query of `GET /v1/ids`.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct IdsBody {
-    /// A number, or a string of digits.
-    count: Option<serde_json::Value>,
-    numbers: Option<bool>,
-    format: Option<String>,
 }
 
 fn format_batch(batch: &Batch, numbers: bool, format: Option<Format>) -> Vec<u8> {
@@ -428,8 +451,40 @@ async fn metrics_text(State(issuer): Shared) -> Response {
     r
 }
 
-async fn openapi() -> Response {
-    json_response(StatusCode::OK, include_str!("openapi.json"))
+/// The OpenAPI document of this server: the shipped one, with what this
+/// configuration decides filled in (the largest batch; the shard-id route
+/// only where the layout has a shard field), so a client generated from it
+/// or a fuzzer reading it knows exactly what is accepted.
+pub fn openapi_document(config: &crate::config::Config) -> String {
+    let mut doc: serde_json::Value =
+        serde_json::from_str(include_str!("openapi.json")).unwrap_or_default();
+    let max = config.max_batch;
+    if let Some(p) = doc
+        .pointer_mut("/paths/~1v1~1ids/get/parameters")
+        .and_then(|p| p.as_array_mut())
+    {
+        for param in p.iter_mut().filter(|p| p["name"] == "count") {
+            param["schema"]["maximum"] = json!(max);
+        }
+    }
+    if let Some(count) = doc.pointer_mut(
+        "/paths/~1v1~1ids/post/requestBody/content/application~1json/schema/properties/count",
+    ) {
+        count["maximum"] = json!(max);
+    }
+    if config.shard_field.is_none()
+        && let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut())
+    {
+        paths.remove("/v1/shard-id");
+    } else if let Some(p) = doc
+        .pointer_mut("/paths/~1v1~1shard-id/get/parameters")
+        .and_then(|p| p.as_array_mut())
+    {
+        for param in p.iter_mut().filter(|p| p["name"] == "key") {
+            param["schema"]["maximum"] = json!(u64::MAX);
+        }
+    }
+    doc.to_string()
 }
 
 async fn not_found() -> ApiError {
