@@ -228,12 +228,9 @@ async fn clock_waits_never_hold_the_server() -> anyhow::Result<()> {
     }
     stop.store(true, Ordering::Relaxed);
     let (health, info) = (health.await??, info.await??);
-    // Old: each request slept on the worker; /healthz waited seconds.
-    assert!(
-        health < Duration::from_millis(500),
-        "/healthz took {health:?}"
-    );
-    assert!(info < Duration::from_millis(500), "/v1/info took {info:?}");
+    // Old: each request slept on the worker (2-3 s here); /healthz waited behind them.
+    assert!(health < Duration::from_secs(1), "/healthz took {health:?}");
+    assert!(info < Duration::from_secs(1), "/v1/info took {info:?}");
     let (_, m) = c.get("/metrics").await?;
     assert_eq!(
         metric(&m, "shardflake_lease_losses_total"),

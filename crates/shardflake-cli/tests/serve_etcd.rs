@@ -263,14 +263,14 @@ async fn sigstopped_node_issues_nothing_with_its_old_id_after_waking() -> anyhow
             .iter()
             .all(|id| snowflake_node(*id) == new_id)
     );
-    // Fails if the issuing path's fence check were gone: the queued requests
-    // would then be answered with node id 0 (asserted above), or refused only
-    // once the keeper withdrew the identity, which this counter does not see.
-    // (The keeper's first step on waking is a keep-alive round trip to etcd,
-    // while which the queued requests are served.)
+    // Without the issuing path's fence check, queued requests served while
+    // the keeper's first keep-alive round trip is in flight would carry node
+    // id 0 (asserted above). Which refuses them first after SIGCONT, that
+    // fence or the keeper withdrawing the identity, is up to the scheduler
+    // (counted below, not asserted: it failed runs on a loaded machine).
+    assert_eq!(refused + issued, 16);
     let (_, m) = ca.get("/metrics").await?;
     let fenced = metric(&m, "shardflake_refused_fenced_total").unwrap_or(0.0);
-    assert!(fenced > 0.0, "no request met the lease fence: {m}");
     eprintln!(
         "after SIGCONT: {refused} refused (503 no_lease, {fenced} by the fence), {issued} issued with node id {new_id}"
     );
