@@ -94,8 +94,14 @@ start() {
   mariadb-install-db --no-defaults --datadir="$dir/data" --tmpdir="$dir/tmp" \
     --auth-root-authentication-method=normal \
     --skip-test-db "${user[@]}" >"$dir/install.log" 2>&1 || { cat "$dir/install.log" >&2; exit 1; }
+  # Below the kernel's ephemeral range (ip_local_port_range, 32768 and up
+  # here): servers that bind port 0 never take it, so after `kill` the port
+  # is still free for `restart`.
+  local low high
+  read -r low high </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || low=32768
+  ((low > 20500)) || low=32768
   for _ in $(seq 1 200); do
-    port=$((20000 + RANDOM % 30000))
+    port=$((20000 + RANDOM % (low - 20000)))
     port_free "$port" && break
   done
   echo "$port" >"$dir/port"
@@ -109,11 +115,22 @@ start() {
   echo "dir $dir"
 }
 
+# The main thread of a killed mariadbd shows as a zombie while its other
+# threads are still exiting, holding the listening socket: wait for the port.
+wait_port_free() {
+  for _ in $(seq 1 300); do
+    port_free "$1" && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
 kill_server() {
   local dir=${1:?usage: mariadb.sh kill DIR} pid
   pid=$(cat "$dir/server.pid")
   kill -KILL "$pid" 2>/dev/null || true
   wait_dead "$pid" || { echo "mariadb.sh: pid $pid still alive after SIGKILL" >&2; exit 1; }
+  wait_port_free "$(cat "$dir/port")" || { echo "mariadb.sh: port $(cat "$dir/port") still taken after SIGKILL" >&2; exit 1; }
 }
 
 restart() {
@@ -123,7 +140,7 @@ restart() {
     kill -TERM "$pid" 2>/dev/null || true
     wait_dead "$pid" || { echo "mariadb.sh: pid $pid did not stop" >&2; exit 1; }
   fi
-  port_free "$(cat "$dir/port")" || { echo "mariadb.sh: port $(cat "$dir/port") taken" >&2; exit 1; }
+  wait_port_free "$(cat "$dir/port")" || { echo "mariadb.sh: port $(cat "$dir/port") taken" >&2; exit 1; }
   launch "$dir"
 }
 
