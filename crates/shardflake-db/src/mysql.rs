@@ -364,13 +364,7 @@ async fn apply_pinned(
     let now = server_packed_clock(conn, plan).await?;
     // The sequence.
     let seq = names.sequence();
-    let kind: Option<(String, String, String)> = conn
-        .exec_first(
-            "SELECT TABLE_TYPE, ENGINE, TABLE_COMMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
-            (&seq,),
-        )
-        .await
-        .map_err(my("looking up the sequence"))?;
+    let kind = sequence_kind(conn, &seq).await?;
     match kind {
         None => {
             conn.query_drop(sql::sequence_sql(plan, names, now, opts.cache))
@@ -812,6 +806,19 @@ async fn wait_clock(conn: &mut Conn, names: &Names, within: Duration) -> Result<
     }
 }
 
+/// The sequence's table type, engine and comment, if it exists.
+async fn sequence_kind(
+    conn: &mut Conn,
+    seq: &str,
+) -> Result<Option<(String, String, String)>, Error> {
+    conn.exec_first(
+        "SELECT TABLE_TYPE, ENGINE, TABLE_COMMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        (seq,),
+    )
+    .await
+    .map_err(my("looking up the sequence"))
+}
+
 /// Whether the clock event's loop runs (holds its lock).
 pub async fn clock_running(conn: &mut Conn, names: &Names) -> Result<bool, Error> {
     let holder: Option<Option<u64>> = conn
@@ -974,13 +981,7 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         ));
     }
     let seq = names.sequence();
-    let kind: Option<(String, String, String)> = conn
-        .exec_first(
-            "SELECT TABLE_TYPE, ENGINE, TABLE_COMMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
-            (&seq,),
-        )
-        .await
-        .map_err(my("looking up the sequence"))?;
+    let kind = sequence_kind(conn, &seq).await?;
     match kind {
         None => problems.push(format!("sequence {seq} is missing")),
         Some((kind, _, _)) if kind != "SEQUENCE" => {
