@@ -412,18 +412,23 @@ fn twice(d: &Drawn) -> Vec<i64> {
     both
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn move_waits_for_a_statement_already_drawing_ids_without_touching_shard_tables() {
-    // The statement has drawn 999 ids when the move starts; it draws the rest
-    // after the move began (and, before the fix, after the fence committed).
-    let d = ids_drawn_across_a_move("move-drawing", 1000).await;
-    let dup = twice(&d);
+/// Fails with the ids handed out on both the source and the destination.
+fn assert_no_id_twice(d: &Drawn) {
+    let dup = twice(d);
     assert!(
         dup.is_empty(),
         "{} ids handed out twice (on the source and on the destination), e.g. {:?}",
         dup.len(),
         &dup[..dup.len().min(3)]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_waits_for_a_statement_already_drawing_ids_without_touching_shard_tables() {
+    // The statement has drawn 999 ids when the move starts; it draws the rest
+    // after the move began (and, before the fix, after the fence committed).
+    let d = ids_drawn_across_a_move("move-drawing", 1000).await;
+    assert_no_id_twice(&d);
     // It was not disturbed: the move waited for it.
     assert!(d.move_waited, "the move did not wait for the statement");
     assert_eq!(d.statement.unwrap(), 2000);
@@ -436,13 +441,7 @@ async fn a_statement_planned_before_the_fence_draws_nothing_from_the_old_copy() 
     // The statement was planned (old next_id inlined) before the move, but
     // draws its first id only after the move.
     let d = ids_drawn_across_a_move("move-planned", 1).await;
-    let dup = twice(&d);
-    assert!(
-        dup.is_empty(),
-        "{} ids handed out twice (on the source and on the destination), e.g. {:?}",
-        dup.len(),
-        &dup[..dup.len().min(3)]
-    );
+    assert_no_id_twice(&d);
     // Its first draw on the fenced old copy fails.
     let e = d.statement.unwrap_err();
     assert_eq!(
