@@ -828,6 +828,21 @@ pub async fn clock_running(conn: &mut Conn, names: &Names) -> Result<bool, Error
     Ok(matches!(holder, Some(Some(_))))
 }
 
+/// What `check` finds wrong with the row-lock procedure, if anything.
+async fn locked_procedure_problem(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+) -> Result<Option<String>, Error> {
+    routine_problem(
+        conn,
+        &names.locked_procedure(),
+        "PROCEDURE",
+        &sql::locked_procedure_sql(plan, names),
+    )
+    .await
+}
+
 /// Creates or replaces a procedure whose body or `sql_mode` differs from
 /// `create` (`CREATE OR REPLACE` on MariaDB: no moment without it; `DROP`
 /// then `CREATE` on MySQL). Whether it did.
@@ -959,15 +974,7 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         return Ok(problems);
     }
     if !srv.has_sequences() {
-        problems.extend(
-            routine_problem(
-                conn,
-                &names.locked_procedure(),
-                "PROCEDURE",
-                &sql::locked_procedure_sql(&plan, names),
-            )
-            .await?,
-        );
+        problems.extend(locked_procedure_problem(conn, &plan, names).await?);
         return Ok(problems);
     }
     if srv.flush_log_at_trx_commit == 0 {
@@ -1102,15 +1109,7 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         .await?,
     );
     if opts.locked {
-        problems.extend(
-            routine_problem(
-                conn,
-                &names.locked_procedure(),
-                "PROCEDURE",
-                &sql::locked_procedure_sql(&plan, names),
-            )
-            .await?,
-        );
+        problems.extend(locked_procedure_problem(conn, &plan, names).await?);
     }
     Ok(problems)
 }
