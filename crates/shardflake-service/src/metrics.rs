@@ -94,7 +94,7 @@ pub fn render(issuer: &Issuer) -> String {
     metric(
         "borrowed_lead_seconds",
         "gauge",
-        "How far the last issued tick is ahead of the clock.",
+        "How far the last tick issued or claimed (by a batch waiting for it) is ahead of the clock.",
         active.as_ref().map_or(0, |a| a.lead_ms()) as f64 / 1000.0,
     );
     let state = issuer.lease_state();

@@ -373,7 +373,8 @@ impl<C: Clock> Generator<C> {
         let tick = self.state.0.load(Ordering::Acquire) >> self.seq_bits;
         self.layout.tick_to_unix_ms(tick.saturating_add(1)) - 1
     }
-    /// How far the last issued tick is ahead of the clock (borrowed lead).
+    /// How far the generator's last tick is ahead of the clock: borrowed,
+    /// ridden through a rollback, or claimed by a call still waiting for it.
     pub fn lead(&self) -> Duration {
         let tick = self.state.0.load(Ordering::Relaxed) >> self.seq_bits;
         let now = self.tick(self.clock.now_ms_precise()).unwrap_or(0);
