@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# How long N `shardflake serve` processes started together take to be ready:
+# with static node ids, and leasing their ids from a 3-member etcd. Both in
+# one run, on the same cluster, so the ratio holds on a noisy machine.
+#
+#   scripts/bench-nodes.sh [--nodes N] [--rounds R] [BIN...]
+#
+# BIN defaults to target/release/shardflake (built if missing). Give several
+# binaries (e.g. an older build) to compare them round by round. Ready means
+# the process logged `ready ... node_id=K`; the etcd trial also checks that
+# the N node ids are distinct.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+nodes=100 rounds=3
+bins=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --nodes) nodes="$2"; shift 2 ;;
+        --rounds) rounds="$2"; shift 2 ;;
+        *) bins+=("$1"); shift ;;
+    esac
+done
+if [[ ${#bins[@]} -eq 0 ]]; then
+    cargo build --release -q -p shardflake-cli
+    bins=(target/release/shardflake)
+fi
+
+work=$(mktemp -d /tmp/shardflake-bench-nodes.XXXXXX)
+etcd_dir=""
+pids=()
+cleanup() {
+    [[ ${#pids[@]} -gt 0 ]] && kill -9 "${pids[@]}" 2>/dev/null || true
+    [[ -n "$etcd_dir" ]] && bash scripts/etcd.sh stop "$etcd_dir" >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+out=$(bash scripts/etcd.sh start --members 3)
+etcd_dir=$(sed -n 's/^DIR=//p' <<<"$out")
+endpoints=$(sed -n 's/^ENDPOINTS=//p' <<<"$out")
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+# trial BIN MODE: starts N nodes, prints the ms until all are ready.
+trial() {
+    local bin=$1 mode=$2 dir i started deadline ready
+    dir=$(mktemp -d "$work/trial.XXXXXX")
+    local prefix="/bench/$RANDOM$RANDOM"
+    pids=()
+    started=$(now_ms)
+    for ((i = 0; i < nodes; i++)); do
+        local -a node_args
+        if [[ $mode == static ]]; then
+            node_args=(--node-id "$i")
+        else
+            node_args=(--etcd "$endpoints" --etcd-prefix "$prefix" --lease-ttl 10s
+                       --etcd-timeout 2s --window 6s)
+        fi
+        RUST_LOG=info "$bin" serve --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
+            --state-file "$dir/state.$i" "${node_args[@]}" \
+            >"$dir/out.$i" 2>"$dir/log.$i" </dev/null &
+        pids+=($!)
+    done
+    deadline=$((started + 60000))
+    while :; do
+        ready=$(cat "$dir"/log.* | grep -c ' ready ' || true)
+        [[ $ready -ge $nodes ]] && break
+        if [[ $(now_ms) -gt $deadline ]]; then
+            echo "bench-nodes: only $ready of $nodes ready after 60 s ($bin, $mode)" >&2
+            tail -n 3 "$dir"/log.* >&2
+            exit 1
+        fi
+        sleep 0.01
+    done
+    local took=$(( $(now_ms) - started ))
+    local distinct
+    distinct=$(cat "$dir"/log.* | sed -n 's/.* ready .*node_id=\([0-9]*\).*/\1/p' | sort -u | wc -l)
+    if [[ $distinct -ne $nodes ]]; then
+        echo "bench-nodes: $distinct distinct node ids among $nodes nodes ($bin, $mode)" >&2
+        exit 1
+    fi
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+    pids=()
+    rm -rf "$dir"
+    echo "$took"
+}
+
+printf '%-40s %6s %10s %10s %7s\n' binary round static_ms etcd_ms ratio
+for ((r = 1; r <= rounds; r++)); do
+    for bin in "${bins[@]}"; do
+        s=$(trial "$bin" static)
+        e=$(trial "$bin" etcd)
+        printf '%-40s %6s %10s %10s %7s\n' "$bin" "$r" "$s" "$e" \
+            "$(awk -v e="$e" -v s="$s" 'BEGIN { printf "%.2f", e / s }')"
+    done
+done
