@@ -243,18 +243,23 @@ async fn a_lost_lease_withdraws_reacquires_and_the_next_holder_resumes_after_its
         let (issuer, registry, rx) = (b.issuer.clone(), registry.clone(), b.shutdown.subscribe());
         tokio::spawn(async move { Keeper::start(issuer, Box::new(registry), "b".into(), rx).await })
     };
+    // Both issue at every step: B's ids must sort after A's under node id
+    // 0 even while A has not noticed yet.
+    let mut from_b = Vec::new();
     let mut refused = 0;
     while !b_start.is_finished() || a.issuer.active().is_none() {
         match a.issuer.next_id().await {
             Ok(id) => from_a.push(id),
             Err(_) => refused += 1,
         }
+        if let Ok(id) = b.issuer.next_id().await {
+            from_b.push(id);
+        }
         tokio::time::sleep(STEP).await;
     }
     let b_keeper = b_start.await.unwrap().unwrap().unwrap();
     assert!(refused > 0, "A never withdrew");
     assert_eq!(a.issuer.metrics.losses.load(Ordering::Relaxed), 1);
-    let mut from_b = Vec::new();
     for _ in 0..100 {
         from_a.push(a.issuer.next_id().await.unwrap());
         from_b.push(b.issuer.next_id().await.unwrap());
