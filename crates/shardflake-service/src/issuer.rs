@@ -11,16 +11,24 @@
 //!
 //! Both are single atomic loads; the identity itself sits behind an
 //! [`ArcSwapOption`] that the lease keeper replaces.
+//!
+//! Time: the lease fence reads tokio's monotonic clock
+//! ([`tokio::time::Instant`], std's outside tests), the same clock the keeper
+//! times renewals with, so a test that advances paused time sees the issuing
+//! path refuse at once. Ids are stamped from the [`WallClock`] the issuer was
+//! built with ([`SystemClock`] in the service), which the keeper also reads
+//! for the high-water it records.
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use shardflake::{
     Attempt, Batch, Clock, ExhaustedPolicy, Format, Generator, Id, Layout, ObjectIdGenerator,
     Parts, Stats, Step, SystemClock,
 };
+use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::error::IssueError;
@@ -80,7 +88,7 @@ pub struct Active {
     /// Ids are stamped strictly after this Unix ms (the resumed high-water).
     pub resumed_after_ms: u64,
     /// Per shard value (one entry when the layout has no shard field).
-    generators: Box<[OnceLock<Generator<SystemClock>>]>,
+    generators: Box<[OnceLock<Generator<WallClock>>]>,
     fence_until_ns: AtomicU64,
     durable_hw_ms: AtomicU64,
 }
@@ -94,6 +102,7 @@ pub struct Issuer {
     /// Counters.
     pub metrics: Metrics,
     base: Instant,
+    clock: WallClock,
     state: AtomicU8,
     objectids: ObjectIdGenerator,
     retired: std::sync::Mutex<Stats>,
@@ -101,14 +110,20 @@ pub struct Issuer {
 }
 
 impl Issuer {
-    /// An issuer holding nothing yet.
+    /// An issuer holding nothing yet, stamping ids from the system clock.
     pub fn new(config: Config) -> Self {
+        Self::with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// An issuer stamping ids from `clock` (tests give a manual one).
+    pub fn with_clock(config: Config, clock: Arc<dyn Clock>) -> Self {
         let objectids = ObjectIdGenerator::new().on_rollback(config.rollback);
         Issuer {
             current: ArcSwapOption::empty(),
             config,
             metrics: Metrics::default(),
             base: Instant::now(),
+            clock: WallClock(clock),
             state: AtomicU8::new(LeaseState::Acquiring as u8),
             objectids,
             retired: std::sync::Mutex::new(Stats::default()),
@@ -141,7 +156,12 @@ impl Issuer {
         &self.config.layout
     }
 
-    /// Nanoseconds on this issuer's monotonic clock.
+    /// The wall clock ids are stamped from.
+    pub fn clock(&self) -> &WallClock {
+        &self.clock
+    }
+
+    /// Nanoseconds on this issuer's monotonic clock (tokio's).
     pub fn mono_ns(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.base).as_nanos() as u64
     }
@@ -217,7 +237,7 @@ impl Issuer {
         &self,
         active: &'a Active,
         shard: u64,
-    ) -> Result<&'a Generator<SystemClock>, IssueError> {
+    ) -> Result<&'a Generator<WallClock>, IssueError> {
         let cell = active
             .generators
             .get(shard as usize)
@@ -228,7 +248,7 @@ impl Issuer {
         let c = &self.config;
         // Not `builder(..).clock(..)`: that would start the monotonic
         // clock's ticker thread (a wake-up every 100 µs) for nothing.
-        let mut b = Generator::with_clock(c.layout.clone(), SystemClock)
+        let mut b = Generator::with_clock(c.layout.clone(), self.clock.clone())
             .node(c.node_field.clone(), active.node_id)
             .on_rollback(c.rollback)
             .max_batch(c.max_batch)
@@ -313,7 +333,7 @@ impl Issuer {
         if active.fence_ns() != u64::MAX && self.mono_ns(Instant::now()) >= active.fence_ns() {
             return Err(IssueError::Fenced);
         }
-        if active.durable_hw() <= SystemClock.now_ms() {
+        if active.durable_hw() <= self.clock.now_ms() {
             return Err(IssueError::HighWaterNotRecorded);
         }
         for g in active.generators.iter().filter_map(|g| g.get()) {
@@ -438,6 +458,26 @@ impl Issuer {
         };
         self.metrics.other_kinds.fetch_add(1, Ordering::Relaxed);
         Ok((k.name(), text))
+    }
+}
+
+/// The wall clock of an issuer and its keeper: a shared [`Clock`].
+#[derive(Clone)]
+pub struct WallClock(Arc<dyn Clock>);
+
+impl std::fmt::Debug for WallClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WallClock({} ms)", self.0.now_ms())
+    }
+}
+
+impl Clock for WallClock {
+    #[inline]
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+    fn now_ms_precise(&self) -> u64 {
+        self.0.now_ms_precise()
     }
 }
 

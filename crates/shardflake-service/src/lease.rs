@@ -1,178 +1,257 @@
 //! The node identity's life: acquire, keep, record the high-water, lose and
-//! re-acquire, give back.
+//! re-acquire, give back. The keeper runs beside the servers and publishes
+//! the identity it holds into the [`Issuer`]; the coordination store is a
+//! [`Registry`] (etcd, in-memory, or a static node id), so this logic runs
+//! the same against all three and is tested in process on paused tokio time
+//! (`lease/tests.rs`).
 //!
 //! **Static** ids just resume after the local state file and record
-//! `now + window` there periodically.
+//! `now + window` there periodically (the [`StaticRegistry`] holding never
+//! expires, so there is nothing to renew and no lease fence).
 //!
-//! **etcd**: under `<prefix>/node/<id>` (attached to a lease) the node takes
-//! the lowest free id in one transaction (`create_revision == 0`), reading
-//! `<prefix>/hw/<id>` (not leased: it outlives holders), the high-water of
-//! whoever held the id before, in the same transaction. The same transaction
-//! checks `<prefix>/layout` (layout and node field, written by the first node
-//! of the cluster): nodes with different layouts under one prefix would
-//! compose equal ids from different node ids, so a mismatch is refused. It
+//! **Leased** ids: the registry takes the lowest free node id and reads the
+//! high-water of whoever held it before (see [`crate::registry`]). The node
 //! issues nothing until its clock is past max(that, local state file), and
 //! gives the id back if that is more than window + `max_resume_wait` ahead
 //! (a bad clock here, or a corrupt record; an unreadable record is refused
-//! too, never read as 0). It keeps the lease
-//! alive every (TTL − margin)/4; each success moves the fence to the
-//! keep-alive's *send* time + TTL − margin. It writes `now + window` to
-//! `hw/<id>` in a transaction that checks it still holds the key, the way
-//! TiKV's PD persists a timestamp window in etcd; ids are never stamped past
-//! the last successful write. A failed check, a keep-alive answered with
-//! TTL 0, or a passed deadline withdraws the identity (503) and starts over.
-//! The recorded high-water is max(now, the generators' latest tick) + window.
+//! too, never read as 0). It keeps the lease alive every
+//! (TTL − margin)/4; each success moves the fence to the renewal's *send*
+//! time + TTL − margin. It records `now + window` as the id's high-water
+//! (only while it still holds the id); ids are never stamped past the last
+//! successful record. A failed holder check, a renewal answered "gone", or
+//! a passed deadline withdraws the identity (503) and starts over. The
+//! recorded high-water is max(now, the generators' latest tick) + window.
+//! A re-acquisition that finds a record or layout only an operator can fix
+//! ([`AcquireError::is_fatal`]) stops the node: [`Keeper::run`] returns it.
+//!
+//! Time: renewals and deadlines run on tokio's clock (the issuer's fence
+//! reads the same one); wall time comes from the issuer's [`WallClock`].
+//! Registry calls are never cancelled half-way (each is bounded by the
+//! store's request timeout), so a lease taken is always known; shutdown
+//! interrupts only the keeper's own waits, and a lease taken before it is
+//! revoked (a SIGTERM during the first acquisition leaves nothing behind).
 //!
 //! On shutdown the keeper keeps renewing while in-flight requests drain
 //! (they may still issue), then writes the exact final high-water and
 //! revokes the lease. Failures there are logged, not fatal: the periodic
 //! record already covers everything issued, and the lease expires anyway.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::Context;
-use shardflake::{Clock, SystemClock};
+use shardflake::Clock;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-use crate::config::{EtcdConfig, NodeSource};
-use crate::etcd::{Client, Compare, EtcdError, Op};
+use crate::config::NodeSource;
 use crate::issuer::{Active, Issuer, LeaseState};
 use crate::state_file::{StateFile, StateLock};
 
-/// How long start keeps trying once etcd has answered at least once.
+pub use crate::registry::{
+    AcquireError, Claim, Holding, RecordError, Registry, RegistryError, Renewal, StaticRegistry,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// How long start keeps trying once the registry has answered at least once.
 const CONTENDED_START: Duration = Duration::from_secs(60);
 
 /// How long the first acquisition may take before start fails: five
 /// request timeouts, at least 3 s (etcd may be starting too).
 fn start_deadline(timeout: Duration) -> Duration {
-    // (see CONTENDED_START for an etcd that answers)
+    // (see CONTENDED_START for a registry that answers)
     (timeout * 5).max(Duration::from_secs(3))
 }
 
-/// A held etcd lease and the node id under it.
-#[derive(Debug, Clone)]
-struct Lease {
-    id: i64,
-    node_id: u64,
+/// Why the keeper could not start, or stopped the node.
+#[derive(Debug, thiserror::Error)]
+pub enum KeeperError {
+    /// Another process holds the state file, or it cannot be opened.
+    #[error("locking the state file")]
+    Lock(#[source] std::io::Error),
+    /// The state file does not read.
+    #[error("reading state file {}", path.display())]
+    ReadState {
+        /// The state file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A static node id could not resume after its state file.
+    #[error("state file {}", path.display())]
+    Resume {
+        /// The state file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: AcquireError,
+    },
+    /// No node id could be taken before start's deadline.
+    #[error("no node id within {waited:?}")]
+    NoNodeId {
+        /// How long start tried.
+        waited: Duration,
+        /// The last failure.
+        #[source]
+        source: AcquireError,
+    },
+    /// Start found something only an operator can fix.
+    #[error(transparent)]
+    Acquire(AcquireError),
+    /// The node lost its id and found, re-acquiring, something only an
+    /// operator can fix.
+    #[error("re-acquiring a node id")]
+    Reacquire(#[source] AcquireError),
+}
+
+/// How an acquisition ended, when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acquired {
+    /// Holding and published.
+    Held,
+    /// Shutdown came first; any lease taken was released.
+    ShutDown,
+}
+
+/// The lease timing of a leased node id.
+#[derive(Debug, Clone, Copy)]
+struct Terms {
     ttl: Duration,
+    safety_margin: Duration,
+    timeout: Duration,
 }
 
 /// Keeps the node identity: see the module docs.
 #[derive(Debug)]
 pub struct Keeper {
     issuer: Arc<Issuer>,
+    registry: Box<dyn Registry>,
+    claim: Claim,
+    terms: Option<Terms>,
     state_file: StateFile,
-    etcd: Option<(Client, EtcdConfig)>,
-    lease: Option<Lease>,
-    holder: String,
+    /// The holding taken, kept from the registry's answer on until released.
+    lease: Option<Holding>,
     _state_lock: StateLock,
     /// Lease generations taken so far, and the span of the current one.
     generation: u64,
     span: tracing::Span,
 }
 
-fn now_ms() -> u64 {
-    SystemClock.now_ms()
-}
-
 impl Keeper {
-    /// Acquires the first identity and publishes it; fails with a clear
-    /// error when etcd is unreachable or every node id is taken.
-    pub async fn start(issuer: Arc<Issuer>, holder: String) -> anyhow::Result<Keeper> {
+    /// Acquires the first identity from `registry` and publishes it; fails
+    /// with a clear error when the registry is unreachable or every node id
+    /// is taken. Returns `None` when `shutdown` turned true first (a lease
+    /// taken so far is revoked).
+    pub async fn start(
+        issuer: Arc<Issuer>,
+        registry: Box<dyn Registry>,
+        holder: String,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<Option<Keeper>, KeeperError> {
         let state_file = StateFile::new(issuer.config.state_file.clone());
-        let state_lock = state_file.lock().context("locking the state file")?;
-        let local = read_state(&state_file).await?;
-        let etcd = match &issuer.config.node {
+        let state_lock = state_file.lock().map_err(KeeperError::Lock)?;
+        let terms = match &issuer.config.node {
             NodeSource::Static(_) => None,
-            NodeSource::Etcd(e) => Some((Client::new(&e.endpoints, e.timeout), e.clone())),
+            NodeSource::Etcd(e) => Some(Terms {
+                ttl: e.lease_ttl,
+                safety_margin: e.safety_margin,
+                timeout: e.timeout,
+            }),
+        };
+        let claim = Claim {
+            max_node_id: issuer.config.max_node_id(),
+            ttl: terms.map_or(Duration::ZERO, |t| t.ttl),
+            layout: Claim::layout_of(&issuer.config),
+            holder,
         };
         let mut keeper = Keeper {
             issuer,
+            registry,
+            claim,
+            terms,
             state_file,
-            etcd,
             lease: None,
-            holder,
             _state_lock: state_lock,
             generation: 0,
             span: tracing::Span::none(),
         };
-        match keeper.issuer.config.node.clone() {
-            NodeSource::Static(id) => {
-                keeper.wait_past(local).await.with_context(|| {
-                    format!("state file {}", keeper.state_file.path().display())
+        let local =
+            read_state(&keeper.state_file)
+                .await
+                .map_err(|source| KeeperError::ReadState {
+                    path: keeper.state_file.path().to_path_buf(),
+                    source,
                 })?;
-                let hw = keeper.target_hw(local, local);
-                write_state(&keeper.state_file, hw)
-                    .await
-                    .context("writing the state file")?;
-                let active = keeper
-                    .issuer
-                    .make_active(id, local, None, hw)
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
-                keeper.issuer.publish(Some(Arc::new(active)));
-                keeper.issuer.set_state(LeaseState::Static);
-                keeper
-                    .issuer
-                    .metrics
-                    .acquisitions
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            NodeSource::Etcd(e) => {
-                // Unreachable fails fast; once etcd has answered, contention
-                // (many nodes starting at once) gets a longer wait.
-                let started = Instant::now();
-                let mut answered = false;
-                loop {
-                    match keeper.acquire(local).await {
-                        Ok(()) => break,
-                        Err(AcquireError::Etcd(err)) => {
-                            answered |= !matches!(err, EtcdError::Unreachable { .. });
-                            let wait = if answered {
-                                CONTENDED_START
-                            } else {
-                                start_deadline(e.timeout)
-                            };
-                            if started.elapsed() >= wait {
-                                return Err(anyhow::Error::new(err)
-                                    .context(format!("no node id within {wait:?}")));
-                            }
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                        // Retrying cannot help: the operator must act.
-                        Err(fatal) => return Err(fatal.into()),
+        let Some(terms) = terms else {
+            return match keeper.acquire(local, &mut shutdown).await {
+                Ok(Acquired::Held) => Ok(Some(keeper)),
+                Ok(Acquired::ShutDown) => Ok(None),
+                Err(source) => Err(KeeperError::Resume {
+                    path: keeper.state_file.path().to_path_buf(),
+                    source,
+                }),
+            };
+        };
+        // Unreachable fails fast; once the registry has answered,
+        // contention (many nodes starting at once) gets a longer wait.
+        let started = Instant::now();
+        let mut answered = false;
+        loop {
+            match keeper.acquire(local, &mut shutdown).await {
+                Ok(Acquired::Held) => return Ok(Some(keeper)),
+                Ok(Acquired::ShutDown) => return Ok(None),
+                // Retrying cannot help: the operator must act.
+                Err(e @ AcquireError::Full { .. }) => return Err(KeeperError::Acquire(e)),
+                Err(e) if e.is_fatal() => return Err(KeeperError::Acquire(e)),
+                Err(e) => {
+                    answered |= !e.is_unreachable();
+                    let waited = if answered {
+                        CONTENDED_START
+                    } else {
+                        start_deadline(terms.timeout)
+                    };
+                    if started.elapsed() >= waited {
+                        return Err(KeeperError::NoNodeId { waited, source: e });
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = turned_true(&mut shutdown) => return Ok(None),
                     }
                 }
             }
         }
-        Ok(keeper)
     }
 
     /// Keeps the identity (renewing, recording, re-acquiring when lost) until
     /// `drained` turns true. Once `shutdown` turns true it still renews and
     /// records (in-flight requests may issue) but takes no new identity.
+    /// Returns an error when a re-acquisition finds what only an operator
+    /// can fix (a corrupt high-water record, another layout): the node must
+    /// stop rather than retry forever.
     pub async fn run(
         &mut self,
         mut shutdown: watch::Receiver<bool>,
         mut drained: watch::Receiver<bool>,
-    ) {
+    ) -> Result<(), KeeperError> {
         let window = self.issuer.config.window;
         let hw_every = window / 3;
         let ka_every = self
-            .etcd
-            .as_ref()
-            .map_or(hw_every, |(_, e)| (e.lease_ttl - e.safety_margin) / 4);
+            .terms
+            .map_or(hw_every, |t| (t.ttl - t.safety_margin) / 4);
         let tick = hw_every.min(ka_every).min(Duration::from_millis(250));
         let mut next_hw = Instant::now() + hw_every;
         let mut next_ka = Instant::now() + ka_every;
         let mut backoff = Duration::from_millis(100);
         loop {
             if *drained.borrow() {
-                return;
+                return Ok(());
             }
             tokio::select! {
-                _ = drained.changed() => return,
+                _ = drained.changed() => return Ok(()),
                 _ = tokio::time::sleep(tick) => {}
             }
             let Some(active) = self.issuer.active() else {
@@ -184,25 +263,29 @@ impl Keeper {
                 let local = match read_state(&self.state_file).await {
                     Ok(ms) => ms,
                     Err(e) => {
-                        tracing::error!(error = format!("{e:#}"), "reading the state file");
+                        tracing::error!(
+                            error = %e,
+                            path = %self.state_file.path().display(),
+                            "reading the state file"
+                        );
                         continue;
                     }
                 };
-                // Cancelled by shutdown: `stop` revokes a lease taken so far.
-                let acquired = tokio::select! {
-                    r = self.acquire(local) => r,
-                    _ = shutdown.wait_for(|v| *v) => continue,
-                };
-                match acquired {
-                    Ok(()) => {
+                match self.acquire(local, &mut shutdown).await {
+                    Ok(Acquired::Held) => {
                         backoff = Duration::from_millis(100);
                         next_hw = Instant::now() + hw_every;
                         next_ka = Instant::now() + ka_every;
                     }
+                    Ok(Acquired::ShutDown) => {}
+                    Err(e) if e.is_fatal() => {
+                        tracing::error!(error = %e, "re-acquiring a node id: stopping");
+                        return Err(KeeperError::Reacquire(e));
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, retry_in = ?backoff, "re-acquiring a node id");
                         tokio::select! {
-                            _ = drained.changed() => return,
+                            _ = drained.changed() => return Ok(()),
                             _ = tokio::time::sleep(backoff) => {}
                         }
                         backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -211,14 +294,14 @@ impl Keeper {
                 continue;
             };
             let now = Instant::now();
-            if self.lease.is_some() && now >= next_ka {
+            if self.leased() && now >= next_ka {
                 next_ka = now + ka_every;
                 if !self.keep_alive(&active).await {
                     self.lose(&active, "the lease is gone").await;
                     continue;
                 }
             }
-            if self.lease.is_some() && self.issuer.mono_ns(Instant::now()) >= active.fence_ns() {
+            if self.leased() && self.issuer.mono_ns(Instant::now()) >= active.fence_ns() {
                 self.lose(&active, "keep-alives failed until the safety deadline")
                     .await;
                 continue;
@@ -226,12 +309,12 @@ impl Keeper {
             if now >= next_hw {
                 next_hw = now + hw_every;
                 let target = self.target_hw(active.high_water_ms(), active.durable_hw());
-                match self.record_hw(&active, target).await {
+                match self.record_hw(target).await {
                     Ok(()) => active.set_durable_hw(target),
-                    Err(HwError::NotHolder) => {
+                    Err(AcquireError::LeaseLost) => {
                         self.lose(&active, "another holder owns the node id").await
                     }
-                    Err(HwError::Io(e)) => {
+                    Err(e) => {
                         self.issuer
                             .metrics
                             .high_water_failures
@@ -245,7 +328,7 @@ impl Keeper {
     }
 
     /// Stops issuing, records the exact final high-water, revokes the lease
-    /// (also one taken by an acquisition that shutdown cancelled).
+    /// (also one taken by an acquisition that shutdown interrupted).
     ///
     /// Failures are logged, not returned: every id issued is already below
     /// the last periodic record (the issuing fence guarantees it), and an
@@ -262,36 +345,34 @@ impl Keeper {
             && let Err(e) = write_state(&self.state_file, last).await
         {
             tracing::error!(
-                error = format!("{e:#}"),
+                error = %e,
+                path = %self.state_file.path().display(),
                 "final high-water to the state file"
             );
         }
-        let (Some((client, cfg)), Some(lease)) = (&self.etcd, self.lease.take()) else {
+        let Some(holding) = self.lease.take() else {
             return;
         };
-        if let Some(last) = last {
-            let (node, hw) = keys(cfg, lease.node_id);
-            let put = client
-                .txn(
-                    &[Compare::LeaseIs(node, lease.id)],
-                    &[Op::Put(hw, last.to_string().into_bytes(), 0)],
-                    &[],
+        if let Some(last) = last
+            && let Err(e) = self.registry.record_high_water(&holding, last).await
+        {
+            self.span.in_scope(|| {
+                tracing::warn!(
+                    error = %e,
+                    "final high-water to the registry (the last periodic record, which is later, stands)"
                 )
-                .await;
-            if let Err(e) = put {
-                self.span.in_scope(|| {
-                    tracing::warn!(
-                        error = %e,
-                        "final high-water to etcd (the last periodic record, which is later, stands)"
-                    )
-                });
-            }
+            });
         }
-        if let Err(e) = client.revoke(lease.id).await {
+        if let Err(e) = self.registry.release(holding.lease).await {
             self.span.in_scope(|| {
                 tracing::warn!(error = %e, "revoking the lease (the node id is free once its TTL ends)")
             });
         }
+    }
+
+    /// Whether the identity held is leased (renewed and fenced).
+    fn leased(&self) -> bool {
+        self.lease.is_some_and(|h| h.ttl.is_some())
     }
 
     /// max(now, `issued_ms`) + window, never below `floor`. `issued_ms` is
@@ -299,58 +380,82 @@ impl Keeper {
     /// sequence, or a `continue` ride through a clock step).
     fn target_hw(&self, issued_ms: u64, floor: u64) -> u64 {
         let window = self.issuer.config.window.as_millis() as u64;
-        now_ms().max(issued_ms).saturating_add(window).max(floor)
+        self.issuer
+            .clock()
+            .now_ms()
+            .max(issued_ms)
+            .saturating_add(window)
+            .max(floor)
     }
 
     /// Sleeps until the wall clock is past `unix_ms`, keeping any lease
     /// alive; a record more than window + `max_resume_wait` ahead is an
-    /// error, at once or when that much time has passed.
-    async fn wait_past(&self, unix_ms: u64) -> Result<(), AcquireError> {
+    /// error, at once or when that much time has passed. `Ok(false)`:
+    /// shutdown came first.
+    async fn wait_past(
+        &self,
+        unix_ms: u64,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<bool, AcquireError> {
+        let clock = self.issuer.clock();
         let limit = self.issuer.config.window + self.issuer.config.max_resume_wait;
         let too_far = |now: u64| AcquireError::HighWaterAhead {
             high_water_ms: unix_ms,
             ahead: Duration::from_millis(unix_ms.saturating_sub(now)),
             limit,
         };
-        let now = now_ms();
+        let now = clock.now_ms();
         if Duration::from_millis(unix_ms.saturating_sub(now)) > limit {
             return Err(too_far(now));
         }
         // The clock could stall or step back while we wait: bound it too.
         let deadline = Instant::now() + limit;
         loop {
-            let now = now_ms();
+            let now = clock.now_ms();
             if now > unix_ms {
-                return Ok(());
+                return Ok(true);
             }
             if Instant::now() >= deadline {
                 return Err(too_far(now));
             }
             let step = Duration::from_millis(unix_ms - now + 1).min(Duration::from_millis(500));
-            tokio::time::sleep(step).await;
-            if let (Some((client, _)), Some(lease)) = (&self.etcd, &self.lease) {
-                let _ = client.keep_alive(lease.id).await;
+            tokio::select! {
+                _ = tokio::time::sleep(step) => {}
+                _ = turned_true(shutdown) => return Ok(false),
+            }
+            if self.leased()
+                && let Some(holding) = self.lease
+            {
+                let _ = self.registry.renew(holding.lease).await;
             }
         }
     }
 
-    /// Revokes the lease taken by a failed acquisition (best effort: it
-    /// expires after its TTL anyway).
+    /// Revokes the lease taken by a failed or interrupted acquisition (best
+    /// effort: it expires after its TTL anyway).
     async fn release(&mut self) {
-        if let (Some((client, _)), Some(lease)) = (&self.etcd, self.lease.take()) {
-            let _ = client.revoke(lease.id).await;
+        if let Some(holding) = self.lease.take()
+            && let Err(e) = self.registry.release(holding.lease).await
+        {
+            tracing::warn!(error = %e, node_id = holding.node_id, "revoking a lease not used");
         }
     }
 
+    /// Renews the lease and moves the fence; false when the lease is gone.
     async fn keep_alive(&self, active: &Active) -> bool {
-        let (Some((client, cfg)), Some(lease)) = (&self.etcd, &self.lease) else {
+        let (Some(holding), Some(terms)) = (self.lease, self.terms) else {
+            return true;
+        };
+        let Some(granted) = holding.ttl else {
             return true;
         };
         let sent = Instant::now();
-        match client.keep_alive(lease.id).await {
-            Ok(ttl) if ttl > 0 => {
-                let ttl = Duration::from_secs(ttl).min(lease.ttl);
-                let until = self.issuer.mono_ns(sent + ttl - cfg.safety_margin);
+        match self.registry.renew(holding.lease).await {
+            Ok(Renewal::Alive(ttl)) => {
+                let ttl = ttl.min(granted);
+                let until = self
+                    .issuer
+                    .mono_ns(sent + ttl.saturating_sub(terms.safety_margin));
                 // Only ever later: an answer to an older send never shortens it.
                 if until > active.fence_ns() {
                     active.set_fence(until);
@@ -358,7 +463,7 @@ impl Keeper {
                 self.issuer.metrics.renewals.fetch_add(1, Ordering::Relaxed);
                 true
             }
-            Ok(_) => false,
+            Ok(Renewal::Gone) => false,
             Err(e) => {
                 self.issuer
                     .metrics
@@ -384,27 +489,20 @@ impl Keeper {
             active.high_water_ms().max(active.durable_hw()),
         )
         .await;
-        if let (Some((client, _)), Some(lease)) = (&self.etcd, self.lease.take()) {
-            let _ = client.revoke(lease.id).await;
-        }
+        self.release().await;
     }
 
-    async fn record_hw(&self, active: &Active, target: u64) -> Result<(), HwError> {
+    /// Writes `target` to the state file, then to the registry while still
+    /// holding; [`AcquireError::LeaseLost`] when another holder has the id.
+    async fn record_hw(&self, target: u64) -> Result<(), AcquireError> {
         write_state(&self.state_file, target)
             .await
-            .map_err(|e| HwError::Io(format!("state file: {e}")))?;
-        if let (Some((client, cfg)), Some(lease)) = (&self.etcd, &self.lease) {
-            let (node, hw) = keys(cfg, active.node_id);
-            let (ok, _) = client
-                .txn(
-                    &[Compare::LeaseIs(node, lease.id)],
-                    &[Op::Put(hw, target.to_string().into_bytes(), 0)],
-                    &[],
-                )
-                .await
-                .map_err(|e| HwError::Io(e.to_string()))?;
-            if !ok {
-                return Err(HwError::NotHolder);
+            .map_err(AcquireError::StateFile)?;
+        if let Some(holding) = &self.lease {
+            match self.registry.record_high_water(holding, target).await {
+                Ok(()) => {}
+                Err(RecordError::NotHolder) => return Err(AcquireError::LeaseLost),
+                Err(RecordError::Registry(e)) => return Err(e.into()),
             }
         }
         self.issuer
@@ -415,75 +513,87 @@ impl Keeper {
     }
 
     /// Takes the lowest free node id, waits out its high-water, publishes.
-    async fn acquire(&mut self, local_hw: u64) -> Result<(), AcquireError> {
-        let Some((client, cfg)) = &self.etcd else {
-            return Err(AcquireError::Etcd(EtcdError::Protocol("no etcd".into())));
-        };
-        self.issuer.set_state(LeaseState::Acquiring);
-        let sent = Instant::now();
-        let (lease_id, ttl) = client.grant(cfg.lease_ttl.as_secs()).await?;
-        let ttl = Duration::from_secs(ttl).min(cfg.lease_ttl);
-        let taken = match take_lowest(
-            client,
-            cfg,
-            lease_id,
-            self.issuer.config.max_node_id(),
-            &self.holder,
-            &cluster_layout(&self.issuer.config),
-        )
-        .await
-        {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = client.revoke(lease_id).await;
-                return Err(e);
+    async fn acquire(
+        &mut self,
+        local_hw: u64,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<Acquired, AcquireError> {
+        if let Some(terms) = self.terms {
+            self.issuer.set_state(LeaseState::Acquiring);
+            // The fence runs from the grant's send time.
+            let sent = Instant::now();
+            let holding = self.registry.acquire(&self.claim).await?;
+            self.lease = Some(holding);
+            let ttl = holding.ttl.unwrap_or(terms.ttl).min(terms.ttl);
+            let mut fence = sent + ttl.saturating_sub(terms.safety_margin);
+            let resume = local_hw.max(holding.previous_high_water_ms);
+            match self.wait_past(resume, shutdown).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.release().await;
+                    return Ok(Acquired::ShutDown);
+                }
+                Err(e) => {
+                    self.release().await;
+                    return Err(e);
+                }
             }
-        };
-        let (node_id, etcd_hw) = taken;
-        self.lease = Some(Lease {
-            id: lease_id,
-            node_id,
-            ttl,
-        });
-        let resume = local_hw.max(etcd_hw);
-        let mut fence = sent + ttl - cfg.safety_margin;
-        if let Err(e) = self.wait_past(resume).await {
-            self.release().await;
-            return Err(e);
-        }
-        // Renew once more so the fence starts fresh after the wait.
-        let sent = Instant::now();
-        match client.keep_alive(lease_id).await {
-            Ok(t) if t > 0 => fence = sent + Duration::from_secs(t).min(ttl) - cfg.safety_margin,
-            Ok(_) => {
-                self.lease = None;
-                return Err(AcquireError::Etcd(EtcdError::Server(
-                    "lease expired while waiting".into(),
-                )));
+            // Renew once more so the fence starts fresh after the wait.
+            let sent = Instant::now();
+            match self.registry.renew(holding.lease).await {
+                Ok(Renewal::Alive(t)) => {
+                    fence = sent + t.min(ttl).saturating_sub(terms.safety_margin)
+                }
+                Ok(Renewal::Gone) => {
+                    self.lease = None;
+                    return Err(AcquireError::LeaseLost);
+                }
+                Err(_) => {}
             }
-            Err(_) => {}
+            self.publish(holding, resume, Some(fence)).await
+        } else {
+            let holding = self.registry.acquire(&self.claim).await?;
+            self.lease = Some(holding);
+            let resume = local_hw.max(holding.previous_high_water_ms);
+            if !self.wait_past(resume, shutdown).await? {
+                return Ok(Acquired::ShutDown);
+            }
+            self.publish(holding, resume, None).await
         }
-        let active = match self.issuer.make_active(node_id, resume, Some(fence), 0) {
+    }
+
+    /// Builds the identity, records its first high-water and publishes it
+    /// (releasing the lease when any step fails).
+    async fn publish(
+        &mut self,
+        holding: Holding,
+        resume: u64,
+        fence: Option<Instant>,
+    ) -> Result<Acquired, AcquireError> {
+        let node_id = holding.node_id;
+        let active = match self.issuer.make_active(node_id, resume, fence, 0) {
             Ok(a) => a,
             Err(e) => {
                 self.release().await;
-                return Err(AcquireError::Etcd(EtcdError::Protocol(e.to_string())));
+                return Err(AcquireError::BadNodeId(e));
             }
         };
         let target = self.target_hw(resume, resume);
-        if let Err(e) = self.record_hw(&active, target).await {
+        if let Err(e) = self.record_hw(target).await {
             self.release().await;
-            return Err(AcquireError::Etcd(EtcdError::Server(format!(
-                "recording the high-water: {e:?}"
-            ))));
+            return Err(e);
         }
         active.set_durable_hw(target);
         self.issuer.publish(Some(Arc::new(active)));
-        self.issuer.set_state(LeaseState::Held);
         self.issuer
             .metrics
             .acquisitions
             .fetch_add(1, Ordering::Relaxed);
+        if fence.is_none() {
+            self.issuer.set_state(LeaseState::Static);
+            return Ok(Acquired::Held);
+        }
+        self.issuer.set_state(LeaseState::Held);
         // One span per lease generation: every later line about this
         // holding carries its node id and lease.
         self.generation += 1;
@@ -491,251 +601,32 @@ impl Keeper {
             "lease",
             generation = self.generation,
             node_id,
-            lease = format!("{lease_id:x}")
+            lease = format!("{:x}", holding.lease)
         );
         self.span
             .in_scope(|| tracing::info!(resumed_after_ms = resume, "holding the node id"));
-        Ok(())
+        Ok(Acquired::Held)
     }
 }
 
-#[derive(Debug)]
-enum HwError {
-    NotHolder,
-    Io(String),
-}
-
-/// Why no node id could be taken.
-#[derive(Debug, thiserror::Error)]
-pub enum AcquireError {
-    /// Every id of the node field is held.
-    #[error(
-        "cluster full: all {count} node ids under {prefix}/node/ are held; widen the node field or use another prefix"
-    )]
-    Full {
-        /// Number of ids the field holds.
-        count: u64,
-        /// The key prefix.
-        prefix: String,
-    },
-    /// Another layout or node field already uses this prefix.
-    #[error(
-        "etcd prefix {prefix} belongs to a cluster with another layout: it records {recorded:?}, this node has {ours:?}; use another --etcd-prefix, or the same layout and node field"
-    )]
-    LayoutMismatch {
-        /// The key prefix.
-        prefix: String,
-        /// What `<prefix>/layout` holds (empty: deleted since).
-        recorded: String,
-        /// What this node would record.
-        ours: String,
-    },
-    /// The recorded high-water of the id taken does not read as a number.
-    #[error(
-        "{key} holds {value:?}, not a Unix ms high-water; refusing node id {node_id} (set it to a time at or after the last id its holder issued)"
-    )]
-    BadHighWater {
-        /// The node id (released again).
-        node_id: u64,
-        /// The high-water key.
-        key: String,
-        /// Its value.
-        value: String,
-    },
-    /// The recorded high-water is further ahead of this clock than start may wait.
-    #[error(
-        "the recorded high-water {high_water_ms} is {ahead:?} ahead of this clock, more than window + max_resume_wait ({limit:?}); check this host's clock, or raise --max-resume-wait"
-    )]
-    HighWaterAhead {
-        /// The record (Unix ms).
-        high_water_ms: u64,
-        /// How far ahead of the clock it is.
-        ahead: Duration,
-        /// window + max_resume_wait.
-        limit: Duration,
-    },
-    /// etcd failed.
-    #[error(transparent)]
-    Etcd(#[from] EtcdError),
-}
-
-/// What `<prefix>/layout` holds for this configuration: the layout (every
-/// field, epoch and tick) and the field the node id goes into.
-fn cluster_layout(config: &crate::config::Config) -> Vec<u8> {
-    format!("{}; node id in field {}", config.layout, config.node_field).into_bytes()
-}
-
-fn keys(cfg: &EtcdConfig, node_id: u64) -> (Vec<u8>, Vec<u8>) {
-    (
-        format!("{}/node/{node_id}", cfg.prefix).into_bytes(),
-        format!("{}/hw/{node_id}", cfg.prefix).into_bytes(),
-    )
-}
-
-/// The lowest free node id, taken in one transaction with its high-water.
-/// A lost race returns the fresh list of held ids in the same round trip;
-/// the next try picks at random among the lowest 2^losses free ids, so a
-/// herd of nodes starting together spreads out instead of all racing for
-/// the same id (n² transactions). Uncontended, the id is the lowest free.
-///
-/// `layout` must equal `<prefix>/layout`: the first node of a cluster writes
-/// it; every take compares it in the same transaction.
-async fn take_lowest(
-    client: &Client,
-    cfg: &EtcdConfig,
-    lease: i64,
-    max_id: u64,
-    holder: &str,
-    layout: &[u8],
-) -> Result<(u64, u64), AcquireError> {
-    let node_prefix = format!("{}/node/", cfg.prefix);
-    let layout_key = format!("{}/layout", cfg.prefix).into_bytes();
-    let check_layout = |kvs: &[crate::etcd::Kv]| -> Result<(), AcquireError> {
-        let recorded = kvs
-            .iter()
-            .find(|kv| kv.key == layout_key)
-            .map_or(&[][..], |kv| &kv.value[..]);
-        if recorded == layout {
-            return Ok(());
-        }
-        Err(AcquireError::LayoutMismatch {
-            prefix: cfg.prefix.clone(),
-            recorded: String::from_utf8_lossy(recorded).into_owned(),
-            ours: String::from_utf8_lossy(layout).into_owned(),
-        })
-    };
-    let parse = |kvs: &[crate::etcd::Kv]| -> std::collections::HashSet<u64> {
-        kvs.iter()
-            .filter_map(|kv| {
-                std::str::from_utf8(&kv.key)
-                    .ok()?
-                    .strip_prefix(&node_prefix)?
-                    .parse()
-                    .ok()
-            })
-            .collect()
-    };
-    // Record the layout if this is the cluster's first node; read the held ids.
-    let (created, kvs) = client
-        .txn(
-            &[Compare::Absent(layout_key.clone())],
-            &[
-                Op::Put(layout_key.clone(), layout.to_vec(), 0),
-                Op::Prefix(node_prefix.clone().into_bytes()),
-            ],
-            &[
-                Op::Get(layout_key.clone()),
-                Op::Prefix(node_prefix.clone().into_bytes()),
-            ],
-        )
-        .await?;
-    if !created {
-        check_layout(&kvs)?;
+/// Resolves once `rx` holds true; never when its sender is gone (nobody
+/// can ask for shutdown any more).
+async fn turned_true(rx: &mut watch::Receiver<bool>) {
+    if rx.wait_for(|v| *v).await.is_err() {
+        std::future::pending::<()>().await;
     }
-    let mut held = parse(&kvs);
-    // Each lost race means another node took an id: bounded by the id count.
-    for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
-        let spread = 1u64 << losses.min(10);
-        let free: Vec<u64> = (0..=max_id)
-            .filter(|c| !held.contains(c))
-            .take(spread as usize)
-            .collect();
-        let Some(&candidate) = free.get((jitter(losses) % free.len().max(1) as u64) as usize)
-        else {
-            break;
-        };
-        let (node, hw) = keys(cfg, candidate);
-        let (ok, kvs) = client
-            .txn(
-                &[
-                    Compare::Absent(node.clone()),
-                    Compare::ValueIs(layout_key.clone(), layout.to_vec()),
-                ],
-                &[
-                    Op::Put(node, holder.as_bytes().to_vec(), lease),
-                    Op::Get(hw.clone()),
-                ],
-                &[
-                    Op::Prefix(node_prefix.clone().into_bytes()),
-                    Op::Get(layout_key.clone()),
-                ],
-            )
-            .await?;
-        if ok {
-            return read_hw(candidate, &hw, kvs.first());
-        }
-        // Lost the race for the id, or the layout record changed since.
-        check_layout(&kvs)?;
-        // Or won it already: a take whose answer was lost (a timeout) and
-        // that the client retried on another endpoint may have committed.
-        // An id held by our own lease is ours; taking another would hold
-        // two until the lease ends.
-        let ours = kvs
-            .iter()
-            .filter(|kv| kv.lease == lease)
-            .flat_map(|kv| parse(std::slice::from_ref(kv)))
-            .next();
-        if let Some(node_id) = ours {
-            let (_, hw_key) = keys(cfg, node_id);
-            let (_, record) = client.txn(&[], &[Op::Get(hw_key.clone())], &[]).await?;
-            return read_hw(node_id, &hw_key, record.first());
-        }
-        held = parse(&kvs);
-        held.insert(candidate);
-    }
-    Err(AcquireError::Full {
-        count: max_id + 1,
-        prefix: cfg.prefix.clone(),
-    })
 }
 
-/// The high-water record of a node id just taken: none means the id was
-/// never used under this prefix. Never reads an unreadable record as 0: the
-/// caller revokes the lease, which gives the id back.
-fn read_hw(
-    node_id: u64,
-    key: &[u8],
-    record: Option<&crate::etcd::Kv>,
-) -> Result<(u64, u64), AcquireError> {
-    let Some(kv) = record else {
-        return Ok((node_id, 0));
-    };
-    std::str::from_utf8(&kv.value)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .map(|hw| (node_id, hw))
-        .ok_or_else(|| AcquireError::BadHighWater {
-            node_id,
-            key: String::from_utf8_lossy(key).into_owned(),
-            value: String::from_utf8_lossy(&kv.value).into_owned(),
-        })
-}
-
-async fn read_state(f: &StateFile) -> anyhow::Result<u64> {
+async fn read_state(f: &StateFile) -> std::io::Result<u64> {
     let f = f.clone();
-    tokio::task::spawn_blocking(move || {
-        f.read()
-            .with_context(|| format!("reading state file {}", f.path().display()))
-    })
-    .await
-    .context("state file task")?
+    tokio::task::spawn_blocking(move || f.read())
+        .await
+        .map_err(std::io::Error::other)?
 }
 
-async fn write_state(f: &StateFile, ms: u64) -> anyhow::Result<()> {
+async fn write_state(f: &StateFile, ms: u64) -> std::io::Result<()> {
     let f = f.clone();
-    tokio::task::spawn_blocking(move || {
-        f.write(ms)
-            .with_context(|| format!("writing state file {}", f.path().display()))
-    })
-    .await
-    .context("state file task")?
-}
-
-/// A random number per process and call (for spreading racing nodes).
-fn jitter(salt: u32) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(salt);
-    h.write_u128(crate::issuer::now_nanos());
-    h.finish()
+    tokio::task::spawn_blocking(move || f.write(ms))
+        .await
+        .map_err(std::io::Error::other)?
 }

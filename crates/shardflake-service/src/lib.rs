@@ -8,8 +8,10 @@
 //!   resumes after it.
 //! - [`etcd`]: a small client for etcd's v3 JSON gateway (no protoc, no
 //!   extra gRPC stack).
-//! - [`lease`]: node ids leased from etcd: acquire the lowest free id,
-//!   keep-alive, record high-water, fence, re-acquire, revoke.
+//! - [`lease`]: the keeper of the node identity: acquire the lowest free
+//!   id, keep-alive, record high-water, fence, re-acquire, revoke.
+//! - [`registry`]: what the keeper needs of a coordination store, on etcd,
+//!   in memory (tests) or for a static node id.
 //! - [`issuer`]: the issuing path and its two fences (lease deadline and
 //!   recorded high-water).
 //! - [`http`]: the axum HTTP/JSON API, error mapping, limits.
@@ -31,6 +33,7 @@ pub mod http;
 pub mod issuer;
 pub mod lease;
 pub mod metrics;
+pub mod registry;
 pub mod server;
 pub mod shutdown;
 pub mod state_file;

@@ -87,20 +87,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         "grpc": grpc_addr.to_string(),
     })
     .to_string();
-    let mut stop_rx = shutdown.subscribe();
-    let started = tokio::select! {
-        k = Keeper::start(issuer.clone(), holder) => Some(k),
-        _ = stop_rx.wait_for(|v| *v) => None,
-    };
+    // Shutdown during the first acquisition ends it with any lease taken
+    // so far revoked (the keeper watches `shutdown` itself).
+    let registry = crate::registry::for_node_source(&issuer.config.node);
+    let started = Keeper::start(issuer.clone(), registry, holder, shutdown.subscribe()).await;
     let mut keeper = match started {
-        Some(Ok(k)) => k,
-        Some(Err(e)) => {
+        Ok(Some(k)) => k,
+        Err(e) => {
             shutdown.trigger();
             let _ = tokio::time::timeout(DRAIN, http_server).await;
             let _ = tokio::time::timeout(DRAIN, grpc_server).await;
-            return Err(e);
+            return Err(e.into());
         }
-        None => {
+        Ok(None) => {
             let _ = tokio::time::timeout(DRAIN, http_server).await;
             let _ = tokio::time::timeout(DRAIN, grpc_server).await;
             return Ok(());
@@ -113,20 +112,36 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // may still issue ids after SIGTERM, and a lease that ran out under them
     // would refuse them (and could not be revoked).
     let drained = Shutdown::new();
-    let keeper_task = {
+    let mut keeper_task = {
         let (shutdown_rx, drained_rx) = (shutdown.subscribe(), drained.subscribe());
         tokio::spawn(async move {
-            keeper.run(shutdown_rx, drained_rx).await;
-            keeper
+            let result = keeper.run(shutdown_rx, drained_rx).await;
+            (keeper, result)
         })
     };
-    shutdown::wait(shutdown.subscribe()).await;
+    // The keeper ends early only when the node must stop (a corrupt record
+    // or another layout found on re-acquiring): shut down with its error.
+    let stopped_early = tokio::select! {
+        _ = shutdown::wait(shutdown.subscribe()) => None,
+        done = &mut keeper_task => Some(done),
+    };
+    if let Some(done) = stopped_early {
+        shutdown.trigger();
+        let (mut keeper, result) = done.context("lease keeper task")?;
+        let deadline = tokio::time::Instant::now() + DRAIN;
+        let _ = tokio::time::timeout_at(deadline, http_server).await;
+        let _ = tokio::time::timeout_at(deadline, grpc_server).await;
+        keeper.stop().await;
+        result?;
+        return Ok(());
+    }
     let deadline = tokio::time::Instant::now() + DRAIN;
     let http_result = tokio::time::timeout_at(deadline, http_server).await;
     let grpc_result = tokio::time::timeout_at(deadline, grpc_server).await;
     drained.trigger();
-    let mut keeper = keeper_task.await.context("lease keeper task")?;
+    let (mut keeper, result) = keeper_task.await.context("lease keeper task")?;
     keeper.stop().await;
+    result?;
     match http_result {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => return Err(anyhow::Error::new(e).context("HTTP server")),

@@ -1,0 +1,270 @@
+//! The coordination store behind leased node ids, as the whole operations
+//! the lease keeper needs: take the lowest free node id under a new lease
+//! (with the high-water its previous holder recorded), renew the lease,
+//! record the high-water while still holding, release.
+//!
+//! Three registries implement [`Registry`]:
+//!
+//! - [`EtcdRegistry`] (`registry/etcd.rs`): etcd, the production store.
+//! - [`MemoryRegistry`] (`registry/memory.rs`): the same semantics in
+//!   process, leases timed on tokio's clock, for tests (paused time) and
+//!   embedding.
+//! - [`StaticRegistry`]: a fixed node id (`--node-id`): nothing to
+//!   coordinate, a holding that never expires.
+//!
+//! The data model, which the etcd and memory registries share: under a
+//! prefix, `<prefix>/node/<id>` names the holder of node id `<id>` and is
+//! attached to its lease (it disappears when the lease ends);
+//! `<prefix>/hw/<id>` holds the last high-water (Unix ms) recorded for the
+//! id and is not leased, so it outlives holders and the next holder resumes
+//! after it; `<prefix>/layout` holds the layout and node field of the
+//! cluster, written by its first node and checked by every take (nodes with
+//! different layouts under one prefix would compose equal ids from
+//! different node ids).
+
+use std::time::Duration;
+
+use crate::config::NodeSource;
+
+mod etcd;
+mod memory;
+
+pub use etcd::EtcdRegistry;
+pub use memory::MemoryRegistry;
+
+/// A lease's id in the store.
+pub type LeaseId = i64;
+
+/// What a node asks for when it takes a node id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The largest node id the node field holds.
+    pub max_node_id: u64,
+    /// The lease TTL asked for (the store may grant less).
+    pub ttl: Duration,
+    /// What `<prefix>/layout` must hold (see [`Claim::layout_of`]).
+    pub layout: Vec<u8>,
+    /// Who holds the id (written as the node key's value, for operators).
+    pub holder: String,
+}
+
+impl Claim {
+    /// The layout record for a configuration: the layout (every field, epoch
+    /// and tick) and the field the node id goes into.
+    pub fn layout_of(config: &crate::config::Config) -> Vec<u8> {
+        format!("{}; node id in field {}", config.layout, config.node_field).into_bytes()
+    }
+}
+
+/// A node id held under a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holding {
+    /// The node id.
+    pub node_id: u64,
+    /// The lease it is attached to.
+    pub lease: LeaseId,
+    /// The TTL granted; `None`: held for the life of the process (a static
+    /// node id), never renewed and never fenced.
+    pub ttl: Option<Duration>,
+    /// The high-water the previous holder recorded (Unix ms; 0: the id was
+    /// never used under this prefix).
+    pub previous_high_water_ms: u64,
+}
+
+/// The answer to a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Renewed: the lease lives this long from when the renewal was sent.
+    Alive(Duration),
+    /// The lease has ended (expired or revoked): its node id is not ours.
+    Gone,
+}
+
+/// A store failure. Start tells the two apart: an unreachable store fails
+/// start fast, one that answers gets longer (contention).
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// No member of the store answered: nothing is known to have happened.
+    #[error(transparent)]
+    Unreachable(Box<dyn std::error::Error + Send + Sync>),
+    /// The store answered with an error, or with an answer that does not read.
+    #[error(transparent)]
+    Failed(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Why a high-water was not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The node id is no longer held by this lease: nothing was written.
+    #[error("the node id is no longer held by this lease")]
+    NotHolder,
+    /// The store failed.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// Why no node id could be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    /// Every id of the node field is held.
+    #[error(
+        "cluster full: all {count} node ids under {prefix}/node/ are held; widen the node field or use another prefix"
+    )]
+    Full {
+        /// Number of ids the field holds.
+        count: u64,
+        /// The key prefix.
+        prefix: String,
+    },
+    /// Another layout or node field already uses this prefix.
+    #[error(
+        "etcd prefix {prefix} belongs to a cluster with another layout: it records {recorded:?}, this node has {ours:?}; use another --etcd-prefix, or the same layout and node field"
+    )]
+    LayoutMismatch {
+        /// The key prefix.
+        prefix: String,
+        /// What `<prefix>/layout` holds (empty: deleted since).
+        recorded: String,
+        /// What this node would record.
+        ours: String,
+    },
+    /// The recorded high-water of the id taken does not read as a number.
+    #[error(
+        "{key} holds {value:?}, not a Unix ms high-water; refusing node id {node_id} (set it to a time at or after the last id its holder issued)"
+    )]
+    BadHighWater {
+        /// The node id (released again).
+        node_id: u64,
+        /// The high-water key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// The recorded high-water is further ahead of this clock than start may wait.
+    #[error(
+        "the recorded high-water {high_water_ms} is {ahead:?} ahead of this clock, more than window + max_resume_wait ({limit:?}); check this host's clock, or raise --max-resume-wait"
+    )]
+    HighWaterAhead {
+        /// The record (Unix ms).
+        high_water_ms: u64,
+        /// How far ahead of the clock it is.
+        ahead: Duration,
+        /// window + max_resume_wait.
+        limit: Duration,
+    },
+    /// The lease ended before the id could be used: it expired while the
+    /// node waited for its clock to pass the high-water, or another holder
+    /// took the id.
+    #[error("the lease ended before the node id could be used")]
+    LeaseLost,
+    /// The node id builds no generator (it does not fit the layout).
+    #[error(transparent)]
+    BadNodeId(crate::error::IssueError),
+    /// The local state file could not be written.
+    #[error("writing the state file: {0}")]
+    StateFile(std::io::Error),
+    /// The store failed.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+impl AcquireError {
+    /// Retrying cannot help: the operator must act (a record or a clock to
+    /// fix, another prefix or layout). Start and re-acquisition both stop.
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            AcquireError::LayoutMismatch { .. }
+                | AcquireError::BadHighWater { .. }
+                | AcquireError::HighWaterAhead { .. }
+                | AcquireError::BadNodeId(_)
+        )
+    }
+
+    /// The store did not answer at all.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, AcquireError::Registry(RegistryError::Unreachable(_)))
+    }
+}
+
+/// The coordination operations of the lease keeper; see the module docs.
+#[async_trait::async_trait]
+pub trait Registry: Send + Sync + std::fmt::Debug {
+    /// Grants a lease and takes the lowest free node id under it, checking
+    /// the layout record (writing it for the cluster's first node) and
+    /// reading the id's recorded high-water, in one step. On failure no
+    /// lease is left behind (best effort: it would expire anyway).
+    async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError>;
+
+    /// Keeps the lease alive.
+    async fn renew(&self, lease: LeaseId) -> Result<Renewal, RegistryError>;
+
+    /// Records `unix_ms` as the id's high-water, only while `holding` still
+    /// holds it.
+    async fn record_high_water(&self, holding: &Holding, unix_ms: u64) -> Result<(), RecordError>;
+
+    /// Revokes the lease, freeing its node id at once.
+    async fn release(&self, lease: LeaseId) -> Result<(), RegistryError>;
+}
+
+/// The registry a configuration names: etcd, or a static node id.
+pub fn for_node_source(node: &NodeSource) -> Box<dyn Registry> {
+    match node {
+        NodeSource::Static(id) => Box::new(StaticRegistry { node_id: *id }),
+        NodeSource::Etcd(cfg) => Box::new(EtcdRegistry::new(cfg)),
+    }
+}
+
+/// A fixed node id: always granted, never expiring, nothing recorded
+/// (the keeper's state file is the whole record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaticRegistry {
+    /// The node id.
+    pub node_id: u64,
+}
+
+#[async_trait::async_trait]
+impl Registry for StaticRegistry {
+    async fn acquire(&self, _claim: &Claim) -> Result<Holding, AcquireError> {
+        Ok(Holding {
+            node_id: self.node_id,
+            lease: 0,
+            ttl: None,
+            previous_high_water_ms: 0,
+        })
+    }
+    async fn renew(&self, _lease: LeaseId) -> Result<Renewal, RegistryError> {
+        Ok(Renewal::Alive(Duration::MAX))
+    }
+    async fn record_high_water(&self, _: &Holding, _: u64) -> Result<(), RecordError> {
+        Ok(())
+    }
+    async fn release(&self, _lease: LeaseId) -> Result<(), RegistryError> {
+        Ok(())
+    }
+}
+
+/// The high-water record of a node id just taken: none means the id was
+/// never used under this prefix. Never reads an unreadable record as 0: the
+/// caller gives the id back.
+fn read_high_water(node_id: u64, key: &str, record: Option<&[u8]>) -> Result<u64, AcquireError> {
+    let Some(value) = record else {
+        return Ok(0);
+    };
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| AcquireError::BadHighWater {
+            node_id,
+            key: key.to_string(),
+            value: String::from_utf8_lossy(value).into_owned(),
+        })
+}
+
+/// `<prefix>/node/<id>` and `<prefix>/hw/<id>`.
+fn keys(prefix: &str, node_id: u64) -> (String, String) {
+    (
+        format!("{prefix}/node/{node_id}"),
+        format!("{prefix}/hw/{node_id}"),
+    )
+}

@@ -1,0 +1,237 @@
+//! The registry on etcd, over [`crate::etcd::Client`] (the only place that
+//! builds one).
+//!
+//! A take is one transaction: `<prefix>/node/<id>` is created attached to
+//! the lease only if absent (`create_revision == 0`) and only if
+//! `<prefix>/layout` still holds this node's layout, and the same
+//! transaction reads `<prefix>/hw/<id>`. A lost race answers with the fresh
+//! list of held ids in the same round trip; racing nodes then spread over
+//! the lowest free ids (see [`take_lowest`]). A high-water is written in a
+//! transaction that checks the node key is still attached to our lease, the
+//! way TiKV's PD persists a timestamp window in etcd.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{
+    AcquireError, Claim, Holding, LeaseId, RecordError, Registry, RegistryError, Renewal, keys,
+    read_high_water,
+};
+use crate::config::EtcdConfig;
+use crate::etcd::{Client, Compare, EtcdError, Kv, Op};
+
+/// Node ids leased from etcd under one prefix.
+#[derive(Debug)]
+pub struct EtcdRegistry {
+    client: Client,
+    prefix: String,
+}
+
+impl EtcdRegistry {
+    /// A registry on the endpoints and prefix of `cfg`.
+    pub fn new(cfg: &EtcdConfig) -> Self {
+        EtcdRegistry {
+            client: Client::new(&cfg.endpoints, cfg.timeout),
+            prefix: cfg.prefix.clone(),
+        }
+    }
+}
+
+impl From<EtcdError> for RegistryError {
+    fn from(e: EtcdError) -> Self {
+        match e {
+            EtcdError::Unreachable { .. } => RegistryError::Unreachable(Box::new(e)),
+            other => RegistryError::Failed(Box::new(other)),
+        }
+    }
+}
+
+impl From<EtcdError> for AcquireError {
+    fn from(e: EtcdError) -> Self {
+        AcquireError::Registry(e.into())
+    }
+}
+
+#[async_trait]
+impl Registry for EtcdRegistry {
+    async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
+        let (lease, ttl) = self.client.grant(claim.ttl.as_secs()).await?;
+        let ttl = Duration::from_secs(ttl).min(claim.ttl);
+        match take_lowest(&self.client, &self.prefix, lease, claim).await {
+            Ok((node_id, previous_high_water_ms)) => Ok(Holding {
+                node_id,
+                lease,
+                ttl: Some(ttl),
+                previous_high_water_ms,
+            }),
+            Err(e) => {
+                let _ = self.client.revoke(lease).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn renew(&self, lease: LeaseId) -> Result<Renewal, RegistryError> {
+        match self.client.keep_alive(lease).await? {
+            0 => Ok(Renewal::Gone),
+            ttl => Ok(Renewal::Alive(Duration::from_secs(ttl))),
+        }
+    }
+
+    async fn record_high_water(&self, holding: &Holding, unix_ms: u64) -> Result<(), RecordError> {
+        let (node, hw) = keys(&self.prefix, holding.node_id);
+        let (held, _) = self
+            .client
+            .txn(
+                &[Compare::LeaseIs(node.into_bytes(), holding.lease)],
+                &[Op::Put(
+                    hw.into_bytes(),
+                    unix_ms.to_string().into_bytes(),
+                    0,
+                )],
+                &[],
+            )
+            .await
+            .map_err(RegistryError::from)?;
+        if !held {
+            return Err(RecordError::NotHolder);
+        }
+        Ok(())
+    }
+
+    async fn release(&self, lease: LeaseId) -> Result<(), RegistryError> {
+        Ok(self.client.revoke(lease).await?)
+    }
+}
+
+/// The lowest free node id, taken in one transaction with its high-water.
+/// A lost race returns the fresh list of held ids in the same round trip;
+/// the next try picks at random among the lowest 2^losses free ids, so a
+/// herd of nodes starting together spreads out instead of all racing for
+/// the same id (n² transactions). Uncontended, the id is the lowest free.
+///
+/// `claim.layout` must equal `<prefix>/layout`: the first node of a cluster
+/// writes it; every take compares it in the same transaction.
+async fn take_lowest(
+    client: &Client,
+    prefix: &str,
+    lease: LeaseId,
+    claim: &Claim,
+) -> Result<(u64, u64), AcquireError> {
+    let max_id = claim.max_node_id;
+    let layout = &claim.layout[..];
+    let node_prefix = format!("{prefix}/node/");
+    let layout_key = format!("{prefix}/layout").into_bytes();
+    let check_layout = |kvs: &[Kv]| -> Result<(), AcquireError> {
+        let recorded = kvs
+            .iter()
+            .find(|kv| kv.key == layout_key)
+            .map_or(&[][..], |kv| &kv.value[..]);
+        if recorded == layout {
+            return Ok(());
+        }
+        Err(AcquireError::LayoutMismatch {
+            prefix: prefix.to_string(),
+            recorded: String::from_utf8_lossy(recorded).into_owned(),
+            ours: String::from_utf8_lossy(layout).into_owned(),
+        })
+    };
+    let parse = |kvs: &[Kv]| -> HashSet<u64> {
+        kvs.iter()
+            .filter_map(|kv| {
+                std::str::from_utf8(&kv.key)
+                    .ok()?
+                    .strip_prefix(&node_prefix)?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    };
+    // Record the layout if this is the cluster's first node; read the held ids.
+    let (created, kvs) = client
+        .txn(
+            &[Compare::Absent(layout_key.clone())],
+            &[
+                Op::Put(layout_key.clone(), layout.to_vec(), 0),
+                Op::Prefix(node_prefix.clone().into_bytes()),
+            ],
+            &[
+                Op::Get(layout_key.clone()),
+                Op::Prefix(node_prefix.clone().into_bytes()),
+            ],
+        )
+        .await?;
+    if !created {
+        check_layout(&kvs)?;
+    }
+    let mut held = parse(&kvs);
+    // Each lost race means another node took an id: bounded by the id count.
+    for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
+        let spread = 1u64 << losses.min(10);
+        let free: Vec<u64> = (0..=max_id)
+            .filter(|c| !held.contains(c))
+            .take(spread as usize)
+            .collect();
+        let Some(&candidate) = free.get((jitter(losses) % free.len().max(1) as u64) as usize)
+        else {
+            break;
+        };
+        let (node, hw) = keys(prefix, candidate);
+        let (ok, kvs) = client
+            .txn(
+                &[
+                    Compare::Absent(node.clone().into_bytes()),
+                    Compare::ValueIs(layout_key.clone(), layout.to_vec()),
+                ],
+                &[
+                    Op::Put(node.into_bytes(), claim.holder.as_bytes().to_vec(), lease),
+                    Op::Get(hw.clone().into_bytes()),
+                ],
+                &[
+                    Op::Prefix(node_prefix.clone().into_bytes()),
+                    Op::Get(layout_key.clone()),
+                ],
+            )
+            .await?;
+        if ok {
+            let hw_ms = read_high_water(candidate, &hw, kvs.first().map(|kv| &kv.value[..]))?;
+            return Ok((candidate, hw_ms));
+        }
+        // Lost the race for the id, or the layout record changed since.
+        check_layout(&kvs)?;
+        // Or won it already: a take whose answer was lost (a timeout) and
+        // that the client retried on another endpoint may have committed.
+        // An id held by our own lease is ours; taking another would hold
+        // two until the lease ends.
+        let ours = kvs
+            .iter()
+            .filter(|kv| kv.lease == lease)
+            .flat_map(|kv| parse(std::slice::from_ref(kv)))
+            .next();
+        if let Some(node_id) = ours {
+            let (_, hw_key) = keys(prefix, node_id);
+            let (_, record) = client
+                .txn(&[], &[Op::Get(hw_key.clone().into_bytes())], &[])
+                .await?;
+            let hw_ms = read_high_water(node_id, &hw_key, record.first().map(|kv| &kv.value[..]))?;
+            return Ok((node_id, hw_ms));
+        }
+        held = parse(&kvs);
+        held.insert(candidate);
+    }
+    Err(AcquireError::Full {
+        count: max_id + 1,
+        prefix: prefix.to_string(),
+    })
+}
+
+/// A random number per process and call (for spreading racing nodes).
+fn jitter(salt: u32) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(salt);
+    h.write_u128(crate::issuer::now_nanos());
+    h.finish()
+}
