@@ -1,6 +1,18 @@
-//! Configuration: a TOML file, overridden by `SHARDFLAKE_*` environment
-//! variables, overridden by flags; validated once, at start, with errors that
-//! say what to change.
+//! Configuration, in two stages.
+//!
+//! 1. **Raw options** ([`RawConfig`]): every option optional, one struct for
+//!    every source: the TOML file, the `SHARDFLAKE_*` environment and the
+//!    flags (the CLI's clap arguments, which read the environment, convert
+//!    into it). Sources are layered with [`RawConfig::merge`], field by
+//!    field, the later source winning: file < environment < flags.
+//! 2. **Validation** ([`Config::validate`]): pure, no file, environment or
+//!    host reads; defaults filled in, every rule checked once, at start, with
+//!    a [`ConfigError`] that says what to change.
+//!
+//! Host discovery (`node_id_from = "hostname" | "mac" | "ip"`) is its own
+//! step between the two: [`RawConfig::host_facts`] reads the host only when
+//! the options ask for it, and validation takes the facts as an argument.
+//! [`Config::load`] runs both steps.
 //!
 //! ```toml
 //! http = "127.0.0.1:8080"
@@ -14,6 +26,9 @@
 //! max_resume_wait = "1m"        # longest wait for a recorded high-water past window
 //! max_batch = 1000000
 //! rollback = "error"            # or "continue:5s", "wait:500ms"
+//! tls_cert_file = "/etc/shardflake/tls.crt"   # PEM chain; HTTPS and gRPC over TLS
+//! tls_key_file = "/etc/shardflake/tls.key"    # PEM key; both or neither
+//! api_token_file = "/etc/shardflake/token"    # `Authorization: Bearer <token>` required
 //!
 //! [etcd]
 //! endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
@@ -24,126 +39,365 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
 use serde::Deserialize;
 use shardflake::node::NodeIdSource;
-use shardflake::{FieldKind, Layout, RollbackPolicy, preset};
+use shardflake::{FieldKind, Layout, LayoutError, NodeIdError, RollbackPolicy, preset};
+use shardflake_host::HostInfo;
 
-/// `shardflake serve` flags; each also reads `SHARDFLAKE_<NAME>`.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct ServeArgs {
-    /// TOML configuration file (flags and SHARDFLAKE_* variables override it).
-    #[arg(long, env = "SHARDFLAKE_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// HTTP listen address [default: 127.0.0.1:8080; port 0 picks a free one].
-    #[arg(long, env = "SHARDFLAKE_HTTP")]
+/// One source of options (the file, the environment or the flags); every
+/// option optional. Durations in the file are text like `"3s"`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// HTTP listen address.
     pub http: Option<SocketAddr>,
-    /// gRPC listen address [default: 127.0.0.1:50051].
-    #[arg(long, env = "SHARDFLAKE_GRPC")]
+    /// gRPC listen address.
     pub grpc: Option<SocketAddr>,
-    /// Layout: a preset name or a spec [default: snowflake].
-    #[arg(long, short, env = "SHARDFLAKE_LAYOUT")]
+    /// A preset name or a layout spec.
     pub layout: Option<String>,
-    /// The node field the node id goes into [default: `node`, else the
-    /// layout's first node field].
-    #[arg(long, env = "SHARDFLAKE_NODE_FIELD")]
+    /// The node field the node id goes into.
     pub node_field: Option<String>,
-    /// A static node id [default: 0 without etcd].
-    #[arg(long, env = "SHARDFLAKE_NODE_ID", conflicts_with = "node_id_from")]
+    /// A static node id.
     pub node_id: Option<u64>,
-    /// A static node id from the host: hostname (StatefulSet ordinal), mac, ip.
-    #[arg(long, env = "SHARDFLAKE_NODE_ID_FROM")]
+    /// A static node id from the host: `hostname`, `mac` or `ip`.
     pub node_id_from: Option<String>,
-    /// Another fixed node field, NAME=VALUE (repeatable; in SHARDFLAKE_FIELD
-    /// separate them with commas).
-    #[arg(
-        long = "field",
-        value_name = "NAME=VALUE",
-        env = "SHARDFLAKE_FIELD",
-        value_delimiter = ','
-    )]
-    pub fields: Vec<String>,
-    /// Lease node ids from etcd: comma-separated endpoints (http://host:port).
-    #[arg(long, env = "SHARDFLAKE_ETCD", value_delimiter = ',')]
-    pub etcd: Vec<String>,
-    /// Key prefix of this id cluster in etcd [default: /shardflake/default].
-    #[arg(long, env = "SHARDFLAKE_ETCD_PREFIX")]
-    pub etcd_prefix: Option<String>,
-    /// Lease TTL [default: 10s].
-    #[arg(long, env = "SHARDFLAKE_LEASE_TTL", value_parser = humantime::parse_duration)]
-    pub lease_ttl: Option<Duration>,
-    /// Stop issuing this long before the lease could expire [default: TTL/5, at least 500ms].
-    #[arg(long, env = "SHARDFLAKE_SAFETY_MARGIN", value_parser = humantime::parse_duration)]
-    pub safety_margin: Option<Duration>,
-    /// Timeout of one etcd request [default: 1s, at most (TTL - margin)/4].
-    #[arg(long, env = "SHARDFLAKE_ETCD_TIMEOUT", value_parser = humantime::parse_duration)]
-    pub etcd_timeout: Option<Duration>,
-    /// High-water window: the recorded high-water is now + window [default: 3s].
-    #[arg(long, env = "SHARDFLAKE_WINDOW", value_parser = humantime::parse_duration)]
-    pub window: Option<Duration>,
-    /// At start, wait at most window + this for the clock to pass a recorded
-    /// high-water; a record further ahead fails the start [default: 1m].
-    #[arg(long, env = "SHARDFLAKE_MAX_RESUME_WAIT", value_parser = humantime::parse_duration)]
-    pub max_resume_wait: Option<Duration>,
-    /// Local high-water state file [default: ./shardflake.state].
-    #[arg(long, env = "SHARDFLAKE_STATE_FILE")]
+    /// Other fixed node fields; merged name by name.
+    pub fields: Option<BTreeMap<String, u64>>,
+    /// Local high-water state file.
     pub state_file: Option<PathBuf>,
-    /// Largest batch one request may ask for [default: 1000000].
-    #[arg(long, env = "SHARDFLAKE_MAX_BATCH")]
+    /// High-water window.
+    #[serde(default, deserialize_with = "duration_text")]
+    pub window: Option<Duration>,
+    /// Longest wait past the window for a recorded high-water at start.
+    #[serde(default, deserialize_with = "duration_text")]
+    pub max_resume_wait: Option<Duration>,
+    /// Largest batch one request may ask for.
     pub max_batch: Option<u64>,
-    /// Largest request body in bytes [default: 4096].
-    #[arg(long, env = "SHARDFLAKE_MAX_BODY")]
+    /// Largest request body in bytes.
     pub max_body: Option<usize>,
-    /// Clock rollback policy: error, wait:DURATION or continue:DURATION [default: error].
-    #[arg(long, env = "SHARDFLAKE_ROLLBACK")]
+    /// Clock rollback policy: `error`, `wait:DURATION`, `continue:DURATION`.
     pub rollback: Option<String>,
-    /// Let a full tick borrow sequence from future ticks, up to this lead [default: 0, wait].
-    #[arg(long, env = "SHARDFLAKE_BORROW", value_parser = humantime::parse_duration)]
+    /// Borrowing lead on sequence exhaustion.
+    #[serde(default, deserialize_with = "duration_text")]
     pub borrow: Option<Duration>,
-    /// Logical shards for ids by sharding key [default: every value of the shard field].
-    #[arg(long, env = "SHARDFLAKE_SHARDS")]
+    /// Logical shards for ids by sharding key.
     pub shards: Option<u64>,
-    /// Runtime worker threads [default: one per CPU].
-    #[arg(long, env = "SHARDFLAKE_WORKERS")]
+    /// Runtime worker threads.
     pub workers: Option<usize>,
+    /// PEM certificate chain served on both listeners (with `tls_key_file`).
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of that certificate.
+    pub tls_key_file: Option<PathBuf>,
+    /// A file holding the bearer token the id endpoints require.
+    pub api_token_file: Option<PathBuf>,
+    /// The `[etcd]` table.
+    #[serde(default)]
+    pub etcd: RawEtcd,
 }
 
-/// The TOML file; every key optional.
-#[derive(Debug, Default, Deserialize)]
+/// The `[etcd]` table of [`RawConfig`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FileConfig {
-    http: Option<SocketAddr>,
-    grpc: Option<SocketAddr>,
-    layout: Option<String>,
-    node_field: Option<String>,
-    node_id: Option<u64>,
-    node_id_from: Option<String>,
-    #[serde(default)]
-    fields: BTreeMap<String, u64>,
-    state_file: Option<PathBuf>,
-    window: Option<String>,
-    max_resume_wait: Option<String>,
-    max_batch: Option<u64>,
-    max_body: Option<usize>,
-    rollback: Option<String>,
-    borrow: Option<String>,
-    shards: Option<u64>,
-    workers: Option<usize>,
-    etcd: Option<FileEtcd>,
+pub struct RawEtcd {
+    /// Endpoints, `http://host:port`; none (or empty): a static node id.
+    pub endpoints: Option<Vec<String>>,
+    /// Key prefix of this id cluster.
+    pub prefix: Option<String>,
+    /// Lease TTL.
+    #[serde(default, deserialize_with = "duration_text")]
+    pub lease_ttl: Option<Duration>,
+    /// Issuing stops this long before the lease could expire.
+    #[serde(default, deserialize_with = "duration_text")]
+    pub safety_margin: Option<Duration>,
+    /// Timeout of one etcd request.
+    #[serde(default, deserialize_with = "duration_text")]
+    pub timeout: Option<Duration>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileEtcd {
-    #[serde(default)]
-    endpoints: Vec<String>,
-    prefix: Option<String>,
-    lease_ttl: Option<String>,
-    safety_margin: Option<String>,
-    timeout: Option<String>,
+/// A duration written as text (`"3s"`, `"500ms"`, `"1m"`).
+fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text)
+        .map(Some)
+        .map_err(|_| serde::de::Error::custom(format!("{text:?}: not a duration like \"3s\"")))
+}
+
+impl RawConfig {
+    /// Parses the TOML text of a configuration file.
+    pub fn from_toml(text: &str) -> Result<RawConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Toml {
+            origin: "config".into(),
+            error: e.to_string(),
+        })
+    }
+
+    /// Reads and parses a configuration file.
+    pub fn from_file(path: &Path) -> Result<RawConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::ReadFile {
+            path: path.to_owned(),
+            error: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Toml {
+            origin: format!("config file {}", path.display()),
+            error: e.to_string(),
+        })
+    }
+
+    /// `over` layered on `self`: each option `over` gives wins, the rest
+    /// stay; fixed `fields` merge name by name; the `[etcd]` table merges
+    /// option by option.
+    pub fn merge(self, over: RawConfig) -> RawConfig {
+        let fields = match (self.fields, over.fields) {
+            (Some(mut base), Some(over)) => {
+                base.extend(over);
+                Some(base)
+            }
+            (base, over) => over.or(base),
+        };
+        RawConfig {
+            http: over.http.or(self.http),
+            grpc: over.grpc.or(self.grpc),
+            layout: over.layout.or(self.layout),
+            node_field: over.node_field.or(self.node_field),
+            node_id: over.node_id.or(self.node_id),
+            node_id_from: over.node_id_from.or(self.node_id_from),
+            fields,
+            state_file: over.state_file.or(self.state_file),
+            window: over.window.or(self.window),
+            max_resume_wait: over.max_resume_wait.or(self.max_resume_wait),
+            max_batch: over.max_batch.or(self.max_batch),
+            max_body: over.max_body.or(self.max_body),
+            rollback: over.rollback.or(self.rollback),
+            borrow: over.borrow.or(self.borrow),
+            shards: over.shards.or(self.shards),
+            workers: over.workers.or(self.workers),
+            tls_cert_file: over.tls_cert_file.or(self.tls_cert_file),
+            tls_key_file: over.tls_key_file.or(self.tls_key_file),
+            api_token_file: over.api_token_file.or(self.api_token_file),
+            etcd: self.etcd.merge(over.etcd),
+        }
+    }
+
+    /// The host step: the facts `node_id_from` needs, read from this host
+    /// only when it is given (nothing is read otherwise).
+    pub fn host_facts(&self) -> HostInfo {
+        if self.node_id_from.is_some() {
+            HostInfo::read()
+        } else {
+            HostInfo {
+                hostname: String::new(),
+                macs: Vec::new(),
+                ip: None,
+            }
+        }
+    }
+}
+
+impl RawEtcd {
+    /// `over` layered on `self`, option by option.
+    pub fn merge(self, over: RawEtcd) -> RawEtcd {
+        RawEtcd {
+            endpoints: over.endpoints.or(self.endpoints),
+            prefix: over.prefix.or(self.prefix),
+            lease_ttl: over.lease_ttl.or(self.lease_ttl),
+            safety_margin: over.safety_margin.or(self.safety_margin),
+            timeout: over.timeout.or(self.timeout),
+        }
+    }
+}
+
+/// A configuration that cannot be used, saying what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading config file {}: {error}", path.display())]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: String,
+    },
+    /// The file is not valid TOML, or has an unknown key or a bad value.
+    #[error("{origin}: {error}")]
+    Toml {
+        /// Which text (`config file PATH`).
+        origin: String,
+        /// The parser's message, with the line.
+        error: String,
+    },
+    /// Not a preset name nor a valid spec.
+    #[error("layout {spec:?}: {error}")]
+    Layout {
+        /// What was given.
+        spec: String,
+        /// Why it is refused.
+        error: LayoutError,
+    },
+    /// The layout has no field to hold a node id.
+    #[error("layout {0} has no node field")]
+    NoNodeField(String),
+    /// `node_field` names no node field of the layout.
+    #[error(
+        "node field {field:?} is not a node field of layout {layout} (node fields: {node_fields})"
+    )]
+    NotANodeField {
+        /// What was given.
+        field: String,
+        /// The layout's name.
+        layout: String,
+        /// Its node fields, comma-separated.
+        node_fields: String,
+    },
+    /// Another node field of the layout has no fixed value.
+    #[error("layout {layout} has node field {field:?}: give it a value with --field {field}=N")]
+    FieldWithoutValue {
+        /// The layout's name.
+        layout: String,
+        /// The field.
+        field: String,
+    },
+    /// A value was given for the shard field, which each request's key sets.
+    #[error(
+        "--field {field}: layout {layout} sets {field} per request from the key (/v1/shard-id?key=K); it cannot be fixed"
+    )]
+    FixedShardField {
+        /// The field.
+        field: String,
+        /// The layout's name.
+        layout: String,
+    },
+    /// A fixed value for a field that is not another node field.
+    #[error("--field {field}: not another node field of {layout}")]
+    NotAnotherNodeField {
+        /// The field.
+        field: String,
+        /// The layout's name.
+        layout: String,
+    },
+    /// A fixed value that does not fit its field.
+    #[error("--field {field}={value}: the field holds 0..={max}")]
+    FieldValueTooLarge {
+        /// The field.
+        field: String,
+        /// The value given.
+        value: u64,
+        /// The largest it holds.
+        max: u64,
+    },
+    /// More logical shards than the shard field holds, or none.
+    #[error("shards = {shards}: the shard field holds 1..={max} shards")]
+    Shards {
+        /// What was given.
+        shards: u64,
+        /// The most the field holds.
+        max: u64,
+    },
+    /// Both a leased and a static node id.
+    #[error("give either etcd endpoints or a static node id, not both")]
+    EtcdAndStatic,
+    /// An endpoint that is not `http://host:port`.
+    #[error("etcd endpoint {0:?}: write http://host:port (TLS is not supported)")]
+    EtcdEndpoint(String),
+    /// A lease TTL etcd cannot grant, or too short to renew in.
+    #[error("lease TTL {0:?}: use whole seconds, at least 2s")]
+    LeaseTtl(Duration),
+    /// A safety margin that leaves too little of the lease.
+    #[error("safety margin {margin:?} must be at most half the lease TTL {ttl:?}")]
+    SafetyMargin {
+        /// The margin.
+        margin: Duration,
+        /// The lease TTL.
+        ttl: Duration,
+    },
+    /// An etcd request timeout that leaves too few tries in a lease.
+    #[error("etcd timeout {0:?} must be above 0 and at most a quarter of TTL - margin")]
+    EtcdTimeout(Duration),
+    /// An empty etcd prefix.
+    #[error("etcd prefix must not be empty or /")]
+    EtcdPrefix,
+    /// An unknown host source.
+    #[error("node_id_from {0:?}: use hostname, mac or ip")]
+    NodeIdFrom(String),
+    /// The host gave no usable node id.
+    #[error("node id from {from}: {error}")]
+    HostNodeId {
+        /// The source (`hostname`, `mac`, `ip`).
+        from: String,
+        /// Why it gave none.
+        error: NodeIdError,
+    },
+    /// A static node id wider than the node field.
+    #[error("node id {id} does not fit node field {field:?} ({bits} bits: 0..={max})")]
+    NodeIdTooLarge {
+        /// The id.
+        id: u64,
+        /// The node field.
+        field: String,
+        /// Its width.
+        bits: u32,
+        /// The largest id it holds.
+        max: u64,
+    },
+    /// A high-water window out of range.
+    #[error("window {0:?}: use 100ms to 10m")]
+    Window(Duration),
+    /// A window too short for three tries at recording the high-water.
+    #[error("window {window:?} must be at least 3 times the etcd timeout {timeout:?}")]
+    WindowBelowEtcdTimeouts {
+        /// The window.
+        window: Duration,
+        /// The etcd request timeout.
+        timeout: Duration,
+    },
+    /// A largest batch out of range.
+    #[error("max_batch {0}: use 1..={MAX_BATCH_LIMIT}")]
+    MaxBatch(u64),
+    /// A largest body out of range.
+    #[error("max_body {0}: use 64..=1048576 bytes")]
+    MaxBody(usize),
+    /// Not `error`, `wait:DURATION` or `continue:DURATION`.
+    #[error("rollback {0:?}: use error, wait:DURATION or continue:DURATION")]
+    Rollback(String),
+    /// A rollback policy without a readable duration.
+    #[error("rollback {text:?}: write {policy}:DURATION, e.g. {policy}:5s")]
+    RollbackDuration {
+        /// What was given.
+        text: String,
+        /// `wait` or `continue`.
+        policy: String,
+    },
+    /// `wait:` longer than a request may be held.
+    #[error(
+        "rollback {0:?}: a request waits at most {MAX_ROLLBACK_WAIT:?} for the clock; use continue:DURATION or error for longer steps"
+    )]
+    RollbackWaitTooLong(String),
+    /// Leads ahead of the clock that reach past the recorded window.
+    #[error(
+        "borrow {borrow:?} plus rollback continue:{ride:?} must be below the window {window:?} (raise --window)"
+    )]
+    LeadPastWindow {
+        /// The borrowing lead.
+        borrow: Duration,
+        /// The rollback ridden through.
+        ride: Duration,
+        /// The window.
+        window: Duration,
+    },
+    /// A worker count out of range.
+    #[error("workers {0}: use 1..=1024")]
+    Workers(usize),
+    /// A certificate without its key, or a key without its certificate.
+    #[error("{given} is set but {missing} is not: give both (--tls-cert and --tls-key) or neither")]
+    TlsHalf {
+        /// The option given.
+        given: &'static str,
+        /// The option missing.
+        missing: &'static str,
+    },
 }
 
 /// Where the node id comes from.
@@ -206,83 +460,72 @@ pub struct Config {
     pub borrow: Duration,
     /// Runtime worker threads.
     pub workers: usize,
+    /// Serve both listeners over TLS with this certificate and key.
+    pub tls: Option<TlsFiles>,
+    /// Require the bearer token in this file on the id endpoints.
+    pub api_token_file: Option<PathBuf>,
+}
+
+/// The PEM files of the listeners' TLS identity (read at start by `serve`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
 }
 
 /// Largest batch the service accepts whatever the configuration says.
 pub const MAX_BATCH_LIMIT: u64 = 10_000_000;
 
 impl Config {
-    /// Reads the file named by `args.config`, then the environment (through
-    /// clap), then flags, and validates the result.
-    pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
-        let file = match &args.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading config file {}", path.display()))?;
-                toml::from_str::<FileConfig>(&text)
-                    .with_context(|| format!("config file {}", path.display()))?
-            }
-            None => FileConfig::default(),
-        };
-        Self::merge(args, file)
+    /// Both stages: the host step (read only if `node_id_from` asks for
+    /// it), then [`Config::validate`].
+    pub fn load(raw: RawConfig) -> Result<Config, ConfigError> {
+        let host = raw.host_facts();
+        Self::validate(raw, &host)
     }
 
-    /// Parses TOML text and merges it under `args` (for tests and embedding).
-    pub fn from_toml(args: &ServeArgs, toml_text: &str) -> anyhow::Result<Config> {
-        let file = toml::from_str::<FileConfig>(toml_text).context("config")?;
-        Self::merge(args, file)
+    /// TOML text as the only source, through both stages (tests and
+    /// embedding).
+    pub fn from_toml(toml_text: &str) -> Result<Config, ConfigError> {
+        Self::load(RawConfig::from_toml(toml_text)?)
     }
 
-    fn merge(args: &ServeArgs, file: FileConfig) -> anyhow::Result<Config> {
-        let dur =
-            |flag: Option<Duration>, text: Option<String>, key: &str, default: Duration| match (
-                flag, text,
-            ) {
-                (Some(d), _) => Ok(d),
-                (None, Some(t)) => humantime::parse_duration(&t)
-                    .with_context(|| format!("{key} = {t:?}: not a duration like \"3s\"")),
-                (None, None) => Ok(default),
-            };
-        let spec = args
-            .layout
-            .clone()
-            .or(file.layout)
-            .unwrap_or_else(|| "snowflake".into());
-        let layout = preset::resolve(&spec).with_context(|| format!("layout {spec:?}"))?;
+    /// The second stage: defaults filled in and every rule checked. Pure:
+    /// the host's facts come in `host` (see [`RawConfig::host_facts`]).
+    pub fn validate(raw: RawConfig, host: &HostInfo) -> Result<Config, ConfigError> {
+        let spec = raw.layout.unwrap_or_else(|| "snowflake".into());
+        let layout = preset::resolve(&spec).map_err(|error| ConfigError::Layout {
+            spec: spec.clone(),
+            error,
+        })?;
         let node_fields: Vec<&str> = layout
             .fields()
             .iter()
             .filter(|f| f.kind() == FieldKind::Node)
             .map(|f| f.name())
             .collect();
-        let node_field = match args.node_field.clone().or(file.node_field) {
+        let node_field = match raw.node_field {
             Some(f) => f,
             None if node_fields.contains(&"node") => "node".into(),
             None => node_fields
                 .first()
                 .map(|s| s.to_string())
-                .with_context(|| format!("layout {} has no node field", layout.name()))?,
+                .ok_or_else(|| ConfigError::NoNodeField(layout.name().to_string()))?,
         };
         let width = match layout.field(&node_field) {
             Some(f) if f.kind() == FieldKind::Node => f.bits(),
-            _ => bail!(
-                "node field {node_field:?} is not a node field of layout {} (node fields: {})",
-                layout.name(),
-                node_fields.join(", ")
-            ),
+            _ => {
+                return Err(ConfigError::NotANodeField {
+                    field: node_field,
+                    layout: layout.name().to_string(),
+                    node_fields: node_fields.join(", "),
+                });
+            }
         };
 
-        let mut fixed: BTreeMap<String, u64> = file.fields;
-        for f in &args.fields {
-            let (name, value) = f
-                .split_once('=')
-                .with_context(|| format!("--field {f:?}: write NAME=VALUE"))?;
-            let value: u64 = value
-                .trim()
-                .parse()
-                .with_context(|| format!("--field {f:?}: value is not a number"))?;
-            fixed.insert(name.trim().to_string(), value);
-        }
+        let fixed = raw.fields.unwrap_or_default();
         let shard_field =
             (node_field != "shard" && node_fields.contains(&"shard")).then(|| "shard".to_string());
         for name in &node_fields {
@@ -290,204 +533,148 @@ impl Config {
                 continue;
             }
             if !fixed.contains_key(*name) {
-                bail!(
-                    "layout {} has node field {name:?}: give it a value with --field {name}=N",
-                    layout.name()
-                );
+                return Err(ConfigError::FieldWithoutValue {
+                    layout: layout.name().to_string(),
+                    field: name.to_string(),
+                });
             }
         }
         for (name, value) in &fixed {
             if Some(name.as_str()) == shard_field.as_deref() {
-                bail!(
-                    "--field {name}: layout {} sets {name} per request from the key (/v1/shard-id?key=K); it cannot be fixed",
-                    layout.name()
-                );
+                return Err(ConfigError::FixedShardField {
+                    field: name.clone(),
+                    layout: layout.name().to_string(),
+                });
             }
             let field = layout
                 .field(name)
                 .filter(|f| f.kind() == FieldKind::Node && *name != node_field)
-                .with_context(|| {
-                    format!(
-                        "--field {name}: not another node field of {}",
-                        layout.name()
-                    )
+                .ok_or_else(|| ConfigError::NotAnotherNodeField {
+                    field: name.clone(),
+                    layout: layout.name().to_string(),
                 })?;
             if *value > field.max() {
-                bail!(
-                    "--field {name}={value}: the field holds 0..={}",
-                    field.max()
-                );
+                return Err(ConfigError::FieldValueTooLarge {
+                    field: name.clone(),
+                    value: *value,
+                    max: field.max(),
+                });
             }
         }
         let shard_max = shard_field
             .as_deref()
             .and_then(|f| layout.field(f))
             .map_or(0, |f| f.max());
-        let shards = args.shards.or(file.shards).unwrap_or(shard_max + 1);
+        let shards = raw.shards.unwrap_or(shard_max + 1);
         if shard_field.is_some() && (shards == 0 || shards > shard_max + 1) {
-            bail!(
-                "shards = {shards}: the shard field holds 1..={} shards",
-                shard_max + 1
-            );
+            return Err(ConfigError::Shards {
+                shards,
+                max: shard_max + 1,
+            });
         }
 
-        let endpoints = if args.etcd.is_empty() {
-            file.etcd
-                .as_ref()
-                .map(|e| e.endpoints.clone())
-                .unwrap_or_default()
-        } else {
-            args.etcd.clone()
-        };
-        let static_id = args.node_id.or(file.node_id);
-        let from = args.node_id_from.clone().or(file.node_id_from);
+        let endpoints = raw.etcd.endpoints.clone().unwrap_or_default();
         let node = if !endpoints.is_empty() {
-            if static_id.is_some() || from.is_some() {
-                bail!("give either etcd endpoints or a static node id, not both");
+            if raw.node_id.is_some() || raw.node_id_from.is_some() {
+                return Err(ConfigError::EtcdAndStatic);
             }
-            let fe = file.etcd.unwrap_or_default();
-            for e in &endpoints {
-                if !e.starts_with("http://") {
-                    bail!("etcd endpoint {e:?}: write http://host:port (TLS is not supported)");
-                }
-            }
-            let lease_ttl = dur(
-                args.lease_ttl,
-                fe.lease_ttl,
-                "etcd.lease_ttl",
-                Duration::from_secs(10),
-            )?;
-            if lease_ttl < Duration::from_secs(2) || lease_ttl.subsec_nanos() != 0 {
-                bail!("lease TTL {lease_ttl:?}: use whole seconds, at least 2s");
-            }
-            let default_margin = (lease_ttl / 5).max(Duration::from_millis(500));
-            let safety_margin = dur(
-                args.safety_margin,
-                fe.safety_margin,
-                "etcd.safety_margin",
-                default_margin,
-            )?;
-            if safety_margin * 2 > lease_ttl {
-                bail!(
-                    "safety margin {safety_margin:?} must be at most half the lease TTL {lease_ttl:?}"
-                );
-            }
-            let default_timeout = ((lease_ttl - safety_margin) / 4).min(Duration::from_secs(1));
-            let timeout = dur(
-                args.etcd_timeout,
-                fe.timeout,
-                "etcd.timeout",
-                default_timeout,
-            )?;
-            if timeout.is_zero() || timeout * 4 > lease_ttl - safety_margin {
-                bail!(
-                    "etcd timeout {timeout:?} must be above 0 and at most a quarter of TTL - margin"
-                );
-            }
-            let prefix = args
-                .etcd_prefix
-                .clone()
-                .or(fe.prefix)
-                .unwrap_or_else(|| "/shardflake/default".into());
-            let prefix = prefix.trim_end_matches('/').to_string();
-            if prefix.is_empty() {
-                bail!("etcd prefix must not be empty or /");
-            }
-            NodeSource::Etcd(EtcdConfig {
-                endpoints,
-                prefix,
-                lease_ttl,
-                safety_margin,
-                timeout,
-            })
+            NodeSource::Etcd(validate_etcd(endpoints, raw.etcd)?)
         } else {
-            let id = match (static_id, from.as_deref()) {
+            let id = match (raw.node_id, raw.node_id_from.as_deref()) {
                 (Some(id), _) => id,
                 (None, None) => 0,
-                (None, Some(src)) => {
-                    let source = match src {
+                (None, Some(from)) => {
+                    let source = match from {
                         "hostname" | "host-ordinal" | "ordinal" => NodeIdSource::HostOrdinal,
                         "mac" | "mac-hash" => NodeIdSource::MacHash,
                         "ip" => NodeIdSource::Ip,
-                        other => bail!("node_id_from {other:?}: use hostname, mac or ip"),
+                        other => return Err(ConfigError::NodeIdFrom(other.to_string())),
                     };
-                    shardflake_host::HostInfo::read()
-                        .node_id(&layout, &node_field, &source)
-                        .with_context(|| format!("node id from {src}"))?
+                    host.node_id(&layout, &node_field, &source)
+                        .map_err(|error| ConfigError::HostNodeId {
+                            from: from.to_string(),
+                            error,
+                        })?
                 }
             };
             if width < 64 && id >> width != 0 {
-                bail!(
-                    "node id {id} does not fit node field {node_field:?} ({width} bits: 0..={})",
-                    (1u64 << width) - 1
-                );
+                return Err(ConfigError::NodeIdTooLarge {
+                    id,
+                    field: node_field,
+                    bits: width,
+                    max: (1u64 << width) - 1,
+                });
             }
             NodeSource::Static(id)
         };
 
-        let window = dur(args.window, file.window, "window", Duration::from_secs(3))?;
+        let window = raw.window.unwrap_or(Duration::from_secs(3));
         if window < Duration::from_millis(100) || window > Duration::from_secs(600) {
-            bail!("window {window:?}: use 100ms to 10m");
+            return Err(ConfigError::Window(window));
         }
         if let NodeSource::Etcd(e) = &node {
             // Three tries at recording the high-water fit in one window.
             if window < e.timeout * 3 {
-                bail!(
-                    "window {window:?} must be at least 3 times the etcd timeout {:?}",
-                    e.timeout
-                );
+                return Err(ConfigError::WindowBelowEtcdTimeouts {
+                    window,
+                    timeout: e.timeout,
+                });
             }
         }
-        let max_resume_wait = dur(
-            args.max_resume_wait,
-            file.max_resume_wait,
-            "max_resume_wait",
-            Duration::from_secs(60),
-        )?;
-        let max_batch = args.max_batch.or(file.max_batch).unwrap_or(1_000_000);
+        let max_resume_wait = raw.max_resume_wait.unwrap_or(Duration::from_secs(60));
+        let max_batch = raw.max_batch.unwrap_or(1_000_000);
         if max_batch == 0 || max_batch > MAX_BATCH_LIMIT {
-            bail!("max_batch {max_batch}: use 1..={MAX_BATCH_LIMIT}");
+            return Err(ConfigError::MaxBatch(max_batch));
         }
-        let max_body = args.max_body.or(file.max_body).unwrap_or(4096);
+        let max_body = raw.max_body.unwrap_or(4096);
         if !(64..=1 << 20).contains(&max_body) {
-            bail!("max_body {max_body}: use 64..=1048576 bytes");
+            return Err(ConfigError::MaxBody(max_body));
         }
-        let rollback = parse_rollback(
-            &args
-                .rollback
-                .clone()
-                .or(file.rollback)
-                .unwrap_or_else(|| "error".into()),
-        )?;
-        let borrow = dur(args.borrow, file.borrow, "borrow", Duration::ZERO)?;
+        let rollback = parse_rollback(raw.rollback.as_deref().unwrap_or("error"))?;
+        let borrow = raw.borrow.unwrap_or(Duration::ZERO);
         // Ids stamped ahead of the clock (borrowed, or riding out a rollback)
-        // must stay within the recorded window.
-        // The generator adds the two leads (a borrowed tick and a rollback
-        // ridden through look alike to it), so their sum is what must fit.
+        // must stay within the recorded window. The generator adds the two
+        // leads (a borrowed tick and a rollback ridden through look alike to
+        // it), so their sum is what must fit.
         let ride = match rollback {
             RollbackPolicy::Continue { max } => max,
             _ => Duration::ZERO,
         };
         if borrow.saturating_add(ride) >= window {
-            bail!(
-                "borrow {borrow:?} plus rollback continue:{ride:?} must be below the window {window:?} (raise --window)"
-            );
+            return Err(ConfigError::LeadPastWindow {
+                borrow,
+                ride,
+                window,
+            });
         }
-        let workers = args
+        let workers = raw
             .workers
-            .or(file.workers)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         if workers == 0 || workers > 1024 {
-            bail!("workers {workers}: use 1..=1024");
+            return Err(ConfigError::Workers(workers));
         }
+        let tls = match (raw.tls_cert_file, raw.tls_key_file) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::TlsHalf {
+                    given: "tls_cert_file",
+                    missing: "tls_key_file",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::TlsHalf {
+                    given: "tls_key_file",
+                    missing: "tls_cert_file",
+                });
+            }
+        };
         Ok(Config {
-            http: args
+            http: raw
                 .http
-                .or(file.http)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
-            grpc: args
+            grpc: raw
                 .grpc
-                .or(file.grpc)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 50051))),
             layout,
             node_field,
@@ -495,10 +682,8 @@ impl Config {
             fixed_fields: fixed.into_iter().collect(),
             shard_field,
             shards,
-            state_file: args
+            state_file: raw
                 .state_file
-                .clone()
-                .or(file.state_file)
                 .unwrap_or_else(|| PathBuf::from("shardflake.state")),
             window,
             max_resume_wait,
@@ -507,6 +692,8 @@ impl Config {
             rollback,
             borrow,
             workers,
+            tls,
+            api_token_file: raw.api_token_file,
         })
     }
 
@@ -516,31 +703,67 @@ impl Config {
     }
 }
 
+/// The `[etcd]` options, defaults filled in and checked against each other.
+fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, ConfigError> {
+    if let Some(e) = endpoints.iter().find(|e| !e.starts_with("http://")) {
+        return Err(ConfigError::EtcdEndpoint(e.clone()));
+    }
+    let lease_ttl = raw.lease_ttl.unwrap_or(Duration::from_secs(10));
+    if lease_ttl < Duration::from_secs(2) || lease_ttl.subsec_nanos() != 0 {
+        return Err(ConfigError::LeaseTtl(lease_ttl));
+    }
+    let default_margin = (lease_ttl / 5).max(Duration::from_millis(500));
+    let safety_margin = raw.safety_margin.unwrap_or(default_margin);
+    if safety_margin * 2 > lease_ttl {
+        return Err(ConfigError::SafetyMargin {
+            margin: safety_margin,
+            ttl: lease_ttl,
+        });
+    }
+    let default_timeout = ((lease_ttl - safety_margin) / 4).min(Duration::from_secs(1));
+    let timeout = raw.timeout.unwrap_or(default_timeout);
+    if timeout.is_zero() || timeout * 4 > lease_ttl - safety_margin {
+        return Err(ConfigError::EtcdTimeout(timeout));
+    }
+    let prefix = raw.prefix.unwrap_or_else(|| "/shardflake/default".into());
+    let prefix = prefix.trim_end_matches('/').to_string();
+    if prefix.is_empty() {
+        return Err(ConfigError::EtcdPrefix);
+    }
+    Ok(EtcdConfig {
+        endpoints,
+        prefix,
+        lease_ttl,
+        safety_margin,
+        timeout,
+    })
+}
+
 /// The longest clock rollback `wait:` may wait out: each request that meets
 /// the rollback is held that long (on a timer, not a thread), and clients
 /// and load balancers give up on a request long before minutes.
 pub const MAX_ROLLBACK_WAIT: Duration = Duration::from_secs(5);
 
 /// `error`, `wait:DURATION` (at most [`MAX_ROLLBACK_WAIT`]) or `continue:DURATION`.
-pub fn parse_rollback(text: &str) -> anyhow::Result<RollbackPolicy> {
+pub fn parse_rollback(text: &str) -> Result<RollbackPolicy, ConfigError> {
     let (name, arg) = text.split_once(':').unwrap_or((text, ""));
     let max = || {
-        humantime::parse_duration(arg.trim())
-            .with_context(|| format!("rollback {text:?}: write {name}:DURATION, e.g. {name}:5s"))
+        humantime::parse_duration(arg.trim()).map_err(|_| ConfigError::RollbackDuration {
+            text: text.to_string(),
+            policy: name.to_string(),
+        })
     };
     Ok(match name.trim() {
         "error" if arg.is_empty() => RollbackPolicy::Error,
         "wait" => {
             let max = max()?;
             if max > MAX_ROLLBACK_WAIT {
-                bail!(
-                    "rollback {text:?}: a request waits at most {MAX_ROLLBACK_WAIT:?} for the clock; use continue:DURATION or error for longer steps"
-                );
+                return Err(ConfigError::RollbackWaitTooLong(text.to_string()));
             }
             RollbackPolicy::Wait { max }
         }
         "continue" => RollbackPolicy::Continue { max: max()? },
-        _ => bail!("rollback {text:?}: use error, wait:DURATION or continue:DURATION"),
+        _ => return Err(ConfigError::Rollback(text.to_string())),
     })
 }
 
@@ -548,24 +771,38 @@ pub fn parse_rollback(text: &str) -> anyhow::Result<RollbackPolicy> {
 mod tests {
     use super::*;
 
-    fn load(args: ServeArgs, toml: &str) -> anyhow::Result<Config> {
-        Config::from_toml(&args, toml)
+    fn no_host() -> HostInfo {
+        HostInfo {
+            hostname: String::new(),
+            macs: Vec::new(),
+            ip: None,
+        }
+    }
+
+    /// `over` layered on the TOML text, validated.
+    fn load(over: RawConfig, toml: &str) -> Result<Config, ConfigError> {
+        Config::validate(RawConfig::from_toml(toml)?.merge(over), &no_host())
+    }
+
+    fn err(over: RawConfig, toml: &str) -> String {
+        load(over, toml).unwrap_err().to_string()
     }
 
     #[test]
     fn embedded_default() {
-        let c = load(ServeArgs::default(), "").unwrap();
+        let c = Config::from_toml("").unwrap();
         assert_eq!(c.http.to_string(), "127.0.0.1:8080");
         assert_eq!(c.layout.name(), "snowflake");
         assert_eq!(c.node, NodeSource::Static(0));
         assert_eq!(c.node_field, "node");
         assert_eq!(c.shard_field, None);
         assert_eq!(c.rollback, RollbackPolicy::Error);
+        assert_eq!((c.tls, c.api_token_file), (None, None));
     }
 
     #[test]
     fn flags_override_the_file() {
-        let args = ServeArgs {
+        let args = RawConfig {
             node_id: Some(9),
             max_batch: Some(10),
             ..Default::default()
@@ -577,9 +814,61 @@ mod tests {
     }
 
     #[test]
+    fn merge_is_field_by_field_file_then_env_then_flags() {
+        let file = RawConfig::from_toml(
+            "layout = \"twitter\"\nmax_batch = 5\nwindow = \"2s\"\n\
+             fields = { datacenter = 1, region = 7 }\n\
+             [etcd]\nendpoints = [\"http://file:2379\"]\nprefix = \"/file\"\nlease_ttl = \"4s\"",
+        )
+        .unwrap();
+        let env = RawConfig {
+            max_batch: Some(6),
+            workers: Some(2),
+            fields: Some(BTreeMap::from([("datacenter".into(), 2)])),
+            etcd: RawEtcd {
+                prefix: Some("/env".into()),
+                timeout: Some(Duration::from_millis(300)),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let flags = RawConfig {
+            workers: Some(3),
+            etcd: RawEtcd {
+                endpoints: Some(vec!["http://flag:2379".into()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let raw = file.merge(env).merge(flags);
+        // Each option from the last source that gives it.
+        assert_eq!(raw.layout.as_deref(), Some("twitter"));
+        assert_eq!(raw.window, Some(Duration::from_secs(2)));
+        assert_eq!(raw.max_batch, Some(6));
+        assert_eq!(raw.workers, Some(3));
+        // Fixed fields merge name by name.
+        let fields = BTreeMap::from([("datacenter".into(), 2), ("region".into(), 7)]);
+        assert_eq!(raw.fields, Some(fields));
+        // So does the [etcd] table.
+        assert_eq!(
+            raw.etcd,
+            RawEtcd {
+                endpoints: Some(vec!["http://flag:2379".into()]),
+                prefix: Some("/env".into()),
+                lease_ttl: Some(Duration::from_secs(4)),
+                safety_margin: None,
+                timeout: Some(Duration::from_millis(300)),
+            }
+        );
+        // An empty layer changes nothing, whichever side it is on.
+        assert_eq!(raw.clone().merge(RawConfig::default()), raw);
+        assert_eq!(RawConfig::default().merge(raw.clone()), raw);
+    }
+
+    #[test]
     fn etcd_section() {
         let c = load(
-            ServeArgs::default(),
+            RawConfig::default(),
             "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\nlease_ttl = \"4s\"\nprefix = \"/x/\"",
         )
         .unwrap();
@@ -591,57 +880,144 @@ mod tests {
         assert_eq!(e.safety_margin, Duration::from_millis(800));
     }
 
+    fn etcd(endpoint: &str) -> RawEtcd {
+        RawEtcd {
+            endpoints: Some(vec![endpoint.into()]),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn clear_errors() {
-        let err = |args: ServeArgs, toml: &str| format!("{:#}", load(args, toml).unwrap_err());
-        assert!(err(ServeArgs::default(), "node_id = 1024").contains("does not fit"));
-        assert!(err(ServeArgs::default(), "layout = \"twitter\"").contains("--field"));
-        assert!(err(ServeArgs::default(), "nope = 1").contains("unknown field"));
-        assert!(err(ServeArgs::default(), "max_batch = 0").contains("max_batch"));
-        assert!(err(ServeArgs::default(), "rollback = \"sometimes\"").contains("rollback"));
-        let etcd = ServeArgs {
-            etcd: vec!["http://127.0.0.1:1".into()],
+        let none = RawConfig::default;
+        assert!(err(none(), "node_id = 1024").contains("does not fit"));
+        assert!(err(none(), "layout = \"twitter\"").contains("--field"));
+        assert!(err(none(), "nope = 1").contains("unknown field"));
+        assert!(err(none(), "[etcd]\nnope = 1").contains("unknown field"));
+        assert!(err(none(), "window = \"soon\"").contains("not a duration like"));
+        assert!(err(none(), "max_batch = 0").contains("max_batch"));
+        assert!(err(none(), "rollback = \"sometimes\"").contains("rollback"));
+        let both = RawConfig {
+            etcd: etcd("http://127.0.0.1:1"),
             node_id: Some(1),
             ..Default::default()
         };
-        assert!(err(etcd, "").contains("not both"));
-        let ttl = ServeArgs {
-            etcd: vec!["http://127.0.0.1:1".into()],
-            lease_ttl: Some(Duration::from_millis(1500)),
+        assert!(err(both, "").contains("not both"));
+        let https = RawConfig {
+            etcd: etcd("https://127.0.0.1:1"),
+            ..Default::default()
+        };
+        assert!(err(https, "").contains("http://host:port"));
+        let ttl = RawConfig {
+            etcd: RawEtcd {
+                lease_ttl: Some(Duration::from_millis(1500)),
+                ..etcd("http://127.0.0.1:1")
+            },
             ..Default::default()
         };
         assert!(err(ttl, "").contains("TTL"));
-        assert!(err(ServeArgs::default(), "borrow = \"3s\"").contains("below the window"));
-        assert!(
-            err(ServeArgs::default(), "rollback = \"continue:5s\"").contains("below the window")
-        );
+        assert!(err(none(), "borrow = \"3s\"").contains("below the window"));
+        assert!(err(none(), "rollback = \"continue:5s\"").contains("below the window"));
         // Each below the window, but the generator adds them.
         let both = "borrow = \"2s\"\nrollback = \"continue:2s\"";
-        assert!(err(ServeArgs::default(), both).contains("plus rollback continue"));
-        assert!(
-            load(
-                ServeArgs::default(),
-                "borrow = \"1s\"\nrollback = \"continue:1s\""
-            )
-            .is_ok()
-        );
+        assert!(err(none(), both).contains("plus rollback continue"));
+        assert!(load(none(), "borrow = \"1s\"\nrollback = \"continue:1s\"").is_ok());
         // A request may not be held for half a minute.
-        assert!(err(ServeArgs::default(), "rollback = \"wait:30s\"").contains("at most 5s"));
-        assert!(load(ServeArgs::default(), "rollback = \"wait:5s\"").is_ok());
-        let slow = ServeArgs {
-            etcd: vec!["http://127.0.0.1:1".into()],
-            etcd_timeout: Some(Duration::from_secs(1)),
+        assert!(err(none(), "rollback = \"wait:30s\"").contains("at most 5s"));
+        assert!(err(none(), "rollback = \"wait:x\"").contains("wait:DURATION, e.g."));
+        assert!(load(none(), "rollback = \"wait:5s\"").is_ok());
+        let slow = RawConfig {
+            etcd: RawEtcd {
+                timeout: Some(Duration::from_secs(1)),
+                ..etcd("http://127.0.0.1:1")
+            },
             window: Some(Duration::from_secs(2)),
             ..Default::default()
         };
         assert!(err(slow, "").contains("3 times the etcd timeout"));
+        assert!(err(none(), "workers = 0").contains("workers"));
+        assert!(err(none(), "max_body = 10").contains("max_body"));
+    }
+
+    #[test]
+    fn errors_are_typed() {
+        let e = load(RawConfig::default(), "node_id = 1024").unwrap_err();
+        assert!(
+            matches!(e, ConfigError::NodeIdTooLarge { id: 1024, .. }),
+            "{e:?}"
+        );
+        let e = load(RawConfig::default(), "layout = \"nope\"").unwrap_err();
+        assert!(matches!(e, ConfigError::Layout { .. }), "{e:?}");
+        let e = load(RawConfig::default(), "max_batch = 0").unwrap_err();
+        assert_eq!(e, ConfigError::MaxBatch(0));
+    }
+
+    #[test]
+    fn tls_files_go_together() {
+        let c = load(
+            RawConfig::default(),
+            "tls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"\napi_token_file = \"t\"",
+        )
+        .unwrap();
+        let files = TlsFiles {
+            cert: "c.pem".into(),
+            key: "k.pem".into(),
+        };
+        assert_eq!(c.tls, Some(files));
+        assert_eq!(c.api_token_file, Some(PathBuf::from("t")));
+        let half = err(RawConfig::default(), "tls_cert_file = \"c.pem\"");
+        assert!(half.contains("tls_key_file is not"), "{half}");
+        assert!(half.contains("--tls-key"), "{half}");
+        let half = err(RawConfig::default(), "tls_key_file = \"k.pem\"");
+        assert!(half.contains("tls_cert_file is not"), "{half}");
+    }
+
+    #[test]
+    fn host_step_is_separate_and_only_when_asked() {
+        // Without node_id_from nothing is read from the host.
+        let facts = RawConfig::default().host_facts();
+        assert!(facts.hostname.is_empty() && facts.macs.is_empty() && facts.ip.is_none());
+        // Validation reads the facts it is given, not the host.
+        let pod = HostInfo {
+            hostname: "ids-7".into(),
+            macs: Vec::new(),
+            ip: None,
+        };
+        let raw = RawConfig::from_toml("node_id_from = \"hostname\"").unwrap();
+        let c = Config::validate(raw.clone(), &pod).unwrap();
+        assert_eq!(c.node, NodeSource::Static(7));
+        // An explicit node id wins over the host.
+        let explicit = RawConfig {
+            node_id: Some(2),
+            ..raw.clone()
+        };
+        assert_eq!(
+            Config::validate(explicit, &pod).unwrap().node,
+            NodeSource::Static(2)
+        );
+        let e = Config::validate(raw, &no_host()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("node id from hostname: host name \"\""),
+            "{e}"
+        );
+        let mac = RawConfig::from_toml("node_id_from = \"mac\"").unwrap();
+        let e = Config::validate(mac, &pod).unwrap_err();
+        assert!(matches!(e, ConfigError::HostNodeId { .. }), "{e}");
+        let bad = RawConfig::from_toml("node_id_from = \"dns\"").unwrap();
+        assert!(
+            Config::validate(bad, &pod)
+                .unwrap_err()
+                .to_string()
+                .contains("use hostname, mac or ip")
+        );
     }
 
     #[test]
     fn shard_layouts() {
         let spec = "orders: time 41 | node 6 | shard 6 | sequence 10 (epoch 1735689600000 ms)";
         let c = load(
-            ServeArgs {
+            RawConfig {
                 layout: Some(spec.into()),
                 shards: Some(40),
                 ..Default::default()
@@ -653,20 +1029,20 @@ mod tests {
         assert_eq!(c.shards, 40);
         // The key sets the shard: a fixed value would be shown and ignored.
         let fixed_shard = load(
-            ServeArgs {
+            RawConfig {
                 layout: Some(spec.into()),
-                fields: vec!["shard=5".into()],
+                fields: Some(BTreeMap::from([("shard".into(), 5)])),
                 ..Default::default()
             },
             "",
         )
         .unwrap_err();
-        assert!(format!("{fixed_shard:#}").contains("per request from the key"));
+        assert!(fixed_shard.to_string().contains("per request from the key"));
         let twitter = load(
-            ServeArgs {
+            RawConfig {
                 layout: Some("twitter".into()),
                 node_field: Some("worker".into()),
-                fields: vec!["datacenter=3".into()],
+                fields: Some(BTreeMap::from([("datacenter".into(), 3)])),
                 ..Default::default()
             },
             "",

@@ -1,11 +1,15 @@
 //! The gRPC API (tonic): the same operations as HTTP, from
 //! `proto/shardflake.proto` compiled by protox at build time (no `protoc`),
 //! plus server reflection (v1 and v1alpha) so `grpcurl` needs no proto file.
+//! With an API token configured ([`crate::auth`]), the id service requires
+//! `authorization: Bearer <token>` metadata (else `Unauthenticated`);
+//! reflection stays open.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use crate::auth::{ApiToken, Unauthorized};
 use crate::error::{ErrorKind, IssueError};
 use crate::issuer::Issuer;
 
@@ -26,13 +30,30 @@ pub struct Service {
     issuer: Arc<Issuer>,
 }
 
-/// The gRPC routes: the id service and reflection.
-pub fn routes(issuer: Arc<Issuer>) -> anyhow::Result<tonic::service::Routes> {
+/// The gRPC routes: the id service and reflection, open to every caller.
+pub fn routes(
+    issuer: Arc<Issuer>,
+) -> Result<tonic::service::Routes, tonic_reflection::server::Error> {
+    routes_with_token(issuer, None)
+}
+
+/// The gRPC routes; with a `token`, the id service requires it.
+pub fn routes_with_token(
+    issuer: Arc<Issuer>,
+    token: Option<ApiToken>,
+) -> Result<tonic::service::Routes, tonic_reflection::server::Error> {
     // Room for the largest batch: 9 bytes a fixed64 plus framing.
     let max_msg = (issuer.config.max_batch as usize).saturating_mul(9) + 1024;
     let svc = IdServiceServer::new(Service { issuer })
         .max_encoding_message_size(max_msg.max(4 << 20))
         .max_decoding_message_size(64 << 10);
+    let svc = tonic::service::interceptor::InterceptedService::new(svc, move |req: Request<()>| {
+        if let Some(token) = &token {
+            let given = req.metadata().get("authorization");
+            token.check(given.map(|v| v.as_bytes()))?;
+        }
+        Ok(req)
+    });
     let v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(DESCRIPTOR_SET)
         .build_v1()?;
@@ -57,6 +78,19 @@ impl From<IssueError> for Status {
         if let Ok(v) = e.code().parse() {
             status.metadata_mut().insert("x-error-code", v);
         }
+        status
+    }
+}
+
+/// Refused calls without the bearer token: `Unauthenticated`, with the
+/// code `unauthorized` in `x-error-code` as HTTP has it.
+impl From<Unauthorized> for Status {
+    fn from(e: Unauthorized) -> Self {
+        let mut status = Status::unauthenticated(e.to_string());
+        status.metadata_mut().insert(
+            "x-error-code",
+            tonic::metadata::MetadataValue::from_static(e.code()),
+        );
         status
     }
 }
@@ -150,5 +184,82 @@ impl IdService for Service {
             shard_field: info.shard_field.unwrap_or_default(),
             shards: info.shards.unwrap_or(0),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use prost::Message;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::config::Config;
+
+    /// The routes over an issuer holding node id 3, with `token` required.
+    fn routes_for(token: Option<&str>) -> tonic::service::Routes {
+        let issuer = Arc::new(Issuer::new(Config::from_toml("").unwrap()));
+        let active = issuer.make_active(3, 0, None, u64::MAX).unwrap();
+        issuer.publish(Some(Arc::new(active)));
+        issuer.set_state(crate::issuer::LeaseState::Static);
+        routes_with_token(issuer, token.and_then(ApiToken::new)).unwrap()
+    }
+
+    /// One unary NextId call, in process: its grpc-status, x-error-code and
+    /// the id answered (0 on errors).
+    async fn next_id(routes: &tonic::service::Routes, auth: Option<&str>) -> (String, String, u64) {
+        // An empty NextIdRequest: uncompressed, length 0.
+        let frame = Bytes::from_static(&[0, 0, 0, 0, 0]);
+        let mut req = axum::http::Request::post("/shardflake.v1.IdService/NextId")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        if let Some(auth) = auth {
+            req = req.header("authorization", auth);
+        }
+        let resp = routes
+            .clone()
+            .oneshot(req.body(Full::new(frame)).unwrap())
+            .await
+            .unwrap();
+        let header = |h: &axum::http::HeaderMap, name: &str| {
+            h.get(name)
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default()
+        };
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect().await.unwrap();
+        let trailers = body.trailers().cloned().unwrap_or_default();
+        let status = match header(&headers, "grpc-status") {
+            s if s.is_empty() => header(&trailers, "grpc-status"),
+            s => s,
+        };
+        let data = body.to_bytes();
+        let id = match data.get(5..) {
+            Some(msg) => pb::NextIdReply::decode(msg).unwrap().id,
+            None => 0,
+        };
+        (status, header(&headers, "x-error-code"), id)
+    }
+
+    #[tokio::test]
+    async fn the_bearer_token_guards_the_id_service() {
+        let routes = routes_for(Some("s3cret"));
+        let unauthenticated = (tonic::Code::Unauthenticated as i32).to_string();
+        for auth in [None, Some("Bearer nope"), Some("s3cret")] {
+            let (status, code, _) = next_id(&routes, auth).await;
+            assert_eq!(
+                (status.as_str(), code.as_str()),
+                (unauthenticated.as_str(), "unauthorized"),
+                "{auth:?}"
+            );
+        }
+        let (status, _, id) = next_id(&routes, Some("Bearer s3cret")).await;
+        assert_eq!(status, "0");
+        let layout = shardflake::preset::by_name("snowflake").unwrap();
+        let node = crate::issuer::node_of(&layout, "node", shardflake::Id::from(id));
+        assert_eq!(node, Some(3));
+        let (status, _, id) = next_id(&routes_for(None), None).await;
+        assert_eq!((status.as_str(), id != 0), ("0", true));
     }
 }

@@ -9,6 +9,10 @@
 //! | `GET /v1/info` | layout and node identity |
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | health, readiness (node id held), Prometheus, OpenAPI 3 |
 //!
+//! With an API token configured ([`crate::auth`]), the `/v1/` routes answer
+//! 401 `unauthorized` without `Authorization: Bearer <token>`; health,
+//! readiness, metrics and the OpenAPI document stay open.
+//!
 //! Ids are JSON strings (JavaScript loses integers above 2^53) unless
 //! `numbers=true`. Errors are `{"error":{"code","message"}}`. Query strings
 //! are parsed by hand so every bad input gets that shape, and the hot path
@@ -19,13 +23,16 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::Request;
 use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
 use shardflake::{Batch, Format, Id};
 
+use crate::auth::{ApiToken, Unauthorized};
 use crate::error::{ApiError, ErrorKind, IssueError};
 use crate::issuer::Issuer;
 use crate::metrics;
@@ -39,21 +46,30 @@ pub(crate) const BLOCKING_BATCH: u64 = 4096;
 /// headers have their own timeout in the server).
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The router.
+/// The router, open to every caller.
 pub fn router(issuer: Arc<Issuer>) -> Router {
+    router_with_token(issuer, None)
+}
+
+/// The router; with a `token`, the `/v1/` routes require it.
+pub fn router_with_token(issuer: Arc<Issuer>, token: Option<ApiToken>) -> Router {
     let max_body = issuer.config.max_body;
-    let doc: Arc<str> = openapi_document(&issuer.config).into();
+    let doc: Arc<str> = openapi_json(&issuer.config, token.is_some()).into();
     let openapi = move || {
         let doc = doc.clone();
         async move { json_response(StatusCode::OK, doc.to_string()) }
     };
-    Router::new()
+    let api = Router::new()
         .route("/v1/id", get(next_id))
         .route("/v1/ids", get(next_ids_get).post(next_ids_post))
         .route("/v1/shard-id", get(shard_id))
         .route("/v1/decode/{id}", get(decode))
-        .route("/v1/info", get(info))
-        .route("/healthz", get(healthz))
+        .route("/v1/info", get(info));
+    let api = match token {
+        Some(token) => api.route_layer(axum::middleware::from_fn_with_state(token, require_token)),
+        None => api,
+    };
+    api.route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .route("/openapi.json", get(openapi))
@@ -74,6 +90,33 @@ impl From<IssueError> for ApiError {
         };
         ApiError::new(status, e.code(), e.to_string())
     }
+}
+
+/// Refused calls without the bearer token: 401 with the documented body,
+/// and the scheme to use (RFC 6750, section 3).
+impl From<Unauthorized> for ApiError {
+    fn from(e: Unauthorized) -> Self {
+        ApiError::new(401, e.code(), e.to_string())
+    }
+}
+
+impl IntoResponse for Unauthorized {
+    fn into_response(self) -> Response {
+        let mut r = ApiError::from(self).into_response();
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        r
+    }
+}
+
+async fn require_token(
+    State(token): State<ApiToken>,
+    request: Request,
+    next: Next,
+) -> Result<Response, Unauthorized> {
+    let given = request.headers().get(header::AUTHORIZATION);
+    token.check(given.map(|v| v.as_bytes()))?;
+    Ok(next.run(request).await)
 }
 
 impl IntoResponse for IssueError {
@@ -456,6 +499,12 @@ async fn metrics_text(State(issuer): Shared) -> Response {
 /// only where the layout has a shard field), so a client generated from it
 /// or a fuzzer reading it knows exactly what is accepted.
 pub fn openapi_document(config: &crate::config::Config) -> String {
+    openapi_json(config, config.api_token_file.is_some())
+}
+
+/// The OpenAPI document; `token_required` adds the bearer scheme to the
+/// `/v1/` operations.
+fn openapi_json(config: &crate::config::Config, token_required: bool) -> String {
     let mut doc: serde_json::Value =
         serde_json::from_str(include_str!("openapi.json")).unwrap_or_default();
     let max = config.max_batch;
@@ -471,6 +520,23 @@ pub fn openapi_document(config: &crate::config::Config) -> String {
         "/paths/~1v1~1ids/post/requestBody/content/application~1json/schema/properties/count",
     ) {
         count["maximum"] = json!(max);
+    }
+    if token_required && let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
+        // Every operation under /v1/ needs the token; the rest stay open.
+        let api = paths
+            .iter_mut()
+            .filter(|(path, _)| path.starts_with("/v1/"));
+        for (_, item) in api {
+            // Path items here hold operations only (get, post).
+            for op in item
+                .as_object_mut()
+                .into_iter()
+                .flat_map(|o| o.values_mut())
+            {
+                op["security"] = json!([{ "bearer": [] }]);
+                op["responses"]["401"] = json!({ "$ref": "#/components/responses/Error" });
+            }
+        }
     }
     if config.shard_field.is_none()
         && let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut())
@@ -502,6 +568,7 @@ async fn method_not_allowed() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn decimal_formatting() {
@@ -564,5 +631,102 @@ mod tests {
             refused("format=hex&format=dec", &["format"]),
             (400, "invalid_parameter")
         );
+    }
+
+    /// A router over an issuer holding node id 3, with `token` required.
+    fn app(token: Option<&str>) -> Router {
+        let issuer = Arc::new(Issuer::new(Config::from_toml("").unwrap()));
+        let active = issuer.make_active(3, 0, None, u64::MAX).unwrap();
+        issuer.publish(Some(Arc::new(active)));
+        issuer.set_state(crate::issuer::LeaseState::Static);
+        router_with_token(issuer, token.and_then(ApiToken::new))
+    }
+
+    /// One request through the router, in process: status, code of an
+    /// error body (or the body), and the `WWW-Authenticate` header.
+    async fn call(app: &Router, path: &str, auth: Option<&str>) -> (u16, String, String) {
+        use tower::ServiceExt;
+        let mut req = axum::http::Request::get(path);
+        if let Some(auth) = auth {
+            req = req.header(header::AUTHORIZATION, auth);
+        }
+        let resp = app
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let challenge = resp
+            .headers()
+            .get(header::WWW_AUTHENTICATE)
+            .map_or(String::new(), |v| v.to_str().unwrap().to_string());
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        let code = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+            .unwrap_or(body);
+        (status, code, challenge)
+    }
+
+    #[tokio::test]
+    async fn the_bearer_token_guards_the_api_not_health() {
+        let app = app(Some("s3cret"));
+        for path in ["/v1/id", "/v1/ids?count=2", "/v1/decode/1", "/v1/info"] {
+            for auth in [
+                None,
+                Some("Bearer nope"),
+                Some("Basic s3cret"),
+                Some("s3cret"),
+            ] {
+                let (status, code, challenge) = call(&app, path, auth).await;
+                assert_eq!(
+                    (status, code.as_str(), challenge.as_str()),
+                    (401, "unauthorized", "Bearer"),
+                    "{path} {auth:?}"
+                );
+            }
+            let (status, body, _) = call(&app, path, Some("Bearer s3cret")).await;
+            assert_eq!(status, 200, "{path}: {body}");
+        }
+        let post = axum::http::Request::post("/v1/ids")
+            .body(Body::from(r#"{"count":2}"#))
+            .unwrap();
+        let resp = tower::ServiceExt::oneshot(app.clone(), post).await.unwrap();
+        assert_eq!(resp.status(), 401);
+        // Probes, scrapers and the document need no secret.
+        for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+            let (status, body, _) = call(&app, path, None).await;
+            assert_eq!(status, 200, "{path}: {body}");
+        }
+        // And without a token configured, nothing asks for one.
+        let (status, body, _) = call(&self::app(None), "/v1/id", None).await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    #[tokio::test]
+    async fn openapi_lists_the_bearer_scheme_where_it_applies() {
+        let doc = |app: Router| async move {
+            let (_, body, _) = call(&app, "/openapi.json", None).await;
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()
+        };
+        let secured = doc(app(Some("s3cret"))).await;
+        assert_eq!(
+            secured["components"]["securitySchemes"]["bearer"]["scheme"],
+            "bearer"
+        );
+        assert_eq!(
+            secured["paths"]["/v1/id"]["get"]["security"][0]["bearer"],
+            json!([])
+        );
+        assert_eq!(
+            secured["paths"]["/v1/ids"]["post"]["security"][0]["bearer"],
+            json!([])
+        );
+        assert!(secured["paths"]["/healthz"]["get"]["security"].is_null());
+        let open = doc(app(None)).await;
+        assert!(open["paths"]["/v1/id"]["get"]["security"].is_null());
     }
 }

@@ -635,7 +635,7 @@ mod tests {
 
     #[tokio::test]
     async fn large_batches_wait_for_a_permit_then_are_busy() {
-        let config = Config::from_toml(&crate::ServeArgs::default(), "").unwrap();
+        let config = Config::from_toml("").unwrap();
         let issuer = Issuer::new(config);
         let short = Duration::from_millis(20);
         assert!(

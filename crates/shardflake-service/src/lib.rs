@@ -3,7 +3,8 @@
 //!
 //! # Map of the modules
 //!
-//! - [`config`]: TOML file + `SHARDFLAKE_*` environment + flags, validated.
+//! - [`config`]: raw options from the TOML file, `SHARDFLAKE_*` environment
+//!   and flags, layered; host discovery; a pure validation into [`Config`].
 //! - [`state_file`]: the local high-water file (atomic writes); a restart
 //!   resumes after it.
 //! - [`etcd`]: a small client for etcd's v3 JSON gateway (no protoc, no
@@ -17,6 +18,8 @@
 //! - [`http`]: the axum HTTP/JSON API, error mapping, limits.
 //! - [`grpc`]: the tonic service and server reflection.
 //! - [`metrics`]: Prometheus text.
+//! - [`auth`]: the optional bearer token of the API.
+//! - [`tls`]: TLS (rustls) on the HTTP and gRPC listeners.
 //! - [`error`]: the API error (`{"error":{"code","message"}}`, gRPC codes).
 //! - [`shutdown`]: SIGTERM/Ctrl-C and the drain signal.
 //! - [`server`]: wires it together.
@@ -25,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod etcd;
@@ -39,6 +43,7 @@ pub mod shutdown;
 pub mod state_file;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod tls;
 
-pub use config::{Config, ServeArgs};
-pub use server::{run_blocking, serve};
+pub use config::{Config, ConfigError, RawConfig};
+pub use server::{ServeError, run_blocking, serve};

@@ -3,20 +3,73 @@
 //! record the final high-water, revoke the lease and return.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 
-use crate::config::{Config, ServeArgs};
+use crate::auth::{ApiToken, TokenFileError};
+use crate::config::{Config, ConfigError, RawConfig};
 use crate::issuer::Issuer;
-use crate::lease::Keeper;
+use crate::lease::{Keeper, KeeperError};
 use crate::shutdown::{self, Shutdown};
+use crate::tls::{self, ListenerTls, TlsError};
 use crate::{grpc, http};
+
+/// Why `shardflake serve` stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The tokio runtime could not start.
+    #[error("starting the runtime: {0}")]
+    Runtime(std::io::Error),
+    /// A listen address could not be bound.
+    #[error("binding {transport} {addr}: {error}")]
+    Bind {
+        /// `HTTP` or `gRPC`.
+        transport: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The TLS certificate or key cannot serve.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The API token file gives no token.
+    #[error(transparent)]
+    ApiToken(#[from] TokenFileError),
+    /// The gRPC server could not be set up (reflection, TLS).
+    #[error("setting up the gRPC server: {0}")]
+    GrpcSetup(Box<dyn std::error::Error + Send + Sync>),
+    /// The node identity could not be acquired or kept (state file, etcd,
+    /// high-water), as the lease keeper reports it.
+    #[error(transparent)]
+    Keeper(#[from] KeeperError),
+    /// The HTTP server failed.
+    #[error("HTTP server: {0}")]
+    Http(std::io::Error),
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Grpc(tonic::transport::Error),
+    /// A server or keeper task panicked or was cancelled.
+    #[error("{task} task: {error}")]
+    Task {
+        /// Which task.
+        task: &'static str,
+        /// What became of it.
+        error: tokio::task::JoinError,
+    },
+}
 
 /// How long in-flight requests may take to finish after SIGTERM.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -24,28 +77,44 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's headers (slowloris).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `shardflake serve`: loads the configuration, runs a multi-threaded
-/// runtime and serves until SIGTERM or Ctrl-C.
-pub fn run_blocking(args: &ServeArgs) -> anyhow::Result<()> {
-    let config = Config::load(args)?;
+/// `shardflake serve`: validates the layered options ([`Config::load`]),
+/// runs a multi-threaded runtime and serves until SIGTERM or Ctrl-C.
+pub fn run_blocking(raw: RawConfig) -> Result<(), ServeError> {
+    let config = Config::load(raw)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.workers)
         .enable_all()
         .build()
-        .context("starting the runtime")?;
+        .map_err(ServeError::Runtime)?;
     runtime.block_on(serve(config))
 }
 
 /// Serves with `config` until SIGTERM or Ctrl-C.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
-    let http_listener = TcpListener::bind(config.http)
-        .await
-        .with_context(|| format!("binding HTTP {}", config.http))?;
-    let grpc_listener = TcpListener::bind(config.grpc)
-        .await
-        .with_context(|| format!("binding gRPC {}", config.grpc))?;
-    let http_addr = http_listener.local_addr()?;
-    let grpc_addr = grpc_listener.local_addr()?;
+pub async fn serve(config: Config) -> Result<(), ServeError> {
+    // Files first: a bad certificate or token fails before any port opens.
+    let tls = config.tls.as_ref().map(ListenerTls::read).transpose()?;
+    let token = config
+        .api_token_file
+        .as_deref()
+        .map(ApiToken::read)
+        .transpose()?;
+    let bind = |transport, addr| async move {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|error| ServeError::Bind {
+                transport,
+                addr,
+                error,
+            })?;
+        let local = listener.local_addr().map_err(|error| ServeError::Bind {
+            transport,
+            addr,
+            error,
+        })?;
+        Ok::<_, ServeError>((listener, local))
+    };
+    let (http_listener, http_addr) = bind("HTTP", config.http).await?;
+    let (grpc_listener, grpc_addr) = bind("gRPC", config.grpc).await?;
     {
         // Tests and scripts read this line for the ports (port 0 picks free ones).
         let mut out = std::io::stdout().lock();
@@ -68,11 +137,23 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         });
     }
 
-    let app = http::router(issuer.clone());
-    let http_server = tokio::spawn(serve_http(http_listener, app, shutdown.subscribe()));
-    let routes = grpc::routes(issuer.clone())?;
+    let app = http::router_with_token(issuer.clone(), token.clone());
+    let http_server = tokio::spawn(serve_http(
+        http_listener,
+        app,
+        tls.as_ref().map(|t| t.http.clone()),
+        shutdown.subscribe(),
+    ));
+    let routes = grpc::routes_with_token(issuer.clone(), token)
+        .map_err(|e| ServeError::GrpcSetup(e.into()))?;
+    let mut grpc_builder = tonic::transport::Server::builder();
+    if let Some(tls) = &tls {
+        grpc_builder = grpc_builder
+            .tls_config(tls.grpc.clone())
+            .map_err(|e| ServeError::GrpcSetup(e.into()))?;
+    }
     let grpc_server = tokio::spawn(
-        tonic::transport::Server::builder()
+        grpc_builder
             .add_routes(routes)
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
@@ -97,7 +178,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             shutdown.trigger();
             let _ = tokio::time::timeout(DRAIN, http_server).await;
             let _ = tokio::time::timeout(DRAIN, grpc_server).await;
-            return Err(e.into());
+            return Err(ServeError::Keeper(e));
         }
         Ok(None) => {
             let _ = tokio::time::timeout(DRAIN, http_server).await;
@@ -127,7 +208,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     if let Some(done) = stopped_early {
         shutdown.trigger();
-        let (mut keeper, result) = done.context("lease keeper task")?;
+        let (mut keeper, result) = done.map_err(|error| ServeError::Task {
+            task: "lease keeper",
+            error,
+        })?;
         let deadline = tokio::time::Instant::now() + DRAIN;
         let _ = tokio::time::timeout_at(deadline, http_server).await;
         let _ = tokio::time::timeout_at(deadline, grpc_server).await;
@@ -139,32 +223,46 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let http_result = tokio::time::timeout_at(deadline, http_server).await;
     let grpc_result = tokio::time::timeout_at(deadline, grpc_server).await;
     drained.trigger();
-    let (mut keeper, result) = keeper_task.await.context("lease keeper task")?;
+    let (mut keeper, result) = keeper_task.await.map_err(|error| ServeError::Task {
+        task: "lease keeper",
+        error,
+    })?;
     keeper.stop().await;
     result?;
     match http_result {
         Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => return Err(anyhow::Error::new(e).context("HTTP server")),
-        Ok(Err(e)) => return Err(anyhow::Error::new(e).context("HTTP server task")),
+        Ok(Ok(Err(e))) => return Err(ServeError::Http(e)),
+        Ok(Err(error)) => {
+            return Err(ServeError::Task {
+                task: "HTTP server",
+                error,
+            });
+        }
         Err(_) => tracing::warn!(drain = ?DRAIN, "HTTP requests still running after the drain"),
     }
     match grpc_result {
         Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => return Err(anyhow::Error::new(e).context("gRPC server")),
-        Ok(Err(e)) => return Err(anyhow::Error::new(e).context("gRPC server task")),
+        Ok(Ok(Err(e))) => return Err(ServeError::Grpc(e)),
+        Ok(Err(error)) => {
+            return Err(ServeError::Task {
+                task: "gRPC server",
+                error,
+            });
+        }
         Err(_) => tracing::warn!(drain = ?DRAIN, "gRPC requests still running after the drain"),
     }
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Serves HTTP/1 on `listener` until `shutdown`, then waits for the open
-/// connections' in-flight requests. (Not `axum::serve`: it has no header
-/// read timeout, so a client trickling headers would hold a connection
-/// forever.)
+/// Serves HTTP/1 on `listener` (over TLS when `tls` is given) until
+/// `shutdown`, then waits for the open connections' in-flight requests.
+/// (Not `axum::serve`: it has no header read timeout, so a client trickling
+/// headers would hold a connection forever.)
 async fn serve_http(
     listener: TcpListener,
     app: axum::Router,
+    tls: Option<TlsAcceptor>,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
@@ -183,16 +281,72 @@ async fn serve_http(
             },
         };
         let _ = tcp.set_nodelay(true);
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
-            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let (app, watcher) = (app.clone(), graceful.watcher());
+        match &tls {
+            None => {
+                tokio::spawn(serve_connection(tcp, app, watcher));
+            }
+            Some(acceptor) => {
+                // The handshake runs in the connection's task, bounded, so a
+                // slow client holds only itself up.
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    match handshake(&acceptor, tcp).await {
+                        Ok(stream) => serve_connection(stream, app, watcher).await,
+                        Err(e) => tracing::debug!(error = %e, "TLS handshake"),
+                    }
+                });
+            }
+        }
     }
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// The server side of a TLS handshake, within [`tls::HANDSHAKE_TIMEOUT`].
+/// A client speaking plain HTTP gets a plain 400 `tls_required` saying so,
+/// rather than a closed connection.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    mut tcp: TcpStream,
+) -> std::io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
+    let within = async {
+        // A TLS connection opens with a handshake record (content type 22).
+        let mut first = [0u8; 1];
+        if tcp.peek(&mut first).await? == 1 && first[0] != 22 {
+            let body = crate::error::ApiError::bad_request(
+                "tls_required",
+                "this port serves HTTPS (TLS); use https://",
+            )
+            .to_json();
+            let response = format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            tcp.write_all(response.as_bytes()).await?;
+            let _ = tcp.shutdown().await;
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "plain HTTP on the HTTPS port",
+            ));
+        }
+        acceptor.accept(tcp).await
+    };
+    tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, within)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake"))?
+}
+
+/// Serves HTTP/1 on one connection until it closes or the drain ends it.
+async fn serve_connection<Io>(io: Io, app: axum::Router, watcher: Watcher)
+where
+    Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    let _ = watcher.watch(conn).await;
 }

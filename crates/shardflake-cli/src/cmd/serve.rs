@@ -1,4 +1,14 @@
 //! `shardflake serve`: the id service; all of it lives in `shardflake-service`.
+//! Here are its flags (each also read from `SHARDFLAKE_<NAME>` by clap),
+//! which become the top layer of the service's raw options, over the
+//! `--config` file.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use shardflake_service::config::{RawConfig, RawEtcd};
 
 /// Serve ids over HTTP and gRPC. With no flags: HTTP on 127.0.0.1:8080,
 /// gRPC on 127.0.0.1:50051, layout snowflake, node id 0, high-water in
@@ -6,9 +16,231 @@
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    serve: shardflake_service::ServeArgs,
+    serve: ServeArgs,
+}
+
+/// `shardflake serve` flags; each also reads `SHARDFLAKE_<NAME>`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (flags and SHARDFLAKE_* variables override it).
+    #[arg(long, env = "SHARDFLAKE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// HTTP listen address [default: 127.0.0.1:8080; port 0 picks a free one].
+    #[arg(long, env = "SHARDFLAKE_HTTP")]
+    pub http: Option<SocketAddr>,
+    /// gRPC listen address [default: 127.0.0.1:50051].
+    #[arg(long, env = "SHARDFLAKE_GRPC")]
+    pub grpc: Option<SocketAddr>,
+    /// Layout: a preset name or a spec [default: snowflake].
+    #[arg(long, short, env = "SHARDFLAKE_LAYOUT")]
+    pub layout: Option<String>,
+    /// The node field the node id goes into [default: `node`, else the
+    /// layout's first node field].
+    #[arg(long, env = "SHARDFLAKE_NODE_FIELD")]
+    pub node_field: Option<String>,
+    /// A static node id [default: 0 without etcd].
+    #[arg(long, env = "SHARDFLAKE_NODE_ID", conflicts_with = "node_id_from")]
+    pub node_id: Option<u64>,
+    /// A static node id from the host: hostname (StatefulSet ordinal), mac, ip.
+    #[arg(long, env = "SHARDFLAKE_NODE_ID_FROM")]
+    pub node_id_from: Option<String>,
+    /// Another fixed node field, NAME=VALUE (repeatable; in SHARDFLAKE_FIELD
+    /// separate them with commas).
+    #[arg(
+        long = "field",
+        value_name = "NAME=VALUE",
+        env = "SHARDFLAKE_FIELD",
+        value_delimiter = ',',
+        value_parser = parse_field
+    )]
+    pub fields: Vec<(String, u64)>,
+    /// Lease node ids from etcd: comma-separated endpoints (http://host:port).
+    #[arg(long, env = "SHARDFLAKE_ETCD", value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Key prefix of this id cluster in etcd [default: /shardflake/default].
+    #[arg(long, env = "SHARDFLAKE_ETCD_PREFIX")]
+    pub etcd_prefix: Option<String>,
+    /// Lease TTL [default: 10s].
+    #[arg(long, env = "SHARDFLAKE_LEASE_TTL", value_parser = humantime::parse_duration)]
+    pub lease_ttl: Option<Duration>,
+    /// Stop issuing this long before the lease could expire [default: TTL/5, at least 500ms].
+    #[arg(long, env = "SHARDFLAKE_SAFETY_MARGIN", value_parser = humantime::parse_duration)]
+    pub safety_margin: Option<Duration>,
+    /// Timeout of one etcd request [default: 1s, at most (TTL - margin)/4].
+    #[arg(long, env = "SHARDFLAKE_ETCD_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub etcd_timeout: Option<Duration>,
+    /// High-water window: the recorded high-water is now + window [default: 3s].
+    #[arg(long, env = "SHARDFLAKE_WINDOW", value_parser = humantime::parse_duration)]
+    pub window: Option<Duration>,
+    /// At start, wait at most window + this for the clock to pass a recorded
+    /// high-water; a record further ahead fails the start [default: 1m].
+    #[arg(long, env = "SHARDFLAKE_MAX_RESUME_WAIT", value_parser = humantime::parse_duration)]
+    pub max_resume_wait: Option<Duration>,
+    /// Local high-water state file [default: ./shardflake.state].
+    #[arg(long, env = "SHARDFLAKE_STATE_FILE")]
+    pub state_file: Option<PathBuf>,
+    /// Largest batch one request may ask for [default: 1000000].
+    #[arg(long, env = "SHARDFLAKE_MAX_BATCH")]
+    pub max_batch: Option<u64>,
+    /// Largest request body in bytes [default: 4096].
+    #[arg(long, env = "SHARDFLAKE_MAX_BODY")]
+    pub max_body: Option<usize>,
+    /// Clock rollback policy: error, wait:DURATION or continue:DURATION [default: error].
+    #[arg(long, env = "SHARDFLAKE_ROLLBACK")]
+    pub rollback: Option<String>,
+    /// Let a full tick borrow sequence from future ticks, up to this lead [default: 0, wait].
+    #[arg(long, env = "SHARDFLAKE_BORROW", value_parser = humantime::parse_duration)]
+    pub borrow: Option<Duration>,
+    /// Logical shards for ids by sharding key [default: every value of the shard field].
+    #[arg(long, env = "SHARDFLAKE_SHARDS")]
+    pub shards: Option<u64>,
+    /// Runtime worker threads [default: one per CPU].
+    #[arg(long, env = "SHARDFLAKE_WORKERS")]
+    pub workers: Option<usize>,
+    /// Serve HTTPS and gRPC over TLS with this PEM certificate chain (with --tls-key).
+    #[arg(
+        long = "tls-cert",
+        env = "SHARDFLAKE_TLS_CERT",
+        requires = "tls_key_file"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(
+        long = "tls-key",
+        env = "SHARDFLAKE_TLS_KEY",
+        requires = "tls_cert_file"
+    )]
+    pub tls_key_file: Option<PathBuf>,
+    /// Require `Authorization: Bearer <token>` on the id, decode and info
+    /// calls (HTTP and gRPC), the token read from this file; health,
+    /// readiness and metrics stay open.
+    #[arg(long, env = "SHARDFLAKE_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
+}
+
+/// `NAME=VALUE` of `--field`.
+fn parse_field(text: &str) -> Result<(String, u64), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: write NAME=VALUE"))?;
+    let value = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?}: value is not a number"))?;
+    Ok((name.trim().to_string(), value))
+}
+
+impl From<ServeArgs> for RawConfig {
+    /// The flags (and environment) as one layer of raw options: what was
+    /// not given stays unset, so the file below shows through.
+    fn from(a: ServeArgs) -> RawConfig {
+        let some_if = |v: Vec<String>| (!v.is_empty()).then_some(v);
+        let fields =
+            (!a.fields.is_empty()).then(|| a.fields.into_iter().collect::<BTreeMap<_, _>>());
+        RawConfig {
+            http: a.http,
+            grpc: a.grpc,
+            layout: a.layout,
+            node_field: a.node_field,
+            node_id: a.node_id,
+            node_id_from: a.node_id_from,
+            fields,
+            state_file: a.state_file,
+            window: a.window,
+            max_resume_wait: a.max_resume_wait,
+            max_batch: a.max_batch,
+            max_body: a.max_body,
+            rollback: a.rollback,
+            borrow: a.borrow,
+            shards: a.shards,
+            workers: a.workers,
+            tls_cert_file: a.tls_cert_file,
+            tls_key_file: a.tls_key_file,
+            api_token_file: a.api_token_file,
+            etcd: RawEtcd {
+                endpoints: some_if(a.etcd),
+                prefix: a.etcd_prefix,
+                lease_ttl: a.lease_ttl,
+                safety_margin: a.safety_margin,
+                timeout: a.etcd_timeout,
+            },
+        }
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    shardflake_service::run_blocking(&args.serve)
+    let file = match &args.serve.config {
+        Some(path) => RawConfig::from_file(path)?,
+        None => RawConfig::default(),
+    };
+    shardflake_service::run_blocking(file.merge(args.serve.into()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn flags(args: &[&str]) -> RawConfig {
+        let cli =
+            Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied())).unwrap();
+        cli.serve.into()
+    }
+
+    #[test]
+    fn flags_become_one_raw_layer() {
+        let raw = flags(&[
+            "--node-id",
+            "4",
+            "--field",
+            "datacenter=1",
+            "--field",
+            "region=2",
+            "--etcd-prefix",
+            "/p",
+            "--window",
+            "2s",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--api-token-file",
+            "token",
+        ]);
+        assert_eq!(raw.node_id, Some(4));
+        let fields = BTreeMap::from([("datacenter".into(), 1), ("region".into(), 2)]);
+        assert_eq!(raw.fields, Some(fields));
+        assert_eq!(raw.window, Some(Duration::from_secs(2)));
+        assert_eq!(raw.etcd.prefix.as_deref(), Some("/p"));
+        // No --etcd: the file's endpoints, if any, stay.
+        assert_eq!(raw.etcd.endpoints, None);
+        assert_eq!(raw.tls_cert_file, Some(PathBuf::from("c.pem")));
+        assert_eq!(raw.tls_key_file, Some(PathBuf::from("k.pem")));
+        assert_eq!(raw.api_token_file, Some(PathBuf::from("token")));
+        // Nothing given, nothing set: every file option shows through.
+        let file =
+            RawConfig::from_toml("max_batch = 7\n[etcd]\nendpoints = [\"http://e:1\"]").unwrap();
+        let none = flags(&[]);
+        assert_eq!(file.clone().merge(none), file);
+    }
+
+    #[test]
+    fn flag_errors_say_what_to_write() {
+        let err = |args: &[&str]| {
+            let argv = std::iter::once("serve").chain(args.iter().copied());
+            Cli::try_parse_from(argv).unwrap_err().to_string()
+        };
+        assert!(err(&["--field", "datacenter"]).contains("write NAME=VALUE"));
+        assert!(err(&["--field", "datacenter=x"]).contains("value is not a number"));
+        assert!(err(&["--tls-cert", "c.pem"]).contains("--tls-key"));
+        assert!(err(&["--node-id", "1", "--node-id-from", "ip"]).contains("cannot be used"));
+    }
 }

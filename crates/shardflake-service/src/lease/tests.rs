@@ -10,7 +10,6 @@ use shardflake::{Clock, Id};
 use tempfile::TempDir;
 
 use super::*;
-use crate::ServeArgs;
 use crate::config::Config;
 use crate::error::IssueError;
 use crate::registry::MemoryRegistry;
@@ -56,7 +55,7 @@ safety_margin = "{}s"
         TTL.as_secs(),
         MARGIN.as_secs()
     );
-    Config::from_toml(&ServeArgs::default(), &text).unwrap()
+    Config::from_toml(&text).unwrap()
 }
 
 fn node(window: &str) -> Node {
