@@ -8,6 +8,10 @@
 //!   adapter maps an [`IssueError`] to it once (`http.rs`); the gRPC adapter
 //!   maps an [`IssueError`] to a `tonic::Status` once (`grpc.rs`), with the
 //!   same code in the `x-error-code` metadata.
+//!
+//! A call without the API's bearer token is not the domain's business: it
+//! is [`crate::auth::Unauthorized`], code `unauthorized`, mapped the same
+//! way once per transport (HTTP 401, gRPC `Unauthenticated`).
 
 use std::fmt;
 
