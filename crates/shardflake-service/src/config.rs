@@ -20,6 +20,12 @@
 //! prefix = "/shardflake/prod"
 //! lease_ttl = "10s"
 //! safety_margin = "2s"
+//! # TLS (https:// endpoints) and user/password authentication, all optional:
+//! ca_file = "/etc/shardflake/etcd-ca.pem"      # required for https://
+//! cert_file = "/etc/shardflake/etcd-client.pem" # mutual TLS: cert and key together
+//! key_file = "/etc/shardflake/etcd-client-key.pem"
+//! user = "shardflake"
+//! password_file = "/etc/shardflake/etcd-password" # or password = "..."
 //! ```
 
 use std::collections::BTreeMap;
@@ -31,6 +37,8 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use shardflake::node::NodeIdSource;
 use shardflake::{FieldKind, Layout, RollbackPolicy, preset};
+
+use crate::etcd::{ClientCert, EtcdAuth, EtcdTls};
 
 /// `shardflake serve` flags; each also reads `SHARDFLAKE_<NAME>`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -66,7 +74,8 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub fields: Vec<String>,
-    /// Lease node ids from etcd: comma-separated endpoints (http://host:port).
+    /// Lease node ids from etcd: comma-separated endpoints (http://host:port
+    /// or https://host:port).
     #[arg(long, env = "SHARDFLAKE_ETCD", value_delimiter = ',')]
     pub etcd: Vec<String>,
     /// Key prefix of this id cluster in etcd [default: /shardflake/default].
@@ -81,6 +90,21 @@ pub struct ServeArgs {
     /// Timeout of one etcd request [default: 1s, at most (TTL - margin)/4].
     #[arg(long, env = "SHARDFLAKE_ETCD_TIMEOUT", value_parser = humantime::parse_duration)]
     pub etcd_timeout: Option<Duration>,
+    /// CA certificate (PEM) that https:// etcd endpoints are verified against.
+    #[arg(long, env = "SHARDFLAKE_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's mutual TLS (with --etcd-key).
+    #[arg(long, env = "SHARDFLAKE_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert.
+    #[arg(long, env = "SHARDFLAKE_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user, for etcd's user/password authentication (with --etcd-password-file).
+    #[arg(long, env = "SHARDFLAKE_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password (a trailing newline is ignored).
+    #[arg(long, env = "SHARDFLAKE_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
     /// High-water window: the recorded high-water is now + window [default: 3s].
     #[arg(long, env = "SHARDFLAKE_WINDOW", value_parser = humantime::parse_duration)]
     pub window: Option<Duration>,
@@ -144,6 +168,12 @@ struct FileEtcd {
     lease_ttl: Option<String>,
     safety_margin: Option<String>,
     timeout: Option<String>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    user: Option<String>,
+    password_file: Option<PathBuf>,
+    password: Option<String>,
 }
 
 /// Where the node id comes from.
@@ -158,7 +188,7 @@ pub enum NodeSource {
 /// The etcd side of the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
-    /// Endpoints, `http://host:port`, tried in turn.
+    /// Endpoints, `http://host:port` or `https://host:port`, tried in turn.
     pub endpoints: Vec<String>,
     /// Key prefix, without a trailing `/`.
     pub prefix: String,
@@ -168,6 +198,10 @@ pub struct EtcdConfig {
     pub safety_margin: Duration,
     /// Timeout of one request.
     pub timeout: Duration,
+    /// TLS for `https://` endpoints (required with them).
+    pub tls: Option<EtcdTls>,
+    /// User/password authentication.
+    pub auth: Option<EtcdAuth>,
 }
 
 /// The validated configuration.
@@ -347,10 +381,11 @@ impl Config {
             }
             let fe = file.etcd.unwrap_or_default();
             for e in &endpoints {
-                if !e.starts_with("http://") {
-                    bail!("etcd endpoint {e:?}: write http://host:port (TLS is not supported)");
+                if !(e.starts_with("http://") || e.starts_with("https://")) {
+                    bail!("etcd endpoint {e:?}: write http://host:port or https://host:port");
                 }
             }
+            let (tls, auth) = etcd_security(args, &fe, &endpoints)?;
             let lease_ttl = dur(
                 args.lease_ttl,
                 fe.lease_ttl,
@@ -399,6 +434,8 @@ impl Config {
                 lease_ttl,
                 safety_margin,
                 timeout,
+                tls,
+                auth,
             })
         } else {
             let id = match (static_id, from.as_deref()) {
@@ -514,6 +551,78 @@ impl Config {
     pub fn max_node_id(&self) -> u64 {
         self.layout.field(&self.node_field).map_or(0, |f| f.max())
     }
+}
+
+/// The TLS files and credentials for etcd, checked: https endpoints need a
+/// CA, a client certificate comes with its key, files exist and parse, a
+/// user comes with one password.
+fn etcd_security(
+    args: &ServeArgs,
+    file: &FileEtcd,
+    endpoints: &[String],
+) -> anyhow::Result<(Option<EtcdTls>, Option<EtcdAuth>)> {
+    let ca_file = args.etcd_ca.clone().or(file.ca_file.clone());
+    let cert_file = args.etcd_cert.clone().or(file.cert_file.clone());
+    let key_file = args.etcd_key.clone().or(file.key_file.clone());
+    let https = endpoints.iter().any(|e| e.starts_with("https://"));
+    let tls = match (ca_file, cert_file, key_file) {
+        (None, None, None) if https => {
+            bail!(
+                "https:// etcd endpoints need the CA that signed etcd's certificates: --etcd-ca FILE"
+            )
+        }
+        (None, None, None) => None,
+        (_, _, _) if !https => {
+            bail!(
+                "--etcd-ca, --etcd-cert and --etcd-key apply to https:// etcd endpoints; none is https://"
+            )
+        }
+        (None, _, _) => bail!(
+            "--etcd-cert and --etcd-key need --etcd-ca (the CA that signed etcd's certificates)"
+        ),
+        (Some(ca_file), Some(cert_file), Some(key_file)) => Some(EtcdTls {
+            ca_file,
+            client_cert: Some(ClientCert {
+                cert_file,
+                key_file,
+            }),
+        }),
+        (Some(ca_file), None, None) => Some(EtcdTls {
+            ca_file,
+            client_cert: None,
+        }),
+        (Some(_), _, _) => bail!("--etcd-cert and --etcd-key come together (mutual TLS)"),
+    };
+    if let Some(tls) = &tls {
+        tls.load().context("etcd TLS")?;
+    }
+    let password = match (
+        &args.etcd_password_file,
+        &file.password_file,
+        &file.password,
+    ) {
+        (Some(path), _, _) | (None, Some(path), None) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the etcd password file {}", path.display()))?
+                .trim_end_matches(['\n', '\r'])
+                .to_string(),
+        ),
+        (None, None, Some(password)) => Some(password.clone()),
+        (None, Some(_), Some(_)) => bail!("[etcd] give password_file or password, not both"),
+        (None, None, None) => None,
+    };
+    let auth = match (args.etcd_user.clone().or(file.user.clone()), password) {
+        (Some(user), Some(password)) => {
+            if user.is_empty() || password.is_empty() {
+                bail!("the etcd user and password must not be empty");
+            }
+            Some(EtcdAuth { user, password })
+        }
+        (None, None) => None,
+        (Some(_), None) => bail!("--etcd-user needs a password: --etcd-password-file FILE"),
+        (None, Some(_)) => bail!("an etcd password needs its user: --etcd-user NAME"),
+    };
+    Ok((tls, auth))
 }
 
 /// The longest clock rollback `wait:` may wait out: each request that meets

@@ -86,7 +86,10 @@ impl Keeper {
         let local = read_state(&state_file).await?;
         let etcd = match &issuer.config.node {
             NodeSource::Static(_) => None,
-            NodeSource::Etcd(e) => Some((Client::new(&e.endpoints, e.timeout), e.clone())),
+            NodeSource::Etcd(e) => Some((
+                Client::connect(&e.endpoints, e.timeout, e.tls.as_ref(), e.auth.as_ref())?,
+                e.clone(),
+            )),
         };
         let mut keeper = Keeper {
             issuer,
@@ -127,6 +130,10 @@ impl Keeper {
                 loop {
                     match keeper.acquire(local).await {
                         Ok(()) => break,
+                        // Retrying cannot help: wrong TLS files or credentials.
+                        Err(AcquireError::Etcd(err)) if err.needs_operator() => {
+                            return Err(anyhow::Error::new(err).context("no node id"));
+                        }
                         Err(AcquireError::Etcd(err)) => {
                             answered |= !matches!(err, EtcdError::Unreachable { .. });
                             let wait = if answered {
