@@ -2,14 +2,20 @@
 # Starts and stops throw-away etcd clusters on 127.0.0.1 for tests and benchmarks.
 #
 #   scripts/etcd.sh start [--members N] [--dir DIR]   start N members (default 1) on free ports;
-#                                                     prints DIR=... and ENDPOINTS=http://...,...
+#         [--cert F --key F --ca F]                   prints DIR=... and ENDPOINTS=http://...,...
+#         [--client-cert-auth]                        With --cert/--key/--ca the client URLs are
+#                                                     https:// (members verify nothing unless
+#                                                     --client-cert-auth: then clients need a
+#                                                     certificate signed by --ca).
 #   scripts/etcd.sh stop DIR                          stop every member, remove DIR
 #   scripts/etcd.sh kill DIR I                        SIGKILL member I (0-based)
-#   scripts/etcd.sh leader DIR                        print the index of the leader
+#   scripts/etcd.sh leader DIR                        print the index of the leader (plain http)
 #
 # Members use the fast test flags measured in shared/notes/INFRA.md
 # (--heartbeat-interval 10 --election-timeout 100 --unsafe-no-fsync): a member
 # starts in ~0.2 s and a 3-member cluster re-elects in a few seconds.
+# Readiness is read from each member's plain-http metrics port (/health), so
+# it works the same with TLS and client-certificate authentication.
 # etcd (Debian's etcd-server 3.4) is installed with apt-get when missing.
 set -euo pipefail
 
@@ -47,29 +53,46 @@ alive() {  # pid: running and not a zombie
 }
 
 cmd_start() {
-    local members=1 dir=""
+    local members=1 dir="" cert="" key="" ca="" client_cert_auth=0
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --members) members="$2"; shift 2 ;;
             --dir) dir="$2"; shift 2 ;;
+            --cert) cert="$2"; shift 2 ;;
+            --key) key="$2"; shift 2 ;;
+            --ca) ca="$2"; shift 2 ;;
+            --client-cert-auth) client_cert_auth=1; shift ;;
             *) die "unknown option $1" ;;
         esac
     done
+    local scheme=http
+    local -a tls=()
+    if [[ -n "$cert$key$ca" ]]; then
+        [[ -n "$cert" && -n "$key" && -n "$ca" ]] || die "--cert, --key and --ca come together"
+        scheme=https
+        tls=(--cert-file "$cert" --key-file "$key" --trusted-ca-file "$ca")
+        [[ $client_cert_auth -eq 0 ]] || tls+=(--client-cert-auth)
+    elif [[ $client_cert_auth -eq 1 ]]; then
+        die "--client-cert-auth needs --cert, --key and --ca"
+    fi
     ensure_etcd
     [[ -n "$dir" ]] || dir=$(mktemp -d /tmp/shardflake-etcd.XXXXXX)
     mkdir -p "$dir"
     local cluster="" endpoints="" i token="shardflake-$$-$RANDOM"
-    local -a cps pps
+    local -a cps pps mps
     for ((i = 0; i < members; i++)); do
         free_port; cps[i]=$PORT
         free_port; pps[i]=$PORT
+        free_port; mps[i]=$PORT
         cluster+="${cluster:+,}m$i=http://127.0.0.1:${pps[i]}"
-        endpoints+="${endpoints:+,}http://127.0.0.1:${cps[i]}"
+        endpoints+="${endpoints:+,}$scheme://127.0.0.1:${cps[i]}"
     done
     for ((i = 0; i < members; i++)); do
         setsid etcd --name "m$i" --data-dir "$dir/m$i" \
-            --listen-client-urls "http://127.0.0.1:${cps[i]}" \
-            --advertise-client-urls "http://127.0.0.1:${cps[i]}" \
+            --listen-client-urls "$scheme://127.0.0.1:${cps[i]}" \
+            --advertise-client-urls "$scheme://127.0.0.1:${cps[i]}" \
+            --listen-metrics-urls "http://127.0.0.1:${mps[i]}" \
+            "${tls[@]}" \
             --listen-peer-urls "http://127.0.0.1:${pps[i]}" \
             --initial-advertise-peer-urls "http://127.0.0.1:${pps[i]}" \
             --initial-cluster "$cluster" --initial-cluster-state new \
@@ -78,7 +101,7 @@ cmd_start() {
             --logger zap --log-level warn \
             >"$dir/m$i.log" 2>&1 </dev/null &
         echo $! >"$dir/m$i.pid"
-        echo "http://127.0.0.1:${cps[i]}" >"$dir/m$i.endpoint"
+        echo "$scheme://127.0.0.1:${cps[i]}" >"$dir/m$i.endpoint"
     done
     echo "$endpoints" >"$dir/endpoints"
     trap 'cmd_stop "$dir"' ERR EXIT
@@ -88,8 +111,8 @@ cmd_start() {
         ok=0
         for ((i = 0; i < members; i++)); do
             alive "$(cat "$dir/m$i.pid")" || { cat "$dir/m$i.log" >&2; die "member m$i exited"; }
-            if port_free "${cps[i]}"; then continue; fi
-            if curl -s --max-time 1 "http://127.0.0.1:${cps[i]}/health" | grep -q '"health":"true"'; then
+            if port_free "${mps[i]}"; then continue; fi
+            if curl -s --max-time 1 "http://127.0.0.1:${mps[i]}/health" | grep -q '"health":"true"'; then
                 ok=$((ok + 1))
             fi
         done
@@ -136,5 +159,5 @@ case "${1:-}" in
     stop) shift; cmd_stop "$@" ;;
     kill) shift; cmd_kill "$@" ;;
     leader) shift; cmd_leader "$@" ;;
-    *) sed -n '2,12p' "$0"; exit 2 ;;
+    *) sed -n '2,/^set -e/{/^set -e/d;p}' "$0"; exit 2 ;;
 esac

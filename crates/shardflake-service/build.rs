@@ -1,6 +1,10 @@
-//! Compiles `proto/shardflake.proto` with protox (a protobuf compiler in
-//! Rust), so the build needs no `protoc` binary, and keeps the descriptor set
-//! for gRPC server reflection.
+//! Compiles the protobuf definitions with protox (a protobuf compiler in
+//! Rust), so the build needs no `protoc` binary:
+//!
+//! - `proto/shardflake.proto`: our gRPC service (server and client), and its
+//!   descriptor set for gRPC server reflection;
+//! - `proto/etcd/…`: etcd's v3 API (vendored, see `proto/etcd/README.md`),
+//!   client side only, for the lease keeper's etcd client.
 
 use std::path::PathBuf;
 
@@ -17,4 +21,12 @@ fn main() {
         .build_transport(false)
         .compile_fds(fds)
         .expect("generate gRPC code");
+
+    let etcd = protox::compile(["etcd/etcdserver/etcdserverpb/rpc.proto"], ["proto"])
+        .expect("compile proto/etcd/etcdserver/etcdserverpb/rpc.proto");
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_transport(false)
+        .compile_fds(etcd)
+        .expect("generate the etcd client");
 }

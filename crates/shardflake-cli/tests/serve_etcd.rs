@@ -538,19 +538,20 @@ async fn unanswered_keep_alives_fence_before_the_ttl() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A proxy in front of one etcd member that forwards everything, except
-/// that it swallows the answer to the `nth` transaction (1-based) after etcd
-/// has executed it and closes the connection: to the node, a take that timed
-/// out, which its client retries on the next endpoint.
+/// An HTTP/2 proxy in front of one etcd member that forwards every gRPC
+/// call (streams included), except that it swallows the answer to the
+/// `nth` `KV.Txn` (1-based) after etcd has executed it: to the node, a take
+/// that timed out, which its client retries on the next endpoint.
 async fn answer_losing_proxy(upstream: String, nth: usize) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use http_body_util::BodyExt;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
     let txns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     tokio::spawn(async move {
         // Bounded: the test ends long before this many connections.
         for _ in 0..1000 {
-            let Ok((mut client, _)) = listener.accept().await else {
+            let Ok((client, _)) = listener.accept().await else {
                 return;
             };
             let upstream = upstream.clone();
@@ -559,52 +560,34 @@ async fn answer_losing_proxy(upstream: String, nth: usize) -> anyhow::Result<Str
                 let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
                     return;
                 };
-                let (mut up_read, mut up_write) = up.into_split();
-                let (mut client_read, client_write) = client.split();
-                let _ = &client_write;
-                let mut client_write = client_write;
-                // One request at a time (HTTP/1.1 without pipelining): read
-                // a request whole, forward it, relay its answer.
-                loop {
-                    let mut head = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") {
-                        if client_read.read_exact(&mut byte).await.is_err() {
-                            return;
+                let Ok((send, conn)) =
+                    hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(up))
+                        .await
+                else {
+                    return;
+                };
+                tokio::spawn(conn);
+                let forward = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let mut send = send.clone();
+                        let lose = req.uri().path() == "/etcdserverpb.KV/Txn"
+                            && txns.fetch_add(1, Ordering::SeqCst) + 1 == nth;
+                        async move {
+                            let answer = send.send_request(req).await?;
+                            if lose {
+                                // etcd has answered, so it executed the
+                                // take; the node never hears of it.
+                                let _ = answer.into_body().collect().await;
+                                let never: std::convert::Infallible = std::future::pending().await;
+                                match never {}
+                            }
+                            Ok::<_, hyper::Error>(answer)
                         }
-                        head.push(byte[0]);
-                    }
-                    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
-                    let len: usize = text
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    let mut body = vec![0u8; len];
-                    if client_read.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
-                    let lose = text.starts_with("post /v3/kv/txn")
-                        && txns.fetch_add(1, Ordering::SeqCst) + 1 == nth;
-                    if up_write.write_all(&head).await.is_err()
-                        || up_write.write_all(&body).await.is_err()
-                    {
-                        return;
-                    }
-                    let mut answer = vec![0u8; 64 << 10];
-                    let Ok(n) = up_read.read(&mut answer).await else {
-                        return;
-                    };
-                    if lose || n == 0 {
-                        // etcd has answered, so it executed the request.
-                        return;
-                    }
-                    if client_write.write_all(&answer[..n]).await.is_err() {
-                        return;
-                    }
-                    // The rest of a long answer, if any, is read on the next
-                    // round's relay; etcd's answers here are small.
-                }
+                    },
+                );
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(client), forward)
+                    .await;
             });
         }
     });

@@ -35,6 +35,12 @@
 //! prefix = "/shardflake/prod"
 //! lease_ttl = "10s"
 //! safety_margin = "2s"
+//! # TLS (https:// endpoints) and user/password authentication, all optional:
+//! ca_file = "/etc/shardflake/etcd-ca.pem"          # required for https://
+//! cert_file = "/etc/shardflake/etcd-client.pem"    # mutual TLS: cert and key together
+//! key_file = "/etc/shardflake/etcd-client-key.pem"
+//! user = "shardflake"
+//! password_file = "/etc/shardflake/etcd-password" # or password = "..."
 //! ```
 
 use std::collections::BTreeMap;
@@ -43,6 +49,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use crate::etcd::{ClientCert, EtcdAuth, EtcdError, EtcdTls};
 use shardflake::node::NodeIdSource;
 use shardflake::{FieldKind, Layout, LayoutError, NodeIdError, RollbackPolicy, preset};
 use shardflake_host::HostInfo;
@@ -102,7 +109,8 @@ pub struct RawConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawEtcd {
-    /// Endpoints, `http://host:port`; none (or empty): a static node id.
+    /// Endpoints, `http://host:port` or `https://host:port`; none (or
+    /// empty): a static node id.
     pub endpoints: Option<Vec<String>>,
     /// Key prefix of this id cluster.
     pub prefix: Option<String>,
@@ -115,6 +123,18 @@ pub struct RawEtcd {
     /// Timeout of one etcd request.
     #[serde(default, deserialize_with = "duration_text")]
     pub timeout: Option<Duration>,
+    /// CA certificate (PEM) the `https://` endpoints are verified against.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS, with `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub key_file: Option<PathBuf>,
+    /// etcd user, for user/password authentication.
+    pub user: Option<String>,
+    /// File holding the user's password (a trailing newline is ignored).
+    pub password_file: Option<PathBuf>,
+    /// The user's password, inline (prefer `password_file`).
+    pub password: Option<String>,
 }
 
 /// A duration written as text (`"3s"`, `"500ms"`, `"1m"`).
@@ -205,6 +225,12 @@ impl RawEtcd {
             lease_ttl: over.lease_ttl.or(self.lease_ttl),
             safety_margin: over.safety_margin.or(self.safety_margin),
             timeout: over.timeout.or(self.timeout),
+            ca_file: over.ca_file.or(self.ca_file),
+            cert_file: over.cert_file.or(self.cert_file),
+            key_file: over.key_file.or(self.key_file),
+            user: over.user.or(self.user),
+            password_file: over.password_file.or(self.password_file),
+            password: over.password.or(self.password),
         }
     }
 }
@@ -299,9 +325,12 @@ pub enum ConfigError {
     /// Both a leased and a static node id.
     #[error("give either etcd endpoints or a static node id, not both")]
     EtcdAndStatic,
-    /// An endpoint that is not `http://host:port`.
-    #[error("etcd endpoint {0:?}: write http://host:port (TLS is not supported)")]
+    /// An endpoint that is not `http://host:port` or `https://host:port`.
+    #[error("etcd endpoint {0:?}: write http://host:port or https://host:port")]
     EtcdEndpoint(String),
+    /// TLS files or credentials for etcd that do not go together.
+    #[error("{0}")]
+    EtcdSecurity(&'static str),
     /// A lease TTL etcd cannot grant, or too short to renew in.
     #[error("lease TTL {0:?}: use whole seconds, at least 2s")]
     LeaseTtl(Duration),
@@ -422,6 +451,70 @@ pub struct EtcdConfig {
     pub safety_margin: Duration,
     /// Timeout of one request.
     pub timeout: Duration,
+    /// TLS for `https://` endpoints (required with them).
+    pub tls: Option<EtcdTls>,
+    /// User/password authentication.
+    pub login: Option<EtcdLogin>,
+}
+
+/// An etcd user and where its password is (read when the client is built,
+/// not while validating).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdLogin {
+    /// The etcd user.
+    pub user: String,
+    /// The password.
+    pub password: Secret,
+}
+
+/// A secret given inline or as a file to read. Its `Debug` never shows an
+/// inline value.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Secret {
+    /// The value itself.
+    Inline(String),
+    /// A file holding it (a trailing newline is ignored).
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Secret::Inline(_) => f.write_str("Inline(<redacted>)"),
+            Secret::File(path) => f.debug_tuple("File").field(path).finish(),
+        }
+    }
+}
+
+impl std::fmt::Debug for EtcdLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLogin")
+            .field("user", &self.user)
+            .field("password", &self.password)
+            .finish()
+    }
+}
+
+impl EtcdLogin {
+    /// The credentials, the password file read.
+    pub fn read(&self) -> Result<EtcdAuth, EtcdError> {
+        let password = match &self.password {
+            Secret::Inline(p) => p.clone(),
+            Secret::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| {
+                    EtcdError::Config(format!("reading the etcd password file {}: {e}", path.display()))
+                })?
+                .trim_end_matches(['\n', '\r'])
+                .to_string(),
+        };
+        if password.is_empty() {
+            return Err(EtcdError::Config("the etcd password is empty".into()));
+        }
+        Ok(EtcdAuth {
+            user: self.user.clone(),
+            password,
+        })
+    }
 }
 
 /// The validated configuration.
@@ -705,9 +798,15 @@ impl Config {
 
 /// The `[etcd]` options, defaults filled in and checked against each other.
 fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, ConfigError> {
-    if let Some(e) = endpoints.iter().find(|e| !e.starts_with("http://")) {
+    if let Some(e) = endpoints
+        .iter()
+        .find(|e| !(e.starts_with("http://") || e.starts_with("https://")))
+    {
         return Err(ConfigError::EtcdEndpoint(e.clone()));
     }
+    let https = endpoints.iter().any(|e| e.starts_with("https://"));
+    let tls = etcd_tls(https, raw.ca_file, raw.cert_file, raw.key_file)?;
+    let login = etcd_login(raw.user, raw.password_file, raw.password)?;
     let lease_ttl = raw.lease_ttl.unwrap_or(Duration::from_secs(10));
     if lease_ttl < Duration::from_secs(2) || lease_ttl.subsec_nanos() != 0 {
         return Err(ConfigError::LeaseTtl(lease_ttl));
@@ -736,7 +835,87 @@ fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, Con
         lease_ttl,
         safety_margin,
         timeout,
+        tls,
+        login,
     })
+}
+
+/// The TLS files for etcd, checked against each other: https endpoints need
+/// a CA, a client certificate comes with its key. (The files are read when
+/// the client is built.)
+fn etcd_tls(
+    https: bool,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+) -> Result<Option<EtcdTls>, ConfigError> {
+    use ConfigError::EtcdSecurity;
+    Ok(match (ca_file, cert_file, key_file) {
+        (None, None, None) if https => {
+            return Err(EtcdSecurity(
+                "https:// etcd endpoints need the CA that signed etcd's certificates: --etcd-ca FILE",
+            ));
+        }
+        (None, None, None) => None,
+        _ if !https => {
+            return Err(EtcdSecurity(
+                "--etcd-ca, --etcd-cert and --etcd-key apply to https:// etcd endpoints; none is https://",
+            ));
+        }
+        (None, _, _) => {
+            return Err(EtcdSecurity(
+                "--etcd-cert and --etcd-key need --etcd-ca (the CA that signed etcd's certificates)",
+            ));
+        }
+        (Some(ca_file), Some(cert_file), Some(key_file)) => Some(EtcdTls {
+            ca_file,
+            client_cert: Some(ClientCert {
+                cert_file,
+                key_file,
+            }),
+        }),
+        (Some(ca_file), None, None) => Some(EtcdTls {
+            ca_file,
+            client_cert: None,
+        }),
+        (Some(_), _, _) => {
+            return Err(EtcdSecurity(
+                "--etcd-cert and --etcd-key come together (mutual TLS)",
+            ));
+        }
+    })
+}
+
+/// The etcd user and its one password source.
+fn etcd_login(
+    user: Option<String>,
+    password_file: Option<PathBuf>,
+    password: Option<String>,
+) -> Result<Option<EtcdLogin>, ConfigError> {
+    use ConfigError::EtcdSecurity;
+    let password = match (password_file, password) {
+        (Some(_), Some(_)) => {
+            return Err(EtcdSecurity(
+                "[etcd] give password_file or password, not both",
+            ));
+        }
+        (Some(path), None) => Some(Secret::File(path)),
+        (None, Some(p)) => Some(Secret::Inline(p)),
+        (None, None) => None,
+    };
+    match (user, password) {
+        (Some(user), _) if user.is_empty() => {
+            Err(EtcdSecurity("the etcd user must not be empty"))
+        }
+        (Some(user), Some(password)) => Ok(Some(EtcdLogin { user, password })),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(EtcdSecurity(
+            "--etcd-user needs a password: --etcd-password-file FILE",
+        )),
+        (None, Some(_)) => Err(EtcdSecurity(
+            "an etcd password needs its user: --etcd-user NAME",
+        )),
+    }
 }
 
 /// The longest clock rollback `wait:` may wait out: each request that meets
@@ -858,6 +1037,7 @@ mod tests {
                 lease_ttl: Some(Duration::from_secs(4)),
                 safety_margin: None,
                 timeout: Some(Duration::from_millis(300)),
+                ..RawEtcd::default()
             }
         );
         // An empty layer changes nothing, whichever side it is on.
@@ -878,6 +1058,45 @@ mod tests {
         assert_eq!(e.prefix, "/x");
         assert_eq!(e.lease_ttl, Duration::from_secs(4));
         assert_eq!(e.safety_margin, Duration::from_millis(800));
+    }
+
+    #[test]
+    fn etcd_tls_and_login_go_together() {
+        let etcd = |extra: &str| {
+            let toml = format!("[etcd]\nendpoints = [\"https://127.0.0.1:2379\"]\n{extra}");
+            load(RawConfig::default(), &toml)
+        };
+        let Ok(c) = etcd("ca_file = \"ca.pem\"\nuser = \"u\"\npassword_file = \"pw\"") else {
+            panic!("a CA and a login are enough")
+        };
+        let NodeSource::Etcd(e) = c.node else {
+            panic!()
+        };
+        assert_eq!(e.tls.map(|t| t.ca_file), Some(PathBuf::from("ca.pem")));
+        let login = e.login.expect("a login");
+        assert_eq!(login.password, Secret::File("pw".into()));
+        // The password never shows in logs.
+        assert!(!format!("{login:?}").contains("hunter2"));
+        for (extra, message) in [
+            ("", "need the CA"),
+            ("ca_file = \"c\"\ncert_file = \"x\"", "come together"),
+            ("cert_file = \"x\"\nkey_file = \"y\"", "need --etcd-ca"),
+            ("ca_file = \"c\"\nuser = \"u\"", "needs a password"),
+            ("ca_file = \"c\"\npassword = \"p\"", "needs its user"),
+            ("ca_file = \"c\"\nuser = \"u\"\npassword = \"p\"\npassword_file = \"f\"", "not both"),
+        ] {
+            let e = etcd(extra).expect_err(extra);
+            assert!(matches!(e, ConfigError::EtcdSecurity(_)), "{e:?}");
+            assert!(e.to_string().contains(message), "{extra}: {e}");
+        }
+        let plain = "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\nca_file = \"c\"";
+        let e = load(RawConfig::default(), plain).expect_err("a CA without https");
+        assert!(e.to_string().contains("apply to https://"), "{e}");
+        let inline = EtcdLogin {
+            user: "u".into(),
+            password: Secret::Inline("hunter2".into()),
+        };
+        assert!(!format!("{inline:?}").contains("hunter2"));
     }
 
     fn etcd(endpoint: &str) -> RawEtcd {
@@ -907,7 +1126,12 @@ mod tests {
             etcd: etcd("https://127.0.0.1:1"),
             ..Default::default()
         };
-        assert!(err(https, "").contains("http://host:port"));
+        assert!(err(https, "").contains("--etcd-ca"));
+        let ftp = RawConfig {
+            etcd: etcd("ftp://127.0.0.1:1"),
+            ..Default::default()
+        };
+        assert!(err(ftp, "").contains("http://host:port or https://host:port"));
         let ttl = RawConfig {
             etcd: RawEtcd {
                 lease_ttl: Some(Duration::from_millis(1500)),

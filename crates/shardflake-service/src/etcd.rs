@@ -1,24 +1,64 @@
-//! A small etcd v3 client over etcd's JSON gRPC gateway (`/v3/...`), which
-//! etcd 3.4 serves on its client port. Keys and values travel base64, 64-bit
-//! numbers as strings. Each call tries the endpoints in turn, starting with
-//! the last one that answered, each within the request timeout.
+//! A small etcd v3 client over etcd's own gRPC API, generated at build time
+//! from etcd's `.proto` files (`proto/etcd/`, compiled by protox in
+//! `build.rs`: no `protoc`). Only what node-id leasing needs, each call named
+//! as in the etcd API reference: `KV.Range`, `KV.Txn`, `Lease.LeaseGrant`,
+//! `Lease.LeaseKeepAlive` (one bidirectional stream), `Lease.LeaseRevoke` and
+//! `Auth.Authenticate`.
 //!
-//! Only what node-id leasing needs: range, transactions, lease grant,
-//! keep-alive and revoke.
+//! **Endpoints** are tried in turn, starting with the last one that
+//! answered, each attempt bounded by the request timeout: a member that is
+//! down, has no leader ("etcdserver: no leader", `UNAVAILABLE`) or does not
+//! answer in time is skipped, and its connection dropped, so a stopped member
+//! cannot hold a later call.
+//!
+//! **Keep-alive** runs over one `LeaseKeepAlive` stream per client, opened on
+//! first use and reopened (on the next member) when it fails or an answer is
+//! late. etcd answers the requests of one stream one at a time, in order
+//! (etcd's `LeaseServer.leaseKeepAlive` loop), so the n-th answer belongs to
+//! the n-th request: each [`Client::keep_alive`] gets the TTL of the answer
+//! to *its* request.
+//!
+//! **Security**: `https://` endpoints are verified against the CA file of
+//! [`EtcdTls`] (no system roots), with an optional client certificate for
+//! members started with `--client-cert-auth`; rustls via tonic. With
+//! [`EtcdAuth`], the client calls `Auth.Authenticate` and sends the token in
+//! the `token` metadata header (etcd's "Authentication" guide); a token etcd
+//! rejects (expired simple token, changed auth revision) is renewed once and
+//! the call repeated.
 
+use std::collections::VecDeque;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::Request;
-use hyper_util::rt::TokioIo;
-use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Request, Status};
+
+/// The code generated from etcd's protos (client side only).
+#[allow(missing_docs, dead_code, clippy::all, clippy::pedantic)]
+mod pb {
+    pub mod mvccpb {
+        include!(concat!(env!("OUT_DIR"), "/mvccpb.rs"));
+    }
+    pub mod authpb {
+        include!(concat!(env!("OUT_DIR"), "/authpb.rs"));
+    }
+    pub mod etcdserverpb {
+        include!(concat!(env!("OUT_DIR"), "/etcdserverpb.rs"));
+    }
+}
+
+use pb::etcdserverpb as rpc;
+use rpc::auth_client::AuthClient;
+use rpc::kv_client::KvClient;
+use rpc::lease_client::LeaseClient;
 
 /// What went wrong talking to etcd.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum EtcdError {
     /// No endpoint answered.
     #[error("etcd unreachable at {endpoints}: {last}")]
@@ -31,12 +71,41 @@ pub enum EtcdError {
         /// opposed to a slow answer.
         refused: bool,
     },
+    /// No endpoint answered, and the TLS handshake failed with at least one
+    /// (wrong CA, missing or refused client certificate, TLS against a
+    /// plain-text port).
+    #[error("TLS with etcd failed at {endpoints}: {reason}")]
+    Tls {
+        /// The endpoints tried.
+        endpoints: String,
+        /// The handshake failure, with a hint at the setting to check.
+        reason: String,
+    },
+    /// etcd refused the credentials: wrong user or password, permission
+    /// denied, or authentication required but not configured.
+    #[error("etcd authentication failed: {0}")]
+    Auth(String),
+    /// The client's own settings are unusable (an endpoint URL, a
+    /// certificate or key file).
+    #[error("etcd client settings: {0}")]
+    Config(String),
     /// etcd answered with an error.
     #[error("etcd error: {0}")]
     Server(String),
     /// An answer that does not read as expected.
     #[error("unexpected etcd answer: {0}")]
     Protocol(String),
+}
+
+impl EtcdError {
+    /// A failure retrying cannot fix: the operator must change a setting
+    /// (TLS files, credentials, endpoint URLs).
+    pub fn needs_operator(&self) -> bool {
+        matches!(
+            self,
+            EtcdError::Tls { .. } | EtcdError::Auth(_) | EtcdError::Config(_)
+        )
+    }
 }
 
 /// A key-value pair from a range.
@@ -72,247 +141,856 @@ pub enum Op {
     Prefix(Vec<u8>),
 }
 
-type Conn = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+/// TLS to etcd's `https://` endpoints: the CA that signed the members'
+/// certificates and, for members run with `--client-cert-auth`, this
+/// client's certificate. PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// CA certificate(s) the members' certificates must chain to.
+    pub ca_file: PathBuf,
+    /// Client certificate and key, for mutual TLS.
+    pub client_cert: Option<ClientCert>,
+}
 
-/// A client for a list of endpoints, keeping one connection to each.
+/// A client certificate and its private key (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The certificate (chain).
+    pub cert_file: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+}
+
+/// etcd user/password authentication (`etcdctl auth enable`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdAuth {
+    /// The etcd user.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+impl EtcdTls {
+    /// Reads and checks the files: the CA file holds at least one
+    /// certificate, the client certificate at least one, the key a private
+    /// key. Errors name the file.
+    pub fn load(&self) -> Result<ClientTlsConfig, EtcdError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let read = |path: &Path, what: &str| {
+            std::fs::read(path)
+                .map_err(|e| EtcdError::Config(format!("{what} {}: {e}", path.display())))
+        };
+        let certs = |pem: &[u8], path: &Path, what: &str| {
+            let n = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| EtcdError::Config(format!("{what} {}: {e}", path.display())))?
+                .len();
+            if n == 0 {
+                return Err(EtcdError::Config(format!(
+                    "{what} {}: no PEM certificate in it",
+                    path.display()
+                )));
+            }
+            Ok(())
+        };
+        let ca = read(&self.ca_file, "CA file")?;
+        certs(&ca, &self.ca_file, "CA file")?;
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some(client) = &self.client_cert {
+            let cert = read(&client.cert_file, "client certificate")?;
+            certs(&cert, &client.cert_file, "client certificate")?;
+            let key = read(&client.key_file, "client key")?;
+            PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
+                EtcdError::Config(format!(
+                    "client key {}: no PEM private key in it ({e})",
+                    client.key_file.display()
+                ))
+            })?;
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        Ok(config)
+    }
+}
+
+/// One member: its URL and connection.
+#[derive(Debug)]
+struct Member {
+    url: String,
+    /// `Err`: the URL or TLS settings are unusable; every call says why.
+    endpoint: Result<Endpoint, String>,
+    /// Connected lazily; replaced after a failure or a late answer.
+    channel: Mutex<Option<Channel>>,
+}
+
+/// A client for a list of endpoints.
 #[derive(Debug)]
 pub struct Client {
-    endpoints: Vec<(String, String)>,
-    conns: Vec<tokio::sync::Mutex<Option<Conn>>>,
+    members: Vec<Member>,
     timeout: Duration,
     preferred: AtomicUsize,
+    auth: Option<EtcdAuth>,
+    /// The token from `Auth.Authenticate`, while etcd accepts it.
+    token: Mutex<Option<AsciiMetadataValue>>,
+    keep_alive: Mutex<Option<Arc<KeepAliveStream>>>,
+    hint: TlsHint,
+}
+
+/// Locks a mutex whose data stays consistent even if a holder panicked
+/// (every critical section here is a single assignment or queue step).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Client {
-    /// A client for `http://host:port` endpoints.
+    /// A client for plain `http://host:port` endpoints, without
+    /// authentication. An endpoint that is not a valid URL fails every call
+    /// with [`EtcdError::Config`]; [`Client::connect`] checks them up front.
     pub fn new(endpoints: &[String], timeout: Duration) -> Self {
-        let endpoints: Vec<(String, String)> = endpoints
+        Self::build(endpoints, timeout, None, None)
+    }
+
+    /// A client with TLS for `https://` endpoints and, optionally,
+    /// user/password authentication. Fails on an unusable endpoint URL or
+    /// TLS file; nothing is sent to etcd yet.
+    pub fn connect(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<&EtcdTls>,
+        auth: Option<&EtcdAuth>,
+    ) -> Result<Self, EtcdError> {
+        let tls = match tls {
+            Some(t) => Some((t.load()?, t.client_cert.is_some())),
+            None => None,
+        };
+        let client = Self::build(endpoints, timeout, tls, auth.cloned());
+        for m in &client.members {
+            if let Err(e) = &m.endpoint {
+                return Err(EtcdError::Config(e.clone()));
+            }
+        }
+        Ok(client)
+    }
+
+    fn build(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<(ClientTlsConfig, bool)>,
+        auth: Option<EtcdAuth>,
+    ) -> Self {
+        let hint = TlsHint {
+            has_client_cert: tls.as_ref().is_some_and(|(_, client_cert)| *client_cert),
+        };
+        let members = endpoints
             .iter()
-            .map(|e| {
-                let hostport = e
-                    .trim_start_matches("http://")
-                    .trim_end_matches('/')
-                    .to_string();
-                (e.clone(), hostport)
+            .map(|url| {
+                let endpoint = Endpoint::from_shared(url.trim_end_matches('/').to_string())
+                    .map_err(|e| format!("endpoint {url:?}: {e}"))
+                    .and_then(|e| {
+                        let e = e.connect_timeout(timeout).tcp_nodelay(true);
+                        match (&tls, url.starts_with("https://")) {
+                            (Some((tls, _)), true) => e
+                                .tls_config(tls.clone())
+                                .map_err(|err| format!("endpoint {url}: TLS settings: {err}")),
+                            (None, true) => {
+                                Err(format!("endpoint {url}: https needs a CA file (--etcd-ca)"))
+                            }
+                            (_, false) => Ok(e),
+                        }
+                    });
+                Member {
+                    url: url.clone(),
+                    endpoint,
+                    channel: Mutex::new(None),
+                }
             })
             .collect();
-        let conns = (0..endpoints.len())
-            .map(|_| tokio::sync::Mutex::new(None))
-            .collect();
         Client {
-            endpoints,
-            conns,
+            members,
             timeout,
             preferred: AtomicUsize::new(0),
+            auth,
+            token: Mutex::new(None),
+            keep_alive: Mutex::new(None),
+            hint,
         }
     }
 
-    /// POSTs `body` to `path` on the first endpoint that answers.
-    pub async fn call(&self, path: &str, body: &Value) -> Result<Value, EtcdError> {
-        let body = Bytes::from(body.to_string());
-        let n = self.endpoints.len();
+    fn endpoint_list(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| m.url.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The member's channel, connecting lazily (needs the tokio runtime).
+    fn channel(&self, idx: usize) -> Result<Channel, Failure> {
+        let member = &self.members[idx];
+        let endpoint = member
+            .endpoint
+            .as_ref()
+            .map_err(|e| Failure::Fatal(EtcdError::Config(e.clone())))?;
+        Ok(lock(&member.channel)
+            .get_or_insert_with(|| endpoint.connect_lazy())
+            .clone())
+    }
+
+    /// Drops a member's connection after a failure: the next call connects
+    /// afresh instead of queueing behind a stalled one.
+    fn reset(&self, idx: usize) {
+        *lock(&self.members[idx].channel) = None;
+    }
+
+    /// The auth token to send, authenticating first if there is none.
+    async fn token(&self, channel: &Channel) -> Result<Option<AsciiMetadataValue>, Failure> {
+        let Some(auth) = &self.auth else {
+            return Ok(None);
+        };
+        if let Some(t) = lock(&self.token).clone() {
+            return Ok(Some(t));
+        }
+        let answer = AuthClient::new(channel.clone())
+            .authenticate(rpc::AuthenticateRequest {
+                name: auth.user.clone(),
+                password: auth.password.clone(),
+            })
+            .await
+            .map_err(
+                |s| match classify(&s, self.auth.is_some(), &self.hint.clone()) {
+                    // Whatever etcd says to an Authenticate is about the credentials.
+                    Failure::TokenRejected(msg) => {
+                        Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
+                    }
+                    Failure::Fatal(EtcdError::Server(msg)) => {
+                        Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
+                    }
+                    other => other,
+                },
+            )?
+            .into_inner();
+        let token = AsciiMetadataValue::try_from(answer.token)
+            .map_err(|e| Failure::Fatal(EtcdError::Protocol(format!("auth token: {e}"))))?;
+        *lock(&self.token) = Some(token.clone());
+        Ok(Some(token))
+    }
+
+    /// Runs `rpc` on the first member that answers, each try within the
+    /// timeout; a rejected token is renewed once per member.
+    async fn call<T, F, Fut>(&self, rpc: &'static str, f: F) -> Result<T, EtcdError>
+    where
+        F: Fn(Channel, Option<AsciiMetadataValue>) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let n = self.members.len();
         let start = self.preferred.load(Ordering::Relaxed);
-        let mut last = String::from("no endpoints");
-        let mut refused = true;
+        let mut failures = Failures::default();
+        let hint = self.hint.clone();
         for i in 0..n {
             let idx = (start + i) % n;
-            let (_, hostport) = &self.endpoints[idx];
-            let mut conn = self.conns[idx].lock().await;
-            let t0 = std::time::Instant::now();
-            let answer =
-                tokio::time::timeout(self.timeout, post(&mut conn, hostport, path, body.clone()))
-                    .await;
-            if !matches!(answer, Ok(Ok(_))) {
-                // A timed-out or failed connection may be mid-answer: start afresh.
-                *conn = None;
-            }
-            drop(conn);
-            if t0.elapsed() > self.timeout / 2 {
-                tracing::warn!(path, endpoint = %hostport, took = ?t0.elapsed(), "slow etcd call");
-            }
-            match answer {
-                Ok(Ok((status, value))) => {
-                    if status == 200 {
+            let mut renewed_token = false;
+            loop {
+                let started = std::time::Instant::now();
+                let attempt = async {
+                    let channel = self.channel(idx)?;
+                    let token = self.token(&channel).await?;
+                    f(channel, token)
+                        .await
+                        .map_err(|s| classify(&s, self.auth.is_some(), &hint))
+                };
+                let outcome = tokio::time::timeout(self.timeout, attempt).await;
+                if started.elapsed() > self.timeout / 2 {
+                    tracing::warn!(rpc, endpoint = %self.members[idx].url, took = ?started.elapsed(), "slow etcd call");
+                }
+                match outcome {
+                    Ok(Ok(v)) => {
                         self.preferred.store(idx, Ordering::Relaxed);
-                        return Ok(value);
+                        return Ok(v);
                     }
-                    let msg = value
-                        .get("message")
-                        .or_else(|| value.get("error"))
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string();
-                    let code = value.get("code").and_then(Value::as_i64).unwrap_or(0);
-                    // 14 UNAVAILABLE, 4 DEADLINE_EXCEEDED: no leader here; try another member.
-                    if status >= 500 && (code == 14 || code == 4 || code == 0) {
-                        refused = false;
-                        last = format!("{hostport}: {status} {msg}");
-                        continue;
+                    Ok(Err(Failure::TokenRejected(msg))) if !renewed_token => {
+                        tracing::debug!(rpc, reason = %msg, "etcd rejected the auth token; renewing it");
+                        *lock(&self.token) = None;
+                        renewed_token = true;
                     }
-                    return Err(EtcdError::Server(format!("{status} {msg}")));
-                }
-                Ok(Err(e)) => {
-                    refused &= e.starts_with("connect: ");
-                    last = format!("{hostport}: {e}");
-                }
-                Err(_) => {
-                    refused = false;
-                    last = format!("{hostport}: no answer within {:?}", self.timeout);
+                    Ok(Err(Failure::TokenRejected(msg))) => {
+                        return Err(EtcdError::Auth(msg));
+                    }
+                    Ok(Err(Failure::Fatal(e))) => return Err(e),
+                    Ok(Err(Failure::Member(m))) => {
+                        self.reset(idx);
+                        failures.add(&self.members[idx].url, m);
+                        break;
+                    }
+                    Err(_) => {
+                        self.reset(idx);
+                        failures.add(
+                            &self.members[idx].url,
+                            MemberFailure::late(format!("no answer within {:?}", self.timeout)),
+                        );
+                        break;
+                    }
                 }
             }
         }
-        Err(EtcdError::Unreachable {
-            endpoints: self
-                .endpoints
-                .iter()
-                .map(|(e, _)| e.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-            last,
-            refused,
-        })
+        Err(failures.into_error(self.endpoint_list()))
     }
 
-    /// Keys from `prefix` to its end.
+    /// Keys from `prefix` to its end (`KV.Range`).
     pub async fn range_prefix(&self, prefix: &[u8]) -> Result<Vec<Kv>, EtcdError> {
-        let v = self
-            .call(
-                "/v3/kv/range",
-                &json!({ "key": B64.encode(prefix), "range_end": B64.encode(prefix_end(prefix)) }),
-            )
+        let req = rpc::RangeRequest {
+            key: prefix.to_vec(),
+            range_end: prefix_end(prefix),
+            ..Default::default()
+        };
+        let answer = self
+            .call("KV.Range", |ch, token| {
+                let req = with_token(req.clone(), token);
+                async move { KvClient::new(ch).range(req).await }
+            })
             .await?;
-        kvs(&v)
+        Ok(answer.into_inner().kvs.into_iter().map(kv).collect())
     }
 
-    /// Runs a transaction; `Ok((succeeded, kvs read by Get ops))`.
+    /// Runs a transaction (`KV.Txn`); `Ok((succeeded, kvs read by Get and
+    /// Prefix ops))`.
     pub async fn txn(
         &self,
         compare: &[Compare],
         success: &[Op],
         failure: &[Op],
     ) -> Result<(bool, Vec<Kv>), EtcdError> {
-        let compare: Vec<Value> = compare
+        use rpc::compare::{CompareResult, CompareTarget, TargetUnion};
+        let compare = compare
             .iter()
-            .map(|c| match c {
-                Compare::Absent(k) => json!({
-                    "target": "CREATE", "result": "EQUAL", "key": B64.encode(k), "create_revision": "0"
-                }),
-                Compare::LeaseIs(k, l) => json!({
-                    "target": "LEASE", "result": "EQUAL", "key": B64.encode(k), "lease": l.to_string()
-                }),
-                Compare::ValueIs(k, v) => json!({
-                    "target": "VALUE", "result": "EQUAL", "key": B64.encode(k), "value": B64.encode(v)
-                }),
+            .map(|c| {
+                let (target, key, union) = match c {
+                    Compare::Absent(k) => {
+                        (CompareTarget::Create, k, TargetUnion::CreateRevision(0))
+                    }
+                    Compare::LeaseIs(k, l) => (CompareTarget::Lease, k, TargetUnion::Lease(*l)),
+                    Compare::ValueIs(k, v) => {
+                        (CompareTarget::Value, k, TargetUnion::Value(v.clone()))
+                    }
+                };
+                rpc::Compare {
+                    result: CompareResult::Equal as i32,
+                    target: target as i32,
+                    key: key.clone(),
+                    target_union: Some(union),
+                    ..Default::default()
+                }
             })
             .collect();
-        let ops = |ops: &[Op]| -> Vec<Value> {
+        let ops = |ops: &[Op]| -> Vec<rpc::RequestOp> {
+            use rpc::request_op::Request as R;
             ops.iter()
-                .map(|o| match o {
-                    Op::Put(k, v, l) => json!({ "request_put": {
-                        "key": B64.encode(k), "value": B64.encode(v), "lease": l.to_string()
-                    }}),
-                    Op::Get(k) => json!({ "request_range": { "key": B64.encode(k) } }),
-                    Op::Prefix(k) => json!({ "request_range": {
-                        "key": B64.encode(k), "range_end": B64.encode(prefix_end(k))
-                    }}),
+                .map(|o| {
+                    let request = match o {
+                        Op::Put(k, v, l) => R::RequestPut(rpc::PutRequest {
+                            key: k.clone(),
+                            value: v.clone(),
+                            lease: *l,
+                            ..Default::default()
+                        }),
+                        Op::Get(k) => R::RequestRange(rpc::RangeRequest {
+                            key: k.clone(),
+                            ..Default::default()
+                        }),
+                        Op::Prefix(k) => R::RequestRange(rpc::RangeRequest {
+                            key: k.clone(),
+                            range_end: prefix_end(k),
+                            ..Default::default()
+                        }),
+                    };
+                    rpc::RequestOp {
+                        request: Some(request),
+                    }
                 })
                 .collect()
         };
-        let v = self
-            .call(
-                "/v3/kv/txn",
-                &json!({ "compare": compare, "success": ops(success), "failure": ops(failure) }),
-            )
-            .await?;
-        let succeeded = v.get("succeeded").and_then(Value::as_bool).unwrap_or(false);
+        let req = rpc::TxnRequest {
+            compare,
+            success: ops(success),
+            failure: ops(failure),
+        };
+        let answer = self
+            .call("KV.Txn", |ch, token| {
+                let req = with_token(req.clone(), token);
+                async move { KvClient::new(ch).txn(req).await }
+            })
+            .await?
+            .into_inner();
         let mut out = Vec::new();
-        for r in v
-            .get("responses")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(range) = r.get("response_range") {
-                out.extend(kvs(range)?);
+        for r in answer.responses {
+            if let Some(rpc::response_op::Response::ResponseRange(range)) = r.response {
+                out.extend(range.kvs.into_iter().map(kv));
             }
         }
-        Ok((succeeded, out))
+        Ok((answer.succeeded, out))
     }
 
-    /// Grants a lease; returns its id and TTL in seconds.
+    /// Grants a lease (`Lease.LeaseGrant`); returns its id and TTL in seconds.
     pub async fn grant(&self, ttl_s: u64) -> Result<(i64, u64), EtcdError> {
-        let v = self
-            .call("/v3/lease/grant", &json!({ "TTL": ttl_s.to_string() }))
-            .await?;
-        if let Some(e) = v
-            .get("error")
-            .and_then(Value::as_str)
-            .filter(|e| !e.is_empty())
-        {
-            return Err(EtcdError::Server(e.to_string()));
+        let ttl = i64::try_from(ttl_s)
+            .map_err(|_| EtcdError::Config(format!("lease TTL {ttl_s} s out of range")))?;
+        let answer = self
+            .call("Lease.LeaseGrant", |ch, token| {
+                let req = with_token(
+                    rpc::LeaseGrantRequest {
+                        ttl,
+                        ..Default::default()
+                    },
+                    token,
+                );
+                async move { LeaseClient::new(ch).lease_grant(req).await }
+            })
+            .await?
+            .into_inner();
+        if !answer.error.is_empty() {
+            return Err(EtcdError::Server(answer.error));
         }
-        Ok((num(&v, "ID")?, num::<u64>(&v, "TTL")?))
+        let ttl = u64::try_from(answer.ttl)
+            .map_err(|_| EtcdError::Protocol(format!("lease TTL {}", answer.ttl)))?;
+        Ok((answer.id, ttl))
     }
 
-    /// Renews a lease; returns the TTL granted, 0 when the lease is gone.
-    pub async fn keep_alive(&self, lease: i64) -> Result<u64, EtcdError> {
-        let v = self
-            .call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }))
-            .await?;
-        let result = v.get("result").unwrap_or(&v);
-        Ok(opt_num(result, "TTL")?.unwrap_or(0))
-    }
-
-    /// Revokes a lease, deleting its keys.
+    /// Revokes a lease, deleting its keys (`Lease.LeaseRevoke`).
     pub async fn revoke(&self, lease: i64) -> Result<(), EtcdError> {
-        self.call("/v3/lease/revoke", &json!({ "ID": lease.to_string() }))
-            .await
-            .map(drop)
+        self.call("Lease.LeaseRevoke", |ch, token| {
+            let req = with_token(rpc::LeaseRevokeRequest { id: lease }, token);
+            async move { LeaseClient::new(ch).lease_revoke(req).await }
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Renews a lease over the client's `Lease.LeaseKeepAlive` stream;
+    /// returns the TTL etcd granted, 0 when the lease is gone. Each member
+    /// gets one try within the timeout, as for the other calls.
+    pub async fn keep_alive(&self, lease: i64) -> Result<u64, EtcdError> {
+        let n = self.members.len();
+        let start = self.preferred.load(Ordering::Relaxed);
+        let mut failures = Failures::default();
+        let hint = self.hint.clone();
+        for i in 0..n {
+            let idx = (start + i) % n;
+            let mut renewed_token = false;
+            loop {
+                let attempt = async {
+                    let stream = self.keep_alive_stream(idx, &hint).await?;
+                    let answer = stream.send(lease)?;
+                    match answer.await {
+                        Ok(result) => result,
+                        // The stream ended without a word for this request.
+                        Err(_) => Err(Failure::Member(MemberFailure::late(
+                            "keep-alive stream closed".into(),
+                        ))),
+                    }
+                };
+                let outcome = tokio::time::timeout(self.timeout, attempt).await;
+                match outcome {
+                    Ok(Ok(ttl)) => {
+                        self.preferred.store(idx, Ordering::Relaxed);
+                        return u64::try_from(ttl)
+                            .map_err(|_| EtcdError::Protocol(format!("keep-alive TTL {ttl}")));
+                    }
+                    Ok(Err(Failure::TokenRejected(msg))) if !renewed_token => {
+                        tracing::debug!(reason = %msg, "etcd rejected the auth token; renewing it");
+                        self.close_keep_alive();
+                        *lock(&self.token) = None;
+                        renewed_token = true;
+                    }
+                    Ok(Err(Failure::TokenRejected(msg))) => return Err(EtcdError::Auth(msg)),
+                    Ok(Err(Failure::Fatal(e))) => return Err(e),
+                    Ok(Err(Failure::Member(m))) => {
+                        self.close_keep_alive();
+                        self.reset(idx);
+                        failures.add(&self.members[idx].url, m);
+                        break;
+                    }
+                    Err(_) => {
+                        // A late answer would still match its request, but
+                        // a member this slow is better left: start afresh.
+                        self.close_keep_alive();
+                        self.reset(idx);
+                        failures.add(
+                            &self.members[idx].url,
+                            MemberFailure::late(format!("no answer within {:?}", self.timeout)),
+                        );
+                        break;
+                    }
+                }
+            }
+        }
+        Err(failures.into_error(self.endpoint_list()))
+    }
+
+    /// The open keep-alive stream to member `idx`, or a new one.
+    async fn keep_alive_stream(
+        &self,
+        idx: usize,
+        hint: &TlsHint,
+    ) -> Result<Arc<KeepAliveStream>, Failure> {
+        if let Some(s) = lock(&self.keep_alive).as_ref()
+            && s.member == idx
+            && !s.requests.is_closed()
+        {
+            return Ok(s.clone());
+        }
+        let channel = self.channel(idx)?;
+        let token = self.token(&channel).await?;
+        let stream = KeepAliveStream::open(idx, channel, token, self.auth.is_some(), hint.clone());
+        if let Some(old) = lock(&self.keep_alive).replace(stream.clone()) {
+            old.close();
+        }
+        Ok(stream)
+    }
+
+    fn close_keep_alive(&self) {
+        if let Some(old) = lock(&self.keep_alive).take() {
+            old.close();
+        }
     }
 }
 
-async fn post(
-    slot: &mut Option<Conn>,
-    hostport: &str,
-    path: &str,
-    body: Bytes,
-) -> Result<(u16, Value), String> {
-    if slot.as_ref().is_none_or(|c| c.is_closed()) {
-        let stream = tokio::net::TcpStream::connect(hostport)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let _ = stream.set_nodelay(true);
-        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        *slot = Some(send);
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.close_keep_alive();
     }
-    let send = slot.as_mut().ok_or("no connection")?;
-    send.ready().await.map_err(|e| e.to_string())?;
-    let req = Request::post(path)
-        .header("host", hostport)
-        .header("content-type", "application/json")
-        .body(Full::new(body))
-        .map_err(|e| e.to_string())?;
-    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let bytes = resp
-        .into_body()
-        .collect()
+}
+
+/// One `Lease.LeaseKeepAlive` stream: requests go out through `requests`; a
+/// reader task hands each answer to the oldest waiting caller.
+#[derive(Debug)]
+struct KeepAliveStream {
+    member: usize,
+    requests: mpsc::UnboundedSender<rpc::LeaseKeepAliveRequest>,
+    waiting: Arc<Mutex<VecDeque<Waiter>>>,
+    reader: tokio::task::AbortHandle,
+}
+
+/// A caller waiting for the answer about `lease`.
+type Waiter = (i64, oneshot::Sender<Result<i64, Failure>>);
+
+impl KeepAliveStream {
+    fn open(
+        member: usize,
+        channel: Channel,
+        token: Option<AsciiMetadataValue>,
+        authenticated: bool,
+        hint: TlsHint,
+    ) -> Arc<Self> {
+        let (requests, outgoing) = mpsc::unbounded_channel();
+        let waiting: Arc<Mutex<VecDeque<Waiter>>> = Arc::default();
+        let queue = waiting.clone();
+        let reader = tokio::spawn(async move {
+            let request = with_token(
+                tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing),
+                token,
+            );
+            let failure = match read_answers(channel, request, &queue).await {
+                Ok(()) => Failure::Member(MemberFailure::late("etcd ended the stream".into())),
+                Err(ReadError::Status(s)) => classify(&s, authenticated, &hint),
+                Err(ReadError::Failure(f)) => f,
+            };
+            for (_, waiter) in lock(&queue).drain(..) {
+                let _ = waiter.send(Err(failure.clone()));
+            }
+        })
+        .abort_handle();
+        Arc::new(KeepAliveStream {
+            member,
+            requests,
+            waiting,
+            reader,
+        })
+    }
+
+    /// Queues a keep-alive for `lease`; the receiver gets its answer's TTL.
+    fn send(&self, lease: i64) -> Result<oneshot::Receiver<Result<i64, Failure>>, Failure> {
+        let (tx, rx) = oneshot::channel();
+        // Queue and send under one lock, so the queue's order is the
+        // stream's order.
+        let mut waiting = lock(&self.waiting);
+        self.requests
+            .send(rpc::LeaseKeepAliveRequest { id: lease })
+            .map_err(|_| Failure::Member(MemberFailure::late("keep-alive stream closed".into())))?;
+        waiting.push_back((lease, tx));
+        Ok(rx)
+    }
+
+    fn close(&self) {
+        self.reader.abort();
+    }
+}
+
+enum ReadError {
+    Status(Status),
+    Failure(Failure),
+}
+
+async fn read_answers(
+    channel: Channel,
+    request: Request<tokio_stream::wrappers::UnboundedReceiverStream<rpc::LeaseKeepAliveRequest>>,
+    queue: &Mutex<VecDeque<Waiter>>,
+) -> Result<(), ReadError> {
+    let mut answers = LeaseClient::new(channel)
+        .lease_keep_alive(request)
         .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    // The keep-alive endpoint streams: the first JSON object is the answer.
-    let first = serde_json::Deserializer::from_slice(&bytes)
-        .into_iter::<Value>()
-        .next()
-        .transpose()
-        .map_err(|e| format!("bad JSON from etcd: {e}"))?
-        .unwrap_or(Value::Null);
-    Ok((status, first))
+        .map_err(ReadError::Status)?
+        .into_inner();
+    while let Some(answer) = answers.message().await.map_err(ReadError::Status)? {
+        let Some((lease, waiter)) = lock(queue).pop_front() else {
+            return Err(ReadError::Failure(Failure::Fatal(EtcdError::Protocol(
+                format!(
+                    "keep-alive answer for lease {:x} nobody asked for",
+                    answer.id
+                ),
+            ))));
+        };
+        if answer.id != lease {
+            let failure = Failure::Fatal(EtcdError::Protocol(format!(
+                "keep-alive for lease {lease:x} answered for lease {:x}",
+                answer.id
+            )));
+            let _ = waiter.send(Err(failure.clone()));
+            return Err(ReadError::Failure(failure));
+        }
+        // The caller may have given up (timeout): nobody to tell.
+        let _ = waiter.send(Ok(answer.ttl));
+    }
+    Ok(())
+}
+
+fn with_token<T>(message: T, token: Option<AsciiMetadataValue>) -> Request<T> {
+    let mut req = Request::new(message);
+    if let Some(t) = token {
+        // etcd reads the token from this metadata key (rpctypes.TokenFieldNameGRPC).
+        req.metadata_mut().insert("token", t);
+    }
+    req
+}
+
+fn kv(kv: pb::mvccpb::KeyValue) -> Kv {
+    Kv {
+        key: kv.key,
+        value: kv.value,
+        lease: kv.lease,
+    }
+}
+
+/// What one try at one member came to.
+#[derive(Debug, Clone)]
+enum Failure {
+    /// This member cannot serve now: try the next one.
+    Member(MemberFailure),
+    /// etcd rejected the auth token: renew it and try again.
+    TokenRejected(String),
+    /// Another member would say the same: give up.
+    Fatal(EtcdError),
+}
+
+#[derive(Debug, Clone)]
+struct MemberFailure {
+    reason: String,
+    /// Nothing listening (connection refused).
+    refused: bool,
+    /// The TLS handshake failed.
+    tls: bool,
+}
+
+impl MemberFailure {
+    fn late(reason: String) -> Self {
+        MemberFailure {
+            reason,
+            refused: false,
+            tls: false,
+        }
+    }
+}
+
+/// The member failures of one call, summed up into its error.
+#[derive(Debug)]
+struct Failures {
+    last: String,
+    refused: bool,
+    tls: Option<String>,
+}
+
+impl Default for Failures {
+    fn default() -> Self {
+        Failures {
+            last: "no endpoints".into(),
+            refused: true,
+            tls: None,
+        }
+    }
+}
+
+impl Failures {
+    fn add(&mut self, url: &str, f: MemberFailure) {
+        self.refused &= f.refused;
+        if f.tls {
+            self.tls = Some(format!("{url}: {}", f.reason));
+        }
+        self.last = format!("{url}: {}", f.reason);
+    }
+
+    fn into_error(self, endpoints: String) -> EtcdError {
+        match self.tls {
+            Some(reason) => EtcdError::Tls { endpoints, reason },
+            None => EtcdError::Unreachable {
+                endpoints,
+                last: self.last,
+                refused: self.refused,
+            },
+        }
+    }
+}
+
+/// What the TLS failure hints need to know about the settings.
+#[derive(Debug, Clone)]
+struct TlsHint {
+    has_client_cert: bool,
+}
+
+/// Sorts a failed call: a local (transport) failure or an overloaded,
+/// leaderless member moves on to the next member; token trouble renews the
+/// token; anything else etcd says is final.
+fn classify(status: &Status, authenticated: bool, hint: &TlsHint) -> Failure {
+    if let Some(tls) = find_tls_error(status) {
+        return Failure::Member(MemberFailure {
+            reason: tls_reason(&tls, hint),
+            refused: false,
+            tls: true,
+        });
+    }
+    // A status with a source was made here, from a transport error; one
+    // etcd sent has none.
+    if std::error::Error::source(status).is_some() {
+        return Failure::Member(MemberFailure {
+            reason: error_chain(status),
+            refused: connection_refused(status),
+            tls: false,
+        });
+    }
+    let msg = status.message();
+    match status.code() {
+        // etcdserver: no leader, leader changed, request timed out, too many requests.
+        Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Cancelled => {
+            Failure::Member(MemberFailure::late(format!("{:?}: {msg}", status.code())))
+        }
+        // etcd's token errors (rpctypes ErrInvalidAuthToken, ErrAuthOldRevision),
+        // the ones clientv3 renews its token on.
+        _ if msg.contains("invalid auth token")
+            || msg.contains("revision of auth store is old") =>
+        {
+            Failure::TokenRejected(msg.to_string())
+        }
+        _ if msg.contains("user name is empty") && !authenticated => {
+            Failure::Fatal(EtcdError::Auth(
+                "etcd requires authentication: set --etcd-user and --etcd-password-file".into(),
+            ))
+        }
+        _ if msg.contains("user name is empty") => Failure::TokenRejected(msg.to_string()),
+        Code::PermissionDenied | Code::Unauthenticated => {
+            Failure::Fatal(EtcdError::Auth(msg.to_string()))
+        }
+        _ if msg.contains("authentication failed")
+            || msg.contains("authentication is not enabled") =>
+        {
+            Failure::Fatal(EtcdError::Auth(msg.to_string()))
+        }
+        code => Failure::Fatal(EtcdError::Server(format!("{code:?}: {msg}"))),
+    }
+}
+
+/// Every error in the chain, `: `-separated (tonic's own message is short).
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        let s = e.to_string();
+        if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+        source = next_source(e);
+    }
+    text
+}
+
+/// The next error down the chain. `io::Error::source` skips the error it
+/// wraps (rustls puts its own inside one), so look through it.
+fn next_source<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    if let Some(io) = e.downcast_ref::<std::io::Error>()
+        && let Some(inner) = io.get_ref()
+    {
+        return Some(inner);
+    }
+    e.source()
+}
+
+fn find_tls_error(status: &Status) -> Option<rustls::Error> {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls.clone());
+        }
+        source = next_source(e);
+    }
+    None
+}
+
+fn connection_refused(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
+        }
+        source = next_source(e);
+    }
+    false
+}
+
+/// A TLS failure in words, with the setting most likely at fault.
+fn tls_reason(err: &rustls::Error, hint: &TlsHint) -> String {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    let advice = match err {
+        E::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+            "the member's certificate is not signed by the CA in --etcd-ca"
+        }
+        E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            "the member's certificate does not name this endpoint's host"
+        }
+        E::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+            "the member's certificate has expired"
+        }
+        E::AlertReceived(A::CertificateRequired | A::HandshakeFailure | A::BadCertificate)
+            if !hint.has_client_cert =>
+        {
+            "etcd requires a client certificate (--client-cert-auth): set --etcd-cert and --etcd-key"
+        }
+        E::AlertReceived(
+            A::BadCertificate | A::UnknownCA | A::CertificateUnknown | A::DecryptError,
+        ) => "etcd refused this client's certificate: is it signed by etcd's --trusted-ca-file?",
+        E::InvalidMessage(_) => "no TLS at this endpoint: is it an http:// port?",
+        _ => "check --etcd-ca, --etcd-cert and --etcd-key",
+    };
+    format!("{err} ({advice})")
 }
 
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
@@ -324,46 +1002,6 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
         }
     }
     vec![0]
-}
-
-fn kvs(v: &Value) -> Result<Vec<Kv>, EtcdError> {
-    let mut out = Vec::new();
-    for kv in v.get("kvs").and_then(Value::as_array).into_iter().flatten() {
-        let b = |name: &str| -> Result<Vec<u8>, EtcdError> {
-            match kv.get(name).and_then(Value::as_str) {
-                None => Ok(Vec::new()),
-                Some(s) => B64
-                    .decode(s)
-                    .map_err(|e| EtcdError::Protocol(format!("{name}: {e}"))),
-            }
-        };
-        out.push(Kv {
-            key: b("key")?,
-            value: b("value")?,
-            lease: opt_num(kv, "lease")?.unwrap_or(0),
-        });
-    }
-    Ok(out)
-}
-
-fn opt_num<T: std::str::FromStr>(v: &Value, name: &str) -> Result<Option<T>, EtcdError> {
-    match v.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => s
-            .parse()
-            .map(Some)
-            .map_err(|_| EtcdError::Protocol(format!("{name} = {s:?}"))),
-        Some(Value::Number(n)) => n
-            .to_string()
-            .parse()
-            .map(Some)
-            .map_err(|_| EtcdError::Protocol(format!("{name} = {n}"))),
-        Some(other) => Err(EtcdError::Protocol(format!("{name} = {other}"))),
-    }
-}
-
-fn num<T: std::str::FromStr>(v: &Value, name: &str) -> Result<T, EtcdError> {
-    opt_num(v, name)?.ok_or_else(|| EtcdError::Protocol(format!("no {name} in {v}")))
 }
 
 #[cfg(test)]
@@ -378,10 +1016,105 @@ mod tests {
     }
 
     #[test]
-    fn numbers_come_as_strings_or_numbers() {
-        let v = json!({ "ID": "7587", "TTL": 5 });
-        assert_eq!(num::<i64>(&v, "ID").unwrap(), 7587);
-        assert_eq!(num::<u64>(&v, "TTL").unwrap(), 5);
-        assert!(num::<u64>(&v, "X").is_err());
+    fn etcd_answers_are_sorted_into_retry_renew_or_final() {
+        let hint = TlsHint {
+            has_client_cert: false,
+        };
+        let sort = |s: Status, auth: bool| match classify(&s, auth, &hint) {
+            Failure::Member(_) => "next member",
+            Failure::TokenRejected(_) => "renew token",
+            Failure::Fatal(EtcdError::Auth(_)) => "auth",
+            Failure::Fatal(EtcdError::Server(_)) => "server",
+            Failure::Fatal(_) => "other",
+        };
+        assert_eq!(
+            sort(Status::unavailable("etcdserver: no leader"), false),
+            "next member"
+        );
+        assert_eq!(
+            sort(Status::unavailable("etcdserver: request timed out"), false),
+            "next member"
+        );
+        assert_eq!(
+            sort(
+                Status::unauthenticated("etcdserver: invalid auth token"),
+                true
+            ),
+            "renew token"
+        );
+        assert_eq!(
+            sort(
+                Status::invalid_argument("etcdserver: revision of auth store is old"),
+                true
+            ),
+            "renew token"
+        );
+        assert_eq!(
+            sort(
+                Status::invalid_argument("etcdserver: user name is empty"),
+                false
+            ),
+            "auth"
+        );
+        assert_eq!(
+            sort(
+                Status::invalid_argument(
+                    "etcdserver: authentication failed, invalid user ID or password"
+                ),
+                true
+            ),
+            "auth"
+        );
+        assert_eq!(
+            sort(
+                Status::permission_denied("etcdserver: permission denied"),
+                true
+            ),
+            "auth"
+        );
+        assert_eq!(
+            sort(
+                Status::invalid_argument("etcdserver: key is not provided"),
+                false
+            ),
+            "server"
+        );
+    }
+
+    #[test]
+    fn tls_failures_name_the_setting() {
+        use rustls::{AlertDescription, CertificateError, Error};
+        let without = TlsHint {
+            has_client_cert: false,
+        };
+        let with = TlsHint {
+            has_client_cert: true,
+        };
+        let unknown_ca = Error::InvalidCertificate(CertificateError::UnknownIssuer);
+        assert!(tls_reason(&unknown_ca, &without).contains("--etcd-ca"));
+        let required = Error::AlertReceived(AlertDescription::CertificateRequired);
+        assert!(tls_reason(&required, &without).contains("--etcd-cert"));
+        let refused = Error::AlertReceived(AlertDescription::BadCertificate);
+        assert!(tls_reason(&refused, &with).contains("refused this client's certificate"));
+    }
+
+    #[tokio::test]
+    async fn unusable_settings_fail_up_front() {
+        let https = vec!["https://127.0.0.1:2379".to_string()];
+        let err = Client::connect(&https, Duration::from_secs(1), None, None).unwrap_err();
+        assert!(
+            matches!(&err, EtcdError::Config(m) if m.contains("--etcd-ca")),
+            "{err}"
+        );
+        let missing = EtcdTls {
+            ca_file: "/nonexistent/ca.pem".into(),
+            client_cert: None,
+        };
+        let err =
+            Client::connect(&https, Duration::from_secs(1), Some(&missing), None).unwrap_err();
+        assert!(matches!(&err, EtcdError::Config(m) if m.contains("/nonexistent/ca.pem")));
+        // `new` cannot fail: the bad URL fails each call instead.
+        let bad = Client::new(&["http://[::1".to_string()], Duration::from_secs(1));
+        assert!(matches!(bad.grant(5).await, Err(EtcdError::Config(_))));
     }
 }

@@ -90,6 +90,10 @@ pub enum RegistryError {
     /// The store answered with an error, or with an answer that does not read.
     #[error(transparent)]
     Failed(Box<dyn std::error::Error + Send + Sync>),
+    /// The store refused this client's settings (TLS files, credentials):
+    /// retrying cannot help, the operator must change them.
+    #[error(transparent)]
+    Refused(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Why a high-water was not recorded.
@@ -178,6 +182,7 @@ impl AcquireError {
                 | AcquireError::BadHighWater { .. }
                 | AcquireError::HighWaterAhead { .. }
                 | AcquireError::BadNodeId(_)
+                | AcquireError::Registry(RegistryError::Refused(_))
         )
     }
 
@@ -207,12 +212,14 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
     async fn release(&self, lease: LeaseId) -> Result<(), RegistryError>;
 }
 
-/// The registry a configuration names: etcd, or a static node id.
-pub fn for_node_source(node: &NodeSource) -> Box<dyn Registry> {
-    match node {
+/// The registry a configuration names: etcd, or a static node id. Fails
+/// on etcd settings that cannot work (an endpoint URL, a TLS or password
+/// file), before anything is sent.
+pub fn for_node_source(node: &NodeSource) -> Result<Box<dyn Registry>, crate::etcd::EtcdError> {
+    Ok(match node {
         NodeSource::Static(id) => Box::new(StaticRegistry { node_id: *id }),
-        NodeSource::Etcd(cfg) => Box::new(EtcdRegistry::new(cfg)),
-    }
+        NodeSource::Etcd(cfg) => Box::new(EtcdRegistry::new(cfg)?),
+    })
 }
 
 /// A fixed node id: always granted, never expiring, nothing recorded

@@ -55,6 +55,10 @@ pub enum ServeError {
     /// high-water), as the lease keeper reports it.
     #[error(transparent)]
     Keeper(#[from] KeeperError),
+    /// The etcd settings cannot work (an endpoint URL, a TLS file, the
+    /// password file).
+    #[error(transparent)]
+    Etcd(#[from] crate::etcd::EtcdError),
     /// The HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(std::io::Error),
@@ -98,6 +102,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         .as_deref()
         .map(ApiToken::read)
         .transpose()?;
+    let registry = crate::registry::for_node_source(&config.node)?;
     let bind = |transport, addr| async move {
         let listener = TcpListener::bind(addr)
             .await
@@ -170,7 +175,6 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     .to_string();
     // Shutdown during the first acquisition ends it with any lease taken
     // so far revoked (the keeper watches `shutdown` itself).
-    let registry = crate::registry::for_node_source(&issuer.config.node);
     let started = Keeper::start(issuer.clone(), registry, holder, shutdown.subscribe()).await;
     let mut keeper = match started {
         Ok(Some(k)) => k,

@@ -25,14 +25,59 @@ pub struct Etcd {
     pub dir: PathBuf,
     /// Client endpoints.
     pub endpoints: Vec<String>,
+    /// How this testkit's own clients (and etcdctl) reach a TLS cluster.
+    tls: Option<crate::etcd::EtcdTls>,
+    /// The root credentials once [`Etcd::enable_auth`] ran.
+    auth: Option<crate::etcd::EtcdAuth>,
+}
+
+/// TLS for a test cluster's client URLs (PEM files the test made).
+#[derive(Debug, Clone)]
+pub struct EtcdTlsFiles {
+    /// The CA that signed the members' (and clients') certificates.
+    pub ca_file: PathBuf,
+    /// The members' certificate (for 127.0.0.1) and key.
+    pub server: crate::etcd::ClientCert,
+    /// When set, members demand a client certificate (`--client-cert-auth`)
+    /// signed by the CA; this one is what the testkit's own clients and
+    /// etcdctl present.
+    pub client_cert: Option<crate::etcd::ClientCert>,
 }
 
 impl Etcd {
     /// Starts `members` members with `scripts/etcd.sh start`.
     pub fn start(members: usize) -> anyhow::Result<Etcd> {
+        Self::start_with(members, None)
+    }
+
+    /// Starts `members` members, with https client URLs when `tls` is set.
+    pub fn start_with(members: usize, tls: Option<&EtcdTlsFiles>) -> anyhow::Result<Etcd> {
+        let mut args = vec![
+            "start".to_string(),
+            "--members".to_string(),
+            members.to_string(),
+        ];
+        if let Some(t) = tls {
+            let files = crate::etcd::EtcdTls {
+                ca_file: t.ca_file.clone(),
+                client_cert: t.client_cert.clone(),
+            };
+            files.load().context("test etcd TLS files")?;
+            for (flag, path) in [
+                ("--ca", &t.ca_file),
+                ("--cert", &t.server.cert_file),
+                ("--key", &t.server.key_file),
+            ] {
+                args.push(flag.into());
+                args.push(path.display().to_string());
+            }
+            if t.client_cert.is_some() {
+                args.push("--client-cert-auth".into());
+            }
+        }
         let out = Command::new("bash")
             .arg(repo_root().join("scripts/etcd.sh"))
-            .args(["start", "--members", &members.to_string()])
+            .args(&args)
             .stderr(Stdio::inherit())
             .output()
             .context("running scripts/etcd.sh")?;
@@ -46,6 +91,11 @@ impl Etcd {
             (true, Some(dir), Some(eps)) => Ok(Etcd {
                 dir: dir.into(),
                 endpoints: eps.split(',').map(str::to_string).collect(),
+                tls: tls.map(|t| crate::etcd::EtcdTls {
+                    ca_file: t.ca_file.clone(),
+                    client_cert: t.client_cert.clone(),
+                }),
+                auth: None,
             }),
             _ => bail!("etcd did not start: {text}"),
         }
@@ -77,9 +127,64 @@ impl Etcd {
         }
         Ok(())
     }
-    /// A client for this cluster.
+    /// A client for this cluster (with its TLS files and root credentials).
     pub fn client(&self) -> crate::etcd::Client {
-        crate::etcd::Client::new(&self.endpoints, Duration::from_secs(2))
+        let timeout = Duration::from_secs(2);
+        crate::etcd::Client::connect(
+            &self.endpoints,
+            timeout,
+            self.tls.as_ref(),
+            self.auth.as_ref(),
+        )
+        .unwrap_or_else(|e| {
+            // The files were checked at start; removed since, every call
+            // of a plain client fails and says so.
+            tracing::error!(error = %e, "test etcd client without TLS or credentials");
+            crate::etcd::Client::new(&self.endpoints, timeout)
+        })
+    }
+    /// Turns on etcd's user/password authentication with etcdctl: adds
+    /// `root` with `root_password` (root may do everything), then `auth
+    /// enable`. The testkit's clients log in as root from then on.
+    pub fn enable_auth(&mut self, root_password: &str) -> anyhow::Result<()> {
+        self.etcdctl(&[
+            "user",
+            "add",
+            "root",
+            "--interactive=false",
+            &format!("--new-user-password={root_password}"),
+        ])?;
+        self.etcdctl(&["auth", "enable"])?;
+        self.auth = Some(crate::etcd::EtcdAuth {
+            user: "root".into(),
+            password: root_password.into(),
+        });
+        Ok(())
+    }
+    /// Runs etcdctl (API v3) against this cluster with its TLS files.
+    pub fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.urls()))
+            .arg("--dial-timeout=5s");
+        if let Some(tls) = &self.tls {
+            cmd.arg(format!("--cacert={}", tls.ca_file.display()));
+            if let Some(c) = &tls.client_cert {
+                cmd.arg(format!("--cert={}", c.cert_file.display()));
+                cmd.arg(format!("--key={}", c.key_file.display()));
+            }
+        }
+        if let Some(auth) = &self.auth {
+            cmd.arg(format!("--user={}:{}", auth.user, auth.password));
+        }
+        let out = cmd.args(args).output().context("running etcdctl")?;
+        if !out.status.success() {
+            bail!(
+                "etcdctl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
     /// The value of `key`, if it exists.
     pub async fn get(&self, key: &str) -> anyhow::Result<Option<String>> {

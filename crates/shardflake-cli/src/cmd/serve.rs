@@ -54,7 +54,8 @@ pub struct ServeArgs {
         value_parser = parse_field
     )]
     pub fields: Vec<(String, u64)>,
-    /// Lease node ids from etcd: comma-separated endpoints (http://host:port).
+    /// Lease node ids from etcd: comma-separated endpoints (http://host:port
+    /// or https://host:port).
     #[arg(long, env = "SHARDFLAKE_ETCD", value_delimiter = ',')]
     pub etcd: Vec<String>,
     /// Key prefix of this id cluster in etcd [default: /shardflake/default].
@@ -69,6 +70,21 @@ pub struct ServeArgs {
     /// Timeout of one etcd request [default: 1s, at most (TTL - margin)/4].
     #[arg(long, env = "SHARDFLAKE_ETCD_TIMEOUT", value_parser = humantime::parse_duration)]
     pub etcd_timeout: Option<Duration>,
+    /// CA certificate (PEM) that https:// etcd endpoints are verified against.
+    #[arg(long, env = "SHARDFLAKE_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's mutual TLS (with --etcd-key).
+    #[arg(long, env = "SHARDFLAKE_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert.
+    #[arg(long, env = "SHARDFLAKE_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user, for etcd's user/password authentication (with --etcd-password-file).
+    #[arg(long, env = "SHARDFLAKE_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password (a trailing newline is ignored).
+    #[arg(long, env = "SHARDFLAKE_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
     /// High-water window: the recorded high-water is now + window [default: 3s].
     #[arg(long, env = "SHARDFLAKE_WINDOW", value_parser = humantime::parse_duration)]
     pub window: Option<Duration>,
@@ -163,6 +179,12 @@ impl From<ServeArgs> for RawConfig {
                 lease_ttl: a.lease_ttl,
                 safety_margin: a.safety_margin,
                 timeout: a.etcd_timeout,
+                ca_file: a.etcd_ca,
+                cert_file: a.etcd_cert,
+                key_file: a.etcd_key,
+                user: a.etcd_user,
+                password_file: a.etcd_password_file,
+                password: None,
             },
         }
     }

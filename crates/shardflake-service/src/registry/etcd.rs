@@ -30,12 +30,14 @@ pub struct EtcdRegistry {
 }
 
 impl EtcdRegistry {
-    /// A registry on the endpoints and prefix of `cfg`.
-    pub fn new(cfg: &EtcdConfig) -> Self {
-        EtcdRegistry {
-            client: Client::new(&cfg.endpoints, cfg.timeout),
+    /// A registry on the endpoints and prefix of `cfg`, with its TLS files
+    /// and credentials read and checked (nothing is sent yet).
+    pub fn new(cfg: &EtcdConfig) -> Result<Self, EtcdError> {
+        let auth = cfg.login.as_ref().map(|l| l.read()).transpose()?;
+        Ok(EtcdRegistry {
+            client: Client::connect(&cfg.endpoints, cfg.timeout, cfg.tls.as_ref(), auth.as_ref())?,
             prefix: cfg.prefix.clone(),
-        }
+        })
     }
 }
 
@@ -43,6 +45,7 @@ impl From<EtcdError> for RegistryError {
     fn from(e: EtcdError) -> Self {
         match e {
             EtcdError::Unreachable { .. } => RegistryError::Unreachable(Box::new(e)),
+            e if e.needs_operator() => RegistryError::Refused(Box::new(e)),
             other => RegistryError::Failed(Box::new(other)),
         }
     }
