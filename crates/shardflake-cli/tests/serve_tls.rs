@@ -18,19 +18,19 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
 const TOKEN: &str = "t0ken-for-tests";
 
-/// A CA and the PEM files of a server certificate it signed for 127.0.0.1
-/// and localhost, written under `dir`.
+/// A CA named `ca_name` and the PEM files of a server certificate it signed
+/// for 127.0.0.1 and localhost, written under `dir`.
 struct Pki {
     ca_pem: String,
     ca_der: CertificateDer<'static>,
 }
 
-fn make_pki(dir: &Path) -> anyhow::Result<Pki> {
+fn make_pki(dir: &Path, ca_name: &str) -> anyhow::Result<Pki> {
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     ca_params
         .distinguished_name
-        .push(rcgen::DnType::CommonName, "shardflake test CA");
+        .push(rcgen::DnType::CommonName, ca_name);
     let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate()?)?;
     let server_key = rcgen::KeyPair::generate()?;
     let server = rcgen::CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])?
@@ -106,10 +106,10 @@ fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_listeners_and_bearer_token() -> anyhow::Result<()> {
     let dir = shardflake_service::testkit::tempdir()?;
-    let pki = make_pki(&dir)?;
+    let pki = make_pki(&dir, "shardflake test CA")?;
     let wrong_dir = dir.join("wrong");
     std::fs::create_dir_all(&wrong_dir)?;
-    let wrong = make_pki(&wrong_dir)?;
+    let wrong = make_pki(&wrong_dir, "another CA")?;
     std::fs::write(dir.join("token"), format!("{TOKEN}\n"))?;
     let s = tokio::task::block_in_place(|| {
         Serve::start(
@@ -218,7 +218,7 @@ async fn tls_listeners_and_bearer_token() -> anyhow::Result<()> {
 #[test]
 fn bad_tls_and_token_files_fail_the_start() {
     let dir = shardflake_service::testkit::tempdir().unwrap();
-    make_pki(&dir).unwrap();
+    make_pki(&dir, "shardflake test CA").unwrap();
     let run = |args: &[&str]| {
         let out = std::process::Command::new(BIN)
             .arg("serve")

@@ -15,8 +15,9 @@ use shardflake_service::config::{RawConfig, RawEtcd};
 /// ./shardflake.state. With --etcd: node ids leased from etcd and fenced.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    // Boxed: the largest of the subcommands' flags by far.
     #[command(flatten)]
-    serve: ServeArgs,
+    serve: Box<ServeArgs>,
 }
 
 /// `shardflake serve` flags; each also reads `SHARDFLAKE_<NAME>`.
@@ -195,7 +196,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => RawConfig::from_file(path)?,
         None => RawConfig::default(),
     };
-    shardflake_service::run_blocking(file.merge(args.serve.into()))?;
+    shardflake_service::run_blocking(file.merge((*args.serve).into()))?;
     Ok(())
 }
 
