@@ -224,12 +224,12 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         .map(|s| s.to_string())
         .collect();
         let spec = NodeSpec {
-            name,
             bin: o.bin.clone(),
             http,
             grpc,
             args,
             state_file: dir.join(format!("{name}.state")),
+            name,
             faketime_file: (i == clock_slot).then(|| faketime.clone()),
             netns: in_netns
                 .then(|| cluster.netns.as_ref().map(|n| n.name.clone()))
