@@ -149,9 +149,8 @@ pub fn check(logs: &[ConnLog], layout: &Layout, node_field: &str, facts: &RunFac
         ..Report::default()
     };
     let time = layout.time();
-    let node = layout
-        .field(node_field)
-        .unwrap_or_else(|| layout.sequence());
+    // Without the node field (not in this layout) there are no hand-overs to judge.
+    let node = layout.field(node_field);
     let id_ms = |id: u64| layout.tick_to_unix_ms(time.extract(id)) as i64;
     let start_ms = facts.load_start_unix_ms as i64;
 
@@ -256,6 +255,7 @@ pub fn check(logs: &[ConnLog], layout: &Layout, node_field: &str, facts: &RunFac
             covered_to = Some((last, conn));
         }
 
+        let Some(node) = node else { continue };
         let log = &logs[conn as usize];
         let holder = (log.slot, log.incarnation);
         let value = node.extract(start);
