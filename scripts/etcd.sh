@@ -9,6 +9,7 @@
 #                                                     certificate signed by --ca).
 #   scripts/etcd.sh stop DIR                          stop every member, remove DIR
 #   scripts/etcd.sh kill DIR I                        SIGKILL member I (0-based)
+#   scripts/etcd.sh restart DIR I                     start member I again (same ports, same data)
 #   scripts/etcd.sh leader DIR                        print the index of the leader (plain http)
 #
 # Members use the fast test flags measured in shared/notes/INFRA.md
@@ -52,6 +53,13 @@ alive() {  # pid: running and not a zombie
     [[ -r /proc/$1/status ]] && ! grep -q '^State:.*Z' "/proc/$1/status"
 }
 
+launch() {  # dir i: start member i from its saved flags, appending to its log
+    local dir="$1" i="$2" args
+    mapfile -t args <"$dir/m$i.args"
+    setsid etcd "${args[@]}" >>"$dir/m$i.log" 2>&1 </dev/null &
+    echo $! >"$dir/m$i.pid"
+}
+
 cmd_start() {
     local members=1 dir="" cert="" key="" ca="" client_cert_auth=0
     while [[ $# -gt 0 ]]; do
@@ -88,7 +96,8 @@ cmd_start() {
         endpoints+="${endpoints:+,}$scheme://127.0.0.1:${cps[i]}"
     done
     for ((i = 0; i < members; i++)); do
-        setsid etcd --name "m$i" --data-dir "$dir/m$i" \
+        # The member's flags, one a line, so `restart` starts it the same way.
+        printf '%s\n' --name "m$i" --data-dir "$dir/m$i" \
             --listen-client-urls "$scheme://127.0.0.1:${cps[i]}" \
             --advertise-client-urls "$scheme://127.0.0.1:${cps[i]}" \
             --listen-metrics-urls "http://127.0.0.1:${mps[i]}" \
@@ -98,9 +107,8 @@ cmd_start() {
             --initial-cluster "$cluster" --initial-cluster-state new \
             --initial-cluster-token "$token" \
             --heartbeat-interval 10 --election-timeout 100 --unsafe-no-fsync \
-            --logger zap --log-level warn \
-            >"$dir/m$i.log" 2>&1 </dev/null &
-        echo $! >"$dir/m$i.pid"
+            --logger zap --log-level warn >"$dir/m$i.args"
+        launch "$dir" "$i"
         echo "$scheme://127.0.0.1:${cps[i]}" >"$dir/m$i.endpoint"
     done
     echo "$endpoints" >"$dir/endpoints"
@@ -141,6 +149,12 @@ cmd_kill() {
     kill -KILL "$(cat "$dir/m$i.pid")"
 }
 
+cmd_restart() {
+    local dir="${1:?usage: etcd.sh restart DIR I}" i="${2:?member index}"
+    ! alive "$(cat "$dir/m$i.pid")" || die "member m$i is still running"
+    launch "$dir" "$i"
+}
+
 cmd_leader() {
     local dir="${1:?usage: etcd.sh leader DIR}" f i status leader member
     for f in "$dir"/m*.endpoint; do
@@ -158,6 +172,7 @@ case "${1:-}" in
     start) shift; cmd_start "$@" ;;
     stop) shift; cmd_stop "$@" ;;
     kill) shift; cmd_kill "$@" ;;
+    restart) shift; cmd_restart "$@" ;;
     leader) shift; cmd_leader "$@" ;;
     *) sed -n '2,/^set -e/{/^set -e/d;p}' "$0"; exit 2 ;;
 esac

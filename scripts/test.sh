@@ -24,6 +24,10 @@ else
   cargo test --workspace --no-fail-fast --lib --bins --tests
 fi
 
+step "chaos run (60 s, faults on a schedule, every id checked)"
+# Seeded, so a failure replays with the same schedule: scripts/chaos.sh 60 --seed 1.
+CHAOS_PROFILE=dev bash scripts/chaos.sh 60 --seed 1
+
 step "doc tests"
 cargo test --workspace --doc
 

@@ -1,0 +1,146 @@
+//! `shardflake-chaos`: runs `shardflake serve` nodes against a 3-member
+//! etcd under a seeded schedule of faults while loading them over HTTP and
+//! gRPC, then checks every id returned with a checker written apart from the
+//! service (it links only the core crate, to decode ids).
+//!
+//! | module | holds |
+//! |---|---|
+//! | `run` | one run: start, load, faults, stop, check, table |
+//! | `schedule` | the seeded fault schedule |
+//! | `cluster` | etcd (via `scripts/etcd.sh`), node processes, the network namespace |
+//! | `load` | HTTP and gRPC connections pinned to a node; what each returned |
+//! | `record` | every id, as runs of consecutive ids, per connection |
+//! | `check` | the checker and its table |
+//!
+//! Usually run through `scripts/chaos.sh SECONDS [args]`, which builds the
+//! release binaries and cleans up whatever is left.
+
+mod check;
+mod cluster;
+mod load;
+mod record;
+mod run;
+mod schedule;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "shardflake-chaos",
+    about = "Faults on a schedule against shardflake serve nodes, and an independent checker"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start etcd and the nodes, load them, apply the schedule, check every id.
+    Run(RunArgs),
+    /// Print the schedule a seed gives, without running it.
+    Schedule(RunArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct RunArgs {
+    /// Length of the load, seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Nodes (a spare is added for the SIGSTOP hand-over).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Seed of the schedule and the request mix [default: from the clock, printed].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Keep logs, state files and report.md here [default: a temporary directory, removed].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The shardflake binary.
+    #[arg(long, default_value = "target/release/shardflake")]
+    bin: PathBuf,
+    /// The etcd launcher script.
+    #[arg(long, default_value = "scripts/etcd.sh")]
+    etcd_script: PathBuf,
+    /// Connections per node per protocol.
+    #[arg(long, default_value_t = 2)]
+    conns: usize,
+    /// The large batch size (half the batches; the others are 2..=2000).
+    #[arg(long, default_value_t = 100_000)]
+    batch: u64,
+    /// Share of requests for a single id.
+    #[arg(long, default_value_t = 0.4)]
+    single_share: f64,
+    /// Seconds between two faults.
+    #[arg(long, default_value_t = 8)]
+    spacing: u64,
+    /// Lease TTL of the nodes, ms.
+    #[arg(long, default_value_t = 2000)]
+    lease_ttl_ms: u64,
+    /// Skip the network namespace (and the cut-from-etcd fault).
+    #[arg(long)]
+    no_netns: bool,
+}
+
+impl RunArgs {
+    fn options(&self) -> run::Options {
+        let seed = self
+            .seed
+            .unwrap_or_else(|| check::unix_ms_now() % 1_000_000);
+        run::Options {
+            seconds: self.seconds,
+            nodes: self.nodes,
+            seed,
+            out: self.out.clone(),
+            bin: self.bin.clone(),
+            etcd_script: self.etcd_script.clone(),
+            conns: self.conns,
+            mix: load::Mix {
+                single_share: self.single_share.clamp(0.0, 1.0),
+                big_batch: self.batch.max(2),
+            },
+            spacing: Duration::from_secs(self.spacing.max(1)),
+            netns: !self.no_netns,
+            lease_ttl: Duration::from_millis(self.lease_ttl_ms),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Schedule(a) => {
+            let o = a.options();
+            println!("seed {}", o.seed);
+            for p in schedule::plan(o.seed, &run::shape(&o)) {
+                println!("  {p}");
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Run(a) => {
+            let o = a.options();
+            println!(
+                "shardflake-chaos run --seconds {} --nodes {} --seed {}",
+                o.seconds, o.nodes, o.seed
+            );
+            match run::run(&o) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("shardflake-chaos: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,597 @@
+//! One chaos run: start etcd and the nodes, load them, apply the printed
+//! schedule of faults, stop, hand everything to the checker, print its table.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use tracing::{info, warn};
+
+use crate::check::{self, RunFacts, SlotFacts};
+use crate::cluster::{self, Etcd, Netns, NodeProc, NodeSpec};
+use crate::load::{self, Collected, Load, Mix, SlotState};
+use crate::record::Protocol;
+use crate::schedule::{self, Fault, Planned, Shape};
+
+/// What `shardflake-chaos run` was asked for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Length of the load.
+    pub seconds: u64,
+    /// Nodes (a spare is added for SIGSTOP hand-overs).
+    pub nodes: usize,
+    /// Seed of the schedule and the request mix.
+    pub seed: u64,
+    /// Where logs, state files and the report go; a temporary directory
+    /// (removed afterwards) when absent.
+    pub out: Option<PathBuf>,
+    /// The `shardflake` binary.
+    pub bin: PathBuf,
+    /// `scripts/etcd.sh`.
+    pub etcd_script: PathBuf,
+    /// Connections per node per protocol.
+    pub conns: usize,
+    /// The request mix.
+    pub mix: Mix,
+    /// Time between faults.
+    pub spacing: Duration,
+    /// Run one node in a network namespace (needs root and `ip`).
+    pub netns: bool,
+    /// Lease TTL given to the nodes (also how long a SIGSTOP or a cut lasts, plus a margin).
+    pub lease_ttl: Duration,
+}
+
+/// The node whose clock is faked (libfaketime).
+const CLOCK_SLOT: usize = 0;
+
+/// The schedule's shape for these options: 3 s warm-up, 8 s quiet tail;
+/// the clock fault on node 0, the cut on the last node (in the namespace).
+pub fn shape(o: &Options) -> Shape {
+    Shape {
+        run: Duration::from_secs(o.seconds),
+        spacing: o.spacing,
+        warm_up: Duration::from_secs(3),
+        tail: Duration::from_secs(8),
+        nodes: o.nodes,
+        clock_slot: CLOCK_SLOT,
+        netns_slot: o.netns.then_some(o.nodes.saturating_sub(1)),
+    }
+}
+
+/// A node slot: how to start it, its process, what the load sees.
+struct Slot {
+    spec: NodeSpec,
+    proc: Option<NodeProc>,
+    state: Arc<SlotState>,
+    processes: u32,
+}
+
+/// Everything started; stopped on drop, whatever happened.
+struct Cluster {
+    etcd: Option<Etcd>,
+    netns: Option<Netns>,
+    slots: Vec<Slot>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for slot in &mut self.slots {
+            if let Some(mut p) = slot.proc.take() {
+                let _ = p.signal(libc::SIGCONT);
+                let _ = p.signal(libc::SIGTERM);
+                if !p.wait_exit(Duration::from_secs(10)) {
+                    warn!(node = %slot.spec.name, "did not stop on SIGTERM; killed");
+                }
+            }
+        }
+        if let Some(e) = self.etcd.take() {
+            e.stop();
+        }
+        if let Some(n) = self.netns.take() {
+            n.remove();
+        }
+    }
+}
+
+/// Prints one timeline line, offset from the load's start.
+fn say(start: Instant, text: impl std::fmt::Display) {
+    println!("[+{:>7.2}s] {text}", start.elapsed().as_secs_f64());
+}
+
+/// Runs it; returns whether everything passed.
+pub fn run(o: &Options) -> anyhow::Result<bool> {
+    let (dir, temporary) = match &o.out {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("shardflake-chaos.{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let result = run_in(o, &dir);
+    if temporary {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        println!("logs, state files and report in {}", dir.display());
+    }
+    result
+}
+
+fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
+    anyhow::ensure!(o.nodes >= 2, "--nodes must be at least 2");
+    anyhow::ensure!(
+        o.bin.exists(),
+        "{} missing: build it (cargo build --release -p shardflake-cli)",
+        o.bin.display()
+    );
+    // Two runtimes: the load keeps its threads busy, and must not delay the
+    // control side (readiness, scrapes, the etcd forwarders of the
+    // namespaced node), whose timeouts would otherwise fire late.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("control")
+        .enable_all()
+        .build()?;
+    let load_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("load")
+        .enable_all()
+        .build()?;
+    let mut cluster = Cluster {
+        etcd: None,
+        netns: None,
+        slots: Vec::new(),
+    };
+    let etcd = Etcd::start(&o.etcd_script, &dir.join("etcd"), 3)?;
+    let endpoints = etcd.endpoints.join(",");
+    let etcd_ports = etcd.ports()?;
+    cluster.etcd = Some(etcd);
+    println!("etcd: 3 members at {endpoints}");
+
+    // The last node runs in its own network namespace and reaches etcd
+    // through forwarders on a host-side address of the veth pair.
+    let netns_slot = o.nodes - 1;
+    let mut netns_endpoints = None;
+    if o.netns {
+        let tag = (std::process::id() % 200 + 20) as u8;
+        let ns = Netns::create(tag).context(
+            "network namespace for the cut-from-etcd fault (needs root and iproute2; --no-netns skips that fault)",
+        )?;
+        for &port in &etcd_ports {
+            rt.block_on(cluster::forward(
+                cluster::at(ns.etcd_addr, port),
+                cluster::at(Ipv4Addr::LOCALHOST, port),
+            ))?;
+        }
+        netns_endpoints = Some(
+            etcd_ports
+                .iter()
+                .map(|p| format!("http://{}:{p}", ns.etcd_addr))
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        println!(
+            "netns {}: node{netns_slot} at {}, clients from {}, etcd via {}",
+            ns.name, ns.node_addr, ns.client_addr, ns.etcd_addr
+        );
+        cluster.netns = Some(ns);
+    }
+
+    let prefix = format!("/chaos/{}-{}", o.seed, std::process::id());
+    let ttl = o.lease_ttl;
+    let faketime = dir.join("faketime");
+    std::fs::write(&faketime, "+0s")?;
+    let clock_slot = CLOCK_SLOT;
+    for i in 0..=o.nodes {
+        let spare = i == o.nodes;
+        let name = if spare {
+            "spare".to_string()
+        } else {
+            format!("node{i}")
+        };
+        let in_netns = o.netns && i == netns_slot;
+        let ip: IpAddr = match (&cluster.netns, in_netns) {
+            (Some(ns), true) => ns.node_addr.into(),
+            _ => Ipv4Addr::LOCALHOST.into(),
+        };
+        let (http, grpc) = (
+            SocketAddr::new(ip, cluster::free_port()?),
+            SocketAddr::new(ip, cluster::free_port()?),
+        );
+        let etcd_for_node = match (&netns_endpoints, in_netns) {
+            (Some(e), true) => e.clone(),
+            _ => endpoints.clone(),
+        };
+        let args = [
+            "--etcd",
+            &etcd_for_node,
+            "--etcd-prefix",
+            &prefix,
+            "--lease-ttl",
+            &format!("{}ms", ttl.as_millis()),
+            "--safety-margin",
+            "500ms",
+            "--etcd-timeout",
+            "300ms",
+            "--window",
+            "1s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let spec = NodeSpec {
+            bin: o.bin.clone(),
+            http,
+            grpc,
+            args,
+            state_file: dir.join(format!("{name}.state")),
+            name,
+            faketime_file: (i == clock_slot).then(|| faketime.clone()),
+            netns: in_netns
+                .then(|| cluster.netns.as_ref().map(|n| n.name.clone()))
+                .flatten(),
+            dir: dir.to_path_buf(),
+        };
+        cluster.slots.push(Slot {
+            state: Arc::new(SlotState::new(http, grpc)),
+            spec,
+            proc: None,
+            processes: 0,
+        });
+    }
+    for i in 0..o.nodes {
+        start_slot(&mut cluster.slots[i])?;
+    }
+    for i in 0..o.nodes {
+        let http = cluster.slots[i].spec.http;
+        rt.block_on(wait_ready(http, Duration::from_secs(30)))
+            .with_context(|| format!("node{i} not ready"))?;
+    }
+    let info = rt.block_on(load::get_json(cluster.slots[0].spec.http, "/v1/info"))?;
+    let spec = info["layout_spec"]
+        .as_str()
+        .context("/v1/info has no layout_spec")?
+        .to_string();
+    let node_field = info["node_field"].as_str().unwrap_or("node").to_string();
+    let layout = shardflake::preset::resolve(&spec).with_context(|| format!("layout {spec:?}"))?;
+    let seq = layout.sequence();
+    println!("layout: {spec}; node field {node_field}");
+    for s in &cluster.slots {
+        println!("{}: http {} grpc {}", s.spec.name, s.spec.http, s.spec.grpc);
+    }
+
+    let plan = schedule::plan(o.seed, &shape(o));
+    println!("schedule (seed {}, {} faults):", o.seed, plan.len());
+    for p in &plan {
+        println!("  {p}");
+    }
+
+    // The load.
+    let load = Arc::new(Load {
+        start: Instant::now(),
+        stop: Default::default(),
+        slots: cluster.slots.iter().map(|s| s.state.clone()).collect(),
+        sequence_mask: seq.max() << seq.shift(),
+        mix: o.mix,
+    });
+    let load_start_unix_ms = check::unix_ms_now();
+    let mut tasks = Vec::new();
+    for (slot, s) in cluster.slots.iter().enumerate() {
+        for protocol in [Protocol::Http, Protocol::Grpc] {
+            for c in 0..o.conns {
+                let seed = o.seed ^ ((slot as u64) << 32 | (protocol as u64) << 16 | c as u64);
+                let label = s.spec.name.clone();
+                let task = load_rt.spawn(load::connection_loop(load.clone(), slot, protocol, seed));
+                tasks.push((label, task));
+            }
+        }
+    }
+
+    // The faults.
+    let start = load.start;
+    let mut incidents = Vec::new();
+    let mut issued: BTreeMap<(usize, u32), (u64, bool)> = BTreeMap::new();
+    let mut faults_over_ms = 0u64;
+    for p in &plan {
+        sleep_until(start + p.at);
+        check_alive(&mut cluster, &mut incidents, start);
+        say(start, p);
+        if let Err(e) = apply(&rt, &mut cluster, p, o, &faketime, start, &mut issued) {
+            incidents.push(format!("{}: {e:#}", p.fault.name()));
+            say(start, format!("fault failed: {e:#}"));
+        }
+        faults_over_ms = start.elapsed().as_millis() as u64;
+    }
+    say(start, "faults over; quiet until the end");
+    sleep_until(start + Duration::from_secs(o.seconds));
+    check_alive(&mut cluster, &mut incidents, start);
+
+    // Stop the load, then take every live node's exact final count.
+    load.stop.store(true, Ordering::SeqCst);
+    let seconds = start.elapsed().as_secs_f64();
+    let end_ms = start.elapsed().as_millis() as u64;
+    let mut logs = Vec::new();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for (label, task) in tasks {
+        let collected: Collected = match load_rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(15), task).await })
+        {
+            Ok(Ok(c)) => c,
+            _ => {
+                incidents.push(format!(
+                    "a {label} load connection did not stop within 15 s"
+                ));
+                continue;
+            }
+        };
+        logs.extend(collected.logs);
+        for (code, n) in collected.errors {
+            *errors.entry(format!("{label} {code}")).or_default() += n;
+        }
+    }
+    for (i, slot) in cluster.slots.iter().enumerate() {
+        if let Some(p) = &slot.proc
+            && let Some(n) = rt.block_on(scrape(slot.spec.http))
+        {
+            issued.insert((i, p.incarnation), (n, true));
+        }
+    }
+    say(start, "load stopped; checking");
+
+    let slots = cluster
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let a = s.state.answers_until(end_ms);
+            SlotFacts {
+                name: s.spec.name.clone(),
+                spare: i == o.nodes,
+                processes: s.processes,
+                longest_outage_ms: a.longest_gap_ms,
+                longest_outage_from_ms: a.longest_gap_from_ms,
+                came_back: a.any && a.last_ms > faults_over_ms,
+            }
+        })
+        .collect::<Vec<_>>();
+    for s in slots.iter().filter(|s| !s.spare && !s.came_back) {
+        incidents.push(format!("{} never answered after the last fault", s.name));
+    }
+    drop(cluster);
+    let facts = RunFacts {
+        load_start_unix_ms,
+        seconds,
+        slots,
+        errors,
+        issued,
+        incidents,
+    };
+    let sorting = Instant::now();
+    let report = check::check(&logs, &layout, &node_field, &facts);
+    let passed = !report.failed() && facts.incidents.is_empty();
+    let table = check::table(&report, &facts, passed);
+    println!(
+        "\nchecker: {} ids in {} runs judged in {:.1} s\n",
+        report.ids,
+        report.runs,
+        sorting.elapsed().as_secs_f64()
+    );
+    println!("{table}");
+    std::fs::write(dir.join("report.md"), &table)?;
+    Ok(passed)
+}
+
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
+fn start_slot(slot: &mut Slot) -> anyhow::Result<()> {
+    let incarnation = slot.processes;
+    // Before the process exists: a connection accepted from now on is its.
+    slot.state.incarnation.store(incarnation, Ordering::SeqCst);
+    slot.proc = Some(slot.spec.spawn(incarnation)?);
+    slot.processes += 1;
+    Ok(())
+}
+
+/// A node that exited without being told to is an incident; it is started again.
+fn check_alive(cluster: &mut Cluster, incidents: &mut Vec<String>, start: Instant) {
+    for slot in &mut cluster.slots {
+        let Some(p) = slot.proc.as_mut() else {
+            continue;
+        };
+        if let Some(status) = p.exited() {
+            let log = slot
+                .spec
+                .dir
+                .join(format!("{}.{}.log", slot.spec.name, p.incarnation));
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            let text = format!(
+                "{} process {} exited on its own ({status}); log {}: {}",
+                slot.spec.name,
+                p.incarnation,
+                log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            );
+            say(start, &text);
+            incidents.push(text);
+            slot.proc = None;
+            if let Err(e) = start_slot(slot) {
+                incidents.push(format!("{}: restart failed: {e:#}", slot.spec.name));
+            }
+        }
+    }
+}
+
+async fn wait_ready(http: SocketAddr, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok((200, _)) = load::get_once(http, "/readyz").await {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{http}/readyz not 200 within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The node's `shardflake_ids_issued_total`, if it answers within a second.
+async fn scrape(http: SocketAddr) -> Option<u64> {
+    let (status, body) = load::get_once(http, "/metrics").await.ok()?;
+    if status != 200 {
+        return None;
+    }
+    String::from_utf8_lossy(&body).lines().find_map(|l| {
+        l.strip_prefix("shardflake_ids_issued_total ")
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+    })
+}
+
+fn node_id(rt: &tokio::runtime::Runtime, http: SocketAddr) -> String {
+    rt.block_on(load::get_json(http, "/v1/info"))
+        .ok()
+        .and_then(|v| v["node_id"].as_u64())
+        .map_or_else(|| "none".to_string(), |n| n.to_string())
+}
+
+/// Applies one fault and its recovery.
+fn apply(
+    rt: &tokio::runtime::Runtime,
+    cluster: &mut Cluster,
+    p: &Planned,
+    o: &Options,
+    faketime: &std::path::Path,
+    start: Instant,
+    issued: &mut BTreeMap<(usize, u32), (u64, bool)>,
+) -> anyhow::Result<()> {
+    let ttl = o.lease_ttl;
+    let mut last_count = |cluster: &Cluster, slot: usize| {
+        let s = &cluster.slots[slot];
+        if let (Some(proc), Some(n)) = (&s.proc, rt.block_on(scrape(s.spec.http))) {
+            issued.insert((slot, proc.incarnation), (n, false));
+        }
+        info!(slot, "scraped before the fault");
+    };
+    match p.fault {
+        Fault::Kill | Fault::Term => {
+            last_count(cluster, p.slot);
+            let slot = &mut cluster.slots[p.slot];
+            let mut proc = slot.proc.take().context("no process")?;
+            let signal = if p.fault == Fault::Kill {
+                libc::SIGKILL
+            } else {
+                libc::SIGTERM
+            };
+            proc.signal(signal)?;
+            info!(node = %slot.spec.name, signal, "signalled");
+            if !proc.wait_exit(Duration::from_secs(10)) {
+                bail!(
+                    "{} did not exit within 10 s of signal {signal}",
+                    slot.spec.name
+                );
+            }
+            start_slot(slot)?;
+            say(
+                start,
+                format!(
+                    "{}: process {} started on the same state file",
+                    slot.spec.name,
+                    slot.processes - 1
+                ),
+            );
+        }
+        Fault::Stop => {
+            let spare_index = cluster.slots.len() - 1;
+            let held = node_id(rt, cluster.slots[p.slot].spec.http);
+            let proc = cluster.slots[p.slot].proc.as_ref().context("no process")?;
+            proc.signal(libc::SIGSTOP)?;
+            std::thread::sleep(ttl + Duration::from_millis(300));
+            start_slot(&mut cluster.slots[spare_index])?;
+            let spare_http = cluster.slots[spare_index].spec.http;
+            let ready = rt.block_on(wait_ready(spare_http, Duration::from_secs(5)));
+            say(
+                start,
+                format!(
+                    "node{} stopped holding node id {held}; spare started, holds {} ({})",
+                    p.slot,
+                    node_id(rt, spare_http),
+                    if ready.is_ok() {
+                        "ready"
+                    } else {
+                        "not ready in 5 s"
+                    }
+                ),
+            );
+            let proc = cluster.slots[p.slot].proc.as_ref().context("no process")?;
+            proc.signal(libc::SIGCONT)?;
+            say(start, format!("node{}: SIGCONT", p.slot));
+            std::thread::sleep(Duration::from_secs(3));
+            say(
+                start,
+                format!(
+                    "node{} now holds node id {}",
+                    p.slot,
+                    node_id(rt, cluster.slots[p.slot].spec.http)
+                ),
+            );
+            last_count(cluster, spare_index);
+            let spare = &mut cluster.slots[spare_index];
+            if let Some(mut proc) = spare.proc.take() {
+                proc.signal(libc::SIGTERM)?;
+                if !proc.wait_exit(Duration::from_secs(10)) {
+                    bail!("spare did not exit within 10 s of SIGTERM");
+                }
+            }
+            say(start, "spare stopped (SIGTERM)");
+            ready?;
+        }
+        Fault::Clock => {
+            std::fs::write(faketime, "-3s")?;
+            say(start, format!("node{}: clock stepped back 3 s", p.slot));
+            std::thread::sleep(Duration::from_secs(4));
+            std::fs::write(faketime, "+0s")?;
+            say(
+                start,
+                format!(
+                    "node{}: clock stepped forward 3 s (to the real time)",
+                    p.slot
+                ),
+            );
+        }
+        Fault::EtcdLeader => {
+            let etcd = cluster.etcd.as_ref().context("no etcd")?;
+            let leader = etcd.leader()?;
+            etcd.kill(leader)?;
+            say(start, format!("etcd member m{leader} (leader) SIGKILLed"));
+            std::thread::sleep(Duration::from_secs(3));
+            etcd.restart(leader)?;
+            say(start, format!("etcd member m{leader} restarted"));
+        }
+        Fault::CutFromEtcd => {
+            let ns = cluster.netns.as_ref().context("no network namespace")?;
+            ns.cut_etcd_route()?;
+            say(
+                start,
+                format!(
+                    "node{}: route to etcd removed (clients still reach it)",
+                    p.slot
+                ),
+            );
+            std::thread::sleep(ttl + Duration::from_secs(2));
+            ns.restore_etcd_route()?;
+            say(start, format!("node{}: route to etcd restored", p.slot));
+        }
+    }
+    info!(fault = p.fault.name(), "done");
+    Ok(())
+}
