@@ -5,10 +5,10 @@
 //!
 //! - [`config`]: raw options from the TOML file, `SHARDFLAKE_*` environment
 //!   and flags, layered; host discovery; a pure validation into [`Config`].
-//! - [`state_file`]: the local high-water file (atomic writes); a restart
+//! - `state_file`: the local high-water file (atomic writes); a restart
 //!   resumes after it.
-//! - [`etcd`]: a small client for etcd's v3 JSON gateway (no protoc, no
-//!   extra gRPC stack).
+//! - [`etcd`]: a client for etcd's own gRPC API (generated at build time
+//!   from etcd's protos with protox; streaming keep-alive, TLS, users).
 //! - [`lease`]: the keeper of the node identity: acquire the lowest free
 //!   id, keep-alive, record high-water, fence, re-acquire, revoke.
 //! - [`registry`]: what the keeper needs of a coordination store, on etcd,
@@ -17,33 +17,40 @@
 //!   recorded high-water).
 //! - [`http`]: the axum HTTP/JSON API, error mapping, limits.
 //! - [`grpc`]: the tonic service and server reflection.
-//! - [`metrics`]: Prometheus text.
-//! - [`auth`]: the optional bearer token of the API.
-//! - [`tls`]: TLS (rustls) on the HTTP and gRPC listeners.
-//! - [`error`]: the API error (`{"error":{"code","message"}}`, gRPC codes).
-//! - [`shutdown`]: SIGTERM/Ctrl-C and the drain signal.
-//! - [`server`]: wires it together.
+//! - `metrics`: Prometheus text.
+//! - `auth`: the optional bearer token of the API.
+//! - `tls`: TLS (rustls) on the HTTP and gRPC listeners.
+//! - `error`: the API error (`{"error":{"code","message"}}`, gRPC codes).
+//! - `shutdown`: SIGTERM/Ctrl-C and the drain signal.
+//! - `server`: wires it together.
 //! - `testkit` (feature `testkit`): etcd clusters, server processes and
 //!   clients for process-level tests.
 
 #![warn(missing_docs)]
 
-pub mod auth;
+// The crate's API: the modules below are public; the rest are parts of it,
+// re-exported where a caller needs a name.
 pub mod config;
-pub mod error;
 pub mod etcd;
 pub mod grpc;
 pub mod http;
 pub mod issuer;
 pub mod lease;
-pub mod metrics;
 pub mod registry;
-pub mod server;
-pub mod shutdown;
-pub mod state_file;
+
+mod auth;
+mod error;
+mod metrics;
+mod server;
+mod shutdown;
+mod state_file;
 #[cfg(feature = "testkit")]
 pub mod testkit;
-pub mod tls;
+mod tls;
 
+pub use auth::{ApiToken, TokenFileError};
 pub use config::{Config, ConfigError, RawConfig};
+pub use error::{ApiError, ErrorKind, IssueError};
 pub use server::{ServeError, run_blocking, serve};
+pub use state_file::StateFile;
+pub use tls::TlsError;
