@@ -1238,6 +1238,90 @@ mod tests {
     }
 
     #[test]
+    fn etcd_tls_and_auth_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (ca, key_file, pw) = (
+            dir.path().join("ca.pem"),
+            dir.path().join("key.pem"),
+            dir.path().join("pw"),
+        );
+        std::fs::write(&ca, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        std::fs::write(&pw, "s3cret\n").unwrap();
+        let https = || ServeArgs {
+            etcd: vec!["https://127.0.0.1:2379".into()],
+            ..Default::default()
+        };
+        let err = |args: ServeArgs, toml: &str| format!("{:#}", load(args, toml).unwrap_err());
+
+        assert!(err(https(), "").contains("--etcd-ca"));
+        let only_cert = ServeArgs {
+            etcd_ca: Some(ca.clone()),
+            etcd_cert: Some(ca.clone()),
+            ..https()
+        };
+        assert!(err(only_cert, "").contains("come together"));
+        let missing = ServeArgs {
+            etcd_ca: Some(dir.path().join("nope.pem")),
+            ..https()
+        };
+        assert!(err(missing, "").contains("nope.pem"));
+        // A key is not a certificate: the file must parse as what it is.
+        let not_a_cert = ServeArgs {
+            etcd_ca: Some(key_file.clone()),
+            ..https()
+        };
+        assert!(err(not_a_cert, "").contains("no PEM certificate"));
+        let plain_with_ca = ServeArgs {
+            etcd: vec!["http://127.0.0.1:2379".into()],
+            etcd_ca: Some(ca.clone()),
+            ..Default::default()
+        };
+        assert!(err(plain_with_ca, "").contains("none is https://"));
+        let user_only = ServeArgs {
+            etcd_user: Some("app".into()),
+            etcd_ca: Some(ca.clone()),
+            ..https()
+        };
+        assert!(err(user_only, "").contains("needs a password"));
+
+        // Flags, and the same from the file; the password file's newline is dropped.
+        let full = ServeArgs {
+            etcd_ca: Some(ca.clone()),
+            etcd_cert: Some(ca.clone()),
+            etcd_key: Some(key_file.clone()),
+            etcd_user: Some("app".into()),
+            etcd_password_file: Some(pw.clone()),
+            ..https()
+        };
+        let NodeSource::Etcd(e) = load(full, "").unwrap().node else {
+            panic!()
+        };
+        let tls = e.tls.unwrap();
+        assert_eq!(tls.ca_file, ca);
+        assert_eq!(tls.client_cert.unwrap().key_file, key_file);
+        let auth = e.auth.unwrap();
+        assert_eq!(
+            (auth.user.as_str(), auth.password.as_str()),
+            ("app", "s3cret")
+        );
+        assert!(!format!("{auth:?}").contains("s3cret"));
+        let toml = format!(
+            "[etcd]\nendpoints = [\"https://127.0.0.1:2379\"]\nca_file = {ca:?}\nuser = \"app\"\npassword = \"pw\""
+        );
+        let NodeSource::Etcd(e) = load(ServeArgs::default(), &toml).unwrap().node else {
+            panic!()
+        };
+        assert!(e.tls.unwrap().client_cert.is_none());
+        assert_eq!(e.auth.unwrap().password, "pw");
+    }
+
+    #[test]
     fn shard_layouts() {
         let spec = "orders: time 41 | node 6 | shard 6 | sequence 10 (epoch 1735689600000 ms)";
         let c = load(

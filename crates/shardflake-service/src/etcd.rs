@@ -902,6 +902,11 @@ fn classify(status: &Status, authenticated: bool, hint: &TlsHint) -> Failure {
             ))
         }
         _ if msg.contains("user name is empty") => Failure::TokenRejected(msg.to_string()),
+        // Without a token etcd checks the client certificate's common name
+        // as the user, if there is one.
+        Code::PermissionDenied if !authenticated => Failure::Fatal(EtcdError::Auth(format!(
+            "{msg} (no --etcd-user set: set --etcd-user and --etcd-password-file, or grant the client certificate's common name a role)"
+        ))),
         Code::PermissionDenied | Code::Unauthenticated => {
             Failure::Fatal(EtcdError::Auth(msg.to_string()))
         }
@@ -947,6 +952,17 @@ fn find_tls_error(status: &Status) -> Option<rustls::Error> {
     while let Some(e) = source {
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return Some(tls.clone());
+        }
+        // An alert after the handshake (TLS 1.3 servers refuse a client
+        // certificate that way) reaches us as text inside an io::Error.
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::InvalidData
+            && let Some(alert) = io.to_string().strip_prefix("received fatal alert: ")
+            && let Some(alert) = (0..=u8::MAX)
+                .map(rustls::AlertDescription::from)
+                .find(|a| format!("{a:?}") == alert)
+        {
+            return Some(rustls::Error::AlertReceived(alert));
         }
         source = next_source(e);
     }
