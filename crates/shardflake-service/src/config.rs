@@ -1237,8 +1237,10 @@ mod tests {
         );
     }
 
+    /// The files are read when the client is built (not by `validate`):
+    /// what is missing or is not what it says fails there, by name.
     #[test]
-    fn etcd_tls_and_auth_settings() {
+    fn etcd_tls_and_password_files_are_read_when_the_client_is_built() {
         let dir = tempfile::tempdir().unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
@@ -1253,72 +1255,33 @@ mod tests {
         std::fs::write(&ca, cert.pem()).unwrap();
         std::fs::write(&key_file, key.serialize_pem()).unwrap();
         std::fs::write(&pw, "s3cret\n").unwrap();
-        let https = || ServeArgs {
-            etcd: vec!["https://127.0.0.1:2379".into()],
-            ..Default::default()
+        let config = |extra: String| {
+            let toml = format!("[etcd]\nendpoints = [\"https://127.0.0.1:2379\"]\n{extra}");
+            load(RawConfig::default(), &toml).unwrap()
         };
-        let err = |args: ServeArgs, toml: &str| format!("{:#}", load(args, toml).unwrap_err());
-
-        assert!(err(https(), "").contains("--etcd-ca"));
-        let only_cert = ServeArgs {
-            etcd_ca: Some(ca.clone()),
-            etcd_cert: Some(ca.clone()),
-            ..https()
-        };
-        assert!(err(only_cert, "").contains("come together"));
-        let missing = ServeArgs {
-            etcd_ca: Some(dir.path().join("nope.pem")),
-            ..https()
-        };
-        assert!(err(missing, "").contains("nope.pem"));
+        let built = |c: Config| crate::registry::for_node_source(&c.node).map(|_| ());
+        let missing = config(format!("ca_file = {:?}", dir.path().join("nope.pem")));
+        assert!(built(missing).unwrap_err().to_string().contains("nope.pem"));
         // A key is not a certificate: the file must parse as what it is.
-        let not_a_cert = ServeArgs {
-            etcd_ca: Some(key_file.clone()),
-            ..https()
-        };
-        assert!(err(not_a_cert, "").contains("no PEM certificate"));
-        let plain_with_ca = ServeArgs {
-            etcd: vec!["http://127.0.0.1:2379".into()],
-            etcd_ca: Some(ca.clone()),
-            ..Default::default()
-        };
-        assert!(err(plain_with_ca, "").contains("none is https://"));
-        let user_only = ServeArgs {
-            etcd_user: Some("app".into()),
-            etcd_ca: Some(ca.clone()),
-            ..https()
-        };
-        assert!(err(user_only, "").contains("needs a password"));
-
-        // Flags, and the same from the file; the password file's newline is dropped.
-        let full = ServeArgs {
-            etcd_ca: Some(ca.clone()),
-            etcd_cert: Some(ca.clone()),
-            etcd_key: Some(key_file.clone()),
-            etcd_user: Some("app".into()),
-            etcd_password_file: Some(pw.clone()),
-            ..https()
-        };
-        let NodeSource::Etcd(e) = load(full, "").unwrap().node else {
+        let not_a_cert = config(format!("ca_file = {key_file:?}"));
+        let e = built(not_a_cert).unwrap_err();
+        assert!(e.needs_operator() && e.to_string().contains("no PEM certificate"), "{e}");
+        let no_pw = config(format!(
+            "ca_file = {ca:?}\nuser = \"app\"\npassword_file = {:?}",
+            dir.path().join("nopw")
+        ));
+        assert!(built(no_pw).unwrap_err().to_string().contains("password file"));
+        let full = config(format!(
+            "ca_file = {ca:?}\ncert_file = {ca:?}\nkey_file = {key_file:?}\nuser = \"app\"\npassword_file = {pw:?}"
+        ));
+        let NodeSource::Etcd(e) = &full.node else {
             panic!()
         };
-        let tls = e.tls.unwrap();
-        assert_eq!(tls.ca_file, ca);
-        assert_eq!(tls.client_cert.unwrap().key_file, key_file);
-        let auth = e.auth.unwrap();
-        assert_eq!(
-            (auth.user.as_str(), auth.password.as_str()),
-            ("app", "s3cret")
-        );
+        // The password file's newline is dropped; Debug never shows it.
+        let auth = e.login.as_ref().unwrap().read().unwrap();
+        assert_eq!((auth.user.as_str(), auth.password.as_str()), ("app", "s3cret"));
         assert!(!format!("{auth:?}").contains("s3cret"));
-        let toml = format!(
-            "[etcd]\nendpoints = [\"https://127.0.0.1:2379\"]\nca_file = {ca:?}\nuser = \"app\"\npassword = \"pw\""
-        );
-        let NodeSource::Etcd(e) = load(ServeArgs::default(), &toml).unwrap().node else {
-            panic!()
-        };
-        assert!(e.tls.unwrap().client_cert.is_none());
-        assert_eq!(e.auth.unwrap().password, "pw");
+        built(full).unwrap();
     }
 
     #[test]
