@@ -6,8 +6,8 @@
 //! - [`config`]: TOML file + `SHARDFLAKE_*` environment + flags, validated.
 //! - [`state_file`]: the local high-water file (atomic writes); a restart
 //!   resumes after it.
-//! - [`etcd`]: a small client for etcd's v3 JSON gateway (no protoc, no
-//!   extra gRPC stack).
+//! - [`etcd`]: a small etcd v3 gRPC client, generated from etcd's protos at
+//!   build time (no protoc): streaming keep-alive, TLS, user/password auth.
 //! - [`lease`]: node ids leased from etcd: acquire the lowest free id,
 //!   keep-alive, record high-water, fence, re-acquire, revoke.
 //! - [`issuer`]: the issuing path and its two fences (lease deadline and
