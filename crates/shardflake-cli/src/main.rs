@@ -40,6 +40,8 @@ fn init_logging(format: LogFormat) {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per run: the serve variant's size costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Generate ids (one per line) for a layout, or UUIDs and ObjectIds.
     Gen(cmd::generate::Args),

@@ -116,15 +116,17 @@ async fn refused_start(args: Vec<String>) -> anyhow::Result<String> {
         args,
         ..Default::default()
     };
-    match tokio::task::block_in_place(|| Serve::start(BIN, opts)) {
+    let out = match tokio::task::block_in_place(|| Serve::start(BIN, opts)) {
         // Exited before printing its ports: the error says what it wrote.
-        Err(e) => Ok(format!("{e:#}")),
+        Err(e) => format!("{e:#}"),
         Ok(mut s) => {
             let status = s.exit(Duration::from_secs(20)).await?;
             anyhow::ensure!(!status.success(), "serve exited 0: {}", s.stderr());
-            Ok(s.stderr())
+            s.stderr()
         }
-    }
+    };
+    eprintln!("refused start: {}", out.trim());
+    Ok(out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

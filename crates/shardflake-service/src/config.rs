@@ -431,6 +431,8 @@ pub enum ConfigError {
 
 /// Where the node id comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// Made once at start: the etcd variant's size costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum NodeSource {
     /// Fixed for the life of the process.
     Static(u64),

@@ -368,10 +368,8 @@ impl Client {
             .map_err(
                 |s| match classify(&s, self.auth.is_some(), &self.hint.clone()) {
                     // Whatever etcd says to an Authenticate is about the credentials.
-                    Failure::TokenRejected(msg) => {
-                        Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
-                    }
-                    Failure::Fatal(EtcdError::Server(msg)) => {
+                    Failure::TokenRejected(msg)
+                    | Failure::Fatal(EtcdError::Server(msg) | EtcdError::Auth(msg)) => {
                         Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
                     }
                     other => other,
