@@ -39,7 +39,9 @@ PORT=0
 free_port() {  # sets PORT (no subshell, so USED remembers every pick)
     local p
     for _ in $(seq 1 200); do
-        p=$(( (RANDOM << 15 | RANDOM) % 30000 + 20000 ))
+        # Below the ephemeral range (32768-60999 here): a port picked there
+        # can be taken by any outgoing connection before etcd binds it.
+        p=$(( (RANDOM << 15 | RANDOM) % 22000 + 10000 ))
         if [[ -z "${USED[$p]:-}" ]] && port_free "$p"; then
             USED[$p]=1
             PORT=$p
