@@ -48,8 +48,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
 use crate::etcd::{ClientCert, EtcdAuth, EtcdError, EtcdTls};
+use serde::Deserialize;
 use shardflake::node::NodeIdSource;
 use shardflake::{FieldKind, Layout, LayoutError, NodeIdError, RollbackPolicy, preset};
 use shardflake_host::HostInfo;
@@ -504,7 +504,10 @@ impl EtcdLogin {
             Secret::Inline(p) => p.clone(),
             Secret::File(path) => std::fs::read_to_string(path)
                 .map_err(|e| {
-                    EtcdError::Config(format!("reading the etcd password file {}: {e}", path.display()))
+                    EtcdError::Config(format!(
+                        "reading the etcd password file {}: {e}",
+                        path.display()
+                    ))
                 })?
                 .trim_end_matches(['\n', '\r'])
                 .to_string(),
@@ -906,9 +909,7 @@ fn etcd_login(
         (None, None) => None,
     };
     match (user, password) {
-        (Some(user), _) if user.is_empty() => {
-            Err(EtcdSecurity("the etcd user must not be empty"))
-        }
+        (Some(user), _) if user.is_empty() => Err(EtcdSecurity("the etcd user must not be empty")),
         (Some(user), Some(password)) => Ok(Some(EtcdLogin { user, password })),
         (None, None) => Ok(None),
         (Some(_), None) => Err(EtcdSecurity(
@@ -1085,7 +1086,10 @@ mod tests {
             ("cert_file = \"x\"\nkey_file = \"y\"", "need --etcd-ca"),
             ("ca_file = \"c\"\nuser = \"u\"", "needs a password"),
             ("ca_file = \"c\"\npassword = \"p\"", "needs its user"),
-            ("ca_file = \"c\"\nuser = \"u\"\npassword = \"p\"\npassword_file = \"f\"", "not both"),
+            (
+                "ca_file = \"c\"\nuser = \"u\"\npassword = \"p\"\npassword_file = \"f\"",
+                "not both",
+            ),
         ] {
             let e = etcd(extra).expect_err(extra);
             assert!(matches!(e, ConfigError::EtcdSecurity(_)), "{e:?}");
@@ -1267,12 +1271,20 @@ mod tests {
         // A key is not a certificate: the file must parse as what it is.
         let not_a_cert = config(format!("ca_file = {key_file:?}"));
         let e = built(not_a_cert).unwrap_err();
-        assert!(e.needs_operator() && e.to_string().contains("no PEM certificate"), "{e}");
+        assert!(
+            e.needs_operator() && e.to_string().contains("no PEM certificate"),
+            "{e}"
+        );
         let no_pw = config(format!(
             "ca_file = {ca:?}\nuser = \"app\"\npassword_file = {:?}",
             dir.path().join("nopw")
         ));
-        assert!(built(no_pw).unwrap_err().to_string().contains("password file"));
+        assert!(
+            built(no_pw)
+                .unwrap_err()
+                .to_string()
+                .contains("password file")
+        );
         let full = config(format!(
             "ca_file = {ca:?}\ncert_file = {ca:?}\nkey_file = {key_file:?}\nuser = \"app\"\npassword_file = {pw:?}"
         ));
@@ -1281,7 +1293,10 @@ mod tests {
         };
         // The password file's newline is dropped; Debug never shows it.
         let auth = e.login.as_ref().unwrap().read().unwrap();
-        assert_eq!((auth.user.as_str(), auth.password.as_str()), ("app", "s3cret"));
+        assert_eq!(
+            (auth.user.as_str(), auth.password.as_str()),
+            ("app", "s3cret")
+        );
         assert!(!format!("{auth:?}").contains("s3cret"));
         built(full).unwrap();
     }

@@ -289,6 +289,7 @@ impl Client {
     ) -> Self {
         let hint = TlsHint {
             has_client_cert: tls.as_ref().is_some_and(|(_, client_cert)| *client_cert),
+            tls: tls.is_some(),
         };
         let members = endpoints
             .iter()
@@ -859,6 +860,8 @@ impl Failures {
 #[derive(Debug, Clone)]
 struct TlsHint {
     has_client_cert: bool,
+    /// TLS is configured (https endpoints).
+    tls: bool,
 }
 
 /// Sorts a failed call: a local (transport) failure or an overloaded,
@@ -868,6 +871,17 @@ fn classify(status: &Status, authenticated: bool, hint: &TlsHint) -> Failure {
     if let Some(tls) = find_tls_error(status) {
         return Failure::Member(MemberFailure {
             reason: tls_reason(&tls, hint),
+            refused: false,
+            tls: true,
+        });
+    }
+    // A TLS 1.3 member refuses a missing client certificate after the
+    // client's side of the handshake is done: the refusal is an alert on
+    // the next read, or, when the close wins the race, just a closed
+    // connection. Over TLS without a client certificate, say so.
+    if hint.tls && !hint.has_client_cert && error_chain(status).contains("connection closed") {
+        return Failure::Member(MemberFailure {
+            reason: "the member closed the connection after the TLS handshake: etcd requires a client certificate (--client-cert-auth)? set --etcd-cert and --etcd-key".into(),
             refused: false,
             tls: true,
         });
@@ -1033,6 +1047,7 @@ mod tests {
     fn etcd_answers_are_sorted_into_retry_renew_or_final() {
         let hint = TlsHint {
             has_client_cert: false,
+            tls: true,
         };
         let sort = |s: Status, auth: bool| match classify(&s, auth, &hint) {
             Failure::Member(_) => "next member",
@@ -1100,9 +1115,11 @@ mod tests {
         use rustls::{AlertDescription, CertificateError, Error};
         let without = TlsHint {
             has_client_cert: false,
+            tls: true,
         };
         let with = TlsHint {
             has_client_cert: true,
+            tls: true,
         };
         let unknown_ca = Error::InvalidCertificate(CertificateError::UnknownIssuer);
         assert!(tls_reason(&unknown_ca, &without).contains("--etcd-ca"));

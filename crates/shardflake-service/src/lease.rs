@@ -527,7 +527,13 @@ impl Keeper {
             let ttl = holding.ttl.unwrap_or(terms.ttl).min(terms.ttl);
             let mut fence = sent + ttl.saturating_sub(terms.safety_margin);
             let resume = local_hw.max(holding.previous_high_water_ms);
+            // Nothing to wait out (the usual start): the grant's fence is
+            // fresh, and a renewal would only cost a round trip.
+            let must_wait = self.issuer.clock().now_ms() <= resume;
             match self.wait_past(resume, shutdown).await {
+                Ok(true) if !must_wait => {
+                    return self.publish(holding, resume, Some(fence)).await;
+                }
                 Ok(true) => {}
                 Ok(false) => {
                     self.release().await;

@@ -111,7 +111,7 @@ impl Registry for EtcdRegistry {
 
 /// The lowest free node id, taken in one transaction with its high-water.
 /// A lost race returns the fresh list of held ids in the same round trip;
-/// the next try picks at random among the lowest 2^losses free ids, so a
+/// the next try picks at random among the lowest 4^losses free ids, so a
 /// herd of nodes starting together spreads out instead of all racing for
 /// the same id (n² transactions). Uncontended, the id is the lowest free.
 ///
@@ -152,27 +152,39 @@ async fn take_lowest(
             })
             .collect()
     };
-    // Record the layout if this is the cluster's first node; read the held ids.
-    let (created, kvs) = client
-        .txn(
-            &[Compare::Absent(layout_key.clone())],
-            &[
-                Op::Put(layout_key.clone(), layout.to_vec(), 0),
-                Op::Prefix(node_prefix.clone().into_bytes()),
-            ],
-            &[
-                Op::Get(layout_key.clone()),
-                Op::Prefix(node_prefix.clone().into_bytes()),
-            ],
-        )
-        .await?;
-    if !created {
+    // Read the layout record and the held ids. A transaction without writes
+    // is served as a linearizable read, without a raft proposal; only the
+    // cluster's first node (no layout record yet) writes one.
+    let read = [
+        Op::Get(layout_key.clone()),
+        Op::Prefix(node_prefix.clone().into_bytes()),
+    ];
+    let (_, mut kvs) = client.txn(&[], &read, &[]).await?;
+    if kvs.iter().any(|kv| kv.key == layout_key) {
         check_layout(&kvs)?;
+    } else {
+        let (created, again) = client
+            .txn(
+                &[Compare::Absent(layout_key.clone())],
+                &[
+                    Op::Put(layout_key.clone(), layout.to_vec(), 0),
+                    Op::Prefix(node_prefix.clone().into_bytes()),
+                ],
+                &read,
+            )
+            .await?;
+        if !created {
+            check_layout(&again)?;
+        }
+        kvs = again;
     }
     let mut held = parse(&kvs);
     // Each lost race means another node took an id: bounded by the id count.
     for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
-        let spread = 1u64 << losses.min(10);
+        // Four times wider at each loss: a herd of n spreads out in about
+        // log4(n) rounds instead of log2(n), each round a transaction per
+        // node still racing.
+        let spread = 1u64 << (2 * losses).min(20);
         let free: Vec<u64> = (0..=max_id)
             .filter(|c| !held.contains(c))
             .take(spread as usize)
