@@ -176,12 +176,19 @@ impl TicketClient {
         let mut report = ShutdownReport::default();
         for (index, segment) in self.inner.segments.iter().enumerate() {
             let Some(segment) = segment else { continue };
-            let (current, next) = match segment.buffers.lock() {
-                Ok(mut b) => {
+            // A fetch under way lands in `next` first, to be given back too.
+            let deadline = Instant::now() + self.inner.config.failover.timeout();
+            let (current, next) = loop {
+                let fetched = segment.fetched.notified();
+                {
+                    let Ok(mut b) = segment.buffers.lock() else { break (None, None) };
                     b.closed = true;
-                    (b.current.take(), b.next.take())
+                    if !b.fetching || Instant::now() >= deadline {
+                        break (b.current.take(), b.next.take());
+                    }
                 }
-                Err(_) => continue,
+                let left = deadline.saturating_duration_since(Instant::now());
+                let _ = tokio::time::timeout(left, fetched).await;
             };
             // The later block first: if both came from one server, the
             // earlier one's compare-and-set then finds its own row again.
@@ -396,6 +403,10 @@ impl Inner {
         let segment = self.segments[index]
             .as_ref()
             .ok_or_else(|| TicketError::UnknownSequence(seq.name.clone()))?;
+        // Served from memory, a call completes without awaiting anything:
+        // spend tokio's cooperative budget so that a caller in a loop still
+        // lets the fetches, timers and other tasks on its worker run.
+        tokio::task::consume_budget().await;
         let deadline = Instant::now() + self.config.failover.timeout();
         let mut ids = Vec::with_capacity(count);
         loop {

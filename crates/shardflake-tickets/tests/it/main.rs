@@ -438,17 +438,36 @@ async fn postgres_pair_per_id_and_segment() {
         }
         assert_eq!(all.len(), 8 * 300 * 7);
         assert_unique(&all);
-        let last = *all.iter().max().unwrap();
         let report = client.shutdown().await;
         assert!(report.returned_ids > 0, "{report:?}");
-        // The tail went back: the next client starts close above.
+        // Tails given back are handed out again, never an id twice.
         let next = TicketClient::connect(config).await.unwrap();
-        let first = next.next("blocks").await.unwrap();
-        assert!(
-            first > last && first < last + 1000,
-            "{style}: {first} after {last}"
-        );
+        all.extend(next.next_n("blocks", 20_000).await.unwrap());
+        assert_unique(&all);
     }
+}
+
+/// With one server the tail given back at shutdown is where the next
+/// client starts (less the rest of the last chunk used).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_segment_tail_given_back_is_used_next() {
+    let pg = PgServer::start().unwrap();
+    let config = Config::parse(&format!(
+        "{}[[sequences]]\nname = \"solo\"\nmode = \"segment\"\n[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n",
+        server_toml("a", "postgres", &pg.url(), 1)
+    ))
+    .unwrap();
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let ids = client.next_n("solo", 250).await.unwrap();
+    assert_eq!(ids, (1..=250).collect::<Vec<_>>());
+    let report = client.shutdown().await;
+    // Kept 251..=300 (the rest of the chunk), gave back the others.
+    assert_eq!(report.skipped_ids, 50, "{report:?}");
+    assert!(report.returned_ids >= 700, "{report:?}");
+    assert_eq!(client.next("solo").await.unwrap_err().code(), "unavailable");
+    let next = TicketClient::connect(config).await.unwrap();
+    assert_eq!(next.next("solo").await.unwrap(), 301);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -522,7 +541,9 @@ async fn a_32_bit_sequence_stops_at_its_maximum() {
             assert_eq!(e.code(), "exhausted", "{kind}: {e}");
             assert!(e.to_string().contains("no id above 4294967295"), "{e}");
         }
-        let blocks = client.next_n("small_blocks", 296).await.unwrap();
+        // The first chunk wholly at or above `start`: 4294967001..=4294967100.
+        let blocks = client.next_n("small_blocks", 295).await.unwrap();
+        assert_eq!(blocks[0], 4_294_967_001, "{kind}");
         assert_eq!(*blocks.last().unwrap(), 4_294_967_295, "{kind}");
         let e = client.next("small_blocks").await.unwrap_err();
         assert_eq!(e.code(), "exhausted", "{kind}: {e}");
