@@ -181,7 +181,9 @@ impl TicketClient {
             let (current, next) = loop {
                 let fetched = segment.fetched.notified();
                 {
-                    let Ok(mut b) = segment.buffers.lock() else { break (None, None) };
+                    let Ok(mut b) = segment.buffers.lock() else {
+                        break (None, None);
+                    };
                     b.closed = true;
                     if !b.fetching || Instant::now() >= deadline {
                         break (b.current.take(), b.next.take());
@@ -327,26 +329,30 @@ impl Inner {
         let first = self.next_server.fetch_add(1, Ordering::Relaxed);
         let mut failures = Vec::new();
         let mut exhausted = None;
-        for k in 0..n {
-            let server = &self.servers[(first + k) % n];
-            let name = &server.config.name;
-            match server.health() {
-                Health::Up => {}
-                Health::Down(reason) => {
-                    failures.push(ServerFailure {
-                        server: name.clone(),
-                        reason: format!("down ({reason})"),
-                    });
-                    continue;
-                }
-                Health::Refused(e) => {
-                    failures.push(ServerFailure {
-                        server: name.clone(),
-                        reason: format!("refused: {e}"),
-                    });
-                    continue;
-                }
+        // First the servers that are up, in turn; then, if none answered,
+        // those marked down (not those refused): a breaker that is open on
+        // every server must not fail calls without trying.
+        let order: Vec<&Server> = (0..n).map(|k| &self.servers[(first + k) % n]).collect();
+        let up: Vec<&Server> = order
+            .iter()
+            .copied()
+            .filter(|s| s.health() == Health::Up)
+            .collect();
+        let down: Vec<&Server> = order
+            .iter()
+            .copied()
+            .filter(|s| matches!(s.health(), Health::Down(_)))
+            .collect();
+        for server in &order {
+            if let Health::Refused(e) = server.health() {
+                failures.push(ServerFailure {
+                    server: server.config.name.clone(),
+                    reason: format!("refused: {e}"),
+                });
             }
+        }
+        for server in up.into_iter().chain(down) {
+            let name = &server.config.name;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -363,7 +369,10 @@ impl Inner {
                         })
                     });
             match result {
-                Ok(outcome) => return Ok((server.index, outcome)),
+                Ok(outcome) => {
+                    server.mark_up();
+                    return Ok((server.index, outcome));
+                }
                 Err(e @ TicketError::Exhausted { .. }) => {
                     failures.push(ServerFailure {
                         server: name.clone(),

@@ -287,8 +287,8 @@ impl FailoverConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SegmentConfig {
-    /// Ids per chunk: the unit of the residue classes (default 1000). Never
-    /// change it on a deployment that has handed out ids.
+    /// Ids per chunk: the unit of the residue classes and of a give-back
+    /// (default 100). Never change it on a deployment that has handed out ids.
     pub chunk: u64,
     /// Smallest block, in ids (a multiple of `chunk`; default 1000).
     pub min_step: u64,
@@ -304,7 +304,7 @@ pub struct SegmentConfig {
 impl Default for SegmentConfig {
     fn default() -> Self {
         SegmentConfig {
-            chunk: 1000,
+            chunk: 100,
             min_step: 1000,
             max_step: 1_000_000,
             prefetch_at: 0.1,
@@ -584,7 +584,7 @@ mod tests {
         assert!(matches!(e, ConfigError::BadName { .. }));
         let e = Config::parse(&PAIR.replace("mysql://", "http://")).unwrap_err();
         assert!(matches!(e, ConfigError::BadUrl { .. }));
-        let e = Config::parse(&format!("[segment]\nmin_step = 1500\n{PAIR}")).unwrap_err();
+        let e = Config::parse(&format!("[segment]\nmin_step = 1550\n{PAIR}")).unwrap_err();
         assert!(matches!(e, ConfigError::Bad(_)));
         let e =
             Config::parse(&PAIR.replace("bits = 32", "bits = 32\nstart = 4294967296")).unwrap_err();

@@ -91,6 +91,9 @@ pub struct ServerMetrics {
     pub skipped_ids: u64,
 }
 
+/// A server's state before its first connect.
+const NOT_CONNECTED: &str = "not connected yet";
+
 pub(crate) struct Server {
     pub config: ServerConfig,
     pub index: usize,
@@ -121,7 +124,7 @@ impl Server {
             config: server,
             index,
             next_slot: AtomicUsize::new(0),
-            health: Mutex::new(Health::Down("not connected yet".into())),
+            health: Mutex::new(Health::Down(NOT_CONNECTED.into())),
             high_water: per_sequence(),
             recorded: per_sequence(),
             calls: AtomicU64::new(0),
@@ -138,9 +141,15 @@ impl Server {
 
     fn set_health(&self, health: Health) {
         if let Ok(mut h) = self.health.lock() {
+            let first = *h == Health::Down(NOT_CONNECTED.into());
             if *h != health {
                 match &health {
-                    Health::Up => tracing::info!(server = %self.config.name, "ticket server up"),
+                    Health::Up if first => {
+                        tracing::debug!(server = %self.config.name, "ticket server up")
+                    }
+                    Health::Up => {
+                        tracing::info!(server = %self.config.name, "ticket server up again")
+                    }
                     Health::Down(reason) => {
                         tracing::warn!(server = %self.config.name, %reason, "ticket server down")
                     }

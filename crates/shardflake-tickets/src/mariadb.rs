@@ -27,6 +27,14 @@ pub(crate) struct MariaSession {
 /// ER_AUTOINC_READ_FAILED, HA_ERR_AUTOINC_ERANGE, ER_WARN_DATA_OUT_OF_RANGE.
 const FULL_CODES: [u16; 3] = [1467, 167, 1264];
 
+/// ER_LOCK_DEADLOCK, and how often a deadlocked `REPLACE` runs again.
+const DEADLOCK: u16 = 1213;
+const DEADLOCK_RETRIES: u32 = 5;
+
+fn is_deadlock(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if s.code == DEADLOCK)
+}
+
 fn is_full(e: &mysql_async::Error) -> bool {
     matches!(e, mysql_async::Error::Server(s) if FULL_CODES.contains(&s.code))
 }
@@ -81,15 +89,25 @@ impl MariaSession {
         index: usize,
         seq: &SequenceConfig,
     ) -> Result<u64, TicketError> {
-        match self.conn.query_drop(&self.replace[index]).await {
-            Ok(()) => {}
-            Err(e) if is_full(&e) => {
-                return Err(TicketError::Exhausted {
-                    sequence: seq.name.clone(),
-                    max: seq.max_id(),
-                });
+        // REPLACE deletes and inserts the one row under a unique key: two
+        // sessions can deadlock on it. InnoDB rolls one back and the
+        // statement can simply run again; the server is fine.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.conn.query_drop(&self.replace[index]).await {
+                Ok(()) => break,
+                Err(e) if is_full(&e) => {
+                    return Err(TicketError::Exhausted {
+                        sequence: seq.name.clone(),
+                        max: seq.max_id(),
+                    });
+                }
+                Err(e) if is_deadlock(&e) && attempts < DEADLOCK_RETRIES => {
+                    tracing::debug!(server = %self.server, "REPLACE INTO deadlocked; again");
+                }
+                Err(e) => return Err(TicketError::db(&self.server, "REPLACE INTO", e)),
             }
-            Err(e) => return Err(TicketError::db(&self.server, "REPLACE INTO", e)),
         }
         self.conn.last_insert_id().ok_or_else(|| {
             TicketError::misconfigured(
