@@ -37,8 +37,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-url1=$(MARIADB_OPTS="--auto-increment-increment=2 --auto-increment-offset=1" scripts/mariadb.sh start "$m1" | head -n1)
-url2=$(MARIADB_OPTS="--auto-increment-increment=2 --auto-increment-offset=2" scripts/mariadb.sh start "$m2" | head -n1)
+url1=$(MARIADB_OPTS="--auto-increment-increment=2 --auto-increment-offset=1" scripts/mariadb.sh start "$m1" | sed -n 1p)
+url2=$(MARIADB_OPTS="--auto-increment-increment=2 --auto-increment-offset=2" scripts/mariadb.sh start "$m2" | sed -n 1p)
 mapfile -t pg < <(scripts/pg.sh start 2 "$pgdir")
 
 sequences='

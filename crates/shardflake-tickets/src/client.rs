@@ -332,18 +332,8 @@ impl Inner {
         // First the servers that are up, in turn; then, if none answered,
         // those marked down (not those refused): a breaker that is open on
         // every server must not fail calls without trying.
-        let order: Vec<&Server> = (0..n).map(|k| &self.servers[(first + k) % n]).collect();
-        let up: Vec<&Server> = order
-            .iter()
-            .copied()
-            .filter(|s| s.health() == Health::Up)
-            .collect();
-        let down: Vec<&Server> = order
-            .iter()
-            .copied()
-            .filter(|s| matches!(s.health(), Health::Down(_)))
-            .collect();
-        for server in &order {
+        let order = || (0..n).map(|k| &self.servers[(first + k) % n]);
+        for server in order() {
             if let Health::Refused(e) = server.health() {
                 failures.push(ServerFailure {
                     server: server.config.name.clone(),
@@ -351,7 +341,9 @@ impl Inner {
                 });
             }
         }
-        for server in up.into_iter().chain(down) {
+        let up = order().filter(|s| s.health() == Health::Up);
+        let down = order().filter(|s| matches!(s.health(), Health::Down(_)));
+        for server in up.chain(down) {
             let name = &server.config.name;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -454,8 +454,8 @@ impl Config {
         let seg = &raw.segment;
         if seg.chunk == 0
             || seg.min_step == 0
-            || seg.min_step % seg.chunk != 0
-            || seg.max_step % seg.chunk != 0
+            || !seg.min_step.is_multiple_of(seg.chunk)
+            || !seg.max_step.is_multiple_of(seg.chunk)
             || seg.min_step > seg.max_step
             || seg.max_step > 1 << 40
         {
