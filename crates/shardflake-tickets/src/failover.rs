@@ -179,6 +179,19 @@ impl Server {
             }
             other => self.set_health(Health::Down(other.to_string())),
         }
+        self.drop_idle_sessions();
+    }
+
+    /// Closes the sessions not in use: after a failure they most likely
+    /// lead to a dead or refused server, and each would fail once more
+    /// after the server is taken back (sessions in use drop themselves
+    /// when they fail).
+    fn drop_idle_sessions(&self) {
+        for slot in &self.slots {
+            if let Ok(mut session) = slot.try_lock() {
+                session.take();
+            }
+        }
     }
 
     /// Raises the in-memory high-water of sequence `index`.
