@@ -57,6 +57,8 @@ enum Command {
     Pg(cmd::pg::Args),
     /// The MariaDB/MySQL generate_post_id procedure: apply, call, sql, bench.
     Mysql(cmd::mysql::Args),
+    /// Flickr-style ticket servers and segment allocation: init, check, repair, next, bench.
+    Tickets(cmd::tickets::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(cmd::completions::CompletionsArgs),
     /// Print the man page (roff) to stdout.
@@ -74,6 +76,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Pg(args) => cmd::pg::run(args),
         Command::Mysql(args) => cmd::mysql::run(args),
+        Command::Tickets(args) => cmd::tickets::run(args),
         Command::Completions(args) => cmd::completions::run_completions(args, Cli::command()),
         Command::Man(args) => cmd::completions::run_man(args, Cli::command()),
     };

@@ -8,6 +8,7 @@ pub mod mysql;
 pub mod pg;
 pub mod plan;
 pub mod serve;
+pub mod tickets;
 
 use std::io::{self, Write};
 

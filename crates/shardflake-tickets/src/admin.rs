@@ -1,0 +1,268 @@
+//! `init`, `check` and `repair`: the operator's commands, server by server.
+//!
+//! - [`init`] creates, idempotently, the per-id tables (MariaDB:
+//!   Flickr's `tickets_<name>` with `id … auto_increment`, `stub … UNIQUE`;
+//!   PostgreSQL: a sequence or the same table), the segment rows and the
+//!   high-water table on every server.
+//! - [`check`] reports each server's increment and offset (global and per
+//!   session on MariaDB; in each sequence's schema on PostgreSQL), each
+//!   sequence's counter and high-water, and lists the problems: two servers
+//!   sharing an offset, a setting that differs from the file, a counter
+//!   behind its high-water, an unreachable or uninitialised server.
+//! - [`repair`] raises every counter that is behind its high-water past it
+//!   (`ALTER TABLE … AUTO_INCREMENT`, `setval`, the segment row).
+
+use std::fmt;
+
+use crate::config::{Config, Kind, ServerConfig};
+use crate::error::TicketError;
+use crate::high_water::{HighWaterStore, PeersStore};
+use crate::session::{ServerSettings, Session};
+
+async fn admin_session(config: &Config, server: &ServerConfig) -> Result<Session, TicketError> {
+    let timeout = config.failover.timeout();
+    tokio::time::timeout(timeout, Session::connect_admin(server, config))
+        .await
+        .unwrap_or_else(|_| {
+            Err(TicketError::Timeout {
+                server: server.name.clone(),
+                context: "connect".into(),
+                ms: timeout.as_millis() as u64,
+            })
+        })
+}
+
+/// What `init` did on one server.
+#[derive(Debug)]
+pub struct ServerInit {
+    /// The server.
+    pub server: String,
+    /// One line per sequence, or why it failed.
+    pub result: Result<Vec<String>, TicketError>,
+}
+
+/// Creates the schema on every server (idempotent). One entry per server.
+pub async fn init(config: &Config) -> Vec<ServerInit> {
+    let mut out = Vec::new();
+    for server in &config.servers {
+        let result = async {
+            let mut session = admin_session(config, server).await?;
+            session.init(config, server).await
+        }
+        .await;
+        out.push(ServerInit {
+            server: server.name.clone(),
+            result,
+        });
+    }
+    out
+}
+
+/// One server in a [`CheckReport`].
+#[derive(Debug, Clone)]
+pub struct ServerCheck {
+    /// Its configuration.
+    pub server: ServerConfig,
+    /// What was read, or why nothing was.
+    pub settings: Result<ServerSettings, TicketError>,
+}
+
+/// What `check` found.
+#[derive(Debug, Clone)]
+pub struct CheckReport {
+    /// The file's increment.
+    pub increment: u64,
+    /// Each server.
+    pub servers: Vec<ServerCheck>,
+    /// Everything wrong; empty when all is well.
+    pub problems: Vec<String>,
+}
+
+impl CheckReport {
+    /// No problem found.
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in &self.servers {
+            let s = &c.server;
+            writeln!(
+                f,
+                "server {} ({}, {}): file increment {} offset {}",
+                s.name,
+                s.kind.as_str(),
+                s.url,
+                self.increment,
+                s.offset
+            )?;
+            match &c.settings {
+                Err(e) => writeln!(f, "  unreachable: {e}")?,
+                Ok(settings) => {
+                    if let Some((i, o)) = settings.global {
+                        writeln!(
+                            f,
+                            "  global:  auto_increment_increment {i} auto_increment_offset {o}"
+                        )?;
+                    }
+                    if let Some((i, o)) = settings.session {
+                        writeln!(
+                            f,
+                            "  session: auto_increment_increment {i} auto_increment_offset {o}"
+                        )?;
+                    }
+                    for w in &settings.warnings {
+                        writeln!(f, "  warning: {w}")?;
+                    }
+                    for q in &settings.sequences {
+                        let counter = q.counter.map_or("-".to_string(), |c| c.to_string());
+                        let hw = q.high_water.map_or("-".to_string(), |c| c.to_string());
+                        writeln!(
+                            f,
+                            "  sequence {}: {}; counter {counter}; high-water {hw}{}",
+                            q.name,
+                            q.detail,
+                            q.problem
+                                .as_ref()
+                                .map(|p| format!("; PROBLEM: {p}"))
+                                .unwrap_or_default()
+                        )?;
+                    }
+                }
+            }
+        }
+        if self.ok() {
+            writeln!(f, "ok")
+        } else {
+            writeln!(f, "{} problem(s):", self.problems.len())?;
+            for p in &self.problems {
+                writeln!(f, "  - {p}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Reads every server and lists what is wrong.
+pub async fn check(config: &Config) -> CheckReport {
+    let store = PeersStore::new(config.clone());
+    let mut servers = Vec::new();
+    let mut problems = Vec::new();
+    for server in &config.servers {
+        let settings = async {
+            let mut session = admin_session(config, server).await?;
+            let mut settings = session.settings(config, server).await?;
+            let marks = store.load(&server.name).await.unwrap_or_default();
+            for q in &mut settings.sequences {
+                q.high_water = marks.get(&q.name).copied();
+                if let (Some(counter), Some(hw)) = (q.counter, q.high_water)
+                    && counter < hw
+                    && q.problem.is_none()
+                {
+                    q.problem = Some(format!(
+                        "counter {counter} is behind the high-water {hw}: it would hand out ids again (run `shardflake tickets repair`)"
+                    ));
+                }
+            }
+            Ok(settings)
+        }
+        .await;
+        match &settings {
+            Err(e) => problems.push(format!("server {}: {e}", server.name)),
+            Ok(s) => {
+                let want = (config.increment, server.offset);
+                if let Some(global) = s.global
+                    && global != want
+                {
+                    problems.push(format!(
+                        "server {}: global auto_increment_increment/offset are {}/{}, the file says {}/{}",
+                        server.name, global.0, global.1, want.0, want.1
+                    ));
+                }
+                if let Some(session) = s.session
+                    && session != want
+                {
+                    problems.push(format!(
+                        "server {}: a session keeps auto_increment_increment/offset {}/{} after setting {}/{}",
+                        server.name, session.0, session.1, want.0, want.1
+                    ));
+                }
+                for q in &s.sequences {
+                    if let Some(p) = &q.problem {
+                        problems.push(format!("server {} sequence {}: {p}", server.name, q.name));
+                    }
+                }
+            }
+        }
+        servers.push(ServerCheck {
+            server: server.clone(),
+            settings,
+        });
+    }
+    // Two MariaDB servers with one global offset hand out the same ids to
+    // any client that does not set its session (plain SQL, other languages).
+    for (i, a) in servers.iter().enumerate() {
+        for b in &servers[i + 1..] {
+            if let (Ok(sa), Ok(sb)) = (&a.settings, &b.settings)
+                && a.server.kind == Kind::Mariadb
+                && b.server.kind == Kind::Mariadb
+                && let (Some(ga), Some(gb)) = (sa.global, sb.global)
+                && ga.1 % ga.0.max(1) == gb.1 % gb.0.max(1)
+            {
+                problems.push(format!(
+                    "servers {} and {} share global auto_increment_offset {} (increment {}/{}): they hand out the same ids",
+                    a.server.name, b.server.name, ga.1, ga.0, gb.0
+                ));
+            }
+        }
+    }
+    CheckReport {
+        increment: config.increment,
+        servers,
+        problems,
+    }
+}
+
+/// One counter `repair` raised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repair {
+    /// The server.
+    pub server: String,
+    /// The sequence.
+    pub sequence: String,
+    /// Its counter before.
+    pub counter: u64,
+    /// The high-water it is now past.
+    pub high_water: u64,
+}
+
+/// Raises every counter that is behind its high-water past it. Fails on
+/// the first server that cannot be read or raised (nothing is lowered, so
+/// it can be run again).
+pub async fn repair(config: &Config) -> Result<Vec<Repair>, TicketError> {
+    let store = PeersStore::new(config.clone());
+    let mut done = Vec::new();
+    for server in &config.servers {
+        let marks = store.load(&server.name).await?;
+        let mut session = admin_session(config, server).await?;
+        for seq in &config.sequences {
+            let Some(&high_water) = marks.get(&seq.name) else {
+                continue;
+            };
+            let counter = session.counter(config, server, seq).await?.unwrap_or(0);
+            if counter < high_water {
+                session.raise(config, server, seq, high_water).await?;
+                tracing::info!(server = %server.name, sequence = %seq.name, counter, high_water, "counter raised past its high-water");
+                done.push(Repair {
+                    server: server.name.clone(),
+                    sequence: seq.name.clone(),
+                    counter,
+                    high_water,
+                });
+            }
+        }
+    }
+    Ok(done)
+}

@@ -1,0 +1,201 @@
+//! Throughput of the client against a bare loop on the same servers, for
+//! `shardflake tickets bench` and `scripts/bench-tickets.sh`: `tasks`
+//! concurrent callers for a fixed time, counting ids, errors, and when the
+//! errors happened (a server killed under load shows as an error window).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::*;
+
+use crate::client::TicketClient;
+use crate::config::{Config, Kind};
+use crate::error::TicketError;
+
+/// What one run measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BenchReport {
+    /// Ids handed out.
+    pub ids: u64,
+    /// Calls that failed.
+    pub errors: u64,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// From the first failed call's start to the last failed call's end
+    /// (zero when none failed).
+    pub error_window: Duration,
+}
+
+impl BenchReport {
+    /// Ids per second.
+    pub fn rate(&self) -> f64 {
+        self.ids as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+struct Tally {
+    ids: AtomicU64,
+    errors: AtomicU64,
+    first_error_ns: AtomicU64,
+    last_error_ns: AtomicU64,
+}
+
+impl Tally {
+    fn new() -> Arc<Tally> {
+        Arc::new(Tally {
+            ids: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            first_error_ns: AtomicU64::new(u64::MAX),
+            last_error_ns: AtomicU64::new(0),
+        })
+    }
+
+    fn error(&self, start: Instant, began: Instant) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.first_error_ns
+            .fetch_min((began - start).as_nanos() as u64, Ordering::Relaxed);
+        self.last_error_ns
+            .fetch_max(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn report(&self, elapsed: Duration) -> BenchReport {
+        let errors = self.errors.load(Ordering::Relaxed);
+        BenchReport {
+            ids: self.ids.load(Ordering::Relaxed),
+            errors,
+            elapsed,
+            error_window: if errors == 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_nanos(
+                    self.last_error_ns
+                        .load(Ordering::Relaxed)
+                        .saturating_sub(self.first_error_ns.load(Ordering::Relaxed)),
+                )
+            },
+        }
+    }
+}
+
+/// `tasks` callers of `client.next_n(sequence, batch)` for `duration`.
+pub async fn bench_client(
+    client: &TicketClient,
+    sequence: &str,
+    tasks: usize,
+    batch: usize,
+    duration: Duration,
+) -> Result<BenchReport, TicketError> {
+    // Unknown sequences and bad counts fail here, not as bench errors.
+    client.next_n(sequence, batch).await?;
+    let tally = Tally::new();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (client, tally, sequence) = (client.clone(), tally.clone(), sequence.to_string());
+        handles.push(tokio::spawn(async move {
+            while start.elapsed() < duration {
+                let began = Instant::now();
+                match client.next_n(&sequence, batch).await {
+                    Ok(ids) => {
+                        tally.ids.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "bench call failed");
+                        tally.error(start, began);
+                    }
+                }
+            }
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    Ok(tally.report(start.elapsed()))
+}
+
+/// The bare loop the per-id mode is compared with: each task keeps one
+/// connection to one server (task `i` to server `i mod N`) and runs
+/// MariaDB's `REPLACE INTO … ('a')` reading the OK packet's id, or
+/// PostgreSQL's `nextval` (prepared), with no failover, checks or marks.
+pub async fn bench_bare(
+    config: &Config,
+    sequence: &str,
+    tasks: usize,
+    duration: Duration,
+) -> Result<BenchReport, TicketError> {
+    let (_, seq) = config
+        .sequence(sequence)
+        .ok_or_else(|| TicketError::UnknownSequence(sequence.to_string()))?;
+    let table = seq.table();
+    let tally = Tally::new();
+    let mut handles = Vec::new();
+    let start = Instant::now();
+    for i in 0..tasks {
+        let server = config.servers[i % config.servers.len()].clone();
+        let (increment, tally, table) = (config.increment, tally.clone(), table.clone());
+        let pg_sequence = config.postgres_tickets == crate::PgTickets::Sequence;
+        handles.push(tokio::spawn(async move {
+            let name = server.name.clone();
+            match server.kind {
+                Kind::Mariadb => {
+                    let opts = mysql_async::Opts::from_url(&server.url)
+                        .map_err(|e| TicketError::db(&name, "url", e))?;
+                    let mut conn = mysql_async::Conn::new(opts)
+                        .await
+                        .map_err(|e| TicketError::db(&name, "connect", e))?;
+                    conn.query_drop(format!(
+                        "SET SESSION auto_increment_increment = {increment}, auto_increment_offset = {}",
+                        server.offset
+                    ))
+                    .await
+                    .map_err(|e| TicketError::db(&name, "set", e))?;
+                    let sql = format!("REPLACE INTO {table} (stub) VALUES ('a')");
+                    while start.elapsed() < duration {
+                        let began = Instant::now();
+                        match conn.query_drop(&sql).await {
+                            Ok(()) if conn.last_insert_id().is_some() => {
+                                tally.ids.fetch_add(1, Ordering::Relaxed);
+                            }
+                            _ => tally.error(start, began),
+                        }
+                    }
+                }
+                Kind::Postgres => {
+                    let (client, connection) = tokio_postgres::connect(&server.url, tokio_postgres::NoTls)
+                        .await
+                        .map_err(|e| TicketError::db(&name, "connect", e))?;
+                    tokio::spawn(connection);
+                    let sql = if pg_sequence {
+                        format!("SELECT nextval('{table}')")
+                    } else {
+                        format!(
+                            "INSERT INTO {table} AS t (stub, id) VALUES ('a', {}) ON CONFLICT (stub) DO UPDATE SET id = t.id + {increment} RETURNING id",
+                            server.offset
+                        )
+                    };
+                    let statement = client
+                        .prepare(&sql)
+                        .await
+                        .map_err(|e| TicketError::db(&name, "prepare", e))?;
+                    while start.elapsed() < duration {
+                        let began = Instant::now();
+                        match client.query_one(&statement, &[]).await {
+                            Ok(_) => {
+                                tally.ids.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(_) => tally.error(start, began),
+                        }
+                    }
+                }
+            }
+            Ok::<(), TicketError>(())
+        }));
+    }
+    for h in handles {
+        if let Ok(Err(e)) = h.await {
+            return Err(e);
+        }
+    }
+    Ok(tally.report(start.elapsed()))
+}

@@ -1,0 +1,524 @@
+//! [`TicketClient`]: the async API the CLI and the service call. Per-id
+//! sequences make one round trip per id to the servers in turn; segment
+//! sequences are served from the double buffer of [`crate::segment`].
+//! Background tasks: a prober that takes failed servers back, a writer of
+//! high-water marks, and the segment prefetches. They stop when the last
+//! clone of the client is dropped.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use tokio::task::JoinHandle;
+
+use crate::config::{Config, Mode};
+use crate::error::{ServerFailure, TicketError};
+use crate::failover::{Health, Op, Outcome, Server, ServerMetrics};
+use crate::high_water::{HighWaterStore, PeersStore};
+use crate::segment::{Block, SegmentSequence, Take, adapt};
+
+/// The most ids one [`TicketClient::next_n`] call returns.
+pub const MAX_COUNT: usize = 100_000;
+
+pub(crate) struct Inner {
+    pub config: Config,
+    pub servers: Vec<Server>,
+    pub store: Arc<dyn HighWaterStore>,
+    /// Per sequence: its buffers in segment mode.
+    pub segments: Vec<Option<SegmentSequence>>,
+    next_server: AtomicUsize,
+    /// Wakes the high-water writer (a block boundary).
+    record_now: Arc<tokio::sync::Notify>,
+}
+
+struct Tasks(Vec<JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// A client of the ticket servers of one configuration. Cheap to clone;
+/// must be created inside a tokio runtime.
+#[derive(Clone)]
+pub struct TicketClient {
+    inner: Arc<Inner>,
+    _tasks: Arc<Tasks>,
+}
+
+/// What [`TicketClient::shutdown`] did with the segment blocks it held.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Ids given back to their server (compare-and-set succeeded).
+    pub returned_ids: u64,
+    /// Ids reserved and never handed out nor returned.
+    pub skipped_ids: u64,
+}
+
+impl TicketClient {
+    /// Connects to every server with the high-water marks kept in the peers
+    /// ([`PeersStore`]). Servers that cannot be used now are marked down or
+    /// refused (and probed); an error only when none can be used.
+    pub async fn connect(config: Config) -> Result<TicketClient, TicketError> {
+        let store = Arc::new(PeersStore::new(config.clone()));
+        TicketClient::connect_with_store(config, store).await
+    }
+
+    /// [`TicketClient::connect`] with another high-water store.
+    pub async fn connect_with_store(
+        config: Config,
+        store: Arc<dyn HighWaterStore>,
+    ) -> Result<TicketClient, TicketError> {
+        let servers: Vec<Server> = (0..config.servers.len())
+            .map(|i| Server::new(&config, i))
+            .collect();
+        let segments = config
+            .sequences
+            .iter()
+            .map(|q| (q.mode == Mode::Segment).then(|| SegmentSequence::new(&config, q.start)))
+            .collect();
+        let inner = Arc::new(Inner {
+            config,
+            servers,
+            store,
+            segments,
+            next_server: AtomicUsize::new(0),
+            record_now: Arc::new(tokio::sync::Notify::new()),
+        });
+        let mut failures = Vec::new();
+        for server in &inner.servers {
+            match probe(&inner, server).await {
+                Ok(()) => {}
+                Err(e) => failures.push(ServerFailure {
+                    server: server.config.name.clone(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        if failures.len() == inner.servers.len() {
+            return Err(TicketError::Unavailable {
+                sequence: "*".into(),
+                failures,
+            });
+        }
+        let weak = Arc::downgrade(&inner);
+        let tasks = vec![
+            tokio::spawn(prober(weak.clone())),
+            tokio::spawn(recorder(weak)),
+        ];
+        Ok(TicketClient {
+            inner,
+            _tasks: Arc::new(Tasks(tasks)),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// One id of `sequence`.
+    pub async fn next(&self, sequence: &str) -> Result<u64, TicketError> {
+        let (index, mode) = self.lookup(sequence)?;
+        match mode {
+            Mode::PerId => self.inner.ticket(index).await,
+            Mode::Segment => Ok(self.inner.take(index, 1).await?[0]),
+        }
+    }
+
+    /// `count` ids of `sequence` (1..=[`MAX_COUNT`]), increasing in segment mode.
+    pub async fn next_n(&self, sequence: &str, count: usize) -> Result<Vec<u64>, TicketError> {
+        let (index, mode) = self.lookup(sequence)?;
+        if count == 0 || count > MAX_COUNT {
+            return Err(TicketError::BadCount {
+                count,
+                max: MAX_COUNT,
+            });
+        }
+        match mode {
+            Mode::PerId => {
+                let mut ids = Vec::with_capacity(count);
+                for _ in 0..count {
+                    ids.push(self.inner.ticket(index).await?);
+                }
+                Ok(ids)
+            }
+            Mode::Segment => self.inner.take(index, count).await,
+        }
+    }
+
+    fn lookup(&self, sequence: &str) -> Result<(usize, Mode), TicketError> {
+        self.inner
+            .config
+            .sequence(sequence)
+            .map(|(i, q)| (i, q.mode))
+            .ok_or_else(|| TicketError::UnknownSequence(sequence.to_string()))
+    }
+
+    /// Each server's state and counters.
+    pub fn metrics(&self) -> Vec<ServerMetrics> {
+        self.inner.servers.iter().map(Server::metrics).collect()
+    }
+
+    /// Writes the high-water marks now (they are also written every
+    /// `high_water_interval_ms`).
+    pub async fn record_high_water(&self) -> Result<(), TicketError> {
+        self.inner.record().await
+    }
+
+    /// Gives back the unused tails of the segment blocks (compare-and-set),
+    /// writes the high-water marks, and stops fetching. Later segment calls
+    /// fail with `unavailable`.
+    pub async fn shutdown(&self) -> ShutdownReport {
+        let mut report = ShutdownReport::default();
+        for (index, segment) in self.inner.segments.iter().enumerate() {
+            let Some(segment) = segment else { continue };
+            // A fetch under way lands in `next` first, to be given back too.
+            let deadline = Instant::now() + self.inner.config.failover.timeout();
+            let (current, next) = loop {
+                let fetched = segment.fetched.notified();
+                {
+                    let Ok(mut b) = segment.buffers.lock() else {
+                        break (None, None);
+                    };
+                    b.closed = true;
+                    if !b.fetching || Instant::now() >= deadline {
+                        break (b.current.take(), b.next.take());
+                    }
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                let _ = tokio::time::timeout(left, fetched).await;
+            };
+            // The later block first: if both came from one server, the
+            // earlier one's compare-and-set then finds its own row again.
+            for block in [next, current].into_iter().flatten() {
+                let server = &self.inner.servers[block.server];
+                let unused = block.size - block.taken;
+                let lost = block.lost_on_give_back();
+                let op = Op::GiveBack {
+                    index,
+                    expected: block.row,
+                    to: block.give_back_to(),
+                };
+                let timeout = self.inner.config.failover.attempt_timeout();
+                let given_back = matches!(
+                    tokio::time::timeout(
+                        timeout,
+                        server.run(&self.inner.config, &*self.inner.store, op)
+                    )
+                    .await,
+                    Ok(Ok(Outcome::Done(true)))
+                );
+                let skipped = if given_back { lost } else { unused };
+                report.returned_ids += unused - skipped;
+                report.skipped_ids += skipped;
+                server.skipped.fetch_add(skipped, Ordering::Relaxed);
+            }
+        }
+        if let Err(e) = self.inner.record().await {
+            tracing::warn!(error = %e, "could not write the high-water marks at shutdown");
+        }
+        report
+    }
+}
+
+/// Connects a fresh, checked session to `server` and marks it up, or
+/// marks why not.
+async fn probe(inner: &Inner, server: &Server) -> Result<(), TicketError> {
+    let timeout = inner.config.failover.attempt_timeout();
+    let opened = tokio::time::timeout(timeout, server.open(&inner.config, &*inner.store))
+        .await
+        .unwrap_or_else(|_| {
+            Err(TicketError::Timeout {
+                server: server.config.name.clone(),
+                context: "connect".into(),
+                ms: timeout.as_millis() as u64,
+            })
+        });
+    match opened {
+        Ok(session) => {
+            server.adopt(session).await;
+            server.mark_up();
+            Ok(())
+        }
+        Err(e) => {
+            server.mark_failed(&e);
+            Err(e)
+        }
+    }
+}
+
+/// Takes failed servers back once a fresh session passes the checks.
+async fn prober(inner: Weak<Inner>) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let interval = strong.config.failover.probe_interval();
+        for server in &strong.servers {
+            if server.health() != Health::Up {
+                let _ = probe(&strong, server).await;
+            }
+        }
+        drop(strong);
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// Writes high-water marks every interval, and at once when a block boundary asks.
+async fn recorder(inner: Weak<Inner>) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let interval = strong.config.failover.high_water_interval();
+        if let Err(e) = strong.record().await {
+            tracing::debug!(error = %e, "high-water marks not written");
+        }
+        let wake = Arc::clone(&strong.record_now);
+        drop(strong);
+        let _ = tokio::time::timeout(interval, wake.notified()).await;
+    }
+}
+
+impl Inner {
+    /// Writes every mark that rose since it was last written.
+    async fn record(&self) -> Result<(), TicketError> {
+        let mut result = Ok(());
+        for server in &self.servers {
+            let marks: Vec<(String, u64)> = self
+                .config
+                .sequences
+                .iter()
+                .enumerate()
+                .filter_map(|(i, q)| {
+                    let hw = server.high_water[i].load(Ordering::Relaxed);
+                    (hw > server.recorded[i].load(Ordering::Relaxed)).then(|| (q.name.clone(), hw))
+                })
+                .collect();
+            if marks.is_empty() {
+                continue;
+            }
+            match self.store.record(&server.config.name, &marks).await {
+                Ok(()) => {
+                    for (i, q) in self.config.sequences.iter().enumerate() {
+                        if let Some((_, hw)) = marks.iter().find(|(name, _)| *name == q.name) {
+                            server.recorded[i].fetch_max(*hw, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Err(e) => result = Err(e),
+            }
+        }
+        result
+    }
+
+    /// Runs `op` on the servers in turn until one answers, within the
+    /// call's timeout.
+    async fn failover(
+        &self,
+        index: usize,
+        op: impl Fn(&Server) -> Op,
+    ) -> Result<(usize, Outcome), TicketError> {
+        let f = &self.config.failover;
+        let deadline = Instant::now() + f.timeout();
+        let n = self.servers.len();
+        let first = self.next_server.fetch_add(1, Ordering::Relaxed);
+        let mut failures = Vec::new();
+        let mut exhausted = None;
+        // First the servers that are up, in turn; then, if none answered,
+        // those marked down (not those refused): a breaker that is open on
+        // every server must not fail calls without trying.
+        let order = || (0..n).map(|k| &self.servers[(first + k) % n]);
+        for server in order() {
+            if let Health::Refused(e) = server.health() {
+                failures.push(ServerFailure {
+                    server: server.config.name.clone(),
+                    reason: format!("refused: {e}"),
+                });
+            }
+        }
+        let up = order().filter(|s| s.health() == Health::Up);
+        let down = order().filter(|s| matches!(s.health(), Health::Down(_)));
+        for server in up.chain(down) {
+            let name = &server.config.name;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let budget = left.min(f.attempt_timeout());
+            let result =
+                tokio::time::timeout(budget, server.run(&self.config, &*self.store, op(server)))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(TicketError::Timeout {
+                            server: name.clone(),
+                            context: "call".into(),
+                            ms: budget.as_millis() as u64,
+                        })
+                    });
+            match result {
+                Ok(outcome) => {
+                    server.mark_up();
+                    return Ok((server.index, outcome));
+                }
+                Err(e @ TicketError::Exhausted { .. }) => {
+                    failures.push(ServerFailure {
+                        server: name.clone(),
+                        reason: e.to_string(),
+                    });
+                    exhausted = Some(e);
+                }
+                Err(e) => {
+                    server.failed(&e);
+                    failures.push(ServerFailure {
+                        server: name.clone(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        Err(exhausted.unwrap_or_else(|| TicketError::Unavailable {
+            sequence: self.config.sequences[index].name.clone(),
+            failures,
+        }))
+    }
+
+    /// One per-id ticket.
+    async fn ticket(&self, index: usize) -> Result<u64, TicketError> {
+        match self.failover(index, |_| Op::Ticket(index)).await? {
+            (server, Outcome::Id(id)) => {
+                self.servers[server].note_high_water(index, id);
+                Ok(id)
+            }
+            _ => Err(TicketError::db("*", "ticket", "unexpected answer")),
+        }
+    }
+
+    /// `count` ids from the segment buffers of sequence `index`.
+    async fn take(self: &Arc<Self>, index: usize, count: usize) -> Result<Vec<u64>, TicketError> {
+        let seq = &self.config.sequences[index];
+        let segment = self.segments[index]
+            .as_ref()
+            .ok_or_else(|| TicketError::UnknownSequence(seq.name.clone()))?;
+        // Served from memory, a call completes without awaiting anything:
+        // spend tokio's cooperative budget so that a caller in a loop still
+        // lets the fetches, timers and other tasks on its worker run.
+        tokio::task::consume_budget().await;
+        let deadline = Instant::now() + self.config.failover.timeout();
+        let mut ids = Vec::with_capacity(count);
+        loop {
+            let notified = segment.fetched.notified();
+            {
+                let mut b = segment
+                    .buffers
+                    .lock()
+                    .map_err(|_| TicketError::db("*", "segment", "poisoned lock"))?;
+                if b.closed {
+                    return Err(TicketError::Unavailable {
+                        sequence: seq.name.clone(),
+                        failures: vec![],
+                    });
+                }
+                loop {
+                    if let Some(block) = b.current.as_mut() {
+                        while ids.len() < count {
+                            match block.take() {
+                                Take::Id(id, entered) => {
+                                    ids.push(id);
+                                    if let Some(end) = entered {
+                                        self.servers[block.server]
+                                            .note_high_water(index, end.max(0) as u64);
+                                    }
+                                }
+                                Take::Empty => break,
+                                Take::Exhausted => {
+                                    return Err(TicketError::Exhausted {
+                                        sequence: seq.name.clone(),
+                                        max: seq.max_id(),
+                                    });
+                                }
+                            }
+                        }
+                        let prefetch = block.used_share() >= self.config.segment.prefetch_at;
+                        if prefetch && b.next.is_none() && !b.fetching {
+                            self.start_fetch(index, &mut b);
+                        }
+                    }
+                    if ids.len() == count {
+                        return Ok(ids);
+                    }
+                    // The current block is used up.
+                    if let Some(next) = b.next.take() {
+                        b.current = Some(next);
+                        self.record_now.notify_one();
+                        continue;
+                    }
+                    if let Some(e) = b.failure.take() {
+                        return Err(e);
+                    }
+                    if !b.fetching {
+                        self.start_fetch(index, &mut b);
+                    }
+                    break;
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, notified).await.is_err() {
+                return Err(TicketError::Unavailable {
+                    sequence: seq.name.clone(),
+                    failures: vec![],
+                });
+            }
+        }
+    }
+
+    /// Starts a background reservation of the next block.
+    fn start_fetch(self: &Arc<Self>, index: usize, b: &mut crate::segment::Buffers) {
+        b.fetching = true;
+        let now = Instant::now();
+        b.chunks = adapt(&self.config, b.chunks, b.last_fetch.map(|t| now - t));
+        b.last_fetch = Some(now);
+        let (chunks, floor) = (b.chunks, b.floor);
+        let inner = Arc::clone(self);
+        tokio::spawn(async move {
+            let result = inner
+                .failover(index, |server| Op::Reserve {
+                    index,
+                    floor: server.lattice.row_above(floor),
+                    step: chunks * server.lattice.stride(),
+                })
+                .await;
+            let Some(segment) = inner.segments[index].as_ref() else {
+                return;
+            };
+            if let Ok(mut b) = segment.buffers.lock() {
+                b.fetching = false;
+                match result {
+                    Ok((server, Outcome::Row(row))) => {
+                        let lattice = inner.servers[server].lattice;
+                        let block = Block::new(
+                            server,
+                            row,
+                            chunks,
+                            lattice,
+                            inner.config.sequences[index].max_id(),
+                        );
+                        b.floor = b.floor.max(block.end());
+                        if b.current.is_none() {
+                            b.current = Some(block);
+                        } else {
+                            b.next = Some(block);
+                        }
+                    }
+                    Ok(_) => b.failure = Some(TicketError::db("*", "reserve", "unexpected answer")),
+                    Err(e) => b.failure = Some(e),
+                }
+            }
+            segment.fetched.notify_waiters();
+        });
+    }
+}

@@ -1,0 +1,603 @@
+//! The TOML file that names the ticket servers, their offsets and the
+//! sequences, validated into a [`Config`] with typed errors.
+//!
+//! ```toml
+//! # increment = 2            # default: the number of servers
+//! [[servers]]
+//! name = "t1"
+//! kind = "mariadb"           # or "postgres"
+//! url = "mysql://root@127.0.0.1:3306/app"
+//! offset = 1
+//!
+//! [[servers]]
+//! name = "t2"
+//! kind = "mariadb"
+//! url = "mysql://root@127.0.0.1:3307/app"
+//! offset = 2
+//!
+//! [[sequences]]
+//! name = "photos"            # table tickets_photos
+//! bits = 64                  # or 32
+//! mode = "per-id"            # or "segment"
+//! ```
+//!
+//! Server `j` with offset `o_j` hands out only ids `≡ o_j (mod increment)`
+//! (per-id mode) or only its own residue class of blocks (segment mode, see
+//! [`crate::segment`]). The offsets must be distinct and in `1..=increment`;
+//! neither the offsets, the increment nor the segment `chunk` may change on a
+//! deployment that has handed out ids.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The largest id of a 32-bit sequence (`int unsigned`).
+pub const MAX_32: u64 = u32::MAX as u64;
+/// The largest id of a 64-bit sequence: `i64::MAX`, since PostgreSQL's
+/// `bigint` and the segment rows are signed.
+pub const MAX_64: u64 = i64::MAX as u64;
+
+/// A bad configuration file; every message names the offending entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {message}")]
+    Read {
+        /// The path.
+        path: String,
+        /// The OS error.
+        message: String,
+    },
+    /// Not TOML, an unknown key, or a value of the wrong type (the message
+    /// carries the line and column).
+    #[error("bad tickets configuration: {0}")]
+    Toml(String),
+    /// No `[[servers]]`.
+    #[error("no [[servers]]: name at least one ticket server")]
+    NoServers,
+    /// No `[[sequences]]`.
+    #[error("no [[sequences]]: name at least one sequence")]
+    NoSequences,
+    /// A server or sequence name that is not `[a-z_][a-z0-9_]*`, 1 to 48 characters.
+    #[error("{what} name {name:?} is not [a-z_][a-z0-9_]* (1 to 48 characters)")]
+    BadName {
+        /// `server` or `sequence`.
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// Two servers with one name.
+    #[error("two servers are named {0:?}")]
+    DuplicateServer(String),
+    /// Two sequences with one name.
+    #[error("two sequences are named {0:?}")]
+    DuplicateSequence(String),
+    /// Two servers with one offset would hand out the same ids.
+    #[error(
+        "servers {first:?} and {second:?} share offset {offset}: they would hand out the same ids"
+    )]
+    DuplicateOffset {
+        /// The shared offset.
+        offset: u64,
+        /// The first server.
+        first: String,
+        /// The second server.
+        second: String,
+    },
+    /// An offset outside `1..=increment`.
+    #[error("server {server:?}: offset {offset} is not in 1..={increment}")]
+    OffsetOutOfRange {
+        /// The server.
+        server: String,
+        /// Its offset.
+        offset: u64,
+        /// The increment.
+        increment: u64,
+    },
+    /// An increment below the number of servers or above MariaDB's 65535.
+    #[error("increment {increment} must be in {servers}..=65535 (the number of servers and up)")]
+    BadIncrement {
+        /// The increment.
+        increment: u64,
+        /// The number of servers.
+        servers: usize,
+    },
+    /// A server URL whose scheme does not match its kind.
+    #[error("server {server:?}: url must start with {expected} for kind {kind}")]
+    BadUrl {
+        /// The server.
+        server: String,
+        /// `mysql://` or `postgres://`.
+        expected: &'static str,
+        /// The kind.
+        kind: &'static str,
+    },
+    /// Bits other than 32 or 64.
+    #[error("sequence {sequence:?}: bits must be 32 or 64, not {bits}")]
+    BadBits {
+        /// The sequence.
+        sequence: String,
+        /// The bits given.
+        bits: u32,
+    },
+    /// A start value of 0 or past the sequence's maximum.
+    #[error("sequence {sequence:?}: start {start} is not in 1..={max}")]
+    BadStart {
+        /// The sequence.
+        sequence: String,
+        /// The start value.
+        start: u64,
+        /// The sequence's maximum.
+        max: u64,
+    },
+    /// Inconsistent `[segment]` or `[failover]` settings.
+    #[error("{0}")]
+    Bad(String),
+}
+
+/// The database behind a ticket server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// MariaDB (or MySQL): Flickr's `REPLACE INTO` table.
+    Mariadb,
+    /// PostgreSQL: a sequence or Flickr's table, see [`PgTickets`].
+    Postgres,
+}
+
+impl Kind {
+    /// `mariadb` or `postgres`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Mariadb => "mariadb",
+            Kind::Postgres => "postgres",
+        }
+    }
+}
+
+/// How a PostgreSQL server keeps a per-id ticket sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PgTickets {
+    /// `CREATE SEQUENCE … INCREMENT BY n START WITH k NO CYCLE`, one
+    /// `nextval` per id (the default: measured faster, see `docs/BENCHMARKS.md`).
+    #[default]
+    Sequence,
+    /// Flickr's table, `INSERT … ON CONFLICT (stub) DO UPDATE SET id = id + n RETURNING id`.
+    Table,
+}
+
+/// How a sequence hands out ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// One database round trip per id (Flickr).
+    #[default]
+    PerId,
+    /// Blocks reserved in one round trip, served from memory (Leaf-segment).
+    Segment,
+}
+
+/// One ticket server.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Its name in errors, metrics and the high-water table.
+    pub name: String,
+    /// MariaDB or PostgreSQL.
+    pub kind: Kind,
+    /// `mysql://user@host:port/db` or `postgres://user@host:port/db`.
+    pub url: String,
+    /// Its residue: it hands out ids `≡ offset (mod increment)`, 1-based.
+    pub offset: u64,
+    /// Connections the client keeps to it (default 4).
+    #[serde(default = "default_connections")]
+    pub connections: usize,
+}
+
+fn default_connections() -> usize {
+    4
+}
+
+/// One ticket sequence (a table per sequence, as Flickr's photos, accounts, …).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SequenceConfig {
+    /// Its name: table `tickets_<name>`, segment row `<name>`.
+    pub name: String,
+    /// 32 (`int unsigned`, up to 4,294,967,295) or 64 (up to `i64::MAX`).
+    #[serde(default = "default_bits")]
+    pub bits: u32,
+    /// Per-id or segment.
+    #[serde(default)]
+    pub mode: Mode,
+    /// The smallest id `init` lets it hand out (default 1).
+    #[serde(default = "default_start")]
+    pub start: u64,
+}
+
+fn default_bits() -> u32 {
+    64
+}
+
+fn default_start() -> u64 {
+    1
+}
+
+impl SequenceConfig {
+    /// Its largest id.
+    pub fn max_id(&self) -> u64 {
+        if self.bits == 32 { MAX_32 } else { MAX_64 }
+    }
+
+    /// Its per-id table (MariaDB, PostgreSQL table style) or sequence.
+    pub fn table(&self) -> String {
+        format!("tickets_{}", self.name)
+    }
+}
+
+/// Timeouts and probing.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailoverConfig {
+    /// One attempt on one server (connect included), in ms (default 500).
+    pub attempt_timeout_ms: u64,
+    /// One call, all failovers included, in ms (default 2000): after it the
+    /// caller gets `unavailable`.
+    pub timeout_ms: u64,
+    /// How often a server that is down (or refused) is probed, in ms (default 200).
+    pub probe_interval_ms: u64,
+    /// How often high-water marks are written to the peers, in ms (default 100).
+    pub high_water_interval_ms: u64,
+}
+
+impl Default for FailoverConfig {
+    fn default() -> Self {
+        FailoverConfig {
+            attempt_timeout_ms: 500,
+            timeout_ms: 2000,
+            probe_interval_ms: 200,
+            high_water_interval_ms: 100,
+        }
+    }
+}
+
+impl FailoverConfig {
+    /// [`FailoverConfig::attempt_timeout_ms`].
+    pub fn attempt_timeout(&self) -> Duration {
+        Duration::from_millis(self.attempt_timeout_ms)
+    }
+    /// [`FailoverConfig::timeout_ms`].
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+    /// [`FailoverConfig::probe_interval_ms`].
+    pub fn probe_interval(&self) -> Duration {
+        Duration::from_millis(self.probe_interval_ms)
+    }
+    /// [`FailoverConfig::high_water_interval_ms`].
+    pub fn high_water_interval(&self) -> Duration {
+        Duration::from_millis(self.high_water_interval_ms)
+    }
+}
+
+/// Segment mode (Leaf-segment) settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SegmentConfig {
+    /// Ids per chunk: the unit of the residue classes and of a give-back
+    /// (default 100). Never change it on a deployment that has handed out ids.
+    pub chunk: u64,
+    /// Smallest block, in ids (a multiple of `chunk`; default 1000).
+    pub min_step: u64,
+    /// Largest block, in ids (a multiple of `chunk`; default 1,000,000).
+    pub max_step: u64,
+    /// Share of the current block used when the next is fetched (default 0.1, as Leaf).
+    pub prefetch_at: f64,
+    /// The step doubles when a block lasted less than half this, halves when
+    /// it lasted more than twice this, in ms (default 10,000).
+    pub target_block_ms: u64,
+}
+
+impl Default for SegmentConfig {
+    fn default() -> Self {
+        SegmentConfig {
+            chunk: 100,
+            min_step: 1000,
+            max_step: 1_000_000,
+            prefetch_at: 0.1,
+            target_block_ms: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    increment: Option<u64>,
+    #[serde(default)]
+    postgres_tickets: PgTickets,
+    #[serde(default)]
+    failover: FailoverConfig,
+    #[serde(default)]
+    segment: SegmentConfig,
+    #[serde(default)]
+    servers: Vec<ServerConfig>,
+    #[serde(default)]
+    sequences: Vec<SequenceConfig>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The step between a server's ids (default: the number of servers).
+    pub increment: u64,
+    /// How PostgreSQL servers keep per-id sequences.
+    pub postgres_tickets: PgTickets,
+    /// Timeouts and probing.
+    pub failover: FailoverConfig,
+    /// Segment mode settings.
+    pub segment: SegmentConfig,
+    /// The servers, in file order.
+    pub servers: Vec<ServerConfig>,
+    /// The sequences, in file order.
+    pub sequences: Vec<SequenceConfig>,
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    (1..=48).contains(&name.len())
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+impl Config {
+    /// Reads and validates a file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Config::parse(&text)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Toml(e.to_string()))?;
+        if raw.servers.is_empty() {
+            return Err(ConfigError::NoServers);
+        }
+        if raw.sequences.is_empty() {
+            return Err(ConfigError::NoSequences);
+        }
+        let increment = raw.increment.unwrap_or(raw.servers.len() as u64);
+        if increment < raw.servers.len() as u64 || increment > 65535 {
+            return Err(ConfigError::BadIncrement {
+                increment,
+                servers: raw.servers.len(),
+            });
+        }
+        let mut names = HashSet::new();
+        for (i, s) in raw.servers.iter().enumerate() {
+            if !valid_name(&s.name) {
+                return Err(ConfigError::BadName {
+                    what: "server",
+                    name: s.name.clone(),
+                });
+            }
+            if !names.insert(s.name.as_str()) {
+                return Err(ConfigError::DuplicateServer(s.name.clone()));
+            }
+            if s.offset == 0 || s.offset > increment {
+                return Err(ConfigError::OffsetOutOfRange {
+                    server: s.name.clone(),
+                    offset: s.offset,
+                    increment,
+                });
+            }
+            if let Some(first) = raw.servers[..i].iter().find(|o| o.offset == s.offset) {
+                return Err(ConfigError::DuplicateOffset {
+                    offset: s.offset,
+                    first: first.name.clone(),
+                    second: s.name.clone(),
+                });
+            }
+            let expected = match s.kind {
+                Kind::Mariadb => "mysql://",
+                Kind::Postgres => "postgres://",
+            };
+            let postgresql = s.kind == Kind::Postgres && s.url.starts_with("postgresql://");
+            if !s.url.starts_with(expected) && !postgresql {
+                return Err(ConfigError::BadUrl {
+                    server: s.name.clone(),
+                    expected,
+                    kind: s.kind.as_str(),
+                });
+            }
+            if s.connections == 0 || s.connections > 64 {
+                return Err(ConfigError::Bad(format!(
+                    "server {:?}: connections must be in 1..=64",
+                    s.name
+                )));
+            }
+        }
+        let mut names = HashSet::new();
+        for q in &raw.sequences {
+            if !valid_name(&q.name) {
+                return Err(ConfigError::BadName {
+                    what: "sequence",
+                    name: q.name.clone(),
+                });
+            }
+            if !names.insert(q.name.as_str()) {
+                return Err(ConfigError::DuplicateSequence(q.name.clone()));
+            }
+            if q.bits != 32 && q.bits != 64 {
+                return Err(ConfigError::BadBits {
+                    sequence: q.name.clone(),
+                    bits: q.bits,
+                });
+            }
+            if q.start == 0 || q.start > q.max_id() {
+                return Err(ConfigError::BadStart {
+                    sequence: q.name.clone(),
+                    start: q.start,
+                    max: q.max_id(),
+                });
+            }
+        }
+        let seg = &raw.segment;
+        if seg.chunk == 0
+            || seg.min_step == 0
+            || !seg.min_step.is_multiple_of(seg.chunk)
+            || !seg.max_step.is_multiple_of(seg.chunk)
+            || seg.min_step > seg.max_step
+            || seg.max_step > 1 << 40
+        {
+            return Err(ConfigError::Bad(format!(
+                "[segment]: need 0 < min_step <= max_step <= 2^40, both multiples of chunk ({}); got min_step {}, max_step {}",
+                seg.chunk, seg.min_step, seg.max_step
+            )));
+        }
+        if !(seg.prefetch_at > 0.0 && seg.prefetch_at < 1.0) {
+            return Err(ConfigError::Bad(format!(
+                "[segment]: prefetch_at must be in (0, 1), not {}",
+                seg.prefetch_at
+            )));
+        }
+        let f = &raw.failover;
+        if f.attempt_timeout_ms == 0 || f.timeout_ms == 0 || f.probe_interval_ms == 0 {
+            return Err(ConfigError::Bad(
+                "[failover]: timeouts and intervals must be above 0 ms".into(),
+            ));
+        }
+        Ok(Config {
+            increment,
+            postgres_tickets: raw.postgres_tickets,
+            failover: raw.failover,
+            segment: raw.segment,
+            servers: raw.servers,
+            sequences: raw.sequences,
+        })
+    }
+
+    /// The sequence named `name`, with its index.
+    pub fn sequence(&self, name: &str) -> Option<(usize, &SequenceConfig)> {
+        self.sequences
+            .iter()
+            .enumerate()
+            .find(|(_, q)| q.name == name)
+    }
+}
+
+/// The smallest value `>= from` that is `≡ offset (mod increment)`.
+pub(crate) fn first_of_residue(from: u64, offset: u64, increment: u64) -> u64 {
+    let r = offset % increment;
+    let m = from % increment;
+    from + (r + increment - m) % increment
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAIR: &str = r#"
+        [[servers]]
+        name = "a"
+        kind = "mariadb"
+        url = "mysql://root@127.0.0.1:1/app"
+        offset = 1
+        [[servers]]
+        name = "b"
+        kind = "postgres"
+        url = "postgres://postgres@127.0.0.1:2/postgres"
+        offset = 2
+        [[sequences]]
+        name = "photos"
+        [[sequences]]
+        name = "small"
+        bits = 32
+        mode = "segment"
+    "#;
+
+    #[test]
+    fn a_pair_parses_with_defaults() {
+        let c = Config::parse(PAIR).unwrap();
+        assert_eq!(c.increment, 2);
+        assert_eq!(c.servers[1].kind, Kind::Postgres);
+        assert_eq!(c.sequences[0].bits, 64);
+        assert_eq!(c.sequences[0].mode, Mode::PerId);
+        assert_eq!(c.sequences[1].mode, Mode::Segment);
+        assert_eq!(c.sequences[1].max_id(), 4_294_967_295);
+        assert_eq!(c.postgres_tickets, PgTickets::Sequence);
+        assert_eq!(c.sequence("small").unwrap().0, 1);
+    }
+
+    #[test]
+    fn malformed_toml_names_the_line() {
+        let e = Config::parse("[[servers]\nname = 1").unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Toml(m) if m.contains("line 1")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e = Config::parse(&PAIR.replace("offset = 2", "offset = 2\nofset = 3")).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Toml(m) if m.contains("ofset")),
+            "{e}"
+        );
+        let e = Config::parse(&format!("colour = 1\n{PAIR}")).unwrap_err();
+        assert!(e.to_string().contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_offsets_are_refused() {
+        let e = Config::parse(&PAIR.replace("offset = 2", "offset = 1")).unwrap_err();
+        assert_eq!(
+            e,
+            ConfigError::DuplicateOffset {
+                offset: 1,
+                first: "a".into(),
+                second: "b".into()
+            }
+        );
+        assert!(e.to_string().contains("share offset 1"));
+    }
+
+    #[test]
+    fn other_mistakes_are_typed() {
+        let e = Config::parse(&PAIR.replace("bits = 32", "bits = 16")).unwrap_err();
+        assert!(matches!(e, ConfigError::BadBits { bits: 16, .. }));
+        let e = Config::parse(&format!("increment = 1\n{PAIR}")).unwrap_err();
+        assert!(matches!(e, ConfigError::BadIncrement { .. }));
+        let e = Config::parse(&PAIR.replace("offset = 2", "offset = 3")).unwrap_err();
+        assert!(matches!(e, ConfigError::OffsetOutOfRange { offset: 3, .. }));
+        let e = Config::parse(&PAIR.replace("\"photos\"", "\"Photos\"")).unwrap_err();
+        assert!(matches!(e, ConfigError::BadName { .. }));
+        let e = Config::parse(&PAIR.replace("mysql://", "http://")).unwrap_err();
+        assert!(matches!(e, ConfigError::BadUrl { .. }));
+        let e = Config::parse(&format!("[segment]\nmin_step = 1550\n{PAIR}")).unwrap_err();
+        assert!(matches!(e, ConfigError::Bad(_)));
+        let e =
+            Config::parse(&PAIR.replace("bits = 32", "bits = 32\nstart = 4294967296")).unwrap_err();
+        assert!(matches!(e, ConfigError::BadStart { .. }));
+        assert_eq!(Config::parse("").unwrap_err(), ConfigError::NoServers);
+    }
+
+    #[test]
+    fn residues() {
+        assert_eq!(first_of_residue(1, 1, 2), 1);
+        assert_eq!(first_of_residue(1, 2, 2), 2);
+        assert_eq!(first_of_residue(10, 1, 2), 11);
+        assert_eq!(first_of_residue(10, 3, 3), 12);
+        assert_eq!(first_of_residue(7, 1, 1), 7);
+    }
+}

@@ -1,0 +1,165 @@
+//! Typed errors with stable codes ([`TicketError::code`]) for the service
+//! to map once to HTTP and gRPC statuses.
+
+use crate::config::ConfigError;
+
+/// Why one server could not answer one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerFailure {
+    /// The server's name.
+    pub server: String,
+    /// What went wrong (an error's message, or its breaker state).
+    pub reason: String,
+}
+
+/// Every error of this crate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TicketError {
+    /// A bad configuration file.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No sequence of that name in the configuration.
+    #[error("unknown sequence {0:?}")]
+    UnknownSequence(String),
+    /// A count of 0 or above the limit.
+    #[error("count must be in 1..={max}, not {count}")]
+    BadCount {
+        /// The count asked for.
+        count: usize,
+        /// The largest count allowed.
+        max: usize,
+    },
+    /// No server could answer within the timeout.
+    #[error("no ticket server could answer for sequence {sequence:?}: {}", list(.failures))]
+    Unavailable {
+        /// The sequence.
+        sequence: String,
+        /// Each server's reason.
+        failures: Vec<ServerFailure>,
+    },
+    /// The sequence reached its maximum; it never wraps and never widens.
+    #[error("sequence {sequence:?} is exhausted: no id above {max} fits in it")]
+    Exhausted {
+        /// The sequence.
+        sequence: String,
+        /// Its largest id.
+        max: u64,
+    },
+    /// A server's counter is at or below ids it already handed out (restored
+    /// from a backup, a lagging replica promoted): refused until
+    /// `shardflake tickets repair`.
+    #[error(
+        "server {server:?} is behind its high-water for sequence {sequence:?}: it could hand out ids from {counter} on, but ids up to {high_water} were already handed out; run `shardflake tickets repair`"
+    )]
+    BehindHighWater {
+        /// The server.
+        server: String,
+        /// The sequence.
+        sequence: String,
+        /// The largest id the server's counter says it handed out.
+        counter: u64,
+        /// The largest id it is known to have handed out.
+        high_water: u64,
+    },
+    /// A server whose schema or settings contradict the configuration (an id
+    /// outside its residue, a sequence with another increment, a missing table).
+    #[error("server {server:?} is misconfigured: {message}")]
+    Misconfigured {
+        /// The server.
+        server: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A database error.
+    #[error("server {server:?}: {context}: {message}")]
+    Database {
+        /// The server.
+        server: String,
+        /// What was being done.
+        context: String,
+        /// The driver's message.
+        message: String,
+    },
+    /// A server did not answer in time.
+    #[error("server {server:?} did not answer within {ms} ms ({context})")]
+    Timeout {
+        /// The server.
+        server: String,
+        /// What was being done.
+        context: String,
+        /// The timeout.
+        ms: u64,
+    },
+}
+
+fn list(failures: &[ServerFailure]) -> String {
+    if failures.is_empty() {
+        return "no server was tried before the deadline".into();
+    }
+    failures
+        .iter()
+        .map(|f| format!("{}: {}", f.server, f.reason))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl TicketError {
+    /// A stable, machine-readable code: `bad_config`, `unknown_sequence`,
+    /// `bad_count`, `unavailable`, `exhausted`, `behind_high_water`,
+    /// `misconfigured`, `database`, `timeout`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            TicketError::Config(_) => "bad_config",
+            TicketError::UnknownSequence(_) => "unknown_sequence",
+            TicketError::BadCount { .. } => "bad_count",
+            TicketError::Unavailable { .. } => "unavailable",
+            TicketError::Exhausted { .. } => "exhausted",
+            TicketError::BehindHighWater { .. } => "behind_high_water",
+            TicketError::Misconfigured { .. } => "misconfigured",
+            TicketError::Database { .. } => "database",
+            TicketError::Timeout { .. } => "timeout",
+        }
+    }
+
+    pub(crate) fn db(server: &str, context: &str, message: impl ToString) -> TicketError {
+        TicketError::Database {
+            server: server.to_string(),
+            context: context.to_string(),
+            message: message.to_string(),
+        }
+    }
+
+    pub(crate) fn misconfigured(server: &str, message: impl Into<String>) -> TicketError {
+        TicketError::Misconfigured {
+            server: server.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unavailable_lists_every_server() {
+        let e = TicketError::Unavailable {
+            sequence: "photos".into(),
+            failures: vec![
+                ServerFailure {
+                    server: "a".into(),
+                    reason: "connection refused".into(),
+                },
+                ServerFailure {
+                    server: "b".into(),
+                    reason: "down".into(),
+                },
+            ],
+        };
+        assert_eq!(e.code(), "unavailable");
+        assert_eq!(
+            e.to_string(),
+            "no ticket server could answer for sequence \"photos\": a: connection refused; b: down"
+        );
+    }
+}

@@ -1,0 +1,66 @@
+//! Flickr's ticket servers and Leaf-style segment allocation on MariaDB and
+//! PostgreSQL, with failover that refuses a server restored behind ids it
+//! already handed out.
+//!
+//! Sources: "Ticket Servers: Distributed Unique Primary Keys on the Cheap"
+//! (Flickr engineering blog, 2010): a table per sequence, `REPLACE INTO
+//! Tickets64 (stub) VALUES ('a')`, two servers with `auto-increment-increment
+//! = 2` and offsets 1 and 2; and Meituan's "Leaf——美团点评分布式ID生成系统"
+//! (Leaf: Meituan's distributed id generator): the segment mode, a row per
+//! sequence whose `max_id` a client advances by a step to reserve a block,
+//! served from memory with a double buffer.
+//!
+//! What this crate adds: N servers of either kind from one TOML file; the
+//! increment and offset set by the client on its own sessions (a drifted
+//! server cannot make it hand out another server's ids); blocks of N
+//! servers that never overlap; failover with bounded timeouts; high-water
+//! marks kept on the peers and compared at every reconnect; typed errors
+//! with stable codes, and no wrap at a 32-bit sequence's end.
+//!
+//! # Map of the modules
+//!
+//! - [`config`]: the TOML file, validated ([`Config`], [`ConfigError`]).
+//! - [`error`]: [`TicketError`] and its codes.
+//! - `mariadb`, `postgres`: one session of each kind: the SQL, one round
+//!   trip per id or block; `session`: the enum over the two.
+//! - [`segment`]: the residue classes of blocks, a block, the double buffer.
+//! - [`failover`]: a server's sessions, breaker state, checks, metrics.
+//! - [`high_water`]: [`HighWaterStore`] and the peers-backed [`PeersStore`].
+//! - [`client`]: [`TicketClient`], what the CLI and the service call.
+//! - [`admin`]: `init`, `check`, `repair`.
+//! - [`bench`]: the client against a bare loop, for `shardflake tickets bench`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), shardflake_tickets::TicketError> {
+//! let config = shardflake_tickets::Config::load("tickets.toml")?;
+//! let client = shardflake_tickets::TicketClient::connect(config).await?;
+//! let id = client.next("photos").await?;
+//! let ids = client.next_n("photos", 100).await?;
+//! # let _ = (id, ids); Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod bench;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod failover;
+pub mod high_water;
+mod mariadb;
+mod postgres;
+pub mod segment;
+mod session;
+
+pub use client::{MAX_COUNT, ShutdownReport, TicketClient};
+pub use config::{Config, ConfigError, Kind, Mode, PgTickets};
+pub use error::{ServerFailure, TicketError};
+pub use failover::{Health, ServerMetrics};
+pub use high_water::{HighWaterStore, PeersStore};
+pub use session::{HW_TABLE, SEGMENT_TABLE, SequenceState, ServerSettings};
+
+/// The MariaDB/MySQL client this crate uses.
+pub use mysql_async;
+/// The PostgreSQL client this crate uses.
+pub use tokio_postgres;

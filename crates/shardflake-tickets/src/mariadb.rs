@@ -1,0 +1,426 @@
+//! One MariaDB (or MySQL) session of a ticket server: Flickr's `REPLACE INTO`
+//! tables, the segment rows and the high-water table, over mysql_async.
+//!
+//! Every statement is sent as text (`COM_QUERY`): one round trip, and the
+//! id comes back in the OK packet (`last_insert_id`), so no `SELECT
+//! LAST_INSERT_ID()` follows. Names in the SQL are validated identifiers
+//! ([`crate::config`]) and numbers are formatted by us; nothing else is
+//! interpolated.
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Opts};
+
+use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
+use crate::error::TicketError;
+use crate::segment::Lattice;
+use crate::session::{HW_TABLE, SEGMENT_TABLE, SequenceState, ServerSettings};
+
+/// A connected session with the client's increment and offset set on it.
+pub(crate) struct MariaSession {
+    server: String,
+    conn: Conn,
+    /// `REPLACE INTO tickets_<name> (stub) VALUES ('a')`, per sequence.
+    replace: Vec<String>,
+}
+
+/// Codes MariaDB answers when an `auto_increment` column is full:
+/// ER_AUTOINC_READ_FAILED, HA_ERR_AUTOINC_ERANGE, ER_WARN_DATA_OUT_OF_RANGE.
+const FULL_CODES: [u16; 3] = [1467, 167, 1264];
+
+/// ER_LOCK_DEADLOCK, and how often a deadlocked `REPLACE` runs again.
+const DEADLOCK: u16 = 1213;
+const DEADLOCK_RETRIES: u32 = 5;
+
+fn is_deadlock(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if s.code == DEADLOCK)
+}
+
+fn is_full(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if FULL_CODES.contains(&s.code))
+}
+
+impl MariaSession {
+    /// Connects and sets `auto_increment_increment`/`auto_increment_offset`
+    /// on this session, then reads them back: a server that keeps other
+    /// values is refused.
+    pub async fn connect(server: &ServerConfig, config: &Config) -> Result<Self, TicketError> {
+        let name = &server.name;
+        let opts = Opts::from_url(&server.url)
+            .map_err(|e| TicketError::misconfigured(name, format!("bad url: {e}")))?;
+        let mut conn = Conn::new(opts)
+            .await
+            .map_err(|e| TicketError::db(name, "connect", e))?;
+        conn.query_drop(format!(
+            "SET SESSION auto_increment_increment = {}, auto_increment_offset = {}",
+            config.increment, server.offset
+        ))
+        .await
+        .map_err(|e| TicketError::db(name, "set session increment and offset", e))?;
+        let session: Option<(u64, u64)> = conn
+            .query_first(
+                "SELECT @@session.auto_increment_increment, @@session.auto_increment_offset",
+            )
+            .await
+            .map_err(|e| TicketError::db(name, "read session increment and offset", e))?;
+        if session != Some((config.increment, server.offset)) {
+            return Err(TicketError::misconfigured(
+                name,
+                format!(
+                    "session auto_increment_increment/offset are {session:?} after setting them to ({}, {})",
+                    config.increment, server.offset
+                ),
+            ));
+        }
+        let replace = config
+            .sequences
+            .iter()
+            .map(|q| format!("REPLACE INTO {} (stub) VALUES ('a')", q.table()))
+            .collect();
+        Ok(MariaSession {
+            server: name.clone(),
+            conn,
+            replace,
+        })
+    }
+
+    /// One per-id ticket: `REPLACE INTO`, the id from the OK packet.
+    pub async fn next_ticket(
+        &mut self,
+        index: usize,
+        seq: &SequenceConfig,
+    ) -> Result<u64, TicketError> {
+        // REPLACE deletes and inserts the one row under a unique key: two
+        // sessions can deadlock on it. InnoDB rolls one back and the
+        // statement can simply run again; the server is fine.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.conn.query_drop(&self.replace[index]).await {
+                Ok(()) => break,
+                Err(e) if is_full(&e) => {
+                    return Err(TicketError::Exhausted {
+                        sequence: seq.name.clone(),
+                        max: seq.max_id(),
+                    });
+                }
+                Err(e) if is_deadlock(&e) && attempts < DEADLOCK_RETRIES => {
+                    tracing::debug!(server = %self.server, "REPLACE INTO deadlocked; again");
+                }
+                Err(e) => return Err(TicketError::db(&self.server, "REPLACE INTO", e)),
+            }
+        }
+        self.conn.last_insert_id().ok_or_else(|| {
+            TicketError::misconfigured(
+                &self.server,
+                format!("{} has no auto_increment id", seq.table()),
+            )
+        })
+    }
+
+    /// Reserves a block: `max_id = GREATEST(max_id, floor) + step`, read back
+    /// through `LAST_INSERT_ID(expr)` in the same OK packet.
+    pub async fn reserve(
+        &mut self,
+        seq: &SequenceConfig,
+        floor: i64,
+        step: i64,
+    ) -> Result<i64, TicketError> {
+        self.conn
+            .query_drop(format!(
+                "UPDATE {SEGMENT_TABLE} SET max_id = LAST_INSERT_ID(GREATEST(max_id, {floor}) + {step}) WHERE sequence_name = '{}'",
+                seq.name
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "reserve a block", e))?;
+        if self.conn.affected_rows() != 1 {
+            return Err(not_initialised(&self.server, seq));
+        }
+        let max = self
+            .conn
+            .last_insert_id()
+            .ok_or_else(|| TicketError::db(&self.server, "reserve a block", "no LAST_INSERT_ID"))?;
+        i64::try_from(max)
+            .map_err(|_| TicketError::db(&self.server, "reserve a block", "max_id overflow"))
+    }
+
+    /// Sets the row back to `to` if it still is `expected`.
+    pub async fn give_back(
+        &mut self,
+        seq: &SequenceConfig,
+        expected: i64,
+        to: i64,
+    ) -> Result<bool, TicketError> {
+        self.conn
+            .query_drop(format!(
+                "UPDATE {SEGMENT_TABLE} SET max_id = {to} WHERE sequence_name = '{}' AND max_id = {expected}",
+                seq.name
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "give back a block's tail", e))?;
+        Ok(self.conn.affected_rows() == 1)
+    }
+
+    /// The largest id the server's counter says it may have handed out: every
+    /// later id is above it. `None`: not initialised.
+    pub async fn counter(
+        &mut self,
+        seq: &SequenceConfig,
+        lattice: Lattice,
+    ) -> Result<Option<u64>, TicketError> {
+        match seq.mode {
+            Mode::PerId => {
+                let row: Option<Option<u64>> = self
+                    .conn
+                    .query_first(format!(
+                        "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{}'",
+                        seq.table()
+                    ))
+                    .await
+                    .map_err(|e| TicketError::db(&self.server, "read AUTO_INCREMENT", e))?;
+                Ok(row.map(|next| next.unwrap_or(1).saturating_sub(1)))
+            }
+            Mode::Segment => {
+                let row: Option<i64> = self
+                    .conn
+                    .query_first(format!(
+                        "SELECT max_id FROM {SEGMENT_TABLE} WHERE sequence_name = '{}'",
+                        seq.name
+                    ))
+                    .await
+                    .map_err(|e| TicketError::db(&self.server, "read the segment row", e))?;
+                Ok(row.map(|max| lattice.counter_of_row(max)))
+            }
+        }
+    }
+
+    /// Raises the counter so that every later id is above `past`.
+    pub async fn raise(
+        &mut self,
+        seq: &SequenceConfig,
+        lattice: Lattice,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        let sql = match seq.mode {
+            Mode::PerId => format!(
+                "ALTER TABLE {} AUTO_INCREMENT = {}",
+                seq.table(),
+                past.saturating_add(1)
+            ),
+            Mode::Segment => format!(
+                "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, {}) WHERE sequence_name = '{}'",
+                lattice.row_above(past),
+                seq.name
+            ),
+        };
+        self.conn
+            .query_drop(sql)
+            .await
+            .map_err(|e| TicketError::db(&self.server, "raise the counter", e))
+    }
+
+    /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
+    pub async fn write_high_water(
+        &mut self,
+        marks: &[(String, String, u64)],
+    ) -> Result<(), TicketError> {
+        if marks.is_empty() {
+            return Ok(());
+        }
+        let values = marks
+            .iter()
+            .map(|(s, q, hw)| format!("('{s}', '{q}', {hw})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.conn
+            .query_drop(format!(
+                "INSERT INTO {HW_TABLE} (server_name, sequence_name, high_water) VALUES {values} ON DUPLICATE KEY UPDATE high_water = GREATEST(high_water, VALUES(high_water))"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "write high-water marks", e))
+    }
+
+    /// The high-water marks this server holds for `server`: `(sequence, id)`.
+    pub async fn read_high_water(
+        &mut self,
+        server: &str,
+    ) -> Result<Vec<(String, u64)>, TicketError> {
+        self.conn
+            .query(format!(
+                "SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = '{server}'"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read high-water marks", e))
+    }
+
+    /// Creates what `config` needs, idempotently; returns what it did.
+    pub async fn init(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+    ) -> Result<Vec<String>, TicketError> {
+        let mut done = Vec::new();
+        let name = self.server.clone();
+        let run = |e| TicketError::db(&name, "init", e);
+        self.conn
+            .query_drop(format!(
+                "CREATE TABLE IF NOT EXISTS {HW_TABLE} (server_name varchar(64) NOT NULL, sequence_name varchar(64) NOT NULL, high_water bigint unsigned NOT NULL, updated_at timestamp(3) NOT NULL DEFAULT current_timestamp(3) ON UPDATE current_timestamp(3), PRIMARY KEY (server_name, sequence_name)) ENGINE=InnoDB"
+            ))
+            .await
+            .map_err(run)?;
+        self.conn
+            .query_drop(format!(
+                "CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, max_id bigint NOT NULL) ENGINE=InnoDB"
+            ))
+            .await
+            .map_err(run)?;
+        for seq in &config.sequences {
+            let lattice = Lattice::new(config, server);
+            let table_exists: Option<u64> = self
+                .conn
+                .query_first(format!(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{}'",
+                    seq.table()
+                ))
+                .await
+                .map_err(run)?;
+            let row: Option<i64> = self
+                .conn
+                .query_first(format!(
+                    "SELECT max_id FROM {SEGMENT_TABLE} WHERE sequence_name = '{}'",
+                    seq.name
+                ))
+                .await
+                .map_err(run)?;
+            match seq.mode {
+                Mode::PerId => {
+                    if row.is_some() {
+                        return Err(mode_changed(&name, seq, "segment"));
+                    }
+                    let column = if seq.bits == 32 {
+                        "int unsigned"
+                    } else {
+                        "bigint unsigned"
+                    };
+                    self.conn
+                        .query_drop(format!(
+                            "CREATE TABLE IF NOT EXISTS {} (id {column} NOT NULL auto_increment PRIMARY KEY, stub char(1) NOT NULL default '' UNIQUE) ENGINE=InnoDB",
+                            seq.table()
+                        ))
+                        .await
+                        .map_err(run)?;
+                    let counter = self.counter(seq, lattice).await?.unwrap_or(0);
+                    if counter + 1 < seq.start {
+                        self.raise(seq, lattice, seq.start - 1).await?;
+                    }
+                    done.push(format!(
+                        "{}: table {} ({column}), ids from {} on",
+                        seq.name,
+                        seq.table(),
+                        (counter + 1).max(seq.start)
+                    ));
+                }
+                Mode::Segment => {
+                    if table_exists.is_some() {
+                        return Err(mode_changed(&name, seq, "per-id"));
+                    }
+                    let start_row = lattice.row_above(seq.start - 1);
+                    self.conn
+                        .query_drop(format!(
+                            "INSERT INTO {SEGMENT_TABLE} (sequence_name, max_id) VALUES ('{}', {start_row}) ON DUPLICATE KEY UPDATE max_id = GREATEST(max_id, VALUES(max_id))",
+                            seq.name
+                        ))
+                        .await
+                        .map_err(run)?;
+                    done.push(format!("{}: segment row in {SEGMENT_TABLE}", seq.name));
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Global and session increment/offset and each sequence's state.
+    pub async fn settings(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+    ) -> Result<ServerSettings, TicketError> {
+        let row: Option<(u64, u64, u64, u64, String)> = self
+            .conn
+            .query_first("SELECT @@global.auto_increment_increment, @@global.auto_increment_offset, @@session.auto_increment_increment, @@session.auto_increment_offset, CAST(@@global.innodb_flush_log_at_trx_commit AS CHAR)")
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read settings", e))?;
+        let (gi, go, si, so, flush) =
+            row.ok_or_else(|| TicketError::db(&self.server, "read settings", "no row"))?;
+        let mut warnings = Vec::new();
+        if flush == "0" {
+            warnings.push(
+                "innodb_flush_log_at_trx_commit = 0: a crash can lose the last second of tickets and hand them out again; use 1 (or 2)".to_string(),
+            );
+        }
+        let mut sequences = Vec::new();
+        for seq in &config.sequences {
+            let lattice = Lattice::new(config, server);
+            let counter = self.counter(seq, lattice).await?;
+            let column: Option<String> = if seq.mode == Mode::PerId {
+                self.conn
+                    .query_first(format!(
+                        "SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{}' AND COLUMN_NAME = 'id'",
+                        seq.table()
+                    ))
+                    .await
+                    .map_err(|e| TicketError::db(&self.server, "read column type", e))?
+            } else {
+                None
+            };
+            let mut problem = None;
+            if counter.is_none() {
+                problem = Some("not initialised (run `shardflake tickets init`)".to_string());
+            } else if let Some(column) = &column {
+                let want = if seq.bits == 32 { "int" } else { "bigint" };
+                if !column.starts_with(want) || !column.contains("unsigned") {
+                    problem = Some(format!(
+                        "column id is {column}, want {want} unsigned for {} bits",
+                        seq.bits
+                    ));
+                }
+            }
+            sequences.push(SequenceState {
+                name: seq.name.clone(),
+                detail: match (&column, seq.mode) {
+                    (Some(c), Mode::PerId) => format!("table {} id {c}", seq.table()),
+                    (_, Mode::Segment) => format!("segment row in {SEGMENT_TABLE}"),
+                    (None, Mode::PerId) => format!("table {} missing", seq.table()),
+                },
+                counter,
+                high_water: None,
+                problem,
+            });
+        }
+        Ok(ServerSettings {
+            global: Some((gi, go)),
+            session: Some((si, so)),
+            warnings,
+            sequences,
+        })
+    }
+}
+
+fn not_initialised(server: &str, seq: &SequenceConfig) -> TicketError {
+    TicketError::misconfigured(
+        server,
+        format!(
+            "sequence {:?} is not initialised (run `shardflake tickets init`)",
+            seq.name
+        ),
+    )
+}
+
+pub(crate) fn mode_changed(server: &str, seq: &SequenceConfig, was: &str) -> TicketError {
+    TicketError::misconfigured(
+        server,
+        format!(
+            "sequence {:?} is already {was} on this server; changing its mode would hand out ids twice",
+            seq.name
+        ),
+    )
+}

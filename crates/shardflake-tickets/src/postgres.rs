@@ -1,0 +1,493 @@
+//! One PostgreSQL session of a ticket server: a sequence per ticket
+//! sequence (`INCREMENT BY n START WITH k NO CYCLE`, the default) or
+//! Flickr's table (`INSERT … ON CONFLICT … RETURNING`), the segment rows
+//! and the high-water table, over tokio-postgres.
+//!
+//! Statements are prepared once per connection, so each call is one round
+//! trip (Bind/Execute/Sync). A sequence's increment and residue live in the
+//! schema, not the session: every connect reads them back and refuses a
+//! sequence whose increment, start residue or maximum differ from the file.
+
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls, Statement};
+
+use crate::config::{Config, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue};
+use crate::error::TicketError;
+use crate::segment::Lattice;
+use crate::session::{HW_TABLE, SEGMENT_TABLE, SequenceState, ServerSettings};
+
+/// A connected session with its statements prepared.
+pub(crate) struct PgSession {
+    server: String,
+    client: Client,
+    /// The per-id statement of each sequence (`None` for segment sequences).
+    next: Vec<Option<Statement>>,
+    reserve: Option<Statement>,
+}
+
+fn pg_err(server: &str, context: &str) -> impl FnOnce(tokio_postgres::Error) -> TicketError {
+    move |e| {
+        let message = match e.as_db_error() {
+            Some(db) => format!("{} ({})", db.message(), db.code().code()),
+            None => e.to_string(),
+        };
+        TicketError::db(server, context, message)
+    }
+}
+
+fn is_full(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED
+            || *c == SqlState::CHECK_VIOLATION
+            || *c == SqlState::NUMERIC_VALUE_OUT_OF_RANGE
+    )
+}
+
+/// The first id of a per-id sequence on a server.
+fn first_id(config: &Config, server: &ServerConfig, seq: &SequenceConfig) -> u64 {
+    first_of_residue(seq.start, server.offset, config.increment)
+}
+
+impl PgSession {
+    /// Connects, verifies every per-id sequence's increment and residue, and
+    /// prepares the statements.
+    /// With `prepare` false (admin work: `init`, `check`, `repair`, the
+    /// high-water store) nothing is verified or prepared.
+    pub async fn connect(
+        server: &ServerConfig,
+        config: &Config,
+        prepare: bool,
+    ) -> Result<Self, TicketError> {
+        let name = &server.name;
+        let mut pg: tokio_postgres::Config = server
+            .url
+            .parse()
+            .map_err(|e| TicketError::misconfigured(name, format!("bad url: {e}")))?;
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(Duration::from_secs(5));
+        }
+        pg.application_name("shardflake-tickets");
+        let (client, connection) = pg.connect(NoTls).await.map_err(pg_err(name, "connect"))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "ticket server connection ended");
+            }
+        });
+        let mut session = PgSession {
+            server: name.clone(),
+            client,
+            next: Vec::new(),
+            reserve: None,
+        };
+        if !prepare {
+            return Ok(session);
+        }
+        for seq in &config.sequences {
+            let statement = match seq.mode {
+                Mode::Segment => None,
+                Mode::PerId => {
+                    let sql = match config.postgres_tickets {
+                        PgTickets::Sequence => {
+                            session.verify_sequence(config, server, seq).await?;
+                            format!("SELECT nextval('{}')", seq.table())
+                        }
+                        PgTickets::Table => format!(
+                            "INSERT INTO {t} AS t (stub, id) VALUES ('a', {first}) ON CONFLICT (stub) DO UPDATE SET id = t.id + {n} RETURNING id",
+                            t = seq.table(),
+                            first = first_id(config, server, seq),
+                            n = config.increment
+                        ),
+                    };
+                    Some(
+                        session
+                            .client
+                            .prepare(&sql)
+                            .await
+                            .map_err(pg_err(name, "prepare (run `shardflake tickets init`?)"))?,
+                    )
+                }
+            };
+            session.next.push(statement);
+        }
+        if config.sequences.iter().any(|q| q.mode == Mode::Segment) {
+            session.reserve = Some(
+                session
+                    .client
+                    .prepare(&format!(
+                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 RETURNING max_id"
+                    ))
+                    .await
+                    .map_err(pg_err(name, "prepare (run `shardflake tickets init`?)"))?,
+            );
+        }
+        Ok(session)
+    }
+
+    async fn verify_sequence(
+        &self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+    ) -> Result<(), TicketError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT increment_by, start_value, max_value FROM pg_sequences WHERE schemaname = current_schema() AND sequencename = $1",
+                &[&seq.table()],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the sequence"))?
+            .ok_or_else(|| {
+                TicketError::misconfigured(
+                    &self.server,
+                    format!("sequence {} is missing (run `shardflake tickets init`)", seq.table()),
+                )
+            })?;
+        let (increment, start, max): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        let n = config.increment as i64;
+        if increment != n
+            || start.rem_euclid(n) != (server.offset as i64) % n
+            || max as u64 != seq.max_id()
+        {
+            return Err(TicketError::misconfigured(
+                &self.server,
+                format!(
+                    "sequence {} has INCREMENT {increment} START {start} MAXVALUE {max}; the file wants INCREMENT {n}, a start ≡ {} (mod {n}), MAXVALUE {}",
+                    seq.table(),
+                    server.offset,
+                    seq.max_id()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// One per-id ticket.
+    pub async fn next_ticket(
+        &mut self,
+        index: usize,
+        seq: &SequenceConfig,
+    ) -> Result<u64, TicketError> {
+        let statement = self.next[index]
+            .as_ref()
+            .ok_or_else(|| TicketError::misconfigured(&self.server, "not a per-id sequence"))?;
+        match self.client.query_one(statement, &[]).await {
+            Ok(row) => Ok(row.get::<_, i64>(0) as u64),
+            Err(e) if is_full(&e) => Err(TicketError::Exhausted {
+                sequence: seq.name.clone(),
+                max: seq.max_id(),
+            }),
+            Err(e) => Err(pg_err(&self.server, "next ticket")(e)),
+        }
+    }
+
+    /// Reserves a block: `max_id = GREATEST(max_id, floor) + step RETURNING max_id`.
+    pub async fn reserve(
+        &mut self,
+        seq: &SequenceConfig,
+        floor: i64,
+        step: i64,
+    ) -> Result<i64, TicketError> {
+        let statement = self
+            .reserve
+            .as_ref()
+            .ok_or_else(|| TicketError::misconfigured(&self.server, "no segment sequence"))?;
+        let row = self
+            .client
+            .query_opt(statement, &[&floor, &step, &seq.name])
+            .await
+            .map_err(pg_err(&self.server, "reserve a block"))?
+            .ok_or_else(|| {
+                TicketError::misconfigured(
+                    &self.server,
+                    format!(
+                        "sequence {:?} is not initialised (run `shardflake tickets init`)",
+                        seq.name
+                    ),
+                )
+            })?;
+        Ok(row.get(0))
+    }
+
+    /// Sets the row back to `to` if it still is `expected`.
+    pub async fn give_back(
+        &mut self,
+        seq: &SequenceConfig,
+        expected: i64,
+        to: i64,
+    ) -> Result<bool, TicketError> {
+        let n = self
+            .client
+            .execute(
+                &format!("UPDATE {SEGMENT_TABLE} SET max_id = $1 WHERE sequence_name = $2 AND max_id = $3"),
+                &[&to, &seq.name, &expected],
+            )
+            .await
+            .map_err(pg_err(&self.server, "give back a block's tail"))?;
+        Ok(n == 1)
+    }
+
+    /// The largest id the counter says may have been handed out. `None`: not initialised.
+    pub async fn counter(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+    ) -> Result<Option<u64>, TicketError> {
+        let err = pg_err(&self.server, "read the counter");
+        match (seq.mode, config.postgres_tickets) {
+            (Mode::Segment, _) => {
+                let row = self
+                    .client
+                    .query_opt(
+                        &format!("SELECT max_id FROM {SEGMENT_TABLE} WHERE sequence_name = $1"),
+                        &[&seq.name],
+                    )
+                    .await
+                    .map_err(err)?;
+                Ok(row.map(|r| Lattice::new(config, server).counter_of_row(r.get(0))))
+            }
+            (Mode::PerId, PgTickets::Sequence) => {
+                if !self.relation_exists(&seq.table()).await? {
+                    return Ok(None);
+                }
+                let row = self
+                    .client
+                    .query_one(
+                        &format!("SELECT last_value, is_called FROM {}", seq.table()),
+                        &[],
+                    )
+                    .await
+                    .map_err(err)?;
+                let (last, called): (i64, bool) = (row.get(0), row.get(1));
+                Ok(Some(if called {
+                    last as u64
+                } else {
+                    (last as u64).saturating_sub(1)
+                }))
+            }
+            (Mode::PerId, PgTickets::Table) => {
+                if !self.relation_exists(&seq.table()).await? {
+                    return Ok(None);
+                }
+                let row = self
+                    .client
+                    .query_opt(&format!("SELECT id FROM {}", seq.table()), &[])
+                    .await
+                    .map_err(err)?;
+                Ok(Some(match row {
+                    Some(r) => r.get::<_, i64>(0) as u64,
+                    None => first_id(config, server, seq) - 1,
+                }))
+            }
+        }
+    }
+
+    async fn relation_exists(&self, name: &str) -> Result<bool, TicketError> {
+        let row = self
+            .client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+            .await
+            .map_err(pg_err(&self.server, "look up a relation"))?;
+        Ok(row.get(0))
+    }
+
+    /// Raises the counter so that every later id is above `past`.
+    pub async fn raise(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        let to = first_of_residue(past, server.offset, config.increment);
+        let sql = match (seq.mode, config.postgres_tickets) {
+            (Mode::Segment, _) => format!(
+                "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, {}) WHERE sequence_name = '{}'",
+                Lattice::new(config, server).row_above(past),
+                seq.name
+            ),
+            (Mode::PerId, PgTickets::Sequence) => {
+                format!("SELECT setval('{}', {to}, true)", seq.table())
+            }
+            (Mode::PerId, PgTickets::Table) => format!(
+                "INSERT INTO {t} AS t (stub, id) VALUES ('a', {to}) ON CONFLICT (stub) DO UPDATE SET id = GREATEST(t.id, {to})",
+                t = seq.table()
+            ),
+        };
+        self.client
+            .batch_execute(&sql)
+            .await
+            .map_err(pg_err(&self.server, "raise the counter"))
+    }
+
+    /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
+    pub async fn write_high_water(
+        &mut self,
+        marks: &[(String, String, u64)],
+    ) -> Result<(), TicketError> {
+        if marks.is_empty() {
+            return Ok(());
+        }
+        let values = marks
+            .iter()
+            .map(|(s, q, hw)| format!("('{s}', '{q}', {hw})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.client
+            .batch_execute(&format!(
+                "INSERT INTO {HW_TABLE} AS h (server_name, sequence_name, high_water) VALUES {values} ON CONFLICT (server_name, sequence_name) DO UPDATE SET high_water = GREATEST(h.high_water, EXCLUDED.high_water), updated_at = now()"
+            ))
+            .await
+            .map_err(pg_err(&self.server, "write high-water marks"))
+    }
+
+    /// The high-water marks this server holds for `server`: `(sequence, id)`.
+    pub async fn read_high_water(
+        &mut self,
+        server: &str,
+    ) -> Result<Vec<(String, u64)>, TicketError> {
+        let rows = self
+            .client
+            .query(
+                &format!("SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = $1"),
+                &[&server],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read high-water marks"))?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+            .collect())
+    }
+
+    /// Creates what `config` needs, idempotently; returns what it did.
+    pub async fn init(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+    ) -> Result<Vec<String>, TicketError> {
+        let name = self.server.clone();
+        let err = |context: &'static str| pg_err(&name, context);
+        self.client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {HW_TABLE} (server_name text NOT NULL, sequence_name text NOT NULL, high_water bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (server_name, sequence_name));
+                 CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name text PRIMARY KEY, max_id bigint NOT NULL);"
+            ))
+            .await
+            .map_err(err("init"))?;
+        let mut done = Vec::new();
+        let n = config.increment;
+        for seq in &config.sequences {
+            let relation = self.relation_exists(&seq.table()).await?;
+            let row = self
+                .client
+                .query_opt(
+                    &format!("SELECT max_id FROM {SEGMENT_TABLE} WHERE sequence_name = $1"),
+                    &[&seq.name],
+                )
+                .await
+                .map_err(err("init"))?;
+            let max = seq.max_id();
+            let first = first_id(config, server, seq);
+            match (seq.mode, config.postgres_tickets) {
+                (Mode::PerId, style) => {
+                    if row.is_some() {
+                        return Err(crate::mariadb::mode_changed(&name, seq, "segment"));
+                    }
+                    let sql = match style {
+                        PgTickets::Sequence => format!(
+                            "CREATE SEQUENCE IF NOT EXISTS {} AS bigint INCREMENT BY {n} MINVALUE 1 MAXVALUE {max} START WITH {first} NO CYCLE CACHE 1",
+                            seq.table()
+                        ),
+                        PgTickets::Table => format!(
+                            "CREATE TABLE IF NOT EXISTS {} (id bigint NOT NULL CHECK (id BETWEEN 1 AND {max}), stub char(1) NOT NULL DEFAULT '' UNIQUE)",
+                            seq.table()
+                        ),
+                    };
+                    self.client.batch_execute(&sql).await.map_err(err("init"))?;
+                    done.push(format!(
+                        "{}: {} {} (INCREMENT {n}, first id {first}, max {max})",
+                        seq.name,
+                        if style == PgTickets::Sequence {
+                            "sequence"
+                        } else {
+                            "table"
+                        },
+                        seq.table()
+                    ));
+                }
+                (Mode::Segment, _) => {
+                    if relation {
+                        return Err(crate::mariadb::mode_changed(&name, seq, "per-id"));
+                    }
+                    let start_row = Lattice::new(config, server).row_above(seq.start - 1);
+                    self.client
+                        .execute(
+                            &format!(
+                                "INSERT INTO {SEGMENT_TABLE} AS s (sequence_name, max_id) VALUES ($1, $2) ON CONFLICT (sequence_name) DO UPDATE SET max_id = GREATEST(s.max_id, EXCLUDED.max_id)"
+                            ),
+                            &[&seq.name, &start_row],
+                        )
+                        .await
+                        .map_err(err("init"))?;
+                    done.push(format!("{}: segment row in {SEGMENT_TABLE}", seq.name));
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Each sequence's increment, residue and counter.
+    pub async fn settings(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+    ) -> Result<ServerSettings, TicketError> {
+        let mut warnings = Vec::new();
+        let sync: String = self
+            .client
+            .query_one("SELECT current_setting('synchronous_commit')", &[])
+            .await
+            .map_err(pg_err(&self.server, "read settings"))?
+            .get(0);
+        if sync == "off" {
+            warnings.push(
+                "synchronous_commit = off: a crash can lose the last tickets and hand them out again".to_string(),
+            );
+        }
+        let mut sequences = Vec::new();
+        for seq in &config.sequences {
+            let counter = self.counter(config, server, seq).await?;
+            let mut problem = None;
+            let mut detail = match seq.mode {
+                Mode::Segment => format!("segment row in {SEGMENT_TABLE}"),
+                Mode::PerId => format!("table {}", seq.table()),
+            };
+            if counter.is_none() {
+                problem = Some("not initialised (run `shardflake tickets init`)".to_string());
+            } else if seq.mode == Mode::PerId && config.postgres_tickets == PgTickets::Sequence {
+                detail = format!("sequence {}", seq.table());
+                if let Err(e) = self.verify_sequence(config, server, seq).await {
+                    problem = Some(e.to_string());
+                }
+            }
+            sequences.push(SequenceState {
+                name: seq.name.clone(),
+                detail,
+                counter,
+                high_water: None,
+                problem,
+            });
+        }
+        Ok(ServerSettings {
+            global: None,
+            session: None,
+            warnings,
+            sequences,
+        })
+    }
+}

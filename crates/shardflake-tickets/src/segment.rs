@@ -1,0 +1,355 @@
+//! Segment mode (Meituan's Leaf-segment): a row per sequence on each server
+//! holds the highest id that server has reserved (`max_id`); one round trip
+//! reserves a block, the client serves it from memory, fetches the next in
+//! the background once a share of the current one is used (double buffer),
+//! and doubles or halves the step to keep a block lasting about
+//! `target_block_ms`.
+//!
+//! # Blocks of N servers never overlap
+//!
+//! The id space is cut into chunks of `C = chunk` ids: chunk `c` holds ids
+//! `c·C + 1 ..= (c+1)·C`. With `N = increment`, the server of offset `o`
+//! (1-based) owns the chunks `c ≡ o − 1 (mod N)` and nothing else, so the
+//! ends of its chunks are the values `≡ o·C (mod N·C)`: its *lattice*.
+//! Its row always holds a lattice value (starting at `(o − N)·C`, "chunk
+//! −1"); a reservation of `m` chunks is
+//!
+//! ```sql
+//! UPDATE shardflake_ticket_segments SET max_id = GREATEST(max_id, floor) + m·N·C …
+//! ```
+//!
+//! with `floor` on the lattice too, so the row stays on it, and the block is
+//! the `m` chunks of this server between the old and the new value: every
+//! `N`-th chunk of `(old, new]`. Two servers' rows move on disjoint lattices,
+//! so no chunk (hence no id) is ever reserved twice, at any step and any
+//! number of clients. With `N = 1` this is Leaf's contiguous block.
+//!
+//! # Ids from one client increase
+//!
+//! A client asks for each new block with `floor` = the lattice point of the
+//! server it asks whose next chunk starts above the end of the client's last
+//! block ([`Lattice::row_above`]). Servers are asked in turn, and a server
+//! that lags is pushed forward (its skipped chunks are never used: the cost
+//! is ids, never uniqueness).
+//!
+//! # Nothing wasted that can be returned
+//!
+//! On [`crate::TicketClient::shutdown`] the unused tail of each block goes back
+//! by compare-and-set (`SET max_id = to WHERE max_id = <our row>`), which
+//! succeeds only when no one reserved from that server since. `to` is the
+//! end of the chunk of the last id handed out, so the rest of that chunk is
+//! skipped; skipped ids are counted per server ([`crate::ServerMetrics`]).
+//! The high-water of a server in segment mode is the end of the last chunk
+//! the client entered: never above where a give-back leaves the row.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+use crate::config::{Config, ServerConfig};
+use crate::error::TicketError;
+
+/// One server's lattice: where its row can be and which chunks it owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lattice {
+    offset: i128,
+    n: i128,
+    chunk: i128,
+}
+
+impl Lattice {
+    /// The lattice of `server` under `config`.
+    pub fn new(config: &Config, server: &ServerConfig) -> Lattice {
+        Lattice {
+            offset: server.offset as i128,
+            n: config.increment as i128,
+            chunk: config.segment.chunk as i128,
+        }
+    }
+
+    /// The row advances by this per chunk reserved: `N·C`.
+    pub fn stride(&self) -> i64 {
+        (self.n * self.chunk) as i64
+    }
+
+    /// The row's value before any reservation: the end of "chunk −1".
+    fn base(&self) -> i128 {
+        (self.offset - self.n) * self.chunk
+    }
+
+    /// The smallest row value on the lattice whose next chunk starts above
+    /// `past`: reserving from it hands out only ids `> past`.
+    pub fn row_above(&self, past: u64) -> i64 {
+        let stride = self.n * self.chunk;
+        let need = past as i128 - (self.n - 1) * self.chunk - self.base();
+        let row = if need <= 0 {
+            self.base()
+        } else {
+            self.base() + stride * ((need + stride - 1) / stride)
+        };
+        row.min(i64::MAX as i128) as i64
+    }
+
+    /// The largest id a row value may have handed out, as seen from outside:
+    /// every later id of this server is above it.
+    pub fn counter_of_row(&self, row: i64) -> u64 {
+        (row as i128 + (self.n - 1) * self.chunk).clamp(0, u64::MAX as i128) as u64
+    }
+}
+
+/// A reserved block: `chunks` chunks of one server, served in order.
+#[derive(Debug)]
+pub(crate) struct Block {
+    /// The server it came from.
+    pub server: usize,
+    /// The row's value right after the reservation.
+    pub row: i64,
+    chunks: i64,
+    chunk: i64,
+    stride: i64,
+    /// Index of the chunk after the current one.
+    next_chunk: i64,
+    next_id: i64,
+    chunk_end: i64,
+    /// End of the chunk the last id handed out came from.
+    last_used_chunk_end: Option<i64>,
+    max_id: i64,
+    /// Ids in the block.
+    pub size: u64,
+    /// Ids handed out from it.
+    pub taken: u64,
+}
+
+/// What [`Block::take`] gives.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// An id, and the end of its chunk when it is the first of that chunk.
+    Id(u64, Option<i64>),
+    /// The block is used up.
+    Empty,
+    /// The next id would be above the sequence's maximum.
+    Exhausted,
+}
+
+impl Block {
+    pub fn new(server: usize, row: i64, chunks: i64, lattice: Lattice, max_id: u64) -> Block {
+        let stride = lattice.stride();
+        let chunk = lattice.chunk as i64;
+        let first_end = row - (chunks - 1) * stride;
+        Block {
+            server,
+            row,
+            chunks,
+            chunk,
+            stride,
+            next_chunk: 1,
+            next_id: first_end - chunk + 1,
+            chunk_end: first_end,
+            last_used_chunk_end: None,
+            max_id: max_id.min(i64::MAX as u64) as i64,
+            size: (chunks * chunk) as u64,
+            taken: 0,
+        }
+    }
+
+    /// The next id.
+    pub fn take(&mut self) -> Take {
+        if self.next_id > self.chunk_end {
+            if self.next_chunk >= self.chunks {
+                return Take::Empty;
+            }
+            self.chunk_end = self.row - (self.chunks - 1 - self.next_chunk) * self.stride;
+            self.next_id = self.chunk_end - self.chunk + 1;
+            self.next_chunk += 1;
+        }
+        if self.next_id > self.max_id {
+            return Take::Exhausted;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.taken += 1;
+        let entered = (self.last_used_chunk_end != Some(self.chunk_end)).then_some(self.chunk_end);
+        self.last_used_chunk_end = Some(self.chunk_end);
+        Take::Id(id as u64, entered)
+    }
+
+    /// The end of the block's last chunk: every id in it is at or below.
+    pub fn end(&self) -> u64 {
+        self.row.max(0) as u64
+    }
+
+    /// Share of the block handed out.
+    pub fn used_share(&self) -> f64 {
+        self.taken as f64 / self.size as f64
+    }
+
+    /// Ids neither handed out nor returnable, once the row is set back to
+    /// [`Block::give_back_to`].
+    pub fn lost_on_give_back(&self) -> u64 {
+        match self.last_used_chunk_end {
+            Some(end) if self.next_id <= end => (end - self.next_id + 1) as u64,
+            _ => 0,
+        }
+    }
+
+    /// Where a give-back sets the row: the end of the chunk of the last id
+    /// handed out, or where it was before the reservation.
+    pub fn give_back_to(&self) -> i64 {
+        self.last_used_chunk_end
+            .unwrap_or(self.row - self.chunks * self.stride)
+    }
+}
+
+/// The double buffer of one segment sequence.
+#[derive(Debug, Default)]
+pub(crate) struct Buffers {
+    pub current: Option<Block>,
+    pub next: Option<Block>,
+    /// A background fetch is under way.
+    pub fetching: bool,
+    /// The last fetch failed: the next caller that finds no block gets it.
+    pub failure: Option<TicketError>,
+    /// Chunks per block now (adapted between the bounds).
+    pub chunks: i64,
+    pub last_fetch: Option<Instant>,
+    /// The end of the latest block fetched: the next is above it.
+    pub floor: u64,
+    /// Shut down: no more fetches.
+    pub closed: bool,
+}
+
+/// One segment sequence in a client.
+#[derive(Debug)]
+pub(crate) struct SegmentSequence {
+    pub buffers: Mutex<Buffers>,
+    /// Woken when a fetch ends.
+    pub fetched: Notify,
+}
+
+impl SegmentSequence {
+    pub fn new(config: &Config, start: u64) -> SegmentSequence {
+        SegmentSequence {
+            buffers: Mutex::new(Buffers {
+                chunks: (config.segment.min_step / config.segment.chunk) as i64,
+                floor: start.saturating_sub(1),
+                ..Buffers::default()
+            }),
+            fetched: Notify::new(),
+        }
+    }
+}
+
+/// The next step, in chunks: doubled when the last block went faster than
+/// half the target, halved when slower than twice it.
+pub(crate) fn adapt(config: &Config, chunks: i64, since_last: Option<std::time::Duration>) -> i64 {
+    let min = (config.segment.min_step / config.segment.chunk) as i64;
+    let max = (config.segment.max_step / config.segment.chunk) as i64;
+    let target = config.segment.target_block_ms as u128;
+    let next = match since_last {
+        Some(d) if d.as_millis() * 2 < target => chunks * 2,
+        Some(d) if d.as_millis() > target * 2 => chunks / 2,
+        _ => chunks,
+    };
+    next.clamp(min, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn lattice(offset: i128, n: i128, chunk: i128) -> Lattice {
+        Lattice { offset, n, chunk }
+    }
+
+    fn drain(b: &mut Block) -> Vec<u64> {
+        let mut ids = Vec::new();
+        while let Take::Id(id, _) = b.take() {
+            ids.push(id);
+        }
+        ids
+    }
+
+    #[test]
+    fn row_above_lands_on_the_lattice_with_every_id_above() {
+        let l = lattice(1, 2, 10);
+        assert_eq!(l.base(), -10);
+        assert_eq!(l.row_above(0), -10);
+        assert_eq!(l.row_above(20), 10); // next chunk 21..=30
+        assert_eq!(l.row_above(25), 30); // next chunk 41..=50
+        let l2 = lattice(2, 2, 10);
+        assert_eq!(l2.row_above(0), 0); // first chunk 11..=20
+        for past in 0..200u64 {
+            for l in [l, l2, lattice(3, 3, 7)] {
+                let row = l.row_above(past) as i128;
+                assert_eq!((row - l.offset * l.chunk).rem_euclid(l.n * l.chunk), 0);
+                let next_start = row + l.n * l.chunk - l.chunk + 1;
+                assert!(next_start > past as i128);
+                // The smallest such: one stride less would not do.
+                assert!(row == l.base() || next_start - l.n * l.chunk <= past as i128);
+                assert!(l.counter_of_row(row as i64) >= past);
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_of_two_servers_never_overlap() {
+        let (a, b) = (lattice(1, 2, 10), lattice(2, 2, 10));
+        let (mut row_a, mut row_b) = (a.base() as i64, b.base() as i64);
+        let mut seen = HashSet::new();
+        for chunks in [1, 3, 2, 5, 1] {
+            row_a += chunks * a.stride();
+            row_b += chunks * b.stride();
+            for (row, l, s) in [(row_a, a, 0), (row_b, b, 1)] {
+                let mut block = Block::new(s, row, chunks, l, u64::MAX);
+                let ids = drain(&mut block);
+                assert_eq!(ids.len() as u64, block.size);
+                assert!(ids.windows(2).all(|w| w[0] < w[1]));
+                for id in ids {
+                    assert!(seen.insert(id), "id {id} twice");
+                    let chunk = (id - 1) / 10;
+                    assert_eq!(chunk % 2, s as u64, "id {id} in the other server's chunk");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_stops_at_the_maximum() {
+        let l = lattice(1, 1, 10);
+        let mut block = Block::new(0, 4_294_967_300, 1, l, 4_294_967_295);
+        let ids = drain(&mut block);
+        assert_eq!(ids, (4_294_967_291..=4_294_967_295).collect::<Vec<_>>());
+        assert_eq!(block.take(), Take::Exhausted);
+    }
+
+    #[test]
+    fn give_back_keeps_every_id_handed_out() {
+        let l = lattice(2, 2, 10);
+        let mut block = Block::new(1, 60, 3, l, u64::MAX); // chunks 11-20, 31-40, 51-60
+        assert_eq!(block.give_back_to(), 0);
+        assert_eq!(block.take(), Take::Id(11, Some(20)));
+        for _ in 0..10 {
+            block.take();
+        }
+        // Handed out 11..=20 and 31; the row goes back to 40.
+        assert_eq!(block.give_back_to(), 40);
+        assert_eq!(block.lost_on_give_back(), 9);
+    }
+
+    #[test]
+    fn the_step_adapts_within_bounds() {
+        let config = Config::parse(
+            "[segment]\nchunk = 10\nmin_step = 10\nmax_step = 40\ntarget_block_ms = 1000\n[[servers]]\nname = \"a\"\nkind = \"mariadb\"\nurl = \"mysql://x\"\noffset = 1\n[[sequences]]\nname = \"s\"",
+        )
+        .unwrap();
+        let fast = Some(std::time::Duration::from_millis(10));
+        let slow = Some(std::time::Duration::from_millis(5000));
+        assert_eq!(adapt(&config, 1, fast), 2);
+        assert_eq!(adapt(&config, 4, fast), 4);
+        assert_eq!(adapt(&config, 4, slow), 2);
+        assert_eq!(adapt(&config, 1, slow), 1);
+        assert_eq!(adapt(&config, 2, None), 2);
+    }
+}

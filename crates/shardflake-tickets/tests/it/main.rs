@@ -1,0 +1,606 @@
+//! Ticket servers on real MariaDB and PostgreSQL servers, started on
+//! 127.0.0.1 under temp dirs: the MariaDB pairs by `scripts/mariadb.sh`
+//! (which can SIGKILL and restart a server on its data), the PostgreSQL
+//! servers by `shardflake_db::testing::PgServer`.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use shardflake_db::testing::PgServer;
+use shardflake_tickets::{Config, ConfigError, TicketClient, TicketError, admin};
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name)
+}
+
+/// A MariaDB server from `scripts/mariadb.sh`, stopped and removed on drop.
+struct Maria {
+    dir: String,
+    url: String,
+    port: u16,
+}
+
+impl Maria {
+    /// Starts a server whose global increment and offset are as given.
+    fn start(increment: u64, offset: u64) -> Maria {
+        let out = Command::new("bash")
+            .arg(script("mariadb.sh"))
+            .arg("start")
+            .env(
+                "MARIADB_OPTS",
+                format!("--auto-increment-increment={increment} --auto-increment-offset={offset}"),
+            )
+            .output()
+            .expect("run mariadb.sh");
+        assert!(
+            out.status.success(),
+            "mariadb.sh start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let url = text
+            .lines()
+            .find(|l| l.starts_with("mysql://"))
+            .unwrap()
+            .to_string();
+        let dir = text
+            .lines()
+            .find_map(|l| l.strip_prefix("dir "))
+            .unwrap()
+            .to_string();
+        let port = url
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        Maria { dir, url, port }
+    }
+
+    fn run(&self, what: &str) {
+        let out = Command::new("bash")
+            .arg(script("mariadb.sh"))
+            .arg(what)
+            .arg(&self.dir)
+            .output()
+            .expect("run mariadb.sh");
+        assert!(
+            out.status.success(),
+            "mariadb.sh {what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// SIGKILL: a crash.
+    fn kill(&self) {
+        self.run("kill");
+    }
+
+    fn restart(&self) {
+        self.run("restart");
+    }
+
+    fn sql(&self, sql: &str) -> String {
+        let out = Command::new("mariadb")
+            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root", "-N", "-B"])
+            .arg(format!("-P{}", self.port))
+            .args(["app", "-e", sql])
+            .output()
+            .expect("mariadb client");
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Maria {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script("mariadb.sh"))
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+fn server_toml(name: &str, kind: &str, url: &str, offset: u64) -> String {
+    format!(
+        "[[servers]]\nname = \"{name}\"\nkind = \"{kind}\"\nurl = \"{url}\"\noffset = {offset}\n"
+    )
+}
+
+const SEQUENCES: &str = r#"
+[failover]
+attempt_timeout_ms = 1000
+timeout_ms = 3000
+probe_interval_ms = 50
+high_water_interval_ms = 50
+
+[segment]
+chunk = 100
+min_step = 100
+max_step = 10000
+
+[[sequences]]
+name = "photos"
+
+[[sequences]]
+name = "blocks"
+mode = "segment"
+"#;
+
+fn maria_pair_config(a: &Maria, b: &Maria) -> Config {
+    Config::parse(&format!(
+        "{}{}{SEQUENCES}",
+        server_toml("a", "mariadb", &a.url, 1),
+        server_toml("b", "mariadb", &b.url, 2)
+    ))
+    .unwrap()
+}
+
+fn pg_pair_config(a: &PgServer, b: &PgServer, style: &str) -> Config {
+    Config::parse(&format!(
+        "postgres_tickets = \"{style}\"\n{}{}{SEQUENCES}",
+        server_toml("a", "postgres", &a.url(), 1),
+        server_toml("b", "postgres", &b.url(), 2)
+    ))
+    .unwrap()
+}
+
+async fn init_ok(config: &Config) {
+    for _ in 0..2 {
+        for s in admin::init(config).await {
+            s.result
+                .unwrap_or_else(|e| panic!("init {}: {e}", s.server));
+        }
+    }
+}
+
+fn state(client: &TicketClient, server: &str) -> &'static str {
+    client
+        .metrics()
+        .into_iter()
+        .find(|m| m.name == server)
+        .unwrap()
+        .state
+}
+
+fn calls(client: &TicketClient, server: &str) -> u64 {
+    client
+        .metrics()
+        .into_iter()
+        .find(|m| m.name == server)
+        .unwrap()
+        .calls
+}
+
+/// Polls the client's view of a server until it reaches `want` (the prober
+/// runs every 50 ms here).
+async fn wait_state(client: &TicketClient, server: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(client, server) != want {
+        assert!(
+            Instant::now() < deadline,
+            "server {server} never became {want}: {:?}",
+            client.metrics()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn assert_unique(ids: &[u64]) {
+    let set: HashSet<u64> = ids.iter().copied().collect();
+    assert_eq!(
+        set.len(),
+        ids.len(),
+        "{} duplicate ids",
+        ids.len() - set.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_pair_hands_out_odd_and_even_ids_and_checks_clean() {
+    let (a, b) = (Maria::start(2, 1), Maria::start(2, 2));
+    let config = maria_pair_config(&a, &b);
+    init_ok(&config).await;
+    let report = admin::check(&config).await;
+    assert!(report.ok(), "{report}");
+    assert!(
+        report
+            .to_string()
+            .contains("session: auto_increment_increment 2 auto_increment_offset 2")
+    );
+
+    let client = TicketClient::connect(config).await.unwrap();
+    let ids = client.next_n("photos", 200).await.unwrap();
+    assert_unique(&ids);
+    assert!(ids.iter().any(|i| i % 2 == 1) && ids.iter().any(|i| i % 2 == 0));
+    assert_eq!(&ids[..4], &[1, 2, 3, 4], "the servers take turns");
+    // Segment ids from one client increase.
+    let blocks = client.next_n("blocks", 5000).await.unwrap();
+    assert!(blocks.windows(2).all(|w| w[0] < w[1]));
+
+    let e = client.next("nope").await.unwrap_err();
+    assert_eq!(e.code(), "unknown_sequence");
+    assert_eq!(e.to_string(), "unknown sequence \"nope\"");
+    let e = client.next_n("photos", 0).await.unwrap_err();
+    assert_eq!(e.code(), "bad_count");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pair_sharing_an_offset_fails_check_and_is_refused_by_the_client() {
+    // Both servers configured with offset 1: plain SQL clients would get one
+    // id from both.
+    let (a, b) = (Maria::start(2, 1), Maria::start(2, 1));
+    let config = maria_pair_config(&a, &b);
+    init_ok(&config).await;
+    let report = admin::check(&config).await;
+    assert!(!report.ok());
+    let text = report.to_string();
+    assert!(
+        text.contains("servers a and b share global auto_increment_offset 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "server b: global auto_increment_increment/offset are 2/1, the file says 2/2"
+        ),
+        "{text}"
+    );
+
+    // The same mistake in the file: refused before any connection.
+    let same = format!(
+        "{}{}{SEQUENCES}",
+        server_toml("a", "mariadb", &a.url, 1),
+        server_toml("b", "mariadb", &b.url, 1)
+    );
+    let e = Config::parse(&same).unwrap_err();
+    assert!(
+        matches!(e, ConfigError::DuplicateOffset { offset: 1, .. }),
+        "{e}"
+    );
+
+    // The client sets the offsets on its own sessions: still odd and even.
+    let client = TicketClient::connect(config).await.unwrap();
+    let ids = client.next_n("photos", 10).await.unwrap();
+    assert_eq!(ids, (1..=10).collect::<Vec<_>>());
+}
+
+/// 8 callers on both sequences while server `a` is SIGKILLed and restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_pair_survives_a_kill_under_load_without_a_duplicate() {
+    let (a, b) = (Maria::start(2, 1), Maria::start(2, 2));
+    let config = maria_pair_config(&a, &b);
+    init_ok(&config).await;
+    let client = TicketClient::connect(config).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let (client, stop) = (client.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let sequence = if t % 2 == 0 { "photos" } else { "blocks" };
+            let (mut ids, mut errors) = (Vec::new(), Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                match client.next(sequence).await {
+                    Ok(id) => ids.push(id),
+                    Err(e) => errors.push(e),
+                }
+            }
+            (sequence, ids, errors)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.kill();
+    let b_before = calls(&client, "b");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(state(&client, "a"), "down");
+    assert!(
+        calls(&client, "b") > b_before + 50,
+        "b did not carry the load"
+    );
+    a.restart();
+    wait_state(&client, "a", "up").await;
+    let a_back = calls(&client, "a");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut photos, mut blocks) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (sequence, ids, errors) = t.await.unwrap();
+        assert!(errors.is_empty(), "callers saw errors: {errors:?}");
+        if sequence == "photos" {
+            photos.extend(ids);
+        } else {
+            // Each caller's segment ids increase.
+            assert!(ids.windows(2).all(|w| w[0] < w[1]));
+            blocks.extend(ids);
+        }
+    }
+    assert!(calls(&client, "a") > a_back, "a was not taken back");
+    assert!(photos.len() > 100 && blocks.len() > 100);
+    assert_unique(&photos);
+    assert_unique(&blocks);
+    let m = client.metrics();
+    assert!(m[0].failovers > 0, "{m:?}");
+    client.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mariadb_server_restored_from_a_dump_is_refused_until_repair() {
+    let (a, b) = (Maria::start(2, 1), Maria::start(2, 2));
+    let config = maria_pair_config(&a, &b);
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 20).await.unwrap();
+    let dump = Command::new("mariadb-dump")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", a.port))
+        .args(["app", "tickets_photos"])
+        .output()
+        .unwrap();
+    assert!(dump.status.success());
+    ids.extend(client.next_n("photos", 200).await.unwrap());
+    client.record_high_water().await.unwrap();
+
+    // Restore the old dump, restart (a restore's sessions are new).
+    let path = std::env::temp_dir().join(format!("tickets-dump-{}.sql", a.port));
+    std::fs::write(&path, &dump.stdout).unwrap();
+    a.sql(&format!("source {}", path.display()));
+    a.restart();
+    let behind = a.sql(
+        "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_NAME = 'tickets_photos'",
+    );
+    assert!(
+        behind.parse::<u64>().unwrap() < 200,
+        "the dump did not set the counter back: {behind}"
+    );
+
+    // The running client refuses it; b carries on.
+    ids.extend(client.next_n("photos", 50).await.unwrap());
+    wait_state(&client, "a", "behind_high_water").await;
+    let reason = client.metrics()[0].reason.clone().unwrap();
+    assert!(reason.contains("behind its high-water"), "{reason}");
+    // A new client (the peers hold the mark) refuses it too.
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    assert_eq!(state(&fresh, "a"), "behind_high_water");
+    let report = admin::check(&config).await;
+    assert!(
+        !report.ok() && report.to_string().contains("behind the high-water"),
+        "{report}"
+    );
+
+    let repaired = admin::repair(&config).await.unwrap();
+    assert_eq!(repaired.len(), 1, "{repaired:?}");
+    assert_eq!(repaired[0].server, "a");
+    assert!(admin::check(&config).await.ok());
+    wait_state(&client, "a", "up").await;
+    ids.extend(client.next_n("photos", 200).await.unwrap());
+    ids.extend(fresh.next_n("photos", 200).await.unwrap());
+    assert_unique(&ids);
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_pair_per_id_and_segment() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    for style in ["sequence", "table"] {
+        let config = pg_pair_config(&a, &b, style);
+        if style == "table" {
+            // A style is chosen once: reuse the servers under other names.
+            for s in [&a, &b] {
+                let (c, conn) = shardflake_tickets::tokio_postgres::connect(
+                    &s.url(),
+                    shardflake_tickets::tokio_postgres::NoTls,
+                )
+                .await
+                .unwrap();
+                tokio::spawn(conn);
+                c.batch_execute("DROP SEQUENCE tickets_photos; DROP TABLE shardflake_ticket_segments, shardflake_ticket_hw")
+                    .await
+                    .unwrap();
+            }
+        }
+        init_ok(&config).await;
+        let report = admin::check(&config).await;
+        assert!(report.problems.is_empty(), "{report}");
+        let client = TicketClient::connect(config.clone()).await.unwrap();
+        let ids = client.next_n("photos", 100).await.unwrap();
+        assert_eq!(&ids[..4], &[1, 2, 3, 4], "{style}");
+        assert_unique(&ids);
+
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for _ in 0..300 {
+                    ids.extend(client.next_n("blocks", 7).await.unwrap());
+                }
+                ids
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            let ids = t.await.unwrap();
+            assert!(ids.windows(2).all(|w| w[0] < w[1]));
+            all.extend(ids);
+        }
+        assert_eq!(all.len(), 8 * 300 * 7);
+        assert_unique(&all);
+        let report = client.shutdown().await;
+        assert!(report.returned_ids > 0, "{report:?}");
+        // Tails given back are handed out again, never an id twice.
+        let next = TicketClient::connect(config).await.unwrap();
+        all.extend(next.next_n("blocks", 20_000).await.unwrap());
+        assert_unique(&all);
+    }
+}
+
+/// With one server the tail given back at shutdown is where the next
+/// client starts (less the rest of the last chunk used).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_segment_tail_given_back_is_used_next() {
+    let pg = PgServer::start().unwrap();
+    let config = Config::parse(&format!(
+        "{}[[sequences]]\nname = \"solo\"\nmode = \"segment\"\n[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n",
+        server_toml("a", "postgres", &pg.url(), 1)
+    ))
+    .unwrap();
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let ids = client.next_n("solo", 250).await.unwrap();
+    assert_eq!(ids, (1..=250).collect::<Vec<_>>());
+    let report = client.shutdown().await;
+    // Kept 251..=300 (the rest of the chunk), gave back the others.
+    assert_eq!(report.skipped_ids, 50, "{report:?}");
+    assert!(report.returned_ids >= 700, "{report:?}");
+    assert_eq!(client.next("solo").await.unwrap_err().code(), "unavailable");
+    let next = TicketClient::connect(config).await.unwrap();
+    assert_eq!(next.next("solo").await.unwrap(), 301);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_server_set_back_is_refused_until_repair() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = pg_pair_config(&a, &b, "sequence");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = client.next_n("photos", 100).await.unwrap();
+    let mut blocks = client.next_n("blocks", 500).await.unwrap();
+    client.record_high_water().await.unwrap();
+    let (admin_a, conn) = shardflake_tickets::tokio_postgres::connect(
+        &a.url(),
+        shardflake_tickets::tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    // As if restored from an older backup, then its sessions cut.
+    admin_a
+        .batch_execute(
+            "SELECT setval('tickets_photos', 1, false);
+             UPDATE shardflake_ticket_segments SET max_id = -100;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'shardflake-tickets';",
+        )
+        .await
+        .unwrap();
+    photos.extend(client.next_n("photos", 20).await.unwrap());
+    wait_state(&client, "a", "behind_high_water").await;
+    let report = admin::check(&config).await;
+    assert!(
+        !report.ok() && report.to_string().contains("behind the high-water"),
+        "{report}"
+    );
+    let repaired = admin::repair(&config).await.unwrap();
+    assert_eq!(repaired.len(), 2, "{repaired:?}");
+    wait_state(&client, "a", "up").await;
+    photos.extend(client.next_n("photos", 100).await.unwrap());
+    let fresh = TicketClient::connect(config).await.unwrap();
+    assert_eq!(state(&fresh, "a"), "up");
+    blocks.extend(fresh.next_n("blocks", 2000).await.unwrap());
+    photos.extend(fresh.next_n("photos", 100).await.unwrap());
+    assert!(
+        fresh.metrics()[0].calls > 0,
+        "a was not used after the repair"
+    );
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_32_bit_sequence_stops_at_its_maximum() {
+    let m = Maria::start(1, 1);
+    let pg = PgServer::start().unwrap();
+    for (kind, url) in [("mariadb", m.url.clone()), ("postgres", pg.url())] {
+        let config = Config::parse(&format!(
+            "{}[[sequences]]\nname = \"small\"\nbits = 32\nstart = 4294967290\n[[sequences]]\nname = \"small_blocks\"\nbits = 32\nmode = \"segment\"\nstart = 4294967000\n[segment]\nchunk = 100\nmin_step = 100\nmax_step = 100\n",
+            server_toml("a", kind, &url, 1)
+        ))
+        .unwrap();
+        init_ok(&config).await;
+        let client = TicketClient::connect(config).await.unwrap();
+        let ids = client.next_n("small", 6).await.unwrap();
+        assert_eq!(
+            ids,
+            (4_294_967_290..=4_294_967_295).collect::<Vec<_>>(),
+            "{kind}"
+        );
+        for _ in 0..2 {
+            let e = client.next("small").await.unwrap_err();
+            assert_eq!(e.code(), "exhausted", "{kind}: {e}");
+            assert!(e.to_string().contains("no id above 4294967295"), "{e}");
+        }
+        // The first chunk wholly at or above `start`: 4294967001..=4294967100.
+        let blocks = client.next_n("small_blocks", 295).await.unwrap();
+        assert_eq!(blocks[0], 4_294_967_001, "{kind}");
+        assert_eq!(*blocks.last().unwrap(), 4_294_967_295, "{kind}");
+        let e = client.next("small_blocks").await.unwrap_err();
+        assert_eq!(e.code(), "exhausted", "{kind}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_server_at_start_is_a_clear_error() {
+    let port = shardflake_db::testing::free_port().unwrap();
+    let dead = format!("mysql://root@127.0.0.1:{port}/app");
+    let config = Config::parse(&format!(
+        "{}{SEQUENCES}",
+        server_toml("gone", "mariadb", &dead, 1)
+    ))
+    .unwrap();
+    let e = TicketClient::connect(config.clone()).await.err().unwrap();
+    assert_eq!(e.code(), "unavailable");
+    let text = e.to_string();
+    assert!(text.contains("gone: server \"gone\": connect"), "{text}");
+    let report = admin::check(&config).await;
+    assert!(
+        !report.ok() && report.to_string().contains("unreachable"),
+        "{report}"
+    );
+
+    // One of two unreachable: the other serves, the dead one is down.
+    let m = Maria::start(2, 1);
+    let config = Config::parse(&format!(
+        "{}{}{SEQUENCES}",
+        server_toml("a", "mariadb", &m.url, 1),
+        server_toml("gone", "mariadb", &dead, 2)
+    ))
+    .unwrap();
+    init_ok_partial(&config).await;
+    let client = TicketClient::connect(config).await.unwrap();
+    assert_eq!(state(&client, "gone"), "down");
+    let ids = client.next_n("photos", 10).await.unwrap();
+    assert!(ids.iter().all(|i| i % 2 == 1));
+}
+
+async fn init_ok_partial(config: &Config) {
+    let results = admin::init(config).await;
+    assert!(results.iter().any(|s| s.result.is_ok()));
+}
+
+#[test]
+fn a_malformed_file_is_a_clear_error() {
+    let path = std::env::temp_dir().join(format!("tickets-bad-{}.toml", std::process::id()));
+    std::fs::write(&path, "[[servers]]\nname = \"a\"\nkind = \"oracle\"\n").unwrap();
+    let e = Config::load(&path).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.starts_with("bad tickets configuration") && text.contains("oracle"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&path);
+    let e = Config::load("/nonexistent/tickets.toml").unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }));
+    assert_eq!(TicketError::from(e).code(), "bad_config");
+}

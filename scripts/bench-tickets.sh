@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Ticket servers, in one run on the same pairs (`shardflake tickets bench`):
+#
+# 1. MariaDB odd/even pair (scripts/mariadb.sh, global increment 2, offsets
+#    1 and 2): Flickr per-id mode through the library (round robin,
+#    failover, residue checks, high-water marks) against a bare
+#    `REPLACE INTO … ('a')` loop from the same client library, TASKS callers
+#    each (goal: library >= 0.9x bare);
+# 2. segment mode in the library on the same pair, one id per call and
+#    BATCH ids per call (goal: >= 100x per-id and > 1 M ids/s);
+# 3. PostgreSQL pair (scripts/pg.sh): per-id with a sequence (`nextval`)
+#    and with Flickr's table (`INSERT … ON CONFLICT … RETURNING`), each
+#    against its bare loop: the faster is the default (`postgres_tickets`);
+# 4. the MariaDB pair under per-id and segment load while server 1 is
+#    SIGKILLed and restarted: calls that failed and for how long (goal: none,
+#    they fail over).
+#
+#   scripts/bench-tickets.sh     RUN_SECONDS=5 TASKS=8 BATCH=1000 by default
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER_RUN=${RUN_SECONDS:-5}
+TASKS=${TASKS:-8}
+BATCH=${BATCH:-1000}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo build -q -p shardflake-cli
+bin=$CARGO_TARGET_DIR/debug/shardflake
+
+work=$(mktemp -d /tmp/bench-tickets.XXXXXX)
+# PostgreSQL runs as user postgres: it must traverse the dir.
+chmod 755 "$work"
+m1=$work/m1 m2=$work/m2 pgdir=$work/pg
+cleanup() {
+  scripts/mariadb.sh stop "$m1" >/dev/null 2>&1 || true
+  scripts/mariadb.sh stop "$m2" >/dev/null 2>&1 || true
+  scripts/pg.sh stop "$pgdir" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+url1=$(MARIADB_OPTS="--auto-increment-increment=2 --auto-increment-offset=1" scripts/mariadb.sh start "$m1" | sed -n 1p)
+url2=$(MARIADB_OPTS="--auto-increment-increment=2 --auto-increment-offset=2" scripts/mariadb.sh start "$m2" | sed -n 1p)
+mapfile -t pg < <(scripts/pg.sh start 2 "$pgdir")
+
+sequences='
+[[sequences]]
+name = "photos"
+
+[[sequences]]
+name = "blocks"
+mode = "segment"
+'
+cat >"$work/maria.toml" <<EOF
+[[servers]]
+name = "m1"
+kind = "mariadb"
+url = "$url1"
+offset = 1
+
+[[servers]]
+name = "m2"
+kind = "mariadb"
+url = "$url2"
+offset = 2
+$sequences
+EOF
+for style in sequence table; do
+  cat >"$work/pg-$style.toml" <<EOF
+postgres_tickets = "$style"
+
+[[servers]]
+name = "p1"
+kind = "postgres"
+url = "${pg[0]}"
+offset = 1
+
+[[servers]]
+name = "p2"
+kind = "postgres"
+url = "${pg[1]}"
+offset = 2
+
+[[sequences]]
+name = "photos_$style"
+EOF
+done
+
+"$bin" tickets init --config "$work/maria.toml" >/dev/null
+"$bin" tickets init --config "$work/pg-sequence.toml" >/dev/null
+"$bin" tickets init --config "$work/pg-table.toml" >/dev/null
+
+echo "# scripts/bench-tickets.sh: $(nproc) cores, ${SECONDS_PER_RUN} s per run, $TASKS callers"
+echo
+echo "## MariaDB pair: per-id (Flickr) against a bare REPLACE INTO loop"
+"$bin" tickets bench --config "$work/maria.toml" photos --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare
+echo
+echo "## MariaDB pair: segment mode, 1 id per call, then $BATCH per call"
+"$bin" tickets bench --config "$work/maria.toml" blocks --tasks "$TASKS" --seconds "$SECONDS_PER_RUN"
+"$bin" tickets bench --config "$work/maria.toml" blocks --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --batch "$BATCH"
+echo
+for style in sequence table; do
+  echo "## PostgreSQL pair: per-id with a $style, against its bare loop"
+  "$bin" tickets bench --config "$work/pg-$style.toml" "photos_$style" --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare
+  echo
+done
+
+echo "## MariaDB pair: m1 SIGKILLed 1 s into a 6 s run, restarted 2 s later"
+for sequence in photos blocks; do
+  "$bin" tickets bench --config "$work/maria.toml" "$sequence" --tasks "$TASKS" --seconds 6 >"$work/kill.out" 2>"$work/kill.err" &
+  bench=$!
+  sleep 1
+  scripts/mariadb.sh kill "$m1"
+  sleep 2
+  scripts/mariadb.sh restart "$m1" >/dev/null
+  wait "$bench"
+  cat "$work/kill.out"
+done
