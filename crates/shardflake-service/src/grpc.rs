@@ -1,7 +1,7 @@
 //! The gRPC API (tonic): the same operations as HTTP, from
 //! `proto/shardflake.proto` compiled by protox at build time (no `protoc`),
 //! plus server reflection (v1 and v1alpha) so `grpcurl` needs no proto file.
-//! With an API token configured ([`crate::auth`]), the id service requires
+//! With an API token configured ([`crate::ApiToken`]), the id service requires
 //! `authorization: Bearer <token>` metadata (else `Unauthenticated`);
 //! reflection stays open.
 

@@ -9,7 +9,7 @@
 //! | `GET /v1/info` | layout and node identity |
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | health, readiness (node id held), Prometheus, OpenAPI 3 |
 //!
-//! With an API token configured ([`crate::auth`]), the `/v1/` routes answer
+//! With an API token configured ([`crate::ApiToken`]), the `/v1/` routes answer
 //! 401 `unauthorized` without `Authorization: Bearer <token>`; health,
 //! readiness, metrics and the OpenAPI document stay open.
 //!

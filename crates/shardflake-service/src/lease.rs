@@ -25,7 +25,7 @@
 //! ([`AcquireError::is_fatal`]) stops the node: [`Keeper::run`] returns it.
 //!
 //! Time: renewals and deadlines run on tokio's clock (the issuer's fence
-//! reads the same one); wall time comes from the issuer's [`WallClock`].
+//! reads the same one); wall time comes from the issuer's `WallClock`.
 //! Registry calls are never cancelled half-way (each is bounded by the
 //! store's request timeout), so a lease taken is always known; shutdown
 //! interrupts only the keeper's own waits, and a lease taken before it is
