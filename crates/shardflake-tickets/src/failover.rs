@@ -8,7 +8,7 @@
 //! checks. Every new session is checked before its first use: increment and
 //! offset (or the sequence's schema) as in the file, and each sequence's
 //! counter at or above the server's high-water (the larger of the marks in
-//! memory and in the [`HighWaterStore`](crate::HighWaterStore)). A server
+//! memory and in the [`HighWaterStore`]). A server
 //! that fails those checks is *refused* with the typed reason until it
 //! passes them (after `shardflake tickets repair`).
 

@@ -28,7 +28,7 @@
 //! - [`high_water`]: [`HighWaterStore`] and the peers-backed [`PeersStore`].
 //! - [`client`]: [`TicketClient`], what the CLI and the service call.
 //! - [`admin`]: `init`, `check`, `repair`.
-//! - [`bench`]: the client against a bare loop, for `shardflake tickets bench`.
+//! - [`bench`](mod@bench): the client against a bare loop, for `shardflake tickets bench`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), shardflake_tickets::TicketError> {
