@@ -29,7 +29,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -243,6 +243,9 @@ pub struct Client {
     token: Mutex<Option<AsciiMetadataValue>>,
     keep_alive: Mutex<Option<Arc<KeepAliveStream>>>,
     hint: TlsHint,
+    /// Some member has answered some call: from then on a closed
+    /// connection is an outage, never a refused client certificate.
+    answered: AtomicBool,
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked
@@ -290,6 +293,7 @@ impl Client {
         let hint = TlsHint {
             has_client_cert: tls.as_ref().is_some_and(|(_, client_cert)| *client_cert),
             tls: tls.is_some(),
+            never_answered: true,
         };
         let members = endpoints
             .iter()
@@ -323,6 +327,7 @@ impl Client {
             token: Mutex::new(None),
             keep_alive: Mutex::new(None),
             hint,
+            answered: AtomicBool::new(false),
         }
     }
 
@@ -366,20 +371,19 @@ impl Client {
                 password: auth.password.clone(),
             })
             .await
-            .map_err(
-                |s| match classify(&s, self.auth.is_some(), &self.hint.clone()) {
-                    // Whatever etcd says to an Authenticate is about the credentials.
-                    Failure::TokenRejected(msg)
-                    | Failure::Fatal(EtcdError::Server(msg) | EtcdError::Auth(msg)) => {
-                        Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
-                    }
-                    other => other,
-                },
-            )?
+            .map_err(|s| match classify(&s, self.auth.is_some(), &self.hint()) {
+                // Whatever etcd says to an Authenticate is about the credentials.
+                Failure::TokenRejected(msg)
+                | Failure::Fatal(EtcdError::Server(msg) | EtcdError::Auth(msg)) => {
+                    Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
+                }
+                other => other,
+            })?
             .into_inner();
         let token = AsciiMetadataValue::try_from(answer.token)
             .map_err(|e| Failure::Fatal(EtcdError::Protocol(format!("auth token: {e}"))))?;
         *lock(&self.token) = Some(token.clone());
+        self.answered.store(true, Ordering::Relaxed);
         Ok(Some(token))
     }
 
@@ -393,7 +397,7 @@ impl Client {
         let n = self.members.len();
         let start = self.preferred.load(Ordering::Relaxed);
         let mut failures = Failures::default();
-        let hint = self.hint.clone();
+        let hint = self.hint();
         for i in 0..n {
             let idx = (start + i) % n;
             let mut renewed_token = false;
@@ -413,6 +417,7 @@ impl Client {
                 match outcome {
                     Ok(Ok(v)) => {
                         self.preferred.store(idx, Ordering::Relaxed);
+                        self.answered.store(true, Ordering::Relaxed);
                         return Ok(v);
                     }
                     Ok(Err(Failure::TokenRejected(msg))) if !renewed_token => {
@@ -579,7 +584,7 @@ impl Client {
         let n = self.members.len();
         let start = self.preferred.load(Ordering::Relaxed);
         let mut failures = Failures::default();
-        let hint = self.hint.clone();
+        let hint = self.hint();
         for i in 0..n {
             let idx = (start + i) % n;
             let mut renewed_token = false;
@@ -599,6 +604,7 @@ impl Client {
                 match outcome {
                     Ok(Ok(ttl)) => {
                         self.preferred.store(idx, Ordering::Relaxed);
+                        self.answered.store(true, Ordering::Relaxed);
                         return u64::try_from(ttl)
                             .map_err(|_| EtcdError::Protocol(format!("keep-alive TTL {ttl}")));
                     }
@@ -652,6 +658,14 @@ impl Client {
             old.close();
         }
         Ok(stream)
+    }
+
+    /// What a failure's wording needs to know about the settings, now.
+    fn hint(&self) -> TlsHint {
+        TlsHint {
+            never_answered: !self.answered.load(Ordering::Relaxed),
+            ..self.hint.clone()
+        }
     }
 
     fn close_keep_alive(&self) {
@@ -862,6 +876,8 @@ struct TlsHint {
     has_client_cert: bool,
     /// TLS is configured (https endpoints).
     tls: bool,
+    /// No member has answered this client yet.
+    never_answered: bool,
 }
 
 /// Sorts a failed call: a local (transport) failure or an overloaded,
@@ -877,9 +893,16 @@ fn classify(status: &Status, authenticated: bool, hint: &TlsHint) -> Failure {
     }
     // A TLS 1.3 member refuses a missing client certificate after the
     // client's side of the handshake is done: the refusal is an alert on
-    // the next read, or, when the close wins the race, just a closed
-    // connection. Over TLS without a client certificate, say so.
-    if hint.tls && !hint.has_client_cert && error_chain(status).contains("connection closed") {
+    // the next read, or, when the close wins the race (the member resets
+    // the connection and the alert is lost), just a closed connection.
+    // Before etcd has ever answered this client, over TLS without a client
+    // certificate, that is the likely cause; once it has answered, a
+    // closed connection is an outage and stays retryable.
+    if hint.tls
+        && !hint.has_client_cert
+        && hint.never_answered
+        && error_chain(status).contains("connection closed")
+    {
         return Failure::Member(MemberFailure {
             reason: "the member closed the connection after the TLS handshake: etcd requires a client certificate (--client-cert-auth)? set --etcd-cert and --etcd-key".into(),
             refused: false,
@@ -1048,6 +1071,7 @@ mod tests {
         let hint = TlsHint {
             has_client_cert: false,
             tls: true,
+            never_answered: true,
         };
         let sort = |s: Status, auth: bool| match classify(&s, auth, &hint) {
             Failure::Member(_) => "next member",
@@ -1110,16 +1134,36 @@ mod tests {
         );
     }
 
+    /// A connection closed right after the handshake is a refused client
+    /// certificate only before etcd ever answered; afterwards it is an
+    /// outage, retried, never a reason to stop the node.
+    #[test]
+    fn a_closed_connection_is_tls_only_before_the_first_answer() {
+        let closed = || Status::from_error(Box::new(std::io::Error::other("connection closed")));
+        let is_tls = |never_answered| {
+            let hint = TlsHint {
+                has_client_cert: false,
+                tls: true,
+                never_answered,
+            };
+            matches!(classify(&closed(), false, &hint), Failure::Member(m) if m.tls)
+        };
+        assert!(is_tls(true));
+        assert!(!is_tls(false));
+    }
+
     #[test]
     fn tls_failures_name_the_setting() {
         use rustls::{AlertDescription, CertificateError, Error};
         let without = TlsHint {
             has_client_cert: false,
             tls: true,
+            never_answered: true,
         };
         let with = TlsHint {
             has_client_cert: true,
             tls: true,
+            never_answered: true,
         };
         let unknown_ca = Error::InvalidCertificate(CertificateError::UnknownIssuer);
         assert!(tls_reason(&unknown_ca, &without).contains("--etcd-ca"));
