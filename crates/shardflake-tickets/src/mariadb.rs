@@ -226,11 +226,7 @@ impl MariaSession {
         if marks.is_empty() {
             return Ok(());
         }
-        let values = marks
-            .iter()
-            .map(|(s, q, hw)| format!("('{s}', '{q}', {hw})"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let values = crate::session::high_water_rows(marks);
         self.conn
             .query_drop(format!(
                 "INSERT INTO {HW_TABLE} (server_name, sequence_name, high_water) VALUES {values} ON DUPLICATE KEY UPDATE high_water = GREATEST(high_water, VALUES(high_water))"

@@ -332,11 +332,7 @@ impl PgSession {
         if marks.is_empty() {
             return Ok(());
         }
-        let values = marks
-            .iter()
-            .map(|(s, q, hw)| format!("('{s}', '{q}', {hw})"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let values = crate::session::high_water_rows(marks);
         self.client
             .batch_execute(&format!(
                 "INSERT INTO {HW_TABLE} AS h (server_name, sequence_name, high_water) VALUES {values} ON CONFLICT (server_name, sequence_name) DO UPDATE SET high_water = GREATEST(h.high_water, EXCLUDED.high_water), updated_at = now()"

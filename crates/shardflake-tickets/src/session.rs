@@ -13,6 +13,17 @@ pub const SEGMENT_TABLE: &str = "shardflake_ticket_segments";
 /// The high-water marks of every server, kept on its peers.
 pub const HW_TABLE: &str = "shardflake_ticket_hw";
 
+/// `('server', 'sequence', id), ...`: the rows of a high-water upsert.
+/// Server and sequence names are plain identifiers (the config checks them),
+/// so they need no escaping.
+pub(crate) fn high_water_rows(marks: &[(String, String, u64)]) -> String {
+    marks
+        .iter()
+        .map(|(s, q, hw)| format!("('{s}', '{q}', {hw})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A connected session.
 pub(crate) enum Session {
     Maria(MariaSession),
