@@ -22,11 +22,9 @@ use tokio::net::TcpStream;
 
 use crate::record::{ConnLog, Protocol, ms_since};
 
-/// The generated protobuf types and client (`shardflake.v1`).
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod pb {
-    tonic::include_proto!("shardflake.v1");
-}
+// The generated `shardflake.v1` types come from the client crate, which,
+// like this one, links no service code.
+use shardflake_client::pb;
 
 /// Longest a connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

@@ -1,7 +1,8 @@
 //! `shardflake-chaos`: runs `shardflake serve` nodes against a 3-member
 //! etcd under a seeded schedule of faults while loading them over HTTP and
 //! gRPC, then checks every id returned with a checker written apart from the
-//! service (it links only the core crate, to decode ids).
+//! service (it links the core crate, to decode ids, and the client crate's
+//! generated gRPC types; never the service).
 //!
 //! | module | holds |
 //! |---|---|

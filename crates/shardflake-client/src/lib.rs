@@ -59,5 +59,8 @@ pub mod prefetch;
 
 pub use client::{Client, ClientBuilder, Transport};
 pub use error::{ClientError, EndpointFailure, FailureKind};
+/// The generated protobuf types and gRPC client of `shardflake.v1`, for
+/// callers that speak the API directly (the chaos checker does).
+pub use grpc::pb;
 pub use prefetch::{Prefetch, PrefetchBuilder};
 pub use shardflake::Id;
