@@ -1,4 +1,7 @@
-//! Ids inside MariaDB/MySQL (MISSION.md §2.3), made in the application's own
+//! Ids inside MariaDB/MySQL (Instagram's scheme from "Sharding & IDs at
+//! Instagram", ported to a MySQL stored procedure `generate_post_id` in the
+//! Korean post "서비스의 고유아이디를 만들기 위한 참고용 인스타그램 샤드키
+//! 만들기"), made in the application's own
 //! `INSERT`:
 //!
 //! ```sql

@@ -737,7 +737,8 @@ mod tests {
             "TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6))"
         );
         assert_eq!(p.packed_sql("us"), "((us DIV 1000) << 10)");
-        // MISSION §2.2's worked example, in this layout's shape
+        // The worked example of "Sharding & IDs at Instagram" (1387263000 ms,
+        // shard 1341, sequence 5001), in this layout's shape
         assert_eq!(p.id_of((1387263000 << 10) | (5001 % 1024), 1341), {
             (1387263000i64 << 20) | ((1341 % 1024) << 10) | (5001 % 1024)
         });

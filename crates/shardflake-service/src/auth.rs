@@ -32,7 +32,7 @@ pub enum TokenFileError {
     Read {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The read failure (missing file, permissions).
         error: std::io::Error,
     },
     /// Empty, or more than one word of visible ASCII.

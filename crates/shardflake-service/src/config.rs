@@ -244,7 +244,7 @@ pub enum ConfigError {
     ReadFile {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The read failure, as text (the error stays `Clone` and `Eq`).
         error: String,
     },
     /// The file is not valid TOML, or has an unknown key or a bad value.

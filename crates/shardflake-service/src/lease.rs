@@ -77,7 +77,7 @@ pub enum KeeperError {
     ReadState {
         /// The state file.
         path: PathBuf,
-        /// Why.
+        /// The read or parse failure.
         #[source]
         source: std::io::Error,
     },
@@ -86,7 +86,8 @@ pub enum KeeperError {
     Resume {
         /// The state file.
         path: PathBuf,
-        /// Why.
+        /// Why not: the record is too far ahead of the clock, or the
+        /// state file failed.
         #[source]
         source: AcquireError,
     },

@@ -39,7 +39,7 @@ pub enum ServeError {
         transport: &'static str,
         /// The address.
         addr: SocketAddr,
-        /// Why.
+        /// The bind failure (address in use, not local, permissions).
         error: std::io::Error,
     },
     /// The TLS certificate or key cannot serve.

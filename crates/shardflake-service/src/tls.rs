@@ -41,7 +41,7 @@ pub enum TlsError {
         what: &'static str,
         /// The file.
         path: std::path::PathBuf,
-        /// Why.
+        /// The read failure (missing file, permissions).
         error: std::io::Error,
     },
     /// A file without a PEM block of the expected kind, or a broken one.
