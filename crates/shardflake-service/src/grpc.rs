@@ -112,13 +112,9 @@ impl IdService for Service {
         let count = req.into_inner().count;
         let issued = self.issuer.next_ids(count).await?;
         let collect = move || issued.batch.iter().map(|id| id.get()).collect::<Vec<u64>>();
-        let ids = if count > crate::http::BLOCKING_BATCH {
-            tokio::task::spawn_blocking(collect)
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?
-        } else {
-            collect()
-        };
+        let ids = crate::issuer::encode_batch(count, collect)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(pb::NextIdsReply { ids }))
     }
 

@@ -39,9 +39,6 @@ use crate::metrics;
 
 type Shared = State<Arc<Issuer>>;
 
-/// Batches above this size are formatted off the async workers.
-pub(crate) const BLOCKING_BATCH: u64 = 4096;
-
 /// How long a client may take to send a request body (slowloris; the
 /// headers have their own timeout in the server).
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -410,13 +407,10 @@ async fn batch_response(
     format: Option<Format>,
 ) -> Result<Response, ApiError> {
     let issued = issuer.next_ids(count).await?;
-    let body = if count > BLOCKING_BATCH {
-        tokio::task::spawn_blocking(move || format_batch(&issued.batch, numbers, format))
+    let body =
+        crate::issuer::encode_batch(count, move || format_batch(&issued.batch, numbers, format))
             .await
-            .map_err(|e| ApiError::new(500, "internal", e.to_string()))?
-    } else {
-        format_batch(&issued.batch, numbers, format)
-    };
+            .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
     Ok(json_response(StatusCode::OK, body))
 }
 

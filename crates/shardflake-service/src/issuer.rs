@@ -486,6 +486,24 @@ const KINDS: [&str; 7] = [
     "layout", "uuidv1", "uuidv4", "uuidv6", "uuidv7", "uuid-nil", "objectid",
 ];
 
+/// Batches above this many ids get their wire form (JSON text, a protobuf
+/// list) built off the async workers: a million ids take milliseconds.
+pub(crate) const BLOCKING_BATCH: u64 = 4096;
+
+/// Runs `encode`, the wire form of a batch of `count` ids, on a blocking
+/// thread when the batch is large, inline otherwise. Both transports use it,
+/// so they agree on the threshold. An error is a panic inside `encode`.
+pub(crate) async fn encode_batch<T: Send + 'static>(
+    count: u64,
+    encode: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if count > BLOCKING_BATCH {
+        tokio::task::spawn_blocking(encode).await
+    } else {
+        Ok(encode())
+    }
+}
+
 /// A batch and, for a large one, the permit that counts it until dropped.
 #[derive(Debug)]
 pub struct IssuedBatch {
