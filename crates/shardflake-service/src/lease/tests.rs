@@ -236,7 +236,13 @@ async fn a_lost_lease_withdraws_reacquires_and_the_next_holder_resumes_after_its
         from_a.push(a.issuer.next_id().await.unwrap());
         tokio::time::sleep(STEP).await;
     }
-    // A's lease ends behind its back (expired, or deleted by an operator).
+    // A's lease ends behind its back (expired, or deleted by an operator),
+    // right after a record: A notices only at its next record or renewal.
+    let writes = a.issuer.metrics.high_water_writes.load(Ordering::Relaxed);
+    while a.issuer.metrics.high_water_writes.load(Ordering::Relaxed) == writes {
+        from_a.push(a.issuer.next_id().await.unwrap());
+        tokio::time::sleep(STEP).await;
+    }
     registry.end_lease_of(0).unwrap();
     // A keeps issuing under its old id until it notices; B takes id 0 meanwhile.
     let b_start = {
@@ -247,7 +253,7 @@ async fn a_lost_lease_withdraws_reacquires_and_the_next_holder_resumes_after_its
     // 0 even while A has not noticed yet.
     let mut from_b = Vec::new();
     let mut refused = 0;
-    while !b_start.is_finished() || a.issuer.active().is_none() {
+    while !(b_start.is_finished() && a.issuer.active().is_some_and(|x| x.node_id == 1)) {
         match a.issuer.next_id().await {
             Ok(id) => from_a.push(id),
             Err(_) => refused += 1,
