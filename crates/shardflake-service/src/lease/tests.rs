@@ -106,20 +106,24 @@ impl Node {
     }
 }
 
-// Caught: a broken lease fence (the issuer's check removed: ids flow until
-// the keeper's next tick withdraws the identity, after the deadline).
-#[tokio::test(start_paused = true)]
-async fn failing_renewals_fence_the_issuer_before_the_ttl_never_after() {
+/// Cuts the registry off right after a renewal (`hang`: its calls then
+/// take a minute before failing, so the keeper is stuck in one and only
+/// the issuer's own fence can refuse) and checks that ids stop at that
+/// renewal's send time + TTL − margin: not later, and not much earlier.
+async fn fence_closes_at_the_deadline(hang: bool) {
     let registry = MemoryRegistry::new();
     let a = node("60s"); // the high-water fence stays out of the way
     let task = a.run(a.start(&registry).await);
-    // Cut the registry off right after a renewal: the fence is then at
-    // that renewal's send time + TTL − margin, within one STEP.
+    // The fence is then at that renewal's send time + TTL − margin,
+    // within one STEP.
     let seen = a.renewals();
     while a.renewals() == seen {
         tokio::time::sleep(STEP).await;
     }
     registry.set_reachable(false);
+    if hang {
+        registry.set_answer_delay(Duration::from_secs(60));
+    }
     let outage = Instant::now();
     let fence = outage + (TTL - MARGIN);
     let mut first_refusal = None;
@@ -131,10 +135,14 @@ async fn failing_renewals_fence_the_issuer_before_the_ttl_never_after() {
                 assert!(first_refusal.is_none(), "issued again after refusing");
             }
             Err(e) => {
-                assert!(
-                    matches!(e, IssueError::Fenced | IssueError::NoLease(_)),
-                    "{e}"
-                );
+                if hang {
+                    assert_eq!(e, IssueError::Fenced);
+                } else {
+                    assert!(
+                        matches!(e, IssueError::Fenced | IssueError::NoLease(_)),
+                        "{e}"
+                    );
+                }
                 assert!(a.issuer.readiness().is_err());
                 first_refusal.get_or_insert(now);
             }
@@ -148,7 +156,22 @@ async fn failing_renewals_fence_the_issuer_before_the_ttl_never_after() {
         refused - outage
     );
     a.shutdown.send_replace(true);
-    task.await.unwrap().unwrap();
+    if !hang {
+        task.await.unwrap().unwrap();
+    }
+}
+
+// Caught: renewal answers ignored (the fence never moves: refused early).
+#[tokio::test(start_paused = true)]
+async fn failing_renewals_fence_the_issuer_before_the_ttl_never_after() {
+    fence_closes_at_the_deadline(false).await;
+}
+
+// Caught: a broken lease fence (the issuer's check removed: the keeper,
+// stuck in a renewal, cannot withdraw the identity, and ids flow on).
+#[tokio::test(start_paused = true)]
+async fn a_hanging_registry_fences_the_issuer_by_itself() {
+    fence_closes_at_the_deadline(true).await;
 }
 
 // Caught: a broken lease fence (with the check removed the next id is
