@@ -317,6 +317,43 @@ async fn a_lost_lease_withdraws_reacquires_and_the_next_holder_resumes_after_its
     drop(b_keeper);
 }
 
+/// Takes the node id away from A with `lose` and checks that A withdraws
+/// within `within`.
+async fn withdraws_when(lose: impl FnOnce(&MemoryRegistry), within: Duration) {
+    let registry = MemoryRegistry::new();
+    let a = node("3s");
+    let task = a.run(a.start(&registry).await);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lose(&registry);
+    let lost = Instant::now();
+    while a.issuer.metrics.losses.load(Ordering::Relaxed) == 0 {
+        assert!(lost.elapsed() <= within, "not withdrawn within {within:?}");
+        a.issuer.next_id().await.unwrap();
+        tokio::time::sleep(STEP).await;
+    }
+    a.shutdown.send_replace(true);
+    task.await.unwrap().unwrap();
+}
+
+// Caught: a renewal answered "gone" taken for a success (records fail
+// here, so only the renewal can tell).
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_gone_withdraws_the_node_id() {
+    let lose = |r: &MemoryRegistry| {
+        r.fail_high_water_records(true);
+        r.end_lease_of(0).unwrap();
+    };
+    withdraws_when(lose, RENEW_EVERY + Duration::from_millis(250)).await;
+}
+
+// Caught: a record refused for not holding the id taken for a passing
+// failure (the lease itself lives on here, so only the record can tell).
+#[tokio::test(start_paused = true)]
+async fn a_record_refused_for_another_holder_withdraws_the_node_id() {
+    let lose = |r: &MemoryRegistry| r.delete_node_key(0);
+    withdraws_when(lose, Duration::from_millis(1000 + 250)).await;
+}
+
 /// Ends A's lease, breaks the registry with `corrupt`, and returns the
 /// error `run` stops with.
 async fn reacquire_after(corrupt: impl FnOnce(&MemoryRegistry)) -> KeeperError {

@@ -147,6 +147,12 @@ impl MemoryRegistry {
         Some(lease)
     }
 
+    /// Deletes the node key of `node_id`, leaving its lease alive (an
+    /// operator's mistake, or another holder's take in between).
+    pub fn delete_node_key(&self, node_id: u64) {
+        self.store().nodes.remove(&node_id);
+    }
+
     /// Overwrites the high-water record of `node_id` (a corrupt one too).
     pub fn set_high_water_record(&self, node_id: u64, value: &[u8]) {
         self.store().high_waters.insert(node_id, value.to_vec());
