@@ -426,6 +426,34 @@ async fn unreadable_or_far_future_high_water_refuses_the_id() -> anyhow::Result<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_the_first_acquisition_revokes_the_lease() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    // The previous holder's record is 8 s ahead: start holds id 0 and waits.
+    let ahead = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?
+        + Duration::from_secs(8))
+    .as_millis();
+    etcd.put("/t/termstart/hw/0", &ahead.to_string()).await?;
+    let mut a = node(&etcd, "/t/termstart", &["--lease-ttl", "20s"])?;
+    let started = Instant::now();
+    while etcd.get("/t/termstart/node/0").await?.is_none() {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(6),
+            "id 0 never taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.signal(libc::SIGTERM);
+    assert!(
+        a.exit(Duration::from_secs(10)).await?.success(),
+        "{}",
+        a.stderr()
+    );
+    // Caught: the start dropped mid-wait, its lease left to its 20 s TTL.
+    until_gone(&etcd, "/t/termstart/node/0", Duration::from_secs(2)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_a_long_batch_then_revokes_and_records() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
     // 16 ids per ms: a batch of 64,000 waits ~4 s for its ticks, longer

@@ -105,20 +105,24 @@ impl Node {
     }
 }
 
-// Caught: a broken lease fence (the issuer's check removed: ids flow until
-// the keeper's next tick withdraws the identity, after the deadline).
-#[tokio::test(start_paused = true)]
-async fn failing_renewals_fence_the_issuer_before_the_ttl_never_after() {
+/// Cuts the registry off right after a renewal (`hang`: its calls then
+/// take a minute before failing, so the keeper is stuck in one and only
+/// the issuer's own fence can refuse) and checks that ids stop at that
+/// renewal's send time + TTL − margin: not later, and not much earlier.
+async fn fence_closes_at_the_deadline(hang: bool) {
     let registry = MemoryRegistry::new();
     let a = node("60s"); // the high-water fence stays out of the way
     let task = a.run(a.start(&registry).await);
-    // Cut the registry off right after a renewal: the fence is then at
-    // that renewal's send time + TTL − margin, within one STEP.
+    // The fence is then at that renewal's send time + TTL − margin,
+    // within one STEP.
     let seen = a.renewals();
     while a.renewals() == seen {
         tokio::time::sleep(STEP).await;
     }
     registry.set_reachable(false);
+    if hang {
+        registry.set_answer_delay(Duration::from_secs(60));
+    }
     let outage = Instant::now();
     let fence = outage + (TTL - MARGIN);
     let mut first_refusal = None;
@@ -130,10 +134,14 @@ async fn failing_renewals_fence_the_issuer_before_the_ttl_never_after() {
                 assert!(first_refusal.is_none(), "issued again after refusing");
             }
             Err(e) => {
-                assert!(
-                    matches!(e, IssueError::Fenced | IssueError::NoLease(_)),
-                    "{e}"
-                );
+                if hang {
+                    assert_eq!(e, IssueError::Fenced);
+                } else {
+                    assert!(
+                        matches!(e, IssueError::Fenced | IssueError::NoLease(_)),
+                        "{e}"
+                    );
+                }
                 assert!(a.issuer.readiness().is_err());
                 first_refusal.get_or_insert(now);
             }
@@ -147,7 +155,22 @@ async fn failing_renewals_fence_the_issuer_before_the_ttl_never_after() {
         refused - outage
     );
     a.shutdown.send_replace(true);
-    task.await.unwrap().unwrap();
+    if !hang {
+        task.await.unwrap().unwrap();
+    }
+}
+
+// Caught: renewal answers ignored (the fence never moves: refused early).
+#[tokio::test(start_paused = true)]
+async fn failing_renewals_fence_the_issuer_before_the_ttl_never_after() {
+    fence_closes_at_the_deadline(false).await;
+}
+
+// Caught: a broken lease fence (the issuer's check removed: the keeper,
+// stuck in a renewal, cannot withdraw the identity, and ids flow on).
+#[tokio::test(start_paused = true)]
+async fn a_hanging_registry_fences_the_issuer_by_itself() {
+    fence_closes_at_the_deadline(true).await;
 }
 
 // Caught: a broken lease fence (with the check removed the next id is
@@ -235,7 +258,13 @@ async fn a_lost_lease_withdraws_reacquires_and_the_next_holder_resumes_after_its
         from_a.push(a.issuer.next_id().await.unwrap());
         tokio::time::sleep(STEP).await;
     }
-    // A's lease ends behind its back (expired, or deleted by an operator).
+    // A's lease ends behind its back (expired, or deleted by an operator),
+    // right after a record: A notices only at its next record or renewal.
+    let writes = a.issuer.metrics.high_water_writes.load(Ordering::Relaxed);
+    while a.issuer.metrics.high_water_writes.load(Ordering::Relaxed) == writes {
+        from_a.push(a.issuer.next_id().await.unwrap());
+        tokio::time::sleep(STEP).await;
+    }
     registry.end_lease_of(0).unwrap();
     // A keeps issuing under its old id until it notices; B takes id 0 meanwhile.
     let b_start = {
@@ -246,7 +275,7 @@ async fn a_lost_lease_withdraws_reacquires_and_the_next_holder_resumes_after_its
     // 0 even while A has not noticed yet.
     let mut from_b = Vec::new();
     let mut refused = 0;
-    while !b_start.is_finished() || a.issuer.active().is_none() {
+    while !(b_start.is_finished() && a.issuer.active().is_some_and(|x| x.node_id == 1)) {
         match a.issuer.next_id().await {
             Ok(id) => from_a.push(id),
             Err(_) => refused += 1,
@@ -285,6 +314,43 @@ async fn a_lost_lease_withdraws_reacquires_and_the_next_holder_resumes_after_its
     a.shutdown.send_replace(true);
     task.await.unwrap().unwrap();
     drop(b_keeper);
+}
+
+/// Takes the node id away from A with `lose` and checks that A withdraws
+/// within `within`.
+async fn withdraws_when(lose: impl FnOnce(&MemoryRegistry), within: Duration) {
+    let registry = MemoryRegistry::new();
+    let a = node("3s");
+    let task = a.run(a.start(&registry).await);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lose(&registry);
+    let lost = Instant::now();
+    while a.issuer.metrics.losses.load(Ordering::Relaxed) == 0 {
+        assert!(lost.elapsed() <= within, "not withdrawn within {within:?}");
+        a.issuer.next_id().await.unwrap();
+        tokio::time::sleep(STEP).await;
+    }
+    a.shutdown.send_replace(true);
+    task.await.unwrap().unwrap();
+}
+
+// Caught: a renewal answered "gone" taken for a success (records fail
+// here, so only the renewal can tell).
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_gone_withdraws_the_node_id() {
+    let lose = |r: &MemoryRegistry| {
+        r.fail_high_water_records(true);
+        r.end_lease_of(0).unwrap();
+    };
+    withdraws_when(lose, RENEW_EVERY + Duration::from_millis(250)).await;
+}
+
+// Caught: a record refused for not holding the id taken for a passing
+// failure (the lease itself lives on here, so only the record can tell).
+#[tokio::test(start_paused = true)]
+async fn a_record_refused_for_another_holder_withdraws_the_node_id() {
+    let lose = |r: &MemoryRegistry| r.delete_node_key(0);
+    withdraws_when(lose, Duration::from_millis(1000 + 250)).await;
 }
 
 /// Ends A's lease, breaks the registry with `corrupt`, and returns the

@@ -4,7 +4,8 @@
 //! expiry is applied on every operation, as etcd would have applied it by
 //! then. Clones share one store, as nodes share one etcd.
 //!
-//! Faults a test can inject: the whole store unreachable, high-water
+//! Faults a test can inject: the whole store unreachable, answers that
+//! take a while (a store that hangs, or a request timeout), high-water
 //! records failing alone, a lease ended early (expired or deleted by an
 //! operator), a corrupt high-water record, another layout record.
 
@@ -41,6 +42,7 @@ struct Store {
     last_lease: LeaseId,
     unreachable: bool,
     failing_records: bool,
+    answer_delay: Duration,
 }
 
 /// The error of an injected outage.
@@ -116,6 +118,21 @@ impl MemoryRegistry {
         self.store().unreachable = !reachable;
     }
 
+    /// Makes every operation take `delay` (tokio time) before it is
+    /// applied: a store that hangs until a request times out.
+    pub fn set_answer_delay(&self, delay: Duration) {
+        self.store().answer_delay = delay;
+    }
+
+    /// Waits out the injected answer delay, then locks the store.
+    async fn answer(&self) -> MutexGuard<'_, Store> {
+        let delay = self.store().answer_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        self.store()
+    }
+
     /// Makes high-water records fail (while renewals still succeed).
     pub fn fail_high_water_records(&self, failing: bool) {
         self.store().failing_records = failing;
@@ -128,6 +145,12 @@ impl MemoryRegistry {
         let lease = *store.nodes.get(&node_id)?;
         store.revoke(lease);
         Some(lease)
+    }
+
+    /// Deletes the node key of `node_id`, leaving its lease alive (an
+    /// operator's mistake, or another holder's take in between).
+    pub fn delete_node_key(&self, node_id: u64) {
+        self.store().nodes.remove(&node_id);
     }
 
     /// Overwrites the high-water record of `node_id` (a corrupt one too).
@@ -169,7 +192,7 @@ impl MemoryRegistry {
 #[async_trait]
 impl Registry for MemoryRegistry {
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
-        let mut store = self.store();
+        let mut store = self.answer().await;
         store.expire()?;
         store.last_lease += 1;
         let lease = store.last_lease;
@@ -191,7 +214,7 @@ impl Registry for MemoryRegistry {
     }
 
     async fn renew(&self, lease: LeaseId) -> Result<Renewal, RegistryError> {
-        let mut store = self.store();
+        let mut store = self.answer().await;
         store.expire()?;
         Ok(match store.leases.get_mut(&lease) {
             Some((ttl, expires)) => {
@@ -203,7 +226,7 @@ impl Registry for MemoryRegistry {
     }
 
     async fn record_high_water(&self, holding: &Holding, unix_ms: u64) -> Result<(), RecordError> {
-        let mut store = self.store();
+        let mut store = self.answer().await;
         store.expire()?;
         if store.failing_records {
             return Err(RegistryError::Failed(Box::new(RecordRefused)).into());
@@ -218,7 +241,7 @@ impl Registry for MemoryRegistry {
     }
 
     async fn release(&self, lease: LeaseId) -> Result<(), RegistryError> {
-        let mut store = self.store();
+        let mut store = self.answer().await;
         store.expire()?;
         store.revoke(lease);
         Ok(())
