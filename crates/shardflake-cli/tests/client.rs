@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use shardflake_client::{Client, ClientError, Id, Transport};
-use shardflake_service::testkit::{Serve, ServeOpts, snowflake_node};
+use shardflake_testkit::{Serve, ServeOpts, snowflake_node};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
 

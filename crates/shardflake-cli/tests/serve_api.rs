@@ -4,12 +4,9 @@
 use std::time::Duration;
 
 use shardflake_service::grpc::pb;
-use shardflake_service::testkit::{
-    Http, Serve, ServeOpts, error_code, grpc_client, id_of, snowflake_node,
-};
+use shardflake_testkit::{Http, Serve, ServeOpts, error_code, grpc_client, id_of, snowflake_node};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 fn opts(args: &[&str]) -> ServeOpts {
     ServeOpts {
@@ -330,11 +327,8 @@ async fn grpc_api_and_reflection() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarts_resume_after_the_state_file() -> anyhow::Result<()> {
-    anyhow::ensure!(
-        std::path::Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} missing: run scripts/install-deps.sh (package libfaketime)"
-    );
-    let dir = shardflake_service::testkit::tempdir()?;
+    let libfaketime = shardflake_testkit::libfaketime()?;
+    let dir = shardflake_testkit::tempdir()?;
     // Rounds 1 and 2 run with the wall clock 5 s behind (libfaketime): only
     // the state file's high-water keeps their ids above round 0's (caught:
     // a state file ignored or read as 0).
@@ -349,7 +343,7 @@ async fn restarts_resume_after_the_state_file() -> anyhow::Result<()> {
             Vec::new()
         } else {
             vec![
-                ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+                ("LD_PRELOAD".into(), libfaketime.display().to_string()),
                 ("FAKETIME".into(), "-5s".into()),
                 ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
             ]
@@ -384,7 +378,7 @@ async fn restarts_resume_after_the_state_file() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_file_serves_one_process() -> anyhow::Result<()> {
-    let dir = shardflake_service::testkit::tempdir()?;
+    let dir = shardflake_testkit::tempdir()?;
     let state = dir.join("state").display().to_string();
     let args = |d: &str| ServeOpts {
         args: vec![

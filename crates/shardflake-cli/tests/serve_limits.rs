@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use shardflake_service::grpc::pb;
-use shardflake_service::testkit::{Http, Serve, ServeOpts, error_code, grpc_client, metric};
+use shardflake_testkit::{Http, Serve, ServeOpts, error_code, grpc_client, metric};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -131,7 +131,7 @@ fn single_id_traffic(
         while !stop.load(Ordering::Relaxed) {
             let (st, body) = c.get("/v1/id").await?;
             anyhow::ensure!(st == 200, "single id over HTTP: {st} {body}");
-            ids.push(shardflake_service::testkit::id_of(&body)?);
+            ids.push(shardflake_testkit::id_of(&body)?);
             ids.push(g.next_id(pb::NextIdRequest {}).await?.into_inner().id);
         }
         Ok(ids)
@@ -220,8 +220,8 @@ async fn an_abandoned_batch_stops_its_work() -> anyhow::Result<()> {
     let s = serve(&["--node-id", "1", "--layout", spec, "--max-batch", "100000"])?;
     s.ready(Duration::from_secs(10)).await?;
     let abandoned = [
-        shardflake_service::testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
-        shardflake_service::testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
+        shardflake_testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
+        shardflake_testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
     ];
     let mut c = Http::new(&s.http);
     let in_flight = |m: &str| metric(m, "shardflake_batches_in_flight");

@@ -9,9 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shardflake_service::grpc::pb;
-use shardflake_service::testkit::{
-    Etcd, Http, Serve, ServeOpts, grpc_client, id_of, snowflake_node,
-};
+use shardflake_testkit::{Etcd, Http, Serve, ServeOpts, grpc_client, id_of, snowflake_node};
 use tokio::task::JoinHandle;
 
 const BIN: &str = env!("CARGO_BIN_EXE_shardflake");

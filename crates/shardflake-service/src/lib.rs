@@ -18,8 +18,6 @@
 //! - [`error`]: the API error (`{"error":{"code","message"}}`, gRPC codes).
 //! - [`shutdown`]: SIGTERM/Ctrl-C and the drain signal.
 //! - [`server`]: wires it together.
-//! - `testkit` (feature `testkit`): etcd clusters, server processes and
-//!   clients for process-level tests.
 
 #![warn(missing_docs)]
 
@@ -34,8 +32,6 @@ pub mod metrics;
 pub mod server;
 pub mod shutdown;
 pub mod state_file;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 
 pub use config::{Config, ServeArgs};
 pub use server::{run_blocking, serve};

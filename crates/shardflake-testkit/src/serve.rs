@@ -1,8 +1,7 @@
-//! Helpers for process-level tests (feature `testkit`): etcd clusters started
-//! by `scripts/etcd.sh`, `shardflake serve` processes, and HTTP/gRPC clients.
-//! Everything is killed on drop, also when a test fails.
+//! `shardflake serve` processes (killed on drop, also when a test fails),
+//! an HTTP/1 client, a gRPC client and small parsers of the API's answers.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,120 +10,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
-use crate::grpc::pb::id_service_client::IdServiceClient;
+use shardflake_service::grpc::pb::id_service_client::IdServiceClient;
 
-/// The repository root.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// An etcd cluster on 127.0.0.1; stopped on drop.
-#[derive(Debug)]
-pub struct Etcd {
-    /// The cluster's directory (pid files, logs, data).
-    pub dir: PathBuf,
-    /// Client endpoints.
-    pub endpoints: Vec<String>,
-}
-
-impl Etcd {
-    /// Starts `members` members with `scripts/etcd.sh start`.
-    pub fn start(members: usize) -> anyhow::Result<Etcd> {
-        let out = Command::new("bash")
-            .arg(repo_root().join("scripts/etcd.sh"))
-            .args(["start", "--members", &members.to_string()])
-            .stderr(Stdio::inherit())
-            .output()
-            .context("running scripts/etcd.sh")?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let get = |k: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(k))
-                .map(str::to_string)
-        };
-        match (out.status.success(), get("DIR="), get("ENDPOINTS=")) {
-            (true, Some(dir), Some(eps)) => Ok(Etcd {
-                dir: dir.into(),
-                endpoints: eps.split(',').map(str::to_string).collect(),
-            }),
-            _ => bail!("etcd did not start: {text}"),
-        }
-    }
-    /// Endpoints joined by commas, for `--etcd`.
-    pub fn urls(&self) -> String {
-        self.endpoints.join(",")
-    }
-    /// The index of the current leader (asks for up to 10 s).
-    pub fn leader(&self) -> anyhow::Result<usize> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match self.script(&["leader"]) {
-                Ok(out) => return out.trim().parse().context("leader index"),
-                Err(e) if Instant::now() > deadline => return Err(e),
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-    }
-    /// Sends `sig` to member `i` (SIGSTOP/SIGCONT to make it unresponsive).
-    pub fn signal(&self, i: usize, sig: i32) -> anyhow::Result<()> {
-        let pid: i32 = std::fs::read_to_string(self.dir.join(format!("m{i}.pid")))?
-            .trim()
-            .parse()
-            .context("member pid")?;
-        // SAFETY: kill(2) on a member this cluster started.
-        if unsafe { libc::kill(pid, sig) } != 0 {
-            bail!("kill m{i}: {}", std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
-    /// A client for this cluster.
-    pub fn client(&self) -> crate::etcd::Client {
-        crate::etcd::Client::new(&self.endpoints, Duration::from_secs(2))
-    }
-    /// The value of `key`, if it exists.
-    pub async fn get(&self, key: &str) -> anyhow::Result<Option<String>> {
-        let (_, kvs) = self
-            .client()
-            .txn(&[], &[crate::etcd::Op::Get(key.as_bytes().to_vec())], &[])
-            .await?;
-        Ok(kvs
-            .into_iter()
-            .find(|kv| kv.key == key.as_bytes())
-            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
-    }
-    /// Puts `key` = `value` (no lease).
-    pub async fn put(&self, key: &str, value: &str) -> anyhow::Result<()> {
-        let put = crate::etcd::Op::Put(key.as_bytes().to_vec(), value.as_bytes().to_vec(), 0);
-        self.client().txn(&[], &[put], &[]).await?;
-        Ok(())
-    }
-    /// SIGKILLs member `i`.
-    pub fn kill(&self, i: usize) -> anyhow::Result<()> {
-        self.script(&["kill", &i.to_string()]).map(drop)
-    }
-    fn script(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new("bash")
-            .arg(repo_root().join("scripts/etcd.sh"))
-            .arg(args[0])
-            .arg(&self.dir)
-            .args(&args[1..])
-            .output()?;
-        if !out.status.success() {
-            bail!("etcd.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(repo_root().join("scripts/etcd.sh"))
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
-    }
-}
+use crate::tempdir;
 
 /// A `shardflake serve` process; SIGKILLed on drop.
 #[derive(Debug)]
@@ -278,21 +166,6 @@ impl Drop for Serve {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// A fresh directory under the system temp dir (removed by the OS, not us:
-/// logs stay for a failed test's post-mortem).
-pub fn tempdir() -> anyhow::Result<PathBuf> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "shardflake-test-{}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        crate::issuer::now_nanos()
-    ));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
 }
 
 /// A keep-alive HTTP/1 client for one server; reconnects after errors.
