@@ -80,6 +80,17 @@ impl Etcd {
             None => bail!("etcdctl get {key}: unexpected output {out:?}"),
         }
     }
+    /// The keys under `prefix`, in order.
+    pub async fn keys(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
+        let out = self
+            .etcdctl(&["get", "--prefix", "--keys-only", prefix])
+            .await?;
+        Ok(out
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect())
+    }
     /// Puts `key` = `value` (no lease).
     pub async fn put(&self, key: &str, value: &str) -> anyhow::Result<()> {
         self.etcdctl(&["put", key, value]).await.map(drop)

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use shardflake_testkit::{MariaDbServer, PgServer};
 
 fn shardflake(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardflake"))
+    Command::new(crate::shardflake_bin())
         .args(args)
         .env_remove("SHARDFLAKE_TOPOLOGY")
         .env_remove("SHARDFLAKE_LAYOUT")

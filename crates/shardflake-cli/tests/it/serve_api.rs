@@ -6,7 +6,7 @@ use std::time::Duration;
 use shardflake_service::grpc::pb;
 use shardflake_testkit::{Http, Serve, ServeOpts, error_code, grpc_client, id_of, snowflake_node};
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+use crate::shardflake_bin;
 
 fn opts(args: &[&str]) -> ServeOpts {
     ServeOpts {
@@ -18,7 +18,7 @@ fn opts(args: &[&str]) -> ServeOpts {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_api_and_errors() -> anyhow::Result<()> {
     let s = Serve::start(
-        BIN,
+        shardflake_bin(),
         opts(&["--node-id", "5", "--max-batch", "5000", "--workers", "1"]),
     )?;
     assert_eq!(s.ready(Duration::from_secs(10)).await?, 5);
@@ -154,7 +154,10 @@ async fn http_api_and_errors() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inputs_that_would_be_ignored_or_reinterpreted_are_refused() -> anyhow::Result<()> {
-    let s = Serve::start(BIN, opts(&["--node-id", "6", "--workers", "1"]))?;
+    let s = Serve::start(
+        shardflake_bin(),
+        opts(&["--node-id", "6", "--workers", "1"]),
+    )?;
     s.ready(Duration::from_secs(10)).await?;
     let mut c = Http::new(&s.http);
     for (path, code) in [
@@ -217,7 +220,7 @@ async fn inputs_that_would_be_ignored_or_reinterpreted_are_refused() -> anyhow::
 async fn grpc_api_and_reflection() -> anyhow::Result<()> {
     let spec = "orders: time 41 | node 6 | shard 6 | sequence 10 (epoch 1735689600000 ms)";
     let s = Serve::start(
-        BIN,
+        shardflake_bin(),
         opts(&[
             "--layout",
             spec,
@@ -352,7 +355,8 @@ async fn restarts_resume_after_the_state_file() -> anyhow::Result<()> {
     };
     let mut last = 0;
     for round in 0..3 {
-        let mut s = tokio::task::block_in_place(|| Serve::start(BIN, with_dir(round)))?;
+        let mut s =
+            tokio::task::block_in_place(|| Serve::start(shardflake_bin(), with_dir(round)))?;
         s.ready(Duration::from_secs(20)).await?;
         let mut c = Http::new(&s.http);
         for _ in 0..200 {
@@ -390,11 +394,11 @@ async fn a_state_file_serves_one_process() -> anyhow::Result<()> {
         dir: Some(dir.join(d)),
         ..Default::default()
     };
-    let a = tokio::task::block_in_place(|| Serve::start(BIN, args("a")))?;
+    let a = tokio::task::block_in_place(|| Serve::start(shardflake_bin(), args("a")))?;
     assert_eq!(a.ready(Duration::from_secs(10)).await?, 0);
     // Caught: a second process with the same node id and state file would
     // issue the same ids. It must fail at start, with the reason.
-    let why = match tokio::task::block_in_place(|| Serve::start(BIN, args("b"))) {
+    let why = match tokio::task::block_in_place(|| Serve::start(shardflake_bin(), args("b"))) {
         Ok(mut b) => {
             assert!(!b.exit(Duration::from_secs(10)).await?.success());
             b.stderr()
@@ -410,7 +414,7 @@ async fn a_state_file_serves_one_process() -> anyhow::Result<()> {
 #[test]
 fn start_errors_are_clear() {
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(BIN)
+        let out = std::process::Command::new(shardflake_bin())
             .arg("serve")
             .args(args)
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])

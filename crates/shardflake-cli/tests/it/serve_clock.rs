@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use shardflake_testkit::{Etcd, Http, Serve, ServeOpts, error_code, id_of, metric};
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+use crate::shardflake_bin;
 
 /// A server whose wall clock follows a libfaketime timestamp file (write
 /// e.g. `-5s` into it to step the clock), with `args`; returns it and the file.
@@ -24,7 +24,7 @@ fn faked_with(args: &[&str]) -> anyhow::Result<(Serve, std::path::PathBuf)> {
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
     ];
     let s = Serve::start(
-        BIN,
+        shardflake_bin(),
         ServeOpts {
             args: args.iter().map(|s| s.to_string()).collect(),
             env: env

@@ -11,7 +11,7 @@ use shardflake_testkit::{
     Etcd, Http, Queued, Serve, ServeOpts, error_code, id_of, metric, snowflake_node,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+use crate::shardflake_bin;
 
 fn node(etcd: &Etcd, prefix: &str, extra: &[&str]) -> anyhow::Result<Serve> {
     node_env(etcd, prefix, extra, &[])
@@ -50,7 +50,7 @@ fn node_env(
             .collect(),
         ..Default::default()
     };
-    tokio::task::block_in_place(|| Serve::start(BIN, opts))
+    tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))
 }
 
 /// libfaketime setting this process's wall clock `offset` (e.g. "-10s")
@@ -625,13 +625,9 @@ async fn a_take_whose_answer_was_lost_is_not_taken_twice() -> anyhow::Result<()>
         args,
         ..Default::default()
     };
-    let a = tokio::task::block_in_place(|| Serve::start(BIN, opts))?;
+    let a = tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))?;
     let id = a.ready(Duration::from_secs(15)).await?;
-    let held = etcd.client().range_prefix(b"/t/lost/node/").await?;
-    let keys: Vec<String> = held
-        .iter()
-        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
-        .collect();
+    let keys = etcd.keys("/t/lost/node/").await?;
     assert_eq!(keys, vec![format!("/t/lost/node/{id}")], "one node, one id");
     Ok(())
 }

@@ -9,7 +9,7 @@ use shardflake_testkit::{Http, Serve, ServeOpts, error_code, grpc_client, metric
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+use crate::shardflake_bin;
 
 /// The server's header and body read timeouts (10 s each) plus slack for a
 /// loaded machine.
@@ -17,7 +17,7 @@ const READ_LIMIT: Duration = Duration::from_secs(16);
 
 fn serve(args: &[&str]) -> anyhow::Result<Serve> {
     Serve::start(
-        BIN,
+        shardflake_bin(),
         ServeOpts {
             args: args.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
