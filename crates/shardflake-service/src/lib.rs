@@ -34,4 +34,4 @@ pub mod shutdown;
 pub mod state_file;
 
 pub use config::{Config, ServeArgs};
-pub use server::{run_blocking, serve};
+pub use server::{Listeners, run_blocking, serve};

@@ -1,8 +1,12 @@
-//! Wires the parts together: bind both ports, serve health at once, acquire
-//! the node identity, serve ids until SIGTERM, then drain in-flight requests,
-//! record the final high-water, revoke the lease and return.
+//! Wires the parts together: serve health at once on the listeners the
+//! caller bound, acquire the node identity, serve ids until the shutdown
+//! future resolves (SIGTERM or Ctrl-C for the binary), then drain in-flight
+//! requests, record the final high-water, revoke the lease and return.
+//! The caller binds, so tests run the server in-process on port 0.
 
+use std::future::Future;
 use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,37 +37,74 @@ pub fn run_blocking(args: &ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(serve(config))
+    runtime.block_on(async {
+        let listeners = Listeners::bind(&config).await?;
+        let (http_addr, grpc_addr) = (listeners.http_addr()?, listeners.grpc_addr()?);
+        {
+            // Tests and scripts read this line for the ports (port 0 picks free ones).
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "shardflake serve: http={http_addr} grpc={grpc_addr}");
+            let _ = out.flush();
+        }
+        let signals = async {
+            match shutdown::signal().await {
+                Ok(sig) => tracing::info!(signal = %sig, "draining"),
+                Err(e) => tracing::error!(error = %e, "cannot watch signals"),
+            }
+        };
+        serve(config, listeners, signals).await
+    })
 }
 
-/// Serves with `config` until SIGTERM or Ctrl-C.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
-    let http_listener = TcpListener::bind(config.http)
-        .await
-        .with_context(|| format!("binding HTTP {}", config.http))?;
-    let grpc_listener = TcpListener::bind(config.grpc)
-        .await
-        .with_context(|| format!("binding gRPC {}", config.grpc))?;
-    let http_addr = http_listener.local_addr()?;
-    let grpc_addr = grpc_listener.local_addr()?;
-    {
-        // Tests and scripts read this line for the ports (port 0 picks free ones).
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "shardflake serve: http={http_addr} grpc={grpc_addr}");
-        let _ = out.flush();
-    }
+/// The bound HTTP and gRPC listeners a server answers on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The HTTP/JSON API, health and metrics.
+    pub http: TcpListener,
+    /// The gRPC API.
+    pub grpc: TcpListener,
+}
 
+impl Listeners {
+    /// Binds the addresses `config` names (port 0 picks a free one).
+    pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        let http = TcpListener::bind(config.http)
+            .await
+            .with_context(|| format!("binding HTTP {}", config.http))?;
+        let grpc = TcpListener::bind(config.grpc)
+            .await
+            .with_context(|| format!("binding gRPC {}", config.grpc))?;
+        Ok(Listeners { http, grpc })
+    }
+    /// The HTTP listener's address.
+    pub fn http_addr(&self) -> std::io::Result<SocketAddr> {
+        self.http.local_addr()
+    }
+    /// The gRPC listener's address.
+    pub fn grpc_addr(&self) -> std::io::Result<SocketAddr> {
+        self.grpc.local_addr()
+    }
+}
+
+/// Serves with `config` on `listeners` until `shutdown` resolves, then
+/// drains and releases the node identity.
+pub async fn serve(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (http_addr, grpc_addr) = (listeners.http_addr()?, listeners.grpc_addr()?);
+    let Listeners {
+        http: http_listener,
+        grpc: grpc_listener,
+    } = listeners;
     let issuer = Arc::new(Issuer::new(config));
+    let stop = shutdown;
     let shutdown = Arc::new(Shutdown::new());
     {
         let shutdown = shutdown.clone();
-        let mut signals = tokio::spawn(shutdown::signal());
         tokio::spawn(async move {
-            match (&mut signals).await {
-                Ok(Ok(sig)) => tracing::info!(signal = %sig, "draining"),
-                Ok(Err(e)) => tracing::error!(error = %e, "cannot watch signals"),
-                Err(_) => {}
-            }
+            stop.await;
             shutdown.trigger();
         });
     }
