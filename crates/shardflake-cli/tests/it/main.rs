@@ -9,7 +9,6 @@ mod pg_cli;
 mod serve_api;
 mod serve_clock;
 mod serve_etcd;
-mod serve_limits;
 mod serve_uniqueness;
 
 /// The `shardflake` binary cargo built for these tests.
