@@ -27,12 +27,18 @@ port_free() {
     ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# Ports below the kernel's ephemeral range (ip_local_port_range, 32768 and
+# up here): a port picked there can be taken by any outgoing connection or
+# port-0 bind between the probe and etcd's bind.
+EPHEMERAL_LOW=32768
+read -r EPHEMERAL_LOW _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+((EPHEMERAL_LOW > 20500)) || EPHEMERAL_LOW=32768
 declare -A USED=()
 PORT=0
 free_port() {  # sets PORT (no subshell, so USED remembers every pick)
     local p
     for _ in $(seq 1 200); do
-        p=$(( (RANDOM << 15 | RANDOM) % 30000 + 20000 ))
+        p=$(( (RANDOM << 15 | RANDOM) % (EPHEMERAL_LOW - 20000) + 20000 ))
         if [[ -z "${USED[$p]:-}" ]] && port_free "$p"; then
             USED[$p]=1
             PORT=$p

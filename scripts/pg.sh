@@ -35,10 +35,15 @@ port_free() {
   ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# Below the kernel's ephemeral range (ip_local_port_range, 32768 and up
+# here): a port picked there can be taken by any outgoing connection or
+# port-0 bind between the probe and the server's bind.
 free_port() {
-  local p
+  local p low high
+  read -r low high </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || low=32768
+  ((low > 20500)) || low=32768
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 30000))
+    p=$((20000 + RANDOM % (low - 20000)))
     if port_free "$p"; then echo "$p"; return; fi
   done
   echo "pg.sh: no free port found" >&2

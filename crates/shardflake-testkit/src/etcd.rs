@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::script;
+use crate::{script, start_script};
 
 /// An etcd cluster on 127.0.0.1; stopped on drop.
 #[derive(Debug)]
@@ -22,7 +22,7 @@ pub struct Etcd {
 impl Etcd {
     /// Starts `members` members with `scripts/etcd.sh start`.
     pub fn start(members: usize) -> anyhow::Result<Etcd> {
-        let text = script(
+        let text = start_script(
             "etcd.sh",
             &["start", "--members", &members.to_string()],
             &[],

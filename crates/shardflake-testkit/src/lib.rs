@@ -58,6 +58,25 @@ pub(crate) fn script(script: &str, args: &[&str], env: &[(&str, &str)]) -> anyho
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// [`script`] for a `start` command: started again (up to 3 times in all)
+/// when the server lost the port it picked to another process between the
+/// script's probe and its bind, a race no probe can close.
+pub(crate) fn start_script(
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<String> {
+    let mut attempt = 1;
+    loop {
+        match script(name, args, env) {
+            Err(e) if attempt < 3 && format!("{e:#}").to_lowercase().contains("already in use") => {
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A fresh directory under the system temp dir (removed by the OS, not us:
 /// logs stay for a failed test's post-mortem).
 pub fn tempdir() -> anyhow::Result<PathBuf> {

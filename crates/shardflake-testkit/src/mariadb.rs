@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::script;
+use crate::{script, start_script};
 
 /// A running MariaDB server, stopped and deleted on drop.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ impl MariaDbServer {
         if let Some(f) = &faketime {
             env.push(("MARIADB_FAKETIME_FILE", f));
         }
-        let out = script("mariadb.sh", &["start"], &env)?;
+        let out = start_script("mariadb.sh", &["start"], &env)?;
         let dir = out
             .lines()
             .find_map(|l| l.strip_prefix("dir "))

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::script;
+use crate::{script, start_script};
 
 /// A running PostgreSQL server, stopped and deleted on drop.
 #[derive(Debug)]
@@ -30,7 +30,7 @@ impl PgServer {
             .iter()
             .map(|(k, v)| format!("-c {k}={v}"))
             .collect();
-        let out = script("pg.sh", &["start", "1"], &[("PG_OPTS", &opts.join(" "))])?;
+        let out = start_script("pg.sh", &["start", "1"], &[("PG_OPTS", &opts.join(" "))])?;
         let dir = out
             .lines()
             .find_map(|l| l.strip_prefix("dir "))
