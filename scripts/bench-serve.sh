@@ -13,7 +13,7 @@ conns=${2:-32}
 target=${CARGO_TARGET_DIR:-target}
 command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; }
 cargo build --release -q -p shardflake-cli
-cargo build --release -q -p shardflake-service --example grpc_load --features testkit
+cargo build --release -q -p shardflake-service --example grpc_load
 
 dir=$(mktemp -d)
 "$target/release/shardflake" serve --http 127.0.0.1:0 --grpc 127.0.0.1:0 --state-file "$dir/state" \

@@ -17,8 +17,6 @@
 //!   `INSERT ... RETURNING id`.
 //! - [`move_shard`]: copies a logical shard to another server under a brief
 //!   write pause, switches the topology, verifies, then drops the old copy.
-//! - [`testing`]: throw-away PostgreSQL and MariaDB servers for tests and
-//!   benchmarks, stopped when their guard drops.
 //! - [`mysql`]: the MariaDB/MySQL `generate_post_id` procedure (the seed's and
 //!   ours, race-free) and calling it from Rust with mysql_async.
 
@@ -29,7 +27,6 @@ pub mod mysql;
 pub mod pg;
 pub mod route;
 pub mod sql;
-pub mod testing;
 pub mod topology;
 
 /// The MariaDB/MySQL client this crate uses.

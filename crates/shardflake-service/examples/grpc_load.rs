@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use shardflake_service::grpc::pb;
-use shardflake_service::testkit::grpc_client;
+use shardflake_testkit::grpc_client;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> anyhow::Result<()> {

@@ -3,7 +3,7 @@
 //! one holds a node id, on a real 3-member etcd; checks the ids are
 //! distinct.
 //!
-//! `cargo run --release -p shardflake-service --features testkit --example
+//! `cargo run --release -p shardflake-service --example
 //! keepers -- [N] [ROUNDS]` (defaults 1024, 3). The layout is Snowflake's
 //! (10-bit node field: 1,024 ids), so N = 1024 fills the cluster exactly.
 
@@ -16,7 +16,7 @@ use shardflake_service::Config;
 use shardflake_service::issuer::Issuer;
 use shardflake_service::lease::Keeper;
 use shardflake_service::registry;
-use shardflake_service::testkit::Etcd;
+use shardflake_testkit::Etcd;
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {

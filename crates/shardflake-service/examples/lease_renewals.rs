@@ -4,7 +4,7 @@
 //! client's keep-alive (one unary `POST /v3/lease/keepalive` at a time on
 //! one HTTP/1 connection per client, as it was).
 //!
-//! `cargo run --release -p shardflake-service --features testkit --example
+//! `cargo run --release -p shardflake-service --example
 //! lease_renewals -- [LEASES] [SECONDS] [CLIENTS]` (defaults 100, 10, 1):
 //! LEASES leases, each renewed back to back by its own task, spread over
 //! CLIENTS clients, for SECONDS each way; prints answers per second.
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use shardflake_service::etcd::Client;
-use shardflake_service::testkit::Etcd;
+use shardflake_testkit::Etcd;
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {

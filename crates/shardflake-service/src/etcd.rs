@@ -880,6 +880,14 @@ struct TlsHint {
     never_answered: bool,
 }
 
+/// The connection ended under the call: closed, reset, or a broken pipe.
+fn closed_under_us(status: &Status) -> bool {
+    let chain = error_chain(status).to_lowercase();
+    ["connection closed", "broken pipe", "connection reset"]
+        .iter()
+        .any(|m| chain.contains(m))
+}
+
 /// Sorts a failed call: a local (transport) failure or an overloaded,
 /// leaderless member moves on to the next member; token trouble renews the
 /// token; anything else etcd says is final.
@@ -894,15 +902,12 @@ fn classify(status: &Status, authenticated: bool, hint: &TlsHint) -> Failure {
     // A TLS 1.3 member refuses a missing client certificate after the
     // client's side of the handshake is done: the refusal is an alert on
     // the next read, or, when the close wins the race (the member resets
-    // the connection and the alert is lost), just a closed connection.
+    // the connection and the alert is lost), just a closed connection, or a
+    // broken pipe when the client was still writing its request.
     // Before etcd has ever answered this client, over TLS without a client
     // certificate, that is the likely cause; once it has answered, a
     // closed connection is an outage and stays retryable.
-    if hint.tls
-        && !hint.has_client_cert
-        && hint.never_answered
-        && error_chain(status).contains("connection closed")
-    {
+    if hint.tls && !hint.has_client_cert && hint.never_answered && closed_under_us(status) {
         return Failure::Member(MemberFailure {
             reason: "the member closed the connection after the TLS handshake: etcd requires a client certificate (--client-cert-auth)? set --etcd-cert and --etcd-key".into(),
             refused: false,
@@ -1139,17 +1144,23 @@ mod tests {
     /// outage, retried, never a reason to stop the node.
     #[test]
     fn a_closed_connection_is_tls_only_before_the_first_answer() {
-        let closed = || Status::from_error(Box::new(std::io::Error::other("connection closed")));
-        let is_tls = |never_answered| {
-            let hint = TlsHint {
-                has_client_cert: false,
-                tls: true,
-                never_answered,
+        for how in [
+            "connection closed",
+            "stream closed because of a broken pipe",
+            "Connection reset by peer (os error 104)",
+        ] {
+            let closed = || Status::from_error(Box::new(std::io::Error::other(how)));
+            let is_tls = |never_answered| {
+                let hint = TlsHint {
+                    has_client_cert: false,
+                    tls: true,
+                    never_answered,
+                };
+                matches!(classify(&closed(), false, &hint), Failure::Member(m) if m.tls)
             };
-            matches!(classify(&closed(), false, &hint), Failure::Member(m) if m.tls)
-        };
-        assert!(is_tls(true));
-        assert!(!is_tls(false));
+            assert!(is_tls(true), "{how}");
+            assert!(!is_tls(false), "{how}");
+        }
     }
 
     #[test]

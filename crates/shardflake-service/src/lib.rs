@@ -22,9 +22,8 @@
 //! - `tls`: TLS (rustls) on the HTTP and gRPC listeners.
 //! - `error`: the API error (`{"error":{"code","message"}}`, gRPC codes).
 //! - `shutdown`: SIGTERM/Ctrl-C and the drain signal.
-//! - `server`: wires it together.
-//! - `testkit` (feature `testkit`): etcd clusters, server processes and
-//!   clients for process-level tests.
+//! - `server`: wires it together ([`serve`] takes its bound [`Listeners`]
+//!   and a shutdown future, so tests run the whole server in-process).
 
 #![warn(missing_docs)]
 
@@ -44,13 +43,11 @@ mod metrics;
 mod server;
 mod shutdown;
 mod state_file;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 mod tls;
 
 pub use auth::{ApiToken, TokenFileError};
 pub use config::{Config, ConfigError, RawConfig};
 pub use error::{ApiError, ErrorKind, IssueError};
-pub use server::{ServeError, run_blocking, serve};
+pub use server::{Listeners, ServeError, run_blocking, serve};
 pub use state_file::StateFile;
 pub use tls::TlsError;

@@ -1,6 +1,7 @@
-//! Wires the parts together: bind both ports, serve health at once, acquire
-//! the node identity, serve ids until SIGTERM, then drain in-flight requests,
-//! record the final high-water, revoke the lease and return.
+//! Wires the parts together: on listeners the caller bound, serve health at
+//! once, acquire the node identity, serve ids until the shutdown future
+//! resolves, then drain in-flight requests, record the final high-water,
+//! revoke the lease and return.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -82,7 +83,8 @@ const DRAIN: Duration = Duration::from_secs(10);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `shardflake serve`: validates the layered options ([`Config::load`]),
-/// runs a multi-threaded runtime and serves until SIGTERM or Ctrl-C.
+/// binds the configured addresses, and serves on a multi-threaded runtime
+/// until SIGTERM or Ctrl-C.
 pub fn run_blocking(raw: RawConfig) -> Result<(), ServeError> {
     let config = Config::load(raw)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -90,12 +92,67 @@ pub fn run_blocking(raw: RawConfig) -> Result<(), ServeError> {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    runtime.block_on(serve(config))
+    runtime.block_on(async {
+        let listeners = Listeners::bind(&config).await?;
+        serve(config, listeners, signals()).await
+    })
 }
 
-/// Serves with `config` until SIGTERM or Ctrl-C.
-pub async fn serve(config: Config) -> Result<(), ServeError> {
-    // Files first: a bad certificate or token fails before any port opens.
+/// Resolves on SIGTERM or Ctrl-C (logged), or at once when the signals
+/// cannot be watched.
+async fn signals() {
+    match shutdown::signal().await {
+        Ok(sig) => tracing::info!(signal = %sig, "draining"),
+        Err(e) => tracing::error!(error = %e, "cannot watch signals"),
+    }
+}
+
+/// The bound HTTP and gRPC listeners a server answers on. Tests bind port
+/// 0 and read the addresses back before serving.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The HTTP/JSON API, health and metrics.
+    pub http: TcpListener,
+    /// The gRPC API.
+    pub grpc: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the addresses `config` names (port 0 picks a free one).
+    pub async fn bind(config: &Config) -> Result<Listeners, ServeError> {
+        let bind = |transport, addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|error| ServeError::Bind {
+                    transport,
+                    addr,
+                    error,
+                })
+        };
+        Ok(Listeners {
+            http: bind("HTTP", config.http).await?,
+            grpc: bind("gRPC", config.grpc).await?,
+        })
+    }
+    /// The HTTP listener's address.
+    pub fn http_addr(&self) -> std::io::Result<SocketAddr> {
+        self.http.local_addr()
+    }
+    /// The gRPC listener's address.
+    pub fn grpc_addr(&self) -> std::io::Result<SocketAddr> {
+        self.grpc.local_addr()
+    }
+}
+
+/// Serves with `config` on `listeners` until `shutdown` resolves (or the
+/// lease keeper must stop the node), then drains in-flight requests,
+/// records the final high-water and releases the node identity.
+pub async fn serve(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    // Files first: a bad certificate or token fails before anything is served.
     let tls = config.tls.as_ref().map(ListenerTls::read).transpose()?;
     let token = config
         .api_token_file
@@ -103,23 +160,19 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         .map(ApiToken::read)
         .transpose()?;
     let registry = crate::registry::for_node_source(&config.node)?;
-    let bind = |transport, addr| async move {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|error| ServeError::Bind {
-                transport,
-                addr,
-                error,
-            })?;
-        let local = listener.local_addr().map_err(|error| ServeError::Bind {
+    let addr = |transport, listener: &TcpListener, addr| {
+        listener.local_addr().map_err(|error| ServeError::Bind {
             transport,
             addr,
             error,
-        })?;
-        Ok::<_, ServeError>((listener, local))
+        })
     };
-    let (http_listener, http_addr) = bind("HTTP", config.http).await?;
-    let (grpc_listener, grpc_addr) = bind("gRPC", config.grpc).await?;
+    let http_addr = addr("HTTP", &listeners.http, config.http)?;
+    let grpc_addr = addr("gRPC", &listeners.grpc, config.grpc)?;
+    let Listeners {
+        http: http_listener,
+        grpc: grpc_listener,
+    } = listeners;
     {
         // Tests and scripts read this line for the ports (port 0 picks free ones).
         let mut out = std::io::stdout().lock();
@@ -128,16 +181,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     }
 
     let issuer = Arc::new(Issuer::new(config));
+    let stop = shutdown;
     let shutdown = Arc::new(Shutdown::new());
     {
         let shutdown = shutdown.clone();
-        let mut signals = tokio::spawn(shutdown::signal());
         tokio::spawn(async move {
-            match (&mut signals).await {
-                Ok(Ok(sig)) => tracing::info!(signal = %sig, "draining"),
-                Ok(Err(e)) => tracing::error!(error = %e, "cannot watch signals"),
-                Err(_) => {}
-            }
+            stop.await;
             shutdown.trigger();
         });
     }

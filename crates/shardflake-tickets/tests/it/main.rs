@@ -1,7 +1,7 @@
 //! Ticket servers on real MariaDB and PostgreSQL servers, started on
 //! 127.0.0.1 under temp dirs: the MariaDB pairs by `scripts/mariadb.sh`
 //! (which can SIGKILL and restart a server on its data), the PostgreSQL
-//! servers by `shardflake_db::testing::PgServer`.
+//! servers by `shardflake_testkit::PgServer`.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shardflake_db::testing::PgServer;
+use shardflake_testkit::PgServer;
 use shardflake_tickets::{Config, ConfigError, TicketClient, TicketError, admin};
 
 fn script(name: &str) -> PathBuf {
@@ -552,7 +552,7 @@ async fn a_32_bit_sequence_stops_at_its_maximum() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreachable_server_at_start_is_a_clear_error() {
-    let port = shardflake_db::testing::free_port().unwrap();
+    let port = shardflake_testkit::free_port().unwrap();
     let dead = format!("mysql://root@127.0.0.1:{port}/app");
     let config = Config::parse(&format!(
         "{}{SEQUENCES}",

@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use shardflake_db::testing::{MariaDbServer, PgServer};
+use shardflake_testkit::{MariaDbServer, PgServer};
 
 fn shardflake(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardflake"))
+    Command::new(crate::shardflake_bin())
         .args(args)
         .env_remove("SHARDFLAKE_TOPOLOGY")
         .env_remove("SHARDFLAKE_LAYOUT")
@@ -211,7 +211,7 @@ fn mysql_apply_call_sql() {
     assert!(ids.windows(2).all(|w| w[0] < w[1]));
     let dead = format!(
         "mysql://root@127.0.0.1:{}/mysql",
-        shardflake_db::testing::free_port().unwrap()
+        shardflake_testkit::free_port().unwrap()
     );
     let e = fails(&["mysql", "call", "1", "--url", &dead]);
     assert!(e.contains("error:"), "{e}");

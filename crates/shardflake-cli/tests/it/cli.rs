@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use std::thread;
 
 fn shardflake(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardflake"))
+    Command::new(crate::shardflake_bin())
         .args(args)
         .output()
         .expect("the binary runs")

@@ -7,13 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shardflake_service::etcd::Client;
-use shardflake_service::testkit::{
+use shardflake_testkit::{
     Etcd, Http, Queued, Serve, ServeOpts, error_code, id_of, metric, snowflake_node,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+use crate::shardflake_bin;
 
 fn node(etcd: &Etcd, prefix: &str, extra: &[&str]) -> anyhow::Result<Serve> {
     node_env(etcd, prefix, extra, &[])
@@ -52,18 +50,15 @@ fn node_env(
             .collect(),
         ..Default::default()
     };
-    tokio::task::block_in_place(|| Serve::start(BIN, opts))
+    tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))
 }
 
 /// libfaketime setting this process's wall clock `offset` (e.g. "-10s")
 /// from real time; `Instant` keeps running normally.
 fn clock_offset(offset: &str) -> anyhow::Result<[(&'static str, String); 3]> {
-    anyhow::ensure!(
-        std::path::Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} missing: run scripts/install-deps.sh (package libfaketime)"
-    );
+    let libfaketime = shardflake_testkit::libfaketime()?;
     Ok([
-        ("LD_PRELOAD", LIBFAKETIME.into()),
+        ("LD_PRELOAD", libfaketime.display().to_string()),
         ("FAKETIME", offset.into()),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
     ])
@@ -77,15 +72,9 @@ fn id_ms(id: u64, low_bits: u32, epoch_ms: u64) -> u64 {
 
 /// Waits (bounded) until etcd no longer has `key`.
 async fn until_gone(etcd: &Etcd, key: &str, within: Duration) -> anyhow::Result<Duration> {
-    let client = Client::new(&etcd.endpoints, Duration::from_secs(1));
     let started = Instant::now();
     loop {
-        if client
-            .range_prefix(key.as_bytes())
-            .await?
-            .iter()
-            .all(|kv| kv.key != key.as_bytes())
-        {
+        if etcd.get(key).await?.is_none() {
             return Ok(started.elapsed());
         }
         anyhow::ensure!(
@@ -647,13 +636,9 @@ async fn a_take_whose_answer_was_lost_is_not_taken_twice() -> anyhow::Result<()>
         args,
         ..Default::default()
     };
-    let a = tokio::task::block_in_place(|| Serve::start(BIN, opts))?;
+    let a = tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))?;
     let id = a.ready(Duration::from_secs(15)).await?;
-    let held = etcd.client().range_prefix(b"/t/lost/node/").await?;
-    let keys: Vec<String> = held
-        .iter()
-        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
-        .collect();
+    let keys = etcd.keys("/t/lost/node/").await?;
     assert_eq!(keys, vec![format!("/t/lost/node/{id}")], "one node, one id");
     Ok(())
 }

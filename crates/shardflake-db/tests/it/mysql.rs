@@ -4,95 +4,20 @@
 //! past the layout's end), the procedures, `apply` and `check`.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
 use shardflake::{Id, Layout, preset};
 use shardflake_db::mysql::{self, Flavor, Names, Options, Plan, sql};
-use shardflake_db::testing::MariaDbServer;
+use shardflake_testkit::MariaDbServer;
 
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-/// A server started by `scripts/mariadb.sh` (InnoDB log written at every
-/// commit, event scheduler on), which the test can SIGKILL and restart;
-/// stopped and removed on drop.
-struct Script {
-    dir: PathBuf,
-    url: String,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/mariadb.sh")
-}
-
-impl Script {
-    fn start(opts: &str, faketime: Option<&Path>) -> Script {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "shardflake-mysql-test-{}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            now_ms() % 1_000_000_007
-        ));
-        let mut cmd = Command::new("bash");
-        cmd.arg(script())
-            .arg("start")
-            .arg(&dir)
-            .env("MARIADB_OPTS", opts);
-        if let Some(f) = faketime {
-            cmd.env("MARIADB_FAKETIME_FILE", f);
-        }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "mariadb.sh start: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let url = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .next()
-            .unwrap()
-            .to_string();
-        Script { dir, url }
-    }
-    fn run(&self, what: &str) -> String {
-        let out = Command::new("bash")
-            .arg(script())
-            .arg(what)
-            .arg(&self.dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "mariadb.sh {what}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-    fn kill(&self) {
-        self.run("kill");
-    }
-    fn restart(&self) {
-        self.run("restart");
-    }
-}
-
-impl Drop for Script {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(script())
-            .arg("stop")
-            .arg(&self.dir)
-            .output();
-    }
 }
 
 fn layout() -> Layout {
@@ -318,8 +243,8 @@ async fn writer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
-    let server = Script::start("", None);
-    let pool = mysql::pool(&server.url).unwrap();
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
     let layout = layout();
     // Ids are dated from the sequence's start at apply (they may lag the
     // clock by the clock event's LAG_MS and period).
@@ -367,9 +292,9 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
             .await
             .unwrap()
     };
-    server.kill();
+    server.kill().unwrap();
     let killed_at = now_ms();
-    server.restart();
+    server.restart().unwrap();
     let restarted_at = now_ms();
     // The first draw after the restart, before anyone else's: where the
     // sequence resumed (its reservation), compared with the last id seen.
@@ -446,8 +371,8 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn narrow_sequence_borrows_time_under_concurrency() {
     // 6 sequence bits: 64 ids per ms, so 8 clients go far past it.
-    let server = Script::start("", None);
-    let pool = mysql::pool(&server.url).unwrap();
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
     let spec = "narrow: time 47 | shard 10 | sequence 6 (epoch 1672531200000 ms)";
     let layout = preset::resolve(spec).unwrap();
     let start = now_ms();
@@ -529,8 +454,8 @@ async fn caught_up(c: &mut Conn, plan: &Plan, names: &Names) {
 async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
     let faketime = std::env::temp_dir().join(format!("shardflake-faketime-{}", std::process::id()));
     std::fs::write(&faketime, "+0").unwrap();
-    let server = Script::start("", Some(&faketime));
-    let pool = mysql::pool(&server.url).unwrap();
+    let server = MariaDbServer::start_with("", Some(&faketime)).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
     let layout = layout();
     let plan = Plan::new(&layout).unwrap();
     let names = Names::default();
@@ -563,14 +488,14 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
     drop(c);
     let pool = {
         pool.disconnect().await.unwrap();
-        mysql::pool(&server.url).unwrap()
+        mysql::pool(&server.url()).unwrap()
     };
     applied(&pool, &layout, &Options::default()).await;
     let mut c = pool.get_conn().await.unwrap();
     c.query_drop("SET GLOBAL sql_mode = 'STRICT_TRANS_TABLES'; CREATE DATABASE app2")
         .await
         .unwrap();
-    let url2 = server.url.replace("/app", "/app2");
+    let url2 = server.url().replace("/app", "/app2");
     let pool2 = mysql::pool(&url2).unwrap();
     applied(&pool2, &layout, &Options::default()).await;
     for db in ["app", "app2"] {
@@ -717,8 +642,8 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_and_check_refuse_what_breaks_the_argument() {
-    let server = Script::start("--innodb-flush-log-at-trx-commit=0", None);
-    let pool = mysql::pool(&server.url).unwrap();
+    let server = MariaDbServer::start_with("--innodb-flush-log-at-trx-commit=0", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
     let layout = layout();
     let opts = Options::default();
     let names = names_default();
@@ -835,9 +760,9 @@ fn names_default() -> Names {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_runs_every_mode() {
-    let server = Script::start("", None);
-    let pool = mysql::pool(&server.url).unwrap();
-    let pid: u32 = server.run("pid").trim().parse().unwrap();
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let pid: u32 = server.pid().unwrap();
     let opts = mysql::BenchOptions {
         clients: 4,
         rows: 50,

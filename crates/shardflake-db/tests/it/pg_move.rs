@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use shardflake::Id;
 use shardflake_db::move_shard::{MoveOptions, move_shard};
-use shardflake_db::testing::PgServer;
 use shardflake_db::{Topology, pg, sql};
+use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
 
 fn topology(a: &PgServer, b: &PgServer) -> String {

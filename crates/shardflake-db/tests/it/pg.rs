@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use shardflake::{Id, preset};
-use shardflake_db::testing::PgServer;
 use shardflake_db::{Router, Topology, pg, route};
+use shardflake_testkit::PgServer;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -203,7 +203,7 @@ async fn pgbench_burst_into_one_shard_table() {
     let script = dir.join("insert.sql");
     std::fs::write(&script, "INSERT INTO shard1.posts (user_id) VALUES (1);\n").unwrap();
     let start = now_ms();
-    let out = Command::new(a.program("pgbench"))
+    let out = Command::new(a.program("pgbench").unwrap())
         .args([
             "-n",
             "-h",

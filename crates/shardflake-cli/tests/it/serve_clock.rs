@@ -6,29 +6,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shardflake_service::testkit::{Etcd, Http, Serve, ServeOpts, error_code, id_of, metric};
+use shardflake_testkit::{Etcd, Http, Serve, ServeOpts, error_code, id_of, metric};
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+use crate::shardflake_bin;
 
 /// A server whose wall clock follows a libfaketime timestamp file (write
 /// e.g. `-5s` into it to step the clock), with `args`; returns it and the file.
 fn faked_with(args: &[&str]) -> anyhow::Result<(Serve, std::path::PathBuf)> {
-    anyhow::ensure!(
-        std::path::Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} missing: run scripts/install-deps.sh (package libfaketime)"
-    );
-    let dir = shardflake_service::testkit::tempdir()?;
+    let libfaketime = shardflake_testkit::libfaketime()?;
+    let dir = shardflake_testkit::tempdir()?;
     let stamp = dir.join("faketime");
     std::fs::write(&stamp, "+0s")?;
     let env = [
-        ("LD_PRELOAD", LIBFAKETIME.to_string()),
+        ("LD_PRELOAD", libfaketime.display().to_string()),
         ("FAKETIME_TIMESTAMP_FILE", stamp.display().to_string()),
         ("FAKETIME_NO_CACHE", "1".into()),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
     ];
     let s = Serve::start(
-        BIN,
+        shardflake_bin(),
         ServeOpts {
             args: args.iter().map(|s| s.to_string()).collect(),
             env: env

@@ -7,15 +7,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::shardflake_bin;
 use anyhow::Context;
 use rustls::pki_types::{CertificateDer, ServerName};
 use shardflake_service::grpc::pb;
 use shardflake_service::grpc::pb::id_service_client::IdServiceClient;
-use shardflake_service::testkit::{Http, Serve, ServeOpts, error_code, id_of, snowflake_node};
+use shardflake_testkit::{Http, Serve, ServeOpts, error_code, id_of, snowflake_node};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
 const TOKEN: &str = "t0ken-for-tests";
 
 /// A CA named `ca_name` and the PEM files of a server certificate it signed
@@ -105,7 +105,7 @@ fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_listeners_and_bearer_token() -> anyhow::Result<()> {
-    let dir = shardflake_service::testkit::tempdir()?;
+    let dir = shardflake_testkit::tempdir()?;
     let pki = make_pki(&dir, "shardflake test CA")?;
     let wrong_dir = dir.join("wrong");
     std::fs::create_dir_all(&wrong_dir)?;
@@ -113,7 +113,7 @@ async fn tls_listeners_and_bearer_token() -> anyhow::Result<()> {
     std::fs::write(dir.join("token"), format!("{TOKEN}\n"))?;
     let s = tokio::task::block_in_place(|| {
         Serve::start(
-            BIN,
+            shardflake_bin(),
             ServeOpts {
                 args: [
                     "--node-id",
@@ -217,10 +217,10 @@ async fn tls_listeners_and_bearer_token() -> anyhow::Result<()> {
 
 #[test]
 fn bad_tls_and_token_files_fail_the_start() {
-    let dir = shardflake_service::testkit::tempdir().unwrap();
+    let dir = shardflake_testkit::tempdir().unwrap();
     make_pki(&dir, "shardflake test CA").unwrap();
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(BIN)
+        let out = std::process::Command::new(shardflake_bin())
             .arg("serve")
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .args(args)

@@ -4,7 +4,7 @@
 //! top bit set (Instagram's layout from 2046), and `u64::MAX`.
 
 use shardflake::Id;
-use shardflake_db::testing::{MariaDbServer, PgServer};
+use shardflake_testkit::{MariaDbServer, PgServer};
 
 /// The values that matter for a 64-bit id in a signed or unsigned column.
 const EDGES: [u64; 6] = [

@@ -4,9 +4,10 @@
 //! thread. Run with:
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" cargo test -p shardflake --release --test loom
+//! RUSTFLAGS="--cfg loom" cargo test -p shardflake --release --test it
 //! ```
-#![cfg(loom)]
+//!
+//! Under `--cfg loom` it is the only module of the `it` test binary.
 
 use std::time::Duration;
 

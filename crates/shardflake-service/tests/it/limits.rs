@@ -1,29 +1,20 @@
-//! What a client can make a `shardflake serve` process hold, end to end:
-//! slow headers and slow bodies (slowloris) are cut off by timeouts, and
-//! batches above 65,536 ids are built at most two at a time (then 503 `busy`).
+//! What a client can make a server hold, over real connections to a
+//! server running in this process: slow headers and slow bodies
+//! (slowloris) are cut off by timeouts, and batches above 65,536 ids are
+//! built at most two at a time (then 503 `busy`).
 
 use std::time::{Duration, Instant};
 
 use shardflake_service::grpc::pb;
-use shardflake_service::testkit::{Http, Serve, ServeOpts, error_code, grpc_client, metric};
+use shardflake_testkit::{Http, error_code, grpc_client, metric};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+use crate::Server;
 
 /// The server's header and body read timeouts (10 s each) plus slack for a
 /// loaded machine.
 const READ_LIMIT: Duration = Duration::from_secs(16);
-
-fn serve(args: &[&str]) -> anyhow::Result<Serve> {
-    Serve::start(
-        BIN,
-        ServeOpts {
-            args: args.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        },
-    )
-}
 
 /// Writes `prefix`, then sends nothing more; returns what the server wrote
 /// until it closed the connection, or an error if it kept it past `limit`.
@@ -43,8 +34,7 @@ async fn trickle(addr: &str, prefix: &str, limit: Duration) -> anyhow::Result<St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_and_slow_bodies_are_cut_off() -> anyhow::Result<()> {
-    let s = serve(&["--node-id", "1", "--workers", "1"])?;
-    s.ready(Duration::from_secs(10)).await?;
+    let s = Server::start("node_id = 1\nworkers = 1").await?;
     let started = Instant::now();
     // Caught: no header read timeout (axum::serve has none): the connection
     // stays open and `trickle` fails at READ_LIMIT.
@@ -73,8 +63,10 @@ async fn a_third_large_batch_at_once_is_busy() -> anyhow::Result<()> {
     // next one 10 s more), so two hold both permits well past the 5 s a
     // third waits for one.
     let spec = "slow: time 41 | node 10 | sequence 3 (epoch 1288834974657 ms)";
-    let s = serve(&["--node-id", "1", "--layout", spec, "--max-batch", "100000"])?;
-    s.ready(Duration::from_secs(10)).await?;
+    let s = Server::start(&format!(
+        "node_id = 1\nlayout = {spec:?}\nmax_batch = 100000"
+    ))
+    .await?;
     let big = |addr: String| {
         tokio::spawn(async move { Http::new(&addr).get("/v1/ids?count=80000").await })
     };
@@ -119,7 +111,7 @@ async fn a_third_large_batch_at_once_is_busy() -> anyhow::Result<()> {
 
 /// Single ids over HTTP and gRPC until `stop`; returns them.
 fn single_id_traffic(
-    s: &Serve,
+    s: &Server,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<anyhow::Result<Vec<u64>>> {
     use std::sync::atomic::Ordering;
@@ -131,7 +123,7 @@ fn single_id_traffic(
         while !stop.load(Ordering::Relaxed) {
             let (st, body) = c.get("/v1/id").await?;
             anyhow::ensure!(st == 200, "single id over HTTP: {st} {body}");
-            ids.push(shardflake_service::testkit::id_of(&body)?);
+            ids.push(shardflake_testkit::id_of(&body)?);
             ids.push(g.next_id(pb::NextIdRequest {}).await?.into_inner().id);
         }
         Ok(ids)
@@ -142,8 +134,7 @@ fn single_id_traffic(
 async fn batches_complete_while_single_ids_keep_flowing() -> anyhow::Result<()> {
     use std::sync::atomic::{AtomicBool, Ordering};
     // The default --max-batch (1,000,000 ids: 245 ticks of `snowflake`).
-    let s = serve(&["--node-id", "2"])?;
-    s.ready(Duration::from_secs(10)).await?;
+    let s = Server::start("node_id = 2").await?;
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let traffic = [
         single_id_traffic(&s, stop.clone()),
@@ -217,11 +208,13 @@ async fn an_abandoned_batch_stops_its_work() -> anyhow::Result<()> {
     // 8 ids per ms: 80,000 ids need 10 s of ticks, so a batch whose client
     // left but is still worked on shows in the gauge long after.
     let spec = "slow: time 41 | node 10 | sequence 3 (epoch 1288834974657 ms)";
-    let s = serve(&["--node-id", "1", "--layout", spec, "--max-batch", "100000"])?;
-    s.ready(Duration::from_secs(10)).await?;
+    let s = Server::start(&format!(
+        "node_id = 1\nlayout = {spec:?}\nmax_batch = 100000"
+    ))
+    .await?;
     let abandoned = [
-        shardflake_service::testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
-        shardflake_service::testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
+        shardflake_testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
+        shardflake_testkit::Queued::send(&s.http, "/v1/ids?count=80000").await?,
     ];
     let mut c = Http::new(&s.http);
     let in_flight = |m: &str| metric(m, "shardflake_batches_in_flight");

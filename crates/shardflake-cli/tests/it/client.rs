@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use shardflake_client::{Client, ClientError, Id, Transport};
-use shardflake_service::testkit::{Serve, ServeOpts, snowflake_node};
+use shardflake_testkit::{Serve, ServeOpts, snowflake_node};
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+use crate::shardflake_bin;
 
 /// Starts `shardflake serve --node-id N` (plus `extra`) and waits until it
 /// is ready.
@@ -23,7 +23,8 @@ async fn serve(node: u64, extra: &[&str]) -> Serve {
         args,
         ..Default::default()
     };
-    let s = tokio::task::block_in_place(|| Serve::start(BIN, opts)).expect("start server");
+    let s =
+        tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts)).expect("start server");
     assert_eq!(s.ready(Duration::from_secs(20)).await.expect("ready"), node);
     s
 }

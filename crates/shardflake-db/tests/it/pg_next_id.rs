@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use shardflake::Id;
-use shardflake_db::testing::PgServer;
 use shardflake_db::{Topology, pg, sql};
+use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
 
 const INSERT: &str = "INSERT INTO shard0.posts (body) VALUES ('x') RETURNING id";

@@ -9,12 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shardflake_service::grpc::pb;
-use shardflake_service::testkit::{
-    Etcd, Http, Serve, ServeOpts, grpc_client, id_of, snowflake_node,
-};
+use shardflake_testkit::{Etcd, Http, Serve, ServeOpts, grpc_client, id_of, snowflake_node};
 use tokio::task::JoinHandle;
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+use crate::shardflake_bin;
 
 fn start(etcd: &Etcd) -> anyhow::Result<Serve> {
     let args = [
@@ -32,7 +30,7 @@ fn start(etcd: &Etcd) -> anyhow::Result<Serve> {
         ..Default::default()
     };
     // Waits (blocking) for the ports line: off the async workers.
-    tokio::task::block_in_place(|| Serve::start(BIN, opts))
+    tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))
 }
 
 /// One client's ids, in the order it received them (each request waits for

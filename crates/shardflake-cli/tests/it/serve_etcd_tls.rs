@@ -7,13 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::shardflake_bin;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
 use shardflake_service::etcd::{Client, ClientCert, EtcdAuth, EtcdError, EtcdTls};
-use shardflake_service::testkit::{Etcd, EtcdTlsFiles, Http, Serve, ServeOpts, id_of, tempdir};
-
-const BIN: &str = env!("CARGO_BIN_EXE_shardflake");
+use shardflake_testkit::{Etcd, EtcdTlsFiles, Http, Serve, ServeOpts, id_of, tempdir};
 
 /// A CA and the certificates it signed, as PEM files in `dir`.
 struct Pki {
@@ -116,7 +115,7 @@ async fn refused_start(args: Vec<String>) -> anyhow::Result<String> {
         args,
         ..Default::default()
     };
-    let out = match tokio::task::block_in_place(|| Serve::start(BIN, opts)) {
+    let out = match tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts)) {
         // Exited before printing its ports: the error says what it wrote.
         Err(e) => format!("{e:#}"),
         Ok(mut s) => {
@@ -148,7 +147,7 @@ async fn serve_over_mutual_tls_gets_a_node_id_and_issues_ids() -> anyhow::Result
         args,
         ..Default::default()
     };
-    let a = tokio::task::block_in_place(|| Serve::start(BIN, opts))?;
+    let a = tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))?;
     let node = a.ready(Duration::from_secs(15)).await?;
     let mut c = Http::new(&a.http);
     let (st, body) = c.get("/v1/id").await?;
@@ -277,7 +276,7 @@ async fn wrong_ca_missing_client_cert_or_wrong_password_fail_the_start_clearly()
         args: serve_args(&s, "/t/sec", &flags),
         ..Default::default()
     };
-    let a = tokio::task::block_in_place(|| Serve::start(BIN, opts))?;
+    let a = tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))?;
     a.ready(Duration::from_secs(15)).await?;
     let (st, body) = Http::new(&a.http).get("/v1/id").await?;
     assert_eq!(st, 200, "{body}");

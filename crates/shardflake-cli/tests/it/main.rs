@@ -1,0 +1,19 @@
+//! The `shardflake` binary's integration tests, one binary: the CLI itself,
+//! and `shardflake serve` where a test needs a process (signals, libfaketime,
+//! etcd member kills, restarts on one state file). Servers and clients come
+//! from `shardflake-testkit`.
+
+mod cli;
+mod client;
+mod pg_cli;
+mod serve_api;
+mod serve_clock;
+mod serve_etcd;
+mod serve_etcd_tls;
+mod serve_tls;
+mod serve_uniqueness;
+
+/// The `shardflake` binary cargo built for these tests.
+pub fn shardflake_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_shardflake")
+}

@@ -1,0 +1,8 @@
+//! `shardflake-db`'s integration tests, one binary: each module starts its
+//! own PostgreSQL or MariaDB servers through `shardflake-testkit`.
+
+mod id_types;
+mod mysql;
+mod pg;
+mod pg_move;
+mod pg_next_id;
