@@ -28,6 +28,11 @@ step "chaos run (60 s, faults on a schedule, every id checked)"
 # Seeded, so a failure replays with the same schedule: scripts/chaos.sh 60 --seed 1.
 CHAOS_PROFILE=dev bash scripts/chaos.sh 60 --seed 1
 
+step "chaos run on in-database ids (20 s, MariaDB SIGKILLed and restarted, its clock stepped)"
+# The same checker over ids made by MariaDB's trigger (shardflake mysql apply);
+# chaos.sh above built both binaries in the dev profile.
+./target/debug/shardflake-chaos db --seconds 20 --seed 1 --spacing 6 --bin target/debug/shardflake
+
 step "doc tests"
 cargo test --workspace --doc
 

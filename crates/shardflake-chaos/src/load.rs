@@ -74,19 +74,36 @@ impl SlotState {
     }
 
     fn answered(&self, at_ms: u64) {
-        let mut a = self.answers.lock().unwrap_or_else(|p| p.into_inner());
-        let gap = at_ms.saturating_sub(a.last_ms);
-        if gap > a.longest_gap_ms {
-            a.longest_gap_ms = gap;
-            a.longest_gap_from_ms = a.last_ms;
-        }
-        a.last_ms = a.last_ms.max(at_ms);
-        a.any = true;
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .answered(at_ms);
     }
 
     /// The answers so far, with the silence up to `now_ms` counted as a gap.
     pub fn answers_until(&self, now_ms: u64) -> Answers {
-        let mut a = *self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .until(now_ms)
+    }
+}
+
+impl Answers {
+    /// A successful answer at `at_ms` (ms since load start).
+    pub fn answered(&mut self, at_ms: u64) {
+        let gap = at_ms.saturating_sub(self.last_ms);
+        if gap > self.longest_gap_ms {
+            self.longest_gap_ms = gap;
+            self.longest_gap_from_ms = self.last_ms;
+        }
+        self.last_ms = self.last_ms.max(at_ms);
+        self.any = true;
+    }
+
+    /// These answers with the silence up to `now_ms` counted as a gap.
+    pub fn until(&self, now_ms: u64) -> Answers {
+        let mut a = *self;
         let tail = now_ms.saturating_sub(a.last_ms);
         if tail > a.longest_gap_ms {
             a.longest_gap_ms = tail;
@@ -305,6 +322,8 @@ pub async fn connection_loop(
         let opened = match protocol {
             Protocol::Http => HttpConn::open(state.http).await.map(Conn::Http),
             Protocol::Grpc => open_grpc(state.grpc).await.map(Conn::Grpc),
+            // A database's connections are `db.rs`'s, never a node's.
+            Protocol::MariaDb => Err(anyhow::anyhow!("a node speaks HTTP or gRPC")),
         };
         let mut conn = match opened {
             Ok(c) => c,

@@ -12,12 +12,14 @@
 //! | `load` | HTTP and gRPC connections pinned to a node; what each returned |
 //! | `record` | every id, as runs of consecutive ids, per connection |
 //! | `check` | the checker and its table |
+//! | `db` | `db`: in-database ids (MariaDB) under server SIGKILLs and clock steps |
 //!
 //! Usually run through `scripts/chaos.sh SECONDS [args]`, which builds the
 //! release binaries and cleans up whatever is left.
 
 mod check;
 mod cluster;
+mod db;
 mod load;
 mod record;
 mod run;
@@ -45,6 +47,35 @@ enum Command {
     Run(RunArgs),
     /// Print the schedule a seed gives, without running it.
     Schedule(RunArgs),
+    /// In-database ids: a MariaDB server with `shardflake mysql apply`'s
+    /// one-statement ids, clients inserting rows, the server SIGKILLed and
+    /// restarted and its clock stepped back; every id checked.
+    Db(DbArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct DbArgs {
+    /// Length of the load, seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Client connections.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Seed of the schedule and the statement mix [default: from the clock, printed].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Seconds between two faults.
+    #[arg(long, default_value_t = 8)]
+    spacing: u64,
+    /// Keep report.md here [default: a temporary directory, removed].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The shardflake binary (runs `mysql apply`).
+    #[arg(long, default_value = "target/release/shardflake")]
+    bin: PathBuf,
+    /// The MariaDB launcher script.
+    #[arg(long, default_value = "scripts/mariadb.sh")]
+    mariadb_script: PathBuf,
 }
 
 #[derive(clap::Args, Clone)]
@@ -127,6 +158,29 @@ fn main() -> ExitCode {
                 println!("  {p}");
             }
             ExitCode::SUCCESS
+        }
+        Command::Db(a) => {
+            let o = db::DbOptions {
+                seconds: a.seconds,
+                seed: a.seed.unwrap_or_else(|| check::unix_ms_now() % 1_000_000),
+                clients: a.clients.max(1),
+                bin: a.bin,
+                script: a.mariadb_script,
+                spacing: Duration::from_secs(a.spacing.max(1)),
+                out: a.out,
+            };
+            println!(
+                "shardflake-chaos db --seconds {} --clients {} --seed {}",
+                o.seconds, o.clients, o.seed
+            );
+            match db::run(&o) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("shardflake-chaos: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
         }
         Command::Run(a) => {
             let o = a.options();

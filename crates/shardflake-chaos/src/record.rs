@@ -18,6 +18,9 @@ pub enum Protocol {
     Http,
     /// gRPC over one HTTP/2 connection: `NextId`, `NextIds`.
     Grpc,
+    /// A MariaDB connection: `INSERT ... RETURNING id` (ids made by the
+    /// server's trigger).
+    MariaDb,
 }
 
 impl Protocol {
@@ -26,6 +29,7 @@ impl Protocol {
         match self {
             Protocol::Http => "http",
             Protocol::Grpc => "grpc",
+            Protocol::MariaDb => "mariadb",
         }
     }
 }

@@ -1,0 +1,443 @@
+//! `shardflake-chaos db`: ids made inside the database, judged by the same
+//! checker. A MariaDB server started by `scripts/mariadb.sh` gets the
+//! one-statement ids (`shardflake mysql apply`: a sequence, a `BEFORE
+//! INSERT` trigger and the clock event), and client connections insert rows
+//! with `INSERT ... RETURNING id` (single rows and multi-row bursts) while a
+//! seeded schedule SIGKILLs and restarts the server and steps its clock back
+//! (libfaketime, through the script's timestamp file).
+//!
+//! Besides the checker's verdicts (duplicates, order per connection, order
+//! across restarts, lead), every id a client was answered must be a row of
+//! the table at the end: an acknowledged insert survives the crash.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use mysql_async::prelude::Queryable as _;
+
+use crate::check::{self, RunFacts, SlotFacts};
+use crate::load::Answers;
+use crate::record::{ConnLog, Protocol, ms_since};
+
+/// The layout `shardflake mysql apply` installs by default.
+const LAYOUT: &str = "mysql-procedure";
+/// Longest a connect or a statement may take before the connection is given up.
+const TIMEOUT: Duration = Duration::from_secs(3);
+/// Pause after a failed connect, so a server that is down is not spun on.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// How far back a clock fault steps the server's clock.
+const CLOCK_STEP: &str = "-3s";
+
+/// What a `db` run does.
+#[derive(Debug, Clone)]
+pub struct DbOptions {
+    /// Length of the load.
+    pub seconds: u64,
+    /// Seed of the schedule and the statement mix.
+    pub seed: u64,
+    /// Client connections.
+    pub clients: usize,
+    /// The shardflake binary (for `mysql apply`).
+    pub bin: PathBuf,
+    /// `scripts/mariadb.sh`.
+    pub script: PathBuf,
+    /// Time between two faults.
+    pub spacing: Duration,
+    /// Where the report goes (a temporary directory when `None`).
+    pub out: Option<PathBuf>,
+}
+
+/// One fault of the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL, then start again on the same data and port.
+    Kill,
+    /// The server's clock 3 s back for a while, then right again.
+    ClockBack,
+}
+
+/// The seeded schedule: (seconds after the load began, fault).
+fn schedule(o: &DbOptions) -> Vec<(Duration, Fault)> {
+    let mut rng = fastrand::Rng::with_seed(o.seed);
+    let spacing = o.spacing.max(Duration::from_secs(1));
+    let mut at = spacing / 2;
+    let mut plan = Vec::new();
+    // Faults stop a spacing before the end, so the server is seen to come back.
+    while at + spacing <= Duration::from_secs(o.seconds) {
+        let fault = if rng.f64() < 0.7 {
+            Fault::Kill
+        } else {
+            Fault::ClockBack
+        };
+        plan.push((at, fault));
+        at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
+    }
+    plan
+}
+
+/// A MariaDB server of `scripts/mariadb.sh`, its clock under a libfaketime
+/// timestamp file; stopped and removed on drop.
+struct Server {
+    script: PathBuf,
+    dir: String,
+    url: String,
+    clock: PathBuf,
+}
+
+impl Server {
+    fn start(script: &Path, clock: &Path) -> anyhow::Result<Server> {
+        std::fs::write(clock, "+0")?;
+        let out = Command::new("bash")
+            .arg(script)
+            .arg("start")
+            .env("MARIADB_FAKETIME_FILE", clock)
+            .output()
+            .context("running scripts/mariadb.sh start")?;
+        if !out.status.success() {
+            bail!(
+                "mariadb.sh start: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let url = text.lines().find(|l| l.starts_with("mysql://"));
+        let dir = text.lines().find_map(|l| l.strip_prefix("dir "));
+        match (url, dir) {
+            (Some(url), Some(dir)) => Ok(Server {
+                script: script.to_path_buf(),
+                dir: dir.to_string(),
+                url: url.to_string(),
+                clock: clock.to_path_buf(),
+            }),
+            _ => bail!("mariadb.sh start printed no URL and dir: {text}"),
+        }
+    }
+
+    fn script(&self, command: &str) -> anyhow::Result<()> {
+        let out = Command::new("bash")
+            .arg(&self.script)
+            .args([command, &self.dir])
+            .output()
+            .with_context(|| format!("running scripts/mariadb.sh {command}"))?;
+        if !out.status.success() {
+            bail!(
+                "mariadb.sh {command}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    fn set_clock(&self, offset: &str) -> anyhow::Result<()> {
+        Ok(std::fs::write(&self.clock, offset)?)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.script("stop");
+    }
+}
+
+/// What the clients share with the fault thread.
+struct Shared {
+    start: Instant,
+    stop: AtomicBool,
+    /// The server process now running; bumped once the old one is dead and
+    /// before the new one starts.
+    generation: AtomicU32,
+    answers: Mutex<Answers>,
+    sequence_mask: u64,
+}
+
+/// What one client brings back.
+#[derive(Default)]
+struct ClientLog {
+    logs: Vec<ConnLog>,
+    errors: BTreeMap<String, u64>,
+}
+
+/// A short code for a failed statement or connect.
+fn error_code(e: &mysql_async::Error) -> String {
+    match e {
+        mysql_async::Error::Server(s) => format!("mariadb:server_{}", s.code),
+        mysql_async::Error::Io(_) => "mariadb:io".into(),
+        mysql_async::Error::Driver(_) => "mariadb:driver".into(),
+        _ => "mariadb:other".into(),
+    }
+}
+
+/// One client: a connection at a time (a broken one is closed and a new one
+/// opened, so one connection's log is one server process's answers),
+/// single-row inserts and bursts of 2..=200 rows in a seeded mix.
+async fn client(url: String, shared: Arc<Shared>, seed: u64) -> ClientLog {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut out = ClientLog::default();
+    let mut count = |code: String| *out.errors.entry(code).or_default() += 1;
+    let mut logs = Vec::new();
+    while !shared.stop.load(Ordering::Relaxed) {
+        // A connection is labelled with the process it reached: the
+        // generation read before and after connecting must agree.
+        let before = shared.generation.load(Ordering::SeqCst);
+        let conn = tokio::time::timeout(TIMEOUT, mysql_async::Conn::from_url(url.as_str())).await;
+        let after = shared.generation.load(Ordering::SeqCst);
+        let mut conn = match conn {
+            Ok(Ok(c)) if before == after => c,
+            Ok(Ok(c)) => {
+                drop(c);
+                continue;
+            }
+            Ok(Err(e)) => {
+                count(format!("{} (connect)", error_code(&e)));
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+            Err(_) => {
+                count("mariadb:connect_timeout".into());
+                continue;
+            }
+        };
+        let mut log = ConnLog::new(0, after, Protocol::MariaDb, shared.sequence_mask);
+        while !shared.stop.load(Ordering::Relaxed) {
+            let rows = if rng.f64() < 0.6 { 1 } else { rng.u32(2..=200) };
+            let sql = if rows == 1 {
+                "INSERT INTO posts (user_id, body) VALUES (?, 'chaos') RETURNING id".to_string()
+            } else {
+                format!(
+                    "INSERT INTO posts (user_id, body) SELECT ?, 'chaos' FROM seq_1_to_{rows} RETURNING id"
+                )
+            };
+            let answer =
+                tokio::time::timeout(TIMEOUT, conn.exec::<u64, _, _>(sql, (1801u64,))).await;
+            match answer {
+                Ok(Ok(ids)) => {
+                    let at = ms_since(shared.start);
+                    log.record(&ids, at);
+                    shared
+                        .answers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .answered(u64::from(at));
+                }
+                Ok(Err(e)) => {
+                    count(error_code(&e));
+                    break;
+                }
+                Err(_) => {
+                    count("mariadb:timeout".into());
+                    break;
+                }
+            }
+        }
+        logs.push(log);
+    }
+    out.logs = logs;
+    out
+}
+
+/// Every id in the table at the end.
+async fn ids_in_table(url: &str) -> anyhow::Result<HashSet<u64>> {
+    let mut c = mysql_async::Conn::from_url(url).await?;
+    let ids: Vec<u64> = c.query("SELECT id FROM posts").await?;
+    Ok(ids.into_iter().collect())
+}
+
+/// One run; `Ok(true)` when every check passed.
+pub fn run(o: &DbOptions) -> anyhow::Result<bool> {
+    let tmp;
+    let dir = match &o.out {
+        Some(d) => d.clone(),
+        None => {
+            tmp = std::env::temp_dir().join(format!("shardflake-chaos-db.{}", std::process::id()));
+            tmp.clone()
+        }
+    };
+    std::fs::create_dir_all(&dir)?;
+    let result = run_in(o, &dir);
+    if o.out.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
+    let layout = shardflake::preset::resolve(LAYOUT).context("the mysql-procedure layout")?;
+    let plan = schedule(o);
+    println!("seed {}; schedule:", o.seed);
+    for (at, fault) in &plan {
+        println!("  +{:.1} s {fault:?}", at.as_secs_f64());
+    }
+    let server = Server::start(&o.script, &dir.join("clock"))?;
+    let apply = Command::new(&o.bin)
+        .args(["mysql", "apply", "--url", &server.url])
+        .output()
+        .context("running shardflake mysql apply")?;
+    if !apply.status.success() {
+        bail!(
+            "shardflake mysql apply: {}",
+            String::from_utf8_lossy(&apply.stderr).trim()
+        );
+    }
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let seq = layout.sequence();
+    let sequence_mask = seq.max() << seq.shift();
+    let shared = Arc::new(Shared {
+        start: Instant::now(),
+        stop: AtomicBool::new(false),
+        generation: AtomicU32::new(0),
+        answers: Mutex::new(Answers::default()),
+        sequence_mask,
+    });
+    let load_start_unix_ms = check::unix_ms_now();
+    let clients: Vec<_> = (0..o.clients)
+        .map(|i| {
+            rt.spawn(client(
+                server.url.clone(),
+                shared.clone(),
+                o.seed.wrapping_add(i as u64 + 1),
+            ))
+        })
+        .collect();
+
+    let mut incidents = Vec::new();
+    let mut kills = 0u32;
+    for (at, fault) in &plan {
+        sleep_until(shared.start + *at);
+        let result = match fault {
+            Fault::Kill => (|| {
+                server.script("kill")?;
+                // The old process is dead: connections from now on reach the next.
+                shared.generation.fetch_add(1, Ordering::SeqCst);
+                kills += 1;
+                server.script("restart")
+            })(),
+            Fault::ClockBack => (|| {
+                server.set_clock(CLOCK_STEP)?;
+                std::thread::sleep(o.spacing / 3);
+                server.set_clock("+0")
+            })(),
+        };
+        let when = ms_since(shared.start);
+        match result {
+            Ok(()) => println!("+{:.1} s {fault:?} done", f64::from(when) / 1000.0),
+            Err(e) => incidents.push(format!("{fault:?} at +{when} ms: {e:#}")),
+        }
+    }
+    let faults_over_ms = u64::from(ms_since(shared.start));
+    sleep_until(shared.start + Duration::from_secs(o.seconds));
+    shared.stop.store(true, Ordering::SeqCst);
+    let end_ms = u64::from(ms_since(shared.start));
+    let mut logs = Vec::new();
+    let mut errors = BTreeMap::new();
+    for c in clients {
+        let got = rt.block_on(c)?;
+        logs.extend(got.logs);
+        for (code, n) in got.errors {
+            *errors.entry(code).or_default() += n;
+        }
+    }
+
+    // Every id answered is a row: an acknowledged insert survives a crash.
+    let in_table = rt.block_on(ids_in_table(&server.url))?;
+    let mut lost = 0u64;
+    for log in &logs {
+        for r in &log.runs {
+            lost += (r.start..=r.last())
+                .filter(|id| !in_table.contains(id))
+                .count() as u64;
+        }
+    }
+    if lost > 0 {
+        incidents.push(format!(
+            "{lost} ids answered to a client are not in the table"
+        ));
+    }
+    let answers = shared
+        .answers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .until(end_ms);
+    let came_back = answers.any && answers.last_ms > faults_over_ms;
+    if !came_back {
+        incidents.push("the server never answered after the last fault".into());
+    }
+    drop(server);
+
+    let facts = RunFacts {
+        load_start_unix_ms,
+        seconds: end_ms as f64 / 1000.0,
+        slots: vec![SlotFacts {
+            name: "mariadb".into(),
+            spare: false,
+            processes: kills + 1,
+            longest_outage_ms: answers.longest_gap_ms,
+            longest_outage_from_ms: answers.longest_gap_from_ms,
+            came_back,
+        }],
+        errors,
+        issued: BTreeMap::new(),
+        incidents,
+    };
+    // No node field: one shard, and a server is not a node id's holder.
+    let report = check::check(&logs, &layout, "", &facts);
+    let passed = !report.failed() && facts.incidents.is_empty();
+    let table = check::table(&report, &facts, passed);
+    println!(
+        "\n{} rows in the table, every answered id among them: {}\n",
+        in_table.len(),
+        lost == 0
+    );
+    println!("{table}");
+    std::fs::write(dir.join("report.md"), &table)?;
+    Ok(passed)
+}
+
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(seconds: u64, seed: u64) -> DbOptions {
+        DbOptions {
+            seconds,
+            seed,
+            clients: 8,
+            bin: "shardflake".into(),
+            script: "scripts/mariadb.sh".into(),
+            spacing: Duration::from_secs(6),
+            out: None,
+        }
+    }
+
+    #[test]
+    fn the_schedule_is_seeded_spaced_and_ends_a_spacing_early() {
+        let a = schedule(&options(60, 7));
+        assert_eq!(a, schedule(&options(60, 7)));
+        assert_ne!(a, schedule(&options(60, 8)));
+        assert!(a.len() >= 4, "{a:?}");
+        assert!(
+            a.windows(2)
+                .all(|w| w[1].0 >= w[0].0 + Duration::from_secs(6))
+        );
+        assert!(
+            a.iter()
+                .all(|(at, _)| *at + Duration::from_secs(6) <= Duration::from_secs(60))
+        );
+        assert!(a.iter().any(|(_, f)| *f == Fault::Kill));
+    }
+}
