@@ -22,7 +22,7 @@ seconds="${1:?usage: scripts/chaos.sh SECONDS [args]}"
 shift
 [[ "$seconds" =~ ^[0-9]+$ ]] || { echo "chaos.sh: SECONDS must be a number" >&2; exit 2; }
 
-if [[ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || ! command -v etcd >/dev/null; then
+if ! compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || ! command -v etcd >/dev/null; then
     bash scripts/install-deps.sh
 fi
 # Two builds, not one: built together, cargo unifies their dependencies'

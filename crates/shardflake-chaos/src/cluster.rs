@@ -15,8 +15,26 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use tracing::{info, warn};
 
-/// libfaketime, as installed by `scripts/install-deps.sh`.
-pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// libfaketime, as installed by `scripts/install-deps.sh` (package
+/// libfaketime): under a multiarch directory (`/usr/lib/<triple>/faketime`)
+/// or directly under a library directory.
+pub fn libfaketime() -> anyhow::Result<PathBuf> {
+    let mut candidates = Vec::new();
+    for lib in ["/usr/lib", "/usr/local/lib", "/lib"] {
+        candidates.push(Path::new(lib).join("faketime/libfaketime.so.1"));
+        if let Ok(entries) = fs::read_dir(lib) {
+            candidates.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.path().join("faketime/libfaketime.so.1")),
+            );
+        }
+    }
+    candidates
+        .into_iter()
+        .find(|p| p.exists())
+        .context("libfaketime.so.1 not found: run scripts/install-deps.sh (package libfaketime)")
+}
 
 /// Runs a command, failing with its output when it fails.
 pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
@@ -176,7 +194,7 @@ impl NodeSpec {
             .args(&self.args)
             .env_remove("LD_PRELOAD");
         if let Some(stamp) = &self.faketime_file {
-            cmd.env("LD_PRELOAD", LIBFAKETIME)
+            cmd.env("LD_PRELOAD", libfaketime()?)
                 .env("FAKETIME_TIMESTAMP_FILE", stamp)
                 .env("FAKETIME_NO_CACHE", "1")
                 .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
