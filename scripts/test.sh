@@ -33,6 +33,10 @@ step "chaos run on in-database ids (20 s, MariaDB SIGKILLed and restarted, its c
 # chaos.sh above built both binaries in the dev profile.
 ./target/debug/shardflake-chaos db --seconds 20 --seed 1 --spacing 6 --bin target/debug/shardflake
 
+step "chaos runs on ticket servers (15 s each, one of a MariaDB pair SIGKILLed at a time)"
+./target/debug/shardflake-chaos tickets --seconds 15 --seed 1 --clients 4 --mode segment --bin target/debug/shardflake
+./target/debug/shardflake-chaos tickets --seconds 15 --seed 1 --clients 4 --mode per-id --bin target/debug/shardflake
+
 step "doc tests"
 cargo test --workspace --doc
 

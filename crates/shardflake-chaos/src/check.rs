@@ -101,6 +101,8 @@ pub struct Report {
     pub restart_order_examples: Vec<String>,
     /// The largest lead (id time minus receipt), ms; negative when every id lagged.
     pub max_lead_ms: i64,
+    /// Whether the ids carry a time to lead by (not ticket numbers).
+    pub lead_judged: bool,
     /// Ids (runs) whose lead exceeded [`MAX_LEAD_MS`].
     pub lead_violations: u64,
     /// A few of them.
@@ -142,16 +144,23 @@ fn push_example(list: &mut Vec<String>, text: impl FnOnce() -> String) {
 }
 
 /// Checks every id in `logs`; `node_field` names the field node ids go into.
-pub fn check(logs: &[ConnLog], layout: &Layout, node_field: &str, facts: &RunFacts) -> Report {
+/// Without a layout (plain integers: ticket servers) there is no time to
+/// lead and no node field: duplicates and order are judged.
+pub fn check(
+    logs: &[ConnLog],
+    layout: Option<&Layout>,
+    node_field: &str,
+    facts: &RunFacts,
+) -> Report {
     let mut r = Report {
         connections: logs.len(),
         max_lead_ms: i64::MIN,
+        lead_judged: layout.is_some(),
         ..Report::default()
     };
-    let time = layout.time();
     // Without the node field (not in this layout) there are no hand-overs to judge.
-    let node = layout.field(node_field);
-    let id_ms = |id: u64| layout.tick_to_unix_ms(time.extract(id)) as i64;
+    let node = layout.and_then(|l| l.field(node_field));
+    let id_ms = |id: u64| layout.map(|l| l.tick_to_unix_ms(l.time().extract(id)) as i64);
     let start_ms = facts.load_start_unix_ms as i64;
 
     // Per connection: order and lead, and per-process id ranges.
@@ -178,9 +187,11 @@ pub fn check(logs: &[ConnLog], layout: &Layout, node_field: &str, facts: &RunFac
             }
             previous = Some(run.last());
             // Every id of a run is in the same tick.
-            let lead = id_ms(run.start) - (start_ms + i64::from(run.received_ms));
-            r.max_lead_ms = r.max_lead_ms.max(lead);
-            if lead > MAX_LEAD_MS {
+            let lead = id_ms(run.start).map(|ms| ms - (start_ms + i64::from(run.received_ms)));
+            if let Some(lead) = lead {
+                r.max_lead_ms = r.max_lead_ms.max(lead);
+            }
+            if let Some(lead) = lead.filter(|&l| l > MAX_LEAD_MS) {
                 r.lead_violations += 1;
                 push_example(&mut r.lead_examples, || {
                     format!(
@@ -255,7 +266,10 @@ pub fn check(logs: &[ConnLog], layout: &Layout, node_field: &str, facts: &RunFac
             covered_to = Some((last, conn));
         }
 
-        let Some(node) = node else { continue };
+        let (Some(node), Some(layout)) = (node, layout) else {
+            continue;
+        };
+        let time = layout.time();
         let log = &logs[conn as usize];
         let holder = (log.slot, log.incarnation);
         let value = node.extract(start);
@@ -357,13 +371,17 @@ pub fn table(r: &Report, facts: &RunFacts, passed: bool) -> String {
         r.restart_order_violations,
         verdict(r.restart_order_violations == 0)
     );
-    let _ = writeln!(
-        t,
-        "| max lead (id time - wall clock at receipt) | {} ms (limit {MAX_LEAD_MS} ms), {} over | {} |",
-        r.max_lead_ms,
-        r.lead_violations,
-        verdict(r.lead_violations == 0)
-    );
+    if r.lead_judged {
+        let _ = writeln!(
+            t,
+            "| max lead (id time - wall clock at receipt) | {} ms (limit {MAX_LEAD_MS} ms), {} over | {} |",
+            r.max_lead_ms,
+            r.lead_violations,
+            verdict(r.lead_violations == 0)
+        );
+    } else {
+        let _ = writeln!(t, "| max lead | n/a: the ids carry no time | |");
+    }
     let _ = writeln!(
         t,
         "| node-id hand-overs | {} over {} values, {} returns, {} new holder not after old | {} |",
@@ -488,7 +506,7 @@ mod tests {
             5,
         );
         let b = log(1, 0, &[id(&l, T, 2, 0), id(&l, T + 2, 2, 7)], 5);
-        let r = check(&[a, b], &l, "node", &facts(T));
+        let r = check(&[a, b], Some(&l), "node", &facts(T));
         assert!(!r.failed(), "{r:?}");
         assert_eq!((r.ids, r.duplicates, r.hand_overs), (5, 0, 0));
         assert_eq!(r.max_lead_ms, 2 - 5);
@@ -500,7 +518,7 @@ mod tests {
         let shared = id(&l, T, 3, 9);
         let a = log(0, 0, &[shared, shared + 1], 0);
         let b = log(1, 0, &[id(&l, T + 5, 3, 0), shared], 0);
-        let r = check(&[a, b], &l, "node", &facts(T));
+        let r = check(&[a, b], Some(&l), "node", &facts(T));
         assert_eq!(r.duplicates, 1, "{r:?}");
         assert_eq!(r.order_violations, 1, "{r:?}");
         // Two holders of node 3 in the same tick: a failed hand-over.
@@ -513,7 +531,7 @@ mod tests {
         let l = layout();
         let early = log(0, 0, &[id(&l, T + 1500, 1, 0)], 0);
         let late = log(0, 1, &[id(&l, T + 1000, 1, 0)], 2000);
-        let r = check(&[early, late], &l, "node", &facts(T));
+        let r = check(&[early, late], Some(&l), "node", &facts(T));
         assert_eq!(r.lead_violations, 1, "{r:?}");
         assert_eq!(r.max_lead_ms, 1500);
         assert_eq!(r.restart_order_violations, 1, "{r:?}");
@@ -524,7 +542,7 @@ mod tests {
         let l = layout();
         let old = log(0, 0, &[id(&l, T, 4, 0), id(&l, T + 1, 4, 0)], 10);
         let new = log(3, 0, &[id(&l, T + 2, 4, 0)], 10);
-        let r = check(&[old, new], &l, "node", &facts(T));
+        let r = check(&[old, new], Some(&l), "node", &facts(T));
         assert_eq!((r.hand_overs, r.hand_over_violations), (1, 0), "{r:?}");
         assert!(!r.failed());
     }
@@ -535,9 +553,22 @@ mod tests {
         let a = log(0, 0, &[id(&l, T, 1, 0), id(&l, T, 1, 1)], 0);
         let mut f = facts(T);
         f.issued.insert((0, 0), (1, true));
-        assert_eq!(check(&[a], &l, "node", &f).metric_violations, 1);
+        assert_eq!(check(&[a], Some(&l), "node", &f).metric_violations, 1);
         let a = log(0, 0, &[id(&l, T, 1, 0), id(&l, T, 1, 1)], 0);
         f.issued.insert((0, 0), (1, false)); // SIGKILLed: only a lower bound
-        assert_eq!(check(&[a], &l, "node", &f).metric_violations, 0);
+        assert_eq!(check(&[a], Some(&l), "node", &f).metric_violations, 0);
+    }
+
+    #[test]
+    fn plain_numbers_are_judged_for_duplicates_and_order_only() {
+        // Ticket numbers: no layout, no time, no node field.
+        let mut a = ConnLog::new(0, 0, Protocol::MariaDb, u64::MAX);
+        a.record(&[1, 3, 5, 7], 10);
+        let mut b = ConnLog::new(1, 0, Protocol::MariaDb, u64::MAX);
+        b.record(&[2, 4, 6, 5], 10);
+        let r = check(&[a, b], None, "", &facts(T));
+        assert_eq!((r.duplicates, r.order_violations), (1, 1));
+        assert_eq!((r.lead_violations, r.hand_overs), (0, 0));
+        assert!(!r.lead_judged && r.failed());
     }
 }

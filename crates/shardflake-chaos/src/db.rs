@@ -80,24 +80,27 @@ fn schedule(o: &DbOptions) -> Vec<(Duration, Fault)> {
     plan
 }
 
-/// A MariaDB server of `scripts/mariadb.sh`, its clock under a libfaketime
-/// timestamp file; stopped and removed on drop.
-struct Server {
+/// A MariaDB server of `scripts/mariadb.sh` (its clock under a libfaketime
+/// timestamp file when one is given); stopped and removed on drop.
+pub struct Server {
     script: PathBuf,
     dir: String,
-    url: String,
-    clock: PathBuf,
+    /// `mysql://root@127.0.0.1:PORT/app`.
+    pub url: String,
+    clock: Option<PathBuf>,
 }
 
 impl Server {
-    fn start(script: &Path, clock: &Path) -> anyhow::Result<Server> {
-        std::fs::write(clock, "+0")?;
-        let out = Command::new("bash")
-            .arg(script)
-            .arg("start")
-            .env("MARIADB_FAKETIME_FILE", clock)
-            .output()
-            .context("running scripts/mariadb.sh start")?;
+    /// Starts a server with extra options (`MARIADB_OPTS`) and, when
+    /// `clock` is given, its clock offset read from that file ("+0" now).
+    pub fn start(script: &Path, options: &str, clock: Option<&Path>) -> anyhow::Result<Server> {
+        let mut cmd = Command::new("bash");
+        cmd.arg(script).arg("start").env("MARIADB_OPTS", options);
+        if let Some(clock) = clock {
+            std::fs::write(clock, "+0")?;
+            cmd.env("MARIADB_FAKETIME_FILE", clock);
+        }
+        let out = cmd.output().context("running scripts/mariadb.sh start")?;
         if !out.status.success() {
             bail!(
                 "mariadb.sh start: {}",
@@ -112,10 +115,20 @@ impl Server {
                 script: script.to_path_buf(),
                 dir: dir.to_string(),
                 url: url.to_string(),
-                clock: clock.to_path_buf(),
+                clock: clock.map(Path::to_path_buf),
             }),
             _ => bail!("mariadb.sh start printed no URL and dir: {text}"),
         }
+    }
+
+    /// SIGKILLs the server and waits until it is dead.
+    pub fn kill(&self) -> anyhow::Result<()> {
+        self.script("kill")
+    }
+
+    /// Starts it again on the same data and port.
+    pub fn restart(&self) -> anyhow::Result<()> {
+        self.script("restart")
     }
 
     fn script(&self, command: &str) -> anyhow::Result<()> {
@@ -134,7 +147,11 @@ impl Server {
     }
 
     fn set_clock(&self, offset: &str) -> anyhow::Result<()> {
-        Ok(std::fs::write(&self.clock, offset)?)
+        let clock = self
+            .clock
+            .as_ref()
+            .context("this server's clock is not faked")?;
+        Ok(std::fs::write(clock, offset)?)
     }
 }
 
@@ -163,7 +180,7 @@ struct ClientLog {
 }
 
 /// A short code for a failed statement or connect.
-fn error_code(e: &mysql_async::Error) -> String {
+pub fn error_code(e: &mysql_async::Error) -> String {
     match e {
         mysql_async::Error::Server(s) => format!("mariadb:server_{}", s.code),
         mysql_async::Error::Io(_) => "mariadb:io".into(),
@@ -272,7 +289,7 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
     for (at, fault) in &plan {
         println!("  +{:.1} s {fault:?}", at.as_secs_f64());
     }
-    let server = Server::start(&o.script, &dir.join("clock"))?;
+    let server = Server::start(&o.script, "", Some(&dir.join("clock")))?;
     let apply = Command::new(&o.bin)
         .args(["mysql", "apply", "--url", &server.url])
         .output()
@@ -314,11 +331,11 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
         sleep_until(shared.start + *at);
         let result = match fault {
             Fault::Kill => (|| {
-                server.script("kill")?;
+                server.kill()?;
                 // The old process is dead: connections from now on reach the next.
                 shared.generation.fetch_add(1, Ordering::SeqCst);
                 kills += 1;
-                server.script("restart")
+                server.restart()
             })(),
             Fault::ClockBack => (|| {
                 server.set_clock(CLOCK_STEP)?;
@@ -388,7 +405,7 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
         incidents,
     };
     // No node field: one shard, and a server is not a node id's holder.
-    let report = check::check(&logs, &layout, "", &facts);
+    let report = check::check(&logs, Some(&layout), "", &facts);
     let passed = !report.failed() && facts.incidents.is_empty();
     let table = check::table(&report, &facts, passed);
     println!(
@@ -401,7 +418,7 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
     Ok(passed)
 }
 
-fn sleep_until(t: Instant) {
+pub fn sleep_until(t: Instant) {
     let now = Instant::now();
     if t > now {
         std::thread::sleep(t - now);

@@ -322,8 +322,11 @@ pub async fn connection_loop(
         let opened = match protocol {
             Protocol::Http => HttpConn::open(state.http).await.map(Conn::Http),
             Protocol::Grpc => open_grpc(state.grpc).await.map(Conn::Grpc),
-            // A database's connections are `db.rs`'s, never a node's.
-            Protocol::MariaDb => Err(anyhow::anyhow!("a node speaks HTTP or gRPC")),
+            // Databases' and ticket clients' logs are `db.rs`'s and
+            // `tickets.rs`'s, never a node's.
+            Protocol::MariaDb | Protocol::Tickets => {
+                Err(anyhow::anyhow!("a node speaks HTTP or gRPC"))
+            }
         };
         let mut conn = match opened {
             Ok(c) => c,

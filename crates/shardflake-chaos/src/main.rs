@@ -13,6 +13,7 @@
 //! | `record` | every id, as runs of consecutive ids, per connection |
 //! | `check` | the checker and its table |
 //! | `db` | `db`: in-database ids (MariaDB) under server SIGKILLs and clock steps |
+//! | `tickets` | `tickets`: a MariaDB ticket-server pair, one server SIGKILLed at a time |
 //!
 //! Usually run through `scripts/chaos.sh SECONDS [args]`, which builds the
 //! release binaries and cleans up whatever is left.
@@ -24,6 +25,7 @@ mod load;
 mod record;
 mod run;
 mod schedule;
+mod tickets;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +53,38 @@ enum Command {
     /// one-statement ids, clients inserting rows, the server SIGKILLed and
     /// restarted and its clock stepped back; every id checked.
     Db(DbArgs),
+    /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
+    /// ticket clients asking for ids while one server at a time is
+    /// SIGKILLed and restarted; every id checked.
+    Tickets(TicketsArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct TicketsArgs {
+    /// Length of the load, seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Clients, each its own ticket client.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// `per-id` (Flickr: a round trip per id) or `segment` (Leaf: blocks).
+    #[arg(long, default_value = "segment", value_parser = ["per-id", "segment"])]
+    mode: String,
+    /// Seed of the schedule and the request mix [default: from the clock, printed].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Seconds between two faults.
+    #[arg(long, default_value_t = 6)]
+    spacing: u64,
+    /// Keep tickets.toml and report.md here [default: a temporary directory, removed].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The shardflake binary (runs `tickets init`).
+    #[arg(long, default_value = "target/release/shardflake")]
+    bin: PathBuf,
+    /// The MariaDB launcher script.
+    #[arg(long, default_value = "scripts/mariadb.sh")]
+    mariadb_script: PathBuf,
 }
 
 #[derive(clap::Args, Clone)]
@@ -142,10 +176,23 @@ impl RunArgs {
     }
 }
 
+/// A run's verdict as the exit status: 0 passed, 1 failed, 2 could not run.
+fn exit(result: anyhow::Result<bool>) -> ExitCode {
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("shardflake-chaos: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,shardflake_tickets=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -158,6 +205,23 @@ fn main() -> ExitCode {
                 println!("  {p}");
             }
             ExitCode::SUCCESS
+        }
+        Command::Tickets(a) => {
+            let o = tickets::TicketsOptions {
+                seconds: a.seconds,
+                seed: a.seed.unwrap_or_else(|| check::unix_ms_now() % 1_000_000),
+                clients: a.clients.max(1),
+                segment: a.mode == "segment",
+                bin: a.bin,
+                script: a.mariadb_script,
+                spacing: Duration::from_secs(a.spacing.max(2)),
+                out: a.out,
+            };
+            println!(
+                "shardflake-chaos tickets --seconds {} --clients {} --mode {} --seed {}",
+                o.seconds, o.clients, a.mode, o.seed
+            );
+            exit(tickets::run(&o))
         }
         Command::Db(a) => {
             let o = db::DbOptions {
@@ -173,14 +237,7 @@ fn main() -> ExitCode {
                 "shardflake-chaos db --seconds {} --clients {} --seed {}",
                 o.seconds, o.clients, o.seed
             );
-            match db::run(&o) {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::FAILURE,
-                Err(e) => {
-                    eprintln!("shardflake-chaos: {e:#}");
-                    ExitCode::from(2)
-                }
-            }
+            exit(db::run(&o))
         }
         Command::Run(a) => {
             let o = a.options();
@@ -188,14 +245,7 @@ fn main() -> ExitCode {
                 "shardflake-chaos run --seconds {} --nodes {} --seed {}",
                 o.seconds, o.nodes, o.seed
             );
-            match run::run(&o) {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::FAILURE,
-                Err(e) => {
-                    eprintln!("shardflake-chaos: {e:#}");
-                    ExitCode::from(2)
-                }
-            }
+            exit(run::run(&o))
         }
     }
 }

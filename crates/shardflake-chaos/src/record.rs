@@ -21,6 +21,9 @@ pub enum Protocol {
     /// A MariaDB connection: `INSERT ... RETURNING id` (ids made by the
     /// server's trigger).
     MariaDb,
+    /// A ticket client (`shardflake-tickets`) over its own connections to
+    /// the ticket servers.
+    Tickets,
 }
 
 impl Protocol {
@@ -30,6 +33,7 @@ impl Protocol {
             Protocol::Http => "http",
             Protocol::Grpc => "grpc",
             Protocol::MariaDb => "mariadb",
+            Protocol::Tickets => "tickets",
         }
     }
 }

@@ -371,7 +371,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         incidents,
     };
     let sorting = Instant::now();
-    let report = check::check(&logs, &layout, &node_field, &facts);
+    let report = check::check(&logs, Some(&layout), &node_field, &facts);
     let passed = !report.failed() && facts.incidents.is_empty();
     let table = check::table(&report, &facts, passed);
     println!(
