@@ -10,7 +10,7 @@
 //! across restarts, lead), every id a client was answered must be a row of
 //! the table at the end: an acknowledged insert survives the crash.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use mysql_async::prelude::Queryable as _;
 
-use crate::check::{self, RunFacts, SlotFacts};
+use crate::check;
 use crate::load::Answers;
 use crate::record::{ConnLog, Protocol, ms_since};
+use crate::verdict::{ClientLog, Outcome, ServerRun, in_dir};
 
 /// The layout `shardflake mysql apply` installs by default.
 const LAYOUT: &str = "mysql-procedure";
@@ -34,23 +35,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(20);
 const CLOCK_STEP: &str = "-3s";
 
 /// What a `db` run does.
-#[derive(Debug, Clone)]
-pub struct DbOptions {
-    /// Length of the load.
-    pub seconds: u64,
-    /// Seed of the schedule and the statement mix.
-    pub seed: u64,
-    /// Client connections.
-    pub clients: usize,
-    /// The shardflake binary (for `mysql apply`).
-    pub bin: PathBuf,
-    /// `scripts/mariadb.sh`.
-    pub script: PathBuf,
-    /// Time between two faults.
-    pub spacing: Duration,
-    /// Where the report goes (a temporary directory when `None`).
-    pub out: Option<PathBuf>,
-}
+pub type DbOptions = ServerRun;
 
 /// One fault of the schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,13 +157,6 @@ struct Shared {
     sequence_mask: u64,
 }
 
-/// What one client brings back.
-#[derive(Default)]
-struct ClientLog {
-    logs: Vec<ConnLog>,
-    errors: BTreeMap<String, u64>,
-}
-
 /// A short code for a failed statement or connect.
 pub fn error_code(e: &mysql_async::Error) -> String {
     match e {
@@ -195,8 +173,6 @@ pub fn error_code(e: &mysql_async::Error) -> String {
 async fn client(url: String, shared: Arc<Shared>, seed: u64) -> ClientLog {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut out = ClientLog::default();
-    let mut count = |code: String| *out.errors.entry(code).or_default() += 1;
-    let mut logs = Vec::new();
     while !shared.stop.load(Ordering::Relaxed) {
         // A connection is labelled with the process it reached: the
         // generation read before and after connecting must agree.
@@ -210,12 +186,12 @@ async fn client(url: String, shared: Arc<Shared>, seed: u64) -> ClientLog {
                 continue;
             }
             Ok(Err(e)) => {
-                count(format!("{} (connect)", error_code(&e)));
+                out.error(format!("{} (connect)", error_code(&e)));
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
             }
             Err(_) => {
-                count("mariadb:connect_timeout".into());
+                out.error("mariadb:connect_timeout".into());
                 continue;
             }
         };
@@ -242,18 +218,17 @@ async fn client(url: String, shared: Arc<Shared>, seed: u64) -> ClientLog {
                         .answered(u64::from(at));
                 }
                 Ok(Err(e)) => {
-                    count(error_code(&e));
+                    out.error(error_code(&e));
                     break;
                 }
                 Err(_) => {
-                    count("mariadb:timeout".into());
+                    out.error("mariadb:timeout".into());
                     break;
                 }
             }
         }
-        logs.push(log);
+        out.logs.push(log);
     }
-    out.logs = logs;
     out
 }
 
@@ -266,20 +241,7 @@ async fn ids_in_table(url: &str) -> anyhow::Result<HashSet<u64>> {
 
 /// One run; `Ok(true)` when every check passed.
 pub fn run(o: &DbOptions) -> anyhow::Result<bool> {
-    let tmp;
-    let dir = match &o.out {
-        Some(d) => d.clone(),
-        None => {
-            tmp = std::env::temp_dir().join(format!("shardflake-chaos-db.{}", std::process::id()));
-            tmp.clone()
-        }
-    };
-    std::fs::create_dir_all(&dir)?;
-    let result = run_in(o, &dir);
-    if o.out.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    result
+    in_dir(o.out.as_deref(), "db", |dir| run_in(o, dir))
 }
 
 fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
@@ -353,20 +315,15 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
     sleep_until(shared.start + Duration::from_secs(o.seconds));
     shared.stop.store(true, Ordering::SeqCst);
     let end_ms = u64::from(ms_since(shared.start));
-    let mut logs = Vec::new();
-    let mut errors = BTreeMap::new();
+    let mut all = ClientLog::default();
     for c in clients {
-        let got = rt.block_on(c)?;
-        logs.extend(got.logs);
-        for (code, n) in got.errors {
-            *errors.entry(code).or_default() += n;
-        }
+        all.merge(rt.block_on(c)?);
     }
 
     // Every id answered is a row: an acknowledged insert survives a crash.
     let in_table = rt.block_on(ids_in_table(&server.url))?;
     let mut lost = 0u64;
-    for log in &logs {
+    for log in &all.logs {
         for r in &log.runs {
             lost += (r.start..=r.last())
                 .filter(|id| !in_table.contains(id))
@@ -378,44 +335,23 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
             "{lost} ids answered to a client are not in the table"
         ));
     }
-    let answers = shared
-        .answers
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .until(end_ms);
-    let came_back = answers.any && answers.last_ms > faults_over_ms;
-    if !came_back {
-        incidents.push("the server never answered after the last fault".into());
-    }
     drop(server);
-
-    let facts = RunFacts {
-        load_start_unix_ms,
-        seconds: end_ms as f64 / 1000.0,
-        slots: vec![SlotFacts {
-            name: "mariadb".into(),
-            spare: false,
-            processes: kills + 1,
-            longest_outage_ms: answers.longest_gap_ms,
-            longest_outage_from_ms: answers.longest_gap_from_ms,
-            came_back,
-        }],
-        errors,
-        issued: BTreeMap::new(),
-        incidents,
-    };
-    // No node field: one shard, and a server is not a node id's holder.
-    let report = check::check(&logs, Some(&layout), "", &facts);
-    let passed = !report.failed() && facts.incidents.is_empty();
-    let table = check::table(&report, &facts, passed);
     println!(
         "\n{} rows in the table, every answered id among them: {}\n",
         in_table.len(),
         lost == 0
     );
-    println!("{table}");
-    std::fs::write(dir.join("report.md"), &table)?;
-    Ok(passed)
+    Outcome {
+        name: "mariadb".into(),
+        processes: kills + 1,
+        clients: all,
+        incidents,
+        answers: &shared.answers,
+        load_start_unix_ms,
+        faults_over_ms,
+        end_ms,
+    }
+    .judge(Some(&layout), dir)
 }
 
 pub fn sleep_until(t: Instant) {

@@ -14,6 +14,7 @@
 //! | `check` | the checker and its table |
 //! | `db` | `db`: in-database ids (MariaDB) under server SIGKILLs and clock steps |
 //! | `tickets` | `tickets`: a MariaDB ticket-server pair, one server SIGKILLed at a time |
+//! | `verdict` | what `db` and `tickets` share: run directory, logs gathered, the judging |
 //!
 //! Usually run through `scripts/chaos.sh SECONDS [args]`, which builds the
 //! release binaries and cleans up whatever is left.
@@ -26,6 +27,7 @@ mod record;
 mod run;
 mod schedule;
 mod tickets;
+mod verdict;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,34 +54,32 @@ enum Command {
     /// In-database ids: a MariaDB server with `shardflake mysql apply`'s
     /// one-statement ids, clients inserting rows, the server SIGKILLed and
     /// restarted and its clock stepped back; every id checked.
-    Db(DbArgs),
+    Db(ServerArgs),
     /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
     /// ticket clients asking for ids while one server at a time is
     /// SIGKILLed and restarted; every id checked.
     Tickets(TicketsArgs),
 }
 
+/// What `db` and `tickets` share.
 #[derive(clap::Args, Clone)]
-struct TicketsArgs {
+struct ServerArgs {
     /// Length of the load, seconds.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
-    /// Clients, each its own ticket client.
+    /// Clients, each with its own connections.
     #[arg(long, default_value_t = 8)]
     clients: usize,
-    /// `per-id` (Flickr: a round trip per id) or `segment` (Leaf: blocks).
-    #[arg(long, default_value = "segment", value_parser = ["per-id", "segment"])]
-    mode: String,
     /// Seed of the schedule and the request mix [default: from the clock, printed].
     #[arg(long)]
     seed: Option<u64>,
     /// Seconds between two faults.
     #[arg(long, default_value_t = 6)]
     spacing: u64,
-    /// Keep tickets.toml and report.md here [default: a temporary directory, removed].
+    /// Keep report.md (and tickets.toml) here [default: a temporary directory, removed].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// The shardflake binary (runs `tickets init`).
+    /// The shardflake binary (runs `mysql apply` or `tickets init`).
     #[arg(long, default_value = "target/release/shardflake")]
     bin: PathBuf,
     /// The MariaDB launcher script.
@@ -87,29 +87,29 @@ struct TicketsArgs {
     mariadb_script: PathBuf,
 }
 
+impl ServerArgs {
+    fn options(self) -> verdict::ServerRun {
+        verdict::ServerRun {
+            seconds: self.seconds,
+            seed: self
+                .seed
+                .unwrap_or_else(|| check::unix_ms_now() % 1_000_000),
+            clients: self.clients.max(1),
+            bin: self.bin,
+            script: self.mariadb_script,
+            spacing: Duration::from_secs(self.spacing.max(2)),
+            out: self.out,
+        }
+    }
+}
+
 #[derive(clap::Args, Clone)]
-struct DbArgs {
-    /// Length of the load, seconds.
-    #[arg(long, default_value_t = 60)]
-    seconds: u64,
-    /// Client connections.
-    #[arg(long, default_value_t = 8)]
-    clients: usize,
-    /// Seed of the schedule and the statement mix [default: from the clock, printed].
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Seconds between two faults.
-    #[arg(long, default_value_t = 8)]
-    spacing: u64,
-    /// Keep report.md here [default: a temporary directory, removed].
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// The shardflake binary (runs `mysql apply`).
-    #[arg(long, default_value = "target/release/shardflake")]
-    bin: PathBuf,
-    /// The MariaDB launcher script.
-    #[arg(long, default_value = "scripts/mariadb.sh")]
-    mariadb_script: PathBuf,
+struct TicketsArgs {
+    #[command(flatten)]
+    common: ServerArgs,
+    /// `per-id` (Flickr: a round trip per id) or `segment` (Leaf: blocks).
+    #[arg(long, default_value = "segment", value_parser = ["per-id", "segment"])]
+    mode: String,
 }
 
 #[derive(clap::Args, Clone)]
@@ -208,31 +208,17 @@ fn main() -> ExitCode {
         }
         Command::Tickets(a) => {
             let o = tickets::TicketsOptions {
-                seconds: a.seconds,
-                seed: a.seed.unwrap_or_else(|| check::unix_ms_now() % 1_000_000),
-                clients: a.clients.max(1),
+                run: a.common.options(),
                 segment: a.mode == "segment",
-                bin: a.bin,
-                script: a.mariadb_script,
-                spacing: Duration::from_secs(a.spacing.max(2)),
-                out: a.out,
             };
             println!(
                 "shardflake-chaos tickets --seconds {} --clients {} --mode {} --seed {}",
-                o.seconds, o.clients, a.mode, o.seed
+                o.run.seconds, o.run.clients, a.mode, o.run.seed
             );
             exit(tickets::run(&o))
         }
         Command::Db(a) => {
-            let o = db::DbOptions {
-                seconds: a.seconds,
-                seed: a.seed.unwrap_or_else(|| check::unix_ms_now() % 1_000_000),
-                clients: a.clients.max(1),
-                bin: a.bin,
-                script: a.mariadb_script,
-                spacing: Duration::from_secs(a.spacing.max(1)),
-                out: a.out,
-            };
+            let o = a.options();
             println!(
                 "shardflake-chaos db --seconds {} --clients {} --seed {}",
                 o.seconds, o.clients, o.seed

@@ -13,8 +13,7 @@
 //! one log per client and server). Errors by code are counted: with one
 //! server down the other carries the load, so callers should see none.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,10 +22,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use shardflake_tickets::{Config, TicketClient};
 
-use crate::check::{self, RunFacts, SlotFacts};
+use crate::check;
 use crate::db::{Server, sleep_until};
 use crate::load::Answers;
 use crate::record::{ConnLog, Protocol, ms_since};
+use crate::verdict::{ClientLog, Outcome, ServerRun, in_dir};
 
 /// The sequence the run draws from.
 const SEQUENCE: &str = "chaos";
@@ -34,33 +34,21 @@ const SEQUENCE: &str = "chaos";
 /// What a `tickets` run does.
 #[derive(Debug, Clone)]
 pub struct TicketsOptions {
-    /// Length of the load.
-    pub seconds: u64,
-    /// Seed of the schedule and the request mix.
-    pub seed: u64,
-    /// Clients (each its own `TicketClient`).
-    pub clients: usize,
+    /// Length, seed, clients, binaries, spacing, output.
+    pub run: ServerRun,
     /// Segment mode (Leaf) instead of per-id (Flickr).
     pub segment: bool,
-    /// The shardflake binary (for `tickets init`).
-    pub bin: PathBuf,
-    /// `scripts/mariadb.sh`.
-    pub script: PathBuf,
-    /// Time between two faults.
-    pub spacing: Duration,
-    /// Where the report goes (a temporary directory when `None`).
-    pub out: Option<PathBuf>,
 }
 
 /// The seeded schedule: (seconds after the load began, server killed,
 /// how long it stays down).
 fn schedule(o: &TicketsOptions) -> Vec<(Duration, usize, Duration)> {
-    let mut rng = fastrand::Rng::with_seed(o.seed);
-    let spacing = o.spacing.max(Duration::from_secs(2));
+    let mut rng = fastrand::Rng::with_seed(o.run.seed);
+    let spacing = o.run.spacing.max(Duration::from_secs(2));
     let mut at = spacing / 2;
     let mut plan = Vec::new();
     // Faults stop a spacing before the end, so both servers are seen back.
-    while at + spacing <= Duration::from_secs(o.seconds) {
+    while at + spacing <= Duration::from_secs(o.run.seconds) {
         let down = Duration::from_millis(rng.u64(200..=spacing.as_millis() as u64 / 2));
         plan.push((at, rng.usize(0..2), down));
         at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
@@ -88,12 +76,6 @@ struct Shared {
     start: Instant,
     stop: AtomicBool,
     answers: Mutex<Answers>,
-}
-
-#[derive(Default)]
-struct ClientLog {
-    logs: Vec<ConnLog>,
-    errors: BTreeMap<String, u64>,
 }
 
 /// One client: single ids and batches of 2..=500 in a seeded mix, logged
@@ -138,7 +120,7 @@ async fn client(config: Config, shared: Arc<Shared>, seed: u64, segment: bool) -
                     .unwrap_or_else(|p| p.into_inner())
                     .answered(u64::from(at));
             }
-            Err(e) => *out.errors.entry(e.code().to_string()).or_default() += 1,
+            Err(e) => out.error(e.code().to_string()),
         }
     }
     client.shutdown().await;
@@ -148,23 +130,12 @@ async fn client(config: Config, shared: Arc<Shared>, seed: u64, segment: bool) -
 
 /// One run; `Ok(true)` when every check passed.
 pub fn run(o: &TicketsOptions) -> anyhow::Result<bool> {
-    let dir = match &o.out {
-        Some(d) => d.clone(),
-        None => {
-            std::env::temp_dir().join(format!("shardflake-chaos-tickets.{}", std::process::id()))
-        }
-    };
-    std::fs::create_dir_all(&dir)?;
-    let result = run_in(o, &dir);
-    if o.out.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    result
+    in_dir(o.run.out.as_deref(), "tickets", |dir| run_in(o, dir))
 }
 
 fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
     let plan = schedule(o);
-    println!("seed {}; schedule:", o.seed);
+    println!("seed {}; schedule:", o.run.seed);
     for (at, server, down) in &plan {
         println!(
             "  +{:.1} s SIGKILL t{} for {:.1} s",
@@ -176,7 +147,7 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
     let servers = (1..=2)
         .map(|offset| {
             Server::start(
-                &o.script,
+                &o.run.script,
                 &format!("--auto-increment-increment=2 --auto-increment-offset={offset}"),
                 None,
             )
@@ -185,7 +156,7 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
     let toml = config_toml(&servers, o.segment);
     let path = dir.join("tickets.toml");
     std::fs::write(&path, &toml)?;
-    let init = Command::new(&o.bin)
+    let init = Command::new(&o.run.bin)
         .args(["tickets", "init", "--config"])
         .arg(&path)
         .output()
@@ -208,12 +179,12 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
         stop: AtomicBool::new(false),
         answers: Mutex::new(Answers::default()),
     });
-    let clients: Vec<_> = (0..o.clients)
+    let clients: Vec<_> = (0..o.run.clients)
         .map(|i| {
             rt.spawn(client(
                 config.clone(),
                 shared.clone(),
-                o.seed.wrapping_add(i as u64 + 1),
+                o.run.seed.wrapping_add(i as u64 + 1),
                 o.segment,
             ))
         })
@@ -234,53 +205,28 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
         }
     }
     let faults_over_ms = u64::from(ms_since(shared.start));
-    sleep_until(shared.start + Duration::from_secs(o.seconds));
+    sleep_until(shared.start + Duration::from_secs(o.run.seconds));
     shared.stop.store(true, Ordering::SeqCst);
     let end_ms = u64::from(ms_since(shared.start));
-    let mut logs = Vec::new();
-    let mut errors = BTreeMap::new();
+    let mut all = ClientLog::default();
     for c in clients {
-        let got = rt.block_on(c)?;
-        logs.extend(got.logs);
-        for (code, n) in got.errors {
-            *errors.entry(code).or_default() += n;
-        }
-    }
-    let answers = shared
-        .answers
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .until(end_ms);
-    let came_back = answers.any && answers.last_ms > faults_over_ms;
-    if !came_back {
-        incidents.push("no client was answered after the last fault".into());
+        all.merge(rt.block_on(c)?);
     }
     drop(servers);
-
-    let facts = RunFacts {
-        load_start_unix_ms,
-        seconds: end_ms as f64 / 1000.0,
-        slots: vec![SlotFacts {
-            name: format!(
-                "tickets ({}, 2 servers)",
-                if o.segment { "segment" } else { "per-id" }
-            ),
-            spare: false,
-            processes: 2 + plan.len() as u32,
-            longest_outage_ms: answers.longest_gap_ms,
-            longest_outage_from_ms: answers.longest_gap_from_ms,
-            came_back,
-        }],
-        errors,
-        issued: BTreeMap::new(),
+    Outcome {
+        name: format!(
+            "tickets ({}, 2 servers)",
+            if o.segment { "segment" } else { "per-id" }
+        ),
+        processes: 2 + plan.len() as u32,
+        clients: all,
         incidents,
-    };
-    let report = check::check(&logs, None, "", &facts);
-    let passed = !report.failed() && facts.incidents.is_empty();
-    let table = check::table(&report, &facts, passed);
-    println!("{table}");
-    std::fs::write(dir.join("report.md"), &table)?;
-    Ok(passed)
+        answers: &shared.answers,
+        load_start_unix_ms,
+        faults_over_ms,
+        end_ms,
+    }
+    .judge(None, dir)
 }
 
 #[cfg(test)]
@@ -289,14 +235,16 @@ mod tests {
 
     fn options(seed: u64) -> TicketsOptions {
         TicketsOptions {
-            seconds: 60,
-            seed,
-            clients: 8,
+            run: ServerRun {
+                seconds: 60,
+                seed,
+                clients: 8,
+                bin: "shardflake".into(),
+                script: "scripts/mariadb.sh".into(),
+                spacing: Duration::from_secs(6),
+                out: None,
+            },
             segment: true,
-            bin: "shardflake".into(),
-            script: "scripts/mariadb.sh".into(),
-            spacing: Duration::from_secs(6),
-            out: None,
         }
     }
 
