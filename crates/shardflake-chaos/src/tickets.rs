@@ -120,7 +120,10 @@ async fn client(config: Config, shared: Arc<Shared>, seed: u64, segment: bool) -
                     .unwrap_or_else(|p| p.into_inner())
                     .answered(u64::from(at));
             }
-            Err(e) => out.error(e.code().to_string()),
+            Err(e) => {
+                tracing::warn!(error = %e, "a ticket call failed");
+                out.error(e.code().to_string());
+            }
         }
     }
     client.shutdown().await;
