@@ -1,9 +1,11 @@
-//! Id text in every format, and "decode any": never a panic; whatever
-//! parses formats back to text that parses to the same id.
+//! Id text in every form (decimal, hex, base32, base62, UUID, ObjectId) and
+//! "decode any" (`kind::recognise` after `Format::detect`): never a panic;
+//! whatever parses formats back to text that parses to the same value, and
+//! every id formats to text `detect` reads back in its own form.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use shardflake::{Format, Id, kind};
+use shardflake::{Format, Id, ObjectId, Recognised, kind};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -11,14 +13,32 @@ fuzz_target!(|data: &[u8]| {
     };
     for format in Format::ALL {
         if let Ok(id) = Id::parse_as(text, format) {
-            let again = Id::parse_as(&id.format_as(format), format);
-            assert_eq!(again.ok(), Some(id), "{format:?} {text:?}");
+            let written = id.format_as(format);
+            assert_eq!(Id::parse_as(&written, format), Ok(id), "{format:?} {text:?}");
+            assert_eq!(Format::detect(&written), format, "{written:?}");
         }
-        let _ = kind::recognise(text, format);
+        match kind::recognise(text, format) {
+            Ok(Recognised::Id(id)) => assert_eq!(format.parse(&id.format_as(format)), Ok(id)),
+            Ok(Recognised::Uuid(info)) => {
+                let again = kind::recognise(&info.uuid.to_string(), format);
+                assert!(matches!(again, Ok(Recognised::Uuid(ref i)) if *i == info), "{text:?}");
+            }
+            Ok(Recognised::ObjectId(oid)) => {
+                assert_eq!(oid.to_string().parse::<ObjectId>(), Ok(oid), "{text:?}");
+                let again = kind::recognise(&oid.to_string(), format);
+                assert_eq!(again, Ok(Recognised::ObjectId(oid)));
+            }
+            Err(_) => {}
+        }
     }
+    // "Decode any": the form guessed from the shape, then the kind.
     let detected = Format::detect(text);
     let _ = kind::recognise(text, detected);
+    if let Ok(oid) = text.parse::<ObjectId>() {
+        assert_eq!(oid.to_string().parse::<ObjectId>(), Ok(oid));
+    }
+    // The strict decimal of `FromStr`/`Display`.
     if let Ok(id) = text.parse::<Id>() {
-        assert_eq!(id.to_string().parse::<Id>().ok(), Some(id));
+        assert_eq!(id.to_string(), text, "strict decimal is canonical");
     }
 });
