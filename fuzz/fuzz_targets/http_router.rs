@@ -38,7 +38,9 @@ const ROUTES: [&str; 10] = [
 fn router(toml: &str) -> Router {
     let config = Config::from_toml(toml).expect("the fuzz configuration is valid");
     let issuer = Arc::new(Issuer::new(config));
-    let active = issuer.make_active(3, 0, None, u64::MAX).expect("node 3 fits");
+    let active = issuer
+        .make_active(3, 0, None, u64::MAX)
+        .expect("node 3 fits");
     issuer.publish(Some(Arc::new(active)));
     issuer.set_state(LeaseState::Static);
     shardflake_service::http::router(issuer)

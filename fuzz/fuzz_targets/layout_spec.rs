@@ -29,7 +29,9 @@ fuzz_target!(|data: &[u8]| {
         .node_fields()
         .map(|f| (f.name(), next() & f.max()))
         .collect();
-    let nodes = layout.nodes(&picked).expect("values masked to their fields");
+    let nodes = layout
+        .nodes(&picked)
+        .expect("values masked to their fields");
     let id = layout
         .compose_tick(tick, &nodes, sequence)
         .expect("values masked to their fields");

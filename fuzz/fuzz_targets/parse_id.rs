@@ -15,7 +15,11 @@ fuzz_target!(|data: &[u8]| {
     for format in Format::ALL {
         if let Ok(id) = Id::parse_as(text, format) {
             let written = id.format_as(format);
-            assert_eq!(Id::parse_as(&written, format), Ok(id), "{format:?} {text:?}");
+            assert_eq!(
+                Id::parse_as(&written, format),
+                Ok(id),
+                "{format:?} {text:?}"
+            );
             // Digits alone are read as decimal unless padded (documented).
             let digits = written.bytes().all(|b| b.is_ascii_digit());
             if !digits || written.starts_with('0') && written.len() > 1 {
@@ -26,7 +30,10 @@ fuzz_target!(|data: &[u8]| {
             Ok(Recognised::Id(id)) => assert_eq!(format.parse(&id.format_as(format)), Ok(id)),
             Ok(Recognised::Uuid(info)) => {
                 let again = kind::recognise(&info.uuid.to_string(), format);
-                assert!(matches!(again, Ok(Recognised::Uuid(ref i)) if *i == info), "{text:?}");
+                assert!(
+                    matches!(again, Ok(Recognised::Uuid(ref i)) if *i == info),
+                    "{text:?}"
+                );
             }
             Ok(Recognised::ObjectId(oid)) => {
                 assert_eq!(oid.to_string().parse::<ObjectId>(), Ok(oid), "{text:?}");
@@ -46,7 +53,10 @@ fuzz_target!(|data: &[u8]| {
     // the text without its leading zeros.
     if let Ok(id) = text.parse::<Id>() {
         let canonical = text.trim_start_matches('0');
-        assert_eq!(id.to_string(), if canonical.is_empty() { "0" } else { canonical });
+        assert_eq!(
+            id.to_string(),
+            if canonical.is_empty() { "0" } else { canonical }
+        );
         assert_eq!(id.to_string().parse::<Id>(), Ok(id));
     }
 });

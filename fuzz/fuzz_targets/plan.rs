@@ -20,7 +20,10 @@ fuzz_target!(|data: [u64; 4]| {
     };
     let capacity = layout.capacity();
     assert!(!layout.uses_sign_bit(), "{need:?} -> {layout}");
-    assert!(capacity.nodes >= u128::from(need.nodes), "{need:?} -> {layout}");
+    assert!(
+        capacity.nodes >= u128::from(need.nodes),
+        "{need:?} -> {layout}"
+    );
     if need.rate_per_node.is_finite() {
         assert!(
             capacity.ids_per_second >= need.rate_per_node,

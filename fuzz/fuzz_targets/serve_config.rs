@@ -86,7 +86,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let NodeSource::Static(id) = config.node {
-        assert!(id <= config.max_node_id(), "{id} > {}", config.max_node_id());
+        assert!(
+            id <= config.max_node_id(),
+            "{id} > {}",
+            config.max_node_id()
+        );
         let issuer = Issuer::new(config);
         let _ = issuer.make_active(id, 0, None, u64::MAX);
     }

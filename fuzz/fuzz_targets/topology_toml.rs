@@ -19,7 +19,10 @@ fuzz_target!(|data: &[u8]| {
     for shard in [0, shards / 2, shards - 1] {
         let schema = topology.schema(shard);
         assert!(is_ident(&schema), "schema name {schema:?}");
-        assert!(topology.server_of(shard).is_ok(), "shard {shard} has no server");
+        assert!(
+            topology.server_of(shard).is_ok(),
+            "shard {shard} has no server"
+        );
     }
     assert!(topology.server_of(shards).is_err());
     let again = Topology::parse(&topology.to_toml()).expect("its own TOML parses");
