@@ -29,8 +29,8 @@ step "fuzz smoke (every cargo-fuzz target 4 s; nightly and cargo-fuzz installed 
 # input in fuzz/artifacts/<target>/.
 bash scripts/fuzz.sh 4
 
-step "API fuzz smoke (schemathesis from /openapi.json, 25 s, seed 1)"
-SEED=1 bash scripts/api-fuzz.sh 25
+step "API fuzz smoke (schemathesis from /openapi.json, 25 s, seed 2)"
+SEED=2 bash scripts/api-fuzz.sh 25
 
 step "chaos run (60 s, faults on a schedule, every id checked)"
 # Seeded, so a failure replays with the same schedule: scripts/chaos.sh 60 --seed 1.
