@@ -72,8 +72,8 @@ fn bits_for(n: f64) -> u32 {
 /// # Ok::<(), shardflake::LayoutError>(())
 /// ```
 pub fn suggest(need: &Need) -> Result<Layout, LayoutError> {
-    // In integers: `nodes as f64` rounds above 2^53 (2^53 + 1 nodes would
-    // get 53 bits).
+    // In integers: `nodes as f64` rounds above 2^53, so 2^54 nodes got 55
+    // bits (`2^54 - 1.0` is 2^54 in f64), one more than they need.
     let node_bits = match need.nodes {
         0 | 1 => 0,
         n => 64 - (n - 1).leading_zeros(),
@@ -124,7 +124,7 @@ mod tests {
 
     #[test]
     fn node_bits_are_counted_exactly() {
-        for nodes in [2, 3, 1024, 1025, (1 << 53) + 1, u64::MAX] {
+        for nodes in [2, 3, 1024, 1025, (1 << 53) + 1, 1 << 54, u64::MAX] {
             let need = Need {
                 nodes,
                 rate_per_node: 0.0,
