@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the real servers and tools the tests and benchmarks start:
-# PostgreSQL (+ pgbench), MariaDB, etcd, libfaketime and wrk. Debian packages;
+# PostgreSQL (+ pgbench), MariaDB, etcd, libfaketime, wrk and Python's venv. Debian packages;
 # only what is missing is installed, so a second run costs nothing.
 set -euo pipefail
 
@@ -10,6 +10,7 @@ packages=(
   etcd-server etcd-client
   faketime libfaketime
   wrk
+  python3 python3-venv   # scripts/api-fuzz.sh: schemathesis in a venv
 )
 
 missing=()

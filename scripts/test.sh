@@ -24,6 +24,14 @@ else
   cargo test --workspace --no-fail-fast --lib --bins --tests
 fi
 
+step "fuzz smoke (every cargo-fuzz target 3 s; nightly and cargo-fuzz installed if missing)"
+# Long runs and their figures: docs/RELIABILITY.md. A crash leaves its
+# input in fuzz/artifacts/<target>/.
+bash scripts/fuzz.sh 3
+
+step "API fuzz smoke (schemathesis from /openapi.json, 20 s, seed 2)"
+SEED=2 bash scripts/api-fuzz.sh 20
+
 step "chaos run (60 s, faults on a schedule, every id checked)"
 # Seeded, so a failure replays with the same schedule: scripts/chaos.sh 60 --seed 1.
 CHAOS_PROFILE=dev bash scripts/chaos.sh 60 --seed 1

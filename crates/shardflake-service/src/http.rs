@@ -180,10 +180,13 @@ impl Query {
         }
         Ok(q)
     }
+    /// `numbers`: `true`/`1` or `false`/`0`. An empty value is refused, not
+    /// read as true: the document declares a boolean, and `numbers=` is
+    /// none.
     fn numbers(&self) -> Result<bool, ApiError> {
         match self.numbers.as_deref() {
             None | Some("false" | "0") => Ok(false),
-            Some("" | "true" | "1") => Ok(true),
+            Some("true" | "1") => Ok(true),
             Some(other) => Err(ApiError::bad_request(
                 "invalid_parameter",
                 format!("numbers must be true or false, got {other:?}"),
@@ -268,10 +271,12 @@ async fn next_id(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Respo
     } else {
         let q = Query::parse(raw.as_deref(), &["numbers", "format", "kind"])?;
         if let Some(kind) = q.kind.as_deref().filter(|k| *k != "layout") {
-            if q.numbers.is_some() || q.format.is_some() {
+            // Their defaults (numbers=false, format=dec) change nothing and
+            // are accepted; anything else would be ignored, so it is refused.
+            if q.numbers()? || q.format()?.is_some() {
                 return Err(ApiError::bad_request(
                     "invalid_parameter",
-                    "numbers and format apply to layout ids only",
+                    "numbers=true and format apply to layout ids only",
                 ));
             }
             let (name, value) = issuer.other_kind(kind).await?;

@@ -49,8 +49,10 @@ pub struct Need {
 
 const MS_PER_YEAR: f64 = 365.25 * 24.0 * 3600.0 * 1000.0;
 
-/// Bits needed to count `n` values; 65 (too many) for anything past `u64`.
+/// Bits needed to count `n` values (a fraction of a value counts as one
+/// more: 4.2 ticks need 5); 65 (too many) for anything past `u64`.
 fn bits_for(n: f64) -> u32 {
+    let n = n.ceil();
     if n <= 1.0 {
         0
     } else if n.is_finite() && n <= 2f64.powi(64) {
@@ -70,7 +72,12 @@ fn bits_for(n: f64) -> u32 {
 /// # Ok::<(), shardflake::LayoutError>(())
 /// ```
 pub fn suggest(need: &Need) -> Result<Layout, LayoutError> {
-    let node_bits = bits_for(need.nodes as f64);
+    // In integers: `nodes as f64` rounds above 2^53, so 2^54 nodes got 55
+    // bits (`2^54 - 1.0` is 2^54 in f64), one more than they need.
+    let node_bits = match need.nodes {
+        0 | 1 => 0,
+        n => 64 - (n - 1).leading_zeros(),
+    };
     let mut widest = 0;
     for tick_ms in [1u64, 2, 5, 10, 100, 1000] {
         let time_bits = bits_for(need.years * MS_PER_YEAR / tick_ms as f64).max(1);
@@ -96,6 +103,42 @@ pub fn suggest(need: &Need) -> Result<Layout, LayoutError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by `cargo fuzz` (target `plan`): a need of 4.96 ticks got a
+    /// 2-bit time field (4 ticks), so the layout ran out before the years
+    /// asked for.
+    #[test]
+    fn a_fraction_of_a_tick_counts_as_a_whole_one() {
+        assert_eq!((bits_for(4.0), bits_for(4.2), bits_for(4.96)), (2, 3, 3));
+        assert_eq!((bits_for(0.5), bits_for(1.5), bits_for(2.0)), (0, 1, 1));
+        let need = Need {
+            nodes: 795_741_901_218_119_680,
+            rate_per_node: 1.8e-255,
+            years: 7.870_588_816_848_456e-10,
+            epoch_ms: 795_741_901_218_843_403,
+        };
+        let l = suggest(&need).unwrap();
+        let lasts_ms = l.end_of_life_ms() - u128::from(need.epoch_ms);
+        assert!(lasts_ms as f64 >= need.years * MS_PER_YEAR, "{l}");
+    }
+
+    #[test]
+    fn node_bits_are_counted_exactly() {
+        for nodes in [2, 3, 1024, 1025, (1 << 53) + 1, 1 << 54, u64::MAX] {
+            let need = Need {
+                nodes,
+                rate_per_node: 0.0,
+                years: 0.0,
+                epoch_ms: 0,
+            };
+            let Ok(l) = suggest(&need) else {
+                assert!(nodes > 1 << 61, "{nodes}");
+                continue;
+            };
+            assert!(l.node_count() >= u128::from(nodes), "{nodes}: {l}");
+            assert!(l.node_count() < 2 * u128::from(nodes), "{nodes}: {l}");
+        }
+    }
 
     #[test]
     fn suggests_the_smallest_tick_that_fits() {
