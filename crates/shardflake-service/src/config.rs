@@ -29,6 +29,7 @@
 //! tls_cert_file = "/etc/shardflake/tls.crt"   # PEM chain; HTTPS and gRPC over TLS
 //! tls_key_file = "/etc/shardflake/tls.key"    # PEM key; both or neither
 //! api_token_file = "/etc/shardflake/token"    # `Authorization: Bearer <token>` required
+//! tickets = "/etc/shardflake/tickets.toml"    # ticket sequences: GET /v1/tickets/{sequence}
 //!
 //! [etcd]
 //! endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
@@ -100,6 +101,9 @@ pub struct RawConfig {
     pub tls_key_file: Option<PathBuf>,
     /// A file holding the bearer token the id endpoints require.
     pub api_token_file: Option<PathBuf>,
+    /// The ticket servers' TOML file (`shardflake_tickets::Config`): serve
+    /// its sequences at `GET /v1/tickets/{sequence}`.
+    pub tickets: Option<PathBuf>,
     /// The `[etcd]` table.
     #[serde(default)]
     pub etcd: RawEtcd,
@@ -197,6 +201,7 @@ impl RawConfig {
             tls_cert_file: over.tls_cert_file.or(self.tls_cert_file),
             tls_key_file: over.tls_key_file.or(self.tls_key_file),
             api_token_file: over.api_token_file.or(self.api_token_file),
+            tickets: over.tickets.or(self.tickets),
             etcd: self.etcd.merge(over.etcd),
         }
     }
@@ -562,6 +567,9 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// Require the bearer token in this file on the id endpoints.
     pub api_token_file: Option<PathBuf>,
+    /// Serve the ticket sequences of this TOML file (read and connected at
+    /// start by `serve`).
+    pub tickets: Option<PathBuf>,
 }
 
 /// The PEM files of the listeners' TLS identity (read at start by `serve`).
@@ -792,6 +800,7 @@ impl Config {
             workers,
             tls,
             api_token_file: raw.api_token_file,
+            tickets: raw.tickets,
         })
     }
 

@@ -16,6 +16,7 @@
 use std::fmt;
 
 use shardflake::GenerateError;
+use shardflake_tickets::TicketError;
 
 /// Why the issuer could not answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,6 +71,13 @@ pub enum IssueError {
     /// The node id held does not fit the layout (a configuration error).
     #[error("the node id does not fit the layout: {0}")]
     BadNodeId(String),
+    /// Tickets were asked of a node started without `--tickets`.
+    #[error("this node serves no ticket sequences (start it with --tickets FILE)")]
+    NoTickets,
+    /// The ticket servers' answer: unknown sequence, none could answer,
+    /// exhausted, ... (its own stable code).
+    #[error(transparent)]
+    Tickets(TicketError),
 }
 
 impl IssueError {
@@ -93,6 +101,11 @@ impl IssueError {
             IssueError::MalformedId(_) => "malformed_id",
             IssueError::InvalidParameter(_) => "invalid_parameter",
             IssueError::BadNodeId(_) => "bad_node_id",
+            IssueError::NoTickets => "unknown_sequence",
+            IssueError::Tickets(e) => match e {
+                TicketError::BadCount { .. } => "invalid_count",
+                e => e.code(),
+            },
         }
     }
 
@@ -109,6 +122,14 @@ impl IssueError {
             IssueError::Clock(GenerateError::EpochExhausted { .. }) | IssueError::BadNodeId(_) => {
                 ErrorKind::Broken
             }
+            IssueError::NoTickets | IssueError::Tickets(TicketError::UnknownSequence(_)) => {
+                ErrorKind::NotFound
+            }
+            IssueError::Tickets(TicketError::BadCount { .. } | TicketError::Config(_)) => {
+                ErrorKind::BadInput
+            }
+            // Like the layout's end: no retry helps until an operator acts.
+            IssueError::Tickets(TicketError::Exhausted { .. }) => ErrorKind::Broken,
             _ => ErrorKind::Unavailable,
         }
     }
@@ -119,6 +140,9 @@ impl IssueError {
 pub enum ErrorKind {
     /// The request is wrong; retrying it will not help.
     BadInput,
+    /// The request names something this node does not have (a ticket
+    /// sequence).
+    NotFound,
     /// This node cannot answer now; retry (on another node if there is one).
     Unavailable,
     /// This node cannot answer until an operator acts (configuration, the
@@ -229,6 +253,37 @@ mod tests {
             (
                 IssueError::BadNodeId("x".into()),
                 "bad_node_id",
+                ErrorKind::Broken,
+            ),
+            (
+                IssueError::NoTickets,
+                "unknown_sequence",
+                ErrorKind::NotFound,
+            ),
+            (
+                IssueError::Tickets(TicketError::UnknownSequence("x".into())),
+                "unknown_sequence",
+                ErrorKind::NotFound,
+            ),
+            (
+                IssueError::Tickets(TicketError::BadCount { count: 0, max: 9 }),
+                "invalid_count",
+                ErrorKind::BadInput,
+            ),
+            (
+                IssueError::Tickets(TicketError::Unavailable {
+                    sequence: "x".into(),
+                    failures: vec![],
+                }),
+                "unavailable",
+                ErrorKind::Unavailable,
+            ),
+            (
+                IssueError::Tickets(TicketError::Exhausted {
+                    sequence: "x".into(),
+                    max: 9,
+                }),
+                "exhausted",
                 ErrorKind::Broken,
             ),
         ];

@@ -71,6 +71,7 @@ impl From<IssueError> for Status {
     fn from(e: IssueError) -> Self {
         let code = match e.kind() {
             ErrorKind::BadInput => tonic::Code::InvalidArgument,
+            ErrorKind::NotFound => tonic::Code::NotFound,
             ErrorKind::Unavailable => tonic::Code::Unavailable,
             ErrorKind::Broken => tonic::Code::Internal,
         };
@@ -97,6 +98,15 @@ impl From<Unauthorized> for Status {
 
 #[tonic::async_trait]
 impl IdService for Service {
+    async fn next_tickets(
+        &self,
+        req: Request<pb::NextTicketsRequest>,
+    ) -> Result<Response<pb::NextTicketsReply>, Status> {
+        let req = req.into_inner();
+        let ids = self.issuer.next_tickets(&req.sequence, req.count).await?;
+        Ok(Response::new(pb::NextTicketsReply { ids }))
+    }
+
     async fn next_id(
         &self,
         _: Request<pb::NextIdRequest>,

@@ -7,6 +7,7 @@
 //! | `GET /v1/shard-id?key=K` | `{"id":"…","shard":S,"key":K}` (layouts with a `shard` field) |
 //! | `GET /v1/decode/{id}[?format=hex]` | the id's parts |
 //! | `GET /v1/info` | layout and node identity |
+//! | `GET /v1/tickets/{sequence}[?count=N][&numbers=true]` | `{"sequence":S,"count":N,"ids":[…]}`, ticket server ids (`--tickets`) |
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | health, readiness (node id held), Prometheus, OpenAPI 3 |
 //!
 //! With an API token configured ([`crate::ApiToken`]), the `/v1/` routes answer
@@ -51,7 +52,11 @@ pub fn router(issuer: Arc<Issuer>) -> Router {
 /// The router; with a `token`, the `/v1/` routes require it.
 pub fn router_with_token(issuer: Arc<Issuer>, token: Option<ApiToken>) -> Router {
     let max_body = issuer.config.max_body;
-    let doc: Arc<str> = openapi_json(&issuer.config, token.is_some()).into();
+    let sequences = issuer.tickets().map(|t| {
+        let names = t.config().sequences.iter().map(|q| q.name.clone());
+        names.collect::<Vec<_>>()
+    });
+    let doc: Arc<str> = openapi_json(&issuer.config, token.is_some(), sequences.as_deref()).into();
     let openapi = move || {
         let doc = doc.clone();
         async move { json_response(StatusCode::OK, doc.to_string()) }
@@ -61,7 +66,8 @@ pub fn router_with_token(issuer: Arc<Issuer>, token: Option<ApiToken>) -> Router
         .route("/v1/ids", get(next_ids_get).post(next_ids_post))
         .route("/v1/shard-id", get(shard_id))
         .route("/v1/decode/{id}", get(decode))
-        .route("/v1/info", get(info));
+        .route("/v1/info", get(info))
+        .route("/v1/tickets/{sequence}", get(tickets));
     let api = match token {
         Some(token) => api.route_layer(axum::middleware::from_fn_with_state(token, require_token)),
         None => api,
@@ -82,6 +88,7 @@ impl From<IssueError> for ApiError {
     fn from(e: IssueError) -> Self {
         let status = match e.kind() {
             ErrorKind::BadInput => 400,
+            ErrorKind::NotFound => 404,
             ErrorKind::Unavailable => 503,
             ErrorKind::Broken => 500,
         };
@@ -466,6 +473,45 @@ async fn decode(
     Ok(json_response(StatusCode::OK, v.to_string()))
 }
 
+/// Ids of a ticket sequence (`--tickets`): plain integers from the ticket
+/// servers, strings unless `numbers=true`; `count` defaults to 1.
+async fn tickets(
+    State(issuer): Shared,
+    Path(sequence): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = Query::parse(raw.as_deref(), &["count", "numbers"])?;
+    let count = match q.count.as_deref() {
+        None => 1,
+        Some(text) => parse_count(text, shardflake_tickets::MAX_COUNT as u64)?,
+    };
+    let numbers = q.numbers()?;
+    let ids = issuer.next_tickets(&sequence, count).await?;
+    let mut buf = Vec::with_capacity(48 + ids.len() * 22);
+    buf.extend_from_slice(b"{\"sequence\":");
+    // Only a configured name gets here, and those are [a-z_][a-z0-9_]*
+    // (the configuration checks): nothing to escape.
+    buf.push(b'"');
+    buf.extend_from_slice(sequence.as_bytes());
+    buf.extend_from_slice(b"\",\"count\":");
+    push_u64(&mut buf, ids.len() as u64);
+    buf.extend_from_slice(b",\"ids\":[");
+    for (i, &id) in ids.iter().enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        if numbers {
+            push_u64(&mut buf, id);
+        } else {
+            buf.push(b'"');
+            push_u64(&mut buf, id);
+            buf.push(b'"');
+        }
+    }
+    buf.extend_from_slice(b"]}");
+    Ok(json_response(StatusCode::OK, buf))
+}
+
 async fn info(State(issuer): Shared) -> Response {
     let body = serde_json::to_string(&issuer.info()).unwrap_or_else(|_| "{}".into());
     json_response(StatusCode::OK, body)
@@ -495,15 +541,21 @@ async fn metrics_text(State(issuer): Shared) -> Response {
 
 /// The OpenAPI document of this server: the shipped one, with what this
 /// configuration decides filled in (the largest batch; the shard-id route
-/// only where the layout has a shard field), so a client generated from it
-/// or a fuzzer reading it knows exactly what is accepted.
+/// only where the layout has a shard field; the tickets route only with
+/// `--tickets`), so a client generated from it or a fuzzer reading it
+/// knows exactly what is accepted.
 pub fn openapi_document(config: &crate::config::Config) -> String {
-    openapi_json(config, config.api_token_file.is_some())
+    openapi_json(config, config.api_token_file.is_some(), None)
 }
 
 /// The OpenAPI document; `token_required` adds the bearer scheme to the
-/// `/v1/` operations.
-fn openapi_json(config: &crate::config::Config, token_required: bool) -> String {
+/// `/v1/` operations; `sequences`, the configured ticket sequences, become
+/// the enum of the tickets route's path parameter.
+fn openapi_json(
+    config: &crate::config::Config,
+    token_required: bool,
+    sequences: Option<&[String]>,
+) -> String {
     let mut doc: serde_json::Value =
         serde_json::from_str(include_str!("openapi.json")).unwrap_or_default();
     let max = config.max_batch;
@@ -547,6 +599,19 @@ fn openapi_json(config: &crate::config::Config, token_required: bool) -> String 
     {
         for param in p.iter_mut().filter(|p| p["name"] == "key") {
             param["schema"]["maximum"] = json!(u64::MAX);
+        }
+    }
+    if config.tickets.is_none()
+        && let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut())
+    {
+        paths.remove("/v1/tickets/{sequence}");
+    } else if let (Some(names), Some(p)) = (
+        sequences,
+        doc.pointer_mut("/paths/~1v1~1tickets~1{sequence}/get/parameters")
+            .and_then(|p| p.as_array_mut()),
+    ) {
+        for param in p.iter_mut().filter(|p| p["name"] == "sequence") {
+            param["schema"]["enum"] = json!(names);
         }
     }
     doc.to_string()

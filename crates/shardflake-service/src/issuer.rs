@@ -30,6 +30,8 @@ use shardflake::{
 };
 use tokio::time::Instant;
 
+use shardflake_tickets::TicketClient;
+
 use crate::config::Config;
 use crate::error::IssueError;
 use crate::metrics::Metrics;
@@ -107,6 +109,7 @@ pub struct Issuer {
     objectids: ObjectIdGenerator,
     retired: std::sync::Mutex<Stats>,
     large_batches: Arc<tokio::sync::Semaphore>,
+    tickets: Option<TicketClient>,
 }
 
 impl Issuer {
@@ -128,7 +131,32 @@ impl Issuer {
             objectids,
             retired: std::sync::Mutex::new(Stats::default()),
             large_batches: Arc::new(tokio::sync::Semaphore::new(LARGE_BATCHES_AT_ONCE)),
+            tickets: None,
         }
+    }
+
+    /// This issuer, also handing out the ticket sequences of `client`
+    /// (`--tickets`).
+    pub fn with_tickets(mut self, client: TicketClient) -> Self {
+        self.tickets = Some(client);
+        self
+    }
+
+    /// The ticket servers' client, when the node serves tickets.
+    pub fn tickets(&self) -> Option<&TicketClient> {
+        self.tickets.as_ref()
+    }
+
+    /// `count` ids of the ticket sequence `sequence` (increasing in segment
+    /// mode). Tickets need no node identity: they come from the ticket
+    /// servers, whatever the lease's state.
+    pub async fn next_tickets(&self, sequence: &str, count: u64) -> Result<Vec<u64>, IssueError> {
+        let tickets = self.tickets.as_ref().ok_or(IssueError::NoTickets)?;
+        let count = usize::try_from(count).unwrap_or(usize::MAX);
+        tickets
+            .next_n(sequence, count)
+            .await
+            .map_err(IssueError::Tickets)
     }
 
     /// For a batch of more than [`LARGE_BATCH`] ids, a permit to build it

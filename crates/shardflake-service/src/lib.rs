@@ -17,6 +17,8 @@
 //!   recorded high-water).
 //! - [`http`]: the axum HTTP/JSON API, error mapping, limits.
 //! - [`grpc`]: the tonic service and server reflection.
+//! - [`tickets`]: ticket sequences (`--tickets`): the client made at start
+//!   and the etcd high-water store.
 //! - `metrics`: Prometheus text.
 //! - `auth`: the optional bearer token of the API.
 //! - `tls`: TLS (rustls) on the HTTP and gRPC listeners.
@@ -36,6 +38,7 @@ pub mod http;
 pub mod issuer;
 pub mod lease;
 pub mod registry;
+pub mod tickets;
 
 mod auth;
 mod error;

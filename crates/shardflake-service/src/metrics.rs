@@ -1,9 +1,12 @@
 //! Prometheus metrics, as plain atomics rendered in the text format: ids
 //! issued, batches, sequence exhaustions, clock rollbacks, borrowed lead,
-//! lease state and renewals.
+//! lease state and renewals; with `--tickets`, each ticket server's state,
+//! calls, failovers, latency and skipped ids (labelled `server`, `kind`).
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use shardflake_tickets::ServerMetrics;
 
 use crate::issuer::{Issuer, LeaseState};
 
@@ -173,5 +176,69 @@ pub fn render(issuer: &Issuer) -> String {
         "Requests refused because the clock ran past the recorded high-water.",
         get(&m.refused_high_water) as f64,
     );
+    if let Some(tickets) = issuer.tickets() {
+        render_tickets(&mut out, &tickets.metrics());
+    }
     out
+}
+
+/// One family per server counter, a sample per server.
+fn render_tickets(out: &mut String, servers: &[ServerMetrics]) {
+    let mut family =
+        |name: &str, kind: &str, help: &str, value: &dyn Fn(&ServerMetrics) -> (String, f64)| {
+            let _ = writeln!(
+                out,
+                "# HELP shardflake_ticket_{name} {help}\n# TYPE shardflake_ticket_{name} {kind}"
+            );
+            for s in servers {
+                let (extra, v) = value(s);
+                let _ = writeln!(
+                    out,
+                    "shardflake_ticket_{name}{{server=\"{}\",kind=\"{}\"{extra}}} {v}",
+                    s.name, s.kind
+                );
+            }
+        };
+    family(
+        "server_up",
+        "gauge",
+        "1 while the ticket server takes calls.",
+        &|s| (String::new(), f64::from(u8::from(s.state == "up"))),
+    );
+    family(
+        "server_state",
+        "gauge",
+        "Always 1; the state label is up, down, behind_high_water or misconfigured.",
+        &|s| (format!(",state=\"{}\"", s.state), 1.0),
+    );
+    family(
+        "calls_total",
+        "counter",
+        "Successful calls (ids in per-id mode, blocks in segment mode).",
+        &|s| (String::new(), s.calls as f64),
+    );
+    family(
+        "failovers_total",
+        "counter",
+        "Calls that failed on the server and moved on to another.",
+        &|s| (String::new(), s.failovers as f64),
+    );
+    family(
+        "latency_mean_seconds",
+        "gauge",
+        "Mean latency of the server's successful calls.",
+        &|s| (String::new(), s.latency_mean_us / 1e6),
+    );
+    family(
+        "latency_max_seconds",
+        "gauge",
+        "Largest latency of a successful call.",
+        &|s| (String::new(), s.latency_max_us as f64 / 1e6),
+    );
+    family(
+        "skipped_ids_total",
+        "counter",
+        "Ids reserved from the server and never handed out nor given back.",
+        &|s| (String::new(), s.skipped_ids as f64),
+    );
 }

@@ -30,6 +30,7 @@ mod etcd;
 mod memory;
 
 pub use etcd::EtcdRegistry;
+pub(crate) use etcd::client as etcd_client;
 pub use memory::MemoryRegistry;
 
 /// A lease's id in the store.

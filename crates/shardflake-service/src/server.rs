@@ -60,6 +60,9 @@ pub enum ServeError {
     /// password file).
     #[error(transparent)]
     Etcd(#[from] crate::etcd::EtcdError),
+    /// The tickets file is malformed, or none of its servers can be used.
+    #[error("tickets: {0}")]
+    Tickets(#[from] shardflake_tickets::TicketError),
     /// The HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(std::io::Error),
@@ -160,6 +163,11 @@ pub async fn serve(
         .map(ApiToken::read)
         .transpose()?;
     let registry = crate::registry::for_node_source(&config.node)?;
+    // Then the ticket servers: a bad file or none reachable fails the start.
+    let tickets = match &config.tickets {
+        Some(path) => Some(crate::tickets::connect(path, &config.node).await?),
+        None => None,
+    };
     let addr = |transport, listener: &TcpListener, addr| {
         listener.local_addr().map_err(|error| ServeError::Bind {
             transport,
@@ -180,7 +188,11 @@ pub async fn serve(
         let _ = out.flush();
     }
 
-    let issuer = Arc::new(Issuer::new(config));
+    let mut issuer = Issuer::new(config);
+    if let Some(tickets) = tickets {
+        issuer = issuer.with_tickets(tickets);
+    }
+    let issuer = Arc::new(issuer);
     let stop = shutdown;
     let shutdown = Arc::new(Shutdown::new());
     {
@@ -231,11 +243,13 @@ pub async fn serve(
             shutdown.trigger();
             let _ = tokio::time::timeout(DRAIN, http_server).await;
             let _ = tokio::time::timeout(DRAIN, grpc_server).await;
+            give_back_tickets(&issuer).await;
             return Err(ServeError::Keeper(e));
         }
         Ok(None) => {
             let _ = tokio::time::timeout(DRAIN, http_server).await;
             let _ = tokio::time::timeout(DRAIN, grpc_server).await;
+            give_back_tickets(&issuer).await;
             return Ok(());
         }
     };
@@ -268,6 +282,7 @@ pub async fn serve(
         let deadline = tokio::time::Instant::now() + DRAIN;
         let _ = tokio::time::timeout_at(deadline, http_server).await;
         let _ = tokio::time::timeout_at(deadline, grpc_server).await;
+        give_back_tickets(&issuer).await;
         keeper.stop().await;
         result?;
         return Ok(());
@@ -275,6 +290,7 @@ pub async fn serve(
     let deadline = tokio::time::Instant::now() + DRAIN;
     let http_result = tokio::time::timeout_at(deadline, http_server).await;
     let grpc_result = tokio::time::timeout_at(deadline, grpc_server).await;
+    give_back_tickets(&issuer).await;
     drained.trigger();
     let (mut keeper, result) = keeper_task.await.map_err(|error| ServeError::Task {
         task: "lease keeper",
@@ -306,6 +322,19 @@ pub async fn serve(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// After the drain: the unused tails of the ticket segments go back to
+/// their servers (compare-and-set) and the high-water marks are written.
+async fn give_back_tickets(issuer: &Issuer) {
+    if let Some(tickets) = issuer.tickets() {
+        let report = tickets.shutdown().await;
+        tracing::info!(
+            returned_ids = report.returned_ids,
+            skipped_ids = report.skipped_ids,
+            "ticket segments given back"
+        );
+    }
 }
 
 /// Serves HTTP/1 on `listener` (over TLS when `tls` is given) until

@@ -145,9 +145,14 @@ impl fmt::Display for CheckReport {
     }
 }
 
-/// Reads every server and lists what is wrong.
+/// Reads every server and lists what is wrong, with the high-water marks
+/// kept on the peers.
 pub async fn check(config: &Config) -> CheckReport {
-    let store = PeersStore::new(config.clone());
+    check_with_store(config, &PeersStore::new(config.clone())).await
+}
+
+/// [`check`] against the marks of `store` (the service's etcd and peers).
+pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> CheckReport {
     let mut servers = Vec::new();
     let mut problems = Vec::new();
     for server in &config.servers {
@@ -240,9 +245,16 @@ pub struct Repair {
 
 /// Raises every counter that is behind its high-water past it. Fails on
 /// the first server that cannot be read or raised (nothing is lowered, so
-/// it can be run again).
+/// it can be run again). The marks are those kept on the peers.
 pub async fn repair(config: &Config) -> Result<Vec<Repair>, TicketError> {
-    let store = PeersStore::new(config.clone());
+    repair_with_store(config, &PeersStore::new(config.clone())).await
+}
+
+/// [`repair`] against the marks of `store` (the service's etcd and peers).
+pub async fn repair_with_store(
+    config: &Config,
+    store: &dyn HighWaterStore,
+) -> Result<Vec<Repair>, TicketError> {
     let mut done = Vec::new();
     for server in &config.servers {
         let marks = store.load(&server.name).await?;

@@ -49,6 +49,23 @@ pub struct TicketClient {
     _tasks: Arc<Tasks>,
 }
 
+impl std::fmt::Debug for TicketClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = |v: Vec<&str>| v.join(",");
+        let config = &self.inner.config;
+        f.debug_struct("TicketClient")
+            .field(
+                "servers",
+                &names(config.servers.iter().map(|s| s.name.as_str()).collect()),
+            )
+            .field(
+                "sequences",
+                &names(config.sequences.iter().map(|q| q.name.as_str()).collect()),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
 /// What [`TicketClient::shutdown`] did with the segment blocks it held.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShutdownReport {

@@ -133,6 +133,11 @@ pub struct ServeArgs {
     /// readiness and metrics stay open.
     #[arg(long, env = "SHARDFLAKE_API_TOKEN_FILE")]
     pub api_token_file: Option<PathBuf>,
+    /// Also serve the ticket sequences of this TOML file (the format of
+    /// `shardflake tickets`) at `GET /v1/tickets/{sequence}?count=N` and
+    /// gRPC `NextTickets`; with --etcd, high-water marks go to etcd too.
+    #[arg(long, env = "SHARDFLAKE_TICKETS")]
+    pub tickets: Option<PathBuf>,
 }
 
 /// `NAME=VALUE` of `--field`.
@@ -174,6 +179,7 @@ impl From<ServeArgs> for RawConfig {
             tls_cert_file: a.tls_cert_file,
             tls_key_file: a.tls_key_file,
             api_token_file: a.api_token_file,
+            tickets: a.tickets,
             etcd: RawEtcd {
                 endpoints: some_if(a.etcd),
                 prefix: a.etcd_prefix,
@@ -237,6 +243,8 @@ mod tests {
             "k.pem",
             "--api-token-file",
             "token",
+            "--tickets",
+            "tickets.toml",
         ]);
         assert_eq!(raw.node_id, Some(4));
         let fields = BTreeMap::from([("datacenter".into(), 1), ("region".into(), 2)]);
@@ -248,6 +256,7 @@ mod tests {
         assert_eq!(raw.tls_cert_file, Some(PathBuf::from("c.pem")));
         assert_eq!(raw.tls_key_file, Some(PathBuf::from("k.pem")));
         assert_eq!(raw.api_token_file, Some(PathBuf::from("token")));
+        assert_eq!(raw.tickets, Some(PathBuf::from("tickets.toml")));
         // Nothing given, nothing set: every file option shows through.
         let file =
             RawConfig::from_toml("max_batch = 7\n[etcd]\nendpoints = [\"http://e:1\"]").unwrap();

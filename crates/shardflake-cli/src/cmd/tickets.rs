@@ -3,11 +3,13 @@
 //! parses and prints).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use shardflake_tickets::{Config, TicketClient, admin, bench};
+use shardflake_service::{Config as ServeConfig, RawConfig};
+use shardflake_tickets::{Config, HighWaterStore, TicketClient, admin, bench};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -28,6 +30,40 @@ impl ConfigArg {
     }
 }
 
+/// Where `serve --tickets` keeps the high-water marks, so `check` and
+/// `repair` compare with the same ones: the peers always; etcd as well when
+/// the service leases its node id from etcd. The same variables as `serve`.
+#[derive(Debug, Clone, clap::Args)]
+struct MarksArg {
+    /// The `shardflake serve` configuration file whose `[etcd]` table
+    /// (endpoints, prefix, TLS, user) the service uses.
+    #[arg(long, env = "SHARDFLAKE_CONFIG")]
+    serve_config: Option<PathBuf>,
+    /// etcd endpoints of the service, comma-separated (override the file's).
+    #[arg(long, env = "SHARDFLAKE_ETCD", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// The service's key prefix in etcd [default: /shardflake/default].
+    #[arg(long, env = "SHARDFLAKE_ETCD_PREFIX")]
+    etcd_prefix: Option<String>,
+}
+
+impl MarksArg {
+    fn store(&self, config: &Config) -> anyhow::Result<Arc<dyn HighWaterStore>> {
+        let file = match &self.serve_config {
+            Some(path) => RawConfig::from_file(path)?,
+            None => RawConfig::default(),
+        };
+        let mut flags = RawConfig::default();
+        flags.etcd.endpoints = (!self.etcd.is_empty()).then(|| self.etcd.clone());
+        flags.etcd.prefix = self.etcd_prefix.clone();
+        let serve = ServeConfig::load(file.merge(flags))?;
+        Ok(shardflake_service::tickets::high_water_store(
+            config,
+            &serve.node,
+        )?)
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum TicketsCommand {
     /// Create the ticket tables or sequences, segment rows and high-water
@@ -41,11 +77,15 @@ enum TicketsCommand {
     Check {
         #[command(flatten)]
         config: ConfigArg,
+        #[command(flatten)]
+        marks: MarksArg,
     },
     /// Raise every counter that is behind its high-water past it.
     Repair {
         #[command(flatten)]
         config: ConfigArg,
+        #[command(flatten)]
+        marks: MarksArg,
     },
     /// Print ids of a sequence, one per line.
     Next {
@@ -110,15 +150,19 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
                 bail!("init failed on {failed} server(s)");
             }
         }
-        TicketsCommand::Check { config } => {
-            let report = admin::check(&config.load()?).await;
+        TicketsCommand::Check { config, marks } => {
+            let config = config.load()?;
+            let store = marks.store(&config)?;
+            let report = admin::check_with_store(&config, &*store).await;
             print!("{report}");
             if !report.ok() {
                 bail!("check found {} problem(s)", report.problems.len());
             }
         }
-        TicketsCommand::Repair { config } => {
-            let done = admin::repair(&config.load()?).await?;
+        TicketsCommand::Repair { config, marks } => {
+            let config = config.load()?;
+            let store = marks.store(&config)?;
+            let done = admin::repair_with_store(&config, &*store).await?;
             if done.is_empty() {
                 println!("no counter is behind its high-water");
             }

@@ -1,5 +1,5 @@
-//! The registry on etcd, over [`crate::etcd::Client`] (the only place that
-//! builds one).
+//! The registry on etcd, over [`crate::etcd::Client`] (built only by
+//! [`client`] here).
 //!
 //! A take is one transaction: `<prefix>/node/<id>` is created attached to
 //! the lease only if absent (`create_revision == 0`) and only if
@@ -33,12 +33,18 @@ impl EtcdRegistry {
     /// A registry on the endpoints and prefix of `cfg`, with its TLS files
     /// and credentials read and checked (nothing is sent yet).
     pub fn new(cfg: &EtcdConfig) -> Result<Self, EtcdError> {
-        let auth = cfg.login.as_ref().map(|l| l.read()).transpose()?;
         Ok(EtcdRegistry {
-            client: Client::connect(&cfg.endpoints, cfg.timeout, cfg.tls.as_ref(), auth.as_ref())?,
+            client: client(cfg)?,
             prefix: cfg.prefix.clone(),
         })
     }
+}
+
+/// A client of the etcd of `cfg`, its TLS files and password read (also
+/// the ticket high-water store's, `crate::tickets`).
+pub(crate) fn client(cfg: &EtcdConfig) -> Result<Client, EtcdError> {
+    let auth = cfg.login.as_ref().map(|l| l.read()).transpose()?;
+    Client::connect(&cfg.endpoints, cfg.timeout, cfg.tls.as_ref(), auth.as_ref())
 }
 
 impl From<EtcdError> for RegistryError {

@@ -8,6 +8,7 @@
 mod http_api;
 mod limits;
 mod server;
+mod tickets;
 
 use std::sync::Arc;
 
@@ -121,7 +122,7 @@ impl Server {
         let task = tokio::spawn(shardflake_service::serve(config, listeners, async {
             let _ = stopped.await;
         }));
-        let server = Server {
+        let mut server = Server {
             http: http.to_string(),
             grpc: grpc.to_string(),
             stop: Some(stop),
@@ -131,10 +132,16 @@ impl Server {
         server.ready().await?;
         Ok(server)
     }
-    async fn ready(&self) -> anyhow::Result<()> {
+    /// Waits (bounded) for `/readyz`; an error of `serve` returning first
+    /// is the error.
+    async fn ready(&mut self) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         let mut c = shardflake_testkit::Http::new(&self.http);
         loop {
+            if self.task.is_finished() {
+                (&mut self.task).await??;
+                anyhow::bail!("serve returned before it was ready");
+            }
             if let Ok((200, _)) = c.get("/readyz").await {
                 return Ok(());
             }

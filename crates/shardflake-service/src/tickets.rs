@@ -1,0 +1,231 @@
+//! Ticket sequences in the service (`--tickets FILE`): the client made at
+//! start, and, with `--etcd`, a high-water store in etcd next to the node
+//! leases.
+//!
+//! Why etcd too: the peers' marks (`shardflake_tickets::PeersStore`) are
+//! rolled back with the peers. A lone server restored from a backup takes
+//! its own marks back with it; two servers restored from one night's
+//! backups agree with each other. etcd is restored with neither, so a
+//! server that comes back behind is refused whatever happened to the
+//! ticket servers (issue: "keep each server's high-water somewhere that
+//! survives that server: its peers, and etcd").
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use shardflake_tickets::high_water::BoxFuture;
+use shardflake_tickets::{Config, HighWaterStore, PeersStore, TicketClient, TicketError};
+
+use crate::config::{EtcdConfig, NodeSource};
+use crate::etcd::{Client, Compare, EtcdError, Op};
+use crate::server::ServeError;
+
+/// Reads the tickets file and connects to its servers with the marks of
+/// [`high_water_store`].
+pub(crate) async fn connect(path: &Path, node: &NodeSource) -> Result<TicketClient, ServeError> {
+    let config = Config::load(path).map_err(TicketError::from)?;
+    let store = high_water_store(&config, node)?;
+    Ok(TicketClient::connect_with_store(config, store).await?)
+}
+
+/// Where the service keeps the ticket servers' high-water marks: on the
+/// peers, and in etcd as well when the node id comes from etcd. `shardflake
+/// tickets check|repair --etcd` read the same.
+pub fn high_water_store(
+    config: &Config,
+    node: &NodeSource,
+) -> Result<Arc<dyn HighWaterStore>, EtcdError> {
+    let peers = PeersStore::new(config.clone());
+    Ok(match node {
+        NodeSource::Static(_) => Arc::new(peers),
+        NodeSource::Etcd(cfg) => Arc::new(EtcdAndPeers {
+            etcd: EtcdHighWater::new(cfg)?,
+            peers,
+        }),
+    })
+}
+
+/// Marks in etcd: `<prefix>/tickets/hw/<server>/<sequence>` = the largest
+/// id handed out, in decimal. Names are `[a-z_][a-z0-9_]*` (the tickets
+/// file is checked), so they cannot escape the key's shape.
+pub struct EtcdHighWater {
+    client: Client,
+    prefix: String,
+}
+
+/// How many times a mark's compare-and-set is retried against other
+/// writers before the record fails (the next interval writes again).
+const RAISE_TRIES: usize = 8;
+
+impl EtcdHighWater {
+    /// A store on the etcd of `cfg`, under its prefix.
+    pub fn new(cfg: &EtcdConfig) -> Result<EtcdHighWater, EtcdError> {
+        Ok(EtcdHighWater {
+            client: crate::registry::etcd_client(cfg)?,
+            prefix: cfg.prefix.clone(),
+        })
+    }
+
+    fn server_prefix(&self, server: &str) -> String {
+        format!("{}/tickets/hw/{server}/", self.prefix)
+    }
+
+    /// Sets `key` to `value` unless it already holds as much: a
+    /// compare-and-set on the value read, so two services writing at once
+    /// never lower a mark.
+    async fn raise(&self, server: &str, key: Vec<u8>, value: u64) -> Result<(), TicketError> {
+        let new = value.to_string().into_bytes();
+        let mut seen: Option<Vec<u8>> = None;
+        for _ in 0..RAISE_TRIES {
+            let compare = match &seen {
+                None => Compare::Absent(key.clone()),
+                Some(v) => Compare::ValueIs(key.clone(), v.clone()),
+            };
+            let put = [Op::Put(key.clone(), new.clone(), 0)];
+            let (written, kvs) = self
+                .client
+                .txn(&[compare], &put, &[Op::Get(key.clone())])
+                .await
+                .map_err(|e| etcd_failed(server, e))?;
+            if written {
+                return Ok(());
+            }
+            let Some(kv) = kvs.into_iter().next() else {
+                seen = None;
+                continue;
+            };
+            if parse_mark(server, &kv.key, &kv.value)? >= value {
+                return Ok(());
+            }
+            seen = Some(kv.value);
+        }
+        Err(etcd_failed(
+            server,
+            format!("the mark kept changing under {RAISE_TRIES} compare-and-sets"),
+        ))
+    }
+}
+
+fn etcd_failed(server: &str, e: impl ToString) -> TicketError {
+    TicketError::Database {
+        server: server.to_string(),
+        context: "high-water marks in etcd".into(),
+        message: e.to_string(),
+    }
+}
+
+fn parse_mark(server: &str, key: &[u8], value: &[u8]) -> Result<u64, TicketError> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| {
+            etcd_failed(
+                server,
+                format!(
+                    "{} holds {:?}, not a number",
+                    String::from_utf8_lossy(key),
+                    String::from_utf8_lossy(value)
+                ),
+            )
+        })
+}
+
+impl HighWaterStore for EtcdHighWater {
+    fn record<'a>(
+        &'a self,
+        server: &'a str,
+        marks: &'a [(String, u64)],
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        Box::pin(async move {
+            let prefix = self.server_prefix(server);
+            for (sequence, mark) in marks {
+                let key = format!("{prefix}{sequence}").into_bytes();
+                self.raise(server, key, *mark).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn load<'a>(
+        &'a self,
+        server: &'a str,
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
+        Box::pin(async move {
+            let prefix = self.server_prefix(server);
+            let kvs = self
+                .client
+                .range_prefix(prefix.as_bytes())
+                .await
+                .map_err(|e| etcd_failed(server, e))?;
+            let mut marks = HashMap::new();
+            for kv in kvs {
+                let sequence = String::from_utf8_lossy(&kv.key[prefix.len()..]).into_owned();
+                marks.insert(sequence, parse_mark(server, &kv.key, &kv.value)?);
+            }
+            Ok(marks)
+        })
+    }
+}
+
+/// Both stores: every mark goes to both; a load takes the larger of the
+/// two. Either alone answering is enough (the other is logged), so an etcd
+/// outage does not stop the ticket servers and a peer outage does not
+/// either.
+struct EtcdAndPeers {
+    etcd: EtcdHighWater,
+    peers: PeersStore,
+}
+
+impl HighWaterStore for EtcdAndPeers {
+    fn record<'a>(
+        &'a self,
+        server: &'a str,
+        marks: &'a [(String, u64)],
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        Box::pin(async move {
+            let (etcd, peers) = tokio::join!(
+                self.etcd.record(server, marks),
+                self.peers.record(server, marks)
+            );
+            either(server, [etcd, peers]).map(drop)
+        })
+    }
+
+    fn load<'a>(
+        &'a self,
+        server: &'a str,
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
+        Box::pin(async move {
+            let (etcd, peers) = tokio::join!(self.etcd.load(server), self.peers.load(server));
+            let mut marks = HashMap::new();
+            for found in either(server, [etcd, peers])? {
+                for (sequence, mark) in found {
+                    let held = marks.entry(sequence).or_insert(0);
+                    *held = mark.max(*held);
+                }
+            }
+            Ok(marks)
+        })
+    }
+}
+
+/// The answers of the stores that answered (a failure of one is logged),
+/// or the first error when none did.
+fn either<T>(server: &str, results: [Result<T, TicketError>; 2]) -> Result<Vec<T>, TicketError> {
+    let mut answers = Vec::new();
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok(v) => answers.push(v),
+            Err(e) => {
+                tracing::warn!(server, error = %e, "a ticket high-water store failed");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if answers.is_empty() => Err(e),
+        _ => Ok(answers),
+    }
+}

@@ -1,0 +1,409 @@
+//! `serve` with `tickets = FILE` (`--tickets`), in-process, on real ticket
+//! servers (MariaDB and PostgreSQL from the testkit, etcd for the marks).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use shardflake_service::grpc::pb;
+use shardflake_service::{ServeError, config::NodeSource};
+use shardflake_testkit::{Etcd, Http, MariaDbServer, PgServer, error_code, grpc_client, metric};
+use shardflake_tickets::{Config as TicketsConfig, TicketClient, admin};
+
+use crate::{App, Server, config};
+
+/// Failover settings short enough for tests: an attempt 1 s, a call 3 s.
+const SEQUENCES: &str = r#"
+[failover]
+attempt_timeout_ms = 1000
+timeout_ms = 3000
+probe_interval_ms = 50
+high_water_interval_ms = 50
+
+[[sequences]]
+name = "photos"
+
+[[sequences]]
+name = "blocks"
+mode = "segment"
+"#;
+
+fn server_toml(name: &str, kind: &str, url: &str, offset: u64) -> String {
+    format!(
+        "[[servers]]\nname = \"{name}\"\nkind = \"{kind}\"\nurl = \"{url}\"\noffset = {offset}\n"
+    )
+}
+
+/// Writes the tickets file, creates the schema on every server, and
+/// returns the file's path (in `dir`) and its configuration.
+async fn tickets_file(
+    dir: &tempfile::TempDir,
+    text: &str,
+) -> anyhow::Result<(String, TicketsConfig)> {
+    let path = dir.path().join("tickets.toml");
+    std::fs::write(&path, text)?;
+    let config = TicketsConfig::parse(text)?;
+    for s in admin::init(&config).await {
+        s.result
+            .map_err(|e| anyhow::anyhow!("init {}: {e}", s.server))?;
+    }
+    Ok((path.display().to_string(), config))
+}
+
+fn ids_of(body: &str) -> anyhow::Result<Vec<u64>> {
+    let v: serde_json::Value = serde_json::from_str(body)?;
+    v["ids"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("no ids in {body}"))?
+        .iter()
+        .map(|id| match id {
+            serde_json::Value::String(s) => Ok(s.parse()?),
+            other => anyhow::bail!("an id that is not a string: {other}"),
+        })
+        .collect()
+}
+
+fn assert_unique(ids: &[u64]) {
+    let set: HashSet<u64> = ids.iter().copied().collect();
+    assert_eq!(set.len(), ids.len(), "{} duplicates", ids.len() - set.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tickets_over_http_and_grpc_with_metrics_and_errors() -> anyhow::Result<()> {
+    let (a, b) = (PgServer::start()?, PgServer::start()?);
+    let dir = tempfile::tempdir()?;
+    let text = format!(
+        "{}{}{SEQUENCES}",
+        server_toml("a", "postgres", &a.url(), 1),
+        server_toml("b", "postgres", &b.url(), 2)
+    );
+    let (path, _) = tickets_file(&dir, &text).await?;
+    let s = Server::start(&format!("node_id = 1\ntickets = {path:?}")).await?;
+    let mut c = Http::new(&s.http);
+
+    let (status, body) = c.get("/v1/tickets/photos").await?;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(
+        (v["sequence"].as_str(), v["count"].as_u64()),
+        (Some("photos"), Some(1))
+    );
+    let mut photos = ids_of(&body)?;
+    let (status, body) = c.get("/v1/tickets/photos?count=20").await?;
+    assert_eq!(status, 200, "{body}");
+    photos.extend(ids_of(&body)?);
+    // Calls go to the servers in turn: odd ids from a, even from b.
+    assert!(photos.iter().any(|i| i % 2 == 1) && photos.iter().any(|i| i % 2 == 0));
+    let (status, body) = c.get("/v1/tickets/photos?count=3&numbers=true").await?;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    for id in v["ids"].as_array().unwrap() {
+        photos.push(id.as_u64().expect("numbers=true gives JSON numbers"));
+    }
+
+    let (status, body) = c.get("/v1/tickets/blocks?count=5000").await?;
+    assert_eq!(status, 200, "{body}");
+    let blocks = ids_of(&body)?;
+    assert_eq!(blocks.len(), 5000);
+    assert!(
+        blocks.windows(2).all(|w| w[0] < w[1]),
+        "segment ids increase"
+    );
+
+    let mut g = grpc_client(&s.grpc).await?;
+    let more = g
+        .next_tickets(pb::NextTicketsRequest {
+            sequence: "photos".into(),
+            count: 4,
+        })
+        .await?
+        .into_inner()
+        .ids;
+    assert_eq!(more.len(), 4);
+    photos.extend(more);
+    assert_unique(&photos);
+    let unknown = g
+        .next_tickets(pb::NextTicketsRequest {
+            sequence: "nope".into(),
+            count: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    assert_eq!(
+        unknown.metadata().get("x-error-code").unwrap(),
+        "unknown_sequence"
+    );
+    let zero = g
+        .next_tickets(pb::NextTicketsRequest {
+            sequence: "photos".into(),
+            count: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(zero.code(), tonic::Code::InvalidArgument);
+
+    for (path, status, code) in [
+        ("/v1/tickets/nope", 404, "unknown_sequence"),
+        ("/v1/tickets/photos?count=0", 400, "invalid_count"),
+        ("/v1/tickets/photos?count=100001", 400, "invalid_count"),
+        ("/v1/tickets/photos?count=-1", 400, "invalid_count"),
+        ("/v1/tickets/photos?format=hex", 400, "invalid_parameter"),
+        ("/v1/tickets/photos?numbers=maybe", 400, "invalid_parameter"),
+    ] {
+        let (got, body) = c.get(path).await?;
+        assert_eq!(
+            (got, error_code(&body).as_str()),
+            (status, code),
+            "{path}: {body}"
+        );
+    }
+
+    let (_, text) = c.get("/metrics").await?;
+    for server in ["a", "b"] {
+        let labels = format!("{{server=\"{server}\",kind=\"postgres\"}}");
+        assert_eq!(
+            metric(&text, &format!("shardflake_ticket_server_up{labels}")),
+            Some(1.0),
+            "{text}"
+        );
+        let calls = metric(&text, &format!("shardflake_ticket_calls_total{labels}"));
+        assert!(calls.unwrap_or(0.0) > 0.0, "{server}: {text}");
+        assert!(
+            metric(
+                &text,
+                &format!("shardflake_ticket_latency_max_seconds{labels}")
+            )
+            .unwrap_or(0.0)
+                > 0.0
+        );
+    }
+    let (_, doc) = c.get("/openapi.json").await?;
+    let doc: serde_json::Value = serde_json::from_str(&doc)?;
+    let params = &doc["paths"]["/v1/tickets/{sequence}"]["get"]["parameters"];
+    assert_eq!(
+        params[0]["schema"]["enum"],
+        serde_json::json!(["photos", "blocks"])
+    );
+    s.stop().await
+}
+
+/// Both servers down: a clear 503 within the configured timeout (not a
+/// hang), the metrics say why; both back: ids again, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_server_answering_is_a_503_within_the_timeout_and_service_resumes() -> anyhow::Result<()>
+{
+    let opts = |offset| format!("--auto-increment-increment=2 --auto-increment-offset={offset}");
+    let a = MariaDbServer::start_with(&opts(1), None)?;
+    let b = MariaDbServer::start_with(&opts(2), None)?;
+    let dir = tempfile::tempdir()?;
+    let text = format!(
+        "{}{}{SEQUENCES}",
+        server_toml("a", "mariadb", &a.url(), 1),
+        server_toml("b", "mariadb", &b.url(), 2)
+    );
+    let (path, _) = tickets_file(&dir, &text).await?;
+    let s = Server::start(&format!("node_id = 1\ntickets = {path:?}")).await?;
+    let mut c = Http::new(&s.http);
+    let (status, body) = c.get("/v1/tickets/photos?count=10").await?;
+    assert_eq!(status, 200, "{body}");
+    let mut photos = ids_of(&body)?;
+    a.kill()?;
+    b.kill()?;
+    for sequence in ["photos", "blocks"] {
+        // The segment sequence may still have ids in memory: drain them.
+        let started = Instant::now();
+        let (status, body) = loop {
+            let (status, body) = c.get(&format!("/v1/tickets/{sequence}?count=1000")).await?;
+            if status != 200 {
+                break (status, body);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{sequence} kept answering"
+            );
+        };
+        assert_eq!(
+            (status, error_code(&body).as_str()),
+            (503, "unavailable"),
+            "{body}"
+        );
+        // The call's timeout is 3 s; well under 30 s even on a busy machine.
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    let (_, text) = c.get("/metrics").await?;
+    assert_eq!(
+        metric(
+            &text,
+            "shardflake_ticket_server_up{server=\"a\",kind=\"mariadb\"}"
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    assert!(text.contains("state=\"down\""), "{text}");
+    a.restart()?;
+    b.restart()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = c.get("/v1/tickets/photos?count=10").await?;
+        if status == 200 {
+            photos.extend(ids_of(&body)?);
+            break;
+        }
+        assert!(Instant::now() < deadline, "never answered again: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_unique(&photos);
+    s.stop().await
+}
+
+/// A file that does not parse, or whose servers none can be reached,
+/// fails the start with the tickets error; nothing is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_tickets_file_or_no_reachable_server_fails_the_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let closed = shardflake_testkit::free_port()?;
+    let cases = [
+        ("[[servers]]\nname = \"a\"\n", "bad_config"),
+        (
+            &*format!(
+                "{}{SEQUENCES}",
+                server_toml(
+                    "a",
+                    "postgres",
+                    &format!("postgres://postgres@127.0.0.1:{closed}/postgres"),
+                    1
+                )
+            ),
+            "unavailable",
+        ),
+    ];
+    for (text, code) in cases {
+        let path = dir.path().join("tickets.toml");
+        std::fs::write(&path, text)?;
+        let config = config(
+            &dir,
+            &format!("node_id = 1\ntickets = {:?}", path.display().to_string()),
+        )?;
+        let listeners = shardflake_service::Listeners::bind(&config).await?;
+        let started = tokio::time::timeout(
+            Duration::from_secs(60),
+            shardflake_service::serve(config, listeners, std::future::pending()),
+        )
+        .await?;
+        match started {
+            Err(ServeError::Tickets(e)) => assert_eq!(e.code(), code, "{e}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    let missing = config(&dir, "node_id = 1\ntickets = \"/nonexistent/tickets.toml\"")?;
+    let listeners = shardflake_service::Listeners::bind(&missing).await?;
+    let e = shardflake_service::serve(missing, listeners, std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/tickets.toml"), "{e}");
+    Ok(())
+}
+
+/// Without `--tickets` the route exists but names no sequence: 404
+/// `unknown_sequence` saying how to start the node; the OpenAPI document
+/// leaves it out.
+#[tokio::test]
+async fn without_tickets_the_route_is_a_404_that_says_why() -> anyhow::Result<()> {
+    let app = App::new("node_id = 1").await?;
+    let (status, body) = app.get("/v1/tickets/photos").await?;
+    assert_eq!(
+        (status, error_code(&body).as_str()),
+        (404, "unknown_sequence")
+    );
+    assert!(body.contains("--tickets"), "{body}");
+    let (_, doc) = app.get("/openapi.json").await?;
+    assert!(!doc.contains("/v1/tickets"), "{doc}");
+    Ok(())
+}
+
+/// At the drain the service gives a segment's unused tail back: the next
+/// client starts right after the last id the service handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_drain_gives_the_segment_tail_back() -> anyhow::Result<()> {
+    let pg = PgServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let text = format!(
+        "{}[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n[[sequences]]\nname = \"solo\"\nmode = \"segment\"\n",
+        server_toml("a", "postgres", &pg.url(), 1)
+    );
+    let (path, tickets) = tickets_file(&dir, &text).await?;
+    let s = Server::start(&format!("node_id = 1\ntickets = {path:?}")).await?;
+    let mut c = Http::new(&s.http);
+    let (status, body) = c.get("/v1/tickets/solo?count=250").await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ids_of(&body)?, (1..=250).collect::<Vec<_>>());
+    s.stop().await?;
+    // The rest of the chunk in use (251..=300) is skipped, the block's
+    // remainder given back.
+    let next = TicketClient::connect(tickets).await?;
+    assert_eq!(next.next("solo").await?, 301);
+    Ok(())
+}
+
+/// With `--etcd` the marks are in etcd too, which a restore of the ticket
+/// server does not roll back: a lone server restored behind (its own marks
+/// restored with it) is refused at start until `repair` with the same
+/// store; without etcd the same server would be taken, ids repeated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcd_marks_refuse_a_lone_server_restored_behind_until_repair() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let pg = PgServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let text = format!("{}{SEQUENCES}", server_toml("a", "postgres", &pg.url(), 1));
+    let (path, tickets) = tickets_file(&dir, &text).await?;
+    let serve_toml = format!(
+        "tickets = {path:?}\n[etcd]\nendpoints = [{:?}]\nprefix = \"/t\"\nlease_ttl = \"5s\"\nsafety_margin = \"1s\"",
+        etcd.urls()
+    );
+    let s = Server::start(&serve_toml).await?;
+    let mut c = Http::new(&s.http);
+    let (status, body) = c.get("/v1/tickets/photos?count=50").await?;
+    assert_eq!(status, 200, "{body}");
+    let photos = ids_of(&body)?;
+    let top = *photos.iter().max().unwrap();
+    s.stop().await?;
+    let mark = etcd.get("/t/tickets/hw/a/photos").await?;
+    assert_eq!(mark, Some(top.to_string()), "the mark in etcd");
+
+    // A restore from before those ids: counter and its own marks go back.
+    let (admin_a, conn) = shardflake_tickets::tokio_postgres::connect(
+        &pg.url(),
+        shardflake_tickets::tokio_postgres::NoTls,
+    )
+    .await?;
+    tokio::spawn(conn);
+    admin_a
+        .batch_execute(&format!(
+            "SELECT setval('tickets_photos', 1, false); DELETE FROM {};",
+            shardflake_tickets::HW_TABLE
+        ))
+        .await?;
+    // Without etcd nothing remembers: the server would be taken.
+    let blind = TicketClient::connect(tickets.clone()).await?;
+    assert_eq!(blind.metrics()[0].state, "up");
+    drop(blind);
+
+    let e = Server::start(&serve_toml).await.err().expect("refused");
+    assert!(format!("{e:#}").contains("behind"), "{e:#}");
+
+    let server_config = config(&dir, &serve_toml)?;
+    let store = shardflake_service::tickets::high_water_store(&tickets, &server_config.node)?;
+    assert!(matches!(server_config.node, NodeSource::Etcd(_)));
+    let repaired = admin::repair_with_store(&tickets, &*store).await?;
+    assert_eq!(repaired.len(), 1, "{repaired:?}");
+    let s = Server::start(&serve_toml).await?;
+    let mut c = Http::new(&s.http);
+    let (status, body) = c.get("/v1/tickets/photos?count=10").await?;
+    assert_eq!(status, 200, "{body}");
+    assert!(ids_of(&body)?.iter().all(|&id| id > top), "{body}");
+    s.stop().await
+}
