@@ -13,7 +13,10 @@
 #    against its bare loop: the faster is the default (`postgres_tickets`);
 # 4. the MariaDB pair under per-id and segment load while server 1 is
 #    SIGKILLed and restarted: calls that failed and for how long (goal: none,
-#    they fail over).
+#    they fail over);
+# 5. the same pair through `shardflake serve --tickets`: wrk against
+#    `GET /v1/tickets/blocks?count=BATCH` (segment batches) and
+#    `/v1/tickets/photos` (per-id), to set against 2. and 1.
 #
 #   scripts/bench-tickets.sh     RUN_SECONDS=5 TASKS=8 BATCH=1000 by default
 set -euo pipefail
@@ -102,6 +105,26 @@ for style in sequence table; do
   "$bin" tickets bench --config "$work/pg-$style.toml" "photos_$style" --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare
   echo
 done
+
+echo "## MariaDB pair through shardflake serve --tickets (wrk -t1 -c$TASKS)"
+command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; }
+"$bin" serve --tickets "$work/maria.toml" --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
+  --state-file "$work/state" >"$work/serve.out" 2>"$work/serve.err" &
+serve=$!
+for _ in $(seq 100); do grep -q http= "$work/serve.out" 2>/dev/null && break; sleep 0.05; done
+http=$(grep -o 'http=[^ ]*' "$work/serve.out" | cut -d= -f2) || { cat "$work/serve.err"; exit 1; }
+for path in "/v1/tickets/blocks?count=$BATCH" /v1/tickets/photos; do
+  out=$(wrk -t1 -c"$TASKS" -d"${SECONDS_PER_RUN}s" --latency "http://$http$path")
+  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  errors=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
+  per=$([[ $path == *count=* ]] && echo "$BATCH" || echo 1)
+  awk -v r="$rps" -v n="$per" -v p="$path" -v e="${errors:-0}" \
+    'BEGIN {printf "%-34s %10.0f requests/s %12.0f ids/s, non-2xx %d\n", p, r, r * n, e}'
+done
+kill -TERM "$serve"
+wait "$serve" || true
+grep -o 'ticket segments given back.*' "$work/serve.err" || true
+echo
 
 echo "## MariaDB pair: m1 SIGKILLed 1 s into a 6 s run, restarted 2 s later"
 for sequence in photos blocks; do
