@@ -168,6 +168,8 @@ impl Keeper {
             ttl: terms.map_or(Duration::ZERO, |t| t.ttl),
             layout: Claim::layout_of(&issuer.config),
             holder,
+            now_ms: 0,
+            window_ms: issuer.config.window.as_millis() as u64,
         };
         let mut keeper = Keeper {
             issuer,
@@ -523,7 +525,8 @@ impl Keeper {
             self.issuer.set_state(LeaseState::Acquiring);
             // The fence runs from the grant's send time.
             let sent = Instant::now();
-            let holding = self.registry.acquire(&self.claim).await?;
+            self.claim.now_ms = self.issuer.clock().now_ms();
+            let mut holding = self.registry.acquire(&self.claim).await?;
             self.lease = Some(holding);
             let ttl = holding.ttl.unwrap_or(terms.ttl).min(terms.ttl);
             let mut fence = sent + ttl.saturating_sub(terms.safety_margin);
@@ -534,6 +537,10 @@ impl Keeper {
             match self.wait_past(resume, shutdown).await {
                 Ok(true) if !must_wait => {
                     return self.publish(holding, resume, Some(fence)).await;
+                }
+                // The take's record is as old as the take: record afresh.
+                Ok(true) if holding.recorded_high_water_ms.is_some() => {
+                    holding.recorded_high_water_ms = None;
                 }
                 Ok(true) => {}
                 Ok(false) => {
@@ -585,11 +592,36 @@ impl Keeper {
                 return Err(AcquireError::BadNodeId(e));
             }
         };
-        let target = self.target_hw(resume, resume);
-        if let Err(e) = self.record_hw(target).await {
-            self.release().await;
-            return Err(e);
-        }
+        // The take recorded a high-water already (past the previous
+        // holder's, and `window` past the clock when it was sent): it is
+        // durable once the local file has it too. Else (a static id, a take
+        // older than the wait for the previous holder's record, or one so
+        // slow that half the window is gone) one is recorded now.
+        let half_window = self.claim.window_ms / 2;
+        let fresh_until = self.issuer.clock().now_ms().saturating_add(half_window);
+        let target = match holding.recorded_high_water_ms {
+            Some(recorded) if recorded > resume && recorded > fresh_until => {
+                let written = write_state(&self.state_file, recorded)
+                    .await
+                    .map_err(AcquireError::StateFile);
+                self.issuer
+                    .metrics
+                    .high_water_writes
+                    .fetch_add(1, Ordering::Relaxed);
+                written.map(|()| recorded)
+            }
+            _ => {
+                let target = self.target_hw(resume, resume);
+                self.record_hw(target).await.map(|()| target)
+            }
+        };
+        let target = match target {
+            Ok(t) => t,
+            Err(e) => {
+                self.release().await;
+                return Err(e);
+            }
+        };
         active.set_durable_hw(target);
         self.issuer.publish(Some(Arc::new(active)));
         self.issuer

@@ -47,6 +47,13 @@ pub struct Claim {
     pub layout: Vec<u8>,
     /// Who holds the id (written as the node key's value, for operators).
     pub holder: String,
+    /// The wall clock (Unix ms) when the take is sent, and the high-water
+    /// window: a take records `max(previous high-water, now_ms) + window_ms`
+    /// as the id's high-water in the same step, so the new holder needs no
+    /// separate record before it issues.
+    pub now_ms: u64,
+    /// See [`Claim::now_ms`].
+    pub window_ms: u64,
 }
 
 impl Claim {
@@ -70,6 +77,17 @@ pub struct Holding {
     /// The high-water the previous holder recorded (Unix ms; 0: the id was
     /// never used under this prefix).
     pub previous_high_water_ms: u64,
+    /// The high-water the take itself recorded for the new holder (see
+    /// [`Claim::now_ms`]); `None` when it recorded nothing (a static id).
+    pub recorded_high_water_ms: Option<u64>,
+}
+
+impl Claim {
+    /// What a take records: past the previous holder's high-water and past
+    /// now, by the window.
+    pub fn first_high_water(&self, previous_ms: u64) -> u64 {
+        previous_ms.max(self.now_ms).saturating_add(self.window_ms)
+    }
 }
 
 /// The answer to a renewal.
@@ -239,6 +257,7 @@ impl Registry for StaticRegistry {
             lease: 0,
             ttl: None,
             previous_high_water_ms: 0,
+            recorded_high_water_ms: None,
         })
     }
     async fn renew(&self, _lease: LeaseId) -> Result<Renewal, RegistryError> {

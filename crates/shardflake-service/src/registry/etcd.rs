@@ -10,7 +10,7 @@
 //! transaction that checks the node key is still attached to our lease, the
 //! way TiKV's PD persists a timestamp window in etcd.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -66,14 +66,24 @@ impl From<EtcdError> for AcquireError {
 #[async_trait]
 impl Registry for EtcdRegistry {
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
-        let (lease, ttl) = self.client.grant(claim.ttl.as_secs()).await?;
-        let ttl = Duration::from_secs(ttl).min(claim.ttl);
-        match take_lowest(&self.client, &self.prefix, lease, claim).await {
-            Ok((node_id, previous_high_water_ms)) => Ok(Holding {
-                node_id,
+        // The grant and the first read do not depend on each other: one
+        // round trip for both.
+        let (granted, read) = tokio::join!(
+            self.client.grant(claim.ttl.as_secs()),
+            read_cluster(&self.client, &self.prefix, claim)
+        );
+        let (lease, ttl) = granted?;
+        let taken = match read {
+            Ok(kvs) => take_lowest(&self.client, &self.prefix, lease, claim, kvs).await,
+            Err(e) => Err(e),
+        };
+        match taken {
+            Ok(taken) => Ok(Holding {
+                node_id: taken.node_id,
                 lease,
-                ttl: Some(ttl),
-                previous_high_water_ms,
+                ttl: Some(Duration::from_secs(ttl).min(claim.ttl)),
+                previous_high_water_ms: taken.previous_ms,
+                recorded_high_water_ms: Some(taken.recorded_ms),
             }),
             Err(e) => {
                 let _ = self.client.revoke(lease).await;
@@ -115,23 +125,73 @@ impl Registry for EtcdRegistry {
     }
 }
 
-/// The lowest free node id, taken in one transaction with its high-water.
-/// A lost race returns the fresh list of held ids in the same round trip;
-/// the next try picks at random among the lowest 4^losses free ids, so a
-/// herd of nodes starting together spreads out instead of all racing for
-/// the same id (n² transactions). Uncontended, the id is the lowest free.
+/// A node id taken: the previous holder's high-water, and the one the take
+/// recorded for this holder.
+struct Taken {
+    node_id: u64,
+    previous_ms: u64,
+    recorded_ms: u64,
+}
+
+/// The layout record, the held ids and every id's high-water. A
+/// transaction without writes is served as a linearizable read, without a
+/// raft proposal; only the cluster's first node (no layout record yet)
+/// writes one.
+async fn read_cluster(
+    client: &Client,
+    prefix: &str,
+    claim: &Claim,
+) -> Result<Vec<Kv>, AcquireError> {
+    let layout_key = format!("{prefix}/layout").into_bytes();
+    let read = [
+        Op::Get(layout_key.clone()),
+        Op::Prefix(format!("{prefix}/node/").into_bytes()),
+        Op::Prefix(format!("{prefix}/hw/").into_bytes()),
+    ];
+    let (_, kvs) = client.txn(&[], &read, &[]).await?;
+    if kvs.iter().any(|kv| kv.key == layout_key) {
+        return Ok(kvs);
+    }
+    let mut create = vec![Op::Put(layout_key.clone(), claim.layout.clone(), 0)];
+    create.extend(read[1..].iter().cloned());
+    let (created, mut kvs) = client
+        .txn(&[Compare::Absent(layout_key.clone())], &create, &read)
+        .await?;
+    if created {
+        // Written by this transaction, so not among what it read.
+        kvs.push(Kv {
+            key: layout_key,
+            value: claim.layout.clone(),
+            lease: 0,
+        });
+    }
+    Ok(kvs)
+}
+
+/// The lowest free node id, taken in one transaction that also records its
+/// first high-water. A lost race returns the fresh list of held ids in the
+/// same round trip; the next try picks at random among the lowest 4^losses
+/// free ids, so a herd of nodes starting together spreads out instead of
+/// all racing for the same id (n² transactions). Uncontended, the id is the
+/// lowest free.
 ///
-/// `claim.layout` must equal `<prefix>/layout`: the first node of a cluster
-/// writes it; every take compares it in the same transaction.
+/// The transaction compares the id's high-water with the value read
+/// (absent, or exactly those bytes), so the record it writes,
+/// [`Claim::first_high_water`] of that value, is past whatever the previous
+/// holder recorded: a record that changed since fails the take like a
+/// lost race. `claim.layout` must equal `<prefix>/layout`: the first node
+/// of a cluster writes it; every take compares it in the same transaction.
 async fn take_lowest(
     client: &Client,
     prefix: &str,
     lease: LeaseId,
     claim: &Claim,
-) -> Result<(u64, u64), AcquireError> {
+    mut kvs: Vec<Kv>,
+) -> Result<Taken, AcquireError> {
     let max_id = claim.max_node_id;
     let layout = &claim.layout[..];
     let node_prefix = format!("{prefix}/node/");
+    let hw_prefix = format!("{prefix}/hw/");
     let layout_key = format!("{prefix}/layout").into_bytes();
     let check_layout = |kvs: &[Kv]| -> Result<(), AcquireError> {
         let recorded = kvs
@@ -147,52 +207,31 @@ async fn take_lowest(
             ours: String::from_utf8_lossy(layout).into_owned(),
         })
     };
-    let parse = |kvs: &[Kv]| -> HashSet<u64> {
+    let ids_under = |kvs: &[Kv], under: &str| -> HashMap<u64, Vec<u8>> {
         kvs.iter()
             .filter_map(|kv| {
-                std::str::from_utf8(&kv.key)
+                let id = std::str::from_utf8(&kv.key)
                     .ok()?
-                    .strip_prefix(&node_prefix)?
+                    .strip_prefix(under)?
                     .parse()
-                    .ok()
+                    .ok()?;
+                Some((id, kv.value.clone()))
             })
             .collect()
     };
-    // Read the layout record and the held ids. A transaction without writes
-    // is served as a linearizable read, without a raft proposal; only the
-    // cluster's first node (no layout record yet) writes one.
-    let read = [
-        Op::Get(layout_key.clone()),
-        Op::Prefix(node_prefix.clone().into_bytes()),
-    ];
-    let (_, mut kvs) = client.txn(&[], &read, &[]).await?;
-    if kvs.iter().any(|kv| kv.key == layout_key) {
-        check_layout(&kvs)?;
-    } else {
-        let (created, again) = client
-            .txn(
-                &[Compare::Absent(layout_key.clone())],
-                &[
-                    Op::Put(layout_key.clone(), layout.to_vec(), 0),
-                    Op::Prefix(node_prefix.clone().into_bytes()),
-                ],
-                &read,
-            )
-            .await?;
-        if !created {
-            check_layout(&again)?;
-        }
-        kvs = again;
-    }
-    let mut held = parse(&kvs);
+    check_layout(&kvs)?;
+    // What each take sent, to know a committed take whose answer was lost.
+    let mut sent: HashMap<u64, Taken> = HashMap::new();
     // Each lost race means another node took an id: bounded by the id count.
     for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
+        let held = ids_under(&kvs, &node_prefix);
+        let high_waters = ids_under(&kvs, &hw_prefix);
         // Four times wider at each loss: a herd of n spreads out in about
         // log4(n) rounds instead of log2(n), each round a transaction per
         // node still racing.
         let spread = 1u64 << (2 * losses).min(20);
         let free: Vec<u64> = (0..=max_id)
-            .filter(|c| !held.contains(c))
+            .filter(|c| !held.contains_key(c) && !sent.contains_key(c))
             .take(spread as usize)
             .collect();
         let Some(&candidate) = free.get((jitter(losses) % free.len().max(1) as u64) as usize)
@@ -200,47 +239,62 @@ async fn take_lowest(
             break;
         };
         let (node, hw) = keys(prefix, candidate);
-        let (ok, kvs) = client
+        let seen = high_waters.get(&candidate);
+        let previous_ms = read_high_water(candidate, &hw, seen.map(Vec::as_slice))?;
+        let recorded_ms = claim.first_high_water(previous_ms);
+        let hw_unchanged = match seen {
+            None => Compare::Absent(hw.clone().into_bytes()),
+            Some(v) => Compare::ValueIs(hw.clone().into_bytes(), v.clone()),
+        };
+        let (ok, fresh) = client
             .txn(
                 &[
                     Compare::Absent(node.clone().into_bytes()),
                     Compare::ValueIs(layout_key.clone(), layout.to_vec()),
+                    hw_unchanged,
                 ],
                 &[
                     Op::Put(node.into_bytes(), claim.holder.as_bytes().to_vec(), lease),
-                    Op::Get(hw.clone().into_bytes()),
+                    Op::Put(hw.into_bytes(), recorded_ms.to_string().into_bytes(), 0),
                 ],
                 &[
-                    Op::Prefix(node_prefix.clone().into_bytes()),
                     Op::Get(layout_key.clone()),
+                    Op::Prefix(node_prefix.clone().into_bytes()),
+                    Op::Prefix(hw_prefix.clone().into_bytes()),
                 ],
             )
             .await?;
+        let taken = Taken {
+            node_id: candidate,
+            previous_ms,
+            recorded_ms,
+        };
         if ok {
-            let hw_ms = read_high_water(candidate, &hw, kvs.first().map(|kv| &kv.value[..]))?;
-            return Ok((candidate, hw_ms));
+            return Ok(taken);
         }
+        sent.insert(candidate, taken);
         // Lost the race for the id, or the layout record changed since.
-        check_layout(&kvs)?;
+        check_layout(&fresh)?;
         // Or won it already: a take whose answer was lost (a timeout) and
         // that the client retried on another endpoint may have committed.
         // An id held by our own lease is ours; taking another would hold
         // two until the lease ends.
-        let ours = kvs
+        let ours = fresh
             .iter()
             .filter(|kv| kv.lease == lease)
-            .flat_map(|kv| parse(std::slice::from_ref(kv)))
+            .flat_map(|kv| ids_under(std::slice::from_ref(kv), &node_prefix).into_keys())
             .next();
         if let Some(node_id) = ours {
-            let (_, hw_key) = keys(prefix, node_id);
-            let (_, record) = client
-                .txn(&[], &[Op::Get(hw_key.clone().into_bytes())], &[])
-                .await?;
-            let hw_ms = read_high_water(node_id, &hw_key, record.first().map(|kv| &kv.value[..]))?;
-            return Ok((node_id, hw_ms));
+            return sent.remove(&node_id).ok_or_else(|| {
+                AcquireError::Registry(RegistryError::Failed(
+                    format!(
+                        "{node_prefix}{node_id} is held by this lease, which never asked for it"
+                    )
+                    .into(),
+                ))
+            });
         }
-        held = parse(&kvs);
-        held.insert(candidate);
+        kvs = fresh;
     }
     Err(AcquireError::Full {
         count: max_id + 1,

@@ -73,7 +73,7 @@ impl Store {
         self.nodes.retain(|_, l| *l != lease);
     }
 
-    fn take(&mut self, claim: &Claim, lease: LeaseId) -> Result<(u64, u64), AcquireError> {
+    fn take(&mut self, claim: &Claim, lease: LeaseId) -> Result<(u64, u64, u64), AcquireError> {
         match &self.layout {
             None => self.layout = Some(claim.layout.clone()),
             Some(recorded) if *recorded != claim.layout => {
@@ -98,7 +98,11 @@ impl Store {
             self.high_waters.get(&node_id).map(Vec::as_slice),
         )?;
         self.nodes.insert(node_id, lease);
-        Ok((node_id, hw))
+        // As the etcd take: the new holder's first high-water in the same step.
+        let first = claim.first_high_water(hw);
+        self.high_waters
+            .insert(node_id, first.to_string().into_bytes());
+        Ok((node_id, hw, first))
     }
 }
 
@@ -200,11 +204,12 @@ impl Registry for MemoryRegistry {
             .leases
             .insert(lease, (claim.ttl, Instant::now() + claim.ttl));
         match store.take(claim, lease) {
-            Ok((node_id, previous_high_water_ms)) => Ok(Holding {
+            Ok((node_id, previous_high_water_ms, first)) => Ok(Holding {
                 node_id,
                 lease,
                 ttl: Some(claim.ttl),
                 previous_high_water_ms,
+                recorded_high_water_ms: Some(first),
             }),
             Err(e) => {
                 store.revoke(lease);

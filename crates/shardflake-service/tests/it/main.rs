@@ -7,6 +7,7 @@
 
 mod http_api;
 mod limits;
+mod registry;
 mod server;
 mod tickets;
 

@@ -1,0 +1,98 @@
+//! The etcd registry on a real etcd: a take records the new holder's first
+//! high-water in its own transaction, always past the previous holder's.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use shardflake_service::config::NodeSource;
+use shardflake_service::registry::{Claim, EtcdRegistry, Registry};
+use shardflake_testkit::Etcd;
+
+fn registry(etcd: &Etcd, prefix: &str) -> anyhow::Result<EtcdRegistry> {
+    let dir = tempfile::tempdir()?;
+    let config = crate::config(
+        &dir,
+        &format!(
+            "[etcd]\nendpoints = [{:?}]\nprefix = {prefix:?}",
+            etcd.urls()
+        ),
+    )?;
+    let NodeSource::Etcd(cfg) = &config.node else {
+        anyhow::bail!("not an etcd node source");
+    };
+    Ok(EtcdRegistry::new(cfg)?)
+}
+
+fn claim(now_ms: u64) -> Claim {
+    Claim {
+        max_node_id: 1023,
+        ttl: Duration::from_secs(10),
+        layout: b"test layout".to_vec(),
+        holder: "test".into(),
+        now_ms,
+        window_ms: 3_000,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_records_the_first_high_water_past_the_previous_holders() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let r = registry(&etcd, "/r")?;
+    let now = 1_800_000_000_000;
+    // The cluster's first take: the layout record, id 0, nothing before it.
+    let first = r.acquire(&claim(now)).await?;
+    assert_eq!((first.node_id, first.previous_high_water_ms), (0, 0));
+    assert_eq!(first.recorded_high_water_ms, Some(now + 3_000));
+    assert_eq!(etcd.get("/r/hw/0").await?, Some((now + 3_000).to_string()));
+
+    // Id 1 was used before, its holder's record ahead of our clock: the
+    // take records past that record, never below it.
+    etcd.put("/r/hw/1", &(now + 60_000).to_string()).await?;
+    let second = r.acquire(&claim(now)).await?;
+    assert_eq!(
+        (second.node_id, second.previous_high_water_ms),
+        (1, now + 60_000)
+    );
+    assert_eq!(second.recorded_high_water_ms, Some(now + 63_000));
+    assert_eq!(etcd.get("/r/hw/1").await?, Some((now + 63_000).to_string()));
+
+    // A corrupt record is refused before the id is taken.
+    etcd.put("/r/hw/2", "yesterday").await?;
+    let e = r.acquire(&claim(now)).await.unwrap_err();
+    assert!(e.to_string().contains("yesterday"), "{e}");
+    assert_eq!(etcd.keys("/r/node/").await?.len(), 2, "id 2 not taken");
+
+    // After the previous holder's lease ends, the next take of its id
+    // resumes after the record the take wrote.
+    r.release(first.lease).await?;
+    etcd.put("/r/hw/2", "0").await?;
+    let again = r.acquire(&claim(now + 1)).await?;
+    assert_eq!(
+        (again.node_id, again.previous_high_water_ms),
+        (0, now + 3_000)
+    );
+    assert_eq!(again.recorded_high_water_ms, Some(now + 6_000));
+    Ok(())
+}
+
+/// A herd started together: distinct ids, each id's record the one its
+/// take returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_herd_takes_distinct_ids_each_with_its_own_record() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let now = 1_800_000_000_000;
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let r = registry(&etcd, "/herd")?;
+        tasks.push(tokio::spawn(async move { r.acquire(&claim(now)).await }));
+    }
+    let mut ids = HashSet::new();
+    for task in tasks {
+        let h = task.await??;
+        assert!(ids.insert(h.node_id), "id {} taken twice", h.node_id);
+        let record = etcd.get(&format!("/herd/hw/{}", h.node_id)).await?;
+        assert_eq!(record, h.recorded_high_water_ms.map(|v| v.to_string()));
+    }
+    assert_eq!(ids.len(), 32);
+    Ok(())
+}
