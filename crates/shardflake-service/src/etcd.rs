@@ -448,11 +448,23 @@ impl Client {
         Err(failures.into_error(self.endpoint_list()))
     }
 
-    /// Keys from `prefix` to its end (`KV.Range`).
+    /// Keys from `prefix` to its end (`KV.Range`), a linearizable read.
     pub async fn range_prefix(&self, prefix: &[u8]) -> Result<Vec<Kv>, EtcdError> {
+        self.range(prefix, false).await
+    }
+
+    /// [`Client::range_prefix`] served by the member asked from its own
+    /// state (`serializable`): no round of the cluster, possibly stale. For
+    /// reads a transaction's compare checks again.
+    pub async fn range_prefix_local(&self, prefix: &[u8]) -> Result<Vec<Kv>, EtcdError> {
+        self.range(prefix, true).await
+    }
+
+    async fn range(&self, prefix: &[u8], serializable: bool) -> Result<Vec<Kv>, EtcdError> {
         let req = rpc::RangeRequest {
             key: prefix.to_vec(),
             range_end: prefix_end(prefix),
+            serializable,
             ..Default::default()
         };
         let answer = self

@@ -133,25 +133,27 @@ struct Taken {
     recorded_ms: u64,
 }
 
-/// The layout record, the held ids and every id's high-water. A
-/// transaction without writes is served as a linearizable read, without a
-/// raft proposal; only the cluster's first node (no layout record yet)
-/// writes one.
+/// The layout record, the held ids and every id's high-water: one range
+/// over the prefix, served by the member asked without a round of the
+/// cluster (possibly stale: the take's transaction compares all it relies
+/// on). Only the cluster's first node (no layout record yet) writes one.
 async fn read_cluster(
     client: &Client,
     prefix: &str,
     claim: &Claim,
 ) -> Result<Vec<Kv>, AcquireError> {
     let layout_key = format!("{prefix}/layout").into_bytes();
+    let kvs = client
+        .range_prefix_local(format!("{prefix}/").as_bytes())
+        .await?;
+    if kvs.iter().any(|kv| kv.key == layout_key) {
+        return Ok(kvs);
+    }
     let read = [
         Op::Get(layout_key.clone()),
         Op::Prefix(format!("{prefix}/node/").into_bytes()),
         Op::Prefix(format!("{prefix}/hw/").into_bytes()),
     ];
-    let (_, kvs) = client.txn(&[], &read, &[]).await?;
-    if kvs.iter().any(|kv| kv.key == layout_key) {
-        return Ok(kvs);
-    }
     let mut create = vec![Op::Put(layout_key.clone(), claim.layout.clone(), 0)];
     create.extend(read[1..].iter().cloned());
     let (created, mut kvs) = client
@@ -220,12 +222,16 @@ async fn take_lowest(
             .collect()
     };
     check_layout(&kvs)?;
+    // Every id's record as first read; a record that changed since (its id
+    // taken and given back meanwhile) fails the compare below, and the
+    // failed take reads it afresh. Lost races return the held ids only,
+    // so a herd's answers stay small.
+    let mut high_waters = ids_under(&kvs, &hw_prefix);
     // What each take sent, to know a committed take whose answer was lost.
     let mut sent: HashMap<u64, Taken> = HashMap::new();
     // Each lost race means another node took an id: bounded by the id count.
     for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
         let held = ids_under(&kvs, &node_prefix);
-        let high_waters = ids_under(&kvs, &hw_prefix);
         // Four times wider at each loss: a herd of n spreads out in about
         // log4(n) rounds instead of log2(n), each round a transaction per
         // node still racing.
@@ -255,12 +261,16 @@ async fn take_lowest(
                 ],
                 &[
                     Op::Put(node.into_bytes(), claim.holder.as_bytes().to_vec(), lease),
-                    Op::Put(hw.into_bytes(), recorded_ms.to_string().into_bytes(), 0),
+                    Op::Put(
+                        hw.clone().into_bytes(),
+                        recorded_ms.to_string().into_bytes(),
+                        0,
+                    ),
                 ],
                 &[
                     Op::Get(layout_key.clone()),
                     Op::Prefix(node_prefix.clone().into_bytes()),
-                    Op::Prefix(hw_prefix.clone().into_bytes()),
+                    Op::Get(hw.clone().into_bytes()),
                 ],
             )
             .await?;
@@ -273,8 +283,13 @@ async fn take_lowest(
             return Ok(taken);
         }
         sent.insert(candidate, taken);
-        // Lost the race for the id, or the layout record changed since.
+        // Lost the race for the id, or the layout record or the id's
+        // high-water changed since.
         check_layout(&fresh)?;
+        match fresh.iter().find(|kv| kv.key == hw.as_bytes()) {
+            Some(kv) => high_waters.insert(candidate, kv.value.clone()),
+            None => high_waters.remove(&candidate),
+        };
         // Or won it already: a take whose answer was lost (a timeout) and
         // that the client retried on another endpoint may have committed.
         // An id held by our own lease is ours; taking another would hold
