@@ -6,7 +6,7 @@
 //!   `etcdctl` reads and writes.
 //! - [`pg`]: PostgreSQL servers (`scripts/pg.sh`).
 //! - [`mariadb`]: MariaDB servers (`scripts/mariadb.sh`), with crash,
-//!   restart and a libfaketime clock.
+//!   restart, a libfaketime clock and SQL through the `mariadb` client.
 //! - [`serve`]: `shardflake serve` processes, an HTTP/1 client, a gRPC
 //!   client and small parsers of the API's answers.
 //!
