@@ -4,7 +4,7 @@
 //!
 //! - [`etcd`]: etcd clusters (`scripts/etcd.sh`), with member kills and
 //!   `etcdctl` reads and writes.
-//! - [`pg`]: PostgreSQL servers (`scripts/pg.sh`).
+//! - [`pg`]: PostgreSQL servers (`scripts/pg.sh`), with crash and restart.
 //! - [`mariadb`]: MariaDB servers (`scripts/mariadb.sh`), with crash,
 //!   restart, a libfaketime clock and SQL through the `mariadb` client.
 //! - [`serve`]: `shardflake serve` processes, an HTTP/1 client, a gRPC
