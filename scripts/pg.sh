@@ -70,7 +70,7 @@ launch() {
   local bin=$1 data=$2 port
   port=$(cat "$data.port")
   as_pg "$bin/pg_ctl" -D "$data" -l "$data.log" -w -t 60 \
-    -o "-p $port -k $data -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 $(cat "$data.opts")" \
+    -o "-p $port -k $data -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 $(cat "$data.opts" 2>/dev/null)" \
     start >/dev/null || { tail -n 40 "$data.log" >&2; exit 1; }
   echo "postgres://postgres@127.0.0.1:$port/postgres"
 }
