@@ -4,9 +4,9 @@
 //!
 //! - [`etcd`]: etcd clusters (`scripts/etcd.sh`), with member kills and
 //!   `etcdctl` reads and writes.
-//! - [`pg`]: PostgreSQL servers (`scripts/pg.sh`).
+//! - [`pg`]: PostgreSQL servers (`scripts/pg.sh`), with crash and restart.
 //! - [`mariadb`]: MariaDB servers (`scripts/mariadb.sh`), with crash,
-//!   restart and a libfaketime clock.
+//!   restart, a libfaketime clock and SQL through the `mariadb` client.
 //! - [`serve`]: `shardflake serve` processes, an HTTP/1 client, a gRPC
 //!   client and small parsers of the API's answers.
 //!

@@ -1,11 +1,12 @@
 //! Throw-away MariaDB servers on 127.0.0.1 started by `scripts/mariadb.sh`
 //! (root over TCP without a password, database `app` created), which a test
-//! can crash (SIGKILL) and restart on the same data and port; stopped and
-//! removed when the guard drops.
+//! can crash (SIGKILL) and restart on the same data and port, or query
+//! through the `mariadb` client; stopped and removed when the guard drops.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 
 use crate::{script, start_script};
 
@@ -84,6 +85,23 @@ impl MariaDbServer {
     /// The server's process id.
     pub fn pid(&self) -> anyhow::Result<u32> {
         self.run("pid")?.trim().parse().context("mariadb.sh pid")
+    }
+
+    /// Runs `sql` (one or more statements, or a client command such as
+    /// `source FILE`) in database `app` through the `mariadb` client as
+    /// root over TCP; its output in batch mode without column names (tab
+    /// between columns, a line per row), trimmed.
+    pub fn sql(&self, sql: &str) -> anyhow::Result<String> {
+        let out = Command::new("mariadb")
+            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root", "-N", "-B"])
+            .arg(format!("-P{}", self.port))
+            .args(["app", "-e", sql])
+            .output()
+            .context("running the mariadb client")?;
+        if !out.status.success() {
+            bail!("{sql}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
     fn run(&self, what: &str) -> anyhow::Result<String> {

@@ -1,7 +1,8 @@
 //! Throw-away PostgreSQL servers on 127.0.0.1 started by `scripts/pg.sh`
-//! (trust auth, fsync off, max_connections 200, a free port; as root the
-//! script runs PostgreSQL as user postgres), stopped and removed when the
-//! guard drops.
+//! (trust auth, fsync off, synchronous_commit off, max_connections 200, a
+//! free port; as root the script runs PostgreSQL as user postgres), which a
+//! test can crash (SIGKILL) and restart on the same data and port; stopped
+//! and removed when the guard drops.
 
 use std::path::PathBuf;
 
@@ -62,6 +63,22 @@ impl PgServer {
     /// Stops the server now (immediate mode), keeping the guard.
     pub fn stop(&self) {
         let _ = script("pg.sh", &["halt", &self.dir.to_string_lossy()], &[]);
+    }
+
+    /// SIGKILLs the server (a crash: the postmaster, then its children; WAL
+    /// recovery at the next start) and waits until none of its processes is
+    /// alive and its port is free. Commits the crash must not lose need
+    /// `start_with(&[("synchronous_commit", "on")])`: with the script's
+    /// `off`, the last ones may still be in shared memory.
+    pub fn kill(&self) -> anyhow::Result<()> {
+        script("pg.sh", &["kill", &self.dir.to_string_lossy()], &[]).map(drop)
+    }
+
+    /// Starts it again on the same data, port and settings (after
+    /// [`Self::kill`] or [`Self::stop`]) and waits until it accepts
+    /// connections.
+    pub fn restart(&self) -> anyhow::Result<()> {
+        script("pg.sh", &["restart", &self.dir.to_string_lossy()], &[]).map(drop)
     }
 }
 
