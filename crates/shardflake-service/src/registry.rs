@@ -215,8 +215,9 @@ impl AcquireError {
 #[async_trait::async_trait]
 pub trait Registry: Send + Sync + std::fmt::Debug {
     /// Grants a lease and takes the lowest free node id under it, checking
-    /// the layout record (writing it for the cluster's first node) and
-    /// reading the id's recorded high-water, in one step. On failure no
+    /// the layout record (writing it for the cluster's first node), reading
+    /// the id's recorded high-water and recording the new holder's first
+    /// one past it ([`Claim::first_high_water`]), in one step. On failure no
     /// lease is left behind (best effort: it would expire anyway).
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError>;
 

@@ -1,14 +1,18 @@
 //! The registry on etcd, over [`crate::etcd::Client`] (built only by
 //! [`client`] here).
 //!
-//! A take is one transaction: `<prefix>/node/<id>` is created attached to
-//! the lease only if absent (`create_revision == 0`) and only if
-//! `<prefix>/layout` still holds this node's layout, and the same
-//! transaction reads `<prefix>/hw/<id>`. A lost race answers with the fresh
-//! list of held ids in the same round trip; racing nodes then spread over
-//! the lowest free ids (see [`take_lowest`]). A high-water is written in a
-//! transaction that checks the node key is still attached to our lease, the
-//! way TiKV's PD persists a timestamp window in etcd.
+//! Acquiring is two round trips: the lease grant together with one
+//! serializable range over the prefix (layout, held ids, high-waters;
+//! possibly stale), then a take. A take is one transaction:
+//! `<prefix>/node/<id>` is created attached to the lease only if absent
+//! (`create_revision == 0`), only if `<prefix>/layout` still holds this
+//! node's layout and only if `<prefix>/hw/<id>` still holds what was read;
+//! the same transaction writes the new holder's first high-water past it.
+//! A lost race answers with the fresh list of held ids in the same round
+//! trip; racing nodes then spread over the lowest free ids (see
+//! [`take_lowest`]). Later high-waters are written in a transaction that
+//! checks the node key is still attached to our lease, the way TiKV's PD
+//! persists a timestamp window in etcd.
 
 use std::collections::HashMap;
 use std::time::Duration;
