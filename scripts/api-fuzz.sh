@@ -14,6 +14,10 @@
 # in the document) and a temporary state file; schemathesis (pinned, in a
 # virtual environment under target/) runs with a printed seed (SEED to
 # replay); the server is stopped on exit. Extra flags go to `serve`.
+#
+# API_FUZZ_TICKETS=mariadb also starts a MariaDB ticket server
+# (scripts/mariadb.sh) with a per-id, a segment and a 32-bit sequence, and
+# serves them (`--tickets`), so the /v1/tickets paths are fuzzed too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,12 +42,46 @@ cleanup() {
         kill "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     fi
+    if [[ -e "$dir/mariadb" ]]; then
+        scripts/mariadb.sh stop "$dir/mariadb" >/dev/null 2>&1 || true
+    fi
     rm -rf "$dir"
 }
 trap cleanup EXIT
+tickets=()
+case "${API_FUZZ_TICKETS:-}" in
+"") ;;
+mariadb)
+    url=$(scripts/mariadb.sh start "$dir/mariadb" | sed -n 1p)
+    cat >"$dir/tickets.toml" <<EOF
+[[servers]]
+name = "t1"
+kind = "mariadb"
+url = "$url"
+offset = 1
+
+[[sequences]]
+name = "photos"
+
+[[sequences]]
+name = "blocks"
+mode = "segment"
+
+[[sequences]]
+name = "small"
+bits = 32
+EOF
+    "$bin" tickets init --config "$dir/tickets.toml" >/dev/null
+    tickets=(--tickets "$dir/tickets.toml")
+    ;;
+*)
+    echo "api-fuzz.sh: API_FUZZ_TICKETS is 'mariadb' or unset, not '$API_FUZZ_TICKETS'" >&2
+    exit 2
+    ;;
+esac
 "$bin" serve --http 127.0.0.1:0 --grpc 127.0.0.1:0 --node-id 1 \
     --layout "orders: time 41 | node 6 | shard 6 | sequence 10 (epoch 1735689600000 ms)" \
-    --shards 40 --max-batch 1000 --state-file "$dir/state" "$@" \
+    --shards 40 --max-batch 1000 --state-file "$dir/state" "${tickets[@]}" "$@" \
     >"$dir/out" 2>"$dir/log" </dev/null &
 pid=$!
 # `serve` prints its bound addresses on stdout once it listens.

@@ -8,9 +8,10 @@
 #   scripts/chaos.sh SECONDS [shardflake-chaos run args: --seed S --nodes N --batch B --out DIR ...]
 #
 # Builds the binaries (shardflake, shardflake-chaos) first, in the release
-# profile, or the one CHAOS_PROFILE names (test.sh uses `dev`: the tests
-# have built it already, and a release build would double CI's compile
-# time; the checks are the same, only fewer ids are issued). Whatever
+# profile, or the one CHAOS_PROFILE names (test.sh uses `dev`: a release
+# build would double CI's compile time; the checks are the same, only fewer
+# ids are issued). SHARDFLAKE_BIN and CHAOS_BIN, both set, name binaries
+# built already (test.sh: the tests' own build) and skip the build. Whatever
 # happens, every process it started and every temporary directory is removed
 # on exit (a trap): leftover pids under the run directory are SIGKILLed and
 # the run's network namespace deleted. Needs root for the namespace; pass
@@ -29,8 +30,12 @@ fi
 # features (tonic's client and server) and rebuilds the service for both.
 profile=${CHAOS_PROFILE:-release}
 dir=$([[ $profile == dev ]] && echo debug || echo "$profile")
-cargo build --profile "$profile" -q -p shardflake-cli
-cargo build --profile "$profile" -q -p shardflake-chaos
+bin=${SHARDFLAKE_BIN:-target/$dir/shardflake}
+chaos=${CHAOS_BIN:-target/$dir/shardflake-chaos}
+if [[ -z "${SHARDFLAKE_BIN:-}" || -z "${CHAOS_BIN:-}" ]]; then
+    cargo build --profile "$profile" -q -p shardflake-cli
+    cargo build --profile "$profile" -q -p shardflake-chaos
+fi
 
 # The run's directory, unless --out names one (kept then).
 out=""
@@ -68,7 +73,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-"target/$dir/shardflake-chaos" run --seconds "$seconds" --bin "target/$dir/shardflake" "${args[@]}" &
+"$chaos" run --seconds "$seconds" --bin "$bin" "${args[@]}" &
 chaos_pid=$!
 ns_pid=$chaos_pid
 rc=0

@@ -24,26 +24,33 @@ else
   cargo test --workspace --no-fail-fast --lib --bins --tests
 fi
 
+step "binaries for the runs below"
+# With --tests, cargo resolves features as the test build above did, so
+# this reuses it (a `-p` build of one binary would recompile most of the
+# dependency tree with other features).
+cargo build --workspace --bins --tests
+bin=target/debug/shardflake
+chaos=target/debug/shardflake-chaos
+
 step "fuzz smoke (every cargo-fuzz target 3 s; nightly and cargo-fuzz installed if missing)"
 # Long runs and their figures: docs/RELIABILITY.md. A crash leaves its
 # input in fuzz/artifacts/<target>/.
 bash scripts/fuzz.sh 3
 
-step "API fuzz smoke (schemathesis from /openapi.json, 20 s, seed 2)"
-SEED=2 bash scripts/api-fuzz.sh 20
+step "API fuzz smoke (schemathesis from /openapi.json, 20 s, seed 2, ticket sequences on MariaDB)"
+SHARDFLAKE_BIN=$bin SEED=2 API_FUZZ_TICKETS=mariadb bash scripts/api-fuzz.sh 20
 
 step "chaos run (60 s, faults on a schedule, every id checked)"
 # Seeded, so a failure replays with the same schedule: scripts/chaos.sh 60 --seed 1.
-CHAOS_PROFILE=dev bash scripts/chaos.sh 60 --seed 1
+SHARDFLAKE_BIN=$bin CHAOS_BIN=$chaos bash scripts/chaos.sh 60 --seed 1
 
 step "chaos run on in-database ids (20 s, MariaDB SIGKILLed and restarted, its clock stepped)"
-# The same checker over ids made by MariaDB's trigger (shardflake mysql apply);
-# chaos.sh above built both binaries in the dev profile.
-./target/debug/shardflake-chaos db --seconds 20 --seed 1 --spacing 6 --bin target/debug/shardflake
+# The same checker over ids made by MariaDB's trigger (shardflake mysql apply).
+$chaos db --seconds 20 --seed 1 --spacing 6 --bin $bin
 
 step "chaos runs on ticket servers (15 s each, one of a MariaDB pair SIGKILLed at a time)"
-./target/debug/shardflake-chaos tickets --seconds 15 --seed 1 --clients 4 --mode segment --bin target/debug/shardflake
-./target/debug/shardflake-chaos tickets --seconds 15 --seed 1 --clients 4 --mode per-id --bin target/debug/shardflake
+$chaos tickets --seconds 15 --seed 1 --clients 4 --mode segment --bin $bin
+$chaos tickets --seconds 15 --seed 1 --clients 4 --mode per-id --bin $bin
 
 step "doc tests"
 cargo test --workspace --doc

@@ -53,8 +53,9 @@ pub fn router(issuer: Arc<Issuer>) -> Router {
 pub fn router_with_token(issuer: Arc<Issuer>, token: Option<ApiToken>) -> Router {
     let max_body = issuer.config.max_body;
     let sequences = issuer.tickets().map(|t| {
-        let names = t.config().sequences.iter().map(|q| q.name.clone());
-        names.collect::<Vec<_>>()
+        let seqs = t.config().sequences.iter();
+        seqs.map(|q| (q.name.clone(), q.mode.max_count()))
+            .collect::<Vec<_>>()
     });
     let doc: Arc<str> = openapi_json(&issuer.config, token.is_some(), sequences.as_deref()).into();
     let openapi = move || {
@@ -549,12 +550,14 @@ pub fn openapi_document(config: &crate::config::Config) -> String {
 }
 
 /// The OpenAPI document; `token_required` adds the bearer scheme to the
-/// `/v1/` operations; `sequences`, the configured ticket sequences, become
-/// the enum of the tickets route's path parameter.
+/// `/v1/` operations; `sequences`, the configured ticket sequences with
+/// their largest count, each get a path of their own (the largest count
+/// depends on the sequence's mode, which a shared `{sequence}` parameter
+/// could not say).
 fn openapi_json(
     config: &crate::config::Config,
     token_required: bool,
-    sequences: Option<&[String]>,
+    sequences: Option<&[(String, usize)]>,
 ) -> String {
     let mut doc: serde_json::Value =
         serde_json::from_str(include_str!("openapi.json")).unwrap_or_default();
@@ -601,20 +604,38 @@ fn openapi_json(
             param["schema"]["maximum"] = json!(u64::MAX);
         }
     }
-    if config.tickets.is_none()
-        && let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut())
-    {
-        paths.remove("/v1/tickets/{sequence}");
-    } else if let (Some(names), Some(p)) = (
-        sequences,
-        doc.pointer_mut("/paths/~1v1~1tickets~1{sequence}/get/parameters")
-            .and_then(|p| p.as_array_mut()),
-    ) {
-        for param in p.iter_mut().filter(|p| p["name"] == "sequence") {
-            param["schema"]["enum"] = json!(names);
+    if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
+        let template = "/v1/tickets/{sequence}";
+        if config.tickets.is_none() {
+            paths.remove(template);
+        } else if let (Some(sequences), Some(item)) = (sequences, paths.remove(template)) {
+            for (name, max) in sequences {
+                paths.insert(
+                    format!("/v1/tickets/{name}"),
+                    ticket_path(&item, name, *max),
+                );
+            }
         }
     }
     doc.to_string()
+}
+
+/// The tickets path item for one sequence: the `{sequence}` parameter
+/// gone, `count` up to `max`.
+fn ticket_path(template: &serde_json::Value, name: &str, max: usize) -> serde_json::Value {
+    let mut item = template.clone();
+    if let Some(params) = item
+        .pointer_mut("/get/parameters")
+        .and_then(|p| p.as_array_mut())
+    {
+        params.retain(|p| p["name"] != "sequence");
+        for count in params.iter_mut().filter(|p| p["name"] == "count") {
+            count["schema"]["maximum"] = json!(max);
+            count["description"] = json!(format!("1 (the default) to {max}"));
+        }
+    }
+    item["get"]["summary"] = json!(format!("Ids of the ticket sequence {name}"));
+    item
 }
 
 async fn not_found() -> ApiError {

@@ -17,8 +17,15 @@ use crate::failover::{Health, Op, Outcome, Server, ServerMetrics};
 use crate::high_water::{HighWaterStore, PeersStore};
 use crate::segment::{Block, SegmentSequence, Take, adapt};
 
-/// The most ids one [`TicketClient::next_n`] call returns.
+/// The most ids one [`TicketClient::next_n`] call returns from a segment
+/// sequence (served from memory).
 pub const MAX_COUNT: usize = 100_000;
+
+/// The most ids one [`TicketClient::next_n`] call takes from a per-id
+/// sequence. Each costs a round trip in turn (a pair answers about 2,500
+/// a second here), so a request stays well under a second; a caller who
+/// wants more at once wants a segment sequence.
+pub const MAX_PER_ID_COUNT: usize = 1_000;
 
 pub(crate) struct Inner {
     pub config: Config,
@@ -146,14 +153,14 @@ impl TicketClient {
         }
     }
 
-    /// `count` ids of `sequence` (1..=[`MAX_COUNT`]), increasing in segment mode.
+    /// `count` ids of `sequence` (1 to [`Mode::max_count`]: [`MAX_COUNT`]
+    /// in segment mode, [`MAX_PER_ID_COUNT`] per id), increasing in segment
+    /// mode.
     pub async fn next_n(&self, sequence: &str, count: usize) -> Result<Vec<u64>, TicketError> {
         let (index, mode) = self.lookup(sequence)?;
-        if count == 0 || count > MAX_COUNT {
-            return Err(TicketError::BadCount {
-                count,
-                max: MAX_COUNT,
-            });
+        let max = mode.max_count();
+        if count == 0 || count > max {
+            return Err(TicketError::BadCount { count, max });
         }
         match mode {
             Mode::PerId => {

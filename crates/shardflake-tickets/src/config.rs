@@ -180,6 +180,17 @@ pub enum Mode {
     Segment,
 }
 
+impl Mode {
+    /// The most ids one [`TicketClient::next_n`](crate::TicketClient::next_n)
+    /// call returns in this mode.
+    pub const fn max_count(self) -> usize {
+        match self {
+            Mode::PerId => crate::client::MAX_PER_ID_COUNT,
+            Mode::Segment => crate::client::MAX_COUNT,
+        }
+    }
+}
+
 /// One ticket server.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -53,7 +53,7 @@ mod postgres;
 pub mod segment;
 mod session;
 
-pub use client::{MAX_COUNT, ShutdownReport, TicketClient};
+pub use client::{MAX_COUNT, MAX_PER_ID_COUNT, ShutdownReport, TicketClient};
 pub use config::{Config, ConfigError, Kind, Mode, PgTickets};
 pub use error::{ServerFailure, TicketError};
 pub use failover::{Health, ServerMetrics};

@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use shardflake_service::{Config as ServeConfig, RawConfig};
-use shardflake_tickets::{Config, HighWaterStore, TicketClient, admin, bench};
+use shardflake_tickets::{
+    Config, HighWaterStore, MAX_COUNT, TicketClient, TicketError, admin, bench,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -93,7 +95,7 @@ enum TicketsCommand {
         config: ConfigArg,
         /// The sequence.
         sequence: String,
-        /// How many.
+        /// How many: 1 to 100,000 (a per-id sequence is asked 1,000 at a time).
         #[arg(long, short = 'n', default_value_t = 1)]
         count: usize,
     },
@@ -179,8 +181,9 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             count,
         } => {
             let client = TicketClient::connect(config.load()?).await?;
-            let ids = client.next_n(&sequence, count).await?;
+            let ids = next_in_chunks(&client, &sequence, count).await;
             client.shutdown().await;
+            let ids = ids?;
             super::with_stdout(|out| {
                 for id in ids {
                     writeln!(out, "{id}")?;
@@ -241,4 +244,32 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `count` ids of `sequence` (1 to [`MAX_COUNT`]), asked in chunks of the
+/// sequence's own limit (lower for a per-id sequence: a round trip per id).
+async fn next_in_chunks(
+    client: &TicketClient,
+    sequence: &str,
+    count: usize,
+) -> Result<Vec<u64>, TicketError> {
+    if count == 0 || count > MAX_COUNT {
+        return Err(TicketError::BadCount {
+            count,
+            max: MAX_COUNT,
+        });
+    }
+    let chunk = client
+        .config()
+        .sequence(sequence)
+        .map_or(MAX_COUNT, |(_, q)| q.mode.max_count());
+    let mut ids = Vec::with_capacity(count);
+    while ids.len() < count {
+        ids.extend(
+            client
+                .next_n(sequence, chunk.min(count - ids.len()))
+                .await?,
+        );
+    }
+    Ok(ids)
 }

@@ -1,5 +1,5 @@
-//! `shardflake pg ...` and `shardflake mysql ...` end to end, against real
-//! servers the tests start (and stop on drop).
+//! `shardflake pg ...`, `shardflake mysql ...` and `shardflake tickets ...`
+//! end to end, against real servers the tests start (and stop on drop).
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -215,4 +215,55 @@ fn mysql_apply_call_sql() {
     );
     let e = fails(&["mysql", "call", "1", "--url", &dead]);
     assert!(e.contains("error:"), "{e}");
+}
+
+/// `tickets init|check|next` on one MariaDB ticket server: a per-id `next`
+/// above the per-request limit is asked in chunks; bad counts and unknown
+/// sequences are clear errors.
+#[test]
+fn tickets_init_check_next() {
+    let server = MariaDbServer::start().unwrap();
+    let dir = shardflake_testkit::tempdir().unwrap();
+    let file = dir.join("tickets.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[servers]]\nname = \"t1\"\nkind = \"mariadb\"\nurl = {:?}\noffset = 1\n\n\
+             [[sequences]]\nname = \"photos\"\n\n\
+             [[sequences]]\nname = \"blocks\"\nmode = \"segment\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let config = file.to_str().unwrap();
+    ok(&["tickets", "init", "--config", config]);
+    let check = ok(&["tickets", "check", "--config", config]);
+    assert!(
+        check.contains("session: auto_increment_increment 1 auto_increment_offset 1")
+            && check.ends_with("\nok\n"),
+        "{check}"
+    );
+
+    let numbers = |text: String| -> Vec<u64> { text.lines().map(|l| l.parse().unwrap()).collect() };
+    // 2,500 per-id tickets: three requests to the client (1,000 at most
+    // each), one server, so 1..=2500 in order.
+    let photos = numbers(ok(&[
+        "tickets", "next", "photos", "-n", "2500", "--config", config,
+    ]));
+    assert_eq!(photos, (1..=2500).collect::<Vec<u64>>());
+    let blocks = numbers(ok(&[
+        "tickets", "next", "blocks", "-n", "100000", "--config", config,
+    ]));
+    assert_eq!(blocks.len(), 100_000);
+    assert!(blocks.windows(2).all(|w| w[0] < w[1]));
+
+    for n in ["0", "100001"] {
+        let e = fails(&["tickets", "next", "blocks", "-n", n, "--config", config]);
+        assert!(
+            e.contains(&format!("count must be in 1..=100000, not {n}")),
+            "{e}"
+        );
+    }
+    let e = fails(&["tickets", "next", "nope", "--config", config]);
+    assert!(e.contains("unknown sequence \"nope\""), "{e}");
 }

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use shardflake_service::grpc::pb;
 use shardflake_service::{ServeError, config::NodeSource};
 use shardflake_testkit::{Etcd, Http, MariaDbServer, PgServer, error_code, grpc_client, metric};
-use shardflake_tickets::{Config as TicketsConfig, TicketClient, admin};
+use shardflake_tickets::{
+    Config as TicketsConfig, MAX_COUNT, MAX_PER_ID_COUNT, TicketClient, admin,
+};
 
 use crate::{App, Server, config};
 
@@ -49,6 +51,21 @@ async fn tickets_file(
     Ok((path.display().to_string(), config))
 }
 
+/// A service on a pair of ticket servers of `kind` (offsets 1 and 2, the
+/// schema created) serving [`SEQUENCES`]; the directory holds its tickets
+/// file.
+async fn serve_pair(kind: &str, a: &str, b: &str) -> anyhow::Result<(tempfile::TempDir, Server)> {
+    let dir = tempfile::tempdir()?;
+    let text = format!(
+        "{}{}{SEQUENCES}",
+        server_toml("a", kind, a, 1),
+        server_toml("b", kind, b, 2)
+    );
+    let (path, _) = tickets_file(&dir, &text).await?;
+    let s = Server::start(&format!("node_id = 1\ntickets = {path:?}")).await?;
+    Ok((dir, s))
+}
+
 fn ids_of(body: &str) -> anyhow::Result<Vec<u64>> {
     let v: serde_json::Value = serde_json::from_str(body)?;
     v["ids"]
@@ -70,14 +87,7 @@ fn assert_unique(ids: &[u64]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tickets_over_http_and_grpc_with_metrics_and_errors() -> anyhow::Result<()> {
     let (a, b) = (PgServer::start()?, PgServer::start()?);
-    let dir = tempfile::tempdir()?;
-    let text = format!(
-        "{}{}{SEQUENCES}",
-        server_toml("a", "postgres", &a.url(), 1),
-        server_toml("b", "postgres", &b.url(), 2)
-    );
-    let (path, _) = tickets_file(&dir, &text).await?;
-    let s = Server::start(&format!("node_id = 1\ntickets = {path:?}")).await?;
+    let (_dir, s) = serve_pair("postgres", &a.url(), &b.url()).await?;
     let mut c = Http::new(&s.http);
 
     let (status, body) = c.get("/v1/tickets/photos").await?;
@@ -179,11 +189,24 @@ async fn tickets_over_http_and_grpc_with_metrics_and_errors() -> anyhow::Result<
     }
     let (_, doc) = c.get("/openapi.json").await?;
     let doc: serde_json::Value = serde_json::from_str(&doc)?;
-    let params = &doc["paths"]["/v1/tickets/{sequence}"]["get"]["parameters"];
-    assert_eq!(
-        params[0]["schema"]["enum"],
-        serde_json::json!(["photos", "blocks"])
-    );
+    // A path per sequence, each with its mode's largest count.
+    let paths = doc["paths"].as_object().expect("paths");
+    assert!(!paths.contains_key("/v1/tickets/{sequence}"));
+    for (sequence, max) in [("photos", MAX_PER_ID_COUNT), ("blocks", MAX_COUNT)] {
+        let params = &paths[&format!("/v1/tickets/{sequence}")]["get"]["parameters"];
+        let count = params
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == "count"));
+        assert_eq!(
+            count.expect("count")["schema"]["maximum"],
+            max,
+            "{sequence}"
+        );
+    }
+    let over = format!("/v1/tickets/photos?count={}", MAX_PER_ID_COUNT + 1);
+    let (status, body) = c.get(&over).await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("\"invalid_count\""), "{body}");
     s.stop().await
 }
 
@@ -195,14 +218,7 @@ async fn no_server_answering_is_a_503_within_the_timeout_and_service_resumes() -
     let opts = |offset| format!("--auto-increment-increment=2 --auto-increment-offset={offset}");
     let a = MariaDbServer::start_with(&opts(1), None)?;
     let b = MariaDbServer::start_with(&opts(2), None)?;
-    let dir = tempfile::tempdir()?;
-    let text = format!(
-        "{}{}{SEQUENCES}",
-        server_toml("a", "mariadb", &a.url(), 1),
-        server_toml("b", "mariadb", &b.url(), 2)
-    );
-    let (path, _) = tickets_file(&dir, &text).await?;
-    let s = Server::start(&format!("node_id = 1\ntickets = {path:?}")).await?;
+    let (_dir, s) = serve_pair("mariadb", &a.url(), &b.url()).await?;
     let mut c = Http::new(&s.http);
     let (status, body) = c.get("/v1/tickets/photos?count=10").await?;
     assert_eq!(status, 200, "{body}");

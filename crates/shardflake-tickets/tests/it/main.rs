@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use shardflake_testkit::{MariaDbServer, PgServer};
-use shardflake_tickets::{Config, ConfigError, TicketClient, TicketError, admin};
+use shardflake_tickets::{
+    Config, ConfigError, MAX_COUNT, MAX_PER_ID_COUNT, TicketClient, TicketError, admin,
+};
 
 /// A MariaDB server whose global increment and offset are as given (the
 /// script's other settings: InnoDB log written at every commit, so a SIGKILL
@@ -157,6 +159,32 @@ async fn mariadb_pair_hands_out_odd_and_even_ids_and_checks_clean() {
     assert_eq!(e.code(), "unknown_sequence");
     assert_eq!(e.to_string(), "unknown sequence \"nope\"");
     let e = client.next_n("photos", 0).await.unwrap_err();
+    assert_eq!(e.code(), "bad_count");
+    // A per-id request is a round trip per id: it has its own, lower limit.
+    let e = client
+        .next_n("photos", MAX_PER_ID_COUNT + 1)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        TicketError::BadCount {
+            count: MAX_PER_ID_COUNT + 1,
+            max: MAX_PER_ID_COUNT
+        }
+    );
+    assert_eq!(
+        client
+            .next_n("photos", MAX_PER_ID_COUNT)
+            .await
+            .unwrap()
+            .len(),
+        MAX_PER_ID_COUNT
+    );
+    assert_eq!(
+        client.next_n("blocks", MAX_COUNT).await.unwrap().len(),
+        MAX_COUNT
+    );
+    let e = client.next_n("blocks", MAX_COUNT + 1).await.unwrap_err();
     assert_eq!(e.code(), "bad_count");
 }
 
