@@ -5,7 +5,8 @@
 #    1 and 2): Flickr per-id mode through the library (round robin,
 #    failover, residue checks, high-water marks) against a bare
 #    `REPLACE INTO … ('a')` loop from the same client library, TASKS callers
-#    each (goal: library >= 0.9x bare);
+#    each, ROUNDS rounds with the order of the two loops alternating (goal:
+#    median library/bare >= 0.9x);
 # 2. segment mode in the library on the same pair, one id per call and
 #    BATCH ids per call (goal: >= 100x per-id and > 1 M ids/s);
 # 3. PostgreSQL pair (scripts/pg.sh): per-id with a sequence (`nextval`)
@@ -18,12 +19,13 @@
 #    `GET /v1/tickets/blocks?count=BATCH` (segment batches) and
 #    `/v1/tickets/photos` (per-id), to set against 2. and 1.
 #
-#   scripts/bench-tickets.sh     RUN_SECONDS=5 TASKS=8 BATCH=1000 by default
+#   scripts/bench-tickets.sh     RUN_SECONDS=5 TASKS=8 BATCH=1000 ROUNDS=4 by default
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_RUN=${RUN_SECONDS:-5}
 TASKS=${TASKS:-8}
 BATCH=${BATCH:-1000}
+ROUNDS=${ROUNDS:-4}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build -q -p shardflake-cli
 bin=$CARGO_TARGET_DIR/debug/shardflake
@@ -94,7 +96,7 @@ done
 echo "# scripts/bench-tickets.sh: $(nproc) cores, ${SECONDS_PER_RUN} s per run, $TASKS callers"
 echo
 echo "## MariaDB pair: per-id (Flickr) against a bare REPLACE INTO loop"
-"$bin" tickets bench --config "$work/maria.toml" photos --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare
+"$bin" tickets bench --config "$work/maria.toml" photos --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare --rounds "$ROUNDS"
 echo
 echo "## MariaDB pair: segment mode, 1 id per call, then $BATCH per call"
 "$bin" tickets bench --config "$work/maria.toml" blocks --tasks "$TASKS" --seconds "$SECONDS_PER_RUN"
@@ -102,7 +104,7 @@ echo "## MariaDB pair: segment mode, 1 id per call, then $BATCH per call"
 echo
 for style in sequence table; do
   echo "## PostgreSQL pair: per-id with a $style, against its bare loop"
-  "$bin" tickets bench --config "$work/pg-$style.toml" "photos_$style" --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare
+  "$bin" tickets bench --config "$work/pg-$style.toml" "photos_$style" --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare --rounds "$ROUNDS"
   echo
 done
 

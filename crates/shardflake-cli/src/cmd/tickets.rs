@@ -118,6 +118,11 @@ enum TicketsCommand {
         /// Also run the bare REPLACE INTO / nextval loop, and print the ratio.
         #[arg(long)]
         bare: bool,
+        /// Rounds; with --bare, every other round runs the bare loop first
+        /// and the median ratio is printed (the second of two loops tends to
+        /// run slower on a busy machine).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+        rounds: u32,
     },
 }
 
@@ -198,20 +203,51 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             batch,
             seconds,
             bare,
+            rounds,
         } => {
             let config = config.load()?;
             let duration = Duration::from_secs_f64(seconds);
             let client = TicketClient::connect(config.clone()).await?;
-            let report = bench::bench_client(&client, &sequence, tasks, batch, duration).await?;
+            let mut ratios = Vec::new();
+            for round in 1..=rounds {
+                let bare_first = bare && round % 2 == 0;
+                let mut bare_report = None;
+                if bare_first {
+                    bare_report =
+                        Some(bench::bench_bare(&config, &sequence, tasks, duration).await?);
+                }
+                let report =
+                    bench::bench_client(&client, &sequence, tasks, batch, duration).await?;
+                if bare && !bare_first {
+                    bare_report =
+                        Some(bench::bench_bare(&config, &sequence, tasks, duration).await?);
+                }
+                println!(
+                    "round {round}/{rounds}: client {sequence}: {} ids in {:.2} s = {:.0} ids/s; {} errors over {:.0} ms; tasks {tasks}, batch {batch}",
+                    report.ids,
+                    report.elapsed.as_secs_f64(),
+                    report.rate(),
+                    report.errors,
+                    report.error_window.as_secs_f64() * 1000.0
+                );
+                if let Some(b) = bare_report {
+                    let ratio = report.rate() / b.rate().max(1e-9);
+                    ratios.push(ratio);
+                    println!(
+                        "round {round}/{rounds}: bare loop {sequence} ({}): {} ids in {:.2} s = {:.0} ids/s; {} errors; client/bare = {ratio:.2}",
+                        if bare_first {
+                            "ran first"
+                        } else {
+                            "ran second"
+                        },
+                        b.ids,
+                        b.elapsed.as_secs_f64(),
+                        b.rate(),
+                        b.errors,
+                    );
+                }
+            }
             let shutdown = client.shutdown().await;
-            println!(
-                "client {sequence}: {} ids in {:.2} s = {:.0} ids/s; {} errors over {:.0} ms; tasks {tasks}, batch {batch}",
-                report.ids,
-                report.elapsed.as_secs_f64(),
-                report.rate(),
-                report.errors,
-                report.error_window.as_secs_f64() * 1000.0
-            );
             for m in client.metrics() {
                 println!(
                     "  server {} ({}): {}, {} calls, mean {:.0} us, max {} us, {} failovers, {} skipped ids{}",
@@ -230,20 +266,29 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
                 "  shutdown: {} ids given back, {} skipped",
                 shutdown.returned_ids, shutdown.skipped_ids
             );
-            if bare {
-                let b = bench::bench_bare(&config, &sequence, tasks, duration).await?;
+            if ratios.len() > 1 {
+                ratios.sort_by(f64::total_cmp);
+                let list: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
                 println!(
-                    "bare loop {sequence}: {} ids in {:.2} s = {:.0} ids/s; {} errors; client/bare = {:.2}",
-                    b.ids,
-                    b.elapsed.as_secs_f64(),
-                    b.rate(),
-                    b.errors,
-                    report.rate() / b.rate().max(1e-9)
+                    "client/bare {sequence}: median {:.2} over {} rounds (sorted: {})",
+                    median(&ratios),
+                    ratios.len(),
+                    list.join(", ")
                 );
             }
         }
     }
     Ok(())
+}
+
+/// The median of sorted, non-empty `values`.
+fn median(values: &[f64]) -> f64 {
+    let mid = values.len() / 2;
+    if values.len().is_multiple_of(2) {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    }
 }
 
 /// `count` ids of `sequence` (1 to [`MAX_COUNT`]), asked in chunks of the

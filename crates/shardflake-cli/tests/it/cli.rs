@@ -219,6 +219,12 @@ fn bad_input_is_a_clear_error_never_a_panic() {
             "positive",
         ),
         (&["bench", "--batch", "0"], "--batch"),
+        (
+            &[
+                "tickets", "bench", "photos", "--config", "t.toml", "--rounds", "0",
+            ],
+            "--rounds",
+        ),
     ];
     for (args, needle) in cases {
         let out = shardflake(args);

@@ -266,4 +266,27 @@ fn tickets_init_check_next() {
     }
     let e = fails(&["tickets", "next", "nope", "--config", config]);
     assert!(e.contains("unknown sequence \"nope\""), "{e}");
+
+    // bench --bare --rounds 2: the second round runs the bare loop first,
+    // and the median of the two ratios is printed.
+    let out = ok(&[
+        "tickets",
+        "bench",
+        "photos",
+        "--config",
+        config,
+        "--tasks",
+        "2",
+        "--seconds",
+        "0.2",
+        "--bare",
+        "--rounds",
+        "2",
+    ]);
+    assert!(
+        out.contains("round 1/2: bare loop photos (ran second)")
+            && out.contains("round 2/2: bare loop photos (ran first)")
+            && out.contains("client/bare photos: median "),
+        "{out}"
+    );
 }
