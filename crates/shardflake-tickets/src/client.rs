@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, Mode};
 use crate::error::{ServerFailure, TicketError};
-use crate::failover::{Health, Op, Outcome, Server, ServerMetrics};
+use crate::failover::{Health, Op, Outcome, Server, ServerMetrics, call_order};
 use crate::high_water::{HighWaterStore, PeersStore};
 use crate::segment::{Block, SegmentSequence, Take, adapt};
 
@@ -340,7 +340,7 @@ impl Inner {
         result
     }
 
-    /// Runs `op` on the servers in turn until one answers, within the
+    /// Runs `op` on the servers in [`call_order`] until one answers, within the
     /// call's timeout.
     async fn failover(
         &self,
@@ -349,15 +349,10 @@ impl Inner {
     ) -> Result<(usize, Outcome), TicketError> {
         let f = &self.config.failover;
         let deadline = Instant::now() + f.timeout();
-        let n = self.servers.len();
         let first = self.next_server.fetch_add(1, Ordering::Relaxed);
         let mut failures = Vec::new();
         let mut exhausted = None;
-        // First the servers that are up, in turn; then, if none answered,
-        // those marked down (not those refused): a breaker that is open on
-        // every server must not fail calls without trying.
-        let order = || (0..n).map(|k| &self.servers[(first + k) % n]);
-        for server in order() {
+        for server in &self.servers {
             if let Health::Refused(e) = server.health() {
                 failures.push(ServerFailure {
                     server: server.config.name.clone(),
@@ -365,9 +360,7 @@ impl Inner {
                 });
             }
         }
-        let up = order().filter(|s| s.health() == Health::Up);
-        let down = order().filter(|s| matches!(s.health(), Health::Down(_)));
-        for server in up.chain(down) {
+        for server in call_order(&self.servers, first) {
             let name = &server.config.name;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
