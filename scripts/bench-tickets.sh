@@ -2,7 +2,7 @@
 # Ticket servers, in one run on the same pairs (`shardflake tickets bench`):
 #
 # 1. MariaDB odd/even pair (scripts/mariadb.sh, global increment 2, offsets
-#    1 and 2): Flickr per-id mode through the library (round robin,
+#    1 and 2): Flickr per-id mode through the library (least busy server,
 #    failover, residue checks, high-water marks) against a bare
 #    `REPLACE INTO … ('a')` loop from the same client library, TASKS callers
 #    each, ROUNDS rounds with the order of the two loops alternating (goal:

@@ -1,6 +1,8 @@
 //! [`TicketClient`]: the async API the CLI and the service call. Per-id
-//! sequences make one round trip per id to the servers in turn; segment
-//! sequences are served from the double buffer of [`crate::segment`].
+//! sequences make one round trip per id, to the up server with the fewest
+//! calls in flight (in turn when even, [`crate::failover::call_order`]);
+//! segment sequences are served from the double buffer of
+//! [`crate::segment`].
 //! Background tasks: a prober that takes failed servers back, a writer of
 //! high-water marks, and the segment prefetches. They stop when the last
 //! clone of the client is dropped.
