@@ -1,6 +1,6 @@
 //! [`TicketClient`]: the async API the CLI and the service call. Per-id
 //! sequences make one round trip per id, to the up server with the fewest
-//! calls in flight (in turn when even, [`crate::failover::call_order`]);
+//! calls in flight (in turn when even: `failover::call_order`);
 //! segment sequences are served from the double buffer of
 //! [`crate::segment`].
 //! Background tasks: a prober that takes failed servers back, a writer of
