@@ -385,10 +385,18 @@ impl Server {
 /// turns alone, 1.00x this way; docs/BENCHMARKS.md).
 pub(crate) fn call_order(servers: &[Server], first: usize) -> Vec<&Server> {
     let n = servers.len();
-    let in_turn = || (0..n).map(|k| &servers[(first + k) % n]);
-    let mut up: Vec<&Server> = in_turn().filter(|s| s.health() == Health::Up).collect();
-    up.sort_by_key(|s| s.in_flight()); // stable: ties keep the turn
-    up.extend(in_turn().filter(|s| matches!(s.health(), Health::Down(_))));
+    let (mut up, mut down) = (Vec::with_capacity(n), Vec::new());
+    for server in (0..n).map(|k| &servers[(first + k) % n]) {
+        match server.health() {
+            Health::Up => up.push(server),
+            Health::Down(_) => down.push(server),
+            Health::Refused(_) => {}
+        }
+    }
+    // Each count read once: other calls move them while this one sorts, and
+    // a sort whose keys change under it may panic. Stable: ties keep the turn.
+    up.sort_by_cached_key(|s| s.in_flight());
+    up.extend(down);
     up
 }
 
