@@ -42,6 +42,25 @@ endpoints=$(sed -n 's/^ENDPOINTS=//p' <<<"$out")
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
+# CPU time (ms) the etcd members have used so far, all together.
+etcd_cpu_ms() {
+    local f total=0 tck
+    tck=$(getconf CLK_TCK)
+    for f in "$etcd_dir"/m*.pid; do
+        # Fields 14 and 15 of /proc/PID/stat: user and system time in ticks.
+        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$(cat "$f")/stat")))
+    done
+    echo $((total * 1000 / tck))
+}
+
+# The cluster's raft term: a trial that moves it held an election (a member
+# starved of CPU long enough to miss the leader's heartbeats).
+raft_term() {
+    ETCDCTL_API=3 etcdctl --endpoints="$endpoints" --command-timeout=5s \
+        endpoint status -w json 2>/dev/null |
+        grep -o '"raft_term":[0-9]*' | cut -d: -f2 | sort -n | tail -1
+}
+
 # trial BIN MODE: starts N nodes, prints the ms until all are ready.
 trial() {
     local bin=$1 mode=$2 dir i started deadline ready
@@ -87,12 +106,15 @@ trial() {
     echo "$took"
 }
 
-printf '%-40s %6s %10s %10s %7s\n' binary round static_ms etcd_ms ratio
+printf '%-40s %6s %10s %10s %7s %9s %12s\n' binary round static_ms etcd_ms ratio elections etcd_cpu_ms
 for ((r = 1; r <= rounds; r++)); do
     for bin in "${bins[@]}"; do
         s=$(trial "$bin" static)
+        t0=$(raft_term) c0=$(etcd_cpu_ms)
         e=$(trial "$bin" etcd)
-        printf '%-40s %6s %10s %10s %7s\n' "$bin" "$r" "$s" "$e" \
-            "$(awk -v e="$e" -v s="$s" 'BEGIN { printf "%.2f", e / s }')"
+        c1=$(etcd_cpu_ms) t1=$(raft_term)
+        printf '%-40s %6s %10s %10s %7s %9s %12s\n' "$bin" "$r" "$s" "$e" \
+            "$(awk -v e="$e" -v s="$s" 'BEGIN { printf "%.2f", e / s }')" \
+            "$(( ${t1:-0} - ${t0:-0} ))" "$((c1 - c0))"
     done
 done

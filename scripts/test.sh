@@ -14,21 +14,31 @@ bash scripts/install-deps.sh
 step "format"
 cargo fmt --all --check
 
-step "clippy"
-cargo clippy --workspace --all-targets -- -D warnings
+# Clippy lints our crates while the test build compiles them: clippy-driver
+# wraps rustc for workspace members only, so the dependencies are compiled
+# once, for the tests, instead of once more in check mode for a separate
+# `cargo clippy` (measured in docs/BENCHMARKS.md, "What the test build
+# costs"). Each workspace cargo command below runs with the same two
+# settings, so each reuses what the one before built. `-D warnings` reaches
+# only our crates (cargo caps lints of dependencies). Not exported: fuzz.sh
+# builds with nightly and flags of its own.
+linted() { RUSTC_WORKSPACE_WRAPPER=clippy-driver RUSTFLAGS="-D warnings" "$@"; }
 
-step "tests"
+step "tests (clippy -D warnings on every crate, test and example as they build)"
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast
+  linted cargo nextest run --workspace --no-fail-fast
 else
-  cargo test --workspace --no-fail-fast --lib --bins --tests
+  linted cargo test --workspace --no-fail-fast --lib --bins --tests
 fi
+
+step "clippy on the benchmarks (built, not run)"
+linted cargo test --workspace --benches --no-run
 
 step "binaries for the runs below"
 # With --tests, cargo resolves features as the test build above did, so
 # this reuses it (a `-p` build of one binary would recompile most of the
 # dependency tree with other features).
-cargo build --workspace --bins --tests
+linted cargo build --workspace --bins --tests
 bin=target/debug/shardflake
 chaos=target/debug/shardflake-chaos
 
@@ -55,10 +65,10 @@ $chaos tickets --seconds 15 --seed 1 --clients 4 --mode segment --bin $bin
 $chaos tickets --seconds 15 --seed 1 --clients 4 --mode per-id --bin $bin
 
 step "doc tests"
-cargo test --workspace --doc
+linted cargo test --workspace --doc
 
 step "docs build without warnings"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+RUSTDOCFLAGS="-D warnings" linted cargo doc --workspace --no-deps
 
 step "model check (loom)"
 # A build of its own: --cfg loom swaps the generator's atomics for loom's,

@@ -6,8 +6,10 @@
 //! possibly stale), then a take. A take is one transaction:
 //! `<prefix>/node/<id>` is created attached to the lease only if absent
 //! (`create_revision == 0`), only if `<prefix>/layout` still holds this
-//! node's layout and only if `<prefix>/hw/<id>` still holds what was read;
-//! the same transaction writes the new holder's first high-water past it.
+//! node's layout (or, for the cluster's first node, is still absent, and
+//! then the same transaction writes it) and only if `<prefix>/hw/<id>`
+//! still holds what was read; the same transaction writes the new holder's
+//! first high-water past it.
 //! A lost race answers with the fresh list of held ids in the same round
 //! trip; racing nodes then spread over the lowest free ids (see
 //! [`take_lowest`]). Later high-waters are written in a transaction that
@@ -74,7 +76,7 @@ impl Registry for EtcdRegistry {
         // round trip for both.
         let (granted, read) = tokio::join!(
             self.client.grant(claim.ttl.as_secs()),
-            read_cluster(&self.client, &self.prefix, claim)
+            read_cluster(&self.client, &self.prefix)
         );
         let (lease, ttl) = granted?;
         let taken = match read {
@@ -140,38 +142,11 @@ struct Taken {
 /// The layout record, the held ids and every id's high-water: one range
 /// over the prefix, served by the member asked without a round of the
 /// cluster (possibly stale: the take's transaction compares all it relies
-/// on). Only the cluster's first node (no layout record yet) writes one.
-async fn read_cluster(
-    client: &Client,
-    prefix: &str,
-    claim: &Claim,
-) -> Result<Vec<Kv>, AcquireError> {
-    let layout_key = format!("{prefix}/layout").into_bytes();
-    let kvs = client
+/// on).
+async fn read_cluster(client: &Client, prefix: &str) -> Result<Vec<Kv>, AcquireError> {
+    Ok(client
         .range_prefix_local(format!("{prefix}/").as_bytes())
-        .await?;
-    if kvs.iter().any(|kv| kv.key == layout_key) {
-        return Ok(kvs);
-    }
-    let read = [
-        Op::Get(layout_key.clone()),
-        Op::Prefix(format!("{prefix}/node/").into_bytes()),
-        Op::Prefix(format!("{prefix}/hw/").into_bytes()),
-    ];
-    let mut create = vec![Op::Put(layout_key.clone(), claim.layout.clone(), 0)];
-    create.extend(read[1..].iter().cloned());
-    let (created, mut kvs) = client
-        .txn(&[Compare::Absent(layout_key.clone())], &create, &read)
-        .await?;
-    if created {
-        // Written by this transaction, so not among what it read.
-        kvs.push(Kv {
-            key: layout_key,
-            value: claim.layout.clone(),
-            lease: 0,
-        });
-    }
-    Ok(kvs)
+        .await?)
 }
 
 /// The lowest free node id, taken in one transaction that also records its
@@ -185,8 +160,11 @@ async fn read_cluster(
 /// (absent, or exactly those bytes), so the record it writes,
 /// [`Claim::first_high_water`] of that value, is past whatever the previous
 /// holder recorded: a record that changed since fails the take like a
-/// lost race. `claim.layout` must equal `<prefix>/layout`: the first node
-/// of a cluster writes it; every take compares it in the same transaction.
+/// lost race. `claim.layout` must equal `<prefix>/layout`: every take
+/// compares it in the same transaction, and a take that read no layout
+/// record (the cluster's first node, or a herd starting together on an
+/// empty prefix) writes it there, compared absent, so a herd does not spend
+/// a raft write per node on the record before racing for ids.
 async fn take_lowest(
     client: &Client,
     prefix: &str,
@@ -199,13 +177,19 @@ async fn take_lowest(
     let node_prefix = format!("{prefix}/node/");
     let hw_prefix = format!("{prefix}/hw/");
     let layout_key = format!("{prefix}/layout").into_bytes();
-    let check_layout = |kvs: &[Kv]| -> Result<(), AcquireError> {
-        let recorded = kvs
-            .iter()
-            .find(|kv| kv.key == layout_key)
-            .map_or(&[][..], |kv| &kv.value[..]);
+    // Whether a layout record has been seen; once one has, its absence
+    // means it was deleted since, a mismatch like another layout.
+    let mut seen_layout = false;
+    let mut check_layout = |kvs: &[Kv]| -> Result<bool, AcquireError> {
+        let recorded = kvs.iter().find(|kv| kv.key == layout_key);
+        let recorded = match recorded {
+            None if !seen_layout => return Ok(false),
+            None => &[][..],
+            Some(kv) => &kv.value[..],
+        };
         if recorded == layout {
-            return Ok(());
+            seen_layout = true;
+            return Ok(true);
         }
         Err(AcquireError::LayoutMismatch {
             prefix: prefix.to_string(),
@@ -225,7 +209,7 @@ async fn take_lowest(
             })
             .collect()
     };
-    check_layout(&kvs)?;
+    let mut layout_present = check_layout(&kvs)?;
     // Every id's record as first read; a record that changed since (its id
     // taken and given back meanwhile) fails the compare below, and the
     // failed take reads it afresh. Lost races return the held ids only,
@@ -256,21 +240,25 @@ async fn take_lowest(
             None => Compare::Absent(hw.clone().into_bytes()),
             Some(v) => Compare::ValueIs(hw.clone().into_bytes(), v.clone()),
         };
+        let mut compares = vec![Compare::Absent(node.clone().into_bytes()), hw_unchanged];
+        let mut puts = vec![
+            Op::Put(node.into_bytes(), claim.holder.as_bytes().to_vec(), lease),
+            Op::Put(
+                hw.clone().into_bytes(),
+                recorded_ms.to_string().into_bytes(),
+                0,
+            ),
+        ];
+        if layout_present {
+            compares.push(Compare::ValueIs(layout_key.clone(), layout.to_vec()));
+        } else {
+            compares.push(Compare::Absent(layout_key.clone()));
+            puts.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
+        }
         let (ok, fresh) = client
             .txn(
-                &[
-                    Compare::Absent(node.clone().into_bytes()),
-                    Compare::ValueIs(layout_key.clone(), layout.to_vec()),
-                    hw_unchanged,
-                ],
-                &[
-                    Op::Put(node.into_bytes(), claim.holder.as_bytes().to_vec(), lease),
-                    Op::Put(
-                        hw.clone().into_bytes(),
-                        recorded_ms.to_string().into_bytes(),
-                        0,
-                    ),
-                ],
+                &compares,
+                &puts,
                 &[
                     Op::Get(layout_key.clone()),
                     Op::Prefix(node_prefix.clone().into_bytes()),
@@ -288,8 +276,8 @@ async fn take_lowest(
         }
         sent.insert(candidate, taken);
         // Lost the race for the id, or the layout record or the id's
-        // high-water changed since.
-        check_layout(&fresh)?;
+        // high-water changed since (or another node wrote the layout record).
+        layout_present = check_layout(&fresh)?;
         match fresh.iter().find(|kv| kv.key == hw.as_bytes()) {
             Some(kv) => high_waters.insert(candidate, kv.value.clone()),
             None => high_waters.remove(&candidate),

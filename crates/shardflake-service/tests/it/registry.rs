@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use shardflake_service::config::NodeSource;
-use shardflake_service::registry::{Claim, EtcdRegistry, Registry};
+use shardflake_service::registry::{AcquireError, Claim, EtcdRegistry, Registry};
 use shardflake_testkit::Etcd;
 
 fn registry(etcd: &Etcd, prefix: &str) -> anyhow::Result<EtcdRegistry> {
@@ -94,5 +94,50 @@ async fn a_herd_takes_distinct_ids_each_with_its_own_record() -> anyhow::Result<
         assert_eq!(record, h.recorded_high_water_ms.map(|v| v.to_string()));
     }
     assert_eq!(ids.len(), 32);
+    Ok(())
+}
+
+/// Two herds with different layouts start together on an empty prefix:
+/// the takes that write the layout record compare it absent, so exactly one
+/// layout wins; every node of the other is refused, never given an id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn herds_of_two_layouts_on_an_empty_prefix_leave_one_layout_holding_ids() -> anyhow::Result<()>
+{
+    let etcd = Etcd::start(1)?;
+    let now = 1_800_000_000_000;
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let r = registry(&etcd, "/two")?;
+        let mut c = claim(now);
+        c.layout = if i % 2 == 0 { b"layout a" } else { b"layout b" }.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let held = r.acquire(&c).await;
+            (c.layout, held)
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut ids = HashSet::new();
+    for task in tasks {
+        match task.await? {
+            (layout, Ok(h)) => {
+                assert!(ids.insert(h.node_id), "id {} taken twice", h.node_id);
+                winners.push(layout);
+            }
+            (_, Err(e)) => assert!(
+                matches!(e, AcquireError::LayoutMismatch { .. }),
+                "unexpected error: {e}"
+            ),
+        }
+    }
+    let record = etcd.get("/two/layout").await?.expect("a layout record");
+    assert!(!winners.is_empty());
+    for layout in &winners {
+        assert_eq!(
+            layout,
+            record.as_bytes(),
+            "a node holds an id under another layout"
+        );
+    }
+    assert_eq!(etcd.keys("/two/node/").await?.len(), winners.len());
     Ok(())
 }
