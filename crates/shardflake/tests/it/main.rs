@@ -1,14 +1,9 @@
 //! The core crate's integration tests: one binary, one module per theme.
-//! Built with `RUSTFLAGS="--cfg loom"` (scripts/test.sh), the binary holds
-//! only the loom model check, whose atomics the generator then uses.
+//! The loom model check of the generator's atomics is the crate
+//! `shardflake-loom` (its `--cfg loom` build then needs none of the
+//! dependencies of these tests).
 
-#[cfg(not(loom))]
 mod clock_policies;
-#[cfg(not(loom))]
 mod concurrency;
-#[cfg(not(loom))]
 mod conversions;
-#[cfg(loom)]
-mod loom;
-#[cfg(not(loom))]
 mod roundtrip;

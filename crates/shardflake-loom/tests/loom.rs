@@ -4,10 +4,11 @@
 //! thread. Run with:
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" cargo test -p shardflake --release --test it
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p shardflake-loom --release
 //! ```
 //!
-//! Under `--cfg loom` it is the only module of the `it` test binary.
+//! Without `--cfg loom` this file compiles to nothing.
+#![cfg(loom)]
 
 use std::time::Duration;
 
