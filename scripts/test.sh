@@ -21,8 +21,8 @@ cargo fmt --all --check
 # costs"). Each workspace cargo command below runs with the same
 # settings, so each reuses what the one before built. `-D warnings` reaches
 # only our crates (cargo caps lints of dependencies). Not exported: fuzz.sh
-# builds with nightly and flags of its own. A build from scratch gains
-# nothing from incremental state, so none is written.
+# builds with nightly and flags of its own. No incremental state: CI
+# builds from scratch, where it is written and never read.
 linted() {
   RUSTC_WORKSPACE_WRAPPER=clippy-driver RUSTFLAGS="-D warnings" CARGO_INCREMENTAL=0 "$@"
 }
@@ -77,7 +77,7 @@ step "model check (loom)"
 # A build of its own: --cfg loom swaps the generator's atomics for loom's.
 # The check is a crate of its own, so this build compiles the core and loom
 # only (within the core's `it` tests it also compiled criterion, proptest
-# and the peer generators: 52 s against 22 s here).
+# and the peer generators; docs/BENCHMARKS.md, "What the test build costs").
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p shardflake-loom --release
 

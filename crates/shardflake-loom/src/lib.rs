@@ -1,4 +1,4 @@
-//! Nothing to link: the model check is `tests/loom.rs`, built only with
+//! Nothing to link: the model check is `tests/it/main.rs`, built only with
 //! `RUSTFLAGS="--cfg loom"` (see `scripts/test.sh`):
 //!
 //! ```text
