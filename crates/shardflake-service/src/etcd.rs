@@ -6,7 +6,10 @@
 //! `Auth.Authenticate`.
 //!
 //! **Endpoints** are tried in turn, starting with the last one that
-//! answered, each attempt bounded by the request timeout: a member that is
+//! answered (at first, one picked at random, so a fleet's connections and
+//! keep-alive streams spread over the members, as etcd's own client
+//! balances them, instead of all landing on the first endpoint listed),
+//! each attempt bounded by the request timeout: a member that is
 //! down, has no leader ("etcdserver: no leader", `UNAVAILABLE`) or does not
 //! answer in time is skipped, and its connection dropped, so a stopped member
 //! cannot hold a later call.
@@ -248,6 +251,15 @@ pub struct Client {
     answered: AtomicBool,
 }
 
+/// A member index in `0..n` picked at random per client (0 when `n` is 0).
+fn random_member(n: usize) -> usize {
+    use std::hash::{BuildHasher, Hasher};
+    let h = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (h % n.max(1) as u64) as usize
+}
+
 /// Locks a mutex whose data stays consistent even if a holder panicked
 /// (every critical section here is a single assignment or queue step).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -322,7 +334,7 @@ impl Client {
         Client {
             members,
             timeout,
-            preferred: AtomicUsize::new(0),
+            preferred: AtomicUsize::new(random_member(endpoints.len())),
             auth,
             token: Mutex::new(None),
             keep_alive: Mutex::new(None),

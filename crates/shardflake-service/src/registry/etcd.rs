@@ -272,6 +272,9 @@ async fn take_lowest(
             recorded_ms,
         };
         if ok {
+            // How many rounds a herd needed: each lost race is one more
+            // raft write before this node is ready.
+            tracing::debug!(node_id = candidate, lost_races = losses, "took a node id");
             return Ok(taken);
         }
         sent.insert(candidate, taken);

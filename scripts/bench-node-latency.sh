@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Where a node's start goes: for each `shardflake serve`, the time from its
+# spawn to its `ready` line, with static node ids and with ids leased from a
+# 3-member etcd; N started together, then 20 one at a time. For the etcd
+# herd it also counts the races each take lost (the registry's debug line
+# `took a node id lost_races=K`).
+#
+#   scripts/bench-node-latency.sh [--nodes N] [BIN]
+#
+# BIN defaults to target/release/shardflake (built if missing). Prints per
+# run: how long the spawning took, first spawn to last ready, and the
+# per-node spawn-to-ready p10/p50/p90/max.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+nodes=100 bin=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --nodes) nodes="$2"; shift 2 ;;
+        *) bin="$1"; shift ;;
+    esac
+done
+if [[ -z "$bin" ]]; then
+    cargo build --release -q -p shardflake-cli
+    bin=target/release/shardflake
+fi
+
+work=$(mktemp -d /tmp/shardflake-bench-latency.XXXXXX)
+etcd_dir=""
+pids=()
+cleanup() {
+    [[ ${#pids[@]} -gt 0 ]] && kill -9 "${pids[@]}" 2>/dev/null || true
+    [[ -n "$etcd_dir" ]] && bash scripts/etcd.sh stop "$etcd_dir" >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+out=$(bash scripts/etcd.sh start --members 3)
+etcd_dir=$(sed -n 's/^DIR=//p' <<<"$out")
+endpoints=$(sed -n 's/^ENDPOINTS=//p' <<<"$out")
+
+# Lines "SPAWN_EPOCH_S READY_LOG_TIMESTAMP" on stdin -> one summary line.
+summary() {
+    python3 -c '
+import sys, datetime
+rows = []
+for line in sys.stdin:
+    spawn, ready = line.split()
+    ready = datetime.datetime.fromisoformat(ready.rstrip("Z")).replace(tzinfo=datetime.timezone.utc).timestamp()
+    rows.append((float(spawn), ready))
+lat = sorted((r - s) * 1000 for s, r in rows)
+q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]
+spawns = [s for s, _ in rows]
+print("spawning %4.0f ms, first spawn to last ready %4.0f ms, per node p10 %5.1f p50 %5.1f p90 %5.1f max %5.1f ms" % (
+    (max(spawns) - min(spawns)) * 1000, (max(r for _, r in rows) - min(spawns)) * 1000,
+    q(.1), q(.5), q(.9), lat[-1]))'
+}
+
+# node MODE I DIR PREFIX: starts node I, its spawn time in DIR/spawn.I.
+node() {
+    local mode=$1 i=$2 dir=$3 prefix=$4
+    local -a args=(--node-id "$i")
+    [[ $mode == etcd ]] && args=(--etcd "$endpoints" --etcd-prefix "$prefix" --lease-ttl 10s
+                                 --etcd-timeout 2s --window 6s)
+    echo "$EPOCHREALTIME" >"$dir/spawn.$i"
+    RUST_LOG=info,shardflake_service::registry=debug "$bin" serve --http 127.0.0.1:0 \
+        --grpc 127.0.0.1:0 --state-file "$dir/state.$i" "${args[@]}" \
+        >/dev/null 2>"$dir/log.$i" </dev/null &
+    pids+=($!)
+}
+
+# wait_ready DIR COUNT: until COUNT logs say ready (60 s at most).
+wait_ready() {
+    local dir=$1 count=$2 deadline=$((SECONDS + 60))
+    until [[ $(cat "$dir"/log.* | grep -c ' ready ' || true) -ge $count ]]; do
+        if [[ $SECONDS -ge $deadline ]]; then
+            echo "bench-node-latency: not all ready after 60 s" >&2
+            tail -n 3 "$dir"/log.* >&2
+            exit 1
+        fi
+        sleep 0.002
+    done
+}
+
+report() {  # DIR COUNT
+    local i
+    for ((i = 0; i < $2; i++)); do
+        echo "$(cat "$1/spawn.$i") $(sed -n 's/^\([^ ]*\) .* ready .*/\1/p' "$1/log.$i" | head -1)"
+    done | summary
+}
+
+stop_all() {
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+    pids=()
+}
+
+for mode in static etcd; do
+    dir=$(mktemp -d "$work/together.XXXXXX")
+    for ((i = 0; i < nodes; i++)); do node "$mode" "$i" "$dir" "/latency/$RANDOM$RANDOM"; done
+    wait_ready "$dir" "$nodes"
+    printf '%-6s %4d together:   %s\n' "$mode" "$nodes" "$(report "$dir" "$nodes")"
+    if [[ $mode == etcd ]]; then
+        printf '       lost races per take (races: nodes): %s\n' "$(cat "$dir"/log.* |
+            sed -n 's/.*lost_races=\([0-9]*\).*/\1/p' | sort -n | uniq -c |
+            awk '{ printf "%s%s: %s", (NR > 1 ? ", " : ""), $2, $1 }')"
+    fi
+    stop_all
+done
+alone_prefix="/latency/$RANDOM$RANDOM"
+for mode in static etcd; do
+    dir=$(mktemp -d "$work/alone.XXXXXX")
+    for ((i = 0; i < 20; i++)); do
+        node "$mode" "$i" "$dir" "$alone_prefix"
+        wait_ready "$dir" $((i + 1))
+        stop_all
+    done
+    printf '%-6s   20 one at a time: %s\n' "$mode" "$(report "$dir" 20)"
+done
