@@ -25,19 +25,8 @@ if [[ -z "$bin" ]]; then
     bin=target/release/shardflake
 fi
 
-work=$(mktemp -d /tmp/shardflake-bench-latency.XXXXXX)
-etcd_dir=""
-pids=()
-cleanup() {
-    [[ ${#pids[@]} -gt 0 ]] && kill -9 "${pids[@]}" 2>/dev/null || true
-    [[ -n "$etcd_dir" ]] && bash scripts/etcd.sh stop "$etcd_dir" >/dev/null 2>&1 || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-out=$(bash scripts/etcd.sh start --members 3)
-etcd_dir=$(sed -n 's/^DIR=//p' <<<"$out")
-endpoints=$(sed -n 's/^ENDPOINTS=//p' <<<"$out")
+source scripts/bench-cluster.sh
+bench_cluster bench-latency
 
 # Lines "SPAWN_EPOCH_S READY_LOG_TIMESTAMP" on stdin -> one summary line.
 summary() {

@@ -26,19 +26,8 @@ if [[ ${#bins[@]} -eq 0 ]]; then
     bins=(target/release/shardflake)
 fi
 
-work=$(mktemp -d /tmp/shardflake-bench-nodes.XXXXXX)
-etcd_dir=""
-pids=()
-cleanup() {
-    [[ ${#pids[@]} -gt 0 ]] && kill -9 "${pids[@]}" 2>/dev/null || true
-    [[ -n "$etcd_dir" ]] && bash scripts/etcd.sh stop "$etcd_dir" >/dev/null 2>&1 || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-out=$(bash scripts/etcd.sh start --members 3)
-etcd_dir=$(sed -n 's/^DIR=//p' <<<"$out")
-endpoints=$(sed -n 's/^ENDPOINTS=//p' <<<"$out")
+source scripts/bench-cluster.sh
+bench_cluster bench-nodes
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 

@@ -331,6 +331,41 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
     verify(&layout, &all, 1801, start, end + 10);
     assert!(bursts >= 8, "{bursts} bursts");
     assert!(errors > 0, "the kill interrupted no writer");
+    // More than 2^10 ids per clock reading borrow the next milliseconds
+    // instead of wrapping. The writers get there only on a machine that
+    // inserts faster than the clock event moves the sequence up (about 200
+    // rows per ms; a loaded CI machine did not, its fullest millisecond held
+    // 567), so the sequence is put ahead of the clock, where a burst that
+    // fast or a clock step back leaves it (SETVAL only moves it up), and one
+    // statement draws 3,000 ids: they fill whole milliseconds, and borrow.
+    let ahead_ms = now_ms() + 2_000;
+    let packed = Plan::new(&layout).unwrap().packed_at(ahead_ms).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    c.query_drop(format!("DO SETVAL(posts_id_seq, {packed}, 0)"))
+        .await
+        .unwrap();
+    let borrowed: Vec<i64> = c
+        .exec(
+            "INSERT INTO posts (user_id, body) SELECT ?, 'burst' FROM seq_1_to_3000 RETURNING id",
+            (1801,),
+        )
+        .await
+        .unwrap();
+    drop(c);
+    let mut per_ms = std::collections::BTreeMap::<u64, u32>::new();
+    for id in &borrowed {
+        *per_ms
+            .entry(Id(*id as u64).decode(&layout).unwrap().unix_ms)
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_ms.into_iter().collect::<Vec<_>>(),
+        [(ahead_ms, 1024), (ahead_ms + 1, 1024), (ahead_ms + 2, 952)],
+        "3,000 ids from one statement, the sequence ahead of the clock"
+    );
+    let from_writers = all.len();
+    all.extend(borrowed);
+    verify(&layout, &all, 1801, start, ahead_ms + 2);
     // Every acknowledged id was stored, and survived the SIGKILL (InnoDB
     // writes its log at each commit here).
     let mut c = pool.get_conn().await.unwrap();
@@ -338,15 +373,6 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
     let stored: HashSet<i64> = stored.into_iter().collect();
     let lost = all.iter().filter(|id| !stored.contains(id)).count();
     assert_eq!(lost, 0, "{lost} acknowledged ids are not in the table");
-    // More than 2^10 ids per clock reading borrow the next milliseconds:
-    // some decoded millisecond holds a full 1,024.
-    let mut per_ms = std::collections::HashMap::<u64, u32>::new();
-    for id in &all {
-        *per_ms
-            .entry(Id(*id as u64).decode(&layout).unwrap().unix_ms)
-            .or_default() += 1;
-    }
-    assert_eq!(per_ms.values().max(), Some(&1024));
     let (max_before, reserved) = before_kill.unwrap();
     let resumed = resumed.unwrap();
     let w_before = ((max_before >> 20) << 10) | (max_before & 1023);
@@ -358,8 +384,8 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
         "{} ids from 8 clients ({bursts} bursts of 3,000 rows, {errors} failed statements around the kill, {lost} lost); \
          killed at +{} ms, answering again {} ms later; before the kill the newest stored id's value was {w_before} and the sequence's row said {reserved}; \
          it resumed at {resumed} ({} values past that id skipped; a reservation no commit had written to the log yet is lost, and no id from it was acknowledged), none repeated; \
-         largest ids per decoded ms: 1024",
-        all.len(),
+         3,000 ids from one statement with the sequence ahead of the clock filled 1,024 per ms",
+        from_writers,
         killed_at - start,
         restarted_at - killed_at,
         resumed - w_before - 1,
