@@ -86,7 +86,9 @@ stop_all() {
 
 for mode in static etcd; do
     dir=$(mktemp -d "$work/together.XXXXXX")
-    for ((i = 0; i < nodes; i++)); do node "$mode" "$i" "$dir" "/latency/$RANDOM$RANDOM"; done
+    # One prefix for the whole herd: its nodes race for the same ids.
+    prefix="/latency/$RANDOM$RANDOM"
+    for ((i = 0; i < nodes; i++)); do node "$mode" "$i" "$dir" "$prefix"; done
     wait_ready "$dir" "$nodes"
     printf '%-6s %4d together:   %s\n' "$mode" "$nodes" "$(report "$dir" "$nodes")"
     if [[ $mode == etcd ]]; then

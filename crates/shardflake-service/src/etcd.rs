@@ -251,8 +251,10 @@ pub struct Client {
     answered: AtomicBool,
 }
 
-/// A member index in `0..n` picked at random per client (0 when `n` is 0).
-fn random_member(n: usize) -> usize {
+/// A number in `0..n` (0 when `n` is 0), different at each call and in
+/// each process: for spreading load over etcd (a client's first member, a
+/// racing take's candidate id). Each `RandomState` has fresh keys.
+pub(crate) fn random_below(n: usize) -> usize {
     use std::hash::{BuildHasher, Hasher};
     let h = std::collections::hash_map::RandomState::new()
         .build_hasher()
@@ -334,7 +336,7 @@ impl Client {
         Client {
             members,
             timeout,
-            preferred: AtomicUsize::new(random_member(endpoints.len())),
+            preferred: AtomicUsize::new(random_below(endpoints.len())),
             auth,
             token: Mutex::new(None),
             keep_alive: Mutex::new(None),

@@ -668,13 +668,6 @@ pub fn node_of(layout: &Layout, field: &str, id: Id) -> Option<u64> {
     layout.field(field).map(|f| f.extract(id.get()))
 }
 
-/// Nanoseconds since the Unix epoch (for unique names).
-pub fn now_nanos() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -333,9 +333,9 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
     assert!(errors > 0, "the kill interrupted no writer");
     // More than 2^10 ids per clock reading borrow the next milliseconds
     // instead of wrapping. The writers get there only on a machine that
-    // inserts faster than the clock event moves the sequence up (about 200
-    // rows per ms; a loaded CI machine did not, its fullest millisecond held
-    // 567), so the sequence is put ahead of the clock, where a burst that
+    // inserts faster than the clock event moves the sequence up (roughly
+    // 200 rows per ms by the event's arithmetic; a loaded CI machine did
+    // not, its fullest millisecond held 567), so the sequence is put ahead of the clock, where a burst that
     // fast or a clock step back leaves it (SETVAL only moves it up), and one
     // statement draws 3,000 ids: they fill whole milliseconds, and borrow.
     let ahead_ms = now_ms() + 2_000;

@@ -26,7 +26,7 @@ use super::{
     read_high_water,
 };
 use crate::config::EtcdConfig;
-use crate::etcd::{Client, Compare, EtcdError, Kv, Op};
+use crate::etcd::{Client, Compare, EtcdError, Kv, Op, random_below};
 
 /// Node ids leased from etcd under one prefix.
 #[derive(Debug)]
@@ -228,8 +228,7 @@ async fn take_lowest(
             .filter(|c| !held.contains_key(c) && !sent.contains_key(c))
             .take(spread as usize)
             .collect();
-        let Some(&candidate) = free.get((jitter(losses) % free.len().max(1) as u64) as usize)
-        else {
+        let Some(&candidate) = free.get(random_below(free.len())) else {
             break;
         };
         let (node, hw) = keys(prefix, candidate);
@@ -310,13 +309,4 @@ async fn take_lowest(
         count: max_id + 1,
         prefix: prefix.to_string(),
     })
-}
-
-/// A random number per process and call (for spreading racing nodes).
-fn jitter(salt: u32) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(salt);
-    h.write_u128(crate::issuer::now_nanos());
-    h.finish()
 }
