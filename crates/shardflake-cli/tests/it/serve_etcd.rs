@@ -556,15 +556,23 @@ async fn unanswered_keep_alives_fence_before_the_ttl() -> anyhow::Result<()> {
 }
 
 /// An HTTP/2 proxy in front of one etcd member that forwards every gRPC
-/// call (streams included), except that it swallows the answer to the
-/// `nth` `KV.Txn` (1-based) after etcd has executed it: to the node, a take
-/// that timed out, which its client retries on the next endpoint.
-async fn answer_losing_proxy(upstream: String, nth: usize) -> anyhow::Result<String> {
-    use http_body_util::BodyExt;
+/// call (streams included), except that it swallows the answer to the first
+/// `KV.Txn` naming a key that starts with `node_prefix` (the node's take:
+/// a later high-water record needs the id already taken) after etcd has
+/// executed it: to the node, a take that timed out, which its client
+/// retries on the next endpoint. The flag says whether an answer was lost.
+async fn answer_losing_proxy(
+    upstream: String,
+    node_prefix: &'static [u8],
+) -> anyhow::Result<(String, Arc<AtomicBool>)> {
+    use http_body_util::combinators::BoxBody;
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
     use hyper_util::rt::{TokioExecutor, TokioIo};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
-    let txns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let lost = Arc::new(AtomicBool::new(false));
+    let flag = lost.clone();
     tokio::spawn(async move {
         // Bounded: the test ends long before this many connections.
         for _ in 0..1000 {
@@ -572,14 +580,17 @@ async fn answer_losing_proxy(upstream: String, nth: usize) -> anyhow::Result<Str
                 return;
             };
             let upstream = upstream.clone();
-            let txns = txns.clone();
+            let lost = lost.clone();
             tokio::spawn(async move {
                 let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
                     return;
                 };
-                let Ok((send, conn)) =
-                    hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(up))
-                        .await
+                let Ok((send, conn)) = hyper::client::conn::http2::handshake::<
+                    _,
+                    _,
+                    BoxBody<Bytes, hyper::Error>,
+                >(TokioExecutor::new(), TokioIo::new(up))
+                .await
                 else {
                     return;
                 };
@@ -587,10 +598,22 @@ async fn answer_losing_proxy(upstream: String, nth: usize) -> anyhow::Result<Str
                 let forward = hyper::service::service_fn(
                     move |req: hyper::Request<hyper::body::Incoming>| {
                         let mut send = send.clone();
-                        let lose = req.uri().path() == "/etcdserverpb.KV/Txn"
-                            && txns.fetch_add(1, Ordering::SeqCst) + 1 == nth;
+                        let lost = lost.clone();
                         async move {
-                            let answer = send.send_request(req).await?;
+                            let (parts, body) = req.into_parts();
+                            let mut lose = false;
+                            let body = if parts.uri.path() == "/etcdserverpb.KV/Txn" {
+                                // Unary: read the request whole to see its keys.
+                                let bytes = body.collect().await?.to_bytes();
+                                lose = bytes.windows(node_prefix.len()).any(|w| w == node_prefix)
+                                    && !lost.swap(true, Ordering::SeqCst);
+                                Full::new(bytes).map_err(|never| match never {}).boxed()
+                            } else {
+                                body.boxed()
+                            };
+                            let answer = send
+                                .send_request(hyper::Request::from_parts(parts, body))
+                                .await?;
                             if lose {
                                 // etcd has answered, so it executed the
                                 // take; the node never hears of it.
@@ -608,18 +631,17 @@ async fn answer_losing_proxy(upstream: String, nth: usize) -> anyhow::Result<Str
             });
         }
     });
-    Ok(addr)
+    Ok((addr, flag))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_whose_answer_was_lost_is_not_taken_twice() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
     let member = etcd.endpoints[0].trim_start_matches("http://").to_string();
-    // The node's first transaction is its take (it records the layout
-    // too), and that answer is lost. The client starts on either endpoint
-    // (one picked at random) and retries on the other: both are the proxy,
-    // which forwards every later call.
-    let proxy = answer_losing_proxy(member, 1).await?;
+    // The answer to the node's take is lost. The client starts on either
+    // endpoint (one picked at random) and retries on the other: both are
+    // the proxy, which forwards every later call.
+    let (proxy, lost) = answer_losing_proxy(member, b"/t/lost/node/").await?;
     let endpoints = format!("http://{proxy},http://{proxy}");
     let args: Vec<String> = [
         "--etcd",
@@ -641,6 +663,7 @@ async fn a_take_whose_answer_was_lost_is_not_taken_twice() -> anyhow::Result<()>
     let a = tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))?;
     let id = a.ready(Duration::from_secs(15)).await?;
     let keys = etcd.keys("/t/lost/node/").await?;
+    assert!(lost.load(Ordering::SeqCst), "no take's answer was lost");
     assert_eq!(keys, vec![format!("/t/lost/node/{id}")], "one node, one id");
     Ok(())
 }
