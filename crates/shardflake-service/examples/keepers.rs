@@ -6,6 +6,9 @@
 //! `cargo run --release -p shardflake-service --example
 //! keepers -- [N] [ROUNDS]` (defaults 1024, 3). The layout is Snowflake's
 //! (10-bit node field: 1,024 ids), so N = 1024 fills the cluster exactly.
+//! Logs go to stderr under `RUST_LOG`: with
+//! `RUST_LOG=shardflake_service::registry=debug`, one `took a node id` line
+//! per keeper with the races its take lost.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,6 +23,10 @@ use shardflake_testkit::Etcd;
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .map(|a| a.parse().context("usage: keepers [N] [ROUNDS]"))

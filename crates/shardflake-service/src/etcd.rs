@@ -120,6 +120,9 @@ pub struct Kv {
     pub value: Vec<u8>,
     /// The lease the key is attached to (0: none).
     pub lease: i64,
+    /// The revision that created the key: keys created earlier have lower
+    /// ones (a total order over the cluster's writes).
+    pub create_revision: i64,
 }
 
 /// One comparison of a transaction.
@@ -142,6 +145,25 @@ pub enum Op {
     Get(Vec<u8>),
     /// Read every key under a prefix.
     Prefix(Vec<u8>),
+    /// Count the keys under a prefix (`count_only`: no keys sent back).
+    Count(Vec<u8>),
+    /// Read the keys (not their values) under a prefix that were created
+    /// before a revision.
+    KeysCreatedBefore(Vec<u8>, i64),
+    /// Delete one key (nothing if it does not exist).
+    Delete(Vec<u8>),
+}
+
+/// What a transaction (`KV.Txn`) answered.
+#[derive(Debug, Clone, Default)]
+pub struct TxnAnswer {
+    /// Every compare held: the success ops ran (else the failure ops).
+    pub succeeded: bool,
+    /// The keys read by the `Get`, `Prefix` and `KeysCreatedBefore` ops
+    /// that ran, in order.
+    pub kvs: Vec<Kv>,
+    /// What each `Count` op that ran counted, in order.
+    pub counts: Vec<i64>,
 }
 
 /// TLS to etcd's `https://` endpoints: the CA that signed the members'
@@ -490,14 +512,15 @@ impl Client {
         Ok(answer.into_inner().kvs.into_iter().map(kv).collect())
     }
 
-    /// Runs a transaction (`KV.Txn`); `Ok((succeeded, kvs read by Get and
-    /// Prefix ops))`.
+    /// Runs a transaction (`KV.Txn`): the success ops if every compare
+    /// holds, else the failure ops, in order (a read sees the writes before
+    /// it in the same transaction).
     pub async fn txn(
         &self,
         compare: &[Compare],
         success: &[Op],
         failure: &[Op],
-    ) -> Result<(bool, Vec<Kv>), EtcdError> {
+    ) -> Result<TxnAnswer, EtcdError> {
         use rpc::compare::{CompareResult, CompareTarget, TargetUnion};
         let compare = compare
             .iter()
@@ -540,6 +563,27 @@ impl Client {
                             range_end: prefix_end(k),
                             ..Default::default()
                         }),
+                        Op::Count(k) => R::RequestRange(rpc::RangeRequest {
+                            key: k.clone(),
+                            range_end: prefix_end(k),
+                            count_only: true,
+                            ..Default::default()
+                        }),
+                        // etcd filters on create revision after the range
+                        // (its `pruneKVs`): the keys are filtered, the
+                        // answer's `count` is not, so these are counted
+                        // here, never with `count_only`.
+                        Op::KeysCreatedBefore(k, revision) => R::RequestRange(rpc::RangeRequest {
+                            key: k.clone(),
+                            range_end: prefix_end(k),
+                            keys_only: true,
+                            max_create_revision: revision.saturating_sub(1).max(1),
+                            ..Default::default()
+                        }),
+                        Op::Delete(k) => R::RequestDeleteRange(rpc::DeleteRangeRequest {
+                            key: k.clone(),
+                            ..Default::default()
+                        }),
                     };
                     rpc::RequestOp {
                         request: Some(request),
@@ -559,13 +603,20 @@ impl Client {
             })
             .await?
             .into_inner();
-        let mut out = Vec::new();
-        for r in answer.responses {
+        let ran = if answer.succeeded { success } else { failure };
+        let mut out = TxnAnswer {
+            succeeded: answer.succeeded,
+            ..TxnAnswer::default()
+        };
+        for (op, r) in ran.iter().zip(answer.responses) {
             if let Some(rpc::response_op::Response::ResponseRange(range)) = r.response {
-                out.extend(range.kvs.into_iter().map(kv));
+                match op {
+                    Op::Count(_) => out.counts.push(range.count),
+                    _ => out.kvs.extend(range.kvs.into_iter().map(kv)),
+                }
             }
         }
-        Ok((answer.succeeded, out))
+        Ok(out)
     }
 
     /// Grants a lease (`Lease.LeaseGrant`); returns its id and TTL in seconds.
@@ -824,6 +875,7 @@ fn kv(kv: pb::mvccpb::KeyValue) -> Kv {
         key: kv.key,
         value: kv.value,
         lease: kv.lease,
+        create_revision: kv.create_revision,
     }
 }
 

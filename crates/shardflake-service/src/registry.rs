@@ -20,7 +20,9 @@
 //! after it; `<prefix>/layout` holds the layout and node field of the
 //! cluster, written by its first node and checked by every take (nodes with
 //! different layouts under one prefix would compose equal ids from
-//! different node ids).
+//! different node ids). On etcd, `<prefix>/queue/<lease>` marks a node that
+//! lost a race for an id and is still trying (leased; it only orders racing
+//! nodes, see `registry/etcd.rs`).
 
 use std::time::Duration;
 

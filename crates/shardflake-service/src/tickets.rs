@@ -83,11 +83,12 @@ impl EtcdHighWater {
                 Some(v) => Compare::ValueIs(key.clone(), v.clone()),
             };
             let put = [Op::Put(key.clone(), new.clone(), 0)];
-            let (written, kvs) = self
+            let answer = self
                 .client
                 .txn(&[compare], &put, &[Op::Get(key.clone())])
                 .await
                 .map_err(|e| etcd_failed(server, e))?;
+            let (written, kvs) = (answer.succeeded, answer.kvs);
             if written {
                 return Ok(());
             }

@@ -175,14 +175,15 @@ impl Etcd {
     }
     /// The value of `key`, if it exists.
     pub async fn get(&self, key: &str) -> anyhow::Result<Option<String>> {
-        let (_, kvs) = self
+        let kvs = self
             .client()
             .txn(
                 &[],
                 &[shardflake_service::etcd::Op::Get(key.as_bytes().to_vec())],
                 &[],
             )
-            .await?;
+            .await?
+            .kvs;
         Ok(kvs
             .into_iter()
             .find(|kv| kv.key == key.as_bytes())

@@ -665,5 +665,8 @@ async fn a_take_whose_answer_was_lost_is_not_taken_twice() -> anyhow::Result<()>
     let keys = etcd.keys("/t/lost/node/").await?;
     assert!(lost.load(Ordering::SeqCst), "no take's answer was lost");
     assert_eq!(keys, vec![format!("/t/lost/node/{id}")], "one node, one id");
+    // The retry lost the race to the take itself, which queued the node:
+    // it left the queue, or the nodes after it would skip an id.
+    assert_eq!(etcd.keys("/t/lost/queue/").await?, Vec::<String>::new());
     Ok(())
 }

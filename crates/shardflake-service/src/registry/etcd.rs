@@ -11,10 +11,10 @@
 //! still holds what was read; the same transaction writes the new holder's
 //! first high-water past it.
 //! A lost race answers with the fresh list of held ids in the same round
-//! trip; racing nodes then spread over the lowest free ids (see
-//! [`take_lowest`]). Later high-waters are written in a transaction that
-//! checks the node key is still attached to our lease, the way TiKV's PD
-//! persists a timestamp window in etcd.
+//! trip and queues the node (`<prefix>/queue/<lease>`), so racing nodes
+//! then go for distinct free ids (see [`take_lowest`]). Later high-waters
+//! are written in a transaction that checks the node key is still attached
+//! to our lease, the way TiKV's PD persists a timestamp window in etcd.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -107,7 +107,7 @@ impl Registry for EtcdRegistry {
 
     async fn record_high_water(&self, holding: &Holding, unix_ms: u64) -> Result<(), RecordError> {
         let (node, hw) = keys(&self.prefix, holding.node_id);
-        let (held, _) = self
+        let held = self
             .client
             .txn(
                 &[Compare::LeaseIs(node.into_bytes(), holding.lease)],
@@ -119,7 +119,8 @@ impl Registry for EtcdRegistry {
                 &[],
             )
             .await
-            .map_err(RegistryError::from)?;
+            .map_err(RegistryError::from)?
+            .succeeded;
         if !held {
             return Err(RecordError::NotHolder);
         }
@@ -150,11 +151,22 @@ async fn read_cluster(client: &Client, prefix: &str) -> Result<Vec<Kv>, AcquireE
 }
 
 /// The lowest free node id, taken in one transaction that also records its
-/// first high-water. A lost race returns the fresh list of held ids in the
-/// same round trip; the next try picks at random among the lowest 4^losses
-/// free ids, so a herd of nodes starting together spreads out instead of
-/// all racing for the same id (n² transactions). Uncontended, the id is the
-/// lowest free.
+/// first high-water. Uncontended, the id is the lowest free.
+///
+/// **Racing nodes queue.** Nodes starting together all read the same free
+/// ids and go for the same lowest one; one wins. A node that loses writes
+/// `<prefix>/queue/<lease>`, attached to its lease, in the failing
+/// transaction itself (no extra round trip) and counts the keys queued
+/// before its own (lower create revision). With `k` nodes ahead it goes
+/// for the `k`-th lowest free id, which no node ahead of it is going for.
+/// As each node ahead takes its id (the take deletes its queue key), the
+/// count ahead and the free ids below ours both shrink by one, so the
+/// choice holds: a herd of n takes its ids with about one lost race per
+/// node, where picking at random among the lowest free ids needed about
+/// log(n) rounds. A newcomer stands behind every node queued in its first
+/// read. The queue only chooses which id to try; the compares alone keep
+/// ids unique. A queue key whose node died waiting goes with its lease
+/// (until then, nodes behind it skip one free id).
 ///
 /// The transaction compares the id's high-water with the value read
 /// (absent, or exactly those bytes), so the record it writes,
@@ -176,6 +188,8 @@ async fn take_lowest(
     let layout = &claim.layout[..];
     let node_prefix = format!("{prefix}/node/");
     let hw_prefix = format!("{prefix}/hw/");
+    let queue_prefix = format!("{prefix}/queue/");
+    let queue_key = format!("{queue_prefix}{lease:x}").into_bytes();
     let layout_key = format!("{prefix}/layout").into_bytes();
     // Whether a layout record has been seen; once one has, its absence
     // means it was deleted since, a mismatch like another layout.
@@ -209,6 +223,11 @@ async fn take_lowest(
             })
             .collect()
     };
+    let queued = |kvs: &[Kv]| {
+        kvs.iter()
+            .filter(|kv| kv.key.starts_with(queue_prefix.as_bytes()) && kv.key != queue_key)
+            .count()
+    };
     let mut layout_present = check_layout(&kvs)?;
     // Every id's record as first read; a record that changed since (its id
     // taken and given back meanwhile) fails the compare below, and the
@@ -217,19 +236,23 @@ async fn take_lowest(
     let mut high_waters = ids_under(&kvs, &hw_prefix);
     // What each take sent, to know a committed take whose answer was lost.
     let mut sent: HashMap<u64, Taken> = HashMap::new();
+    // Nodes queued ahead of this one; once it has queued, its key's create
+    // revision.
+    let mut ahead = queued(&kvs);
+    let mut queued_at: Option<i64> = None;
     // Each lost race means another node took an id: bounded by the id count.
     for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
         let held = ids_under(&kvs, &node_prefix);
-        // Four times wider at each loss: a herd of n spreads out in about
-        // log4(n) rounds instead of log2(n), each round a transaction per
-        // node still racing.
-        let spread = 1u64 << (2 * losses).min(20);
         let free: Vec<u64> = (0..=max_id)
             .filter(|c| !held.contains_key(c) && !sent.contains_key(c))
-            .take(spread as usize)
+            .take(ahead.saturating_add(1))
             .collect();
-        let Some(&candidate) = free.get(random_below(free.len())) else {
-            break;
+        // The free id no node ahead is going for; with fewer free ids than
+        // nodes ahead (some may have died waiting), any of them.
+        let candidate = match free.get(ahead) {
+            Some(&id) => id,
+            None if free.is_empty() => break,
+            None => free[random_below(free.len())],
         };
         let (node, hw) = keys(prefix, candidate);
         let seen = high_waters.get(&candidate);
@@ -240,7 +263,7 @@ async fn take_lowest(
             Some(v) => Compare::ValueIs(hw.clone().into_bytes(), v.clone()),
         };
         let mut compares = vec![Compare::Absent(node.clone().into_bytes()), hw_unchanged];
-        let mut puts = vec![
+        let mut success = vec![
             Op::Put(node.into_bytes(), claim.holder.as_bytes().to_vec(), lease),
             Op::Put(
                 hw.clone().into_bytes(),
@@ -252,31 +275,54 @@ async fn take_lowest(
             compares.push(Compare::ValueIs(layout_key.clone(), layout.to_vec()));
         } else {
             compares.push(Compare::Absent(layout_key.clone()));
-            puts.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
+            success.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
         }
-        let (ok, fresh) = client
-            .txn(
-                &compares,
-                &puts,
-                &[
-                    Op::Get(layout_key.clone()),
-                    Op::Prefix(node_prefix.clone().into_bytes()),
-                    Op::Get(hw.clone().into_bytes()),
-                ],
-            )
-            .await?;
+        let mut failure = Vec::with_capacity(6);
+        match queued_at {
+            Some(revision) => {
+                success.push(Op::Delete(queue_key.clone()));
+                failure.push(Op::KeysCreatedBefore(
+                    queue_prefix.clone().into_bytes(),
+                    revision,
+                ));
+            }
+            // Counted before our key is written: every key there queued
+            // before ours.
+            None => failure.extend([
+                Op::Count(queue_prefix.clone().into_bytes()),
+                Op::Put(queue_key.clone(), Vec::new(), lease),
+                Op::Get(queue_key.clone()),
+            ]),
+        }
+        failure.extend([
+            Op::Get(layout_key.clone()),
+            Op::Prefix(node_prefix.clone().into_bytes()),
+            Op::Get(hw.clone().into_bytes()),
+        ]);
+        let answer = client.txn(&compares, &success, &failure).await?;
         let taken = Taken {
             node_id: candidate,
             previous_ms,
             recorded_ms,
         };
-        if ok {
+        if answer.succeeded {
             // How many rounds a herd needed: each lost race is one more
             // raft write before this node is ready.
             tracing::debug!(node_id = candidate, lost_races = losses, "took a node id");
             return Ok(taken);
         }
         sent.insert(candidate, taken);
+        let fresh = answer.kvs;
+        match queued_at {
+            Some(_) => ahead = queued(&fresh),
+            None => {
+                ahead = answer.counts.first().map_or(0, |&n| n.max(0) as usize);
+                queued_at = fresh
+                    .iter()
+                    .find(|kv| kv.key == queue_key)
+                    .map(|kv| kv.create_revision);
+            }
+        }
         // Lost the race for the id, or the layout record or the id's
         // high-water changed since (or another node wrote the layout record).
         layout_present = check_layout(&fresh)?;
@@ -294,6 +340,12 @@ async fn take_lowest(
             .flat_map(|kv| ids_under(std::slice::from_ref(kv), &node_prefix).into_keys())
             .next();
         if let Some(node_id) = ours {
+            // The retry queued us behind our own take: leave the queue, or
+            // the nodes behind skip an id while we live (best effort: the
+            // key goes with the lease anyway).
+            if fresh.iter().any(|kv| kv.key == queue_key) {
+                let _ = client.txn(&[], &[Op::Delete(queue_key.clone())], &[]).await;
+            }
             return sent.remove(&node_id).ok_or_else(|| {
                 AcquireError::Registry(RegistryError::Failed(
                     format!(

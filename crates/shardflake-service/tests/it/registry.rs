@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use shardflake_service::config::NodeSource;
+use shardflake_service::etcd::Op;
 use shardflake_service::registry::{AcquireError, Claim, EtcdRegistry, Registry};
 use shardflake_testkit::Etcd;
 
@@ -75,8 +76,9 @@ async fn a_take_records_the_first_high_water_past_the_previous_holders() -> anyh
     Ok(())
 }
 
-/// A herd started together: distinct ids, each id's record the one its
-/// take returned.
+/// A herd started together: distinct ids, the lowest ones (racing nodes
+/// queue and each goes for the free id no node ahead of it is going for),
+/// each id's record the one its take returned, and no node left queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_herd_takes_distinct_ids_each_with_its_own_record() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
@@ -93,7 +95,33 @@ async fn a_herd_takes_distinct_ids_each_with_its_own_record() -> anyhow::Result<
         let record = etcd.get(&format!("/herd/hw/{}", h.node_id)).await?;
         assert_eq!(record, h.recorded_high_water_ms.map(|v| v.to_string()));
     }
-    assert_eq!(ids.len(), 32);
+    assert_eq!(ids, (0..32).collect::<HashSet<u64>>(), "the lowest 32 ids");
+    assert_eq!(etcd.keys("/herd/queue/").await?, Vec::<String>::new());
+    Ok(())
+}
+
+/// A node that finds others queued (they lost a race and are still trying)
+/// goes behind them: with one queued, it takes the second lowest free id,
+/// leaving the lowest to the node ahead. A queue key whose node died goes
+/// with its lease, and then the lowest free id is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_goes_behind_the_nodes_queued_before_it() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let r = registry(&etcd, "/q")?;
+    let now = 1_800_000_000_000;
+    assert_eq!(r.acquire(&claim(now)).await?.node_id, 0);
+    // A node queued and still trying (its key attached to its lease).
+    let client = etcd.client();
+    let (waiting, _) = client.grant(30).await?;
+    let key = format!("/q/queue/{waiting:x}").into_bytes();
+    client
+        .txn(&[], &[Op::Put(key, Vec::new(), waiting)], &[])
+        .await?;
+    assert_eq!(r.acquire(&claim(now)).await?.node_id, 2, "id 1 left to it");
+    // It died: its key went with its lease.
+    client.revoke(waiting).await?;
+    assert_eq!(etcd.keys("/q/queue/").await?, Vec::<String>::new());
+    assert_eq!(r.acquire(&claim(now)).await?.node_id, 1);
     Ok(())
 }
 
