@@ -343,6 +343,11 @@ async fn take_lowest(
             // The retry queued us behind our own take: leave the queue, or
             // the nodes behind skip an id while we live (best effort: the
             // key goes with the lease anyway).
+            tracing::debug!(
+                node_id,
+                lost_races = losses,
+                "took a node id; the answer was lost"
+            );
             if fresh.iter().any(|kv| kv.key == queue_key) {
                 let _ = client.txn(&[], &[Op::Delete(queue_key.clone())], &[]).await;
             }
