@@ -1,4 +1,5 @@
-# Sourced by the bench scripts (bench-nodes.sh, bench-node-latency.sh):
+# Sourced by the bench scripts (bench-nodes.sh, bench-node-latency.sh,
+# bench-etcd-cost.sh):
 # `bench_cluster NAME` makes a work folder and starts a 3-member etcd; on
 # exit every process in `pids` is killed, the cluster stopped and the folder
 # removed. Sets `work`, `etcd_dir`, `endpoints` and `pids`.
