@@ -14,32 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-nodes=50 bin=""
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --nodes) nodes="$2"; shift 2 ;;
-        *) bin="$1"; shift ;;
-    esac
-done
-if [[ -z "$bin" ]]; then
-    cargo build --release -q -p shardflake-cli
-    bin=target/release/shardflake
-fi
-
 source scripts/bench-cluster.sh
+bench_node_args 50 "$@"
 bench_cluster bench-etcd-cost
-
-now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
-
-# CPU time (ms) the etcd members have used so far, all together.
-etcd_cpu_ms() {
-    local f total=0 tck
-    tck=$(getconf CLK_TCK)
-    for f in "$etcd_dir"/m*.pid; do
-        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$(cat "$f")/stat")))
-    done
-    echo $((total * 1000 / tck))
-}
 
 # Sums, over the members, the /metrics samples whose line matches $1.
 metric_sum() {

@@ -13,19 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-nodes=100 bin=""
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --nodes) nodes="$2"; shift 2 ;;
-        *) bin="$1"; shift ;;
-    esac
-done
-if [[ -z "$bin" ]]; then
-    cargo build --release -q -p shardflake-cli
-    bin=target/release/shardflake
-fi
-
 source scripts/bench-cluster.sh
+bench_node_args 100 "$@"
 bench_cluster bench-latency
 
 # Lines "SPAWN_EPOCH_S READY_LOG_TIMESTAMP" on stdin -> one summary line.

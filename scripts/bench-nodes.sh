@@ -29,19 +29,6 @@ fi
 source scripts/bench-cluster.sh
 bench_cluster bench-nodes
 
-now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
-
-# CPU time (ms) the etcd members have used so far, all together.
-etcd_cpu_ms() {
-    local f total=0 tck
-    tck=$(getconf CLK_TCK)
-    for f in "$etcd_dir"/m*.pid; do
-        # Fields 14 and 15 of /proc/PID/stat: user and system time in ticks.
-        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$(cat "$f")/stat")))
-    done
-    echo $((total * 1000 / tck))
-}
-
 # The cluster's raft term: a trial that moves it held an election (a member
 # starved of CPU long enough to miss the leader's heartbeats).
 raft_term() {

@@ -335,31 +335,13 @@ async fn one_statement_ids_never_repeat_under_clients_bursts_and_a_sigkill() {
     // instead of wrapping. The writers get there only on a machine that
     // inserts faster than the clock event moves the sequence up (roughly
     // 200 rows per ms by the event's arithmetic; a loaded CI machine did
-    // not, its fullest millisecond held 567), so the sequence is put ahead of the clock, where a burst that
-    // fast or a clock step back leaves it (SETVAL only moves it up), and one
-    // statement draws 3,000 ids: they fill whole milliseconds, and borrow.
-    let ahead_ms = now_ms() + 2_000;
-    let packed = Plan::new(&layout).unwrap().packed_at(ahead_ms).unwrap();
-    let mut c = pool.get_conn().await.unwrap();
-    c.query_drop(format!("DO SETVAL(posts_id_seq, {packed}, 0)"))
-        .await
-        .unwrap();
-    let borrowed: Vec<i64> = c
-        .exec(
-            "INSERT INTO posts (user_id, body) SELECT ?, 'burst' FROM seq_1_to_3000 RETURNING id",
-            (1801,),
-        )
-        .await
-        .unwrap();
-    drop(c);
-    let mut per_ms = std::collections::BTreeMap::<u64, u32>::new();
-    for id in &borrowed {
-        *per_ms
-            .entry(Id(*id as u64).decode(&layout).unwrap().unix_ms)
-            .or_default() += 1;
-    }
+    // not, its fullest millisecond held 567), so it is checked with the
+    // sequence ahead of the clock: 3,000 ids fill whole milliseconds, and
+    // borrow.
+    let (ahead_ms, borrowed, per_ms) =
+        one_statement_ahead_of_the_clock(&pool, &layout, 1801, 3000).await;
     assert_eq!(
-        per_ms.into_iter().collect::<Vec<_>>(),
+        per_ms,
         [(ahead_ms, 1024), (ahead_ms + 1, 1024), (ahead_ms + 2, 952)],
         "3,000 ids from one statement, the sequence ahead of the clock"
     );
@@ -426,30 +408,12 @@ async fn narrow_sequence_borrows_time_under_concurrency() {
     assert!(per_ms.values().all(|&n| n <= 64));
     // Whether the writers fill whole milliseconds depends on how fast this
     // machine inserts; that they borrow the next ones instead of wrapping
-    // is checked where it does not: with the sequence put ahead of the
-    // clock (as a fast burst leaves it), one statement draws 200 ids, which
-    // must fill three milliseconds and start a fourth.
-    let ahead_ms = now_ms() + 2_000;
-    let packed = Plan::new(&layout).unwrap().packed_at(ahead_ms).unwrap();
-    let mut c = pool.get_conn().await.unwrap();
-    c.query_drop(format!("DO SETVAL(posts_id_seq, {packed}, 0)"))
-        .await
-        .unwrap();
-    let borrowed: Vec<i64> = c
-        .exec(
-            "INSERT INTO posts (user_id, body) SELECT ?, 'burst' FROM seq_1_to_200 RETURNING id",
-            (77,),
-        )
-        .await
-        .unwrap();
-    let mut burst_per_ms = std::collections::BTreeMap::<u64, u32>::new();
-    for id in &borrowed {
-        *burst_per_ms
-            .entry(Id(*id as u64).decode(&layout).unwrap().unix_ms)
-            .or_default() += 1;
-    }
+    // is checked where it does not: 200 ids with the sequence ahead of the
+    // clock must fill three milliseconds and start a fourth.
+    let (ahead_ms, borrowed, burst_per_ms) =
+        one_statement_ahead_of_the_clock(&pool, &layout, 77, 200).await;
     assert_eq!(
-        burst_per_ms.into_iter().collect::<Vec<_>>(),
+        burst_per_ms,
         [
             (ahead_ms, 64),
             (ahead_ms + 1, 64),
@@ -466,6 +430,39 @@ async fn narrow_sequence_borrows_time_under_concurrency() {
         all.len() - 200,
         end - start,
     );
+}
+
+/// Puts `posts_id_seq` 2 s ahead of the clock, where a burst faster than
+/// the clock event or a clock step back leaves it (SETVAL only moves it
+/// up), and draws `rows` ids for `user_id` from one statement. Returns the
+/// millisecond it was put at, the ids, and how many ids each decoded
+/// millisecond holds, in order.
+async fn one_statement_ahead_of_the_clock(
+    pool: &Pool,
+    layout: &Layout,
+    user_id: i64,
+    rows: u32,
+) -> (u64, Vec<i64>, Vec<(u64, u32)>) {
+    let ahead_ms = now_ms() + 2_000;
+    let packed = Plan::new(layout).unwrap().packed_at(ahead_ms).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    c.query_drop(format!("DO SETVAL(posts_id_seq, {packed}, 0)"))
+        .await
+        .unwrap();
+    let ids: Vec<i64> = c
+        .exec(
+            format!("INSERT INTO posts (user_id, body) SELECT ?, 'burst' FROM seq_1_to_{rows} RETURNING id"),
+            (user_id,),
+        )
+        .await
+        .unwrap();
+    let mut per_ms = std::collections::BTreeMap::<u64, u32>::new();
+    for id in &ids {
+        *per_ms
+            .entry(Id(*id as u64).decode(layout).unwrap().unix_ms)
+            .or_default() += 1;
+    }
+    (ahead_ms, ids, per_ms.into_iter().collect())
 }
 
 async fn set_clock(file: &Path, offset: &str) {
