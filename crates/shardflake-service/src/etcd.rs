@@ -569,10 +569,11 @@ impl Client {
                             count_only: true,
                             ..Default::default()
                         }),
-                        // etcd filters on create revision after the range
-                        // (its `pruneKVs`): the keys are filtered, the
-                        // answer's `count` is not, so these are counted
-                        // here, never with `count_only`.
+                        // etcd filters on create revision after the range:
+                        // the keys are filtered, the answer's `count` is
+                        // not (etcd 3.4.23, three keys, the filter keeping
+                        // one: `kvs` held one, `count` said 3, with or
+                        // without `count_only`), so these are counted here.
                         Op::KeysCreatedBefore(k, revision) => R::RequestRange(rpc::RangeRequest {
                             key: k.clone(),
                             range_end: prefix_end(k),
