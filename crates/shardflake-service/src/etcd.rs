@@ -1026,9 +1026,12 @@ fn classify(status: &Status, authenticated: bool, hint: &TlsHint) -> Failure {
         Code::PermissionDenied if !authenticated => Failure::Fatal(EtcdError::Auth(format!(
             "{msg} (no --etcd-user set: set --etcd-user and --etcd-password-file, or grant the client certificate's common name a role)"
         ))),
-        Code::PermissionDenied | Code::Unauthenticated => {
-            Failure::Fatal(EtcdError::Auth(msg.to_string()))
-        }
+        // A role that does not cover the prefix: a node reads the whole
+        // prefix and writes node, high-water, layout and queue keys under it.
+        Code::PermissionDenied => Failure::Fatal(EtcdError::Auth(format!(
+            "{msg} (the user's role must allow readwrite on the whole --etcd-prefix: etcdctl role grant-permission ROLE readwrite PREFIX/ --prefix=true)"
+        ))),
+        Code::Unauthenticated => Failure::Fatal(EtcdError::Auth(msg.to_string())),
         _ if msg.contains("authentication failed")
             || msg.contains("authentication is not enabled") =>
         {

@@ -10,11 +10,22 @@ use shardflake_service::registry::{AcquireError, Claim, EtcdRegistry, Registry};
 use shardflake_testkit::Etcd;
 
 fn registry(etcd: &Etcd, prefix: &str) -> anyhow::Result<EtcdRegistry> {
+    registry_with(etcd, prefix, "", "")
+}
+
+/// A registry whose configuration starts with the `top` lines and whose
+/// `[etcd]` table also has the `extra` lines.
+fn registry_with(
+    etcd: &Etcd,
+    prefix: &str,
+    top: &str,
+    extra: &str,
+) -> anyhow::Result<EtcdRegistry> {
     let dir = tempfile::tempdir()?;
     let config = crate::config(
         &dir,
         &format!(
-            "[etcd]\nendpoints = [{:?}]\nprefix = {prefix:?}",
+            "{top}\n[etcd]\nendpoints = [{:?}]\nprefix = {prefix:?}\n{extra}",
             etcd.urls()
         ),
     )?;
@@ -167,5 +178,56 @@ async fn herds_of_two_layouts_on_an_empty_prefix_leave_one_layout_holding_ids() 
         );
     }
     assert_eq!(etcd.keys("/two/node/").await?.len(), winners.len());
+    Ok(())
+}
+
+/// Least privilege: a user whose role may read and write only under the
+/// prefix takes ids there in a herd (losers queue under the prefix too),
+/// and is refused, saying why, under another prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_allowed_only_the_prefix_takes_ids_there() -> anyhow::Result<()> {
+    let mut etcd = Etcd::start(1)?;
+    etcd.enable_auth("root-pw")?;
+    for command in [
+        "user add node --interactive=false --new-user-password=node-pw",
+        "role add shardflake",
+        "role grant-permission shardflake readwrite /least/ --prefix=true",
+        "user grant-role node shardflake",
+    ] {
+        etcd.etcdctl(&command.split(' ').collect::<Vec<_>>())?;
+    }
+    // Each client's first call authenticates, a bcrypt check at etcd
+    // (tens of ms of its CPU, one at a time): a small herd, the longest
+    // timeout the default TTL allows, and each client logs in first (a
+    // renewal of no lease) so that the takes race.
+    let (top, as_node) = (
+        "window = \"6s\"",
+        "user = \"node\"\npassword = \"node-pw\"\ntimeout = \"2s\"",
+    );
+    let now = 1_800_000_000_000;
+    let mut tasks = Vec::new();
+    let mut herd = Vec::new();
+    for _ in 0..4 {
+        let r = registry_with(&etcd, "/least", top, as_node)?;
+        r.renew(0).await?;
+        herd.push(r);
+    }
+    for r in herd {
+        tasks.push(tokio::spawn(async move { r.acquire(&claim(now)).await }));
+    }
+    let mut ids = HashSet::new();
+    for task in tasks {
+        ids.insert(task.await??.node_id);
+    }
+    assert_eq!(ids, (0..4).collect::<HashSet<u64>>());
+    assert_eq!(etcd.keys("/least/queue/").await?, Vec::<String>::new());
+    let elsewhere = registry_with(&etcd, "/other", top, as_node)?;
+    let e = elsewhere.acquire(&claim(now)).await.unwrap_err();
+    assert!(e.to_string().contains("permission denied"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("readwrite on the whole --etcd-prefix"),
+        "{e}"
+    );
     Ok(())
 }
