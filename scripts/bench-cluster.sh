@@ -50,3 +50,42 @@ etcd_cpu_ms() {
     done
     echo $((total * 1000 / tck))
 }
+
+# `start_node BIN MODE I DIR PREFIX`: starts `shardflake serve` node I in
+# the background, with node id I (MODE static) or an id leased from the
+# cluster under PREFIX (MODE etcd); its log (with the registry's debug line,
+# the races its take lost) in DIR/log.I, its pid added to `pids`.
+start_node() {
+    local bin=$1 mode=$2 i=$3 dir=$4 prefix=$5
+    local -a args=(--node-id "$i")
+    [[ $mode == etcd ]] && args=(--etcd "$endpoints" --etcd-prefix "$prefix" --lease-ttl 10s
+                                 --etcd-timeout 2s --window 6s)
+    RUST_LOG=info,shardflake_service::registry=debug "$bin" serve --http 127.0.0.1:0 \
+        --grpc 127.0.0.1:0 --state-file "$dir/state.$i" "${args[@]}" \
+        >/dev/null 2>"$dir/log.$i" </dev/null &
+    pids+=($!)
+}
+
+# `wait_ready DIR COUNT`: until COUNT logs in DIR say ready (60 s at most,
+# then the script fails).
+wait_ready() {
+    local dir=$1 count=$2 deadline=$((SECONDS + 60)) ready
+    while :; do
+        ready=$(cat "$dir"/log.* | grep -c ' ready ' || true)
+        [[ $ready -ge $count ]] && return
+        if [[ $SECONDS -ge $deadline ]]; then
+            echo "$0: only $ready of $count nodes ready after 60 s" >&2
+            tail -n 3 "$dir"/log.* >&2
+            exit 1
+        fi
+        sleep 0.002
+    done
+}
+
+# `stop_nodes`: SIGTERM to every node in `pids` (they give their leases
+# back), and waits for them.
+stop_nodes() {
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+    pids=()
+}

@@ -10,7 +10,7 @@
 #
 #   scripts/bench-etcd-cost.sh [--nodes N] [BIN]
 #
-# BIN defaults to target/release/shardflake (built if missing).
+# BIN defaults to target/release/shardflake (built first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,26 +18,20 @@ source scripts/bench-cluster.sh
 bench_node_args 50 "$@"
 bench_cluster bench-etcd-cost
 
-# Sums, over the members, the /metrics samples whose line matches $1.
-metric_sum() {
-    local f url total=0 v
+# "GRANTS RANGES TXNS PROPOSALS": the calls the members have answered so
+# far (summed) and the raft proposals committed (every member counts each
+# one: the leader's count, the largest); one /metrics read per member.
+etcd_counts() {
+    local f
     for f in "$etcd_dir"/m*.args; do
-        url=$(grep -A1 -- '--listen-metrics-urls' "$f" | tail -1)
-        v=$(curl -s --max-time 2 "$url/metrics" | grep -E "$1" | awk '{ s += $NF } END { printf "%d", s }')
-        total=$((total + v))
-    done
-    echo "$total"
-}
-calls() { metric_sum "^grpc_server_handled_total\\{.*grpc_method=\"$1\""; }
-# Every member counts each committed proposal; the leader's count is the max.
-proposals() {
-    local f url best=0 v
-    for f in "$etcd_dir"/m*.args; do
-        url=$(grep -A1 -- '--listen-metrics-urls' "$f" | tail -1)
-        v=$(curl -s --max-time 2 "$url/metrics" | awk '/^etcd_server_proposals_committed_total/ { print $NF }')
-        [[ ${v%.*} -gt $best ]] && best=${v%.*}
-    done
-    echo "$best"
+        curl -s --max-time 2 "$(grep -A1 -- '--listen-metrics-urls' "$f" | tail -1)/metrics"
+    done | awk '
+        BEGIN { split("LeaseGrant Range Txn", method) }
+        /^grpc_server_handled_total\{/ {
+            for (m in method) if (index($0, "grpc_method=\"" method[m] "\"")) n[m] += $NF
+        }
+        /^etcd_server_proposals_committed_total / { if ($NF + 0 > p) p = $NF + 0 }
+        END { printf "%d %d %d %d\n", n[1], n[2], n[3], p }'
 }
 
 # The idle cluster's CPU per wall ms.
@@ -49,39 +43,25 @@ echo "idle cluster: $idle ms of etcd CPU per ms (3 members, heartbeat 10 ms)"
 for mode in static etcd; do
     dir=$(mktemp -d "$work/$mode.XXXXXX")
     prefix="/cost/$RANDOM$RANDOM"
-    declare -A before=()
-    for m in LeaseGrant Range Txn; do before[$m]=$(calls "$m"); done
-    p0=$(proposals) c0=$(etcd_cpu_ms) t0=$(now_ms)
+    read -r g0 r0 x0 p0 <<<"$(etcd_counts)"
+    c0=$(etcd_cpu_ms) t0=$(now_ms)
     node_ns=0
     for ((i = 0; i < nodes; i++)); do
-        args=(--node-id "$i")
-        [[ $mode == etcd ]] && args=(--etcd "$endpoints" --etcd-prefix "$prefix" --lease-ttl 10s
-                                     --etcd-timeout 2s --window 6s)
-        RUST_LOG=info "$bin" serve --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
-            --state-file "$dir/state.$i" "${args[@]}" >/dev/null 2>"$dir/log.$i" </dev/null &
-        pid=$!
-        pids+=("$pid")
-        deadline=$((SECONDS + 30))
-        until grep -q ' ready ' "$dir/log.$i" 2>/dev/null; do
-            [[ $SECONDS -lt $deadline ]] || { echo "node $i not ready" >&2; tail -3 "$dir/log.$i" >&2; exit 1; }
-            sleep 0.001
-        done
-        for t in /proc/"$pid"/task/*/schedstat; do
+        start_node "$bin" "$mode" "$i" "$dir" "$prefix"
+        wait_ready "$dir" $((i + 1))
+        # Its threads' time on CPU so far (first field of each schedstat).
+        for t in /proc/"${pids[-1]}"/task/*/schedstat; do
             node_ns=$((node_ns + $(awk '{ print $1 }' "$t" 2>/dev/null || echo 0)))
         done
     done
-    c1=$(etcd_cpu_ms) t1=$(now_ms) p1=$(proposals)
+    c1=$(etcd_cpu_ms) t1=$(now_ms)
+    read -r g1 r1 x1 p1 <<<"$(etcd_counts)"
     line=$(awk -v ns="$node_ns" -v n="$nodes" -v c=$((c1 - c0)) -v t=$((t1 - t0)) -v i="$idle" \
         'BEGIN { printf "node CPU until ready %.1f ms; etcd CPU %.1f ms (less idle)", ns / n / 1e6, (c - i * t) / n }')
     if [[ $mode == etcd ]]; then
-        per=""
-        for m in LeaseGrant Range Txn; do
-            per+=" $m $(awk -v d=$(( $(calls "$m") - before[$m] )) -v n="$nodes" 'BEGIN { printf "%.2f", d / n }')"
-        done
-        line+="; calls:$per; proposals $(awk -v d=$((p1 - p0)) -v n="$nodes" 'BEGIN { printf "%.2f", d / n }')"
+        line+=$(awk -v n="$nodes" -v g=$((g1 - g0)) -v r=$((r1 - r0)) -v x=$((x1 - x0)) -v p=$((p1 - p0)) \
+            'BEGIN { printf "; calls: LeaseGrant %.2f Range %.2f Txn %.2f; proposals %.2f", g / n, r / n, x / n, p / n }')
     fi
     printf '%-6s %d one at a time, per node: %s\n' "$mode" "$nodes" "$line"
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    wait "${pids[@]}" 2>/dev/null || true
-    pids=()
+    stop_nodes
 done

@@ -7,7 +7,7 @@
 #
 #   scripts/bench-node-latency.sh [--nodes N] [BIN]
 #
-# BIN defaults to target/release/shardflake (built if missing). Prints per
+# BIN defaults to target/release/shardflake (built first). Prints per
 # run: how long the spawning took, first spawn to last ready, and the
 # per-node spawn-to-ready p10/p50/p90/max.
 set -euo pipefail
@@ -36,28 +36,8 @@ print("spawning %4.0f ms, first spawn to last ready %4.0f ms, per node p10 %5.1f
 
 # node MODE I DIR PREFIX: starts node I, its spawn time in DIR/spawn.I.
 node() {
-    local mode=$1 i=$2 dir=$3 prefix=$4
-    local -a args=(--node-id "$i")
-    [[ $mode == etcd ]] && args=(--etcd "$endpoints" --etcd-prefix "$prefix" --lease-ttl 10s
-                                 --etcd-timeout 2s --window 6s)
-    echo "$EPOCHREALTIME" >"$dir/spawn.$i"
-    RUST_LOG=info,shardflake_service::registry=debug "$bin" serve --http 127.0.0.1:0 \
-        --grpc 127.0.0.1:0 --state-file "$dir/state.$i" "${args[@]}" \
-        >/dev/null 2>"$dir/log.$i" </dev/null &
-    pids+=($!)
-}
-
-# wait_ready DIR COUNT: until COUNT logs say ready (60 s at most).
-wait_ready() {
-    local dir=$1 count=$2 deadline=$((SECONDS + 60))
-    until [[ $(cat "$dir"/log.* | grep -c ' ready ' || true) -ge $count ]]; do
-        if [[ $SECONDS -ge $deadline ]]; then
-            echo "bench-node-latency: not all ready after 60 s" >&2
-            tail -n 3 "$dir"/log.* >&2
-            exit 1
-        fi
-        sleep 0.002
-    done
+    echo "$EPOCHREALTIME" >"$3/spawn.$2"
+    start_node "$bin" "$@"
 }
 
 report() {  # DIR COUNT
@@ -65,12 +45,6 @@ report() {  # DIR COUNT
     for ((i = 0; i < $2; i++)); do
         echo "$(cat "$1/spawn.$i") $(sed -n 's/^\([^ ]*\) .* ready .*/\1/p' "$1/log.$i" | head -1)"
     done | summary
-}
-
-stop_all() {
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    wait "${pids[@]}" 2>/dev/null || true
-    pids=()
 }
 
 for mode in static etcd; do
@@ -85,7 +59,7 @@ for mode in static etcd; do
             sed -n 's/.*lost_races=\([0-9]*\).*/\1/p' | sort -n | uniq -c |
             awk '{ printf "%s%s: %s", (NR > 1 ? ", " : ""), $2, $1 }')"
     fi
-    stop_all
+    stop_nodes
 done
 alone_prefix="/latency/$RANDOM$RANDOM"
 for mode in static etcd; do
@@ -93,7 +67,7 @@ for mode in static etcd; do
     for ((i = 0; i < 20; i++)); do
         node "$mode" "$i" "$dir" "$alone_prefix"
         wait_ready "$dir" $((i + 1))
-        stop_all
+        stop_nodes
     done
     printf '%-6s   20 one at a time: %s\n' "$mode" "$(report "$dir" 20)"
 done

@@ -5,7 +5,7 @@
 #
 #   scripts/bench-nodes.sh [--nodes N] [--rounds R] [BIN...]
 #
-# BIN defaults to target/release/shardflake (built if missing). Give several
+# BIN defaults to target/release/shardflake (built first). Give several
 # binaries (e.g. an older build) to compare them round by round. Ready means
 # the process logged `ready ... node_id=K`; the etcd trial also checks that
 # the N node ids are distinct.
@@ -39,45 +39,19 @@ raft_term() {
 
 # trial BIN MODE: starts N nodes, prints the ms until all are ready.
 trial() {
-    local bin=$1 mode=$2 dir i started deadline ready
+    local bin=$1 mode=$2 dir i started took distinct
     dir=$(mktemp -d "$work/trial.XXXXXX")
     local prefix="/bench/$RANDOM$RANDOM"
-    pids=()
     started=$(now_ms)
-    for ((i = 0; i < nodes; i++)); do
-        local -a node_args
-        if [[ $mode == static ]]; then
-            node_args=(--node-id "$i")
-        else
-            node_args=(--etcd "$endpoints" --etcd-prefix "$prefix" --lease-ttl 10s
-                       --etcd-timeout 2s --window 6s)
-        fi
-        RUST_LOG=info "$bin" serve --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
-            --state-file "$dir/state.$i" "${node_args[@]}" \
-            >"$dir/out.$i" 2>"$dir/log.$i" </dev/null &
-        pids+=($!)
-    done
-    deadline=$((started + 60000))
-    while :; do
-        ready=$(cat "$dir"/log.* | grep -c ' ready ' || true)
-        [[ $ready -ge $nodes ]] && break
-        if [[ $(now_ms) -gt $deadline ]]; then
-            echo "bench-nodes: only $ready of $nodes ready after 60 s ($bin, $mode)" >&2
-            tail -n 3 "$dir"/log.* >&2
-            exit 1
-        fi
-        sleep 0.01
-    done
-    local took=$(( $(now_ms) - started ))
-    local distinct
+    for ((i = 0; i < nodes; i++)); do start_node "$bin" "$mode" "$i" "$dir" "$prefix"; done
+    wait_ready "$dir" "$nodes"
+    took=$(( $(now_ms) - started ))
     distinct=$(cat "$dir"/log.* | sed -n 's/.* ready .*node_id=\([0-9]*\).*/\1/p' | sort -u | wc -l)
     if [[ $distinct -ne $nodes ]]; then
         echo "bench-nodes: $distinct distinct node ids among $nodes nodes ($bin, $mode)" >&2
         exit 1
     fi
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    wait "${pids[@]}" 2>/dev/null || true
-    pids=()
+    stop_nodes
     rm -rf "$dir"
     echo "$took"
 }

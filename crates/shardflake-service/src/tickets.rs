@@ -88,11 +88,10 @@ impl EtcdHighWater {
                 .txn(&[compare], &put, &[Op::Get(key.clone())])
                 .await
                 .map_err(|e| etcd_failed(server, e))?;
-            let (written, kvs) = (answer.succeeded, answer.kvs);
-            if written {
+            if answer.succeeded {
                 return Ok(());
             }
-            let Some(kv) = kvs.into_iter().next() else {
+            let Some(kv) = answer.kvs.into_iter().next() else {
                 seen = None;
                 continue;
             };

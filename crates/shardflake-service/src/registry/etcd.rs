@@ -223,9 +223,11 @@ async fn take_lowest(
             })
             .collect()
     };
+    // Queue keys among `kvs`: never our own (the first read comes before
+    // we queue; later reads ask only for the keys created before ours).
     let queued = |kvs: &[Kv]| {
         kvs.iter()
-            .filter(|kv| kv.key.starts_with(queue_prefix.as_bytes()) && kv.key != queue_key)
+            .filter(|kv| kv.key.starts_with(queue_prefix.as_bytes()))
             .count()
     };
     let mut layout_present = check_layout(&kvs)?;
@@ -277,23 +279,23 @@ async fn take_lowest(
             compares.push(Compare::Absent(layout_key.clone()));
             success.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
         }
-        let mut failure = Vec::with_capacity(6);
-        match queued_at {
+        let mut failure = match queued_at {
+            // Queued: a take leaves the queue; a loss counts who is ahead.
             Some(revision) => {
                 success.push(Op::Delete(queue_key.clone()));
-                failure.push(Op::KeysCreatedBefore(
+                vec![Op::KeysCreatedBefore(
                     queue_prefix.clone().into_bytes(),
                     revision,
-                ));
+                )]
             }
-            // Counted before our key is written: every key there queued
-            // before ours.
-            None => failure.extend([
+            // Not yet: a loss joins the queue, counted before our key is
+            // written (every key there queued before ours).
+            None => vec![
                 Op::Count(queue_prefix.clone().into_bytes()),
                 Op::Put(queue_key.clone(), Vec::new(), lease),
                 Op::Get(queue_key.clone()),
-            ]),
-        }
+            ],
+        };
         failure.extend([
             Op::Get(layout_key.clone()),
             Op::Prefix(node_prefix.clone().into_bytes()),
