@@ -7,6 +7,9 @@
 #                                                     https:// (members verify nothing unless
 #                                                     --client-cert-auth: then clients need a
 #                                                     certificate signed by --ca).
+#         [--jwt PRIVATE_PEM PUBLIC_PEM]              Auth tokens are JWTs signed with this ES256
+#                                                     key pair (as etcd's guide advises for
+#                                                     production) instead of simple tokens.
 #   scripts/etcd.sh stop DIR                          stop every member, remove DIR
 #   scripts/etcd.sh kill DIR I                        SIGKILL member I (0-based)
 #   scripts/etcd.sh restart DIR I                     start member I again (same ports, same data)
@@ -64,6 +67,7 @@ launch() {  # dir i: start member i from its saved flags, appending to its log
 
 cmd_start() {
     local members=1 dir="" cert="" key="" ca="" client_cert_auth=0
+    local -a auth_token=()
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --members) members="$2"; shift 2 ;;
@@ -72,6 +76,7 @@ cmd_start() {
             --key) key="$2"; shift 2 ;;
             --ca) ca="$2"; shift 2 ;;
             --client-cert-auth) client_cert_auth=1; shift ;;
+            --jwt) auth_token=(--auth-token "jwt,priv-key=$2,pub-key=$3,sign-method=ES256"); shift 3 ;;
             *) die "unknown option $1" ;;
         esac
     done
@@ -103,7 +108,7 @@ cmd_start() {
             --listen-client-urls "$scheme://127.0.0.1:${cps[i]}" \
             --advertise-client-urls "$scheme://127.0.0.1:${cps[i]}" \
             --listen-metrics-urls "http://127.0.0.1:${mps[i]}" \
-            "${tls[@]}" \
+            "${tls[@]}" "${auth_token[@]}" \
             --listen-peer-urls "http://127.0.0.1:${pps[i]}" \
             --initial-advertise-peer-urls "http://127.0.0.1:${pps[i]}" \
             --initial-cluster "$cluster" --initial-cluster-state new \

@@ -28,6 +28,16 @@
 //! the `token` metadata header (etcd's "Authentication" guide); a token etcd
 //! rejects (expired simple token, changed auth revision) is renewed once and
 //! the call repeated.
+//!
+//! **Logins** are costly at etcd: it checks each password with bcrypt (about
+//! 60 ms of a member's CPU here, `docs/BENCHMARKS.md`), so logins queue when
+//! a fleet starts together, or when an auth change (a role or user edited)
+//! makes etcd refuse every token at once. A client logs in once at a time,
+//! and every call shares that login's token; the login runs to its end in a
+//! task of its own, so a call that stops waiting for it (its timeout) wastes
+//! nothing, and the next call waits for the same login instead of paying
+//! etcd for another. A call that waited its timeout for a login whose
+//! connection is up fails with [`EtcdError::Busy`], not as unreachable.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -36,7 +46,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
@@ -98,6 +108,10 @@ pub enum EtcdError {
     /// An answer that does not read as expected.
     #[error("unexpected etcd answer: {0}")]
     Protocol(String),
+    /// etcd took the call but has not answered it in time: a login queued
+    /// behind others' password checks. Retrying later helps.
+    #[error("etcd busy: {0}")]
+    Busy(String),
 }
 
 impl EtcdError {
@@ -264,8 +278,8 @@ pub struct Client {
     timeout: Duration,
     preferred: AtomicUsize,
     auth: Option<EtcdAuth>,
-    /// The token from `Auth.Authenticate`, while etcd accepts it.
-    token: Mutex<Option<AsciiMetadataValue>>,
+    /// The login: none yet, in flight, or its token while etcd accepts it.
+    login: Arc<Mutex<Login>>,
     keep_alive: Mutex<Option<Arc<KeepAliveStream>>>,
     hint: TlsHint,
     /// Some member has answered some call: from then on a closed
@@ -360,7 +374,7 @@ impl Client {
             timeout,
             preferred: AtomicUsize::new(random_below(endpoints.len())),
             auth,
-            token: Mutex::new(None),
+            login: Arc::default(),
             keep_alive: Mutex::new(None),
             hint,
             answered: AtomicBool::new(false),
@@ -393,34 +407,90 @@ impl Client {
         *lock(&self.members[idx].channel) = None;
     }
 
-    /// The auth token to send, authenticating first if there is none.
-    async fn token(&self, channel: &Channel) -> Result<Option<AsciiMetadataValue>, Failure> {
+    /// The auth token to send: the one held, or the answer of the login in
+    /// flight, started here on member `idx` if there is none. Waits at most
+    /// the request timeout; the login goes on without this caller.
+    async fn token(&self, idx: usize) -> Result<Option<AsciiMetadataValue>, Failure> {
         let Some(auth) = &self.auth else {
             return Ok(None);
         };
-        if let Some(t) = lock(&self.token).clone() {
-            return Ok(Some(t));
-        }
-        let answer = AuthClient::new(channel.clone())
-            .authenticate(rpc::AuthenticateRequest {
-                name: auth.user.clone(),
-                password: auth.password.clone(),
-            })
-            .await
-            .map_err(|s| match classify(&s, self.auth.is_some(), &self.hint()) {
-                // Whatever etcd says to an Authenticate is about the credentials.
-                Failure::TokenRejected(msg)
-                | Failure::Fatal(EtcdError::Server(msg) | EtcdError::Auth(msg)) => {
-                    Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
+        let (since, mut answer) = {
+            let mut login = lock(&self.login);
+            match &*login {
+                Login::In(token) => return Ok(Some(token.clone())),
+                Login::Pending { since, answer } => (*since, answer.clone()),
+                Login::Out => {
+                    let channel = self.channel(idx)?;
+                    let (tx, rx) = watch::channel(None);
+                    let since = std::time::Instant::now();
+                    *login = Login::Pending {
+                        since,
+                        answer: rx.clone(),
+                    };
+                    tokio::spawn(log_in(
+                        channel,
+                        auth.clone(),
+                        self.hint(),
+                        self.timeout * LOGIN_LIMIT,
+                        Arc::clone(&self.login),
+                        tx,
+                    ));
+                    (since, rx)
                 }
-                other => other,
-            })?
-            .into_inner();
-        let token = AsciiMetadataValue::try_from(answer.token)
-            .map_err(|e| Failure::Fatal(EtcdError::Protocol(format!("auth token: {e}"))))?;
-        *lock(&self.token) = Some(token.clone());
-        self.answered.store(true, Ordering::Relaxed);
-        Ok(Some(token))
+            }
+        };
+        let waited = tokio::time::timeout(self.timeout, answer.wait_for(Option::is_some))
+            .await
+            .map(|answered| answered.map(|done| done.clone()));
+        match waited {
+            Ok(Ok(done)) => {
+                // `wait_for` returned: the answer is there.
+                let result = done.unwrap_or_else(|| {
+                    Err(Failure::Member(MemberFailure::late(
+                        "no login answer".into(),
+                    )))
+                });
+                if result.is_ok() {
+                    self.answered.store(true, Ordering::Relaxed);
+                }
+                result.map(Some)
+            }
+            // The login's task ended without an answer (its runtime shut
+            // down): the next call logs in afresh.
+            Ok(Err(_)) => {
+                let mut login = lock(&self.login);
+                if matches!(&*login, Login::Pending { answer: a, .. } if a.same_channel(&answer)) {
+                    *login = Login::Out;
+                }
+                Err(Failure::Member(MemberFailure::late(
+                    "the login ended without an answer".into(),
+                )))
+            }
+            // Connecting is bounded by the same timeout: a login this old has
+            // its connection, and the member is working on it (or stalled:
+            // then the login's own limit ends it).
+            Err(_) if since.elapsed() > self.timeout => Err(Failure::Busy(format!(
+                "no answer yet to the login of user {:?} (in flight for {:?}; etcd checks each \
+                 password with bcrypt, and logins queue while many clients log in together)",
+                auth.user,
+                since.elapsed()
+            ))),
+            Err(_) => Err(Failure::Member(MemberFailure::late(format!(
+                "no answer to the login within {:?}",
+                self.timeout
+            )))),
+        }
+    }
+
+    /// Forgets the token `used` after etcd refused it; a newer token (another
+    /// call logged in since) stays.
+    fn forget_token(&self, used: Option<&AsciiMetadataValue>) {
+        let mut login = lock(&self.login);
+        if let (Login::In(token), Some(used)) = (&*login, used)
+            && token == used
+        {
+            *login = Login::Out;
+        }
     }
 
     /// Runs `rpc` on the first member that answers, each try within the
@@ -439,14 +509,21 @@ impl Client {
             let mut renewed_token = false;
             loop {
                 let started = std::time::Instant::now();
-                let attempt = async {
-                    let channel = self.channel(idx)?;
-                    let token = self.token(&channel).await?;
-                    f(channel, token)
-                        .await
-                        .map_err(|s| classify(&s, self.auth.is_some(), &hint))
+                // The login has its own bound (inside `token`).
+                let token = self.token(idx).await;
+                let used = token.as_ref().ok().cloned().flatten();
+                let outcome = match token {
+                    Err(failure) => Ok(Err(failure)),
+                    Ok(token) => {
+                        let attempt = async {
+                            let channel = self.channel(idx)?;
+                            f(channel, token)
+                                .await
+                                .map_err(|s| classify(&s, self.auth.is_some(), &hint))
+                        };
+                        tokio::time::timeout(self.timeout, attempt).await
+                    }
                 };
-                let outcome = tokio::time::timeout(self.timeout, attempt).await;
                 if started.elapsed() > self.timeout / 2 {
                     tracing::warn!(rpc, endpoint = %self.members[idx].url, took = ?started.elapsed(), "slow etcd call");
                 }
@@ -458,13 +535,15 @@ impl Client {
                     }
                     Ok(Err(Failure::TokenRejected(msg))) if !renewed_token => {
                         tracing::debug!(rpc, reason = %msg, "etcd rejected the auth token; renewing it");
-                        *lock(&self.token) = None;
+                        self.forget_token(used.as_ref());
                         renewed_token = true;
                     }
                     Ok(Err(Failure::TokenRejected(msg))) => {
                         return Err(EtcdError::Auth(msg));
                     }
                     Ok(Err(Failure::Fatal(e))) => return Err(e),
+                    // Another member would wait for the same login.
+                    Ok(Err(Failure::Busy(msg))) => return Err(EtcdError::Busy(msg)),
                     Ok(Err(Failure::Member(m))) => {
                         self.reset(idx);
                         failures.add(&self.members[idx].url, m);
@@ -667,18 +746,29 @@ impl Client {
             let idx = (start + i) % n;
             let mut renewed_token = false;
             loop {
-                let attempt = async {
-                    let stream = self.keep_alive_stream(idx, &hint).await?;
-                    let answer = stream.send(lease)?;
-                    match answer.await {
-                        Ok(result) => result,
-                        // The stream ended without a word for this request.
-                        Err(_) => Err(Failure::Member(MemberFailure::late(
-                            "keep-alive stream closed".into(),
-                        ))),
+                // A new stream needs a token (the login has its own bound).
+                let stream = match self.open_keep_alive(idx) {
+                    Some(stream) => Ok(stream),
+                    None => self.token(idx).await.and_then(|token| {
+                        let channel = self.channel(idx)?;
+                        Ok(self.new_keep_alive(idx, channel, token, &hint))
+                    }),
+                };
+                let outcome = match stream {
+                    Err(failure) => Ok(Err(failure)),
+                    Ok(stream) => {
+                        let attempt = async {
+                            match stream.send(lease)?.await {
+                                Ok(result) => result,
+                                // The stream ended without a word for this request.
+                                Err(_) => Err(Failure::Member(MemberFailure::late(
+                                    "keep-alive stream closed".into(),
+                                ))),
+                            }
+                        };
+                        tokio::time::timeout(self.timeout, attempt).await
                     }
                 };
-                let outcome = tokio::time::timeout(self.timeout, attempt).await;
                 match outcome {
                     Ok(Ok(ttl)) => {
                         self.preferred.store(idx, Ordering::Relaxed);
@@ -688,12 +778,16 @@ impl Client {
                     }
                     Ok(Err(Failure::TokenRejected(msg))) if !renewed_token => {
                         tracing::debug!(reason = %msg, "etcd rejected the auth token; renewing it");
+                        let used = lock(&self.keep_alive)
+                            .as_ref()
+                            .and_then(|s| s.token.clone());
                         self.close_keep_alive();
-                        *lock(&self.token) = None;
+                        self.forget_token(used.as_ref());
                         renewed_token = true;
                     }
                     Ok(Err(Failure::TokenRejected(msg))) => return Err(EtcdError::Auth(msg)),
                     Ok(Err(Failure::Fatal(e))) => return Err(e),
+                    Ok(Err(Failure::Busy(msg))) => return Err(EtcdError::Busy(msg)),
                     Ok(Err(Failure::Member(m))) => {
                         self.close_keep_alive();
                         self.reset(idx);
@@ -717,25 +811,27 @@ impl Client {
         Err(failures.into_error(self.endpoint_list()))
     }
 
-    /// The open keep-alive stream to member `idx`, or a new one.
-    async fn keep_alive_stream(
+    /// The open keep-alive stream to member `idx`, if there is one.
+    fn open_keep_alive(&self, idx: usize) -> Option<Arc<KeepAliveStream>> {
+        lock(&self.keep_alive)
+            .as_ref()
+            .filter(|s| s.member == idx && !s.requests.is_closed())
+            .cloned()
+    }
+
+    /// Opens a keep-alive stream to member `idx`, closing the one before.
+    fn new_keep_alive(
         &self,
         idx: usize,
+        channel: Channel,
+        token: Option<AsciiMetadataValue>,
         hint: &TlsHint,
-    ) -> Result<Arc<KeepAliveStream>, Failure> {
-        if let Some(s) = lock(&self.keep_alive).as_ref()
-            && s.member == idx
-            && !s.requests.is_closed()
-        {
-            return Ok(s.clone());
-        }
-        let channel = self.channel(idx)?;
-        let token = self.token(&channel).await?;
+    ) -> Arc<KeepAliveStream> {
         let stream = KeepAliveStream::open(idx, channel, token, self.auth.is_some(), hint.clone());
         if let Some(old) = lock(&self.keep_alive).replace(stream.clone()) {
             old.close();
         }
-        Ok(stream)
+        stream
     }
 
     /// What a failure's wording needs to know about the settings, now.
@@ -759,11 +855,81 @@ impl Drop for Client {
     }
 }
 
+/// How long a login may take, in request timeouts. Logins queue at etcd
+/// behind other clients' bcrypt checks (about 60 ms of a member's CPU each,
+/// measured here), so a login needs far longer than a read when a fleet
+/// logs in together; the bound ends a login whose member stalled.
+const LOGIN_LIMIT: u32 = 10;
+
+/// A client's login.
+#[derive(Debug, Default)]
+enum Login {
+    /// No token: the next call logs in.
+    #[default]
+    Out,
+    /// A login in flight since `since`; its answer arrives on `answer`.
+    Pending {
+        since: std::time::Instant,
+        answer: watch::Receiver<Option<LoginAnswer>>,
+    },
+    /// etcd's token, until etcd refuses it.
+    In(AsciiMetadataValue),
+}
+
+type LoginAnswer = Result<AsciiMetadataValue, Failure>;
+
+/// `Auth.Authenticate`, run to its end (at most `limit`) whoever still waits
+/// for it; settles the client's login, then tells the waiters.
+async fn log_in(
+    channel: Channel,
+    auth: EtcdAuth,
+    hint: TlsHint,
+    limit: Duration,
+    login: Arc<Mutex<Login>>,
+    answer: watch::Sender<Option<LoginAnswer>>,
+) {
+    let request = rpc::AuthenticateRequest {
+        name: auth.user.clone(),
+        password: auth.password.clone(),
+    };
+    let started = std::time::Instant::now();
+    let mut client = AuthClient::new(channel);
+    let authenticate = client.authenticate(request);
+    let result = match tokio::time::timeout(limit, authenticate).await {
+        Ok(Ok(reply)) => AsciiMetadataValue::try_from(reply.into_inner().token)
+            .map_err(|e| Failure::Fatal(EtcdError::Protocol(format!("auth token: {e}")))),
+        Ok(Err(status)) => Err(match classify(&status, true, &hint) {
+            // Whatever etcd says to an Authenticate is about the credentials.
+            Failure::TokenRejected(msg)
+            | Failure::Fatal(EtcdError::Server(msg) | EtcdError::Auth(msg)) => {
+                Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
+            }
+            other => other,
+        }),
+        Err(_) => Err(Failure::Member(MemberFailure::late(format!(
+            "no answer to the login within {limit:?}"
+        )))),
+    };
+    match &result {
+        Ok(_) => tracing::debug!(user = %auth.user, took = ?started.elapsed(), "logged in to etcd"),
+        Err(e) => {
+            tracing::debug!(user = %auth.user, took = ?started.elapsed(), error = ?e, "etcd login failed")
+        }
+    }
+    *lock(&login) = match &result {
+        Ok(token) => Login::In(token.clone()),
+        Err(_) => Login::Out,
+    };
+    let _ = answer.send(Some(result));
+}
+
 /// One `Lease.LeaseKeepAlive` stream: requests go out through `requests`; a
 /// reader task hands each answer to the oldest waiting caller.
 #[derive(Debug)]
 struct KeepAliveStream {
     member: usize,
+    /// The auth token the stream was opened with.
+    token: Option<AsciiMetadataValue>,
     requests: mpsc::UnboundedSender<rpc::LeaseKeepAliveRequest>,
     waiting: Arc<Mutex<VecDeque<Waiter>>>,
     reader: tokio::task::AbortHandle,
@@ -783,10 +949,11 @@ impl KeepAliveStream {
         let (requests, outgoing) = mpsc::unbounded_channel();
         let waiting: Arc<Mutex<VecDeque<Waiter>>> = Arc::default();
         let queue = waiting.clone();
+        let sent_token = token.clone();
         let reader = tokio::spawn(async move {
             let request = with_token(
                 tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing),
-                token,
+                sent_token,
             );
             let failure = match read_answers(channel, request, &queue).await {
                 Ok(()) => Failure::Member(MemberFailure::late("etcd ended the stream".into())),
@@ -800,6 +967,7 @@ impl KeepAliveStream {
         .abort_handle();
         Arc::new(KeepAliveStream {
             member,
+            token,
             requests,
             waiting,
             reader,
@@ -887,6 +1055,9 @@ enum Failure {
     Member(MemberFailure),
     /// etcd rejected the auth token: renew it and try again.
     TokenRejected(String),
+    /// The login this call waits for is in flight and has its connection:
+    /// another member would wait for the same login.
+    Busy(String),
     /// Another member would say the same: give up.
     Fatal(EtcdError),
 }
@@ -1163,6 +1334,7 @@ mod tests {
         let sort = |s: Status, auth: bool| match classify(&s, auth, &hint) {
             Failure::Member(_) => "next member",
             Failure::TokenRejected(_) => "renew token",
+            Failure::Busy(_) => "busy",
             Failure::Fatal(EtcdError::Auth(_)) => "auth",
             Failure::Fatal(EtcdError::Server(_)) => "server",
             Failure::Fatal(_) => "other",

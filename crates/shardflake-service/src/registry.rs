@@ -108,7 +108,9 @@ pub enum RegistryError {
     /// No member of the store answered: nothing is known to have happened.
     #[error(transparent)]
     Unreachable(Box<dyn std::error::Error + Send + Sync>),
-    /// The store answered with an error, or with an answer that does not read.
+    /// The store answered with an error or with an answer that does not
+    /// read, or took the call and is still at it (a login queued behind
+    /// others): it is there, retrying later helps.
     #[error(transparent)]
     Failed(Box<dyn std::error::Error + Send + Sync>),
     /// The store refused this client's settings (TLS files, credentials):

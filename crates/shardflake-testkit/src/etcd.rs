@@ -42,13 +42,38 @@ impl Etcd {
         Self::start_with(members, None)
     }
 
+    /// Starts `members` members whose auth tokens (once [`Etcd::enable_auth`]
+    /// ran) are JWTs, signed with a key pair made here, instead of simple
+    /// tokens. Unlike a simple token, a JWT carries the auth store's
+    /// revision: any change to users or roles makes etcd refuse it.
+    pub fn start_jwt(members: usize) -> anyhow::Result<Etcd> {
+        let dir = crate::tempdir()?;
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let (private, public) = (dir.join("jwt.key"), dir.join("jwt.pub"));
+        std::fs::write(&private, key.serialize_pem())?;
+        std::fs::write(&public, key.public_key_pem())?;
+        let jwt = [private.display().to_string(), public.display().to_string()];
+        Self::launch(members, None, Some(&jwt))
+    }
+
     /// Starts `members` members, with https client URLs when `tls` is set.
     pub fn start_with(members: usize, tls: Option<&EtcdTlsFiles>) -> anyhow::Result<Etcd> {
+        Self::launch(members, tls, None)
+    }
+
+    fn launch(
+        members: usize,
+        tls: Option<&EtcdTlsFiles>,
+        jwt: Option<&[String; 2]>,
+    ) -> anyhow::Result<Etcd> {
         let mut args = vec![
             "start".to_string(),
             "--members".to_string(),
             members.to_string(),
         ];
+        if let Some([private, public]) = jwt {
+            args.extend(["--jwt".to_string(), private.clone(), public.clone()]);
+        }
         if let Some(t) = tls {
             let files = shardflake_service::etcd::EtcdTls {
                 ca_file: t.ca_file.clone(),
@@ -206,6 +231,34 @@ impl Etcd {
             .into_iter()
             .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
             .collect())
+    }
+    /// How many calls of the gRPC `method` (e.g. `Authenticate`) the
+    /// members have answered since they started, summed over members and
+    /// status codes (etcd's `grpc_server_handled_total`, read from each
+    /// member's plain-http metrics port).
+    pub async fn handled(&self, method: &str) -> anyhow::Result<u64> {
+        let label = format!("grpc_method=\"{method}\"");
+        let mut total = 0;
+        for i in 0..self.endpoints.len() {
+            let args = std::fs::read_to_string(self.dir.join(format!("m{i}.args")))?;
+            let url = args
+                .lines()
+                .skip_while(|l| *l != "--listen-metrics-urls")
+                .nth(1)
+                .context("member without --listen-metrics-urls")?;
+            let addr = url.trim_start_matches("http://");
+            let (status, text) = crate::Http::new(addr).get("/metrics").await?;
+            if status != 200 {
+                bail!("GET {url}/metrics: {status}");
+            }
+            for line in text.lines() {
+                if line.starts_with("grpc_server_handled_total{") && line.contains(&label) {
+                    let value = line.rsplit(' ').next().unwrap_or_default();
+                    total += value.parse::<f64>().with_context(|| line.to_string())? as u64;
+                }
+            }
+        }
+        Ok(total)
     }
     /// SIGKILLs member `i`.
     pub fn kill(&self, i: usize) -> anyhow::Result<()> {

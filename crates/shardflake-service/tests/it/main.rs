@@ -5,6 +5,7 @@
 //! What needs a process of its own (signals, libfaketime, etcd member
 //! kills) is tested in the CLI crate.
 
+mod etcd_login;
 mod http_api;
 mod limits;
 mod registry;

@@ -1,0 +1,123 @@
+//! Logins to a real etcd with user/password authentication: etcd checks
+//! each password with bcrypt (tens of ms of its CPU), so a client logs in
+//! once at a time, shares the token among its calls, and never throws a
+//! login away because a caller stopped waiting for it. Counted at etcd
+//! (`Authenticate` calls answered, from the members' metrics).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardflake_service::etcd::{Client, EtcdAuth, EtcdError, Kv};
+use shardflake_testkit::Etcd;
+
+fn root() -> EtcdAuth {
+    EtcdAuth {
+        user: "root".into(),
+        password: "root-pw".into(),
+    }
+}
+
+async fn auth_etcd() -> anyhow::Result<Etcd> {
+    let mut etcd = Etcd::start(1)?;
+    etcd.enable_auth("root-pw")?;
+    Ok(etcd)
+}
+
+/// `per_client` reads started together on each client; their answers.
+async fn reads_together(
+    clients: &[Arc<Client>],
+    per_client: usize,
+) -> anyhow::Result<Vec<Result<Vec<Kv>, EtcdError>>> {
+    let mut reads = tokio::task::JoinSet::new();
+    for client in clients {
+        for _ in 0..per_client {
+            let client = client.clone();
+            reads.spawn(async move { client.range_prefix(b"/login/").await });
+        }
+    }
+    Ok(reads.join_all().await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_made_together_share_one_login() -> anyhow::Result<()> {
+    let etcd = auth_etcd().await?;
+    let client = Arc::new(Client::connect(
+        &etcd.endpoints,
+        Duration::from_secs(5),
+        None,
+        Some(&root()),
+    )?);
+    let before = etcd.handled("Authenticate").await?;
+    // A node's acquisition starts with the grant and the read together.
+    for read in reads_together(std::slice::from_ref(&client), 8).await? {
+        read?;
+    }
+    client.grant(5).await?;
+    assert_eq!(etcd.handled("Authenticate").await? - before, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_its_callers_gave_up_on_is_not_thrown_away() -> anyhow::Result<()> {
+    let etcd = auth_etcd().await?;
+    // The member stops answering while every client logs in (each with two
+    // calls at once): every call gives up after its timeout, well within
+    // the login's own limit (10 timeouts).
+    let timeout = Duration::from_millis(300);
+    let clients: Vec<Arc<Client>> = (0..8)
+        .map(|_| Client::connect(&etcd.endpoints, timeout, None, Some(&root())).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    let before = etcd.handled("Authenticate").await?;
+    etcd.signal(0, libc::SIGSTOP)?;
+    let first = reads_together(&clients, 2).await;
+    etcd.signal(0, libc::SIGCONT)?;
+    let first = first?;
+    for answer in &first {
+        match answer {
+            Err(EtcdError::Busy(_) | EtcdError::Unreachable { .. }) => {}
+            other => anyhow::bail!("a call to a stopped member: {other:?}"),
+        }
+    }
+    // Each client's login went on and its token serves the calls now.
+    for client in &clients {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match client.range_prefix(b"/login/").await {
+                Ok(_) => break,
+                Err(EtcdError::Busy(_)) if tokio::time::Instant::now() < deadline => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    assert_eq!(
+        etcd.handled("Authenticate").await? - before,
+        clients.len() as u64,
+        "one login per client"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_is_renewed_once_for_all_calls() -> anyhow::Result<()> {
+    // JWT tokens carry the auth store's revision (simple tokens do not).
+    let mut etcd = Etcd::start_jwt(1)?;
+    etcd.enable_auth("root-pw")?;
+    let client = Arc::new(Client::connect(
+        &etcd.endpoints,
+        Duration::from_secs(5),
+        None,
+        Some(&root()),
+    )?);
+    client.range_prefix(b"/login/").await?;
+    let lease = client.grant(30).await?.0;
+    client.keep_alive(lease).await?;
+    // Any change to the auth store makes etcd refuse the tokens it gave.
+    etcd.etcdctl(&["role", "add", "changed"])?;
+    let before = etcd.handled("Authenticate").await?;
+    for read in reads_together(std::slice::from_ref(&client), 8).await? {
+        read?;
+    }
+    assert!(client.keep_alive(lease).await? > 0);
+    assert_eq!(etcd.handled("Authenticate").await? - before, 1);
+    Ok(())
+}
