@@ -29,10 +29,11 @@
 //! rejects (expired simple token, changed auth revision) is renewed once and
 //! the call repeated.
 //!
-//! **Logins** are costly at etcd: it checks each password with bcrypt (about
-//! 60 ms of a member's CPU here, `docs/BENCHMARKS.md`), so logins queue when
-//! a fleet starts together, or when an auth change (a role or user edited)
-//! makes etcd refuse every token at once. A client logs in once at a time,
+//! **Logins** are costly at etcd: it checks each password with bcrypt (a
+//! login cost the members about 67 ms of CPU here, `docs/BENCHMARKS.md`),
+//! so logins queue when a fleet starts together, or when an auth change (a
+//! role or user edited) makes etcd refuse every JWT token at once (simple
+//! tokens outlive such a change). A client logs in once at a time,
 //! and every call shares that login's token; the login runs to its end in a
 //! task of its own, so a call that stops waiting for it (its timeout) wastes
 //! nothing, and the next call waits for the same login instead of paying
@@ -856,9 +857,12 @@ impl Drop for Client {
 }
 
 /// How long a login may take, in request timeouts. Logins queue at etcd
-/// behind other clients' bcrypt checks (about 60 ms of a member's CPU each,
+/// behind other clients' bcrypt checks (about 67 ms of etcd's CPU each,
 /// measured here), so a login needs far longer than a read when a fleet
-/// logs in together; the bound ends a login whose member stalled.
+/// logs in together; the bound ends a login whose member stalled. The cost:
+/// a member that stalls (not one that is down: that fails at once) while a
+/// client logs in holds that client's calls for up to this long before the
+/// next member is tried; a client holding a token is not affected.
 const LOGIN_LIMIT: u32 = 10;
 
 /// A client's login.

@@ -4,17 +4,31 @@
 //! login away because a caller stopped waiting for it. Counted at etcd
 //! (`Authenticate` calls answered, from the members' metrics).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
+use shardflake_service::Config;
 use shardflake_service::etcd::{Client, EtcdAuth, EtcdError, Kv};
+use shardflake_service::issuer::Issuer;
+use shardflake_service::lease::Keeper;
+use shardflake_service::registry;
 use shardflake_testkit::Etcd;
 
-fn root() -> EtcdAuth {
-    EtcdAuth {
+/// A client of `etcd` logging in as root (its password set by
+/// [`auth_etcd`]).
+fn root_client(etcd: &Etcd, timeout: Duration) -> anyhow::Result<Arc<Client>> {
+    let root = EtcdAuth {
         user: "root".into(),
         password: "root-pw".into(),
-    }
+    };
+    Ok(Arc::new(Client::connect(
+        &etcd.endpoints,
+        timeout,
+        None,
+        Some(&root),
+    )?))
 }
 
 async fn auth_etcd() -> anyhow::Result<Etcd> {
@@ -41,12 +55,7 @@ async fn reads_together(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_made_together_share_one_login() -> anyhow::Result<()> {
     let etcd = auth_etcd().await?;
-    let client = Arc::new(Client::connect(
-        &etcd.endpoints,
-        Duration::from_secs(5),
-        None,
-        Some(&root()),
-    )?);
+    let client = root_client(&etcd, Duration::from_secs(5))?;
     let before = etcd.handled("Authenticate").await?;
     // A node's acquisition starts with the grant and the read together.
     for read in reads_together(std::slice::from_ref(&client), 8).await? {
@@ -65,7 +74,7 @@ async fn a_login_its_callers_gave_up_on_is_not_thrown_away() -> anyhow::Result<(
     // the login's own limit (10 timeouts).
     let timeout = Duration::from_millis(300);
     let clients: Vec<Arc<Client>> = (0..8)
-        .map(|_| Client::connect(&etcd.endpoints, timeout, None, Some(&root())).map(Arc::new))
+        .map(|_| root_client(&etcd, timeout))
         .collect::<Result<_, _>>()?;
     let before = etcd.handled("Authenticate").await?;
     etcd.signal(0, libc::SIGSTOP)?;
@@ -102,12 +111,7 @@ async fn a_refused_token_is_renewed_once_for_all_calls() -> anyhow::Result<()> {
     // JWT tokens carry the auth store's revision (simple tokens do not).
     let mut etcd = Etcd::start_jwt(1)?;
     etcd.enable_auth("root-pw")?;
-    let client = Arc::new(Client::connect(
-        &etcd.endpoints,
-        Duration::from_secs(5),
-        None,
-        Some(&root()),
-    )?);
+    let client = root_client(&etcd, Duration::from_secs(5))?;
     client.range_prefix(b"/login/").await?;
     let lease = client.grant(30).await?.0;
     client.keep_alive(lease).await?;
@@ -119,5 +123,52 @@ async fn a_refused_token_is_renewed_once_for_all_calls() -> anyhow::Result<()> {
     }
     assert!(client.keep_alive(lease).await? > 0);
     assert_eq!(etcd.handled("Authenticate").await? - before, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_herd_logging_in_together_starts_on_the_default_timeout() -> anyhow::Result<()> {
+    let etcd = auth_etcd().await?;
+    // 32 logins are about 2 s of bcrypt at etcd here, so they queue: each
+    // node's calls (the grant and the read go together) wait for its one
+    // login. With a login per call, this herd made 193 (measured).
+    let n = 32;
+    let dir = tempfile::tempdir()?;
+    let mut starts = Vec::with_capacity(n);
+    for i in 0..n {
+        let config = Config::from_toml(&format!(
+            "state_file = {:?}\n[etcd]\nendpoints = {:?}\nprefix = \"/herd\"\n\
+             user = \"root\"\npassword = \"root-pw\"\n",
+            dir.path().join(format!("{i}.state")),
+            etcd.endpoints,
+        ))?;
+        let registry = registry::for_node_source(&config.node)?;
+        starts.push((Arc::new(Issuer::new(config)), registry));
+    }
+    let before = etcd.handled("Authenticate").await?;
+    let (_stop, never) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, (issuer, registry)) in starts.into_iter().enumerate() {
+        let never = never.clone();
+        tasks.spawn(async move {
+            let keeper = Keeper::start(issuer.clone(), registry, format!("k{i}"), never).await;
+            (issuer, keeper)
+        });
+    }
+    let mut ids = HashSet::new();
+    let mut keepers = Vec::with_capacity(n);
+    for (issuer, keeper) in tasks.join_all().await {
+        keepers.push(keeper?.context("not shut down")?);
+        ids.insert(issuer.active().context("no identity")?.node_id);
+    }
+    assert_eq!(ids, (0..n as u64).collect::<HashSet<_>>());
+    assert_eq!(
+        etcd.handled("Authenticate").await? - before,
+        n as u64,
+        "one login per node"
+    );
+    for mut keeper in keepers {
+        keeper.stop().await;
+    }
     Ok(())
 }
