@@ -172,3 +172,38 @@ async fn a_herd_logging_in_together_starts_on_the_default_timeout() -> anyhow::R
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stalled_during_a_login_holds_the_client_a_bounded_time() -> anyhow::Result<()> {
+    let mut etcd = Etcd::start(3)?;
+    etcd.enable_auth("root-pw")?;
+    let stalled = (etcd.leader()? + 1) % 3;
+    etcd.signal(stalled, libc::SIGSTOP)?;
+    // A client starts on a member picked at random: new clients until one
+    // logs in on the stalled member (each does with odds 1/3).
+    let timeout = Duration::from_millis(300);
+    let mut waited = None;
+    for _ in 0..40 {
+        let client = root_client(&etcd, timeout)?;
+        let started = tokio::time::Instant::now();
+        let mut busy = 0;
+        let answer = loop {
+            match client.range_prefix(b"/stalled/").await {
+                Err(EtcdError::Busy(_)) if started.elapsed() < Duration::from_secs(20) => busy += 1,
+                other => break other,
+            }
+        };
+        answer?;
+        if busy > 0 {
+            waited = Some(started.elapsed());
+            break;
+        }
+    }
+    etcd.signal(stalled, libc::SIGCONT)?;
+    // The login's own limit (10 timeouts: 3.07 s in a probe here) ends it,
+    // and the next member answers; the bound leaves room for a loaded
+    // machine, and a login without a limit is still waiting at 20 s.
+    let waited = waited.context("no client logged in on the stalled member")?;
+    assert!(waited < timeout * 30, "held for {waited:?}");
+    Ok(())
+}

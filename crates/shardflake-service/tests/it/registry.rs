@@ -197,7 +197,8 @@ async fn a_user_allowed_only_the_prefix_takes_ids_there() -> anyhow::Result<()> 
         etcd.etcdctl(&command.split(' ').collect::<Vec<_>>())?;
     }
     // Each client's first call logs in, a bcrypt check at etcd (16 clients
-    // logging in together here went past the default 1 s timeout): a small
+    // logging in together here went past the default 1 s timeout while each
+    // call made a login of its own; etcd_login.rs has the herd now): a small
     // herd, the longest timeout the default TTL allows, and each client
     // logs in first (a renewal of no lease) so that the takes race.
     let (top, as_node) = (
