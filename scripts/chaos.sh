@@ -16,6 +16,8 @@
 # on exit (a trap): leftover pids under the run directory are SIGKILLed and
 # the run's network namespace deleted. Needs root for the namespace; pass
 # --no-netns to run without it (and without the cut-from-etcd fault).
+# --etcd-auth runs etcd with authentication and JWT tokens, the nodes logging
+# in, and adds the etcd-auth-change fault (a role added: every token voided).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -61,23 +61,51 @@ pub struct Etcd {
     pub dir: PathBuf,
     /// The members' client endpoints, `http://127.0.0.1:PORT`.
     pub endpoints: Vec<String>,
+    /// The root user's password, once authentication is on.
+    root_password: Option<String>,
+}
+
+/// An etcd user and the file holding its password, for the nodes.
+pub struct EtcdLogin {
+    /// The user (root: may do everything).
+    pub user: String,
+    /// The password file (`--etcd-password-file`).
+    pub password_file: PathBuf,
 }
 
 impl Etcd {
-    /// Starts `members` members under `dir`.
-    pub fn start(script: &Path, dir: &Path, members: usize) -> anyhow::Result<Etcd> {
+    /// Starts `members` members under `dir`; with `auth`, with JWT tokens
+    /// (an ES256 key pair made here, next to `dir`) and authentication on,
+    /// and the nodes' login.
+    pub fn start(
+        script: &Path,
+        dir: &Path,
+        members: usize,
+        auth: bool,
+    ) -> anyhow::Result<(Etcd, Option<EtcdLogin>)> {
         let script_s = script.display().to_string();
-        let out = sh(
-            "bash",
-            &[
-                &script_s,
-                "start",
-                "--members",
-                &members.to_string(),
-                "--dir",
-                &dir.display().to_string(),
-            ],
-        )?;
+        let mut args = vec![
+            script_s,
+            "start".into(),
+            "--members".into(),
+            members.to_string(),
+            "--dir".into(),
+            dir.display().to_string(),
+        ];
+        let password_file = dir.with_extension("password");
+        if auth {
+            // JWT tokens carry the auth store's revision, so the auth-change
+            // fault voids them all (simple tokens would outlive it).
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+            let (private, public) = (dir.with_extension("jwt.key"), dir.with_extension("jwt.pub"));
+            std::fs::write(&private, key.serialize_pem())?;
+            std::fs::write(&public, key.public_key_pem())?;
+            args.push("--jwt".into());
+            args.push(private.display().to_string());
+            args.push(public.display().to_string());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = sh("bash", &args)?;
         let endpoints = out
             .lines()
             .find_map(|l| l.strip_prefix("ENDPOINTS="))
@@ -85,11 +113,48 @@ impl Etcd {
             .split(',')
             .map(str::to_string)
             .collect();
-        Ok(Etcd {
+        let mut etcd = Etcd {
             script: script.to_path_buf(),
             dir: dir.to_path_buf(),
             endpoints,
-        })
+            root_password: None,
+        };
+        if !auth {
+            return Ok((etcd, None));
+        }
+        let password = format!("chaos-{}", std::process::id());
+        etcd.etcdctl(&[
+            "user",
+            "add",
+            "root",
+            "--interactive=false",
+            &format!("--new-user-password={password}"),
+        ])?;
+        etcd.etcdctl(&["auth", "enable"])?;
+        std::fs::write(&password_file, &password)?;
+        etcd.root_password = Some(password);
+        let login = EtcdLogin {
+            user: "root".into(),
+            password_file,
+        };
+        Ok((etcd, Some(login)))
+    }
+
+    /// etcdctl against every member, as root once authentication is on.
+    fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut all = vec![format!("--endpoints={}", self.endpoints.join(","))];
+        if let Some(password) = &self.root_password {
+            all.push(format!("--user=root:{password}"));
+        }
+        all.extend(args.iter().map(|a| a.to_string()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        sh("etcdctl", &all)
+    }
+
+    /// Adds role `name` to the auth store: etcd then refuses every JWT it
+    /// gave before.
+    pub fn change_auth(&self, name: &str) -> anyhow::Result<()> {
+        self.etcdctl(&["role", "add", name]).map(drop)
     }
 
     fn script(&self, args: &[&str]) -> anyhow::Result<String> {

@@ -150,6 +150,10 @@ struct RunArgs {
     /// Skip the network namespace (and the cut-from-etcd fault).
     #[arg(long)]
     no_netns: bool,
+    /// etcd with user/password authentication and JWT tokens: the nodes
+    /// log in, and the schedule adds auth changes (each voids every token).
+    #[arg(long)]
+    etcd_auth: bool,
 }
 
 impl RunArgs {
@@ -172,6 +176,7 @@ impl RunArgs {
             spacing: Duration::from_secs(self.spacing.max(1)),
             netns: !self.no_netns,
             lease_ttl: Duration::from_millis(self.lease_ttl_ms),
+            etcd_auth: self.etcd_auth,
         }
     }
 }

@@ -43,6 +43,9 @@ pub struct Options {
     pub netns: bool,
     /// Lease TTL given to the nodes (also how long a SIGSTOP or a cut lasts, plus a margin).
     pub lease_ttl: Duration,
+    /// etcd with user/password authentication and JWT tokens; the nodes
+    /// log in, and the schedule holds auth changes.
+    pub etcd_auth: bool,
 }
 
 /// The node whose clock is faked (libfaketime).
@@ -59,6 +62,7 @@ pub fn shape(o: &Options) -> Shape {
         nodes: o.nodes,
         clock_slot: CLOCK_SLOT,
         netns_slot: o.netns.then_some(o.nodes.saturating_sub(1)),
+        auth: o.etcd_auth,
     }
 }
 
@@ -146,11 +150,16 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         netns: None,
         slots: Vec::new(),
     };
-    let etcd = Etcd::start(&o.etcd_script, &dir.join("etcd"), 3)?;
+    let (etcd, login) = Etcd::start(&o.etcd_script, &dir.join("etcd"), 3, o.etcd_auth)?;
     let endpoints = etcd.endpoints.join(",");
     let etcd_ports = etcd.ports()?;
     cluster.etcd = Some(etcd);
-    println!("etcd: 3 members at {endpoints}");
+    let auth_note = if login.is_some() {
+        ", authentication on (JWT tokens)"
+    } else {
+        ""
+    };
+    println!("etcd: 3 members at {endpoints}{auth_note}");
 
     // The last node runs in its own network namespace and reaches etcd
     // through forwarders on a host-side address of the veth pair.
@@ -206,7 +215,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
             (Some(e), true) => e.clone(),
             _ => endpoints.clone(),
         };
-        let args = [
+        let mut args: Vec<String> = [
             "--etcd",
             &etcd_for_node,
             "--etcd-prefix",
@@ -223,6 +232,14 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if let Some(l) = &login {
+            args.extend([
+                "--etcd-user".to_string(),
+                l.user.clone(),
+                "--etcd-password-file".to_string(),
+                l.password_file.display().to_string(),
+            ]);
+        }
         let spec = NodeSpec {
             bin: o.bin.clone(),
             http,
@@ -590,6 +607,15 @@ fn apply(
             std::thread::sleep(ttl + Duration::from_secs(2));
             ns.restore_etcd_route()?;
             say(start, format!("node{}: route to etcd restored", p.slot));
+        }
+        Fault::AuthChange => {
+            let etcd = cluster.etcd.as_ref().context("no etcd")?;
+            let role = format!("chaos-{}", p.at.as_millis());
+            etcd.change_auth(&role)?;
+            say(
+                start,
+                format!("etcd auth store changed (role {role} added): every token voided"),
+            );
         }
     }
     info!(fault = p.fault.name(), "done");

@@ -26,17 +26,22 @@ pub enum Fault {
     /// The node in the network namespace loses its route to etcd past the
     /// lease TTL while clients still reach it, then gets it back.
     CutFromEtcd,
+    /// A role added to etcd's auth store, which voids every JWT token etcd
+    /// gave: every node must log in again while it keeps issuing (runs with
+    /// `--etcd-auth` only).
+    AuthChange,
 }
 
 impl Fault {
     /// Every kind, in a fixed order.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 7] = [
         Fault::Kill,
         Fault::Stop,
         Fault::Clock,
         Fault::EtcdLeader,
         Fault::Term,
         Fault::CutFromEtcd,
+        Fault::AuthChange,
     ];
 
     /// The name printed in the schedule.
@@ -48,6 +53,7 @@ impl Fault {
             Fault::EtcdLeader => "etcd-leader-kill",
             Fault::Term => "sigterm+restart",
             Fault::CutFromEtcd => "cut-from-etcd",
+            Fault::AuthChange => "etcd-auth-change",
         }
     }
 }
@@ -67,6 +73,7 @@ impl fmt::Display for Planned {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let target = match self.fault {
             Fault::EtcdLeader => "etcd leader".to_string(),
+            Fault::AuthChange => "every node".to_string(),
             _ => format!("node{}", self.slot),
         };
         write!(
@@ -95,6 +102,22 @@ pub struct Shape {
     pub clock_slot: usize,
     /// The node in the network namespace, if any.
     pub netns_slot: Option<usize>,
+    /// etcd runs with authentication (JWT tokens).
+    pub auth: bool,
+}
+
+impl Shape {
+    /// The kinds of fault this shape can hold.
+    pub fn faults(&self) -> Vec<Fault> {
+        Fault::ALL
+            .into_iter()
+            .filter(|f| match f {
+                Fault::CutFromEtcd => self.netns_slot.is_some(),
+                Fault::AuthChange => self.auth,
+                _ => true,
+            })
+            .collect()
+    }
 }
 
 /// The schedule for `seed`.
@@ -106,18 +129,14 @@ pub fn plan(seed: u64, shape: &Shape) -> Vec<Planned> {
     let last = shape.run.saturating_sub(shape.tail + shape.spacing);
     while at <= last {
         if cycle.is_empty() {
-            cycle = Fault::ALL
-                .iter()
-                .copied()
-                .filter(|f| *f != Fault::CutFromEtcd || shape.netns_slot.is_some())
-                .collect();
+            cycle = shape.faults();
             rng.shuffle(&mut cycle);
         }
         let fault = cycle.pop().unwrap_or(Fault::Kill);
         let slot = match fault {
             Fault::Clock => shape.clock_slot,
             Fault::CutFromEtcd => shape.netns_slot.unwrap_or(0),
-            Fault::EtcdLeader => 0,
+            Fault::EtcdLeader | Fault::AuthChange => 0,
             _ => rng.usize(0..shape.nodes.max(1)),
         };
         let jitter = Duration::from_millis(rng.u64(0..=1000));
@@ -144,6 +163,7 @@ mod tests {
             nodes: 3,
             clock_slot: 0,
             netns_slot: Some(2),
+            auth: false,
         }
     }
 
@@ -152,7 +172,7 @@ mod tests {
         let p = plan(7, &shape(60));
         assert_eq!(p, plan(7, &shape(60)));
         assert_ne!(p, plan(8, &shape(60)));
-        for f in Fault::ALL {
+        for f in shape(60).faults() {
             assert_eq!(
                 p.iter().filter(|x| x.fault == f).count(),
                 1,
@@ -165,6 +185,18 @@ mod tests {
             "{p:?}"
         );
         assert!(p.iter().all(|x| x.slot < 3));
+    }
+
+    #[test]
+    fn an_auth_change_is_planned_only_with_auth() {
+        assert!(
+            plan(1, &shape(120))
+                .iter()
+                .all(|x| x.fault != Fault::AuthChange)
+        );
+        let mut s = shape(120);
+        s.auth = true;
+        assert!(plan(1, &s).iter().any(|x| x.fault == Fault::AuthChange));
     }
 
     #[test]
