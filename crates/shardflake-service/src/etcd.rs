@@ -33,12 +33,15 @@
 //! login cost the members about 67 ms of CPU here, `docs/BENCHMARKS.md`),
 //! so logins queue when a fleet starts together, or when an auth change (a
 //! role or user edited) makes etcd refuse every JWT token at once (simple
-//! tokens outlive such a change). A client logs in once at a time,
-//! and every call shares that login's token; the login runs to its end in a
-//! task of its own, so a call that stops waiting for it (its timeout) wastes
-//! nothing, and the next call waits for the same login instead of paying
-//! etcd for another. A call that waited its timeout for a login whose
-//! connection is up fails with [`EtcdError::Busy`], not as unreachable.
+//! tokens outlive such a change). A client has at most one login in flight
+//! per member, and every call shares the token a login got; a login runs
+//! to its end in a task of its own, on a connection of its own, so a call
+//! that stops waiting for it (its timeout) wastes nothing, and the next
+//! call to that member waits for the same login instead of paying etcd for
+//! another. A call that waited its timeout for a login whose connection is
+//! up fails with [`EtcdError::Busy`], not as unreachable (another member
+//! would cost etcd another login); one whose login got no connection goes
+//! on to the next member, as any call does.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -279,7 +282,7 @@ pub struct Client {
     timeout: Duration,
     preferred: AtomicUsize,
     auth: Option<EtcdAuth>,
-    /// The login: none yet, in flight, or its token while etcd accepts it.
+    /// The token while etcd accepts it, and the logins in flight.
     login: Arc<Mutex<Login>>,
     keep_alive: Mutex<Option<Arc<KeepAliveStream>>>,
     hint: TlsHint,
@@ -409,37 +412,47 @@ impl Client {
     }
 
     /// The auth token to send: the one held, or the answer of the login in
-    /// flight, started here on member `idx` if there is none. Waits at most
+    /// flight on member `idx`, started here if there is none. Waits at most
     /// the request timeout; the login goes on without this caller.
     async fn token(&self, idx: usize) -> Result<Option<AsciiMetadataValue>, Failure> {
         let Some(auth) = &self.auth else {
             return Ok(None);
         };
-        let (since, mut answer) = {
+        let pending = {
             let mut login = lock(&self.login);
-            match &*login {
-                Login::In(token) => return Ok(Some(token.clone())),
-                Login::Pending { since, answer } => (*since, answer.clone()),
-                Login::Out => {
-                    let channel = self.channel(idx)?;
+            if let Some(token) = &login.token {
+                return Ok(Some(token.clone()));
+            }
+            match login.pending.get(&idx) {
+                Some(pending) => pending.clone(),
+                None => {
+                    let endpoint = self.members[idx]
+                        .endpoint
+                        .clone()
+                        .map_err(|e| Failure::Fatal(EtcdError::Config(e)))?;
                     let (tx, rx) = watch::channel(None);
-                    let since = std::time::Instant::now();
-                    *login = Login::Pending {
-                        since,
-                        answer: rx.clone(),
+                    let pending = Pending {
+                        connected: Arc::default(),
+                        answer: rx,
                     };
+                    login.pending.insert(idx, pending.clone());
                     tokio::spawn(log_in(
-                        channel,
-                        auth.clone(),
-                        self.hint(),
-                        self.timeout * LOGIN_LIMIT,
+                        LoginAt {
+                            endpoint,
+                            member: idx,
+                            auth: auth.clone(),
+                            hint: self.hint(),
+                            limit: self.timeout * LOGIN_LIMIT,
+                        },
                         Arc::clone(&self.login),
+                        pending.connected.clone(),
                         tx,
                     ));
-                    (since, rx)
+                    pending
                 }
             }
         };
+        let mut answer = pending.answer.clone();
         let waited = tokio::time::timeout(self.timeout, answer.wait_for(Option::is_some))
             .await
             .map(|answered| answered.map(|done| done.clone()));
@@ -459,25 +472,21 @@ impl Client {
             // The login's task ended without an answer (its runtime shut
             // down): the next call logs in afresh.
             Ok(Err(_)) => {
-                let mut login = lock(&self.login);
-                if matches!(&*login, Login::Pending { answer: a, .. } if a.same_channel(&answer)) {
-                    *login = Login::Out;
-                }
+                lock(&self.login).settle(idx, &pending.answer);
                 Err(Failure::Member(MemberFailure::late(
                     "the login ended without an answer".into(),
                 )))
             }
-            // Connecting is bounded by the same timeout: a login this old has
-            // its connection, and the member is working on it (or stalled:
-            // then the login's own limit ends it).
-            Err(_) if since.elapsed() > self.timeout => Err(Failure::Busy(format!(
-                "no answer yet to the login of user {:?} (in flight for {:?}; etcd checks each \
-                 password with bcrypt, and logins queue while many clients log in together)",
-                auth.user,
-                since.elapsed()
+            // The member took the connection and is at the login (or
+            // stalled: then the login's own limit ends it).
+            Err(_) if pending.connected.load(Ordering::Relaxed) => Err(Failure::Busy(format!(
+                "no answer yet to the login of user {:?} (etcd checks each password with \
+                 bcrypt, and logins queue while many clients log in together)",
+                auth.user
             ))),
+            // No connection within the timeout: the next member.
             Err(_) => Err(Failure::Member(MemberFailure::late(format!(
-                "no answer to the login within {:?}",
+                "no connection for the login within {:?}",
                 self.timeout
             )))),
         }
@@ -487,10 +496,8 @@ impl Client {
     /// call logged in since) stays.
     fn forget_token(&self, used: Option<&AsciiMetadataValue>) {
         let mut login = lock(&self.login);
-        if let (Login::In(token), Some(used)) = (&*login, used)
-            && token == used
-        {
-            *login = Login::Out;
+        if used.is_some() && login.token.as_ref() == used {
+            login.token = None;
         }
     }
 
@@ -543,7 +550,8 @@ impl Client {
                         return Err(EtcdError::Auth(msg));
                     }
                     Ok(Err(Failure::Fatal(e))) => return Err(e),
-                    // Another member would wait for the same login.
+                    // The member is there, at the login: another member
+                    // would cost etcd one more.
                     Ok(Err(Failure::Busy(msg))) => return Err(EtcdError::Busy(msg)),
                     Ok(Err(Failure::Member(m))) => {
                         self.reset(idx);
@@ -860,70 +868,118 @@ impl Drop for Client {
 /// behind other clients' bcrypt checks (about 67 ms of etcd's CPU each,
 /// measured here), so a login needs far longer than a read when a fleet
 /// logs in together; the bound ends a login whose member stalled. The cost:
-/// a member that stalls (not one that is down: that fails at once) while a
-/// client logs in holds that client's calls for up to this long before the
-/// next member is tried; a client holding a token is not affected.
+/// a member that took the connection and then stalls while a client logs
+/// in holds that client's calls for up to this long before the next member
+/// is tried (a member that is down, or takes no connection, is passed over
+/// after one timeout); a client holding a token is not affected.
 const LOGIN_LIMIT: u32 = 10;
 
-/// A client's login.
+/// A client's login: the token while etcd accepts it, and at most one
+/// login in flight per member (a failure is then the member's own).
 #[derive(Debug, Default)]
-enum Login {
-    /// No token: the next call logs in.
-    #[default]
-    Out,
-    /// A login in flight since `since`; its answer arrives on `answer`.
-    Pending {
-        since: std::time::Instant,
-        answer: watch::Receiver<Option<LoginAnswer>>,
-    },
-    /// etcd's token, until etcd refuses it.
-    In(AsciiMetadataValue),
+struct Login {
+    token: Option<AsciiMetadataValue>,
+    pending: std::collections::HashMap<usize, Pending>,
+}
+
+impl Login {
+    /// Forgets member `member`'s login in flight if it is the one whose
+    /// answer comes on `answer`.
+    fn settle(&mut self, member: usize, answer: &watch::Receiver<Option<LoginAnswer>>) {
+        if self
+            .pending
+            .get(&member)
+            .is_some_and(|p| p.answer.same_channel(answer))
+        {
+            self.pending.remove(&member);
+        }
+    }
+}
+
+/// A login in flight.
+#[derive(Debug, Clone)]
+struct Pending {
+    /// Its connection to the member is up.
+    connected: Arc<AtomicBool>,
+    /// Its answer, once there.
+    answer: watch::Receiver<Option<LoginAnswer>>,
 }
 
 type LoginAnswer = Result<AsciiMetadataValue, Failure>;
 
-/// `Auth.Authenticate`, run to its end (at most `limit`) whoever still waits
-/// for it; settles the client's login, then tells the waiters.
-async fn log_in(
-    channel: Channel,
+/// Where and as whom a login goes.
+struct LoginAt {
+    endpoint: Endpoint,
+    member: usize,
     auth: EtcdAuth,
     hint: TlsHint,
     limit: Duration,
+}
+
+/// `Auth.Authenticate` on a connection of its own to the member, run to its
+/// end (at most `at.limit`) whoever still waits for it; keeps the token,
+/// then tells the waiters.
+async fn log_in(
+    at: LoginAt,
     login: Arc<Mutex<Login>>,
+    connected: Arc<AtomicBool>,
     answer: watch::Sender<Option<LoginAnswer>>,
 ) {
-    let request = rpc::AuthenticateRequest {
-        name: auth.user.clone(),
-        password: auth.password.clone(),
-    };
+    let LoginAt {
+        endpoint,
+        member,
+        auth,
+        hint,
+        limit,
+    } = at;
     let started = std::time::Instant::now();
-    let mut client = AuthClient::new(channel);
-    let authenticate = client.authenticate(request);
-    let result = match tokio::time::timeout(limit, authenticate).await {
-        Ok(Ok(reply)) => AsciiMetadataValue::try_from(reply.into_inner().token)
-            .map_err(|e| Failure::Fatal(EtcdError::Protocol(format!("auth token: {e}")))),
-        Ok(Err(status)) => Err(match classify(&status, true, &hint) {
-            // Whatever etcd says to an Authenticate is about the credentials.
-            Failure::TokenRejected(msg)
-            | Failure::Fatal(EtcdError::Server(msg) | EtcdError::Auth(msg)) => {
-                Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
-            }
-            other => other,
-        }),
+    let attempt = async {
+        // Connecting on its own (bounded by the endpoint's connect timeout)
+        // tells a member that took the connection from one that did not.
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| classify(&Status::from_error(Box::new(e)), true, &hint))?;
+        connected.store(true, Ordering::Relaxed);
+        let request = rpc::AuthenticateRequest {
+            name: auth.user.clone(),
+            password: auth.password.clone(),
+        };
+        let reply = AuthClient::new(channel)
+            .authenticate(request)
+            .await
+            .map_err(|status| match classify(&status, true, &hint) {
+                // Whatever etcd says to an Authenticate is about the credentials.
+                Failure::TokenRejected(msg)
+                | Failure::Fatal(EtcdError::Server(msg) | EtcdError::Auth(msg)) => {
+                    Failure::Fatal(EtcdError::Auth(format!("user {:?}: {msg}", auth.user)))
+                }
+                other => other,
+            })?;
+        AsciiMetadataValue::try_from(reply.into_inner().token)
+            .map_err(|e| Failure::Fatal(EtcdError::Protocol(format!("auth token: {e}"))))
+    };
+    let result = match tokio::time::timeout(limit, attempt).await {
+        Ok(result) => result,
         Err(_) => Err(Failure::Member(MemberFailure::late(format!(
             "no answer to the login within {limit:?}"
         )))),
     };
     match &result {
-        Ok(_) => tracing::debug!(user = %auth.user, took = ?started.elapsed(), "logged in to etcd"),
+        Ok(_) => {
+            tracing::debug!(user = %auth.user, member, took = ?started.elapsed(), "logged in to etcd")
+        }
         Err(e) => {
-            tracing::debug!(user = %auth.user, took = ?started.elapsed(), error = ?e, "etcd login failed")
+            tracing::debug!(user = %auth.user, member, took = ?started.elapsed(), error = ?e, "etcd login failed")
         }
     }
-    *lock(&login) = match &result {
-        Ok(token) => Login::In(token.clone()),
-        Err(_) => Login::Out,
-    };
+    {
+        let mut login = lock(&login);
+        login.settle(member, &answer.subscribe());
+        if let Ok(token) = &result {
+            login.token = Some(token.clone());
+        }
+    }
     let _ = answer.send(Some(result));
 }
 

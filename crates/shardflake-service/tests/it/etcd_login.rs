@@ -5,6 +5,8 @@
 //! (`Authenticate` calls answered, from the members' metrics).
 
 use std::collections::HashSet;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,16 +21,43 @@ use shardflake_testkit::Etcd;
 /// A client of `etcd` logging in as root (its password set by
 /// [`auth_etcd`]).
 fn root_client(etcd: &Etcd, timeout: Duration) -> anyhow::Result<Arc<Client>> {
+    root_client_of(&etcd.endpoints, timeout)
+}
+
+fn root_client_of(endpoints: &[String], timeout: Duration) -> anyhow::Result<Arc<Client>> {
     let root = EtcdAuth {
         user: "root".into(),
         password: "root-pw".into(),
     };
     Ok(Arc::new(Client::connect(
-        &etcd.endpoints,
+        endpoints,
         timeout,
         None,
         Some(&root),
     )?))
+}
+
+/// An endpoint that takes no connection: a listener whose queue is full
+/// (backlog 0, one connection waiting in it), so the kernel drops every
+/// SYN to it, as a firewall dropping packets would. Keep both sockets.
+fn unanswering_endpoint() -> anyhow::Result<(TcpListener, TcpStream, String)> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    // SAFETY: listen(2) again, with another backlog, on a socket we own.
+    anyhow::ensure!(
+        unsafe { libc::listen(listener.as_raw_fd(), 0) } == 0,
+        "listen: {}",
+        std::io::Error::last_os_error()
+    );
+    let addr = listener.local_addr()?;
+    let waiting = TcpStream::connect(addr)?;
+    let refused = TcpStream::connect_timeout(&addr, Duration::from_millis(200));
+    anyhow::ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut),
+        "a connection to a full queue should go unanswered: {refused:?}"
+    );
+    Ok((listener, waiting, format!("http://{addr}")))
 }
 
 async fn auth_etcd() -> anyhow::Result<Etcd> {
@@ -205,5 +234,20 @@ async fn a_member_stalled_during_a_login_holds_the_client_a_bounded_time() -> an
     // machine, and a login without a limit is still waiting at 20 s.
     let waited = waited.context("no client logged in on the stalled member")?;
     assert!(waited < timeout * 30, "held for {waited:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_takes_no_connection_is_passed_over_during_a_login() -> anyhow::Result<()> {
+    let etcd = auth_etcd().await?;
+    let (_listener, _waiting, dead) = unanswering_endpoint()?;
+    let endpoints = [dead, etcd.endpoints[0].clone()];
+    // A client starts on a member picked at random. One that starts on the
+    // dead one gets no connection for its login within the timeout and
+    // goes on to etcd in the same call.
+    for _ in 0..12 {
+        let client = root_client_of(&endpoints, Duration::from_millis(300))?;
+        client.range_prefix(b"/dead/").await?;
+    }
     Ok(())
 }
