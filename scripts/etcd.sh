@@ -7,9 +7,10 @@
 #                                                     https:// (members verify nothing unless
 #                                                     --client-cert-auth: then clients need a
 #                                                     certificate signed by --ca).
-#         [--jwt PRIVATE_PEM PUBLIC_PEM]              Auth tokens are JWTs signed with this ES256
-#                                                     key pair (as etcd's guide advises for
-#                                                     production) instead of simple tokens.
+#         [--jwt]                                     Auth tokens are JWTs (as etcd's guide
+#                                                     advises for production) instead of simple
+#                                                     tokens, signed with an ES256 key pair made
+#                                                     with openssl in DIR.
 #   scripts/etcd.sh stop DIR                          stop every member, remove DIR
 #   scripts/etcd.sh kill DIR I                        SIGKILL member I (0-based)
 #   scripts/etcd.sh restart DIR I                     start member I again (same ports, same data)
@@ -31,6 +32,14 @@ ensure_etcd() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >&2
     apt-get install -y -qq --no-install-recommends etcd-server etcd-client >&2
+}
+
+ensure_openssl() {
+    command -v openssl >/dev/null && return
+    echo "etcd.sh: installing openssl" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq --no-install-recommends openssl >&2
 }
 
 port_free() {
@@ -67,7 +76,7 @@ launch() {  # dir i: start member i from its saved flags, appending to its log
 
 cmd_start() {
     local members=1 dir="" cert="" key="" ca="" client_cert_auth=0
-    local -a auth_token=()
+    local jwt=0
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --members) members="$2"; shift 2 ;;
@@ -76,7 +85,7 @@ cmd_start() {
             --key) key="$2"; shift 2 ;;
             --ca) ca="$2"; shift 2 ;;
             --client-cert-auth) client_cert_auth=1; shift ;;
-            --jwt) auth_token=(--auth-token "jwt,priv-key=$2,pub-key=$3,sign-method=ES256"); shift 3 ;;
+            --jwt) jwt=1; shift ;;
             *) die "unknown option $1" ;;
         esac
     done
@@ -93,6 +102,13 @@ cmd_start() {
     ensure_etcd
     [[ -n "$dir" ]] || dir=$(mktemp -d /tmp/shardflake-etcd.XXXXXX)
     mkdir -p "$dir"
+    local -a auth_token=()
+    if [[ $jwt -eq 1 ]]; then
+        ensure_openssl
+        openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$dir/jwt.key" 2>/dev/null
+        openssl pkey -in "$dir/jwt.key" -pubout -out "$dir/jwt.pub" 2>/dev/null
+        auth_token=(--auth-token "jwt,priv-key=$dir/jwt.key,pub-key=$dir/jwt.pub,sign-method=ES256")
+    fi
     local cluster="" endpoints="" i token="shardflake-$$-$RANDOM"
     local -a cps pps mps
     for ((i = 0; i < members; i++)); do

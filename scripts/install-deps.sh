@@ -8,6 +8,7 @@ packages=(
   postgresql postgresql-contrib
   mariadb-server mariadb-client
   etcd-server etcd-client
+  openssl                # scripts/etcd.sh --jwt: the key pair etcd signs tokens with
   faketime libfaketime
   wrk
   python3 python3-venv   # scripts/api-fuzz.sh: schemathesis in a venv

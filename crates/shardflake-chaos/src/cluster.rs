@@ -75,8 +75,7 @@ pub struct EtcdLogin {
 
 impl Etcd {
     /// Starts `members` members under `dir`; with `auth`, with JWT tokens
-    /// (an ES256 key pair made here, next to `dir`) and authentication on,
-    /// and the nodes' login.
+    /// (`etcd.sh --jwt`) and authentication on, and the nodes' login.
     pub fn start(
         script: &Path,
         dir: &Path,
@@ -96,13 +95,7 @@ impl Etcd {
         if auth {
             // JWT tokens carry the auth store's revision, so the auth-change
             // fault voids them all (simple tokens would outlive it).
-            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-            let (private, public) = (dir.with_extension("jwt.key"), dir.with_extension("jwt.pub"));
-            std::fs::write(&private, key.serialize_pem())?;
-            std::fs::write(&public, key.public_key_pem())?;
             args.push("--jwt".into());
-            args.push(private.display().to_string());
-            args.push(public.display().to_string());
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = sh("bash", &args)?;

@@ -13,10 +13,9 @@
 //! bcrypt, tens of ms of a member's CPU). Each round then also changes the
 //! auth store once all hold (`etcdctl role add`), which makes etcd refuse
 //! every JWT it gave: all keepers log in again at once while keeping their
-//! leases. It prints the
-//! logins etcd answered (`Authenticate` calls) for the start and for the
-//! change, and over the next lease TTL the renewals that failed and the
-//! keepers that lost their node id.
+//! leases. It prints the logins etcd answered (`Authenticate` calls) for
+//! the start and for the change, and over the next lease TTL the renewals
+//! that failed and the keepers that lost their node id.
 //! Logs go to stderr under `RUST_LOG`: with
 //! `RUST_LOG=shardflake_service::registry=debug`, one `took a node id` line
 //! per keeper with the races its take lost.

@@ -35,7 +35,8 @@
 //! role or user edited) makes etcd refuse every JWT token at once (simple
 //! tokens outlive such a change). A client has at most one login in flight
 //! per member, and every call shares the token a login got; a login runs
-//! to its end in a task of its own, on a connection of its own, so a call
+//! to its end in a task of its own, on a connection it makes (which then
+//! serves the calls to that member, if they have none yet), so a call
 //! that stops waiting for it (its timeout) wastes nothing, and the next
 //! call to that member waits for the same login instead of paying etcd for
 //! another. A call that waited its timeout for a login whose connection is
@@ -455,23 +456,19 @@ impl Client {
         let mut answer = pending.answer.clone();
         let waited = tokio::time::timeout(self.timeout, answer.wait_for(Option::is_some))
             .await
-            .map(|answered| answered.map(|done| done.clone()));
+            .map(|answered| answered.ok().and_then(|done| done.clone()));
         match waited {
-            Ok(Ok(done)) => {
-                // `wait_for` returned: the answer is there.
-                let result = done.unwrap_or_else(|| {
-                    Err(Failure::Member(MemberFailure::late(
-                        "no login answer".into(),
-                    )))
-                });
-                if result.is_ok() {
-                    self.answered.store(true, Ordering::Relaxed);
-                }
-                result.map(Some)
+            Ok(Some(Ok((token, channel)))) => {
+                // The login's connection serves the calls too, if the
+                // member has none yet: one connection, not two, at start.
+                lock(&self.members[idx].channel).get_or_insert(channel);
+                self.answered.store(true, Ordering::Relaxed);
+                Ok(Some(token))
             }
+            Ok(Some(Err(failure))) => Err(failure),
             // The login's task ended without an answer (its runtime shut
             // down): the next call logs in afresh.
-            Ok(Err(_)) => {
+            Ok(None) => {
                 lock(&self.login).settle(idx, &pending.answer);
                 Err(Failure::Member(MemberFailure::late(
                     "the login ended without an answer".into(),
@@ -905,7 +902,8 @@ struct Pending {
     answer: watch::Receiver<Option<LoginAnswer>>,
 }
 
-type LoginAnswer = Result<AsciiMetadataValue, Failure>;
+/// The token, and the connection the login made.
+type LoginAnswer = Result<(AsciiMetadataValue, Channel), Failure>;
 
 /// Where and as whom a login goes.
 struct LoginAt {
@@ -916,9 +914,9 @@ struct LoginAt {
     limit: Duration,
 }
 
-/// `Auth.Authenticate` on a connection of its own to the member, run to its
+/// `Auth.Authenticate` on a connection it makes to the member, run to its
 /// end (at most `at.limit`) whoever still waits for it; keeps the token,
-/// then tells the waiters.
+/// then tells the waiters (the connection goes with the token).
 async fn log_in(
     at: LoginAt,
     login: Arc<Mutex<Login>>,
@@ -945,7 +943,7 @@ async fn log_in(
             name: auth.user.clone(),
             password: auth.password.clone(),
         };
-        let reply = AuthClient::new(channel)
+        let reply = AuthClient::new(channel.clone())
             .authenticate(request)
             .await
             .map_err(|status| match classify(&status, true, &hint) {
@@ -956,8 +954,9 @@ async fn log_in(
                 }
                 other => other,
             })?;
-        AsciiMetadataValue::try_from(reply.into_inner().token)
-            .map_err(|e| Failure::Fatal(EtcdError::Protocol(format!("auth token: {e}"))))
+        let token = AsciiMetadataValue::try_from(reply.into_inner().token)
+            .map_err(|e| Failure::Fatal(EtcdError::Protocol(format!("auth token: {e}"))))?;
+        Ok((token, channel))
     };
     let result = match tokio::time::timeout(limit, attempt).await {
         Ok(result) => result,
@@ -976,7 +975,7 @@ async fn log_in(
     {
         let mut login = lock(&login);
         login.settle(member, &answer.subscribe());
-        if let Ok(token) = &result {
+        if let Ok((token, _)) = &result {
             login.token = Some(token.clone());
         }
     }
@@ -1116,7 +1115,7 @@ enum Failure {
     /// etcd rejected the auth token: renew it and try again.
     TokenRejected(String),
     /// The login this call waits for is in flight and has its connection:
-    /// another member would wait for the same login.
+    /// another member would cost etcd another login.
     Busy(String),
     /// Another member would say the same: give up.
     Fatal(EtcdError),

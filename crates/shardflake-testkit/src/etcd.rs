@@ -43,36 +43,26 @@ impl Etcd {
     }
 
     /// Starts `members` members whose auth tokens (once [`Etcd::enable_auth`]
-    /// ran) are JWTs, signed with a key pair made here, instead of simple
-    /// tokens. Unlike a simple token, a JWT carries the auth store's
-    /// revision: any change to users or roles makes etcd refuse it.
+    /// ran) are JWTs instead of simple tokens (`etcd.sh --jwt`). Unlike a
+    /// simple token, a JWT carries the auth store's revision: any change to
+    /// users or roles makes etcd refuse it.
     pub fn start_jwt(members: usize) -> anyhow::Result<Etcd> {
-        let dir = crate::tempdir()?;
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-        let (private, public) = (dir.join("jwt.key"), dir.join("jwt.pub"));
-        std::fs::write(&private, key.serialize_pem())?;
-        std::fs::write(&public, key.public_key_pem())?;
-        let jwt = [private.display().to_string(), public.display().to_string()];
-        Self::launch(members, None, Some(&jwt))
+        Self::launch(members, None, true)
     }
 
     /// Starts `members` members, with https client URLs when `tls` is set.
     pub fn start_with(members: usize, tls: Option<&EtcdTlsFiles>) -> anyhow::Result<Etcd> {
-        Self::launch(members, tls, None)
+        Self::launch(members, tls, false)
     }
 
-    fn launch(
-        members: usize,
-        tls: Option<&EtcdTlsFiles>,
-        jwt: Option<&[String; 2]>,
-    ) -> anyhow::Result<Etcd> {
+    fn launch(members: usize, tls: Option<&EtcdTlsFiles>, jwt: bool) -> anyhow::Result<Etcd> {
         let mut args = vec![
             "start".to_string(),
             "--members".to_string(),
             members.to_string(),
         ];
-        if let Some([private, public]) = jwt {
-            args.extend(["--jwt".to_string(), private.clone(), public.clone()]);
+        if jwt {
+            args.push("--jwt".to_string());
         }
         if let Some(t) = tls {
             let files = shardflake_service::etcd::EtcdTls {

@@ -1,8 +1,9 @@
 //! Logins to a real etcd with user/password authentication: etcd checks
-//! each password with bcrypt (tens of ms of its CPU), so a client logs in
-//! once at a time, shares the token among its calls, and never throws a
-//! login away because a caller stopped waiting for it. Counted at etcd
-//! (`Authenticate` calls answered, from the members' metrics).
+//! each password with bcrypt (tens of ms of its CPU), so a client has at
+//! most one login in flight per member, shares the token among its calls,
+//! and never throws a login away because a caller stopped waiting for it.
+//! Counted at etcd (`Authenticate` calls answered, from the members'
+//! metrics).
 
 use std::collections::HashSet;
 use std::net::{TcpListener, TcpStream};
@@ -60,7 +61,7 @@ fn unanswering_endpoint() -> anyhow::Result<(TcpListener, TcpStream, String)> {
     Ok((listener, waiting, format!("http://{addr}")))
 }
 
-async fn auth_etcd() -> anyhow::Result<Etcd> {
+fn auth_etcd() -> anyhow::Result<Etcd> {
     let mut etcd = Etcd::start(1)?;
     etcd.enable_auth("root-pw")?;
     Ok(etcd)
@@ -70,7 +71,7 @@ async fn auth_etcd() -> anyhow::Result<Etcd> {
 async fn reads_together(
     clients: &[Arc<Client>],
     per_client: usize,
-) -> anyhow::Result<Vec<Result<Vec<Kv>, EtcdError>>> {
+) -> Vec<Result<Vec<Kv>, EtcdError>> {
     let mut reads = tokio::task::JoinSet::new();
     for client in clients {
         for _ in 0..per_client {
@@ -78,16 +79,16 @@ async fn reads_together(
             reads.spawn(async move { client.range_prefix(b"/login/").await });
         }
     }
-    Ok(reads.join_all().await)
+    reads.join_all().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_made_together_share_one_login() -> anyhow::Result<()> {
-    let etcd = auth_etcd().await?;
+    let etcd = auth_etcd()?;
     let client = root_client(&etcd, Duration::from_secs(5))?;
     let before = etcd.handled("Authenticate").await?;
     // A node's acquisition starts with the grant and the read together.
-    for read in reads_together(std::slice::from_ref(&client), 8).await? {
+    for read in reads_together(std::slice::from_ref(&client), 8).await {
         read?;
     }
     client.grant(5).await?;
@@ -97,7 +98,7 @@ async fn calls_made_together_share_one_login() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_its_callers_gave_up_on_is_not_thrown_away() -> anyhow::Result<()> {
-    let etcd = auth_etcd().await?;
+    let etcd = auth_etcd()?;
     // The member stops answering while every client logs in (each with two
     // calls at once): every call gives up after its timeout, well within
     // the login's own limit (10 timeouts).
@@ -109,7 +110,6 @@ async fn a_login_its_callers_gave_up_on_is_not_thrown_away() -> anyhow::Result<(
     etcd.signal(0, libc::SIGSTOP)?;
     let first = reads_together(&clients, 2).await;
     etcd.signal(0, libc::SIGCONT)?;
-    let first = first?;
     for answer in &first {
         match answer {
             Err(EtcdError::Busy(_) | EtcdError::Unreachable { .. }) => {}
@@ -147,7 +147,7 @@ async fn a_refused_token_is_renewed_once_for_all_calls() -> anyhow::Result<()> {
     // Any change to the auth store makes etcd refuse the tokens it gave.
     etcd.etcdctl(&["role", "add", "changed"])?;
     let before = etcd.handled("Authenticate").await?;
-    for read in reads_together(std::slice::from_ref(&client), 8).await? {
+    for read in reads_together(std::slice::from_ref(&client), 8).await {
         read?;
     }
     assert!(client.keep_alive(lease).await? > 0);
@@ -157,7 +157,7 @@ async fn a_refused_token_is_renewed_once_for_all_calls() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_herd_logging_in_together_starts_on_the_default_timeout() -> anyhow::Result<()> {
-    let etcd = auth_etcd().await?;
+    let etcd = auth_etcd()?;
     // 32 logins are about 2 s of bcrypt at etcd here, so they queue: each
     // node's calls (the grant and the read go together) wait for its one
     // login. With a login per call, this herd made 193 (measured).
@@ -239,7 +239,7 @@ async fn a_member_stalled_during_a_login_holds_the_client_a_bounded_time() -> an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_takes_no_connection_is_passed_over_during_a_login() -> anyhow::Result<()> {
-    let etcd = auth_etcd().await?;
+    let etcd = auth_etcd()?;
     let (_listener, _waiting, dead) = unanswering_endpoint()?;
     let endpoints = [dead, etcd.endpoints[0].clone()];
     // A client starts on a member picked at random. One that starts on the
