@@ -59,6 +59,9 @@ enum Command {
     Mysql(cmd::mysql::Args),
     /// Flickr-style ticket servers and segment allocation: init, check, repair, next, bench.
     Tickets(cmd::tickets::Args),
+    /// Measure what each id scheme costs on your PostgreSQL and MariaDB:
+    /// bytes, insert rate, table and index size, ids per second.
+    Compare(cmd::compare::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(cmd::completions::CompletionsArgs),
     /// Print the man page (roff) to stdout.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Pg(args) => cmd::pg::run(args),
         Command::Mysql(args) => cmd::mysql::run(args),
         Command::Tickets(args) => cmd::tickets::run(args),
+        Command::Compare(args) => cmd::compare::run(args),
         Command::Completions(args) => cmd::completions::run_completions(args, Cli::command()),
         Command::Man(args) => cmd::completions::run_man(args, Cli::command()),
     };

@@ -1,6 +1,7 @@
 //! One module per subcommand, plus the options they share.
 
 pub mod bench;
+pub mod compare;
 pub mod completions;
 pub mod decode;
 pub mod generate;
