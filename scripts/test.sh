@@ -70,6 +70,9 @@ step "chaos runs on ticket servers (15 s each, one of a MariaDB pair SIGKILLed a
 $chaos tickets --seconds 15 --seed 1 --clients 4 --mode segment --bin $bin
 $chaos tickets --seconds 15 --seed 1 --clients 4 --mode per-id --bin $bin
 
+step "compare smoke (every id scheme on real PostgreSQL and MariaDB, 2,000 rows each; SIGINT mid-run)"
+SHARDFLAKE_BIN=$bin bash scripts/compare-smoke.sh 2000
+
 step "doc tests"
 linted cargo test --workspace --doc
 

@@ -64,6 +64,18 @@ pub use error::CompareError;
 pub use report::{Report, SchemeResult, ServerReport};
 pub use scheme::{MadeBy, Scheme, ServerKind};
 
+/// The comment on a PostgreSQL sandbox schema that says this tool made it.
+pub const SANDBOX_MARK: &str = "made by shardflake compare; dropped at the end of its run";
+/// The table in a MariaDB sandbox database that says this tool made it.
+pub const SANDBOX_MARK_TABLE: &str = "made_by_shardflake_compare";
+
+/// The name of the advisory lock (PostgreSQL, hashed with
+/// `hashtextextended(name, 0)`) or user lock (MariaDB, `GET_LOCK`) a run
+/// holds on its sandbox.
+pub fn sandbox_lock(sandbox: &str) -> String {
+    format!("sf compare {sandbox}")
+}
+
 /// The most rows a run may insert per scheme.
 pub const MAX_ROWS: u64 = 100_000_000;
 /// The most connections.
@@ -197,4 +209,79 @@ pub async fn mariadb(
 ) -> Result<ServerReport, CompareError> {
     opts.validate()?;
     mysql::run(url, opts, progress).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_out_of_range_are_refused() {
+        assert!(Options::default().validate().is_ok());
+        let bad = [
+            Options {
+                rows: 0,
+                ..Options::default()
+            },
+            Options {
+                rows: MAX_ROWS + 1,
+                ..Options::default()
+            },
+            Options {
+                clients: 0,
+                ..Options::default()
+            },
+            Options {
+                batch: MAX_BATCH + 1,
+                ..Options::default()
+            },
+            Options {
+                seconds: 0,
+                ..Options::default()
+            },
+            Options {
+                timeout: Duration::ZERO,
+                ..Options::default()
+            },
+            Options {
+                segment_step: 0,
+                ..Options::default()
+            },
+            Options {
+                schema: "Bad-Name".into(),
+                ..Options::default()
+            },
+            Options {
+                schema: "1abc".into(),
+                ..Options::default()
+            },
+            Options {
+                schema: "public; drop".into(),
+                ..Options::default()
+            },
+            Options {
+                schema: String::new(),
+                ..Options::default()
+            },
+        ];
+        for o in bad {
+            assert!(
+                matches!(o.validate(), Err(CompareError::Invalid(_))),
+                "{o:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_scheme_has_a_name_that_parses_back() {
+        for s in Scheme::ALL {
+            assert_eq!(Scheme::from_name(s.name()), Some(s));
+        }
+        assert_eq!(Scheme::from_name("nope"), None);
+        for kind in [ServerKind::Postgres, ServerKind::Mariadb] {
+            let schemes = Scheme::for_server(kind);
+            assert!(schemes[0].is_baseline());
+            assert_eq!(schemes.iter().filter(|s| s.is_baseline()).count(), 1);
+        }
+    }
 }

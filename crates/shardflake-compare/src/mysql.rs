@@ -22,8 +22,7 @@ use crate::scheme::{MadeBy, Scheme, ServerKind};
 use crate::{Options, Progress};
 
 const SERVER: &str = "MariaDB";
-/// A table in the sandbox that says it is ours.
-const MARK_TABLE: &str = "made_by_shardflake_compare";
+use crate::SANDBOX_MARK_TABLE as MARK_TABLE;
 /// `ER_LOCK_DEADLOCK`.
 const ER_LOCK_DEADLOCK: u16 = 1213;
 
@@ -73,7 +72,7 @@ pub(crate) async fn run(
     // Held by this connection until it closes: one run per sandbox.
     let locked: Option<Option<i64>> = bounded(SERVER, "taking the sandbox's lock", t, async {
         control
-            .exec_first("SELECT GET_LOCK(?, 0)", (format!("sf compare {sandbox}"),))
+            .exec_first("SELECT GET_LOCK(?, 0)", (crate::sandbox_lock(sandbox),))
             .await
             .map_err(db("taking the sandbox's lock"))
     })

@@ -20,8 +20,7 @@ use crate::scheme::{Scheme, ServerKind};
 use crate::{Options, Progress};
 
 const SERVER: &str = "PostgreSQL";
-/// The sandbox's comment: a schema of our name without it is not ours.
-const MARK: &str = "made by shardflake compare; dropped at the end of its run";
+use crate::SANDBOX_MARK as MARK;
 /// Every row's payload, the same for every scheme.
 pub(crate) const BODY: &str = "sixteen bytes ok";
 /// Every row's shard key: one user, as in Instagram's example (user 31341),
@@ -85,7 +84,7 @@ pub(crate) async fn run(
         Ok(control
             .query_one(
                 "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
-                &[&format!("shardflake compare {schema}")],
+                &[&crate::sandbox_lock(schema)],
             )
             .await
             .map_err(db("taking the sandbox's lock"))?

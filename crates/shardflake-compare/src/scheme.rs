@@ -40,9 +40,9 @@ pub enum MadeBy {
     Segment,
 }
 
-/// One way to make primary keys.
+/// One way to make primary keys (serialised as its [`Scheme::name`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "snake_case")]
 pub enum Scheme {
     /// PostgreSQL `bigserial`: the baseline there.
     Bigserial,
@@ -69,6 +69,7 @@ pub enum Scheme {
     /// UUIDv7 made in the client.
     UuidV7,
     /// MongoDB ObjectId made in the client.
+    #[serde(rename = "objectid")]
     ObjectId,
     /// Flickr-style ticket: one round trip per id (`nextval` on PostgreSQL,
     /// `REPLACE INTO` on MariaDB).
