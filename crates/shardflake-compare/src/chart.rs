@@ -34,11 +34,9 @@ const METRICS: [Metric; 3] = [
         format: |v| format!("{v:.1} B"),
     },
     Metric {
-        title: "primary key after ~10% churn, MB",
-        value: |r| {
-            (r.index_bytes_after_churn > 0).then(|| r.index_bytes_after_churn as f64 / 1_048_576.0)
-        },
-        format: |v| format!("{v:.2} MB"),
+        title: "primary key after ~10% churn, bytes per row",
+        value: |r| r.index_bytes_per_row_after_churn(),
+        format: |v| format!("{v:.1} B"),
     },
 ];
 

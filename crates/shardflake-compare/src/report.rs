@@ -136,6 +136,13 @@ impl SchemeResult {
     pub fn index_bytes_per_row(&self) -> Option<f64> {
         (self.inserted > 0).then(|| self.index_bytes as f64 / self.inserted as f64)
     }
+
+    /// Primary-key bytes per row after the churn (as many rows inserted
+    /// as were deleted, so about as many rows as before).
+    pub fn index_bytes_per_row_after_churn(&self) -> Option<f64> {
+        (self.inserted > 0 && self.index_bytes_after_churn > 0)
+            .then(|| self.index_bytes_after_churn as f64 / self.inserted as f64)
+    }
 }
 
 impl Report {
@@ -256,7 +263,7 @@ const HEADER: [&str; 12] = [
     "table MB",
     "PK MB",
     "PK B/row",
-    "PK MB churn",
+    "PK B/row churn",
     "gen ids/s",
     "in order",
     "dups",
@@ -299,7 +306,8 @@ fn cells(r: &SchemeResult) -> Vec<String> {
         mb(r.index_bytes),
         r.index_bytes_per_row()
             .map_or_else(dash, |b| format!("{b:.1}")),
-        mb(r.index_bytes_after_churn),
+        r.index_bytes_per_row_after_churn()
+            .map_or_else(dash, |b| format!("{b:.1}")),
         r.generator_ids_per_s.map_or_else(dash, si),
         match r.time_sorted() {
             Some(true) => "yes".into(),
