@@ -82,7 +82,7 @@ enum PgCommand {
         #[arg(long, conflicts_with_all = ["to", "keep_source"])]
         abort: bool,
         /// Stop after this step as if killed there (for fault tests).
-        #[arg(long, hide = true)]
+        #[arg(long, hide = true, env = "SHARDFLAKE_MOVE_STOP_AFTER")]
         stop_after: Option<move_shard::MoveStep>,
         #[command(flatten)]
         topology: TopologyArg,
