@@ -346,11 +346,24 @@ pub fn conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
                 Some((dest, _, _)) => *dest,
                 None => peer.unwrap_or("?"),
             };
+            let serving = holders
+                .iter()
+                .any(|(_, s, _)| matches!(s, State::Live | State::Moving));
+            let fenced_at = holders
+                .iter()
+                .find(|(_, s, _)| *s == State::Fenced)
+                .map(|(n, _, _)| *n);
+            let what = match fenced_at {
+                Some(f) if !serving => format!(
+                    "shard {shard} is fenced on {f} and live nowhere, so every write to it fails: its move to {to} did not finish"
+                ),
+                _ => format!("a move of shard {shard} to {to} did not finish"),
+            };
             say(
                 at,
                 Some(shard),
                 format!(
-                    "a move of shard {shard} to {to} did not finish: finish it with `shardflake pg move-shard {shard} --to {to}` or undo it with `shardflake pg move-shard {shard} --abort`"
+                    "{what}: finish it with `shardflake pg move-shard {shard} --to {to}` or undo it with `shardflake pg move-shard {shard} --abort`"
                 ),
             );
             continue;

@@ -382,19 +382,17 @@ pub async fn abort_move(path: &Path, shard: u64) -> Result<String, Error> {
         src_tx.commit().await.map_err(ctx(at, "commit unfence"))?;
         return Ok(at.clone());
     }
-    match (&w.moving, &w.incoming) {
-        (Some((from, _)), _) | (None, Some(from)) if w.moving.is_some() || w.incoming.is_some() => {
-            let from = w.serving.clone().unwrap_or_else(|| from.clone());
-            let s = dep.index(&from)?;
-            let d = match &w.incoming {
-                Some(i) => dep.index(i)?,
-                None => dep.index(&w.moving.as_ref().map(|m| m.1.clone()).unwrap_or_default())?,
-            };
-            undo_copy(&mut dep, shard, (s, d)).await?;
-            Ok(from)
-        }
-        _ => Err(fail("no move of it is under way".into())),
-    }
+    // Before the fence: the copy (if any) goes, the source serves on.
+    let copy_at = match (&w.incoming, &w.moving) {
+        (Some(dest), _) | (None, Some((_, dest))) => dest.clone(),
+        (None, None) => return Err(fail("no move of it is under way".into())),
+    };
+    let Some(from) = w.serving.clone() else {
+        return Err(fail("it is live on no server (run pg check)".into()));
+    };
+    let (s, d) = (dep.index(&from)?, dep.index(&copy_at)?);
+    undo_copy(&mut dep, shard, (s, d)).await?;
+    Ok(from)
 }
 
 /// Before the fence: drop the destination's copy and record, and the

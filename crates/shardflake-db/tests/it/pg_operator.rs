@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::Command;
 
-use shardflake_db::move_shard::{MoveOptions, move_shard};
+use shardflake_db::move_shard::{MoveOptions, MoveStep, abort_move, move_shard};
 use shardflake_db::{Topology, pg};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
@@ -354,4 +354,121 @@ async fn a_shard_restored_from_a_dump_repeats_no_id() {
     assert!(pg::check(&topo).await.unwrap().is_empty());
     let after = insert(&c, "shard0", 30_000).await.unwrap();
     assert_eq!(repeats(&before, &after), 0, "ids repeated after a repair");
+}
+
+/// Reproduction 5, at every step: a move stopped after any of its steps (as
+/// if killed there) is reported by `check`, refused by `apply`, and finished
+/// by running it again; rows written between are all there, no id twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_stopped_after_any_step_is_finished_by_running_it_again() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new(
+        "stopped",
+        &topology(EIGHT, &[("a", &a, "0-3"), ("b", &b, "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let servers = [("a", client(&a).await), ("b", client(&b).await)];
+    let mut ids = insert(&servers[0].1, "shard3", 1000).await.unwrap();
+    for step in MoveStep::ALL {
+        let topo = Topology::load(&file.0).unwrap();
+        let from = topo.server_of(3).unwrap().name.clone();
+        let to = if from == "a" { "b" } else { "a" };
+        let opts = MoveOptions {
+            stop_after: Some(step),
+            ..Default::default()
+        };
+        let e = move_shard(&file.0, 3, to, &opts).await.unwrap_err();
+        assert!(e.to_string().contains("stopped after step"), "{e}");
+        if step != MoveStep::Switched {
+            let drift = pg::check(&topo).await.unwrap();
+            assert!(
+                drift
+                    .iter()
+                    .any(|d| d.problem.contains(&format!("move-shard 3 --to {to}"))),
+                "after {step:?}: {drift:?}"
+            );
+            pg::apply(&topo)
+                .await
+                .expect_err("apply during a stopped move");
+        }
+        // Before the fence the source still takes writes.
+        if matches!(step, MoveStep::Recorded | MoveStep::Copied) {
+            let c = &servers.iter().find(|(n, _)| *n == from).unwrap().1;
+            ids.extend(insert(c, "shard3", 100).await.unwrap());
+        }
+        let report = move_shard(&file.0, 3, to, &MoveOptions::default())
+            .await
+            .unwrap();
+        assert!(report.resumed_after.is_some() || step == MoveStep::Switched);
+        let topo = Topology::load(&file.0).unwrap();
+        assert_eq!(topo.server_of(3).unwrap().name, to);
+        assert!(pg::check(&topo).await.unwrap().is_empty(), "after {step:?}");
+        let c = &servers.iter().find(|(n, _)| *n == to).unwrap().1;
+        ids.extend(insert(c, "shard3", 100).await.unwrap());
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM shard3.posts", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n as usize, ids.len(), "rows lost after {step:?}");
+    }
+    let distinct: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len(), "ids handed out twice");
+}
+
+/// A move stopped after its fence is undone by `--abort`: the old copy
+/// serves again, above every id it made; once the destination went live it
+/// cannot be undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_move_is_undone_by_abort_until_it_went_live() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new(
+        "abort",
+        &topology(EIGHT, &[("a", &a, "0-3"), ("b", &b, "4-7")]),
+    );
+    let topo = Topology::load(&file.0).unwrap();
+    pg::apply(&topo).await.unwrap();
+    let (ca, cb) = (client(&a).await, client(&b).await);
+    let before = insert(&ca, "shard3", 1000).await.unwrap();
+    let stop = |step| MoveOptions {
+        stop_after: Some(step),
+        ..Default::default()
+    };
+    move_shard(&file.0, 3, "b", &stop(MoveStep::Fenced))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        insert(&ca, "shard3", 1)
+            .await
+            .unwrap_err()
+            .as_db_error()
+            .map(|d| d.code().code()),
+        Some("SF001")
+    );
+    let drift = pg::check(&topo).await.unwrap();
+    assert!(
+        drift.iter().any(|d| d.problem.contains("live nowhere")),
+        "{drift:?}"
+    );
+    assert_eq!(abort_move(&file.0, 3).await.unwrap(), "a");
+    assert!(pg::check(&topo).await.unwrap().is_empty());
+    assert!(!schemas(&cb).await.contains(&"shard3".to_string()));
+    let after = insert(&ca, "shard3", 1000).await.unwrap();
+    assert!(after.iter().min() > before.iter().max());
+
+    move_shard(&file.0, 3, "b", &stop(MoveStep::Live))
+        .await
+        .unwrap_err();
+    let e = abort_move(&file.0, 3).await.unwrap_err();
+    assert!(e.to_string().contains("went live"), "{e}");
+    move_shard(&file.0, 3, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        pg::check(&Topology::load(&file.0).unwrap())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    abort_move(&file.0, 3).await.unwrap_err();
 }
