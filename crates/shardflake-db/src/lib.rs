@@ -98,6 +98,15 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+    /// MariaDB/MySQL: a refusal or a finding of ours (no driver error
+    /// under it, so the message is printed once).
+    #[error("mysql: {context}: {message}")]
+    MysqlRefused {
+        /// What was being done.
+        context: String,
+        /// Why it was refused.
+        message: String,
+    },
     /// MariaDB/MySQL failure.
     #[error("mysql: {context}: {source}")]
     Mysql {

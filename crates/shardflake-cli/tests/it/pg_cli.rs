@@ -276,6 +276,24 @@ async fn a_move_killed_after_the_fence_is_reported_and_finished_by_a_rerun() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue #28's last items: `mysql --layout snowflake` is refused, not
+/// replaced by mysql-procedure; a refusal is printed once.
+#[test]
+fn mysql_layout_is_never_replaced_and_a_refusal_is_printed_once() {
+    let e = fails(&["mysql", "sql", "--layout", "snowflake"]);
+    assert!(e.contains("has no \"shard\" field"), "{e}");
+    let out = Command::new(crate::shardflake_bin())
+        .args(["mysql", "sql"])
+        .env("SHARDFLAKE_LAYOUT", "snowflake")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let m = MariaDbServer::start().unwrap();
+    let no_db = m.url().trim_end_matches("/app").to_string();
+    let e = fails(&["mysql", "apply", "--url", &no_db]);
+    assert_eq!(e.matches("names no database").count(), 1, "{e}");
+}
+
 #[test]
 fn mysql_apply_call_sql() {
     let sql = ok(&["mysql", "sql"]);
