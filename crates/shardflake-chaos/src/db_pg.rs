@@ -540,7 +540,7 @@ fn swap_lists(text: &str) -> String {
 
 /// The file with `more` added to the last server's shard list.
 fn add_to_last_list(text: &str, more: &str) -> String {
-    let Some(last) = text.lines().filter(|l| l.starts_with("shards = \"")).last() else {
+    let Some(last) = text.lines().rfind(|l| l.starts_with("shards = \"")) else {
         return text.to_string();
     };
     let held = last.trim_start_matches("shards = \"").trim_end_matches('"');

@@ -31,7 +31,7 @@ pub const STALE_MS: u64 = 1_000;
 /// sequence it finds set back (a dump restored into the running server):
 /// values drawn since its last look (a few ms) stay below it unless more
 /// than this many ms' worth of ids were drawn in them.
-pub const RESTORE_HEADROOM_MS: u64 = 1000;
+pub const RESTORE_HEADROOM_MS: u64 = 500;
 
 /// The sequence's `CACHE` unless told otherwise: values handed out from
 /// memory between two writes of the sequence's row. A crash skips what is
