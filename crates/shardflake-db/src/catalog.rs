@@ -383,7 +383,7 @@ pub fn conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
                 live[1],
                 Some(shard),
                 format!(
-                    "shard {shard} is live on {}: two copies hand out ids; fence one with move-shard, never write to both",
+                    "shard {shard} is live on {}: two copies hand out ids (a restored server brought back a copy that had moved?); stop writes to the copy the file does not put there, drop its schema, then run `shardflake pg repair --shard {shard}`",
                     live.join(" and ")
                 ),
             );
