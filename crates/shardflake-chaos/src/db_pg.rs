@@ -2,7 +2,7 @@
 //! operators do, judged by the same checker. Two servers of
 //! `scripts/pg.sh` hold 4 logical shards (`shardflake pg apply`); clients
 //! insert rows into each shard (`INSERT ... RETURNING id`, single rows and
-//! bursts), routed by `shardflake pg route`, while a seeded schedule runs,
+//! bursts of up to 20, 2 ms apart), routed by `shardflake pg route`, while a seeded schedule runs,
 //! through the `shardflake` CLI as an operator would:
 //!
 //! - `move-shard` stopped after each of its steps (the hidden failpoint) or
@@ -35,6 +35,8 @@ use crate::verdict::{ClientLog, Outcome, in_dir};
 const SHARDS: u64 = 4;
 /// Longest a connect or a statement may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause before each statement of a client.
+const STATEMENT_PAUSE: Duration = Duration::from_millis(2);
 /// The steps of a move (`shardflake pg move-shard --stop-after`).
 const STEPS: [&str; 5] = ["recorded", "copied", "fenced", "live", "switched"];
 
@@ -247,7 +249,10 @@ async fn client(shared: Arc<Shared>, shard: u64, seed: u64) -> ClientLog {
             && !shared.paused[i].load(Ordering::SeqCst)
             && shared.generation.load(Ordering::SeqCst) == generation
         {
-            let rows: i64 = if rng.f64() < 0.6 { 1 } else { rng.i64(2..=200) };
+            // Small bursts and a short pause: the shards grow slowly enough
+            // that moves and dumps of them keep to the schedule.
+            let rows: i64 = if rng.f64() < 0.6 { 1 } else { rng.i64(2..=20) };
+            tokio::time::sleep(STATEMENT_PAUSE).await;
             let sql = format!(
                 "INSERT INTO shard{shard}.posts (user_id, body) SELECT g, 'chaos' FROM generate_series(1, $1::bigint) g RETURNING id"
             );

@@ -273,9 +273,9 @@ impl Deployed {
             .ok_or_else(|| crate::TopologyError::UnknownServer(name.to_string()).into())
     }
 
-    /// The two clients, mutably.
+    /// The two clients, mutably (`a` and `b` differ: every caller checked
+    /// that source and destination are two servers).
     fn pair(&mut self, a: usize, b: usize) -> (&mut Client, &mut Client) {
-        assert_ne!(a, b, "a move has two servers");
         if a < b {
             let (x, y) = self.clients.split_at_mut(b);
             (&mut x[a], &mut y[0])
@@ -312,6 +312,11 @@ pub async fn move_shard(
             )));
         }
         let s = dep.index(at)?;
+        if s == d {
+            return Err(fail(format!(
+                "the records say shard {shard} moved from {at} to itself: fix them by hand (shardflake.shards on {at})"
+            )));
+        }
         return resume_fenced(
             &mut dep,
             path,
@@ -351,7 +356,9 @@ pub async fn move_shard(
     if resumed {
         // Stopped before the fence: nothing was handed over; copy again.
         let copy_at = dep.index(w.incoming.as_deref().unwrap_or(to))?;
-        undo_copy(&mut dep, shard, (s, copy_at)).await?;
+        if copy_at != s {
+            undo_copy(&mut dep, shard, (s, copy_at)).await?;
+        }
     }
     let mut report = fresh_move(&mut dep, path, shard, (s, d), opts).await?;
     report.resumed_after = resumed.then_some(MoveStep::Recorded);
@@ -373,6 +380,11 @@ pub async fn abort_move(path: &Path, shard: u64) -> Result<String, Error> {
         }
         let s = dep.index(at)?;
         let d = dep.index(peer)?;
+        if s == d {
+            return Err(fail(format!(
+                "the records say shard {shard} moved from {at} to itself: fix them by hand (shardflake.shards on {at})"
+            )));
+        }
         let topo = dep.topo.clone();
         let (src, dst) = dep.pair(s, d);
         drop_copy(dst, peer, &topo.schema(shard), shard).await?;
@@ -391,6 +403,11 @@ pub async fn abort_move(path: &Path, shard: u64) -> Result<String, Error> {
         return Err(fail("it is live on no server (run pg check)".into()));
     };
     let (s, d) = (dep.index(&from)?, dep.index(&copy_at)?);
+    if s == d {
+        return Err(fail(format!(
+            "the records say shard {shard} is copied from {from} to itself: fix them by hand (shardflake.shards on {from})"
+        )));
+    }
     undo_copy(&mut dep, shard, (s, d)).await?;
     Ok(from)
 }
@@ -409,6 +426,15 @@ async fn undo_copy(dep: &mut Deployed, shard: u64, (s, d): (usize, usize)) -> Re
         catalog::record_shard(&*src, &sn, shard, State::Live, None).await?;
     }
     Ok(())
+}
+
+async fn dep_has_deployment(c: &Client, name: &str) -> Result<bool, Error> {
+    Ok(
+        c.query_one("SELECT EXISTS (SELECT 1 FROM shardflake.deployment)", &[])
+            .await
+            .map_err(ctx(name, "reading the deployment record"))?
+            .get(0),
+    )
 }
 
 async fn has_records(c: &Client, name: &str) -> Result<bool, Error> {
@@ -475,6 +501,7 @@ async fn fresh_move(
     );
     let (sname, dname) = (sn.as_str(), dn.as_str());
     let dest_record = dep.deployment(dname);
+    let source_record = dep.deployment(sname);
     let (src, dst) = dep.pair(s, d);
     let schema = topo.schema(shard);
     for (c, name, want) in [(&*dst, dname, false), (&*src, sname, true)] {
@@ -524,6 +551,13 @@ async fn fresh_move(
         catalog::record_deployment(&tx, &dest_record).await?;
         catalog::record_shard(&tx, dname, shard, State::Incoming, Some(sname)).await?;
         tx.commit().await.map_err(ctx(dname, "commit"))?;
+    }
+    // A deployment made before the records gets them on the source too.
+    src.batch_execute(catalog::CATALOG_DDL)
+        .await
+        .map_err(ctx(sname, "creating the records"))?;
+    if !dep_has_deployment(src, sname).await? {
+        catalog::record_deployment(&*src, &source_record).await?;
     }
     catalog::record_shard(&*src, sname, shard, State::Moving, Some(dname)).await?;
     stop(opts, MoveStep::Recorded, shard)?;

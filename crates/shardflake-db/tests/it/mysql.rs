@@ -880,7 +880,7 @@ async fn a_dump_restored_into_the_running_server_repeats_no_id() {
     std::fs::write(&dump, &out.stdout).unwrap();
     let burst: Vec<i64> = c
         .query(
-            "INSERT INTO posts (user_id, body) SELECT 7, 'burst' FROM seq_1_to_20000 RETURNING id",
+            "INSERT INTO posts (user_id, body) SELECT 7, 'burst' FROM seq_1_to_40000 RETURNING id",
         )
         .await
         .unwrap();
