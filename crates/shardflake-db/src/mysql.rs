@@ -66,7 +66,12 @@
 //! 4. **Nothing else moves the sequence.** No `ALTER SEQUENCE ... RESTART`,
 //!    no `INSERT` into the sequence table, no explicit ids above the
 //!    sequence (`mysql apply` never does these; `mysql check` draws one
-//!    value and verifies it is above every stored id).
+//!    value and verifies it is above every stored id). A dump restored
+//!    into the running server does set it back: the clock event's loop,
+//!    which outlives the restore's `DROP SEQUENCE`, puts it past the
+//!    highest reservation it has seen ([`sql::event_sql`]), and the trigger
+//!    refuses the set-back values meanwhile (more than [`sql::STALE_MS`]
+//!    behind the clock, for a dump older than that).
 //!
 //! This holds at any rate (more than 2^sequence_bits ids in one tick run
 //! into the next tick: the id *borrows* time instead of wrapping) and at any

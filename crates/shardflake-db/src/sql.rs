@@ -6,7 +6,9 @@
 //!
 //! # The `next_id(regclass)` function
 //!
-//! Each sharded table has its own sequence, `<schema>.<table>_id_seq`. Its
+//! Each shard has one sequence, `<schema>.id_seq`, which every table's
+//! default and `<schema>.next_id()` draw from (two sequences of one shard
+//! would hand out the same values, hence the same ids). Its
 //! value is not a plain counter but a *packed* time and sequence,
 //! `tick << sequence_bits | sequence`, the two low fields of the id. The id is
 //! that value with the shard bits put in place:
@@ -108,6 +110,23 @@
 //! (one session, 1,000,000 calls in one `SELECT`) the fast path costs
 //! `nextval` (about 0.6 µs), the clock expression (0.4 µs) and two
 //! `currval` (0.1 µs each).
+//!
+//! # What the fast path also tests, for free or nearly
+//!
+//! - **The sequence it was built for.** `next_id` carries the oid of the
+//!   shard's sequence as read by `pg apply`; its first `CASE` arm compares
+//!   the argument's oid with it. The argument is a constant
+//!   (`'shard5.id_seq'::regclass`), so the planner folds the arm away. A
+//!   shard restored from a dump has a new sequence under the old function:
+//!   the arm raises `SF003` until `pg repair`, instead of handing out again
+//!   the values drawn after the dump.
+//! - **How far ahead of the clock.** The fast path's band is `clock - LAG
+//!   <= w <= clock + AHEAD` ([`AHEAD_MS`]), one `abs()` of the draw minus
+//!   the clock; a draw further ahead takes the slow path, which waits until
+//!   the clock is within `AHEAD` of it (more than twice `AHEAD` ahead, the
+//!   clock stepped back: `SF004`). So no value ever handed out exceeds the
+//!   clock plus `AHEAD`, which is what `pg repair` sets a restored sequence
+//!   past.
 //!
 //! # The sign bit
 //!
