@@ -29,6 +29,11 @@
 # per insert (/proc/PID/task/*/schedstat); then the CPU of one connection per
 # row of one INSERT ... SELECT of CPU_ROWS rows, CPU_RUNS times.
 #
+# BEFORE_BIN=an older shardflake binary adds the kind shardflake_before:
+# that binary's `pg apply` in schema prefix "before" on the same server, so
+# that a change's cost is measured in one run (KINDS="bigserial shardflake"
+# narrows the kinds; ROWS_PER_CLIENT the rows).
+#
 #   scripts/bench-db.sh [ROUNDS]        results in markdown on stdout
 #   scripts/bench-db.sh 0               only the per-backend CPU measure (PostgreSQL)
 #   ONLY=mariadb scripts/bench-db.sh 3  only MariaDB (ONLY=pg: only PostgreSQL)
@@ -69,6 +74,10 @@ name = "k_shardflake"
 sql = "CREATE TABLE {schema}.k_shardflake (id bigint PRIMARY KEY DEFAULT {next_id}, user_id bigint NOT NULL, body text)"
 TOML
 "$SF" pg apply -t "$work/topology.toml" >/dev/null
+if [[ -n ${BEFORE_BIN:-} ]]; then
+  sed 's/^shards = 1$/shards = 1\nschema_prefix = "before"/' "$work/topology.toml" >"$work/before.toml"
+  "$BEFORE_BIN" pg apply -t "$work/before.toml" >/dev/null
+fi
 
 psql <<'SQL'
 CREATE TABLE k_bigserial (id bigserial PRIMARY KEY, user_id bigint NOT NULL, body text);
@@ -102,13 +111,15 @@ SQL
 
 declare -A table=(
   [bigserial]=k_bigserial [instagram]=k_instagram [shardflake]=shard0.k_shardflake
-  [uuid4]=k_uuid4 [uuid7]=k_uuid7
+  [uuid4]=k_uuid4 [uuid7]=k_uuid7 [shardflake_before]=before0.k_shardflake
 )
-kinds=(bigserial instagram shardflake uuid4 uuid7)
+read -r -a kinds <<<"${KINDS:-bigserial instagram shardflake uuid4 uuid7}"
+[[ -z ${BEFORE_BIN:-} ]] || kinds+=(shardflake_before)
+nk=${#kinds[@]}
 declare -A rates=() index=() tsize=()
 for round in $(seq 1 "$ROUNDS"); do
   # rotate the order each round so no kind always runs first
-  order=("${kinds[@]:$(( (round - 1) % 5 ))}" "${kinds[@]:0:$(( (round - 1) % 5 ))}")
+  order=("${kinds[@]:$(( (round - 1) % nk ))}" "${kinds[@]:0:$(( (round - 1) % nk ))}")
   for k in "${order[@]}"; do
     t=${table[$k]}
     psql -c "TRUNCATE $t" -c "CHECKPOINT"
@@ -170,13 +181,15 @@ if [[ -r /proc/self/schedstat ]]; then
   echo
   echo "| primary key | µs CPU per row, each run | slow-path calls (ours) |"
   echo "|---|---|---:|"
-  for k in bigserial instagram shardflake; do
+  cpu_kinds=(bigserial instagram shardflake)
+  [[ -z ${BEFORE_BIN:-} ]] || cpu_kinds+=(shardflake_before)
+  for k in "${cpu_kinds[@]}"; do
     runs="" slow=""
     for _ in $(seq 1 "$CPU_RUNS"); do
       read -r cpu share < <(backend_cpu "${table[$k]}" "$CPU_ROWS")
       runs="$runs $cpu" slow="$slow $share"
     done
-    [[ $k == shardflake ]] || slow=""
+    [[ $k == shardflake* ]] || slow=""
     printf '| %s | %s | %s |\n' "$k" "$(echo $runs | tr ' ' '/')" "$(echo $slow | tr ' ' '/')"
   done
 fi

@@ -4,11 +4,14 @@
 //! INSERT` trigger and the clock event), and client connections insert rows
 //! with `INSERT ... RETURNING id` (single rows and multi-row bursts) while a
 //! seeded schedule SIGKILLs and restarts the server and steps its clock back
-//! (libfaketime, through the script's timestamp file).
+//! (libfaketime, through the script's timestamp file), and restores a dump
+//! of the database taken a moment earlier: the whole database with the
+//! writers stopped, or the sequence alone under the writers.
 //!
 //! Besides the checker's verdicts (duplicates, order per connection, order
-//! across restarts, lead), every id a client was answered must be a row of
-//! the table at the end: an acknowledged insert survives the crash.
+//! across restarts, lead), every id a client was answered after the last
+//! whole-database restore must be a row of the table at the end: an
+//! acknowledged insert survives the crash.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -44,6 +47,10 @@ enum Fault {
     Kill,
     /// The server's clock 3 s back for a while, then right again.
     ClockBack,
+    /// The database dumped, then restored with the writers stopped.
+    RestoreStopped,
+    /// The sequence dumped, then restored under the writers.
+    RestoreLive,
 }
 
 /// The seeded schedule: (seconds after the load began, fault).
@@ -53,12 +60,20 @@ fn schedule(o: &DbOptions) -> Vec<(Duration, Fault)> {
     let mut at = spacing / 2;
     let mut plan = Vec::new();
     // Faults stop a spacing before the end, so the server is seen to come back.
+    let mut kinds = Vec::new();
     while at + spacing <= Duration::from_secs(o.seconds) {
-        let fault = if rng.f64() < 0.7 {
-            Fault::Kill
-        } else {
-            Fault::ClockBack
-        };
+        // Every kind in a seeded order, again and again; kills twice as often.
+        if kinds.is_empty() {
+            kinds = vec![
+                Fault::Kill,
+                Fault::Kill,
+                Fault::ClockBack,
+                Fault::RestoreStopped,
+                Fault::RestoreLive,
+            ];
+            rng.shuffle(&mut kinds);
+        }
+        let fault = kinds.pop().expect("refilled above");
         plan.push((at, fault));
         at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
     }
@@ -131,6 +146,51 @@ impl Server {
         Ok(())
     }
 
+    /// Dumps the database (or one table or sequence of it) into `dir`.
+    fn dump(&self, dir: &Path, only: Option<&str>) -> anyhow::Result<PathBuf> {
+        let port = self.port()?;
+        let mut cmd = Command::new("mariadb-dump");
+        cmd.args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+            .arg(format!("-P{port}"))
+            .args(["--triggers", "--routines", "--events", "app"]);
+        if let Some(only) = only {
+            cmd.arg(only);
+        }
+        let out = cmd.output().context("running mariadb-dump")?;
+        if !out.status.success() {
+            bail!(
+                "mariadb-dump: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let path = dir.join("dump.sql");
+        std::fs::write(&path, &out.stdout)?;
+        Ok(path)
+    }
+
+    /// Runs a dump into the database, as `mariadb app < dump` does.
+    fn restore(&self, dump: &Path) -> anyhow::Result<()> {
+        let port = self.port()?;
+        let out = Command::new("mariadb")
+            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+            .arg(format!("-P{port}"))
+            .args(["app", "-e"])
+            .arg(format!("source {}", dump.display()))
+            .output()
+            .context("running mariadb")?;
+        if !out.status.success() {
+            bail!("restoring: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(())
+    }
+
+    fn port(&self) -> anyhow::Result<&str> {
+        self.url
+            .rsplit_once(':')
+            .and_then(|(_, rest)| rest.split('/').next())
+            .context("no port in the server's URL")
+    }
+
     fn set_clock(&self, offset: &str) -> anyhow::Result<()> {
         let clock = self
             .clock
@@ -155,6 +215,8 @@ struct Shared {
     generation: AtomicU32,
     answers: Mutex<Answers>,
     sequence_mask: u64,
+    /// Writers wait while set (a restore with the writers stopped).
+    paused: AtomicBool,
 }
 
 /// A short code for a failed statement or connect.
@@ -197,6 +259,10 @@ async fn client(url: String, shared: Arc<Shared>, seed: u64) -> ClientLog {
         };
         let mut log = ConnLog::new(0, after, Protocol::MariaDb, shared.sequence_mask);
         while !shared.stop.load(Ordering::Relaxed) {
+            if shared.paused.load(Ordering::SeqCst) {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
             let rows = if rng.f64() < 0.6 { 1 } else { rng.u32(2..=200) };
             let sql = if rows == 1 {
                 "INSERT INTO posts (user_id, body) VALUES (?, 'chaos') RETURNING id".to_string()
@@ -275,6 +341,7 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
         generation: AtomicU32::new(0),
         answers: Mutex::new(Answers::default()),
         sequence_mask,
+        paused: AtomicBool::new(false),
     });
     let load_start_unix_ms = check::unix_ms_now();
     let clients: Vec<_> = (0..o.clients)
@@ -289,6 +356,8 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
 
     let mut incidents = Vec::new();
     let mut kills = 0u32;
+    // Rows answered before a whole-database restore are gone with it.
+    let mut restored_ms = 0u32;
     for (at, fault) in &plan {
         sleep_until(shared.start + *at);
         let result = match fault {
@@ -303,6 +372,21 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
                 server.set_clock(CLOCK_STEP)?;
                 std::thread::sleep(o.spacing / 3);
                 server.set_clock("+0")
+            })(),
+            Fault::RestoreStopped | Fault::RestoreLive => (|| {
+                let whole = *fault == Fault::RestoreStopped;
+                let dump = server.dump(dir, if whole { None } else { Some("posts_id_seq") })?;
+                // An earlier dump: older than the trigger's 1 s tolerance.
+                std::thread::sleep((o.spacing / 4).max(Duration::from_millis(1300)));
+                if whole {
+                    shared.paused.store(true, Ordering::SeqCst);
+                }
+                let restored = server.restore(&dump);
+                if whole {
+                    restored_ms = ms_since(shared.start);
+                }
+                shared.paused.store(false, Ordering::SeqCst);
+                restored
             })(),
         };
         let when = ms_since(shared.start);
@@ -324,7 +408,7 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
     let in_table = rt.block_on(ids_in_table(&server.url))?;
     let mut lost = 0u64;
     for log in &all.logs {
-        for r in &log.runs {
+        for r in log.runs.iter().filter(|r| r.received_ms > restored_ms) {
             lost += (r.start..=r.last())
                 .filter(|id| !in_table.contains(id))
                 .count() as u64;

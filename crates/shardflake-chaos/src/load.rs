@@ -324,7 +324,7 @@ pub async fn connection_loop(
             Protocol::Grpc => open_grpc(state.grpc).await.map(Conn::Grpc),
             // Databases' and ticket clients' logs are `db.rs`'s and
             // `tickets.rs`'s, never a node's.
-            Protocol::MariaDb | Protocol::Tickets => {
+            Protocol::MariaDb | Protocol::Postgres | Protocol::Tickets => {
                 Err(anyhow::anyhow!("a node speaks HTTP or gRPC"))
             }
         };

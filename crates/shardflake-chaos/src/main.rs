@@ -22,6 +22,7 @@
 mod check;
 mod cluster;
 mod db;
+mod db_pg;
 mod load;
 mod record;
 mod run;
@@ -55,6 +56,11 @@ enum Command {
     /// one-statement ids, clients inserting rows, the server SIGKILLed and
     /// restarted and its clock stepped back; every id checked.
     Db(ServerArgs),
+    /// In-database ids on PostgreSQL under an operator's faults: move-shard
+    /// stopped at each step or SIGKILLed, apply from a stale or edited
+    /// topology file, a shard restored from a dump (writers stopped or
+    /// live) then repaired; every id checked.
+    DbPg(PgArgs),
     /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
     /// ticket clients asking for ids while one server at a time is
     /// SIGKILLed and restarted; every id checked.
@@ -101,6 +107,15 @@ impl ServerArgs {
             out: self.out,
         }
     }
+}
+
+#[derive(clap::Args, Clone)]
+struct PgArgs {
+    #[command(flatten)]
+    common: ServerArgs,
+    /// The PostgreSQL launcher script.
+    #[arg(long, default_value = "scripts/pg.sh")]
+    pg_script: PathBuf,
 }
 
 #[derive(clap::Args, Clone)]
@@ -229,6 +244,14 @@ fn main() -> ExitCode {
                 o.seconds, o.clients, o.seed
             );
             exit(db::run(&o))
+        }
+        Command::DbPg(a) => {
+            let o = a.common.options();
+            println!(
+                "shardflake-chaos db-pg --seconds {} --clients {} --seed {}",
+                o.seconds, o.clients, o.seed
+            );
+            exit(db_pg::run(&o, &a.pg_script))
         }
         Command::Run(a) => {
             let o = a.options();

@@ -21,6 +21,9 @@ pub enum Protocol {
     /// A MariaDB connection: `INSERT ... RETURNING id` (ids made by the
     /// server's trigger).
     MariaDb,
+    /// A PostgreSQL connection: `INSERT ... RETURNING id` (ids made by a
+    /// shard's `next_id()`).
+    Postgres,
     /// A ticket client (`shardflake-tickets`) over its own connections to
     /// the ticket servers.
     Tickets,
@@ -33,6 +36,7 @@ impl Protocol {
             Protocol::Http => "http",
             Protocol::Grpc => "grpc",
             Protocol::MariaDb => "mariadb",
+            Protocol::Postgres => "postgres",
             Protocol::Tickets => "tickets",
         }
     }

@@ -11,8 +11,12 @@
 //!   sequences, `next_id()`, the decode function, tables. The design of
 //!   `next_id` (no integer overflow, sign-bit policy, no repeated id beyond
 //!   2^sequence ids per tick) is documented there.
-//! - [`pg`]: `apply` (idempotent, one transaction per server) and `check`
-//!   (drift between servers and topology) over tokio-postgres.
+//! - [`catalog`]: what a deployment is, recorded on its servers (layout,
+//!   prefix, shard count, each shard's owner, fence and move), and the rules
+//!   a topology file is checked against before anything changes.
+//! - [`pg`]: `apply` (idempotent; every server checked before any is
+//!   changed), `check` (drift between servers and topology) and `repair`
+//!   (after a restore) over tokio-postgres.
 //! - [`route`]: key → logical shard → server and schema; id → shard → server;
 //!   `INSERT ... RETURNING id`.
 //! - [`move_shard`]: copies a logical shard to another server under a brief
@@ -22,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+pub mod catalog;
 pub mod move_shard;
 pub mod mysql;
 pub mod pg;
@@ -76,12 +81,30 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// What the servers record contradicts the topology file (or each
+    /// other): nothing was changed. Each problem says what to do instead.
+    #[error("refusing to {what}; nothing was changed:\n  {}", problems.join("\n  "))]
+    Refused {
+        /// The command refused.
+        what: String,
+        /// Each problem, naming its server and shard.
+        problems: Vec<String>,
+    },
     /// A shard move that could not be completed.
     #[error("moving shard {shard}: {message}")]
     Move {
         /// Shard.
         shard: u64,
         /// What failed.
+        message: String,
+    },
+    /// MariaDB/MySQL: a refusal or a finding of ours (no driver error
+    /// under it, so the message is printed once).
+    #[error("mysql: {context}: {message}")]
+    MysqlRefused {
+        /// What was being done.
+        context: String,
+        /// Why it was refused.
         message: String,
     },
     /// MariaDB/MySQL failure.
@@ -129,6 +152,13 @@ pub const SQLSTATE_MOVED: &str = "SF001";
 /// SQLSTATE raised by `next_id` when the id would be negative or past the
 /// layout's end.
 pub const SQLSTATE_TIME_LIMIT: &str = "SF002";
+
+/// SQLSTATE raised by a shard's `next_id` whose sequence is not the one it
+/// was made for: the shard was restored from a dump; `pg repair` it.
+pub const SQLSTATE_RESTORED: &str = "SF003";
+/// SQLSTATE raised by `next_id` when the shard's sequence runs more than
+/// twice [`sql::AHEAD_MS`] ahead of the server clock (the clock stepped back).
+pub const SQLSTATE_AHEAD: &str = "SF004";
 
 /// Whether a PostgreSQL error says the shard moved.
 pub fn is_moved(e: &tokio_postgres::Error) -> bool {

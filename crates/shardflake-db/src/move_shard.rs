@@ -1,16 +1,24 @@
 //! Moving one logical shard to another physical server.
 //!
+//! 0. **Record** the move on both servers ([`crate::catalog`]): the
+//!    destination's shard `incoming` (from the source), the source's
+//!    `moving` (to the destination). From here on `pg apply` refuses the
+//!    shard and `pg check` reports the move until it is finished or undone.
 //! 1. **Bulk copy**, no lock: on the destination, create the shard's schema,
-//!    sequences, functions and tables; copy every table with `COPY` from a
-//!    `REPEATABLE READ` snapshot of the source.
+//!    sequence, functions and tables; copy every table with `COPY` from a
+//!    `REPEATABLE READ` snapshot of the source, and verify the copy against
+//!    that snapshot (row count, id sum, a sum of hashes of each row's text;
+//!    both sessions with the same `TimeZone`, `DateStyle`, ... so the text
+//!    is comparable) before the pause, so the pause hashes only what changed.
 //! 2. **Pause** (writes and ids of this shard only): lock the source tables
-//!    `IN EXCLUSIVE MODE` (reads go on), then every sequence of the shard
-//!    against `nextval` (see [below](#no-id-twice-across-a-move)), read the
-//!    sequences' last values, copy the delta, then *fence* the source in the
-//!    same transaction: a trigger and a replaced `next_id` raise SQLSTATE
-//!    `SF001` ("moved") from now on, so writers that were waiting on the lock
-//!    fail instead of writing to the old copy, and each sequence's
-//!    `MAXVALUE` becomes its last value, so it hands out nothing more.
+//!    `IN EXCLUSIVE MODE` (reads go on), then the shard's sequence against
+//!    `nextval` (see [below](#no-id-twice-across-a-move)), read its last
+//!    value, copy the delta and verify the rows it touched and the counts,
+//!    then *fence* the source in the same transaction: a trigger and a
+//!    replaced `next_id` raise SQLSTATE `SF001` ("moved") from now on, so
+//!    writers that were waiting on the lock fail instead of writing to the
+//!    old copy, the sequence's `MAXVALUE` becomes its last value, so it
+//!    hands out nothing more, and the source's record becomes `fenced`.
 //!
 //!    The delta is every row version whose `xmin` is not older than the
 //!    snapshot's `xmin` (compared with `age()`, so wraparound-safe): a
@@ -20,21 +28,24 @@
 //!    snapshot: snapshots list top-level xids only, so the subxact's xid
 //!    looks committed before the snapshot. Deletions are found by comparing
 //!    ids (the destination then holds every source row plus the deleted ones).
-//! 3. **Verify** every table on both sides (the source can no longer
-//!    change): row count, id sum and a sum of hashes of each row's text
-//!    (both sessions with the same `TimeZone`, `DateStyle`, ... so the text
-//!    is comparable), then set each destination sequence to the source's
-//!    last value read in the pause (the packed time and sequence, see
-//!    [`crate::sql`]): the destination continues where the source stopped,
-//!    so no id is reused.
+//! 3. **Go live**: set the destination's sequence to the source's last value
+//!    read in the pause (the packed time and sequence, see [`crate::sql`]):
+//!    the destination continues where the source stopped, so no id is
+//!    reused; its record becomes `live`, in the same transaction.
 //! 4. **Switch** the topology file atomically (write, fsync, rename). Writers
 //!    that got `SF001` reload it and go to the new server ([`crate::Router`]
 //!    does this). The pause ends here.
-//! 5. **Drop** the source schema, only now.
+//! 5. **Drop** the source schema and its record, only now (`--keep-source`
+//!    keeps both, fenced for good: `pg apply` never lifts a fence).
 //!
 //! Sharded tables must have a unique `id bigint` column (the delta and the
-//! verification use it). If anything fails before the switch, the fence is
-//! removed and the destination copy dropped: the shard stays where it was.
+//! verification use it). If anything fails before the fence, the
+//! destination copy is dropped: the shard stays where it was. A move
+//! stopped at any point (the command killed, a server down) is finished by
+//! running `move-shard` again with the same destination (before the fence
+//! it copies again; after it, it copies the frozen source again, verifies
+//! it whole, and goes on), or undone by `move-shard --abort` until the
+//! destination went live.
 //!
 //! # No id twice across a move
 //!
@@ -81,13 +92,15 @@
 
 use std::path::Path;
 use std::pin::pin;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, GenericClient};
 
-use crate::pg::{self, ctx};
+use crate::catalog::{self, Deployment, ServerView, State};
+use crate::pg::{self, APPLY_LOCK, ctx};
 use crate::sql;
 use crate::topology::Topology;
 use crate::{Error, SQLSTATE_MOVED};
@@ -97,6 +110,57 @@ use crate::{Error, SQLSTATE_MOVED};
 pub struct MoveOptions {
     /// Keep the source schema (fenced) instead of dropping it.
     pub keep_source: bool,
+    /// Stop right after this step, as if the command were killed there (no
+    /// clean-up): how the tests and `shardflake-chaos db` interrupt a move.
+    pub stop_after: Option<MoveStep>,
+}
+
+/// The steps of a move whose end is recorded on the servers (see the module
+/// docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveStep {
+    /// 0: both records written.
+    Recorded,
+    /// 1: bulk copy made and verified.
+    Copied,
+    /// 2: the source fenced.
+    Fenced,
+    /// 3: the destination live.
+    Live,
+    /// 4: the topology file switched.
+    Switched,
+}
+
+impl MoveStep {
+    /// Every step, in order.
+    pub const ALL: [MoveStep; 5] = [
+        MoveStep::Recorded,
+        MoveStep::Copied,
+        MoveStep::Fenced,
+        MoveStep::Live,
+        MoveStep::Switched,
+    ];
+
+    /// Its name (`recorded`, `copied`, `fenced`, `live`, `switched`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MoveStep::Recorded => "recorded",
+            MoveStep::Copied => "copied",
+            MoveStep::Fenced => "fenced",
+            MoveStep::Live => "live",
+            MoveStep::Switched => "switched",
+        }
+    }
+}
+
+impl FromStr for MoveStep {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        MoveStep::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("no move step {s:?} (recorded, copied, fenced, live, switched)"))
+    }
 }
 
 /// What a move did.
@@ -118,154 +182,433 @@ pub struct MoveReport {
     pub paused: Duration,
     /// Whether the source schema was dropped.
     pub dropped_source: bool,
+    /// What an interrupted move this run finished had done (`None`: a
+    /// move from the start).
+    pub resumed_after: Option<MoveStep>,
 }
 
-/// Moves `shard` to server `to`, rewriting the topology file at `path`.
+/// Where a shard is, across the deployment's servers.
+struct Whereabouts {
+    /// Serving (live or moving).
+    serving: Option<String>,
+    /// The server whose copy is `moving`, with its peer.
+    moving: Option<(String, String)>,
+    /// The server whose copy is `incoming`.
+    incoming: Option<String>,
+    /// The server whose copy is `fenced`, with its peer.
+    fenced: Option<(String, String)>,
+}
+
+fn whereabouts(views: &[ServerView], shard: u64) -> Whereabouts {
+    let mut w = Whereabouts {
+        serving: None,
+        moving: None,
+        incoming: None,
+        fenced: None,
+    };
+    for v in views {
+        let peer = v.peer(shard).unwrap_or_default().to_string();
+        match v.state(shard) {
+            Some(State::Live) => w.serving = Some(v.name.clone()),
+            Some(State::Moving) => {
+                w.serving = Some(v.name.clone());
+                w.moving = Some((v.name.clone(), peer));
+            }
+            Some(State::Incoming) => w.incoming = Some(v.name.clone()),
+            Some(State::Fenced) => w.fenced = Some((v.name.clone(), peer)),
+            None => {}
+        }
+    }
+    w
+}
+
+/// Every server's client and records, with the apply lock held on `locked`.
+struct Deployed {
+    topo: Topology,
+    clients: Vec<Client>,
+    views: Vec<ServerView>,
+}
+
+impl Deployed {
+    /// Loads the file, connects to every server, takes the apply lock on
+    /// each (name order), reads the records, and refuses a deployment-wide
+    /// contradiction between the file and the servers.
+    async fn open(path: &Path, shard: u64) -> Result<Deployed, Error> {
+        let topo = Topology::load(path)?;
+        topo.server_of(shard)?;
+        let clients = pg::connect_all(&topo).await?;
+        let mut order: Vec<usize> = (0..clients.len()).collect();
+        order.sort_by_key(|&i| topo.servers()[i].name.as_str());
+        for i in order {
+            let name = topo.servers()[i].name.as_str();
+            clients[i]
+                .execute("SELECT pg_advisory_lock($1)", &[&APPLY_LOCK])
+                .await
+                .map_err(ctx(name, "taking the apply lock"))?;
+        }
+        let mut views = Vec::new();
+        for (c, server) in clients.iter().zip(topo.servers()) {
+            views.push(catalog::read(c, &server.name, &topo).await?);
+        }
+        // Problems of this shard are what the move finishes or undoes.
+        let problems: Vec<_> = catalog::conflicts(&topo, &views)
+            .into_iter()
+            .filter(|d| d.shard.is_none())
+            .collect();
+        if !problems.is_empty() {
+            return Err(pg::refused("move", problems));
+        }
+        Ok(Deployed {
+            topo,
+            clients,
+            views,
+        })
+    }
+
+    fn index(&self, name: &str) -> Result<usize, Error> {
+        self.topo
+            .servers()
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or_else(|| crate::TopologyError::UnknownServer(name.to_string()).into())
+    }
+
+    /// The two clients, mutably (`a` and `b` differ: every caller checked
+    /// that source and destination are two servers).
+    fn pair(&mut self, a: usize, b: usize) -> (&mut Client, &mut Client) {
+        if a < b {
+            let (x, y) = self.clients.split_at_mut(b);
+            (&mut x[a], &mut y[0])
+        } else {
+            let (x, y) = self.clients.split_at_mut(a);
+            (&mut y[0], &mut x[b])
+        }
+    }
+
+    fn deployment(&self, server: &str) -> Deployment {
+        let id = catalog::deployment_id(&self.views).unwrap_or("unrecorded");
+        Deployment::of(&self.topo, id, server)
+    }
+}
+
+/// Moves `shard` to server `to`, rewriting the topology file at `path`; or
+/// finishes a move of it to `to` that was stopped at any step.
 pub async fn move_shard(
     path: &Path,
     shard: u64,
     to: &str,
     opts: &MoveOptions,
 ) -> Result<MoveReport, Error> {
-    let topo = Topology::load(path)?;
-    let from = topo.server_of(shard)?.clone();
-    let dest = topo.server(to)?.clone();
+    let mut dep = Deployed::open(path, shard).await?;
     let fail = |message: String| Error::Move { shard, message };
-    if from.name == dest.name {
+    let d = dep.index(to)?;
+    let w = whereabouts(&dep.views, shard);
+    let file_owner = dep.topo.server_of(shard)?.name.clone();
+    if let Some((at, peer)) = &w.fenced {
+        // Fenced: the move to `peer` is past the point of no return.
+        if peer != to {
+            return Err(fail(format!(
+                "shard {shard} was fenced on {at} for a move to {peer}: finish that first (`shardflake pg move-shard {shard} --to {peer}`)"
+            )));
+        }
+        let s = dep.index(at)?;
+        if s == d {
+            return Err(fail(format!(
+                "the records say shard {shard} moved from {at} to itself: fix them by hand (shardflake.shards on {at})"
+            )));
+        }
+        return resume_fenced(
+            &mut dep,
+            path,
+            shard,
+            (s, d),
+            w.serving.as_deref() == Some(to),
+            opts,
+        )
+        .await;
+    }
+    let Some(from) = w.serving.clone() else {
+        return Err(fail(format!(
+            "shard {shard} is live on no server (run pg check)"
+        )));
+    };
+    if from == to {
+        // Already there: a file that says otherwise is switched.
+        if file_owner != to {
+            save(&dep.topo, path, shard, to)?;
+        }
         return Err(fail(format!("shard {shard} is already on {to:?}")));
     }
-    let mut src = pg::connect(&from).await?;
-    let mut dst = pg::connect(&dest).await?;
-    let (s, d) = (from.name.as_str(), dest.name.as_str());
-    // The apply lock on both servers, in name order (two moves in opposite
-    // directions must not deadlock across servers).
-    let mut servers = [(&src, s), (&dst, d)];
-    servers.sort_by_key(|(_, name)| *name);
-    for (c, name) in servers {
-        c.execute("SELECT pg_advisory_lock($1)", &[&APPLY_LOCK])
-            .await
-            .map_err(ctx(name, "taking the apply lock"))?;
+    if let Some((_, peer)) = &w.moving
+        && peer != to
+    {
+        return Err(fail(format!(
+            "a move of shard {shard} to {peer} did not finish: finish it (`--to {peer}`) or undo it (`--abort`) first"
+        )));
     }
-    let result = locked_move(&topo, path, shard, opts, &mut src, &mut dst, (s, d)).await;
-    for (c, name) in [(&src, s), (&dst, d)] {
-        // On failure, closing the connection releases it anyway.
-        let unlocked = c
-            .execute("SELECT pg_advisory_unlock($1)", &[&APPLY_LOCK])
-            .await
-            .map_err(ctx(name, "releasing the apply lock"));
-        if result.is_ok() {
-            unlocked?;
+    if file_owner != from {
+        return Err(fail(format!(
+            "the file puts shard {shard} on {file_owner}, but it lives on {from}: use the file the last move wrote"
+        )));
+    }
+    let s = dep.index(&from)?;
+    let resumed = w.moving.is_some() || w.incoming.is_some();
+    if resumed {
+        // Stopped before the fence: nothing was handed over; copy again.
+        let copy_at = dep.index(w.incoming.as_deref().unwrap_or(to))?;
+        if copy_at != s {
+            undo_copy(&mut dep, shard, (s, copy_at)).await?;
         }
     }
-    result
+    let mut report = fresh_move(&mut dep, path, shard, (s, d), opts).await?;
+    report.resumed_after = resumed.then_some(MoveStep::Recorded);
+    Ok(report)
 }
 
-/// The lock `pg apply` holds on a server while it installs (see
-/// [`crate::pg::apply_server`]).
-const APPLY_LOCK: i64 = sql::LOCK_BASE - 1;
+/// Undoes a move of `shard` that did not go live on its destination: drops
+/// the destination's copy and, if the source was fenced, lifts its fence.
+/// Returns the server the shard stays on.
+pub async fn abort_move(path: &Path, shard: u64) -> Result<String, Error> {
+    let mut dep = Deployed::open(path, shard).await?;
+    let fail = |message: String| Error::Move { shard, message };
+    let w = whereabouts(&dep.views, shard);
+    if let Some((at, peer)) = &w.fenced {
+        if w.serving.as_deref() == Some(peer.as_str()) {
+            return Err(fail(format!(
+                "the move to {peer} went live there (its copy hands out ids): it cannot be undone; finish it with `shardflake pg move-shard {shard} --to {peer}`, then move the shard back if needed"
+            )));
+        }
+        let s = dep.index(at)?;
+        let d = dep.index(peer)?;
+        if s == d {
+            return Err(fail(format!(
+                "the records say shard {shard} moved from {at} to itself: fix them by hand (shardflake.shards on {at})"
+            )));
+        }
+        let topo = dep.topo.clone();
+        let (src, dst) = dep.pair(s, d);
+        drop_copy(dst, peer, &topo.schema(shard), shard).await?;
+        let src_tx = src.transaction().await.map_err(ctx(at, "begin"))?;
+        unfence(&src_tx, &topo, at, shard).await?;
+        catalog::record_shard(&src_tx, at, shard, State::Live, None).await?;
+        src_tx.commit().await.map_err(ctx(at, "commit unfence"))?;
+        return Ok(at.clone());
+    }
+    // Before the fence: the copy (if any) goes, the source serves on.
+    let copy_at = match (&w.incoming, &w.moving) {
+        (Some(dest), _) | (None, Some((_, dest))) => dest.clone(),
+        (None, None) => return Err(fail("no move of it is under way".into())),
+    };
+    let Some(from) = w.serving.clone() else {
+        return Err(fail("it is live on no server (run pg check)".into()));
+    };
+    let (s, d) = (dep.index(&from)?, dep.index(&copy_at)?);
+    if s == d {
+        return Err(fail(format!(
+            "the records say shard {shard} is copied from {from} to itself: fix them by hand (shardflake.shards on {from})"
+        )));
+    }
+    undo_copy(&mut dep, shard, (s, d)).await?;
+    Ok(from)
+}
+
+/// Before the fence: drop the destination's copy and record, and the
+/// source's `moving`.
+async fn undo_copy(dep: &mut Deployed, shard: u64, (s, d): (usize, usize)) -> Result<(), Error> {
+    let schema = dep.topo.schema(shard);
+    let (sn, dn) = (
+        dep.topo.servers()[s].name.clone(),
+        dep.topo.servers()[d].name.clone(),
+    );
+    let (src, dst) = dep.pair(s, d);
+    drop_copy(dst, &dn, &schema, shard).await?;
+    if has_records(src, &sn).await? {
+        catalog::record_shard(&*src, &sn, shard, State::Live, None).await?;
+    }
+    Ok(())
+}
+
+async fn dep_has_deployment(c: &Client, name: &str) -> Result<bool, Error> {
+    Ok(
+        c.query_one("SELECT EXISTS (SELECT 1 FROM shardflake.deployment)", &[])
+            .await
+            .map_err(ctx(name, "reading the deployment record"))?
+            .get(0),
+    )
+}
+
+async fn has_records(c: &Client, name: &str) -> Result<bool, Error> {
+    Ok(
+        c.query_one("SELECT to_regclass('shardflake.shards') IS NOT NULL", &[])
+            .await
+            .map_err(ctx(name, "looking up the records"))?
+            .get(0),
+    )
+}
+
+/// Drops a destination's copy of a shard and its record.
+async fn drop_copy(c: &Client, name: &str, schema: &str, shard: u64) -> Result<(), Error> {
+    drop_schema(c, name, schema).await?;
+    if has_records(c, name).await? {
+        catalog::forget_shard(c, name, shard).await?;
+    }
+    Ok(())
+}
+
+fn stop(opts: &MoveOptions, step: MoveStep, shard: u64) -> Result<(), Error> {
+    if opts.stop_after == Some(step) {
+        tracing::warn!(shard, step = step.name(), "move stopped as asked");
+        return Err(Error::Move {
+            shard,
+            message: format!("stopped after step {:?} as asked", step.name()),
+        });
+    }
+    Ok(())
+}
+
+fn save(topo: &Topology, path: &Path, shard: u64, to: &str) -> Result<(), Error> {
+    topo.with_shard_moved(shard, to)?
+        .save(path)
+        .map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// Settings under which a row's text is the same on both servers.
+const TEXT_SETTINGS: &str = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; \
+    SET IntervalStyle = 'postgres'; SET extra_float_digits = 3; SET bytea_output = 'hex'";
 
 /// How many times the pause is started, at most, when PostgreSQL breaks a
 /// deadlock between it and an application transaction by aborting the
 /// pause (see the module docs).
 pub const PAUSE_ATTEMPTS: u32 = 5;
 
-/// Settings under which a row's text is the same on both servers.
-const TEXT_SETTINGS: &str = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; \
-    SET IntervalStyle = 'postgres'; SET extra_float_digits = 3; SET bytea_output = 'hex'";
-
-/// The move, with the apply lock held on both servers.
-async fn locked_move(
-    topo: &Topology,
+/// A move from the start: record, copy, pause and fence, go live, switch,
+/// drop.
+async fn fresh_move(
+    dep: &mut Deployed,
     path: &Path,
     shard: u64,
+    (s, d): (usize, usize),
     opts: &MoveOptions,
-    src: &mut Client,
-    dst: &mut Client,
-    (s, d): (&str, &str),
 ) -> Result<MoveReport, Error> {
     let fail = |message: String| Error::Move { shard, message };
-    let to = d;
-    let moved = topo.with_shard_moved(shard, to)?;
+    let topo = dep.topo.clone();
+    let (sn, dn) = (
+        topo.servers()[s].name.clone(),
+        topo.servers()[d].name.clone(),
+    );
+    let (sname, dname) = (sn.as_str(), dn.as_str());
+    let dest_record = dep.deployment(dname);
+    let source_record = dep.deployment(sname);
+    let (src, dst) = dep.pair(s, d);
     let schema = topo.schema(shard);
-    let dest = topo.server(to)?.clone();
-
-    let on_dest: bool = dst
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
-            &[&schema],
-        )
-        .await
-        .map_err(ctx(d, "looking up schema"))?
-        .get(0);
-    if on_dest {
-        return Err(fail(format!(
-            "schema {schema} already exists on {to:?}; drop it there first (a failed earlier move?)"
-        )));
+    for (c, name, want) in [(&*dst, dname, false), (&*src, sname, true)] {
+        let exists: bool = c
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+                &[&schema],
+            )
+            .await
+            .map_err(ctx(name, "looking up schema"))?
+            .get(0);
+        if exists != want {
+            return Err(fail(if want {
+                format!("schema {schema} does not exist on {name:?}")
+            } else {
+                format!(
+                    "schema {schema} already exists on {name:?} with no record of a move: it is not this deployment's copy; drop it there first"
+                )
+            }));
+        }
     }
-    let on_src: bool = src
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
-            &[&schema],
-        )
+    let foreign = foreign_objects(src, &topo, &schema)
         .await
-        .map_err(ctx(s, "looking up schema"))?
-        .get(0);
-    if !on_src {
-        return Err(fail(format!("schema {schema} does not exist on {s:?}")));
-    }
-    let foreign = foreign_objects(src, topo, &schema)
-        .await
-        .map_err(ctx(s, "listing the shard's objects"))?;
+        .map_err(ctx(sname, "listing the shard's objects"))?;
     if !foreign.is_empty() {
         return Err(fail(format!(
-            "schema {schema} on {s:?} holds objects the topology does not describe ({}); \
+            "schema {schema} on {sname:?} holds objects the topology does not describe ({}); \
              a move would not copy them and would drop them with the old copy: move or drop them first",
             foreign.join(", ")
         )));
     }
-    for (c, name) in [(&*src, s), (&*dst, d)] {
+    for (c, name) in [(&*src, sname), (&*dst, dname)] {
         c.batch_execute(TEXT_SETTINGS)
             .await
             .map_err(ctx(name, "setting the session"))?;
     }
 
-    // 1. Bulk copy from a snapshot.
-    pg::apply_server(topo, &dest, dst, &[shard]).await?;
-    let tables: Vec<String> = topo.tables().iter().map(|t| t.name.clone()).collect();
-    let snapshot: String;
-    let mut bulk_rows = 0;
+    // 0. Record the move on both servers.
     {
+        let tx = dst.transaction().await.map_err(ctx(dname, "begin"))?;
+        tx.batch_execute(&sql::deployment_ddl(topo.layout())?)
+            .await
+            .map_err(ctx(dname, "creating schema shardflake"))?;
+        tx.batch_execute(catalog::CATALOG_DDL)
+            .await
+            .map_err(ctx(dname, "creating the records"))?;
+        catalog::record_deployment(&tx, &dest_record).await?;
+        catalog::record_shard(&tx, dname, shard, State::Incoming, Some(sname)).await?;
+        tx.commit().await.map_err(ctx(dname, "commit"))?;
+    }
+    // A deployment made before the records gets them on the source too.
+    src.batch_execute(catalog::CATALOG_DDL)
+        .await
+        .map_err(ctx(sname, "creating the records"))?;
+    if !dep_has_deployment(src, sname).await? {
+        catalog::record_deployment(&*src, &source_record).await?;
+    }
+    catalog::record_shard(&*src, sname, shard, State::Moving, Some(dname)).await?;
+    stop(opts, MoveStep::Recorded, shard)?;
+
+    // 1. Bulk copy from a snapshot, verified against it.
+    let tables: Vec<String> = topo.tables().iter().map(|t| t.name.clone()).collect();
+    let mut bulk_rows = 0;
+    let bulk = async {
         let stx = src
             .build_transaction()
             .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
             .read_only(true)
             .start()
             .await
-            .map_err(ctx(s, "begin snapshot"))?;
-        snapshot = stx
+            .map_err(ctx(sname, "begin snapshot"))?;
+        let snapshot: String = stx
             .query_one("SELECT pg_current_snapshot()::text", &[])
             .await
-            .map_err(ctx(s, "taking snapshot"))?
+            .map_err(ctx(sname, "taking snapshot"))?
             .get(0);
-        let dtx = dst.transaction().await.map_err(ctx(d, "begin"))?;
+        let dtx = dst.transaction().await.map_err(ctx(dname, "begin"))?;
+        pg::install_shard(&dtx, &topo, dname, shard).await?;
         for t in &tables {
             bulk_rows += copy(
                 &stx,
                 &dtx,
                 &format!("SELECT * FROM {schema}.{t}"),
                 &format!("{schema}.{t}"),
-                (s, d),
+                (sname, dname),
             )
             .await?;
         }
-        dtx.commit().await.map_err(ctx(d, "commit bulk copy"))?;
-        stx.commit().await.map_err(ctx(s, "end snapshot"))?;
+        verify(&stx, &dtx, &schema, &tables, None, (sname, dname), shard).await?;
+        dtx.commit().await.map_err(ctx(dname, "commit bulk copy"))?;
+        stx.commit().await.map_err(ctx(sname, "end snapshot"))?;
+        Ok::<_, Error>(snapshot)
     }
+    .await;
+    let snapshot = match bulk {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = drop_copy(dst, dname, &schema, shard).await;
+            let _ = catalog::record_shard(&*src, sname, shard, State::Live, None).await;
+            return Err(e);
+        }
+    };
+    stop(opts, MoveStep::Copied, shard)?;
 
-    // 2. Pause: lock, delta, fence.
+    // 2. Pause: lock, delta, verify it, fence.
     let paused_at = Instant::now();
-    let mut seqs = vec![format!("{schema}.id_seq")];
-    seqs.extend(tables.iter().map(|t| sql::table_sequence(&schema, t)));
+    let seqs = vec![sql::shard_sequence(&schema)];
     let pause = Pause {
         schema: &schema,
         tables: &tables,
@@ -273,84 +616,209 @@ async fn locked_move(
         options: sql::sequence_options(topo.layout(), topo.sign_bit()),
         snapshot: &snapshot,
         shard,
-        to,
+        to: dname,
     };
-    let result = pause_and_copy(src, dst, &pause, (s, d)).await;
-    let (delta_rows, last_values) = match result {
+    let (delta_rows, last_values) = match pause_and_copy(src, dst, &pause, (sname, dname)).await {
         Ok(r) => r,
         Err(e) => {
-            let _ = drop_schema(dst, &schema).await;
+            let _ = drop_copy(dst, dname, &schema, shard).await;
+            let _ = catalog::record_shard(&*src, sname, shard, State::Live, None).await;
             return Err(e);
         }
     };
+    stop(opts, MoveStep::Fenced, shard)?;
 
-    // 3. Verify, then carry the sequences over.
-    let verified = async {
-        let mut rows = Vec::new();
-        for t in &tables {
-            let q = format!(
-                "SELECT count(*), coalesce(sum(id::numeric), 0)::text, \
-                        coalesce(sum(hashtextextended(shardflake_row::text, 0)), 0)::text \
-                   FROM {schema}.{t} shardflake_row"
-            );
-            let a = src.query_one(&q, &[]).await.map_err(ctx(s, "verifying"))?;
-            let b = dst.query_one(&q, &[]).await.map_err(ctx(d, "verifying"))?;
-            let a: (i64, String, String) = (a.get(0), a.get(1), a.get(2));
-            let b: (i64, String, String) = (b.get(0), b.get(1), b.get(2));
-            if a != b {
-                return Err(fail(format!(
-                    "verification failed for {schema}.{t}: source {} rows (id sum {}, row hash sum {}), destination {} rows (id sum {}, row hash sum {})",
-                    a.0, a.1, a.2, b.0, b.1, b.2
-                )));
-            }
-            rows.push((t.clone(), a.0));
-        }
-        // The values read under the pause's locks: final (module docs).
-        for (seq, v) in &last_values {
-            dst.execute(
-                &format!("SELECT setval('{seq}', greatest($1, (SELECT last_value FROM {seq})))"),
-                &[v],
-            )
-            .await
-            .map_err(ctx(d, "setting sequences"))?;
-        }
-        Ok::<_, Error>(rows)
-    }
-    .await;
-    let rows = match verified {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = unfence(src, topo, shard).await;
-            let _ = drop_schema(dst, &schema).await;
-            return Err(e);
-        }
-    };
-
-    // 4. Switch the topology.
-    if let Err(source) = moved.save(path) {
-        let _ = unfence(src, topo, shard).await;
-        let _ = drop_schema(dst, &schema).await;
-        return Err(Error::Io {
-            path: path.display().to_string(),
-            source,
-        });
-    }
+    // 3..5.
+    let rows = go_live(dst, dname, &schema, &tables, &last_values, shard).await?;
+    stop(opts, MoveStep::Live, shard)?;
+    save(&topo, path, shard, dname)?;
     let paused = paused_at.elapsed();
-
-    // 5. Drop the old copy.
+    stop(opts, MoveStep::Switched, shard)?;
     if !opts.keep_source {
-        drop_schema(src, &schema).await?;
+        drop_copy(src, sname, &schema, shard).await?;
     }
     Ok(MoveReport {
         shard,
-        from: s.to_string(),
-        to: d.to_string(),
+        from: sn.clone(),
+        to: dn.clone(),
         rows,
         bulk_rows,
         delta_rows,
         paused,
         dropped_source: !opts.keep_source,
+        resumed_after: None,
     })
+}
+
+/// Step 3: the destination continues where the fenced source stopped, and
+/// serves.
+async fn go_live(
+    dst: &mut Client,
+    dname: &str,
+    schema: &str,
+    tables: &[String],
+    last_values: &[(String, i64)],
+    shard: u64,
+) -> Result<Vec<(String, i64)>, Error> {
+    let tx = dst.transaction().await.map_err(ctx(dname, "begin"))?;
+    for (seq, v) in last_values {
+        tx.execute(
+            &format!("SELECT setval('{seq}', greatest($1, (SELECT last_value FROM {seq})))"),
+            &[v],
+        )
+        .await
+        .map_err(ctx(dname, "setting sequences"))?;
+    }
+    let mut rows = Vec::new();
+    for t in tables {
+        let n: i64 = tx
+            .query_one(&format!("SELECT count(*) FROM {schema}.{t}"), &[])
+            .await
+            .map_err(ctx(dname, "counting"))?
+            .get(0);
+        rows.push((t.clone(), n));
+    }
+    catalog::record_shard(&tx, dname, shard, State::Live, None).await?;
+    tx.commit().await.map_err(ctx(dname, "commit"))?;
+    Ok(rows)
+}
+
+/// Finishes a move whose source is fenced: copies the frozen source again
+/// (whole, verified whole) unless the destination already went live, then
+/// switches the file and drops the source.
+async fn resume_fenced(
+    dep: &mut Deployed,
+    path: &Path,
+    shard: u64,
+    (s, d): (usize, usize),
+    dest_live: bool,
+    opts: &MoveOptions,
+) -> Result<MoveReport, Error> {
+    let topo = dep.topo.clone();
+    let (sn, dn) = (
+        topo.servers()[s].name.clone(),
+        topo.servers()[d].name.clone(),
+    );
+    let (sname, dname) = (sn.as_str(), dn.as_str());
+    let schema = topo.schema(shard);
+    let tables: Vec<String> = topo.tables().iter().map(|t| t.name.clone()).collect();
+    let (src, dst) = dep.pair(s, d);
+    for (c, name) in [(&*src, sname), (&*dst, dname)] {
+        c.batch_execute(TEXT_SETTINGS)
+            .await
+            .map_err(ctx(name, "setting the session"))?;
+    }
+    let mut bulk_rows = 0;
+    let rows;
+    if dest_live {
+        rows = Vec::new();
+    } else {
+        let seq = sql::shard_sequence(&schema);
+        let last: i64 = src
+            .query_one(&format!("SELECT last_value FROM {seq}"), &[])
+            .await
+            .map_err(ctx(sname, "reading the fenced sequence"))?
+            .get(0);
+        {
+            let stx = src.transaction().await.map_err(ctx(sname, "begin"))?;
+            let dtx = dst.transaction().await.map_err(ctx(dname, "begin"))?;
+            pg::install_shard(&dtx, &topo, dname, shard).await?;
+            for t in &tables {
+                dtx.batch_execute(&format!("TRUNCATE {schema}.{t}"))
+                    .await
+                    .map_err(ctx(dname, "emptying the copy"))?;
+                bulk_rows += copy(
+                    &stx,
+                    &dtx,
+                    &format!("SELECT * FROM {schema}.{t}"),
+                    &format!("{schema}.{t}"),
+                    (sname, dname),
+                )
+                .await?;
+            }
+            verify(&stx, &dtx, &schema, &tables, None, (sname, dname), shard).await?;
+            dtx.commit().await.map_err(ctx(dname, "commit copy"))?;
+            stx.commit().await.map_err(ctx(sname, "end"))?;
+        }
+        stop(opts, MoveStep::Copied, shard)?;
+        rows = go_live(dst, dname, &schema, &tables, &[(seq, last)], shard).await?;
+        stop(opts, MoveStep::Live, shard)?;
+    }
+    save(&topo, path, shard, dname)?;
+    stop(opts, MoveStep::Switched, shard)?;
+    if !opts.keep_source {
+        drop_copy(src, sname, &schema, shard).await?;
+    }
+    Ok(MoveReport {
+        shard,
+        from: sn.clone(),
+        to: dn.clone(),
+        rows,
+        bulk_rows,
+        delta_rows: 0,
+        paused: Duration::ZERO,
+        dropped_source: !opts.keep_source,
+        resumed_after: Some(if dest_live {
+            MoveStep::Live
+        } else {
+            MoveStep::Fenced
+        }),
+    })
+}
+
+/// Compares tables on both sides: count, id sum and sum of row-text hashes
+/// (`ids`: only those rows, plus the counts).
+async fn verify(
+    a: &impl GenericClient,
+    b: &impl GenericClient,
+    schema: &str,
+    tables: &[String],
+    ids: Option<&[Vec<i64>]>,
+    (s, d): (&str, &str),
+    shard: u64,
+) -> Result<(), Error> {
+    for (i, t) in tables.iter().enumerate() {
+        let (q, only): (String, Option<&Vec<i64>>) = match ids {
+            None => (
+                format!(
+                    "SELECT count(*), coalesce(sum(id::numeric), 0)::text, \
+                            coalesce(sum(hashtextextended(shardflake_row::text, 0)), 0)::text \
+                       FROM {schema}.{t} shardflake_row"
+                ),
+                None,
+            ),
+            Some(ids) => (
+                format!(
+                    "SELECT (SELECT count(*) FROM {schema}.{t}), coalesce(sum(id::numeric), 0)::text, \
+                            coalesce(sum(hashtextextended(shardflake_row::text, 0)), 0)::text \
+                       FROM {schema}.{t} shardflake_row WHERE id = ANY($1)"
+                ),
+                Some(&ids[i]),
+            ),
+        };
+        let (ra, rb) = match only {
+            None => (
+                a.query_one(&q, &[]).await.map_err(ctx(s, "verifying"))?,
+                b.query_one(&q, &[]).await.map_err(ctx(d, "verifying"))?,
+            ),
+            Some(ids) => (
+                a.query_one(&q, &[ids]).await.map_err(ctx(s, "verifying"))?,
+                b.query_one(&q, &[ids]).await.map_err(ctx(d, "verifying"))?,
+            ),
+        };
+        let x: (i64, String, String) = (ra.get(0), ra.get(1), ra.get(2));
+        let y: (i64, String, String) = (rb.get(0), rb.get(1), rb.get(2));
+        if x != y {
+            return Err(Error::Move {
+                shard,
+                message: format!(
+                    "verification failed for {schema}.{t}: source {} rows (id sum {}, row hash sum {}), destination {} rows (id sum {}, row hash sum {})",
+                    x.0, x.1, x.2, y.0, y.1, y.2
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What the pause works on.
@@ -396,6 +864,7 @@ async fn pause_and_copy(
     };
     let dtx = dst.transaction().await.map_err(ctx(d, "begin delta"))?;
     let mut delta = 0;
+    let mut touched = Vec::new();
     // Row versions written by the snapshot's oldest running transaction or
     // later (see the module docs): a superset of what the snapshot misses.
     let newer = format!(
@@ -454,13 +923,18 @@ async fn pause_and_copy(
             .await
             .map_err(ctx(d, "removing deleted rows"))?;
         }
+        touched.push(changed);
     }
+    // The bulk copy was verified against its snapshot: what changed since,
+    // and the counts, are all that is left to compare.
+    verify(&stx, &dtx, schema, tables, Some(&touched), (s, d), shard).await?;
     dtx.commit().await.map_err(ctx(d, "commit delta"))?;
     let mut fence = fence_sql(schema, tables, shard, p.to);
     fence.push_str(&fence_sequences_sql(&last_values));
     stx.batch_execute(&fence)
         .await
         .map_err(ctx(s, "fencing the old copy"))?;
+    catalog::record_shard(&stx, s, shard, State::Fenced, Some(p.to)).await?;
     stx.commit().await.map_err(ctx(s, "commit fence"))?;
     Ok((delta, last_values))
 }
@@ -535,6 +1009,7 @@ async fn foreign_objects(
     let functions = [
         "next_id",
         "next_id_slow",
+        "next_id_refused",
         "shardflake_meta",
         "shardflake_moved",
     ];
@@ -599,35 +1074,38 @@ fn dollar_quote(body: &str) -> String {
     }
 }
 
-async fn unfence(src: &Client, topo: &Topology, shard: u64) -> Result<(), Error> {
+/// Lifts a fence (only `move-shard --abort`, before the destination went
+/// live): the sequence's options back, the triggers dropped, the functions
+/// rebuilt for the sequence.
+async fn unfence(
+    tx: &impl GenericClient,
+    topo: &Topology,
+    name: &str,
+    shard: u64,
+) -> Result<(), Error> {
     let schema = topo.schema(shard);
-    let mut sql = String::new();
-    // The sequences' options (the fence lowered MAXVALUE).
     let options = sql::sequence_options(topo.layout(), topo.sign_bit());
-    for seq in sql::shard_sequences(&schema, topo.tables()) {
-        sql.push_str(&format!("ALTER SEQUENCE {seq} MINVALUE 1 {options};\n"));
-    }
+    let mut text = format!(
+        "ALTER SEQUENCE {} MINVALUE 1 {options};\n",
+        sql::shard_sequence(&schema)
+    );
     for t in topo.tables() {
-        sql.push_str(&format!(
+        text.push_str(&format!(
             "DROP TRIGGER IF EXISTS shardflake_moved ON {schema}.{};\n",
             t.name
         ));
     }
-    sql.push_str(&sql::next_id_function(
-        topo.layout(),
-        &schema,
-        shard,
-        topo.sign_bit(),
-    ));
-    src.batch_execute(&sql)
+    tx.batch_execute(&text)
         .await
-        .map_err(ctx("source", "unfencing"))
+        .map_err(ctx(name, "unfencing"))?;
+    pg::install_shard(tx, topo, name, shard).await?;
+    Ok(())
 }
 
-async fn drop_schema(c: &Client, schema: &str) -> Result<(), Error> {
+async fn drop_schema(c: &Client, name: &str, schema: &str) -> Result<(), Error> {
     c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
         .await
-        .map_err(ctx("server", "dropping the old copy"))
+        .map_err(ctx(name, "dropping a copy"))
 }
 
 async fn copy(

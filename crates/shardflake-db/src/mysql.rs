@@ -66,7 +66,12 @@
 //! 4. **Nothing else moves the sequence.** No `ALTER SEQUENCE ... RESTART`,
 //!    no `INSERT` into the sequence table, no explicit ids above the
 //!    sequence (`mysql apply` never does these; `mysql check` draws one
-//!    value and verifies it is above every stored id).
+//!    value and verifies it is above every stored id). A dump restored
+//!    into the running server does set it back: the clock event's loop,
+//!    which outlives the restore's `DROP SEQUENCE`, puts it past the
+//!    highest reservation it has seen ([`sql::event_sql`]), and the trigger
+//!    refuses the set-back values meanwhile (more than [`sql::STALE_MS`]
+//!    behind the clock, for a dump older than that).
 //!
 //! This holds at any rate (more than 2^sequence_bits ids in one tick run
 //! into the next tick: the id *borrows* time instead of wrapping) and at any
@@ -142,9 +147,9 @@ fn my(context: &str) -> impl FnOnce(mysql_async::Error) -> Error + '_ {
 }
 
 fn other(context: &str, message: impl Into<String>) -> Error {
-    Error::Mysql {
+    Error::MysqlRefused {
         context: context.to_string(),
-        source: mysql_async::Error::Other(message.into().into()),
+        message: message.into(),
     }
 }
 
@@ -833,6 +838,23 @@ pub async fn clock_running(conn: &mut Conn, names: &Names) -> Result<bool, Error
     Ok(matches!(holder, Some(Some(_))))
 }
 
+/// The clock event loop's connection and how long its current statement
+/// has run (seconds; the loop's statements take milliseconds), if it runs.
+async fn clock_loop(conn: &mut Conn, names: &Names) -> Result<Option<(u64, i64)>, Error> {
+    let row: Option<(Option<u64>, Option<i64>)> = conn
+        .query_first(format!(
+            "SELECT l.id, (SELECT TIME FROM information_schema.PROCESSLIST WHERE ID = l.id) \
+             FROM (SELECT IS_USED_LOCK({}) AS id) l",
+            names.clock_lock_sql()
+        ))
+        .await
+        .map_err(my("looking for the clock event"))?;
+    Ok(match row {
+        Some((Some(id), time)) => Some((id, time.unwrap_or(0))),
+        _ => None,
+    })
+}
+
 /// What `check` finds wrong with the row-lock procedure, if anything.
 async fn locked_procedure_problem(
     conn: &mut Conn,
@@ -987,7 +1009,7 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
     }
     if srv.event_scheduler != "ON" {
         problems.push(format!(
-            "event_scheduler = {}: the clock event does not run, ids' times fall behind the clock and INSERTs fail once the sequence is {} s behind",
+            "event_scheduler = {}: a clock event loop that ends (a restart, a KILL) is not started again; then ids' times fall behind the clock and INSERTs fail once the sequence is {} s behind (SET GLOBAL event_scheduler = ON, and in the server's configuration)",
             srv.event_scheduler,
             sql::STALE_MS / 1000
         ));
@@ -1099,10 +1121,14 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
             }
         }
     }
-    if !clock_running(conn, names).await? {
-        problems.push(format!(
+    match clock_loop(conn, names).await? {
+        None => problems.push(format!(
             "the clock event {event} is not running (nothing holds its lock)"
-        ));
+        )),
+        Some((id, secs)) if secs > 2 => problems.push(format!(
+            "the clock event {event}'s loop (connection {id}) has not moved for {secs} s: it is stuck; KILL {id} (the scheduler starts it again within a second)"
+        )),
+        Some(_) => {}
     }
     problems.extend(
         routine_problem(
@@ -1192,7 +1218,7 @@ mod tests {
         assert_eq!(layout_of("hello"), None);
         let e = sql::event_sql(&p, &Names::default());
         assert!(body_after(&e, "\nDO ").unwrap().starts_with("BEGIN"));
-        assert_eq!(comment_of(&e), Some("shardflake v1 clock event"));
+        assert_eq!(comment_of(&e), Some("shardflake v1 clock event, loop v2"));
         assert!(same_modes(
             "NO_ENGINE_SUBSTITUTION,STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO",
             sql::SQL_MODE

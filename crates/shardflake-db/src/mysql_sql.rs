@@ -25,7 +25,13 @@ pub const LAG_MS: u64 = 4;
 
 /// An `INSERT` refuses to make an id whose time lags the clock by more than
 /// this: the clock event is not running (see [`crate::mysql`]).
-pub const STALE_MS: u64 = 10_000;
+pub const STALE_MS: u64 = 1_000;
+
+/// How far past the highest reservation it has seen the clock event puts a
+/// sequence it finds set back (a dump restored into the running server):
+/// values drawn since its last look (a few ms) stay below it unless more
+/// than this many ms' worth of ids were drawn in them.
+pub const RESTORE_HEADROOM_MS: u64 = 500;
 
 /// The sequence's `CACHE` unless told otherwise: values handed out from
 /// memory between two writes of the sequence's row. A crash skips what is
@@ -473,6 +479,13 @@ pub fn default_candidate_sql(plan: &Plan, names: &Names) -> String {
 /// events and procedures, not in defaults, triggers or functions). `SETVAL`
 /// never moves a sequence down; a clock before the epoch or past the
 /// layout's end is left alone.
+///
+/// The loop outlives errors (a `CONTINUE` handler: a restore's `DROP
+/// SEQUENCE` fails one look, not the loop) and remembers the highest
+/// reservation it saw, `hw`: no restore can roll that back while the loop
+/// runs. A sequence found below it was set back (a dump restored into the
+/// running server, whose `SETVAL` does not move it down afterwards): it is
+/// put [`RESTORE_HEADROOM_MS`] past `hw` at once.
 pub fn event_sql(plan: &Plan, names: &Names) -> String {
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     format!(
@@ -482,19 +495,33 @@ DO BEGIN
   DECLARE us BIGINT;
   DECLARE t BIGINT;
   DECLARE r BIGINT;
+  DECLARE hw BIGINT DEFAULT 0;
   DECLARE pause_ms BIGINT;
+  DECLARE failed INT DEFAULT 0;
+  DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET failed = 1;
   IF GET_LOCK({lock}, 0) = 1 THEN
     LOOP
+      SET failed = 0;
+      SET r = NULL;
       SET us = {us};
       SET pause_ms = {lag_ms};
       IF us >= 0 THEN
         SET t = {clock};
         SET r = (SELECT next_not_cached_value FROM `{seq}`);
-        IF t <= {max} AND r + {lag} < t THEN
+        IF r < hw THEN
+          SET r = hw + {headroom};
+          EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', r, ', 0)');
+        ELSEIF t <= {max} AND r + {lag} < t THEN
           EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
         ELSE
           SET pause_ms = LEAST(GREATEST(((r + {lag} - t) DIV {per_tick}) * {tick}, 1), {lag_ms});
         END IF;
+        IF failed = 0 AND r > hw THEN
+          SET hw = r;
+        END IF;
+      END IF;
+      IF failed = 1 OR pause_ms IS NULL THEN
+        SET pause_ms = {lag_ms};
       END IF;
       DO SLEEP(pause_ms / 1000);
     END LOOP;
@@ -502,7 +529,7 @@ DO BEGIN
 END",
         event = names.event(),
         // (event comments hold 64 characters: the body carries the layout's numbers)
-        comment = lit(&format!("shardflake v{VERSION} clock event")),
+        comment = lit(&format!("shardflake v{VERSION} clock event, loop v2")),
         lock = names.clock_lock_sql(),
         clock = plan.packed_sql("us"),
         max = plan.max_packed(),
@@ -511,6 +538,7 @@ END",
         lag_ms = LAG_MS.max(plan.layout().tick_ms()),
         per_tick = plan.per_tick(),
         tick = plan.layout().tick_ms(),
+        headroom = plan.packed_ms(RESTORE_HEADROOM_MS),
     )
 }
 
@@ -753,7 +781,7 @@ mod tests {
         let n = Names::default();
         let t = trigger_sql(&p, &n);
         assert!(
-            t.starts_with("CREATE OR REPLACE TRIGGER `posts_id` BEFORE INSERT ON `posts` FOR EACH ROW\nSET NEW.id = IF(NEW.id <> 0, NEW.id, CASE WHEN (NEXT VALUE FOR `posts_id_seq`) + 10240000 >= ((TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6)) DIV 1000) << 10) AND "),
+            t.starts_with("CREATE OR REPLACE TRIGGER `posts_id` BEFORE INSERT ON `posts` FOR EACH ROW\nSET NEW.id = IF(NEW.id <> 0, NEW.id, CASE WHEN (NEXT VALUE FOR `posts_id_seq`) + 1024000 >= ((TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6)) DIV 1000) << 10) AND "),
             "{t}"
         );
         assert!(t.contains("THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((NEW.`user_id` & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) ELSE `posts_id_refused`(NEW.`user_id`) END)"), "{t}");

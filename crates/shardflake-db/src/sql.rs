@@ -6,7 +6,9 @@
 //!
 //! # The `next_id(regclass)` function
 //!
-//! Each sharded table has its own sequence, `<schema>.<table>_id_seq`. Its
+//! Each shard has one sequence, `<schema>.id_seq`, which every table's
+//! default and `<schema>.next_id()` draw from (two sequences of one shard
+//! would hand out the same values, hence the same ids). Its
 //! value is not a plain counter but a *packed* time and sequence,
 //! `tick << sequence_bits | sequence`, the two low fields of the id. The id is
 //! that value with the shard bits put in place:
@@ -109,6 +111,23 @@
 //! `nextval` (about 0.6 µs), the clock expression (0.4 µs) and two
 //! `currval` (0.1 µs each).
 //!
+//! # What the fast path also tests, for free or nearly
+//!
+//! - **The sequence it was built for.** `next_id` carries the oid of the
+//!   shard's sequence as read by `pg apply`; its first `CASE` arm compares
+//!   the argument's oid with it. The argument is a constant
+//!   (`'shard5.id_seq'::regclass`), so the planner folds the arm away. A
+//!   shard restored from a dump has a new sequence under the old function:
+//!   the arm raises `SF003` until `pg repair`, instead of handing out again
+//!   the values drawn after the dump.
+//! - **How far ahead of the clock.** The fast path's band is `clock - LAG
+//!   <= w <= clock + AHEAD` ([`AHEAD_MS`]), one `abs()` of the draw minus
+//!   the clock; a draw further ahead takes the slow path, which waits until
+//!   the clock is within `AHEAD` of it (more than twice `AHEAD` ahead, the
+//!   clock stepped back: `SF004`). So no value ever handed out exceeds the
+//!   clock plus `AHEAD`, which is what `pg repair` sets a restored sequence
+//!   past.
+//!
 //! # The sign bit
 //!
 //! A layout that uses all 64 bits (Instagram's) makes ids that are negative
@@ -124,6 +143,7 @@ use std::fmt::Write as _;
 
 use shardflake::Layout;
 
+use crate::SQLSTATE_RESTORED;
 use crate::topology::{SignBit, Table, shard_field};
 
 /// Advisory-lock namespace of the catch-up lock: key = `LOCK_BASE + oid` of
@@ -134,7 +154,14 @@ pub const LOCK_BASE: i64 = 0x5346 << 32;
 pub const DEPLOYMENT_SCHEMA: &str = "shardflake";
 
 /// Version of the generated functions; bumped when their SQL changes.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
+
+/// How far, in milliseconds, a shard sequence may run ahead of the clock
+/// (bursts of more than 2^sequence ids per tick borrow later ticks): a draw
+/// further ahead waits until the clock is within this of it. So every value
+/// ever handed out is at most `clock + AHEAD_MS` (clock not stepping back),
+/// which is the high-water `pg repair` sets a restored shard past.
+pub const AHEAD_MS: u64 = 1000;
 
 /// Errors from SQL generation.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +192,15 @@ pub fn catch_up_gap(layout: &Layout) -> i64 {
 pub fn lag_tolerance(layout: &Layout) -> i64 {
     let ticks = (LAG_MS / layout.tick_ms().max(1)).max(1) as i64;
     ticks << layout.sequence().bits()
+}
+
+/// [`AHEAD_MS`] in packed sequence values (at least one tick), rounded so
+/// that it plus [`lag_tolerance`] is even (the fast path tests the band
+/// between them as a midpoint and a half width).
+pub fn lead_bound(layout: &Layout) -> i64 {
+    let ticks = (AHEAD_MS / layout.tick_ms().max(1)).max(1) as i64;
+    let ahead = ticks << layout.sequence().bits();
+    ahead - ((ahead + lag_tolerance(layout)) & 1)
 }
 
 /// The lag tolerance of [`lag_tolerance`], in milliseconds.
@@ -217,25 +253,26 @@ fn check(layout: &Layout) -> Result<(), SqlError> {
     Ok(())
 }
 
-/// The sequence name of a table in a schema.
+/// The per-table sequence of versions before 3 (`<table>_id_seq`): two
+/// sequences of one shard make the same ids, so `pg apply` moves such a
+/// table onto the shard's one sequence and `pg check` reports one left.
 pub fn table_sequence(schema: &str, table: &str) -> String {
     format!("{schema}.{table}_id_seq")
 }
 
-/// Every sequence of a shard: `{schema}.id_seq` (for `{schema}.next_id()`)
-/// and one per table.
-pub fn shard_sequences(schema: &str, tables: &[Table]) -> Vec<String> {
-    let mut seqs = vec![format!("{schema}.id_seq")];
-    seqs.extend(tables.iter().map(|t| table_sequence(schema, &t.name)));
-    seqs
+/// The one id sequence of a shard: every table's default and
+/// `{schema}.next_id()` draw from it, so no two calls in a shard can make
+/// one id (two sequences would hand out the same packed values).
+pub fn shard_sequence(schema: &str) -> String {
+    format!("{schema}.id_seq")
 }
 
-/// `{schema}.next_id('{schema}.{table}_id_seq'::regclass)`: what `{next_id}`
-/// in a table template becomes.
-pub fn next_id_call(schema: &str, table: &str) -> String {
+/// `{schema}.next_id('{schema}.id_seq'::regclass)`: what `{next_id}` in a
+/// table template becomes.
+pub fn next_id_call(schema: &str) -> String {
     format!(
         "{schema}.next_id({}::regclass)",
-        lit(&table_sequence(schema, table))
+        lit(&shard_sequence(schema))
     )
 }
 
@@ -243,18 +280,27 @@ pub fn next_id_call(schema: &str, table: &str) -> String {
 pub fn table_ddl(schema: &str, table: &Table) -> String {
     table
         .sql
-        .replace("{next_id}", &next_id_call(schema, &table.name))
+        .replace("{next_id}", &next_id_call(schema))
         .replace("{schema}", schema)
 }
 
-/// Schema, sequences and functions of one logical shard (not the tables),
-/// idempotent (`IF NOT EXISTS`, `CREATE OR REPLACE`).
+/// Schema and sequence of one logical shard, idempotent (`IF NOT EXISTS`).
+pub fn shard_schema_ddl(layout: &Layout, schema: &str, sign_bit: SignBit) -> String {
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};\nCREATE SEQUENCE IF NOT EXISTS {} {};\n",
+        shard_sequence(schema),
+        sequence_options(layout, sign_bit)
+    )
+}
+
+/// The functions of one logical shard (`CREATE OR REPLACE`), for the
+/// sequence whose oid is `seq_oid` (see [`next_id_function`]).
 pub fn shard_ddl(
     layout: &Layout,
     schema: &str,
     shard: u64,
     sign_bit: SignBit,
-    tables: &[Table],
+    seq_oid: SeqOid,
 ) -> Result<String, SqlError> {
     check(layout)?;
     let shard_f = shard_field(layout);
@@ -265,12 +311,7 @@ pub fn shard_ddl(
         });
     }
     let mut out = String::new();
-    let _ = writeln!(out, "CREATE SCHEMA IF NOT EXISTS {schema};");
-    let options = sequence_options(layout, sign_bit);
-    for seq in shard_sequences(schema, tables) {
-        let _ = writeln!(out, "CREATE SEQUENCE IF NOT EXISTS {seq} {options};");
-    }
-    out.push_str(&next_id_function(layout, schema, shard, sign_bit));
+    out.push_str(&next_id_function(layout, schema, shard, sign_bit, seq_oid));
     let _ = writeln!(
         out,
         "CREATE OR REPLACE FUNCTION {schema}.next_id() RETURNS bigint\n\
@@ -285,8 +326,26 @@ pub fn shard_ddl(
     Ok(out)
 }
 
+/// Which sequence a shard's `next_id(seq)` accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqOid {
+    /// The oid of the shard's sequence, read on the server by `pg apply`:
+    /// a restored shard (a new sequence, a new oid, the old function) is
+    /// refused with `SF003` until `pg repair`.
+    Oid(u32),
+    /// Looked up by name when a statement is planned (`pg sql`'s printout:
+    /// it cannot tell a restored sequence).
+    ByName,
+}
+
 /// The `next_id(seq regclass)` function of one shard (see the module docs).
-pub fn next_id_function(layout: &Layout, schema: &str, shard: u64, sign_bit: SignBit) -> String {
+pub fn next_id_function(
+    layout: &Layout,
+    schema: &str,
+    shard: u64,
+    sign_bit: SignBit,
+    seq_oid: SeqOid,
+) -> String {
     let seq_bits = layout.sequence().bits();
     let seq_shift = layout.sequence().shift();
     let time_shift = layout.time().shift();
@@ -310,17 +369,23 @@ pub fn next_id_function(layout: &Layout, schema: &str, shard: u64, sign_bit: Sig
     let (epoch, tick) = (layout.epoch_ms(), layout.tick_ms());
     let lag = lag_tolerance(layout);
     let gap = catch_up_gap(layout);
+    let ahead = lead_bound(layout);
     // The clock, packed like the sequence (tick << seq_bits), and the fast
-    // path's threshold `packed clock - LAG`, with the constants folded where
-    // the Unix ms shifted by the sequence bits fits a bigint (to year 9999).
+    // path's band `clock - LAG <= w <= clock + AHEAD` as |w - base - mid| <=
+    // half (one draw, one clock reading), with the epoch folded into `mid`
+    // where the Unix ms shifted by the sequence bits fits a bigint (to year
+    // 9999).
     const MS_YEAR_10000: i128 = 253_402_300_800_000;
-    let folded = ((epoch as i128) << seq_bits) + lag as i128;
-    let fold =
-        tick == 1 && (MS_YEAR_10000 << seq_bits) <= i64::MAX as i128 && folded <= i64::MAX as i128;
-    let (clock, threshold) = if fold {
+    let folded_epoch = (epoch as i128) << seq_bits;
+    let fold = tick == 1
+        && (MS_YEAR_10000 << seq_bits) <= i64::MAX as i128
+        && folded_epoch + lag as i128 <= i64::MAX as i128;
+    let half = (ahead + lag) / 2;
+    let (clock, base, mid) = if fold {
         (
             format!("(({ms} - {epoch}) << {seq_bits})"),
-            format!("({ms} << {seq_bits}) - {folded}"),
+            format!("({ms} << {seq_bits})"),
+            (ahead - lag) / 2 - folded_epoch as i64,
         )
     } else {
         let ticks = if tick == 1 {
@@ -329,7 +394,7 @@ pub fn next_id_function(layout: &Layout, schema: &str, shard: u64, sign_bit: Sig
             format!("(({ms} - {epoch}) / {tick})")
         };
         let packed = format!("({ticks} << {seq_bits})");
-        (packed.clone(), format!("{packed} - {lag}"))
+        (packed.clone(), packed, (ahead - lag) / 2)
     };
     let part = |w: &str| {
         let seq_part = if seq_shift == 0 {
@@ -340,12 +405,24 @@ pub fn next_id_function(layout: &Layout, schema: &str, shard: u64, sign_bit: Sig
         format!("(({w} >> {seq_bits}) << {time_shift}) | {shard_bits} | {seq_part}")
     };
     let lock_class = LOCK_BASE >> 32;
+    let (oid, oid_text) = match seq_oid {
+        SeqOid::Oid(oid) => (format!("{oid}::oid"), oid.to_string()),
+        SeqOid::ByName => (
+            format!("{}::regclass::oid", lit(&shard_sequence(schema))),
+            "looked up by name".to_string(),
+        ),
+    };
+    let refused = lit(&format!(
+        "is not the sequence shard {shard}'s next_id() was made for ({}, oid {oid_text}): the shard was restored from a dump or its sequence was recreated; run shardflake pg repair before writing to it",
+        shard_sequence(schema)
+    ));
     format!(
         "CREATE OR REPLACE FUNCTION {schema}.next_id_slow(seq regclass) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $f$
 -- shardflake: {layout}, shard {shard}. Generated; do not edit.
 -- next_id's slow path: this session's drawn value (currval) is LAG or more
--- behind the clock. See the shardflake-db docs for why no id repeats.
+-- behind the clock, or more than AHEAD ahead of it. See the shardflake-db
+-- docs for why no id repeats.
 DECLARE
   w bigint := currval(seq);  -- packed (tick << {seq_bits}) | sequence
   t bigint;                  -- the clock, packed the same way
@@ -366,10 +443,22 @@ BEGIN
         w := t;
       END IF;
       PERFORM pg_advisory_unlock(k);
-    ELSE
+    ELSIF w + {lag} < {clock} THEN
       -- Less than LAG + GAP behind: wait out a catch-up in progress, then
       -- keep the value drawn (no second draw).
       PERFORM pg_advisory_lock_shared(k), pg_advisory_unlock_shared(k);
+    ELSE
+      -- Ahead: wait until the clock is within AHEAD of the value drawn, so
+      -- no value is ever more than AHEAD ahead of the clock (what pg repair
+      -- relies on). Twice AHEAD ahead, the clock stepped back: refuse.
+      t := {clock};
+      WHILE w - t > {ahead} LOOP
+        IF w - t > {ahead2} THEN
+          RAISE EXCEPTION USING ERRCODE = 'SF004', MESSAGE = {ahead_lit};
+        END IF;
+        PERFORM pg_sleep((((w - t - {ahead}) >> {seq_bits}) * {tick} + 1) / 1000.0);
+        t := {clock};
+      END LOOP;
     END IF;
   EXCEPTION WHEN OTHERS OR query_canceled THEN
     -- Release what this session holds of the lock (even one granted while
@@ -383,19 +472,32 @@ BEGIN
   RETURN {slow_part};
 END
 $f$;
+CREATE OR REPLACE FUNCTION {schema}.next_id_refused(seq regclass) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $f$
+BEGIN
+  RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_RESTORED}', MESSAGE = seq::text || ' ' || {refused};
+END
+$f$;
 CREATE OR REPLACE FUNCTION {schema}.next_id(seq regclass) RETURNS bigint
 LANGUAGE sql VOLATILE AS $f$
-  -- shardflake: {layout}, shard {shard}. Generated; do not edit.
+  -- shardflake: {layout}, shard {shard}, sequence oid {oid_text}. Generated; do not edit.
   -- One SELECT with no FROM: PostgreSQL inlines it into the INSERT (no
-  -- function call). The CASE runs in order: draw, compare with the clock
-  -- read after the draw, then currval() re-reads this session's drawn value.
+  -- function call), and folds the sequence test away (its argument is a
+  -- constant). The CASE runs in order: draw, compare with the clock read
+  -- after the draw, then currval() re-reads this session's drawn value.
   SELECT CASE
-    WHEN nextval(seq) >= {threshold} THEN {fast_part}
+    WHEN seq::oid <> {oid} THEN {schema}.next_id_refused(seq)
+    WHEN abs(nextval(seq) - {base} - ({mid})) <= {half} THEN {fast_part}
     ELSE {schema}.next_id_slow(seq)
   END
 $f$;
 ",
         why_lit = lit(&why),
+        ahead2 = 2 * ahead,
+        ahead_lit = lit(&format!(
+            "shard {shard}'s sequence runs more than {} ms ahead of the server clock: did the clock step back? ids resume once it is within {AHEAD_MS} ms",
+            2 * AHEAD_MS
+        )),
         slow_part = part("w"),
         fast_part = part("currval(seq)"),
     )
@@ -448,7 +550,7 @@ mod tests {
     #[test]
     fn instagram_next_id_numbers() {
         let l = preset::by_name("instagram").unwrap();
-        let f = next_id_function(&l, "shard5", 5, SignBit::Refuse);
+        let f = next_id_function(&l, "shard5", 5, SignBit::Refuse, SeqOid::Oid(16400));
         // packed value = tick << 10 | seq; id = tick << 23 | 5 << 10 | seq
         assert!(f.contains("- 1314220021721) << 10"), "{f}");
         assert!(f.contains("((w >> 10) << 23) | 5120 | (w & 1023)"), "{f}");
@@ -464,12 +566,21 @@ mod tests {
         // lag 4 ticks (4 ms), gap 256
         assert_eq!(lag_tolerance(&l), 4096);
         assert!(f.contains("w + 4096 + 256 <= t"), "{f}");
-        // the fast path's threshold: (ms << 10) - (epoch << 10) - lag
-        let folded = (1314220021721i64 << 10) + 4096;
+        // the fast path's band: clock - 4 ms <= w <= clock + 1000 ms, as
+        // |w - (ms << 10) - mid| <= half with the epoch folded into mid
+        let (ahead, lag) = (1000i64 << 10, 4096);
+        assert_eq!(lead_bound(&l), ahead);
+        let mid = (ahead - lag) / 2 - (1314220021721i64 << 10);
         assert!(
-            f.contains(&format!("::bigint << 10) - {folded} THEN ((currval(seq)")),
+            f.contains(&format!(
+                "::bigint << 10) - ({mid})) <= {} THEN ((currval(seq)",
+                (ahead + lag) / 2
+            )),
             "{f}"
         );
+        // the restore guard: only the sequence the function was made for
+        assert!(f.contains("WHEN seq::oid <> 16400::oid THEN shard5.next_id_refused(seq)"));
+        assert!(f.contains("sequence oid 16400."), "{f}");
         assert!(f.contains("ELSE shard5.next_id_slow(seq)"), "{f}");
         assert!(!f.contains("currval(seq) >="), "no range check: MAXVALUE");
         assert_eq!(sequence_max(&l, SignBit::Allow), ((1i64 << 41) << 10) - 1);
@@ -478,7 +589,7 @@ mod tests {
     #[test]
     fn mysql_layout_and_no_int4_overflow() {
         let l = preset::by_name("mysql-procedure").unwrap();
-        let f = next_id_function(&l, "s", 1023, SignBit::Refuse);
+        let f = next_id_function(&l, "s", 1023, SignBit::Refuse, SeqOid::ByName);
         assert!(
             f.contains("((w >> 10) << 20) | 1047552 | (w & 1023)"),
             "{f}"
@@ -492,9 +603,17 @@ mod tests {
     #[test]
     fn wide_sequence_fields_do_not_fold_the_clock() {
         let l = shardflake::preset::resolve("w: time 30 | shard 2 | sequence 30").unwrap();
-        let f = next_id_function(&l, "s", 1, SignBit::Refuse);
+        let f = next_id_function(&l, "s", 1, SignBit::Refuse, SeqOid::ByName);
         // (Unix ms << 30) would overflow a bigint: ticks are shifted instead
-        assert!(f.contains("::bigint - 0) << 30) - 4294967296 THEN"), "{f}");
+        let (ahead, lag) = (lead_bound(&l), lag_tolerance(&l));
+        assert!(
+            f.contains(&format!(
+                "::bigint - 0) << 30) - ({})) <= {} THEN",
+                (ahead - lag) / 2,
+                (ahead + lag) / 2
+            )),
+            "{f}"
+        );
         assert!(!f.contains("::bigint << 30"), "{f}");
     }
 
@@ -524,15 +643,19 @@ mod tests {
         };
         assert_eq!(
             table_ddl("shard7", &t),
-            "CREATE TABLE shard7.posts (id bigint DEFAULT shard7.next_id('shard7.posts_id_seq'::regclass))"
+            "CREATE TABLE shard7.posts (id bigint DEFAULT shard7.next_id('shard7.id_seq'::regclass))"
         );
-        let ddl = shard_ddl(&l, "shard7", 7, SignBit::Refuse, &[t]).unwrap();
-        assert!(ddl.contains(&format!(
-            "CREATE SEQUENCE IF NOT EXISTS shard7.posts_id_seq INCREMENT 1 CACHE 1 NO CYCLE MAXVALUE {};",
-            ((1i64 << 40) << 10) - 1
-        )));
-        assert!(ddl.contains("CREATE SEQUENCE IF NOT EXISTS shard7.id_seq INCREMENT 1"));
-        assert!(ddl.contains("v2; shard=7; sign_bit=refuse; layout=instagram"));
-        assert!(shard_ddl(&l, "x", 9000, SignBit::Refuse, &[]).is_err());
+        let head = shard_schema_ddl(&l, "shard7", SignBit::Refuse);
+        assert_eq!(
+            head,
+            format!(
+                "CREATE SCHEMA IF NOT EXISTS shard7;\nCREATE SEQUENCE IF NOT EXISTS shard7.id_seq INCREMENT 1 CACHE 1 NO CYCLE MAXVALUE {};\n",
+                ((1i64 << 40) << 10) - 1
+            )
+        );
+        let ddl = shard_ddl(&l, "shard7", 7, SignBit::Refuse, SeqOid::ByName).unwrap();
+        assert!(ddl.contains("v3; shard=7; sign_bit=refuse; layout=instagram"));
+        assert!(ddl.contains("WHEN seq::oid <> 'shard7.id_seq'::regclass::oid THEN"));
+        assert!(shard_ddl(&l, "x", 9000, SignBit::Refuse, SeqOid::ByName).is_err());
     }
 }

@@ -26,7 +26,7 @@
 //! ```
 //!
 //! In a table's `sql`, `{schema}` becomes the shard's schema and `{next_id}`
-//! the call of that shard's id function on the table's own sequence.
+//! the call of that shard's id function on the shard's one id sequence.
 
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
@@ -217,8 +217,8 @@ struct RawServer {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Table {
-    /// Table name (a lower-case SQL identifier); the table's id sequence is
-    /// `<name>_id_seq` in the shard's schema.
+    /// Table name (a lower-case SQL identifier); its ids come from the
+    /// shard's one sequence, `id_seq` in the shard's schema.
     pub name: String,
     /// `CREATE TABLE {schema}.<name> (... DEFAULT {next_id} ...)`.
     pub sql: String,

@@ -8,8 +8,6 @@ use clap::Subcommand;
 use shardflake::Id;
 use shardflake_db::mysql::{self, BenchMode, BenchOptions, Flavor, Names, Options, sql};
 
-use super::LayoutArg;
-
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(subcommand)]
@@ -179,15 +177,25 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// `--layout` of the mysql commands: the seed's mysql-procedure by default
+/// (the other commands default to snowflake, which has no shard field).
+#[derive(Debug, Clone, clap::Args)]
+struct LayoutArg {
+    /// Preset or spec with a "shard" field (mysql-procedure, instagram, or
+    /// e.g. "time 43 | shard 10 | sequence 10 (epoch 1672531200000 ms)").
+    #[arg(
+        long,
+        short,
+        default_value = "mysql-procedure",
+        env = "SHARDFLAKE_LAYOUT"
+    )]
+    layout: String,
+}
+
+/// The layout asked for, as asked: one without a shard field (snowflake)
+/// is refused, never replaced.
 fn mysql_layout(layout: &LayoutArg) -> anyhow::Result<shardflake::Layout> {
-    // The `--layout` option defaults to snowflake for the other commands;
-    // here the seed's mysql-procedure layout is the natural default.
-    let spec = if layout.layout == "snowflake" {
-        "mysql-procedure"
-    } else {
-        &layout.layout
-    };
-    let l = shardflake::preset::resolve(spec)?;
+    let l = shardflake::preset::resolve(&layout.layout)?;
     mysql::Plan::new(&l)?;
     Ok(l)
 }

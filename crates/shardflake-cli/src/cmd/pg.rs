@@ -35,11 +35,22 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 enum PgCommand {
-    /// Create (idempotently) every shard's schema, sequences, next_id() and
-    /// tables on its server; one transaction per server.
+    /// Create (idempotently) every shard's schema, sequence, next_id() and
+    /// tables on its server, after checking the file against what every
+    /// server records (refused, with what to do, if they disagree).
     Apply(TopologyArg),
     /// Report drift between the servers and the topology (exit 1 if any).
     Check(TopologyArg),
+    /// After restoring a dump: move each shard's sequence past every id it
+    /// handed out before, so that ids resume (a restored shard refuses ids
+    /// until then).
+    Repair {
+        /// Only this logical shard.
+        #[arg(long)]
+        shard: Option<u64>,
+        #[command(flatten)]
+        topology: TopologyArg,
+    },
     /// Which logical shard, schema and server a sharding key lives on.
     Route {
         /// Sharding key (e.g. a user id).
@@ -56,16 +67,23 @@ enum PgCommand {
         topology: TopologyArg,
     },
     /// Move a logical shard to another server: copy, brief write pause,
-    /// switch the topology file, verify, drop the old copy.
+    /// switch the topology file, drop the old copy. Run again to finish a
+    /// move that was stopped; --abort to undo one.
     MoveShard {
         /// Logical shard to move.
         shard: u64,
         /// Destination server (its name in the topology).
-        #[arg(long)]
-        to: String,
+        #[arg(long, required_unless_present = "abort")]
+        to: Option<String>,
         /// Keep the old (fenced) copy instead of dropping it.
         #[arg(long)]
         keep_source: bool,
+        /// Undo a move of the shard that did not go live on its destination.
+        #[arg(long, conflicts_with_all = ["to", "keep_source"])]
+        abort: bool,
+        /// Stop after this step as if killed there (for fault tests).
+        #[arg(long, hide = true, env = "SHARDFLAKE_MOVE_STOP_AFTER")]
+        stop_after: Option<move_shard::MoveStep>,
         #[command(flatten)]
         topology: TopologyArg,
     },
@@ -135,13 +153,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        PgCommand::Repair { shard, topology } => {
+            let topo = topology.load()?;
+            let repaired = runtime()?.block_on(pg::repair(&topo, shard))?;
+            for r in &repaired {
+                println!("{r}");
+            }
+            println!(
+                "repaired {} shard(s); new ids wait until the clock is within {} ms of them",
+                repaired.len(),
+                sql::AHEAD_MS
+            );
+            Ok(())
+        }
+        PgCommand::MoveShard {
+            shard,
+            abort: true,
+            topology,
+            ..
+        } => {
+            let at = runtime()?.block_on(move_shard::abort_move(&topology.topology, shard))?;
+            println!("undid the move of shard {shard}: it stays on {at}");
+            Ok(())
+        }
         PgCommand::MoveShard {
             shard,
             to,
             keep_source,
+            stop_after,
             topology,
+            ..
         } => {
-            let opts = move_shard::MoveOptions { keep_source };
+            let to = to.context("--to is required")?;
+            let opts = move_shard::MoveOptions {
+                keep_source,
+                stop_after,
+            };
             let report = runtime()?.block_on(move_shard::move_shard(
                 &topology.topology,
                 shard,
@@ -153,6 +200,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .iter()
                 .map(|(t, n)| format!("{t} {n}"))
                 .collect();
+            if let Some(step) = report.resumed_after {
+                println!(
+                    "finished a move that had stopped after step {:?}",
+                    step.name()
+                );
+            }
             println!(
                 "moved shard {} from {} to {}: rows [{}] ({} bulk, {} during the pause); writes paused {:.1} ms; old copy {}",
                 report.shard,
@@ -180,12 +233,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("\n-- logical shard {shard}");
             print!(
                 "{}",
+                sql::shard_schema_ddl(topo.layout(), &schema, topo.sign_bit())
+            );
+            println!(
+                "-- pg apply names the sequence by its oid, so that a restored shard is refused"
+            );
+            print!(
+                "{}",
                 sql::shard_ddl(
                     topo.layout(),
                     &schema,
                     shard,
                     topo.sign_bit(),
-                    topo.tables()
+                    sql::SeqOid::ByName
                 )?
             );
             for t in topo.tables() {

@@ -186,6 +186,114 @@ async fn pg_apply_check_route_locate_move() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Reproduction 5 of issue #28: `move-shard` killed once the source is
+/// fenced (here: SIGKILLed as soon as the fence shows, or stopped there by
+/// the hidden failpoint, whichever comes first). The shard must not stay
+/// fenced everywhere while check says ok: check reports it, apply refuses,
+/// and running the move again finishes it with no id twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_killed_after_the_fence_is_reported_and_finished_by_a_rerun() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let dir = std::env::temp_dir().join(format!("sf-pg-cli-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let topo = dir.join("shardflake.toml");
+    let t = topo.to_str().unwrap();
+    write_topology(&topo, &a, &b, "0-1", "2-3");
+    ok(&["pg", "apply", "-t", t]);
+    let before: Vec<i64> = psql(
+        &a,
+        "INSERT INTO shard1.posts (user_id, body) SELECT g, repeat('x', 100) FROM generate_series(1, 300000) g RETURNING id",
+    )
+    .await
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+
+    let mut mover = Command::new(crate::shardflake_bin())
+        .args(["pg", "move-shard", "1", "--to", "b", "-t", t])
+        .env_remove("SHARDFLAKE_TOPOLOGY")
+        .env("SHARDFLAKE_MOVE_STOP_AFTER", "fenced")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let c = shardflake_db::pg::connect_url("t", &a.url()).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let fenced: bool = c
+            .query_one(
+                "SELECT to_regprocedure('shard1.shardflake_moved()') IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if fenced || mover.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the move never fenced"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let _ = mover.kill();
+    mover.wait().unwrap();
+    let fenced: bool = c
+        .query_one(
+            "SELECT to_regprocedure('shard1.shardflake_moved()') IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(fenced, "the move was stopped before its fence");
+    let e = c
+        .execute("INSERT INTO shard1.posts (user_id) VALUES (1)", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("SF001"), "{e}");
+
+    let check = fails(&["pg", "check", "-t", t]);
+    assert!(check.contains("move-shard 1 --to b"), "{check}");
+    assert!(fails(&["pg", "apply", "-t", t]).contains("move-shard 1 --to b"));
+    let rerun = ok(&["pg", "move-shard", "1", "--to", "b", "-t", t]);
+    assert!(rerun.contains("moved shard 1 from a to b"), "{rerun}");
+    assert!(ok(&["pg", "check", "-t", t]).starts_with("ok:"));
+    assert!(ok(&["pg", "route", "31341", "-t", t]).contains("on server b"));
+    let after: Vec<i64> = psql(
+        &b,
+        "INSERT INTO shard1.posts (user_id) SELECT g FROM generate_series(1, 1000) g RETURNING id",
+    )
+    .await
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let max_before = before.iter().max().copied().unwrap();
+    assert!(after.iter().all(|id| *id > max_before));
+    let rows: i64 = psql(&b, "SELECT count(*) FROM shard1.posts").await[0].get(0);
+    assert_eq!(rows, 301_000);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue #28's last items: `mysql --layout snowflake` is refused, not
+/// replaced by mysql-procedure; a refusal is printed once.
+#[test]
+fn mysql_layout_is_never_replaced_and_a_refusal_is_printed_once() {
+    let e = fails(&["mysql", "sql", "--layout", "snowflake"]);
+    assert!(e.contains("has no \"shard\" field"), "{e}");
+    let out = Command::new(crate::shardflake_bin())
+        .args(["mysql", "sql"])
+        .env("SHARDFLAKE_LAYOUT", "snowflake")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let m = MariaDbServer::start().unwrap();
+    let no_db = m.url().trim_end_matches("/app").to_string();
+    let e = fails(&["mysql", "apply", "--url", &no_db]);
+    assert_eq!(e.matches("names no database").count(), 1, "{e}");
+}
+
 #[test]
 fn mysql_apply_call_sql() {
     let sql = ok(&["mysql", "sql"]);

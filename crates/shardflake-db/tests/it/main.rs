@@ -6,3 +6,4 @@ mod mysql;
 mod pg;
 mod pg_move;
 mod pg_next_id;
+mod pg_operator;

@@ -838,3 +838,98 @@ async fn bench_runs_every_mode() {
     assert_eq!(r.cpu.len(), 5);
     assert!(r.clock_cpu_share.is_some());
 }
+
+/// The connection holding the clock event loop's lock, if any.
+async fn clock_holder(c: &mut Conn, names: &Names) -> Option<u64> {
+    c.query_first::<Option<u64>, _>(format!("SELECT IS_USED_LOCK({})", names.clock_lock_sql()))
+        .await
+        .unwrap()
+        .flatten()
+}
+
+/// Reproduction 7 of issue #28: a dump of the database restored into the
+/// running server, taken before a burst ran the sequence ahead of the
+/// clock. The restore drops and recreates the sequence and sets it back;
+/// the clock event's loop must outlive the `DROP` and put the sequence past
+/// every value it handed out, and the trigger must refuse the set-back
+/// values meanwhile, so the ids made afterwards repeat none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_restored_into_the_running_server_repeats_no_id() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    // 2 sequence bits: 4 ids per ms, so a burst runs far ahead of the clock.
+    let spec = "narrow: time 47 | shard 10 | sequence 2 (epoch 1672531200000 ms)";
+    let layout = preset::resolve(spec).unwrap();
+    applied(&pool, &layout, &Options::default()).await;
+    let names = names_default();
+    let mut c = pool.get_conn().await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        ids.push(mysql::insert(&mut c, &names, 7, "before").await.unwrap());
+    }
+    let holder = clock_holder(&mut c, &names).await;
+    let dumped_at = now_ms();
+    let out = std::process::Command::new("mariadb-dump")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", server.port))
+        .args(["--triggers", "--routines", "--events", "app"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let dump = std::env::temp_dir().join(format!("sf-maria-dump-{}.sql", std::process::id()));
+    std::fs::write(&dump, &out.stdout).unwrap();
+    let burst: Vec<i64> = c
+        .query(
+            "INSERT INTO posts (user_id, body) SELECT 7, 'burst' FROM seq_1_to_40000 RETURNING id",
+        )
+        .await
+        .unwrap();
+    let burst_end = burst
+        .iter()
+        .map(|id| Id(*id as u64).decode(&layout).unwrap().unix_ms)
+        .max()
+        .unwrap();
+    assert!(burst_end > now_ms() + 1000, "the burst did not run ahead");
+    ids.extend(burst);
+    // An earlier dump: older than the trigger's tolerance when restored.
+    while now_ms() < dumped_at + sql::STALE_MS + 300 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.sql(&format!("source {}", dump.display())).unwrap();
+    let _ = std::fs::remove_file(&dump);
+    // Ids until the clock has passed the burst's (bounded).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut refused = 0;
+    loop {
+        match mysql::insert(&mut c, &names, 7, "after").await {
+            Ok(id) => {
+                ids.push(id);
+                if Id(id as u64).decode(&layout).unwrap().unix_ms > burst_end + 200 {
+                    break;
+                }
+            }
+            // Refused while the sequence is set back: not an id.
+            Err(_) => refused += 1,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the clock never passed the burst"
+        );
+    }
+    verify(&layout, &ids, 7, 0, u64::MAX);
+    if holder.is_some() {
+        assert_eq!(
+            clock_holder(&mut c, &names).await,
+            holder,
+            "the clock event's loop ended during the restore"
+        );
+    }
+    let mut c2 = pool.get_conn().await.unwrap();
+    let problems = mysql::check(&mut c2, &layout, &Options::default())
+        .await
+        .unwrap();
+    assert!(
+        problems.is_empty(),
+        "{problems:?} ({refused} inserts refused)"
+    );
+}

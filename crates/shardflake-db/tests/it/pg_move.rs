@@ -133,7 +133,10 @@ async fn move_copies_changes_committed_during_it_including_savepoints_across_the
 
     let path = file.0.clone();
     let mover = tokio::spawn(async move {
-        let opts = MoveOptions { keep_source: true };
+        let opts = MoveOptions {
+            keep_source: true,
+            ..Default::default()
+        };
         move_shard(&path, 3, "b", &opts).await
     });
     // The move has taken its snapshot and copied, and now waits for T's lock.
@@ -209,15 +212,15 @@ async fn move_carries_the_sequence_refuses_foreign_objects_and_holds_the_apply_l
     assert!(!on_b);
     ca.batch_execute("DROP VIEW shard3.recent").await.unwrap();
 
-    // The source's sequence is 10 s ahead of the clock (a burst borrowed
+    // The source's sequence is 0.9 s ahead of the clock (a burst borrowed
     // ticks): ids made after the move must continue above it.
     let layout = topo.layout();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
-    let ahead = ((now + 10_000 - layout.epoch_ms()) as i64) << layout.sequence().bits();
-    ca.execute("SELECT setval('shard3.posts_id_seq', $1)", &[&ahead])
+    let ahead = ((now + 900 - layout.epoch_ms()) as i64) << layout.sequence().bits();
+    ca.execute("SELECT setval('shard3.id_seq', $1)", &[&ahead])
         .await
         .unwrap();
     let last_on_a: i64 = ca
@@ -228,7 +231,7 @@ async fn move_carries_the_sequence_refuses_foreign_objects_and_holds_the_apply_l
         .await
         .unwrap()
         .get(0);
-    assert!(Id(last_on_a as u64).decode(layout).unwrap().unix_ms >= now + 10_000);
+    assert!(Id(last_on_a as u64).decode(layout).unwrap().unix_ms >= now + 900);
 
     // Someone holds the apply lock on b: the move waits for it.
     let holder = client(&b).await;
@@ -305,14 +308,15 @@ async fn ids_drawn_across_a_move(name: &str, gate_at: i32) -> Drawn {
     ca.batch_execute("CREATE TABLE public.prealloc (id bigint NOT NULL)")
         .await
         .unwrap();
-    // The sequence is a minute ahead of the clock (a burst borrowed ticks),
-    // so every draw takes the fast path: consecutive values on each side.
+    // The sequence is 0.9 s ahead of the clock (a burst borrowed ticks; the
+    // most next_id allows is sql::AHEAD_MS), so the draws take the fast path:
+    // consecutive values on each side.
     let layout = topo.layout();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
-    let ahead = ((now + 60_000 - layout.epoch_ms()) as i64) << layout.sequence().bits();
+    let ahead = ((now + 900 - layout.epoch_ms()) as i64) << layout.sequence().bits();
     ca.execute("SELECT setval('shard3.id_seq', $1)", &[&ahead])
         .await
         .unwrap();
@@ -341,7 +345,10 @@ async fn ids_drawn_across_a_move(name: &str, gate_at: i32) -> Drawn {
 
     let path = file.0.clone();
     let mover = tokio::spawn(async move {
-        let opts = MoveOptions { keep_source: true };
+        let opts = MoveOptions {
+            keep_source: true,
+            ..Default::default()
+        };
         move_shard(&path, 3, "b", &opts).await
     });
     // The move either finishes or waits on a lock (the statement's).
@@ -531,7 +538,7 @@ async fn a_deadlock_between_the_pause_and_a_transaction_drawing_then_writing_is_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_move_failing_after_the_fence_gives_the_old_copy_back_its_sequences() {
+async fn a_move_failing_after_going_live_is_finished_by_running_it_again() {
     let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
     let file = TopoFile::new("move-unfence", &topology(&a, &b));
     let topo = Topology::load(&file.0).unwrap();
@@ -543,7 +550,7 @@ async fn a_move_failing_after_the_fence_gives_the_old_copy_back_its_sequences() 
         .unwrap()
         .get(0);
     // The topology cannot be written (a directory where its temp file goes):
-    // the move fails after fencing the old copy.
+    // the move fails after the destination went live.
     let tmp = file.0.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::create_dir(&tmp).unwrap();
     let e = move_shard(&file.0, 3, "b", &Default::default())
@@ -555,19 +562,35 @@ async fn a_move_failing_after_the_fence_gives_the_old_copy_back_its_sequences() 
         Topology::load(&file.0).unwrap().server_of(3).unwrap().name,
         "a"
     );
-    // The old copy is whole again: ids and writes work, above the earlier
-    // ones, and the sequences have the options next_id needs.
-    let after: i64 = ca
+    // The servers know better than the stale file: check says how to finish,
+    // apply refuses.
+    let drift = pg::check(&topo).await.unwrap();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.problem.contains("move-shard 3 --to b")),
+        "{drift:?}"
+    );
+    pg::apply(&topo).await.unwrap_err();
+    let report = move_shard(&file.0, 3, "b", &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        report.resumed_after,
+        Some(shardflake_db::move_shard::MoveStep::Live)
+    );
+    let topo = Topology::load(&file.0).unwrap();
+    assert_eq!(topo.server_of(3).unwrap().name, "b");
+    let after: i64 = client(&b)
+        .await
         .query_one("SELECT shard3.next_id()", &[])
         .await
         .unwrap()
         .get(0);
     assert!(after > before, "{after} <= {before}");
-    ca.execute("INSERT INTO shard3.posts (user_id) VALUES (1)", &[])
-        .await
-        .unwrap();
     let max = sql::sequence_max(topo.layout(), topo.sign_bit());
-    let odd: i64 = ca
+    let odd: i64 = client(&b)
+        .await
         .query_one(
             "SELECT count(*) FROM pg_sequences WHERE schemaname = 'shard3' \
              AND (min_value <> 1 OR max_value <> $1)",

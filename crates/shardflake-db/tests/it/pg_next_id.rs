@@ -23,7 +23,7 @@ async fn setup(layout: &str) -> (PgServer, Topology, i64) {
     pg::apply(&topo).await.unwrap();
     let c = client(&a).await;
     let oid: i64 = c
-        .query_one("SELECT 'shard0.posts_id_seq'::regclass::oid::bigint", &[])
+        .query_one("SELECT 'shard0.id_seq'::regclass::oid::bigint", &[])
         .await
         .unwrap()
         .get(0);
@@ -135,7 +135,7 @@ async fn a_cancelled_wait_leaves_no_lock_behind() {
         ("in the band", packed_now() - lag - gap / 2),
     ] {
         caller
-            .execute("SELECT setval('shard0.posts_id_seq', $1)", &[&value])
+            .execute("SELECT setval('shard0.id_seq', $1)", &[&value])
             .await
             .unwrap();
         let e = caller.query_one(INSERT, &[]).await.unwrap_err();
@@ -153,7 +153,7 @@ async fn a_cancelled_wait_leaves_no_lock_behind() {
     // Catch-ups work: from far behind, the next insert has the current tick.
     caller
         .execute(
-            "SELECT setval('shard0.posts_id_seq', $1)",
+            "SELECT setval('shard0.id_seq', $1)",
             &[&(packed_now() - 60 * lag)],
         )
         .await

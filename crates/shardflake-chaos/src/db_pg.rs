@@ -1,0 +1,592 @@
+//! `shardflake-chaos db-pg`: PostgreSQL's in-database ids under what
+//! operators do, judged by the same checker. Two servers of
+//! `scripts/pg.sh` hold 4 logical shards (`shardflake pg apply`); clients
+//! insert rows into each shard (`INSERT ... RETURNING id`, single rows and
+//! bursts of up to 20, 2 ms apart), routed by `shardflake pg route`, while a seeded schedule runs,
+//! through the `shardflake` CLI as an operator would:
+//!
+//! - `move-shard` stopped after each of its steps (the hidden failpoint) or
+//!   SIGKILLed at a random moment, then run again to finish;
+//! - `apply` from a stale copy of the topology file (taken at the start);
+//! - `apply` and `check` with the file edited: a shard's owner, the schema
+//!   prefix, the shard count, the epoch (each must be refused);
+//! - a shard restored from a dump taken a moment earlier with `pg_restore
+//!   --clean`, writers stopped or still writing, then `pg repair`.
+//!
+//! Every id answered goes to the checker (duplicates, order per
+//! connection); a command that accepts what it must refuse, or a final
+//! `pg check` that fails, is an incident.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::check;
+use crate::db::{DbOptions, sleep_until};
+use crate::load::Answers;
+use crate::record::{ConnLog, Protocol, ms_since};
+use crate::verdict::{ClientLog, Outcome, in_dir};
+
+/// Logical shards of the run.
+const SHARDS: u64 = 4;
+/// Longest a connect or a statement may take.
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause before each statement of a client.
+const STATEMENT_PAUSE: Duration = Duration::from_millis(2);
+/// The steps of a move (`shardflake pg move-shard --stop-after`).
+const STEPS: [&str; 5] = ["recorded", "copied", "fenced", "live", "switched"];
+
+/// One fault of the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// `move-shard` stopped after step `STEPS[i]`, then run again.
+    MoveStopped(usize),
+    /// `move-shard` SIGKILLed after this many ms, then run again.
+    MoveKilled(u64),
+    /// `apply` with the file as it was at the start.
+    StaleApply,
+    /// The file edited: a shard put on the other server.
+    EditOwner,
+    /// The file edited: another schema prefix.
+    EditPrefix,
+    /// The file edited: twice the shards.
+    EditCount,
+    /// The file edited: the epoch 10 s later.
+    EditEpoch,
+    /// A shard restored from a dump with its writers stopped, then repaired.
+    RestoreStopped,
+    /// A shard restored from a dump under its writers, then repaired.
+    RestoreLive,
+}
+
+/// The seeded schedule: every kind in a seeded order, again and again.
+fn schedule(o: &DbOptions) -> Vec<(Duration, Fault, u64)> {
+    let mut rng = fastrand::Rng::with_seed(o.seed);
+    let spacing = o.spacing.max(Duration::from_secs(2));
+    let mut kinds = Vec::new();
+    let mut at = spacing / 2;
+    let mut plan = Vec::new();
+    while at + spacing <= Duration::from_secs(o.seconds) {
+        if kinds.is_empty() {
+            kinds = (0..STEPS.len()).map(Fault::MoveStopped).collect();
+            kinds.extend([
+                Fault::MoveKilled(0),
+                Fault::StaleApply,
+                Fault::EditOwner,
+                Fault::EditPrefix,
+                Fault::EditCount,
+                Fault::EditEpoch,
+                Fault::RestoreStopped,
+                Fault::RestoreLive,
+            ]);
+            rng.shuffle(&mut kinds);
+        }
+        let mut fault = kinds.pop().expect("refilled above");
+        if fault == Fault::MoveKilled(0) {
+            fault = Fault::MoveKilled(rng.u64(0..400));
+        }
+        plan.push((at, fault, rng.u64(0..SHARDS)));
+        at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
+    }
+    plan
+}
+
+/// A PostgreSQL server of `scripts/pg.sh`, stopped on drop.
+struct Server {
+    script: PathBuf,
+    dir: String,
+    url: String,
+}
+
+impl Server {
+    fn start(script: &Path) -> anyhow::Result<Server> {
+        let out = Command::new("bash")
+            .arg(script)
+            .args(["start", "1"])
+            .output()
+            .context("running scripts/pg.sh start")?;
+        if !out.status.success() {
+            bail!(
+                "pg.sh start: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let url = text.lines().find(|l| l.starts_with("postgres://"));
+        let dir = text.lines().find_map(|l| l.strip_prefix("dir "));
+        match (url, dir) {
+            (Some(url), Some(dir)) => Ok(Server {
+                script: script.to_path_buf(),
+                dir: dir.to_string(),
+                url: url.to_string(),
+            }),
+            _ => bail!("pg.sh start printed no URL and dir: {text}"),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(&self.script)
+            .args(["stop", &self.dir])
+            .output();
+    }
+}
+
+fn topology(a: &Server, b: &Server, epoch_ms: u64) -> String {
+    format!(
+        "layout = \"chaos: time 41 | shard 13 | sequence 10 (epoch {epoch_ms} ms)\"\nshards = {SHARDS}\nschema_prefix = \"shard\"\n\n\
+         [[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0-1\"\n\n\
+         [[servers]]\nname = \"b\"\nurl = \"{}\"\nshards = \"2-3\"\n\n\
+         [[tables]]\nname = \"posts\"\nsql = \"CREATE TABLE {{schema}}.posts (id bigint PRIMARY KEY DEFAULT {{next_id}}, user_id bigint NOT NULL, body text)\"\n",
+        a.url, b.url
+    )
+}
+
+/// The Instagram epoch: the run's layout is Instagram's, spelled out so
+/// that an edit can move its epoch.
+const EPOCH_MS: u64 = 1_314_220_021_721;
+
+/// What the clients share with the fault thread.
+struct Shared {
+    start: Instant,
+    stop: AtomicBool,
+    /// Shards whose writers wait (a restore with writers stopped).
+    paused: [AtomicBool; SHARDS as usize],
+    /// Bumped at each restore: a connection's log is one incarnation of
+    /// its shard (a restore and repair jumps its ids ahead).
+    generation: AtomicU32,
+    answers: Mutex<Answers>,
+    sequence_mask: u64,
+    topology: PathBuf,
+    bin: PathBuf,
+}
+
+fn cli(bin: &Path, args: &[&str]) -> anyhow::Result<Output> {
+    Command::new(bin)
+        .args(args)
+        .env_remove("SHARDFLAKE_TOPOLOGY")
+        .env_remove("SHARDFLAKE_MOVE_STOP_AFTER")
+        .output()
+        .with_context(|| format!("running shardflake {args:?}"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+    .trim()
+    .to_string()
+}
+
+/// The URL of the server the file puts `shard` on (`pg route`: keys are
+/// routed by key mod shards).
+fn route(shared: &Shared, shard: u64) -> anyhow::Result<String> {
+    let t = shared.topology.to_string_lossy().to_string();
+    let out = cli(&shared.bin, &["pg", "route", &shard.to_string(), "-t", &t])?;
+    let s = String::from_utf8_lossy(&out.stdout);
+    s.rsplit_once('(')
+        .and_then(|(_, rest)| rest.split(')').next())
+        .map(str::to_string)
+        .with_context(|| format!("pg route printed {:?}", text(&out)))
+}
+
+/// A short code for a failed statement or connect.
+fn error_code(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("pg:{}", d.code().code()),
+        None => "pg:io".into(),
+    }
+}
+
+/// One client on one shard: a connection at a time to the shard's server;
+/// on `SF001` (moved) or a broken connection it routes again.
+async fn client(shared: Arc<Shared>, shard: u64, seed: u64) -> ClientLog {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut out = ClientLog::default();
+    let i = shard as usize;
+    while !shared.stop.load(Ordering::Relaxed) {
+        if shared.paused[i].load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        let url = match route(&shared, shard) {
+            Ok(u) => u,
+            Err(_) => {
+                out.error("pg:route".into());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let generation = shared.generation.load(Ordering::SeqCst);
+        let conn = tokio::time::timeout(
+            TIMEOUT,
+            tokio_postgres::connect(&url, tokio_postgres::NoTls),
+        )
+        .await;
+        let client = match conn {
+            Ok(Ok((c, connection))) => {
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                c
+            }
+            _ => {
+                out.error("pg:connect".into());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let mut log = ConnLog::new(i, generation, Protocol::Postgres, shared.sequence_mask);
+        while !shared.stop.load(Ordering::Relaxed)
+            && !shared.paused[i].load(Ordering::SeqCst)
+            && shared.generation.load(Ordering::SeqCst) == generation
+        {
+            // Small bursts and a short pause: the shards grow slowly enough
+            // that moves and dumps of them keep to the schedule.
+            let rows: i64 = if rng.f64() < 0.6 { 1 } else { rng.i64(2..=20) };
+            tokio::time::sleep(STATEMENT_PAUSE).await;
+            let sql = format!(
+                "INSERT INTO shard{shard}.posts (user_id, body) SELECT g, 'chaos' FROM generate_series(1, $1::bigint) g RETURNING id"
+            );
+            match tokio::time::timeout(TIMEOUT, client.query(&sql, &[&rows])).await {
+                Ok(Ok(r)) => {
+                    let ids: Vec<u64> = r.iter().map(|r| r.get::<_, i64>(0) as u64).collect();
+                    let at = ms_since(shared.start);
+                    log.record(&ids, at);
+                    shared
+                        .answers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .answered(u64::from(at));
+                }
+                Ok(Err(e)) => {
+                    out.error(error_code(&e));
+                    // Refused for a while (restored, not yet repaired;
+                    // paused by a move): wait a little on this server.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    break;
+                }
+                Err(_) => {
+                    out.error("pg:timeout".into());
+                    break;
+                }
+            }
+        }
+        out.logs.push(log);
+    }
+    out
+}
+
+/// One run; `Ok(true)` when every check passed.
+pub fn run(o: &DbOptions, pg_script: &Path) -> anyhow::Result<bool> {
+    in_dir(o.out.as_deref(), "db-pg", |dir| run_in(o, pg_script, dir))
+}
+
+fn run_in(o: &DbOptions, pg_script: &Path, dir: &Path) -> anyhow::Result<bool> {
+    let plan = schedule(o);
+    println!("seed {}; schedule:", o.seed);
+    for (at, fault, shard) in &plan {
+        println!("  +{:.1} s {fault:?} (shard {shard})", at.as_secs_f64());
+    }
+    let (a, b) = (Server::start(pg_script)?, Server::start(pg_script)?);
+    let path = dir.join("topology.toml");
+    let start_text = topology(&a, &b, EPOCH_MS);
+    std::fs::write(&path, &start_text)?;
+    let stale = dir.join("stale.toml");
+    std::fs::write(&stale, &start_text)?;
+    let t = path.to_string_lossy().to_string();
+    let applied = cli(&o.bin, &["pg", "apply", "-t", &t])?;
+    if !applied.status.success() {
+        bail!("shardflake pg apply: {}", text(&applied));
+    }
+    let layout = shardflake::preset::resolve(&format!(
+        "chaos: time 41 | shard 13 | sequence 10 (epoch {EPOCH_MS} ms)"
+    ))?;
+    let bindir = Command::new("bash").arg(pg_script).arg("bindir").output()?;
+    let bindir = PathBuf::from(String::from_utf8_lossy(&bindir.stdout).trim());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let seq = layout.sequence();
+    let shared = Arc::new(Shared {
+        start: Instant::now(),
+        stop: AtomicBool::new(false),
+        paused: Default::default(),
+        generation: AtomicU32::new(0),
+        answers: Mutex::new(Answers::default()),
+        sequence_mask: seq.max() << seq.shift(),
+        topology: path.clone(),
+        bin: o.bin.clone(),
+    });
+    let load_start_unix_ms = check::unix_ms_now();
+    let clients: Vec<_> = (0..o.clients)
+        .map(|i| {
+            rt.spawn(client(
+                shared.clone(),
+                i as u64 % SHARDS,
+                o.seed.wrapping_add(i as u64 + 1),
+            ))
+        })
+        .collect();
+
+    let mut incidents = Vec::new();
+    let mut restores = 0u32;
+    for (at, fault, shard) in &plan {
+        sleep_until(shared.start + *at);
+        let result = fault_once(o, &shared, &bindir, dir, *fault, *shard, &stale);
+        let when = ms_since(shared.start);
+        match result {
+            Ok(()) => println!(
+                "+{:.1} s {fault:?} (shard {shard}) done",
+                f64::from(when) / 1000.0
+            ),
+            Err(e) => incidents.push(format!("{fault:?} (shard {shard}) at +{when} ms: {e:#}")),
+        }
+        if matches!(fault, Fault::RestoreStopped | Fault::RestoreLive) {
+            restores += 1;
+        }
+    }
+    let faults_over_ms = u64::from(ms_since(shared.start));
+    sleep_until(shared.start + Duration::from_secs(o.seconds));
+    shared.stop.store(true, Ordering::SeqCst);
+    let end_ms = u64::from(ms_since(shared.start));
+    let mut all = ClientLog::default();
+    for c in clients {
+        all.merge(rt.block_on(c)?);
+    }
+    let checked = cli(&o.bin, &["pg", "check", "-t", &t])?;
+    if !checked.status.success() {
+        incidents.push(format!("the final pg check failed: {}", text(&checked)));
+    }
+    println!(
+        "\n{restores} restores; final pg check: {}\n",
+        text(&checked)
+    );
+    Outcome {
+        name: "postgresql".into(),
+        processes: 2,
+        clients: all,
+        incidents,
+        answers: &shared.answers,
+        load_start_unix_ms,
+        faults_over_ms,
+        end_ms,
+    }
+    .judge(Some(&layout), dir)
+}
+
+/// Runs one fault and the operator's way out of it; `Err` is an incident.
+fn fault_once(
+    o: &DbOptions,
+    shared: &Shared,
+    bindir: &Path,
+    dir: &Path,
+    fault: Fault,
+    shard: u64,
+    stale: &Path,
+) -> anyhow::Result<()> {
+    let t = shared.topology.to_string_lossy().to_string();
+    let s = shard.to_string();
+    let owner_url = route(shared, shard)?;
+    let current = std::fs::read_to_string(&shared.topology)?;
+    let other = if current.contains(&format!("url = \"{owner_url}\"\nshards")) {
+        // Whichever of a and b does not hold it.
+        let owner_is_a = current
+            .split("[[servers]]")
+            .nth(1)
+            .is_some_and(|a| a.contains(&owner_url));
+        if owner_is_a { "b" } else { "a" }
+    } else {
+        bail!("the file names no server with url {owner_url}")
+    };
+    let refused = |args: &[&str], what: &str| -> anyhow::Result<()> {
+        let out = cli(&o.bin, args)?;
+        if out.status.success() {
+            bail!("{what} was accepted: {}", text(&out));
+        }
+        Ok(())
+    };
+    let finish = |what: &str| -> anyhow::Result<()> {
+        let out = cli(&o.bin, &["pg", "move-shard", &s, "--to", other, "-t", &t])?;
+        let said = text(&out);
+        if !out.status.success() && !said.contains("already on") {
+            bail!("{what}: the move could not be finished: {said}");
+        }
+        Ok(())
+    };
+    match fault {
+        Fault::MoveStopped(step) => {
+            let out = Command::new(&o.bin)
+                .args(["pg", "move-shard", &s, "--to", other, "-t", &t])
+                .env("SHARDFLAKE_MOVE_STOP_AFTER", STEPS[step])
+                .output()?;
+            if out.status.success() {
+                bail!("move-shard --stop-after {} did not stop", STEPS[step]);
+            }
+            if step < 4 {
+                refused(&["pg", "check", "-t", &t], "check during a stopped move")?;
+                refused(&["pg", "apply", "-t", &t], "apply during a stopped move")?;
+            }
+            finish("after a stop")
+        }
+        Fault::MoveKilled(ms) => {
+            let mut child = Command::new(&o.bin)
+                .args(["pg", "move-shard", &s, "--to", other, "-t", &t])
+                .env_remove("SHARDFLAKE_MOVE_STOP_AFTER")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()?;
+            std::thread::sleep(Duration::from_millis(ms));
+            let _ = child.kill();
+            child.wait()?;
+            finish("after a SIGKILL")
+        }
+        Fault::StaleApply => {
+            if std::fs::read_to_string(stale)? == current {
+                return Ok(());
+            }
+            refused(
+                &["pg", "apply", "-t", &stale.to_string_lossy()],
+                "apply with the file as it was at the start",
+            )
+        }
+        Fault::EditOwner | Fault::EditPrefix | Fault::EditCount | Fault::EditEpoch => {
+            let edited = match fault {
+                // Every shard on the other server: the shard lists swapped.
+                Fault::EditOwner => swap_lists(&current),
+                Fault::EditPrefix => {
+                    current.replace("schema_prefix = \"shard\"", "schema_prefix = \"s\"")
+                }
+                Fault::EditCount => {
+                    let doubled = current.replace(
+                        &format!("shards = {SHARDS}\n"),
+                        &format!("shards = {}\n", SHARDS * 2),
+                    );
+                    add_to_last_list(&doubled, &format!("{}-{}", SHARDS, SHARDS * 2 - 1))
+                }
+                _ => current.replace(
+                    &format!("epoch {EPOCH_MS} ms"),
+                    &format!("epoch {} ms", EPOCH_MS + 10_000),
+                ),
+            };
+            let file = dir.join("edited.toml");
+            std::fs::write(&file, edited)?;
+            let f = file.to_string_lossy().to_string();
+            refused(
+                &["pg", "apply", "-t", &f],
+                &format!("apply with the file edited ({fault:?})"),
+            )?;
+            refused(
+                &["pg", "check", "-t", &f],
+                &format!("check with the file edited ({fault:?})"),
+            )
+        }
+        Fault::RestoreStopped | Fault::RestoreLive => {
+            let dump = dir.join(format!("shard{shard}.dump"));
+            let pg = |program: &str, args: &[&str]| -> anyhow::Result<()> {
+                let out = Command::new(bindir.join(program)).args(args).output()?;
+                if !out.status.success() {
+                    bail!("{program}: {}", text(&out));
+                }
+                Ok(())
+            };
+            let schema = format!("shard{shard}");
+            let d = dump.to_string_lossy().to_string();
+            pg(
+                "pg_dump",
+                &["-d", &owner_url, "-Fc", "-n", &schema, "-f", &d],
+            )?;
+            // Ids go on past the dump for a while.
+            std::thread::sleep(o.spacing / 4);
+            let stopped = fault == Fault::RestoreStopped;
+            if stopped {
+                shared.paused[shard as usize].store(true, Ordering::SeqCst);
+            }
+            let restored = pg("pg_restore", &["--clean", "-d", &owner_url, &d]);
+            shared.generation.fetch_add(1, Ordering::SeqCst);
+            let seen = cli(&o.bin, &["pg", "check", "-t", &t])?;
+            let repaired = cli(&o.bin, &["pg", "repair", "--shard", &s, "-t", &t])?;
+            shared.paused[shard as usize].store(false, Ordering::SeqCst);
+            restored?;
+            if seen.status.success() {
+                bail!("check after a restore said ok: {}", text(&seen));
+            }
+            if !repaired.status.success() {
+                bail!("pg repair: {}", text(&repaired));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The file with the two servers' shard lists swapped.
+fn swap_lists(text: &str) -> String {
+    let lists: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("shards = \""))
+        .collect();
+    if lists.len() != 2 {
+        return text.to_string();
+    }
+    text.replace(lists[0], "@@A@@")
+        .replace(lists[1], lists[0])
+        .replace("@@A@@", lists[1])
+}
+
+/// The file with `more` added to the last server's shard list.
+fn add_to_last_list(text: &str, more: &str) -> String {
+    let Some(last) = text.lines().rfind(|l| l.starts_with("shards = \"")) else {
+        return text.to_string();
+    };
+    let held = last.trim_start_matches("shards = \"").trim_end_matches('"');
+    let grown = if held.is_empty() {
+        format!("shards = \"{more}\"")
+    } else {
+        format!("shards = \"{held},{more}\"")
+    };
+    text.replace(last, &grown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_has_every_kind_and_the_edits_are_valid_shapes() {
+        let o = DbOptions {
+            seconds: 300,
+            seed: 3,
+            clients: 8,
+            bin: "shardflake".into(),
+            script: "scripts/mariadb.sh".into(),
+            spacing: Duration::from_secs(6),
+            out: None,
+        };
+        let plan = schedule(&o);
+        assert_eq!(plan, schedule(&o));
+        for kind in [
+            Fault::StaleApply,
+            Fault::EditOwner,
+            Fault::RestoreLive,
+            Fault::MoveStopped(2),
+        ] {
+            assert!(plan.iter().any(|(_, f, _)| *f == kind), "{kind:?} missing");
+        }
+        let text = "shards = 4\n[[servers]]\nshards = \"0-1\"\n[[servers]]\nshards = \"2-3\"\n";
+        assert_eq!(
+            swap_lists(text),
+            "shards = 4\n[[servers]]\nshards = \"2-3\"\n[[servers]]\nshards = \"0-1\"\n"
+        );
+        assert!(add_to_last_list(text, "4-7").ends_with("shards = \"2-3,4-7\"\n"));
+    }
+}

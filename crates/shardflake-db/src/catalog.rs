@@ -1,0 +1,476 @@
+//! What a deployment *is*, recorded on its servers, and the rules every
+//! `pg apply`, `pg check`, `pg repair` and `pg move-shard` test a topology
+//! file against before they change anything.
+//!
+//! Each server's schema `shardflake` holds two tables:
+//!
+//! - `deployment`, one row: the deployment's id (shared by its servers),
+//!   this server's name, the layout (epoch included), the schema prefix,
+//!   the shard count and the sign-bit policy;
+//! - `shards`, a row per logical shard on this server: `live` (it serves),
+//!   `moving` (it serves; a copy to `peer` is being made), `incoming` (a
+//!   copy from `peer` being made here; it does not serve) or `fenced` (it
+//!   moved to `peer`; this copy hands out nothing).
+//!
+//! The file says what the operator wants; the servers say what is. A file
+//! that contradicts the servers (a shard put on another server than the one
+//! it lives on, a fenced copy listed as live, another prefix, count, layout
+//! or epoch, a server under another's name) is refused with what to do
+//! instead ([`conflicts`]). A deployment made before these records (no
+//! `deployment` row) is read from its shard schemas and recorded by the next
+//! `pg apply`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use tokio_postgres::GenericClient;
+
+use crate::Error;
+use crate::pg::{Drift, ctx};
+use crate::topology::{SignBit, Topology};
+
+/// Tables of the records, idempotent.
+pub const CATALOG_DDL: &str = "CREATE SCHEMA IF NOT EXISTS shardflake;
+CREATE TABLE IF NOT EXISTS shardflake.deployment (
+  singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+  deployment text NOT NULL,
+  server text NOT NULL,
+  layout text NOT NULL,
+  schema_prefix text NOT NULL,
+  shards bigint NOT NULL,
+  sign_bit text NOT NULL);
+CREATE TABLE IF NOT EXISTS shardflake.shards (
+  shard bigint PRIMARY KEY,
+  state text NOT NULL CHECK (state IN ('live', 'moving', 'incoming', 'fenced')),
+  peer text);
+";
+
+/// A shard's state on one server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Serves.
+    Live,
+    /// Serves; a move to the peer is copying it.
+    Moving,
+    /// A move from the peer is copying it here; does not serve.
+    Incoming,
+    /// Moved to the peer; hands out nothing.
+    Fenced,
+}
+
+impl State {
+    /// As stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Live => "live",
+            State::Moving => "moving",
+            State::Incoming => "incoming",
+            State::Fenced => "fenced",
+        }
+    }
+
+    fn parse(s: &str) -> State {
+        match s {
+            "moving" => State::Moving,
+            "incoming" => State::Incoming,
+            "fenced" => State::Fenced,
+            _ => State::Live,
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `deployment` row of a server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployment {
+    /// Shared by every server of the deployment.
+    pub id: String,
+    /// The server's own name.
+    pub server: String,
+    /// `Layout::to_string()`: fields, epoch, tick.
+    pub layout: String,
+    /// Schema prefix.
+    pub schema_prefix: String,
+    /// Logical shard count.
+    pub shards: u64,
+    /// `refuse` or `allow`.
+    pub sign_bit: String,
+}
+
+impl Deployment {
+    /// The record a topology makes for `server`.
+    pub fn of(topo: &Topology, id: &str, server: &str) -> Deployment {
+        Deployment {
+            id: id.to_string(),
+            server: server.to_string(),
+            layout: topo.layout().to_string(),
+            schema_prefix: topo.schema_prefix().to_string(),
+            shards: topo.shards(),
+            sign_bit: sign_text(topo.sign_bit()).to_string(),
+        }
+    }
+}
+
+fn sign_text(s: SignBit) -> &'static str {
+    match s {
+        SignBit::Refuse => "refuse",
+        SignBit::Allow => "allow",
+    }
+}
+
+/// What one server holds.
+#[derive(Debug, Clone)]
+pub struct ServerView {
+    /// Its name in the file.
+    pub name: String,
+    /// Its `deployment` row (none: new, or made before the records).
+    pub deployment: Option<Deployment>,
+    /// Shard → state and peer.
+    pub shards: BTreeMap<u64, (State, Option<String>)>,
+    /// Schemas with a `shardflake_meta()` outside the recorded (or the
+    /// file's) prefix: another deployment's, or this one's under another
+    /// prefix.
+    pub foreign: Vec<String>,
+}
+
+impl ServerView {
+    /// The state of `shard` here, if held.
+    pub fn state(&self, shard: u64) -> Option<State> {
+        self.shards.get(&shard).map(|(s, _)| *s)
+    }
+    /// The peer of `shard`'s move, if any.
+    pub fn peer(&self, shard: u64) -> Option<&str> {
+        self.shards.get(&shard).and_then(|(_, p)| p.as_deref())
+    }
+}
+
+/// Reads a server's records; a server without them is read from its shard
+/// schemas (`shardflake_meta()`; a `shardflake_moved()` marks a fenced copy).
+pub async fn read(
+    c: &impl GenericClient,
+    name: &str,
+    topo: &Topology,
+) -> Result<ServerView, Error> {
+    let has: bool = c
+        .query_one(
+            "SELECT to_regclass('shardflake.deployment') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "looking up the deployment records"))?
+        .get(0);
+    let mut view = ServerView {
+        name: name.to_string(),
+        deployment: None,
+        shards: BTreeMap::new(),
+        foreign: Vec::new(),
+    };
+    if has {
+        if let Some(r) = c
+            .query_opt(
+                "SELECT deployment, server, layout, schema_prefix, shards, sign_bit FROM shardflake.deployment",
+                &[],
+            )
+            .await
+            .map_err(ctx(name, "reading the deployment record"))?
+        {
+            view.deployment = Some(Deployment {
+                id: r.get(0),
+                server: r.get(1),
+                layout: r.get(2),
+                schema_prefix: r.get(3),
+                shards: r.get::<_, i64>(4) as u64,
+                sign_bit: r.get(5),
+            });
+        }
+        for r in c
+            .query("SELECT shard, state, peer FROM shardflake.shards", &[])
+            .await
+            .map_err(ctx(name, "reading the shard records"))?
+        {
+            let state: String = r.get(1);
+            view.shards
+                .insert(r.get::<_, i64>(0) as u64, (State::parse(&state), r.get(2)));
+        }
+    }
+    let prefix = view
+        .deployment
+        .as_ref()
+        .map_or(topo.schema_prefix(), |d| d.schema_prefix.as_str())
+        .to_string();
+    let rows = c
+        .query(
+            "SELECT n.nspname, EXISTS (SELECT 1 FROM pg_proc m WHERE m.pronamespace = n.oid AND m.proname = 'shardflake_moved')
+               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE p.proname = 'shardflake_meta' AND p.pronargs = 0 ORDER BY 1",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "listing shard schemas"))?;
+    for r in rows {
+        let (schema, moved): (String, bool) = (r.get(0), r.get(1));
+        let shard = schema
+            .strip_prefix(prefix.as_str())
+            .and_then(|n| n.parse::<u64>().ok());
+        match shard {
+            Some(shard) if view.deployment.is_none() => {
+                // Made before the records: live, or fenced by a move.
+                let state = if moved { State::Fenced } else { State::Live };
+                view.shards.insert(shard, (state, None));
+            }
+            Some(_) => {}
+            None => view.foreign.push(schema),
+        }
+    }
+    Ok(view)
+}
+
+/// The deployment id the servers agree on, if any has one.
+pub fn deployment_id(views: &[ServerView]) -> Option<&str> {
+    views
+        .iter()
+        .find_map(|v| v.deployment.as_ref().map(|d| d.id.as_str()))
+}
+
+/// Every way the servers contradict the file or each other, each saying
+/// what to do instead. `pg apply` refuses on any; `pg check` reports them.
+pub fn conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
+    let mut out = Vec::new();
+    let mut say = |server: &str, shard: Option<u64>, problem: String| {
+        out.push(Drift {
+            server: server.to_string(),
+            shard,
+            problem,
+        })
+    };
+    let id = deployment_id(views);
+    for v in views {
+        let Some(d) = &v.deployment else { continue };
+        if Some(d.id.as_str()) != id {
+            say(
+                &v.name,
+                None,
+                format!(
+                    "belongs to another deployment ({}, not {}): a server holds one deployment; fix its url in the file",
+                    d.id,
+                    id.unwrap_or("-")
+                ),
+            );
+            continue;
+        }
+        if d.server != v.name {
+            say(
+                &v.name,
+                None,
+                format!(
+                    "this server records itself as {:?}: the file's names or urls were swapped; give it back its name {:?}",
+                    d.server, d.server
+                ),
+            );
+        }
+        let want = Deployment::of(topo, &d.id, &v.name);
+        if d.layout != want.layout {
+            say(
+                &v.name,
+                None,
+                format!(
+                    "deployed layout is {:?}, the file says {:?}: the layout (epoch, fields, tick) of live shards cannot change; put layout back",
+                    d.layout, want.layout
+                ),
+            );
+        }
+        if d.schema_prefix != want.schema_prefix {
+            say(
+                &v.name,
+                None,
+                format!(
+                    "schema_prefix is recorded as {:?}, the file says {:?}: one database holds one deployment; put schema_prefix = {:?} back (another deployment goes in another database)",
+                    d.schema_prefix, want.schema_prefix, d.schema_prefix
+                ),
+            );
+        }
+        if d.shards != want.shards {
+            say(
+                &v.name,
+                None,
+                format!(
+                    "shard count is recorded as {} (shards = {}), the file says {}: keys would route to other shards than the ones holding their rows; put shards = {} back (shards are split only by a planned migration, not by apply)",
+                    d.shards, d.shards, want.shards, d.shards
+                ),
+            );
+        }
+        if d.sign_bit != want.sign_bit {
+            say(
+                &v.name,
+                None,
+                format!(
+                    "sign_bit is recorded as {:?}, the file says {:?}: put it back",
+                    d.sign_bit, want.sign_bit
+                ),
+            );
+        }
+    }
+    for v in views {
+        if !v.foreign.is_empty() {
+            say(
+                &v.name,
+                None,
+                format!(
+                    "holds shard schemas outside schema_prefix {:?}: {} (another prefix's shards, live: a database holds one deployment; if the prefix was changed in the file, put it back)",
+                    topo.schema_prefix(),
+                    v.foreign.join(", ")
+                ),
+            );
+        }
+    }
+    let all: BTreeSet<u64> = views
+        .iter()
+        .flat_map(|v| v.shards.keys().copied())
+        .collect();
+    for shard in all {
+        let owner = topo.server_of(shard).ok().map(|s| s.name.as_str());
+        let holders: Vec<(&str, State, Option<&str>)> = views
+            .iter()
+            .filter_map(|v| Some((v.name.as_str(), v.state(shard)?, v.peer(shard))))
+            .collect();
+        if let Some((at, _, peer)) = holders
+            .iter()
+            .find(|(_, s, _)| matches!(s, State::Moving | State::Incoming))
+        {
+            let to = match holders.iter().find(|(_, s, _)| *s == State::Incoming) {
+                Some((dest, _, _)) => *dest,
+                None => peer.unwrap_or("?"),
+            };
+            let serving = holders
+                .iter()
+                .any(|(_, s, _)| matches!(s, State::Live | State::Moving));
+            let fenced_at = holders
+                .iter()
+                .find(|(_, s, _)| *s == State::Fenced)
+                .map(|(n, _, _)| *n);
+            let what = match fenced_at {
+                Some(f) if !serving => format!(
+                    "shard {shard} is fenced on {f} and live nowhere, so every write to it fails: its move to {to} did not finish"
+                ),
+                _ => format!("a move of shard {shard} to {to} did not finish"),
+            };
+            say(
+                at,
+                Some(shard),
+                format!(
+                    "{what}: finish it with `shardflake pg move-shard {shard} --to {to}` or undo it with `shardflake pg move-shard {shard} --abort`"
+                ),
+            );
+            continue;
+        }
+        let live: Vec<&str> = holders
+            .iter()
+            .filter(|(_, s, _)| *s == State::Live)
+            .map(|(n, _, _)| *n)
+            .collect();
+        let fenced: Vec<(&str, Option<&str>)> = holders
+            .iter()
+            .filter(|(_, s, _)| *s == State::Fenced)
+            .map(|(n, _, p)| (*n, *p))
+            .collect();
+        if live.len() > 1 {
+            say(
+                live[1],
+                Some(shard),
+                format!(
+                    "shard {shard} is live on {}: two copies hand out ids (a restored server brought back a copy that had moved?); stop writes to the copy the file does not put there, drop its schema, then run `shardflake pg repair --shard {shard}`",
+                    live.join(" and ")
+                ),
+            );
+            continue;
+        }
+        let stale = fenced
+            .iter()
+            .find(|(at, _)| Some(*at) == owner)
+            .filter(|_| !live.is_empty());
+        match (live.first(), owner, stale) {
+            (Some(&at), Some(owner), Some(_)) => say(
+                owner,
+                Some(shard),
+                format!(
+                    "the file puts shard {shard} on {owner}, which holds only its fenced old copy (it moved to {at}): the file is older than the move; use the file the move wrote, or let `shardflake pg move-shard {shard} --to {at}` rewrite it"
+                ),
+            ),
+            (Some(&at), Some(owner), None) if at != owner => say(
+                owner,
+                Some(shard),
+                format!(
+                    "shard {shard} lives on {at}, the file puts it on {owner}: move it with `shardflake pg move-shard {shard} --to {owner}` (the file's own copy must say {at}), or use the file the last move wrote"
+                ),
+            ),
+            (None, _, _) if !fenced.is_empty() => {
+                let (at, to) = fenced[0];
+                let to = to.unwrap_or("?");
+                say(
+                    at,
+                    Some(shard),
+                    format!(
+                        "shard {shard} is fenced on {at} (moved to {to}) and live nowhere, so every write fails: finish the move with `shardflake pg move-shard {shard} --to {to}`"
+                    ),
+                )
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Writes (upserts) a server's `deployment` row.
+pub async fn record_deployment(c: &impl GenericClient, d: &Deployment) -> Result<(), Error> {
+    c.execute(
+        "INSERT INTO shardflake.deployment (deployment, server, layout, schema_prefix, shards, sign_bit)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (singleton) DO UPDATE SET deployment = $1, server = $2, layout = $3,
+           schema_prefix = $4, shards = $5, sign_bit = $6",
+        &[
+            &d.id,
+            &d.server,
+            &d.layout,
+            &d.schema_prefix,
+            &(d.shards as i64),
+            &d.sign_bit,
+        ],
+    )
+    .await
+    .map_err(ctx(&d.server, "recording the deployment"))?;
+    Ok(())
+}
+
+/// Writes (upserts) a shard's row on a server.
+pub async fn record_shard(
+    c: &impl GenericClient,
+    server: &str,
+    shard: u64,
+    state: State,
+    peer: Option<&str>,
+) -> Result<(), Error> {
+    c.execute(
+        "INSERT INTO shardflake.shards (shard, state, peer) VALUES ($1, $2, $3)
+         ON CONFLICT (shard) DO UPDATE SET state = $2, peer = $3",
+        &[&(shard as i64), &state.as_str(), &peer],
+    )
+    .await
+    .map_err(ctx(server, "recording the shard"))?;
+    Ok(())
+}
+
+/// Removes a shard's row (its copy was dropped).
+pub async fn forget_shard(c: &impl GenericClient, server: &str, shard: u64) -> Result<(), Error> {
+    c.execute(
+        "DELETE FROM shardflake.shards WHERE shard = $1",
+        &[&(shard as i64)],
+    )
+    .await
+    .map_err(ctx(server, "removing the shard's record"))?;
+    Ok(())
+}
