@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardflake_db::SignBit;
+use shardflake_db::{SignBit, sql};
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Statement};
 use uuid::Uuid;
@@ -186,7 +186,7 @@ async fn skip_reason(control: &Client, scheme: Scheme) -> Result<Option<String>,
     Ok(match scheme {
         Scheme::NextId => {
             let layout = instagram()?;
-            let gap = shardflake_db::sql::catch_up_gap(&layout);
+            let gap = sql::catch_up_gap(&layout);
             let sessions: i64 = control
                 .query_one(
                     "SELECT current_setting('max_connections')::bigint + current_setting('max_worker_processes')::bigint",
@@ -244,6 +244,9 @@ async fn run_scheme(
     let table = format!("{}.t_{}", opts.schema, scheme.name());
     progress.phase(&format!("{}: creating {table}", r.label));
     bounded(SERVER, "creating the table", t, async {
+        if scheme == Scheme::NextId {
+            install_next_id(control, &opts.schema).await?;
+        }
         control
             .batch_execute(&ddl(scheme, &opts.schema, &table)?)
             .await
@@ -348,20 +351,39 @@ async fn run_scheme(
     .await
 }
 
+/// `pg apply`'s own objects for one logical shard (shard 1) in the
+/// sandbox: the shard's sequence, then `next_id()` made for that
+/// sequence's oid, as `pg apply` makes it.
+async fn install_next_id(control: &Client, schema: &str) -> Result<(), CompareError> {
+    let layout = instagram()?;
+    control
+        .batch_execute(&sql::shard_schema_ddl(&layout, schema, SignBit::Refuse))
+        .await
+        .map_err(db("creating the shard's sequence"))?;
+    let oid: u32 = control
+        .query_one(
+            "SELECT $1::text::regclass::oid",
+            &[&sql::shard_sequence(schema)],
+        )
+        .await
+        .map_err(db("reading the sequence's oid"))?
+        .get(0);
+    let functions = sql::shard_ddl(&layout, schema, 1, SignBit::Refuse, sql::SeqOid::Oid(oid))
+        .map_err(|e| CompareError::Invalid(e.to_string()))?;
+    control
+        .batch_execute(&functions)
+        .await
+        .map_err(db("creating next_id()"))
+}
+
 /// The table of `scheme`, and what its ids need (a sequence, a function).
 fn ddl(scheme: Scheme, schema: &str, table: &str) -> Result<String, CompareError> {
     let rest = "user_id bigint NOT NULL, body text NOT NULL";
     Ok(match scheme {
         Scheme::Bigserial => format!("CREATE TABLE {table} (id bigserial PRIMARY KEY, {rest})"),
-        Scheme::NextId => {
-            // `pg apply`'s own DDL for one logical shard (shard 1), in the sandbox.
-            let shard =
-                shardflake_db::sql::shard_ddl(&instagram()?, schema, 1, SignBit::Refuse, &[])
-                    .map_err(|e| CompareError::Invalid(e.to_string()))?;
-            format!(
-                "{shard}\nCREATE TABLE {table} (id bigint PRIMARY KEY DEFAULT {schema}.next_id(), {rest})"
-            )
-        }
+        Scheme::NextId => format!(
+            "CREATE TABLE {table} (id bigint PRIMARY KEY DEFAULT {schema}.next_id(), {rest})"
+        ),
         Scheme::ServerUuid => {
             format!("CREATE TABLE {table} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), {rest})")
         }
