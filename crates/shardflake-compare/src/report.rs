@@ -239,7 +239,7 @@ impl Report {
 
     fn footnote(&self) -> String {
         format!(
-            "{} rows per scheme (fewer where {} s ran out), {} connections, {} rows per INSERT{}.\n\
+            "{} rows per scheme (fewer where {} s ran out; rows: stored), {} connections, {} rows per INSERT{}.\n\
              x base: rows/s over the server's own counter in this run. churn: ~10% of rows deleted, \
              vacuumed, as many inserted again. in order: each connection's ids increasing.\n",
             self.rows,
@@ -255,9 +255,10 @@ impl Report {
     }
 }
 
-const HEADER: [&str; 12] = [
+const HEADER: [&str; 13] = [
     "scheme",
     "bytes",
+    "rows",
     "rows/s",
     "x base",
     "table MB",
@@ -287,19 +288,20 @@ fn heading(s: &ServerReport) -> String {
 fn cells(r: &SchemeResult) -> Vec<String> {
     let dash = || "-".to_string();
     if !r.ran() {
-        let mut c = vec![r.label.clone(), r.bytes.to_string()];
+        let mut c = vec![r.label.clone(), r.bytes.to_string(), dash()];
         c.push(if r.error.is_some() {
             "failed".into()
         } else {
             "skipped".into()
         });
-        c.extend((3..HEADER.len() - 1).map(|_| dash()));
+        c.extend((4..HEADER.len() - 1).map(|_| dash()));
         c.push(r.coordination.clone());
         return c;
     }
     vec![
         r.label.clone(),
         r.bytes.to_string(),
+        r.inserted.to_string(),
         format!("{:.0}", r.rows_per_s),
         r.vs_baseline.map_or_else(dash, |x| format!("{x:.2}")),
         mb(r.table_bytes),
