@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod repro;
+
 use shardflake_testkit::{MariaDbServer, PgServer};
 use shardflake_tickets::{
     Config, ConfigError, MAX_COUNT, MAX_PER_ID_COUNT, TicketClient, TicketError, admin,
