@@ -252,7 +252,15 @@ impl TicketClient {
                             .give_back(&server.config.name, name, from, to),
                     )
                     .await;
-                    if !matches!(lowered, Ok(Ok(()))) {
+                    if matches!(lowered, Ok(Ok(()))) {
+                        // Not written again at the end of the shutdown.
+                        let _ = server.reserved[index].compare_exchange(
+                            from,
+                            to,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                    } else {
                         tracing::debug!(server = %server.config.name, "a mark was not given back: its ids are skipped");
                     }
                 }
