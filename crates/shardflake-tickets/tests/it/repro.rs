@@ -67,6 +67,15 @@ fn restore(m: &MariaDbServer, path: &PathBuf) {
     m.sql(&format!("source {}", path.display())).unwrap();
 }
 
+/// The segment row of `blocks` on `m`.
+fn segment_row(m: &MariaDbServer) -> i64 {
+    m.sql("SELECT max_id FROM shardflake_ticket_segments WHERE sequence_name = 'blocks'")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 fn signal(pid: u32, sig: &str) {
     let ok = Command::new("kill")
         .args([&format!("-{sig}"), &pid.to_string()])
@@ -84,17 +93,19 @@ fn calls(client: &TicketClient, server: &str) -> u64 {
         .calls
 }
 
-/// Takes ids from `client` until server `server` has answered `blocks`
-/// block reservations.
+/// Takes ids from `client`, 100 at a time, until server `server` has
+/// answered `blocks` block reservations. After each take it waits (up to
+/// 200 ms) for a prefetch under way to land, so the client stops while it
+/// still holds the block it was taking from.
 async fn take_until_blocks(client: &TicketClient, server: &str, blocks: u64, ids: &mut Vec<u64>) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while calls(client, server) < blocks {
-        assert!(
-            Instant::now() < deadline,
-            "{server} never reserved {blocks} blocks"
-        );
-        ids.extend(client.next_n("blocks", 10).await.unwrap());
-        tokio::task::yield_now().await;
+        assert!(Instant::now() < deadline, "{server} never reserved {blocks} blocks");
+        ids.extend(client.next_n("blocks", 100).await.unwrap());
+        let settle = Instant::now() + Duration::from_millis(200);
+        while calls(client, server) < blocks && Instant::now() < settle {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
 
@@ -138,9 +149,14 @@ async fn hold_a_prefetched_block(
     take_until_blocks(&client, "a", 1, &mut ids).await;
     // Let the writer write what it would (before: the chunks used).
     client.record_high_water().await.unwrap();
+    let dumped = segment_row(a);
     let path = dump(a, "prefetch");
     take_until_blocks(&client, "a", 2, &mut ids).await;
     client.record_high_water().await.unwrap();
+    // The second block of a is reserved, none of its ids handed out yet.
+    assert!(segment_row(a) > dumped);
+    let of_a = ids.iter().filter(|&&id| (id - 1) / 100 % 2 == 0);
+    assert!(of_a.max().is_some_and(|&id| id <= dumped as u64), "the client already took from a's second block");
     (client, ids, path)
 }
 
@@ -154,17 +170,10 @@ async fn repro2_repair_raises_past_the_blocks_clients_hold() {
     init_ok(&config).await;
     let (client, mut ids, path) = hold_a_prefetched_block(&config, &a).await;
     // What a reserved, blocks the client holds included.
-    let row = |a: &MariaDbServer| -> u64 {
-        a.sql("SELECT max_id FROM shardflake_ticket_segments WHERE sequence_name = 'blocks'")
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let reserved = row(&a);
+    let reserved = segment_row(&a);
     restore(&a, &path);
     a.restart().unwrap();
-    assert!(row(&a) < reserved, "the dump did not set the row back");
+    assert!(segment_row(&a) < reserved, "the dump did not set the row back");
     admin::repair(&config).await.unwrap();
     let report = admin::check(&config).await;
     assert!(report.ok(), "{report}");
@@ -175,7 +184,7 @@ async fn repro2_repair_raises_past_the_blocks_clients_hold() {
     };
     let repaired = counter(&report);
     assert!(
-        repaired >= reserved,
+        repaired >= reserved as u64,
         "repair raised a to {repaired}, below the {reserved} it had reserved before the restore"
     );
     for _ in 0..3 {
