@@ -95,17 +95,15 @@ pub enum TicketError {
     /// file differs from the one `init` recorded on the server: taken as is,
     /// the change would hand out ids twice.
     #[error(
-        "server {server:?}, sequence {sequence:?}: the file says {file}, but it was initialised with {recorded}; changing this hands out ids twice. To change it safely run `shardflake tickets reshape --config NEW_FILE` (it raises every server past every mark and counter, then records the new lattice), or put the file back"
+        "server {server:?}, sequence {sequence:?}: {change}; changing this hands out ids twice. To change it safely run `shardflake tickets reshape --config NEW_FILE` (it raises every server past every mark and counter, then records the new lattice), or put the file back"
     )]
     LatticeChanged {
         /// The server.
         server: String,
         /// The sequence.
         sequence: String,
-        /// What `init` recorded.
-        recorded: String,
-        /// What the file says.
-        file: String,
+        /// What the file says and what `init` recorded.
+        change: String,
     },
     /// A server whose schema or settings contradict the configuration (an id
     /// outside its residue, a sequence with another increment, a missing table).
@@ -176,6 +174,19 @@ impl TicketError {
             server: server.to_string(),
             context: context.to_string(),
             message: message.to_string(),
+        }
+    }
+
+    pub(crate) fn lattice_changed(
+        server: &str,
+        sequence: &str,
+        recorded: &crate::session::LatticeRecord,
+        file: &crate::session::LatticeRecord,
+    ) -> TicketError {
+        TicketError::LatticeChanged {
+            server: server.to_string(),
+            sequence: sequence.to_string(),
+            change: format!("the file says {file}, but it was initialised with {recorded}"),
         }
     }
 

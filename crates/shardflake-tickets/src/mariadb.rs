@@ -382,12 +382,7 @@ impl MariaSession {
             if let Some((_, r)) = recorded.iter().find(|(q, _)| *q == seq.name)
                 && *r != file
             {
-                return Err(TicketError::LatticeChanged {
-                    server: name.clone(),
-                    sequence: seq.name.clone(),
-                    recorded: r.to_string(),
-                    file: file.to_string(),
-                });
+                return Err(TicketError::lattice_changed(&name, &seq.name, r, &file));
             }
         }
         self.conn

@@ -85,12 +85,12 @@ pub(crate) fn check_lattice(
                 ));
             }
             Some((_, r)) if *r != file => {
-                return Err(TicketError::LatticeChanged {
-                    server: server.name.clone(),
-                    sequence: seq.name.clone(),
-                    recorded: r.to_string(),
-                    file: file.to_string(),
-                });
+                return Err(TicketError::lattice_changed(
+                    &server.name,
+                    &seq.name,
+                    r,
+                    &file,
+                ));
             }
             Some(_) => {}
         }

@@ -3,7 +3,7 @@
 //! a stalled peer, a server holding a lock. Each failed on the code before
 //! the write-ahead marks (see the note on each).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -63,7 +63,7 @@ fn dump(m: &MariaDbServer, tag: &str) -> PathBuf {
 }
 
 /// Loads a dump into the running server (its sessions stay open).
-fn restore(m: &MariaDbServer, path: &PathBuf) {
+fn restore(m: &MariaDbServer, path: &Path) {
     m.sql(&format!("source {}", path.display())).unwrap();
 }
 
@@ -100,7 +100,10 @@ fn calls(client: &TicketClient, server: &str) -> u64 {
 async fn take_until_blocks(client: &TicketClient, server: &str, blocks: u64, ids: &mut Vec<u64>) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while calls(client, server) < blocks {
-        assert!(Instant::now() < deadline, "{server} never reserved {blocks} blocks");
+        assert!(
+            Instant::now() < deadline,
+            "{server} never reserved {blocks} blocks"
+        );
         ids.extend(client.next_n("blocks", 100).await.unwrap());
         let settle = Instant::now() + Duration::from_millis(200);
         while calls(client, server) < blocks && Instant::now() < settle {
@@ -156,7 +159,10 @@ async fn hold_a_prefetched_block(
     // The second block of a is reserved, none of its ids handed out yet.
     assert!(segment_row(a) > dumped);
     let of_a = ids.iter().filter(|&&id| (id - 1) / 100 % 2 == 0);
-    assert!(of_a.max().is_some_and(|&id| id <= dumped as u64), "the client already took from a's second block");
+    assert!(
+        of_a.max().is_some_and(|&id| id <= dumped as u64),
+        "the client already took from a's second block"
+    );
     (client, ids, path)
 }
 
@@ -173,7 +179,10 @@ async fn repro2_repair_raises_past_the_blocks_clients_hold() {
     let reserved = segment_row(&a);
     restore(&a, &path);
     a.restart().unwrap();
-    assert!(segment_row(&a) < reserved, "the dump did not set the row back");
+    assert!(
+        segment_row(&a) < reserved,
+        "the dump did not set the row back"
+    );
     admin::repair(&config).await.unwrap();
     let report = admin::check(&config).await;
     assert!(report.ok(), "{report}");
@@ -424,9 +433,7 @@ async fn repro6_a_stopped_peer_does_not_hold_a_healthy_server() {
         a_state, "up",
         "a was never taken back while b was stopped: {errors:?}"
     );
-    let e = fresh
-        .err()
-        .expect("a fresh client used a server whose marks none holds");
+    let e = fresh.expect_err("a fresh client used a server whose marks none holds");
     assert!(
         e.to_string().contains("no_high_water") || e.to_string().contains("allow_without_marks"),
         "{e}"
