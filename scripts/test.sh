@@ -66,9 +66,11 @@ step "chaos run on in-database ids (20 s, MariaDB SIGKILLed and restarted, its c
 # The same checker over ids made by MariaDB's trigger (shardflake mysql apply).
 $chaos db --seconds 20 --seed 1 --spacing 6 --bin $bin
 
-step "chaos runs on ticket servers (15 s each, one of a MariaDB pair SIGKILLed at a time)"
-$chaos tickets --seconds 15 --seed 1 --clients 4 --mode segment --bin $bin
-$chaos tickets --seconds 15 --seed 1 --clients 4 --mode per-id --bin $bin
+step "chaos runs on ticket servers (20 s each: a MariaDB pair, restored live and after a restart, SIGSTOPped, SIGKILLed)"
+# --spacing 4: the schedule starts with the two restores, then SIGSTOP and
+# SIGKILL (the edited-file faults come later in longer runs).
+$chaos tickets --seconds 20 --seed 1 --clients 4 --mode segment --spacing 4 --bin $bin
+$chaos tickets --seconds 20 --seed 1 --clients 4 --mode per-id --spacing 4 --bin $bin
 
 step "doc tests"
 linted cargo test --workspace --doc
