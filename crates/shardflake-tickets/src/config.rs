@@ -25,7 +25,9 @@
 //! (per-id mode) or only its own residue class of blocks (segment mode, see
 //! [`crate::segment`]). The offsets must be distinct and in `1..=increment`;
 //! neither the offsets, the increment nor the segment `chunk` may change on a
-//! deployment that has handed out ids.
+//! deployment that has handed out ids: `init` records them on every server,
+//! every session compares them with the file (`lattice_changed`), and
+//! `shardflake tickets reshape` changes them safely.
 
 use std::collections::HashSet;
 use std::path::Path;
