@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, Mode};
 use crate::error::{ServerFailure, TicketError};
-use crate::failover::{Health, Op, Outcome, Server, ServerMetrics, call_order};
+use crate::failover::{Health, Op, Outcome, Server, ServerMetrics, alone, call_order};
 use crate::high_water::{HighWaterStore, PeersStore};
 use crate::segment::{Block, SegmentSequence, Take, adapt};
 
@@ -233,7 +233,12 @@ impl TicketClient {
                 let given_back = matches!(
                     tokio::time::timeout(
                         timeout,
-                        server.run(&self.inner.config, &*self.inner.store, op)
+                        server.run(
+                            &self.inner.config,
+                            &*self.inner.store,
+                            op,
+                            alone(&self.inner.servers, server.index)
+                        )
                     )
                     .await,
                     Ok(Ok(Outcome::Done(true)))
@@ -281,15 +286,19 @@ impl TicketClient {
 /// marks why not.
 async fn probe(inner: &Inner, server: &Server) -> Result<(), TicketError> {
     let timeout = inner.config.failover.attempt_timeout();
-    let opened = tokio::time::timeout(timeout, server.open(&inner.config, &*inner.store, true))
-        .await
-        .unwrap_or_else(|_| {
-            Err(TicketError::Timeout {
-                server: server.config.name.clone(),
-                context: "connect".into(),
-                ms: timeout.as_millis() as u64,
-            })
-        });
+    let alone = alone(&inner.servers, server.index);
+    let opened = tokio::time::timeout(
+        timeout,
+        server.open(&inner.config, &*inner.store, true, alone),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(TicketError::Timeout {
+            server: server.config.name.clone(),
+            context: "connect".into(),
+            ms: timeout.as_millis() as u64,
+        })
+    });
     match opened {
         Ok(session) => {
             server.adopt(session).await;
@@ -449,16 +458,23 @@ impl Inner {
                 break;
             }
             let budget = left.min(f.attempt_timeout());
-            let result =
-                tokio::time::timeout(budget, server.run(&self.config, &*self.store, op(server)))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(TicketError::Timeout {
-                            server: name.clone(),
-                            context: "call".into(),
-                            ms: budget.as_millis() as u64,
-                        })
-                    });
+            let result = tokio::time::timeout(
+                budget,
+                server.run(
+                    &self.config,
+                    &*self.store,
+                    op(server),
+                    alone(&self.servers, server.index),
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(TicketError::Timeout {
+                    server: name.clone(),
+                    context: "call".into(),
+                    ms: budget.as_millis() as u64,
+                })
+            });
             match result {
                 Ok(outcome) => {
                     server.mark_up();

@@ -234,16 +234,19 @@ impl Server {
     }
 
     /// A new session; with `verify`, checked against the marks too (a
-    /// server seen for the first time, or since it failed).
+    /// server seen for the first time, or since it failed). `alone`: no
+    /// other server is up, so this client's own marks may stand in for
+    /// marks no place answered with.
     pub async fn open(
         &self,
         config: &Config,
         store: &dyn HighWaterStore,
         verify: bool,
+        alone: bool,
     ) -> Result<Session, TicketError> {
         let mut session = Session::connect(&self.config, config).await?;
         if verify {
-            self.verify(&mut session, config, store).await?;
+            self.verify(&mut session, config, store, alone).await?;
             self.verified.store(true, Ordering::Relaxed);
         }
         Ok(session)
@@ -259,14 +262,21 @@ impl Server {
         session: &mut Session,
         config: &Config,
         store: &dyn HighWaterStore,
+        alone: bool,
     ) -> Result<(), TicketError> {
         let name = &self.config.name;
-        let stored = match store.load(name).await {
+        let stored = match load_marks(config, store, name).await {
             Ok(marks) => marks,
             Err(e) => {
-                let own = (0..config.sequences.len()).any(|i| {
-                    self.reserved[i].load(Ordering::Relaxed) > 0 || self.seen_mark(config, i) > 0
-                });
+                // Own marks cover only this client's ids: they stand in
+                // only where no other server could serve instead (a peer
+                // slow under load must not let another client's ids out
+                // again).
+                let own = alone
+                    && (0..config.sequences.len()).any(|i| {
+                        self.reserved[i].load(Ordering::Relaxed) > 0
+                            || self.seen_mark(config, i) > 0
+                    });
                 if !own && !config.failover.allow_without_marks {
                     return Err(match e {
                         e @ TicketError::NoHighWater { .. } => e,
@@ -344,6 +354,7 @@ impl Server {
         config: &Config,
         store: &dyn HighWaterStore,
         op: Op,
+        alone: bool,
     ) -> Result<Outcome, TicketError> {
         let _in_flight = InFlight::enter(&self.in_flight);
         let n = self.slots.len();
@@ -363,7 +374,7 @@ impl Server {
             Some(s) => (s, true),
             None => {
                 let verify = !self.verified.load(Ordering::Relaxed);
-                (self.open(config, store, verify).await?, false)
+                (self.open(config, store, verify, alone).await?, false)
             }
         };
         let started = Instant::now();
@@ -371,7 +382,7 @@ impl Server {
         if pooled && matches!(result, Err(TicketError::Database { .. })) {
             tracing::debug!(server = %self.config.name, "a pooled session failed; once more on a fresh one");
             self.verified.store(false, Ordering::Relaxed);
-            session = self.open(config, store, true).await?;
+            session = self.open(config, store, true, alone).await?;
             result = self.execute(config, &mut session, op).await;
         }
         match &result {
@@ -499,6 +510,32 @@ impl Server {
             skipped_ids: self.skipped.load(Ordering::Relaxed),
         }
     }
+}
+
+/// A server's marks, asked again (every 20 ms) while no place that
+/// protects it answered, for up to half the attempt: a peer slow under load
+/// gets more than one `marks_timeout_ms`, a stalled one costs a bounded
+/// share.
+async fn load_marks(
+    config: &Config,
+    store: &dyn HighWaterStore,
+    server: &str,
+) -> Result<std::collections::HashMap<String, u64>, TicketError> {
+    let deadline = Instant::now() + config.failover.attempt_timeout() / 2;
+    loop {
+        match store.load(server).await {
+            Ok(marks) => return Ok(marks),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Whether no server but `index` is up.
+pub(crate) fn alone(servers: &[Server], index: usize) -> bool {
+    !servers
+        .iter()
+        .any(|s| s.index != index && s.health() == Health::Up)
 }
 
 /// The servers one call tries, starting from turn `first`: those up, the
