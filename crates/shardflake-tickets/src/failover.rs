@@ -313,8 +313,16 @@ impl Server {
             let mut after = counter;
             if counter < mark {
                 session.raise(config, &self.config, seq, mark).await?;
-                tracing::info!(server = %name, sequence = %seq.name, counter, mark,
-                    "counter below the high-water marks (ids reserved ahead, or the server went back): raised past them");
+                // A per-id counter is below the marks written ahead of it by
+                // at most the span: beyond that (or any segment row below
+                // its marks), it went back.
+                if seq.mode == Mode::PerId && counter.saturating_add(span) >= mark {
+                    tracing::debug!(server = %name, sequence = %seq.name, counter, mark,
+                        "counter raised past the marks written ahead of it");
+                } else {
+                    tracing::warn!(server = %name, sequence = %seq.name, counter, mark,
+                        "counter behind the high-water marks (restored from a backup?): raised past them");
+                }
                 after = mark;
             }
             // What the store holds, this client knows is written.
