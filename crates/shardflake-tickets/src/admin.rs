@@ -30,6 +30,11 @@ use crate::error::TicketError;
 use crate::high_water::{HighWaterStore, PeersStore};
 use crate::session::{LatticeRecord, ServerSettings, Session};
 
+/// The marks on the peers, each place given the admin limit.
+fn admin_store(config: &Config) -> PeersStore {
+    PeersStore::with_timeout(config.clone(), config.failover.admin_timeout())
+}
+
 /// One server's admin work may take this many statements' limits, on our
 /// side, before it is given up (each statement is bounded by the server).
 pub const ADMIN_STATEMENTS: u32 = 4;
@@ -178,7 +183,7 @@ impl fmt::Display for CheckReport {
 /// Reads every server and lists what is wrong, with the high-water marks
 /// kept on the peers.
 pub async fn check(config: &Config) -> CheckReport {
-    check_with_store(config, &PeersStore::new(config.clone())).await
+    check_with_store(config, &admin_store(config)).await
 }
 
 /// [`check`] against the marks of `store` (the service's etcd and peers).
@@ -291,7 +296,7 @@ pub struct Repair {
 /// the first server that cannot be read or raised (nothing is lowered, so
 /// it can be run again). The marks are those kept on the peers.
 pub async fn repair(config: &Config) -> Result<Vec<Repair>, TicketError> {
-    repair_with_store(config, &PeersStore::new(config.clone())).await
+    repair_with_store(config, &admin_store(config)).await
 }
 
 /// [`repair`] against the marks of `store` (the service's etcd and peers).

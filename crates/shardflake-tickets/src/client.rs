@@ -378,23 +378,33 @@ impl Inner {
         result
     }
 
-    /// Writes `marks` of `server`, bounded, and notes them written.
+    /// Writes `marks` of `server`, asked again (every 20 ms) while no place
+    /// took them, for up to half an attempt, and notes them written.
     async fn write_marks(
         &self,
         server: &Server,
         marks: &[(String, u64)],
     ) -> Result<(), TicketError> {
-        let timeout = self.config.failover.attempt_timeout();
+        let timeout = self.config.failover.attempt_timeout() / 2;
+        let deadline = Instant::now() + timeout;
         let name = &server.config.name;
-        tokio::time::timeout(timeout, self.store.record(name, marks))
-            .await
-            .unwrap_or_else(|_| {
-                Err(TicketError::Timeout {
-                    server: name.clone(),
-                    context: "write high-water marks".into(),
-                    ms: timeout.as_millis() as u64,
-                })
-            })?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let written = tokio::time::timeout(left, self.store.record(name, marks))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(TicketError::Timeout {
+                        server: name.clone(),
+                        context: "write high-water marks".into(),
+                        ms: timeout.as_millis() as u64,
+                    })
+                });
+            match written {
+                Ok(()) => break,
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        }
         for (i, q) in self.config.sequences.iter().enumerate() {
             if let Some((_, mark)) = marks.iter().find(|(name, _)| *name == q.name) {
                 server.reserved[i].fetch_max(*mark, Ordering::Relaxed);

@@ -7,8 +7,8 @@
 //! every `probe_interval_ms` and takes it back when the reconnect passes the
 //! checks. Every new session is checked before its first use: increment and
 //! offset (or the sequence's schema) and each sequence's recorded lattice as
-//! in the file. The first session after a failure is also checked against
-//! the marks: each counter is raised past the largest of the marks in the
+//! in the file; and, the first after a failure or a restart of the server,
+//! against the marks: each counter is raised past the largest of the marks in the
 //! [`HighWaterStore`], this client's own, and its answers; when no place
 //! holding marks answers and the client has none, the server is refused
 //! (`no_high_water`). Every answer is compared with the previous one from
@@ -105,10 +105,10 @@ pub(crate) struct Server {
     slots: Vec<tokio::sync::Mutex<Option<Session>>>,
     next_slot: AtomicUsize,
     health: Mutex<Health>,
-    /// The checks against the marks passed since its last failure: pooled
-    /// sessions opened meanwhile skip them (each answer is still checked
-    /// against `seen`).
+    /// The checks against the marks passed since its last failure.
     verified: AtomicBool,
+    /// The server's start time (unix seconds) at the last check.
+    started: AtomicI64,
     /// Per sequence: the largest answer it gave this client (per-id: an id;
     /// segment: a row). A later answer at or below means it went back.
     pub seen: Vec<AtomicI64>,
@@ -145,6 +145,7 @@ impl Server {
             in_flight: AtomicUsize::new(0),
             health: Mutex::new(Health::Down(NOT_CONNECTED.into())),
             verified: AtomicBool::new(false),
+            started: AtomicI64::new(i64::MIN),
             seen: config
                 .sequences
                 .iter()
@@ -233,20 +234,27 @@ impl Server {
         }
     }
 
-    /// A new session; with `verify`, checked against the marks too (a
-    /// server seen for the first time, or since it failed). `alone`: no
-    /// other server is up, so this client's own marks may stand in for
-    /// marks no place answered with.
+    /// A new session, checked against the marks when `force`d, when the
+    /// server failed since the last check, or when it restarted since
+    /// (another start time: a client that saw no failure must not trust a
+    /// server restarted, perhaps restored, meanwhile). `alone`: no other
+    /// server is up, so this client's own marks may stand in for marks no
+    /// place answered with.
     pub async fn open(
         &self,
         config: &Config,
         store: &dyn HighWaterStore,
-        verify: bool,
+        force: bool,
         alone: bool,
     ) -> Result<Session, TicketError> {
         let mut session = Session::connect(&self.config, config).await?;
-        if verify {
+        let started = session.started().await?;
+        let known = self.started.load(Ordering::Relaxed);
+        // Start times are computed to the second: one apart is the same start.
+        let restarted = known == i64::MIN || started.abs_diff(known) > 1;
+        if force || restarted || !self.verified.load(Ordering::Relaxed) {
             self.verify(&mut session, config, store, alone).await?;
+            self.started.store(started, Ordering::Relaxed);
             self.verified.store(true, Ordering::Relaxed);
         }
         Ok(session)
@@ -380,16 +388,12 @@ impl Server {
         };
         let (mut session, pooled) = match guard.take() {
             Some(s) => (s, true),
-            None => {
-                let verify = !self.verified.load(Ordering::Relaxed);
-                (self.open(config, store, verify, alone).await?, false)
-            }
+            None => (self.open(config, store, false, alone).await?, false),
         };
         let started = Instant::now();
         let mut result = self.execute(config, &mut session, op).await;
         if pooled && matches!(result, Err(TicketError::Database { .. })) {
             tracing::debug!(server = %self.config.name, "a pooled session failed; once more on a fresh one");
-            self.verified.store(false, Ordering::Relaxed);
             session = self.open(config, store, true, alone).await?;
             result = self.execute(config, &mut session, op).await;
         }

@@ -76,10 +76,17 @@ pub struct PeersStore {
 }
 
 impl PeersStore {
-    /// A store over the servers of `config` (connects lazily).
+    /// A store over the servers of `config` (connects lazily), each place
+    /// within `marks_timeout_ms`.
     pub fn new(config: Config) -> PeersStore {
-        let sessions = config.servers.iter().map(|_| Mutex::new(None)).collect();
         let timeout = config.failover.marks_timeout();
+        PeersStore::with_timeout(config, timeout)
+    }
+
+    /// The same, each place within `timeout` (the admin commands wait
+    /// `admin_timeout_ms`).
+    pub fn with_timeout(config: Config, timeout: Duration) -> PeersStore {
+        let sessions = config.servers.iter().map(|_| Mutex::new(None)).collect();
         PeersStore {
             config,
             sessions,

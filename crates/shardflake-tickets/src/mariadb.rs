@@ -231,10 +231,14 @@ impl MariaSession {
         past: u64,
     ) -> Result<(), TicketError> {
         let sql = match seq.mode {
+            // Not `ALTER TABLE … AUTO_INCREMENT`: it lowers the counter to
+            // the row's id + 1 when that is below (measured on 10.11: 101 to
+            // 60), and REPLACEs racing on the one row can leave an id below
+            // one already handed out; an explicit id only ever raises it.
             Mode::PerId => format!(
-                "ALTER TABLE {} AUTO_INCREMENT = {}",
+                "REPLACE INTO {} (id, stub) VALUES ({}, 'a')",
                 seq.table(),
-                past.saturating_add(1)
+                past.min(seq.max_id())
             ),
             Mode::Segment => format!(
                 "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, {}) WHERE sequence_name = '{}'",
@@ -291,6 +295,16 @@ impl MariaSession {
             .await
             .map_err(|e| TicketError::db(&self.server, "read high-water marks", e))?;
         Ok(max.flatten().unwrap_or(0))
+    }
+
+    /// When the server started, in unix seconds.
+    pub async fn started(&mut self) -> Result<i64, TicketError> {
+        let started: Option<i64> = self
+            .conn
+            .query_first("SELECT CAST(UNIX_TIMESTAMP() - VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the uptime", e))?;
+        started.ok_or_else(|| TicketError::db(&self.server, "read the uptime", "no row"))
     }
 
     /// Every lattice recorded here (none before `init`).

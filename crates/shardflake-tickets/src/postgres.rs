@@ -336,9 +336,12 @@ impl PgSession {
                 Lattice::new(config, server).row_above(past),
                 seq.name
             ),
-            (Mode::PerId, PgTickets::Sequence) => {
-                format!("SELECT setval('{}', {to}, true)", seq.table())
-            }
+            // Never below what it already handed out (`setval` alone can
+            // set a sequence back under concurrent `nextval`s).
+            (Mode::PerId, PgTickets::Sequence) => format!(
+                "SELECT setval('{t}', GREATEST({to}, last_value), true) FROM {t}",
+                t = seq.table()
+            ),
             (Mode::PerId, PgTickets::Table) => format!(
                 "INSERT INTO {t} AS t (stub, id) VALUES ('a', {to}) ON CONFLICT (stub) DO UPDATE SET id = GREATEST(t.id, {to})",
                 t = seq.table()
@@ -423,6 +426,19 @@ impl PgSession {
             .await
             .map_err(pg_err(&self.server, "read high-water marks"))?;
         Ok(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64)
+    }
+
+    /// When the server started, in unix seconds.
+    pub async fn started(&mut self) -> Result<i64, TicketError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT CAST(EXTRACT(EPOCH FROM pg_postmaster_start_time()) AS bigint)",
+                &[],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the start time"))?;
+        Ok(row.get(0))
     }
 
     /// Every lattice recorded here (none before `init`).

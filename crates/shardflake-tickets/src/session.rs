@@ -256,6 +256,14 @@ impl Session {
         }
     }
 
+    /// When the server started, in unix seconds (to the second).
+    pub async fn started(&mut self) -> Result<i64, TicketError> {
+        match self {
+            Session::Maria(s) => s.started().await,
+            Session::Pg(s) => s.started().await,
+        }
+    }
+
     /// Every lattice recorded on this server, by sequence (empty before `init`).
     pub async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
         match self {
