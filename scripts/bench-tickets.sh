@@ -15,20 +15,25 @@
 # 4. the MariaDB pair under per-id and segment load while server 1 is
 #    SIGKILLed and restarted: calls that failed and for how long (goal: none,
 #    they fail over);
+# 6. what the write-ahead high-water marks cost: per-id with
+#    `mark_ahead = 1` (a mark written on the peers before every id) against
+#    the default 1,000 (one write per 1,000 ids of a server, in the
+#    background);
 # 5. the same pair through `shardflake serve --tickets`: wrk against
 #    `GET /v1/tickets/blocks?count=BATCH` (segment batches) and
 #    `/v1/tickets/photos` (per-id), to set against 2. and 1.
 #
-#   scripts/bench-tickets.sh     RUN_SECONDS=5 TASKS=8 BATCH=1000 ROUNDS=4 by default
+#   scripts/bench-tickets.sh     RUN_SECONDS=5 TASKS=8 BATCH=1000 ROUNDS=4 PROFILE=release by default
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_RUN=${RUN_SECONDS:-5}
 TASKS=${TASKS:-8}
 BATCH=${BATCH:-1000}
 ROUNDS=${ROUNDS:-4}
+PROFILE=${PROFILE:-release}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build -q -p shardflake-cli
-bin=$CARGO_TARGET_DIR/debug/shardflake
+cargo build -q --profile "$PROFILE" -p shardflake-cli
+bin=$CARGO_TARGET_DIR/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")/shardflake
 
 work=$(mktemp -d /tmp/bench-tickets.XXXXXX)
 # PostgreSQL runs as user postgres: it must traverse the dir.
@@ -93,7 +98,9 @@ done
 "$bin" tickets init --config "$work/pg-sequence.toml" >/dev/null
 "$bin" tickets init --config "$work/pg-table.toml" >/dev/null
 
-echo "# scripts/bench-tickets.sh: $(nproc) cores, ${SECONDS_PER_RUN} s per run, $TASKS callers"
+printf '[failover]\nmark_ahead = 1\n\n' | cat - "$work/maria.toml" >"$work/maria-ahead1.toml"
+
+echo "# scripts/bench-tickets.sh: $(nproc) cores, ${SECONDS_PER_RUN} s per run, $TASKS callers, profile $PROFILE"
 echo
 echo "## MariaDB pair: per-id (Flickr) against a bare REPLACE INTO loop"
 "$bin" tickets bench --config "$work/maria.toml" photos --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare --rounds "$ROUNDS"
@@ -107,6 +114,11 @@ for style in sequence table; do
   "$bin" tickets bench --config "$work/pg-$style.toml" "photos_$style" --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare --rounds "$ROUNDS"
   echo
 done
+
+echo "## Write-ahead marks: per-id with mark_ahead = 1 (a mark before every id), then the default (1000)"
+"$bin" tickets bench --config "$work/maria-ahead1.toml" photos --tasks "$TASKS" --seconds "$SECONDS_PER_RUN"
+"$bin" tickets bench --config "$work/maria.toml" photos --tasks "$TASKS" --seconds "$SECONDS_PER_RUN"
+echo
 
 echo "## MariaDB pair through shardflake serve --tickets (wrk -t1 -c$TASKS)"
 command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; }

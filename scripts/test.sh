@@ -68,9 +68,11 @@ $chaos db --seconds 20 --seed 1 --spacing 6 --bin $bin
 step "chaos run on PostgreSQL in-database ids (30 s: move-shard stopped after its fence and at other steps, restores stopped and live, edited files)"
 $chaos db-pg --seconds 30 --seed 6 --spacing 3 --clients 4 --bin $bin
 
-step "chaos runs on ticket servers (15 s each, one of a MariaDB pair SIGKILLed at a time)"
-$chaos tickets --seconds 15 --seed 1 --clients 4 --mode segment --bin $bin
-$chaos tickets --seconds 15 --seed 1 --clients 4 --mode per-id --bin $bin
+step "chaos runs on ticket servers (20 s each: a MariaDB pair, restored live and after a restart, SIGSTOPped, SIGKILLed)"
+# --spacing 4: the schedule starts with the two restores, then SIGSTOP and
+# SIGKILL (the edited-file faults come later in longer runs).
+$chaos tickets --seconds 20 --seed 1 --clients 4 --mode segment --spacing 4 --bin $bin
+$chaos tickets --seconds 20 --seed 1 --clients 4 --mode per-id --spacing 4 --bin $bin
 
 step "compare smoke (every id scheme on real PostgreSQL and MariaDB, 2,000 rows each; SIGINT mid-run)"
 SHARDFLAKE_BIN=$bin bash scripts/compare-smoke.sh 2000

@@ -3,8 +3,12 @@
 //! `scripts/mariadb.sh` (odd and even: `auto-increment-increment = 2`,
 //! offsets 1 and 2), the schema made by `shardflake tickets init`, clients
 //! (each its own `TicketClient`, as separate processes would be) asking for
-//! single ids and batches while a seeded schedule SIGKILLs one server at a
-//! time and restarts it after a pause.
+//! single ids and batches while a seeded schedule does, to one server at a
+//! time, what a crash or an operator does ([`Fault`]): SIGKILL and restart,
+//! SIGSTOP and SIGCONT, a restore from the dump taken one fault earlier
+//! (after a restart, and into the running server), and clients started on
+//! an edited file (a server removed, one added, the offsets swapped), whose
+//! ids (if any) the checker sees with the others'.
 //!
 //! What each mode promises, and so what is checked: no id twice, ever
 //! (duplicates, exact); in segment mode one client's ids increase; in
@@ -13,7 +17,7 @@
 //! one log per client and server). Errors by code are counted: with one
 //! server down the other carries the load, so callers should see none.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +27,7 @@ use anyhow::{Context as _, bail};
 use shardflake_tickets::{Config, TicketClient};
 
 use crate::check;
+use crate::cluster::free_port;
 use crate::db::{Server, sleep_until};
 use crate::load::Answers;
 use crate::record::{ConnLog, Protocol, ms_since};
@@ -40,31 +45,173 @@ pub struct TicketsOptions {
     pub segment: bool,
 }
 
-/// The seeded schedule: (seconds after the load began, server killed,
-/// how long it stays down).
-fn schedule(o: &TicketsOptions) -> Vec<(Duration, usize, Duration)> {
+/// What one fault does to one server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The dump taken one fault earlier loaded into the running server,
+    /// under the clients' open sessions.
+    RestoreLive,
+    /// SIGKILL, restart, and the dump taken one fault earlier loaded.
+    RestoreStopped,
+    /// SIGSTOP for the pause, then SIGCONT: a hung peer.
+    Stop,
+    /// SIGKILL, restart after the pause.
+    Kill,
+    /// For the pause, a client on the file with the offsets swapped.
+    Swapped,
+    /// For the pause, a client on the file with this server left out (the
+    /// increment falls to 1).
+    Removed,
+    /// For the pause, a client on the file with a third server added (the
+    /// increment rises to 3).
+    Added,
+}
+
+/// The kinds in the order a run cycles through them: a short run sees the
+/// restores first.
+const KINDS: [Fault; 7] = [
+    Fault::RestoreLive,
+    Fault::RestoreStopped,
+    Fault::Stop,
+    Fault::Kill,
+    Fault::Swapped,
+    Fault::Removed,
+    Fault::Added,
+];
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Fault::RestoreLive => "restore live from the last dump",
+            Fault::RestoreStopped => "SIGKILL, restart, restore the last dump",
+            Fault::Stop => "SIGSTOP",
+            Fault::Kill => "SIGKILL",
+            Fault::Swapped => "a client on the file with the offsets swapped",
+            Fault::Removed => "a client on the file without this server",
+            Fault::Added => "a client on the file with a third server added",
+        })
+    }
+}
+
+/// One step of the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// After the load began.
+    pub at: Duration,
+    /// What.
+    pub fault: Fault,
+    /// To which server (0 or 1).
+    pub server: usize,
+    /// How long it lasts (down, stopped, or the edited client's run).
+    pub pause: Duration,
+}
+
+/// The seeded schedule: every kind in turn, on a random server.
+fn schedule(o: &TicketsOptions) -> Vec<Step> {
     let mut rng = fastrand::Rng::with_seed(o.run.seed);
     let spacing = o.run.spacing.max(Duration::from_secs(2));
     let mut at = spacing / 2;
     let mut plan = Vec::new();
     // Faults stop a spacing before the end, so both servers are seen back.
     while at + spacing <= Duration::from_secs(o.run.seconds) {
-        let down = Duration::from_millis(rng.u64(200..=spacing.as_millis() as u64 / 2));
-        plan.push((at, rng.usize(0..2), down));
+        let pause = Duration::from_millis(rng.u64(200..=spacing.as_millis() as u64 / 2));
+        plan.push(Step {
+            at,
+            fault: KINDS[plan.len() % KINDS.len()],
+            server: rng.usize(0..2),
+            pause,
+        });
         at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
     }
     plan
 }
 
+/// The port of a `mysql://root@127.0.0.1:PORT/app` URL.
+fn port(url: &str) -> anyhow::Result<&str> {
+    url.rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .context("no port in the server's URL")
+}
+
+/// `mariadb-dump` of the `app` database, consistent without locks.
+fn dump(server: &Server) -> anyhow::Result<Vec<u8>> {
+    let out = Command::new("mariadb-dump")
+        .args([
+            "--no-defaults",
+            "--single-transaction",
+            "-h",
+            "127.0.0.1",
+            "-u",
+            "root",
+        ])
+        .arg(format!("-P{}", port(&server.url)?))
+        .arg("app")
+        .output()
+        .context("running mariadb-dump")?;
+    if !out.status.success() {
+        bail!(
+            "mariadb-dump: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out.stdout)
+}
+
+/// Runs `sql` on the server with the `mariadb` client.
+fn sql(server: &Server, sql: &str) -> anyhow::Result<String> {
+    let out = Command::new("mariadb")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root", "-N", "-B"])
+        .arg(format!("-P{}", port(&server.url)?))
+        .args(["app", "-e", sql])
+        .output()
+        .context("running mariadb")?;
+    if !out.status.success() {
+        bail!("{sql}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Loads a dump into the running server.
+fn restore(server: &Server, dump: &[u8], dir: &Path) -> anyhow::Result<()> {
+    let path: PathBuf = dir.join("restore.sql");
+    std::fs::write(&path, dump)?;
+    sql(server, &format!("source {}", path.display()))?;
+    Ok(())
+}
+
+/// The server's process id (read before it is stopped: a stopped server
+/// answers no query).
+fn pid(server: &Server) -> anyhow::Result<String> {
+    let pid_file = sql(server, "SELECT @@pid_file")?;
+    let pid = std::fs::read_to_string(&pid_file).with_context(|| format!("reading {pid_file}"))?;
+    Ok(pid.trim().to_string())
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
+fn signal(pid: &str, signal: &str) -> anyhow::Result<()> {
+    let ok = Command::new("kill")
+        .args([&format!("-{signal}"), pid])
+        .status()?
+        .success();
+    if !ok {
+        bail!("kill -{signal} {pid}");
+    }
+    Ok(())
+}
+
 /// The configuration: the pair, one 64-bit sequence in the run's mode.
 fn config_toml(servers: &[Server], segment: bool) -> String {
-    let mut t = String::from("increment = 2\n");
-    for (i, s) in servers.iter().enumerate() {
+    let urls: Vec<&str> = servers.iter().map(|s| s.url.as_str()).collect();
+    edited_toml(&urls, &[1, 2], segment)
+}
+
+/// The file with these servers (`t1`, `t2`, ... in order) at these offsets.
+fn edited_toml(urls: &[&str], offsets: &[u64], segment: bool) -> String {
+    let mut t = format!("increment = {}\n", urls.len());
+    for (i, (url, offset)) in urls.iter().zip(offsets).enumerate() {
         t += &format!(
-            "\n[[servers]]\nname = \"t{}\"\nkind = \"mariadb\"\nurl = \"{}\"\noffset = {}\n",
+            "\n[[servers]]\nname = \"t{}\"\nkind = \"mariadb\"\nurl = \"{url}\"\noffset = {offset}\n",
             i + 1,
-            s.url,
-            i + 1
         );
     }
     let mode = if segment { "segment" } else { "per-id" };
@@ -81,7 +228,13 @@ struct Shared {
 /// One client: single ids and batches of 2..=500 in a seeded mix, logged
 /// per server in per-id mode (the residue of the id) and as one log in
 /// segment mode.
-async fn client(config: Config, shared: Arc<Shared>, seed: u64, segment: bool) -> ClientLog {
+async fn client(
+    config: Config,
+    shared: Arc<Shared>,
+    seed: u64,
+    segment: bool,
+    until: Option<Instant>,
+) -> ClientLog {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut out = ClientLog::default();
     let client = match TicketClient::connect(config).await {
@@ -97,7 +250,7 @@ async fn client(config: Config, shared: Arc<Shared>, seed: u64, segment: bool) -
     let mut logs: Vec<ConnLog> = (0..if segment { 1 } else { 2 })
         .map(|_| ConnLog::new(0, 0, Protocol::Tickets, u64::MAX))
         .collect();
-    while !shared.stop.load(Ordering::Relaxed) {
+    while !shared.stop.load(Ordering::Relaxed) && until.is_none_or(|t| Instant::now() < t) {
         let count = if rng.f64() < 0.5 {
             1
         } else {
@@ -110,7 +263,9 @@ async fn client(config: Config, shared: Arc<Shared>, seed: u64, segment: bool) -
                     logs[0].record(&ids, at);
                 } else {
                     for id in ids {
-                        // Offsets 1 and 2 of increment 2: odd ids are t1's.
+                        // Offsets 1 and 2 of increment 2: odd ids are t1's
+                        // (a client on an edited file that got ids at all
+                        // logs them the same way).
                         logs[usize::from(id % 2 == 0)].record(&[id], at);
                     }
                 }
@@ -139,12 +294,13 @@ pub fn run(o: &TicketsOptions) -> anyhow::Result<bool> {
 fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
     let plan = schedule(o);
     println!("seed {}; schedule:", o.run.seed);
-    for (at, server, down) in &plan {
+    for step in &plan {
         println!(
-            "  +{:.1} s SIGKILL t{} for {:.1} s",
-            at.as_secs_f64(),
-            server + 1,
-            down.as_secs_f64()
+            "  +{:.1} s t{}: {} ({:.1} s)",
+            step.at.as_secs_f64(),
+            step.server + 1,
+            step.fault,
+            step.pause.as_secs_f64()
         );
     }
     let servers = (1..=2)
@@ -182,29 +338,83 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
         stop: AtomicBool::new(false),
         answers: Mutex::new(Answers::default()),
     });
-    let clients: Vec<_> = (0..o.run.clients)
+    let mut clients: Vec<_> = (0..o.run.clients)
         .map(|i| {
             rt.spawn(client(
                 config.clone(),
                 shared.clone(),
                 o.run.seed.wrapping_add(i as u64 + 1),
                 o.segment,
+                None,
             ))
         })
         .collect();
 
     let mut incidents = Vec::new();
-    for (at, server, down) in &plan {
-        sleep_until(shared.start + *at);
-        let s = &servers[*server];
-        let result = s.kill().and_then(|()| {
-            std::thread::sleep(*down);
-            s.restart()
-        });
+    // Each server's dump from one fault earlier (the first: as the load began).
+    let mut dumps = servers
+        .iter()
+        .map(dump)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let urls: Vec<&str> = servers.iter().map(|s| s.url.as_str()).collect();
+    let unused = format!("mysql://root@127.0.0.1:{}/app", free_port()?);
+    for (k, step) in plan.iter().enumerate() {
+        sleep_until(shared.start + step.at);
+        let s = &servers[step.server];
+        let mut edited = |toml: String| -> anyhow::Result<()> {
+            let config = Config::parse(&toml)?;
+            clients.push(rt.spawn(client(
+                config,
+                shared.clone(),
+                o.run.seed.wrapping_add(1000 + k as u64),
+                o.segment,
+                Some(Instant::now() + step.pause),
+            )));
+            std::thread::sleep(step.pause);
+            Ok(())
+        };
+        let result = match step.fault {
+            Fault::Kill => s.kill().and_then(|()| {
+                std::thread::sleep(step.pause);
+                s.restart()
+            }),
+            Fault::Stop => pid(s).and_then(|pid| {
+                signal(&pid, "STOP")?;
+                std::thread::sleep(step.pause);
+                signal(&pid, "CONT")
+            }),
+            Fault::RestoreStopped => s
+                .kill()
+                .and_then(|()| s.restart())
+                .and_then(|()| restore(s, &dumps[step.server], dir)),
+            Fault::RestoreLive => restore(s, &dumps[step.server], dir),
+            Fault::Swapped => edited(edited_toml(&urls, &[2, 1], o.segment)),
+            Fault::Removed => edited(edited_toml(&[urls[1 - step.server]], &[1], o.segment)),
+            Fault::Added => edited(edited_toml(
+                &[urls[0], urls[1], &unused],
+                &[1, 2, 3],
+                o.segment,
+            )),
+        };
         let when = ms_since(shared.start);
         match result {
-            Ok(()) => println!("+{:.1} s t{} back", f64::from(when) / 1000.0, server + 1),
-            Err(e) => incidents.push(format!("SIGKILL t{} at +{when} ms: {e:#}", server + 1)),
+            Ok(()) => println!(
+                "+{:.1} s t{}: {} done",
+                f64::from(when) / 1000.0,
+                step.server + 1,
+                step.fault
+            ),
+            Err(e) => incidents.push(format!(
+                "{} on t{} at +{when} ms: {e:#}",
+                step.fault,
+                step.server + 1
+            )),
+        }
+        for (i, server) in servers.iter().enumerate() {
+            match dump(server) {
+                Ok(d) => dumps[i] = d,
+                Err(e) => incidents.push(format!("dump of t{} at +{when} ms: {e:#}", i + 1)),
+            }
         }
     }
     let faults_over_ms = u64::from(ms_since(shared.start));
@@ -221,7 +431,10 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
             "tickets ({}, 2 servers)",
             if o.segment { "segment" } else { "per-id" }
         ),
-        processes: 2 + plan.len() as u32,
+        processes: 2 + plan
+            .iter()
+            .filter(|s| matches!(s.fault, Fault::Kill | Fault::RestoreStopped))
+            .count() as u32,
         clients: all,
         incidents,
         answers: &shared.answers,
@@ -239,7 +452,7 @@ mod tests {
     fn options(seed: u64) -> TicketsOptions {
         TicketsOptions {
             run: ServerRun {
-                seconds: 60,
+                seconds: 90,
                 seed,
                 clients: 8,
                 bin: "shardflake".into(),
@@ -252,14 +465,18 @@ mod tests {
     }
 
     #[test]
-    fn the_schedule_is_seeded_and_kills_each_server_within_the_run() {
+    fn the_schedule_is_seeded_and_has_every_kind_within_the_run() {
         let a = schedule(&options(3));
         assert_eq!(a, schedule(&options(3)));
-        assert!(a.len() >= 4, "{a:?}");
-        for (at, server, down) in &a {
-            assert!(*server < 2);
-            assert!(*down >= Duration::from_millis(200) && *down <= Duration::from_secs(3));
-            assert!(*at + Duration::from_secs(6) <= Duration::from_secs(60));
+        assert!(a.len() >= 7, "{a:?}");
+        for kind in KINDS {
+            assert!(a.iter().any(|s| s.fault == kind), "{kind:?} missing: {a:?}");
+        }
+        assert_eq!(a[0].fault, Fault::RestoreLive);
+        for s in &a {
+            assert!(s.server < 2);
+            assert!(s.pause >= Duration::from_millis(200) && s.pause <= Duration::from_secs(3));
+            assert!(s.at + Duration::from_secs(6) <= Duration::from_secs(90));
         }
     }
 }

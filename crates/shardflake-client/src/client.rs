@@ -139,8 +139,10 @@ impl ClientBuilder {
 /// error, a timeout or a "try elsewhere" answer (HTTP 503 `no_lease`,
 /// `busy`, `clock_moved_backwards`, …; gRPC Unavailable), tries the next
 /// endpoint, each at most once per call, within the call timeout. A node
-/// that failed is tried last for [`ClientBuilder::backoff`], then in turn
-/// again. A refusal (HTTP 4xx such as `invalid_count`) is returned at once.
+/// that failed is tried last for [`ClientBuilder::backoff`], then probed
+/// in turn by one call (the others keep it last until it answers). While
+/// other endpoints are left to try, one attempt takes at most its share of
+/// the call timeout left. A refusal (HTTP 4xx such as `invalid_count`) is returned at once.
 /// Retrying is safe for ids: ids a node reserved for a request whose answer
 /// was lost are skipped, never reissued.
 #[derive(Debug, Clone)]
@@ -257,20 +259,7 @@ impl Client {
         let inner = &*self.inner;
         let n = inner.endpoints.len();
         let start = start.unwrap_or_else(|| inner.next.fetch_add(1, Ordering::Relaxed)) % n;
-        let now = self.now_ms();
-        // Healthy endpoints in turn first, then the ones resting after a
-        // failure (probed only when the others fail too).
-        let mut order: Vec<usize> = Vec::with_capacity(n);
-        let mut resting: Vec<usize> = Vec::new();
-        for k in 0..n {
-            let i = (start + k) % n;
-            if inner.endpoints[i].down_until_ms.load(Ordering::Relaxed) > now {
-                resting.push(i);
-            } else {
-                order.push(i);
-            }
-        }
-        order.extend(resting);
+        let order = plan(&inner.endpoints, start, self.now_ms(), inner.backoff_ms);
         let deadline = Instant::now() + inner.call_timeout;
         let mut failures = Vec::new();
         for (k, &i) in order.iter().enumerate() {
@@ -284,7 +273,11 @@ impl Client {
                 }));
                 break;
             }
-            let per = inner.timeout.min(left);
+            // While other endpoints are left to try, an attempt gets at
+            // most its share of what is left: a hung node never takes the
+            // whole call.
+            let others = u32::try_from(order.len() - k).unwrap_or(u32::MAX);
+            let per = inner.timeout.min(left / others.max(1));
             let outcome = match tokio::time::timeout(per, fetch(ep, req)).await {
                 Ok(r) => r,
                 Err(_) => Err(AttemptError::Retry(
@@ -311,6 +304,39 @@ impl Client {
         }
         Err(ClientError::AllFailed { failures })
     }
+}
+
+/// The endpoints one call tries, starting from turn `start`: the healthy
+/// ones in turn, then those resting after a failure. A half-open breaker:
+/// once an endpoint's rest is over, the one call that claims it (pushing its
+/// rest on by another backoff) probes it in turn; every other call keeps it
+/// last until the probe answers.
+fn plan(endpoints: &[Endpoint], start: usize, now: u64, backoff_ms: u64) -> Vec<usize> {
+    let n = endpoints.len();
+    let mut order: Vec<usize> = Vec::with_capacity(n);
+    let mut resting: Vec<usize> = Vec::new();
+    for k in 0..n {
+        let i = (start + k) % n;
+        let until = &endpoints[i].down_until_ms;
+        let rest = until.load(Ordering::Relaxed);
+        let probe = rest == 0
+            || (rest <= now
+                && until
+                    .compare_exchange(
+                        rest,
+                        now.saturating_add(backoff_ms).max(1),
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok());
+        if probe {
+            order.push(i);
+        } else {
+            resting.push(i);
+        }
+    }
+    order.extend(resting);
+    order
 }
 
 /// What a call asks for.
@@ -415,6 +441,26 @@ mod tests {
                 Err(AttemptError::Fatal(ClientError::Malformed { .. }))
             ));
         }
+    }
+
+    #[test]
+    fn a_rested_endpoint_is_probed_by_one_call_only() {
+        let c = Client::builder()
+            .endpoints(["127.0.0.1:1", "127.0.0.1:2"])
+            .build()
+            .unwrap();
+        let eps = &c.inner.endpoints;
+        assert_eq!(plan(eps, 0, 10, 1000), [0, 1]);
+        // The first failed at 10: resting until 1010, tried last.
+        eps[0].down_until_ms.store(1010, Ordering::Relaxed);
+        assert_eq!(plan(eps, 0, 500, 1000), [1, 0]);
+        // Rest over: one call probes it in turn, the next ones do not.
+        assert_eq!(plan(eps, 0, 1010, 1000), [0, 1]);
+        assert_eq!(plan(eps, 0, 1011, 1000), [1, 0]);
+        assert_eq!(plan(eps, 0, 1500, 1000), [1, 0]);
+        // The probe failed (rest pushed on) or answered (0): in turn again.
+        eps[0].down_until_ms.store(0, Ordering::Relaxed);
+        assert_eq!(plan(eps, 0, 1600, 1000), [0, 1]);
     }
 
     #[tokio::test]

@@ -10,26 +10,61 @@
 //!   sharing an offset, a setting that differs from the file, a counter
 //!   behind its high-water, an unreachable or uninitialised server.
 //! - [`repair`] raises every counter that is behind its high-water past it
-//!   (`ALTER TABLE … AUTO_INCREMENT`, `setval`, the segment row).
+//!   (`ALTER TABLE … AUTO_INCREMENT`, `setval`, the segment row). The marks
+//!   are written ahead ([`crate::high_water`]), so this is past everything
+//!   a client could have reserved, blocks held and prefetched included.
+//! - [`reshape`] changes a sequence's lattice (increment, offsets, chunk)
+//!   safely: every server of the new file raised past every mark and
+//!   counter it holds, then the new lattice recorded.
+//!
+//! Every command is bounded: each statement by the server
+//! (`lock_wait_timeout`, `lock_timeout`, `statement_timeout`: the error
+//! names the server and the statement), each server by `admin_timeout_ms`
+//! times [`ADMIN_STATEMENTS`] on our side.
 
 use std::fmt;
+use std::future::Future;
 
 use crate::config::{Config, Kind, ServerConfig};
 use crate::error::TicketError;
 use crate::high_water::{HighWaterStore, PeersStore};
-use crate::session::{ServerSettings, Session};
+use crate::session::{LatticeRecord, ServerSettings, Session};
+
+/// The marks on the peers, each place given the admin limit.
+fn admin_store(config: &Config) -> PeersStore {
+    PeersStore::with_timeout(config.clone(), config.failover.admin_timeout())
+}
+
+/// One server's admin work may take this many statements' limits, on our
+/// side, before it is given up (each statement is bounded by the server).
+pub const ADMIN_STATEMENTS: u32 = 4;
 
 async fn admin_session(config: &Config, server: &ServerConfig) -> Result<Session, TicketError> {
-    let timeout = config.failover.timeout();
-    tokio::time::timeout(timeout, Session::connect_admin(server, config))
-        .await
-        .unwrap_or_else(|_| {
-            Err(TicketError::Timeout {
-                server: server.name.clone(),
-                context: "connect".into(),
-                ms: timeout.as_millis() as u64,
-            })
+    bounded(
+        config,
+        server,
+        "connect",
+        Session::connect_admin(server, config),
+    )
+    .await
+}
+
+/// `work` on `server` within the admin limit; a timeout names the server
+/// and what was being done.
+async fn bounded<T>(
+    config: &Config,
+    server: &ServerConfig,
+    what: &str,
+    work: impl Future<Output = Result<T, TicketError>>,
+) -> Result<T, TicketError> {
+    let limit = config.failover.admin_timeout() * ADMIN_STATEMENTS;
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
+        Err(TicketError::Timeout {
+            server: server.name.clone(),
+            context: what.to_string(),
+            ms: limit.as_millis() as u64,
         })
+    })
 }
 
 /// What `init` did on one server.
@@ -47,7 +82,7 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
     for server in &config.servers {
         let result = async {
             let mut session = admin_session(config, server).await?;
-            session.init(config, server).await
+            bounded(config, server, "init", session.init(config, server)).await
         }
         .await;
         out.push(ServerInit {
@@ -148,7 +183,7 @@ impl fmt::Display for CheckReport {
 /// Reads every server and lists what is wrong, with the high-water marks
 /// kept on the peers.
 pub async fn check(config: &Config) -> CheckReport {
-    check_with_store(config, &PeersStore::new(config.clone())).await
+    check_with_store(config, &admin_store(config)).await
 }
 
 /// [`check`] against the marks of `store` (the service's etcd and peers).
@@ -156,18 +191,32 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
     let mut servers = Vec::new();
     let mut problems = Vec::new();
     for server in &config.servers {
+        let span = config.failover.mark_ahead.saturating_mul(config.increment);
         let settings = async {
             let mut session = admin_session(config, server).await?;
-            let mut settings = session.settings(config, server).await?;
-            let marks = store.load(&server.name).await.unwrap_or_default();
-            for q in &mut settings.sequences {
+            let mut settings =
+                bounded(config, server, "check", session.settings(config, server)).await?;
+            let marks = match store.load(&server.name).await {
+                Ok(marks) => marks,
+                Err(e) => {
+                    problems.push(format!("server {}: {e}", server.name));
+                    Default::default()
+                }
+            };
+            for (q, seq) in settings.sequences.iter_mut().zip(&config.sequences) {
                 q.high_water = marks.get(&q.name).copied();
-                if let (Some(counter), Some(hw)) = (q.counter, q.high_water)
-                    && counter < hw
-                    && q.problem.is_none()
-                {
+                let Some(counter) = q.counter else { continue };
+                let hw = q.high_water.unwrap_or(0);
+                // A segment row is never below a block's mark; a per-id
+                // counter is below the mark written ahead of it by at most
+                // `mark_ahead` ids of the server.
+                let behind = match seq.mode {
+                    crate::config::Mode::Segment => counter < hw,
+                    crate::config::Mode::PerId => counter.saturating_add(span) < hw,
+                };
+                if behind && q.problem.is_none() {
                     q.problem = Some(format!(
-                        "counter {counter} is behind the high-water {hw}: it would hand out ids again (run `shardflake tickets repair`)"
+                        "counter {counter} is behind the high-water {hw}: it went back (restored?); clients raise it past the mark on their next checked session, `shardflake tickets repair` does it now"
                     ));
                 }
             }
@@ -247,7 +296,7 @@ pub struct Repair {
 /// the first server that cannot be read or raised (nothing is lowered, so
 /// it can be run again). The marks are those kept on the peers.
 pub async fn repair(config: &Config) -> Result<Vec<Repair>, TicketError> {
-    repair_with_store(config, &PeersStore::new(config.clone())).await
+    repair_with_store(config, &admin_store(config)).await
 }
 
 /// [`repair`] against the marks of `store` (the service's etcd and peers).
@@ -263,9 +312,22 @@ pub async fn repair_with_store(
             let Some(&high_water) = marks.get(&seq.name) else {
                 continue;
             };
-            let counter = session.counter(config, server, seq).await?.unwrap_or(0);
+            let counter = bounded(
+                config,
+                server,
+                "repair: read the counter",
+                session.counter(config, server, seq),
+            )
+            .await?
+            .unwrap_or(0);
             if counter < high_water {
-                session.raise(config, server, seq, high_water).await?;
+                bounded(
+                    config,
+                    server,
+                    "repair: raise the counter",
+                    session.raise(config, server, seq, high_water),
+                )
+                .await?;
                 tracing::info!(server = %server.name, sequence = %seq.name, counter, high_water, "counter raised past its high-water");
                 done.push(Repair {
                     server: server.name.clone(),
@@ -275,6 +337,122 @@ pub async fn repair_with_store(
                 });
             }
         }
+    }
+    Ok(done)
+}
+
+/// One sequence [`reshape`] moved to the file's lattice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reshaped {
+    /// The sequence.
+    pub sequence: String,
+    /// Every server of the file was raised past this id: the largest mark
+    /// and counter any of them held.
+    pub past: u64,
+}
+
+/// Moves every sequence whose recorded lattice differs from the file's to
+/// the file's: reads every mark (of any server, removed ones included) and
+/// every counter (under the lattice it was recorded with) on every server
+/// of the file, raises each server past the largest, records the new
+/// lattice, and writes that mark for every server. Every server must
+/// answer; stop the clients first (a client still running on the old file
+/// is refused at its next session, but may hand out what it holds). The
+/// mode and the bits cannot change this way.
+pub async fn reshape(
+    config: &Config,
+    store: &dyn HighWaterStore,
+) -> Result<Vec<Reshaped>, TicketError> {
+    let mut sessions = Vec::new();
+    let mut recorded = Vec::new();
+    for server in &config.servers {
+        let mut session = admin_session(config, server).await?;
+        recorded.push(
+            bounded(
+                config,
+                server,
+                "reshape: read the lattice",
+                session.read_lattice(),
+            )
+            .await?,
+        );
+        sessions.push(session);
+    }
+    let mut done = Vec::new();
+    for seq in &config.sequences {
+        let changed = config.servers.iter().zip(&recorded).any(|(server, r)| {
+            r.iter()
+                .find(|(q, _)| *q == seq.name)
+                .is_none_or(|(_, r)| *r != LatticeRecord::of(config, server, seq))
+        });
+        if !changed {
+            continue;
+        }
+        let mut past = 0u64;
+        for ((server, session), r) in config.servers.iter().zip(&mut sessions).zip(&recorded) {
+            let old = r.iter().find(|(q, _)| *q == seq.name).map(|(_, r)| r);
+            if let Some(old) = old
+                && (old.mode != seq.mode.as_str() || old.bits != seq.bits)
+            {
+                return Err(TicketError::misconfigured(
+                    &server.name,
+                    format!(
+                        "sequence {:?} was {} with {} bits: reshape changes the increment, offsets and chunk only; a new mode or width is a new sequence",
+                        seq.name, old.mode, old.bits
+                    ),
+                ));
+            }
+            let marks = bounded(
+                config,
+                server,
+                "reshape: read the marks",
+                session.read_marks_of_sequence(&seq.name),
+            )
+            .await?;
+            // The counter under the lattice it was handed out with.
+            let mut then = config.clone();
+            let mut then_server = server.clone();
+            if let Some(old) = old {
+                then.increment = old.increment;
+                then.segment.chunk = old.chunk.max(1);
+                then_server.offset = old.offset;
+            }
+            let counter = bounded(
+                config,
+                server,
+                "reshape: read the counter",
+                session.counter(&then, &then_server, seq),
+            )
+            .await?
+            .unwrap_or(0);
+            past = past.max(marks).max(counter);
+        }
+        for (server, session) in config.servers.iter().zip(&mut sessions) {
+            bounded(
+                config,
+                server,
+                "reshape: raise the counter",
+                session.reshape(config, server, seq, past),
+            )
+            .await?;
+            bounded(
+                config,
+                server,
+                "reshape: record the lattice",
+                session.write_lattice(&seq.name, &LatticeRecord::of(config, server, seq)),
+            )
+            .await?;
+        }
+        for server in &config.servers {
+            store
+                .record(&server.name, &[(seq.name.clone(), past)])
+                .await?;
+        }
+        tracing::info!(sequence = %seq.name, past, "sequence reshaped");
+        done.push(Reshaped {
+            sequence: seq.name.clone(),
+            past,
+        });
     }
     Ok(done)
 }

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, Mode};
 use crate::error::{ServerFailure, TicketError};
-use crate::failover::{Health, Op, Outcome, Server, ServerMetrics, call_order};
+use crate::failover::{Health, Op, Outcome, Server, ServerMetrics, alone, call_order};
 use crate::high_water::{HighWaterStore, PeersStore};
 use crate::segment::{Block, SegmentSequence, Take, adapt};
 
@@ -189,10 +189,10 @@ impl TicketClient {
         self.inner.servers.iter().map(Server::metrics).collect()
     }
 
-    /// Writes the high-water marks now (they are also written every
-    /// `high_water_interval_ms`).
+    /// Writes every high-water mark this client holds now (they are also
+    /// written ahead of every id, and again every `high_water_interval_ms`).
     pub async fn record_high_water(&self) -> Result<(), TicketError> {
-        self.inner.record().await
+        self.inner.record(true).await
     }
 
     /// Gives back the unused tails of the segment blocks (compare-and-set),
@@ -233,18 +233,49 @@ impl TicketClient {
                 let given_back = matches!(
                     tokio::time::timeout(
                         timeout,
-                        server.run(&self.inner.config, &*self.inner.store, op)
+                        server.run(
+                            &self.inner.config,
+                            &*self.inner.store,
+                            op,
+                            alone(&self.inner.servers, server.index)
+                        )
                     )
                     .await,
                     Ok(Ok(Outcome::Done(true)))
                 );
+                if given_back {
+                    // The mark follows the row, under the same compare-and-set.
+                    let name = &self.inner.config.sequences[index].name;
+                    let (from, to) = (
+                        server.lattice.counter_of_row(block.row),
+                        server.lattice.counter_of_row(block.give_back_to()),
+                    );
+                    let lowered = tokio::time::timeout(
+                        timeout,
+                        self.inner
+                            .store
+                            .give_back(&server.config.name, name, from, to),
+                    )
+                    .await;
+                    if matches!(lowered, Ok(Ok(()))) {
+                        // Not written again at the end of the shutdown.
+                        let _ = server.reserved[index].compare_exchange(
+                            from,
+                            to,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                    } else {
+                        tracing::debug!(server = %server.config.name, "a mark was not given back: its ids are skipped");
+                    }
+                }
                 let skipped = if given_back { lost } else { unused };
                 report.returned_ids += unused - skipped;
                 report.skipped_ids += skipped;
                 server.skipped.fetch_add(skipped, Ordering::Relaxed);
             }
         }
-        if let Err(e) = self.inner.record().await {
+        if let Err(e) = self.inner.record(true).await {
             tracing::warn!(error = %e, "could not write the high-water marks at shutdown");
         }
         report
@@ -255,15 +286,19 @@ impl TicketClient {
 /// marks why not.
 async fn probe(inner: &Inner, server: &Server) -> Result<(), TicketError> {
     let timeout = inner.config.failover.attempt_timeout();
-    let opened = tokio::time::timeout(timeout, server.open(&inner.config, &*inner.store))
-        .await
-        .unwrap_or_else(|_| {
-            Err(TicketError::Timeout {
-                server: server.config.name.clone(),
-                context: "connect".into(),
-                ms: timeout.as_millis() as u64,
-            })
-        });
+    let alone = alone(&inner.servers, server.index);
+    let opened = tokio::time::timeout(
+        timeout,
+        server.open(&inner.config, &*inner.store, true, alone),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(TicketError::Timeout {
+            server: server.config.name.clone(),
+            context: "connect".into(),
+            ms: timeout.as_millis() as u64,
+        })
+    });
     match opened {
         Ok(session) => {
             server.adopt(session).await;
@@ -294,14 +329,18 @@ async fn prober(inner: Weak<Inner>) {
     }
 }
 
-/// Writes high-water marks every interval, and at once when a block boundary asks.
+/// Every how many writer rounds every mark is written again.
+const REWRITE_EVERY: u64 = 20;
+
+/// Writes the marks wanted ahead when a call asks and every interval, and
+/// every mark again every [`REWRITE_EVERY`] intervals.
 async fn recorder(inner: Weak<Inner>) {
-    loop {
+    for round in 0u64.. {
         let Some(strong) = inner.upgrade() else {
             return;
         };
         let interval = strong.config.failover.high_water_interval();
-        if let Err(e) = strong.record().await {
+        if let Err(e) = strong.record(round % REWRITE_EVERY == 0).await {
             tracing::debug!(error = %e, "high-water marks not written");
         }
         let wake = Arc::clone(&strong.record_now);
@@ -311,8 +350,9 @@ async fn recorder(inner: Weak<Inner>) {
 }
 
 impl Inner {
-    /// Writes every mark that rose since it was last written.
-    async fn record(&self) -> Result<(), TicketError> {
+    /// Writes the per-id marks wanted ahead, and with `all` every mark this
+    /// client holds again (a place that missed a write catches up).
+    async fn record(&self, all: bool) -> Result<(), TicketError> {
         let mut result = Ok(());
         for server in &self.servers {
             let marks: Vec<(String, u64)> = self
@@ -321,25 +361,84 @@ impl Inner {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, q)| {
-                    let hw = server.high_water[i].load(Ordering::Relaxed);
-                    (hw > server.recorded[i].load(Ordering::Relaxed)).then(|| (q.name.clone(), hw))
+                    let wanted = server.wanted[i].load(Ordering::Relaxed);
+                    let reserved = server.reserved[i].load(Ordering::Relaxed);
+                    let mark = wanted.max(reserved);
+                    (wanted > reserved || (all && mark > 0)).then(|| (q.name.clone(), mark))
                 })
                 .collect();
             if marks.is_empty() {
                 continue;
             }
-            match self.store.record(&server.config.name, &marks).await {
-                Ok(()) => {
-                    for (i, q) in self.config.sequences.iter().enumerate() {
-                        if let Some((_, hw)) = marks.iter().find(|(name, _)| *name == q.name) {
-                            server.recorded[i].fetch_max(*hw, Ordering::Relaxed);
-                        }
-                    }
-                }
+            match self.write_marks(server, &marks).await {
+                Ok(()) => {}
                 Err(e) => result = Err(e),
             }
         }
         result
+    }
+
+    /// Writes `marks` of `server`, asked again (every 20 ms) while no place
+    /// took them, for up to half an attempt, and notes them written.
+    async fn write_marks(
+        &self,
+        server: &Server,
+        marks: &[(String, u64)],
+    ) -> Result<(), TicketError> {
+        let timeout = self.config.failover.attempt_timeout() / 2;
+        let deadline = Instant::now() + timeout;
+        let name = &server.config.name;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let written = tokio::time::timeout(left, self.store.record(name, marks))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(TicketError::Timeout {
+                        server: name.clone(),
+                        context: "write high-water marks".into(),
+                        ms: timeout.as_millis() as u64,
+                    })
+                });
+            match written {
+                Ok(()) => break,
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        }
+        for (i, q) in self.config.sequences.iter().enumerate() {
+            if let Some((_, mark)) = marks.iter().find(|(name, _)| *name == q.name) {
+                server.reserved[i].fetch_max(*mark, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Before per-id `id` of `server` is handed out: a mark at or above it
+    /// must be written. Marks are written `mark_ahead` ids ahead, in the
+    /// background from half-way, so a call waits only when the writer fell
+    /// behind.
+    async fn cover(&self, server: usize, index: usize, id: u64) -> Result<(), TicketError> {
+        let s = &self.servers[server];
+        let seq = &self.config.sequences[index];
+        let span = self
+            .config
+            .failover
+            .mark_ahead
+            .saturating_mul(self.config.increment);
+        s.wanted[index].fetch_max(id.saturating_add(span).min(seq.max_id()), Ordering::Relaxed);
+        let reserved = s.reserved[index].load(Ordering::Relaxed);
+        if id <= reserved {
+            if id.saturating_add(span / 2) > reserved {
+                self.record_now.notify_one();
+            }
+            return Ok(());
+        }
+        let _one = s.mark_lock.lock().await;
+        if id <= s.reserved[index].load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mark = s.wanted[index].load(Ordering::Relaxed);
+        self.write_marks(s, &[(seq.name.clone(), mark)]).await
     }
 
     /// Runs `op` on the servers in [`call_order`] until one answers, within the
@@ -369,16 +468,23 @@ impl Inner {
                 break;
             }
             let budget = left.min(f.attempt_timeout());
-            let result =
-                tokio::time::timeout(budget, server.run(&self.config, &*self.store, op(server)))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(TicketError::Timeout {
-                            server: name.clone(),
-                            context: "call".into(),
-                            ms: budget.as_millis() as u64,
-                        })
-                    });
+            let result = tokio::time::timeout(
+                budget,
+                server.run(
+                    &self.config,
+                    &*self.store,
+                    op(server),
+                    alone(&self.servers, server.index),
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(TicketError::Timeout {
+                    server: name.clone(),
+                    context: "call".into(),
+                    ms: budget.as_millis() as u64,
+                })
+            });
             match result {
                 Ok(outcome) => {
                     server.mark_up();
@@ -410,7 +516,7 @@ impl Inner {
     async fn ticket(&self, index: usize) -> Result<u64, TicketError> {
         match self.failover(index, |_| Op::Ticket(index)).await? {
             (server, Outcome::Id(id)) => {
-                self.servers[server].note_high_water(index, id);
+                self.cover(server, index, id).await?;
                 Ok(id)
             }
             _ => Err(TicketError::db("*", "ticket", "unexpected answer")),
@@ -446,13 +552,7 @@ impl Inner {
                     if let Some(block) = b.current.as_mut() {
                         while ids.len() < count {
                             match block.take() {
-                                Take::Id(id, entered) => {
-                                    ids.push(id);
-                                    if let Some(end) = entered {
-                                        self.servers[block.server]
-                                            .note_high_water(index, end.max(0) as u64);
-                                    }
-                                }
+                                Take::Id(id, _) => ids.push(id),
                                 Take::Empty => break,
                                 Take::Exhausted => {
                                     return Err(TicketError::Exhausted {
@@ -473,7 +573,6 @@ impl Inner {
                     // The current block is used up.
                     if let Some(next) = b.next.take() {
                         b.current = Some(next);
-                        self.record_now.notify_one();
                         continue;
                     }
                     if let Some(e) = b.failure.take() {
@@ -504,13 +603,26 @@ impl Inner {
         let (chunks, floor) = (b.chunks, b.floor);
         let inner = Arc::clone(self);
         tokio::spawn(async move {
-            let result = inner
+            let seq = &inner.config.sequences[index];
+            let mut result = inner
                 .failover(index, |server| Op::Reserve {
                     index,
                     floor: server.lattice.row_above(floor),
                     step: chunks * server.lattice.stride(),
                 })
                 .await;
+            // The block's mark is written before any of its ids is handed
+            // out; a block whose mark no place took is never used (its ids
+            // are skipped).
+            if let Ok((server, Outcome::Row(row))) = &result {
+                let s = &inner.servers[*server];
+                let mark = s.lattice.counter_of_row(*row);
+                if let Err(e) = inner.write_marks(s, &[(seq.name.clone(), mark)]).await {
+                    s.skipped
+                        .fetch_add((chunks * s.lattice.stride()) as u64, Ordering::Relaxed);
+                    result = Err(e);
+                }
+            }
             let Some(segment) = inner.segments[index].as_ref() else {
                 return;
             };

@@ -25,7 +25,9 @@
 //! (per-id mode) or only its own residue class of blocks (segment mode, see
 //! [`crate::segment`]). The offsets must be distinct and in `1..=increment`;
 //! neither the offsets, the increment nor the segment `chunk` may change on a
-//! deployment that has handed out ids.
+//! deployment that has handed out ids: `init` records them on every server,
+//! every session compares them with the file (`lattice_changed`), and
+//! `shardflake tickets reshape` changes them safely.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -181,6 +183,14 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// `per-id` or `segment`, as in the file.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Mode::PerId => "per-id",
+            Mode::Segment => "segment",
+        }
+    }
+
     /// The most ids one [`TicketClient::next_n`](crate::TicketClient::next_n)
     /// call returns in this mode.
     pub const fn max_count(self) -> usize {
@@ -260,8 +270,29 @@ pub struct FailoverConfig {
     pub timeout_ms: u64,
     /// How often a server that is down (or refused) is probed, in ms (default 200).
     pub probe_interval_ms: u64,
-    /// How often high-water marks are written to the peers, in ms (default 100).
+    /// How often the background writer re-writes the high-water marks (to
+    /// places that missed a write) and extends per-id reservations, in ms
+    /// (default 100; 0 is refused: a write per millisecond under load).
     pub high_water_interval_ms: u64,
+    /// Per-id: how many ids of one server a client may hand out past the
+    /// mark it last wrote (default 1000). Marks are written ahead: every id
+    /// a client hands out is at or below a mark already written, so a
+    /// server that comes back behind is raised past it; each new checked
+    /// session skips at most this many of the server's ids.
+    pub mark_ahead: u64,
+    /// One place holding marks (a peer, etcd) gets this long per read or
+    /// write, in ms (default 150): places are asked together, so a stalled
+    /// peer costs a call at most this, never the whole attempt.
+    pub marks_timeout_ms: u64,
+    /// `init`, `check`, `repair`, `reshape`: how long one statement may
+    /// wait for a lock or an answer, in ms (default 5000; the server is
+    /// told too: `lock_wait_timeout`, `lock_timeout`).
+    pub admin_timeout_ms: u64,
+    /// When no place holding a server's marks answers and the client has
+    /// none of its own, use the server anyway (default false: refuse it
+    /// with `no_high_water`). Availability over safety: a server restored
+    /// from a backup then hands out its ids again.
+    pub allow_without_marks: bool,
 }
 
 impl Default for FailoverConfig {
@@ -271,6 +302,10 @@ impl Default for FailoverConfig {
             timeout_ms: 2000,
             probe_interval_ms: 200,
             high_water_interval_ms: 100,
+            mark_ahead: 1000,
+            marks_timeout_ms: 150,
+            admin_timeout_ms: 5000,
+            allow_without_marks: false,
         }
     }
 }
@@ -291,6 +326,14 @@ impl FailoverConfig {
     /// [`FailoverConfig::high_water_interval_ms`].
     pub fn high_water_interval(&self) -> Duration {
         Duration::from_millis(self.high_water_interval_ms)
+    }
+    /// [`FailoverConfig::marks_timeout_ms`].
+    pub fn marks_timeout(&self) -> Duration {
+        Duration::from_millis(self.marks_timeout_ms)
+    }
+    /// [`FailoverConfig::admin_timeout_ms`].
+    pub fn admin_timeout(&self) -> Duration {
+        Duration::from_millis(self.admin_timeout_ms)
     }
 }
 
@@ -482,10 +525,28 @@ impl Config {
             )));
         }
         let f = &raw.failover;
-        if f.attempt_timeout_ms == 0 || f.timeout_ms == 0 || f.probe_interval_ms == 0 {
+        if f.attempt_timeout_ms == 0
+            || f.timeout_ms == 0
+            || f.probe_interval_ms == 0
+            || f.high_water_interval_ms == 0
+            || f.marks_timeout_ms == 0
+            || f.admin_timeout_ms == 0
+        {
             return Err(ConfigError::Bad(
                 "[failover]: timeouts and intervals must be above 0 ms".into(),
             ));
+        }
+        if f.marks_timeout_ms >= f.attempt_timeout_ms {
+            return Err(ConfigError::Bad(format!(
+                "[failover]: marks_timeout_ms ({}) must be below attempt_timeout_ms ({}): a stalled place holding marks must leave the attempt time to answer",
+                f.marks_timeout_ms, f.attempt_timeout_ms
+            )));
+        }
+        if f.mark_ahead == 0 || f.mark_ahead > 1 << 32 {
+            return Err(ConfigError::Bad(format!(
+                "[failover]: mark_ahead must be in 1..=2^32, not {}",
+                f.mark_ahead
+            )));
         }
         Ok(Config {
             increment,
@@ -601,6 +662,11 @@ mod tests {
             Config::parse(&PAIR.replace("bits = 32", "bits = 32\nstart = 4294967296")).unwrap_err();
         assert!(matches!(e, ConfigError::BadStart { .. }));
         assert_eq!(Config::parse("").unwrap_err(), ConfigError::NoServers);
+        let e =
+            Config::parse(&format!("[failover]\nhigh_water_interval_ms = 0\n{PAIR}")).unwrap_err();
+        assert!(e.to_string().contains("above 0 ms"), "{e}");
+        let e = Config::parse(&format!("[failover]\nmarks_timeout_ms = 500\n{PAIR}")).unwrap_err();
+        assert!(e.to_string().contains("marks_timeout_ms"), "{e}");
     }
 
     #[test]

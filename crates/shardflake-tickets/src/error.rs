@@ -61,6 +61,50 @@ pub enum TicketError {
         /// The largest id it is known to have handed out.
         high_water: u64,
     },
+    /// A server answered an id (or a block) at or below one it answered this
+    /// client before: it went back (restored under a running client). The
+    /// answer is never handed out; the server is refused until a fresh
+    /// session has checked it against the marks again (and raised it past
+    /// them).
+    #[error(
+        "server {server:?} went back on sequence {sequence:?}: it answered {answer}, at or below {seen} which it answered before (restored from a backup?); refused until its marks are checked again"
+    )]
+    WentBack {
+        /// The server.
+        server: String,
+        /// The sequence.
+        sequence: String,
+        /// Its answer now (an id, or a segment row).
+        answer: i64,
+        /// The largest answer seen from it before.
+        seen: i64,
+    },
+    /// No place holding a server's marks answered (its peers, etcd) and the
+    /// client has none of its own: the server could have been restored
+    /// behind ids already handed out, so it is not used.
+    #[error(
+        "server {server:?}: no place holding its high-water marks answered ({reason}) and this client holds none of its own, so it could hand out ids again; bring a peer (or etcd) back, or set `[failover] allow_without_marks = true` to let availability win"
+    )]
+    NoHighWater {
+        /// The server.
+        server: String,
+        /// Why each place did not answer.
+        reason: String,
+    },
+    /// A sequence's lattice (increment, offset, mode, bits, chunk) in the
+    /// file differs from the one `init` recorded on the server: taken as is,
+    /// the change would hand out ids twice.
+    #[error(
+        "server {server:?}, sequence {sequence:?}: {change}; changing this hands out ids twice. To change it safely run `shardflake tickets reshape --config NEW_FILE` (it raises every server past every mark and counter, then records the new lattice), or put the file back"
+    )]
+    LatticeChanged {
+        /// The server.
+        server: String,
+        /// The sequence.
+        sequence: String,
+        /// What the file says and what `init` recorded.
+        change: String,
+    },
     /// A server whose schema or settings contradict the configuration (an id
     /// outside its residue, a sequence with another increment, a missing table).
     #[error("server {server:?} is misconfigured: {message}")]
@@ -106,7 +150,8 @@ fn list(failures: &[ServerFailure]) -> String {
 impl TicketError {
     /// A stable, machine-readable code: `bad_config`, `unknown_sequence`,
     /// `bad_count`, `unavailable`, `exhausted`, `behind_high_water`,
-    /// `misconfigured`, `database`, `timeout`.
+    /// `went_back`, `no_high_water`, `lattice_changed`, `misconfigured`,
+    /// `database`, `timeout`.
     pub fn code(&self) -> &'static str {
         match self {
             TicketError::Config(_) => "bad_config",
@@ -115,6 +160,9 @@ impl TicketError {
             TicketError::Unavailable { .. } => "unavailable",
             TicketError::Exhausted { .. } => "exhausted",
             TicketError::BehindHighWater { .. } => "behind_high_water",
+            TicketError::WentBack { .. } => "went_back",
+            TicketError::NoHighWater { .. } => "no_high_water",
+            TicketError::LatticeChanged { .. } => "lattice_changed",
             TicketError::Misconfigured { .. } => "misconfigured",
             TicketError::Database { .. } => "database",
             TicketError::Timeout { .. } => "timeout",
@@ -126,6 +174,19 @@ impl TicketError {
             server: server.to_string(),
             context: context.to_string(),
             message: message.to_string(),
+        }
+    }
+
+    pub(crate) fn lattice_changed(
+        server: &str,
+        sequence: &str,
+        recorded: &crate::session::LatticeRecord,
+        file: &crate::session::LatticeRecord,
+    ) -> TicketError {
+        TicketError::LatticeChanged {
+            server: server.to_string(),
+            sequence: sequence.to_string(),
+            change: format!("the file says {file}, but it was initialised with {recorded}"),
         }
     }
 

@@ -6,17 +6,21 @@
 //! client's prober ([`crate::client`]) reconnects it in the background
 //! every `probe_interval_ms` and takes it back when the reconnect passes the
 //! checks. Every new session is checked before its first use: increment and
-//! offset (or the sequence's schema) as in the file, and each sequence's
-//! counter at or above the server's high-water (the larger of the marks in
-//! memory and in the [`HighWaterStore`]). A server
-//! that fails those checks is *refused* with the typed reason until it
-//! passes them (after `shardflake tickets repair`).
+//! offset (or the sequence's schema) and each sequence's recorded lattice as
+//! in the file; and, the first after a failure or a restart of the server,
+//! against the marks: each counter is raised past the largest of the marks in the
+//! [`HighWaterStore`], this client's own, and its answers; when no place
+//! holding marks answers and the client has none, the server is refused
+//! (`no_high_water`). Every answer is compared with the previous one from
+//! the same server and sequence: one at or below means the server went back
+//! (`went_back`): it is never handed out, and the server is refused until a
+//! fresh session has been checked against the marks again.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 use crate::high_water::HighWaterStore;
 use crate::segment::Lattice;
@@ -101,10 +105,21 @@ pub(crate) struct Server {
     slots: Vec<tokio::sync::Mutex<Option<Session>>>,
     next_slot: AtomicUsize,
     health: Mutex<Health>,
-    /// Per sequence: the largest id handed out from it (chunk end in segment mode).
-    pub high_water: Vec<AtomicU64>,
-    /// Per sequence: the mark last written to the store.
-    pub recorded: Vec<AtomicU64>,
+    /// The checks against the marks passed since its last failure.
+    verified: AtomicBool,
+    /// The server's start time (unix seconds) at the last check.
+    started: AtomicI64,
+    /// Per sequence: the largest answer it gave this client (per-id: an id;
+    /// segment: a row). A later answer at or below means it went back.
+    pub seen: Vec<AtomicI64>,
+    /// Per sequence: the mark this client knows is written; every id it
+    /// hands out from this server is at or below it.
+    pub reserved: Vec<AtomicU64>,
+    /// Per sequence (per-id): the mark the client wants written next.
+    pub wanted: Vec<AtomicU64>,
+    /// One write-ahead of marks at a time (callers that find their id
+    /// covered once they hold it go on).
+    pub mark_lock: tokio::sync::Mutex<()>,
     /// Calls on it now (waiting for a session or running): the client
     /// sends the next call to the up server with the fewest.
     in_flight: AtomicUsize,
@@ -129,8 +144,16 @@ impl Server {
             next_slot: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             health: Mutex::new(Health::Down(NOT_CONNECTED.into())),
-            high_water: per_sequence(),
-            recorded: per_sequence(),
+            verified: AtomicBool::new(false),
+            started: AtomicI64::new(i64::MIN),
+            seen: config
+                .sequences
+                .iter()
+                .map(|_| AtomicI64::new(i64::MIN))
+                .collect(),
+            reserved: per_sequence(),
+            wanted: per_sequence(),
+            mark_lock: tokio::sync::Mutex::new(()),
             calls: AtomicU64::new(0),
             failovers: AtomicU64::new(0),
             latency_ns: AtomicU64::new(0),
@@ -177,10 +200,13 @@ impl Server {
     }
 
     pub fn mark_failed(&self, error: &TicketError) {
+        self.verified.store(false, Ordering::Relaxed);
         match error {
-            TicketError::BehindHighWater { .. } | TicketError::Misconfigured { .. } => {
-                self.set_health(Health::Refused(error.clone()))
-            }
+            TicketError::BehindHighWater { .. }
+            | TicketError::Misconfigured { .. }
+            | TicketError::WentBack { .. }
+            | TicketError::NoHighWater { .. }
+            | TicketError::LatticeChanged { .. } => self.set_health(Health::Refused(error.clone())),
             other => self.set_health(Health::Down(other.to_string())),
         }
         self.drop_idle_sessions();
@@ -198,67 +224,153 @@ impl Server {
         }
     }
 
-    /// Raises the in-memory high-water of sequence `index`.
-    pub fn note_high_water(&self, index: usize, id: u64) {
-        self.high_water[index].fetch_max(id, Ordering::Relaxed);
+    /// The largest id this client saw from it for sequence `index`.
+    fn seen_mark(&self, config: &Config, index: usize) -> u64 {
+        let seen = self.seen[index].load(Ordering::Relaxed);
+        match config.sequences[index].mode {
+            _ if seen == i64::MIN => 0,
+            Mode::PerId => seen.max(0) as u64,
+            Mode::Segment => self.lattice.counter_of_row(seen),
+        }
     }
 
-    /// A new session, checked: settings (in connect) and every sequence's
-    /// counter against its high-water.
+    /// A new session, checked against the marks when `force`d, when the
+    /// server failed since the last check, or when it restarted since
+    /// (another start time: a client that saw no failure must not trust a
+    /// server restarted, perhaps restored, meanwhile). `alone`: no other
+    /// server is up, so this client's own marks may stand in for marks no
+    /// place answered with.
     pub async fn open(
         &self,
         config: &Config,
         store: &dyn HighWaterStore,
+        force: bool,
+        alone: bool,
     ) -> Result<Session, TicketError> {
         let mut session = Session::connect(&self.config, config).await?;
-        let stored = match store.load(&self.config.name).await {
+        let started = session.started().await?;
+        let known = self.started.load(Ordering::Relaxed);
+        // Start times are computed to the second: one apart is the same start.
+        let restarted = known == i64::MIN || started.abs_diff(known) > 1;
+        if force || restarted || !self.verified.load(Ordering::Relaxed) {
+            self.verify(&mut session, config, store, alone).await?;
+            self.started.store(started, Ordering::Relaxed);
+            self.verified.store(true, Ordering::Relaxed);
+        }
+        Ok(session)
+    }
+
+    /// Every counter at or above everything that could have been handed out
+    /// from it: the marks in the store, this client's own, its answers. A
+    /// counter below (restored, or ids reserved ahead and not yet used) is
+    /// raised past them; the ids between are skipped, never handed out
+    /// twice. Then the per-id marks are written ahead of the counter.
+    async fn verify(
+        &self,
+        session: &mut Session,
+        config: &Config,
+        store: &dyn HighWaterStore,
+        alone: bool,
+    ) -> Result<(), TicketError> {
+        let name = &self.config.name;
+        let stored = match load_marks(config, store, name).await {
             Ok(marks) => marks,
             Err(e) => {
-                tracing::warn!(server = %self.config.name, error = %e,
-                    "no peer holds this server's high-water now; checking against the marks in memory only");
+                // Own marks cover only this client's ids: they stand in
+                // only where no other server could serve instead (a peer
+                // slow under load must not let another client's ids out
+                // again).
+                let own = alone
+                    && (0..config.sequences.len()).any(|i| {
+                        self.reserved[i].load(Ordering::Relaxed) > 0
+                            || self.seen_mark(config, i) > 0
+                    });
+                if !own && !config.failover.allow_without_marks {
+                    return Err(match e {
+                        e @ TicketError::NoHighWater { .. } => e,
+                        other => TicketError::NoHighWater {
+                            server: name.clone(),
+                            reason: other.to_string(),
+                        },
+                    });
+                }
+                tracing::warn!(server = %name, error = %e, own_marks = own,
+                    "no place holding this server's marks answered; checking it against the marks in memory only");
                 Default::default()
             }
         };
+        let span = config.failover.mark_ahead.saturating_mul(config.increment);
+        let mut ahead = Vec::new();
         for (i, seq) in config.sequences.iter().enumerate() {
-            let high_water = stored
-                .get(&seq.name)
-                .copied()
-                .unwrap_or(0)
-                .max(self.high_water[i].load(Ordering::Relaxed));
             let counter = session
                 .counter(config, &self.config, seq)
                 .await?
                 .ok_or_else(|| {
                     TicketError::misconfigured(
-                        &self.config.name,
+                        name,
                         format!(
                             "sequence {:?} is not initialised (run `shardflake tickets init`)",
                             seq.name
                         ),
                     )
                 })?;
-            if counter < high_water {
-                return Err(TicketError::BehindHighWater {
-                    server: self.config.name.clone(),
-                    sequence: seq.name.clone(),
-                    counter,
-                    high_water,
-                });
+            let stored = stored.get(&seq.name).copied().unwrap_or(0);
+            let mark = stored
+                .max(self.reserved[i].load(Ordering::Relaxed))
+                .max(self.seen_mark(config, i));
+            let mut after = counter;
+            if counter < mark {
+                session.raise(config, &self.config, seq, mark).await?;
+                // A per-id counter is below the marks written ahead of it by
+                // at most the span: beyond that (or any segment row below
+                // its marks), it went back.
+                if seq.mode == Mode::PerId && counter.saturating_add(span) >= mark {
+                    tracing::debug!(server = %name, sequence = %seq.name, counter, mark,
+                        "counter raised past the marks written ahead of it");
+                } else {
+                    tracing::warn!(server = %name, sequence = %seq.name, counter, mark,
+                        "counter behind the high-water marks (restored from a backup?): raised past them");
+                }
+                after = mark;
             }
-            // What the peers know, this client now knows too.
-            self.note_high_water(i, high_water);
+            // What the store holds, this client knows is written.
+            self.reserved[i].fetch_max(stored, Ordering::Relaxed);
+            match seq.mode {
+                Mode::PerId => {
+                    // Every later id is above the counter.
+                    self.seen[i].fetch_max(after.min(i64::MAX as u64) as i64, Ordering::Relaxed);
+                    let want = after.saturating_add(span).min(seq.max_id());
+                    self.wanted[i].fetch_max(want, Ordering::Relaxed);
+                    ahead.push((seq.name.clone(), want));
+                }
+                Mode::Segment => {
+                    let row = self.lattice.row_of_counter(after);
+                    self.seen[i].fetch_max(row, Ordering::Relaxed);
+                }
+            }
         }
-        Ok(session)
+        if !ahead.is_empty() {
+            store.record(name, &ahead).await?;
+            for (i, seq) in config.sequences.iter().enumerate() {
+                if let Some((_, want)) = ahead.iter().find(|(q, _)| *q == seq.name) {
+                    self.reserved[i].fetch_max(*want, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Runs `op` on one of its sessions (opening it if needed). A session
     /// whose call failed is dropped (also when the caller's timeout cancels
-    /// the call: the session is out of its slot while in use).
+    /// the call: the session is out of its slot while in use); a pooled one
+    /// that failed (the server restarted under it?) is replaced by a fresh,
+    /// checked one and the call runs once more.
     pub async fn run(
         &self,
         config: &Config,
         store: &dyn HighWaterStore,
         op: Op,
+        alone: bool,
     ) -> Result<Outcome, TicketError> {
         let _in_flight = InFlight::enter(&self.in_flight);
         let n = self.slots.len();
@@ -274,38 +386,17 @@ impl Server {
             Some(g) => g,
             None => self.slots[first % n].lock().await,
         };
-        let mut session = match guard.take() {
-            Some(s) => s,
-            None => self.open(config, store).await?,
+        let (mut session, pooled) = match guard.take() {
+            Some(s) => (s, true),
+            None => (self.open(config, store, false, alone).await?, false),
         };
         let started = Instant::now();
-        let result = match op {
-            Op::Ticket(index) => {
-                let seq = &config.sequences[index];
-                session.next_ticket(index, seq).await.and_then(|id| {
-                    self.check_residue(config, id)?;
-                    if id > seq.max_id() {
-                        return Err(TicketError::Exhausted {
-                            sequence: seq.name.clone(),
-                            max: seq.max_id(),
-                        });
-                    }
-                    Ok(Outcome::Id(id))
-                })
-            }
-            Op::Reserve { index, floor, step } => session
-                .reserve(&config.sequences[index], floor, step)
-                .await
-                .map(Outcome::Row),
-            Op::GiveBack {
-                index,
-                expected,
-                to,
-            } => session
-                .give_back(&config.sequences[index], expected, to)
-                .await
-                .map(Outcome::Done),
-        };
+        let mut result = self.execute(config, &mut session, op).await;
+        if pooled && matches!(result, Err(TicketError::Database { .. })) {
+            tracing::debug!(server = %self.config.name, "a pooled session failed; once more on a fresh one");
+            session = self.open(config, store, true, alone).await?;
+            result = self.execute(config, &mut session, op).await;
+        }
         match &result {
             Ok(_) => {
                 let ns = started.elapsed().as_nanos() as u64;
@@ -318,6 +409,65 @@ impl Server {
             Err(_) => {}
         }
         result
+    }
+
+    /// One operation on one session, its answer checked.
+    async fn execute(
+        &self,
+        config: &Config,
+        session: &mut Session,
+        op: Op,
+    ) -> Result<Outcome, TicketError> {
+        match op {
+            Op::Ticket(index) => {
+                let seq = &config.sequences[index];
+                // Any id answered before this call is sent was assigned
+                // before it: a healthy server answers above it.
+                let before = self.seen[index].load(Ordering::Relaxed);
+                let id = session.next_ticket(index, seq).await?;
+                let answer = id.min(i64::MAX as u64) as i64;
+                self.seen[index].fetch_max(answer, Ordering::Relaxed);
+                if answer <= before {
+                    return Err(self.went_back(seq, answer, before));
+                }
+                self.check_residue(config, id)?;
+                if id > seq.max_id() {
+                    return Err(TicketError::Exhausted {
+                        sequence: seq.name.clone(),
+                        max: seq.max_id(),
+                    });
+                }
+                Ok(Outcome::Id(id))
+            }
+            Op::Reserve { index, floor, step } => {
+                let seq = &config.sequences[index];
+                let seen = self.seen[index].load(Ordering::Relaxed);
+                match session.reserve(seq, floor, step, seen).await? {
+                    Ok(row) => {
+                        self.seen[index].fetch_max(row, Ordering::Relaxed);
+                        Ok(Outcome::Row(row))
+                    }
+                    Err(row) => Err(self.went_back(seq, row, seen)),
+                }
+            }
+            Op::GiveBack {
+                index,
+                expected,
+                to,
+            } => session
+                .give_back(&config.sequences[index], expected, to)
+                .await
+                .map(Outcome::Done),
+        }
+    }
+
+    fn went_back(&self, seq: &SequenceConfig, answer: i64, seen: i64) -> TicketError {
+        TicketError::WentBack {
+            server: self.config.name.clone(),
+            sequence: seq.name.clone(),
+            answer,
+            seen,
+        }
     }
 
     /// A per-id ticket must be in this server's residue class: one that is
@@ -372,6 +522,32 @@ impl Server {
             skipped_ids: self.skipped.load(Ordering::Relaxed),
         }
     }
+}
+
+/// A server's marks, asked again (every 20 ms) while no place that
+/// protects it answered, for up to half the attempt: a peer slow under load
+/// gets more than one `marks_timeout_ms`, a stalled one costs a bounded
+/// share.
+async fn load_marks(
+    config: &Config,
+    store: &dyn HighWaterStore,
+    server: &str,
+) -> Result<std::collections::HashMap<String, u64>, TicketError> {
+    let deadline = Instant::now() + config.failover.attempt_timeout() / 2;
+    loop {
+        match store.load(server).await {
+            Ok(marks) => return Ok(marks),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Whether no server but `index` is up.
+pub(crate) fn alone(servers: &[Server], index: usize) -> bool {
+    !servers
+        .iter()
+        .any(|s| s.index != index && s.health() == Health::Up)
 }
 
 /// The servers one call tries, starting from turn `first`: those up, the

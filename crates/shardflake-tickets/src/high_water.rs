@@ -1,24 +1,30 @@
-//! High-water marks: the largest id each server is known to have handed
-//! out, kept somewhere that survives that server, so that a server that
-//! comes back *behind* (restored from a backup, a lagging replica promoted)
-//! is refused instead of handing out those ids again.
+//! High-water marks: for each server and sequence, a mark that every id a
+//! client may hand out from that server is at or below, kept somewhere that
+//! survives that server, so that a server that comes back *behind* (restored
+//! from a backup, a lagging replica promoted) is raised past them before it
+//! hands out an id again.
+//!
+//! Marks are written *ahead* ([`crate::client`]): a per-id client writes
+//! `mark_ahead` ids past the last id it saw before it hands out any id above
+//! its last mark; a segment client writes the end of every block it reserves
+//! (prefetched ones included) before the block's first id is handed out.
+//! Marks only go up (`GREATEST`), except by [`HighWaterStore::give_back`]:
+//! a compare-and-set that lowers a mark only while it is still the one the
+//! giver wrote.
 //!
 //! [`HighWaterStore`] is the small seam: [`PeersStore`] keeps each server's
-//! marks in a `shardflake_ticket_hw` table on every *other* server (on
-//! itself only when it is alone, which a restore rolls back too); an
-//! etcd-backed store can implement the same two calls. Marks only ever go
-//! up (`GREATEST` on write).
-//!
-//! The client writes marks every `high_water_interval_ms` and at block
-//! boundaries, so a restore is caught if it lost more than the ids of the
-//! last interval; within one running client the check is exact (it also
-//! compares with the marks it holds in memory).
+//! marks in a `shardflake_ticket_hw` table on every server. The server's own
+//! copy is rolled back with it, so a load counts as answered only when a
+//! *peer* answered (the server's own copy only when it has no peer); the
+//! service adds etcd (`shardflake-service/src/tickets.rs`). Every place is
+//! asked at once, each within `marks_timeout_ms`.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::sync::Mutex;
 
 use crate::config::Config;
@@ -30,23 +36,39 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Where high-water marks live.
 pub trait HighWaterStore: Send + Sync {
-    /// Raises (never lowers) `server`'s marks: `(sequence, largest id)`.
+    /// Raises (never lowers) `server`'s marks: `(sequence, mark)`. `Ok` once
+    /// at least one place holds them.
     fn record<'a>(
         &'a self,
         server: &'a str,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>>;
 
-    /// `server`'s marks, per sequence, from every place that could be read;
-    /// an error only when none could.
+    /// `server`'s marks, per sequence: the largest from every place that
+    /// answered. An error when no place that survives a restore of `server`
+    /// answered ([`TicketError::NoHighWater`]).
     fn load<'a>(
         &'a self,
         server: &'a str,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>>;
+
+    /// Lowers `server`'s mark of `sequence` to `to` where it still is
+    /// `expected` (a segment tail given back). The default keeps the mark:
+    /// the ids are then skipped, never handed out twice.
+    fn give_back<'a>(
+        &'a self,
+        server: &'a str,
+        sequence: &'a str,
+        expected: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        let _ = (server, sequence, expected, to);
+        Box::pin(async { Ok(()) })
+    }
 }
 
-/// Marks kept in the peers' `shardflake_ticket_hw` tables, over one admin
-/// connection per server.
+/// Marks kept in every server's `shardflake_ticket_hw` table, over one
+/// admin connection per server.
 pub struct PeersStore {
     config: Config,
     sessions: Vec<Mutex<Option<Session>>>,
@@ -54,10 +76,17 @@ pub struct PeersStore {
 }
 
 impl PeersStore {
-    /// A store over the servers of `config` (connects lazily).
+    /// A store over the servers of `config` (connects lazily), each place
+    /// within `marks_timeout_ms`.
     pub fn new(config: Config) -> PeersStore {
+        let timeout = config.failover.marks_timeout();
+        PeersStore::with_timeout(config, timeout)
+    }
+
+    /// The same, each place within `timeout` (the admin commands wait
+    /// `admin_timeout_ms`).
+    pub fn with_timeout(config: Config, timeout: Duration) -> PeersStore {
         let sessions = config.servers.iter().map(|_| Mutex::new(None)).collect();
-        let timeout = config.failover.attempt_timeout();
         PeersStore {
             config,
             sessions,
@@ -65,33 +94,34 @@ impl PeersStore {
         }
     }
 
-    /// The servers that hold `server`'s marks.
-    fn holders(&self, server: &str) -> Vec<usize> {
-        let peers: Vec<usize> = (0..self.config.servers.len())
-            .filter(|&i| self.config.servers[i].name != server)
-            .collect();
-        if peers.is_empty() {
-            (0..self.config.servers.len()).collect()
-        } else {
-            peers
-        }
+    /// Whether holder `i`'s copy of `server`'s marks survives a restore of
+    /// `server`: a peer's does; the server's own only when it is alone.
+    fn protects(&self, i: usize, server: &str) -> bool {
+        self.config.servers[i].name != server || self.config.servers.len() == 1
     }
 
-    /// Runs one operation on holder `i`, connecting if needed; a failed
-    /// session is dropped.
-    async fn on<T>(
-        &self,
-        i: usize,
-        op: impl AsyncFnOnce(&mut Session) -> Result<T, TicketError>,
-    ) -> Result<T, TicketError> {
+    /// Runs `op` on every server at once, each within the timeout.
+    async fn on_all<T, F>(&self, op: impl Fn(usize, Session) -> F) -> Vec<Result<T, TicketError>>
+    where
+        F: Future<Output = (Session, Result<T, TicketError>)>,
+    {
+        join_all((0..self.config.servers.len()).map(|i| self.on(i, &op))).await
+    }
+
+    /// Runs one operation on server `i` (which hands the session back),
+    /// connecting if needed; a failed or timed-out session is dropped.
+    async fn on<T, F>(&self, i: usize, op: &impl Fn(usize, Session) -> F) -> Result<T, TicketError>
+    where
+        F: Future<Output = (Session, Result<T, TicketError>)>,
+    {
         let server = &self.config.servers[i];
         let work = async {
             let mut slot = self.sessions[i].lock().await;
-            let mut session = match slot.take() {
+            let session = match slot.take() {
                 Some(s) => s,
                 None => Session::connect_admin(server, &self.config).await?,
             };
-            let result = op(&mut session).await;
+            let (session, result) = op(i, session).await;
             if result.is_ok() {
                 *slot = Some(session);
             }
@@ -109,6 +139,14 @@ impl PeersStore {
     }
 }
 
+fn reasons(errors: &[TicketError]) -> String {
+    errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 impl HighWaterStore for PeersStore {
     fn record<'a>(
         &'a self,
@@ -120,18 +158,24 @@ impl HighWaterStore for PeersStore {
                 .iter()
                 .map(|(q, hw)| (server.to_string(), q.clone(), *hw))
                 .collect();
-            let mut last_error = None;
-            let mut written = 0;
-            for i in self.holders(server) {
-                match self.on(i, async |s| s.write_high_water(&rows).await).await {
-                    Ok(()) => written += 1,
-                    Err(e) => last_error = Some(e),
+            let rows = &rows;
+            let results = self
+                .on_all(|_, mut s| async move {
+                    let r = s.write_high_water(rows).await;
+                    (s, r)
+                })
+                .await;
+            let mut errors = Vec::new();
+            for result in results {
+                match result {
+                    Ok(()) => return Ok(()),
+                    Err(e) => errors.push(e),
                 }
             }
-            match (written, last_error) {
-                (0, Some(e)) => Err(e),
-                _ => Ok(()),
-            }
+            Err(TicketError::NoHighWater {
+                server: server.to_string(),
+                reason: format!("no server took the marks: {}", reasons(&errors)),
+            })
         })
     }
 
@@ -140,25 +184,54 @@ impl HighWaterStore for PeersStore {
         server: &'a str,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
         Box::pin(async move {
+            let results = self
+                .on_all(|_, mut s| async move {
+                    let r = s.read_high_water(server).await;
+                    (s, r)
+                })
+                .await;
             let mut marks = HashMap::new();
-            let mut last_error = None;
-            let mut read = 0;
-            for i in self.holders(server) {
-                match self.on(i, async |s| s.read_high_water(server).await).await {
+            let mut protected = false;
+            let mut errors = Vec::new();
+            for (i, result) in results.into_iter().enumerate() {
+                match result {
                     Ok(rows) => {
-                        read += 1;
+                        protected |= self.protects(i, server);
                         for (sequence, hw) in rows {
                             let mark = marks.entry(sequence).or_insert(0);
                             *mark = hw.max(*mark);
                         }
                     }
-                    Err(e) => last_error = Some(e),
+                    Err(e) if self.protects(i, server) => errors.push(e),
+                    Err(_) => {}
                 }
             }
-            match (read, last_error) {
-                (0, Some(e)) => Err(e),
-                _ => Ok(marks),
+            if protected {
+                Ok(marks)
+            } else {
+                Err(TicketError::NoHighWater {
+                    server: server.to_string(),
+                    reason: reasons(&errors),
+                })
             }
+        })
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        server: &'a str,
+        sequence: &'a str,
+        expected: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        Box::pin(async move {
+            // A place that misses this keeps the higher mark: ids skipped.
+            self.on_all(|_, mut s| async move {
+                let r = s.give_back_high_water(server, sequence, expected, to).await;
+                (s, r)
+            })
+            .await;
+            Ok(())
         })
     }
 }

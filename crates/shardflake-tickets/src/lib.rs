@@ -14,8 +14,11 @@
 //! increment and offset set by the client on its own sessions (a drifted
 //! server cannot make it hand out another server's ids); blocks of N
 //! servers that never overlap; failover with bounded timeouts; high-water
-//! marks kept on the peers and compared at every reconnect; typed errors
-//! with stable codes, and no wrap at a 32-bit sequence's end.
+//! marks written ahead of every id on the peers (and etcd), a server
+//! raised past them whenever it comes back, every answer compared with the
+//! previous one; each sequence's lattice recorded on the servers and checked
+//! by every session; typed errors with stable codes, and no wrap at a
+//! 32-bit sequence's end.
 //!
 //! # Map of the modules
 //!
@@ -27,7 +30,7 @@
 //! - [`failover`]: a server's sessions, breaker state, checks, metrics.
 //! - [`high_water`]: [`HighWaterStore`] and the peers-backed [`PeersStore`].
 //! - [`client`]: [`TicketClient`], what the CLI and the service call.
-//! - [`admin`]: `init`, `check`, `repair`.
+//! - [`admin`]: `init`, `check`, `repair`, `reshape`.
 //! - [`bench`](mod@bench): the client against a bare loop, for `shardflake tickets bench`.
 //!
 //! ```no_run
@@ -58,7 +61,9 @@ pub use config::{Config, ConfigError, Kind, Mode, PgTickets};
 pub use error::{ServerFailure, TicketError};
 pub use failover::{Health, ServerMetrics};
 pub use high_water::{HighWaterStore, PeersStore};
-pub use session::{HW_TABLE, SEGMENT_TABLE, SequenceState, ServerSettings};
+pub use session::{
+    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
+};
 
 /// The MariaDB/MySQL client this crate uses.
 pub use mysql_async;

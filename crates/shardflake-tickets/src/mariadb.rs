@@ -13,7 +13,9 @@ use mysql_async::{Conn, Opts};
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 use crate::segment::Lattice;
-use crate::session::{HW_TABLE, SEGMENT_TABLE, SequenceState, ServerSettings};
+use crate::session::{
+    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
+};
 
 /// A connected session with the client's increment and offset set on it.
 pub(crate) struct MariaSession {
@@ -54,8 +56,12 @@ impl MariaSession {
         let mut conn = Conn::new(opts)
             .await
             .map_err(|e| TicketError::db(name, "connect", e))?;
+        // Lock waits bounded by the server too: a statement a timeout gave
+        // up on (a peer under FLUSH TABLES WITH READ LOCK, an ALTER waiting
+        // for a metadata lock) must not wait on there for a day.
+        let lock_wait = config.failover.admin_timeout().as_secs().max(1);
         conn.query_drop(format!(
-            "SET SESSION auto_increment_increment = {}, auto_increment_offset = {}",
+            "SET SESSION auto_increment_increment = {}, auto_increment_offset = {}, lock_wait_timeout = {lock_wait}, innodb_lock_wait_timeout = {lock_wait}",
             config.increment, server.offset
         ))
         .await
@@ -127,28 +133,43 @@ impl MariaSession {
     }
 
     /// Reserves a block: `max_id = GREATEST(max_id, floor) + step`, read back
-    /// through `LAST_INSERT_ID(expr)` in the same OK packet.
+    /// through `LAST_INSERT_ID(expr)` in the same OK packet, only where the
+    /// row is at or above `seen` (the largest this client got from it):
+    /// `None` when it is below (the server went back).
     pub async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
         step: i64,
-    ) -> Result<i64, TicketError> {
+        seen: i64,
+    ) -> Result<Result<i64, i64>, TicketError> {
         self.conn
             .query_drop(format!(
-                "UPDATE {SEGMENT_TABLE} SET max_id = LAST_INSERT_ID(GREATEST(max_id, {floor}) + {step}) WHERE sequence_name = '{}'",
+                "UPDATE {SEGMENT_TABLE} SET max_id = LAST_INSERT_ID(GREATEST(max_id, {floor}) + {step}) WHERE sequence_name = '{}' AND max_id >= {seen}",
                 seq.name
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "reserve a block", e))?;
         if self.conn.affected_rows() != 1 {
-            return Err(not_initialised(&self.server, seq));
+            let row: Option<i64> = self
+                .conn
+                .query_first(format!(
+                    "SELECT max_id FROM {SEGMENT_TABLE} WHERE sequence_name = '{}'",
+                    seq.name
+                ))
+                .await
+                .map_err(|e| TicketError::db(&self.server, "read the segment row", e))?;
+            return match row {
+                Some(row) => Ok(Err(row)),
+                None => Err(not_initialised(&self.server, seq)),
+            };
         }
         let max = self
             .conn
             .last_insert_id()
             .ok_or_else(|| TicketError::db(&self.server, "reserve a block", "no LAST_INSERT_ID"))?;
         i64::try_from(max)
+            .map(Ok)
             .map_err(|_| TicketError::db(&self.server, "reserve a block", "max_id overflow"))
     }
 
@@ -210,10 +231,14 @@ impl MariaSession {
         past: u64,
     ) -> Result<(), TicketError> {
         let sql = match seq.mode {
+            // Not `ALTER TABLE … AUTO_INCREMENT`: it lowers the counter to
+            // the row's id + 1 when that is below (measured on 10.11: 101 to
+            // 60), and REPLACEs racing on the one row can leave an id below
+            // one already handed out; an explicit id only ever raises it.
             Mode::PerId => format!(
-                "ALTER TABLE {} AUTO_INCREMENT = {}",
+                "REPLACE INTO {} (id, stub) VALUES ({}, 'a')",
                 seq.table(),
-                past.saturating_add(1)
+                past.min(seq.max_id())
             ),
             Mode::Segment => format!(
                 "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, {}) WHERE sequence_name = '{}'",
@@ -222,9 +247,9 @@ impl MariaSession {
             ),
         };
         self.conn
-            .query_drop(sql)
+            .query_drop(&sql)
             .await
-            .map_err(|e| TicketError::db(&self.server, "raise the counter", e))
+            .map_err(|e| TicketError::db(&self.server, &format!("raise the counter ({sql})"), e))
     }
 
     /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
@@ -242,6 +267,102 @@ impl MariaSession {
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "write high-water marks", e))
+    }
+
+    /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
+    pub async fn give_back_high_water(
+        &mut self,
+        server: &str,
+        sequence: &str,
+        expected: u64,
+        to: u64,
+    ) -> Result<(), TicketError> {
+        self.conn
+            .query_drop(format!(
+                "UPDATE {HW_TABLE} SET high_water = {to} WHERE server_name = '{server}' AND sequence_name = '{sequence}' AND high_water = {expected}"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "give back a high-water mark", e))
+    }
+
+    /// The largest mark this server holds for `sequence`, of any server.
+    pub async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
+        let max: Option<Option<u64>> = self
+            .conn
+            .query_first(format!(
+                "SELECT MAX(high_water) FROM {HW_TABLE} WHERE sequence_name = '{sequence}'"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read high-water marks", e))?;
+        Ok(max.flatten().unwrap_or(0))
+    }
+
+    /// When the server started, in unix seconds.
+    pub async fn started(&mut self) -> Result<i64, TicketError> {
+        let started: Option<i64> = self
+            .conn
+            .query_first("SELECT CAST(UNIX_TIMESTAMP() - VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the uptime", e))?;
+        started.ok_or_else(|| TicketError::db(&self.server, "read the uptime", "no row"))
+    }
+
+    /// Every lattice recorded here (none before `init`).
+    pub async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
+        let exists: Option<u64> = self
+            .conn
+            .query_first(format!(
+                "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{LATTICE_TABLE}'"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the recorded lattice", e))?;
+        if exists.is_none() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(String, String, u64, u64, String, u32, u64)> = self
+            .conn
+            .query(format!(
+                "SELECT sequence_name, server_name, increment, server_offset, mode, bits, chunk FROM {LATTICE_TABLE}"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the recorded lattice", e))?;
+        Ok(rows
+            .into_iter()
+            .map(|(q, server, increment, offset, mode, bits, chunk)| {
+                (
+                    q,
+                    LatticeRecord {
+                        server,
+                        increment,
+                        offset,
+                        mode,
+                        bits,
+                        chunk,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Records (replaces) the lattice of `sequence`.
+    pub async fn write_lattice(
+        &mut self,
+        sequence: &str,
+        r: &LatticeRecord,
+    ) -> Result<(), TicketError> {
+        self.conn
+            .query_drop(format!(
+                "REPLACE INTO {LATTICE_TABLE} (sequence_name, server_name, increment, server_offset, mode, bits, chunk) VALUES ('{sequence}', '{}', {}, {}, '{}', {}, {})",
+                r.server, r.increment, r.offset, r.mode, r.bits, r.chunk
+            ))
+            .await
+            .map_err(|e| {
+                TicketError::db(
+                    &self.server,
+                    &format!("record the lattice of {sequence} (REPLACE INTO {LATTICE_TABLE})"),
+                    e,
+                )
+            })
     }
 
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
@@ -265,19 +386,37 @@ impl MariaSession {
     ) -> Result<Vec<String>, TicketError> {
         let mut done = Vec::new();
         let name = self.server.clone();
-        let run = |e| TicketError::db(&name, "init", e);
+        let run = |what: String| {
+            let name = name.clone();
+            move |e| TicketError::db(&name, &format!("init: {what}"), e)
+        };
+        let recorded = self.read_lattice().await?;
+        for seq in &config.sequences {
+            let file = LatticeRecord::of(config, server, seq);
+            if let Some((_, r)) = recorded.iter().find(|(q, _)| *q == seq.name)
+                && *r != file
+            {
+                return Err(TicketError::lattice_changed(&name, &seq.name, r, &file));
+            }
+        }
+        self.conn
+            .query_drop(format!(
+                "CREATE TABLE IF NOT EXISTS {LATTICE_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, server_name varchar(64) NOT NULL, increment bigint unsigned NOT NULL, server_offset bigint unsigned NOT NULL, mode varchar(16) NOT NULL, bits int unsigned NOT NULL, chunk bigint unsigned NOT NULL) ENGINE=InnoDB"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&name, &format!("init: CREATE TABLE {LATTICE_TABLE}"), e))?;
         self.conn
             .query_drop(format!(
                 "CREATE TABLE IF NOT EXISTS {HW_TABLE} (server_name varchar(64) NOT NULL, sequence_name varchar(64) NOT NULL, high_water bigint unsigned NOT NULL, updated_at timestamp(3) NOT NULL DEFAULT current_timestamp(3) ON UPDATE current_timestamp(3), PRIMARY KEY (server_name, sequence_name)) ENGINE=InnoDB"
             ))
             .await
-            .map_err(run)?;
+            .map_err(run(format!("CREATE TABLE {HW_TABLE}")))?;
         self.conn
             .query_drop(format!(
                 "CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, max_id bigint NOT NULL) ENGINE=InnoDB"
             ))
             .await
-            .map_err(run)?;
+            .map_err(run(format!("CREATE TABLE {SEGMENT_TABLE}")))?;
         for seq in &config.sequences {
             let lattice = Lattice::new(config, server);
             let table_exists: Option<u64> = self
@@ -287,7 +426,7 @@ impl MariaSession {
                     seq.table()
                 ))
                 .await
-                .map_err(run)?;
+                .map_err(run("look up the ticket table".into()))?;
             let row: Option<i64> = self
                 .conn
                 .query_first(format!(
@@ -295,7 +434,7 @@ impl MariaSession {
                     seq.name
                 ))
                 .await
-                .map_err(run)?;
+                .map_err(run("read the segment row".into()))?;
             match seq.mode {
                 Mode::PerId => {
                     if row.is_some() {
@@ -312,7 +451,7 @@ impl MariaSession {
                             seq.table()
                         ))
                         .await
-                        .map_err(run)?;
+                        .map_err(run(format!("CREATE TABLE {}", seq.table())))?;
                     let counter = self.counter(seq, lattice).await?.unwrap_or(0);
                     if counter + 1 < seq.start {
                         self.raise(seq, lattice, seq.start - 1).await?;
@@ -335,9 +474,13 @@ impl MariaSession {
                             seq.name
                         ))
                         .await
-                        .map_err(run)?;
+                        .map_err(run(format!("INSERT INTO {SEGMENT_TABLE}")))?;
                     done.push(format!("{}: segment row in {SEGMENT_TABLE}", seq.name));
                 }
+            }
+            if !recorded.iter().any(|(q, _)| *q == seq.name) {
+                self.write_lattice(&seq.name, &LatticeRecord::of(config, server, seq))
+                    .await?;
             }
         }
         Ok(done)

@@ -16,7 +16,9 @@ use tokio_postgres::{Client, NoTls, Statement};
 use crate::config::{Config, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue};
 use crate::error::TicketError;
 use crate::segment::Lattice;
-use crate::session::{HW_TABLE, SEGMENT_TABLE, SequenceState, ServerSettings};
+use crate::session::{
+    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
+};
 
 /// A connected session with its statements prepared.
 pub(crate) struct PgSession {
@@ -52,15 +54,10 @@ fn first_id(config: &Config, server: &ServerConfig, seq: &SequenceConfig) -> u64
 }
 
 impl PgSession {
-    /// Connects, verifies every per-id sequence's increment and residue, and
-    /// prepares the statements.
-    /// With `prepare` false (admin work: `init`, `check`, `repair`, the
-    /// high-water store) nothing is verified or prepared.
-    pub async fn connect(
-        server: &ServerConfig,
-        config: &Config,
-        prepare: bool,
-    ) -> Result<Self, TicketError> {
+    /// Connects, with lock waits and statements bounded by the server too
+    /// (`admin_timeout_ms`): nothing verified or prepared yet (admin work
+    /// needs no more; the client then calls [`PgSession::prepare`]).
+    pub async fn connect(server: &ServerConfig, config: &Config) -> Result<Self, TicketError> {
         let name = &server.name;
         let mut pg: tokio_postgres::Config = server
             .url
@@ -76,15 +73,30 @@ impl PgSession {
                 tracing::debug!(error = %e, "ticket server connection ended");
             }
         });
-        let mut session = PgSession {
+        let limit = config.failover.admin_timeout().as_millis();
+        client
+            .batch_execute(&format!(
+                "SET lock_timeout = {limit}; SET statement_timeout = {limit}"
+            ))
+            .await
+            .map_err(pg_err(name, "SET lock_timeout, statement_timeout"))?;
+        Ok(PgSession {
             server: name.clone(),
             client,
             next: Vec::new(),
             reserve: None,
-        };
-        if !prepare {
-            return Ok(session);
-        }
+        })
+    }
+
+    /// Verifies every per-id sequence's increment and residue, and prepares
+    /// the statements.
+    pub async fn prepare(
+        &mut self,
+        server: &ServerConfig,
+        config: &Config,
+    ) -> Result<(), TicketError> {
+        let name = &server.name;
+        let session = self;
         for seq in &config.sequences {
             let statement = match seq.mode {
                 Mode::Segment => None,
@@ -117,13 +129,13 @@ impl PgSession {
                 session
                     .client
                     .prepare(&format!(
-                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 RETURNING max_id"
+                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id"
                     ))
                     .await
                     .map_err(pg_err(name, "prepare (run `shardflake tickets init`?)"))?,
             );
         }
-        Ok(session)
+        Ok(())
     }
 
     async fn verify_sequence(
@@ -184,32 +196,46 @@ impl PgSession {
         }
     }
 
-    /// Reserves a block: `max_id = GREATEST(max_id, floor) + step RETURNING max_id`.
+    /// Reserves a block: `max_id = GREATEST(max_id, floor) + step RETURNING
+    /// max_id`, only where the row is at or above `seen`: `None` when it is
+    /// below (the server went back).
     pub async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
         step: i64,
-    ) -> Result<i64, TicketError> {
+        seen: i64,
+    ) -> Result<Result<i64, i64>, TicketError> {
         let statement = self
             .reserve
             .as_ref()
             .ok_or_else(|| TicketError::misconfigured(&self.server, "no segment sequence"))?;
         let row = self
             .client
-            .query_opt(statement, &[&floor, &step, &seq.name])
+            .query_opt(statement, &[&floor, &step, &seq.name, &seen])
             .await
-            .map_err(pg_err(&self.server, "reserve a block"))?
-            .ok_or_else(|| {
-                TicketError::misconfigured(
-                    &self.server,
-                    format!(
-                        "sequence {:?} is not initialised (run `shardflake tickets init`)",
-                        seq.name
-                    ),
-                )
-            })?;
-        Ok(row.get(0))
+            .map_err(pg_err(&self.server, "reserve a block"))?;
+        if let Some(row) = row {
+            return Ok(Ok(row.get(0)));
+        }
+        let exists = self
+            .client
+            .query_opt(
+                &format!("SELECT max_id FROM {SEGMENT_TABLE} WHERE sequence_name = $1"),
+                &[&seq.name],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the segment row"))?;
+        match exists {
+            Some(row) => Ok(Err(row.get(0))),
+            None => Err(TicketError::misconfigured(
+                &self.server,
+                format!(
+                    "sequence {:?} is not initialised (run `shardflake tickets init`)",
+                    seq.name
+                ),
+            )),
+        }
     }
 
     /// Sets the row back to `to` if it still is `expected`.
@@ -310,9 +336,12 @@ impl PgSession {
                 Lattice::new(config, server).row_above(past),
                 seq.name
             ),
-            (Mode::PerId, PgTickets::Sequence) => {
-                format!("SELECT setval('{}', {to}, true)", seq.table())
-            }
+            // Never below what it already handed out (`setval` alone can
+            // set a sequence back under concurrent `nextval`s).
+            (Mode::PerId, PgTickets::Sequence) => format!(
+                "SELECT setval('{t}', GREATEST({to}, last_value), true) FROM {t}",
+                t = seq.table()
+            ),
             (Mode::PerId, PgTickets::Table) => format!(
                 "INSERT INTO {t} AS t (stub, id) VALUES ('a', {to}) ON CONFLICT (stub) DO UPDATE SET id = GREATEST(t.id, {to})",
                 t = seq.table()
@@ -321,7 +350,34 @@ impl PgSession {
         self.client
             .batch_execute(&sql)
             .await
-            .map_err(pg_err(&self.server, "raise the counter"))
+            .map_err(pg_err(&self.server, &format!("raise the counter ({sql})")))
+    }
+
+    /// Moves `seq` to the file's lattice, every later id above `past`: a
+    /// per-id sequence takes the new increment, then every segment row or
+    /// counter is raised.
+    pub async fn reshape(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        if seq.mode == Mode::PerId && config.postgres_tickets == PgTickets::Sequence {
+            // The start is checked for the residue at every connect.
+            let start = first_of_residue(past.saturating_add(1), server.offset, config.increment);
+            let sql = format!(
+                "ALTER SEQUENCE {} INCREMENT BY {} MAXVALUE {} START WITH {start}",
+                seq.table(),
+                config.increment,
+                seq.max_id()
+            );
+            self.client
+                .batch_execute(&sql)
+                .await
+                .map_err(pg_err(&self.server, &format!("reshape ({sql})")))?;
+        }
+        self.raise(config, server, seq, past).await
     }
 
     /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
@@ -339,6 +395,97 @@ impl PgSession {
             ))
             .await
             .map_err(pg_err(&self.server, "write high-water marks"))
+    }
+
+    /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
+    pub async fn give_back_high_water(
+        &mut self,
+        server: &str,
+        sequence: &str,
+        expected: u64,
+        to: u64,
+    ) -> Result<(), TicketError> {
+        self.client
+            .execute(
+                &format!("UPDATE {HW_TABLE} SET high_water = $1 WHERE server_name = $2 AND sequence_name = $3 AND high_water = $4"),
+                &[&(to as i64), &server, &sequence, &(expected as i64)],
+            )
+            .await
+            .map_err(pg_err(&self.server, "give back a high-water mark"))?;
+        Ok(())
+    }
+
+    /// The largest mark this server holds for `sequence`, of any server.
+    pub async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
+        let row = self
+            .client
+            .query_one(
+                &format!("SELECT MAX(high_water) FROM {HW_TABLE} WHERE sequence_name = $1"),
+                &[&sequence],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read high-water marks"))?;
+        Ok(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64)
+    }
+
+    /// When the server started, in unix seconds.
+    pub async fn started(&mut self) -> Result<i64, TicketError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT CAST(EXTRACT(EPOCH FROM pg_postmaster_start_time()) AS bigint)",
+                &[],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the start time"))?;
+        Ok(row.get(0))
+    }
+
+    /// Every lattice recorded here (none before `init`).
+    pub async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
+        if !self.relation_exists(LATTICE_TABLE).await? {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .client
+            .query(
+                &format!("SELECT sequence_name, server_name, increment, server_offset, mode, bits, chunk FROM {LATTICE_TABLE}"),
+                &[],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the recorded lattice"))?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    LatticeRecord {
+                        server: r.get(1),
+                        increment: r.get::<_, i64>(2) as u64,
+                        offset: r.get::<_, i64>(3) as u64,
+                        mode: r.get(4),
+                        bits: r.get::<_, i32>(5) as u32,
+                        chunk: r.get::<_, i64>(6) as u64,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Records (replaces) the lattice of `sequence`.
+    pub async fn write_lattice(
+        &mut self,
+        sequence: &str,
+        r: &LatticeRecord,
+    ) -> Result<(), TicketError> {
+        self.client
+            .execute(
+                &format!("INSERT INTO {LATTICE_TABLE} AS l (sequence_name, server_name, increment, server_offset, mode, bits, chunk) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (sequence_name) DO UPDATE SET server_name = EXCLUDED.server_name, increment = EXCLUDED.increment, server_offset = EXCLUDED.server_offset, mode = EXCLUDED.mode, bits = EXCLUDED.bits, chunk = EXCLUDED.chunk"),
+                &[&sequence, &r.server, &(r.increment as i64), &(r.offset as i64), &r.mode, &(r.bits as i32), &(r.chunk as i64)],
+            )
+            .await
+            .map_err(pg_err(&self.server, &format!("record the lattice of {sequence} (INSERT INTO {LATTICE_TABLE})")))?;
+        Ok(())
     }
 
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
@@ -368,13 +515,23 @@ impl PgSession {
     ) -> Result<Vec<String>, TicketError> {
         let name = self.server.clone();
         let err = |context: &'static str| pg_err(&name, context);
+        let recorded = self.read_lattice().await?;
+        for seq in &config.sequences {
+            let file = LatticeRecord::of(config, server, seq);
+            if let Some((_, r)) = recorded.iter().find(|(q, _)| *q == seq.name)
+                && *r != file
+            {
+                return Err(TicketError::lattice_changed(&name, &seq.name, r, &file));
+            }
+        }
         self.client
             .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {HW_TABLE} (server_name text NOT NULL, sequence_name text NOT NULL, high_water bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (server_name, sequence_name));
+                "CREATE TABLE IF NOT EXISTS {LATTICE_TABLE} (sequence_name text PRIMARY KEY, server_name text NOT NULL, increment bigint NOT NULL, server_offset bigint NOT NULL, mode text NOT NULL, bits int NOT NULL, chunk bigint NOT NULL);
+                 CREATE TABLE IF NOT EXISTS {HW_TABLE} (server_name text NOT NULL, sequence_name text NOT NULL, high_water bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (server_name, sequence_name));
                  CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name text PRIMARY KEY, max_id bigint NOT NULL);"
             ))
             .await
-            .map_err(err("init"))?;
+            .map_err(err("init: CREATE TABLE shardflake_ticket_lattice, shardflake_ticket_hw, shardflake_ticket_segments"))?;
         let mut done = Vec::new();
         let n = config.increment;
         for seq in &config.sequences {
@@ -404,7 +561,10 @@ impl PgSession {
                             seq.table()
                         ),
                     };
-                    self.client.batch_execute(&sql).await.map_err(err("init"))?;
+                    self.client
+                        .batch_execute(&sql)
+                        .await
+                        .map_err(err("init: CREATE SEQUENCE/TABLE tickets_…"))?;
                     done.push(format!(
                         "{}: {} {} (INCREMENT {n}, first id {first}, max {max})",
                         seq.name,
@@ -432,6 +592,10 @@ impl PgSession {
                         .map_err(err("init"))?;
                     done.push(format!("{}: segment row in {SEGMENT_TABLE}", seq.name));
                 }
+            }
+            if !recorded.iter().any(|(q, _)| *q == seq.name) {
+                self.write_lattice(&seq.name, &LatticeRecord::of(config, server, seq))
+                    .await?;
             }
         }
         Ok(done)

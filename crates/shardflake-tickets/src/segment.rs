@@ -91,6 +91,13 @@ impl Lattice {
         row.min(i64::MAX as i128) as i64
     }
 
+    /// The row whose [`Lattice::counter_of_row`] is `counter` (rounded down
+    /// to a row value is not needed: only used as a lower bound).
+    pub fn row_of_counter(&self, counter: u64) -> i64 {
+        (counter as i128 - (self.n - 1) * self.chunk).clamp(i64::MIN as i128, i64::MAX as i128)
+            as i64
+    }
+
     /// The largest id a row value may have handed out, as seen from outside:
     /// every later id of this server is above it.
     pub fn counter_of_row(&self, row: i64) -> u64 {

@@ -12,6 +12,91 @@ use crate::segment::Lattice;
 pub const SEGMENT_TABLE: &str = "shardflake_ticket_segments";
 /// The high-water marks of every server, kept on its peers.
 pub const HW_TABLE: &str = "shardflake_ticket_hw";
+/// Each sequence's lattice as `init` recorded it on this server.
+pub const LATTICE_TABLE: &str = "shardflake_ticket_lattice";
+
+/// What fixes which ids a server hands out for one sequence: recorded on
+/// the server by `init`, compared with the file by every session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatticeRecord {
+    /// The server's name in the file.
+    pub server: String,
+    /// The file's increment.
+    pub increment: u64,
+    /// The server's offset.
+    pub offset: u64,
+    /// `per-id` or `segment`.
+    pub mode: String,
+    /// 32 or 64.
+    pub bits: u32,
+    /// The segment chunk (0 in per-id mode, where it plays no part).
+    pub chunk: u64,
+}
+
+impl LatticeRecord {
+    /// What the file says for `seq` on `server`.
+    pub fn of(config: &Config, server: &ServerConfig, seq: &SequenceConfig) -> LatticeRecord {
+        LatticeRecord {
+            server: server.name.clone(),
+            increment: config.increment,
+            offset: server.offset,
+            mode: seq.mode.as_str().to_string(),
+            bits: seq.bits,
+            chunk: if seq.mode == crate::config::Mode::Segment {
+                config.segment.chunk
+            } else {
+                0
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for LatticeRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "server name {} increment {} offset {} mode {} bits {}",
+            self.server, self.increment, self.offset, self.mode, self.bits
+        )?;
+        if self.chunk > 0 {
+            write!(f, " chunk {}", self.chunk)?;
+        }
+        Ok(())
+    }
+}
+
+/// Compares the records read from a server with the file: the first
+/// sequence whose record is missing or differs is an error.
+pub(crate) fn check_lattice(
+    config: &Config,
+    server: &ServerConfig,
+    recorded: &[(String, LatticeRecord)],
+) -> Result<(), TicketError> {
+    for seq in &config.sequences {
+        let file = LatticeRecord::of(config, server, seq);
+        match recorded.iter().find(|(name, _)| *name == seq.name) {
+            None => {
+                return Err(TicketError::misconfigured(
+                    &server.name,
+                    format!(
+                        "sequence {:?} has no recorded lattice (run `shardflake tickets init`)",
+                        seq.name
+                    ),
+                ));
+            }
+            Some((_, r)) if *r != file => {
+                return Err(TicketError::lattice_changed(
+                    &server.name,
+                    &seq.name,
+                    r,
+                    &file,
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
 
 /// `('server', 'sequence', id), ...`: the rows of a high-water upsert.
 /// Server and sequence names are plain identifiers (the config checks them),
@@ -61,12 +146,16 @@ pub struct SequenceState {
 
 impl Session {
     /// A session for handing out ids: increment and offset set (MariaDB),
-    /// sequences verified and statements prepared (PostgreSQL).
+    /// sequences verified and statements prepared (PostgreSQL), and every
+    /// sequence's recorded lattice as in the file.
     pub async fn connect(server: &ServerConfig, config: &Config) -> Result<Session, TicketError> {
-        Ok(match server.kind {
-            Kind::Mariadb => Session::Maria(MariaSession::connect(server, config).await?),
-            Kind::Postgres => Session::Pg(PgSession::connect(server, config, true).await?),
-        })
+        let mut session = Session::connect_admin(server, config).await?;
+        let recorded = session.read_lattice().await?;
+        check_lattice(config, server, &recorded)?;
+        if let Session::Pg(pg) = &mut session {
+            pg.prepare(server, config).await?;
+        }
+        Ok(session)
     }
 
     /// A session for admin work and the high-water table: nothing prepared,
@@ -77,7 +166,7 @@ impl Session {
     ) -> Result<Session, TicketError> {
         Ok(match server.kind {
             Kind::Mariadb => Session::Maria(MariaSession::connect(server, config).await?),
-            Kind::Postgres => Session::Pg(PgSession::connect(server, config, false).await?),
+            Kind::Postgres => Session::Pg(PgSession::connect(server, config).await?),
         })
     }
 
@@ -92,15 +181,18 @@ impl Session {
         }
     }
 
+    /// Reserves a block: `Ok(row)`, or `Err(row)` when the row is below
+    /// `seen` (the server went back).
     pub async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
         step: i64,
-    ) -> Result<i64, TicketError> {
+        seen: i64,
+    ) -> Result<Result<i64, i64>, TicketError> {
         match self {
-            Session::Maria(s) => s.reserve(seq, floor, step).await,
-            Session::Pg(s) => s.reserve(seq, floor, step).await,
+            Session::Maria(s) => s.reserve(seq, floor, step, seen).await,
+            Session::Pg(s) => s.reserve(seq, floor, step, seen).await,
         }
     }
 
@@ -148,6 +240,70 @@ impl Session {
         match self {
             Session::Maria(s) => s.write_high_water(marks).await,
             Session::Pg(s) => s.write_high_water(marks).await,
+        }
+    }
+
+    pub async fn give_back_high_water(
+        &mut self,
+        server: &str,
+        sequence: &str,
+        expected: u64,
+        to: u64,
+    ) -> Result<(), TicketError> {
+        match self {
+            Session::Maria(s) => s.give_back_high_water(server, sequence, expected, to).await,
+            Session::Pg(s) => s.give_back_high_water(server, sequence, expected, to).await,
+        }
+    }
+
+    /// When the server started, in unix seconds (to the second).
+    pub async fn started(&mut self) -> Result<i64, TicketError> {
+        match self {
+            Session::Maria(s) => s.started().await,
+            Session::Pg(s) => s.started().await,
+        }
+    }
+
+    /// Every lattice recorded on this server, by sequence (empty before `init`).
+    pub async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
+        match self {
+            Session::Maria(s) => s.read_lattice().await,
+            Session::Pg(s) => s.read_lattice().await,
+        }
+    }
+
+    /// Moves `seq` to the file's lattice, every later id above `past`.
+    pub async fn reshape(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        match self {
+            // The increment and offset are the session's: the counter is all.
+            Session::Maria(s) => s.raise(seq, Lattice::new(config, server), past).await,
+            Session::Pg(s) => s.reshape(config, server, seq, past).await,
+        }
+    }
+
+    /// Records (replaces) the lattice of `sequence`.
+    pub async fn write_lattice(
+        &mut self,
+        sequence: &str,
+        record: &LatticeRecord,
+    ) -> Result<(), TicketError> {
+        match self {
+            Session::Maria(s) => s.write_lattice(sequence, record).await,
+            Session::Pg(s) => s.write_lattice(sequence, record).await,
+        }
+    }
+
+    /// Every mark this server holds for `sequence`, of any server.
+    pub async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
+        match self {
+            Session::Maria(s) => s.read_marks_of_sequence(sequence).await,
+            Session::Pg(s) => s.read_marks_of_sequence(sequence).await,
         }
     }
 

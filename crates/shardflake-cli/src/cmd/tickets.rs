@@ -15,14 +15,22 @@ use shardflake_tickets::{
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    config: ConfigArg,
     #[command(subcommand)]
     command: TicketsCommand,
 }
 
 #[derive(Debug, Clone, clap::Args)]
 struct ConfigArg {
-    /// The TOML file naming the servers, their offsets and the sequences.
-    #[arg(long, default_value = "tickets.toml", env = "SHARDFLAKE_TICKETS")]
+    /// The TOML file naming the servers, their offsets and the sequences
+    /// (before or after the subcommand).
+    #[arg(
+        long,
+        global = true,
+        default_value = "tickets.toml",
+        env = "SHARDFLAKE_TICKETS"
+    )]
     config: PathBuf,
 }
 
@@ -69,30 +77,32 @@ impl MarksArg {
 #[derive(Debug, Subcommand)]
 enum TicketsCommand {
     /// Create the ticket tables or sequences, segment rows and high-water
-    /// table on every server (idempotent).
-    Init {
-        #[command(flatten)]
-        config: ConfigArg,
-    },
+    /// table on every server and record each sequence's lattice
+    /// (idempotent; a changed lattice is refused: see `reshape`).
+    Init,
     /// Report each server's increment and offset (global, per session,
     /// per sequence) and high-water; fail on any problem.
     Check {
         #[command(flatten)]
-        config: ConfigArg,
+        marks: MarksArg,
+    },
+    /// Raise every counter that is behind its high-water past it (marks
+    /// are written ahead of every id: past everything any client could
+    /// have reserved).
+    Repair {
         #[command(flatten)]
         marks: MarksArg,
     },
-    /// Raise every counter that is behind its high-water past it.
-    Repair {
-        #[command(flatten)]
-        config: ConfigArg,
+    /// Move the sequences whose recorded increment, offsets or chunk differ
+    /// from this file to the file's: every server of the file raised past
+    /// every mark and counter it holds, then the new lattice recorded. Stop
+    /// the clients on the old file first; every server must answer.
+    Reshape {
         #[command(flatten)]
         marks: MarksArg,
     },
     /// Print ids of a sequence, one per line.
     Next {
-        #[command(flatten)]
-        config: ConfigArg,
         /// The sequence.
         sequence: String,
         /// How many: 1 to 100,000 (a per-id sequence is asked 1,000 at a time).
@@ -102,8 +112,6 @@ enum TicketsCommand {
     /// Measure a sequence through the client (and, with --bare, a bare loop
     /// on the same servers for comparison).
     Bench {
-        #[command(flatten)]
-        config: ConfigArg,
         /// The sequence.
         sequence: String,
         /// Concurrent callers.
@@ -135,8 +143,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 async fn run_async(args: Args) -> anyhow::Result<()> {
+    let config = args.config;
     match args.command {
-        TicketsCommand::Init { config } => {
+        TicketsCommand::Init => {
             let config = config.load()?;
             let mut failed = 0;
             for s in admin::init(&config).await {
@@ -157,7 +166,7 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
                 bail!("init failed on {failed} server(s)");
             }
         }
-        TicketsCommand::Check { config, marks } => {
+        TicketsCommand::Check { marks } => {
             let config = config.load()?;
             let store = marks.store(&config)?;
             let report = admin::check_with_store(&config, &*store).await;
@@ -166,7 +175,21 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
                 bail!("check found {} problem(s)", report.problems.len());
             }
         }
-        TicketsCommand::Repair { config, marks } => {
+        TicketsCommand::Reshape { marks } => {
+            let config = config.load()?;
+            let store = marks.store(&config)?;
+            let done = admin::reshape(&config, &*store).await?;
+            if done.is_empty() {
+                println!("every sequence already has the file's lattice");
+            }
+            for r in done {
+                println!(
+                    "sequence {}: every server raised past {} and the file's lattice recorded",
+                    r.sequence, r.past
+                );
+            }
+        }
+        TicketsCommand::Repair { marks } => {
             let config = config.load()?;
             let store = marks.store(&config)?;
             let done = admin::repair_with_store(&config, &*store).await?;
@@ -180,11 +203,7 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
                 );
             }
         }
-        TicketsCommand::Next {
-            config,
-            sequence,
-            count,
-        } => {
+        TicketsCommand::Next { sequence, count } => {
             let client = TicketClient::connect(config.load()?).await?;
             let ids = next_in_chunks(&client, &sequence, count).await;
             client.shutdown().await;
@@ -197,7 +216,6 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             })?;
         }
         TicketsCommand::Bench {
-            config,
             sequence,
             tasks,
             batch,

@@ -344,7 +344,7 @@ fn tickets_init_check_next() {
     )
     .unwrap();
     let config = file.to_str().unwrap();
-    ok(&["tickets", "init", "--config", config]);
+    ok(&["tickets", "--config", config, "init"]);
     let check = ok(&["tickets", "check", "--config", config]);
     assert!(
         check.contains("session: auto_increment_increment 1 auto_increment_offset 1")

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod repro;
+
 use shardflake_testkit::{MariaDbServer, PgServer};
 use shardflake_tickets::{
     Config, ConfigError, MAX_COUNT, MAX_PER_ID_COUNT, TicketClient, TicketError, admin,
@@ -374,7 +376,7 @@ async fn postgres_pair_survives_a_kill_under_load_without_a_duplicate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_mariadb_server_restored_from_a_dump_is_refused_until_repair() {
+async fn a_mariadb_server_restored_from_a_dump_is_raised_past_its_marks() {
     let (a, b) = (maria(2, 1), maria(2, 2));
     let config = maria_pair_config(&a, &b);
     init_ok(&config).await;
@@ -404,23 +406,19 @@ async fn a_mariadb_server_restored_from_a_dump_is_refused_until_repair() {
         "the dump did not set the counter back: {behind}"
     );
 
-    // The running client refuses it; b carries on.
-    ids.extend(client.next_n("photos", 50).await.unwrap());
-    wait_state(&client, "a", "behind_high_water").await;
-    let reason = client.metrics()[0].reason.clone().unwrap();
-    assert!(reason.contains("behind its high-water"), "{reason}");
-    // A new client (the peers hold the mark) refuses it too.
-    let fresh = TicketClient::connect(config.clone()).await.unwrap();
-    assert_eq!(state(&fresh, "a"), "behind_high_water");
+    // `check` sees it behind the marks written ahead of its ids.
     let report = admin::check(&config).await;
     assert!(
         !report.ok() && report.to_string().contains("behind the high-water"),
         "{report}"
     );
-
+    // The running client's next session on it is checked against the marks
+    // and raises it past them; so does a new client's, and `repair`.
+    ids.extend(client.next_n("photos", 50).await.unwrap());
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    assert_eq!(state(&fresh, "a"), "up");
     let repaired = admin::repair(&config).await.unwrap();
-    assert_eq!(repaired.len(), 1, "{repaired:?}");
-    assert_eq!(repaired[0].server, "a");
+    assert!(repaired.iter().any(|r| r.server == "a"), "{repaired:?}");
     assert!(admin::check(&config).await.ok());
     wait_state(&client, "a", "up").await;
     ids.extend(client.next_n("photos", 200).await.unwrap());
@@ -509,7 +507,7 @@ async fn a_segment_tail_given_back_is_used_next() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_postgres_server_set_back_is_refused_until_repair() {
+async fn a_postgres_server_set_back_is_raised_past_its_marks() {
     let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
     let config = pg_pair_config(&a, &b, "sequence");
     init_ok(&config).await;
@@ -533,15 +531,15 @@ async fn a_postgres_server_set_back_is_refused_until_repair() {
         )
         .await
         .unwrap();
-    photos.extend(client.next_n("photos", 20).await.unwrap());
-    wait_state(&client, "a", "behind_high_water").await;
     let report = admin::check(&config).await;
     assert!(
         !report.ok() && report.to_string().contains("behind the high-water"),
         "{report}"
     );
+    photos.extend(client.next_n("photos", 20).await.unwrap());
+    blocks.extend(client.next_n("blocks", 2000).await.unwrap());
     let repaired = admin::repair(&config).await.unwrap();
-    assert_eq!(repaired.len(), 2, "{repaired:?}");
+    assert!(repaired.iter().any(|r| r.server == "a"), "{repaired:?}");
     wait_state(&client, "a", "up").await;
     photos.extend(client.next_n("photos", 100).await.unwrap());
     let fresh = TicketClient::connect(config).await.unwrap();
@@ -616,6 +614,14 @@ async fn an_unreachable_server_at_start_is_a_clear_error() {
     ))
     .unwrap();
     init_ok_partial(&config).await;
+    // a's marks live on its peer, which never answers: refused by default.
+    let e = TicketClient::connect(config.clone()).await.unwrap_err();
+    assert!(
+        e.to_string().contains("allow_without_marks"),
+        "the refusal names the setting: {e}"
+    );
+    let mut config = config;
+    config.failover.allow_without_marks = true;
     let client = TicketClient::connect(config).await.unwrap();
     assert_eq!(state(&client, "gone"), "down");
     let ids = client.next_n("photos", 10).await.unwrap();
