@@ -58,6 +58,9 @@ pub enum LeaseState {
     Lost = 3,
     /// Shutting down; nothing more is issued.
     Stopped = 4,
+    /// Holding a node id, waiting for the clock to pass its recorded
+    /// high-water (state file or registry) before issuing.
+    WaitingForClock = 5,
 }
 
 impl LeaseState {
@@ -69,6 +72,7 @@ impl LeaseState {
             LeaseState::Static => "static",
             LeaseState::Lost => "lost",
             LeaseState::Stopped => "stopped",
+            LeaseState::WaitingForClock => "waiting_for_clock",
         }
     }
     fn from_u8(v: u8) -> Self {
@@ -77,6 +81,7 @@ impl LeaseState {
             2 => LeaseState::Static,
             3 => LeaseState::Lost,
             4 => LeaseState::Stopped,
+            5 => LeaseState::WaitingForClock,
             _ => LeaseState::Acquiring,
         }
     }
