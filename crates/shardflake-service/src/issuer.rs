@@ -448,6 +448,10 @@ impl Issuer {
                 crate::config::NodeSource::Static(_) => "static",
                 crate::config::NodeSource::Etcd(_) => "etcd",
             },
+            etcd_prefix: match &c.node {
+                crate::config::NodeSource::Static(_) => None,
+                crate::config::NodeSource::Etcd(e) => Some(e.prefix.clone()),
+            },
             lease_state: self.lease_state().name(),
             fixed_fields: c.fixed_fields.iter().cloned().collect(),
             shard_field: c.shard_field.clone(),
@@ -569,6 +573,9 @@ pub struct Info {
     pub node_id: Option<u64>,
     /// `static` or `etcd`.
     pub node_source: &'static str,
+    /// The etcd key prefix of a leased (or registry-pinned) node id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_prefix: Option<String>,
     /// The lease state's name.
     pub lease_state: &'static str,
     /// Other node fields and their fixed values.
