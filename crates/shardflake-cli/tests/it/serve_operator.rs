@@ -146,11 +146,6 @@ async fn a_node_restarted_under_another_prefix_or_cluster_is_refused() -> anyhow
     let mut b = leased(&etcd, "/split", &d[1], &[])?;
     assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
     assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
-    // The prefix shows at start and in /v1/info.
-    let line = std::fs::read_to_string(a.dir.join("stdout.log"))?;
-    assert!(line.contains("node=etcd:/split"), "{line}");
-    let (_, info) = Http::new(&a.http).get("/v1/info").await?;
-    assert!(info.contains(r#""etcd_prefix":"/split""#), "{info}");
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = vec![load(&a, &stop)];
@@ -177,6 +172,11 @@ async fn a_node_restarted_under_another_prefix_or_cluster_is_refused() -> anyhow
     );
     let refused = refused_cluster.ok_or_else(|| anyhow::anyhow!("started on a new cluster"))?;
     assert!(refused.contains("etcd cluster="), "{refused}");
+    // The prefix shows at start and in /v1/info.
+    let line = std::fs::read_to_string(a.dir.join("stdout.log"))?;
+    assert!(line.contains("node=etcd:/split"), "{line}");
+    let (_, info) = Http::new(&a.http).get("/v1/info").await?;
+    assert!(info.contains(r#""etcd_prefix":"/split""#), "{info}");
     Ok(())
 }
 
@@ -417,14 +417,6 @@ async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Resul
     let mut seven = serve_in(&d[0], &["--node-id", "7"], &[])?;
     seven.ready(Duration::from_secs(20)).await?;
     let mut issued = load_for(&seven, Duration::from_millis(300)).await?;
-    // A second process on the same state file: refused before it prints
-    // its addresses.
-    let second = serve_in(&d[0], &["--node-id", "7"], &[]);
-    let e = second.expect_err("a second process on one state file started");
-    assert!(e.to_string().contains("in use by another"), "{e}");
-    // (The launcher gave the second process a fresh stdout.log.)
-    let printed = std::fs::read_to_string(d[0].join("stdout.log"))?;
-    assert!(!printed.contains("shardflake serve:"), "{printed}");
     stop_cleanly(&mut seven).await?;
     let mut eight = serve_in(&d[1], &["--node-id", "8"], &[])?;
     eight.ready(Duration::from_secs(20)).await?;
@@ -483,6 +475,19 @@ async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Resul
             }
         }
     }
+
+    // A second process on the same state file: refused before it prints
+    // its addresses.
+    std::fs::write(&state, &kept)?;
+    let mut running = serve_in(&d[0], &["--node-id", "7"], &[])?;
+    running.ready(Duration::from_secs(20)).await?;
+    let second = serve_in(&d[0], &["--node-id", "7"], &[]);
+    let e = second.expect_err("a second process on one state file started");
+    assert!(e.to_string().contains("in use by another"), "{e}");
+    // (The launcher gave the second process a fresh stdout.log.)
+    let printed = std::fs::read_to_string(d[0].join("stdout.log"))?;
+    assert!(!printed.contains("shardflake serve:"), "{printed}");
+    stop_cleanly(&mut running).await?;
 
     // A static node waiting out its own record says so.
     let ahead = now_ms()? + 3_000;
