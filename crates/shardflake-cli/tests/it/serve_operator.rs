@@ -496,10 +496,21 @@ async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Resul
         format!("shardflake-state 1\nhigh_water_ms {ahead}\nnode_id 7\n"),
     )?;
     let s = serve_in(&d[0], &["--node-id", "7"], &[])?;
-    let (status, body) = Http::new(&s.http).get("/v1/id").await?;
+    let mut http = Http::new(&s.http);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut codes = Vec::new();
+    while Instant::now() < deadline {
+        let (status, body) = http.get("/v1/id").await?;
+        codes.push((status, error_code(&body)));
+        if codes.last() == Some(&(503, "waiting_for_clock".into())) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(
-        (status, error_code(&body)),
-        (503, "waiting_for_clock".into())
+        codes.last(),
+        Some(&(503, "waiting_for_clock".into())),
+        "{codes:?}"
     );
     s.ready(Duration::from_secs(20)).await?;
     Ok(())
