@@ -460,10 +460,8 @@ async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Resul
             Some(refused) => assert!(refused.contains(want), "{want}: {refused}"),
             None => {
                 let ids = load_for(&s, Duration::from_millis(500)).await?;
-                let below = ids
-                    .iter()
-                    .filter(|&&id| id <= *issued.iter().max().unwrap())
-                    .count();
+                let last = issued.iter().max().copied().unwrap_or(0);
+                let below = ids.iter().filter(|&&id| id <= last).count();
                 issued.extend(ids);
                 let n = issued.len();
                 issued.sort_unstable();
