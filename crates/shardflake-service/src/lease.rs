@@ -494,7 +494,14 @@ impl Keeper {
                     }
                 }
             }
-            (NodeSource::Etcd(_), registry) => self.claim.expected_registry = registry,
+            (NodeSource::Etcd(_), registry) => {
+                if registry.is_some()
+                    && let Some(r) = state.etcd_revision
+                {
+                    self.registry.remember_revision(r);
+                }
+                self.claim.expected_registry = registry;
+            }
         }
         Ok(state.high_water_ms)
     }
@@ -506,6 +513,7 @@ impl Keeper {
             node_id: self.lease.map(|h| h.node_id),
             layout: Some(String::from_utf8_lossy(&self.claim.layout).into_owned()),
             registry: self.registry.identity(),
+            etcd_revision: self.registry.revision(),
         };
         let f = self.state_file.clone();
         tokio::task::spawn_blocking(move || f.write(&state))

@@ -287,6 +287,15 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
     /// Which registry this is, as the state file records it: `static`, or
     /// `etcd cluster=<id> prefix=<prefix>` (known after the first take).
     fn identity(&self) -> Option<String>;
+
+    /// The highest store revision seen (etcd), for the state file.
+    fn revision(&self) -> Option<i64> {
+        None
+    }
+
+    /// A revision seen before this process (from the state file): a store
+    /// answering below it was rolled back, and its records are not trusted.
+    fn remember_revision(&self, _revision: i64) {}
 }
 
 /// The registry a configuration names: etcd, or a static node id. Fails

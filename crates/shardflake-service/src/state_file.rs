@@ -11,6 +11,7 @@
 //! node_id 7
 //! layout snowflake(...); node id in field node
 //! registry static                 (or: etcd cluster=<hex id> prefix=/p)
+//! etcd_revision 1234              (leased: the highest etcd revision seen)
 //! ```
 //!
 //! Only `high_water_ms` is required: a line left out is not compared (an
@@ -39,6 +40,9 @@ pub struct State {
     pub layout: Option<String>,
     /// `static`, or `etcd cluster=<hex> prefix=<prefix>`.
     pub registry: Option<String>,
+    /// The highest etcd revision seen: etcd answering below it was
+    /// restored from a snapshot.
+    pub etcd_revision: Option<i64>,
 }
 
 /// One file holding one node's [`State`].
@@ -138,6 +142,9 @@ impl StateFile {
             if let Some(id) = state.node_id {
                 writeln!(f, "node_id {id}")?;
             }
+            if let Some(r) = state.etcd_revision {
+                writeln!(f, "etcd_revision {r}")?;
+            }
             for (key, value) in [("layout", &state.layout), ("registry", &state.registry)] {
                 if let Some(v) = value {
                     // One line each: a value never holds a line break.
@@ -187,6 +194,7 @@ fn parse(text: &str) -> Option<State> {
             "node_id" => state.node_id = Some(value.parse().ok()?),
             "layout" => state.layout = Some(value.to_string()),
             "registry" => state.registry = Some(value.to_string()),
+            "etcd_revision" => state.etcd_revision = Some(value.parse().ok()?),
             _ => return None,
         }
     }
@@ -209,6 +217,7 @@ mod tests {
             node_id: Some(7),
             layout: Some("snowflake(x); node id in field node".into()),
             registry: Some("etcd cluster=ab prefix=/p".into()),
+            etcd_revision: Some(12),
         };
         f.write(&full).unwrap();
         assert_eq!(f.read().unwrap(), Some(full));

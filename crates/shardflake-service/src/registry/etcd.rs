@@ -31,6 +31,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -52,6 +53,9 @@ pub struct EtcdRegistry {
     held: Mutex<Option<Held>>,
     /// The cluster id etcd answered the last take with.
     cluster_id: Mutex<Option<u64>>,
+    /// The highest etcd revision seen (and remembered in the state file):
+    /// a lower one means etcd was rolled back.
+    seen_revision: AtomicI64,
 }
 
 /// The records of the id held, as this holder last wrote them.
@@ -71,6 +75,7 @@ impl EtcdRegistry {
             prefix: cfg.prefix.clone(),
             held: Mutex::new(None),
             cluster_id: Mutex::new(None),
+            seen_revision: AtomicI64::new(0),
         })
     }
 }
@@ -117,7 +122,19 @@ impl Registry for EtcdRegistry {
                         recorded: recorded.clone(),
                         now,
                     }),
-                    _ => take_lowest(&self.client, &self.prefix, lease, claim, kvs).await,
+                    _ => {
+                        let seen = self.seen_revision.fetch_max(header.revision, Ordering::Relaxed);
+                        let rolled_back = header.revision < seen;
+                        if rolled_back {
+                            tracing::warn!(
+                                revision = header.revision,
+                                seen,
+                                "etcd's revision went back (restored from a snapshot?): its high-water records are not trusted; resuming one window past this clock"
+                            );
+                        }
+                        take_lowest(&self.client, &self.prefix, lease, claim, kvs, rolled_back)
+                            .await
+                    }
                 }
             }
             Err(e) => Err(e),
@@ -189,6 +206,8 @@ impl Registry for EtcdRegistry {
         if let Some(h) = now.as_mut().filter(|h| h.lease == holding.lease) {
             h.hw_revision = answer.revision;
         }
+        self.seen_revision
+            .fetch_max(answer.revision, Ordering::Relaxed);
         Ok(())
     }
 
@@ -198,6 +217,14 @@ impl Registry for EtcdRegistry {
 
     fn identity(&self) -> Option<String> {
         lock(&self.cluster_id).map(|id| self.identity_of(id))
+    }
+
+    fn revision(&self) -> Option<i64> {
+        Some(self.seen_revision.load(Ordering::Relaxed)).filter(|&r| r > 0)
+    }
+
+    fn remember_revision(&self, revision: i64) {
+        self.seen_revision.fetch_max(revision, Ordering::Relaxed);
     }
 }
 
@@ -266,6 +293,7 @@ async fn take_lowest(
     lease: LeaseId,
     claim: &Claim,
     mut kvs: Vec<Kv>,
+    rolled_back: bool,
 ) -> Result<Taken, AcquireError> {
     let max_id = claim.max_node_id;
     let layout = &claim.layout[..];
@@ -381,6 +409,9 @@ async fn take_lowest(
             // record fails. Such a holder stamped at most one window past
             // its clock: resume past ours by as much.
             0 => claim.now_ms.saturating_add(claim.window_ms),
+            // etcd went back in time (a snapshot restore): a record may be
+            // older than what its holder, still running, wrote since.
+            ms if rolled_back => ms.max(claim.now_ms.saturating_add(claim.window_ms)),
             ms => ms,
         };
         // Checked before anything is written: a refused take leaves the
