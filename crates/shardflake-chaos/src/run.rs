@@ -697,7 +697,10 @@ fn apply(
                 }
                 start_slot(slot)?;
             }
-            say(start, format!("{} nodes restarted under {}", half.max(1), cluster.prefix));
+            say(
+                start,
+                format!("{} nodes restarted under {}", half.max(1), cluster.prefix),
+            );
         }
         Fault::RegistryDeleted => {
             let etcd = cluster.etcd.as_ref().context("no etcd")?;
@@ -706,7 +709,9 @@ fn apply(
         }
         Fault::Restore => {
             let etcd = cluster.etcd.as_ref().context("no etcd")?;
-            let file = etcd.dir.with_extension(format!("{}.snapshot", p.at.as_millis()));
+            let file = etcd
+                .dir
+                .with_extension(format!("{}.snapshot", p.at.as_millis()));
             etcd.snapshot(&file)?;
             say(start, "etcd snapshot saved; restoring it in 4 s");
             std::thread::sleep(Duration::from_secs(4));
@@ -738,7 +743,10 @@ fn apply(
                     start_slot(slot)?;
                 }
             }
-            say(start, format!("{stopped} nodes had stopped for it; restarted"));
+            say(
+                start,
+                format!("{stopped} nodes had stopped for it; restarted"),
+            );
         }
         Fault::StateLost => {
             last_count(cluster, p.slot);
@@ -749,11 +757,17 @@ fn apply(
             start_slot(slot)?;
             say(
                 start,
-                format!("node{}: state file removed, restarted with its clock 5 s back", p.slot),
+                format!(
+                    "node{}: state file removed, restarted with its clock 5 s back",
+                    p.slot
+                ),
             );
             std::thread::sleep(Duration::from_secs(6));
             std::fs::write(faketime, "+0s")?;
-            say(start, format!("node{}: clock forward to the real time", p.slot));
+            say(
+                start,
+                format!("node{}: clock forward to the real time", p.slot),
+            );
         }
     }
     info!(fault = p.fault.name(), "done");

@@ -234,7 +234,11 @@ mod tests {
     #[test]
     fn every_run_starts_with_a_restore() {
         for seed in 0..20 {
-            assert_eq!(plan(seed, &shape(60))[0].fault, Fault::Restore, "seed {seed}");
+            assert_eq!(
+                plan(seed, &shape(60))[0].fault,
+                Fault::Restore,
+                "seed {seed}"
+            );
         }
     }
 

@@ -123,7 +123,9 @@ impl Registry for EtcdRegistry {
                         now,
                     }),
                     _ => {
-                        let seen = self.seen_revision.fetch_max(header.revision, Ordering::Relaxed);
+                        let seen = self
+                            .seen_revision
+                            .fetch_max(header.revision, Ordering::Relaxed);
                         let rolled_back = header.revision < seen;
                         if rolled_back {
                             tracing::warn!(
