@@ -317,10 +317,15 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
     let mut incidents = Vec::new();
     let mut issued: BTreeMap<(usize, u32), (u64, bool)> = BTreeMap::new();
     let mut faults_over_ms = 0u64;
+    // Processes started without their state file (the state-lost fault).
+    let mut fresh_state = std::collections::BTreeSet::new();
     for p in &plan {
         sleep_until(start + p.at);
         check_alive(&mut cluster, &mut incidents, start);
         say(start, p);
+        if p.fault == Fault::StateLost {
+            fresh_state.insert((p.slot, cluster.slots[p.slot].processes));
+        }
         if let Err(e) = apply(&rt, &mut cluster, p, o, &faketime, start, &mut issued) {
             incidents.push(format!("{}: {e:#}", p.fault.name()));
             say(start, format!("fault failed: {e:#}"));
@@ -390,6 +395,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         errors,
         issued,
         incidents,
+        fresh_state,
     };
     let sorting = Instant::now();
     let report = check::check(&logs, Some(&layout), &node_field, &facts);

@@ -602,6 +602,26 @@ impl Client {
         Ok(self.range_with_header(prefix, serializable).await?.0)
     }
 
+    /// The [`Header`] of a linearizable read of `key` (its value unused).
+    pub async fn range_header(&self, key: &[u8]) -> Result<Header, EtcdError> {
+        let req = rpc::RangeRequest {
+            key: key.to_vec(),
+            count_only: true,
+            ..Default::default()
+        };
+        let answer = self
+            .call("KV.Range", |ch, token| {
+                let req = with_token(req.clone(), token);
+                async move { KvClient::new(ch).range(req).await }
+            })
+            .await?
+            .into_inner();
+        Ok(answer.header.map_or(Header::default(), |h| Header {
+            cluster_id: h.cluster_id,
+            revision: h.revision,
+        }))
+    }
+
     /// [`Client::range_prefix_local`], with the answer's [`Header`].
     pub async fn range_prefix_local_header(
         &self,

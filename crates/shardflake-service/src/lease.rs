@@ -226,7 +226,7 @@ impl Keeper {
             terms,
             state_file,
             lease: None,
-            state_lock: state_lock,
+            state_lock,
             generation: 0,
             span: tracing::Span::none(),
         };

@@ -126,7 +126,11 @@ impl Registry for EtcdRegistry {
                         let seen = self
                             .seen_revision
                             .fetch_max(header.revision, Ordering::Relaxed);
-                        let rolled_back = header.revision < seen;
+                        // The first read is served by one member, which may
+                        // lag: a rollback is believed once a read through the
+                        // leader confirms it.
+                        let rolled_back = header.revision < seen
+                            && self.revision_now().await.is_some_and(|now| now < seen);
                         if rolled_back {
                             tracing::warn!(
                                 revision = header.revision,
@@ -231,6 +235,16 @@ impl Registry for EtcdRegistry {
 }
 
 impl EtcdRegistry {
+    /// The cluster's revision from a linearizable read (`None`: no answer).
+    async fn revision_now(&self) -> Option<i64> {
+        let key = format!("{}/layout", self.prefix);
+        self.client
+            .range_header(key.as_bytes())
+            .await
+            .ok()
+            .map(|h| h.revision)
+    }
+
     fn identity_of(&self, cluster_id: u64) -> String {
         format!("etcd cluster={cluster_id:x} prefix={}", self.prefix)
     }
