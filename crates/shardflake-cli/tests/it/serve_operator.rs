@@ -345,8 +345,8 @@ async fn an_id_whose_high_water_is_far_ahead_is_skipped_not_raised() -> anyhow::
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let record = etcd.get("/far/hw/0").await?;
-    for i in 1..=2 {
-        let mut n = leased(&etcd, "/far", &d[i], &[])?;
+    for (i, dir) in d.iter().enumerate().skip(1) {
+        let mut n = leased(&etcd, "/far", dir, &[])?;
         let refused = started_or_refused(&mut n).await?;
         assert_eq!(refused, None, "try {i}");
         assert_eq!(n.ready(Duration::from_secs(5)).await?, i as u64);
@@ -360,7 +360,8 @@ async fn an_id_whose_high_water_is_far_ahead_is_skipped_not_raised() -> anyhow::
 /// Reproduction 6: inputs that silently meant "static node 0".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inputs_that_would_mean_static_node_0_are_refused_or_logged() -> anyhow::Result<()> {
-    let cases: [(&[&str], &[(&str, &str)], &str); 4] = [
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
         (
             &["--lease-ttl", "5s"],
             &[],
