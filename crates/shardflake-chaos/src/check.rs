@@ -10,7 +10,8 @@
 //!   invariant 2: any id returned before a call starts is smaller).
 //! - **order across restarts**: every id of a slot's process k+1 is above
 //!   every id of its process k (the same state file: a restart resumes after
-//!   the recorded high-water, invariant 3).
+//!   the recorded high-water, invariant 3); a process started without its
+//!   state file (the state-lost fault) starts the order over.
 //! - **lead**: an id's time minus the wall clock when its answer arrived;
 //!   more than the limit (1 s) fails.
 //! - **hand-overs**: per value of the node field, ids sorted; where the
@@ -57,6 +58,9 @@ pub struct RunFacts {
     /// Things that went wrong outside the ids (a process that exited on its
     /// own, a process that did not stop): each fails the run.
     pub incidents: Vec<String>,
+    /// (slot, process) started without its state file (the state-lost
+    /// fault): the order across restarts starts over there.
+    pub fresh_state: std::collections::BTreeSet<(usize, u32)>,
 }
 
 /// One node slot's facts.
@@ -220,6 +224,9 @@ pub fn check(
         // A process with no ids leaves no range; compare each with the highest before it.
         let mut highest_before: Option<(u32, u64)> = None;
         for &(inc, lo, hi) in procs {
+            if facts.fresh_state.contains(&(*slot, inc)) {
+                highest_before = None;
+            }
             if let Some((prev_inc, prev_hi)) = highest_before.filter(|&(_, h)| lo <= h) {
                 r.restart_order_violations += 1;
                 push_example(&mut r.restart_order_examples, || {

@@ -133,8 +133,81 @@ impl Etcd {
         Ok((etcd, Some(login)))
     }
 
+    /// Saves a snapshot of the cluster (from member 0) to `file`.
+    pub fn snapshot(&self, file: &Path) -> anyhow::Result<()> {
+        let mut all = vec![format!("--endpoints={}", self.endpoints[0])];
+        if let Some(password) = &self.root_password {
+            all.push(format!("--user=root:{password}"));
+        }
+        all.extend(["snapshot".into(), "save".into(), file.display().to_string()]);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        sh("etcdctl", &all).map(drop)
+    }
+
+    /// What an operator does to roll etcd back: every member SIGKILLed,
+    /// its data directory replaced by `etcdctl snapshot restore` of `file`
+    /// with the member's own name, peer URL, cluster and token (so the
+    /// restored cluster keeps its cluster id), then started again; returns
+    /// once the cluster answers (bounded).
+    pub fn restore(&self, file: &Path) -> anyhow::Result<()> {
+        let members = self.endpoints.len();
+        for i in 0..members {
+            self.kill(i)?;
+        }
+        for i in 0..members {
+            let text = fs::read_to_string(self.dir.join(format!("m{i}.args")))?;
+            let lines: Vec<&str> = text.lines().collect();
+            let flag = |name: &str| {
+                lines
+                    .iter()
+                    .position(|l| *l == name)
+                    .and_then(|at| lines.get(at + 1))
+                    .map(|v| v.to_string())
+                    .with_context(|| format!("m{i}.args has no {name}"))
+            };
+            let data_dir = flag("--data-dir")?;
+            let _ = fs::remove_dir_all(&data_dir);
+            sh(
+                "etcdctl",
+                &[
+                    "snapshot",
+                    "restore",
+                    &file.display().to_string(),
+                    "--name",
+                    &flag("--name")?,
+                    "--data-dir",
+                    &data_dir,
+                    "--initial-cluster",
+                    &flag("--initial-cluster")?,
+                    "--initial-cluster-token",
+                    &flag("--initial-cluster-token")?,
+                    "--initial-advertise-peer-urls",
+                    &flag("--initial-advertise-peer-urls")?,
+                ],
+            )?;
+        }
+        for i in 0..members {
+            // The killed member may take a moment to be gone.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while let Err(e) = self.restart(i) {
+                if Instant::now() > deadline {
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Err(e) = self.etcdctl(&["--command-timeout=2s", "get", "/"]) {
+            if Instant::now() > deadline {
+                return Err(e.context("etcd did not answer within 30 s of the restore"));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
     /// etcdctl against every member, as root once authentication is on.
-    fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
+    pub fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
         let mut all = vec![format!("--endpoints={}", self.endpoints.join(","))];
         if let Some(password) = &self.root_password {
             all.push(format!("--user=root:{password}"));

@@ -79,6 +79,8 @@ struct Cluster {
     etcd: Option<Etcd>,
     netns: Option<Netns>,
     slots: Vec<Slot>,
+    /// The fleet's etcd prefix.
+    prefix: String,
 }
 
 impl Drop for Cluster {
@@ -149,6 +151,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         etcd: None,
         netns: None,
         slots: Vec::new(),
+        prefix: String::new(),
     };
     let (etcd, login) = Etcd::start(&o.etcd_script, &dir.join("etcd"), 3, o.etcd_auth)?;
     let endpoints = etcd.endpoints.join(",");
@@ -191,6 +194,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
     }
 
     let prefix = format!("/chaos/{}-{}", o.seed, std::process::id());
+    cluster.prefix = prefix.clone();
     let ttl = o.lease_ttl;
     let faketime = dir.join("faketime");
     std::fs::write(&faketime, "+0s")?;
@@ -313,10 +317,15 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
     let mut incidents = Vec::new();
     let mut issued: BTreeMap<(usize, u32), (u64, bool)> = BTreeMap::new();
     let mut faults_over_ms = 0u64;
+    // Processes started without their state file (the state-lost fault).
+    let mut fresh_state = std::collections::BTreeSet::new();
     for p in &plan {
         sleep_until(start + p.at);
         check_alive(&mut cluster, &mut incidents, start);
         say(start, p);
+        if p.fault == Fault::StateLost {
+            fresh_state.insert((p.slot, cluster.slots[p.slot].processes));
+        }
         if let Err(e) = apply(&rt, &mut cluster, p, o, &faketime, start, &mut issued) {
             incidents.push(format!("{}: {e:#}", p.fault.name()));
             say(start, format!("fault failed: {e:#}"));
@@ -386,6 +395,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         errors,
         issued,
         incidents,
+        fresh_state,
     };
     let sorting = Instant::now();
     let report = check::check(&logs, Some(&layout), &node_field, &facts);
@@ -410,12 +420,59 @@ fn sleep_until(t: Instant) {
 }
 
 fn start_slot(slot: &mut Slot) -> anyhow::Result<()> {
+    let spec = slot.spec.clone();
+    start_slot_as(slot, &spec)
+}
+
+/// Starts the slot's next process from `spec` (the slot's own, or one an
+/// operator got wrong).
+fn start_slot_as(slot: &mut Slot, spec: &NodeSpec) -> anyhow::Result<()> {
     let incarnation = slot.processes;
     // Before the process exists: a connection accepted from now on is its.
     slot.state.incarnation.store(incarnation, Ordering::SeqCst);
-    slot.proc = Some(slot.spec.spawn(incarnation)?);
+    slot.proc = Some(spec.spawn(incarnation)?);
     slot.processes += 1;
     Ok(())
+}
+
+/// The slot's current process log.
+fn log_of(slot: &Slot) -> String {
+    let Some(p) = &slot.proc else {
+        return String::new();
+    };
+    let log = slot
+        .spec
+        .dir
+        .join(format!("{}.{}.log", slot.spec.name, p.incarnation));
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// Stops the slot's process with SIGTERM (bounded).
+fn term_slot(slot: &mut Slot) -> anyhow::Result<()> {
+    if let Some(mut proc) = slot.proc.take() {
+        proc.signal(libc::SIGTERM)?;
+        if !proc.wait_exit(Duration::from_secs(10)) {
+            bail!("{} did not exit within 10 s of SIGTERM", slot.spec.name);
+        }
+    }
+    Ok(())
+}
+
+/// Waits (bounded) for the slot's process to exit on its own; its log.
+fn exits_within(slot: &mut Slot, limit: Duration) -> Option<String> {
+    let proc = slot.proc.as_mut()?;
+    let deadline = Instant::now() + limit;
+    loop {
+        if proc.exited().is_some() {
+            let log = log_of(slot);
+            slot.proc = None;
+            return Some(log);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A node that exited without being told to is an incident; it is started again.
@@ -615,6 +672,107 @@ fn apply(
             say(
                 start,
                 format!("etcd auth store changed (role {role} added): every token voided"),
+            );
+        }
+        Fault::OtherPrefix => {
+            let other = format!("{}-other", cluster.prefix);
+            let half = (cluster.slots.len() - 1) / 2;
+            for i in 0..half.max(1) {
+                last_count(cluster, i);
+                let slot = &mut cluster.slots[i];
+                term_slot(slot)?;
+                let mut wrong = slot.spec.clone();
+                for a in wrong.args.iter_mut().filter(|a| **a == cluster.prefix) {
+                    *a = other.clone();
+                }
+                start_slot_as(slot, &wrong)?;
+                match exits_within(slot, Duration::from_secs(10)) {
+                    Some(log) if log.contains("state file says it ran under") => say(
+                        start,
+                        format!("node{i} under {other}: refused by its state file"),
+                    ),
+                    Some(log) => bail!(
+                        "node{i} under {other} exited, but not refused by its state file: {}",
+                        log.lines().last().unwrap_or("")
+                    ),
+                    None => {
+                        // It came up: the checker will see what it issued.
+                        term_slot(slot)?;
+                        bail!("node{i} started under {other} beside the fleet");
+                    }
+                }
+                start_slot(slot)?;
+            }
+            say(
+                start,
+                format!("{} nodes restarted under {}", half.max(1), cluster.prefix),
+            );
+        }
+        Fault::RegistryDeleted => {
+            let etcd = cluster.etcd.as_ref().context("no etcd")?;
+            etcd.etcdctl(&["del", "--prefix", &format!("{}/", cluster.prefix)])?;
+            say(start, format!("etcdctl del --prefix {}/", cluster.prefix));
+        }
+        Fault::Restore => {
+            let etcd = cluster.etcd.as_ref().context("no etcd")?;
+            let file = etcd
+                .dir
+                .with_extension(format!("{}.snapshot", p.at.as_millis()));
+            etcd.snapshot(&file)?;
+            say(start, "etcd snapshot saved; restoring it in 4 s");
+            std::thread::sleep(Duration::from_secs(4));
+            etcd.restore(&file)?;
+            say(start, "etcd restored from the snapshot (every member)");
+        }
+        Fault::LayoutDeleted => {
+            let key = format!("{}/layout", cluster.prefix);
+            let etcd = cluster.etcd.as_ref().context("no etcd")?;
+            let value = etcd.etcdctl(&["get", "--print-value-only", &key])?;
+            let value = value.trim_end_matches('\n').to_string();
+            etcd.etcdctl(&["del", &key])?;
+            say(start, format!("etcdctl del {key}"));
+            // Holders stop at their next record (window/3); each then
+            // finds no layout and stops. Give them a few windows.
+            std::thread::sleep(Duration::from_secs(3));
+            let etcd = cluster.etcd.as_ref().context("no etcd")?;
+            etcd.etcdctl(&["put", &key, &value])?;
+            say(start, format!("{key} put back, as the refusal says"));
+            let mut stopped = 0;
+            for (i, slot) in cluster.slots.iter_mut().enumerate() {
+                if let Some(log) = exits_within(slot, Duration::ZERO) {
+                    anyhow::ensure!(
+                        log.contains(&format!("no {key}")),
+                        "node{i} exited, not for the missing layout: {}",
+                        log.lines().last().unwrap_or("")
+                    );
+                    stopped += 1;
+                    start_slot(slot)?;
+                }
+            }
+            say(
+                start,
+                format!("{stopped} nodes had stopped for it; restarted"),
+            );
+        }
+        Fault::StateLost => {
+            last_count(cluster, p.slot);
+            let slot = &mut cluster.slots[p.slot];
+            term_slot(slot)?;
+            std::fs::remove_file(&slot.spec.state_file)?;
+            std::fs::write(faketime, "-5s")?;
+            start_slot(slot)?;
+            say(
+                start,
+                format!(
+                    "node{}: state file removed, restarted with its clock 5 s back",
+                    p.slot
+                ),
+            );
+            std::thread::sleep(Duration::from_secs(6));
+            std::fs::write(faketime, "+0s")?;
+            say(
+                start,
+                format!("node{}: clock forward to the real time", p.slot),
             );
         }
     }

@@ -30,11 +30,26 @@ pub enum Fault {
     /// gave: every node must log in again while it keeps issuing (runs with
     /// `--etcd-auth` only).
     AuthChange,
+    /// An operator's mistake: half the fleet restarted under another etcd
+    /// prefix (each must be refused by its state file), then restarted
+    /// under the right one.
+    OtherPrefix,
+    /// `etcdctl del --prefix` of the fleet's prefix under load.
+    RegistryDeleted,
+    /// etcd restored from a snapshot taken a few seconds before, under
+    /// load (every member stopped, restored, started again).
+    Restore,
+    /// `<prefix>/layout` deleted: holders stop and every take is refused
+    /// until the operator puts it back (the fault does, then restarts them).
+    LayoutDeleted,
+    /// The faked node stopped, its state file removed, restarted with its
+    /// clock 5 s back (then forward to the real time).
+    StateLost,
 }
 
 impl Fault {
     /// Every kind, in a fixed order.
-    pub const ALL: [Fault; 7] = [
+    pub const ALL: [Fault; 12] = [
         Fault::Kill,
         Fault::Stop,
         Fault::Clock,
@@ -42,6 +57,11 @@ impl Fault {
         Fault::Term,
         Fault::CutFromEtcd,
         Fault::AuthChange,
+        Fault::OtherPrefix,
+        Fault::RegistryDeleted,
+        Fault::Restore,
+        Fault::LayoutDeleted,
+        Fault::StateLost,
     ];
 
     /// The name printed in the schedule.
@@ -54,6 +74,11 @@ impl Fault {
             Fault::Term => "sigterm+restart",
             Fault::CutFromEtcd => "cut-from-etcd",
             Fault::AuthChange => "etcd-auth-change",
+            Fault::OtherPrefix => "half-on-other-prefix",
+            Fault::RegistryDeleted => "registry-deleted",
+            Fault::Restore => "etcd-snapshot-restore",
+            Fault::LayoutDeleted => "layout-key-deleted",
+            Fault::StateLost => "state-lost+clock-back",
         }
     }
 }
@@ -73,7 +98,11 @@ impl fmt::Display for Planned {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let target = match self.fault {
             Fault::EtcdLeader => "etcd leader".to_string(),
-            Fault::AuthChange => "every node".to_string(),
+            Fault::AuthChange | Fault::RegistryDeleted | Fault::LayoutDeleted => {
+                "every node".to_string()
+            }
+            Fault::Restore => "etcd".to_string(),
+            Fault::OtherPrefix => "half the nodes".to_string(),
             _ => format!("node{}", self.slot),
         };
         write!(
@@ -127,16 +156,29 @@ pub fn plan(seed: u64, shape: &Shape) -> Vec<Planned> {
     let mut cycle: Vec<Fault> = Vec::new();
     let mut at = shape.warm_up;
     let last = shape.run.saturating_sub(shape.tail + shape.spacing);
+    let mut first = true;
     while at <= last {
         if cycle.is_empty() {
             cycle = shape.faults();
             rng.shuffle(&mut cycle);
+            // The first fault of a run is a restore: the short runs (CI's
+            // 60 s) hold it whatever the seed.
+            if first && let Some(i) = cycle.iter().position(|f| *f == Fault::Restore) {
+                let restore = cycle.remove(i);
+                cycle.push(restore);
+            }
+            first = false;
         }
         let fault = cycle.pop().unwrap_or(Fault::Kill);
         let slot = match fault {
-            Fault::Clock => shape.clock_slot,
+            Fault::Clock | Fault::StateLost => shape.clock_slot,
             Fault::CutFromEtcd => shape.netns_slot.unwrap_or(0),
-            Fault::EtcdLeader | Fault::AuthChange => 0,
+            Fault::EtcdLeader
+            | Fault::AuthChange
+            | Fault::OtherPrefix
+            | Fault::RegistryDeleted
+            | Fault::Restore
+            | Fault::LayoutDeleted => 0,
             _ => rng.usize(0..shape.nodes.max(1)),
         };
         let jitter = Duration::from_millis(rng.u64(0..=1000));
@@ -168,23 +210,36 @@ mod tests {
     }
 
     #[test]
-    fn sixty_seconds_hold_every_fault_once_and_the_same_seed_the_same_plan() {
-        let p = plan(7, &shape(60));
-        assert_eq!(p, plan(7, &shape(60)));
-        assert_ne!(p, plan(8, &shape(60)));
-        for f in shape(60).faults() {
+    fn a_cycle_holds_every_fault_once_and_the_same_seed_the_same_plan() {
+        let p = plan(7, &shape(120));
+        assert_eq!(p, plan(7, &shape(120)));
+        assert_ne!(p, plan(8, &shape(120)));
+        let kinds = shape(120).faults();
+        for f in &kinds {
+            let first_cycle = &p[..kinds.len()];
             assert_eq!(
-                p.iter().filter(|x| x.fault == f).count(),
+                first_cycle.iter().filter(|x| x.fault == *f).count(),
                 1,
                 "{f:?} in {p:?}"
             );
         }
         let end = p.last().map(|x| x.at).unwrap_or_default();
         assert!(
-            end + Duration::from_secs(16) <= Duration::from_secs(61),
+            end + Duration::from_secs(16) <= Duration::from_secs(121),
             "{p:?}"
         );
         assert!(p.iter().all(|x| x.slot < 3));
+    }
+
+    #[test]
+    fn every_run_starts_with_a_restore() {
+        for seed in 0..20 {
+            assert_eq!(
+                plan(seed, &shape(60))[0].fault,
+                Fault::Restore,
+                "seed {seed}"
+            );
+        }
     }
 
     #[test]

@@ -122,6 +122,7 @@ impl Outcome<'_> {
             errors: self.clients.errors,
             issued: BTreeMap::new(),
             incidents: self.incidents,
+            fresh_state: Default::default(),
         };
         // No node field: a database server is not a node id's holder.
         let report = check::check(&self.clients.logs, layout, "", &facts);

@@ -76,7 +76,7 @@ fn main() -> ExitCode {
         Command::Decode(args) => cmd::decode::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Bench(args) => cmd::bench::run(args),
-        Command::Serve(args) => cmd::serve::run(args),
+        Command::Serve(args) => cmd::serve::run(args, &Cli::command()),
         Command::Pg(args) => cmd::pg::run(args),
         Command::Mysql(args) => cmd::mysql::run(args),
         Command::Tickets(args) => cmd::tickets::run(args),

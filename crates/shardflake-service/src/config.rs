@@ -327,9 +327,12 @@ pub enum ConfigError {
         /// The most the field holds.
         max: u64,
     },
-    /// Both a leased and a static node id.
-    #[error("give either etcd endpoints or a static node id, not both")]
-    EtcdAndStatic,
+    /// etcd options without etcd endpoints: the node would run as a static
+    /// node id (0 unless one is given) without a word.
+    #[error(
+        "{0} given without etcd endpoints: set --etcd (SHARDFLAKE_ETCD, [etcd] endpoints) for a leased node id, or remove them for a static one"
+    )]
+    EtcdOptionsWithoutEndpoints(String),
     /// An endpoint that is not `http://host:port` or `https://host:port`.
     #[error("etcd endpoint {0:?}: write http://host:port or https://host:port")]
     EtcdEndpoint(String),
@@ -450,6 +453,10 @@ pub enum NodeSource {
 pub struct EtcdConfig {
     /// Endpoints, `http://host:port`, tried in turn.
     pub endpoints: Vec<String>,
+    /// A node id given with `--node-id` (or `node_id_from`) together with
+    /// etcd: the node takes exactly this id in the registry (a static id
+    /// reserved there, with its high-water) instead of the lowest free one.
+    pub pinned_node_id: Option<u64>,
     /// Key prefix, without a trailing `/`.
     pub prefix: String,
     /// Lease TTL.
@@ -540,6 +547,9 @@ pub struct Config {
     pub node_field: String,
     /// Static or leased node id.
     pub node: NodeSource,
+    /// Where the node id comes from, for the start-up log: `default` (no
+    /// option: node 0), `node_id`, `hostname`, `mac`, `ip` or `etcd`.
+    pub node_origin: &'static str,
     /// Other node fields with fixed values.
     pub fixed_fields: Vec<(String, u64)>,
     /// The field set per request from a sharding key, if the layout has one.
@@ -680,38 +690,74 @@ impl Config {
         }
 
         let endpoints = raw.etcd.endpoints.clone().unwrap_or_default();
+        if endpoints.is_empty() {
+            let e = &raw.etcd;
+            let given: Vec<&str> = [
+                (e.prefix.is_some(), "etcd prefix"),
+                (e.lease_ttl.is_some(), "lease TTL"),
+                (e.safety_margin.is_some(), "safety margin"),
+                (e.timeout.is_some(), "etcd timeout"),
+                (e.ca_file.is_some(), "etcd CA file"),
+                (e.cert_file.is_some(), "etcd client certificate"),
+                (e.key_file.is_some(), "etcd client key"),
+                (e.user.is_some(), "etcd user"),
+                (
+                    e.password_file.is_some() || e.password.is_some(),
+                    "etcd password",
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(set, name)| set.then_some(name))
+            .collect();
+            if !given.is_empty() {
+                return Err(ConfigError::EtcdOptionsWithoutEndpoints(given.join(", ")));
+            }
+        }
+        let (id, node_origin) = match (raw.node_id, raw.node_id_from.as_deref()) {
+            (Some(id), _) => (Some(id), "node_id"),
+            (None, None) => (
+                None,
+                if endpoints.is_empty() {
+                    "default"
+                } else {
+                    "etcd"
+                },
+            ),
+            (None, Some(from)) => {
+                let (source, origin) = match from {
+                    "hostname" | "host-ordinal" | "ordinal" => {
+                        (NodeIdSource::HostOrdinal, "hostname")
+                    }
+                    "mac" | "mac-hash" => (NodeIdSource::MacHash, "mac"),
+                    "ip" => (NodeIdSource::Ip, "ip"),
+                    other => return Err(ConfigError::NodeIdFrom(other.to_string())),
+                };
+                let id = host
+                    .node_id(&layout, &node_field, &source)
+                    .map_err(|error| ConfigError::HostNodeId {
+                        from: from.to_string(),
+                        error,
+                    })?;
+                (Some(id), origin)
+            }
+        };
+        if let Some(id) = id
+            && width < 64
+            && id >> width != 0
+        {
+            return Err(ConfigError::NodeIdTooLarge {
+                id,
+                field: node_field,
+                bits: width,
+                max: (1u64 << width) - 1,
+            });
+        }
         let node = if !endpoints.is_empty() {
-            if raw.node_id.is_some() || raw.node_id_from.is_some() {
-                return Err(ConfigError::EtcdAndStatic);
-            }
-            NodeSource::Etcd(validate_etcd(endpoints, raw.etcd)?)
+            let mut etcd = validate_etcd(endpoints, raw.etcd)?;
+            etcd.pinned_node_id = id;
+            NodeSource::Etcd(etcd)
         } else {
-            let id = match (raw.node_id, raw.node_id_from.as_deref()) {
-                (Some(id), _) => id,
-                (None, None) => 0,
-                (None, Some(from)) => {
-                    let source = match from {
-                        "hostname" | "host-ordinal" | "ordinal" => NodeIdSource::HostOrdinal,
-                        "mac" | "mac-hash" => NodeIdSource::MacHash,
-                        "ip" => NodeIdSource::Ip,
-                        other => return Err(ConfigError::NodeIdFrom(other.to_string())),
-                    };
-                    host.node_id(&layout, &node_field, &source)
-                        .map_err(|error| ConfigError::HostNodeId {
-                            from: from.to_string(),
-                            error,
-                        })?
-                }
-            };
-            if width < 64 && id >> width != 0 {
-                return Err(ConfigError::NodeIdTooLarge {
-                    id,
-                    field: node_field,
-                    bits: width,
-                    max: (1u64 << width) - 1,
-                });
-            }
-            NodeSource::Static(id)
+            NodeSource::Static(id.unwrap_or(0))
         };
 
         let window = raw.window.unwrap_or(Duration::from_secs(3));
@@ -785,6 +831,7 @@ impl Config {
             layout,
             node_field,
             node,
+            node_origin,
             fixed_fields: fixed.into_iter().collect(),
             shard_field,
             shards,
@@ -845,6 +892,7 @@ fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, Con
     }
     Ok(EtcdConfig {
         endpoints,
+        pinned_node_id: None,
         prefix,
         lease_ttl,
         safety_margin,
@@ -1131,12 +1179,25 @@ mod tests {
         assert!(err(none(), "window = \"soon\"").contains("not a duration like"));
         assert!(err(none(), "max_batch = 0").contains("max_batch"));
         assert!(err(none(), "rollback = \"sometimes\"").contains("rollback"));
-        let both = RawConfig {
+        // A node id with etcd: that id, reserved in the registry.
+        let pinned = RawConfig {
             etcd: etcd("http://127.0.0.1:1"),
             node_id: Some(1),
             ..Default::default()
         };
-        assert!(err(both, "").contains("not both"));
+        let NodeSource::Etcd(e) = load(pinned, "").unwrap().node else {
+            panic!("not etcd")
+        };
+        assert_eq!(e.pinned_node_id, Some(1));
+        // etcd options without endpoints would mean static node 0.
+        let c = load(none(), "").unwrap();
+        assert_eq!((c.node, c.node_origin), (NodeSource::Static(0), "default"));
+        for toml in ["[etcd]\nprefix = \"/p\"", "[etcd]\nlease_ttl = \"5s\""] {
+            assert!(
+                err(none(), toml).contains("without etcd endpoints"),
+                "{toml}"
+            );
+        }
         let https = RawConfig {
             etcd: etcd("https://127.0.0.1:1"),
             ..Default::default()

@@ -84,6 +84,7 @@ impl IssueError {
     /// The stable, machine-readable code clients see.
     pub fn code(&self) -> &'static str {
         match self {
+            IssueError::NoLease("waiting_for_clock") => "waiting_for_clock",
             IssueError::NoLease(_) | IssueError::Fenced => "no_lease",
             IssueError::HighWaterNotRecorded => "high_water_not_recorded",
             IssueError::Busy { .. } => "busy",

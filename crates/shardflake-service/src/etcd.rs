@@ -142,6 +142,18 @@ pub struct Kv {
     /// The revision that created the key: keys created earlier have lower
     /// ones (a total order over the cluster's writes).
     pub create_revision: i64,
+    /// The revision of the key's last write.
+    pub mod_revision: i64,
+}
+
+/// Which cluster answered a read, and at what revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Header {
+    /// The cluster's id (a new cluster, or one restored from a snapshot
+    /// with other member settings, has another).
+    pub cluster_id: u64,
+    /// The cluster's revision when it answered.
+    pub revision: i64,
 }
 
 /// One comparison of a transaction.
@@ -153,6 +165,8 @@ pub enum Compare {
     LeaseIs(Vec<u8>, i64),
     /// The key exists and holds exactly this value.
     ValueIs(Vec<u8>, Vec<u8>),
+    /// The key's last write was at this revision (0: the key is absent).
+    ModRevisionIs(Vec<u8>, i64),
 }
 
 /// One operation of a transaction.
@@ -183,6 +197,9 @@ pub struct TxnAnswer {
     pub kvs: Vec<Kv>,
     /// What each `Count` op that ran counted, in order.
     pub counts: Vec<i64>,
+    /// The cluster's revision after the transaction (a put that ran was
+    /// written at it).
+    pub revision: i64,
 }
 
 /// TLS to etcd's `https://` endpoints: the CA that signed the members'
@@ -582,6 +599,42 @@ impl Client {
     }
 
     async fn range(&self, prefix: &[u8], serializable: bool) -> Result<Vec<Kv>, EtcdError> {
+        Ok(self.range_with_header(prefix, serializable).await?.0)
+    }
+
+    /// The [`Header`] of a linearizable read of `key` (its value unused).
+    pub async fn range_header(&self, key: &[u8]) -> Result<Header, EtcdError> {
+        let req = rpc::RangeRequest {
+            key: key.to_vec(),
+            count_only: true,
+            ..Default::default()
+        };
+        let answer = self
+            .call("KV.Range", |ch, token| {
+                let req = with_token(req.clone(), token);
+                async move { KvClient::new(ch).range(req).await }
+            })
+            .await?
+            .into_inner();
+        Ok(answer.header.map_or(Header::default(), |h| Header {
+            cluster_id: h.cluster_id,
+            revision: h.revision,
+        }))
+    }
+
+    /// [`Client::range_prefix_local`], with the answer's [`Header`].
+    pub async fn range_prefix_local_header(
+        &self,
+        prefix: &[u8],
+    ) -> Result<(Vec<Kv>, Header), EtcdError> {
+        self.range_with_header(prefix, true).await
+    }
+
+    async fn range_with_header(
+        &self,
+        prefix: &[u8],
+        serializable: bool,
+    ) -> Result<(Vec<Kv>, Header), EtcdError> {
         let req = rpc::RangeRequest {
             key: prefix.to_vec(),
             range_end: prefix_end(prefix),
@@ -593,8 +646,13 @@ impl Client {
                 let req = with_token(req.clone(), token);
                 async move { KvClient::new(ch).range(req).await }
             })
-            .await?;
-        Ok(answer.into_inner().kvs.into_iter().map(kv).collect())
+            .await?
+            .into_inner();
+        let header = answer.header.map_or(Header::default(), |h| Header {
+            cluster_id: h.cluster_id,
+            revision: h.revision,
+        });
+        Ok((answer.kvs.into_iter().map(kv).collect(), header))
     }
 
     /// Runs a transaction (`KV.Txn`): the success ops if every compare
@@ -617,6 +675,9 @@ impl Client {
                     Compare::LeaseIs(k, l) => (CompareTarget::Lease, k, TargetUnion::Lease(*l)),
                     Compare::ValueIs(k, v) => {
                         (CompareTarget::Value, k, TargetUnion::Value(v.clone()))
+                    }
+                    Compare::ModRevisionIs(k, r) => {
+                        (CompareTarget::Mod, k, TargetUnion::ModRevision(*r))
                     }
                 };
                 rpc::Compare {
@@ -692,6 +753,7 @@ impl Client {
         let ran = if answer.succeeded { success } else { failure };
         let mut out = TxnAnswer {
             succeeded: answer.succeeded,
+            revision: answer.header.as_ref().map_or(0, |h| h.revision),
             ..TxnAnswer::default()
         };
         for (op, r) in ran.iter().zip(answer.responses) {
@@ -1104,6 +1166,7 @@ fn kv(kv: pb::mvccpb::KeyValue) -> Kv {
         value: kv.value,
         lease: kv.lease,
         create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
     }
 }
 

@@ -58,6 +58,9 @@ pub enum LeaseState {
     Lost = 3,
     /// Shutting down; nothing more is issued.
     Stopped = 4,
+    /// Holding a node id, waiting for the clock to pass its recorded
+    /// high-water (state file or registry) before issuing.
+    WaitingForClock = 5,
 }
 
 impl LeaseState {
@@ -69,6 +72,7 @@ impl LeaseState {
             LeaseState::Static => "static",
             LeaseState::Lost => "lost",
             LeaseState::Stopped => "stopped",
+            LeaseState::WaitingForClock => "waiting_for_clock",
         }
     }
     fn from_u8(v: u8) -> Self {
@@ -77,6 +81,7 @@ impl LeaseState {
             2 => LeaseState::Static,
             3 => LeaseState::Lost,
             4 => LeaseState::Stopped,
+            5 => LeaseState::WaitingForClock,
             _ => LeaseState::Acquiring,
         }
     }
@@ -443,6 +448,10 @@ impl Issuer {
                 crate::config::NodeSource::Static(_) => "static",
                 crate::config::NodeSource::Etcd(_) => "etcd",
             },
+            etcd_prefix: match &c.node {
+                crate::config::NodeSource::Static(_) => None,
+                crate::config::NodeSource::Etcd(e) => Some(e.prefix.clone()),
+            },
             lease_state: self.lease_state().name(),
             fixed_fields: c.fixed_fields.iter().cloned().collect(),
             shard_field: c.shard_field.clone(),
@@ -564,6 +573,9 @@ pub struct Info {
     pub node_id: Option<u64>,
     /// `static` or `etcd`.
     pub node_source: &'static str,
+    /// The etcd key prefix of a leased (or registry-pinned) node id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_prefix: Option<String>,
     /// The lease state's name.
     pub lease_state: &'static str,
     /// Other node fields and their fixed values.

@@ -47,7 +47,8 @@ use tokio::time::Instant;
 
 use crate::config::NodeSource;
 use crate::issuer::{Active, Issuer, LeaseState};
-use crate::state_file::{StateFile, StateLock};
+use crate::registry::STATIC;
+use crate::state_file::{State, StateFile, StateLock};
 
 pub use crate::registry::{
     AcquireError, Claim, Holding, RecordError, Registry, RegistryError, Renewal, StaticRegistry,
@@ -80,6 +81,33 @@ pub enum KeeperError {
         /// The read or parse failure.
         #[source]
         source: std::io::Error,
+    },
+    /// A static node id whose state file is missing although a node ran
+    /// with it (its lock file is there).
+    #[error(
+        "state file {} is missing, but {}.lock shows a node ran with it: a static node id cannot know which ids it issued before (a clock set back would repeat them). Restore the file from a backup, or, if you know a Unix ms after every id this node issued, write it: printf 'shardflake-state 1\\nhigh_water_ms <ms>\\n' > {}",
+        path.display(),
+        path.display(),
+        path.display()
+    )]
+    StateLost {
+        /// The state file.
+        path: PathBuf,
+    },
+    /// The state file was written by another node id or layout.
+    #[error(
+        "state file {} was written with {what} {recorded:?}, this node has {now:?}: ids of the two can collide or go below those issued. Give each node its own state file; to change the {what} deliberately, start from a new node id range or cluster (see docs/guide/operations-service.md)",
+        path.display()
+    )]
+    StateMismatch {
+        /// The state file.
+        path: PathBuf,
+        /// `node id` or `layout`.
+        what: &'static str,
+        /// What it records.
+        recorded: String,
+        /// What this node has.
+        now: String,
     },
     /// A static node id could not resume after its state file.
     #[error("state file {}", path.display())]
@@ -136,7 +164,7 @@ pub struct Keeper {
     state_file: StateFile,
     /// The holding taken, kept from the registry's answer on until released.
     lease: Option<Holding>,
-    _state_lock: StateLock,
+    state_lock: StateLock,
     /// Lease generations taken so far, and the span of the current one.
     generation: u64,
     span: tracing::Span,
@@ -151,10 +179,24 @@ impl Keeper {
         issuer: Arc<Issuer>,
         registry: Box<dyn Registry>,
         holder: String,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Option<Keeper>, KeeperError> {
+        let state_lock = StateFile::new(issuer.config.state_file.clone())
+            .lock()
+            .map_err(KeeperError::Lock)?;
+        Self::start_locked(issuer, registry, holder, state_lock, shutdown).await
+    }
+
+    /// [`Keeper::start`] with the state file's lock already taken (the
+    /// server takes it before it announces its addresses).
+    pub async fn start_locked(
+        issuer: Arc<Issuer>,
+        registry: Box<dyn Registry>,
+        holder: String,
+        state_lock: StateLock,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<Option<Keeper>, KeeperError> {
         let state_file = StateFile::new(issuer.config.state_file.clone());
-        let state_lock = state_file.lock().map_err(KeeperError::Lock)?;
         let terms = match &issuer.config.node {
             NodeSource::Static(_) => None,
             NodeSource::Etcd(e) => Some(Terms {
@@ -170,6 +212,12 @@ impl Keeper {
             holder,
             now_ms: 0,
             window_ms: issuer.config.window.as_millis() as u64,
+            max_ahead_ms: (issuer.config.window + issuer.config.max_resume_wait).as_millis() as u64,
+            pinned: match &issuer.config.node {
+                NodeSource::Etcd(e) => e.pinned_node_id,
+                NodeSource::Static(_) => None,
+            },
+            expected_registry: None,
         };
         let mut keeper = Keeper {
             issuer,
@@ -178,17 +226,18 @@ impl Keeper {
             terms,
             state_file,
             lease: None,
-            _state_lock: state_lock,
+            state_lock,
             generation: 0,
             span: tracing::Span::none(),
         };
-        let local =
+        let state =
             read_state(&keeper.state_file)
                 .await
                 .map_err(|source| KeeperError::ReadState {
                     path: keeper.state_file.path().to_path_buf(),
                     source,
                 })?;
+        let local = keeper.check_state(state)?;
         let Some(terms) = terms else {
             return match keeper.acquire(local, &mut shutdown).await {
                 Ok(Acquired::Held) => Ok(Some(keeper)),
@@ -264,7 +313,7 @@ impl Keeper {
                 // Lost: look for a node id again. A state file that cannot
                 // be read must not become 0: wait and retry.
                 let local = match read_state(&self.state_file).await {
-                    Ok(ms) => ms,
+                    Ok(state) => state.map_or(0, |s| s.high_water_ms),
                     Err(e) => {
                         tracing::error!(
                             error = %e,
@@ -345,7 +394,7 @@ impl Keeper {
             a.high_water_ms()
         });
         if let Some(last) = last
-            && let Err(e) = write_state(&self.state_file, last).await
+            && let Err(e) = self.write_state(last).await
         {
             tracing::error!(
                 error = %e,
@@ -373,6 +422,105 @@ impl Keeper {
         }
     }
 
+    /// Compares the state file with this start (node id, layout, registry;
+    /// see `state_file.rs`) and returns the high-water to resume after.
+    /// A registry that can only be compared after a take (the etcd cluster
+    /// id) goes into the claim.
+    fn check_state(&mut self, state: Option<State>) -> Result<u64, KeeperError> {
+        let path = self.state_file.path().to_path_buf();
+        let config = &self.issuer.config;
+        let Some(state) = state else {
+            match &config.node {
+                NodeSource::Static(_) if self.state_lock.ran_before() => {
+                    return Err(KeeperError::StateLost { path });
+                }
+                NodeSource::Etcd(_) if self.state_lock.ran_before() => tracing::warn!(
+                    path = %path.display(),
+                    "the state file is missing although a node ran with it: resuming after the registry's records only"
+                ),
+                _ => {
+                    tracing::info!(path = %path.display(), "no state file: this node's first start")
+                }
+            }
+            return Ok(0);
+        };
+        let layout = String::from_utf8_lossy(&self.claim.layout).into_owned();
+        if let Some(recorded) = state.layout.filter(|l| *l != layout) {
+            return Err(KeeperError::StateMismatch {
+                path,
+                what: "layout",
+                recorded,
+                now: layout,
+            });
+        }
+        match (&config.node, state.registry) {
+            (NodeSource::Static(id), registry) => {
+                if let Some(recorded) = registry.filter(|r| r != STATIC) {
+                    return Err(KeeperError::Acquire(AcquireError::RegistryChanged {
+                        recorded,
+                        now: format!("static node id {id}"),
+                    }));
+                }
+                if let Some(recorded) = state.node_id.filter(|n| n != id) {
+                    return Err(KeeperError::StateMismatch {
+                        path,
+                        what: "node id",
+                        recorded: recorded.to_string(),
+                        now: id.to_string(),
+                    });
+                }
+            }
+            // A static id moving to etcd: only as itself (its id reserved
+            // there); the lowest free id could be another static node's.
+            (NodeSource::Etcd(e), Some(r)) if r == STATIC => {
+                let recorded = state
+                    .node_id
+                    .map_or("static".into(), |n| format!("static node id {n}"));
+                match (e.pinned_node_id, state.node_id) {
+                    (Some(now), Some(was)) if now == was => {}
+                    (Some(_), None) => {}
+                    _ => {
+                        return Err(KeeperError::Acquire(AcquireError::RegistryChanged {
+                            recorded,
+                            now: format!(
+                                "etcd prefix={}, {}",
+                                e.prefix,
+                                e.pinned_node_id
+                                    .map_or("the lowest free node id".into(), |n| format!(
+                                        "node id {n}"
+                                    ))
+                            ),
+                        }));
+                    }
+                }
+            }
+            (NodeSource::Etcd(_), registry) => {
+                if registry.is_some()
+                    && let Some(r) = state.etcd_revision
+                {
+                    self.registry.remember_revision(r);
+                }
+                self.claim.expected_registry = registry;
+            }
+        }
+        Ok(state.high_water_ms)
+    }
+
+    /// Writes `ms` to the state file, with what this node is.
+    async fn write_state(&self, ms: u64) -> std::io::Result<()> {
+        let state = State {
+            high_water_ms: ms,
+            node_id: self.lease.map(|h| h.node_id),
+            layout: Some(String::from_utf8_lossy(&self.claim.layout).into_owned()),
+            registry: self.registry.identity(),
+            etcd_revision: self.registry.revision(),
+        };
+        let f = self.state_file.clone();
+        tokio::task::spawn_blocking(move || f.write(&state))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
     /// Whether the identity held is leased (renewed and fenced).
     fn leased(&self) -> bool {
         self.lease.is_some_and(|h| h.ttl.is_some())
@@ -398,11 +546,13 @@ impl Keeper {
     async fn wait_past(
         &self,
         unix_ms: u64,
+        whose: String,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<bool, AcquireError> {
         let clock = self.issuer.clock();
         let limit = self.issuer.config.window + self.issuer.config.max_resume_wait;
         let too_far = |now: u64| AcquireError::HighWaterAhead {
+            whose: whose.clone(),
             high_water_ms: unix_ms,
             ahead: Duration::from_millis(unix_ms.saturating_sub(now)),
             limit,
@@ -431,6 +581,18 @@ impl Keeper {
             {
                 let _ = self.registry.renew(holding.lease).await;
             }
+        }
+    }
+
+    /// Which record a resume waits for, for the error when it is too far.
+    fn whose(&self, local_hw: u64, holding: &Holding) -> String {
+        if local_hw >= holding.previous_high_water_ms {
+            format!("in the state file {}", self.state_file.path().display())
+        } else {
+            format!(
+                "recorded for node id {} by its previous holder",
+                holding.node_id
+            )
         }
     }
 
@@ -487,18 +649,16 @@ impl Keeper {
         self.span
             .in_scope(|| tracing::warn!(why, "node id withdrawn; re-acquiring"));
         // The local record must cover what this identity issued.
-        let _ = write_state(
-            &self.state_file,
-            active.high_water_ms().max(active.durable_hw()),
-        )
-        .await;
+        let _ = self
+            .write_state(active.high_water_ms().max(active.durable_hw()))
+            .await;
         self.release().await;
     }
 
     /// Writes `target` to the state file, then to the registry while still
     /// holding; [`AcquireError::LeaseLost`] when another holder has the id.
     async fn record_hw(&self, target: u64) -> Result<(), AcquireError> {
-        write_state(&self.state_file, target)
+        self.write_state(target)
             .await
             .map_err(AcquireError::StateFile)?;
         if let Some(holding) = &self.lease {
@@ -534,7 +694,8 @@ impl Keeper {
             // Nothing to wait out (the usual start): the grant's fence is
             // fresh, and a renewal would only cost a round trip.
             let must_wait = self.issuer.clock().now_ms() <= resume;
-            match self.wait_past(resume, shutdown).await {
+            let whose = self.whose(local_hw, &holding);
+            match self.wait_past(resume, whose, shutdown).await {
                 Ok(true) if !must_wait => {
                     return self.publish(holding, resume, Some(fence)).await;
                 }
@@ -569,7 +730,13 @@ impl Keeper {
             let holding = self.registry.acquire(&self.claim).await?;
             self.lease = Some(holding);
             let resume = local_hw.max(holding.previous_high_water_ms);
-            if !self.wait_past(resume, shutdown).await? {
+            if self.issuer.clock().now_ms() <= resume {
+                // A static node waiting out its own record: say so (503
+                // `waiting_for_clock`, not `no_lease`).
+                self.issuer.set_state(LeaseState::WaitingForClock);
+            }
+            let whose = self.whose(local_hw, &holding);
+            if !self.wait_past(resume, whose, shutdown).await? {
                 return Ok(Acquired::ShutDown);
             }
             self.publish(holding, resume, None).await
@@ -601,7 +768,8 @@ impl Keeper {
         let fresh_until = self.issuer.clock().now_ms().saturating_add(half_window);
         let target = match holding.recorded_high_water_ms {
             Some(recorded) if recorded > resume && recorded > fresh_until => {
-                let written = write_state(&self.state_file, recorded)
+                let written = self
+                    .write_state(recorded)
                     .await
                     .map_err(AcquireError::StateFile);
                 self.issuer
@@ -656,16 +824,9 @@ async fn turned_true(rx: &mut watch::Receiver<bool>) {
     }
 }
 
-async fn read_state(f: &StateFile) -> std::io::Result<u64> {
+async fn read_state(f: &StateFile) -> std::io::Result<Option<State>> {
     let f = f.clone();
     tokio::task::spawn_blocking(move || f.read())
-        .await
-        .map_err(std::io::Error::other)?
-}
-
-async fn write_state(f: &StateFile, ms: u64) -> std::io::Result<()> {
-    let f = f.clone();
-    tokio::task::spawn_blocking(move || f.write(ms))
         .await
         .map_err(std::io::Error::other)?
 }

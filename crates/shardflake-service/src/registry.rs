@@ -56,6 +56,16 @@ pub struct Claim {
     pub now_ms: u64,
     /// See [`Claim::now_ms`].
     pub window_ms: u64,
+    /// How far past `now_ms` a recorded high-water may be for the id to be
+    /// taken (window + max_resume_wait): an id whose previous holder ran
+    /// further ahead is skipped, checked before anything is written.
+    pub max_ahead_ms: u64,
+    /// Take exactly this id (a static id reserved in the registry), never
+    /// another; refused while another holder has it.
+    pub pinned: Option<u64>,
+    /// The registry the node's state file names ([`Registry::identity`]):
+    /// a take in another one is refused before anything is written.
+    pub expected_registry: Option<String>,
 }
 
 impl Claim {
@@ -167,11 +177,47 @@ pub enum AcquireError {
         /// Its value.
         value: String,
     },
+    /// The id asked for with `--node-id` is held by another node.
+    #[error(
+        "node id {node_id} is held under {prefix}/node/{node_id} by {holder}: another node runs with this --node-id (two nodes with one id issue the same ids); give each node its own --node-id"
+    )]
+    PinnedHeld {
+        /// The node id.
+        node_id: u64,
+        /// The key prefix.
+        prefix: String,
+        /// The holder's record.
+        holder: String,
+    },
+    /// Node records without a layout record: `<prefix>/layout` was deleted.
+    #[error(
+        "etcd prefix {prefix} holds node records but no {prefix}/layout (deleted?): a node of another layout could join; if the fleet's layout is this node's, restore it with: etcdctl put {prefix}/layout '{ours}'"
+    )]
+    LayoutMissing {
+        /// The key prefix.
+        prefix: String,
+        /// What this node would record.
+        ours: String,
+    },
+    /// The node's state file was written under another registry (prefix,
+    /// etcd cluster, or a static id).
+    #[error(
+        "this node's state file says it ran under [{recorded}], now it is under [{now}]: nodes under different prefixes or etcd clusters (or a static id beside leased ones) can hold the same node id and issue the same ids. Move a whole fleet at once (stop every node first) and then delete the line \"registry ...\" from the state file; to move static ids to etcd keep --node-id and add --etcd (see docs/guide/operations-service.md)"
+    )]
+    RegistryChanged {
+        /// What the state file records.
+        recorded: String,
+        /// The registry of this start.
+        now: String,
+    },
     /// The recorded high-water is further ahead of this clock than start may wait.
     #[error(
-        "the recorded high-water {high_water_ms} is {ahead:?} ahead of this clock, more than window + max_resume_wait ({limit:?}); check this host's clock, or raise --max-resume-wait"
+        "the high-water {high_water_ms} {whose} is {ahead:?} ahead of this host's clock, more than window + max_resume_wait ({limit:?}); either that clock ran ahead or this host's is behind: check both, or raise --max-resume-wait"
     )]
     HighWaterAhead {
+        /// Whose record it is: `recorded for node id N by its previous
+        /// holder` or `in the state file`.
+        whose: String,
         /// The record (Unix ms).
         high_water_ms: u64,
         /// How far ahead of the clock it is.
@@ -202,6 +248,9 @@ impl AcquireError {
         matches!(
             self,
             AcquireError::LayoutMismatch { .. }
+                | AcquireError::LayoutMissing { .. }
+                | AcquireError::PinnedHeld { .. }
+                | AcquireError::RegistryChanged { .. }
                 | AcquireError::BadHighWater { .. }
                 | AcquireError::HighWaterAhead { .. }
                 | AcquireError::BadNodeId(_)
@@ -234,6 +283,19 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
 
     /// Revokes the lease, freeing its node id at once.
     async fn release(&self, lease: LeaseId) -> Result<(), RegistryError>;
+
+    /// Which registry this is, as the state file records it: `static`, or
+    /// `etcd cluster=<id> prefix=<prefix>` (known after the first take).
+    fn identity(&self) -> Option<String>;
+
+    /// The highest store revision seen (etcd), for the state file.
+    fn revision(&self) -> Option<i64> {
+        None
+    }
+
+    /// A revision seen before this process (from the state file): a store
+    /// answering below it was rolled back, and its records are not trusted.
+    fn remember_revision(&self, _revision: i64) {}
 }
 
 /// The registry a configuration names: etcd, or a static node id. Fails
@@ -274,7 +336,13 @@ impl Registry for StaticRegistry {
     async fn release(&self, _lease: LeaseId) -> Result<(), RegistryError> {
         Ok(())
     }
+    fn identity(&self) -> Option<String> {
+        Some(STATIC.to_string())
+    }
 }
+
+/// The state file's registry line of a static node id.
+pub const STATIC: &str = "static";
 
 /// The high-water record of a node id just taken: none means the id was
 /// never used under this prefix. Never reads an unreadable record as 0: the

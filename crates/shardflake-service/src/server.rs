@@ -181,12 +181,29 @@ pub async fn serve(
         http: http_listener,
         grpc: grpc_listener,
     } = listeners;
+    // Before the address line: a refused lock is the only thing printed.
+    let state_lock = crate::state_file::StateFile::new(config.state_file.clone())
+        .lock()
+        .map_err(|e| ServeError::Keeper(KeeperError::Lock(e)))?;
+    // Which node this is: static:<id>, etcd:<prefix> or, with --node-id,
+    // etcd:<prefix>:<id>.
+    let node = match &config.node {
+        crate::config::NodeSource::Static(id) => format!("static:{id}"),
+        crate::config::NodeSource::Etcd(e) => match e.pinned_node_id {
+            Some(id) => format!("etcd:{}:{id}", e.prefix),
+            None => format!("etcd:{}", e.prefix),
+        },
+    };
     {
         // Tests and scripts read this line for the ports (port 0 picks free ones).
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "shardflake serve: http={http_addr} grpc={grpc_addr}");
+        let _ = writeln!(
+            out,
+            "shardflake serve: http={http_addr} grpc={grpc_addr} node={node}"
+        );
         let _ = out.flush();
     }
+    log_node_origin(&config);
 
     let mut issuer = Issuer::new(config);
     if let Some(tickets) = tickets {
@@ -236,7 +253,14 @@ pub async fn serve(
     .to_string();
     // Shutdown during the first acquisition ends it with any lease taken
     // so far revoked (the keeper watches `shutdown` itself).
-    let started = Keeper::start(issuer.clone(), registry, holder, shutdown.subscribe()).await;
+    let started = Keeper::start_locked(
+        issuer.clone(),
+        registry,
+        holder,
+        state_lock,
+        shutdown.subscribe(),
+    )
+    .await;
     let mut keeper = match started {
         Ok(Some(k)) => k,
         Err(e) => {
@@ -326,6 +350,36 @@ pub async fn serve(
 
 /// After the drain: the unused tails of the ticket segments go back to
 /// their servers (compare-and-set) and the high-water marks are written.
+/// Says where a static node id came from when an operator could miss it:
+/// node 0 by default (every host left so is node 0), or an id derived from
+/// the host (a few bits of an address: hosts can collide).
+fn log_node_origin(config: &Config) {
+    let crate::config::NodeSource::Static(id) = config.node else {
+        return;
+    };
+    let bits = config
+        .layout
+        .field(&config.node_field)
+        .map_or(0, |f| f.bits());
+    match config.node_origin {
+        "default" => tracing::warn!(
+            node_id = id,
+            "no --node-id, --node-id-from or --etcd: this is static node 0 by default; every host started so is node 0 and they issue the same ids"
+        ),
+        "ip" => tracing::warn!(
+            node_id = id,
+            bits,
+            "node id from the host's IP address: its low {bits} bits only; hosts whose addresses agree in those bits get the same node id"
+        ),
+        "mac" => tracing::warn!(
+            node_id = id,
+            bits,
+            "node id from a hash of the host's MAC addresses, kept to {bits} bits: two hosts can hash to the same node id"
+        ),
+        _ => {}
+    }
+}
+
 async fn give_back_tickets(issuer: &Issuer) {
     if let Some(tickets) = issuer.tickets() {
         let report = tickets.shutdown().await;

@@ -250,6 +250,63 @@ impl Etcd {
         }
         Ok(total)
     }
+    /// What an operator does to roll etcd back to `snapshot` (made with
+    /// `etcdctl snapshot save`): every member SIGKILLed, its data directory
+    /// replaced by `etcdctl snapshot restore` with the member's own name,
+    /// peer URL, cluster and token (the cluster id stays), started again;
+    /// returns once it answers (bounded).
+    pub fn restore(&self, snapshot: &std::path::Path) -> anyhow::Result<()> {
+        let members = self.endpoints.len();
+        for i in 0..members {
+            self.kill(i)?;
+        }
+        for i in 0..members {
+            let text = std::fs::read_to_string(self.dir.join(format!("m{i}.args")))?;
+            let lines: Vec<&str> = text.lines().collect();
+            let flag = |name: &str| {
+                lines
+                    .iter()
+                    .position(|l| *l == name)
+                    .and_then(|at| lines.get(at + 1))
+                    .map(|v| v.to_string())
+                    .with_context(|| format!("m{i}.args has no {name}"))
+            };
+            let data_dir = flag("--data-dir")?;
+            let _ = std::fs::remove_dir_all(&data_dir);
+            let out = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["snapshot", "restore"])
+                .arg(snapshot)
+                .args(["--name", &flag("--name")?, "--data-dir", &data_dir])
+                .args(["--initial-cluster", &flag("--initial-cluster")?])
+                .args(["--initial-cluster-token", &flag("--initial-cluster-token")?])
+                .args([
+                    "--initial-advertise-peer-urls",
+                    &flag("--initial-advertise-peer-urls")?,
+                ])
+                .output()?;
+            if !out.status.success() {
+                bail!("snapshot restore: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        for i in 0..members {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while let Err(e) = self.script(&["restart", &i.to_string()]) {
+                if Instant::now() > deadline {
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Err(e) = self.etcdctl(&["--command-timeout=2s", "get", "/"]) {
+            if Instant::now() > deadline {
+                return Err(e.context("etcd did not answer within 30 s of the restore"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
     /// SIGKILLs member `i`.
     pub fn kill(&self, i: usize) -> anyhow::Result<()> {
         self.script(&["kill", &i.to_string()]).map(drop)

@@ -197,7 +197,46 @@ impl From<ServeArgs> for RawConfig {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+/// Variables named like ours that no option reads, yet set by the
+/// project's own scripts for their tools (not for `serve`).
+const SCRIPT_VARIABLES: &[&str] = &["SHARDFLAKE_BIN"];
+
+/// `SHARDFLAKE_*` variables in `vars` that no option of `cli` reads: a
+/// misspelled one (`SHARDFLAKE_NODEID`) would silently leave its default
+/// (static node 0), so start is refused with their names.
+fn unknown_variables(
+    cli: &clap::Command,
+    vars: impl Iterator<Item = std::ffi::OsString>,
+) -> Vec<String> {
+    fn known(cmd: &clap::Command, into: &mut Vec<String>) {
+        into.extend(
+            cmd.get_arguments()
+                .filter_map(|a| a.get_env())
+                .map(|e| e.to_string_lossy().into_owned()),
+        );
+        for sub in cmd.get_subcommands() {
+            known(sub, into);
+        }
+    }
+    let mut names = Vec::new();
+    known(cli, &mut names);
+    let mut unknown: Vec<String> = vars
+        .filter_map(|v| v.into_string().ok())
+        .filter(|v| v.starts_with("SHARDFLAKE_"))
+        .filter(|v| !names.contains(v) && !SCRIPT_VARIABLES.contains(&v.as_str()))
+        .collect();
+    unknown.sort();
+    unknown
+}
+
+pub fn run(args: Args, cli: &clap::Command) -> anyhow::Result<()> {
+    let unknown = unknown_variables(cli, std::env::vars_os().map(|(k, _)| k));
+    if !unknown.is_empty() {
+        anyhow::bail!(
+            "unknown environment variable(s) {}: no option reads them (misspelled?); see `shardflake serve --help` for the SHARDFLAKE_* names, and unset or rename them",
+            unknown.join(", ")
+        );
+    }
     let file = match &args.serve.config {
         Some(path) => RawConfig::from_file(path)?,
         None => RawConfig::default(),
@@ -262,6 +301,21 @@ mod tests {
             RawConfig::from_toml("max_batch = 7\n[etcd]\nendpoints = [\"http://e:1\"]").unwrap();
         let none = flags(&[]);
         assert_eq!(file.clone().merge(none), file);
+    }
+
+    #[test]
+    fn unknown_variables_are_named() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let vars = [
+            "SHARDFLAKE_ETCD_PREFIX",
+            "SHARDFLAKE_NODEID",
+            "SHARDFLAKE_ETCD_ENDPOINTS",
+            "SHARDFLAKE_BIN",
+            "PATH",
+        ];
+        let unknown = unknown_variables(&cli, vars.iter().map(Into::into));
+        assert_eq!(unknown, ["SHARDFLAKE_ETCD_ENDPOINTS", "SHARDFLAKE_NODEID"]);
     }
 
     #[test]

@@ -14,9 +14,24 @@
 //! trip and queues the node (`<prefix>/queue/<lease>`), so racing nodes
 //! then go for distinct free ids (see [`take_lowest`]). Later high-waters
 //! are written in a transaction that checks the node key is still attached
-//! to our lease, the way TiKV's PD persists a timestamp window in etcd.
+//! to our lease, the way TiKV's PD persists a timestamp window in etcd,
+//! that the high-water key is still the one this holder last wrote (its
+//! mod revision: a record deleted, rewritten or rolled back by a snapshot
+//! restore fails it) and that `<prefix>/layout` still holds this node's
+//! layout: a holder whose records changed under it stops at its next record.
+//!
+//! What a take does not trust: an id with no high-water record may have had
+//! a holder whose record was deleted (`etcdctl del --prefix`), so the take
+//! resumes one window past its clock, past anything such a holder (stopped
+//! by its failing record) could have stamped; node records without a layout
+//! record are refused (the layout was deleted); an id whose previous holder
+//! recorded a high-water further ahead than this node may wait is skipped,
+//! before anything is written; the etcd cluster id and prefix must match the
+//! node's state file.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,13 +41,29 @@ use super::{
     read_high_water,
 };
 use crate::config::EtcdConfig;
-use crate::etcd::{Client, Compare, EtcdError, Kv, Op, random_below};
+use crate::etcd::{Client, Compare, EtcdError, Header, Kv, Op, random_below};
 
 /// Node ids leased from etcd under one prefix.
 #[derive(Debug)]
 pub struct EtcdRegistry {
     client: Client,
     prefix: String,
+    /// What the holding's records must still be: set by a take, moved by
+    /// each record.
+    held: Mutex<Option<Held>>,
+    /// The cluster id etcd answered the last take with.
+    cluster_id: Mutex<Option<u64>>,
+    /// The highest etcd revision seen (and remembered in the state file):
+    /// a lower one means etcd was rolled back.
+    seen_revision: AtomicI64,
+}
+
+/// The records of the id held, as this holder last wrote them.
+#[derive(Debug, Clone)]
+struct Held {
+    lease: LeaseId,
+    layout: Vec<u8>,
+    hw_revision: i64,
 }
 
 impl EtcdRegistry {
@@ -42,6 +73,9 @@ impl EtcdRegistry {
         Ok(EtcdRegistry {
             client: client(cfg)?,
             prefix: cfg.prefix.clone(),
+            held: Mutex::new(None),
+            cluster_id: Mutex::new(None),
+            seen_revision: AtomicI64::new(0),
         })
     }
 }
@@ -80,17 +114,52 @@ impl Registry for EtcdRegistry {
         );
         let (lease, ttl) = granted?;
         let taken = match read {
-            Ok(kvs) => take_lowest(&self.client, &self.prefix, lease, claim, kvs).await,
+            Ok((kvs, header)) => {
+                *lock(&self.cluster_id) = Some(header.cluster_id);
+                let now = self.identity_of(header.cluster_id);
+                match &claim.expected_registry {
+                    Some(recorded) if *recorded != now => Err(AcquireError::RegistryChanged {
+                        recorded: recorded.clone(),
+                        now,
+                    }),
+                    _ => {
+                        let seen = self
+                            .seen_revision
+                            .fetch_max(header.revision, Ordering::Relaxed);
+                        // The first read is served by one member, which may
+                        // lag: a rollback is believed once a read through the
+                        // leader confirms it.
+                        let rolled_back = header.revision < seen
+                            && self.revision_now().await.is_some_and(|now| now < seen);
+                        if rolled_back {
+                            tracing::warn!(
+                                revision = header.revision,
+                                seen,
+                                "etcd's revision went back (restored from a snapshot?): its high-water records are not trusted; resuming one window past this clock"
+                            );
+                        }
+                        take_lowest(&self.client, &self.prefix, lease, claim, kvs, rolled_back)
+                            .await
+                    }
+                }
+            }
             Err(e) => Err(e),
         };
         match taken {
-            Ok(taken) => Ok(Holding {
-                node_id: taken.node_id,
-                lease,
-                ttl: Some(Duration::from_secs(ttl).min(claim.ttl)),
-                previous_high_water_ms: taken.previous_ms,
-                recorded_high_water_ms: Some(taken.recorded_ms),
-            }),
+            Ok(taken) => {
+                *lock(&self.held) = Some(Held {
+                    lease,
+                    layout: claim.layout.clone(),
+                    hw_revision: taken.hw_revision,
+                });
+                Ok(Holding {
+                    node_id: taken.node_id,
+                    lease,
+                    ttl: Some(Duration::from_secs(ttl).min(claim.ttl)),
+                    previous_high_water_ms: taken.previous_ms,
+                    recorded_high_water_ms: Some(taken.recorded_ms),
+                })
+            }
             Err(e) => {
                 let _ = self.client.revoke(lease).await;
                 Err(e)
@@ -107,10 +176,23 @@ impl Registry for EtcdRegistry {
 
     async fn record_high_water(&self, holding: &Holding, unix_ms: u64) -> Result<(), RecordError> {
         let (node, hw) = keys(&self.prefix, holding.node_id);
-        let held = self
+        let Some(held) = lock(&self.held)
+            .clone()
+            .filter(|h| h.lease == holding.lease)
+        else {
+            return Err(RecordError::NotHolder);
+        };
+        let answer = self
             .client
             .txn(
-                &[Compare::LeaseIs(node.into_bytes(), holding.lease)],
+                &[
+                    Compare::LeaseIs(node.into_bytes(), holding.lease),
+                    Compare::ModRevisionIs(hw.clone().into_bytes(), held.hw_revision),
+                    Compare::ValueIs(
+                        format!("{}/layout", self.prefix).into_bytes(),
+                        held.layout.clone(),
+                    ),
+                ],
                 &[Op::Put(
                     hw.into_bytes(),
                     unix_ms.to_string().into_bytes(),
@@ -119,17 +201,59 @@ impl Registry for EtcdRegistry {
                 &[],
             )
             .await
-            .map_err(RegistryError::from)?
-            .succeeded;
-        if !held {
+            .map_err(RegistryError::from)?;
+        let mut now = lock(&self.held);
+        if !answer.succeeded {
+            // Our key, our high-water or the layout changed under us
+            // (deleted, rewritten, rolled back): nothing here is ours.
+            *now = None;
             return Err(RecordError::NotHolder);
         }
+        if let Some(h) = now.as_mut().filter(|h| h.lease == holding.lease) {
+            h.hw_revision = answer.revision;
+        }
+        self.seen_revision
+            .fetch_max(answer.revision, Ordering::Relaxed);
         Ok(())
     }
 
     async fn release(&self, lease: LeaseId) -> Result<(), RegistryError> {
         Ok(self.client.revoke(lease).await?)
     }
+
+    fn identity(&self) -> Option<String> {
+        lock(&self.cluster_id).map(|id| self.identity_of(id))
+    }
+
+    fn revision(&self) -> Option<i64> {
+        Some(self.seen_revision.load(Ordering::Relaxed)).filter(|&r| r > 0)
+    }
+
+    fn remember_revision(&self, revision: i64) {
+        self.seen_revision.fetch_max(revision, Ordering::Relaxed);
+    }
+}
+
+impl EtcdRegistry {
+    /// The cluster's revision from a linearizable read (`None`: no answer).
+    async fn revision_now(&self) -> Option<i64> {
+        let key = format!("{}/layout", self.prefix);
+        self.client
+            .range_header(key.as_bytes())
+            .await
+            .ok()
+            .map(|h| h.revision)
+    }
+
+    fn identity_of(&self, cluster_id: u64) -> String {
+        format!("etcd cluster={cluster_id:x} prefix={}", self.prefix)
+    }
+}
+
+/// The mutex's value; a panic elsewhere while it was held leaves a value
+/// that is still whole (every write is one assignment).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A node id taken: the previous holder's high-water, and the one the take
@@ -138,15 +262,17 @@ struct Taken {
     node_id: u64,
     previous_ms: u64,
     recorded_ms: u64,
+    /// The revision the take wrote the high-water at.
+    hw_revision: i64,
 }
 
 /// The layout record, the held ids and every id's high-water: one range
 /// over the prefix, served by the member asked without a round of the
 /// cluster (possibly stale: the take's transaction compares all it relies
 /// on).
-async fn read_cluster(client: &Client, prefix: &str) -> Result<Vec<Kv>, AcquireError> {
+async fn read_cluster(client: &Client, prefix: &str) -> Result<(Vec<Kv>, Header), AcquireError> {
     Ok(client
-        .range_prefix_local(format!("{prefix}/").as_bytes())
+        .range_prefix_local_header(format!("{prefix}/").as_bytes())
         .await?)
 }
 
@@ -183,6 +309,7 @@ async fn take_lowest(
     lease: LeaseId,
     claim: &Claim,
     mut kvs: Vec<Kv>,
+    rolled_back: bool,
 ) -> Result<Taken, AcquireError> {
     let max_id = claim.max_node_id;
     let layout = &claim.layout[..];
@@ -197,6 +324,19 @@ async fn take_lowest(
     let mut check_layout = |kvs: &[Kv]| -> Result<bool, AcquireError> {
         let recorded = kvs.iter().find(|kv| kv.key == layout_key);
         let recorded = match recorded {
+            // Node records without a layout record: it was deleted (every
+            // take that creates a node key finds or writes the layout).
+            None if !seen_layout
+                && kvs.iter().any(|kv| {
+                    kv.key.starts_with(node_prefix.as_bytes())
+                        || kv.key.starts_with(hw_prefix.as_bytes())
+                }) =>
+            {
+                return Err(AcquireError::LayoutMissing {
+                    prefix: prefix.to_string(),
+                    ours: String::from_utf8_lossy(layout).into_owned(),
+                });
+            }
             None if !seen_layout => return Ok(false),
             None => &[][..],
             Some(kv) => &kv.value[..],
@@ -242,23 +382,77 @@ async fn take_lowest(
     // revision.
     let mut ahead = queued(&kvs);
     let mut queued_at: Option<i64> = None;
+    // Ids whose previous holder recorded a high-water further ahead than
+    // this node may wait: never written to, never taken (the lowest is
+    // named if no other id is left).
+    let mut too_far: HashSet<u64> = HashSet::new();
+    let mut first_too_far: Option<AcquireError> = None;
     // Each lost race means another node took an id: bounded by the id count.
     for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
         let held = ids_under(&kvs, &node_prefix);
-        let free: Vec<u64> = (0..=max_id)
-            .filter(|c| !held.contains_key(c) && !sent.contains_key(c))
-            .take(ahead.saturating_add(1))
-            .collect();
-        // The free id no node ahead is going for; with fewer free ids than
-        // nodes ahead (some may have died waiting), any of them.
-        let candidate = match free.get(ahead) {
-            Some(&id) => id,
-            None if free.is_empty() => break,
-            None => free[random_below(free.len())],
+        let candidate = match claim.pinned {
+            Some(id) => match held.get(&id) {
+                Some(holder) => {
+                    return Err(AcquireError::PinnedHeld {
+                        node_id: id,
+                        prefix: prefix.to_string(),
+                        holder: String::from_utf8_lossy(holder).into_owned(),
+                    });
+                }
+                _ => id,
+            },
+            None => {
+                let free: Vec<u64> = (0..=max_id)
+                    .filter(|c| {
+                        !held.contains_key(c) && !sent.contains_key(c) && !too_far.contains(c)
+                    })
+                    .take(ahead.saturating_add(1))
+                    .collect();
+                // The free id no node ahead is going for; with fewer free
+                // ids than nodes ahead (some may have died waiting), any.
+                match free.get(ahead) {
+                    Some(&id) => id,
+                    None if free.is_empty() => break,
+                    None => free[random_below(free.len())],
+                }
+            }
         };
         let (node, hw) = keys(prefix, candidate);
         let seen = high_waters.get(&candidate);
-        let previous_ms = read_high_water(candidate, &hw, seen.map(Vec::as_slice))?;
+        let previous_ms = match read_high_water(candidate, &hw, seen.map(Vec::as_slice))? {
+            // No record: the id was never used here, or its record was
+            // deleted under a holder that may still run until its next
+            // record fails. Such a holder stamped at most one window past
+            // its clock: resume past ours by as much.
+            0 => claim.now_ms.saturating_add(claim.window_ms),
+            // etcd went back in time (a snapshot restore): a record may be
+            // older than what its holder, still running, wrote since.
+            ms if rolled_back => ms.max(claim.now_ms.saturating_add(claim.window_ms)),
+            ms => ms,
+        };
+        // Checked before anything is written: a refused take leaves the
+        // record as it was.
+        let ahead_ms = previous_ms.saturating_sub(claim.now_ms);
+        if ahead_ms > claim.max_ahead_ms {
+            let e = AcquireError::HighWaterAhead {
+                whose: format!("recorded in {hw} by node id {candidate}'s previous holder"),
+                high_water_ms: previous_ms,
+                ahead: Duration::from_millis(ahead_ms),
+                limit: Duration::from_millis(claim.max_ahead_ms),
+            };
+            if claim.pinned.is_some() {
+                return Err(e);
+            }
+            tracing::warn!(
+                node_id = candidate,
+                high_water_ms = previous_ms,
+                ahead_ms,
+                "skipping node id {candidate}: its previous holder's high-water is further ahead of this clock than this node may wait"
+            );
+            too_far.insert(candidate);
+            first_too_far.get_or_insert(e);
+            continue;
+        }
         let recorded_ms = claim.first_high_water(previous_ms);
         let hw_unchanged = match seen {
             None => Compare::Absent(hw.clone().into_bytes()),
@@ -306,6 +500,7 @@ async fn take_lowest(
             node_id: candidate,
             previous_ms,
             recorded_ms,
+            hw_revision: answer.revision,
         };
         if answer.succeeded {
             // How many rounds a herd needed: each lost race is one more
@@ -353,19 +548,27 @@ async fn take_lowest(
             if fresh.iter().any(|kv| kv.key == queue_key) {
                 let _ = client.txn(&[], &[Op::Delete(queue_key.clone())], &[]).await;
             }
-            return sent.remove(&node_id).ok_or_else(|| {
+            let mut taken = sent.remove(&node_id).ok_or_else(|| {
                 AcquireError::Registry(RegistryError::Failed(
                     format!(
                         "{node_prefix}{node_id} is held by this lease, which never asked for it"
                     )
                     .into(),
                 ))
-            });
+            })?;
+            // The record our take wrote, if this answer read it (else the
+            // first record fails, and the node takes an id afresh).
+            let hw_key = keys(prefix, node_id).1;
+            taken.hw_revision = fresh
+                .iter()
+                .find(|kv| kv.key == hw_key.as_bytes())
+                .map_or(0, |kv| kv.mod_revision);
+            return Ok(taken);
         }
         kvs = fresh;
     }
-    Err(AcquireError::Full {
+    Err(first_too_far.unwrap_or(AcquireError::Full {
         count: max_id + 1,
         prefix: prefix.to_string(),
-    })
+    }))
 }

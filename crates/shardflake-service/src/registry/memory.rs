@@ -251,4 +251,8 @@ impl Registry for MemoryRegistry {
         store.revoke(lease);
         Ok(())
     }
+
+    fn identity(&self) -> Option<String> {
+        Some("memory".into())
+    }
 }

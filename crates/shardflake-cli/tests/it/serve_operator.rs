@@ -1,0 +1,552 @@
+//! What operators do to a running fleet (issue #29): another prefix or etcd
+//! cluster, static ids moved to etcd, records deleted, a layout key
+//! deleted, a high-water far ahead, options that mean "static node 0", and
+//! static nodes restarted with another layout, another node's state file or
+//! none. Real processes and etcd; every id collected is checked for
+//! duplicates, and what the service refuses is asserted by its message.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use shardflake_testkit::{Etcd, Http, Serve, ServeOpts, error_code, tempdir};
+use tokio::task::JoinHandle;
+
+use crate::shardflake_bin;
+
+/// A `serve` with `args` in `dir` (its state file lives there across
+/// restarts); starting waits for the ports line, off the async workers.
+fn serve_in(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Serve> {
+    let mut all = vec!["--workers", "1"];
+    all.extend(args);
+    let opts = ServeOpts {
+        args: all.iter().map(|s| s.to_string()).collect(),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        dir: Some(dir.to_path_buf()),
+    };
+    tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))
+}
+
+/// A leased node on `prefix` with a 3 s lease.
+fn leased(etcd: &Etcd, prefix: &str, dir: &Path, extra: &[&str]) -> anyhow::Result<Serve> {
+    let urls = etcd.urls();
+    let mut args = vec![
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        prefix,
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(extra);
+    serve_in(dir, &args, &[])
+}
+
+/// Whether the node came up (`Ok(None)`) or exited refusing, with its
+/// stderr; bounded.
+async fn started_or_refused(s: &mut Serve) -> anyhow::Result<Option<String>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut http = Http::new(&s.http);
+    loop {
+        if let Ok((200, _)) = http.get("/readyz").await {
+            return Ok(None);
+        }
+        if s.exit(Duration::from_millis(1)).await.is_ok() {
+            return Ok(Some(s.stderr()));
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "neither ready nor exited: {}",
+            s.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Batches of ids from one node until `stop`, or until it goes away.
+fn load(s: &Serve, stop: &Arc<AtomicBool>) -> JoinHandle<Vec<u64>> {
+    let (addr, stop) = (s.http.clone(), stop.clone());
+    tokio::spawn(async move {
+        let mut c = Http::new(&addr);
+        let mut ids = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            match c.get("/v1/ids?count=500").await {
+                Ok((200, body)) => {
+                    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    for id in v["ids"].as_array().unwrap() {
+                        ids.push(id.as_str().unwrap().parse().unwrap());
+                    }
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(_) => break,
+            }
+        }
+        ids
+    })
+}
+
+/// Every id the loads collected, checked for duplicates.
+async fn no_duplicates(loads: Vec<JoinHandle<Vec<u64>>>) -> anyhow::Result<usize> {
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    let mut duplicates = 0;
+    for l in loads {
+        for id in l.await? {
+            total += 1;
+            if !seen.insert(id) {
+                duplicates += 1;
+            }
+        }
+    }
+    anyhow::ensure!(duplicates == 0, "{duplicates} duplicates in {total} ids");
+    anyhow::ensure!(total > 0, "no ids collected");
+    Ok(total)
+}
+
+async fn stop_cleanly(s: &mut Serve) -> anyhow::Result<()> {
+    s.signal(libc::SIGTERM);
+    let status = s.exit(Duration::from_secs(15)).await?;
+    anyhow::ensure!(status.success(), "{}", s.stderr());
+    Ok(())
+}
+
+/// Lets the loads run while `s` (started, refused or not) could issue: a
+/// node that wrongly came up issues next to the others for `for_` first.
+async fn run_beside(
+    s: &mut Serve,
+    stop: &Arc<AtomicBool>,
+    loads: &mut Vec<JoinHandle<Vec<u64>>>,
+    for_: Duration,
+) -> anyhow::Result<Option<String>> {
+    let refused = started_or_refused(s).await?;
+    if refused.is_none() {
+        loads.push(load(s, stop));
+        tokio::time::sleep(for_).await;
+    }
+    Ok(refused)
+}
+
+fn dirs(n: usize) -> anyhow::Result<Vec<PathBuf>> {
+    (0..n).map(|_| tempdir()).collect()
+}
+
+/// Reproduction 1: two of a fleet's nodes restarted under another prefix,
+/// or against a new etcd cluster, took node ids still held by the nodes
+/// that kept running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_under_another_prefix_or_cluster_is_refused() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let a = leased(&etcd, "/split", &d[0], &[])?;
+    let mut b = leased(&etcd, "/split", &d[1], &[])?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![load(&a, &stop)];
+    stop_cleanly(&mut b).await?;
+    let mut moved = leased(&etcd, "/split2", &d[1], &[])?;
+    let refused = run_beside(&mut moved, &stop, &mut loads, Duration::from_millis(1500)).await?;
+    moved.kill();
+    // A new, empty etcd cluster under the same prefix.
+    let other = Etcd::start(1)?;
+    let mut elsewhere = leased(&other, "/split", &d[1], &[])?;
+    let refused_cluster = run_beside(
+        &mut elsewhere,
+        &stop,
+        &mut loads,
+        Duration::from_millis(1500),
+    )
+    .await?;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("started under /split2"))?;
+    assert!(
+        refused.contains("prefix=/split]") && refused.contains("prefix=/split2"),
+        "{refused}"
+    );
+    let refused = refused_cluster.ok_or_else(|| anyhow::anyhow!("started on a new cluster"))?;
+    assert!(refused.contains("etcd cluster="), "{refused}");
+    // The prefix shows at start and in /v1/info.
+    let line = std::fs::read_to_string(a.dir.join("stdout.log"))?;
+    assert!(line.contains("node=etcd:/split"), "{line}");
+    let (_, info) = Http::new(&a.http).get("/v1/info").await?;
+    assert!(info.contains(r#""etcd_prefix":"/split""#), "{info}");
+    Ok(())
+}
+
+/// Reproduction 2: static nodes 0, 1, 2; node 2 restarted with --etcd
+/// took etcd node 0. Then the migration the docs give, both kinds issuing
+/// throughout: each static node restarted with its --node-id and --etcd
+/// (its id reserved in etcd, its marks brought along), then without
+/// --node-id. A second node with a reserved id already held is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_nodes_move_to_etcd_while_both_kinds_issue() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let urls = etcd.urls();
+    let d = dirs(4)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    let mut nodes = Vec::new();
+    for (i, dir) in d.iter().take(3).enumerate() {
+        let s = serve_in(dir, &["--node-id", &i.to_string()], &[])?;
+        assert_eq!(s.ready(Duration::from_secs(20)).await?, i as u64);
+        loads.push(load(&s, &stop));
+        nodes.push(s);
+    }
+    let etcd_args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/mig",
+        "--lease-ttl",
+        "3s",
+    ];
+
+    // Node 2 restarted with --etcd alone, as the old deploy docs said.
+    stop_cleanly(&mut nodes[2]).await?;
+    let mut wrong = serve_in(&d[2], &etcd_args, &[])?;
+    let refused = run_beside(&mut wrong, &stop, &mut loads, Duration::from_millis(1500)).await?;
+    wrong.kill();
+    let refused = match refused {
+        Some(r) => r,
+        None => {
+            stop.store(true, Ordering::Relaxed);
+            no_duplicates(loads).await?;
+            anyhow::bail!("node 2 moved to etcd without its id")
+        }
+    };
+    assert!(refused.contains("static node id 2"), "{refused}");
+
+    // The migration: one node at a time, the others issuing.
+    for i in [2usize, 0, 1] {
+        if i != 2 {
+            stop_cleanly(&mut nodes[i]).await?;
+        }
+        let id = i.to_string();
+        let mut args = vec!["--node-id", id.as_str()];
+        args.extend(etcd_args);
+        let s = serve_in(&d[i], &args, &[])?;
+        assert_eq!(s.ready(Duration::from_secs(20)).await?, i as u64);
+        loads.push(load(&s, &stop));
+        nodes[i] = s;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Another node given --node-id 1 (a copied configuration): refused.
+    let mut copy = serve_in(
+        &d[3],
+        &[
+            "--node-id",
+            "1",
+            "--etcd",
+            &urls,
+            "--etcd-prefix",
+            "/mig",
+            "--lease-ttl",
+            "3s",
+        ],
+        &[],
+    )?;
+    let refused_copy =
+        run_beside(&mut copy, &stop, &mut loads, Duration::from_millis(1000)).await?;
+    copy.kill();
+    // Last step: node 2 drops --node-id and takes the lowest free id.
+    stop_cleanly(&mut nodes[2]).await?;
+    let s = serve_in(&d[2], &etcd_args, &[])?;
+    s.ready(Duration::from_secs(20)).await?;
+    loads.push(load(&s, &stop));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let refused = refused_copy.ok_or_else(|| anyhow::anyhow!("two nodes held node id 1"))?;
+    assert!(refused.contains("node id 1 is held"), "{refused}");
+    Ok(())
+}
+
+/// Reproduction 3: `etcdctl del --prefix` under load, then a new node: it
+/// took node 0 at once while the old holder went on issuing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_deleted_under_load_are_not_trusted() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let a = leased(&etcd, "/del", &d[0], &[])?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![load(&a, &stop)];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    etcd.etcdctl(&["del", "--prefix", "/del"])?;
+    let mut b = leased(&etcd, "/del", &d[1], &[])?;
+    // Whatever b does, it must not issue a's ids.
+    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_secs(2)).await?;
+    stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(loads).await?;
+    assert!(refused.is_none(), "b refused: {refused:?}");
+    // The old holder noticed its records were gone.
+    assert!(a.stderr().contains("node id withdrawn"), "{}", a.stderr());
+    eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
+/// Reproduction 3, restored: etcd rolled back to a snapshot taken before
+/// a node took its id; the node kept issuing while a new node took the
+/// same id from the restored records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restored_from_a_snapshot_does_not_repeat_ids() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let a = leased(&etcd, "/rs", &d[0], &[])?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let snapshot = d[2].join("snapshot.db");
+    etcd.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    // After the snapshot: b takes id 1 and records its high-water.
+    let b = leased(&etcd, "/rs", &d[1], &[])?;
+    assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![load(&a, &stop), load(&b, &stop)];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+    // A new node: id 1 is free in the restored etcd, and has no record.
+    let mut c = leased(&etcd, "/rs", &d[2], &[])?;
+    let refused = run_beside(&mut c, &stop, &mut loads, Duration::from_secs(3)).await?;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    assert!(refused.is_none(), "c refused: {refused:?}");
+    Ok(())
+}
+
+/// Reproduction 4: `<prefix>/layout` deleted; a node with another layout
+/// joined beside the running ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_layout_record_is_not_rewritten_by_another_layout() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mut a = leased(&etcd, "/lay", &d[0], &[])?;
+    let b = leased(&etcd, "/lay", &d[1], &[])?;
+    a.ready(Duration::from_secs(20)).await?;
+    b.ready(Duration::from_secs(20)).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![load(&a, &stop), load(&b, &stop)];
+    etcd.etcdctl(&["del", "/lay/layout"])?;
+    // Snowflake's fields with another epoch: the same bits mean other times.
+    let other = "time 41 | node 10 | sequence 12 (epoch 1288834975657)";
+    let mut c = leased(&etcd, "/lay", &d[2], &["--layout", other])?;
+    let refused = run_beside(&mut c, &stop, &mut loads, Duration::from_secs(2)).await?;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("another layout joined"))?;
+    assert!(refused.contains("no /lay/layout"), "{refused}");
+    // The running nodes stop at their next record: their layout is gone.
+    let status = a.exit(Duration::from_secs(15)).await?;
+    assert!(!status.success());
+    assert!(
+        a.stderr().contains("etcdctl put /lay/layout"),
+        "{}",
+        a.stderr()
+    );
+    Ok(())
+}
+
+/// Reproduction 5: a node with a long window SIGKILLed; every node taking
+/// that id exited (blaming its own clock), each refused try raising the
+/// record by a window, though ids 1..1023 were free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_whose_high_water_is_far_ahead_is_skipped_not_raised() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    // First a normal holder of id 0, stopped: the id has a record now.
+    let mut first = leased(&etcd, "/far", &d[0], &[])?;
+    first.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut first).await?;
+    let mut long = leased(&etcd, "/far", &d[0], &["--window", "120s"])?;
+    assert_eq!(long.ready(Duration::from_secs(20)).await?, 0);
+    long.kill();
+    // Its lease ends after the TTL: then id 0 is free, its record far ahead.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while etcd.get("/far/node/0").await?.is_some() {
+        anyhow::ensure!(Instant::now() < deadline, "id 0 still held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let record = etcd.get("/far/hw/0").await?;
+    for (i, dir) in d.iter().enumerate().skip(1) {
+        let mut n = leased(&etcd, "/far", dir, &[])?;
+        let refused = started_or_refused(&mut n).await?;
+        assert_eq!(refused, None, "try {i}");
+        assert_eq!(n.ready(Duration::from_secs(5)).await?, i as u64);
+        let err = n.stderr();
+        assert!(err.contains("skipping node id 0"), "{err}");
+        assert_eq!(etcd.get("/far/hw/0").await?, record, "record raised");
+    }
+    Ok(())
+}
+
+/// Reproduction 6: inputs that silently meant "static node 0".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_that_would_mean_static_node_0_are_refused_or_logged() -> anyhow::Result<()> {
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
+        (
+            &["--lease-ttl", "5s"],
+            &[],
+            "lease TTL given without etcd endpoints",
+        ),
+        (
+            &[],
+            &[("SHARDFLAKE_ETCD_PREFIX", "/p")],
+            "etcd prefix given without etcd endpoints",
+        ),
+        (&[], &[("SHARDFLAKE_NODEID", "3")], "SHARDFLAKE_NODEID"),
+        (
+            &[],
+            &[("SHARDFLAKE_ETCD_ENDPOINTS", "http://127.0.0.1:2379")],
+            "SHARDFLAKE_ETCD_ENDPOINTS",
+        ),
+    ];
+    for (args, env, want) in cases {
+        let dir = tempdir()?;
+        match serve_in(&dir, args, env) {
+            Err(e) => assert!(e.to_string().contains(want), "{want}: {e}"),
+            Ok(mut s) => {
+                let refused = started_or_refused(&mut s).await?;
+                let refused =
+                    refused.ok_or_else(|| anyhow::anyhow!("started: {args:?} {env:?}"))?;
+                assert!(refused.contains(want), "{want}: {refused}");
+            }
+        }
+    }
+    // The default is said out loud.
+    let s = serve_in(&tempdir()?, &[], &[])?;
+    s.ready(Duration::from_secs(20)).await?;
+    let line = std::fs::read_to_string(s.dir.join("stdout.log"))?;
+    assert!(line.contains("node=static:0"), "{line}");
+    assert!(
+        s.stderr().contains("static node 0 by default"),
+        "{}",
+        s.stderr()
+    );
+    Ok(())
+}
+
+fn now_ms() -> anyhow::Result<u64> {
+    Ok(std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64)
+}
+
+/// Reproduction 7: a static node restarted with a later epoch, with
+/// another node's state file, or with none and its clock 43 s back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Result<()> {
+    let d = dirs(2)?;
+    let mut seven = serve_in(&d[0], &["--node-id", "7"], &[])?;
+    seven.ready(Duration::from_secs(20)).await?;
+    let mut issued = load_for(&seven, Duration::from_millis(300)).await?;
+    stop_cleanly(&mut seven).await?;
+    let mut eight = serve_in(&d[1], &["--node-id", "8"], &[])?;
+    eight.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut eight).await?;
+
+    let later_epoch = "time 41 | node 10 | sequence 12 (epoch 1288834982657)";
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let clock_back: [(&str, &str); 3] = [
+        ("LD_PRELOAD", &libfaketime),
+        ("FAKETIME", "-43s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let state = d[0].join("shardflake.state");
+    let kept = std::fs::read(&state)?;
+    type Setup<'a> = (
+        &'a str,
+        Vec<&'a str>,
+        &'a [(&'a str, &'a str)],
+        Option<Vec<u8>>,
+    );
+    let cases: [Setup; 3] = [
+        ("layout", vec!["--layout", later_epoch], &[], None),
+        (
+            "node id",
+            vec![],
+            &[],
+            Some(std::fs::read(d[1].join("shardflake.state"))?),
+        ),
+        ("is missing", vec![], &clock_back, Some(Vec::new())),
+    ];
+    for (want, extra, env, file) in cases {
+        match file {
+            Some(f) if f.is_empty() => std::fs::remove_file(&state)?,
+            Some(f) => std::fs::write(&state, f)?,
+            None => std::fs::write(&state, &kept)?,
+        }
+        let mut args = vec!["--node-id", "7"];
+        args.extend(extra);
+        let mut s = serve_in(&d[0], &args, env)?;
+        match started_or_refused(&mut s).await? {
+            Some(refused) => assert!(refused.contains(want), "{want}: {refused}"),
+            None => {
+                let ids = load_for(&s, Duration::from_millis(500)).await?;
+                let last = issued.iter().max().copied().unwrap_or(0);
+                let below = ids.iter().filter(|&&id| id <= last).count();
+                issued.extend(ids);
+                let n = issued.len();
+                issued.sort_unstable();
+                issued.dedup();
+                anyhow::bail!(
+                    "started ({want}): {below} ids at or below the last one issued, {} duplicates",
+                    n - issued.len()
+                );
+            }
+        }
+    }
+
+    // A second process on the same state file: refused before it prints
+    // its addresses.
+    std::fs::write(&state, &kept)?;
+    let mut running = serve_in(&d[0], &["--node-id", "7"], &[])?;
+    running.ready(Duration::from_secs(20)).await?;
+    let second = serve_in(&d[0], &["--node-id", "7"], &[]);
+    let e = second.expect_err("a second process on one state file started");
+    assert!(e.to_string().contains("in use by another"), "{e}");
+    // (The launcher gave the second process a fresh stdout.log.)
+    let printed = std::fs::read_to_string(d[0].join("stdout.log"))?;
+    assert!(!printed.contains("shardflake serve:"), "{printed}");
+    stop_cleanly(&mut running).await?;
+
+    // A static node waiting out its own record says so.
+    let ahead = now_ms()? + 3_000;
+    std::fs::write(
+        &state,
+        format!("shardflake-state 1\nhigh_water_ms {ahead}\nnode_id 7\n"),
+    )?;
+    let s = serve_in(&d[0], &["--node-id", "7"], &[])?;
+    let mut http = Http::new(&s.http);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut codes = Vec::new();
+    while Instant::now() < deadline {
+        let (status, body) = http.get("/v1/id").await?;
+        codes.push((status, error_code(&body)));
+        if codes.last() == Some(&(503, "waiting_for_clock".into())) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        codes.last(),
+        Some(&(503, "waiting_for_clock".into())),
+        "{codes:?}"
+    );
+    s.ready(Duration::from_secs(20)).await?;
+    Ok(())
+}
+
+/// Ids from one node for `for_`.
+async fn load_for(s: &Serve, for_: Duration) -> anyhow::Result<Vec<u64>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let l = load(s, &stop);
+    tokio::time::sleep(for_).await;
+    stop.store(true, Ordering::Relaxed);
+    Ok(l.await?)
+}
