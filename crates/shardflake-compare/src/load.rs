@@ -7,8 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::Progress;
 use crate::error::CompareError;
+use crate::ids::ClientIds;
+use crate::report::SchemeResult;
+use crate::scheme::ServerKind;
+use crate::{Options, Progress};
 
 /// How long the generator alone is measured.
 pub(crate) const GENERATOR_TIME: Duration = Duration::from_millis(500);
@@ -52,6 +55,69 @@ pub(crate) struct Budget {
     pub batch: usize,
     pub within: Duration,
     pub cancel: Arc<AtomicBool>,
+}
+
+fn budget(opts: &Options, rows: u64) -> Budget {
+    Budget {
+        rows,
+        batch: opts.batch,
+        within: Duration::from_secs(opts.seconds),
+        cancel: opts.cancel.clone(),
+    }
+}
+
+/// The generator alone (in the client on one thread, or through the
+/// writers from the ticket server), then the insert phase: fills `r` and
+/// gives the writers back.
+pub(crate) async fn generate_and_insert<W: Writer>(
+    mut writers: Vec<W>,
+    client_ids: Option<&Arc<ClientIds>>,
+    kind: ServerKind,
+    opts: &Options,
+    progress: &Arc<dyn Progress>,
+    r: &mut SchemeResult,
+) -> Result<Vec<W>, CompareError> {
+    let scheme = r.scheme;
+    r.generator_ids_per_s = match client_ids {
+        Some(ids) => {
+            let ids = ids.clone();
+            Some(
+                tokio::task::spawn_blocking(move || ids.rate(scheme, GENERATOR_TIME))
+                    .await
+                    .map_err(|e| CompareError::Invalid(format!("generator thread: {e}")))??,
+            )
+        }
+        None => {
+            let (w, rate) =
+                take_rate(writers, opts.rows.min(100_000), GENERATOR_TIME, opts.batch).await?;
+            writers = w;
+            rate
+        }
+    };
+    progress.start(kind, &r.label, opts.rows);
+    let (writers, loaded) = insert(writers, &budget(opts, opts.rows), progress).await?;
+    r.rows = loaded.attempted;
+    r.inserted = loaded.inserted;
+    r.seconds = loaded.seconds;
+    r.rows_per_s = loaded.inserted as f64 / loaded.seconds.max(1e-9);
+    r.ordered = loaded.ordered;
+    r.inversions = loaded.inversions;
+    r.duplicates = loaded.attempted - loaded.inserted;
+    Ok(writers)
+}
+
+/// The churn's second half: as many rows inserted as were deleted.
+pub(crate) async fn reinsert<W: Writer>(
+    writers: Vec<W>,
+    deleted: u64,
+    opts: &Options,
+    progress: &Arc<dyn Progress>,
+    r: &mut SchemeResult,
+) -> Result<(), CompareError> {
+    let (_writers, again) = insert(writers, &budget(opts, deleted), progress).await?;
+    r.churned = again.inserted;
+    r.duplicates += again.attempted - again.inserted;
+    Ok(())
 }
 
 /// Runs every writer until the budget is spent; returns them for reuse.

@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use crate::error::CompareError;
 use crate::ids::{ClientIds, Ids, bytes_key, int_key};
-use crate::load::{self, Budget, GENERATOR_TIME, Writer, Written, bounded};
+use crate::load::{self, Writer, Written, bounded};
 use crate::pg::{BODY, SHARD_KEY};
 use crate::report::{SchemeResult, ServerReport};
 use crate::scheme::{MadeBy, Scheme, ServerKind};
@@ -27,6 +27,16 @@ use crate::SANDBOX_MARK_TABLE as MARK_TABLE;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 
 fn db(what: &str) -> impl FnOnce(mysql_async::Error) -> CompareError + '_ {
+    move |e| CompareError::Db {
+        server: SERVER,
+        what: what.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// An error of `shardflake-db` (which installs and calls the in-database
+/// ids) while doing `what`.
+fn in_db(what: &str) -> impl FnOnce(shardflake_db::Error) -> CompareError + '_ {
     move |e| CompareError::Db {
         server: SERVER,
         what: what.to_string(),
@@ -105,6 +115,11 @@ pub(crate) async fn run(
     if let Err(e) = &dropped {
         tracing::error!(error = %e, "the sandbox database {sandbox} is left behind: drop it with DROP DATABASE {sandbox}");
     }
+    // Released here rather than at the disconnect, which the server ends
+    // on its own time: a run right after this one finds the lock free.
+    let _ = control
+        .exec_drop("DO RELEASE_LOCK(?)", (crate::sandbox_lock(sandbox),))
+        .await;
     let _ = control.disconnect().await;
     Ok(ServerReport {
         kind: ServerKind::Mariadb,
@@ -239,11 +254,7 @@ async fn install(
         async {
             db_mysql::server(&mut conn)
                 .await
-                .map_err(|e| CompareError::Db {
-                    server: SERVER,
-                    what: "reading the server's settings".into(),
-                    message: e.to_string(),
-                })
+                .map_err(in_db("reading the server's settings"))
         },
     )
     .await?;
@@ -274,11 +285,7 @@ async fn install(
         async {
             db_mysql::apply(&mut conn, &layout, &install)
                 .await
-                .map_err(|e| CompareError::Db {
-                    server: SERVER,
-                    what: "installing the in-database ids (mysql apply)".into(),
-                    message: e.to_string(),
-                })
+                .map_err(in_db("installing the in-database ids (mysql apply)"))
         },
     )
     .await?;
@@ -397,38 +404,15 @@ async fn run_scheme(
             uuid_expr,
         });
     }
-    r.generator_ids_per_s = match &client_ids {
-        Some(ids) => {
-            let ids = ids.clone();
-            Some(
-                tokio::task::spawn_blocking(move || ids.rate(scheme, GENERATOR_TIME))
-                    .await
-                    .map_err(|e| CompareError::Invalid(format!("generator thread: {e}")))??,
-            )
-        }
-        None => {
-            let (w, rate) =
-                load::take_rate(writers, opts.rows.min(100_000), GENERATOR_TIME, opts.batch)
-                    .await?;
-            writers = w;
-            rate
-        }
-    };
-    progress.start(ServerKind::Mariadb, &r.label, opts.rows);
-    let budget = Budget {
-        rows: opts.rows,
-        batch: opts.batch,
-        within: Duration::from_secs(opts.seconds),
-        cancel: opts.cancel.clone(),
-    };
-    let (writers, loaded) = load::insert(writers, &budget, progress).await?;
-    r.rows = loaded.attempted;
-    r.inserted = loaded.inserted;
-    r.seconds = loaded.seconds;
-    r.rows_per_s = loaded.inserted as f64 / loaded.seconds.max(1e-9);
-    r.ordered = loaded.ordered;
-    r.inversions = loaded.inversions;
-    r.duplicates = loaded.attempted - loaded.inserted;
+    let writers = load::generate_and_insert(
+        writers,
+        client_ids.as_ref(),
+        ServerKind::Mariadb,
+        opts,
+        progress,
+        r,
+    )
+    .await?;
     progress.phase(&format!("{}: measuring", r.label));
     (r.table_bytes, r.index_bytes) =
         bounded(SERVER, "measuring", t, sizes(control, sandbox, &table)).await?;
@@ -444,13 +428,7 @@ async fn run_scheme(
             Ok(control.affected_rows())
         })
         .await?;
-        let churn = Budget {
-            rows: deleted,
-            ..budget
-        };
-        let (_writers, again) = load::insert(writers, &churn, progress).await?;
-        r.churned = again.inserted;
-        r.duplicates += again.attempted - again.inserted;
+        load::reinsert(writers, deleted, opts, progress, r).await?;
         (r.table_bytes_after_churn, r.index_bytes_after_churn) =
             bounded(SERVER, "measuring", t, sizes(control, sandbox, &table)).await?;
     }
@@ -515,11 +493,7 @@ impl MyWriter {
                 for _ in 0..n {
                     let id = db_mysql::generate_post_id(conn, name, SHARD_KEY)
                         .await
-                        .map_err(|e| CompareError::Db {
-                            server: SERVER,
-                            what: format!("CALL {name}"),
-                            message: e.to_string(),
-                        })?;
+                        .map_err(|e| in_db(&format!("CALL {name}"))(e))?;
                     ids.push(id);
                 }
                 Ok(Ids::Int(ids))

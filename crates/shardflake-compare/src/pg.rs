@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::error::CompareError;
 use crate::ids::{ClientIds, Ids, int_key};
-use crate::load::{self, Budget, GENERATOR_TIME, Writer, Written, bounded};
+use crate::load::{self, Writer, Written, bounded};
 use crate::report::{SchemeResult, ServerReport};
 use crate::scheme::{Scheme, ServerKind};
 use crate::{Options, Progress};
@@ -116,6 +116,13 @@ pub(crate) async fn run(
     if let Err(e) = &dropped {
         tracing::error!(error = %e, "the sandbox schema {schema} is left behind: drop it with DROP SCHEMA {schema} CASCADE");
     }
+    // Released here rather than when the connection task ends.
+    let _ = control
+        .execute(
+            "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
+            &[&crate::sandbox_lock(schema)],
+        )
+        .await;
     Ok(ServerReport {
         kind: ServerKind::Postgres,
         version,
@@ -279,38 +286,15 @@ async fn run_scheme(
             .await?,
         );
     }
-    r.generator_ids_per_s = match &client_ids {
-        Some(ids) => {
-            let ids = ids.clone();
-            Some(
-                tokio::task::spawn_blocking(move || ids.rate(scheme, GENERATOR_TIME))
-                    .await
-                    .map_err(|e| CompareError::Invalid(format!("generator thread: {e}")))??,
-            )
-        }
-        None => {
-            let (w, rate) =
-                load::take_rate(writers, opts.rows.min(100_000), GENERATOR_TIME, opts.batch)
-                    .await?;
-            writers = w;
-            rate
-        }
-    };
-    progress.start(ServerKind::Postgres, &r.label, opts.rows);
-    let budget = Budget {
-        rows: opts.rows,
-        batch: opts.batch,
-        within: Duration::from_secs(opts.seconds),
-        cancel: opts.cancel.clone(),
-    };
-    let (writers, loaded) = load::insert(writers, &budget, progress).await?;
-    r.rows = loaded.attempted;
-    r.inserted = loaded.inserted;
-    r.seconds = loaded.seconds;
-    r.rows_per_s = loaded.inserted as f64 / loaded.seconds.max(1e-9);
-    r.ordered = loaded.ordered;
-    r.inversions = loaded.inversions;
-    r.duplicates = loaded.attempted - loaded.inserted;
+    let writers = load::generate_and_insert(
+        writers,
+        client_ids.as_ref(),
+        ServerKind::Postgres,
+        opts,
+        progress,
+        r,
+    )
+    .await?;
     progress.phase(&format!("{}: measuring", r.label));
     (r.table_bytes, r.index_bytes) =
         bounded(SERVER, "measuring", t, sizes(control, &table)).await?;
@@ -333,13 +317,7 @@ async fn run_scheme(
         Ok(n)
     })
     .await?;
-    let churn = Budget {
-        rows: deleted,
-        ..budget
-    };
-    let (_writers, again) = load::insert(writers, &churn, progress).await?;
-    r.churned = again.inserted;
-    r.duplicates += again.attempted - again.inserted;
+    load::reinsert(writers, deleted, opts, progress, r).await?;
     (r.table_bytes_after_churn, r.index_bytes_after_churn) =
         bounded(SERVER, "measuring", t, sizes(control, &table)).await?;
     bounded(SERVER, "dropping the table", t, async {
