@@ -45,7 +45,7 @@ pub struct State {
     pub etcd_revision: Option<i64>,
 }
 
-/// One file holding one node's [`State`].
+/// One file holding one node's state (node id, layout, registry, high-water).
 #[derive(Debug, Clone)]
 pub struct StateFile {
     path: PathBuf,
