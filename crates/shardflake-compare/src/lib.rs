@@ -5,7 +5,8 @@
 //! the MySQL procedure), Snowflake ids from the application, UUIDv4/v7,
 //! ObjectId, Flickr's tickets or Leaf's segments. This crate measures each
 //! one on a server the user names, in one run, against the server's own
-//! counter:
+//! counter (run once unmeasured first, so that the first scheme measured
+//! does not pay alone for a cold server):
 //!
 //! - the key's size in bytes;
 //! - rows per second inserting N rows from C connections (batches of B rows
@@ -168,6 +169,17 @@ impl Options {
         self.only.is_empty() || s.is_baseline() || self.only.contains(&s)
     }
 
+    /// The options of the unmeasured warm-up run of `kind`'s baseline (at
+    /// most [`WARM_UP_ROWS`] rows), and its result to throw away.
+    fn warm_up(&self, kind: ServerKind) -> (Options, SchemeResult) {
+        let baseline = Scheme::for_server(kind)[0];
+        let opts = Options {
+            rows: self.rows.min(WARM_UP_ROWS),
+            ..self.clone()
+        };
+        (opts, SchemeResult::new(baseline, kind))
+    }
+
     fn cancelled(&self) -> bool {
         self.cancel.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -183,6 +195,13 @@ pub trait Progress: Send + Sync {
     fn phase(&self, _what: &str) {}
     /// The scheme is done.
     fn finish(&self) {}
+}
+
+/// Rows of the unmeasured warm-up run before the first measured scheme.
+pub const WARM_UP_ROWS: u64 = 200_000;
+
+fn silent() -> Arc<dyn Progress> {
+    Arc::new(Silent)
 }
 
 /// Reports nothing.

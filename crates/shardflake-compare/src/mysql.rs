@@ -212,6 +212,23 @@ async fn run_schemes(
 ) -> Result<Vec<SchemeResult>, CompareError> {
     let mut results: Vec<SchemeResult> = Vec::new();
     let mut installed: Option<Result<(), String>> = None;
+    // Warm up: the baseline, unmeasured, so that the scheme measured first
+    // does not pay for a cold server (buffer pool, redo log) alone.
+    let (warm, mut warmed) = opts.warm_up(ServerKind::Mariadb);
+    progress.phase("warming the server up (unmeasured)");
+    if let Err(e) = run_scheme(
+        url,
+        worker_opts,
+        &warm,
+        control,
+        &crate::silent(),
+        &mut installed,
+        &mut warmed,
+    )
+    .await
+    {
+        tracing::warn!(error = %e, "warming up failed");
+    }
     for &scheme in Scheme::for_server(ServerKind::Mariadb) {
         if !opts.wants(scheme) || opts.cancelled() {
             continue;

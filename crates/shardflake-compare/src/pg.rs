@@ -172,6 +172,13 @@ async fn run_schemes(
     progress: &Arc<dyn Progress>,
 ) -> Result<Vec<SchemeResult>, CompareError> {
     let mut results: Vec<SchemeResult> = Vec::new();
+    // Warm up: the baseline, unmeasured, so that the scheme measured first
+    // does not pay for a cold server (caches, WAL files) alone.
+    let (warm, mut warmed) = opts.warm_up(ServerKind::Postgres);
+    progress.phase("warming the server up (unmeasured)");
+    if let Err(e) = run_scheme(url, &warm, control, &crate::silent(), &mut warmed).await {
+        tracing::warn!(error = %e, "warming up failed");
+    }
     for &scheme in Scheme::for_server(ServerKind::Postgres) {
         if !opts.wants(scheme) || opts.cancelled() {
             continue;
