@@ -130,8 +130,10 @@ impl Etcd {
         Ok(())
     }
     /// A client for this cluster (with its TLS files and root credentials).
+    /// Its calls wait up to 5 s for a member: a test's observer, it must
+    /// not fail where a loaded machine (CI's parallel tests) slows etcd.
     pub fn client(&self) -> shardflake_service::etcd::Client {
-        let timeout = Duration::from_secs(2);
+        let timeout = Duration::from_secs(5);
         shardflake_service::etcd::Client::connect(
             &self.endpoints,
             timeout,
