@@ -68,8 +68,23 @@ enum Command {
     Man(cmd::completions::ManArgs),
 }
 
+/// Commands that print and then end die quietly of SIGPIPE when their reader
+/// goes away (`shardflake mysql sql | head -5`), as `cat` does; Rust ignores
+/// SIGPIPE, so `println!` would panic instead. `serve` and `compare` keep it
+/// ignored: the one writes to sockets, the other must drop its sandbox.
+fn end_quietly_on_closed_pipe(command: &Command) {
+    if !matches!(command, Command::Serve(_) | Command::Compare(_)) {
+        // SAFETY: called once, before any thread starts; resets one signal's
+        // disposition to the default.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    end_quietly_on_closed_pipe(&cli.command);
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::Gen(args) => cmd::generate::run(args),

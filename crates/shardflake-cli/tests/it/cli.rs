@@ -402,3 +402,40 @@ fn man_page_is_roff() {
     assert!(out.contains(".SH SYNOPSIS"));
     assert!(out.contains("decode"));
 }
+
+/// `shardflake mysql sql | head -5`: the reader goes away after a few lines;
+/// the command must end quietly (SIGPIPE, as `cat` does), not panic with exit
+/// 101 and a backtrace. Each command is read for one line, then its pipe is
+/// closed while it still has much to print.
+#[test]
+fn a_closed_stdout_ends_a_command_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    for args in [
+        &["mysql", "sql"][..],
+        &["completions", "bash"][..],
+        &["gen", "-n", "10000000"][..],
+    ] {
+        let mut child = Command::new(crate::shardflake_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(!first.is_empty(), "{args:?} printed nothing");
+        // The reader is dropped here: the pipe's read end is closed.
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?} ended with {:?}: {stderr}",
+            out.status
+        );
+    }
+}
