@@ -1,0 +1,165 @@
+//! Every console example in the README and the user guides, run as a reader
+//! would run it, and compared with what the page shows.
+//!
+//! A page's ```console blocks are one shell session: `$ ` starts a command
+//! (continued by lines ending in `\`, or by lines starting with `> `, as a
+//! shell's second prompt shows a here-document); the lines up to the next
+//! command are what it prints, stdout and stderr together. Output is matched
+//! with snapbox: `[..]` stands for any text within a line, `...` on a line of
+//! its own for any number of lines (times, ids and ports change every run).
+//!
+//! The session runs in a fresh temporary directory, never the checkout, with
+//! the `shardflake` under test first on `PATH` and `$SF` set to this
+//! repository (the pages say so: `$SF` is the reader's clone). Pages that
+//! start servers start them with the project's scripts and stop them at the
+//! end; whatever a failed page leaves running is killed with its process
+//! group.
+
+use std::fmt::Write as _;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use snapbox::IntoData;
+
+/// One `$ ` command of a page and the output the page shows for it.
+struct Example {
+    line: usize,
+    command: String,
+    output: String,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The ```console blocks of a Markdown page, in order.
+fn examples(page: &str) -> Vec<Example> {
+    let mut examples: Vec<Example> = Vec::new();
+    let mut in_console = false;
+    let mut continued = false;
+    for (n, line) in page.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("```") {
+            in_console = !in_console && trimmed == "```console";
+            continued = false;
+            continue;
+        }
+        if !in_console {
+            continue;
+        }
+        if let Some(command) = line.strip_prefix("$ ") {
+            examples.push(Example {
+                line: n + 1,
+                command: command.to_owned(),
+                output: String::new(),
+            });
+            continued = command.ends_with('\\');
+        } else if let Some(last) = examples.last_mut() {
+            if continued || (last.output.is_empty() && line.starts_with("> ")) {
+                let rest = if continued {
+                    line
+                } else {
+                    &line[2..]
+                };
+                last.command.push('\n');
+                last.command.push_str(rest);
+                continued = line.ends_with('\\');
+            } else {
+                last.output.push_str(line);
+                last.output.push('\n');
+            }
+        }
+    }
+    examples
+}
+
+const MARK: &str = "@@shardflake-docs-example-end@@";
+
+/// Runs a page's examples as one bash session and checks each one's output.
+fn run_page(relative: &str, timeout: Duration) {
+    let path = repo().join(relative);
+    let page = std::fs::read_to_string(&path).unwrap();
+    let examples = examples(&page);
+    assert!(!examples.is_empty(), "{relative} has no console example");
+
+    let mut script = String::from("exec 2>&1\n");
+    for example in &examples {
+        writeln!(script, "{}\nprintf '\\n{MARK}\\n'", example.command).unwrap();
+    }
+    let dir = tempfile_dir(relative);
+    let bin = Path::new(crate::shardflake_bin()).parent().unwrap().to_owned();
+    let path_var = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let mut child = Command::new("timeout")
+        .arg(timeout.as_secs().to_string())
+        .args(["bash", "-c", &script])
+        .current_dir(&dir)
+        .env("PATH", path_var)
+        .env("SF", repo().canonicalize().unwrap())
+        .env("NO_COLOR", "1")
+        .env_remove("SHARDFLAKE_TOPOLOGY")
+        .env_remove("SHARDFLAKE_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id() as i32;
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    let status = child.wait().unwrap();
+    // Whatever the page left behind (a server it failed to stop).
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let outputs: Vec<&str> = stdout.split(&format!("\n{MARK}\n")).collect();
+    let mut failures = String::new();
+    for (i, example) in examples.iter().enumerate() {
+        let Some(actual) = outputs.get(i) else {
+            writeln!(
+                failures,
+                "{relative}:{}: `{}` never finished (session ended with {status})",
+                example.line, example.command
+            )
+            .unwrap();
+            break;
+        };
+        let actual = actual.trim_end_matches('\n').to_owned() + "\n";
+        let name = format!("{relative}:{}", example.line);
+        if let Err(err) = snapbox::Assert::new().try_eq(
+            Some(&name),
+            actual.into_data(),
+            example.output.clone().into_data(),
+        ) {
+            writeln!(failures, "{name}: `{}`\n{err}", example.command).unwrap();
+        }
+    }
+    assert!(failures.is_empty(), "{failures}");
+}
+
+fn tempfile_dir(relative: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "shardflake-docs-{}-{}",
+        relative.replace('/', "-"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn parser_reads_commands_continuations_and_output() {
+    let page = "text\n```console\n$ echo a \\\n  b\na b\n$ cat <<EOF\n> x\n> EOF\nx\n```\n```sh\n$ not run\n```\n";
+    let got = examples(page);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].command, "echo a \\\n  b");
+    assert_eq!(got[0].output, "a b\n");
+    assert_eq!(got[1].command, "cat <<EOF\nx\nEOF");
+    assert_eq!(got[1].output, "x\n");
+}
+
+#[test]
+fn readme() {
+    run_page("README.md", Duration::from_secs(120));
+}
