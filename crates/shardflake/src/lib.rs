@@ -82,3 +82,8 @@ pub use kind::{Kind, Recognised};
 pub use layout::{Field, FieldKind, Layout, LayoutBuilder};
 pub use objectid::{ObjectId, ObjectIdGenerator};
 pub use wait::{Attempt, Step};
+
+// The library guide's Rust examples run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide/library.md")]
+struct GuideLibrary;

@@ -58,11 +58,7 @@ fn examples(page: &str) -> Vec<Example> {
             continued = command.ends_with('\\');
         } else if let Some(last) = examples.last_mut() {
             if continued || (last.output.is_empty() && line.starts_with("> ")) {
-                let rest = if continued {
-                    line
-                } else {
-                    &line[2..]
-                };
+                let rest = line.strip_prefix("> ").unwrap_or(line);
                 last.command.push('\n');
                 last.command.push_str(rest);
                 continued = line.ends_with('\\');
@@ -89,8 +85,15 @@ fn run_page(relative: &str, timeout: Duration) {
         writeln!(script, "{}\nprintf '\\n{MARK}\\n'", example.command).unwrap();
     }
     let dir = tempfile_dir(relative);
-    let bin = Path::new(crate::shardflake_bin()).parent().unwrap().to_owned();
-    let path_var = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let bin = Path::new(crate::shardflake_bin())
+        .parent()
+        .unwrap()
+        .to_owned();
+    let path_var = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut child = Command::new("timeout")
         .arg(timeout.as_secs().to_string())
         .args(["bash", "-c", &script])
@@ -124,17 +127,27 @@ fn run_page(relative: &str, timeout: Duration) {
             .unwrap();
             break;
         };
-        let actual = actual.trim_end_matches('\n').to_owned() + "\n";
+        let actual = with_final_newline(actual);
         let name = format!("{relative}:{}", example.line);
         if let Err(err) = snapbox::Assert::new().try_eq(
             Some(&name),
             actual.into_data(),
-            example.output.clone().into_data(),
+            with_final_newline(&example.output).into_data(),
         ) {
             writeln!(failures, "{name}: `{}`\n{err}", example.command).unwrap();
         }
     }
     assert!(failures.is_empty(), "{failures}");
+}
+
+/// Text without trailing blank lines, ending in one newline unless empty.
+fn with_final_newline(text: &str) -> String {
+    let text = text.trim_end_matches('\n');
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("{text}\n")
+    }
 }
 
 fn tempfile_dir(relative: &str) -> PathBuf {
@@ -150,16 +163,26 @@ fn tempfile_dir(relative: &str) -> PathBuf {
 
 #[test]
 fn parser_reads_commands_continuations_and_output() {
-    let page = "text\n```console\n$ echo a \\\n  b\na b\n$ cat <<EOF\n> x\n> EOF\nx\n```\n```sh\n$ not run\n```\n";
+    let page = "text\n```console\n$ echo a \\\n  b\na b\n$ cat <<EOF\n> x \\\n> EOF\nx\n```\n```sh\n$ not run\n```\n";
     let got = examples(page);
     assert_eq!(got.len(), 2);
     assert_eq!(got[0].command, "echo a \\\n  b");
     assert_eq!(got[0].output, "a b\n");
-    assert_eq!(got[1].command, "cat <<EOF\nx\nEOF");
+    assert_eq!(got[1].command, "cat <<EOF\nx \\\nEOF");
     assert_eq!(got[1].output, "x\n");
 }
 
 #[test]
 fn readme() {
     run_page("README.md", Duration::from_secs(120));
+}
+
+#[test]
+fn guide_service() {
+    run_page("docs/guide/service.md", Duration::from_secs(120));
+}
+
+#[test]
+fn guide_etcd() {
+    run_page("docs/guide/etcd.md", Duration::from_secs(180));
 }
