@@ -2,8 +2,8 @@
 //! would run it, and compared with what the page shows.
 //!
 //! A page's ```console blocks are one shell session: `$ ` starts a command
-//! (continued by lines ending in `\`, or by lines starting with `> `, as a
-//! shell's second prompt shows a here-document); the lines up to the next
+//! (continued by lines ending in `\`, or by lines starting with `>`, the
+//! shell's second prompt, as in a here-document); the lines up to the next
 //! command are what it prints, stdout and stderr together. Output is matched
 //! with snapbox: `[..]` stands for any text within a line, `...` on a line of
 //! its own for any number of lines (times, ids and ports change every run).
@@ -57,8 +57,9 @@ fn examples(page: &str) -> Vec<Example> {
             });
             continued = command.ends_with('\\');
         } else if let Some(last) = examples.last_mut() {
-            if continued || (last.output.is_empty() && line.starts_with("> ")) {
-                let rest = line.strip_prefix("> ").unwrap_or(line);
+            let second_prompt = line == ">" || line.starts_with("> ");
+            if continued || (last.output.is_empty() && second_prompt) {
+                let rest = line.strip_prefix('>').map_or(line, |r| r.strip_prefix(' ').unwrap_or(r));
                 last.command.push('\n');
                 last.command.push_str(rest);
                 continued = line.ends_with('\\');
@@ -163,12 +164,12 @@ fn tempfile_dir(relative: &str) -> PathBuf {
 
 #[test]
 fn parser_reads_commands_continuations_and_output() {
-    let page = "text\n```console\n$ echo a \\\n  b\na b\n$ cat <<EOF\n> x \\\n> EOF\nx\n```\n```sh\n$ not run\n```\n";
+    let page = "text\n```console\n$ echo a \\\n  b\na b\n$ cat <<EOF\n> x \\\n>\n> EOF\nx\n```\n```sh\n$ not run\n```\n";
     let got = examples(page);
     assert_eq!(got.len(), 2);
     assert_eq!(got[0].command, "echo a \\\n  b");
     assert_eq!(got[0].output, "a b\n");
-    assert_eq!(got[1].command, "cat <<EOF\nx \\\nEOF");
+    assert_eq!(got[1].command, "cat <<EOF\nx \\\n\nEOF");
     assert_eq!(got[1].output, "x\n");
 }
 
@@ -185,4 +186,9 @@ fn guide_service() {
 #[test]
 fn guide_etcd() {
     run_page("docs/guide/etcd.md", Duration::from_secs(180));
+}
+
+#[test]
+fn guide_postgres() {
+    run_page("docs/guide/postgres.md", Duration::from_secs(240));
 }
