@@ -192,3 +192,8 @@ fn guide_etcd() {
 fn guide_postgres() {
     run_page("docs/guide/postgres.md", Duration::from_secs(240));
 }
+
+#[test]
+fn guide_mariadb() {
+    run_page("docs/guide/mariadb.md", Duration::from_secs(180));
+}
