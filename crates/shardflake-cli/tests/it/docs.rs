@@ -59,7 +59,9 @@ fn examples(page: &str) -> Vec<Example> {
         } else if let Some(last) = examples.last_mut() {
             let second_prompt = line == ">" || line.starts_with("> ");
             if continued || (last.output.is_empty() && second_prompt) {
-                let rest = line.strip_prefix('>').map_or(line, |r| r.strip_prefix(' ').unwrap_or(r));
+                let rest = line
+                    .strip_prefix('>')
+                    .map_or(line, |r| r.strip_prefix(' ').unwrap_or(r));
                 last.command.push('\n');
                 last.command.push_str(rest);
                 continued = line.ends_with('\\');
@@ -130,7 +132,7 @@ fn run_page(relative: &str, timeout: Duration) {
         };
         let actual = with_final_newline(actual);
         let name = format!("{relative}:{}", example.line);
-        if let Err(err) = snapbox::Assert::new().try_eq(
+        if let Err(err) = snapbox::Assert::new().normalize_paths(false).try_eq(
             Some(&name),
             actual.into_data(),
             with_final_newline(&example.output).into_data(),
@@ -196,4 +198,9 @@ fn guide_postgres() {
 #[test]
 fn guide_mariadb() {
     run_page("docs/guide/mariadb.md", Duration::from_secs(180));
+}
+
+#[test]
+fn guide_tickets() {
+    run_page("docs/guide/tickets.md", Duration::from_secs(180));
 }
