@@ -64,3 +64,8 @@ pub use error::{ClientError, EndpointFailure, FailureKind};
 pub use grpc::pb;
 pub use prefetch::{Prefetch, PrefetchBuilder};
 pub use shardflake::Id;
+
+// The client guide's program compiles as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide/client.md")]
+struct GuideClient;

@@ -204,3 +204,41 @@ fn guide_mariadb() {
 fn guide_tickets() {
     run_page("docs/guide/tickets.md", Duration::from_secs(180));
 }
+
+#[test]
+fn guide_operations() {
+    run_page("docs/guide/operations.md", Duration::from_secs(120));
+}
+
+/// The pages above; a new page with console examples must be added here.
+const PAGES: &[&str] = &[
+    "README.md",
+    "docs/guide/etcd.md",
+    "docs/guide/mariadb.md",
+    "docs/guide/operations.md",
+    "docs/guide/postgres.md",
+    "docs/guide/service.md",
+    "docs/guide/tickets.md",
+];
+
+#[test]
+fn every_page_with_console_examples_is_run() {
+    let mut pages = vec!["README.md".to_owned()];
+    for dir in ["docs", "docs/guide", "docs/deploy"] {
+        for entry in std::fs::read_dir(repo().join(dir)).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            if name.ends_with(".md") {
+                pages.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    for page in pages {
+        let text = std::fs::read_to_string(repo().join(&page)).unwrap();
+        if text.contains("```console") {
+            assert!(
+                PAGES.contains(&page.as_str()),
+                "{page} has console examples no test runs"
+            );
+        }
+    }
+}
