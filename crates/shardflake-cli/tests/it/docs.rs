@@ -242,3 +242,69 @@ fn every_page_with_console_examples_is_run() {
         }
     }
 }
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces
+/// to hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Every relative link of the user-facing pages points at a file that
+/// exists and, with `#anchor`, at one of its headings.
+#[test]
+fn links_between_pages_resolve() {
+    let mut pages = vec![
+        PathBuf::from("README.md"),
+        PathBuf::from("ARCHITECTURE.md"),
+        PathBuf::from("CONTRIBUTING.md"),
+    ];
+    for dir in ["docs", "docs/guide"] {
+        for entry in std::fs::read_dir(repo().join(dir)).unwrap() {
+            let path = Path::new(dir).join(entry.unwrap().file_name());
+            if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+    }
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(repo().join(page)).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
+            let resolved = if file.is_empty() {
+                repo().join(page)
+            } else {
+                repo().join(page.parent().unwrap()).join(file)
+            };
+            if !resolved.exists() {
+                broken.push(format!("{}: {target}: no such file", page.display()));
+                continue;
+            }
+            if !fragment.is_empty() {
+                let linked = std::fs::read_to_string(&resolved).unwrap_or_default();
+                let found = linked
+                    .lines()
+                    .filter_map(|l| l.strip_prefix('#'))
+                    .map(|h| anchor(h.trim_start_matches('#')))
+                    .any(|a| a == fragment);
+                if !found {
+                    broken.push(format!("{}: {target}: no such heading", page.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
