@@ -4,7 +4,8 @@
 //! # Map of the modules
 //!
 //! - [`config`]: raw options from the TOML file, `SHARDFLAKE_*` environment
-//!   and flags, layered; host discovery; a pure validation into [`Config`].
+//!   and flags, layered (`config/raw.rs`); host discovery; a pure validation
+//!   into [`Config`] (`config/validate.rs`); [`ConfigError`] (`config/error.rs`).
 //! - `state_file`: the local high-water file (atomic writes); a restart
 //!   resumes after it.
 //! - [`etcd`]: a client for etcd's own gRPC API (generated at build time
