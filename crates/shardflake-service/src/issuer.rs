@@ -161,7 +161,7 @@ impl Issuer {
         tickets
             .next_n(sequence, count)
             .await
-            .map_err(IssueError::Tickets)
+            .map_err(IssueError::from)
     }
 
     /// For a batch of more than [`LARGE_BATCH`] ids, a permit to build it

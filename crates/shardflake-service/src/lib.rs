@@ -16,14 +16,16 @@
 //!   in memory (tests) or for a static node id.
 //! - [`issuer`]: the issuing path and its two fences (lease deadline and
 //!   recorded high-water).
-//! - [`http`]: the axum HTTP/JSON API, error mapping, limits.
+//! - [`http`]: the axum HTTP/JSON API (router and error mapping, query
+//!   parsing, JSON writing, the OpenAPI document), limits.
 //! - [`grpc`]: the tonic service and server reflection.
 //! - [`tickets`]: ticket sequences (`--tickets`): the client made at start
 //!   and the etcd high-water store.
 //! - `metrics`: Prometheus text.
 //! - `auth`: the optional bearer token of the API.
 //! - `tls`: TLS (rustls) on the HTTP and gRPC listeners.
-//! - `error`: the API error (`{"error":{"code","message"}}`, gRPC codes).
+//! - `error`: the domain error, the one list of error codes, and the API
+//!   error (`{"error":{"code","message"}}`).
 //! - `shutdown`: SIGTERM/Ctrl-C and the drain signal.
 //! - `server`: wires it together ([`serve`] takes its bound [`Listeners`]
 //!   and a shutdown future, so tests run the whole server in-process).

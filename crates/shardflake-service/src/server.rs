@@ -451,13 +451,12 @@ async fn handshake(
         // A TLS connection opens with a handshake record (content type 22).
         let mut first = [0u8; 1];
         if tcp.peek(&mut first).await? == 1 && first[0] != 22 {
-            let body = crate::error::ApiError::bad_request(
-                "tls_required",
-                "this port serves HTTPS (TLS); use https://",
-            )
-            .to_json();
+            let refusal = crate::error::ApiError::from(crate::error::IssueError::TlsRequired);
+            let status = axum::http::StatusCode::from_u16(refusal.status)
+                .unwrap_or(axum::http::StatusCode::BAD_REQUEST);
+            let body = refusal.to_json();
             let response = format!(
-                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n\
                  content-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
             );
