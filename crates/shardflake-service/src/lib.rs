@@ -21,7 +21,8 @@
 //! - [`grpc`]: the tonic service and server reflection.
 //! - [`tickets`]: ticket sequences (`--tickets`): the client made at start
 //!   and the etcd high-water store.
-//! - `metrics`: Prometheus text.
+//! - `counters`: the counters the issuer and the keeper update.
+//! - `metrics`: Prometheus text of them.
 //! - `auth`: the optional bearer token of the API.
 //! - `tls`: TLS (rustls) on the HTTP and gRPC listeners.
 //! - `error`: the domain error, the one list of error codes, and the API
@@ -44,6 +45,7 @@ pub mod registry;
 pub mod tickets;
 
 mod auth;
+mod counters;
 mod error;
 mod metrics;
 mod server;
