@@ -5,6 +5,7 @@
 
 mod cli;
 mod client;
+mod node_options;
 mod pg_cli;
 mod serve_api;
 mod serve_clock;

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use shardflake::node::NodeIdSource;
 use shardflake::{LayoutError, NodeIdError};
 
 use super::{MAX_BATCH_LIMIT, MAX_ROLLBACK_WAIT};
@@ -124,7 +125,7 @@ pub enum ConfigError {
     #[error("etcd prefix must not be empty or /")]
     EtcdPrefix,
     /// An unknown host source.
-    #[error("node_id_from {0:?}: use hostname, mac or ip")]
+    #[error("node_id_from {0:?}: use {hosts}", hosts = NodeIdSource::HOST_NAMES)]
     NodeIdFrom(String),
     /// The host gave no usable node id.
     #[error("node id from {from}: {error}")]

@@ -145,14 +145,9 @@ impl Config {
                 },
             ),
             (None, Some(from)) => {
-                let (source, origin) = match from {
-                    "hostname" | "host-ordinal" | "ordinal" => {
-                        (NodeIdSource::HostOrdinal, "hostname")
-                    }
-                    "mac" | "mac-hash" => (NodeIdSource::MacHash, "mac"),
-                    "ip" => (NodeIdSource::Ip, "ip"),
-                    other => return Err(ConfigError::NodeIdFrom(other.to_string())),
-                };
+                let source = NodeIdSource::host(from)
+                    .ok_or_else(|| ConfigError::NodeIdFrom(from.to_string()))?;
+                let origin = source.name();
                 let id = host
                     .node_id(&layout, &node_field, &source)
                     .map_err(|error| ConfigError::HostNodeId {
