@@ -10,7 +10,6 @@ mod pg_cli;
 mod serve_api;
 mod serve_clock;
 mod serve_etcd;
-mod serve_etcd_tls;
 mod serve_operator;
 mod serve_tls;
 mod serve_uniqueness;
