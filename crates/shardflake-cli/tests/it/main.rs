@@ -11,7 +11,6 @@ mod serve_api;
 mod serve_clock;
 mod serve_etcd;
 mod serve_operator;
-mod serve_tls;
 mod serve_uniqueness;
 
 /// The `shardflake` binary cargo built for these tests.

@@ -3,7 +3,8 @@
 //! server (`serve`) on 127.0.0.1:0 listeners with a shutdown future, for
 //! gRPC and for what needs real connections (timeouts, hang-ups).
 //! `node.rs` runs `serve` from config lines for the tests moved from the
-//! CLI crate (`serve_etcd.rs`, `serve_etcd_tls.rs`, `serve_operator.rs`). What needs a process
+//! CLI crate (`serve_etcd.rs`, `serve_etcd_tls.rs`, `serve_operator.rs`,
+//! `serve_tls.rs`). What needs a process
 //! of its own (signals to it, libfaketime, restarts, its log lines, flag
 //! parsing) is tested in the CLI crate.
 
@@ -15,6 +16,7 @@ mod registry;
 mod serve_etcd;
 mod serve_etcd_tls;
 mod serve_operator;
+mod serve_tls;
 mod server;
 mod tickets;
 

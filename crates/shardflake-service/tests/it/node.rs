@@ -15,6 +15,8 @@ use tokio::task::JoinHandle;
 pub struct Node {
     /// HTTP address.
     pub http: String,
+    /// gRPC address.
+    pub grpc: String,
     /// Held, not sent: `serve` runs until it fails or the node is dropped.
     _stop: oneshot::Sender<()>,
     task: Option<JoinHandle<Result<(), ServeError>>>,
@@ -47,13 +49,14 @@ impl Node {
         );
         let config = Config::from_toml(&text)?;
         let listeners = Listeners::bind(&config).await?;
-        let http = listeners.http_addr()?;
+        let (http, grpc) = (listeners.http_addr()?, listeners.grpc_addr()?);
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(shardflake_service::serve(config, listeners, async {
             let _ = stopped.await;
         }));
         Ok(Node {
             http: http.to_string(),
+            grpc: grpc.to_string(),
             _stop: stop,
             task: Some(task),
             error: String::new(),
