@@ -177,4 +177,23 @@ mod tests {
             (400, "invalid_parameter")
         );
     }
+
+    /// One wording for a parameter the route does not take, whether or not
+    /// another route takes it (issue 30: serde's "unknown field" was the
+    /// other), and one for a repeated one.
+    #[test]
+    fn one_wording_for_an_unknown_or_repeated_parameter() {
+        for raw in ["bogus=1", "key=3"] {
+            let e = Query::parse(Some(raw), &["count"]).unwrap_err();
+            assert!(
+                e.to_string().starts_with("unknown parameter `"),
+                "{raw}: {e}"
+            );
+        }
+        let e = Query::parse(Some("count=1&count=2"), &["count"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "parameter `count` is given twice; give it once"
+        );
+    }
 }
