@@ -204,6 +204,14 @@ codes! {
 }
 
 impl IssueError {
+    /// A `format` that is not one of the text forms (one wording for both
+    /// transports).
+    pub(crate) fn unknown_format(given: &str) -> IssueError {
+        IssueError::InvalidParameter(format!(
+            "format must be dec, hex, base32 or base62, got {given:?}"
+        ))
+    }
+
     /// The stable, machine-readable code clients see.
     pub fn code(&self) -> &'static str {
         self.error_code().as_str()

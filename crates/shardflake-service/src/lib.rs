@@ -19,8 +19,8 @@
 //! - [`http`]: the axum HTTP/JSON API (router and error mapping, query
 //!   parsing, JSON writing, the OpenAPI document), limits.
 //! - [`grpc`]: the tonic service and server reflection.
-//! - [`tickets`]: ticket sequences (`--tickets`): the client made at start
-//!   and the etcd high-water store.
+//! - [`tickets`]: ticket sequences (`--tickets`): the etcd high-water
+//!   store of the ticket client (`server` connects the client at start).
 //! - `counters`: the counters the issuer and the keeper update.
 //! - `metrics`: Prometheus text of them.
 //! - `auth`: the optional bearer token of the API.

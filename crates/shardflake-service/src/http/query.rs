@@ -77,11 +77,10 @@ impl Query {
 pub(super) fn parse_format(text: Option<&str>) -> Result<Option<Format>, IssueError> {
     match text {
         None | Some("dec") => Ok(None),
-        Some(f) => f.parse().map(Some).map_err(|_| {
-            IssueError::InvalidParameter(format!(
-                "format must be dec, hex, base32 or base62, got {f:?}"
-            ))
-        }),
+        Some(f) => f
+            .parse()
+            .map(Some)
+            .map_err(|_| IssueError::unknown_format(f)),
     }
 }
 
