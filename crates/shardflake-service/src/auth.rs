@@ -100,7 +100,7 @@ pub enum Unauthorized {
 impl Unauthorized {
     /// The stable code clients see.
     pub fn code(&self) -> &'static str {
-        "unauthorized"
+        crate::error::Code::Unauthorized.as_str()
     }
 }
 

@@ -12,8 +12,12 @@
 //! A call without the API's bearer token is not the domain's business: it
 //! is [`crate::auth::Unauthorized`], code `unauthorized`, mapped the same
 //! way once per transport (HTTP 401, gRPC `Unauthenticated`).
+//!
+//! Every code a client can see is a [`Code`], listed once below; the
+//! OpenAPI document's list of codes is made from [`Code::ALL`].
 
 use std::fmt;
+use std::time::Duration;
 
 use shardflake::GenerateError;
 use shardflake_tickets::TicketError;
@@ -78,35 +82,184 @@ pub enum IssueError {
     /// exhausted, ... (its own stable code).
     #[error(transparent)]
     Tickets(TicketError),
+    /// A request body that is not the JSON the operation takes.
+    #[error("{0}")]
+    InvalidBody(String),
+    /// A request body over the configured limit.
+    #[error("request body over {max} bytes")]
+    BodyTooLarge {
+        /// The limit, in bytes.
+        max: usize,
+    },
+    /// A request body not received within the time allowed.
+    #[error("request body not received within {0:?}")]
+    BodyTimeout(Duration),
+    /// A path no route answers.
+    #[error("no such route; see /openapi.json")]
+    NoRoute,
+    /// A method the route does not take.
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+    /// Plain HTTP sent to the HTTPS port.
+    #[error("this port serves HTTPS (TLS); use https://")]
+    TlsRequired,
+    /// The server failed making the answer (a task that did not finish).
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Declares [`Code`] and its text once, so the list cannot drift.
+macro_rules! codes {
+    ($($(#[doc = $doc:literal])* $name:ident = $text:literal,)*) => {
+        /// A stable, machine-readable error code, as clients see it (HTTP
+        /// `error.code`, gRPC `x-error-code`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum Code {
+            $($(#[doc = $doc])* $name,)*
+        }
+
+        impl Code {
+            /// Every code, in the order the OpenAPI document lists them.
+            pub(crate) const ALL: &'static [Code] = &[$(Code::$name,)*];
+
+            /// The code as text.
+            pub(crate) fn as_str(self) -> &'static str {
+                match self {
+                    $(Code::$name => $text,)*
+                }
+            }
+        }
+    };
+}
+
+codes! {
+    /// A count outside `1..=max`.
+    InvalidCount = "invalid_count",
+    /// A request body that is not the JSON asked for.
+    InvalidBody = "invalid_body",
+    /// A request body over the configured limit.
+    BodyTooLarge = "body_too_large",
+    /// A request body not received in time.
+    BodyTimeout = "body_timeout",
+    /// Text that is not an id of the layout.
+    MalformedId = "malformed_id",
+    /// An id kind the service does not make.
+    UnknownKind = "unknown_kind",
+    /// A sharding key that is not a whole number.
+    InvalidKey = "invalid_key",
+    /// A shard id asked of a layout without a shard field.
+    NoShardField = "no_shard_field",
+    /// An unknown, repeated or bad query parameter.
+    InvalidParameter = "invalid_parameter",
+    /// No node id held, or fenced.
+    NoLease = "no_lease",
+    /// The node waits for the clock to pass a recorded high-water.
+    WaitingForClock = "waiting_for_clock",
+    /// Too many large batches at once.
+    Busy = "busy",
+    /// The clock went back.
+    ClockMovedBackwards = "clock_moved_backwards",
+    /// The clock stands still.
+    ClockStalled = "clock_stalled",
+    /// The clock is before the layout's epoch.
+    ClockBeforeEpoch = "clock_before_epoch",
+    /// The layout's time field is used up.
+    EpochExhausted = "epoch_exhausted",
+    /// The clock is past the last recorded high-water time.
+    HighWaterNotRecorded = "high_water_not_recorded",
+    /// The node id held does not fit the layout.
+    BadNodeId = "bad_node_id",
+    /// No such route.
+    NotFound = "not_found",
+    /// The route does not take this method.
+    MethodNotAllowed = "method_not_allowed",
+    /// The API's bearer token is missing or wrong.
+    Unauthorized = "unauthorized",
+    /// Plain HTTP on the HTTPS port.
+    TlsRequired = "tls_required",
+    /// A failure of the server itself.
+    Internal = "internal",
+    /// A ticket sequence this node does not serve.
+    UnknownSequence = "unknown_sequence",
+    /// No ticket server could answer.
+    Unavailable = "unavailable",
+    /// A ticket sequence reached its end.
+    Exhausted = "exhausted",
+    /// The ticket servers' configuration is refused.
+    BadConfig = "bad_config",
+    /// A ticket server is behind its recorded high-water.
+    BehindHighWater = "behind_high_water",
+    /// A ticket server's counter went back.
+    WentBack = "went_back",
+    /// No ticket high-water could be read.
+    NoHighWater = "no_high_water",
+    /// The ticket servers' lattice changed.
+    LatticeChanged = "lattice_changed",
+    /// A ticket server is set up differently from the file.
+    Misconfigured = "misconfigured",
+    /// A ticket server's database failed.
+    Database = "database",
+    /// A ticket server did not answer in time.
+    Timeout = "timeout",
 }
 
 impl IssueError {
+    /// A `format` that is not one of the text forms (one wording for both
+    /// transports).
+    pub(crate) fn unknown_format(given: &str) -> IssueError {
+        IssueError::InvalidParameter(format!(
+            "format must be dec, hex, base32 or base62, got {given:?}"
+        ))
+    }
+
     /// The stable, machine-readable code clients see.
     pub fn code(&self) -> &'static str {
+        self.error_code().as_str()
+    }
+
+    /// The code, as one of the list of [`Code`]s.
+    pub(crate) fn error_code(&self) -> Code {
         match self {
-            IssueError::NoLease("waiting_for_clock") => "waiting_for_clock",
-            IssueError::NoLease(_) | IssueError::Fenced => "no_lease",
-            IssueError::HighWaterNotRecorded => "high_water_not_recorded",
-            IssueError::Busy { .. } => "busy",
+            IssueError::NoLease("waiting_for_clock") => Code::WaitingForClock,
+            IssueError::NoLease(_) | IssueError::Fenced => Code::NoLease,
+            IssueError::HighWaterNotRecorded => Code::HighWaterNotRecorded,
+            IssueError::Busy { .. } => Code::Busy,
             IssueError::Clock(e) => match e {
-                GenerateError::ClockMovedBackwards { .. } => "clock_moved_backwards",
-                GenerateError::ClockStalled { .. } => "clock_stalled",
-                GenerateError::BeforeEpoch { .. } => "clock_before_epoch",
-                GenerateError::EpochExhausted { .. } => "epoch_exhausted",
-                GenerateError::InvalidCount { .. } => "invalid_count",
+                GenerateError::ClockMovedBackwards { .. } => Code::ClockMovedBackwards,
+                GenerateError::ClockStalled { .. } => Code::ClockStalled,
+                GenerateError::BeforeEpoch { .. } => Code::ClockBeforeEpoch,
+                GenerateError::EpochExhausted { .. } => Code::EpochExhausted,
+                GenerateError::InvalidCount { .. } => Code::InvalidCount,
             },
-            IssueError::InvalidCount { .. } => "invalid_count",
-            IssueError::UnknownKind(_) => "unknown_kind",
-            IssueError::InvalidKey(_) => "invalid_key",
-            IssueError::NoShardField(_) => "no_shard_field",
-            IssueError::MalformedId(_) => "malformed_id",
-            IssueError::InvalidParameter(_) => "invalid_parameter",
-            IssueError::BadNodeId(_) => "bad_node_id",
-            IssueError::NoTickets => "unknown_sequence",
+            IssueError::InvalidCount { .. } => Code::InvalidCount,
+            IssueError::UnknownKind(_) => Code::UnknownKind,
+            IssueError::InvalidKey(_) => Code::InvalidKey,
+            IssueError::NoShardField(_) => Code::NoShardField,
+            IssueError::MalformedId(_) => Code::MalformedId,
+            IssueError::InvalidParameter(_) => Code::InvalidParameter,
+            IssueError::BadNodeId(_) => Code::BadNodeId,
+            IssueError::NoTickets => Code::UnknownSequence,
             IssueError::Tickets(e) => match e {
-                TicketError::BadCount { .. } => "invalid_count",
-                e => e.code(),
+                TicketError::Config(_) => Code::BadConfig,
+                TicketError::UnknownSequence(_) => Code::UnknownSequence,
+                TicketError::BadCount { .. } => Code::InvalidCount,
+                TicketError::Unavailable { .. } => Code::Unavailable,
+                TicketError::Exhausted { .. } => Code::Exhausted,
+                TicketError::BehindHighWater { .. } => Code::BehindHighWater,
+                TicketError::WentBack { .. } => Code::WentBack,
+                TicketError::NoHighWater { .. } => Code::NoHighWater,
+                TicketError::LatticeChanged { .. } => Code::LatticeChanged,
+                TicketError::Misconfigured { .. } => Code::Misconfigured,
+                TicketError::Database { .. } => Code::Database,
+                TicketError::Timeout { .. } => Code::Timeout,
             },
+            IssueError::InvalidBody(_) => Code::InvalidBody,
+            IssueError::BodyTooLarge { .. } => Code::BodyTooLarge,
+            IssueError::BodyTimeout(_) => Code::BodyTimeout,
+            IssueError::NoRoute => Code::NotFound,
+            IssueError::MethodNotAllowed => Code::MethodNotAllowed,
+            IssueError::TlsRequired => Code::TlsRequired,
+            IssueError::Internal(_) => Code::Internal,
         }
     }
 
@@ -119,13 +272,18 @@ impl IssueError {
             | IssueError::NoShardField(_)
             | IssueError::MalformedId(_)
             | IssueError::InvalidParameter(_)
+            | IssueError::InvalidBody(_)
+            | IssueError::BodyTooLarge { .. }
+            | IssueError::BodyTimeout(_)
+            | IssueError::MethodNotAllowed
+            | IssueError::TlsRequired
             | IssueError::Clock(GenerateError::InvalidCount { .. }) => ErrorKind::BadInput,
-            IssueError::Clock(GenerateError::EpochExhausted { .. }) | IssueError::BadNodeId(_) => {
-                ErrorKind::Broken
-            }
-            IssueError::NoTickets | IssueError::Tickets(TicketError::UnknownSequence(_)) => {
-                ErrorKind::NotFound
-            }
+            IssueError::Clock(GenerateError::EpochExhausted { .. })
+            | IssueError::BadNodeId(_)
+            | IssueError::Internal(_) => ErrorKind::Broken,
+            IssueError::NoTickets
+            | IssueError::NoRoute
+            | IssueError::Tickets(TicketError::UnknownSequence(_)) => ErrorKind::NotFound,
             IssueError::Tickets(TicketError::BadCount { .. } | TicketError::Config(_)) => {
                 ErrorKind::BadInput
             }
@@ -149,6 +307,20 @@ pub enum ErrorKind {
     /// This node cannot answer until an operator acts (configuration, the
     /// layout's end of life).
     Broken,
+}
+
+/// The ticket client's refusals; a count out of range reads as the
+/// service's own (one wording for every count).
+impl From<TicketError> for IssueError {
+    fn from(e: TicketError) -> Self {
+        match e {
+            TicketError::BadCount { count, max } => IssueError::InvalidCount {
+                text: count.to_string(),
+                max: max as u64,
+            },
+            e => IssueError::Tickets(e),
+        }
+    }
 }
 
 impl From<GenerateError> for IssueError {
@@ -294,5 +466,31 @@ mod tests {
         let e = ApiError::bad_request("invalid_count", "no");
         let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
         assert_eq!(v["error"]["code"], "invalid_count");
+    }
+
+    #[test]
+    fn codes_are_listed_once_and_tickets_keep_theirs() {
+        let mut texts: Vec<&str> = Code::ALL.iter().map(|c| c.as_str()).collect();
+        texts.sort_unstable();
+        texts.dedup();
+        assert_eq!(texts.len(), Code::ALL.len());
+        for e in [
+            TicketError::UnknownSequence("x".into()),
+            TicketError::Exhausted {
+                sequence: "x".into(),
+                max: 9,
+            },
+        ] {
+            assert_eq!(IssueError::from(e.clone()).code(), e.code());
+        }
+        // One wording for a count out of range, whoever refuses it.
+        let e = IssueError::from(TicketError::BadCount { count: 0, max: 9 });
+        assert_eq!(
+            e,
+            IssueError::InvalidCount {
+                text: "0".into(),
+                max: 9
+            }
+        );
     }
 }

@@ -155,11 +155,7 @@ impl IdService for Service {
         let req = req.into_inner();
         let format = match req.format.as_str() {
             "" | "dec" => None,
-            f => Some(f.parse().map_err(|_| {
-                IssueError::InvalidParameter(format!(
-                    "format must be dec, hex, base32 or base62, got {f:?}"
-                ))
-            })?),
+            f => Some(f.parse().map_err(|_| IssueError::unknown_format(f))?),
         };
         let (id, parts) = self.issuer.decode(&req.id, format)?;
         Ok(Response::new(pb::DecodeReply {

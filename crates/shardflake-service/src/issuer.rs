@@ -33,8 +33,8 @@ use tokio::time::Instant;
 use shardflake_tickets::TicketClient;
 
 use crate::config::Config;
+use crate::counters::Metrics;
 use crate::error::IssueError;
-use crate::metrics::Metrics;
 
 /// Batches above this many ids need a permit (see [`Issuer::large_batch_permit`]).
 pub const LARGE_BATCH: u64 = 65_536;
@@ -161,7 +161,7 @@ impl Issuer {
         tickets
             .next_n(sequence, count)
             .await
-            .map_err(IssueError::Tickets)
+            .map_err(IssueError::from)
     }
 
     /// For a batch of more than [`LARGE_BATCH`] ids, a permit to build it

@@ -4,7 +4,8 @@
 //! # Map of the modules
 //!
 //! - [`config`]: raw options from the TOML file, `SHARDFLAKE_*` environment
-//!   and flags, layered; host discovery; a pure validation into [`Config`].
+//!   and flags, layered (`config/raw.rs`); host discovery; a pure validation
+//!   into [`Config`] (`config/validate.rs`); [`ConfigError`] (`config/error.rs`).
 //! - `state_file`: the local high-water file (atomic writes); a restart
 //!   resumes after it.
 //! - [`etcd`]: a client for etcd's own gRPC API (generated at build time
@@ -15,14 +16,17 @@
 //!   in memory (tests) or for a static node id.
 //! - [`issuer`]: the issuing path and its two fences (lease deadline and
 //!   recorded high-water).
-//! - [`http`]: the axum HTTP/JSON API, error mapping, limits.
+//! - [`http`]: the axum HTTP/JSON API (router and error mapping, query
+//!   parsing, JSON writing, the OpenAPI document), limits.
 //! - [`grpc`]: the tonic service and server reflection.
-//! - [`tickets`]: ticket sequences (`--tickets`): the client made at start
-//!   and the etcd high-water store.
-//! - `metrics`: Prometheus text.
+//! - [`tickets`]: ticket sequences (`--tickets`): the etcd high-water
+//!   store of the ticket client (`server` connects the client at start).
+//! - `counters`: the counters the issuer and the keeper update.
+//! - `metrics`: Prometheus text of them.
 //! - `auth`: the optional bearer token of the API.
 //! - `tls`: TLS (rustls) on the HTTP and gRPC listeners.
-//! - `error`: the API error (`{"error":{"code","message"}}`, gRPC codes).
+//! - `error`: the domain error, the one list of error codes, and the API
+//!   error (`{"error":{"code","message"}}`).
 //! - `shutdown`: SIGTERM/Ctrl-C and the drain signal.
 //! - `server`: wires it together ([`serve`] takes its bound [`Listeners`]
 //!   and a shutdown future, so tests run the whole server in-process).
@@ -41,6 +45,7 @@ pub mod registry;
 pub mod tickets;
 
 mod auth;
+mod counters;
 mod error;
 mod metrics;
 mod server;

@@ -1,7 +1,8 @@
-//! Prometheus metrics, as plain atomics rendered in the text format: ids
-//! issued, batches, sequence exhaustions, clock rollbacks, borrowed lead,
-//! lease state and renewals; with `--tickets`, each ticket server's state,
-//! calls, failovers, latency and skipped ids (labelled `server`, `kind`).
+//! Prometheus metrics in the text format: the counters (`counters.rs`),
+//! ids issued, batches, sequence exhaustions, clock rollbacks, borrowed
+//! lead, lease state and renewals; with `--tickets`, each ticket server's
+//! state, calls, failovers, latency and skipped ids (labelled `server`,
+//! `kind`).
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,35 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use shardflake_tickets::ServerMetrics;
 
 use crate::issuer::{Issuer, LeaseState};
-
-/// Counters updated by the issuing path and the lease keeper.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    /// Ids of the layout issued.
-    pub ids: AtomicU64,
-    /// Batch requests served (count > 1).
-    pub batches: AtomicU64,
-    /// Batches being reserved right now (a large one waits for ticks).
-    pub batches_in_flight: AtomicU64,
-    /// UUIDs and ObjectIds issued.
-    pub other_kinds: AtomicU64,
-    /// Requests refused because the lease deadline had passed.
-    pub refused_fenced: AtomicU64,
-    /// Requests refused because the clock ran past the recorded high-water.
-    pub refused_high_water: AtomicU64,
-    /// Node ids acquired.
-    pub acquisitions: AtomicU64,
-    /// Successful lease keep-alives.
-    pub renewals: AtomicU64,
-    /// Failed keep-alives.
-    pub renewal_failures: AtomicU64,
-    /// Leases lost (fenced, then re-acquiring).
-    pub losses: AtomicU64,
-    /// High-water records written.
-    pub high_water_writes: AtomicU64,
-    /// Failed high-water writes.
-    pub high_water_failures: AtomicU64,
-}
 
 /// The text exposition of every metric.
 pub fn render(issuer: &Issuer) -> String {

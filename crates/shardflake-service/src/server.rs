@@ -5,18 +5,20 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
+use shardflake_tickets::{TicketClient, TicketError};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use crate::auth::{ApiToken, TokenFileError};
-use crate::config::{Config, ConfigError, RawConfig};
+use crate::config::{Config, ConfigError, NodeSource, RawConfig};
 use crate::issuer::Issuer;
 use crate::lease::{Keeper, KeeperError};
 use crate::shutdown::{self, Shutdown};
@@ -62,7 +64,7 @@ pub enum ServeError {
     Etcd(#[from] crate::etcd::EtcdError),
     /// The tickets file is malformed, or none of its servers can be used.
     #[error("tickets: {0}")]
-    Tickets(#[from] shardflake_tickets::TicketError),
+    Tickets(#[from] TicketError),
     /// The HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(std::io::Error),
@@ -165,7 +167,7 @@ pub async fn serve(
     let registry = crate::registry::for_node_source(&config.node)?;
     // Then the ticket servers: a bad file or none reachable fails the start.
     let tickets = match &config.tickets {
-        Some(path) => Some(crate::tickets::connect(path, &config.node).await?),
+        Some(path) => Some(connect_tickets(path, &config.node).await?),
         None => None,
     };
     let addr = |transport, listener: &TcpListener, addr| {
@@ -188,8 +190,8 @@ pub async fn serve(
     // Which node this is: static:<id>, etcd:<prefix> or, with --node-id,
     // etcd:<prefix>:<id>.
     let node = match &config.node {
-        crate::config::NodeSource::Static(id) => format!("static:{id}"),
-        crate::config::NodeSource::Etcd(e) => match e.pinned_node_id {
+        NodeSource::Static(id) => format!("static:{id}"),
+        NodeSource::Etcd(e) => match e.pinned_node_id {
             Some(id) => format!("etcd:{}:{id}", e.prefix),
             None => format!("etcd:{}", e.prefix),
         },
@@ -354,7 +356,7 @@ pub async fn serve(
 /// node 0 by default (every host left so is node 0), or an id derived from
 /// the host (a few bits of an address: hosts can collide).
 fn log_node_origin(config: &Config) {
-    let crate::config::NodeSource::Static(id) = config.node else {
+    let NodeSource::Static(id) = config.node else {
         return;
     };
     let bits = config
@@ -440,6 +442,14 @@ async fn serve_http(
     Ok(())
 }
 
+/// Reads the tickets file and connects to its servers with the marks of
+/// [`crate::tickets::high_water_store`].
+async fn connect_tickets(path: &Path, node: &NodeSource) -> Result<TicketClient, ServeError> {
+    let config = shardflake_tickets::Config::load(path).map_err(TicketError::from)?;
+    let store = crate::tickets::high_water_store(&config, node)?;
+    Ok(TicketClient::connect_with_store(config, store).await?)
+}
+
 /// The server side of a TLS handshake, within [`tls::HANDSHAKE_TIMEOUT`].
 /// A client speaking plain HTTP gets a plain 400 `tls_required` saying so,
 /// rather than a closed connection.
@@ -451,13 +461,12 @@ async fn handshake(
         // A TLS connection opens with a handshake record (content type 22).
         let mut first = [0u8; 1];
         if tcp.peek(&mut first).await? == 1 && first[0] != 22 {
-            let body = crate::error::ApiError::bad_request(
-                "tls_required",
-                "this port serves HTTPS (TLS); use https://",
-            )
-            .to_json();
+            let refusal = crate::error::ApiError::from(crate::error::IssueError::TlsRequired);
+            let status = axum::http::StatusCode::from_u16(refusal.status)
+                .unwrap_or(axum::http::StatusCode::BAD_REQUEST);
+            let body = refusal.to_json();
             let response = format!(
-                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n\
                  content-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
             );

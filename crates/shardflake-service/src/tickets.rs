@@ -11,23 +11,13 @@
 //! survives that server: its peers, and etcd").
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use shardflake_tickets::high_water::BoxFuture;
-use shardflake_tickets::{Config, HighWaterStore, PeersStore, TicketClient, TicketError};
+use shardflake_tickets::{Config, HighWaterStore, PeersStore, TicketError};
 
 use crate::config::{EtcdConfig, NodeSource};
 use crate::etcd::{Client, Compare, EtcdError, Op};
-use crate::server::ServeError;
-
-/// Reads the tickets file and connects to its servers with the marks of
-/// [`high_water_store`].
-pub(crate) async fn connect(path: &Path, node: &NodeSource) -> Result<TicketClient, ServeError> {
-    let config = Config::load(path).map_err(TicketError::from)?;
-    let store = high_water_store(&config, node)?;
-    Ok(TicketClient::connect_with_store(config, store).await?)
-}
 
 /// Where the service keeps the ticket servers' high-water marks: on the
 /// peers, and in etcd as well when the node id comes from etcd. `shardflake

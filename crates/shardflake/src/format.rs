@@ -84,31 +84,21 @@ impl Format {
             Format::Base62 => fixed_width(v, BASE62, 11),
         }
     }
+}
 
-    /// Parses text in this form (see [`Format`] for what is accepted).
-    pub fn parse(self, text: &str) -> Result<Id, ParseError> {
-        crate::parse::parse(self, text)
-    }
-
-    /// The form text of unknown origin is most likely in, by its shape;
-    /// [`Format::Dec`] when nothing else fits (so its error speaks of
-    /// decimal). Each fixed-width form has its own width (hex 16, base32 13,
-    /// base62 11), so only text of digits alone is ambiguous: it is read as
-    /// decimal, as [`Display`](fmt::Display) writes it, unless it has a
-    /// leading zero (which decimal never writes) and a fixed form's width.
+impl Id {
+    /// The id in a text [`Format`]; [`Id::parse_as`] reads it back.
     ///
     /// ```
     /// use shardflake::{Format, Id};
     /// let id = Id(454_947_766_275_222_906);
-    /// for f in Format::ALL {
-    ///     assert_eq!(Format::detect(&f.format(id)), f);
-    /// }
-    /// assert_eq!(Format::detect("0xff"), Format::Hex);
-    /// assert_eq!(Format::detect("-679477248"), Format::Dec);
-    /// assert_eq!(Format::detect("12345678901"), Format::Dec); // digits: decimal
+    /// assert_eq!(id.format_as(Format::Dec), "454947766275222906");
+    /// assert_eq!(id.format_as(Format::Hex), "06504c9540312d7a");
+    /// assert_eq!(id.format_as(Format::Base32), "0CM2CJN032BBT");
+    /// assert_eq!(id.format_as(Format::Base62), "0XbfGYCuLKE");
     /// ```
-    pub fn detect(text: &str) -> Format {
-        crate::parse::detect(text)
+    pub fn format_as(self, format: Format) -> String {
+        format.format(self)
     }
 }
 

@@ -1,10 +1,8 @@
 //! 64-bit ids: composing from parts and decoding back, against a [`Layout`].
 
 use std::fmt;
-use std::str::FromStr;
 
-use crate::error::{ConvertError, IdError, ParseError};
-use crate::format::Format;
+use crate::error::{ConvertError, IdError};
 use crate::layout::Layout;
 use crate::timestamp::rfc3339_ms;
 
@@ -13,10 +11,10 @@ use crate::timestamp::rfc3339_ms;
 /// # Text and numbers
 ///
 /// - [`Display`](fmt::Display) writes the unsigned decimal and
-///   [`FromStr`] reads exactly that back (strictly: ASCII digits only, no
+///   [`FromStr`](std::str::FromStr) reads exactly that back (strictly: ASCII digits only, no
 ///   sign, no spaces); `{:x}`/`{:X}` write hex.
-/// - Every [`Format`] (decimal, hex, Crockford base32, base62) through one
-///   call each: [`Id::format_as`] and [`Id::parse_as`]; [`Format::detect`]
+/// - Every [`Format`](crate::Format) (decimal, hex, Crockford base32, base62) through one
+///   call each: [`Id::format_as`] and [`Id::parse_as`]; [`Format::detect`](crate::Format::detect)
 ///   guesses the form of text of unknown origin.
 /// - `u64` both ways with `From` (lossless).
 /// - `i64`, as PostgreSQL and MySQL keep ids in a signed `BIGINT`: layouts
@@ -92,40 +90,6 @@ impl Id {
         Id(value as u64)
     }
 
-    /// The id in a text [`Format`]; [`Id::parse_as`] reads it back.
-    ///
-    /// ```
-    /// use shardflake::{Format, Id};
-    /// let id = Id(454_947_766_275_222_906);
-    /// assert_eq!(id.format_as(Format::Dec), "454947766275222906");
-    /// assert_eq!(id.format_as(Format::Hex), "06504c9540312d7a");
-    /// assert_eq!(id.format_as(Format::Base32), "0CM2CJN032BBT");
-    /// assert_eq!(id.format_as(Format::Base62), "0XbfGYCuLKE");
-    /// ```
-    pub fn format_as(self, format: Format) -> String {
-        format.format(self)
-    }
-
-    /// Reads an id in a text [`Format`]. Lenient where the form allows
-    /// (surrounding spaces, `0x`, any case, Crockford's `I`/`L`/`O` and
-    /// hyphens, a negative decimal as a `BIGINT` prints a sign-bit id); see
-    /// [`Format`]. Text of unknown form: `Id::parse_as(t, Format::detect(t))`.
-    ///
-    /// ```
-    /// use shardflake::{Format, Id, ParseError};
-    /// let id = Id(454_947_766_275_222_906);
-    /// for f in Format::ALL {
-    ///     assert_eq!(Id::parse_as(&id.format_as(f), f)?, id);
-    /// }
-    /// assert_eq!(Id::parse_as("0xFF", Format::Hex)?, Id(255));
-    /// assert_eq!(Id::parse_as("-1", Format::Dec)?, Id(u64::MAX));
-    /// assert!(matches!(Id::parse_as("0XbfGYCuLK!", Format::Base62), Err(ParseError::InvalidChar { ch: '!', .. })));
-    /// # Ok::<(), ParseError>(())
-    /// ```
-    pub fn parse_as(text: &str, format: Format) -> Result<Id, ParseError> {
-        format.parse(text)
-    }
-
     /// Splits the id into its parts.
     pub fn decode(self, layout: &Layout) -> Result<Parts, IdError> {
         if self.0 > layout.max_id() {
@@ -156,7 +120,7 @@ impl fmt::Display for Id {
     }
 }
 
-/// Hex without padding or prefix, as for `u64`: `{:016x}` is [`Format::Hex`].
+/// Hex without padding or prefix, as for `u64`: `{:016x}` is [`Format::Hex`](crate::Format::Hex).
 impl fmt::LowerHex for Id {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::LowerHex::fmt(&self.0, f)
@@ -167,28 +131,6 @@ impl fmt::LowerHex for Id {
 impl fmt::UpperHex for Id {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::UpperHex::fmt(&self.0, f)
-    }
-}
-
-/// The decimal [`Display`](fmt::Display) writes, strictly: 1 to 20 ASCII
-/// digits (leading zeros allowed) up to `u64::MAX`. No sign, no spaces, no
-/// other form; for those use [`Id::parse_as`].
-///
-/// ```
-/// use shardflake::{Id, ParseError};
-/// let id: Id = "454947766275222906".parse()?;
-/// assert_eq!(id, Id(454_947_766_275_222_906));
-/// assert_eq!(id.to_string().parse::<Id>()?, id);
-/// assert_eq!("".parse::<Id>(), Err(ParseError::Empty));
-/// assert!(matches!(" 1".parse::<Id>(), Err(ParseError::InvalidChar { ch: ' ', .. })));
-/// assert!(matches!("-1".parse::<Id>(), Err(ParseError::InvalidChar { ch: '-', .. })));
-/// assert!(matches!("18446744073709551616".parse::<Id>(), Err(ParseError::Overflow { .. })));
-/// # Ok::<(), ParseError>(())
-/// ```
-impl FromStr for Id {
-    type Err = ParseError;
-    fn from_str(s: &str) -> Result<Self, ParseError> {
-        crate::parse::dec_strict(s)
     }
 }
 

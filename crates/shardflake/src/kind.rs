@@ -7,7 +7,8 @@ use crate::error::ParseError;
 use crate::format::Format;
 use crate::id::Id;
 use crate::objectid::ObjectId;
-use crate::uuid::{Uuid, UuidInfo};
+use crate::uuid_info::UuidInfo;
+use ::uuid::Uuid;
 
 /// A kind of id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -67,6 +67,7 @@ pub mod sqlx;
 mod sync;
 pub mod timestamp;
 pub mod uuid;
+mod uuid_info;
 pub mod wait;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};

@@ -29,6 +29,42 @@ pub enum NodeIdSource {
     Ip,
 }
 
+impl NodeIdSource {
+    /// The host source named `name`, as `serve --node-id-from` and `gen
+    /// --node-from` take it: `hostname` (also `host-ordinal`, `ordinal`),
+    /// `mac` (also `mac-hash`) or `ip`; `None` for any other name (say
+    /// [`NodeIdSource::HOST_NAMES`]).
+    ///
+    /// ```
+    /// use shardflake::node::NodeIdSource;
+    /// assert_eq!(NodeIdSource::host("hostname"), Some(NodeIdSource::HostOrdinal));
+    /// assert_eq!(NodeIdSource::host("mac-hash"), Some(NodeIdSource::MacHash));
+    /// assert_eq!(NodeIdSource::host("disk"), None);
+    /// ```
+    pub fn host(name: &str) -> Option<NodeIdSource> {
+        match name {
+            "hostname" | "host-ordinal" | "ordinal" => Some(NodeIdSource::HostOrdinal),
+            "mac" | "mac-hash" => Some(NodeIdSource::MacHash),
+            "ip" => Some(NodeIdSource::Ip),
+            _ => None,
+        }
+    }
+
+    /// The host sources' names, for a message on a name
+    /// [`NodeIdSource::host`] does not know.
+    pub const HOST_NAMES: &'static str = "hostname, mac or ip";
+
+    /// The source's short name: `explicit`, `hostname`, `mac` or `ip`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            NodeIdSource::Explicit(_) => "explicit",
+            NodeIdSource::HostOrdinal => "hostname",
+            NodeIdSource::MacHash => "mac",
+            NodeIdSource::Ip => "ip",
+        }
+    }
+}
+
 /// The ordinal at the end of a host name: `ids-7` → 7, `web-0.svc` → 0.
 ///
 /// ```

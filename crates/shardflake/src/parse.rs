@@ -1,4 +1,5 @@
-//! Parsing the text forms of [`crate::format`].
+//! Parsing the text forms of [`crate::format`]: [`Format::parse`],
+//! [`Format::detect`], [`Id::parse_as`] and `FromStr for Id`.
 //!
 //! - decimal: unsigned, or negative as a signed `bigint` prints an id that
 //!   uses the sign bit (Instagram's after 2046);
@@ -6,11 +7,85 @@
 //! - base32: Crockford, any case, `I`/`L` read as 1 and `O` as 0, hyphens ignored;
 //! - base62: up to 11 characters of `0-9A-Za-z`.
 
+use std::str::FromStr;
+
 use crate::error::ParseError;
-use crate::format::{BASE62, Format};
+use crate::format::{BASE32, BASE62, Format};
 use crate::id::Id;
 
-pub(crate) fn parse(format: Format, text: &str) -> Result<Id, ParseError> {
+impl Format {
+    /// Parses text in this form (see [`Format`] for what is accepted).
+    pub fn parse(self, text: &str) -> Result<Id, ParseError> {
+        parse(self, text)
+    }
+
+    /// The form text of unknown origin is most likely in, by its shape;
+    /// [`Format::Dec`] when nothing else fits (so its error speaks of
+    /// decimal). Each fixed-width form has its own width (hex 16, base32 13,
+    /// base62 11), so only text of digits alone is ambiguous: it is read as
+    /// decimal, as [`Display`](std::fmt::Display) writes it, unless it has a
+    /// leading zero (which decimal never writes) and a fixed form's width.
+    ///
+    /// ```
+    /// use shardflake::{Format, Id};
+    /// let id = Id(454_947_766_275_222_906);
+    /// for f in Format::ALL {
+    ///     assert_eq!(Format::detect(&f.format(id)), f);
+    /// }
+    /// assert_eq!(Format::detect("0xff"), Format::Hex);
+    /// assert_eq!(Format::detect("-679477248"), Format::Dec);
+    /// assert_eq!(Format::detect("12345678901"), Format::Dec); // digits: decimal
+    /// ```
+    pub fn detect(text: &str) -> Format {
+        detect(text)
+    }
+}
+
+impl Id {
+    /// Reads an id in a text [`Format`]. Lenient where the form allows
+    /// (surrounding spaces, `0x`, any case, Crockford's `I`/`L`/`O` and
+    /// hyphens, a negative decimal as a `BIGINT` prints a sign-bit id); see
+    /// [`Format`]. Text of unknown form: `Id::parse_as(t, Format::detect(t))`.
+    ///
+    /// ```
+    /// use shardflake::{Format, Id, ParseError};
+    /// let id = Id(454_947_766_275_222_906);
+    /// for f in Format::ALL {
+    ///     assert_eq!(Id::parse_as(&id.format_as(f), f)?, id);
+    /// }
+    /// assert_eq!(Id::parse_as("0xFF", Format::Hex)?, Id(255));
+    /// assert_eq!(Id::parse_as("-1", Format::Dec)?, Id(u64::MAX));
+    /// assert!(matches!(Id::parse_as("0XbfGYCuLK!", Format::Base62), Err(ParseError::InvalidChar { ch: '!', .. })));
+    /// # Ok::<(), ParseError>(())
+    /// ```
+    pub fn parse_as(text: &str, format: Format) -> Result<Id, ParseError> {
+        format.parse(text)
+    }
+}
+
+/// The decimal [`Display`](std::fmt::Display) writes, strictly: 1 to 20 ASCII
+/// digits (leading zeros allowed) up to `u64::MAX`. No sign, no spaces, no
+/// other form; for those use [`Id::parse_as`].
+///
+/// ```
+/// use shardflake::{Id, ParseError};
+/// let id: Id = "454947766275222906".parse()?;
+/// assert_eq!(id, Id(454_947_766_275_222_906));
+/// assert_eq!(id.to_string().parse::<Id>()?, id);
+/// assert_eq!("".parse::<Id>(), Err(ParseError::Empty));
+/// assert!(matches!(" 1".parse::<Id>(), Err(ParseError::InvalidChar { ch: ' ', .. })));
+/// assert!(matches!("-1".parse::<Id>(), Err(ParseError::InvalidChar { ch: '-', .. })));
+/// assert!(matches!("18446744073709551616".parse::<Id>(), Err(ParseError::Overflow { .. })));
+/// # Ok::<(), ParseError>(())
+/// ```
+impl FromStr for Id {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        dec_strict(s)
+    }
+}
+
+fn parse(format: Format, text: &str) -> Result<Id, ParseError> {
     let text = text.trim();
     if text.is_empty() {
         return Err(ParseError::Empty);
@@ -37,7 +112,7 @@ pub(crate) fn parse(format: Format, text: &str) -> Result<Id, ParseError> {
 
 /// `FromStr for Id`: exactly what `Display` writes (ASCII digits, leading
 /// zeros allowed); no sign, no spaces.
-pub(crate) fn dec_strict(text: &str) -> Result<Id, ParseError> {
+fn dec_strict(text: &str) -> Result<Id, ParseError> {
     if text.is_empty() {
         return Err(ParseError::Empty);
     }
@@ -57,7 +132,7 @@ pub(crate) fn dec_strict(text: &str) -> Result<Id, ParseError> {
 }
 
 /// The form text is most likely in; see [`Format::detect`].
-pub(crate) fn detect(text: &str) -> Format {
+fn detect(text: &str) -> Format {
     let t = text.trim();
     let unsigned = t.strip_prefix('-').unwrap_or(t);
     let digits = !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit());
@@ -149,7 +224,7 @@ fn crockford_digit(c: char) -> Option<u64> {
         'U' => return None,
         c => c,
     };
-    crate::format::BASE32
+    BASE32
         .iter()
         .position(|&b| b as char == c)
         .map(|p| p as u64)

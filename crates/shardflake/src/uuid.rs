@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 
 use crate::error::{ParseError, UuidError};
 use crate::kind::Kind;
-use crate::timestamp::rfc3339_ms;
+
+pub use crate::uuid_info::UuidInfo;
 
 /// A new UUID of `kind`; v3 and v5 hash `name` in its name-space.
 ///
@@ -63,36 +64,6 @@ pub fn namespace(name: &str) -> Result<Uuid, ParseError> {
         "x500" => Uuid::NAMESPACE_X500,
         _ => Uuid::parse_str(name).map_err(|_| ParseError::UnknownNamespace(name.to_string()))?,
     })
-}
-
-/// What a UUID says about itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UuidInfo {
-    /// The UUID.
-    pub uuid: Uuid,
-    /// Version number, 0 for nil and 15 for max.
-    pub version: usize,
-    /// The embedded time, Unix ms, for v1, v6 and v7.
-    pub unix_ms: Option<u64>,
-}
-
-impl UuidInfo {
-    /// Reads the version and embedded time.
-    pub fn of(uuid: Uuid) -> Self {
-        let unix_ms = uuid.get_timestamp().map(|ts| {
-            let (secs, nanos) = ts.to_unix();
-            secs * 1000 + u64::from(nanos) / 1_000_000
-        });
-        UuidInfo {
-            uuid,
-            version: uuid.get_version_num(),
-            unix_ms,
-        }
-    }
-    /// The embedded time as RFC 3339.
-    pub fn timestamp(&self) -> Option<String> {
-        self.unix_ms.map(rfc3339_ms)
-    }
 }
 
 #[cfg(test)]

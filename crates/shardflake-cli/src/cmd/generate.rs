@@ -60,8 +60,9 @@ pub struct Args {
     /// Logical shard count for --key.
     #[arg(long, requires = "key")]
     shards: Option<u64>,
-    /// Take the layout's node field from the host: host-ordinal (ids-7 -> 7),
-    /// mac-hash (the seed's Java way) or ip (low bits, Sonyflake's way).
+    /// Take the layout's node field from the host, as serve --node-id-from:
+    /// hostname (its ordinal, ids-7 -> 7; or host-ordinal), mac (a hash, the
+    /// seed's Java way; or mac-hash) or ip (low bits, Sonyflake's way).
     #[arg(long, value_parser = parse_source)]
     node_from: Option<NodeIdSource>,
     /// UUID name-space for uuidv3/uuidv5: dns, url, oid, x500 or a UUID.
@@ -82,15 +83,14 @@ fn parse_field(text: &str) -> Result<(String, u64), String> {
     Ok((name.to_string(), value))
 }
 
+/// The names `serve --node-id-from` takes too (one parser for both).
 fn parse_source(text: &str) -> Result<NodeIdSource, String> {
-    match text {
-        "host-ordinal" => Ok(NodeIdSource::HostOrdinal),
-        "mac-hash" => Ok(NodeIdSource::MacHash),
-        "ip" => Ok(NodeIdSource::Ip),
-        _ => Err(format!(
-            "unknown node source {text:?}; use host-ordinal, mac-hash or ip"
-        )),
-    }
+    NodeIdSource::host(text).ok_or_else(|| {
+        format!(
+            "unknown node source {text:?}; use {}",
+            NodeIdSource::HOST_NAMES
+        )
+    })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

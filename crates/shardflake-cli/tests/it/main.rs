@@ -6,13 +6,12 @@
 mod cli;
 mod client;
 mod docs;
+mod node_options;
 mod pg_cli;
 mod serve_api;
 mod serve_clock;
 mod serve_etcd;
-mod serve_etcd_tls;
 mod serve_operator;
-mod serve_tls;
 mod serve_uniqueness;
 
 /// The `shardflake` binary cargo built for these tests.

@@ -1,8 +1,10 @@
 //! What operators do to a running fleet (issue #29): another prefix or etcd
-//! cluster, static ids moved to etcd, records deleted, a layout key
-//! deleted, a high-water far ahead, options that mean "static node 0", and
-//! static nodes restarted with another layout, another node's state file or
-//! none. Real processes and etcd; every id collected is checked for
+//! cluster, static ids moved to etcd, records deleted, a high-water far
+//! ahead, options that mean "static node 0", and static nodes restarted
+//! with another layout, another node's state file or none. Real processes
+//! (restarts, kills, their log lines, flags and environment) and etcd; an
+//! etcd restored from a snapshot and a deleted layout key run in-process in
+//! `crates/shardflake-service/tests/it/serve_operator.rs`. every id collected is checked for
 //! duplicates, and what the service refuses is asserted by its message.
 
 use std::collections::HashSet;
@@ -289,65 +291,6 @@ async fn records_deleted_under_load_are_not_trusted() -> anyhow::Result<()> {
     // The old holder noticed its records were gone.
     assert!(a.stderr().contains("node id withdrawn"), "{}", a.stderr());
     eprintln!("{total} ids, no duplicate");
-    Ok(())
-}
-
-/// Reproduction 3, restored: etcd rolled back to a snapshot taken before
-/// a node took its id; the node kept issuing while a new node took the
-/// same id from the restored records.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_etcd_restored_from_a_snapshot_does_not_repeat_ids() -> anyhow::Result<()> {
-    let etcd = Etcd::start(1)?;
-    let d = dirs(3)?;
-    let a = leased(&etcd, "/rs", &d[0], &[])?;
-    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
-    let snapshot = d[2].join("snapshot.db");
-    etcd.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
-    // After the snapshot: b takes id 1 and records its high-water.
-    let b = leased(&etcd, "/rs", &d[1], &[])?;
-    assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut loads = vec![load(&a, &stop), load(&b, &stop)];
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
-    // A new node: id 1 is free in the restored etcd, and has no record.
-    let mut c = leased(&etcd, "/rs", &d[2], &[])?;
-    let refused = run_beside(&mut c, &stop, &mut loads, Duration::from_secs(3)).await?;
-    stop.store(true, Ordering::Relaxed);
-    no_duplicates(loads).await?;
-    assert!(refused.is_none(), "c refused: {refused:?}");
-    Ok(())
-}
-
-/// Reproduction 4: `<prefix>/layout` deleted; a node with another layout
-/// joined beside the running ones.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_layout_record_is_not_rewritten_by_another_layout() -> anyhow::Result<()> {
-    let etcd = Etcd::start(1)?;
-    let d = dirs(3)?;
-    let mut a = leased(&etcd, "/lay", &d[0], &[])?;
-    let b = leased(&etcd, "/lay", &d[1], &[])?;
-    a.ready(Duration::from_secs(20)).await?;
-    b.ready(Duration::from_secs(20)).await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut loads = vec![load(&a, &stop), load(&b, &stop)];
-    etcd.etcdctl(&["del", "/lay/layout"])?;
-    // Snowflake's fields with another epoch: the same bits mean other times.
-    let other = "time 41 | node 10 | sequence 12 (epoch 1288834975657)";
-    let mut c = leased(&etcd, "/lay", &d[2], &["--layout", other])?;
-    let refused = run_beside(&mut c, &stop, &mut loads, Duration::from_secs(2)).await?;
-    stop.store(true, Ordering::Relaxed);
-    no_duplicates(loads).await?;
-    let refused = refused.ok_or_else(|| anyhow::anyhow!("another layout joined"))?;
-    assert!(refused.contains("no /lay/layout"), "{refused}");
-    // The running nodes stop at their next record: their layout is gone.
-    let status = a.exit(Duration::from_secs(15)).await?;
-    assert!(!status.success());
-    assert!(
-        a.stderr().contains("etcdctl put /lay/layout"),
-        "{}",
-        a.stderr()
-    );
     Ok(())
 }
 

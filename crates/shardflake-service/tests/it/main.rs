@@ -2,13 +2,21 @@
 //! `Router` with `tower::ServiceExt::oneshot` (no socket), and the whole
 //! server (`serve`) on 127.0.0.1:0 listeners with a shutdown future, for
 //! gRPC and for what needs real connections (timeouts, hang-ups).
-//! What needs a process of its own (signals, libfaketime, etcd member
-//! kills) is tested in the CLI crate.
+//! `node.rs` runs `serve` from config lines for the tests moved from the
+//! CLI crate (`serve_etcd.rs`, `serve_etcd_tls.rs`, `serve_operator.rs`,
+//! `serve_tls.rs`). What needs a process
+//! of its own (signals to it, libfaketime, restarts, its log lines, flag
+//! parsing) is tested in the CLI crate.
 
 mod etcd_login;
 mod http_api;
 mod limits;
+mod node;
 mod registry;
+mod serve_etcd;
+mod serve_etcd_tls;
+mod serve_operator;
+mod serve_tls;
 mod server;
 mod tickets;
 

@@ -1,5 +1,6 @@
-//! `shardflake serve` against an etcd that demands TLS, client certificates
-//! and a password: the certificates are made here (rcgen), the etcd started
+//! `serve` against an etcd that demands TLS, client certificates and a
+//! password, in this process (moved from the CLI crate's
+//! `serve_etcd_tls.rs`): the certificates are made here (rcgen), the etcd started
 //! by scripts/etcd.sh with `--client-cert-auth` and https client URLs.
 //! Working settings get a node id; each wrong one fails the start with a
 //! message naming the cause, and the client's error type says which.
@@ -7,12 +8,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::shardflake_bin;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
 use shardflake_service::etcd::{Client, ClientCert, EtcdAuth, EtcdError, EtcdTls};
-use shardflake_testkit::{Etcd, EtcdTlsFiles, Http, Serve, ServeOpts, id_of, tempdir};
+use shardflake_testkit::{Etcd, EtcdTlsFiles, Http, id_of, tempdir};
+
+use crate::node::Node;
 
 /// A CA and the certificates it signed, as PEM files in `dir`.
 struct Pki {
@@ -87,36 +89,33 @@ fn secured(root_password: Option<&str>) -> anyhow::Result<Secured> {
     Ok(Secured { etcd, pki, client })
 }
 
-fn serve_args(s: &Secured, prefix: &str, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--etcd",
-        &s.etcd.urls(),
-        "--etcd-prefix",
-        prefix,
-        "--workers",
-        "1",
-        "--lease-ttl",
-        "3s",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
-    args.extend(extra.iter().map(|a| a.to_string()));
-    args
+/// Config file lines for a node on `s` under `prefix` (lease TTL 3 s);
+/// `etcd_lines`: more of its `[etcd]` table.
+fn serve_toml(s: &Secured, prefix: &str, etcd_lines: &str) -> String {
+    format!(
+        "[etcd]\nendpoints = {:?}\nprefix = {prefix:?}\nlease_ttl = \"3s\"\n{etcd_lines}",
+        s.etcd.endpoints
+    )
+}
+
+/// `[etcd]` lines for a CA, client certificate and key.
+fn tls_lines(ca: &Path, client: &ClientCert) -> String {
+    format!(
+        "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+        path(ca),
+        path(&client.cert_file),
+        path(&client.key_file)
+    )
 }
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap_or_default()
 }
 
-/// Starts serve and expects it to exit at start; returns its stderr.
-async fn refused_start(args: Vec<String>) -> anyhow::Result<String> {
-    let opts = ServeOpts {
-        args,
-        ..Default::default()
-    };
-    let out = match tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts)) {
-        // Exited before printing its ports: the error says what it wrote.
+/// Starts serve and expects it to fail at start; returns its error.
+async fn refused_start(toml: String) -> anyhow::Result<String> {
+    let out = match Node::start(&toml).await {
+        // Refused before serving: the error says why.
         Err(e) => format!("{e:#}"),
         Ok(mut s) => {
             let status = s.exit(Duration::from_secs(20)).await?;
@@ -131,23 +130,8 @@ async fn refused_start(args: Vec<String>) -> anyhow::Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_over_mutual_tls_gets_a_node_id_and_issues_ids() -> anyhow::Result<()> {
     let s = secured(None)?;
-    let args = serve_args(
-        &s,
-        "/t/mtls",
-        &[
-            "--etcd-ca",
-            path(&s.pki.ca_file),
-            "--etcd-cert",
-            path(&s.client.cert_file),
-            "--etcd-key",
-            path(&s.client.key_file),
-        ],
-    );
-    let opts = ServeOpts {
-        args,
-        ..Default::default()
-    };
-    let a = tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))?;
+    let toml = serve_toml(&s, "/t/mtls", &tls_lines(&s.pki.ca_file, &s.client));
+    let a = Node::start(&toml).await?;
     let node = a.ready(Duration::from_secs(15)).await?;
     let mut c = Http::new(&a.http);
     let (st, body) = c.get("/v1/id").await?;
@@ -193,17 +177,10 @@ async fn wrong_ca_missing_client_cert_or_wrong_password_fail_the_start_clearly()
     .unwrap_err();
     assert!(matches!(&err, EtcdError::Tls { .. }), "{err}");
     assert!(err.needs_operator());
-    let out = refused_start(serve_args(
+    let out = refused_start(serve_toml(
         &s,
         "/t/sec",
-        &[
-            "--etcd-ca",
-            path(&other.ca_file),
-            "--etcd-cert",
-            path(&s.client.cert_file),
-            "--etcd-key",
-            path(&s.client.key_file),
-        ],
+        &tls_lines(&other.ca_file, &s.client),
     ))
     .await?;
     assert!(
@@ -221,10 +198,10 @@ async fn wrong_ca_missing_client_cert_or_wrong_password_fail_the_start_clearly()
         .await
         .unwrap_err();
     assert!(matches!(&err, EtcdError::Tls { .. }), "{err}");
-    let out = refused_start(serve_args(
+    let out = refused_start(serve_toml(
         &s,
         "/t/sec",
-        &["--etcd-ca", path(&s.pki.ca_file)],
+        &format!("ca_file = {:?}", path(&s.pki.ca_file)),
     ))
     .await?;
     assert!(
@@ -239,44 +216,20 @@ async fn wrong_ca_missing_client_cert_or_wrong_password_fail_the_start_clearly()
         .await
         .unwrap_err();
     assert!(matches!(&err, EtcdError::Auth(_)), "{err}");
-    let tls_flags = [
-        "--etcd-ca",
-        path(&s.pki.ca_file),
-        "--etcd-cert",
-        path(&s.client.cert_file),
-        "--etcd-key",
-        path(&s.client.key_file),
-    ];
-    let mut flags = tls_flags.to_vec();
-    flags.extend([
-        "--etcd-user",
-        "root",
-        "--etcd-password-file",
-        path(&wrong_pw),
-    ]);
-    let out = refused_start(serve_args(&s, "/t/sec", &flags)).await?;
+    let tls = tls_lines(&s.pki.ca_file, &s.client);
+    let login = |pw: &Path| format!("{tls}user = \"root\"\npassword_file = {:?}\n", path(pw));
+    let out = refused_start(serve_toml(&s, "/t/sec", &login(&wrong_pw))).await?;
     assert!(
         out.contains("etcd authentication failed") && out.contains("invalid user ID or password"),
         "{out}"
     );
 
     // No credentials, though etcd requires them.
-    let out = refused_start(serve_args(&s, "/t/sec", &tls_flags)).await?;
+    let out = refused_start(serve_toml(&s, "/t/sec", &tls)).await?;
     assert!(out.contains("--etcd-user"), "{out}");
 
     // All right: a node id, ids.
-    let mut flags = tls_flags.to_vec();
-    flags.extend([
-        "--etcd-user",
-        "root",
-        "--etcd-password-file",
-        path(&right_pw),
-    ]);
-    let opts = ServeOpts {
-        args: serve_args(&s, "/t/sec", &flags),
-        ..Default::default()
-    };
-    let a = tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))?;
+    let a = Node::start(&serve_toml(&s, "/t/sec", &login(&right_pw))).await?;
     a.ready(Duration::from_secs(15)).await?;
     let (st, body) = Http::new(&a.http).get("/v1/id").await?;
     assert_eq!(st, 200, "{body}");

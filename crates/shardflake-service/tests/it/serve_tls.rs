@@ -1,4 +1,5 @@
-//! `shardflake serve --tls-cert --tls-key --api-token-file`: HTTPS and
+//! `serve` with `tls_cert_file`, `tls_key_file` and `api_token_file`, in
+//! this process (moved from the CLI crate's `serve_tls.rs`): HTTPS and
 //! gRPC over TLS with certificates this test makes itself (a CA and a server
 //! certificate for 127.0.0.1), the bearer token over both, and the errors a
 //! client meets with the wrong CA, no TLS, or no or a wrong token.
@@ -7,14 +8,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::shardflake_bin;
 use anyhow::Context;
 use rustls::pki_types::{CertificateDer, ServerName};
 use shardflake_service::grpc::pb;
 use shardflake_service::grpc::pb::id_service_client::IdServiceClient;
-use shardflake_testkit::{Http, Serve, ServeOpts, error_code, id_of, snowflake_node};
+use shardflake_testkit::{Http, error_code, id_of, snowflake_node};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+use crate::node::Node;
 
 const TOKEN: &str = "t0ken-for-tests";
 
@@ -111,29 +113,14 @@ async fn tls_listeners_and_bearer_token() -> anyhow::Result<()> {
     std::fs::create_dir_all(&wrong_dir)?;
     let wrong = make_pki(&wrong_dir, "another CA")?;
     std::fs::write(dir.join("token"), format!("{TOKEN}\n"))?;
-    let s = tokio::task::block_in_place(|| {
-        Serve::start(
-            shardflake_bin(),
-            ServeOpts {
-                args: [
-                    "--node-id",
-                    "6",
-                    "--workers",
-                    "1",
-                    "--tls-cert",
-                    "server.pem",
-                    "--tls-key",
-                    "server.key",
-                    "--api-token-file",
-                    "token",
-                ]
-                .map(String::from)
-                .to_vec(),
-                dir: Some(dir.clone()),
-                ..Default::default()
-            },
-        )
-    })?;
+    let file = |name: &str| dir.join(name).display().to_string();
+    let s = Node::start(&format!(
+        "node_id = 6\ntls_cert_file = {:?}\ntls_key_file = {:?}\napi_token_file = {:?}",
+        file("server.pem"),
+        file("server.key"),
+        file("token")
+    ))
+    .await?;
 
     // Ready over HTTPS; probes and scrapers need no token.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -215,27 +202,32 @@ async fn tls_listeners_and_bearer_token() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[test]
-fn bad_tls_and_token_files_fail_the_start() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tls_and_token_files_fail_the_start() {
     let dir = shardflake_testkit::tempdir().unwrap();
     make_pki(&dir, "shardflake test CA").unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(shardflake_bin())
-            .arg("serve")
-            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
-            .args(args)
-            .current_dir(&dir)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{args:?} should fail");
-        String::from_utf8_lossy(&out.stderr).into_owned()
+    let file = |name: &str| dir.join(name).display().to_string();
+    let run = async |toml: String| match Node::start(&toml).await {
+        Err(e) => format!("{e:#}"),
+        Ok(mut s) => {
+            let status = s.exit(Duration::from_secs(20)).await.unwrap();
+            assert!(!status.success(), "{toml:?} should fail");
+            s.stderr()
+        }
     };
-    let e = run(&["--tls-cert", "server.pem", "--tls-key", "server.pem"]);
+    let tls = |cert: &str, key: &str| {
+        format!(
+            "tls_cert_file = {:?}\ntls_key_file = {:?}",
+            file(cert),
+            file(key)
+        )
+    };
+    let e = run(tls("server.pem", "server.pem")).await;
     assert!(e.contains("TLS key"), "{e}");
-    let e = run(&["--tls-cert", "none.pem", "--tls-key", "server.key"]);
+    let e = run(tls("none.pem", "server.key")).await;
     assert!(e.contains("reading TLS certificate"), "{e}");
-    let e = run(&["--api-token-file", "no-such-token"]);
+    let e = run(format!("api_token_file = {:?}", file("no-such-token"))).await;
     assert!(e.contains("reading API token file"), "{e}");
-    let e = run(&["--tls-cert", "server.pem"]);
+    let e = run(format!("tls_cert_file = {:?}", file("server.pem"))).await;
     assert!(e.contains("--tls-key"), "{e}");
 }

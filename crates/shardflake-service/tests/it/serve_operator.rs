@@ -1,0 +1,161 @@
+//! What operators do to a running fleet (issue #29), in this process
+//! (moved from the CLI crate's `serve_operator.rs`, which keeps what needs
+//! the binary: restarts, kills, log lines, flags and environment): etcd
+//! restored from a snapshot, a layout key deleted. Every id collected is
+//! checked for duplicates, and what the service refuses is asserted by its
+//! message.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use shardflake_testkit::{Etcd, Http};
+use tokio::task::JoinHandle;
+
+use crate::node::Node;
+
+/// A leased node on `prefix` with a 3 s lease; `top`: top-level config
+/// lines.
+async fn leased(etcd: &Etcd, prefix: &str, top: &str) -> anyhow::Result<Node> {
+    Node::start(&format!(
+        "{top}\n[etcd]\nendpoints = {:?}\nprefix = {prefix:?}\nlease_ttl = \"3s\"",
+        etcd.endpoints
+    ))
+    .await
+}
+
+/// Batches of ids from one node until `stop`, or until it goes away.
+fn load(s: &Node, stop: &Arc<AtomicBool>) -> JoinHandle<Vec<u64>> {
+    let (addr, stop) = (s.http.clone(), stop.clone());
+    tokio::spawn(async move {
+        let mut c = Http::new(&addr);
+        let mut ids = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            match c.get("/v1/ids?count=500").await {
+                Ok((200, body)) => {
+                    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    for id in v["ids"].as_array().unwrap() {
+                        ids.push(id.as_str().unwrap().parse().unwrap());
+                    }
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(_) => break,
+            }
+        }
+        ids
+    })
+}
+
+/// Every id the loads collected, checked for duplicates.
+async fn no_duplicates(loads: Vec<JoinHandle<Vec<u64>>>) -> anyhow::Result<usize> {
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    let mut duplicates = 0;
+    for l in loads {
+        for id in l.await? {
+            total += 1;
+            if !seen.insert(id) {
+                duplicates += 1;
+            }
+        }
+    }
+    anyhow::ensure!(duplicates == 0, "{duplicates} duplicates in {total} ids");
+    anyhow::ensure!(total > 0, "no ids collected");
+    Ok(total)
+}
+
+/// Whether the node came up (`Ok(None)`) or exited refusing, with its
+/// stderr; bounded.
+async fn started_or_refused(s: &mut Node) -> anyhow::Result<Option<String>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut http = Http::new(&s.http);
+    loop {
+        if let Ok((200, _)) = http.get("/readyz").await {
+            return Ok(None);
+        }
+        if s.exit(Duration::from_millis(1)).await.is_ok() {
+            return Ok(Some(s.stderr()));
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "neither ready nor exited: {}",
+            s.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Lets the loads run while `s` (started, refused or not) could issue: a
+/// node that wrongly came up issues next to the others for `for_` first.
+async fn run_beside(
+    s: &mut Node,
+    stop: &Arc<AtomicBool>,
+    loads: &mut Vec<JoinHandle<Vec<u64>>>,
+    for_: Duration,
+) -> anyhow::Result<Option<String>> {
+    let refused = started_or_refused(s).await?;
+    if refused.is_none() {
+        loads.push(load(s, stop));
+        tokio::time::sleep(for_).await;
+    }
+    Ok(refused)
+}
+
+/// Reproduction 3, restored: etcd rolled back to a snapshot taken before
+/// a node took its id; the node kept issuing while a new node took the
+/// same id from the restored records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restored_from_a_snapshot_does_not_repeat_ids() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = [tempfile::tempdir()?];
+    let a = leased(&etcd, "/rs", "").await?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let snapshot = d[0].path().join("snapshot.db");
+    etcd.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    // After the snapshot: b takes id 1 and records its high-water.
+    let b = leased(&etcd, "/rs", "").await?;
+    assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![load(&a, &stop), load(&b, &stop)];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+    // A new node: id 1 is free in the restored etcd, and has no record.
+    let mut c = leased(&etcd, "/rs", "").await?;
+    let refused = run_beside(&mut c, &stop, &mut loads, Duration::from_secs(3)).await?;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    assert!(refused.is_none(), "c refused: {refused:?}");
+    Ok(())
+}
+
+/// Reproduction 4: `<prefix>/layout` deleted; a node with another layout
+/// joined beside the running ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_layout_record_is_not_rewritten_by_another_layout() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let mut a = leased(&etcd, "/lay", "").await?;
+    let b = leased(&etcd, "/lay", "").await?;
+    a.ready(Duration::from_secs(20)).await?;
+    b.ready(Duration::from_secs(20)).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![load(&a, &stop), load(&b, &stop)];
+    etcd.etcdctl(&["del", "/lay/layout"])?;
+    // Snowflake's fields with another epoch: the same bits mean other times.
+    let other = "time 41 | node 10 | sequence 12 (epoch 1288834975657)";
+    let mut c = leased(&etcd, "/lay", &format!("layout = {other:?}")).await?;
+    let refused = run_beside(&mut c, &stop, &mut loads, Duration::from_secs(2)).await?;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("another layout joined"))?;
+    assert!(refused.contains("no /lay/layout"), "{refused}");
+    // The running nodes stop at their next record: their layout is gone.
+    let status = a.exit(Duration::from_secs(15)).await?;
+    assert!(!status.success());
+    assert!(
+        a.stderr().contains("etcdctl put /lay/layout"),
+        "{}",
+        a.stderr()
+    );
+    Ok(())
+}
