@@ -180,8 +180,8 @@ impl TicketError {
     pub(crate) fn lattice_changed(
         server: &str,
         sequence: &str,
-        recorded: &crate::session::LatticeRecord,
-        file: &crate::session::LatticeRecord,
+        recorded: &dyn std::fmt::Display,
+        file: &dyn std::fmt::Display,
     ) -> TicketError {
         TicketError::LatticeChanged {
             server: server.to_string(),

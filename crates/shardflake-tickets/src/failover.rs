@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
-use crate::high_water::HighWaterStore;
+use crate::high_water::{BoxFuture, HighWaterStore};
 use crate::segment::Lattice;
 use crate::session::Session;
 
@@ -47,29 +47,6 @@ impl Health {
             Health::Refused(e) => e.code(),
         }
     }
-}
-
-/// What one server's call does.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Op {
-    /// A per-id ticket of sequence `index`.
-    Ticket(usize),
-    /// Reserve a block: `max_id = GREATEST(max_id, floor) + step`.
-    Reserve { index: usize, floor: i64, step: i64 },
-    /// Set the row back to `to` if it is still `expected`.
-    GiveBack {
-        index: usize,
-        expected: i64,
-        to: i64,
-    },
-}
-
-/// What it gave back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    Id(u64),
-    Row(i64),
-    Done(bool),
 }
 
 /// A server's metrics, at one moment.
@@ -360,18 +337,23 @@ impl Server {
         Ok(())
     }
 
-    /// Runs `op` on one of its sessions (opening it if needed). A session
-    /// whose call failed is dropped (also when the caller's timeout cancels
-    /// the call: the session is out of its slot while in use); a pooled one
-    /// that failed (the server restarted under it?) is replaced by a fresh,
-    /// checked one and the call runs once more.
-    pub async fn run(
+    /// Runs `call` on one of its sessions (opening it if needed) and
+    /// returns its typed answer. A session whose call failed is dropped
+    /// (also when the caller's timeout cancels the call: the session is out
+    /// of its slot while in use); a pooled one that failed (the server
+    /// restarted under it?) is replaced by a fresh, checked one and the call
+    /// runs once more.
+    pub async fn run<T>(
         &self,
         config: &Config,
         store: &dyn HighWaterStore,
-        op: Op,
         alone: bool,
-    ) -> Result<Outcome, TicketError> {
+        call: impl for<'s> Fn(
+            &'s Server,
+            &'s Config,
+            &'s mut Session,
+        ) -> BoxFuture<'s, Result<T, TicketError>>,
+    ) -> Result<T, TicketError> {
         let _in_flight = InFlight::enter(&self.in_flight);
         let n = self.slots.len();
         let first = self.next_slot.fetch_add(1, Ordering::Relaxed);
@@ -391,11 +373,11 @@ impl Server {
             None => (self.open(config, store, false, alone).await?, false),
         };
         let started = Instant::now();
-        let mut result = self.execute(config, &mut session, op).await;
+        let mut result = call(self, config, &mut session).await;
         if pooled && matches!(result, Err(TicketError::Database { .. })) {
             tracing::debug!(server = %self.config.name, "a pooled session failed; once more on a fresh one");
             session = self.open(config, store, true, alone).await?;
-            result = self.execute(config, &mut session, op).await;
+            result = call(self, config, &mut session).await;
         }
         match &result {
             Ok(_) => {
@@ -411,53 +393,53 @@ impl Server {
         result
     }
 
-    /// One operation on one session, its answer checked.
-    async fn execute(
+    /// One per-id ticket of sequence `index`, checked against the previous
+    /// answer and the residue.
+    pub async fn ticket(
         &self,
         config: &Config,
         session: &mut Session,
-        op: Op,
-    ) -> Result<Outcome, TicketError> {
-        match op {
-            Op::Ticket(index) => {
-                let seq = &config.sequences[index];
-                // Any id answered before this call is sent was assigned
-                // before it: a healthy server answers above it.
-                let before = self.seen[index].load(Ordering::Relaxed);
-                let id = session.next_ticket(index, seq).await?;
-                let answer = id.min(i64::MAX as u64) as i64;
-                self.seen[index].fetch_max(answer, Ordering::Relaxed);
-                if answer <= before {
-                    return Err(self.went_back(seq, answer, before));
-                }
-                self.check_residue(config, id)?;
-                if id > seq.max_id() {
-                    return Err(TicketError::Exhausted {
-                        sequence: seq.name.clone(),
-                        max: seq.max_id(),
-                    });
-                }
-                Ok(Outcome::Id(id))
+        index: usize,
+    ) -> Result<u64, TicketError> {
+        let seq = &config.sequences[index];
+        // Any id answered before this call is sent was assigned before it:
+        // a healthy server answers above it.
+        let before = self.seen[index].load(Ordering::Relaxed);
+        let id = session.next_ticket(index, seq).await?;
+        let answer = id.min(i64::MAX as u64) as i64;
+        self.seen[index].fetch_max(answer, Ordering::Relaxed);
+        if answer <= before {
+            return Err(self.went_back(seq, answer, before));
+        }
+        self.check_residue(config, id)?;
+        if id > seq.max_id() {
+            return Err(TicketError::Exhausted {
+                sequence: seq.name.clone(),
+                max: seq.max_id(),
+            });
+        }
+        Ok(id)
+    }
+
+    /// Reserves a block of sequence `index` (`max_id = GREATEST(max_id,
+    /// floor) + step`): the row after it, at or above every row this
+    /// client saw from the server.
+    pub async fn reserve(
+        &self,
+        config: &Config,
+        session: &mut Session,
+        index: usize,
+        floor: i64,
+        step: i64,
+    ) -> Result<i64, TicketError> {
+        let seq = &config.sequences[index];
+        let seen = self.seen[index].load(Ordering::Relaxed);
+        match session.reserve(seq, floor, step, seen).await? {
+            Ok(row) => {
+                self.seen[index].fetch_max(row, Ordering::Relaxed);
+                Ok(row)
             }
-            Op::Reserve { index, floor, step } => {
-                let seq = &config.sequences[index];
-                let seen = self.seen[index].load(Ordering::Relaxed);
-                match session.reserve(seq, floor, step, seen).await? {
-                    Ok(row) => {
-                        self.seen[index].fetch_max(row, Ordering::Relaxed);
-                        Ok(Outcome::Row(row))
-                    }
-                    Err(row) => Err(self.went_back(seq, row, seen)),
-                }
-            }
-            Op::GiveBack {
-                index,
-                expected,
-                to,
-            } => session
-                .give_back(&config.sequences[index], expected, to)
-                .await
-                .map(Outcome::Done),
+            Err(row) => Err(self.went_back(seq, row, seen)),
         }
     }
 

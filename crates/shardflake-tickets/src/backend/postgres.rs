@@ -13,12 +13,13 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, Statement};
 
+use super::{
+    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
+    mode_changed, not_initialised,
+};
 use crate::config::{Config, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue};
 use crate::error::TicketError;
 use crate::segment::Lattice;
-use crate::session::{
-    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
-};
 
 /// A connected session with its statements prepared.
 pub(crate) struct PgSession {
@@ -228,13 +229,7 @@ impl PgSession {
             .map_err(pg_err(&self.server, "read the segment row"))?;
         match exists {
             Some(row) => Ok(Err(row.get(0))),
-            None => Err(TicketError::misconfigured(
-                &self.server,
-                format!(
-                    "sequence {:?} is not initialised (run `shardflake tickets init`)",
-                    seq.name
-                ),
-            )),
+            None => Err(not_initialised(&self.server, seq)),
         }
     }
 
@@ -388,7 +383,7 @@ impl PgSession {
         if marks.is_empty() {
             return Ok(());
         }
-        let values = crate::session::high_water_rows(marks);
+        let values = super::high_water_rows(marks);
         self.client
             .batch_execute(&format!(
                 "INSERT INTO {HW_TABLE} AS h (server_name, sequence_name, high_water) VALUES {values} ON CONFLICT (server_name, sequence_name) DO UPDATE SET high_water = GREATEST(h.high_water, EXCLUDED.high_water), updated_at = now()"
@@ -549,7 +544,7 @@ impl PgSession {
             match (seq.mode, config.postgres_tickets) {
                 (Mode::PerId, style) => {
                     if row.is_some() {
-                        return Err(crate::mariadb::mode_changed(&name, seq, "segment"));
+                        return Err(mode_changed(&name, seq, "segment"));
                     }
                     let sql = match style {
                         PgTickets::Sequence => format!(
@@ -578,7 +573,7 @@ impl PgSession {
                 }
                 (Mode::Segment, _) => {
                     if relation {
-                        return Err(crate::mariadb::mode_changed(&name, seq, "per-id"));
+                        return Err(mode_changed(&name, seq, "per-id"));
                     }
                     let start_row = Lattice::new(config, server).row_above(seq.start - 1);
                     self.client

@@ -10,12 +10,13 @@
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 
+use super::{
+    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
+    mode_changed, not_initialised,
+};
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 use crate::segment::Lattice;
-use crate::session::{
-    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
-};
 
 /// A connected session with the client's increment and offset set on it.
 pub(crate) struct MariaSession {
@@ -260,7 +261,7 @@ impl MariaSession {
         if marks.is_empty() {
             return Ok(());
         }
-        let values = crate::session::high_water_rows(marks);
+        let values = super::high_water_rows(marks);
         self.conn
             .query_drop(format!(
                 "INSERT INTO {HW_TABLE} (server_name, sequence_name, high_water) VALUES {values} ON DUPLICATE KEY UPDATE high_water = GREATEST(high_water, VALUES(high_water))"
@@ -551,24 +552,4 @@ impl MariaSession {
             sequences,
         })
     }
-}
-
-fn not_initialised(server: &str, seq: &SequenceConfig) -> TicketError {
-    TicketError::misconfigured(
-        server,
-        format!(
-            "sequence {:?} is not initialised (run `shardflake tickets init`)",
-            seq.name
-        ),
-    )
-}
-
-pub(crate) fn mode_changed(server: &str, seq: &SequenceConfig, was: &str) -> TicketError {
-    TicketError::misconfigured(
-        server,
-        format!(
-            "sequence {:?} is already {was} on this server; changing its mode would hand out ids twice",
-            seq.name
-        ),
-    )
 }
