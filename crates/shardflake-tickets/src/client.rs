@@ -151,8 +151,7 @@ impl TicketClient {
     }
 
     /// `count` ids of `sequence` (1 to [`Mode::max_count`]: [`MAX_COUNT`]
-    /// in segment mode, [`MAX_PER_ID_COUNT`] per id), increasing in segment
-    /// mode.
+    /// in segment mode, [`MAX_PER_ID_COUNT`] per id), in increasing order.
     pub async fn next_n(&self, sequence: &str, count: usize) -> Result<Vec<u64>, TicketError> {
         let (index, mode) = self.lookup(sequence)?;
         let max = mode.max_count();
@@ -165,6 +164,9 @@ impl TicketClient {
                 for _ in 0..count {
                     ids.push(self.inner.ticket(index).await?);
                 }
+                // Taken from the servers in turn, each counting on its own
+                // residue: ["11","10","13","12"] unsorted (issue 30).
+                ids.sort_unstable();
                 Ok(ids)
             }
             Mode::Segment => self.inner.take(index, count).await,

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod admin_locks;
+mod reply_order;
 mod repro;
 
 use shardflake_testkit::{MariaDbServer, PgServer};
