@@ -72,6 +72,9 @@ pub struct ServerMetrics {
     pub skipped_ids: u64,
 }
 
+/// An identity not known (see [`Server::tables`]).
+const UNKNOWN: i64 = i64::MIN;
+
 /// A server's state before its first connect.
 const NOT_CONNECTED: &str = "not connected yet";
 
@@ -89,6 +92,11 @@ pub(crate) struct Server {
     /// Per sequence: the largest answer it gave this client (per-id: an id;
     /// segment: a row). A later answer at or below means it went back.
     pub seen: Vec<AtomicI64>,
+    /// Per sequence: the identity of its table or sequence on the server
+    /// (`backend::Stamped`) when it was last checked against the marks
+    /// ([`UNKNOWN`]: never, or the server cannot say). An answer from
+    /// another is never handed out.
+    tables: Vec<AtomicI64>,
     /// Per sequence: the mark this client knows is written; every id it
     /// hands out from this server is at or below it.
     pub reserved: Vec<AtomicU64>,
@@ -127,6 +135,11 @@ impl Server {
                 .sequences
                 .iter()
                 .map(|_| AtomicI64::new(i64::MIN))
+                .collect(),
+            tables: config
+                .sequences
+                .iter()
+                .map(|_| AtomicI64::new(UNKNOWN))
                 .collect(),
             reserved: per_sequence(),
             wanted: per_sequence(),
@@ -182,6 +195,7 @@ impl Server {
             TicketError::BehindHighWater { .. }
             | TicketError::Misconfigured { .. }
             | TicketError::WentBack { .. }
+            | TicketError::Recreated { .. }
             | TicketError::NoHighWater { .. }
             | TicketError::LatticeChanged { .. } => self.set_health(Health::Refused(error.clone())),
             other => self.set_health(Health::Down(other.to_string())),
@@ -278,6 +292,13 @@ impl Server {
         };
         let span = config.failover.mark_ahead.saturating_mul(config.increment);
         let mut ahead = Vec::new();
+        // Read before the counters: a recreation after this read shows in
+        // the next answer (recorded after it, an answer from a table restored
+        // after the raise could pass).
+        let mut tables = Vec::with_capacity(config.sequences.len());
+        for seq in &config.sequences {
+            tables.push(session.identity(seq).await?.unwrap_or(UNKNOWN));
+        }
         for (i, seq) in config.sequences.iter().enumerate() {
             let counter = session
                 .counter(config, &self.config, seq)
@@ -334,6 +355,11 @@ impl Server {
                 }
             }
         }
+        // Every counter is past the marks now: answers from these tables
+        // may be handed out.
+        for (table, known) in tables.into_iter().zip(&self.tables) {
+            known.store(table, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -374,8 +400,14 @@ impl Server {
         };
         let started = Instant::now();
         let mut result = call(self, config, &mut session).await;
-        if pooled && matches!(result, Err(TicketError::Database { .. })) {
-            tracing::debug!(server = %self.config.name, "a pooled session failed; once more on a fresh one");
+        let retry = match &result {
+            Err(TicketError::Database { .. }) => pooled,
+            Err(TicketError::Recreated { .. }) => true,
+            _ => false,
+        };
+        if retry {
+            tracing::debug!(server = %self.config.name, error = ?result.as_ref().err(),
+                "once more on a fresh session, checked against the marks");
             session = self.open(config, store, true, alone).await?;
             result = call(self, config, &mut session).await;
         }
@@ -405,7 +437,10 @@ impl Server {
         // Any id answered before this call is sent was assigned before it:
         // a healthy server answers above it.
         let before = self.seen[index].load(Ordering::Relaxed);
-        let id = session.next_ticket(index, seq).await?;
+        let known = self.tables[index].load(Ordering::Acquire);
+        let stamped = session.next_ticket(index, seq).await?;
+        self.check_table(seq, known, stamped.table)?;
+        let id = stamped.value;
         let answer = id.min(i64::MAX as u64) as i64;
         self.seen[index].fetch_max(answer, Ordering::Relaxed);
         if answer <= before {
@@ -434,12 +469,37 @@ impl Server {
     ) -> Result<i64, TicketError> {
         let seq = &config.sequences[index];
         let seen = self.seen[index].load(Ordering::Relaxed);
-        match session.reserve(seq, floor, step, seen).await? {
+        let known = self.tables[index].load(Ordering::Acquire);
+        let stamped = session.reserve(seq, floor, step, seen).await?;
+        self.check_table(seq, known, stamped.table)?;
+        match stamped.value {
             Ok(row) => {
                 self.seen[index].fetch_max(row, Ordering::Relaxed);
                 Ok(row)
             }
             Err(row) => Err(self.went_back(seq, row, seen)),
+        }
+    }
+
+    /// An answer must come from the table or sequence that was checked
+    /// against the marks: `known`, read before the call was sent (a check
+    /// that completes meanwhile records its identity only after its raise).
+    fn check_table(
+        &self,
+        seq: &SequenceConfig,
+        known: i64,
+        table: Option<i64>,
+    ) -> Result<(), TicketError> {
+        match table {
+            Some(table) if known != UNKNOWN && table != known => {
+                // `tables` keeps the old identity: every answer from the
+                // new table is refused until a check records it.
+                Err(TicketError::Recreated {
+                    server: self.config.name.clone(),
+                    sequence: seq.name.clone(),
+                })
+            }
+            _ => Ok(()),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use crate::backend::mariadb::MariaSession;
 use crate::backend::postgres::PgSession;
-use crate::backend::{LatticeRecord, ServerSettings, check_lattice};
+use crate::backend::{LatticeRecord, ServerSettings, Stamped, check_lattice};
 use crate::config::{Config, Kind, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 use crate::segment::Lattice;
@@ -46,22 +46,31 @@ impl Session {
         &mut self,
         index: usize,
         seq: &SequenceConfig,
-    ) -> Result<u64, TicketError> {
+    ) -> Result<Stamped<u64>, TicketError> {
         match self {
             Session::Maria(s) => s.next_ticket(index, seq).await,
             Session::Pg(s) => s.next_ticket(index, seq).await,
         }
     }
 
+    /// The identity of the table or sequence `seq` counts with (see
+    /// [`Stamped`]).
+    pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
+        match self {
+            Session::Maria(s) => s.identity(seq).await,
+            Session::Pg(s) => s.identity(seq).await,
+        }
+    }
+
     /// Reserves a block: `Ok(row)`, or `Err(row)` when the row is below
-    /// `seen` (the server went back).
+    /// `seen` (the server went back); with the segment table's identity.
     pub async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
         step: i64,
         seen: i64,
-    ) -> Result<Result<i64, i64>, TicketError> {
+    ) -> Result<Stamped<Result<i64, i64>>, TicketError> {
         match self {
             Session::Maria(s) => s.reserve(seq, floor, step, seen).await,
             Session::Pg(s) => s.reserve(seq, floor, step, seen).await,

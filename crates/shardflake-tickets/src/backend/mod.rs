@@ -101,6 +101,19 @@ pub(crate) fn check_lattice(
     Ok(())
 }
 
+/// An answer with the identity of the table or sequence it came from,
+/// read in the same round trip: a restore that recreates the object (a
+/// dump loaded into a running server: `DROP`, `CREATE`, rows) changes it,
+/// so a client can tell an answer from a restored counter from a good one
+/// although the value alone looks fine to it. PostgreSQL: the relation's
+/// oid; MariaDB: the table's creation time (unix seconds). `None` where
+/// the server cannot say (MySQL has no `RETURNING`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamped<T> {
+    pub value: T,
+    pub table: Option<i64>,
+}
+
 /// `('server', 'sequence', id), ...`: the rows of a high-water upsert.
 /// Server and sequence names are plain identifiers (the config checks them),
 /// so they need no escaping.
