@@ -62,8 +62,9 @@ async fn repair_refused(config: &Config, what: &[&str]) {
     println!("refused after {:?}: {text}", started.elapsed());
 }
 
-/// Before the admin commands were bounded (`221c5d6`), `repair` waited
-/// for the lock: here past [`UNBOUNDED`].
+/// Without the bounds (the session's `lock_wait_timeout` and the admin
+/// limit on our side, both added for issue 27), `repair` waited for the
+/// lock past [`UNBOUNDED`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn repair_is_bounded_on_a_locked_mariadb_server() {
     let (a, b) = (maria(2, 1), maria(2, 2));
