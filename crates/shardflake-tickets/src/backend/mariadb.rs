@@ -628,3 +628,18 @@ impl MariaSession {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::has_returning;
+
+    #[test]
+    fn returning_from_mariadb_10_5_on() {
+        assert!(has_returning("10.11.19-MariaDB-0+deb12u1"));
+        assert!(has_returning("10.5.0-MariaDB"));
+        assert!(has_returning("11.4.2-MariaDB-log"));
+        assert!(!has_returning("10.4.34-MariaDB"));
+        assert!(!has_returning("8.0.36"));
+        assert!(!has_returning(""));
+    }
+}
