@@ -16,7 +16,8 @@
 //! servers that never overlap; failover with bounded timeouts; high-water
 //! marks written ahead of every id on the peers (and etcd), a server
 //! raised past them whenever it comes back, every answer compared with the
-//! previous one; each sequence's lattice recorded on the servers and checked
+//! previous one and carrying the identity of its table or sequence (so a
+//! dump loaded into a running server is seen by every client); each sequence's lattice recorded on the servers and checked
 //! by every session; typed errors with stable codes, and no wrap at a
 //! 32-bit sequence's end.
 //!
