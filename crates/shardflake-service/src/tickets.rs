@@ -122,6 +122,28 @@ fn parse_mark(server: &str, key: &[u8], value: &[u8]) -> Result<u64, TicketError
 }
 
 impl HighWaterStore for EtcdHighWater {
+    /// A compare-and-set: the mark is lowered only while it still holds
+    /// `expected` (written as [`EtcdHighWater::raise`] writes it); a mark
+    /// another writer moved is kept, its ids skipped.
+    fn give_back<'a>(
+        &'a self,
+        server: &'a str,
+        sequence: &'a str,
+        expected: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        Box::pin(async move {
+            let key = format!("{}{sequence}", self.server_prefix(server)).into_bytes();
+            let compare = Compare::ValueIs(key.clone(), expected.to_string().into_bytes());
+            let put = [Op::Put(key, to.to_string().into_bytes(), 0)];
+            self.client
+                .txn(&[compare], &put, &[])
+                .await
+                .map_err(|e| etcd_failed(server, e))?;
+            Ok(())
+        })
+    }
+
     fn record<'a>(
         &'a self,
         server: &'a str,
@@ -177,6 +199,24 @@ impl HighWaterStore for EtcdAndPeers {
             let (etcd, peers) = tokio::join!(
                 self.etcd.record(server, marks),
                 self.peers.record(server, marks)
+            );
+            either(server, [etcd, peers]).map(drop)
+        })
+    }
+
+    /// Lowered in both, each by its own compare-and-set: a place that
+    /// keeps the higher mark makes the ids skipped, never repeated.
+    fn give_back<'a>(
+        &'a self,
+        server: &'a str,
+        sequence: &'a str,
+        expected: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        Box::pin(async move {
+            let (etcd, peers) = tokio::join!(
+                self.etcd.give_back(server, sequence, expected, to),
+                self.peers.give_back(server, sequence, expected, to)
             );
             either(server, [etcd, peers]).map(drop)
         })

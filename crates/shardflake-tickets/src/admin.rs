@@ -25,10 +25,11 @@
 use std::fmt;
 use std::future::Future;
 
+use crate::backend::{LatticeRecord, ServerSettings};
 use crate::config::{Config, Kind, ServerConfig};
 use crate::error::TicketError;
 use crate::high_water::{HighWaterStore, PeersStore};
-use crate::session::{LatticeRecord, ServerSettings, Session};
+use crate::session::Session;
 
 /// The marks on the peers, each place given the admin limit.
 fn admin_store(config: &Config) -> PeersStore {

@@ -15,19 +15,14 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, Mode};
 use crate::error::{ServerFailure, TicketError};
-use crate::failover::{Health, Op, Outcome, Server, ServerMetrics, alone, call_order};
+use crate::failover::{Health, Server, ServerMetrics, alone, call_order};
+use crate::high_water::BoxFuture;
 use crate::high_water::{HighWaterStore, PeersStore};
 use crate::segment::{Block, SegmentSequence, Take, adapt};
+use crate::session::Session;
 
-/// The most ids one [`TicketClient::next_n`] call returns from a segment
-/// sequence (served from memory).
-pub const MAX_COUNT: usize = 100_000;
-
-/// The most ids one [`TicketClient::next_n`] call takes from a per-id
-/// sequence. Each costs a round trip in turn (a pair answers about 2,500
-/// a second here), so a request stays well under a second; a caller who
-/// wants more at once wants a segment sequence.
-pub const MAX_PER_ID_COUNT: usize = 1_000;
+/// The limits on one call, kept at their old path.
+pub use crate::config::{MAX_COUNT, MAX_PER_ID_COUNT};
 
 pub(crate) struct Inner {
     pub config: Config,
@@ -156,8 +151,7 @@ impl TicketClient {
     }
 
     /// `count` ids of `sequence` (1 to [`Mode::max_count`]: [`MAX_COUNT`]
-    /// in segment mode, [`MAX_PER_ID_COUNT`] per id), increasing in segment
-    /// mode.
+    /// in segment mode, [`MAX_PER_ID_COUNT`] per id), in increasing order.
     pub async fn next_n(&self, sequence: &str, count: usize) -> Result<Vec<u64>, TicketError> {
         let (index, mode) = self.lookup(sequence)?;
         let max = mode.max_count();
@@ -170,6 +164,9 @@ impl TicketClient {
                 for _ in 0..count {
                     ids.push(self.inner.ticket(index).await?);
                 }
+                // Taken from the servers in turn, each counting on its own
+                // residue: ["11","10","13","12"] unsorted (issue 30).
+                ids.sort_unstable();
                 Ok(ids)
             }
             Mode::Segment => self.inner.take(index, count).await,
@@ -224,11 +221,7 @@ impl TicketClient {
                 let server = &self.inner.servers[block.server];
                 let unused = block.size - block.taken;
                 let lost = block.lost_on_give_back();
-                let op = Op::GiveBack {
-                    index,
-                    expected: block.row,
-                    to: block.give_back_to(),
-                };
+                let (expected, to) = (block.row, block.give_back_to());
                 let timeout = self.inner.config.failover.attempt_timeout();
                 let given_back = matches!(
                     tokio::time::timeout(
@@ -236,12 +229,14 @@ impl TicketClient {
                         server.run(
                             &self.inner.config,
                             &*self.inner.store,
-                            op,
-                            alone(&self.inner.servers, server.index)
+                            alone(&self.inner.servers, server.index),
+                            move |_, config, session| {
+                                Box::pin(session.give_back(&config.sequences[index], expected, to))
+                            },
                         )
                     )
                     .await,
-                    Ok(Ok(Outcome::Done(true)))
+                    Ok(Ok(true))
                 );
                 if given_back {
                     // The mark follows the row, under the same compare-and-set.
@@ -441,13 +436,17 @@ impl Inner {
         self.write_marks(s, &[(seq.name.clone(), mark)]).await
     }
 
-    /// Runs `op` on the servers in [`call_order`] until one answers, within the
-    /// call's timeout.
-    async fn failover(
+    /// Runs `call` on the servers in [`call_order`] until one answers,
+    /// within the call's timeout: that server's index and its answer.
+    async fn failover<T>(
         &self,
         index: usize,
-        op: impl Fn(&Server) -> Op,
-    ) -> Result<(usize, Outcome), TicketError> {
+        call: impl for<'s> Fn(
+            &'s Server,
+            &'s Config,
+            &'s mut Session,
+        ) -> BoxFuture<'s, Result<T, TicketError>>,
+    ) -> Result<(usize, T), TicketError> {
         let f = &self.config.failover;
         let deadline = Instant::now() + f.timeout();
         let first = self.next_server.fetch_add(1, Ordering::Relaxed);
@@ -473,8 +472,8 @@ impl Inner {
                 server.run(
                     &self.config,
                     &*self.store,
-                    op(server),
                     alone(&self.servers, server.index),
+                    &call,
                 ),
             )
             .await
@@ -486,9 +485,9 @@ impl Inner {
                 })
             });
             match result {
-                Ok(outcome) => {
+                Ok(answer) => {
                     server.mark_up();
-                    return Ok((server.index, outcome));
+                    return Ok((server.index, answer));
                 }
                 Err(e @ TicketError::Exhausted { .. }) => {
                     failures.push(ServerFailure {
@@ -514,13 +513,13 @@ impl Inner {
 
     /// One per-id ticket.
     async fn ticket(&self, index: usize) -> Result<u64, TicketError> {
-        match self.failover(index, |_| Op::Ticket(index)).await? {
-            (server, Outcome::Id(id)) => {
-                self.cover(server, index, id).await?;
-                Ok(id)
-            }
-            _ => Err(TicketError::db("*", "ticket", "unexpected answer")),
-        }
+        let (server, id) = self
+            .failover(index, move |server, config, session| {
+                Box::pin(server.ticket(config, session, index))
+            })
+            .await?;
+        self.cover(server, index, id).await?;
+        Ok(id)
     }
 
     /// `count` ids from the segment buffers of sequence `index`.
@@ -605,16 +604,16 @@ impl Inner {
         tokio::spawn(async move {
             let seq = &inner.config.sequences[index];
             let mut result = inner
-                .failover(index, |server| Op::Reserve {
-                    index,
-                    floor: server.lattice.row_above(floor),
-                    step: chunks * server.lattice.stride(),
+                .failover(index, move |server, config, session| {
+                    let floor = server.lattice.row_above(floor);
+                    let step = chunks * server.lattice.stride();
+                    Box::pin(server.reserve(config, session, index, floor, step))
                 })
                 .await;
             // The block's mark is written before any of its ids is handed
             // out; a block whose mark no place took is never used (its ids
             // are skipped).
-            if let Ok((server, Outcome::Row(row))) = &result {
+            if let Ok((server, row)) = &result {
                 let s = &inner.servers[*server];
                 let mark = s.lattice.counter_of_row(*row);
                 if let Err(e) = inner.write_marks(s, &[(seq.name.clone(), mark)]).await {
@@ -629,7 +628,7 @@ impl Inner {
             if let Ok(mut b) = segment.buffers.lock() {
                 b.fetching = false;
                 match result {
-                    Ok((server, Outcome::Row(row))) => {
+                    Ok((server, row)) => {
                         let lattice = inner.servers[server].lattice;
                         let block = Block::new(
                             server,
@@ -645,7 +644,6 @@ impl Inner {
                             b.next = Some(block);
                         }
                     }
-                    Ok(_) => b.failure = Some(TicketError::db("*", "reserve", "unexpected answer")),
                     Err(e) => b.failure = Some(e),
                 }
             }

@@ -41,6 +41,16 @@ pub const MAX_32: u64 = u32::MAX as u64;
 /// `bigint` and the segment rows are signed.
 pub const MAX_64: u64 = i64::MAX as u64;
 
+/// The most ids one [`TicketClient::next_n`](crate::TicketClient::next_n)
+/// call returns from a segment sequence (served from memory).
+pub const MAX_COUNT: usize = 100_000;
+
+/// The most ids one [`TicketClient::next_n`](crate::TicketClient::next_n)
+/// call takes from a per-id sequence. Each costs a round trip in turn (a
+/// pair answers about 2,500 a second here), so a request stays well under a
+/// second; a caller who wants more at once wants a segment sequence.
+pub const MAX_PER_ID_COUNT: usize = 1_000;
+
 /// A bad configuration file; every message names the offending entry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -195,8 +205,8 @@ impl Mode {
     /// call returns in this mode.
     pub const fn max_count(self) -> usize {
         match self {
-            Mode::PerId => crate::client::MAX_PER_ID_COUNT,
-            Mode::Segment => crate::client::MAX_COUNT,
+            Mode::PerId => MAX_PER_ID_COUNT,
+            Mode::Segment => MAX_COUNT,
         }
     }
 }

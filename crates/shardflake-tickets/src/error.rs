@@ -79,6 +79,21 @@ pub enum TicketError {
         /// The largest answer seen from it before.
         seen: i64,
     },
+    /// The table or sequence a server counts a sequence with was recreated
+    /// since the client last checked it against the marks (a dump loaded
+    /// into the running server drops and creates it): its counter may be
+    /// behind ids other clients handed out. The answer is never handed
+    /// out; the server is checked against the marks again (and raised past
+    /// them) before it is used.
+    #[error(
+        "server {server:?}: the table or sequence of {sequence:?} was recreated since it was last checked (a dump loaded into the running server?); its answer is not used, and the server is checked against its high-water marks again"
+    )]
+    Recreated {
+        /// The server.
+        server: String,
+        /// The sequence.
+        sequence: String,
+    },
     /// No place holding a server's marks answered (its peers, etcd) and the
     /// client has none of its own: the server could have been restored
     /// behind ids already handed out, so it is not used.
@@ -150,7 +165,7 @@ fn list(failures: &[ServerFailure]) -> String {
 impl TicketError {
     /// A stable, machine-readable code: `bad_config`, `unknown_sequence`,
     /// `bad_count`, `unavailable`, `exhausted`, `behind_high_water`,
-    /// `went_back`, `no_high_water`, `lattice_changed`, `misconfigured`,
+    /// `went_back`, `recreated`, `no_high_water`, `lattice_changed`, `misconfigured`,
     /// `database`, `timeout`.
     pub fn code(&self) -> &'static str {
         match self {
@@ -161,6 +176,7 @@ impl TicketError {
             TicketError::Exhausted { .. } => "exhausted",
             TicketError::BehindHighWater { .. } => "behind_high_water",
             TicketError::WentBack { .. } => "went_back",
+            TicketError::Recreated { .. } => "recreated",
             TicketError::NoHighWater { .. } => "no_high_water",
             TicketError::LatticeChanged { .. } => "lattice_changed",
             TicketError::Misconfigured { .. } => "misconfigured",
@@ -180,8 +196,8 @@ impl TicketError {
     pub(crate) fn lattice_changed(
         server: &str,
         sequence: &str,
-        recorded: &crate::session::LatticeRecord,
-        file: &crate::session::LatticeRecord,
+        recorded: &dyn std::fmt::Display,
+        file: &dyn std::fmt::Display,
     ) -> TicketError {
         TicketError::LatticeChanged {
             server: server.to_string(),

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
-use crate::high_water::HighWaterStore;
+use crate::high_water::{BoxFuture, HighWaterStore};
 use crate::segment::Lattice;
 use crate::session::Session;
 
@@ -49,29 +49,6 @@ impl Health {
     }
 }
 
-/// What one server's call does.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Op {
-    /// A per-id ticket of sequence `index`.
-    Ticket(usize),
-    /// Reserve a block: `max_id = GREATEST(max_id, floor) + step`.
-    Reserve { index: usize, floor: i64, step: i64 },
-    /// Set the row back to `to` if it is still `expected`.
-    GiveBack {
-        index: usize,
-        expected: i64,
-        to: i64,
-    },
-}
-
-/// What it gave back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    Id(u64),
-    Row(i64),
-    Done(bool),
-}
-
 /// A server's metrics, at one moment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerMetrics {
@@ -95,6 +72,9 @@ pub struct ServerMetrics {
     pub skipped_ids: u64,
 }
 
+/// An identity not known (see [`Server::tables`]).
+const UNKNOWN: i64 = i64::MIN;
+
 /// A server's state before its first connect.
 const NOT_CONNECTED: &str = "not connected yet";
 
@@ -112,6 +92,11 @@ pub(crate) struct Server {
     /// Per sequence: the largest answer it gave this client (per-id: an id;
     /// segment: a row). A later answer at or below means it went back.
     pub seen: Vec<AtomicI64>,
+    /// Per sequence: the identity of its table or sequence on the server
+    /// (`backend::Stamped`) when it was last checked against the marks
+    /// ([`UNKNOWN`]: never, or the server cannot say). An answer from
+    /// another is never handed out.
+    tables: Vec<AtomicI64>,
     /// Per sequence: the mark this client knows is written; every id it
     /// hands out from this server is at or below it.
     pub reserved: Vec<AtomicU64>,
@@ -150,6 +135,11 @@ impl Server {
                 .sequences
                 .iter()
                 .map(|_| AtomicI64::new(i64::MIN))
+                .collect(),
+            tables: config
+                .sequences
+                .iter()
+                .map(|_| AtomicI64::new(UNKNOWN))
                 .collect(),
             reserved: per_sequence(),
             wanted: per_sequence(),
@@ -205,6 +195,7 @@ impl Server {
             TicketError::BehindHighWater { .. }
             | TicketError::Misconfigured { .. }
             | TicketError::WentBack { .. }
+            | TicketError::Recreated { .. }
             | TicketError::NoHighWater { .. }
             | TicketError::LatticeChanged { .. } => self.set_health(Health::Refused(error.clone())),
             other => self.set_health(Health::Down(other.to_string())),
@@ -301,6 +292,13 @@ impl Server {
         };
         let span = config.failover.mark_ahead.saturating_mul(config.increment);
         let mut ahead = Vec::new();
+        // Read before the counters: a recreation after this read shows in
+        // the next answer (recorded after it, an answer from a table restored
+        // after the raise could pass).
+        let mut tables = Vec::with_capacity(config.sequences.len());
+        for seq in &config.sequences {
+            tables.push(session.identity(seq).await?.unwrap_or(UNKNOWN));
+        }
         for (i, seq) in config.sequences.iter().enumerate() {
             let counter = session
                 .counter(config, &self.config, seq)
@@ -357,21 +355,31 @@ impl Server {
                 }
             }
         }
+        // Every counter is past the marks now: answers from these tables
+        // may be handed out.
+        for (table, known) in tables.into_iter().zip(&self.tables) {
+            known.store(table, Ordering::Release);
+        }
         Ok(())
     }
 
-    /// Runs `op` on one of its sessions (opening it if needed). A session
-    /// whose call failed is dropped (also when the caller's timeout cancels
-    /// the call: the session is out of its slot while in use); a pooled one
-    /// that failed (the server restarted under it?) is replaced by a fresh,
-    /// checked one and the call runs once more.
-    pub async fn run(
+    /// Runs `call` on one of its sessions (opening it if needed) and
+    /// returns its typed answer. A session whose call failed is dropped
+    /// (also when the caller's timeout cancels the call: the session is out
+    /// of its slot while in use); a pooled one that failed (the server
+    /// restarted under it?) is replaced by a fresh, checked one and the call
+    /// runs once more.
+    pub async fn run<T>(
         &self,
         config: &Config,
         store: &dyn HighWaterStore,
-        op: Op,
         alone: bool,
-    ) -> Result<Outcome, TicketError> {
+        call: impl for<'s> Fn(
+            &'s Server,
+            &'s Config,
+            &'s mut Session,
+        ) -> BoxFuture<'s, Result<T, TicketError>>,
+    ) -> Result<T, TicketError> {
         let _in_flight = InFlight::enter(&self.in_flight);
         let n = self.slots.len();
         let first = self.next_slot.fetch_add(1, Ordering::Relaxed);
@@ -391,11 +399,17 @@ impl Server {
             None => (self.open(config, store, false, alone).await?, false),
         };
         let started = Instant::now();
-        let mut result = self.execute(config, &mut session, op).await;
-        if pooled && matches!(result, Err(TicketError::Database { .. })) {
-            tracing::debug!(server = %self.config.name, "a pooled session failed; once more on a fresh one");
+        let mut result = call(self, config, &mut session).await;
+        let retry = match &result {
+            Err(TicketError::Database { .. }) => pooled,
+            Err(TicketError::Recreated { .. }) => true,
+            _ => false,
+        };
+        if retry {
+            tracing::debug!(server = %self.config.name, error = ?result.as_ref().err(),
+                "once more on a fresh session, checked against the marks");
             session = self.open(config, store, true, alone).await?;
-            result = self.execute(config, &mut session, op).await;
+            result = call(self, config, &mut session).await;
         }
         match &result {
             Ok(_) => {
@@ -411,53 +425,81 @@ impl Server {
         result
     }
 
-    /// One operation on one session, its answer checked.
-    async fn execute(
+    /// One per-id ticket of sequence `index`, checked against the previous
+    /// answer and the residue.
+    pub async fn ticket(
         &self,
         config: &Config,
         session: &mut Session,
-        op: Op,
-    ) -> Result<Outcome, TicketError> {
-        match op {
-            Op::Ticket(index) => {
-                let seq = &config.sequences[index];
-                // Any id answered before this call is sent was assigned
-                // before it: a healthy server answers above it.
-                let before = self.seen[index].load(Ordering::Relaxed);
-                let id = session.next_ticket(index, seq).await?;
-                let answer = id.min(i64::MAX as u64) as i64;
-                self.seen[index].fetch_max(answer, Ordering::Relaxed);
-                if answer <= before {
-                    return Err(self.went_back(seq, answer, before));
-                }
-                self.check_residue(config, id)?;
-                if id > seq.max_id() {
-                    return Err(TicketError::Exhausted {
-                        sequence: seq.name.clone(),
-                        max: seq.max_id(),
-                    });
-                }
-                Ok(Outcome::Id(id))
+        index: usize,
+    ) -> Result<u64, TicketError> {
+        let seq = &config.sequences[index];
+        // Any id answered before this call is sent was assigned before it:
+        // a healthy server answers above it.
+        let before = self.seen[index].load(Ordering::Relaxed);
+        let known = self.tables[index].load(Ordering::Acquire);
+        let stamped = session.next_ticket(index, seq).await?;
+        self.check_table(seq, known, stamped.table)?;
+        let id = stamped.value;
+        let answer = id.min(i64::MAX as u64) as i64;
+        self.seen[index].fetch_max(answer, Ordering::Relaxed);
+        if answer <= before {
+            return Err(self.went_back(seq, answer, before));
+        }
+        self.check_residue(config, id)?;
+        if id > seq.max_id() {
+            return Err(TicketError::Exhausted {
+                sequence: seq.name.clone(),
+                max: seq.max_id(),
+            });
+        }
+        Ok(id)
+    }
+
+    /// Reserves a block of sequence `index` (`max_id = GREATEST(max_id,
+    /// floor) + step`): the row after it, at or above every row this
+    /// client saw from the server.
+    pub async fn reserve(
+        &self,
+        config: &Config,
+        session: &mut Session,
+        index: usize,
+        floor: i64,
+        step: i64,
+    ) -> Result<i64, TicketError> {
+        let seq = &config.sequences[index];
+        let seen = self.seen[index].load(Ordering::Relaxed);
+        let known = self.tables[index].load(Ordering::Acquire);
+        let stamped = session.reserve(seq, floor, step, seen).await?;
+        self.check_table(seq, known, stamped.table)?;
+        match stamped.value {
+            Ok(row) => {
+                self.seen[index].fetch_max(row, Ordering::Relaxed);
+                Ok(row)
             }
-            Op::Reserve { index, floor, step } => {
-                let seq = &config.sequences[index];
-                let seen = self.seen[index].load(Ordering::Relaxed);
-                match session.reserve(seq, floor, step, seen).await? {
-                    Ok(row) => {
-                        self.seen[index].fetch_max(row, Ordering::Relaxed);
-                        Ok(Outcome::Row(row))
-                    }
-                    Err(row) => Err(self.went_back(seq, row, seen)),
-                }
+            Err(row) => Err(self.went_back(seq, row, seen)),
+        }
+    }
+
+    /// An answer must come from the table or sequence that was checked
+    /// against the marks: `known`, read before the call was sent (a check
+    /// that completes meanwhile records its identity only after its raise).
+    fn check_table(
+        &self,
+        seq: &SequenceConfig,
+        known: i64,
+        table: Option<i64>,
+    ) -> Result<(), TicketError> {
+        match table {
+            Some(table) if known != UNKNOWN && table != known => {
+                // `tables` keeps the old identity: every answer from the
+                // new table is refused until a check records it.
+                Err(TicketError::Recreated {
+                    server: self.config.name.clone(),
+                    sequence: seq.name.clone(),
+                })
             }
-            Op::GiveBack {
-                index,
-                expected,
-                to,
-            } => session
-                .give_back(&config.sequences[index], expected, to)
-                .await
-                .map(Outcome::Done),
+            _ => Ok(()),
         }
     }
 

@@ -16,22 +16,28 @@
 //! servers that never overlap; failover with bounded timeouts; high-water
 //! marks written ahead of every id on the peers (and etcd), a server
 //! raised past them whenever it comes back, every answer compared with the
-//! previous one; each sequence's lattice recorded on the servers and checked
+//! previous one and carrying the identity of its table or sequence (so a
+//! dump loaded into a running server is seen by every client); each sequence's lattice recorded on the servers and checked
 //! by every session; typed errors with stable codes, and no wrap at a
 //! 32-bit sequence's end.
 //!
 //! # Map of the modules
 //!
-//! - [`config`]: the TOML file, validated ([`Config`], [`ConfigError`]).
+//! - [`config`]: the TOML file, validated ([`Config`], [`ConfigError`]),
+//!   and the limits on one call.
 //! - [`error`]: [`TicketError`] and its codes.
-//! - `mariadb`, `postgres`: one session of each kind: the SQL, one round
-//!   trip per id or block; `session`: the enum over the two.
+//! - `backend`: one file per database (`backend/mariadb.rs`,
+//!   `backend/postgres.rs`), one session of each kind: the SQL, one round
+//!   trip per id or block; and what both share (the tables, the lattice
+//!   record, what `check` reads). `session`: the enum over the two, which
+//!   the layers above call.
 //! - [`segment`]: the residue classes of blocks, a block, the double buffer.
 //! - [`failover`]: a server's sessions, breaker state, checks, metrics.
 //! - [`high_water`]: [`HighWaterStore`] and the peers-backed [`PeersStore`].
 //! - [`client`]: [`TicketClient`], what the CLI and the service call.
 //! - [`admin`]: `init`, `check`, `repair`, `reshape`.
-//! - [`bench`](mod@bench): the client against a bare loop, for `shardflake tickets bench`.
+//!
+//! The benchmark harness (`shardflake tickets bench`) is the CLI's.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), shardflake_tickets::TicketError> {
@@ -45,25 +51,23 @@
 #![warn(missing_docs)]
 
 pub mod admin;
-pub mod bench;
+mod backend;
 pub mod client;
 pub mod config;
 pub mod error;
 pub mod failover;
 pub mod high_water;
-mod mariadb;
-mod postgres;
 pub mod segment;
 mod session;
 
-pub use client::{MAX_COUNT, MAX_PER_ID_COUNT, ShutdownReport, TicketClient};
-pub use config::{Config, ConfigError, Kind, Mode, PgTickets};
+pub use backend::{
+    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
+};
+pub use client::{ShutdownReport, TicketClient};
+pub use config::{Config, ConfigError, Kind, MAX_COUNT, MAX_PER_ID_COUNT, Mode, PgTickets};
 pub use error::{ServerFailure, TicketError};
 pub use failover::{Health, ServerMetrics};
 pub use high_water::{HighWaterStore, PeersStore};
-pub use session::{
-    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
-};
 
 /// The MariaDB/MySQL client this crate uses.
 pub use mysql_async;

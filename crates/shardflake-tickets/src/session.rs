@@ -1,147 +1,19 @@
 //! One connection to one ticket server, whatever its kind: the operations
 //! the client, the high-water store and the admin commands need, each one
-//! round trip, dispatched to [`crate::mariadb`] or [`crate::postgres`].
+//! round trip, dispatched to the backend of its kind
+//! ([`crate::backend::mariadb`], [`crate::backend::postgres`]).
 
+use crate::backend::mariadb::MariaSession;
+use crate::backend::postgres::PgSession;
+use crate::backend::{LatticeRecord, ServerSettings, Stamped, check_lattice};
 use crate::config::{Config, Kind, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
-use crate::mariadb::MariaSession;
-use crate::postgres::PgSession;
 use crate::segment::Lattice;
-
-/// The segment rows: one per segment sequence.
-pub const SEGMENT_TABLE: &str = "shardflake_ticket_segments";
-/// The high-water marks of every server, kept on its peers.
-pub const HW_TABLE: &str = "shardflake_ticket_hw";
-/// Each sequence's lattice as `init` recorded it on this server.
-pub const LATTICE_TABLE: &str = "shardflake_ticket_lattice";
-
-/// What fixes which ids a server hands out for one sequence: recorded on
-/// the server by `init`, compared with the file by every session.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LatticeRecord {
-    /// The server's name in the file.
-    pub server: String,
-    /// The file's increment.
-    pub increment: u64,
-    /// The server's offset.
-    pub offset: u64,
-    /// `per-id` or `segment`.
-    pub mode: String,
-    /// 32 or 64.
-    pub bits: u32,
-    /// The segment chunk (0 in per-id mode, where it plays no part).
-    pub chunk: u64,
-}
-
-impl LatticeRecord {
-    /// What the file says for `seq` on `server`.
-    pub fn of(config: &Config, server: &ServerConfig, seq: &SequenceConfig) -> LatticeRecord {
-        LatticeRecord {
-            server: server.name.clone(),
-            increment: config.increment,
-            offset: server.offset,
-            mode: seq.mode.as_str().to_string(),
-            bits: seq.bits,
-            chunk: if seq.mode == crate::config::Mode::Segment {
-                config.segment.chunk
-            } else {
-                0
-            },
-        }
-    }
-}
-
-impl std::fmt::Display for LatticeRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "server name {} increment {} offset {} mode {} bits {}",
-            self.server, self.increment, self.offset, self.mode, self.bits
-        )?;
-        if self.chunk > 0 {
-            write!(f, " chunk {}", self.chunk)?;
-        }
-        Ok(())
-    }
-}
-
-/// Compares the records read from a server with the file: the first
-/// sequence whose record is missing or differs is an error.
-pub(crate) fn check_lattice(
-    config: &Config,
-    server: &ServerConfig,
-    recorded: &[(String, LatticeRecord)],
-) -> Result<(), TicketError> {
-    for seq in &config.sequences {
-        let file = LatticeRecord::of(config, server, seq);
-        match recorded.iter().find(|(name, _)| *name == seq.name) {
-            None => {
-                return Err(TicketError::misconfigured(
-                    &server.name,
-                    format!(
-                        "sequence {:?} has no recorded lattice (run `shardflake tickets init`)",
-                        seq.name
-                    ),
-                ));
-            }
-            Some((_, r)) if *r != file => {
-                return Err(TicketError::lattice_changed(
-                    &server.name,
-                    &seq.name,
-                    r,
-                    &file,
-                ));
-            }
-            Some(_) => {}
-        }
-    }
-    Ok(())
-}
-
-/// `('server', 'sequence', id), ...`: the rows of a high-water upsert.
-/// Server and sequence names are plain identifiers (the config checks them),
-/// so they need no escaping.
-pub(crate) fn high_water_rows(marks: &[(String, String, u64)]) -> String {
-    marks
-        .iter()
-        .map(|(s, q, hw)| format!("('{s}', '{q}', {hw})"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 /// A connected session.
 pub(crate) enum Session {
     Maria(MariaSession),
     Pg(PgSession),
-}
-
-/// What `check` reads from one server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerSettings {
-    /// MariaDB `@@global.auto_increment_increment`, `…_offset`.
-    pub global: Option<(u64, u64)>,
-    /// The same for the client's session, after it set them.
-    pub session: Option<(u64, u64)>,
-    /// Durability settings that can make a crash hand out ids again.
-    pub warnings: Vec<String>,
-    /// Each sequence.
-    pub sequences: Vec<SequenceState>,
-}
-
-/// One sequence on one server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SequenceState {
-    /// The sequence.
-    pub name: String,
-    /// Its table, sequence or row, and type.
-    pub detail: String,
-    /// The largest id its counter says may have been handed out (`None`:
-    /// not initialised).
-    pub counter: Option<u64>,
-    /// The high-water its peers hold for it.
-    pub high_water: Option<u64>,
-    /// What is wrong with it, if anything.
-    pub problem: Option<String>,
 }
 
 impl Session {
@@ -174,22 +46,31 @@ impl Session {
         &mut self,
         index: usize,
         seq: &SequenceConfig,
-    ) -> Result<u64, TicketError> {
+    ) -> Result<Stamped<u64>, TicketError> {
         match self {
             Session::Maria(s) => s.next_ticket(index, seq).await,
             Session::Pg(s) => s.next_ticket(index, seq).await,
         }
     }
 
+    /// The identity of the table or sequence `seq` counts with (see
+    /// [`Stamped`]).
+    pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
+        match self {
+            Session::Maria(s) => s.identity(seq).await,
+            Session::Pg(s) => s.identity(seq).await,
+        }
+    }
+
     /// Reserves a block: `Ok(row)`, or `Err(row)` when the row is below
-    /// `seen` (the server went back).
+    /// `seen` (the server went back); with the segment table's identity.
     pub async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
         step: i64,
         seen: i64,
-    ) -> Result<Result<i64, i64>, TicketError> {
+    ) -> Result<Stamped<Result<i64, i64>>, TicketError> {
         match self {
             Session::Maria(s) => s.reserve(seq, floor, step, seen).await,
             Session::Pg(s) => s.reserve(seq, floor, step, seen).await,

@@ -9,9 +9,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use shardflake_service::{Config as ServeConfig, RawConfig};
-use shardflake_tickets::{
-    Config, HighWaterStore, MAX_COUNT, TicketClient, TicketError, admin, bench,
-};
+use shardflake_tickets::{Config, HighWaterStore, MAX_COUNT, TicketClient, TicketError, admin};
+
+mod bench;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -429,3 +429,36 @@ async fn etcd_marks_raise_a_lone_server_restored_behind() -> anyhow::Result<()> 
     assert!(ids_of(&body)?.iter().all(|&id| id > top), "{body}");
     s.stop().await
 }
+
+/// With `--etcd` the drain's give-back lowers the mark in etcd too
+/// (compare-and-set), so the next client starts right after the last id
+/// handed out, as without etcd. Before: etcd kept the end of the blocks
+/// the service held (2,000 here), and the next client was raised past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_drain_gives_the_segment_tail_back_through_etcd() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let pg = PgServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let text = format!(
+        "{}[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n[[sequences]]\nname = \"solo\"\nmode = \"segment\"\n",
+        server_toml("a", "postgres", &pg.url(), 1)
+    );
+    let (path, tickets) = tickets_file(&dir, &text).await?;
+    let serve_toml = format!(
+        "tickets = {path:?}\n[etcd]\nendpoints = [{:?}]\nprefix = \"/t\"\nlease_ttl = \"5s\"\nsafety_margin = \"1s\"",
+        etcd.urls()
+    );
+    let s = Server::start(&serve_toml).await?;
+    let mut c = Http::new(&s.http);
+    let (status, body) = c.get("/v1/tickets/solo?count=250").await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ids_of(&body)?, (1..=250).collect::<Vec<_>>());
+    s.stop().await?;
+    let mark = etcd.get("/t/tickets/hw/a/solo").await?;
+    assert_eq!(mark.as_deref(), Some("300"), "the mark in etcd");
+    let server_config = config(&dir, &serve_toml)?;
+    let store = shardflake_service::tickets::high_water_store(&tickets, &server_config.node)?;
+    let next = TicketClient::connect_with_store(tickets, store).await?;
+    assert_eq!(next.next("solo").await?, 301);
+    Ok(())
+}

@@ -9,6 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod admin_locks;
+mod live_restore;
+mod reply_order;
 mod repro;
 
 use shardflake_testkit::{MariaDbServer, PgServer};

@@ -15,7 +15,7 @@ use super::{assert_unique, init_ok, maria, server_toml, state};
 
 /// Fixed blocks of 1,000 ids (10 chunks of 100), so which block is where
 /// is known.
-const FIXED: &str = r#"
+pub(super) const FIXED: &str = r#"
 [failover]
 attempt_timeout_ms = 1000
 timeout_ms = 3000
@@ -45,7 +45,7 @@ fn pair(a: &MariaDbServer, b: &MariaDbServer, extra: &str) -> Config {
 }
 
 /// `mariadb-dump` of the whole `app` database, to a file.
-fn dump(m: &MariaDbServer, tag: &str) -> PathBuf {
+pub(super) fn dump(m: &MariaDbServer, tag: &str) -> PathBuf {
     let out = Command::new("mariadb-dump")
         .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
         .arg(format!("-P{}", m.port))
@@ -63,7 +63,7 @@ fn dump(m: &MariaDbServer, tag: &str) -> PathBuf {
 }
 
 /// Loads a dump into the running server (its sessions stay open).
-fn restore(m: &MariaDbServer, path: &Path) {
+pub(super) fn restore(m: &MariaDbServer, path: &Path) {
     m.sql(&format!("source {}", path.display())).unwrap();
 }
 

@@ -1,5 +1,6 @@
-//! Throughput of the client against a bare loop on the same servers, for
-//! `shardflake tickets bench` and `scripts/bench-tickets.sh`: `tasks`
+//! Throughput of the tickets client against a bare loop on the same
+//! servers, for `shardflake tickets bench` and `scripts/bench-tickets.sh`
+//! (the CLI's, not the library's: a library holds no benchmark harness): `tasks`
 //! concurrent callers for a fixed time, counting ids, errors, and when the
 //! errors happened (a server killed under load shows as an error window).
 
@@ -7,29 +8,27 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use mysql_async::prelude::*;
-
-use crate::client::TicketClient;
-use crate::config::{Config, Kind};
-use crate::error::TicketError;
+use anyhow::Context;
+use shardflake_tickets::mysql_async::{self, prelude::*};
+use shardflake_tickets::{Config, Kind, PgTickets, TicketClient, tokio_postgres};
 
 /// What one run measured.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct BenchReport {
+pub(crate) struct BenchReport {
     /// Ids handed out.
-    pub ids: u64,
+    pub(crate) ids: u64,
     /// Calls that failed.
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// Wall time of the run.
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
     /// From the first failed call's start to the last failed call's end
     /// (zero when none failed).
-    pub error_window: Duration,
+    pub(crate) error_window: Duration,
 }
 
 impl BenchReport {
     /// Ids per second.
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.ids as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
@@ -79,13 +78,13 @@ impl Tally {
 }
 
 /// `tasks` callers of `client.next_n(sequence, batch)` for `duration`.
-pub async fn bench_client(
+pub(crate) async fn bench_client(
     client: &TicketClient,
     sequence: &str,
     tasks: usize,
     batch: usize,
     duration: Duration,
-) -> Result<BenchReport, TicketError> {
+) -> anyhow::Result<BenchReport> {
     // Unknown sequences and bad counts fail here, not as bench errors.
     client.next_n(sequence, batch).await?;
     let tally = Tally::new();
@@ -118,15 +117,15 @@ pub async fn bench_client(
 /// connection to one server (task `i` to server `i mod N`) and runs
 /// MariaDB's `REPLACE INTO … ('a')` reading the OK packet's id, or
 /// PostgreSQL's `nextval` (prepared), with no failover, checks or marks.
-pub async fn bench_bare(
+pub(crate) async fn bench_bare(
     config: &Config,
     sequence: &str,
     tasks: usize,
     duration: Duration,
-) -> Result<BenchReport, TicketError> {
+) -> anyhow::Result<BenchReport> {
     let (_, seq) = config
         .sequence(sequence)
-        .ok_or_else(|| TicketError::UnknownSequence(sequence.to_string()))?;
+        .with_context(|| format!("unknown sequence {sequence:?}"))?;
     let table = seq.table();
     let tally = Tally::new();
     let mut handles = Vec::new();
@@ -134,22 +133,22 @@ pub async fn bench_bare(
     for i in 0..tasks {
         let server = config.servers[i % config.servers.len()].clone();
         let (increment, tally, table) = (config.increment, tally.clone(), table.clone());
-        let pg_sequence = config.postgres_tickets == crate::PgTickets::Sequence;
+        let pg_sequence = config.postgres_tickets == PgTickets::Sequence;
         handles.push(tokio::spawn(async move {
             let name = server.name.clone();
             match server.kind {
                 Kind::Mariadb => {
                     let opts = mysql_async::Opts::from_url(&server.url)
-                        .map_err(|e| TicketError::db(&name, "url", e))?;
+                        .with_context(|| format!("server {name}: url"))?;
                     let mut conn = mysql_async::Conn::new(opts)
                         .await
-                        .map_err(|e| TicketError::db(&name, "connect", e))?;
+                        .with_context(|| format!("server {name}: connect"))?;
                     conn.query_drop(format!(
                         "SET SESSION auto_increment_increment = {increment}, auto_increment_offset = {}",
                         server.offset
                     ))
                     .await
-                    .map_err(|e| TicketError::db(&name, "set", e))?;
+                    .with_context(|| format!("server {name}: set increment and offset"))?;
                     let sql = format!("REPLACE INTO {table} (stub) VALUES ('a')");
                     while start.elapsed() < duration {
                         let began = Instant::now();
@@ -164,7 +163,7 @@ pub async fn bench_bare(
                 Kind::Postgres => {
                     let (client, connection) = tokio_postgres::connect(&server.url, tokio_postgres::NoTls)
                         .await
-                        .map_err(|e| TicketError::db(&name, "connect", e))?;
+                        .with_context(|| format!("server {name}: connect"))?;
                     tokio::spawn(connection);
                     let sql = if pg_sequence {
                         format!("SELECT nextval('{table}')")
@@ -177,7 +176,7 @@ pub async fn bench_bare(
                     let statement = client
                         .prepare(&sql)
                         .await
-                        .map_err(|e| TicketError::db(&name, "prepare", e))?;
+                        .with_context(|| format!("server {name}: prepare"))?;
                     while start.elapsed() < duration {
                         let began = Instant::now();
                         match client.query_one(&statement, &[]).await {
@@ -189,7 +188,7 @@ pub async fn bench_bare(
                     }
                 }
             }
-            Ok::<(), TicketError>(())
+            anyhow::Ok(())
         }));
     }
     for h in handles {

@@ -10,19 +10,44 @@
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 
+use super::{
+    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings, Stamped,
+    mode_changed, not_initialised,
+};
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 use crate::segment::Lattice;
-use crate::session::{
-    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
-};
 
 /// A connected session with the client's increment and offset set on it.
 pub(crate) struct MariaSession {
     server: String,
     conn: Conn,
-    /// `REPLACE INTO tickets_<name> (stub) VALUES ('a')`, per sequence.
+    /// `REPLACE INTO tickets_<name> (stub) VALUES ('a')`, per sequence,
+    /// `RETURNING` the id and the table's creation time where the server
+    /// has it.
     replace: Vec<String>,
+    /// MariaDB 10.5 and later: `REPLACE … RETURNING`.
+    returning: bool,
+}
+
+/// The creation time of table `name` in this database, in unix seconds:
+/// from the `.frm`, so rows written do not move it; a `DROP` and `CREATE`
+/// (a dump loaded), `TRUNCATE` or `ALTER` do. One-second steps: two
+/// restores within one second look like one.
+fn created(name: &str) -> String {
+    format!(
+        "SELECT CAST(UNIX_TIMESTAMP(CREATE_TIME) AS SIGNED) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{name}'"
+    )
+}
+
+/// Whether `version` (`SELECT VERSION()`) is a MariaDB with `REPLACE …
+/// RETURNING` (10.5 and later).
+fn has_returning(version: &str) -> bool {
+    let mut numbers = version
+        .split(['.', '-'])
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    version.contains("MariaDB") && (major, minor) >= (10, 5)
 }
 
 /// Codes MariaDB answers when an `auto_increment` column is full:
@@ -81,32 +106,67 @@ impl MariaSession {
                 ),
             ));
         }
+        let version: Option<String> = conn
+            .query_first("SELECT VERSION()")
+            .await
+            .map_err(|e| TicketError::db(name, "read the version", e))?;
+        let returning = has_returning(version.as_deref().unwrap_or(""));
         let replace = config
             .sequences
             .iter()
-            .map(|q| format!("REPLACE INTO {} (stub) VALUES ('a')", q.table()))
+            .map(|q| {
+                let table = q.table();
+                let sql = format!("REPLACE INTO {table} (stub) VALUES ('a')");
+                if returning {
+                    format!("{sql} RETURNING id, ({})", created(&table))
+                } else {
+                    sql
+                }
+            })
             .collect();
         Ok(MariaSession {
             server: name.clone(),
             conn,
             replace,
+            returning,
         })
     }
 
-    /// One per-id ticket: `REPLACE INTO`, the id from the OK packet.
+    /// One per-id ticket: `REPLACE INTO`, the id and the table's creation
+    /// time in the answer (`RETURNING`; without it, the id from the OK
+    /// packet).
     pub async fn next_ticket(
         &mut self,
         index: usize,
         seq: &SequenceConfig,
-    ) -> Result<u64, TicketError> {
+    ) -> Result<Stamped<u64>, TicketError> {
         // REPLACE deletes and inserts the one row under a unique key: two
         // sessions can deadlock on it. InnoDB rolls one back and the
         // statement can simply run again; the server is fine.
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match self.conn.query_drop(&self.replace[index]).await {
-                Ok(()) => break,
+            let answer = if self.returning {
+                self.conn
+                    .query_first::<(u64, Option<i64>), _>(&self.replace[index])
+                    .await
+                    .map(|row| row.map(|(value, table)| Stamped { value, table }))
+            } else {
+                self.conn.query_drop(&self.replace[index]).await.map(|()| {
+                    self.conn
+                        .last_insert_id()
+                        .map(|value| Stamped { value, table: None })
+                })
+            };
+            match answer {
+                Ok(stamped) => {
+                    return stamped.ok_or_else(|| {
+                        TicketError::misconfigured(
+                            &self.server,
+                            format!("{} has no auto_increment id", seq.table()),
+                        )
+                    });
+                }
                 Err(e) if is_full(&e) => {
                     return Err(TicketError::Exhausted {
                         sequence: seq.name.clone(),
@@ -124,25 +184,40 @@ impl MariaSession {
                 Err(e) => return Err(TicketError::db(&self.server, "REPLACE INTO", e)),
             }
         }
-        self.conn.last_insert_id().ok_or_else(|| {
-            TicketError::misconfigured(
-                &self.server,
-                format!("{} has no auto_increment id", seq.table()),
-            )
-        })
+    }
+
+    /// The identity of what sequence `seq` counts with: its table's (per
+    /// id) or the segment table's creation time (see [`Stamped`]).
+    pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
+        if !self.returning {
+            return Ok(None);
+        }
+        let table = match seq.mode {
+            Mode::PerId => seq.table(),
+            Mode::Segment => SEGMENT_TABLE.to_string(),
+        };
+        let created: Option<Option<i64>> = self
+            .conn
+            .query_first(created(&table))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the table's creation time", e))?;
+        Ok(created.flatten())
     }
 
     /// Reserves a block: `max_id = GREATEST(max_id, floor) + step`, read back
     /// through `LAST_INSERT_ID(expr)` in the same OK packet, only where the
     /// row is at or above `seen` (the largest this client got from it):
-    /// `None` when it is below (the server went back).
+    /// `Err(row)` when it is below (the server went back). The segment
+    /// table's identity is read after it (a second round trip, once a
+    /// block: `UPDATE` has no `RETURNING`); read after, it shows any
+    /// recreation that came before the reservation.
     pub async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
         step: i64,
         seen: i64,
-    ) -> Result<Result<i64, i64>, TicketError> {
+    ) -> Result<Stamped<Result<i64, i64>>, TicketError> {
         self.conn
             .query_drop(format!(
                 "UPDATE {SEGMENT_TABLE} SET max_id = LAST_INSERT_ID(GREATEST(max_id, {floor}) + {step}) WHERE sequence_name = '{}' AND max_id >= {seen}",
@@ -150,7 +225,7 @@ impl MariaSession {
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "reserve a block", e))?;
-        if self.conn.affected_rows() != 1 {
+        let value = if self.conn.affected_rows() != 1 {
             let row: Option<i64> = self
                 .conn
                 .query_first(format!(
@@ -159,18 +234,19 @@ impl MariaSession {
                 ))
                 .await
                 .map_err(|e| TicketError::db(&self.server, "read the segment row", e))?;
-            return match row {
-                Some(row) => Ok(Err(row)),
-                None => Err(not_initialised(&self.server, seq)),
-            };
-        }
-        let max = self
-            .conn
-            .last_insert_id()
-            .ok_or_else(|| TicketError::db(&self.server, "reserve a block", "no LAST_INSERT_ID"))?;
-        i64::try_from(max)
-            .map(Ok)
-            .map_err(|_| TicketError::db(&self.server, "reserve a block", "max_id overflow"))
+            match row {
+                Some(row) => Err(row),
+                None => return Err(not_initialised(&self.server, seq)),
+            }
+        } else {
+            let max = self.conn.last_insert_id().ok_or_else(|| {
+                TicketError::db(&self.server, "reserve a block", "no LAST_INSERT_ID")
+            })?;
+            Ok(i64::try_from(max)
+                .map_err(|_| TicketError::db(&self.server, "reserve a block", "max_id overflow"))?)
+        };
+        let table = self.identity(seq).await?;
+        Ok(Stamped { value, table })
     }
 
     /// Sets the row back to `to` if it still is `expected`.
@@ -260,7 +336,7 @@ impl MariaSession {
         if marks.is_empty() {
             return Ok(());
         }
-        let values = crate::session::high_water_rows(marks);
+        let values = super::high_water_rows(marks);
         self.conn
             .query_drop(format!(
                 "INSERT INTO {HW_TABLE} (server_name, sequence_name, high_water) VALUES {values} ON DUPLICATE KEY UPDATE high_water = GREATEST(high_water, VALUES(high_water))"
@@ -553,22 +629,17 @@ impl MariaSession {
     }
 }
 
-fn not_initialised(server: &str, seq: &SequenceConfig) -> TicketError {
-    TicketError::misconfigured(
-        server,
-        format!(
-            "sequence {:?} is not initialised (run `shardflake tickets init`)",
-            seq.name
-        ),
-    )
-}
+#[cfg(test)]
+mod tests {
+    use super::has_returning;
 
-pub(crate) fn mode_changed(server: &str, seq: &SequenceConfig, was: &str) -> TicketError {
-    TicketError::misconfigured(
-        server,
-        format!(
-            "sequence {:?} is already {was} on this server; changing its mode would hand out ids twice",
-            seq.name
-        ),
-    )
+    #[test]
+    fn returning_from_mariadb_10_5_on() {
+        assert!(has_returning("10.11.19-MariaDB-0+deb12u1"));
+        assert!(has_returning("10.5.0-MariaDB"));
+        assert!(has_returning("11.4.2-MariaDB-log"));
+        assert!(!has_returning("10.4.34-MariaDB"));
+        assert!(!has_returning("8.0.36"));
+        assert!(!has_returning(""));
+    }
 }

@@ -13,12 +13,13 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, Statement};
 
+use super::{
+    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings, Stamped,
+    mode_changed, not_initialised,
+};
 use crate::config::{Config, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue};
 use crate::error::TicketError;
 use crate::segment::Lattice;
-use crate::session::{
-    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
-};
 
 /// A connected session with its statements prepared.
 pub(crate) struct PgSession {
@@ -104,10 +105,15 @@ impl PgSession {
                     let sql = match config.postgres_tickets {
                         PgTickets::Sequence => {
                             session.verify_sequence(config, server, seq).await?;
-                            format!("SELECT nextval('{}')", seq.table())
+                            // The sequence's oid, resolved again when a
+                            // restore recreates it (the plan depends on it).
+                            format!(
+                                "SELECT nextval('{t}'), '{t}'::regclass::oid::bigint",
+                                t = seq.table()
+                            )
                         }
                         PgTickets::Table => format!(
-                            "INSERT INTO {t} AS t (stub, id) VALUES ('a', {first}) ON CONFLICT (stub) DO UPDATE SET id = t.id + {n} RETURNING id",
+                            "INSERT INTO {t} AS t (stub, id) VALUES ('a', {first}) ON CONFLICT (stub) DO UPDATE SET id = t.id + {n} RETURNING id, tableoid::bigint",
                             t = seq.table(),
                             first = first_id(config, server, seq),
                             n = config.increment
@@ -129,7 +135,7 @@ impl PgSession {
                 session
                     .client
                     .prepare(&format!(
-                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id"
+                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id, tableoid::bigint"
                     ))
                     .await
                     .map_err(pg_err(name, "prepare (run `shardflake tickets init`?)"))?,
@@ -177,17 +183,20 @@ impl PgSession {
         Ok(())
     }
 
-    /// One per-id ticket.
+    /// One per-id ticket, with its sequence's (or table's) oid.
     pub async fn next_ticket(
         &mut self,
         index: usize,
         seq: &SequenceConfig,
-    ) -> Result<u64, TicketError> {
+    ) -> Result<Stamped<u64>, TicketError> {
         let statement = self.next[index]
             .as_ref()
             .ok_or_else(|| TicketError::misconfigured(&self.server, "not a per-id sequence"))?;
         match self.client.query_one(statement, &[]).await {
-            Ok(row) => Ok(row.get::<_, i64>(0) as u64),
+            Ok(row) => Ok(Stamped {
+                value: row.get::<_, i64>(0) as u64,
+                table: Some(row.get(1)),
+            }),
             Err(e) if is_full(&e) => Err(TicketError::Exhausted {
                 sequence: seq.name.clone(),
                 max: seq.max_id(),
@@ -196,16 +205,31 @@ impl PgSession {
         }
     }
 
+    /// The oid of what sequence `seq` counts with: its sequence or table
+    /// (per id), or the segment table (see [`Stamped`]).
+    pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
+        let name = match seq.mode {
+            Mode::PerId => seq.table(),
+            Mode::Segment => SEGMENT_TABLE.to_string(),
+        };
+        let row = self
+            .client
+            .query_one("SELECT to_regclass($1)::oid::bigint", &[&name])
+            .await
+            .map_err(pg_err(&self.server, "read the oid"))?;
+        Ok(row.get(0))
+    }
+
     /// Reserves a block: `max_id = GREATEST(max_id, floor) + step RETURNING
-    /// max_id`, only where the row is at or above `seen`: `None` when it is
-    /// below (the server went back).
+    /// max_id` and the table's oid, only where the row is at or above
+    /// `seen`: `Err(row)` when it is below (the server went back).
     pub async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
         step: i64,
         seen: i64,
-    ) -> Result<Result<i64, i64>, TicketError> {
+    ) -> Result<Stamped<Result<i64, i64>>, TicketError> {
         let statement = self
             .reserve
             .as_ref()
@@ -216,25 +240,27 @@ impl PgSession {
             .await
             .map_err(pg_err(&self.server, "reserve a block"))?;
         if let Some(row) = row {
-            return Ok(Ok(row.get(0)));
+            return Ok(Stamped {
+                value: Ok(row.get(0)),
+                table: Some(row.get(1)),
+            });
         }
         let exists = self
             .client
             .query_opt(
-                &format!("SELECT max_id FROM {SEGMENT_TABLE} WHERE sequence_name = $1"),
+                &format!(
+                    "SELECT max_id, tableoid::bigint FROM {SEGMENT_TABLE} WHERE sequence_name = $1"
+                ),
                 &[&seq.name],
             )
             .await
             .map_err(pg_err(&self.server, "read the segment row"))?;
         match exists {
-            Some(row) => Ok(Err(row.get(0))),
-            None => Err(TicketError::misconfigured(
-                &self.server,
-                format!(
-                    "sequence {:?} is not initialised (run `shardflake tickets init`)",
-                    seq.name
-                ),
-            )),
+            Some(row) => Ok(Stamped {
+                value: Err(row.get(0)),
+                table: Some(row.get(1)),
+            }),
+            None => Err(not_initialised(&self.server, seq)),
         }
     }
 
@@ -388,7 +414,7 @@ impl PgSession {
         if marks.is_empty() {
             return Ok(());
         }
-        let values = crate::session::high_water_rows(marks);
+        let values = super::high_water_rows(marks);
         self.client
             .batch_execute(&format!(
                 "INSERT INTO {HW_TABLE} AS h (server_name, sequence_name, high_water) VALUES {values} ON CONFLICT (server_name, sequence_name) DO UPDATE SET high_water = GREATEST(h.high_water, EXCLUDED.high_water), updated_at = now()"
@@ -549,7 +575,7 @@ impl PgSession {
             match (seq.mode, config.postgres_tickets) {
                 (Mode::PerId, style) => {
                     if row.is_some() {
-                        return Err(crate::mariadb::mode_changed(&name, seq, "segment"));
+                        return Err(mode_changed(&name, seq, "segment"));
                     }
                     let sql = match style {
                         PgTickets::Sequence => format!(
@@ -578,7 +604,7 @@ impl PgSession {
                 }
                 (Mode::Segment, _) => {
                     if relation {
-                        return Err(crate::mariadb::mode_changed(&name, seq, "per-id"));
+                        return Err(mode_changed(&name, seq, "per-id"));
                     }
                     let start_row = Lattice::new(config, server).row_above(seq.start - 1);
                     self.client

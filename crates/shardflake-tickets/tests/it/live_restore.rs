@@ -1,0 +1,140 @@
+//! Issue 27, 4, with several clients: a dump loaded into a running server
+//! under running clients whose sessions stay open. A client whose last
+//! answer from that server is below the restored counter cannot tell from
+//! the answer's value that another client already handed it out; every
+//! answer carries the identity of the table or sequence it came from (the
+//! restore recreates it), and one from an object the client has not
+//! checked against the marks is never handed out.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use shardflake_testkit::PgServer;
+use shardflake_tickets::{Config, TicketClient};
+
+use super::repro::{FIXED, dump, restore};
+use super::{assert_unique, init_ok, maria, server_toml};
+
+/// Three clients take ids of both sequences; the server `a` is dumped;
+/// only the second client takes ids then (so `a`'s counters move past the
+/// dump); the dump is loaded into the running `a`; the three take ids
+/// again, at once. The first and third clients' last answers from `a`
+/// are below the restored counters. Every id is checked for duplicates.
+async fn three_clients_across_a_live_restore(
+    config: &Config,
+    dump: impl FnOnce() -> PathBuf,
+    restore: impl FnOnce(&Path),
+) {
+    init_ok(config).await;
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(TicketClient::connect(config.clone()).await.unwrap());
+    }
+    let (mut photos, mut blocks) = (Vec::new(), Vec::new());
+    for c in &clients {
+        photos.extend(c.next_n("photos", 50).await.unwrap());
+        blocks.extend(c.next_n("blocks", 1500).await.unwrap());
+    }
+    let path = dump();
+    photos.extend(clients[1].next_n("photos", 400).await.unwrap());
+    for _ in 0..6 {
+        blocks.extend(clients[1].next_n("blocks", 1000).await.unwrap());
+    }
+    restore(&path);
+    let mut tasks = Vec::new();
+    for c in &clients {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut photos, mut blocks) = (Vec::new(), Vec::new());
+            for _ in 0..4 {
+                photos.extend(c.next_n("photos", 100).await?);
+                blocks.extend(c.next_n("blocks", 1500).await?);
+            }
+            Ok::<_, shardflake_tickets::TicketError>((photos, blocks))
+        }));
+    }
+    for task in tasks {
+        let (p, b) = task.await.unwrap().unwrap();
+        photos.extend(p);
+        blocks.extend(b);
+    }
+    for c in &clients {
+        c.shutdown().await;
+    }
+    let _ = std::fs::remove_file(path);
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+/// MariaDB: `mariadb-dump` (`DROP TABLE`, `CREATE TABLE … AUTO_INCREMENT=`,
+/// the rows) loaded with `source`. Before: duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_clients_across_a_live_restore_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = Config::parse(&format!(
+        "{}{}{FIXED}",
+        server_toml("a", "mariadb", &a.url(), 1),
+        server_toml("b", "mariadb", &b.url(), 2)
+    ))
+    .unwrap();
+    three_clients_across_a_live_restore(&config, || dump(&a, "three"), |p| restore(&a, p)).await;
+}
+
+/// PostgreSQL, sequence and table styles: `pg_dump --clean` (`DROP`,
+/// `CREATE`, `setval`, the rows) loaded with `psql`. Before: duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_clients_across_a_live_restore_postgres() {
+    for style in ["sequence", "table"] {
+        let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+        let config = Config::parse(&format!(
+            "postgres_tickets = \"{style}\"\n{}{}{FIXED}",
+            server_toml("a", "postgres", &a.url(), 1),
+            server_toml("b", "postgres", &b.url(), 2)
+        ))
+        .unwrap();
+        let dump = || {
+            let path = std::env::temp_dir().join(format!("tickets-three-{}.sql", a.port));
+            let out = Command::new(a.program("pg_dump").unwrap())
+                .args([
+                    "--clean",
+                    "--if-exists",
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                ])
+                .arg(format!("-p{}", a.port))
+                .args(["-f", &path.to_string_lossy(), "postgres"])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            path
+        };
+        let restore = |path: &Path| {
+            let out = Command::new(a.program("psql").unwrap())
+                .args([
+                    "-q",
+                    "-v",
+                    "ON_ERROR_STOP=1",
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                ])
+                .arg(format!("-p{}", a.port))
+                .args(["-f", &path.to_string_lossy(), "postgres"])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        three_clients_across_a_live_restore(&config, dump, restore).await;
+    }
+}
