@@ -157,6 +157,81 @@ fn plan(layout: &Layout) -> Result<Plan, Error> {
     Plan::new(layout).map_err(|e| other(&format!("layout {}", layout.name()), e.to_string()))
 }
 
+/// The plan for database `db`, whose high-water sequence lives in
+/// [`sql::HIGH_WATER_DB`]; refuses that database itself (a restore of it
+/// would set the high-water back) and names too long for it.
+fn plan_in(layout: &Layout, db: &str, names: &Names) -> Result<Plan, Error> {
+    if db.eq_ignore_ascii_case(sql::HIGH_WATER_DB) {
+        return Err(other(
+            "apply",
+            format!(
+                "database {db} holds the ids' high-water marks; put the tables in another database"
+            ),
+        ));
+    }
+    let hw = format!("{db}.{}", names.sequence());
+    if hw.chars().count() > 64 {
+        return Err(other(
+            "apply",
+            format!(
+                "the high-water sequence {}.`{hw}` needs a name of at most 64 characters: use a shorter database or table name",
+                sql::HIGH_WATER_DB
+            ),
+        ));
+    }
+    Ok(plan(layout)?.in_database(db))
+}
+
+/// The id sequence's reservation (`next_not_cached_value`) and its recorded
+/// high-water (`None`: missing).
+async fn reservation_and_floor(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+) -> Result<(i64, Option<i64>), Error> {
+    let r = seq_options(conn, &names.sequence()).await?.next;
+    let Some(hw) = plan.high_water(names) else {
+        return Ok((r, None));
+    };
+    let floor: Result<Option<i64>, _> = conn
+        .query_first(format!("SELECT next_not_cached_value FROM {hw}"))
+        .await;
+    match floor {
+        Ok(f) => Ok((r, f)),
+        Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok((r, None)),
+        Err(e) => Err(my("reading the high-water")(e)),
+    }
+}
+
+/// MariaDB's "Table ... doesn't exist".
+const ER_NO_SUCH_TABLE: u16 = 1146;
+
+fn set_back_text(names: &Names, plan: &Plan, r: i64, floor: i64) -> String {
+    format!(
+        "sequence {} is at {r}, below its high-water {floor} kept in {}: the database was restored from a dump, or the sequence recreated or set back, and ids above it may have been handed out; run shardflake mysql repair",
+        names.sequence(),
+        plan.high_water(names).unwrap_or_default().replace('`', "")
+    )
+}
+
+/// Raises the recorded high-water to the sequence's reservation less its
+/// cache (never lowers it).
+async fn raise_floor(conn: &mut Conn, plan: &Plan, names: &Names) -> Result<(), Error> {
+    let Some(hw) = plan.high_water(names) else {
+        return Ok(());
+    };
+    let below: Option<i64> = conn
+        .query_first(format!(
+            "SELECT GREATEST(next_not_cached_value - cache_size, 0) FROM `{}`",
+            names.sequence()
+        ))
+        .await
+        .map_err(my("reading the sequence"))?;
+    conn.query_drop(format!("DO SETVAL({hw}, {}, 0)", below.unwrap_or(0)))
+        .await
+        .map_err(my("raising the high-water"))
+}
+
 /// Connects a pool to `url` (`mysql://root@127.0.0.1:3306/app`).
 pub fn pool(url: &str) -> Result<Pool, Error> {
     let opts = Opts::from_url(url).map_err(|e| Error::Mysql {
@@ -301,14 +376,14 @@ const FLUSH_0: &str = "innodb_flush_log_at_trx_commit = 0: a crash can lose the 
 /// signed `BIGINT`, and an event scheduler it cannot turn on; warns about
 /// `innodb_flush_log_at_trx_commit = 0`.
 pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Applied, Error> {
-    let plan = plan(layout)?;
     let srv = server(conn).await?;
-    if srv.database.is_none() {
+    let Some(db) = srv.database.clone() else {
         return Err(other(
             "apply",
             "the URL names no database (mysql://user@host:port/DATABASE)",
         ));
-    }
+    };
+    let plan = plan_in(layout, &db, &opts.names)?;
     let old_mode: String = conn
         .query_first("SELECT @@SESSION.sql_mode")
         .await
@@ -372,6 +447,18 @@ async fn apply_pinned(
         }
     }
     let now = server_packed_clock(conn, plan).await?;
+    // The high-water, outside this database (see `Plan::high_water`).
+    if let Some(create) = sql::high_water_sql(plan, names) {
+        conn.query_drop(format!(
+            "CREATE DATABASE IF NOT EXISTS `{}`",
+            sql::HIGH_WATER_DB
+        ))
+        .await
+        .map_err(my("creating the high-water database"))?;
+        conn.query_drop(create)
+            .await
+            .map_err(my("creating the high-water sequence"))?;
+    }
     // The sequence.
     let seq = names.sequence();
     let kind = sequence_kind(conn, &seq).await?;
@@ -413,6 +500,11 @@ async fn apply_pinned(
                     .map_err(my("setting the sequence's options"))?;
                 applied.installed.push(format!("options of sequence {seq}"));
             }
+            if let (r, Some(floor)) = reservation_and_floor(conn, plan, names).await?
+                && r < floor
+            {
+                return Err(other("apply", set_back_text(names, plan, r, floor)));
+            }
             if comment != plan.marker() {
                 conn.query_drop(format!(
                     "ALTER TABLE `{seq}` COMMENT = {}",
@@ -428,6 +520,7 @@ async fn apply_pinned(
     conn.query_drop(format!("DO SETVAL(`{seq}`, {now}, 0)"))
         .await
         .map_err(my("catching the sequence up with the clock"))?;
+    raise_floor(conn, plan, names).await?;
     // The table (the seed's shape, if missing), the function and the trigger.
     match id_column(conn, &names.table).await? {
         None if table_exists(conn, &names.table).await? => {
@@ -444,6 +537,24 @@ async fn apply_pinned(
         }
         Some(col) => {
             col.usable(&names.table)?;
+            if col.auto_increment()
+                && auto_increment_counter(conn, &names.table).await? < sql::AUTO_INCREMENT_PARKED
+            {
+                // Instant (metadata only): rows inserted while the trigger
+                // is missing fail instead of taking ids ours repeat.
+                conn.query_drop(format!(
+                    "ALTER TABLE `{}` AUTO_INCREMENT = {}",
+                    names.table,
+                    sql::AUTO_INCREMENT_PARKED
+                ))
+                .await
+                .map_err(my("parking the AUTO_INCREMENT counter"))?;
+                applied.installed.push(format!(
+                    "AUTO_INCREMENT of {} parked at {}",
+                    names.table,
+                    sql::AUTO_INCREMENT_PARKED
+                ));
+            }
             if !col.auto_increment() && col.default.is_none() {
                 // INSERT ... SELECT without an id needs a default in strict mode.
                 conn.query_drop(format!(
@@ -650,6 +761,18 @@ async fn seq_options(conn: &mut Conn, seq: &str) -> Result<SeqOptions, Error> {
         cache,
         cycle: cycle != 0,
     })
+}
+
+/// The table's `AUTO_INCREMENT` counter (0 when it has none).
+async fn auto_increment_counter(conn: &mut Conn, table: &str) -> Result<i64, Error> {
+    let n: Option<Option<u64>> = conn
+        .exec_first(
+            "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+            (table,),
+        )
+        .await
+        .map_err(my("reading the AUTO_INCREMENT counter"))?;
+    Ok(n.flatten().map_or(0, |n| n.min(i64::MAX as u64) as i64))
 }
 
 async fn table_exists(conn: &mut Conn, table: &str) -> Result<bool, Error> {
@@ -992,14 +1115,14 @@ fn same_modes(a: &str, b: &str) -> bool {
 /// below a stored id or lags the clock by more than [`sql::STALE_MS`]. Draws
 /// one value from the sequence. An empty list: all is well.
 pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Vec<String>, Error> {
-    let plan = plan(layout)?;
     let srv = server(conn).await?;
     let names = &opts.names;
     let mut problems = Vec::new();
-    if srv.database.is_none() {
+    let Some(db) = srv.database.clone() else {
         problems.push("the URL names no database".to_string());
         return Ok(problems);
-    }
+    };
+    let plan = plan_in(layout, &db, names)?;
     if !srv.has_sequences() {
         problems.extend(locked_procedure_problem(conn, &plan, names).await?);
         return Ok(problems);
@@ -1053,6 +1176,16 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
                     plan.max_packed()
                 ));
             }
+            match reservation_and_floor(conn, &plan, names).await? {
+                (_, None) => problems.push(format!(
+                    "the high-water sequence {} is missing (the server was restored, or it was dropped): inserts fail; run shardflake mysql repair",
+                    plan.high_water(names).unwrap_or_default().replace('`', "")
+                )),
+                (r, Some(floor)) if r < floor => {
+                    problems.push(set_back_text(names, &plan, r, floor))
+                }
+                _ => {}
+            }
             let drawn: Option<i64> = conn
                 .query_first(format!("SELECT NEXT VALUE FOR `{seq}`"))
                 .await
@@ -1081,6 +1214,14 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         Some(col) => {
             if let Err(e) = col.usable(&names.table) {
                 problems.push(e.to_string());
+            }
+            let counter = auto_increment_counter(conn, &names.table).await?;
+            if col.auto_increment() && counter < sql::AUTO_INCREMENT_PARKED {
+                problems.push(format!(
+                    "table {}'s AUTO_INCREMENT counter is at {counter}: while its trigger is missing (a restore of the table drops it) inserts take ids from it that ours repeat; re-run apply (it parks the counter at {}, so such inserts fail)",
+                    names.table,
+                    sql::AUTO_INCREMENT_PARKED
+                ));
             }
         }
     }
@@ -1143,6 +1284,88 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         problems.extend(locked_procedure_problem(conn, &plan, names).await?);
     }
     Ok(problems)
+}
+
+/// What [`repair`] did: the id sequence's reservation before and the value
+/// it hands out next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repaired {
+    /// The sequence's reservation (`next_not_cached_value`) found.
+    pub from: i64,
+    /// Its next value now, also the recorded high-water.
+    pub to: i64,
+}
+
+/// After a restore (of the database from a dump, or of the whole server),
+/// or a sequence recreated or set back: moves the id sequence past every
+/// value it can have handed out (the larger of its recorded high-water,
+/// the newest stored id and the server clock, plus [`sql::RESTORE_HEADROOM_MS`]
+/// and a cache's worth) and records that as the high-water (re-creating it
+/// if the server restore lost it). Values drawn after the last record
+/// while no clock event ran are not known to it: restore while the event
+/// runs, or wait out how far ahead the ids ran before repairing.
+/// Refuses where `apply` has not installed the ids.
+pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Repaired, Error> {
+    let srv = server(conn).await?;
+    let Some(db) = srv.database.clone() else {
+        return Err(other(
+            "repair",
+            "the URL names no database (mysql://user@host:port/DATABASE)",
+        ));
+    };
+    let names = &opts.names;
+    let plan = plan_in(layout, &db, names)?;
+    let seq = names.sequence();
+    match sequence_kind(conn, &seq).await? {
+        Some((kind, _, comment))
+            if kind == "SEQUENCE" && layout_of(&comment) == Some(layout.to_string()) => {}
+        _ => {
+            return Err(other(
+                "repair",
+                format!(
+                    "no sequence {seq} made for layout {} in {db}: run shardflake mysql apply",
+                    layout.name()
+                ),
+            ));
+        }
+    }
+    if let Some(create) = sql::high_water_sql(&plan, names) {
+        conn.query_drop(format!(
+            "CREATE DATABASE IF NOT EXISTS `{}`",
+            sql::HIGH_WATER_DB
+        ))
+        .await
+        .map_err(my("creating the high-water database"))?;
+        conn.query_drop(create)
+            .await
+            .map_err(my("creating the high-water sequence"))?;
+    }
+    let o = seq_options(conn, &seq).await?;
+    let (from, floor) = reservation_and_floor(conn, &plan, names).await?;
+    let stored = max_stored_packed(conn, &plan, names).await?.unwrap_or(0);
+    let now = server_packed_clock(conn, &plan).await?;
+    let past = floor.unwrap_or(0).max(stored + 1).max(now).max(from)
+        + plan.packed_ms(sql::RESTORE_HEADROOM_MS)
+        + o.cache.max(0);
+    if past > plan.max_packed() {
+        return Err(other(
+            "repair",
+            format!(
+                "sequence {seq} would move to {past}, past the layout's last value {}",
+                plan.max_packed()
+            ),
+        ));
+    }
+    conn.query_drop(format!("DO SETVAL(`{seq}`, {past}, 0)"))
+        .await
+        .map_err(my("moving the sequence past its high-water"))?;
+    if let Some(hw) = plan.high_water(names) {
+        conn.query_drop(format!("DO SETVAL({hw}, {past}, 0)"))
+            .await
+            .map_err(my("recording the high-water"))?;
+    }
+    tracing::info!(sequence = %seq, from, to = past, "mysql repair moved the sequence");
+    Ok(Repaired { from, to: past })
 }
 
 /// Calls a procedure as the seed's ORM id generator does, IN the shard key,
