@@ -203,6 +203,9 @@ async fn reservation_and_floor(
     }
 }
 
+/// MariaDB's "PROCEDURE ... does not exist".
+const ER_SP_DOES_NOT_EXIST: u16 = 1305;
+
 /// MariaDB's "Table ... doesn't exist".
 const ER_NO_SUCH_TABLE: u16 = 1146;
 
@@ -1382,7 +1385,20 @@ pub async fn generate_post_id(
             (user_id, mysql_async::Value::NULL),
         )
         .await
-        .map_err(my("calling the procedure"))?;
+        .map_err(|e| match e {
+            mysql_async::Error::Server(s) if s.code == ER_SP_DOES_NOT_EXIST => other(
+                "calling the procedure",
+                format!(
+                    "{procedure} is not installed in this database: run shardflake mysql apply{}",
+                    if procedure.ends_with("_seed") {
+                        " --seed (the seed's procedure is installed only on request)"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
+            e => my("calling the procedure")(e),
+        })?;
     id.flatten()
         .ok_or_else(|| other("calling the procedure", "it returned no id"))
 }
