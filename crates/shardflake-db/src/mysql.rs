@@ -71,7 +71,19 @@
 //!    which outlives the restore's `DROP SEQUENCE`, puts it past the
 //!    highest reservation it has seen ([`sql::event_sql`]), and the trigger
 //!    refuses the set-back values meanwhile (more than [`sql::STALE_MS`]
-//!    behind the clock, for a dump older than that).
+//!    behind the clock, for a dump older than that). A restore while no
+//!    loop runs is caught by the sequence's *high-water*
+//!    ([`Plan::high_water`]), kept in database `shardflake` where a restore
+//!    of the application's database cannot set it back, raised by the loop
+//!    and never lowered: the trigger and `generate_post_id` refuse a draw
+//!    below it, naming `shardflake mysql repair` ([`repair`]), and a loop
+//!    started afterwards leaves such a sequence alone. Reading it costs the
+//!    trigger about 4.5 µs of server CPU per row (`docs/BENCHMARKS.md`).
+//! 5. **No id without the trigger.** `id` is `AUTO_INCREMENT` only for the
+//!    OK packet; its counter is parked at 2^63-1
+//!    ([`sql::AUTO_INCREMENT_PARKED`]), so an insert while a table restore
+//!    has dropped the trigger fails rather than take the id above the
+//!    newest row (the next one ours makes in that shard).
 //!
 //! This holds at any rate (more than 2^sequence_bits ids in one tick run
 //! into the next tick: the id *borrows* time instead of wrapping) and at any
