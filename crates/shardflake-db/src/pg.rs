@@ -155,6 +155,7 @@ pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
             .await
             .map_err(ctx(name, "creating the deployment records"))?;
         catalog::record_deployment(tx, &Deployment::of(topo, &id, name)).await?;
+        catalog::record_timeline(tx, name, false).await?;
         let mut created = 0;
         let view = &views[out.len()];
         for &shard in &server.shards {
@@ -502,6 +503,11 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
                 to,
             });
         }
+        if only.is_none() {
+            // Every shard here is past what it handed out: the timeline is
+            // the one a later physical restore is told apart from.
+            catalog::record_timeline(&tx, name, true).await?;
+        }
         tx.commit().await.map_err(ctx(name, "commit"))?;
     }
     Ok(out)
@@ -653,6 +659,14 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
             drift.push(d(
                 None,
                 "holds no deployment record (schema shardflake): run pg apply".into(),
+            ));
+        }
+        if let Some((recorded, current)) = catalog::timeline_changed(client, name).await? {
+            drift.push(d(
+                None,
+                format!(
+                    "is on WAL timeline {current}, not {recorded} as at the last apply or repair: it was restored from a physical backup (base backup, PITR) or a standby was promoted, so its sequences may be behind ids already handed out; run shardflake pg repair before writing"
+                ),
             ));
         }
         // Schemas named like shards that are no shard of this server.

@@ -8,3 +8,4 @@ mod pg;
 mod pg_move;
 mod pg_next_id;
 mod pg_operator;
+mod pg_physical;
