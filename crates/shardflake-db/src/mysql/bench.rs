@@ -225,7 +225,7 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
         conn.query_drop(format!("DROP EVENT IF EXISTS `{}`", n.event()))
             .await
             .map_err(my("dropping a bench event"))?;
-        super::stop_clock(conn, n).await?;
+        super::apply::stop_clock(conn, n).await?;
     }
     conn.query_drop(
         "DROP TABLE IF EXISTS bench_auto, bench_trigger, bench_nocache, bench_trigfn, bench_default, bench_proc, bench_locked, bench_seed;
