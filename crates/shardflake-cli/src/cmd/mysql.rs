@@ -6,7 +6,9 @@
 use anyhow::Context;
 use clap::Subcommand;
 use shardflake::Id;
-use shardflake_db::mysql::{self, BenchMode, BenchOptions, Flavor, Names, Options, sql};
+use shardflake_db::mysql::{self, Flavor, Names, Options, sql};
+
+use super::mysql_bench::{self, BenchMode, BenchOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -449,7 +451,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let url = conn.url.context("mysql bench needs --url")?;
             runtime()?.block_on(async {
                 let pool = mysql::pool(&url)?;
-                let report = mysql::bench(&pool, &l, &opts).await?;
+                let report = mysql_bench::bench(&pool, &l, &opts).await?;
                 pool.disconnect().await.ok();
                 print_report(&report, &opts);
                 Ok(())
@@ -458,7 +460,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn print_report(report: &mysql::BenchReport, opts: &BenchOptions) {
+fn print_report(report: &mysql_bench::BenchReport, opts: &BenchOptions) {
+    println!("{}\n", report.version);
     let rates_of = |m: BenchMode| -> Vec<f64> { report.of(m).iter().map(|r| r.rate()).collect() };
     let (base, base_text) = (
         rates_of(BenchMode::AutoIncrement),

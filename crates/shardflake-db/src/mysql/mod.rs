@@ -145,13 +145,11 @@ use crate::Error;
 pub mod sql;
 
 mod apply;
-mod bench;
 mod check;
 mod installed;
 mod repair;
 
 pub use apply::{Applied, apply};
-pub use bench::{BenchMode, BenchOptions, BenchReport, BenchResult, CpuResult, bench};
 pub use check::check;
 pub use installed::clock_running;
 use installed::*;
