@@ -184,6 +184,10 @@ enum MysqlCommand {
         /// Print the seed's procedure instead.
         #[arg(long)]
         seed: bool,
+        /// The database the objects go in (the high-water sequence, in
+        /// database shardflake, is named after it).
+        #[arg(long, default_value = "app")]
+        database: String,
         #[command(flatten)]
         target: Target,
         #[command(flatten)]
@@ -274,6 +278,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         MysqlCommand::Sql {
             seed,
+            database,
             target,
             layout,
         } => {
@@ -287,10 +292,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            let plan = mysql::Plan::new(&l)?;
-            println!("-- shardflake mysql apply: {l}");
+            let plan = mysql::Plan::new(&l)?.in_database(&database);
+            println!("-- shardflake mysql apply: {l}, database {database}");
             println!("-- every routine, the event and the table are created with");
             println!("SET SESSION sql_mode = '{}';\n", sql::SQL_MODE);
+            if let Some(hw) = sql::high_water_sql(&plan, &names) {
+                println!(
+                    "-- the sequence's high-water, where a restore of {database} cannot set it back"
+                );
+                println!(
+                    "CREATE DATABASE IF NOT EXISTS `{}`;\n{hw};\n",
+                    sql::HIGH_WATER_DB
+                );
+            }
             println!("-- START WITH: the server's packed clock at apply time");
             println!(
                 "{};\n",
