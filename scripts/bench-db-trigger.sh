@@ -10,6 +10,8 @@
 #               inline SIGNAL with a fixed message)
 #   p_min       only the draw: SET NEW.id = NEXT VALUE FOR seq
 #   p_oneclock  ours with the epoch check dropped (one clock read)
+#   p_nohw      ours without the high-water test (the read of the
+#               restore guard's sequence in database shardflake)
 # Prints every round and the lowest per table.
 #
 #   scripts/bench-db-trigger.sh          ROUNDS=8 N=5000 BIN=target/release/shardflake
@@ -26,11 +28,11 @@ q() { mariadb -h127.0.0.1 -P$port -uroot app -N -B "$@"; }
 $BIN mysql apply --url "$url" >/dev/null
 body=$(q -e "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_TABLE='posts'")
 fn=$(q -e "SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_NAME LIKE '%refused%'")
-seq=$(q -e "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE='SEQUENCE'")
+seq=$(q -e "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE='SEQUENCE' AND TABLE_SCHEMA=DATABASE()")
 echo "trigger body: $body" >&2; echo "fn=$fn seq=$seq" >&2
 mode="SET SESSION sql_mode='STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION';"
 mk() { q -e "CREATE TABLE $1 (id BIGINT NOT NULL AUTO_INCREMENT, user_id BIGINT NOT NULL, body TEXT, PRIMARY KEY(id)) ENGINE=InnoDB"; }
-for t in p_auto p_cur p_nofn p_min p_oneclock; do mk $t; done
+for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw; do mk $t; done
 # current: the body as installed
 q -e "$mode CREATE TRIGGER t_cur BEFORE INSERT ON p_cur FOR EACH ROW $body"
 # no function: error branch gives NULL, SIGNAL inline
@@ -41,23 +43,27 @@ q -e "$mode CREATE TRIGGER t_min BEFORE INSERT ON p_min FOR EACH ROW SET NEW.id 
 # one clock: the epoch check dropped (a negative packed clock is a huge unsigned one: the staleness check refuses)
 one=$(printf '%s' "$body" | sed -E "s/ AND TIMESTAMPDIFF\(MICROSECOND, TIMESTAMP'[^']*', UTC_TIMESTAMP\(6\)\) >= 0//")
 q -e "$mode CREATE TRIGGER t_one BEFORE INSERT ON p_oneclock FOR EACH ROW $one"
+# no high-water test: the restore guard's read dropped
+nohw=$(printf '%s' "$body" | sed -E 's/ AND \(PREVIOUS VALUE FOR [^)]*\) >= \(SELECT next_not_cached_value FROM [^)]*\)//')
+[[ $nohw != "$body" ]] || { echo "no high-water test in the trigger" >&2; exit 1; }
+q -e "$mode CREATE TRIGGER t_nohw BEFORE INSERT ON p_nohw FOR EACH ROW $nohw"
 # (why that refuses: a clock 5 s before the epoch packs to 2^64 - 5120, so "passes" is 0)
 q -e "SELECT ((-5000 DIV 1000) << 10) AS packed, 5 + 10240000 >= ((-5000 DIV 1000) << 10) AS passes" >&2
 N=${N:-5000}
-for t in p_auto p_cur p_nofn p_min p_oneclock; do
+for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw; do
   { echo "PREPARE s FROM 'INSERT INTO $t (user_id, body) VALUES (?, ?)'; SET @u=1801, @b='x';"
     for i in $(seq $N); do echo "EXECUTE s USING @u, @b;"; done; } > $d/$t.sql
 done
 cpu() { cat /proc/$pid/task/*/schedstat | awk '{s+=$1} END {printf "%d", s}'; }
 declare -A best
 for r in $(seq "${ROUNDS:-8}"); do
-  for t in p_auto p_cur p_nofn p_min p_oneclock; do
+  for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw; do
     a=$(cpu); q < $d/$t.sql; b=$(cpu)
     us=$(( (b - a) / N ))   # ns per insert
     [[ -z "${best[$t]:-}" || $us -lt ${best[$t]} ]] && best[$t]=$us
     printf '%s round %d: %d ns/insert\n' $t $r $us
   done
 done
-for t in p_auto p_cur p_nofn p_min p_oneclock; do
+for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw; do
   printf 'lowest %-10s %6d ns/insert  %.2fx p_auto\n' $t ${best[$t]} "$(echo "${best[$t]} / ${best[p_auto]}" | bc -l)"
 done

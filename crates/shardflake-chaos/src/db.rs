@@ -6,7 +6,9 @@
 //! seeded schedule SIGKILLs and restarts the server and steps its clock back
 //! (libfaketime, through the script's timestamp file), and restores a dump
 //! of the database taken a moment earlier: the whole database with the
-//! writers stopped, or the sequence alone under the writers.
+//! writers stopped, the sequence alone under the writers, or the whole
+//! database while no clock event loop runs (its inserts are refused until
+//! `shardflake mysql repair`, which the run then does).
 //!
 //! Besides the checker's verdicts (duplicates, order per connection, order
 //! across restarts, lead), every id a client was answered after the last
@@ -51,6 +53,10 @@ enum Fault {
     RestoreStopped,
     /// The sequence dumped, then restored under the writers.
     RestoreLive,
+    /// The database dumped, then restored with the writers stopped and no
+    /// clock event loop running (scheduler off, loop killed); the scheduler
+    /// on again, the writers resumed (refused), then `mysql repair`.
+    RestoreNoLoop,
 }
 
 /// The seeded schedule: (seconds after the load began, fault).
@@ -70,6 +76,7 @@ fn schedule(o: &DbOptions) -> Vec<(Duration, Fault)> {
                 Fault::ClockBack,
                 Fault::RestoreStopped,
                 Fault::RestoreLive,
+                Fault::RestoreNoLoop,
             ];
             rng.shuffle(&mut kinds);
         }
@@ -170,18 +177,45 @@ impl Server {
 
     /// Runs a dump into the database, as `mariadb app < dump` does.
     fn restore(&self, dump: &Path) -> anyhow::Result<()> {
+        self.sql(&format!("source {}", dump.display()))
+            .context("restoring")
+            .map(drop)
+    }
+
+    /// Runs SQL in database `app` with the `mariadb` client.
+    fn sql(&self, sql: &str) -> anyhow::Result<String> {
         let port = self.port()?;
         let out = Command::new("mariadb")
-            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root", "-N", "-B"])
             .arg(format!("-P{port}"))
-            .args(["app", "-e"])
-            .arg(format!("source {}", dump.display()))
+            .args(["app", "-e", sql])
             .output()
             .context("running mariadb")?;
         if !out.status.success() {
-            bail!("restoring: {}", String::from_utf8_lossy(&out.stderr).trim());
+            bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
         }
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Turns the event scheduler off and ends the clock event's loop (the
+    /// connection holding its lock), waiting up to 5 s until none holds it.
+    fn stop_clock_loop(&self) -> anyhow::Result<()> {
+        const HOLDER: &str =
+            "SELECT IS_USED_LOCK(CONCAT('shardflake ', MD5(CONCAT(DATABASE(), '.posts_id_seq'))))";
+        self.sql("SET GLOBAL event_scheduler = OFF")?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let holder = self.sql(HOLDER)?;
+            let holder = holder.trim();
+            if holder == "NULL" || holder.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the clock loop (connection {holder}) did not end");
+            }
+            let _ = self.sql(&format!("KILL CONNECTION {holder}"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn port(&self) -> anyhow::Result<&str> {
@@ -387,6 +421,31 @@ fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
                 }
                 shared.paused.store(false, Ordering::SeqCst);
                 restored
+            })(),
+            Fault::RestoreNoLoop => (|| {
+                let dump = server.dump(dir, None)?;
+                std::thread::sleep((o.spacing / 4).max(Duration::from_millis(1300)));
+                shared.paused.store(true, Ordering::SeqCst);
+                let restored = server
+                    .stop_clock_loop()
+                    .and_then(|()| server.restore(&dump))
+                    .and_then(|()| server.sql("SET GLOBAL event_scheduler = ON").map(drop));
+                restored_ms = ms_since(shared.start);
+                shared.paused.store(false, Ordering::SeqCst);
+                restored?;
+                // The writers are refused until the operator repairs.
+                std::thread::sleep(o.spacing / 4);
+                let repair = Command::new(&o.bin)
+                    .args(["mysql", "repair", "--url", &server.url])
+                    .output()
+                    .context("running shardflake mysql repair")?;
+                if !repair.status.success() {
+                    bail!(
+                        "shardflake mysql repair: {}",
+                        String::from_utf8_lossy(&repair.stderr).trim()
+                    );
+                }
+                Ok(())
             })(),
         };
         let when = ms_since(shared.start);

@@ -55,7 +55,7 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Ids made inside PostgreSQL per logical shard: apply, check, route, locate, move-shard, sql.
     Pg(cmd::pg::Args),
-    /// The MariaDB/MySQL generate_post_id procedure: apply, call, sql, bench.
+    /// Ids made inside MariaDB/MySQL: apply, check, repair, insert, call, sql, bench.
     Mysql(cmd::mysql::Args),
     /// Flickr-style ticket servers and segment allocation: init, check, repair, next, bench.
     Tickets(cmd::tickets::Args),
@@ -102,7 +102,14 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // One line: each cause once (drivers repeat theirs at every level).
+            let mut line = err.to_string();
+            for cause in err.chain().skip(1).map(|c| c.to_string()) {
+                if !line.contains(&cause) {
+                    line = format!("{line}: {cause}");
+                }
+            }
+            eprintln!("error: {line}");
             ExitCode::FAILURE
         }
     }

@@ -43,7 +43,16 @@ CREATE TABLE IF NOT EXISTS shardflake.shards (
   shard bigint PRIMARY KEY,
   state text NOT NULL CHECK (state IN ('live', 'moving', 'incoming', 'fenced')),
   peer text);
+CREATE TABLE IF NOT EXISTS shardflake.timeline (
+  singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+  timeline bigint NOT NULL);
 ";
+
+/// The server's current WAL timeline: the first 8 hex digits of the
+/// current WAL file's name. A physical restore that ran archive recovery
+/// (a base backup, PITR) or a promoted standby starts a new one.
+const CURRENT_TIMELINE: &str =
+    "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint";
 
 /// A shard's state on one server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -444,6 +453,48 @@ pub async fn record_deployment(c: &impl GenericClient, d: &Deployment) -> Result
     .await
     .map_err(ctx(&d.server, "recording the deployment"))?;
     Ok(())
+}
+
+/// Records the server's timeline: where none is recorded (`apply`), or
+/// over the recorded one (`repair`, after a physical restore).
+pub async fn record_timeline(
+    c: &impl GenericClient,
+    server: &str,
+    overwrite: bool,
+) -> Result<(), Error> {
+    let conflict = if overwrite {
+        "DO UPDATE SET timeline = EXCLUDED.timeline"
+    } else {
+        "DO NOTHING"
+    };
+    c.batch_execute(&format!(
+        "INSERT INTO shardflake.timeline (timeline) {CURRENT_TIMELINE} ON CONFLICT (singleton) {conflict}"
+    ))
+    .await
+    .map_err(ctx(server, "recording the WAL timeline"))
+}
+
+/// The server's timeline if it differs from the one recorded at `apply` or
+/// the last `repair` (`None`: the same, or nothing recorded yet).
+pub async fn timeline_changed(
+    c: &impl GenericClient,
+    server: &str,
+) -> Result<Option<(i64, i64)>, Error> {
+    let recorded = c
+        .query_opt("SELECT timeline FROM shardflake.timeline", &[])
+        .await;
+    let recorded: i64 = match recorded {
+        Ok(Some(row)) => row.get(0),
+        // Not recorded yet (a deployment from before the record), or the
+        // table is missing: nothing to compare.
+        Ok(None) | Err(_) => return Ok(None),
+    };
+    let current: i64 = c
+        .query_one(CURRENT_TIMELINE, &[])
+        .await
+        .map_err(ctx(server, "reading the WAL timeline"))?
+        .get(0);
+    Ok((current != recorded).then_some((recorded, current)))
 }
 
 /// Writes (upserts) a shard's row on a server.

@@ -27,15 +27,14 @@
 #![warn(missing_docs)]
 
 pub mod catalog;
-pub mod move_shard;
 pub mod mysql;
 pub mod pg;
 pub mod route;
-pub mod sql;
 pub mod topology;
 
 /// The MariaDB/MySQL client this crate uses.
 pub use mysql_async;
+pub use pg::{move_shard, sql};
 pub use route::{Route, Router};
 /// The PostgreSQL client this crate uses (for rows and parameters).
 pub use tokio_postgres;

@@ -470,15 +470,64 @@ impl Topology {
 
     /// Writes the topology to `path` atomically (temp file, fsync, rename).
     pub fn save(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
-        use std::io::Write;
-        let path = path.as_ref();
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(self.to_toml().as_bytes())?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
+        write_atomically(path.as_ref(), &self.to_toml())
     }
+
+    /// Writes this topology's servers' shard lists into the file at `path`,
+    /// keeping the rest of it as the user wrote it (comments, order,
+    /// layout), atomically. Where the file cannot be edited so (it no
+    /// longer parses, or edited it would not read back as this topology),
+    /// writes [`Topology::to_toml`] instead, with a warning.
+    pub fn save_keeping_comments(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)?;
+        match self.edited(&text) {
+            Some(edited) => write_atomically(path, &edited),
+            None => {
+                tracing::warn!(
+                    path = %path.display(),
+                    "could not edit the topology file in place; rewriting it (its comments are lost)"
+                );
+                self.save(path)
+            }
+        }
+    }
+
+    /// `text` with each `[[servers]]` entry's `shards` set to this
+    /// topology's list (the value's comments kept), if it then reads back as
+    /// this topology.
+    fn edited(&self, text: &str) -> Option<String> {
+        let mut doc: toml_edit::DocumentMut = text.parse().ok()?;
+        let servers = doc.get_mut("servers")?.as_array_of_tables_mut()?;
+        for table in servers.iter_mut() {
+            let name = table.get("name")?.as_str()?.to_string();
+            let server = self.servers.iter().find(|s| s.name == name)?;
+            let list = format_shard_list(&server.shards);
+            match table.get_mut("shards").and_then(|i| i.as_value_mut()) {
+                Some(value) => {
+                    let decor = value.decor().clone();
+                    *value = toml_edit::Value::from(list);
+                    *value.decor_mut() = decor;
+                }
+                None => {
+                    table.insert("shards", toml_edit::value(list));
+                }
+            }
+        }
+        let edited = doc.to_string();
+        (Topology::parse(&edited).ok()? == *self).then_some(edited)
+    }
+}
+
+/// Writes `text` to `path` atomically (temp file, fsync, rename).
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
 }
 
 impl fmt::Display for Topology {
@@ -604,6 +653,28 @@ pub(crate) fn shard_field(layout: &Layout) -> &shardflake::Field {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_move_keeps_the_files_comments_and_layout() {
+        let text = "# our deployment\nlayout = \"instagram\"  # Instagram's\nshards = 4\n\n\
+            [[servers]]\nname = \"a\"\nurl = \"postgres://a/db\"\nshards = \"0-3\" # all of them, for now\n\n\
+            # the new one\n[[servers]]\nname = \"b\"\nurl = \"postgres://b/db\"\nshards = \"\"\n";
+        let t = Topology::parse(text).unwrap();
+        let moved = t.with_shard_moved(2, "b").unwrap();
+        let edited = moved.edited(text).unwrap();
+        assert_eq!(
+            edited,
+            text.replace("\"0-3\" #", "\"0-1,3\" #")
+                .replace("shards = \"\"\n", "shards = \"2\"\n")
+        );
+        assert_eq!(Topology::parse(&edited).unwrap(), moved);
+        // a file that no longer matches the topology is not edited
+        assert!(
+            moved
+                .edited("layout = \"instagram\"\nshards = 4\n")
+                .is_none()
+        );
+    }
 
     const OK: &str = r#"
 layout = "instagram"

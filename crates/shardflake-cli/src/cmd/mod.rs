@@ -6,6 +6,7 @@ pub mod completions;
 pub mod decode;
 pub mod generate;
 pub mod mysql;
+pub mod mysql_bench;
 pub mod pg;
 pub mod plan;
 pub mod serve;

@@ -6,19 +6,69 @@
 use anyhow::Context;
 use clap::Subcommand;
 use shardflake::Id;
-use shardflake_db::mysql::{self, BenchMode, BenchOptions, Flavor, Names, Options, sql};
+use shardflake_db::mysql::{self, Flavor, Names, Options, sql};
+
+use super::mysql_bench::{self, BenchMode, BenchOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    conn: Conn,
     #[command(subcommand)]
     command: MysqlCommand,
 }
 
+/// The server every subcommand works on: before or after the subcommand.
 #[derive(Debug, Clone, clap::Args)]
 struct Conn {
     /// Server URL naming a database, e.g. mysql://root@127.0.0.1:3306/app.
-    #[arg(long, env = "SHARDFLAKE_MYSQL_URL")]
-    url: String,
+    #[arg(long, global = true, env = "SHARDFLAKE_MYSQL_URL")]
+    url: Option<String>,
+}
+
+impl Conn {
+    /// Connects, runs `work` on one connection, disconnects.
+    fn run<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut shardflake_db::mysql_async::Conn) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let url = self.url.as_deref().context(
+            "no server: pass --url mysql://USER@HOST:PORT/DATABASE (or set SHARDFLAKE_MYSQL_URL)",
+        )?;
+        runtime()?.block_on(async {
+            let pool = mysql::pool(url)?;
+            let out = match pool.get_conn().await {
+                Ok(mut c) => work(&mut c).await,
+                Err(e) => Err(anyhow::anyhow!(
+                    "cannot connect to {}: {}",
+                    redacted(url),
+                    root_cause(&e)
+                )),
+            };
+            pool.disconnect().await.ok();
+            out
+        })
+    }
+}
+
+/// The innermost cause of an error (the drivers repeat it at every level).
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut e = e;
+    while let Some(source) = e.source() {
+        e = source;
+    }
+    e.to_string()
+}
+
+/// `url` without its password.
+fn redacted(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://")
+        && let Some((cred, host)) = rest.rsplit_once('@')
+        && let Some((user, _)) = cred.split_once(':')
+    {
+        return format!("{scheme}://{user}:***@{host}");
+    }
+    url.to_string()
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -69,8 +119,6 @@ enum MysqlCommand {
     /// Without sequences (MySQL): generate_post_id_locked only.
     Apply {
         #[command(flatten)]
-        conn: Conn,
-        #[command(flatten)]
         target: Target,
         #[command(flatten)]
         layout: LayoutArg,
@@ -85,7 +133,14 @@ enum MysqlCommand {
     /// needs (exit 1 on any difference). Draws one value of the sequence.
     Check {
         #[command(flatten)]
-        conn: Conn,
+        target: Target,
+        #[command(flatten)]
+        layout: LayoutArg,
+    },
+    /// After a restore (a dump of the database, or of the whole server), or
+    /// a sequence recreated or set back, which inserts refuse: move the
+    /// sequence past every value it can have handed out and record that.
+    Repair {
         #[command(flatten)]
         target: Target,
         #[command(flatten)]
@@ -104,8 +159,6 @@ enum MysqlCommand {
         #[arg(long, default_value = "hello")]
         body: String,
         #[command(flatten)]
-        conn: Conn,
-        #[command(flatten)]
         target: Target,
         #[command(flatten)]
         layout: LayoutArg,
@@ -122,8 +175,6 @@ enum MysqlCommand {
         #[arg(long, value_enum, default_value = "sequence")]
         flavor: FlavorArg,
         #[command(flatten)]
-        conn: Conn,
-        #[command(flatten)]
         target: Target,
         #[command(flatten)]
         layout: LayoutArg,
@@ -133,6 +184,10 @@ enum MysqlCommand {
         /// Print the seed's procedure instead.
         #[arg(long)]
         seed: bool,
+        /// The database the objects go in (the high-water sequence, in
+        /// database shardflake, is named after it).
+        #[arg(long, default_value = "app")]
+        database: String,
         #[command(flatten)]
         target: Target,
         #[command(flatten)]
@@ -142,8 +197,6 @@ enum MysqlCommand {
     /// user id: inserts/s, duplicates, server CPU. Drops and creates bench_*
     /// tables, sequences, events and routines.
     Bench {
-        #[arg(long)]
-        url: String,
         #[arg(long, default_value_t = 8)]
         clients: usize,
         /// Rows per client per mode per round.
@@ -221,9 +274,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let conn = args.conn;
     match args.command {
         MysqlCommand::Sql {
             seed,
+            database,
             target,
             layout,
         } => {
@@ -237,10 +292,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            let plan = mysql::Plan::new(&l)?;
-            println!("-- shardflake mysql apply: {l}");
+            let plan = mysql::Plan::new(&l)?.in_database(&database);
+            println!("-- shardflake mysql apply: {l}, database {database}");
             println!("-- every routine, the event and the table are created with");
             println!("SET SESSION sql_mode = '{}';\n", sql::SQL_MODE);
+            if let Some(hw) = sql::high_water_sql(&plan, &names) {
+                println!(
+                    "-- the sequence's high-water, where a restore of {database} cannot set it back"
+                );
+                println!(
+                    "CREATE DATABASE IF NOT EXISTS `{}`;\n{hw};\n",
+                    sql::HIGH_WATER_DB
+                );
+            }
             println!("-- START WITH: the server's packed clock at apply time");
             println!(
                 "{};\n",
@@ -265,7 +329,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         MysqlCommand::Apply {
-            conn,
             target,
             layout,
             cache,
@@ -278,12 +341,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 locked: true,
                 seed,
             };
-            runtime()?.block_on(async {
-                let pool = mysql::pool(&conn.url)?;
-                let mut c = pool.get_conn().await.context("connecting")?;
-                let applied = mysql::apply(&mut c, &l, &opts).await?;
-                drop(c);
-                pool.disconnect().await.ok();
+            conn.run(async |c| {
+                let applied = mysql::apply(c, &l, &opts).await?;
                 println!(
                     "installed {} ({l}); created or changed: {}",
                     applied.procedure,
@@ -308,22 +367,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Ok(())
             })
         }
-        MysqlCommand::Check {
-            conn,
-            target,
-            layout,
-        } => {
+        MysqlCommand::Check { target, layout } => {
             let l = mysql_layout(&layout)?;
             let opts = Options {
                 names: target.names()?,
                 ..Options::default()
             };
-            runtime()?.block_on(async {
-                let pool = mysql::pool(&conn.url)?;
-                let mut c = pool.get_conn().await.context("connecting")?;
-                let problems = mysql::check(&mut c, &l, &opts).await?;
-                drop(c);
-                pool.disconnect().await.ok();
+            conn.run(async |c| {
+                let problems = mysql::check(c, &l, &opts).await?;
                 if problems.is_empty() {
                     println!(
                         "ok: {}.id and {} as installed for {l}",
@@ -337,25 +388,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 anyhow::bail!("{} problem(s)", problems.len())
             })
         }
+        MysqlCommand::Repair { target, layout } => {
+            let l = mysql_layout(&layout)?;
+            let opts = Options {
+                names: target.names()?,
+                ..Options::default()
+            };
+            conn.run(async |c| {
+                let r = mysql::repair(c, &l, &opts).await?;
+                println!(
+                    "repaired {}: its next value is {} (was at {}), recorded as its high-water",
+                    opts.names.sequence(),
+                    r.to,
+                    r.from
+                );
+                Ok(())
+            })
+        }
         MysqlCommand::Insert {
             user_id,
             count,
             body,
-            conn,
             target,
             layout,
         } => {
             let l = mysql_layout(&layout)?;
             let names = target.names()?;
-            runtime()?.block_on(async {
-                let pool = mysql::pool(&conn.url)?;
-                let mut c = pool.get_conn().await.context("connecting")?;
+            conn.run(async |c| {
                 for _ in 0..count {
-                    let id = mysql::insert(&mut c, &names, user_id, &body).await?;
-                    print_id(&l, id)?;
+                    print_id(&l, mysql::insert(c, &names, user_id, &body).await?)?;
                 }
-                drop(c);
-                pool.disconnect().await.ok();
                 Ok(())
             })
         }
@@ -363,26 +425,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             user_id,
             count,
             flavor,
-            conn,
             target,
             layout,
         } => {
             let l = mysql_layout(&layout)?;
             let procedure = Flavor::from(flavor).procedure(&target.names()?);
-            runtime()?.block_on(async {
-                let pool = mysql::pool(&conn.url)?;
-                let mut c = pool.get_conn().await.context("connecting")?;
+            conn.run(async |c| {
                 for _ in 0..count {
-                    let id = mysql::generate_post_id(&mut c, &procedure, user_id).await?;
-                    print_id(&l, id)?;
+                    print_id(&l, mysql::generate_post_id(c, &procedure, user_id).await?)?;
                 }
-                drop(c);
-                pool.disconnect().await.ok();
                 Ok(())
             })
         }
         MysqlCommand::Bench {
-            url,
             clients,
             rows,
             rounds,
@@ -407,9 +462,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 cpu_rows,
                 cpu_runs,
             };
+            let url = conn.url.context("mysql bench needs --url")?;
             runtime()?.block_on(async {
                 let pool = mysql::pool(&url)?;
-                let report = mysql::bench(&pool, &l, &opts).await?;
+                let report = mysql_bench::bench(&pool, &l, &opts).await?;
                 pool.disconnect().await.ok();
                 print_report(&report, &opts);
                 Ok(())
@@ -418,7 +474,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn print_report(report: &mysql::BenchReport, opts: &BenchOptions) {
+fn print_report(report: &mysql_bench::BenchReport, opts: &BenchOptions) {
+    println!("{}\n", report.version);
     let rates_of = |m: BenchMode| -> Vec<f64> { report.of(m).iter().map(|r| r.rate()).collect() };
     let (base, base_text) = (
         rates_of(BenchMode::AutoIncrement),

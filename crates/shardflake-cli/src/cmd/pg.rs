@@ -15,6 +15,7 @@ pub struct TopologyArg {
     #[arg(
         long,
         short,
+        global = true,
         default_value = "shardflake.toml",
         env = "SHARDFLAKE_TOPOLOGY"
     )]
@@ -23,12 +24,20 @@ pub struct TopologyArg {
 
 impl TopologyArg {
     fn load(&self) -> anyhow::Result<Topology> {
+        if !self.topology.exists() {
+            anyhow::bail!(
+                "reading topology {}: no such file; pass -t FILE (before or after the subcommand) or set SHARDFLAKE_TOPOLOGY",
+                self.topology.display()
+            );
+        }
         Ok(Topology::load(&self.topology)?)
     }
 }
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    topology: TopologyArg,
     #[command(subcommand)]
     command: PgCommand,
 }
@@ -38,9 +47,9 @@ enum PgCommand {
     /// Create (idempotently) every shard's schema, sequence, next_id() and
     /// tables on its server, after checking the file against what every
     /// server records (refused, with what to do, if they disagree).
-    Apply(TopologyArg),
+    Apply,
     /// Report drift between the servers and the topology (exit 1 if any).
-    Check(TopologyArg),
+    Check,
     /// After restoring a dump: move each shard's sequence past every id it
     /// handed out before, so that ids resume (a restored shard refuses ids
     /// until then).
@@ -48,23 +57,17 @@ enum PgCommand {
         /// Only this logical shard.
         #[arg(long)]
         shard: Option<u64>,
-        #[command(flatten)]
-        topology: TopologyArg,
     },
     /// Which logical shard, schema and server a sharding key lives on.
     Route {
         /// Sharding key (e.g. a user id).
         key: u64,
-        #[command(flatten)]
-        topology: TopologyArg,
     },
     /// Which shard and server made an id, and its time and sequence.
     Locate {
         /// Id as stored (signed bigint).
         #[arg(allow_hyphen_values = true)]
         id: i64,
-        #[command(flatten)]
-        topology: TopologyArg,
     },
     /// Move a logical shard to another server: copy, brief write pause,
     /// switch the topology file, drop the old copy. Run again to finish a
@@ -84,16 +87,12 @@ enum PgCommand {
         /// Stop after this step as if killed there (for fault tests).
         #[arg(long, hide = true, env = "SHARDFLAKE_MOVE_STOP_AFTER")]
         stop_after: Option<move_shard::MoveStep>,
-        #[command(flatten)]
-        topology: TopologyArg,
     },
     /// Print the generated SQL (deployment functions, and one shard's schema).
     Sql {
         /// Shard whose schema to print (default: the first).
         #[arg(long)]
         shard: Option<u64>,
-        #[command(flatten)]
-        topology: TopologyArg,
     },
 }
 
@@ -105,15 +104,17 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let t = args.topology;
+    let topology = &t;
     match args.command {
-        PgCommand::Apply(t) => {
+        PgCommand::Apply => {
             let topo = t.load()?;
             for applied in runtime()?.block_on(pg::apply(&topo))? {
                 println!("{applied}");
             }
             Ok(())
         }
-        PgCommand::Check(t) => {
+        PgCommand::Check => {
             let topo = t.load()?;
             let drift = runtime()?.block_on(pg::check(&topo))?;
             if drift.is_empty() {
@@ -129,7 +130,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 t.topology.display()
             )
         }
-        PgCommand::Route { key, topology } => {
+        PgCommand::Route { key } => {
             let topo = topology.load()?;
             let r = route::route_key(&topo, key)?;
             println!(
@@ -138,7 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        PgCommand::Locate { id, topology } => {
+        PgCommand::Locate { id } => {
             let topo = topology.load()?;
             let r = route::locate(&topo, id)?;
             let parts = Id(id as u64).decode(topo.layout())?;
@@ -153,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        PgCommand::Repair { shard, topology } => {
+        PgCommand::Repair { shard } => {
             let topo = topology.load()?;
             let repaired = runtime()?.block_on(pg::repair(&topo, shard))?;
             for r in &repaired {
@@ -167,10 +168,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         PgCommand::MoveShard {
-            shard,
-            abort: true,
-            topology,
-            ..
+            shard, abort: true, ..
         } => {
             let at = runtime()?.block_on(move_shard::abort_move(&topology.topology, shard))?;
             println!("undid the move of shard {shard}: it stays on {at}");
@@ -181,7 +179,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             to,
             keep_source,
             stop_after,
-            topology,
             ..
         } => {
             let to = to.context("--to is required")?;
@@ -223,7 +220,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        PgCommand::Sql { shard, topology } => {
+        PgCommand::Sql { shard } => {
             let topo = topology.load()?;
             let shard = shard.unwrap_or(0);
             topo.server_of(shard)?;

@@ -398,3 +398,92 @@ fn tickets_init_check_next() {
         "{out}"
     );
 }
+
+/// Issue #30: `mysql --help` lists the subcommands the docs use, and
+/// `mysql apply --help` shows the layout it really defaults to.
+#[test]
+fn mysql_help_lists_its_subcommands_and_the_real_default_layout() {
+    let help = ok(&["mysql", "--help"]);
+    for sub in ["apply", "check", "repair", "insert", "call", "sql"] {
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{sub} "))),
+            "{sub} missing from:\n{help}"
+        );
+    }
+    let first = help.lines().next().unwrap();
+    assert!(
+        first.contains("insert") && first.contains("repair"),
+        "{first}"
+    );
+    let apply = ok(&["mysql", "apply", "--help"]);
+    assert!(apply.contains("[default: mysql-procedure]"), "{apply}");
+}
+
+/// Issue #30: the file or server a whole command group works on is named
+/// before or after the subcommand: `pg -t FILE route`, `mysql --url URL
+/// apply`.
+#[test]
+fn group_options_go_before_or_after_the_subcommand() {
+    let dir = std::env::temp_dir().join(format!("sf-cli-global-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("topo.toml");
+    std::fs::write(
+        &file,
+        "layout = \"instagram\"\nshards = 4\n\n[[servers]]\nname = \"a\"\nurl = \"postgres://x@127.0.0.1:1/app\"\nshards = \"0-3\"\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let before = ok(&["pg", "-t", f, "route", "13"]);
+    let after = ok(&["pg", "route", "13", "-t", f]);
+    assert_eq!(before, after);
+    assert!(before.contains("shard 1"), "{before}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let url = server.url();
+    assert!(ok(&["mysql", "--url", &url, "apply"]).starts_with("installed generate_post_id"));
+    assert!(ok(&["mysql", "--url", &url, "check"]).starts_with("ok: "));
+    assert!(ok(&["mysql", "check", "--url", &url]).starts_with("ok: "));
+}
+
+/// Issue #30: an error is one line that names its cause once and the way
+/// out: a missing topology file points to -t, a refused connection names
+/// the URL, a procedure not installed names `apply --seed`.
+#[test]
+fn errors_name_their_cause_once_and_the_fix() {
+    let dir = std::env::temp_dir().join(format!("sf-cli-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(crate::shardflake_bin())
+        .args(["pg", "check"])
+        .current_dir(&dir)
+        .env_remove("SHARDFLAKE_TOPOLOGY")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("shardflake.toml") && e.contains("-t FILE"),
+        "{e}"
+    );
+    assert!(e.matches("os error").count() <= 1, "{e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let dead = format!(
+        "mysql://root@127.0.0.1:{}/app",
+        shardflake_testkit::free_port().unwrap()
+    );
+    let e = fails(&["mysql", "--url", &dead, "check"]);
+    assert!(e.contains(&dead), "{e}");
+    assert_eq!(e.matches("Connection refused").count(), 1, "{e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+
+    let server = MariaDbServer::start().unwrap();
+    let url = server.url();
+    ok(&["mysql", "--url", &url, "apply"]);
+    let e = fails(&["mysql", "--url", &url, "call", "1", "--flavor", "seed"]);
+    assert!(e.contains("apply --seed"), "{e}");
+    assert_eq!(e.matches("generate_post_id_seed").count(), 1, "{e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+}

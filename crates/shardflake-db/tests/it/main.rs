@@ -3,7 +3,9 @@
 
 mod id_types;
 mod mysql;
+mod mysql_operator;
 mod pg;
 mod pg_move;
 mod pg_next_id;
 mod pg_operator;
+mod pg_physical;

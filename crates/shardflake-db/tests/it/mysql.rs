@@ -813,32 +813,6 @@ fn names_default() -> Names {
     Names::default()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bench_runs_every_mode() {
-    let server = MariaDbServer::start_with("", None).unwrap();
-    let pool = mysql::pool(&server.url()).unwrap();
-    let pid: u32 = server.pid().unwrap();
-    let opts = mysql::BenchOptions {
-        clients: 4,
-        rows: 50,
-        rounds: 2,
-        server_pid: Some(pid),
-        cpu_rows: 2000,
-        cpu_runs: 1,
-        ..Default::default()
-    };
-    let r = mysql::bench(&pool, &layout(), &opts).await.unwrap();
-    assert_eq!(r.results.len(), 20);
-    for res in &r.results {
-        if res.mode != mysql::BenchMode::SeedProcedure {
-            assert_eq!(res.duplicates, 0, "{res:?}");
-        }
-        assert!(res.cpu_per_row_us().is_some());
-    }
-    assert_eq!(r.cpu.len(), 5);
-    assert!(r.clock_cpu_share.is_some());
-}
-
 /// The connection holding the clock event loop's lock, if any.
 async fn clock_holder(c: &mut Conn, names: &Names) -> Option<u64> {
     c.query_first::<Option<u64>, _>(format!("SELECT IS_USED_LOCK({})", names.clock_lock_sql()))

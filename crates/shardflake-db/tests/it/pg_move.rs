@@ -602,3 +602,28 @@ async fn a_move_failing_after_going_live_is_finished_by_running_it_again() {
     assert_eq!(odd, 0);
     assert!(pg::check(&topo).await.unwrap().is_empty());
 }
+
+/// Issue #30: `move-shard` edits the topology file in place: the user's
+/// comments and layout stay, only the two servers' shard lists change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_keeps_the_topology_files_comments() {
+    let a = PgServer::start().unwrap();
+    let b = PgServer::start().unwrap();
+    let text = topology(&a, &b)
+        .replacen(
+            "layout = ",
+            "# our deployment: do not change the layout\nlayout = ",
+            1,
+        )
+        .replacen("shards = \"0-3\"", "shards = \"0-3\"  # the old machine", 1);
+    let file = TopoFile::new("move-comments", &text);
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    move_shard(&file.0, 3, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    let after = std::fs::read_to_string(&file.0).unwrap();
+    let want = text
+        .replacen("shards = \"0-3\"  #", "shards = \"0-2\"  #", 1)
+        .replacen("shards = \"4-7\"", "shards = \"3-7\"", 1);
+    assert_eq!(after, want);
+}

@@ -468,7 +468,7 @@ fn stop(opts: &MoveOptions, step: MoveStep, shard: u64) -> Result<(), Error> {
 
 fn save(topo: &Topology, path: &Path, shard: u64, to: &str) -> Result<(), Error> {
     topo.with_shard_moved(shard, to)?
-        .save(path)
+        .save_keeping_comments(path)
         .map_err(|source| Error::Io {
             path: path.display().to_string(),
             source,

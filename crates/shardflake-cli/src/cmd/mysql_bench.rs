@@ -3,16 +3,43 @@
 //! from N clients sharing one shard key, the server's CPU per insert (all
 //! its threads, from `/proc/PID/task/*/schedstat`, when the server runs on
 //! this machine), and the CPU of one connection per row of a bulk `INSERT
-//! ... SELECT`.
+//! ... SELECT`. A harness of the CLI, not of the library: it drives
+//! `shardflake_db::mysql` as a user of it would.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use mysql_async::prelude::*;
-use mysql_async::{Conn, Pool};
 use shardflake::Layout;
+use shardflake_db::Error;
+use shardflake_db::mysql::{self, Names, Options, Plan, apply, sql};
+use shardflake_db::mysql_async::prelude::*;
+use shardflake_db::mysql_async::{self, Conn, Pool};
 
-use super::{Names, Options, Plan, apply, my, other, sql};
-use crate::Error;
+fn my(context: &str) -> impl FnOnce(mysql_async::Error) -> Error + '_ {
+    move |source| Error::Mysql {
+        context: context.to_string(),
+        source,
+    }
+}
+
+fn other(context: &str, message: impl Into<String>) -> Error {
+    Error::MysqlRefused {
+        context: context.to_string(),
+        message: message.into(),
+    }
+}
+
+/// Ends a clock event's loop (the connection holding its lock), so the
+/// scheduler starts the event's new body.
+async fn stop_clock(conn: &mut Conn, names: &Names) -> Result<(), Error> {
+    let holder: Option<Option<u64>> = conn
+        .query_first(format!("SELECT IS_USED_LOCK({})", names.clock_lock_sql()))
+        .await
+        .map_err(my("looking for a running clock event"))?;
+    if let Some(Some(id)) = holder {
+        let _ = conn.query_drop(format!("KILL CONNECTION {id}")).await;
+    }
+    Ok(())
+}
 
 /// One way to get an id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,10 +190,6 @@ impl BenchResult {
     pub fn rate(&self) -> f64 {
         self.rows as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
-    /// Fraction of rows whose id was a duplicate.
-    pub fn duplicate_rate(&self) -> f64 {
-        self.duplicates as f64 / self.rows.max(1) as f64
-    }
     /// Server CPU per insert, µs.
     pub fn cpu_per_row_us(&self) -> Option<f64> {
         self.server_cpu
@@ -225,7 +248,7 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
         conn.query_drop(format!("DROP EVENT IF EXISTS `{}`", n.event()))
             .await
             .map_err(my("dropping a bench event"))?;
-        super::stop_clock(conn, n).await?;
+        stop_clock(conn, n).await?;
     }
     conn.query_drop(
         "DROP TABLE IF EXISTS bench_auto, bench_trigger, bench_nocache, bench_trigfn, bench_default, bench_proc, bench_locked, bench_seed;
@@ -394,7 +417,7 @@ async fn client(
                 decode_lag(id, &mut lag);
             }
             BenchMode::Procedure | BenchMode::LockedProcedure | BenchMode::SeedProcedure => {
-                let id = super::generate_post_id(&mut c, &procedure, user_id).await?;
+                let id = mysql::generate_post_id(&mut c, &procedure, user_id).await?;
                 if mode == BenchMode::SeedProcedure {
                     c.exec_drop(&insert_ignore, (id, user_id))
                         .await
@@ -578,4 +601,38 @@ pub async fn bench(
         cpu,
         clock_cpu_share,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardflake_testkit::MariaDbServer;
+
+    /// Moved from `shardflake-db/tests/it/mysql.rs` with the harness.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bench_runs_every_mode() {
+        let server = MariaDbServer::start_with("", None).unwrap();
+        let pool = mysql::pool(&server.url()).unwrap();
+        let pid: u32 = server.pid().unwrap();
+        let opts = BenchOptions {
+            clients: 4,
+            rows: 50,
+            rounds: 2,
+            server_pid: Some(pid),
+            cpu_rows: 2000,
+            cpu_runs: 1,
+            ..Default::default()
+        };
+        let layout = shardflake::preset::by_name("mysql-procedure").unwrap();
+        let r = bench(&pool, &layout, &opts).await.unwrap();
+        assert_eq!(r.results.len(), 20);
+        for res in &r.results {
+            if res.mode != BenchMode::SeedProcedure {
+                assert_eq!(res.duplicates, 0, "{res:?}");
+            }
+            assert!(res.cpu_per_row_us().is_some());
+        }
+        assert_eq!(r.cpu.len(), 5);
+        assert!(r.clock_cpu_share.is_some());
+    }
 }

@@ -43,6 +43,23 @@ pub const DEFAULT_CACHE: u64 = 1000;
 /// out-of-range value is an error, never a silently clipped one.
 pub const SQL_MODE: &str = "STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION";
 
+/// The database holding each id sequence's recorded high-water
+/// ([`Plan::high_water`]): outside the application's database, so a dump of
+/// that database restored into the server cannot set it back.
+pub const HIGH_WATER_DB: &str = "shardflake";
+
+/// The clock event raises the recorded high-water when the sequence has
+/// moved this many milliseconds' worth of values past it (about ten writes
+/// a second at most).
+pub const HIGH_WATER_STEP_MS: u64 = 100;
+
+/// The id table's `AUTO_INCREMENT` counter: the largest `BIGINT`. Without
+/// the trigger an insert takes it once (an id ours makes only at the
+/// layout's very last tick, for the last shard) and every later one fails
+/// ("Out of range value for column 'id'"), instead of taking the next id
+/// above the newest row, which is the next id ours hands out in its shard.
+pub const AUTO_INCREMENT_PARKED: i64 = i64::MAX;
+
 /// MariaDB's error number for "Sequence '...' has run out".
 pub const ER_SEQUENCE_RUN_OUT: u16 = 4084;
 
@@ -88,6 +105,7 @@ pub struct Plan {
     shard_shift: u32,
     limit_tick: u64,
     epoch_datetime: String,
+    database: Option<String>,
 }
 
 impl Plan {
@@ -130,6 +148,32 @@ impl Plan {
             shard_shift: shard.shift(),
             limit_tick,
             epoch_datetime,
+            database: None,
+        })
+    }
+
+    /// The plan for the objects of database `db`: the trigger, the
+    /// procedure and the clock event then also check the sequence against
+    /// its recorded high-water ([`Plan::high_water`]). What `mysql apply`
+    /// installs; without it (`mysql sql`'s printout) they do not.
+    pub fn in_database(mut self, db: &str) -> Plan {
+        self.database = Some(db.to_string());
+        self
+    }
+
+    /// The sequence holding the high-water of `names`' id sequence, quoted:
+    /// `` `shardflake`.`app.posts_id_seq` `` (with [`Plan::in_database`]).
+    /// Every value the id sequence will still hand out is at or above its
+    /// next value, raised by the clock event as the sequence moves, never
+    /// lowered (a sequence's `SETVAL` never moves down). A dump of the
+    /// application's database, restored, sets the id sequence back below
+    /// it: the trigger and the procedure refuse until `mysql repair`.
+    pub fn high_water(&self, names: &Names) -> Option<String> {
+        self.database.as_ref().map(|db| {
+            format!(
+                "`{HIGH_WATER_DB}`.`{}`",
+                format!("{db}.{}", names.sequence()).replace('`', "``")
+            )
         })
     }
 
@@ -349,6 +393,34 @@ pub fn sequence_sql(plan: &Plan, names: &Names, start: i64, cache: u64) -> Strin
     )
 }
 
+/// `CREATE SEQUENCE IF NOT EXISTS` for the recorded high-water
+/// ([`Plan::high_water`]), from 0, `NOCACHE` (every `SETVAL` is written),
+/// InnoDB. `None` without [`Plan::in_database`].
+pub fn high_water_sql(plan: &Plan, names: &Names) -> Option<String> {
+    let hw = plan.high_water(names)?;
+    Some(format!(
+        "CREATE SEQUENCE IF NOT EXISTS {hw} START WITH 0 MINVALUE 0 MAXVALUE {max} \
+         INCREMENT BY 1 NOCACHE NOCYCLE COMMENT {comment} ENGINE=InnoDB",
+        max = plan.max_packed() + 1,
+        comment = lit(&format!(
+            "shardflake v{VERSION}: every value {} still hands out is at or above this one",
+            names.sequence()
+        )),
+    ))
+}
+
+/// SQL that is true when this session's last draw from the id sequence is
+/// at or above the recorded high-water (empty without one).
+fn above_high_water(plan: &Plan, names: &Names) -> String {
+    match plan.high_water(names) {
+        Some(hw) => format!(
+            " AND (PREVIOUS VALUE FOR `{}`) >= (SELECT next_not_cached_value FROM {hw})",
+            names.sequence()
+        ),
+        None => String::new(),
+    }
+}
+
 /// SQL for the id of a new row whose shard key is `key` (an SQL
 /// expression, `NEW.user_id` in the trigger): draw the next packed value,
 /// check the key and the clock, make the id.
@@ -368,8 +440,9 @@ pub fn id_expression_sql(plan: &Plan, names: &Names, key: &str) -> String {
     let seq = format!("`{}`", names.sequence());
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     format!(
-        "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0 \
+        "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0{above} \
          THEN {id} ELSE `{refused}`({key}) END",
+        above = above_high_water(plan, names),
         stale = plan.packed_ms(STALE_MS),
         clock = plan.packed_sql(&us),
         id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), key),
@@ -416,7 +489,7 @@ BEGIN
   ELSEIF us < 0 THEN
     SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is before the epoch {epoch} UTC of layout {layout}');
   ELSEIF {clock} > {max} THEN
-    SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is past the last time of layout {layout} (ids end at {end})');
+    SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is past the last time of layout {layout} (ids end at {end})');{below}
   ELSE
     SET msg = CONCAT('shardflake: {table}.id: sequence {seq} is ', (({clock} - COALESCE(PREVIOUS VALUE FOR `{seq}`, 0)) DIV {per_tick}) * {tick},
       ' ms behind the server clock (', UTC_TIMESTAMP(3), ' UTC): the event {event} is not running (event_scheduler = ', @@GLOBAL.event_scheduler, ')');
@@ -436,16 +509,37 @@ END",
         per_tick = plan.per_tick(),
         tick = plan.layout().tick_ms(),
         event = names.event(),
+        below = below_high_water(plan, names, &format!("shardflake: {}.id", names.table), "ELSEIF", "SET msg = "),
+    )
+}
+
+/// An `ELSEIF`/`IF` arm naming a sequence set back below its recorded
+/// high-water (a restore) and the command that repairs it (empty without
+/// a high-water).
+fn below_high_water(plan: &Plan, names: &Names, who: &str, keyword: &str, set: &str) -> String {
+    let Some(hw) = plan.high_water(names) else {
+        return String::new();
+    };
+    let seq = names.sequence();
+    format!(
+        "\n  {keyword} COALESCE(PREVIOUS VALUE FOR `{seq}`, -1) < COALESCE((SELECT next_not_cached_value FROM {hw}), {max}) THEN\n    \
+         {set}CONCAT('{who}: sequence {seq} is at ', COALESCE(PREVIOUS VALUE FOR `{seq}`, 'NULL'), ', below its high-water ', \
+         COALESCE((SELECT next_not_cached_value FROM {hw}), 'NULL'), ' kept in {hw_text}: the database was restored from a dump, or the sequence recreated or set back; run shardflake mysql repair before writing');",
+        max = plan.max_packed() + 2,
+        hw_text = hw.replace('`', "").replace('\'', "''"),
     )
 }
 
 /// `CREATE TABLE IF NOT EXISTS` in the seed's shape: `id` (`BIGINT
 /// AUTO_INCREMENT`, so the OK packet carries the id the trigger set, for
 /// clients that read `LAST_INSERT_ID` rather than `RETURNING`), the shard
-/// key, a `body`. The trigger overrides the counter; it only ever follows.
+/// key, a `body`. The trigger sets every id; the counter starts at
+/// [`AUTO_INCREMENT_PARKED`], so a row inserted while the trigger is
+/// missing (a table restore drops it) fails instead of taking an id that
+/// ours can repeat.
 pub fn table_sql(plan: &Plan, names: &Names) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS `{table}` (\n  id BIGINT NOT NULL AUTO_INCREMENT COMMENT {comment},\n  `{key}` BIGINT NOT NULL,\n  body TEXT,\n  PRIMARY KEY (id)\n) ENGINE=InnoDB",
+        "CREATE TABLE IF NOT EXISTS `{table}` (\n  id BIGINT NOT NULL AUTO_INCREMENT COMMENT {comment},\n  `{key}` BIGINT NOT NULL,\n  body TEXT,\n  PRIMARY KEY (id)\n) ENGINE=InnoDB AUTO_INCREMENT={AUTO_INCREMENT_PARKED}",
         table = names.table,
         key = names.key,
         comment = lit(&format!("{}; sequence {}", plan.marker(), names.sequence())),
@@ -486,8 +580,17 @@ pub fn default_candidate_sql(plan: &Plan, names: &Names) -> String {
 /// runs. A sequence found below it was set back (a dump restored into the
 /// running server, whose `SETVAL` does not move it down afterwards): it is
 /// put [`RESTORE_HEADROOM_MS`] past `hw` at once.
+///
+/// With [`Plan::in_database`] the loop also raises the recorded high-water
+/// ([`Plan::high_water`]) to the reservation less the cache, at most every
+/// [`HIGH_WATER_STEP_MS`] of values, and leaves alone a sequence found
+/// below it: that one was set back while no loop watched (a dump restored
+/// with the event stopped), nothing here knows how far values went past
+/// it, and the trigger refuses it until `mysql repair`.
 pub fn event_sql(plan: &Plan, names: &Names) -> String {
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
+    let hw = plan.high_water(names);
+    let hw_name = hw.clone().unwrap_or_default();
     format!(
         "CREATE OR REPLACE EVENT `{event}` ON SCHEDULE EVERY 1 SECOND ON COMPLETION PRESERVE ENABLE
 COMMENT {comment}
@@ -497,7 +600,7 @@ DO BEGIN
   DECLARE r BIGINT;
   DECLARE hw BIGINT DEFAULT 0;
   DECLARE pause_ms BIGINT;
-  DECLARE failed INT DEFAULT 0;
+  DECLARE failed INT DEFAULT 0;{declare_floor}
   DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET failed = 1;
   IF GET_LOCK({lock}, 0) = 1 THEN
     LOOP
@@ -507,10 +610,10 @@ DO BEGIN
       SET pause_ms = {lag_ms};
       IF us >= 0 THEN
         SET t = {clock};
-        SET r = (SELECT next_not_cached_value FROM `{seq}`);
+        SET r = (SELECT next_not_cached_value FROM `{seq}`);{read_floor}
         IF r < hw THEN
           SET r = hw + {headroom};
-          EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', r, ', 0)');
+          EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', r, ', 0)');{floor_arm}
         ELSEIF t <= {max} AND r + {lag} < t THEN
           EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
         ELSE
@@ -518,7 +621,7 @@ DO BEGIN
         END IF;
         IF failed = 0 AND r > hw THEN
           SET hw = r;
-        END IF;
+        END IF;{raise_floor}
       END IF;
       IF failed = 1 OR pause_ms IS NULL THEN
         SET pause_ms = {lag_ms};
@@ -539,6 +642,38 @@ END",
         per_tick = plan.per_tick(),
         tick = plan.layout().tick_ms(),
         headroom = plan.packed_ms(RESTORE_HEADROOM_MS),
+        declare_floor = if hw.is_some() {
+            "\n  DECLARE f BIGINT;\n  DECLARE c BIGINT;"
+        } else {
+            ""
+        },
+        read_floor = if hw.is_some() {
+            format!(
+                "\n        SET f = NULL;\n        SET f = (SELECT next_not_cached_value FROM {hw_name});"
+            )
+        } else {
+            String::new()
+        },
+        floor_arm = if hw.is_some() {
+            // Set back before this loop saw it (a dump restored while no
+            // loop ran): values above it may have been handed out, and
+            // nothing here knows how far; the trigger refuses it until
+            // `mysql repair`.
+            "\n        ELSEIF r < f THEN\n          SET pause_ms = NULL;"
+        } else {
+            ""
+        },
+        raise_floor = if hw.is_some() {
+            // Every value still to come is at or above the reservation less
+            // the cache: record it, a write per HIGH_WATER_STEP_MS at most.
+            format!(
+                "\n        IF failed = 0 AND r >= f THEN\n          SET c = (SELECT next_not_cached_value - cache_size FROM `{seq}`);\n          IF c >= f + {step} THEN\n            EXECUTE IMMEDIATE CONCAT('DO SETVAL({hw_name}, ', c, ', 0)');\n          END IF;\n        END IF;",
+                seq = names.sequence(),
+                step = plan.packed_ms(HIGH_WATER_STEP_MS),
+            )
+        } else {
+            String::new()
+        },
     )
 }
 
@@ -590,13 +725,13 @@ COMMENT {comment}
 BEGIN
   DECLARE EXIT HANDLER FOR {run_out}
     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: sequence {seq_name} has run out: the ids of layout {layout} end at {end}';
-  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND {us} >= 0 AND {key} >= 0 THEN {fast_id} END;
+  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND {us} >= 0 AND {key} >= 0{above} THEN {fast_id} END;
   IF id IS NULL THEN
     BEGIN
       DECLARE us BIGINT;
       DECLARE t BIGINT;
       DECLARE w BIGINT;
-      DECLARE msg VARCHAR(255);
+      DECLARE msg VARCHAR(512);{below}
 {checks}      SET t = {clock};
       IF t > {max} THEN
         {past_end}
@@ -615,6 +750,18 @@ END",
         lag = plan.packed_ms(LAG_MS),
         clock_now = plan.packed_sql(&us),
         fast_id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), key),
+        above = above_high_water(plan, names),
+        below = {
+            let arm = below_high_water(plan, names, name, "IF", "SET msg = ");
+            if arm.is_empty() {
+                arm
+            } else {
+                format!(
+                    "{}\n        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;\n      END IF;",
+                    arm.replace("\n  ", "\n      ")
+                )
+            }
+        },
         checks = clock_checks(plan, name, key).replace("\n  ", "\n      ").replacen("  IF", "      IF", 1),
         clock = plan.packed_sql("us"),
         max = plan.max_packed(),

@@ -1,0 +1,451 @@
+//! `mysql apply`: install the one-statement ids and the procedures.
+
+use super::*;
+
+/// What `apply` did.
+#[derive(Debug, Clone, Default)]
+pub struct Applied {
+    /// Objects created or replaced, in order (`sequence posts_id_seq`, ...).
+    pub installed: Vec<String>,
+    /// Settings that weaken a guarantee, or that must also go into the
+    /// server's configuration.
+    pub warnings: Vec<String>,
+    /// The clock event was seen running before `apply` returned.
+    pub clock_running: bool,
+    /// The procedure to call: `generate_post_id`, or on a server without
+    /// sequences the row-lock one.
+    pub procedure: String,
+    /// Whether the one-statement ids (trigger, sequence, clock event) are
+    /// installed (not on a server without sequences).
+    pub one_statement: bool,
+}
+
+/// Installs, idempotently, on the database the connection uses: the
+/// sequence (created at the server's packed clock; an existing one keeps
+/// its position, gets the options the no-repeat argument needs, and is
+/// caught up with the clock), the table if missing (an existing one keeps
+/// its columns; an `id` with neither `AUTO_INCREMENT` nor a default gets
+/// `DEFAULT 0`), the refusal function and the trigger (replaced in one
+/// statement, only when they differ, so a re-run takes no table lock), the
+/// clock event (a running loop with an older body is stopped; the scheduler
+/// starts the new one within a second), `generate_post_id`, and with
+/// [`Options::locked`] the row-lock procedure, with [`Options::seed`] the
+/// seed's. Without sequences (MySQL) it installs only the row-lock
+/// procedure. Refuses a server clock outside the layout, a sequence made
+/// for another layout or already past it, an `id` column that is not a
+/// signed `BIGINT`, and an event scheduler it cannot turn on; warns about
+/// `innodb_flush_log_at_trx_commit = 0`.
+pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Applied, Error> {
+    let srv = server(conn).await?;
+    let Some(db) = srv.database.clone() else {
+        return Err(other(
+            "apply",
+            "the URL names no database (mysql://user@host:port/DATABASE)",
+        ));
+    };
+    let plan = plan_in(layout, &db, &opts.names)?;
+    let old_mode: String = conn
+        .query_first("SELECT @@SESSION.sql_mode")
+        .await
+        .map_err(my("reading sql_mode"))?
+        .unwrap_or_default();
+    conn.query_drop(format!("SET SESSION sql_mode = '{}'", sql::SQL_MODE))
+        .await
+        .map_err(my("setting sql_mode"))?;
+    let result = apply_pinned(conn, &plan, opts, &srv).await;
+    conn.exec_drop("SET SESSION sql_mode = ?", (old_mode,))
+        .await
+        .map_err(my("restoring sql_mode"))?;
+    result
+}
+
+pub(super) async fn apply_pinned(
+    conn: &mut Conn,
+    plan: &Plan,
+    opts: &Options,
+    srv: &Server,
+) -> Result<Applied, Error> {
+    let names = &opts.names;
+    let mut applied = Applied {
+        procedure: names.locked_procedure(),
+        ..Applied::default()
+    };
+    if !srv.has_sequences() {
+        applied.warnings.push(format!(
+            "{} has no sequences (MariaDB >= 10.3 has): installed only {}, the row-lock procedure",
+            srv.version,
+            names.locked_procedure()
+        ));
+        if install_locked(conn, plan, names, srv.mariadb).await? {
+            applied.installed.push(names.locked_procedure());
+        }
+        if opts.seed && install_seed(conn, names, srv.mariadb).await? {
+            applied.installed.push(names.seed_procedure());
+        }
+        return Ok(applied);
+    }
+    if srv.flush_log_at_trx_commit == 0 {
+        applied.warnings.push(FLUSH_0.to_string());
+    }
+    match srv.event_scheduler.as_str() {
+        "ON" => {}
+        "DISABLED" => {
+            return Err(other(
+                "apply",
+                "event_scheduler is DISABLED (set at server start): the clock event cannot run; start the server with event_scheduler=ON",
+            ));
+        }
+        _ => {
+            conn.query_drop("SET GLOBAL event_scheduler = ON")
+                .await
+                .map_err(my(
+                    "turning the event scheduler on (SET GLOBAL event_scheduler = ON)",
+                ))?;
+            applied.warnings.push(
+                "turned the event scheduler on; put event_scheduler=ON in the server's configuration, or it is off again after a restart".into(),
+            );
+        }
+    }
+    let now = server_packed_clock(conn, plan).await?;
+    // The high-water, outside this database (see `Plan::high_water`).
+    if let Some(create) = sql::high_water_sql(plan, names) {
+        conn.query_drop(format!(
+            "CREATE DATABASE IF NOT EXISTS `{}`",
+            sql::HIGH_WATER_DB
+        ))
+        .await
+        .map_err(my("creating the high-water database"))?;
+        conn.query_drop(create)
+            .await
+            .map_err(my("creating the high-water sequence"))?;
+    }
+    // The sequence.
+    let seq = names.sequence();
+    let kind = sequence_kind(conn, &seq).await?;
+    match kind {
+        None => {
+            conn.query_drop(sql::sequence_sql(plan, names, now, opts.cache))
+                .await
+                .map_err(my("creating the sequence"))?;
+            applied.installed.push(format!("sequence {seq}"));
+        }
+        Some((kind, engine, comment)) => {
+            if kind != "SEQUENCE" {
+                return Err(other(
+                    "apply",
+                    format!("{seq} exists and is a {kind}, not a sequence"),
+                ));
+            }
+            if !engine.eq_ignore_ascii_case("InnoDB") {
+                return Err(other(
+                    "apply",
+                    format!(
+                        "sequence {seq} uses engine {engine}; the crash argument needs InnoDB (its reservations go to InnoDB's log)"
+                    ),
+                ));
+            }
+            if layout_of(&comment) != Some(plan.layout().to_string()) {
+                return Err(other(
+                    "apply",
+                    format!(
+                        "sequence {seq} was made for another layout ({comment:?}); its values mean other times: refusing to reuse it for {}",
+                        plan.layout()
+                    ),
+                ));
+            }
+            let fix = sequence_fixes(conn, plan, names, opts.cache).await?;
+            if let Some(alter) = fix {
+                conn.query_drop(alter)
+                    .await
+                    .map_err(my("setting the sequence's options"))?;
+                applied.installed.push(format!("options of sequence {seq}"));
+            }
+            if let (r, Some(floor)) = reservation_and_floor(conn, plan, names).await?
+                && r < floor
+            {
+                return Err(other("apply", set_back_text(names, plan, r, floor)));
+            }
+            if comment != plan.marker() {
+                conn.query_drop(format!(
+                    "ALTER TABLE `{seq}` COMMENT = {}",
+                    quote(&plan.marker())
+                ))
+                .await
+                .map_err(my("marking the sequence"))?;
+            }
+        }
+    }
+    // Up with the clock now, so the first ids are dated now (SETVAL never
+    // moves a sequence down).
+    conn.query_drop(format!("DO SETVAL(`{seq}`, {now}, 0)"))
+        .await
+        .map_err(my("catching the sequence up with the clock"))?;
+    raise_floor(conn, plan, names).await?;
+    // The table (the seed's shape, if missing), the function and the trigger.
+    match id_column(conn, &names.table).await? {
+        None if table_exists(conn, &names.table).await? => {
+            return Err(other(
+                "apply",
+                format!("table {} has no id column", names.table),
+            ));
+        }
+        None => {
+            conn.query_drop(sql::table_sql(plan, names))
+                .await
+                .map_err(my("creating the table"))?;
+            applied.installed.push(format!("table {}", names.table));
+        }
+        Some(col) => {
+            col.usable(&names.table)?;
+            if col.auto_increment()
+                && auto_increment_counter(conn, &names.table).await? < sql::AUTO_INCREMENT_PARKED
+            {
+                // Instant (metadata only): rows inserted while the trigger
+                // is missing fail instead of taking ids ours repeat.
+                conn.query_drop(format!(
+                    "ALTER TABLE `{}` AUTO_INCREMENT = {}",
+                    names.table,
+                    sql::AUTO_INCREMENT_PARKED
+                ))
+                .await
+                .map_err(my("parking the AUTO_INCREMENT counter"))?;
+                applied.installed.push(format!(
+                    "AUTO_INCREMENT of {} parked at {}",
+                    names.table,
+                    sql::AUTO_INCREMENT_PARKED
+                ));
+            }
+            if !col.auto_increment() && col.default.is_none() {
+                // INSERT ... SELECT without an id needs a default in strict mode.
+                conn.query_drop(format!(
+                    "ALTER TABLE `{}` ALTER COLUMN id SET DEFAULT 0",
+                    names.table
+                ))
+                .await
+                .map_err(my("giving the id column a default"))?;
+                applied
+                    .installed
+                    .push(format!("default 0 of {}.id", names.table));
+            }
+        }
+    }
+    let refused = sql::refused_function_sql(plan, names);
+    if routine_differs(conn, &names.refused_function(), "FUNCTION", &refused).await? {
+        conn.query_drop(&refused)
+            .await
+            .map_err(my("creating the refusal function"))?;
+        applied.installed.push(names.refused_function());
+    }
+    let trigger = sql::trigger_sql(plan, names);
+    if trigger_differs(conn, names, &trigger).await? {
+        conn.query_drop(&trigger)
+            .await
+            .map_err(my("creating the trigger"))?;
+        applied
+            .installed
+            .push(format!("trigger {}", names.trigger()));
+    }
+    // The clock event.
+    let event = names.event();
+    let current: Option<(Option<String>, Option<String>, String)> = conn
+        .exec_first(
+            "SELECT EVENT_DEFINITION, EVENT_COMMENT, STATUS FROM information_schema.EVENTS WHERE EVENT_SCHEMA = DATABASE() AND EVENT_NAME = ?",
+            (&event,),
+        )
+        .await
+        .map_err(my("looking up the clock event"))?;
+    let wanted = sql::event_sql(plan, names);
+    let same = current.as_ref().is_some_and(|(def, comment, status)| {
+        status == "ENABLED"
+            && def.as_deref().map(str::trim) == body_after(&wanted, "\nDO ")
+            && comment.as_deref() == comment_of(&wanted)
+    });
+    if !same {
+        conn.query_drop(&wanted)
+            .await
+            .map_err(my("creating the clock event"))?;
+        stop_clock(conn, names).await?;
+        applied.installed.push(format!("event {event}"));
+    }
+    applied.clock_running = wait_clock(conn, names, Duration::from_secs(3)).await?;
+    if !applied.clock_running {
+        applied.warnings.push(format!(
+            "the clock event {event} was not seen running within 3 s"
+        ));
+    }
+    applied.one_statement = true;
+    applied.procedure = names.procedure.clone();
+    // The procedures.
+    if replace_procedure(
+        conn,
+        &names.procedure,
+        &sql::procedure_sql(plan, names),
+        true,
+    )
+    .await?
+    {
+        applied.installed.push(names.procedure.clone());
+    }
+    if opts.locked && install_locked(conn, plan, names, true).await? {
+        applied.installed.push(names.locked_procedure());
+    }
+    if opts.seed && install_seed(conn, names, true).await? {
+        applied.installed.push(names.seed_procedure());
+    }
+    Ok(applied)
+}
+
+/// An `ALTER SEQUENCE` giving the options the argument needs, if any
+/// differ; refuses a sequence already past the layout.
+pub(super) async fn sequence_fixes(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    cache: u64,
+) -> Result<Option<String>, Error> {
+    let seq = names.sequence();
+    let o = seq_options(conn, &seq).await?;
+    if o.next > plan.max_packed() + 1 {
+        return Err(other(
+            "apply",
+            format!(
+                "sequence {seq} is at {}, past the layout's last value {}",
+                o.next,
+                plan.max_packed()
+            ),
+        ));
+    }
+    let want_cache = cache.max(1) as i64;
+    let mut fix = Vec::new();
+    if o.min != 0 && o.min > 0 {
+        fix.push("MINVALUE 0".to_string());
+    }
+    if o.max != plan.max_packed() {
+        fix.push(format!("MAXVALUE {}", plan.max_packed()));
+    }
+    if o.increment != 1 {
+        fix.push("INCREMENT BY 1".into());
+    }
+    if o.cycle {
+        fix.push("NOCYCLE".into());
+    }
+    if o.cache.max(1) != want_cache {
+        fix.push(if want_cache == 1 {
+            "NOCACHE".to_string()
+        } else {
+            format!("CACHE {want_cache}")
+        });
+    }
+    Ok((!fix.is_empty()).then(|| format!("ALTER SEQUENCE `{seq}` {}", fix.join(" "))))
+}
+
+pub(super) async fn stop_clock(conn: &mut Conn, names: &Names) -> Result<(), Error> {
+    let holder: Option<Option<u64>> = conn
+        .query_first(format!("SELECT IS_USED_LOCK({})", names.clock_lock_sql()))
+        .await
+        .map_err(my("looking for a running clock event"))?;
+    if let Some(Some(id)) = holder {
+        // An older loop: end it; the scheduler starts the new body.
+        let _ = conn.query_drop(format!("KILL CONNECTION {id}")).await;
+    }
+    Ok(())
+}
+
+/// Waits up to `within` for the clock event's loop to hold its lock.
+pub(super) async fn wait_clock(
+    conn: &mut Conn,
+    names: &Names,
+    within: Duration,
+) -> Result<bool, Error> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if clock_running(conn, names).await? {
+            return Ok(true);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Creates or replaces a procedure whose body or `sql_mode` differs from
+/// `create` (`CREATE OR REPLACE` on MariaDB: no moment without it; `DROP`
+/// then `CREATE` on MySQL). Whether it did.
+pub(super) async fn replace_procedure(
+    conn: &mut Conn,
+    name: &str,
+    create: &str,
+    mariadb: bool,
+) -> Result<bool, Error> {
+    if !routine_differs(conn, name, "PROCEDURE", create).await? {
+        return Ok(false);
+    }
+    if mariadb {
+        let create = create.replacen("CREATE PROCEDURE", "CREATE OR REPLACE PROCEDURE", 1);
+        conn.query_drop(create)
+            .await
+            .map_err(my("creating the procedure"))?;
+    } else {
+        conn.query_drop(format!("DROP PROCEDURE IF EXISTS `{name}`"))
+            .await
+            .map_err(my("dropping the old procedure"))?;
+        conn.query_drop(create)
+            .await
+            .map_err(my("creating the procedure"))?;
+    }
+    Ok(true)
+}
+
+pub(super) async fn install_locked(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    mariadb: bool,
+) -> Result<bool, Error> {
+    conn.query_drop(sql::sequences_sql(&names.locked_row()))
+        .await
+        .map_err(my("creating sequences"))?;
+    replace_procedure(
+        conn,
+        &names.locked_procedure(),
+        &sql::locked_procedure_sql(plan, names),
+        mariadb,
+    )
+    .await
+}
+
+pub(super) async fn install_seed(
+    conn: &mut Conn,
+    names: &Names,
+    mariadb: bool,
+) -> Result<bool, Error> {
+    conn.query_drop(sql::sequences_sql(&names.seed_row()))
+        .await
+        .map_err(my("creating sequences"))?;
+    replace_procedure(
+        conn,
+        &names.seed_procedure(),
+        &sql::seed_procedure_sql(&names.seed_procedure(), &names.seed_row()),
+        mariadb,
+    )
+    .await
+}
+
+/// Raises the recorded high-water to the sequence's reservation less its
+/// cache (never lowers it).
+pub(super) async fn raise_floor(conn: &mut Conn, plan: &Plan, names: &Names) -> Result<(), Error> {
+    let Some(hw) = plan.high_water(names) else {
+        return Ok(());
+    };
+    let below: Option<i64> = conn
+        .query_first(format!(
+            "SELECT GREATEST(next_not_cached_value - cache_size, 0) FROM `{}`",
+            names.sequence()
+        ))
+        .await
+        .map_err(my("reading the sequence"))?;
+    conn.query_drop(format!("DO SETVAL({hw}, {}, 0)", below.unwrap_or(0)))
+        .await
+        .map_err(my("raising the high-water"))
+}

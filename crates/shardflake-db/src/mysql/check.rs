@@ -1,0 +1,183 @@
+//! `mysql check`: every difference from what `apply` installs, and every
+//! setting that breaks the no-repeat argument.
+
+use super::*;
+
+/// Reports every difference between the server and what [`apply`] installs
+/// with `opts`, and every setting that breaks the no-repeat argument or the
+/// clock: `innodb_flush_log_at_trx_commit = 0`, the event scheduler off,
+/// the clock event not running, a sequence that is not InnoDB, cycles,
+/// increments by other than 1, ends past the layout, draws a value at or
+/// below a stored id or lags the clock by more than [`sql::STALE_MS`]. Draws
+/// one value from the sequence. An empty list: all is well.
+pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Vec<String>, Error> {
+    let srv = server(conn).await?;
+    let names = &opts.names;
+    let mut problems = Vec::new();
+    let Some(db) = srv.database.clone() else {
+        problems.push("the URL names no database".to_string());
+        return Ok(problems);
+    };
+    let plan = plan_in(layout, &db, names)?;
+    if !srv.has_sequences() {
+        problems.extend(locked_procedure_problem(conn, &plan, names).await?);
+        return Ok(problems);
+    }
+    if srv.flush_log_at_trx_commit == 0 {
+        problems.push(FLUSH_0.to_string());
+    }
+    if srv.event_scheduler != "ON" {
+        problems.push(format!(
+            "event_scheduler = {}: a clock event loop that ends (a restart, a KILL) is not started again; then ids' times fall behind the clock and INSERTs fail once the sequence is {} s behind (SET GLOBAL event_scheduler = ON, and in the server's configuration)",
+            srv.event_scheduler,
+            sql::STALE_MS / 1000
+        ));
+    }
+    let seq = names.sequence();
+    let kind = sequence_kind(conn, &seq).await?;
+    match kind {
+        None => problems.push(format!("sequence {seq} is missing")),
+        Some((kind, _, _)) if kind != "SEQUENCE" => {
+            problems.push(format!("{seq} is a {kind}, not a sequence"))
+        }
+        Some((_, engine, comment)) => {
+            if !engine.eq_ignore_ascii_case("InnoDB") {
+                problems.push(format!(
+                    "sequence {seq} uses engine {engine}, not InnoDB: its reservations may not survive a crash"
+                ));
+            }
+            if comment != plan.marker() {
+                problems.push(format!(
+                    "sequence {seq} is marked {comment:?}, not {:?}",
+                    plan.marker()
+                ));
+            }
+            let o = seq_options(conn, &seq).await?;
+            if o.increment != 1 {
+                problems.push(format!(
+                    "sequence {seq} increments by {}, not 1",
+                    o.increment
+                ));
+            }
+            if o.cycle {
+                problems.push(format!(
+                    "sequence {seq} cycles: it would hand out values again"
+                ));
+            }
+            if o.max != plan.max_packed() || o.min < 0 {
+                problems.push(format!(
+                    "sequence {seq} runs from {} to {}, not 0 to {} (the layout's last packed value)",
+                    o.min,
+                    o.max,
+                    plan.max_packed()
+                ));
+            }
+            match reservation_and_floor(conn, &plan, names).await? {
+                (_, None) => problems.push(format!(
+                    "the high-water sequence {} is missing (the server was restored, or it was dropped): inserts fail; run shardflake mysql repair",
+                    plan.high_water(names).unwrap_or_default().replace('`', "")
+                )),
+                (r, Some(floor)) if r < floor => {
+                    problems.push(set_back_text(names, &plan, r, floor))
+                }
+                _ => {}
+            }
+            let drawn: Option<i64> = conn
+                .query_first(format!("SELECT NEXT VALUE FOR `{seq}`"))
+                .await
+                .map_err(my("drawing from the sequence"))?;
+            let drawn = drawn.unwrap_or(i64::MAX);
+            if let Some(stored) = max_stored_packed(conn, &plan, names).await?
+                && drawn <= stored
+            {
+                problems.push(format!(
+                    "sequence {seq} hands out {drawn}, at or below the packed value {stored} of an id stored in {}: ids would repeat",
+                    names.table
+                ));
+            }
+            if let Ok(now) = server_packed_clock(conn, &plan).await
+                && drawn + plan.packed_ms(sql::STALE_MS) < now
+            {
+                problems.push(format!(
+                    "sequence {seq} is {} ms behind the server clock: INSERTs fail until the clock event catches it up",
+                    (now - drawn) / plan.per_tick() * plan.layout().tick_ms() as i64
+                ));
+            }
+        }
+    }
+    match id_column(conn, &names.table).await? {
+        None => problems.push(format!("table {} or its id column is missing", names.table)),
+        Some(col) => {
+            if let Err(e) = col.usable(&names.table) {
+                problems.push(e.to_string());
+            }
+            let counter = auto_increment_counter(conn, &names.table).await?;
+            if col.auto_increment() && counter < sql::AUTO_INCREMENT_PARKED {
+                problems.push(format!(
+                    "table {}'s AUTO_INCREMENT counter is at {counter}: while its trigger is missing (a restore of the table drops it) inserts take ids from it that ours repeat; re-run apply (it parks the counter at {}, so such inserts fail)",
+                    names.table,
+                    sql::AUTO_INCREMENT_PARKED
+                ));
+            }
+        }
+    }
+    problems.extend(
+        routine_problem(
+            conn,
+            &names.refused_function(),
+            "FUNCTION",
+            &sql::refused_function_sql(&plan, names),
+        )
+        .await?,
+    );
+    problems.extend(trigger_problem(conn, names, &sql::trigger_sql(&plan, names)).await?);
+    let event = names.event();
+    let current: Option<(Option<String>, Option<String>, String, String)> = conn
+        .exec_first(
+            "SELECT EVENT_DEFINITION, EVENT_COMMENT, STATUS, SQL_MODE FROM information_schema.EVENTS WHERE EVENT_SCHEMA = DATABASE() AND EVENT_NAME = ?",
+            (&event,),
+        )
+        .await
+        .map_err(my("looking up the clock event"))?;
+    let wanted = sql::event_sql(&plan, names);
+    match current {
+        None => problems.push(format!("event {event} is missing")),
+        Some((def, comment, status, mode)) => {
+            if status != "ENABLED" {
+                problems.push(format!("event {event} is {status}"));
+            }
+            if def.as_deref().map(str::trim) != body_after(&wanted, "\nDO ")
+                || comment.as_deref() != comment_of(&wanted)
+            {
+                problems.push(format!(
+                    "event {event} differs from this version's: re-run apply"
+                ));
+            }
+            if !same_modes(&mode, sql::SQL_MODE) {
+                problems.push(format!("event {event} has sql_mode {mode:?}: re-run apply"));
+            }
+        }
+    }
+    match clock_loop(conn, names).await? {
+        None => problems.push(format!(
+            "the clock event {event} is not running (nothing holds its lock)"
+        )),
+        Some((id, secs)) if secs > 2 => problems.push(format!(
+            "the clock event {event}'s loop (connection {id}) has not moved for {secs} s: it is stuck; KILL {id} (the scheduler starts it again within a second)"
+        )),
+        Some(_) => {}
+    }
+    problems.extend(
+        routine_problem(
+            conn,
+            &names.procedure,
+            "PROCEDURE",
+            &sql::procedure_sql(&plan, names),
+        )
+        .await?,
+    );
+    if opts.locked {
+        problems.extend(locked_procedure_problem(conn, &plan, names).await?);
+    }
+    Ok(problems)
+}

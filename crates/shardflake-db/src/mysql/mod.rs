@@ -1,0 +1,380 @@
+//! Ids inside MariaDB/MySQL (Instagram's scheme from "Sharding & IDs at
+//! Instagram", ported to a MySQL stored procedure `generate_post_id` in the
+//! Korean post "서비스의 고유아이디를 만들기 위한 참고용 인스타그램 샤드키
+//! 만들기"), made in the application's own
+//! `INSERT`:
+//!
+//! ```sql
+//! INSERT INTO posts (user_id, body) VALUES (?, ?) RETURNING id   -- MariaDB ≥ 10.5
+//! ```
+//!
+//! or, for clients that read the id from the OK packet (`LAST_INSERT_ID`,
+//! JDBC's generated keys), the same `INSERT` without `RETURNING`. A `BEFORE
+//! INSERT` trigger on `posts` ([`sql::trigger_sql`]) draws the next value of a
+//! MariaDB `SEQUENCE`, `posts_id_seq`, whose values are *packed* times and
+//! sequences, `tick << sequence_bits | sequence` (the two low fields of the
+//! id), and puts the shard (`user_id mod 2^shard_bits`) between them:
+//!
+//! ```text
+//! w  := NEXT VALUE FOR posts_id_seq       -- never handed out twice
+//! id := (w >> seq_bits) << time_shift | (user_id & shard_mask) << shard_shift | (w & seq_mask)
+//! ```
+//!
+//! No call, no second statement, no lock held to commit: a sequence is not
+//! transactional (a rolled-back insert wastes its value, it does not return
+//! it), and a cached one hands out values from memory under a mutex. `id`
+//! is `BIGINT AUTO_INCREMENT` only so that the OK packet carries the id the
+//! trigger set. For callers who want the seed's JPA shape the same sequence
+//! backs `CALL generate_post_id(?, ?)`; where there are no sequences
+//! (MySQL), `generate_post_id_locked` counts in a row of the seed's
+//! `sequences` table. The SQL is generated in [`sql`] from the same
+//! [`Layout`] `shardflake decode` reads.
+//!
+//! Not a column `DEFAULT (NEXT VALUE FOR ...)`, though MariaDB allows it and
+//! it costs less: on MariaDB 10.11.19, eight sessions running a server-side
+//! prepared `INSERT` into a table with that default got one another's values
+//! (duplicate keys, `NULL` ids) and crashed the server (signal 11); the same
+//! expression in the trigger gave 16,000 distinct values.
+//! `scripts/mariadb-default-bug.sh` reproduces it (two sessions suffice) and
+//! prints `ok` on a server where the default has become safe. `mysql bench`
+//! still measures the default, sent as text, for comparison.
+//!
+//! # Why no id is handed out twice
+//!
+//! 1. **The id is one to one in `w`.** For one shard key, `w`'s time and
+//!    sequence bits land in disjoint fields of the id; other shards differ in
+//!    the shard field. Two rows get one id only if they drew one `w`.
+//! 2. **The sequence hands out each value at most once.** `NEXT VALUE FOR`
+//!    takes the next value under the sequence's lock and moves past it. The
+//!    sequence is `INCREMENT BY 1 NOCYCLE` with `MAXVALUE` at the layout's
+//!    last packed value ([`Plan::max_packed`]), so it never wraps (past it,
+//!    `NEXT VALUE FOR` fails: "Sequence ... has run out"). The one other
+//!    writer is `SETVAL(seq, v, 0)`, which MariaDB ignores unless `v` is
+//!    above every value handed out (it never moves a sequence down; the
+//!    tests check it): values go out in increasing order.
+//! 3. **A crash skips values, never repeats them.** A sequence with `CACHE n`
+//!    hands out `n` values from memory after writing the first value past
+//!    them (`next_not_cached_value`) to its InnoDB row; a restart resumes
+//!    from that row. The write reaches the disk with the log: with
+//!    `innodb_flush_log_at_trx_commit = 1` (or 2, against a killed server but
+//!    not a crashed OS) every commit writes the log up to itself, and the
+//!    reservation is in the log before any commit that stored an id drawn
+//!    from it. With 0, the last second of the log can be lost and the
+//!    sequence can restart below ids that were stored and returned
+//!    (measured: a SIGKILL set it back 25,000 values). `mysql check` reports
+//!    0; `mysql apply` warns.
+//! 4. **Nothing else moves the sequence.** No `ALTER SEQUENCE ... RESTART`,
+//!    no `INSERT` into the sequence table, no explicit ids above the
+//!    sequence (`mysql apply` never does these; `mysql check` draws one
+//!    value and verifies it is above every stored id). A dump restored
+//!    into the running server does set it back: the clock event's loop,
+//!    which outlives the restore's `DROP SEQUENCE`, puts it past the
+//!    highest reservation it has seen ([`sql::event_sql`]), and the trigger
+//!    refuses the set-back values meanwhile (more than [`sql::STALE_MS`]
+//!    behind the clock, for a dump older than that). A restore while no
+//!    loop runs is caught by the sequence's *high-water*
+//!    ([`Plan::high_water`]), kept in database `shardflake` where a restore
+//!    of the application's database cannot set it back, raised by the loop
+//!    and never lowered: the trigger and `generate_post_id` refuse a draw
+//!    below it, naming `shardflake mysql repair` ([`repair`]), and a loop
+//!    started afterwards leaves such a sequence alone. Reading it costs the
+//!    trigger about 4.5 µs of server CPU per row (`docs/BENCHMARKS.md`).
+//! 5. **No id without the trigger.** `id` is `AUTO_INCREMENT` only for the
+//!    OK packet; its counter is parked at 2^63-1
+//!    ([`sql::AUTO_INCREMENT_PARKED`]), so an insert while a table restore
+//!    has dropped the trigger fails rather than take the id above the
+//!    newest row (the next one ours makes in that shard).
+//!
+//! This holds at any rate (more than 2^sequence_bits ids in one tick run
+//! into the next tick: the id *borrows* time instead of wrapping) and at any
+//! clock: the clock never enters the id.
+//!
+//! # The clock
+//!
+//! The time comes from catch-ups: `SETVAL(seq, packed clock, 0)` moves the
+//! sequence up to the clock when it lags it by more than [`sql::LAG_MS`].
+//! MariaDB's `SETVAL` takes only a literal number, and a `DEFAULT`, a
+//! trigger or a stored function may not run dynamic SQL, so the catch-up
+//! runs in an event, `posts_id_clock` ([`sql::event_sql`]): it fires every
+//! second; the firing that gets a user-level lock loops for good and, about
+//! every millisecond, reads the sequence's reserved value and, if it lags by
+//! more than `LAG_MS`, runs `SETVAL` through `EXECUTE IMMEDIATE`. An id's time
+//! therefore lags its insert by about `LAG_MS` plus the event's period at
+//! most while the event runs, and is ahead of it only when more than
+//! 2^sequence_bits ids per tick were drawn. `mysql apply` turns the event
+//! scheduler on (put `event_scheduler=ON` in the server's configuration too)
+//! and `mysql check` reports an event that is not running.
+//!
+//! The trigger reads the clock (`UTC_TIMESTAMP(6)`, the statement's start)
+//! only to refuse, with an error (SQLSTATE 45000, from the function
+//! `posts_id_refused`, in any `sql_mode`) naming the cause: a shard key that
+//! is `NULL` or negative, a server clock before the layout's epoch or past
+//! its end, and a sequence more than [`sql::STALE_MS`] behind the clock (the
+//! event is not running). A used-up sequence fails with MariaDB's own
+//! "Sequence 'db.posts_id_seq' has run out". After a restart, ids continue
+//! from the sequence's reservation (dated before the crash) until the
+//! event's first run, within a second of the start.
+//!
+//! Clock steps: backwards, ids keep coming from the sequence (dated ahead of
+//! the clock until it catches up); forwards, the event moves the sequence up
+//! within a millisecond or two, and an `INSERT` that runs first, more than
+//! `STALE_MS` behind, fails rather than make an id dated that far back.
+//!
+//! # The procedures
+//!
+//! `generate_post_id(IN user_id, OUT id)` ([`sql::procedure_sql`]) draws from
+//! the same sequence, so its ids and the trigger's never collide; a draw
+//! that lags the clock catches the sequence up itself (a procedure may run
+//! `EXECUTE IMMEDIATE`), so it needs no event. `generate_post_id_locked`
+//! ([`sql::locked_procedure_sql`]) is the row-lock design for servers
+//! without sequences; `generate_post_id_seed` is the seed's, verbatim, kept
+//! to show its duplicates. All routines, the trigger, the event and the
+//! table are created with `sql_mode` [`sql::SQL_MODE`] (a routine keeps the
+//! mode it was created with); every range check comes before any write.
+//!
+//! Costs are measured in `docs/BENCHMARKS.md` (`scripts/bench-db.sh`).
+
+use std::time::Duration;
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Opts, Pool};
+use shardflake::Layout;
+
+use crate::Error;
+
+pub mod sql;
+
+mod apply;
+mod check;
+mod installed;
+mod repair;
+
+pub use apply::{Applied, apply};
+pub use check::check;
+pub use installed::clock_running;
+use installed::*;
+pub use repair::{Repaired, repair};
+pub use sql::{MysqlSqlError, Names, Plan};
+
+fn my(context: &str) -> impl FnOnce(mysql_async::Error) -> Error + '_ {
+    move |source| Error::Mysql {
+        context: context.to_string(),
+        source,
+    }
+}
+
+fn other(context: &str, message: impl Into<String>) -> Error {
+    Error::MysqlRefused {
+        context: context.to_string(),
+        message: message.into(),
+    }
+}
+
+fn plan(layout: &Layout) -> Result<Plan, Error> {
+    Plan::new(layout).map_err(|e| other(&format!("layout {}", layout.name()), e.to_string()))
+}
+
+/// The plan for database `db`, whose high-water sequence lives in
+/// [`sql::HIGH_WATER_DB`]; refuses that database itself (a restore of it
+/// would set the high-water back) and names too long for it.
+fn plan_in(layout: &Layout, db: &str, names: &Names) -> Result<Plan, Error> {
+    if db.eq_ignore_ascii_case(sql::HIGH_WATER_DB) {
+        return Err(other(
+            "apply",
+            format!(
+                "database {db} holds the ids' high-water marks; put the tables in another database"
+            ),
+        ));
+    }
+    let hw = format!("{db}.{}", names.sequence());
+    if hw.chars().count() > 64 {
+        return Err(other(
+            "apply",
+            format!(
+                "the high-water sequence {}.`{hw}` needs a name of at most 64 characters: use a shorter database or table name",
+                sql::HIGH_WATER_DB
+            ),
+        ));
+    }
+    Ok(plan(layout)?.in_database(db))
+}
+
+/// MariaDB's "PROCEDURE ... does not exist".
+const ER_SP_DOES_NOT_EXIST: u16 = 1305;
+
+/// Connects a pool to `url` (`mysql://root@127.0.0.1:3306/app`).
+pub fn pool(url: &str) -> Result<Pool, Error> {
+    let opts = Opts::from_url(url).map_err(|e| Error::Mysql {
+        context: format!("bad url {url:?}"),
+        source: e.into(),
+    })?;
+    Ok(Pool::new(opts))
+}
+
+/// Which procedure to install or call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `generate_post_id`: draws from the table's sequence (MariaDB ≥ 10.3).
+    Sequence,
+    /// `generate_post_id_locked`: a row of `sequences` under its row lock
+    /// (any MySQL or MariaDB).
+    Locked,
+    /// The seed's, verbatim: `generate_post_id_seed` (racy; for comparison).
+    Seed,
+}
+
+impl Flavor {
+    /// The procedure's name.
+    pub fn procedure(self, names: &Names) -> String {
+        match self {
+            Flavor::Sequence => names.procedure.clone(),
+            Flavor::Locked => names.locked_procedure(),
+            Flavor::Seed => names.seed_procedure(),
+        }
+    }
+}
+
+/// What `apply` and `check` read from the server.
+#[derive(Debug, Clone)]
+pub struct Server {
+    /// `VERSION()`.
+    pub version: String,
+    /// MariaDB (not MySQL).
+    pub mariadb: bool,
+    /// Major and minor version.
+    pub major_minor: (u32, u32),
+    /// `DATABASE()`: the URL must name one.
+    pub database: Option<String>,
+    /// `@@innodb_flush_log_at_trx_commit`.
+    pub flush_log_at_trx_commit: i64,
+    /// `@@event_scheduler` (`ON`, `OFF`, `DISABLED`).
+    pub event_scheduler: String,
+}
+
+impl Server {
+    /// `SEQUENCE` objects: MariaDB ≥ 10.3.
+    pub fn has_sequences(&self) -> bool {
+        self.mariadb && self.major_minor >= (10, 3)
+    }
+    /// `INSERT ... RETURNING`: MariaDB ≥ 10.5.
+    pub fn has_returning(&self) -> bool {
+        self.mariadb && self.major_minor >= (10, 5)
+    }
+}
+
+/// Reads [`Server`].
+pub async fn server(conn: &mut Conn) -> Result<Server, Error> {
+    let row: Option<(String, Option<String>, i64, String)> = conn
+        .query_first(
+            "SELECT VERSION(), DATABASE(), @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.event_scheduler",
+        )
+        .await
+        .map_err(my("reading the server's settings"))?;
+    let (version, database, flush, scheduler) =
+        row.ok_or_else(|| other("reading the server's settings", "no row"))?;
+    let mut nums = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|s| s.parse::<u32>().ok());
+    let major_minor = (nums.next().unwrap_or(0), nums.next().unwrap_or(0));
+    Ok(Server {
+        mariadb: version.contains("MariaDB"),
+        version,
+        major_minor,
+        database,
+        flush_log_at_trx_commit: flush,
+        event_scheduler: scheduler.to_ascii_uppercase(),
+    })
+}
+
+/// What to install.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Table, shard-key column, procedure.
+    pub names: Names,
+    /// The sequence's `CACHE` (1 or 0: `NOCACHE`).
+    pub cache: u64,
+    /// Also the row-lock procedure and its `sequences` row.
+    pub locked: bool,
+    /// Also the seed's procedure (racy; for comparison).
+    pub seed: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            names: Names::default(),
+            cache: sql::DEFAULT_CACHE,
+            locked: true,
+            seed: false,
+        }
+    }
+}
+
+/// Calls a procedure as the seed's ORM id generator does, IN the shard key,
+/// OUT the id, in one round trip (the OUT parameter comes back through the
+/// binary protocol, as JDBC's `CallableStatement` reads it).
+pub async fn generate_post_id(
+    conn: &mut Conn,
+    procedure: &str,
+    user_id: i64,
+) -> Result<i64, Error> {
+    let id: Option<Option<i64>> = conn
+        .exec_first(
+            format!("CALL `{procedure}`(?, ?)"),
+            (user_id, mysql_async::Value::NULL),
+        )
+        .await
+        .map_err(|e| match e {
+            mysql_async::Error::Server(s) if s.code == ER_SP_DOES_NOT_EXIST => other(
+                "calling the procedure",
+                format!(
+                    "{procedure} is not installed in this database: run shardflake mysql apply{}",
+                    if procedure.ends_with("_seed") {
+                        " --seed (the seed's procedure is installed only on request)"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
+            e => my("calling the procedure")(e),
+        })?;
+    id.flatten()
+        .ok_or_else(|| other("calling the procedure", "it returned no id"))
+}
+
+/// The one-statement insert: `INSERT INTO posts (user_id, body) VALUES (?,
+/// ?) RETURNING id` (MariaDB ≥ 10.5).
+pub async fn insert(
+    conn: &mut Conn,
+    names: &Names,
+    user_id: i64,
+    body: &str,
+) -> Result<i64, Error> {
+    let id: Result<Option<i64>, _> = conn
+        .exec_first(
+            format!(
+                "INSERT INTO `{}` (`{}`, body) VALUES (?, ?) RETURNING id",
+                names.table, names.key
+            ),
+            (user_id, body),
+        )
+        .await;
+    match id {
+        Ok(id) => id.ok_or_else(|| other("inserting", "RETURNING gave no row")),
+        Err(e) => Err(explained(e, "inserting")),
+    }
+}
+
+/// A failed insert's error, with a word on a used-up sequence (MariaDB's
+/// own "Sequence '...' has run out", raised by the trigger's draw).
+pub fn explained(e: mysql_async::Error, context: &str) -> Error {
+    let run_out = matches!(&e, mysql_async::Error::Server(s) if s.code == sql::ER_SEQUENCE_RUN_OUT);
+    Error::Mysql {
+        context: if run_out {
+            format!("{context} (the id sequence is used up: the layout's last time is reached)")
+        } else {
+            context.to_string()
+        },
+        source: e,
+    }
+}

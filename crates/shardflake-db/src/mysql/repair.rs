@@ -1,0 +1,85 @@
+//! `mysql repair`: after a restore, put the sequence past what it handed out.
+
+use super::*;
+
+/// What [`repair`] did: the id sequence's reservation before and the value
+/// it hands out next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repaired {
+    /// The sequence's reservation (`next_not_cached_value`) found.
+    pub from: i64,
+    /// Its next value now, also the recorded high-water.
+    pub to: i64,
+}
+
+/// After a restore (of the database from a dump, or of the whole server),
+/// or a sequence recreated or set back: moves the id sequence past every
+/// value it can have handed out (the larger of its recorded high-water,
+/// the newest stored id and the server clock, plus [`sql::RESTORE_HEADROOM_MS`]
+/// and a cache's worth) and records that as the high-water (re-creating it
+/// if the server restore lost it). Values drawn after the last record
+/// while no clock event ran are not known to it: restore while the event
+/// runs, or wait out how far ahead the ids ran before repairing.
+/// Refuses where `apply` has not installed the ids.
+pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Repaired, Error> {
+    let srv = server(conn).await?;
+    let Some(db) = srv.database.clone() else {
+        return Err(other(
+            "repair",
+            "the URL names no database (mysql://user@host:port/DATABASE)",
+        ));
+    };
+    let names = &opts.names;
+    let plan = plan_in(layout, &db, names)?;
+    let seq = names.sequence();
+    match sequence_kind(conn, &seq).await? {
+        Some((kind, _, comment))
+            if kind == "SEQUENCE" && layout_of(&comment) == Some(layout.to_string()) => {}
+        _ => {
+            return Err(other(
+                "repair",
+                format!(
+                    "no sequence {seq} made for layout {} in {db}: run shardflake mysql apply",
+                    layout.name()
+                ),
+            ));
+        }
+    }
+    if let Some(create) = sql::high_water_sql(&plan, names) {
+        conn.query_drop(format!(
+            "CREATE DATABASE IF NOT EXISTS `{}`",
+            sql::HIGH_WATER_DB
+        ))
+        .await
+        .map_err(my("creating the high-water database"))?;
+        conn.query_drop(create)
+            .await
+            .map_err(my("creating the high-water sequence"))?;
+    }
+    let o = seq_options(conn, &seq).await?;
+    let (from, floor) = reservation_and_floor(conn, &plan, names).await?;
+    let stored = max_stored_packed(conn, &plan, names).await?.unwrap_or(0);
+    let now = server_packed_clock(conn, &plan).await?;
+    let past = floor.unwrap_or(0).max(stored + 1).max(now).max(from)
+        + plan.packed_ms(sql::RESTORE_HEADROOM_MS)
+        + o.cache.max(0);
+    if past > plan.max_packed() {
+        return Err(other(
+            "repair",
+            format!(
+                "sequence {seq} would move to {past}, past the layout's last value {}",
+                plan.max_packed()
+            ),
+        ));
+    }
+    conn.query_drop(format!("DO SETVAL(`{seq}`, {past}, 0)"))
+        .await
+        .map_err(my("moving the sequence past its high-water"))?;
+    if let Some(hw) = plan.high_water(names) {
+        conn.query_drop(format!("DO SETVAL({hw}, {past}, 0)"))
+            .await
+            .map_err(my("recording the high-water"))?;
+    }
+    tracing::info!(sequence = %seq, from, to = past, "mysql repair moved the sequence");
+    Ok(Repaired { from, to: past })
+}

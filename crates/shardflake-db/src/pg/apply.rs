@@ -1,0 +1,252 @@
+//! `pg apply`: check every server's records against the file, then create
+//! each shard's schema, sequence, functions and tables, all or nothing.
+
+use super::*;
+
+/// What `apply` did on one server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// Server name.
+    pub server: String,
+    /// Logical shards installed or refreshed.
+    pub shards: usize,
+    /// Tables created (0 on a re-run).
+    pub tables_created: usize,
+}
+
+impl fmt::Display for Applied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} shards, {} tables created",
+            self.server, self.shards, self.tables_created
+        )
+    }
+}
+
+/// Installs every logical shard on its server: schema, sequence, functions,
+/// tables, and the records of what the deployment is. First, on every
+/// server, in one transaction each holding the apply lock: the records are
+/// read and the file checked against them ([`catalog::conflicts`]: a shard
+/// that lives elsewhere, a fenced copy, another prefix, count, layout or
+/// epoch, a restored shard are refused, with what to do instead); only then
+/// is anything changed, and the transactions are committed once every
+/// server's changes have run. Idempotent.
+pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
+    let mut clients = connect_all(topo).await?;
+    let mut txs = Vec::new();
+    // The lock in name order on every server (two applies, or an apply and
+    // a move, never wait on each other in a circle).
+    let mut order: Vec<usize> = (0..clients.len()).collect();
+    order.sort_by_key(|&i| topo.servers()[i].name.as_str());
+    for (i, c) in clients.iter_mut().enumerate() {
+        let name = topo.servers()[i].name.as_str();
+        txs.push(c.transaction().await.map_err(ctx(name, "begin"))?);
+    }
+    for &i in &order {
+        let name = topo.servers()[i].name.as_str();
+        txs[i]
+            .execute("SELECT pg_advisory_xact_lock($1)", &[&APPLY_LOCK])
+            .await
+            .map_err(ctx(name, "taking the apply lock"))?;
+    }
+    let mut views = Vec::new();
+    let mut problems = Vec::new();
+    for (tx, server) in txs.iter().zip(topo.servers()) {
+        views.push(catalog::read(tx, &server.name, topo).await?);
+        if let Some(p) = too_many_sessions(topo, &server.name, tx).await? {
+            problems.push(Drift {
+                server: server.name.clone(),
+                shard: None,
+                problem: p,
+            });
+        }
+    }
+    problems.extend(catalog::conflicts(topo, &views));
+    for (tx, (server, view)) in txs.iter().zip(topo.servers().iter().zip(&views)) {
+        for &shard in &server.shards {
+            if view.state(shard) == Some(State::Live)
+                && let Some(p) = restored(tx, topo, &server.name, shard).await?
+            {
+                problems.push(Drift {
+                    server: server.name.clone(),
+                    shard: Some(shard),
+                    problem: p,
+                });
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(refused("apply", problems));
+    }
+    let id = match catalog::deployment_id(&views) {
+        Some(id) => id.to_string(),
+        None => txs[0]
+            .query_one("SELECT gen_random_uuid()::text", &[])
+            .await
+            .map_err(ctx(&topo.servers()[0].name, "making a deployment id"))?
+            .get(0),
+    };
+    let mut out = Vec::new();
+    for (tx, server) in txs.iter().zip(topo.servers()) {
+        let name = server.name.as_str();
+        tx.batch_execute(&sql::deployment_ddl(topo.layout())?)
+            .await
+            .map_err(ctx(name, "creating schema shardflake"))?;
+        tx.batch_execute(catalog::CATALOG_DDL)
+            .await
+            .map_err(ctx(name, "creating the deployment records"))?;
+        catalog::record_deployment(tx, &Deployment::of(topo, &id, name)).await?;
+        catalog::record_timeline(tx, name, false).await?;
+        let mut created = 0;
+        let view = &views[out.len()];
+        for &shard in &server.shards {
+            let seq = sql::shard_sequence(&topo.schema(shard));
+            let lost =
+                view.state(shard) == Some(State::Live) && !relation_exists(tx, name, &seq).await?;
+            created += install_shard(tx, topo, name, shard).await?;
+            if lost {
+                // Recorded live, its sequence gone (dropped): the new one
+                // starts past every id the old one can have handed out.
+                tracing::warn!(
+                    server = name,
+                    shard,
+                    "recreating a dropped live shard past the clock"
+                );
+                bump_past_clock(tx, topo, name, &seq).await?;
+            }
+            catalog::record_shard(tx, name, shard, State::Live, None).await?;
+        }
+        out.push(Applied {
+            server: name.to_string(),
+            shards: server.shards.len(),
+            tables_created: created,
+        });
+    }
+    // Every server's changes ran: commit them all. A commit can still fail
+    // (the server dies now): then those before it are in, and a re-run
+    // completes the rest (every step is idempotent).
+    let mut committed = Vec::new();
+    for (tx, server) in txs.into_iter().zip(topo.servers()) {
+        if let Err(e) = tx.commit().await {
+            return Err(Error::Conflict {
+                server: server.name.clone(),
+                message: format!(
+                    "commit failed after {} committed: {}; re-run apply once the server is back",
+                    if committed.is_empty() {
+                        "no other server".to_string()
+                    } else {
+                        committed.join(", ")
+                    },
+                    pg_message(&e)
+                ),
+            });
+        }
+        committed.push(server.name.clone());
+    }
+    Ok(out)
+}
+
+/// Installs or refreshes one shard on a server, inside the caller's
+/// transaction: schema, sequence (with the options `next_id` needs),
+/// functions (for the sequence's oid), tables, and a table made by an
+/// earlier version with a sequence of its own moved onto the shard's one.
+/// Returns the tables created. Refuses a schema whose functions were built
+/// for another layout, shard or sign-bit policy.
+pub(crate) async fn install_shard(
+    tx: &impl GenericClient,
+    topo: &Topology,
+    name: &str,
+    shard: u64,
+) -> Result<usize, Error> {
+    let schema = topo.schema(shard);
+    let want = sql::shard_meta(topo.layout(), shard, topo.sign_bit());
+    if let Some(have) = shard_meta(tx, name, &schema).await? {
+        // Another generator version of the same shard is rebuilt in place.
+        if meta_without_version(&have) != meta_without_version(&want) {
+            return Err(Error::Conflict {
+                server: name.to_string(),
+                message: format!(
+                    "schema {schema} holds functions built for {have:?}, topology wants {want:?}; refusing to rebuild a live shard"
+                ),
+            });
+        }
+    }
+    tx.batch_execute(&sql::shard_schema_ddl(
+        topo.layout(),
+        &schema,
+        topo.sign_bit(),
+    ))
+    .await
+    .map_err(ctx(name, &format!("creating shard {shard} ({schema})")))?;
+    // A sequence made before (or by hand) keeps its options under CREATE IF
+    // NOT EXISTS: set the ones next_id needs, only where they differ
+    // (ALTER SEQUENCE blocks nextval until commit).
+    let seq = sql::shard_sequence(&schema);
+    let max = sql::sequence_max(topo.layout(), topo.sign_bit());
+    let options = sql::sequence_options(topo.layout(), topo.sign_bit());
+    if !odd_sequences(tx, name, std::slice::from_ref(&seq), max)
+        .await?
+        .is_empty()
+    {
+        tx.batch_execute(&format!("ALTER SEQUENCE {seq} {options}"))
+            .await
+            .map_err(ctx(name, &format!("setting the options of {seq}")))?;
+    }
+    if sequence_unlogged(tx, name, &seq).await? {
+        tx.batch_execute(&format!("ALTER SEQUENCE {seq} SET LOGGED"))
+            .await
+            .map_err(ctx(name, &format!("making {seq} logged")))?;
+    }
+    let oid = sequence_oid(tx, name, &seq).await?;
+    tx.batch_execute(&sql::shard_ddl(
+        topo.layout(),
+        &schema,
+        shard,
+        topo.sign_bit(),
+        sql::SeqOid::Oid(oid),
+    )?)
+    .await
+    .map_err(ctx(name, &format!("installing shard {shard} ({schema})")))?;
+    let mut created = 0;
+    for table in topo.tables() {
+        let rel = format!("{schema}.{}", table.name);
+        let exists: bool = tx
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&rel])
+            .await
+            .map_err(ctx(name, "looking up tables"))?
+            .get(0);
+        if !exists {
+            tx.batch_execute(&sql::table_ddl(&schema, table))
+                .await
+                .map_err(ctx(name, &format!("creating {rel}")))?;
+            created += 1;
+            continue;
+        }
+        // Before version 3 each table drew from a sequence of its own,
+        // whose values repeat the shard's: continue on the shard's sequence
+        // past both, and fence the old one (as a move fences a source).
+        let old = sql::table_sequence(&schema, &table.name);
+        if let Some(default) = own_sequence_default(tx, name, &rel, &old).await? {
+            tracing::info!(server = name, table = %rel, %default, "moving a table onto its shard's sequence");
+            tx.batch_execute(&format!("ALTER SEQUENCE {old} {options}"))
+                .await
+                .map_err(ctx(name, &format!("locking {old}")))?;
+            let last: i64 = tx
+                .query_one(&format!("SELECT last_value FROM {old}"), &[])
+                .await
+                .map_err(ctx(name, &format!("reading {old}")))?
+                .get(0);
+            tx.batch_execute(&format!(
+                "SELECT setval('{seq}', greatest({last}, (SELECT last_value FROM {seq})));
+                 SELECT setval('{old}', {last});
+                 ALTER SEQUENCE {old} MINVALUE 0 MAXVALUE {last};
+                 ALTER TABLE {rel} ALTER COLUMN id SET DEFAULT {};",
+                sql::next_id_call(&schema)
+            ))
+            .await
+            .map_err(ctx(name, &format!("moving {rel} onto {seq}")))?;
+        }
+    }
+    Ok(created)
+}

@@ -1,0 +1,190 @@
+//! `pg check`: every difference between the servers and the file, and
+//! every setting that breaks the no-repeat argument.
+
+use super::*;
+
+/// Compares what is deployed on every server with the topology: first the
+/// records against the file ([`catalog::conflicts`]: also a shard fenced
+/// everywhere, a move that did not finish, shard schemas of any prefix),
+/// then each live shard's functions, sequence and tables. An unreachable
+/// server is a drift item, not an error, so one dead server does not hide
+/// the state of the others.
+pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
+    let mut drift = Vec::new();
+    let mut clients = Vec::new();
+    let mut views = Vec::new();
+    for server in topo.servers() {
+        match connect(server).await {
+            Ok(c) => {
+                views.push(catalog::read(&c, &server.name, topo).await?);
+                clients.push((server, c));
+            }
+            Err(e) => drift.push(Drift {
+                server: server.name.clone(),
+                shard: None,
+                problem: format!("unreachable: {e}"),
+            }),
+        }
+    }
+    drift.extend(catalog::conflicts(topo, &views));
+    for ((server, client), view) in clients.iter().zip(&views) {
+        let name = server.name.as_str();
+        let d = |shard: Option<u64>, problem: String| Drift {
+            server: name.to_string(),
+            shard,
+            problem,
+        };
+        if let Some(problem) = too_many_sessions(topo, name, client).await? {
+            drift.push(d(None, problem));
+        }
+        if view.deployment.is_none() {
+            drift.push(d(
+                None,
+                "holds no deployment record (schema shardflake): run pg apply".into(),
+            ));
+        }
+        if let Some((recorded, current)) = catalog::timeline_changed(client, name).await? {
+            drift.push(d(
+                None,
+                format!(
+                    "is on WAL timeline {current}, not {recorded} as at the last apply or repair: it was restored from a physical backup (base backup, PITR) or a standby was promoted, so its sequences may be behind ids already handed out; run shardflake pg repair before writing"
+                ),
+            ));
+        }
+        // Schemas named like shards that are no shard of this server.
+        let pattern = format!("^{}[0-9]+$", topo.schema_prefix());
+        for r in client
+            .query(
+                "SELECT nspname FROM pg_namespace WHERE nspname ~ $1 ORDER BY 1",
+                &[&pattern],
+            )
+            .await
+            .map_err(ctx(name, "listing schemas"))?
+        {
+            let schema: String = r.get(0);
+            let Ok(shard) = schema[topo.schema_prefix().len()..].parse::<u64>() else {
+                continue;
+            };
+            if view.state(shard).is_none() {
+                let owner = topo
+                    .server_of(shard)
+                    .map(|s| format!("topology puts it on {:?}", s.name))
+                    .unwrap_or_else(|_| "not in the topology".to_string());
+                drift.push(d(
+                    Some(shard),
+                    format!("unexpected schema {schema} ({owner})"),
+                ));
+            }
+        }
+        for &shard in &server.shards {
+            let schema = topo.schema(shard);
+            match view.state(shard) {
+                Some(State::Live)
+                    if !relation_exists(client, name, &sql::shard_sequence(&schema)).await? =>
+                {
+                    drift.push(d(
+                        Some(shard),
+                        format!("schema {schema} is missing (run pg apply: it recreates the shard empty, its ids past every earlier one)"),
+                    ));
+                    continue;
+                }
+                Some(State::Live) => {}
+                // Reported by the conflicts above.
+                Some(_) => continue,
+                None if views.iter().any(|v| v.state(shard).is_some()) => continue,
+                None => {
+                    drift.push(d(
+                        Some(shard),
+                        format!("schema {schema} is missing (run pg apply)"),
+                    ));
+                    continue;
+                }
+            }
+            let want = sql::shard_meta(topo.layout(), shard, topo.sign_bit());
+            match shard_meta(client, name, &schema).await? {
+                None => drift.push(d(Some(shard), format!("{schema}.next_id() is missing"))),
+                Some(have) if have != want => drift.push(d(
+                    Some(shard),
+                    format!("{schema}.next_id() was built for {have:?}, topology wants {want:?}"),
+                )),
+                Some(_) => {}
+            }
+            let seq = sql::shard_sequence(&schema);
+            if let Some(problem) = restored(client, topo, name, shard).await? {
+                drift.push(d(Some(shard), problem));
+            } else if let Ok(oid) = sequence_oid(client, name, &seq).await {
+                let expected = sql::next_id_function(
+                    topo.layout(),
+                    &schema,
+                    shard,
+                    topo.sign_bit(),
+                    sql::SeqOid::Oid(oid),
+                );
+                let body: Option<String> = client
+                    .query_opt(
+                        "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                         WHERE n.nspname = $1 AND p.proname = 'next_id' AND p.pronargs = 1",
+                        &[&schema],
+                    )
+                    .await
+                    .map_err(ctx(name, "reading next_id"))?
+                    .map(|r| r.get(0));
+                if let Some(body) = body
+                    && !expected.contains(body.trim())
+                {
+                    drift.push(d(
+                        Some(shard),
+                        format!("{schema}.next_id(regclass) was edited by hand (body differs from the generated one; run pg apply)"),
+                    ));
+                }
+            }
+            let max = sql::sequence_max(topo.layout(), topo.sign_bit());
+            for (seq, has) in odd_sequences(client, name, std::slice::from_ref(&seq), max).await? {
+                drift.push(d(
+                    Some(shard),
+                    format!(
+                        "sequence {seq} has {has}, next_id() needs {} (run pg apply)",
+                        sql::sequence_options(topo.layout(), topo.sign_bit())
+                    ),
+                ));
+            }
+            if sequence_unlogged(client, name, &seq).await? {
+                drift.push(d(
+                    Some(shard),
+                    format!("sequence {seq} is UNLOGGED: a crash resets it and ids repeat (run pg apply, which sets it LOGGED)"),
+                ));
+            }
+            let exists: bool = client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&seq])
+                .await
+                .map_err(ctx(name, "looking up relations"))?
+                .get(0);
+            if !exists {
+                drift.push(d(Some(shard), format!("sequence {seq} is missing")));
+            }
+            for t in topo.tables() {
+                let rel = format!("{schema}.{}", t.name);
+                let exists: bool = client
+                    .query_one("SELECT to_regclass($1) IS NOT NULL", &[&rel])
+                    .await
+                    .map_err(ctx(name, "looking up relations"))?
+                    .get(0);
+                if !exists {
+                    drift.push(d(Some(shard), format!("table {rel} is missing")));
+                    continue;
+                }
+                let old = sql::table_sequence(&schema, &t.name);
+                if own_sequence_default(client, name, &rel, &old)
+                    .await?
+                    .is_some()
+                {
+                    drift.push(d(
+                        Some(shard),
+                        format!("table {rel} draws ids from {old}, a second id sequence of the shard beside {seq}: their ids collide (run pg apply, which moves the table onto {seq})"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(drift)
+}

@@ -1,0 +1,313 @@
+//! `apply`, `check` and `repair` against real PostgreSQL servers, each
+//! reading every server's records first ([`crate::catalog`]).
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio_postgres::{Client, GenericClient, NoTls};
+
+use crate::catalog::{self, Deployment, State};
+use crate::topology::{Server, Topology};
+use crate::{Error, SQLSTATE_RESTORED, pg_message};
+
+mod apply;
+mod check;
+pub mod move_shard;
+mod repair;
+pub mod sql;
+
+pub(crate) use apply::install_shard;
+pub use apply::{Applied, apply};
+pub use check::check;
+pub use repair::{Repaired, repair};
+
+/// Connects to a server (5 s connect timeout); the connection task runs on
+/// the current tokio runtime.
+pub async fn connect(server: &Server) -> Result<Client, Error> {
+    connect_url(&server.name, &server.url).await
+}
+
+/// Connects to a URL, naming the server in errors.
+pub async fn connect_url(name: &str, url: &str) -> Result<Client, Error> {
+    let err = |source| Error::Connect {
+        server: name.to_string(),
+        url: url.to_string(),
+        source,
+    };
+    let mut config: tokio_postgres::Config = url.parse().map_err(err)?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    config.application_name("shardflake");
+    let (client, connection) = config.connect(NoTls).await.map_err(err)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+pub(crate) fn ctx<'a>(
+    server: &'a str,
+    context: &'a str,
+) -> impl FnOnce(tokio_postgres::Error) -> Error + 'a {
+    move |source| Error::Postgres {
+        server: server.to_string(),
+        context: context.to_string(),
+        source,
+    }
+}
+
+/// The lock `pg apply`, `pg repair` and `pg move-shard` hold on a server
+/// while they change it.
+pub(crate) const APPLY_LOCK: i64 = sql::LOCK_BASE - 1;
+
+/// Connects to every server of the file (all must answer: a plan needs
+/// every server's records).
+pub(crate) async fn connect_all(topo: &Topology) -> Result<Vec<Client>, Error> {
+    let mut clients = Vec::new();
+    for server in topo.servers() {
+        clients.push(connect(server).await?);
+    }
+    Ok(clients)
+}
+
+/// An error listing every problem found, each with what to do instead.
+pub(crate) fn refused(what: &str, problems: Vec<Drift>) -> Error {
+    Error::Refused {
+        what: what.to_string(),
+        problems: problems.iter().map(ToString::to_string).collect(),
+    }
+}
+
+async fn relation_exists(c: &impl GenericClient, name: &str, rel: &str) -> Result<bool, Error> {
+    Ok(c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&rel])
+        .await
+        .map_err(ctx(name, "looking up relations"))?
+        .get(0))
+}
+
+/// The oid of a relation.
+pub(crate) async fn sequence_oid(
+    c: &impl GenericClient,
+    name: &str,
+    seq: &str,
+) -> Result<u32, Error> {
+    Ok(c.query_one("SELECT $1::text::regclass::oid", &[&seq])
+        .await
+        .map_err(ctx(name, &format!("looking up {seq}")))?
+        .get(0))
+}
+
+async fn sequence_unlogged(c: &impl GenericClient, name: &str, seq: &str) -> Result<bool, Error> {
+    Ok(c
+        .query_one(
+            "SELECT coalesce((SELECT relpersistence = 'u' FROM pg_class WHERE oid = to_regclass($1)), false)",
+            &[&seq],
+        )
+        .await
+        .map_err(ctx(name, "reading a sequence's persistence"))?
+        .get(0))
+}
+
+/// The `id` default of `rel` when it draws from `old` (a table made before
+/// version 3), as text.
+async fn own_sequence_default(
+    c: &impl GenericClient,
+    name: &str,
+    rel: &str,
+    old: &str,
+) -> Result<Option<String>, Error> {
+    let default: Option<String> = c
+        .query_opt(
+            "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d
+               JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+              WHERE d.adrelid = $1::text::regclass AND a.attname = 'id'",
+            &[&rel],
+        )
+        .await
+        .map_err(ctx(name, "reading a table's id default"))?
+        .map(|r| r.get(0));
+    let table_seq = old.split_once('.').map_or(old, |(_, s)| s);
+    Ok(default.filter(|d| d.contains(&format!("{table_seq}'"))))
+}
+
+/// Why a live shard's `next_id` does not fit its sequence (a restore made a
+/// new sequence under the old functions), if it does not.
+pub(crate) async fn restored(
+    c: &impl GenericClient,
+    topo: &Topology,
+    name: &str,
+    shard: u64,
+) -> Result<Option<String>, Error> {
+    let schema = topo.schema(shard);
+    let seq = sql::shard_sequence(&schema);
+    let row = c
+        .query_opt(
+            "SELECT to_regclass($1)::oid, (SELECT p.prosrc FROM pg_proc p
+               WHERE p.pronamespace = to_regnamespace($2) AND p.proname = 'next_id' AND p.pronargs = 1)",
+            &[&seq, &schema],
+        )
+        .await
+        .map_err(ctx(name, "reading next_id"))?;
+    let Some(row) = row else { return Ok(None) };
+    let (oid, body): (Option<u32>, Option<String>) = (row.get(0), row.get(1));
+    let made_for = body.as_deref().and_then(|b| {
+        b.split_once("sequence oid ")
+            .and_then(|(_, rest)| rest.split('.').next())
+            .and_then(|n| n.trim().parse::<u32>().ok())
+    });
+    Ok(match (oid, made_for) {
+        (Some(oid), Some(made_for)) if oid != made_for => Some(format!(
+            "{schema}.next_id() was made for sequence oid {made_for}, but {seq} is oid {oid}: the shard was restored from a dump (or its sequence recreated), and refuses ids (SQLSTATE {SQLSTATE_RESTORED}) until `shardflake pg repair --shard {shard}` moves it past every id it handed out"
+        )),
+        _ => None,
+    })
+}
+
+/// Sets a shard's sequence past every value it can have handed out (the
+/// server clock plus [`sql::lead_bound`]: no value runs further ahead of
+/// the clock); returns its last value before and after.
+async fn bump_past_clock(
+    c: &impl GenericClient,
+    topo: &Topology,
+    name: &str,
+    seq: &str,
+) -> Result<(i64, i64), Error> {
+    let l = topo.layout();
+    let clock = format!(
+        "(((floor(date_part('epoch', clock_timestamp()) * 1000)::bigint - {}) / {}) << {})",
+        l.epoch_ms(),
+        l.tick_ms().max(1),
+        l.sequence().bits()
+    );
+    let row = c
+        .query_one(
+            &format!("SELECT last_value, greatest(last_value, {clock} + $1::bigint) FROM {seq}"),
+            &[&(sql::lead_bound(l) + 1)],
+        )
+        .await
+        .map_err(ctx(name, &format!("reading {seq}")))?;
+    let (from, to): (i64, i64) = (row.get(0), row.get(1));
+    c.execute(&format!("SELECT setval('{seq}', $1)"), &[&to])
+        .await
+        .map_err(ctx(name, &format!("setting {seq}")))?;
+    Ok((from, to))
+}
+
+/// `next_id`'s no-repeat argument needs fewer sessions than the catch-up gap:
+/// client connections plus background workers (which can run SQL too).
+/// `Some(problem)` when the server allows too many.
+async fn too_many_sessions(
+    topo: &Topology,
+    name: &str,
+    client: &impl GenericClient,
+) -> Result<Option<String>, Error> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_connections')::bigint, current_setting('max_worker_processes')::bigint",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "reading max_connections"))?;
+    let (conns, workers): (i64, i64) = (row.get(0), row.get(1));
+    let gap = sql::catch_up_gap(topo.layout());
+    if conns.saturating_add(workers) < gap {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "max_connections = {conns} + max_worker_processes = {workers}, but next_id() for layout {} guarantees no repeated id only with fewer than {gap} sessions; lower them (use a pooler) or widen the sequence field",
+        topo.layout().name()
+    )))
+}
+
+/// Sequences among `seqs` (schema-qualified) whose options differ from what
+/// `next_id` needs ([`sql::sequence_options`]), each with what it has.
+async fn odd_sequences(
+    c: &impl tokio_postgres::GenericClient,
+    name: &str,
+    seqs: &[String],
+    max: i64,
+) -> Result<Vec<(String, String)>, Error> {
+    let rows = c
+        .query(
+            "SELECT schemaname || '.' || sequencename, increment_by, cache_size, cycle, max_value \
+             FROM pg_sequences WHERE schemaname || '.' || sequencename = ANY($1) \
+             AND (increment_by <> 1 OR cache_size <> 1 OR cycle OR max_value <> $2) ORDER BY 1",
+            &[&seqs, &max],
+        )
+        .await
+        .map_err(ctx(name, "reading sequence options"))?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let (inc, cache, cycle, maxv): (i64, i64, bool, i64) =
+                (r.get(1), r.get(2), r.get(3), r.get(4));
+            (
+                r.get(0),
+                format!(
+                    "INCREMENT {inc} CACHE {cache} {}CYCLE MAXVALUE {maxv}",
+                    if cycle { "" } else { "NO " }
+                ),
+            )
+        })
+        .collect())
+}
+
+/// `shardflake_meta()` text without its leading generator version.
+fn meta_without_version(meta: &str) -> &str {
+    meta.split_once("; ").map_or(meta, |(_, rest)| rest)
+}
+
+/// `shardflake_meta()` of a schema, if the function exists.
+pub async fn shard_meta(
+    c: &impl tokio_postgres::GenericClient,
+    name: &str,
+    schema: &str,
+) -> Result<Option<String>, Error> {
+    let exists: bool = c
+        .query_one(
+            "SELECT to_regprocedure($1) IS NOT NULL",
+            &[&format!("{schema}.shardflake_meta()")],
+        )
+        .await
+        .map_err(ctx(name, "looking up shardflake_meta()"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = c
+        .query_one(&format!("SELECT {schema}.shardflake_meta()"), &[])
+        .await
+        .map_err(ctx(name, "calling shardflake_meta()"))?;
+    Ok(Some(row.get(0)))
+}
+
+/// One difference between a server and the topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    /// Server name.
+    pub server: String,
+    /// Logical shard, when the problem is about one.
+    pub shard: Option<u64>,
+    /// What differs.
+    pub problem: String,
+}
+
+impl fmt::Display for Drift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.shard {
+            Some(s) => write!(f, "{}: shard {s}: {}", self.server, self.problem),
+            None => write!(f, "{}: {}", self.server, self.problem),
+        }
+    }
+}
+
+/// Runs a statement on a server by URL, for tools and tests.
+pub async fn execute(name: &str, url: &str, sql: &str) -> Result<(), Error> {
+    let c = connect_url(name, url).await?;
+    c.batch_execute(sql).await.map_err(|e| Error::Postgres {
+        server: name.to_string(),
+        context: format!("running {sql:?}: {}", pg_message(&e)),
+        source: e,
+    })
+}

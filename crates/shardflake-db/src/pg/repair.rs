@@ -1,0 +1,85 @@
+//! `pg repair`: after a restore, move each shard's sequence past what it
+//! handed out and rebuild its functions for the restored sequence.
+
+use super::*;
+
+/// What `repair` did to one shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repaired {
+    /// Server name.
+    pub server: String,
+    /// Logical shard.
+    pub shard: u64,
+    /// The sequence's last value before.
+    pub from: i64,
+    /// Its last value after.
+    pub to: i64,
+}
+
+impl fmt::Display for Repaired {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: shard {}: sequence {} -> {}",
+            self.server, self.shard, self.from, self.to
+        )
+    }
+}
+
+/// After a restore: moves each live shard's sequence (or only `only`'s)
+/// past every value it can have handed out before (the server's clock plus
+/// [`sql::AHEAD_MS`], since no value runs further ahead of the clock), and
+/// rebuilds its functions for the sequence that is there now. Refuses what
+/// `apply` refuses except the restore itself. Ids resume dated up to
+/// `AHEAD_MS` ahead (new draws wait until the clock is within that).
+pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>, Error> {
+    if let Some(shard) = only {
+        topo.server_of(shard)?;
+    }
+    let mut clients = connect_all(topo).await?;
+    let mut views = Vec::new();
+    for (c, server) in clients.iter().zip(topo.servers()) {
+        views.push(catalog::read(c, &server.name, topo).await?);
+    }
+    let problems = catalog::conflicts(topo, &views);
+    if !problems.is_empty() {
+        return Err(refused("repair", problems));
+    }
+    let mut out = Vec::new();
+    for (c, (server, view)) in clients.iter_mut().zip(topo.servers().iter().zip(&views)) {
+        let name = server.name.as_str();
+        let tx = c.transaction().await.map_err(ctx(name, "begin"))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&APPLY_LOCK])
+            .await
+            .map_err(ctx(name, "taking the apply lock"))?;
+        for &shard in &server.shards {
+            if only.is_some_and(|s| s != shard) || view.state(shard) != Some(State::Live) {
+                continue;
+            }
+            let seq = sql::shard_sequence(&topo.schema(shard));
+            // ALTER SEQUENCE waits for every transaction that drew from it
+            // and holds off new draws until commit (see move_shard).
+            tx.batch_execute(&format!(
+                "ALTER SEQUENCE {seq} {}",
+                sql::sequence_options(topo.layout(), topo.sign_bit())
+            ))
+            .await
+            .map_err(ctx(name, &format!("locking {seq}")))?;
+            let (from, to) = bump_past_clock(&tx, topo, name, &seq).await?;
+            install_shard(&tx, topo, name, shard).await?;
+            out.push(Repaired {
+                server: name.to_string(),
+                shard,
+                from,
+                to,
+            });
+        }
+        if only.is_none() {
+            // Every shard here is past what it handed out: the timeline is
+            // the one a later physical restore is told apart from.
+            catalog::record_timeline(&tx, name, true).await?;
+        }
+        tx.commit().await.map_err(ctx(name, "commit"))?;
+    }
+    Ok(out)
+}

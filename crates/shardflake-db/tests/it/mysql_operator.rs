@@ -1,0 +1,250 @@
+//! MariaDB ids under what an operator does (issue #28): a dump restored
+//! while no clock event runs, and a table restored without its trigger.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Pool};
+use shardflake::{Id, Layout, preset};
+use shardflake_db::mysql::{self, Names, Options, sql};
+use shardflake_testkit::MariaDbServer;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// 2 sequence bits: 4 ids per ms, so a burst runs far ahead of the clock.
+fn narrow() -> Layout {
+    preset::resolve("narrow: time 47 | shard 10 | sequence 2 (epoch 1672531200000 ms)").unwrap()
+}
+
+fn dump(server: &MariaDbServer, extra: &[&str], what: &[&str]) -> std::path::PathBuf {
+    let out = std::process::Command::new("mariadb-dump")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", server.port))
+        .args(extra)
+        .args(what)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let file = std::env::temp_dir().join(format!(
+        "sf-maria-op-{}-{}.sql",
+        std::process::id(),
+        now_ms()
+    ));
+    std::fs::write(&file, &out.stdout).unwrap();
+    file
+}
+
+fn restore(server: &MariaDbServer, file: &std::path::Path) {
+    server.sql(&format!("source {}", file.display())).unwrap();
+    let _ = std::fs::remove_file(file);
+}
+
+async fn clock_holder(c: &mut Conn) -> Option<u64> {
+    c.query_first::<Option<u64>, _>(format!(
+        "SELECT IS_USED_LOCK({})",
+        Names::default().clock_lock_sql()
+    ))
+    .await
+    .unwrap()
+    .flatten()
+}
+
+/// Waits (bounded) until the clock event's loop runs or does not.
+async fn wait_clock(c: &mut Conn, running: bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while clock_holder(c).await.is_some() != running {
+        assert!(
+            Instant::now() < deadline,
+            "the clock loop never became running = {running}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn assert_unique(ids: &[i64]) {
+    let unique: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(
+        unique.len(),
+        ids.len(),
+        "{} duplicate ids",
+        ids.len() - unique.len()
+    );
+}
+
+/// Issue #28, MariaDB: a dump of the database restored while the clock
+/// event's loop is not running (the scheduler off, its loop killed). The
+/// burst after the dump ran the sequence seconds ahead of the clock; the
+/// restore sets it back, and a loop started afterwards knows nothing of the
+/// burst. The id path must refuse the set-back sequence (naming `mysql
+/// repair`), `check` must report it, and after `repair` no id repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_restored_while_no_clock_loop_runs_is_refused_until_repair() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool: Pool = mysql::pool(&server.url()).unwrap();
+    let layout = narrow();
+    let names = Names::default();
+    let mut c = pool.get_conn().await.unwrap();
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        ids.push(mysql::insert(&mut c, &names, 7, "before").await.unwrap());
+    }
+    let file = dump(&server, &["--triggers", "--routines", "--events"], &["app"]);
+    let burst: Vec<i64> = c
+        .query(
+            "INSERT INTO posts (user_id, body) SELECT 7, 'burst' FROM seq_1_to_40000 RETURNING id",
+        )
+        .await
+        .unwrap();
+    let burst_end = burst
+        .iter()
+        .map(|id| Id(*id as u64).decode(&layout).unwrap().unix_ms)
+        .max()
+        .unwrap();
+    assert!(burst_end > now_ms() + 1000, "the burst did not run ahead");
+    ids.extend(burst);
+    // Let the loop look once more (it records the burst), then stop it.
+    let seen = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < seen {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.query_drop("SET GLOBAL event_scheduler = OFF")
+        .await
+        .unwrap();
+    if let Some(id) = clock_holder(&mut c).await {
+        c.query_drop(format!("KILL CONNECTION {id}")).await.unwrap();
+    }
+    wait_clock(&mut c, false).await;
+    restore(&server, &file);
+    // The operator turns the scheduler back on: a fresh loop.
+    c.query_drop("SET GLOBAL event_scheduler = ON")
+        .await
+        .unwrap();
+    wait_clock(&mut c, true).await;
+    // Inserts until the fresh loop has had time to catch the sequence up
+    // with the clock (its first look): none may return an id made before.
+    let mut refusals = Vec::new();
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        match mysql::insert(&mut c, &names, 7, "after restore").await {
+            Ok(id) => ids.push(id),
+            Err(e) => refusals.push(e.to_string()),
+        }
+    }
+    assert_unique(&ids);
+    assert!(
+        refusals
+            .iter()
+            .any(|e| e.contains("shardflake mysql repair")),
+        "{:?}",
+        refusals.first()
+    );
+    let mut c2 = pool.get_conn().await.unwrap();
+    let problems = mysql::check(&mut c2, &layout, &Options::default())
+        .await
+        .unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("restored from a dump") && p.contains("mysql repair")),
+        "{problems:?}"
+    );
+    let repaired = mysql::repair(&mut c2, &layout, &Options::default())
+        .await
+        .unwrap();
+    assert!(repaired.to > repaired.from, "{repaired:?}");
+    // After the repair: ids again, none repeated.
+    for _ in 0..200 {
+        ids.push(mysql::insert(&mut c, &names, 7, "repaired").await.unwrap());
+    }
+    assert_unique(&ids);
+    let problems = mysql::check(&mut c2, &layout, &Options::default())
+        .await
+        .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// Issue #28, MariaDB: a table restored without its trigger (a dump of the
+/// table taken with --skip-triggers, or the moments of a restore between
+/// its CREATE TABLE and CREATE TRIGGER). Inserts then must fail, not take
+/// `AUTO_INCREMENT` ids (the next id above the newest row is the next id
+/// the trigger hands out in that shard); `check` flags a table whose
+/// counter is not parked, and `apply` parks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_without_the_trigger_fails_instead_of_taking_an_auto_increment_id() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool: Pool = mysql::pool(&server.url()).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Names::default();
+    let opts = Options::default();
+    let mut c = pool.get_conn().await.unwrap();
+    mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    // A table from before the fix: its counter follows the rows.
+    c.query_drop("ALTER TABLE posts AUTO_INCREMENT = 1")
+        .await
+        .unwrap();
+    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("AUTO_INCREMENT counter") && p.contains("re-run apply")),
+        "{problems:?}"
+    );
+    mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    assert_eq!(
+        mysql::check(&mut c, &layout, &opts).await.unwrap(),
+        Vec::<String>::new()
+    );
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.push(mysql::insert(&mut c, &names, 7, "ours").await.unwrap());
+    }
+    let file = dump(&server, &["--skip-triggers"], &["app", "posts"]);
+    restore(&server, &file);
+    let mut taken = Vec::new();
+    let mut failed = 0;
+    for _ in 0..5 {
+        match c
+            .query_first::<i64, _>(
+                "INSERT INTO posts (user_id, body) VALUES (7, 'no trigger') RETURNING id",
+            )
+            .await
+        {
+            Ok(Some(id)) => taken.push(id),
+            Ok(None) => panic!("no id"),
+            Err(_) => failed += 1,
+        }
+    }
+    // At most the first takes the parked value (ours makes it only at the
+    // layout's last tick, for the last shard); every other one fails.
+    assert!(
+        taken.iter().all(|&id| id == sql::AUTO_INCREMENT_PARKED) && failed >= 4,
+        "inserts without the trigger took ids {taken:?} ({failed} failed); ours: {:?}",
+        &ids[ids.len() - 3..]
+    );
+    // A restore with the trigger brings the ids back.
+    c.query_drop("DELETE FROM posts WHERE body = 'no trigger'")
+        .await
+        .unwrap();
+    mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    for _ in 0..20 {
+        ids.push(
+            mysql::insert(&mut c, &names, 7, "ours again")
+                .await
+                .unwrap(),
+        );
+    }
+    assert_unique(&ids);
+    assert_eq!(
+        mysql::check(&mut c, &layout, &opts).await.unwrap(),
+        Vec::<String>::new()
+    );
+}
