@@ -191,6 +191,8 @@ codes! {
     BehindHighWater = "behind_high_water",
     /// A ticket server's counter went back.
     WentBack = "went_back",
+    /// A ticket server's table or sequence was recreated under a client.
+    Recreated = "recreated",
     /// No ticket high-water could be read.
     NoHighWater = "no_high_water",
     /// The ticket servers' lattice changed.
@@ -247,6 +249,7 @@ impl IssueError {
                 TicketError::Exhausted { .. } => Code::Exhausted,
                 TicketError::BehindHighWater { .. } => Code::BehindHighWater,
                 TicketError::WentBack { .. } => Code::WentBack,
+                TicketError::Recreated { .. } => Code::Recreated,
                 TicketError::NoHighWater { .. } => Code::NoHighWater,
                 TicketError::LatticeChanged { .. } => Code::LatticeChanged,
                 TicketError::Misconfigured { .. } => Code::Misconfigured,

@@ -261,10 +261,17 @@ pub(super) async fn apply_pinned(
             && comment.as_deref() == comment_of(&wanted)
     });
     if !same {
+        // The loop of the old body, if one runs: taken before the CREATE,
+        // since the scheduler may start the new body at once, and killing
+        // that one would leave no loop for up to a second.
+        let old_loop = clock_holder(conn, names).await?;
         conn.query_drop(&wanted)
             .await
             .map_err(my("creating the clock event"))?;
-        stop_clock(conn, names).await?;
+        if let Some(id) = old_loop {
+            // End it; the scheduler starts the new body.
+            let _ = conn.query_drop(format!("KILL CONNECTION {id}")).await;
+        }
         applied.installed.push(format!("event {event}"));
     }
     applied.clock_running = wait_clock(conn, names, Duration::from_secs(3)).await?;
@@ -339,16 +346,13 @@ pub(super) async fn sequence_fixes(
     Ok((!fix.is_empty()).then(|| format!("ALTER SEQUENCE `{seq}` {}", fix.join(" "))))
 }
 
-pub(super) async fn stop_clock(conn: &mut Conn, names: &Names) -> Result<(), Error> {
+/// The connection of the clock event's running loop, if one runs.
+async fn clock_holder(conn: &mut Conn, names: &Names) -> Result<Option<u64>, Error> {
     let holder: Option<Option<u64>> = conn
         .query_first(format!("SELECT IS_USED_LOCK({})", names.clock_lock_sql()))
         .await
         .map_err(my("looking for a running clock event"))?;
-    if let Some(Some(id)) = holder {
-        // An older loop: end it; the scheduler starts the new body.
-        let _ = conn.query_drop(format!("KILL CONNECTION {id}")).await;
-    }
-    Ok(())
+    Ok(holder.flatten())
 }
 
 /// Waits up to `within` for the clock event's loop to hold its lock.

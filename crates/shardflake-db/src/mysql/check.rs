@@ -158,7 +158,13 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
             }
         }
     }
-    match clock_loop(conn, names).await? {
+    // The scheduler starts the loop within a second of the event's creation
+    // or of a loop's end: give it that before calling it stopped.
+    let mut running = clock_loop(conn, names).await?;
+    if running.is_none() && super::apply::wait_clock(conn, names, Duration::from_secs(2)).await? {
+        running = clock_loop(conn, names).await?;
+    }
+    match running {
         None => problems.push(format!(
             "the clock event {event} is not running (nothing holds its lock)"
         )),
