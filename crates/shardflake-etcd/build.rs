@@ -1,7 +1,6 @@
-//! Compiles etcd's v3 API (`proto/etcd/…`, vendored, see
-//! `proto/etcd/README.md`) with protox (a protobuf compiler in Rust, so the
-//! build needs no `protoc` binary), client side only, for the lease keeper's
-//! etcd client.
+//! Compiles etcd's v3 API (`proto/etcd/…`, vendored, see `proto/etcd/README.md`) with
+//! protox (a protobuf compiler in Rust, so the build needs no `protoc`
+//! binary), client side only.
 
 fn main() {
     println!("cargo:rerun-if-changed=proto");
