@@ -1,6 +1,6 @@
 //! etcd clusters on 127.0.0.1 started by `scripts/etcd.sh` (plain or with
 //! TLS and client-certificate auth); keys read and written with the
-//! service's etcd client, users and auth switched with `etcdctl`.
+//! `shardflake-etcd` client, users and auth switched with `etcdctl`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -18,9 +18,9 @@ pub struct Etcd {
     /// Client endpoints.
     pub endpoints: Vec<String>,
     /// How this testkit's own clients (and etcdctl) reach a TLS cluster.
-    tls: Option<shardflake_service::etcd::EtcdTls>,
+    tls: Option<shardflake_etcd::EtcdTls>,
     /// The root credentials once [`Etcd::enable_auth`] ran.
-    auth: Option<shardflake_service::etcd::EtcdAuth>,
+    auth: Option<shardflake_etcd::EtcdAuth>,
 }
 
 /// TLS for a test cluster's client URLs (PEM files the test made).
@@ -29,11 +29,11 @@ pub struct EtcdTlsFiles {
     /// The CA that signed the members' (and clients') certificates.
     pub ca_file: PathBuf,
     /// The members' certificate (for 127.0.0.1) and key.
-    pub server: shardflake_service::etcd::ClientCert,
+    pub server: shardflake_etcd::ClientCert,
     /// When set, members demand a client certificate (`--client-cert-auth`)
     /// signed by the CA; this one is what the testkit's own clients and
     /// etcdctl present.
-    pub client_cert: Option<shardflake_service::etcd::ClientCert>,
+    pub client_cert: Option<shardflake_etcd::ClientCert>,
 }
 
 impl Etcd {
@@ -65,7 +65,7 @@ impl Etcd {
             args.push("--jwt".to_string());
         }
         if let Some(t) = tls {
-            let files = shardflake_service::etcd::EtcdTls {
+            let files = shardflake_etcd::EtcdTls {
                 ca_file: t.ca_file.clone(),
                 client_cert: t.client_cert.clone(),
             };
@@ -93,7 +93,7 @@ impl Etcd {
             (Some(dir), Some(eps)) => Ok(Etcd {
                 dir: dir.into(),
                 endpoints: eps.split(',').map(str::to_string).collect(),
-                tls: tls.map(|t| shardflake_service::etcd::EtcdTls {
+                tls: tls.map(|t| shardflake_etcd::EtcdTls {
                     ca_file: t.ca_file.clone(),
                     client_cert: t.client_cert.clone(),
                 }),
@@ -132,9 +132,9 @@ impl Etcd {
     /// A client for this cluster (with its TLS files and root credentials).
     /// Its calls wait up to 5 s for a member: a test's observer, it must
     /// not fail where a loaded machine (CI's parallel tests) slows etcd.
-    pub fn client(&self) -> shardflake_service::etcd::Client {
+    pub fn client(&self) -> shardflake_etcd::Client {
         let timeout = Duration::from_secs(5);
-        shardflake_service::etcd::Client::connect(
+        shardflake_etcd::Client::connect(
             &self.endpoints,
             timeout,
             self.tls.as_ref(),
@@ -144,7 +144,7 @@ impl Etcd {
             // The files were checked at start; removed since, every call
             // of a plain client fails and says so.
             eprintln!("test etcd client without TLS or credentials: {e}");
-            shardflake_service::etcd::Client::new(&self.endpoints, timeout)
+            shardflake_etcd::Client::new(&self.endpoints, timeout)
         })
     }
     /// Turns on etcd's user/password authentication with etcdctl: adds
@@ -159,7 +159,7 @@ impl Etcd {
             &format!("--new-user-password={root_password}"),
         ])?;
         self.etcdctl(&["auth", "enable"])?;
-        self.auth = Some(shardflake_service::etcd::EtcdAuth {
+        self.auth = Some(shardflake_etcd::EtcdAuth {
             user: "root".into(),
             password: root_password.into(),
         });
@@ -196,7 +196,7 @@ impl Etcd {
             .client()
             .txn(
                 &[],
-                &[shardflake_service::etcd::Op::Get(key.as_bytes().to_vec())],
+                &[shardflake_etcd::Op::Get(key.as_bytes().to_vec())],
                 &[],
             )
             .await?
@@ -208,11 +208,7 @@ impl Etcd {
     }
     /// Puts `key` = `value` (no lease).
     pub async fn put(&self, key: &str, value: &str) -> anyhow::Result<()> {
-        let put = shardflake_service::etcd::Op::Put(
-            key.as_bytes().to_vec(),
-            value.as_bytes().to_vec(),
-            0,
-        );
+        let put = shardflake_etcd::Op::Put(key.as_bytes().to_vec(), value.as_bytes().to_vec(), 0);
         self.client().txn(&[], &[put], &[]).await?;
         Ok(())
     }
