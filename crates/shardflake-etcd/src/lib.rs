@@ -2,8 +2,8 @@
 //! from etcd's `.proto` files (`proto/`, compiled by protox in `build.rs`:
 //! no `protoc`). Only what node-id leasing needs, each call named
 //! as in the etcd API reference: `KV.Range`, `KV.Txn`, `Lease.LeaseGrant`,
-//! `Lease.LeaseKeepAlive` (one bidirectional stream), `Lease.LeaseRevoke` and
-//! `Auth.Authenticate`.
+//! `Lease.LeaseKeepAlive` (one bidirectional stream), `Lease.LeaseRevoke`,
+//! `Watch.Watch` and `Auth.Authenticate`.
 //!
 //! **Endpoints** are tried in turn, starting with the last one that
 //! answered (at first, one picked at random, so a fleet's connections and
@@ -54,6 +54,8 @@
 //!   `Lease.LeaseKeepAlive` stream.
 //! - `login`: `Auth.Authenticate` ([`EtcdAuth`]), at most one login in
 //!   flight per member, the shared token.
+//! - `watch`: `Watch.Watch`, the changes to a few keys ([`Watch`],
+//!   [`Event`]).
 //! - `diagnosis`: what a failed call means (next member, renew the token,
 //!   or final) and TLS failures in words, with the setting to check.
 //! - `error`: [`EtcdError`].
@@ -71,11 +73,13 @@ mod error;
 mod kv;
 mod lease;
 mod login;
+mod watch;
 
 pub use connection::{Client, ClientCert, EtcdTls};
 pub use error::EtcdError;
 pub use kv::{Compare, Header, Kv, Op, TxnAnswer};
 pub use login::EtcdAuth;
+pub use watch::{Event, EventKind, Watch};
 
 /// The code generated from etcd's protos (client side only).
 #[allow(missing_docs, dead_code, clippy::all, clippy::pedantic)]
