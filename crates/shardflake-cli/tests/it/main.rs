@@ -5,6 +5,7 @@
 
 mod cli;
 mod client;
+mod holder_watch;
 mod pg_cli;
 mod serve_api;
 mod serve_clock;
