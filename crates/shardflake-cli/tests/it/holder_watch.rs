@@ -18,14 +18,17 @@ use crate::shardflake_bin;
 
 /// The high-water window: records every 6.7 s.
 const WINDOW: &str = "20s";
+/// The window where the change needs longer to reach the holder (a
+/// restore): records every 15 s.
+const LONG_WINDOW: &str = "45s";
 /// How long after the change a holder may still answer with ids: far
 /// below window/3, far above what the watch takes (milliseconds).
 const BOUND: Duration = Duration::from_secs(2);
 
-/// A leased node on `prefix` with a 3 s lease and a 20 s window (on a
-/// fresh prefix it waits a window before issuing: an id without a
-/// high-water record is not trusted).
-fn holder(etcd: &Etcd, prefix: &str, dir: &Path) -> anyhow::Result<Serve> {
+/// A leased node on `prefix` with a 3 s lease and `window` (on a fresh
+/// prefix it waits a window before issuing: an id without a high-water
+/// record is not trusted; see [`seeded`]).
+fn holder(etcd: &Etcd, prefix: &str, dir: &Path, window: &str) -> anyhow::Result<Serve> {
     let urls = etcd.urls();
     let args = [
         "--workers",
@@ -37,7 +40,7 @@ fn holder(etcd: &Etcd, prefix: &str, dir: &Path) -> anyhow::Result<Serve> {
         "--lease-ttl",
         "3s",
         "--window",
-        WINDOW,
+        window,
     ];
     let opts = ServeOpts {
         args: args.iter().map(|s| s.to_string()).collect(),
@@ -45,6 +48,31 @@ fn holder(etcd: &Etcd, prefix: &str, dir: &Path) -> anyhow::Result<Serve> {
         ..ServeOpts::default()
     };
     tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))
+}
+
+/// Runs a node with the default 3 s window on `prefix` and stops it: id
+/// 0's record is then a time just past, so the holders that follow wait
+/// for their clock to pass it, not for their own longer window.
+async fn seeded(etcd: &Etcd, prefix: &str) -> anyhow::Result<()> {
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        prefix,
+        "--lease-ttl",
+        "3s",
+    ];
+    let opts = ServeOpts {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        ..ServeOpts::default()
+    };
+    let mut s = tokio::task::block_in_place(|| Serve::start(shardflake_bin(), opts))?;
+    s.ready(Duration::from_secs(30)).await?;
+    s.signal(libc::SIGTERM);
+    let status = s.exit(Duration::from_secs(15)).await?;
+    anyhow::ensure!(status.success(), "{}", s.stderr());
+    Ok(())
 }
 
 /// One batch asked of a node: when it was sent, and the ids it got (none
@@ -116,7 +144,8 @@ fn issued_past_bound(batches: &[Batch], changed: Instant) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_records_are_deleted_stops_at_once() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
-    let a = holder(&etcd, "/watch", &tempdir()?)?;
+    seeded(&etcd, "/watch").await?;
+    let a = holder(&etcd, "/watch", &tempdir()?, WINDOW)?;
     assert_eq!(a.ready(Duration::from_secs(60)).await?, 0);
     let stop = Arc::new(AtomicBool::new(false));
     let a_load = load(&a, &stop);
@@ -125,7 +154,7 @@ async fn a_holder_whose_records_are_deleted_stops_at_once() -> anyhow::Result<()
     let deleted = Instant::now();
     // A new node takes a free id (node 0 again, or 1 if the old holder
     // took 0 back first) and issues beside the old holder.
-    let b = holder(&etcd, "/watch", &tempdir()?)?;
+    let b = holder(&etcd, "/watch", &tempdir()?, WINDOW)?;
     b.ready(Duration::from_secs(60)).await?;
     let b_load = load(&b, &stop);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -181,7 +210,8 @@ async fn a_holder_stops_at_once_when_any_of_its_records_changes() -> anyhow::Res
         let etcd = etcd.clone();
         let change: Vec<String> = change.iter().map(|s| s.to_string()).collect();
         runs.push(tokio::spawn(async move {
-            let a = holder(&etcd, prefix, &tempdir()?)?;
+            seeded(&etcd, prefix).await?;
+            let a = holder(&etcd, prefix, &tempdir()?, WINDOW)?;
             a.ready(Duration::from_secs(60)).await?;
             let stop = Arc::new(AtomicBool::new(false));
             let a_load = load(&a, &stop);
@@ -200,8 +230,50 @@ async fn a_holder_stops_at_once_when_any_of_its_records_changes() -> anyhow::Res
             anyhow::Ok(())
         }));
     }
+    // Every case's outcome, not only the first failure's.
+    let mut failed = Vec::new();
     for run in runs {
-        run.await??;
+        if let Err(e) = run.await? {
+            failed.push(format!("{e:#}"));
+        }
     }
+    anyhow::ensure!(failed.is_empty(), "{}", failed.join("\n"));
+    Ok(())
+}
+
+/// etcd restored from a snapshot taken before the holder's last record:
+/// the holder stops once etcd answers again (its watch, set up anew,
+/// finds its high-water rolled back), not at its next record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_stops_when_etcd_is_restored_under_it() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let dir = tempdir()?;
+    seeded(&etcd, "/wrestore").await?;
+    let a = holder(&etcd, "/wrestore", &dir, LONG_WINDOW)?;
+    a.ready(Duration::from_secs(60)).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let a_load = load(&a, &stop);
+    let snapshot = dir.join("snapshot.db");
+    tokio::task::block_in_place(|| etcd.snapshot(&snapshot))?;
+    just_recorded(&etcd, "/wrestore/hw/0").await?;
+    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+    let restored = Instant::now();
+    // Its watch is set up again at most 2 s after etcd answers (the
+    // longest wait between tries).
+    let bound = BOUND + Duration::from_secs(2);
+    tokio::time::sleep(bound + Duration::from_secs(8)).await;
+    stop.store(true, Ordering::Relaxed);
+    let late: usize = a_load
+        .await?
+        .iter()
+        .filter(|b| b.sent > restored + bound && b.sent < restored + Duration::from_secs(45))
+        .map(|b| b.ids.len())
+        .sum();
+    assert_eq!(
+        late,
+        0,
+        "{late} ids issued more than {bound:?} after the restore: {}",
+        a.stderr()
+    );
     Ok(())
 }
