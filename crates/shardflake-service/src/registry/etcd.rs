@@ -686,3 +686,44 @@ async fn take_lowest(
         prefix: prefix.to_string(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which changes to a holding's records stop it: all but its own
+    /// high-water records and the same layout written again.
+    #[test]
+    fn only_our_own_records_and_the_same_layout_pass() {
+        let held = Held {
+            lease: 7,
+            layout: b"L".to_vec(),
+            hw_revision: 10,
+        };
+        let (node, hw, layout) = (
+            "/p/node/0".to_string(),
+            "/p/hw/0".to_string(),
+            "/p/layout".to_string(),
+        );
+        let change = |kind, key: &str, value: &[u8], mod_revision| {
+            let e = Event {
+                kind,
+                key: key.as_bytes().to_vec(),
+                value: value.to_vec(),
+                mod_revision,
+            };
+            not_ours(&e, &held, [&node, &hw, &layout])
+        };
+        use EventKind::{Delete, Put};
+        assert_eq!(change(Put, &hw, b"1", 10), None, "our last record");
+        assert_eq!(change(Put, &hw, b"1", 9), None, "an earlier record of ours");
+        assert!(change(Put, &hw, b"1", 11).is_some(), "a record not ours");
+        assert!(change(Delete, &hw, b"", 11).is_some());
+        assert!(change(Delete, &node, b"", 11).is_some());
+        assert!(change(Put, &node, b"other", 11).is_some());
+        assert_eq!(change(Put, &layout, b"L", 11), None, "the same layout");
+        assert!(change(Put, &layout, b"M", 11).is_some());
+        assert!(change(Delete, &layout, b"", 11).is_some());
+        assert_eq!(change(Delete, "/p/hw/1", b"", 11), None, "another id's");
+    }
+}
