@@ -7,34 +7,16 @@
 //! is left if this process itself dies.
 
 use std::fs;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use tracing::{info, warn};
+use tracing::info;
 
-/// libfaketime, as installed by `scripts/install-deps.sh` (package
-/// libfaketime): under a multiarch directory (`/usr/lib/<triple>/faketime`)
-/// or directly under a library directory.
-pub fn libfaketime() -> anyhow::Result<PathBuf> {
-    let mut candidates = Vec::new();
-    for lib in ["/usr/lib", "/usr/local/lib", "/lib"] {
-        candidates.push(Path::new(lib).join("faketime/libfaketime.so.1"));
-        if let Ok(entries) = fs::read_dir(lib) {
-            candidates.extend(
-                entries
-                    .filter_map(Result::ok)
-                    .map(|e| e.path().join("faketime/libfaketime.so.1")),
-            );
-        }
-    }
-    candidates
-        .into_iter()
-        .find(|p| p.exists())
-        .context("libfaketime.so.1 not found: run scripts/install-deps.sh (package libfaketime)")
-}
+// The launchers and helpers the tests use too, written once.
+pub use shardflake_testkit::{Etcd, free_port, libfaketime};
 
 /// Runs a command, failing with its output when it fails.
 pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
@@ -54,17 +36,6 @@ pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The etcd cluster, started and stopped by `scripts/etcd.sh`.
-pub struct Etcd {
-    script: PathBuf,
-    /// The cluster's directory (the script's `DIR`).
-    pub dir: PathBuf,
-    /// The members' client endpoints, `http://127.0.0.1:PORT`.
-    pub endpoints: Vec<String>,
-    /// The root user's password, once authentication is on.
-    root_password: Option<String>,
-}
-
 /// An etcd user and the file holding its password, for the nodes.
 pub struct EtcdLogin {
     /// The user (root: may do everything).
@@ -73,205 +44,30 @@ pub struct EtcdLogin {
     pub password_file: PathBuf,
 }
 
-impl Etcd {
-    /// Starts `members` members under `dir`; with `auth`, with JWT tokens
-    /// (`etcd.sh --jwt`) and authentication on, and the nodes' login.
-    pub fn start(
-        script: &Path,
-        dir: &Path,
-        members: usize,
-        auth: bool,
-    ) -> anyhow::Result<(Etcd, Option<EtcdLogin>)> {
-        let script_s = script.display().to_string();
-        let mut args = vec![
-            script_s,
-            "start".into(),
-            "--members".into(),
-            members.to_string(),
-            "--dir".into(),
-            dir.display().to_string(),
-        ];
-        let password_file = dir.with_extension("password");
-        if auth {
-            // JWT tokens carry the auth store's revision, so the auth-change
-            // fault voids them all (simple tokens would outlive it).
-            args.push("--jwt".into());
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = sh("bash", &args)?;
-        let endpoints = out
-            .lines()
-            .find_map(|l| l.strip_prefix("ENDPOINTS="))
-            .context("etcd.sh printed no ENDPOINTS")?
-            .split(',')
-            .map(str::to_string)
-            .collect();
-        let mut etcd = Etcd {
-            script: script.to_path_buf(),
-            dir: dir.to_path_buf(),
-            endpoints,
-            root_password: None,
-        };
-        if !auth {
-            return Ok((etcd, None));
-        }
-        let password = format!("chaos-{}", std::process::id());
-        etcd.etcdctl(&[
-            "user",
-            "add",
-            "root",
-            "--interactive=false",
-            &format!("--new-user-password={password}"),
-        ])?;
-        etcd.etcdctl(&["auth", "enable"])?;
-        std::fs::write(&password_file, &password)?;
-        etcd.root_password = Some(password);
-        let login = EtcdLogin {
-            user: "root".into(),
-            password_file,
-        };
-        Ok((etcd, Some(login)))
+/// Starts the run's etcd: `members` members under `dir`, launched by
+/// `script`; with `auth`, with JWT tokens (`etcd.sh --jwt`: they carry the
+/// auth store's revision, so the auth-change fault voids them all, where
+/// simple tokens would outlive it) and authentication on, and the nodes'
+/// login as root.
+pub fn start_etcd(
+    script: &Path,
+    dir: &Path,
+    members: usize,
+    auth: bool,
+) -> anyhow::Result<(Etcd, Option<EtcdLogin>)> {
+    let mut etcd = Etcd::start_at(script, dir, members, auth)?;
+    if !auth {
+        return Ok((etcd, None));
     }
-
-    /// Saves a snapshot of the cluster (from member 0) to `file`.
-    pub fn snapshot(&self, file: &Path) -> anyhow::Result<()> {
-        let mut all = vec![format!("--endpoints={}", self.endpoints[0])];
-        if let Some(password) = &self.root_password {
-            all.push(format!("--user=root:{password}"));
-        }
-        all.extend(["snapshot".into(), "save".into(), file.display().to_string()]);
-        let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        sh("etcdctl", &all).map(drop)
-    }
-
-    /// What an operator does to roll etcd back: every member SIGKILLed,
-    /// its data directory replaced by `etcdctl snapshot restore` of `file`
-    /// with the member's own name, peer URL, cluster and token (so the
-    /// restored cluster keeps its cluster id), then started again; returns
-    /// once the cluster answers (bounded).
-    pub fn restore(&self, file: &Path) -> anyhow::Result<()> {
-        let members = self.endpoints.len();
-        for i in 0..members {
-            self.kill(i)?;
-        }
-        for i in 0..members {
-            let text = fs::read_to_string(self.dir.join(format!("m{i}.args")))?;
-            let lines: Vec<&str> = text.lines().collect();
-            let flag = |name: &str| {
-                lines
-                    .iter()
-                    .position(|l| *l == name)
-                    .and_then(|at| lines.get(at + 1))
-                    .map(|v| v.to_string())
-                    .with_context(|| format!("m{i}.args has no {name}"))
-            };
-            let data_dir = flag("--data-dir")?;
-            let _ = fs::remove_dir_all(&data_dir);
-            sh(
-                "etcdctl",
-                &[
-                    "snapshot",
-                    "restore",
-                    &file.display().to_string(),
-                    "--name",
-                    &flag("--name")?,
-                    "--data-dir",
-                    &data_dir,
-                    "--initial-cluster",
-                    &flag("--initial-cluster")?,
-                    "--initial-cluster-token",
-                    &flag("--initial-cluster-token")?,
-                    "--initial-advertise-peer-urls",
-                    &flag("--initial-advertise-peer-urls")?,
-                ],
-            )?;
-        }
-        for i in 0..members {
-            // The killed member may take a moment to be gone.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while let Err(e) = self.restart(i) {
-                if Instant::now() > deadline {
-                    return Err(e);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while let Err(e) = self.etcdctl(&["--command-timeout=2s", "get", "/"]) {
-            if Instant::now() > deadline {
-                return Err(e.context("etcd did not answer within 30 s of the restore"));
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(())
-    }
-
-    /// etcdctl against every member, as root once authentication is on.
-    pub fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut all = vec![format!("--endpoints={}", self.endpoints.join(","))];
-        if let Some(password) = &self.root_password {
-            all.push(format!("--user=root:{password}"));
-        }
-        all.extend(args.iter().map(|a| a.to_string()));
-        let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        sh("etcdctl", &all)
-    }
-
-    /// Adds role `name` to the auth store: etcd then refuses every JWT it
-    /// gave before.
-    pub fn change_auth(&self, name: &str) -> anyhow::Result<()> {
-        self.etcdctl(&["role", "add", name]).map(drop)
-    }
-
-    fn script(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut all = vec![self.script.to_str().unwrap_or("scripts/etcd.sh")];
-        all.extend_from_slice(args);
-        sh("bash", &all)
-    }
-
-    /// The index of the member that leads now.
-    pub fn leader(&self) -> anyhow::Result<usize> {
-        let dir = self.dir.display().to_string();
-        Ok(self.script(&["leader", &dir])?.trim().parse()?)
-    }
-
-    /// SIGKILLs member `i`.
-    pub fn kill(&self, i: usize) -> anyhow::Result<()> {
-        self.script(&["kill", &self.dir.display().to_string(), &i.to_string()])
-            .map(drop)
-    }
-
-    /// Starts member `i` again on its data directory.
-    pub fn restart(&self, i: usize) -> anyhow::Result<()> {
-        self.script(&["restart", &self.dir.display().to_string(), &i.to_string()])
-            .map(drop)
-    }
-
-    /// Stops every member and removes the directory.
-    pub fn stop(&self) {
-        if let Err(e) = self.script(&["stop", &self.dir.display().to_string()]) {
-            warn!("etcd stop: {e:#}");
-        }
-    }
-
-    /// The members' client ports.
-    pub fn ports(&self) -> anyhow::Result<Vec<u16>> {
-        self.endpoints
-            .iter()
-            .map(|e| {
-                e.rsplit(':')
-                    .next()
-                    .and_then(|p| p.parse().ok())
-                    .with_context(|| format!("no port in {e}"))
-            })
-            .collect()
-    }
-}
-
-/// A free TCP port on 127.0.0.1 (bound and released; the run keeps it for
-/// the slot's life, so a restarted node listens at the same address).
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    let password = format!("chaos-{}", std::process::id());
+    etcd.enable_auth(&password)?;
+    let password_file = dir.with_extension("password");
+    std::fs::write(&password_file, &password)?;
+    let login = EtcdLogin {
+        user: "root".into(),
+        password_file,
+    };
+    Ok((etcd, Some(login)))
 }
 
 /// How one node slot's processes are started.

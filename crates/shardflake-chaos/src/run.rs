@@ -94,8 +94,10 @@ impl Drop for Cluster {
                 }
             }
         }
-        if let Some(e) = self.etcd.take() {
-            e.stop();
+        if let Some(e) = self.etcd.take()
+            && let Err(e) = e.stop()
+        {
+            warn!("etcd stop: {e:#}");
         }
         if let Some(n) = self.netns.take() {
             n.remove();
@@ -153,7 +155,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         slots: Vec::new(),
         prefix: String::new(),
     };
-    let (etcd, login) = Etcd::start(&o.etcd_script, &dir.join("etcd"), 3, o.etcd_auth)?;
+    let (etcd, login) = cluster::start_etcd(&o.etcd_script, &dir.join("etcd"), 3, o.etcd_auth)?;
     let endpoints = etcd.endpoints.join(",");
     let etcd_ports = etcd.ports()?;
     cluster.etcd = Some(etcd);
@@ -668,7 +670,8 @@ fn apply(
         Fault::AuthChange => {
             let etcd = cluster.etcd.as_ref().context("no etcd")?;
             let role = format!("chaos-{}", p.at.as_millis());
-            etcd.change_auth(&role)?;
+            // etcd then refuses every JWT it gave before.
+            etcd.etcdctl(&["role", "add", &role])?;
             say(
                 start,
                 format!("etcd auth store changed (role {role} added): every token voided"),

@@ -1,5 +1,5 @@
-//! The gRPC transport: the client generated from the service's
-//! `proto/shardflake.proto` at build time, one lazily connected tonic
+//! The gRPC transport: the client generated from `proto/shardflake.proto`
+//! (the `shardflake-proto` crate), one lazily connected tonic
 //! channel per endpoint.
 
 use std::sync::OnceLock;
@@ -11,11 +11,9 @@ use tonic::transport::{Channel, Endpoint};
 use crate::client::Request;
 use crate::error::{AttemptError, ClientError, FailureKind};
 
-/// The generated protobuf types and client (`shardflake.v1`).
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod pb {
-    tonic::include_proto!("shardflake.v1");
-}
+/// The generated protobuf types and client (`shardflake.v1`, the
+/// `shardflake-proto` crate).
+pub use shardflake_proto as pb;
 
 use pb::id_service_client::IdServiceClient;
 

@@ -42,7 +42,7 @@
 //! |---|---|
 //! | [`client`] | [`Client`], [`ClientBuilder`], [`Transport`]; the failover loop; answer checks (count, ascending). |
 //! | `http` | HTTP/1.1 keep-alive pool on hyper's connection API; fast parser for `{"count","ids":[…]}`. |
-//! | `grpc` | the tonic client generated at build time from the service's `proto/shardflake.proto` (protox, no `protoc`). |
+//! | `grpc` | the tonic client generated at build time from `proto/shardflake.proto` (the `shardflake-proto` crate). |
 //! | [`prefetch`] | [`Prefetch`], [`PrefetchBuilder`]: background fetchers, double-buffered batches. |
 //! | [`error`] | [`ClientError`], [`EndpointFailure`], [`FailureKind`]. |
 //!

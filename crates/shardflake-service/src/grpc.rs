@@ -1,5 +1,5 @@
 //! The gRPC API (tonic): the same operations as HTTP, from
-//! `proto/shardflake.proto` compiled by protox at build time (no `protoc`),
+//! `shardflake-proto` (`proto/shardflake.proto`, compiled by protox, no `protoc`),
 //! plus server reflection (v1 and v1alpha) so `grpcurl` needs no proto file.
 //! With an API token configured ([`crate::ApiToken`]), the id service requires
 //! `authorization: Bearer <token>` metadata (else `Unauthenticated`);
@@ -13,14 +13,11 @@ use crate::auth::{ApiToken, Unauthorized};
 use crate::error::{ErrorKind, IssueError};
 use crate::issuer::Issuer;
 
-/// Generated messages, server and client.
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod pb {
-    tonic::include_proto!("shardflake.v1");
-}
+/// Generated messages, server and client (the `shardflake-proto` crate).
+pub use shardflake_proto as pb;
 
 /// The encoded descriptor set, for reflection.
-pub const DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("shardflake_descriptor");
+pub use shardflake_proto::DESCRIPTOR_SET;
 
 use pb::id_service_server::{IdService, IdServiceServer};
 

@@ -18,8 +18,10 @@
 //! (TTL − margin)/4; each success moves the fence to the renewal's *send*
 //! time + TTL − margin. It records `now + window` as the id's high-water
 //! (only while it still holds the id); ids are never stamped past the last
-//! successful record. A failed holder check, a renewal answered "gone", or
-//! a passed deadline withdraws the identity (503) and starts over. The
+//! successful record. A failed holder check, a renewal answered "gone", a
+//! change to its records by another writer ([`Registry::changed`], watched
+//! from a task of its own that stops issuing the moment it sees one), or a
+//! passed deadline withdraws the identity (503) and starts over. The
 //! recorded high-water is max(now, the generators' latest tick) + window.
 //! A re-acquisition that finds a record or layout only an operator can fix
 //! ([`AcquireError::is_fatal`]) stops the node: [`Keeper::run`] returns it.
@@ -42,7 +44,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use shardflake::Clock;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::config::NodeSource;
@@ -158,7 +160,7 @@ struct Terms {
 #[derive(Debug)]
 pub struct Keeper {
     issuer: Arc<Issuer>,
-    registry: Box<dyn Registry>,
+    registry: Arc<dyn Registry>,
     claim: Claim,
     terms: Option<Terms>,
     state_file: StateFile,
@@ -168,6 +170,23 @@ pub struct Keeper {
     /// Lease generations taken so far, and the span of the current one.
     generation: u64,
     span: tracing::Span,
+    /// The watch on the records of the leased id held.
+    records: Option<RecordsWatch>,
+}
+
+/// A task waiting for [`Registry::changed`] on the holding published: it
+/// closes the identity (no id issued from then on) and says why. Dropped,
+/// it stops watching.
+#[derive(Debug)]
+struct RecordsWatch {
+    task: tokio::task::AbortHandle,
+    changed: oneshot::Receiver<String>,
+}
+
+impl Drop for RecordsWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl Keeper {
@@ -221,7 +240,7 @@ impl Keeper {
         };
         let mut keeper = Keeper {
             issuer,
-            registry,
+            registry: Arc::from(registry),
             claim,
             terms,
             state_file,
@@ -229,6 +248,7 @@ impl Keeper {
             state_lock,
             generation: 0,
             span: tracing::Span::none(),
+            records: None,
         };
         let state =
             read_state(&keeper.state_file)
@@ -345,6 +365,15 @@ impl Keeper {
                 }
                 continue;
             };
+            if let Some(why) = self
+                .records
+                .as_mut()
+                .and_then(|r| r.changed.try_recv().ok())
+            {
+                self.lose(&active, &format!("its records in etcd changed: {why}"))
+                    .await;
+                continue;
+            }
             let now = Instant::now();
             if self.leased() && now >= next_ka {
                 next_ka = now + ka_every;
@@ -386,6 +415,8 @@ impl Keeper {
     /// the last periodic record (the issuing fence guarantees it), and an
     /// unrevoked lease expires after its TTL.
     pub async fn stop(&mut self) {
+        // Our own release deletes the node key: not a change to act on.
+        self.records = None;
         self.issuer.set_state(LeaseState::Stopped);
         let active = self.issuer.active();
         self.issuer.publish(None);
@@ -599,6 +630,7 @@ impl Keeper {
     /// Revokes the lease taken by a failed or interrupted acquisition (best
     /// effort: it expires after its TTL anyway).
     async fn release(&mut self) {
+        self.records = None;
         if let Some(holding) = self.lease.take()
             && let Err(e) = self.registry.release(holding.lease).await
         {
@@ -791,7 +823,8 @@ impl Keeper {
             }
         };
         active.set_durable_hw(target);
-        self.issuer.publish(Some(Arc::new(active)));
+        let active = Arc::new(active);
+        self.issuer.publish(Some(active.clone()));
         self.issuer
             .metrics
             .acquisitions
@@ -812,7 +845,29 @@ impl Keeper {
         );
         self.span
             .in_scope(|| tracing::info!(resumed_after_ms = resume, "holding the node id"));
+        self.watch_records(holding, active);
         Ok(Acquired::Held)
+    }
+
+    /// Watches the records of the leased `holding` from a task of its own:
+    /// the moment another writer changes them, it closes `active`, so that
+    /// no id is issued from then on, not only from the keeper's next tick.
+    fn watch_records(&mut self, holding: Holding, active: Arc<Active>) {
+        let registry = self.registry.clone();
+        let (tell, changed) = oneshot::channel();
+        let span = self.span.clone();
+        let task = tokio::spawn(async move {
+            let why = registry.changed(&holding).await;
+            span.in_scope(|| tracing::warn!(why, "the node id's records changed: issuing stopped"));
+            // Told first, so that the keeper's next tick names the reason
+            // rather than a passed deadline.
+            let _ = tell.send(why);
+            active.close();
+        });
+        self.records = Some(RecordsWatch {
+            task: task.abort_handle(),
+            changed,
+        });
     }
 }
 

@@ -8,8 +8,8 @@
 //!   into [`Config`] (`config/validate.rs`); [`ConfigError`] (`config/error.rs`).
 //! - `state_file`: the local high-water file (atomic writes); a restart
 //!   resumes after it.
-//! - [`etcd`]: a client for etcd's own gRPC API (generated at build time
-//!   from etcd's protos with protox; streaming keep-alive, TLS, users).
+//! - [`etcd`]: the `shardflake-etcd` crate, re-exported: a client for
+//!   etcd's own gRPC API (streaming keep-alive, TLS, users).
 //! - [`lease`]: the keeper of the node identity: acquire the lowest free
 //!   id, keep-alive, record high-water, fence, re-acquire, revoke.
 //! - [`registry`]: what the keeper needs of a coordination store, on etcd,
@@ -36,7 +36,6 @@
 // The crate's API: the modules below are public; the rest are parts of it,
 // re-exported where a caller needs a name.
 pub mod config;
-pub mod etcd;
 pub mod grpc;
 pub mod http;
 pub mod issuer;
@@ -52,6 +51,9 @@ mod server;
 mod shutdown;
 mod state_file;
 mod tls;
+
+/// The etcd client (the `shardflake-etcd` crate), at its old path.
+pub use shardflake_etcd as etcd;
 
 pub use auth::{ApiToken, TokenFileError};
 pub use config::{Config, ConfigError, RawConfig};

@@ -284,6 +284,17 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
     /// Revokes the lease, freeing its node id at once.
     async fn release(&self, lease: LeaseId) -> Result<(), RegistryError>;
 
+    /// Resolves when the records of `holding` change other than by this
+    /// node's own writes (its node key or high-water deleted or rewritten,
+    /// the layout record deleted or changed, the store rolled back), with
+    /// what changed: the keeper then stops issuing at once instead of at
+    /// its next record. Never, by default (a store nobody else writes to).
+    /// It keeps trying while the store does not answer; the periodic
+    /// record checks the same records meanwhile.
+    async fn changed(&self, _holding: &Holding) -> String {
+        std::future::pending().await
+    }
+
     /// Which registry this is, as the state file records it: `static`, or
     /// `etcd cluster=<id> prefix=<prefix>` (known after the first take).
     fn identity(&self) -> Option<String>;

@@ -1,14 +1,14 @@
 //! etcd clusters on 127.0.0.1 started by `scripts/etcd.sh` (plain or with
 //! TLS and client-certificate auth); keys read and written with the
-//! service's etcd client, users and auth switched with `etcdctl`.
+//! `shardflake-etcd` client, users and auth switched with `etcdctl`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::{script, start_script};
+use crate::{repo_root, script_at, start_script_at};
 
 /// An etcd cluster on 127.0.0.1; stopped on drop.
 #[derive(Debug)]
@@ -18,9 +18,13 @@ pub struct Etcd {
     /// Client endpoints.
     pub endpoints: Vec<String>,
     /// How this testkit's own clients (and etcdctl) reach a TLS cluster.
-    tls: Option<shardflake_service::etcd::EtcdTls>,
+    tls: Option<shardflake_etcd::EtcdTls>,
     /// The root credentials once [`Etcd::enable_auth`] ran.
-    auth: Option<shardflake_service::etcd::EtcdAuth>,
+    auth: Option<shardflake_etcd::EtcdAuth>,
+    /// The launcher (`scripts/etcd.sh` unless [`Etcd::start_at`] named one).
+    script: PathBuf,
+    /// [`Etcd::stop`] ran: nothing left for the drop to stop.
+    stopped: bool,
 }
 
 /// TLS for a test cluster's client URLs (PEM files the test made).
@@ -29,11 +33,11 @@ pub struct EtcdTlsFiles {
     /// The CA that signed the members' (and clients') certificates.
     pub ca_file: PathBuf,
     /// The members' certificate (for 127.0.0.1) and key.
-    pub server: shardflake_service::etcd::ClientCert,
+    pub server: shardflake_etcd::ClientCert,
     /// When set, members demand a client certificate (`--client-cert-auth`)
     /// signed by the CA; this one is what the testkit's own clients and
     /// etcdctl present.
-    pub client_cert: Option<shardflake_service::etcd::ClientCert>,
+    pub client_cert: Option<shardflake_etcd::ClientCert>,
 }
 
 impl Etcd {
@@ -47,25 +51,46 @@ impl Etcd {
     /// simple token, a JWT carries the auth store's revision: any change to
     /// users or roles makes etcd refuse it.
     pub fn start_jwt(members: usize) -> anyhow::Result<Etcd> {
-        Self::launch(members, None, true)
+        Self::launch(&Self::default_script(), None, members, None, true)
     }
 
     /// Starts `members` members, with https client URLs when `tls` is set.
     pub fn start_with(members: usize, tls: Option<&EtcdTlsFiles>) -> anyhow::Result<Etcd> {
-        Self::launch(members, tls, false)
+        Self::launch(&Self::default_script(), None, members, tls, false)
     }
 
-    fn launch(members: usize, tls: Option<&EtcdTlsFiles>, jwt: bool) -> anyhow::Result<Etcd> {
+    /// Starts `members` members with the launcher `script` (an
+    /// `etcd.sh`), in `dir`, with JWT tokens when `jwt` is set (see
+    /// [`Etcd::start_jwt`]).
+    pub fn start_at(script: &Path, dir: &Path, members: usize, jwt: bool) -> anyhow::Result<Etcd> {
+        Self::launch(script, Some(dir), members, None, jwt)
+    }
+
+    fn default_script() -> PathBuf {
+        repo_root().join("scripts/etcd.sh")
+    }
+
+    fn launch(
+        script: &Path,
+        dir: Option<&Path>,
+        members: usize,
+        tls: Option<&EtcdTlsFiles>,
+        jwt: bool,
+    ) -> anyhow::Result<Etcd> {
         let mut args = vec![
             "start".to_string(),
             "--members".to_string(),
             members.to_string(),
         ];
+        if let Some(dir) = dir {
+            args.push("--dir".to_string());
+            args.push(dir.display().to_string());
+        }
         if jwt {
             args.push("--jwt".to_string());
         }
         if let Some(t) = tls {
-            let files = shardflake_service::etcd::EtcdTls {
+            let files = shardflake_etcd::EtcdTls {
                 ca_file: t.ca_file.clone(),
                 client_cert: t.client_cert.clone(),
             };
@@ -83,7 +108,7 @@ impl Etcd {
             }
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let text = start_script("etcd.sh", &args, &[])?;
+        let text = start_script_at(script, &args, &[])?;
         let get = |k: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(k))
@@ -93,11 +118,13 @@ impl Etcd {
             (Some(dir), Some(eps)) => Ok(Etcd {
                 dir: dir.into(),
                 endpoints: eps.split(',').map(str::to_string).collect(),
-                tls: tls.map(|t| shardflake_service::etcd::EtcdTls {
+                tls: tls.map(|t| shardflake_etcd::EtcdTls {
                     ca_file: t.ca_file.clone(),
                     client_cert: t.client_cert.clone(),
                 }),
                 auth: None,
+                script: script.to_path_buf(),
+                stopped: false,
             }),
             _ => bail!("etcd did not start: {text}"),
         }
@@ -132,9 +159,9 @@ impl Etcd {
     /// A client for this cluster (with its TLS files and root credentials).
     /// Its calls wait up to 5 s for a member: a test's observer, it must
     /// not fail where a loaded machine (CI's parallel tests) slows etcd.
-    pub fn client(&self) -> shardflake_service::etcd::Client {
+    pub fn client(&self) -> shardflake_etcd::Client {
         let timeout = Duration::from_secs(5);
-        shardflake_service::etcd::Client::connect(
+        shardflake_etcd::Client::connect(
             &self.endpoints,
             timeout,
             self.tls.as_ref(),
@@ -144,7 +171,7 @@ impl Etcd {
             // The files were checked at start; removed since, every call
             // of a plain client fails and says so.
             eprintln!("test etcd client without TLS or credentials: {e}");
-            shardflake_service::etcd::Client::new(&self.endpoints, timeout)
+            shardflake_etcd::Client::new(&self.endpoints, timeout)
         })
     }
     /// Turns on etcd's user/password authentication with etcdctl: adds
@@ -159,7 +186,7 @@ impl Etcd {
             &format!("--new-user-password={root_password}"),
         ])?;
         self.etcdctl(&["auth", "enable"])?;
-        self.auth = Some(shardflake_service::etcd::EtcdAuth {
+        self.auth = Some(shardflake_etcd::EtcdAuth {
             user: "root".into(),
             password: root_password.into(),
         });
@@ -167,20 +194,8 @@ impl Etcd {
     }
     /// Runs etcdctl (API v3) against this cluster with its TLS files.
     pub fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut cmd = Command::new("etcdctl");
-        cmd.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.urls()))
-            .arg("--dial-timeout=5s");
-        if let Some(tls) = &self.tls {
-            cmd.arg(format!("--cacert={}", tls.ca_file.display()));
-            if let Some(c) = &tls.client_cert {
-                cmd.arg(format!("--cert={}", c.cert_file.display()));
-                cmd.arg(format!("--key={}", c.key_file.display()));
-            }
-        }
-        if let Some(auth) = &self.auth {
-            cmd.arg(format!("--user={}:{}", auth.user, auth.password));
-        }
+        let mut cmd = self.etcdctl_at(&self.urls());
+        cmd.arg("--dial-timeout=5s");
         let out = cmd.args(args).output().context("running etcdctl")?;
         if !out.status.success() {
             bail!(
@@ -196,7 +211,7 @@ impl Etcd {
             .client()
             .txn(
                 &[],
-                &[shardflake_service::etcd::Op::Get(key.as_bytes().to_vec())],
+                &[shardflake_etcd::Op::Get(key.as_bytes().to_vec())],
                 &[],
             )
             .await?
@@ -208,11 +223,7 @@ impl Etcd {
     }
     /// Puts `key` = `value` (no lease).
     pub async fn put(&self, key: &str, value: &str) -> anyhow::Result<()> {
-        let put = shardflake_service::etcd::Op::Put(
-            key.as_bytes().to_vec(),
-            value.as_bytes().to_vec(),
-            0,
-        );
+        let put = shardflake_etcd::Op::Put(key.as_bytes().to_vec(), value.as_bytes().to_vec(), 0);
         self.client().txn(&[], &[put], &[]).await?;
         Ok(())
     }
@@ -309,24 +320,83 @@ impl Etcd {
         }
         Ok(())
     }
+    /// etcdctl (API v3) for `endpoints`, with this cluster's TLS files and
+    /// credentials.
+    fn etcdctl_at(&self, endpoints: &str) -> Command {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoints}"));
+        if let Some(tls) = &self.tls {
+            cmd.arg(format!("--cacert={}", tls.ca_file.display()));
+            if let Some(c) = &tls.client_cert {
+                cmd.arg(format!("--cert={}", c.cert_file.display()));
+                cmd.arg(format!("--key={}", c.key_file.display()));
+            }
+        }
+        if let Some(auth) = &self.auth {
+            cmd.arg(format!("--user={}:{}", auth.user, auth.password));
+        }
+        cmd
+    }
+    /// Saves a snapshot of the cluster (from member 0) to `file`
+    /// (`etcdctl snapshot save`), for [`Etcd::restore`].
+    pub fn snapshot(&self, file: &Path) -> anyhow::Result<()> {
+        let out = self
+            .etcdctl_at(&self.endpoints[0])
+            .args(["snapshot", "save"])
+            .arg(file)
+            .output()
+            .context("running etcdctl")?;
+        if !out.status.success() {
+            bail!(
+                "etcdctl snapshot save: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
     /// SIGKILLs member `i`.
     pub fn kill(&self, i: usize) -> anyhow::Result<()> {
         self.script(&["kill", &i.to_string()]).map(drop)
+    }
+    /// Starts member `i` again on its data directory.
+    pub fn restart(&self, i: usize) -> anyhow::Result<()> {
+        self.script(&["restart", &i.to_string()]).map(drop)
+    }
+    /// The members' client ports.
+    pub fn ports(&self) -> anyhow::Result<Vec<u16>> {
+        self.endpoints
+            .iter()
+            .map(|e| {
+                e.rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .with_context(|| format!("no port in {e}"))
+            })
+            .collect()
+    }
+    /// Stops every member and removes the directory now (the drop does
+    /// the same, silently).
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.stopped = true;
+        self.script(&["stop"]).map(drop)
     }
     fn script(&self, args: &[&str]) -> anyhow::Result<String> {
         let dir = self.dir.to_string_lossy();
         let mut all = vec![args[0], &dir];
         all.extend(&args[1..]);
-        script("etcd.sh", &all, &[])
+        script_at(&self.script, &all, &[])
     }
 }
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(crate::repo_root().join("scripts/etcd.sh"))
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
+        if !self.stopped {
+            let _ = Command::new("bash")
+                .arg(&self.script)
+                .arg("stop")
+                .arg(&self.dir)
+                .status();
+        }
     }
 }

@@ -42,15 +42,26 @@ pub fn repo_root() -> PathBuf {
 /// Runs `bash scripts/<script> ARGS` with extra environment; its stdout,
 /// or an error carrying its stderr.
 pub(crate) fn script(script: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+    script_at(&repo_root().join("scripts").join(script), args, env)
+}
+
+/// [`script`] for a script at `path` (the chaos tool takes its launcher's
+/// path as an option).
+pub(crate) fn script_at(
+    path: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<String> {
+    let script = path.display();
     let out = Command::new("bash")
-        .arg(repo_root().join("scripts").join(script))
+        .arg(path)
         .args(args)
         .envs(env.iter().copied())
         .output()
-        .with_context(|| format!("running scripts/{script}"))?;
+        .with_context(|| format!("running {script}"))?;
     if !out.status.success() {
         bail!(
-            "scripts/{script} {args:?} failed ({}): {}",
+            "{script} {args:?} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
@@ -66,9 +77,18 @@ pub(crate) fn start_script(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> anyhow::Result<String> {
+    start_script_at(&repo_root().join("scripts").join(name), args, env)
+}
+
+/// [`start_script`] for a script at `path`.
+pub(crate) fn start_script_at(
+    path: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<String> {
     let mut attempt = 1;
     loop {
-        match script(name, args, env) {
+        match script_at(path, args, env) {
             Err(e) if attempt < 3 && format!("{e:#}").to_lowercase().contains("already in use") => {
                 attempt += 1;
             }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
-use shardflake_service::grpc::pb::id_service_client::IdServiceClient;
+use shardflake_proto::id_service_client::IdServiceClient;
 
 use crate::tempdir;
 

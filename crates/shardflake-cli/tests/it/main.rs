@@ -6,6 +6,7 @@
 mod cli;
 mod client;
 mod docs;
+mod holder_watch;
 mod node_options;
 mod pg_cli;
 mod serve_api;

@@ -18,7 +18,12 @@
 //! that the high-water key is still the one this holder last wrote (its
 //! mod revision: a record deleted, rewritten or rolled back by a snapshot
 //! restore fails it) and that `<prefix>/layout` still holds this node's
-//! layout: a holder whose records changed under it stops at its next record.
+//! layout: a holder whose records changed under it stops at its next record
+//! at the latest. It stops sooner: it watches the three keys
+//! ([`Registry::changed`]), checks them once each time its watch is set up
+//! (a restore breaks the watch, and the check finds the records rolled
+//! back), and judges each change: only its own high-water records, and
+//! the same layout written again, are not a reason to stop.
 //!
 //! What a take does not trust: an id with no high-water record may have had
 //! a holder whose record was deleted (`etcdctl del --prefix`), so the take
@@ -41,7 +46,7 @@ use super::{
     read_high_water,
 };
 use crate::config::EtcdConfig;
-use crate::etcd::{Client, Compare, EtcdError, Header, Kv, Op, random_below};
+use crate::etcd::{Client, Compare, EtcdError, Event, EventKind, Header, Kv, Op, random_below};
 
 /// Node ids leased from etcd under one prefix.
 #[derive(Debug)]
@@ -56,6 +61,10 @@ pub struct EtcdRegistry {
     /// The highest etcd revision seen (and remembered in the state file):
     /// a lower one means etcd was rolled back.
     seen_revision: AtomicI64,
+    /// Held while a record is written and while the watch judges a change,
+    /// so that a change judged is never our own record still on its way
+    /// back (its revision not yet in `held`).
+    record_lock: tokio::sync::Mutex<()>,
 }
 
 /// The records of the id held, as this holder last wrote them.
@@ -76,6 +85,7 @@ impl EtcdRegistry {
             held: Mutex::new(None),
             cluster_id: Mutex::new(None),
             seen_revision: AtomicI64::new(0),
+            record_lock: tokio::sync::Mutex::new(()),
         })
     }
 }
@@ -175,24 +185,15 @@ impl Registry for EtcdRegistry {
     }
 
     async fn record_high_water(&self, holding: &Holding, unix_ms: u64) -> Result<(), RecordError> {
-        let (node, hw) = keys(&self.prefix, holding.node_id);
-        let Some(held) = lock(&self.held)
-            .clone()
-            .filter(|h| h.lease == holding.lease)
-        else {
+        let _writing = self.record_lock.lock().await;
+        let hw = keys(&self.prefix, holding.node_id).1;
+        let Some(held) = self.held_by(holding.lease) else {
             return Err(RecordError::NotHolder);
         };
         let answer = self
             .client
             .txn(
-                &[
-                    Compare::LeaseIs(node.into_bytes(), holding.lease),
-                    Compare::ModRevisionIs(hw.clone().into_bytes(), held.hw_revision),
-                    Compare::ValueIs(
-                        format!("{}/layout", self.prefix).into_bytes(),
-                        held.layout.clone(),
-                    ),
-                ],
+                &self.unchanged(holding, &held),
                 &[Op::Put(
                     hw.into_bytes(),
                     unix_ms.to_string().into_bytes(),
@@ -232,9 +233,97 @@ impl Registry for EtcdRegistry {
     fn remember_revision(&self, revision: i64) {
         self.seen_revision.fetch_max(revision, Ordering::Relaxed);
     }
+
+    async fn changed(&self, holding: &Holding) -> String {
+        let mut backoff = WATCH_RETRY;
+        loop {
+            match self.watch_records(holding, &mut backoff).await {
+                Ok(why) => return why,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "watching this node's records in etcd (each periodic record still checks them)");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(WATCH_RETRY_MAX);
+                }
+            }
+        }
+    }
 }
 
+/// The first wait before a failed watch of the records is set up again,
+/// and the longest (the wait doubles at each failure in a row).
+const WATCH_RETRY: Duration = Duration::from_millis(100);
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(2);
+
 impl EtcdRegistry {
+    /// What the holding's records must still be for it to go on: its node
+    /// key on its lease, its high-water as it last wrote it, the layout.
+    fn unchanged(&self, holding: &Holding, held: &Held) -> Vec<Compare> {
+        let (node, hw) = keys(&self.prefix, holding.node_id);
+        vec![
+            Compare::LeaseIs(node.into_bytes(), holding.lease),
+            Compare::ModRevisionIs(hw.into_bytes(), held.hw_revision),
+            Compare::ValueIs(self.layout_key().into_bytes(), held.layout.clone()),
+        ]
+    }
+
+    fn layout_key(&self) -> String {
+        format!("{}/layout", self.prefix)
+    }
+
+    /// The records as this holder last wrote them, while `lease` holds.
+    fn held_by(&self, lease: LeaseId) -> Option<Held> {
+        lock(&self.held).clone().filter(|h| h.lease == lease)
+    }
+
+    /// One watch of the holding's records: set up, the records checked
+    /// once (what changed before the watch began), then each change
+    /// judged. `Ok`: a change not ours, in words; `Err`: the watch failed
+    /// (`backoff` is reset once it was set up and checked).
+    async fn watch_records(
+        &self,
+        holding: &Holding,
+        backoff: &mut Duration,
+    ) -> Result<String, EtcdError> {
+        let (node, hw) = keys(&self.prefix, holding.node_id);
+        let layout = self.layout_key();
+        let mut watch = self
+            .client
+            .watch(&[
+                node.clone().into_bytes(),
+                hw.clone().into_bytes(),
+                layout.clone().into_bytes(),
+            ])
+            .await?;
+        {
+            let _writing = self.record_lock.lock().await;
+            let Some(held) = self.held_by(holding.lease) else {
+                return Ok("the node id is no longer held by this lease".into());
+            };
+            let check = self
+                .client
+                .txn(&self.unchanged(holding, &held), &[], &[])
+                .await?;
+            if !check.succeeded {
+                return Ok(format!(
+                    "{node}, {hw} or {layout} changed while the watch was down or being set up (deleted, rewritten, or etcd restored from a snapshot)"
+                ));
+            }
+        }
+        *backoff = WATCH_RETRY;
+        loop {
+            let events = watch.changes().await?;
+            let _writing = self.record_lock.lock().await;
+            let Some(held) = self.held_by(holding.lease) else {
+                return Ok("the node id is no longer held by this lease".into());
+            };
+            for e in &events {
+                if let Some(why) = not_ours(e, &held, [&node, &hw, &layout]) {
+                    return Ok(why);
+                }
+            }
+        }
+    }
+
     /// The cluster's revision from a linearizable read (`None`: no answer).
     async fn revision_now(&self) -> Option<i64> {
         let key = format!("{}/layout", self.prefix);
@@ -247,6 +336,31 @@ impl EtcdRegistry {
 
     fn identity_of(&self, cluster_id: u64) -> String {
         format!("etcd cluster={cluster_id:x} prefix={}", self.prefix)
+    }
+}
+
+/// Why a change to a holding's records (`node`, `hw`, `layout` keys) means
+/// it is not ours any more; `None` for our own high-water records (their
+/// revision is at most the last one we wrote, which `held` has: the record
+/// lock is held) and for the same layout written again.
+fn not_ours(e: &Event, held: &Held, [node, hw, layout]: [&String; 3]) -> Option<String> {
+    let what = match e.kind {
+        EventKind::Put => "rewritten",
+        EventKind::Delete => "deleted",
+    };
+    let key = e.key.as_slice();
+    if key == hw.as_bytes() {
+        let ours = e.kind == EventKind::Put && e.mod_revision <= held.hw_revision;
+        (!ours).then(|| format!("{hw} was {what} by another writer"))
+    } else if key == node.as_bytes() {
+        Some(format!(
+            "{node} was {what} (the lease ended, or another writer)"
+        ))
+    } else if key == layout.as_bytes() {
+        let same = e.kind == EventKind::Put && e.value == held.layout;
+        (!same).then(|| format!("{layout} was {what}"))
+    } else {
+        None
     }
 }
 
@@ -571,4 +685,45 @@ async fn take_lowest(
         count: max_id + 1,
         prefix: prefix.to_string(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which changes to a holding's records stop it: all but its own
+    /// high-water records and the same layout written again.
+    #[test]
+    fn only_our_own_records_and_the_same_layout_pass() {
+        let held = Held {
+            lease: 7,
+            layout: b"L".to_vec(),
+            hw_revision: 10,
+        };
+        let (node, hw, layout) = (
+            "/p/node/0".to_string(),
+            "/p/hw/0".to_string(),
+            "/p/layout".to_string(),
+        );
+        let change = |kind, key: &str, value: &[u8], mod_revision| {
+            let e = Event {
+                kind,
+                key: key.as_bytes().to_vec(),
+                value: value.to_vec(),
+                mod_revision,
+            };
+            not_ours(&e, &held, [&node, &hw, &layout])
+        };
+        use EventKind::{Delete, Put};
+        assert_eq!(change(Put, &hw, b"1", 10), None, "our last record");
+        assert_eq!(change(Put, &hw, b"1", 9), None, "an earlier record of ours");
+        assert!(change(Put, &hw, b"1", 11).is_some(), "a record not ours");
+        assert!(change(Delete, &hw, b"", 11).is_some());
+        assert!(change(Delete, &node, b"", 11).is_some());
+        assert!(change(Put, &node, b"other", 11).is_some());
+        assert_eq!(change(Put, &layout, b"L", 11), None, "the same layout");
+        assert!(change(Put, &layout, b"M", 11).is_some());
+        assert!(change(Delete, &layout, b"", 11).is_some());
+        assert_eq!(change(Delete, "/p/hw/1", b"", 11), None, "another id's");
+    }
 }
