@@ -43,8 +43,11 @@ ROUNDS=${1:-2}
 ROWS_PER_CLIENT=${ROWS_PER_CLIENT:-125000}
 CLIENTS=8
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build -q -p shardflake-cli
-SF=$CARGO_TARGET_DIR/debug/shardflake
+# Release: `mysql bench` runs its clients in this binary (PROFILE=dev for a
+# quick look; figures in docs/BENCHMARKS.md say which profile made them).
+PROFILE=${PROFILE:-release}
+cargo build -q --profile "$PROFILE" -p shardflake-cli
+SF=$CARGO_TARGET_DIR/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")/shardflake
 
 work=$(mktemp -d /tmp/shardflake-bench.XXXXXX)
 chmod 755 "$work"
