@@ -123,7 +123,7 @@ fn parse_mark(server: &str, key: &[u8], value: &[u8]) -> Result<u64, TicketError
 
 impl HighWaterStore for EtcdHighWater {
     /// A compare-and-set: the mark is lowered only while it still holds
-    /// `expected` (written as [`EtcdHighWater::raise`] writes it); a mark
+    /// `expected` (written as `EtcdHighWater::raise` writes it); a mark
     /// another writer moved is kept, its ids skipped.
     fn give_back<'a>(
         &'a self,
