@@ -28,6 +28,10 @@ pub enum IssueError {
     /// No node id is held (acquiring, lost, stopped).
     #[error("this node holds no node id right now ({0}); retry on another node")]
     NoLease(&'static str),
+    /// A node id is held, but the clock has not yet passed its recorded
+    /// high-water (state file or registry): nothing is issued until it has.
+    #[error("this node waits for its clock to pass its recorded high-water; retry on another node")]
+    WaitingForClock,
     /// The lease could not be renewed before its deadline: nothing is issued
     /// until it is (or a new id is taken).
     #[error("this node could not renew its lease in time (fenced); retry on another node")]
@@ -222,7 +226,7 @@ impl IssueError {
     /// The code, as one of the list of [`Code`]s.
     pub(crate) fn error_code(&self) -> Code {
         match self {
-            IssueError::NoLease("waiting_for_clock") => Code::WaitingForClock,
+            IssueError::WaitingForClock => Code::WaitingForClock,
             IssueError::NoLease(_) | IssueError::Fenced => Code::NoLease,
             IssueError::HighWaterNotRecorded => Code::HighWaterNotRecorded,
             IssueError::Busy { .. } => Code::Busy,
@@ -389,6 +393,11 @@ mod tests {
                 ErrorKind::Unavailable,
             ),
             (IssueError::Fenced, "no_lease", ErrorKind::Unavailable),
+            (
+                IssueError::WaitingForClock,
+                "waiting_for_clock",
+                ErrorKind::Unavailable,
+            ),
             (
                 IssueError::HighWaterNotRecorded,
                 "high_water_not_recorded",

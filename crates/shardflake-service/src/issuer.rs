@@ -75,6 +75,13 @@ impl LeaseState {
             LeaseState::WaitingForClock => "waiting_for_clock",
         }
     }
+    /// Why nothing is issued in this state.
+    fn refusal(self) -> IssueError {
+        match self {
+            LeaseState::WaitingForClock => IssueError::WaitingForClock,
+            state => IssueError::NoLease(state.name()),
+        }
+    }
     fn from_u8(v: u8) -> Self {
         match v {
             1 => LeaseState::Held,
@@ -314,7 +321,7 @@ impl Issuer {
         let active = self
             .current
             .load_full()
-            .ok_or_else(|| IssueError::NoLease(self.lease_state().name()))?;
+            .ok_or_else(|| self.lease_state().refusal())?;
         self.check_fence(&active)?;
         let generator = self.generator(&active, shard)?;
         let mut attempt = Attempt::new();
@@ -361,7 +368,7 @@ impl Issuer {
         let state = self.lease_state();
         let active = match self.active() {
             Some(a) if matches!(state, LeaseState::Held | LeaseState::Static) => a,
-            _ => return Err(IssueError::NoLease(state.name())),
+            _ => return Err(state.refusal()),
         };
         if active.fence_ns() != u64::MAX && self.mono_ns(Instant::now()) >= active.fence_ns() {
             return Err(IssueError::Fenced);
