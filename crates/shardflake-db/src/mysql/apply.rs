@@ -37,12 +37,7 @@ pub struct Applied {
 /// `innodb_flush_log_at_trx_commit = 0`.
 pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Applied, Error> {
     let srv = server(conn).await?;
-    let Some(db) = srv.database.clone() else {
-        return Err(other(
-            "apply",
-            "the URL names no database (mysql://user@host:port/DATABASE)",
-        ));
-    };
+    let db = srv.named_database("apply")?;
     let plan = plan_in(layout, &db, &opts.names)?;
     let old_mode: String = conn
         .query_first("SELECT @@SESSION.sql_mode")

@@ -260,6 +260,16 @@ impl Server {
     pub fn has_returning(&self) -> bool {
         self.mariadb && self.major_minor >= (10, 5)
     }
+    /// The database the URL names, which `context` (`apply`, `repair`)
+    /// needs.
+    fn named_database(&self, context: &str) -> Result<String, Error> {
+        self.database.clone().ok_or_else(|| {
+            other(
+                context,
+                "the URL names no database (mysql://user@host:port/DATABASE)",
+            )
+        })
+    }
 }
 
 /// Reads [`Server`].

@@ -23,12 +23,7 @@ pub struct Repaired {
 /// Refuses where `apply` has not installed the ids.
 pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Repaired, Error> {
     let srv = server(conn).await?;
-    let Some(db) = srv.database.clone() else {
-        return Err(other(
-            "repair",
-            "the URL names no database (mysql://user@host:port/DATABASE)",
-        ));
-    };
+    let db = srv.named_database("repair")?;
     let names = &opts.names;
     let plan = plan_in(layout, &db, names)?;
     let seq = names.sequence();
