@@ -31,7 +31,8 @@ pub use etcd::{Etcd, EtcdTlsFiles};
 pub use mariadb::MariaDbServer;
 pub use pg::PgServer;
 pub use serve::{
-    Http, Queued, Serve, ServeOpts, error_code, grpc_client, id_of, metric, snowflake_node,
+    Http, Queued, Serve, ServeOpts, error_code, grpc_client, id_of, ids_until, metric,
+    no_duplicates, snowflake_node,
 };
 
 /// The repository root.

@@ -321,3 +321,48 @@ pub fn error_code(body: &str) -> String {
 pub fn snowflake_node(id: u64) -> u64 {
     (id >> 12) & 0x3ff
 }
+
+/// Batches of 500 ids from the node at `http` until `stop`, or until the
+/// node goes away; a refusal (503 while it waits or re-acquires) is retried.
+pub fn ids_until(
+    http: &str,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<u64>> {
+    let (addr, stop) = (http.to_owned(), stop.clone());
+    tokio::spawn(async move {
+        let mut c = Http::new(&addr);
+        let mut ids = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            match c.get("/v1/ids?count=500").await {
+                Ok((200, body)) => {
+                    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    for id in v["ids"].as_array().unwrap() {
+                        ids.push(id.as_str().unwrap().parse().unwrap());
+                    }
+                }
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+                Err(_) => break,
+            }
+        }
+        ids
+    })
+}
+
+/// Every id the loads of [`ids_until`] collected, checked for duplicates:
+/// how many there were.
+pub async fn no_duplicates(loads: Vec<tokio::task::JoinHandle<Vec<u64>>>) -> anyhow::Result<usize> {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0;
+    let mut duplicates = 0;
+    for l in loads {
+        for id in l.await? {
+            total += 1;
+            if !seen.insert(id) {
+                duplicates += 1;
+            }
+        }
+    }
+    anyhow::ensure!(duplicates == 0, "{duplicates} duplicates in {total} ids");
+    anyhow::ensure!(total > 0, "no ids collected");
+    Ok(total)
+}

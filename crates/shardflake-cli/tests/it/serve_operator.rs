@@ -7,13 +7,14 @@
 //! `crates/shardflake-service/tests/it/serve_operator.rs`. every id collected is checked for
 //! duplicates, and what the service refuses is asserted by its message.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shardflake_testkit::{Etcd, Http, Serve, ServeOpts, error_code, tempdir};
+use shardflake_testkit::{
+    Etcd, Http, Serve, ServeOpts, error_code, ids_until, no_duplicates, tempdir,
+};
 use tokio::task::JoinHandle;
 
 use crate::shardflake_bin;
@@ -70,46 +71,6 @@ async fn started_or_refused(s: &mut Serve) -> anyhow::Result<Option<String>> {
     }
 }
 
-/// Batches of ids from one node until `stop`, or until it goes away.
-fn load(s: &Serve, stop: &Arc<AtomicBool>) -> JoinHandle<Vec<u64>> {
-    let (addr, stop) = (s.http.clone(), stop.clone());
-    tokio::spawn(async move {
-        let mut c = Http::new(&addr);
-        let mut ids = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            match c.get("/v1/ids?count=500").await {
-                Ok((200, body)) => {
-                    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-                    for id in v["ids"].as_array().unwrap() {
-                        ids.push(id.as_str().unwrap().parse().unwrap());
-                    }
-                }
-                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
-                Err(_) => break,
-            }
-        }
-        ids
-    })
-}
-
-/// Every id the loads collected, checked for duplicates.
-async fn no_duplicates(loads: Vec<JoinHandle<Vec<u64>>>) -> anyhow::Result<usize> {
-    let mut seen = HashSet::new();
-    let mut total = 0;
-    let mut duplicates = 0;
-    for l in loads {
-        for id in l.await? {
-            total += 1;
-            if !seen.insert(id) {
-                duplicates += 1;
-            }
-        }
-    }
-    anyhow::ensure!(duplicates == 0, "{duplicates} duplicates in {total} ids");
-    anyhow::ensure!(total > 0, "no ids collected");
-    Ok(total)
-}
-
 async fn stop_cleanly(s: &mut Serve) -> anyhow::Result<()> {
     s.signal(libc::SIGTERM);
     let status = s.exit(Duration::from_secs(15)).await?;
@@ -127,7 +88,7 @@ async fn run_beside(
 ) -> anyhow::Result<Option<String>> {
     let refused = started_or_refused(s).await?;
     if refused.is_none() {
-        loads.push(load(s, stop));
+        loads.push(ids_until(&s.http, stop));
         tokio::time::sleep(for_).await;
     }
     Ok(refused)
@@ -150,7 +111,7 @@ async fn a_node_restarted_under_another_prefix_or_cluster_is_refused() -> anyhow
     assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let mut loads = vec![load(&a, &stop)];
+    let mut loads = vec![ids_until(&a.http, &stop)];
     stop_cleanly(&mut b).await?;
     let mut moved = leased(&etcd, "/split2", &d[1], &[])?;
     let refused = run_beside(&mut moved, &stop, &mut loads, Duration::from_millis(1500)).await?;
@@ -198,7 +159,7 @@ async fn static_nodes_move_to_etcd_while_both_kinds_issue() -> anyhow::Result<()
     for (i, dir) in d.iter().take(3).enumerate() {
         let s = serve_in(dir, &["--node-id", &i.to_string()], &[])?;
         assert_eq!(s.ready(Duration::from_secs(20)).await?, i as u64);
-        loads.push(load(&s, &stop));
+        loads.push(ids_until(&s.http, &stop));
         nodes.push(s);
     }
     let etcd_args = [
@@ -235,7 +196,7 @@ async fn static_nodes_move_to_etcd_while_both_kinds_issue() -> anyhow::Result<()
         args.extend(etcd_args);
         let s = serve_in(&d[i], &args, &[])?;
         assert_eq!(s.ready(Duration::from_secs(20)).await?, i as u64);
-        loads.push(load(&s, &stop));
+        loads.push(ids_until(&s.http, &stop));
         nodes[i] = s;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -261,7 +222,7 @@ async fn static_nodes_move_to_etcd_while_both_kinds_issue() -> anyhow::Result<()
     stop_cleanly(&mut nodes[2]).await?;
     let s = serve_in(&d[2], &etcd_args, &[])?;
     s.ready(Duration::from_secs(20)).await?;
-    loads.push(load(&s, &stop));
+    loads.push(ids_until(&s.http, &stop));
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
     no_duplicates(loads).await?;
@@ -279,7 +240,7 @@ async fn records_deleted_under_load_are_not_trusted() -> anyhow::Result<()> {
     let a = leased(&etcd, "/del", &d[0], &[])?;
     assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
     let stop = Arc::new(AtomicBool::new(false));
-    let mut loads = vec![load(&a, &stop)];
+    let mut loads = vec![ids_until(&a.http, &stop)];
     tokio::time::sleep(Duration::from_millis(300)).await;
     etcd.etcdctl(&["del", "--prefix", "/del"])?;
     let mut b = leased(&etcd, "/del", &d[1], &[])?;
@@ -488,7 +449,7 @@ async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Resul
 /// Ids from one node for `for_`.
 async fn load_for(s: &Serve, for_: Duration) -> anyhow::Result<Vec<u64>> {
     let stop = Arc::new(AtomicBool::new(false));
-    let l = load(s, &stop);
+    let l = ids_until(&s.http, &stop);
     tokio::time::sleep(for_).await;
     stop.store(true, Ordering::Relaxed);
     Ok(l.await?)

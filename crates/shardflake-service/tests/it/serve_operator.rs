@@ -5,12 +5,11 @@
 //! checked for duplicates, and what the service refuses is asserted by its
 //! message.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shardflake_testkit::{Etcd, Http};
+use shardflake_testkit::{Etcd, Http, ids_until, no_duplicates};
 use tokio::task::JoinHandle;
 
 use crate::node::Node;
@@ -23,46 +22,6 @@ async fn leased(etcd: &Etcd, prefix: &str, top: &str) -> anyhow::Result<Node> {
         etcd.endpoints
     ))
     .await
-}
-
-/// Batches of ids from one node until `stop`, or until it goes away.
-fn load(s: &Node, stop: &Arc<AtomicBool>) -> JoinHandle<Vec<u64>> {
-    let (addr, stop) = (s.http.clone(), stop.clone());
-    tokio::spawn(async move {
-        let mut c = Http::new(&addr);
-        let mut ids = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            match c.get("/v1/ids?count=500").await {
-                Ok((200, body)) => {
-                    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-                    for id in v["ids"].as_array().unwrap() {
-                        ids.push(id.as_str().unwrap().parse().unwrap());
-                    }
-                }
-                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
-                Err(_) => break,
-            }
-        }
-        ids
-    })
-}
-
-/// Every id the loads collected, checked for duplicates.
-async fn no_duplicates(loads: Vec<JoinHandle<Vec<u64>>>) -> anyhow::Result<usize> {
-    let mut seen = HashSet::new();
-    let mut total = 0;
-    let mut duplicates = 0;
-    for l in loads {
-        for id in l.await? {
-            total += 1;
-            if !seen.insert(id) {
-                duplicates += 1;
-            }
-        }
-    }
-    anyhow::ensure!(duplicates == 0, "{duplicates} duplicates in {total} ids");
-    anyhow::ensure!(total > 0, "no ids collected");
-    Ok(total)
 }
 
 /// Whether the node came up (`Ok(None)`) or exited refusing, with its
@@ -96,7 +55,7 @@ async fn run_beside(
 ) -> anyhow::Result<Option<String>> {
     let refused = started_or_refused(s).await?;
     if refused.is_none() {
-        loads.push(load(s, stop));
+        loads.push(ids_until(&s.http, stop));
         tokio::time::sleep(for_).await;
     }
     Ok(refused)
@@ -117,7 +76,7 @@ async fn an_etcd_restored_from_a_snapshot_does_not_repeat_ids() -> anyhow::Resul
     let b = leased(&etcd, "/rs", "").await?;
     assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
     let stop = Arc::new(AtomicBool::new(false));
-    let mut loads = vec![load(&a, &stop), load(&b, &stop)];
+    let mut loads = vec![ids_until(&a.http, &stop), ids_until(&b.http, &stop)];
     tokio::time::sleep(Duration::from_millis(500)).await;
     tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
     // A new node: id 1 is free in the restored etcd, and has no record.
@@ -139,7 +98,7 @@ async fn a_deleted_layout_record_is_not_rewritten_by_another_layout() -> anyhow:
     a.ready(Duration::from_secs(20)).await?;
     b.ready(Duration::from_secs(20)).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let mut loads = vec![load(&a, &stop), load(&b, &stop)];
+    let mut loads = vec![ids_until(&a.http, &stop), ids_until(&b.http, &stop)];
     etcd.etcdctl(&["del", "/lay/layout"])?;
     // Snowflake's fields with another epoch: the same bits mean other times.
     let other = "time 41 | node 10 | sequence 12 (epoch 1288834975657)";
