@@ -66,6 +66,21 @@ fn is_deadlock(e: &mysql_async::Error) -> bool {
     matches!(e, mysql_async::Error::Server(s) if s.code == DEADLOCK)
 }
 
+/// Whether a statement that failed with `e` on `conn` should run again:
+/// when InnoDB rolled it back as a deadlock's victim, up to
+/// [`DEADLOCK_RETRIES`] tries. Pauses first, apart from the sessions it
+/// collided with: a pause that differs per session and grows with the tries.
+async fn again_after_deadlock(e: &mysql_async::Error, conn: &Conn, attempts: u32) -> bool {
+    if !is_deadlock(e) || attempts >= DEADLOCK_RETRIES {
+        return false;
+    }
+    tracing::debug!(connection = conn.id(), attempts, "deadlocked; again");
+    let spread = u64::from(conn.id() % 7 + 1);
+    let pause = 50 * spread * u64::from(attempts.min(20));
+    tokio::time::sleep(std::time::Duration::from_micros(pause)).await;
+    true
+}
+
 fn is_full(e: &mysql_async::Error) -> bool {
     matches!(e, mysql_async::Error::Server(s) if FULL_CODES.contains(&s.code))
 }
@@ -144,7 +159,7 @@ impl MariaSession {
         // sessions can deadlock on it. InnoDB rolls one back and the
         // statement can simply run again; the server is fine.
         let mut attempts = 0;
-        loop {
+        let answer = loop {
             attempts += 1;
             let answer = if self.returning {
                 self.conn
@@ -159,30 +174,22 @@ impl MariaSession {
                 })
             };
             match answer {
-                Ok(stamped) => {
-                    return stamped.ok_or_else(|| {
-                        TicketError::misconfigured(
-                            &self.server,
-                            format!("{} has no auto_increment id", seq.table()),
-                        )
-                    });
-                }
-                Err(e) if is_full(&e) => {
-                    return Err(TicketError::Exhausted {
-                        sequence: seq.name.clone(),
-                        max: seq.max_id(),
-                    });
-                }
-                Err(e) if is_deadlock(&e) && attempts < DEADLOCK_RETRIES => {
-                    tracing::debug!(server = %self.server, "REPLACE INTO deadlocked; again");
-                    // Apart from the sessions it collided with: a pause that
-                    // differs per session and grows with the tries.
-                    let spread = u64::from(self.conn.id() % 7 + 1);
-                    let pause = 50 * spread * u64::from(attempts.min(20));
-                    tokio::time::sleep(std::time::Duration::from_micros(pause)).await;
-                }
-                Err(e) => return Err(TicketError::db(&self.server, "REPLACE INTO", e)),
+                Err(e) if again_after_deadlock(&e, &self.conn, attempts).await => {}
+                answer => break answer,
             }
+        };
+        match answer {
+            Ok(stamped) => stamped.ok_or_else(|| {
+                TicketError::misconfigured(
+                    &self.server,
+                    format!("{} has no auto_increment id", seq.table()),
+                )
+            }),
+            Err(e) if is_full(&e) => Err(TicketError::Exhausted {
+                sequence: seq.name.clone(),
+                max: seq.max_id(),
+            }),
+            Err(e) => Err(TicketError::db(&self.server, "REPLACE INTO", e)),
         }
     }
 
@@ -322,10 +329,20 @@ impl MariaSession {
                 seq.name
             ),
         };
-        self.conn
-            .query_drop(&sql)
-            .await
-            .map_err(|e| TicketError::db(&self.server, &format!("raise the counter ({sql})"), e))
+        // The per-id raise is a REPLACE on the one row too: it deadlocks
+        // with the clients' REPLACEs as theirs do with each other.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.conn.query_drop(&sql).await {
+                Err(e) if again_after_deadlock(&e, &self.conn, attempts).await => {}
+                answer => {
+                    return answer.map_err(|e| {
+                        TicketError::db(&self.server, &format!("raise the counter ({sql})"), e)
+                    });
+                }
+            }
+        }
     }
 
     /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
