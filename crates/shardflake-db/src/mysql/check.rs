@@ -8,7 +8,8 @@ use super::*;
 /// clock: `innodb_flush_log_at_trx_commit = 0`, the event scheduler off,
 /// the clock event not running, a sequence that is not InnoDB, cycles,
 /// increments by other than 1, ends past the layout, draws a value at or
-/// below a stored id or lags the clock by more than [`sql::STALE_MS`]. Draws
+/// below a stored id, lags the clock by more than [`sql::STALE_MS`] or runs
+/// ahead of it by more than twice [`sql::AHEAD_MS`]. Draws
 /// one value from the sequence. An empty list: all is well.
 pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Vec<String>, Error> {
     let srv = server(conn).await?;
@@ -95,13 +96,20 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
                     names.table
                 ));
             }
-            if let Ok(now) = server_packed_clock(conn, &plan).await
-                && drawn + plan.packed_ms(sql::STALE_MS) < now
-            {
-                problems.push(format!(
-                    "sequence {seq} is {} ms behind the server clock: INSERTs fail until the clock event catches it up",
-                    (now - drawn) / plan.per_tick() * plan.layout().tick_ms() as i64
-                ));
+            if let Ok(now) = server_packed_clock(conn, &plan).await {
+                let ms = |packed: i64| packed / plan.per_tick() * plan.layout().tick_ms() as i64;
+                if drawn + plan.packed_ms(sql::STALE_MS) < now {
+                    problems.push(format!(
+                        "sequence {seq} is {} ms behind the server clock: INSERTs fail until the clock event catches it up",
+                        ms(now - drawn)
+                    ));
+                } else if drawn > now + 2 * plan.packed_ms(sql::AHEAD_MS) {
+                    problems.push(format!(
+                        "sequence {seq} is {} ms ahead of the server clock (did it step back?): INSERTs fail until the clock is within {} ms of it",
+                        ms(drawn - now),
+                        sql::AHEAD_MS
+                    ));
+                }
             }
         }
     }

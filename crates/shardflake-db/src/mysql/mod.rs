@@ -89,6 +89,16 @@
 //! into the next tick: the id *borrows* time instead of wrapping) and at any
 //! clock: the clock never enters the id.
 //!
+//! 6. **No draw is handed out far ahead of the clock.** A draw more than
+//!    [`sql::AHEAD_MS`] ahead of the server clock (a burst borrowing time)
+//!    waits until the clock is within that of it; more than twice that
+//!    ahead (the clock stepped back) it is refused. So every value ever
+//!    handed out is at most the clock plus `AHEAD_MS`, and `mysql repair`
+//!    after any restore (of the database or the whole server) puts the
+//!    sequence past the clock plus `AHEAD_MS`: past every value made before,
+//!    whether or not a clock event recorded it, provided the server's clock
+//!    did not step back across the restore.
+//!
 //! # The clock
 //!
 //! The time comes from catch-ups: `SETVAL(seq, packed clock, 0)` moves the
@@ -115,8 +125,11 @@
 //! from the sequence's reservation (dated before the crash) until the
 //! event's first run, within a second of the start.
 //!
-//! Clock steps: backwards, ids keep coming from the sequence (dated ahead of
-//! the clock until it catches up); forwards, the event moves the sequence up
+//! Clock steps: backwards by up to [`sql::AHEAD_MS`], ids keep coming from
+//! the sequence (dated ahead of the clock until it catches up); by up to
+//! twice that, each `INSERT` waits until the clock is within `AHEAD_MS` of
+//! its draw; further back, `INSERT`s fail ("did the clock step back?")
+//! until the clock is back. Forwards, the event moves the sequence up
 //! within a millisecond or two, and an `INSERT` that runs first, more than
 //! `STALE_MS` behind, fails rather than make an id dated that far back.
 //!

@@ -14,13 +14,13 @@ pub struct Repaired {
 
 /// After a restore (of the database from a dump, or of the whole server),
 /// or a sequence recreated or set back: moves the id sequence past every
-/// value it can have handed out (the larger of its recorded high-water,
-/// the newest stored id and the server clock, plus [`sql::RESTORE_HEADROOM_MS`]
-/// and a cache's worth) and records that as the high-water (re-creating it
-/// if the server restore lost it). Values drawn after the last record
-/// while no clock event ran are not known to it: restore while the event
-/// runs, or wait out how far ahead the ids ran before repairing.
-/// Refuses where `apply` has not installed the ids.
+/// value it can have handed out and records that as the high-water
+/// (re-creating it if the server restore lost it). No draw is handed out
+/// more than [`sql::AHEAD_MS`] ahead of the clock, so the server's clock
+/// plus that is past every one, whether or not a clock event saw it (the
+/// clock not stepping back); the recorded high-water and the newest stored
+/// id are taken into account too. Refuses where `apply` has not installed
+/// the ids.
 pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Repaired, Error> {
     let srv = server(conn).await?;
     let db = srv.named_database("repair")?;
@@ -55,9 +55,13 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     let (from, floor) = reservation_and_floor(conn, &plan, names).await?;
     let stored = max_stored_packed(conn, &plan, names).await?.unwrap_or(0);
     let now = server_packed_clock(conn, &plan).await?;
-    let past = floor.unwrap_or(0).max(stored + 1).max(now).max(from)
-        + plan.packed_ms(sql::RESTORE_HEADROOM_MS)
-        + o.cache.max(0);
+    // The high-water is the reservation less the cache: values up to a
+    // cache above it may be out.
+    let past = floor
+        .map_or(0, |f| f + o.cache.max(0))
+        .max(stored + 1)
+        .max(from)
+        .max(now + plan.packed_ms(sql::AHEAD_MS) + 1);
     if past > plan.max_packed() {
         return Err(other(
             "repair",

@@ -17,7 +17,7 @@ use crate::topology::SHARD_FIELD;
 
 /// Version of the generated objects; bumped when their SQL changes. Stored
 /// in their comments and compared by `mysql check`.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// The clock event catches the sequence up when its reserved values lag the
 /// clock by more than this many milliseconds (at least one tick).
@@ -26,6 +26,16 @@ pub const LAG_MS: u64 = 4;
 /// An `INSERT` refuses to make an id whose time lags the clock by more than
 /// this: the clock event is not running (see [`crate::mysql`]).
 pub const STALE_MS: u64 = 1_000;
+
+/// How far, in milliseconds, a drawn value may run ahead of the clock
+/// (bursts of more than 2^sequence ids per tick borrow later ticks): a draw
+/// further ahead waits until the clock is within this of it, and one more
+/// than twice this ahead (the clock stepped back) is refused. So every
+/// value ever handed out is at most the clock plus `AHEAD_MS` (the clock
+/// not stepping back), which is what `mysql repair` and the clock event
+/// put a set-back sequence past. Equal to [`STALE_MS`]: the trigger tests
+/// the band around the clock with one `ABS`.
+pub const AHEAD_MS: u64 = STALE_MS;
 
 /// How far past the highest reservation it has seen the clock event puts a
 /// sequence it finds set back (a dump restored into the running server):
@@ -233,12 +243,14 @@ impl Plan {
     }
 
     /// SQL for the packed clock from microseconds `us` (which must be
-    /// `>= 0`; `DIV` truncates): `(us DIV (1000 * tick)) << sequence_bits`.
+    /// `>= 0`; `DIV` truncates): `(us DIV (1000 * tick)) * 2^sequence_bits`,
+    /// a signed `BIGINT` (a shift would make it unsigned, and a draw minus
+    /// it an error when negative).
     pub fn packed_sql(&self, us: &str) -> String {
         format!(
-            "(({us} DIV {}) << {})",
+            "(({us} DIV {}) * {})",
             1000 * self.layout.tick_ms(),
-            self.seq_bits
+            self.per_tick()
         )
     }
 
@@ -426,21 +438,22 @@ fn above_high_water(plan: &Plan, names: &Names) -> String {
 /// check the key and the clock, make the id.
 ///
 /// ```sql
-/// CASE WHEN (NEXT VALUE FOR seq) + STALE >= clock AND us >= 0 AND key >= 0
+/// CASE WHEN ABS((NEXT VALUE FOR seq) - clock) <= STALE AND us >= 0 AND key >= 0
 ///      THEN id(PREVIOUS VALUE FOR seq, key)
-///      ELSE <table>_id_refused(key)      -- SIGNALs the reason
+///      ELSE <table>_id_refused(key)  -- waits for the clock, or SIGNALs why
 /// END
 /// ```
 ///
 /// `AND` evaluates left to right, so every row draws exactly once, first;
 /// `PREVIOUS VALUE FOR` is that draw (it is per session). The clock
-/// (`UTC_TIMESTAMP(6)`, the statement's start) only decides between an id
-/// and an error: the id is a function of the draw alone.
+/// (`UTC_TIMESTAMP(6)`, the statement's start) only decides between an id,
+/// a wait ([`refused_function_sql`]) and an error: the id is a function of
+/// the draw alone.
 pub fn id_expression_sql(plan: &Plan, names: &Names, key: &str) -> String {
     let seq = format!("`{}`", names.sequence());
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     format!(
-        "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0{above} \
+        "CASE WHEN ABS((NEXT VALUE FOR {seq}) - {clock}) <= {stale} AND {us} >= 0 AND {key} >= 0{above} \
          THEN {id} ELSE `{refused}`({key}) END",
         above = above_high_water(plan, names),
         stale = plan.packed_ms(STALE_MS),
@@ -471,18 +484,28 @@ pub fn trigger_sql(plan: &Plan, names: &Names) -> String {
     )
 }
 
-/// The function the trigger calls only to refuse a row: it finds the
-/// reason (shard key, clock before the epoch or past the layout, sequence
-/// far behind the clock) and `SIGNAL`s it (SQLSTATE 45000), in any
-/// `sql_mode`, `INSERT IGNORE` included.
+/// The function the trigger calls for a draw outside the band around the
+/// clock, or a bad key: a draw ahead of the clock by more than
+/// [`AHEAD_MS`] waits until the clock is within that of it and gets its id
+/// (the clock read afresh, `SYSDATE`: the statement's start may be long
+/// past in a big `INSERT ... SELECT`; a bounded number of waits); anything
+/// else is refused with its reason
+/// (shard key, clock before the epoch or past the layout, sequence set back
+/// below its high-water, far behind the clock, more than twice `AHEAD_MS`
+/// ahead of it), `SIGNAL`led (SQLSTATE 45000) in any `sql_mode`, `INSERT
+/// IGNORE` included. `generate_post_id` calls it for a draw ahead too.
 pub fn refused_function_sql(plan: &Plan, names: &Names) -> String {
     let f = names.refused_function();
     let layout = plan.layout().name();
+    let ahead = plan.packed_ms(AHEAD_MS);
     format!(
         "CREATE OR REPLACE FUNCTION `{f}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC
 COMMENT {comment}
 BEGIN
   DECLARE us BIGINT DEFAULT {us};
+  DECLARE w BIGINT DEFAULT PREVIOUS VALUE FOR `{seq}`;
+  DECLARE lead BIGINT;
+  DECLARE waits INT DEFAULT 0;
   DECLARE msg VARCHAR(512);
   IF k IS NULL OR k < 0 THEN
     SET msg = CONCAT('shardflake: {table}.id: shard key {key} = ', COALESCE(k, 'NULL'), ' is not >= 0');
@@ -490,9 +513,21 @@ BEGIN
     SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is before the epoch {epoch} UTC of layout {layout}');
   ELSEIF {clock} > {max} THEN
     SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is past the last time of layout {layout} (ids end at {end})');{below}
-  ELSE
-    SET msg = CONCAT('shardflake: {table}.id: sequence {seq} is ', (({clock} - COALESCE(PREVIOUS VALUE FOR `{seq}`, 0)) DIV {per_tick}) * {tick},
+  ELSEIF w + {stale} < {clock} THEN
+    SET msg = CONCAT('shardflake: {table}.id: sequence {seq} is ', (({clock} - COALESCE(w, 0)) DIV {per_tick}) * {tick},
       ' ms behind the server clock (', UTC_TIMESTAMP(3), ' UTC): the event {event} is not running (event_scheduler = ', @@GLOBAL.event_scheduler, ')');
+  ELSE
+    SET lead = w - {real_clock};
+    WHILE lead > {ahead} AND lead <= {ahead2} AND waits < {max_waits} DO
+      DO SLEEP(LEAST(((lead - {ahead}) DIV {per_tick}) * {tick} + 1, {ahead_ms}) / 1000);
+      SET waits = waits + 1;
+      SET lead = w - {real_clock};
+    END WHILE;
+    IF lead <= {ahead} THEN
+      RETURN {id};
+    END IF;
+    SET msg = CONCAT('shardflake: {table}.id: sequence {seq} runs ', (lead DIV {per_tick}) * {tick},
+      ' ms ahead of the server clock (', UTC_TIMESTAMP(3), ' UTC): did the clock step back? ids resume once it is within {ahead_ms} ms');
   END IF;
   SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;
   RETURN 0;
@@ -503,15 +538,29 @@ END",
         key = names.key,
         epoch = plan.epoch_datetime(),
         clock = plan.packed_sql("us"),
+        real_clock = plan.packed_sql(&plan.micros_sql(REAL_UTC)),
         max = plan.max_packed(),
         end = plan.limit_text(),
         seq = names.sequence(),
+        stale = plan.packed_ms(STALE_MS),
+        ahead2 = 2 * ahead,
+        ahead_ms = AHEAD_MS,
+        // Each wait is at least 1 ms and the lead shrinks with the clock:
+        // past this many, the clock is not moving as it should.
+        max_waits = 2 * AHEAD_MS,
         per_tick = plan.per_tick(),
         tick = plan.layout().tick_ms(),
         event = names.event(),
+        id = plan.id_sql("w", "k"),
         below = below_high_water(plan, names, &format!("shardflake: {}.id", names.table), "ELSEIF", "SET msg = "),
     )
 }
+
+/// The server's UTC time now, as a `DATETIME(6)` expression: `SYSDATE(6)`
+/// (the time it runs, not the statement's start as `UTC_TIMESTAMP`) moved
+/// from the session's time zone to UTC by the statement's own offset.
+const REAL_UTC: &str =
+    "(SYSDATE(6) - INTERVAL TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), NOW(6)) MICROSECOND)";
 
 /// An `ELSEIF`/`IF` arm naming a sequence set back below its recorded
 /// high-water (a restore) and the command that repairs it (empty without
@@ -579,7 +628,8 @@ pub fn default_candidate_sql(plan: &Plan, names: &Names) -> String {
 /// reservation it saw, `hw`: no restore can roll that back while the loop
 /// runs. A sequence found below it was set back (a dump restored into the
 /// running server, whose `SETVAL` does not move it down afterwards): it is
-/// put [`RESTORE_HEADROOM_MS`] past `hw` at once.
+/// put past every value handed out at once, [`RESTORE_HEADROOM_MS`] past
+/// `hw` and past the clock plus [`AHEAD_MS`] (no draw runs further ahead).
 ///
 /// With [`Plan::in_database`] the loop also raises the recorded high-water
 /// ([`Plan::high_water`]) to the reservation less the cache, at most every
@@ -612,7 +662,7 @@ DO BEGIN
         SET t = {clock};
         SET r = (SELECT next_not_cached_value FROM `{seq}`);{read_floor}
         IF r < hw THEN
-          SET r = hw + {headroom};
+          SET r = GREATEST(hw + {headroom}, t + {ahead} + 1);
           EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', r, ', 0)');{floor_arm}
         ELSEIF t <= {max} AND r + {lag} < t THEN
           EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
@@ -632,7 +682,7 @@ DO BEGIN
 END",
         event = names.event(),
         // (event comments hold 64 characters: the body carries the layout's numbers)
-        comment = lit(&format!("shardflake v{VERSION} clock event, loop v2")),
+        comment = lit(&format!("shardflake v{VERSION} clock event, loop v3")),
         lock = names.clock_lock_sql(),
         clock = plan.packed_sql("us"),
         max = plan.max_packed(),
@@ -642,6 +692,7 @@ END",
         per_tick = plan.per_tick(),
         tick = plan.layout().tick_ms(),
         headroom = plan.packed_ms(RESTORE_HEADROOM_MS),
+        ahead = plan.packed_ms(AHEAD_MS),
         declare_floor = if hw.is_some() {
             "\n  DECLARE f BIGINT;\n  DECLARE c BIGINT;"
         } else {
@@ -712,8 +763,11 @@ fn past_end(plan: &Plan, proc_name: &str) -> String {
 /// the clock by more than [`LAG_MS`], a bad key or a clock before the epoch
 /// take the other branch, which names the error or catches the sequence up
 /// itself (a procedure may run `EXECUTE IMMEDIATE`) and draws again: the
-/// procedure does not need the clock event. No row lock, no write but the
-/// sequence's.
+/// procedure does not need the clock event. A draw more than [`AHEAD_MS`]
+/// ahead of the clock waits as the trigger's does ([`refused_function_sql`]).
+/// No row lock, no write but the sequence's. (No SQL comments in routine
+/// bodies: the `mariadb` client strips them from a restored dump, and the
+/// body would no longer match what `check` expects.)
 pub fn procedure_sql(plan: &Plan, names: &Names) -> String {
     let name = &names.procedure;
     let key = &names.key;
@@ -725,7 +779,7 @@ COMMENT {comment}
 BEGIN
   DECLARE EXIT HANDLER FOR {run_out}
     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: sequence {seq_name} has run out: the ids of layout {layout} end at {end}';
-  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND {us} >= 0 AND {key} >= 0{above} THEN {fast_id} END;
+  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND (PREVIOUS VALUE FOR {seq}) <= {clock_now} + {ahead} AND {us} >= 0 AND {key} >= 0{above} THEN {fast_id} END;
   IF id IS NULL THEN
     BEGIN
       DECLARE us BIGINT;
@@ -736,9 +790,12 @@ BEGIN
       IF t > {max} THEN
         {past_end}
       END IF;
-      EXECUTE IMMEDIATE CONCAT('DO SETVAL({seq}, ', t, ', 0)');
-      SET w = NEXT VALUE FOR {seq};
-      SET id = {id};
+      SET w = PREVIOUS VALUE FOR {seq};
+      IF w + {lag} < t THEN
+        EXECUTE IMMEDIATE CONCAT('DO SETVAL({seq}, ', t, ', 0)');
+        SET w = NEXT VALUE FOR {seq};
+      END IF;
+      SET id = IF(w - t > {ahead}, `{refused}`({key}), {id});
     END;
   END IF;
 END",
@@ -750,6 +807,8 @@ END",
         lag = plan.packed_ms(LAG_MS),
         clock_now = plan.packed_sql(&us),
         fast_id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), key),
+        ahead = plan.packed_ms(AHEAD_MS),
+        refused = names.refused_function(),
         above = above_high_water(plan, names),
         below = {
             let arm = below_high_water(plan, names, name, "IF", "SET msg = ");
@@ -911,7 +970,7 @@ mod tests {
             p.micros_sql("UTC_TIMESTAMP(6)"),
             "TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6))"
         );
-        assert_eq!(p.packed_sql("us"), "((us DIV 1000) << 10)");
+        assert_eq!(p.packed_sql("us"), "((us DIV 1000) * 1024)");
         // The worked example of "Sharding & IDs at Instagram" (1387263000 ms,
         // shard 1341, sequence 5001), in this layout's shape
         assert_eq!(p.id_of((1387263000 << 10) | (5001 % 1024), 1341), {
@@ -928,7 +987,7 @@ mod tests {
         let n = Names::default();
         let t = trigger_sql(&p, &n);
         assert!(
-            t.starts_with("CREATE OR REPLACE TRIGGER `posts_id` BEFORE INSERT ON `posts` FOR EACH ROW\nSET NEW.id = IF(NEW.id <> 0, NEW.id, CASE WHEN (NEXT VALUE FOR `posts_id_seq`) + 1024000 >= ((TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6)) DIV 1000) << 10) AND "),
+            t.starts_with("CREATE OR REPLACE TRIGGER `posts_id` BEFORE INSERT ON `posts` FOR EACH ROW\nSET NEW.id = IF(NEW.id <> 0, NEW.id, CASE WHEN ABS((NEXT VALUE FOR `posts_id_seq`) - ((TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6)) DIV 1000) * 1024)) <= 1024000 AND "),
             "{t}"
         );
         assert!(t.contains("THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((NEW.`user_id` & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) ELSE `posts_id_refused`(NEW.`user_id`) END)"), "{t}");
@@ -938,10 +997,21 @@ mod tests {
             f.contains("is before the epoch 2023-01-01 00:00:00.000 UTC of layout mysql-procedure")
         );
         assert!(f.contains("the event posts_id_clock is not running"));
+        // A draw ahead waits on the clock read afresh, at most twice AHEAD.
+        assert!(f.contains("SET lead = w - ((TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', (SYSDATE(6) - INTERVAL"), "{f}");
+        assert!(
+            f.contains("WHILE lead > 1024000 AND lead <= 2048000 AND waits < 2000 DO"),
+            "{f}"
+        );
+        assert!(
+            f.contains("RETURN ((w >> 10) << 20) | ((k & 1023) << 10) | (w & 1023);"),
+            "{f}"
+        );
+        assert!(f.contains("did the clock step back?"), "{f}");
         assert!(f.contains("SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;"));
         assert!(
             table_sql(&p, &n).contains(
-                "id BIGINT NOT NULL AUTO_INCREMENT COMMENT 'shardflake v1: mysql-procedure"
+                "id BIGINT NOT NULL AUTO_INCREMENT COMMENT 'shardflake v2: mysql-procedure"
             )
         );
     }
@@ -956,6 +1026,11 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("AND r + 4096 < t THEN"), "{e}");
+        // set back under the loop: past what it saw and past clock + AHEAD
+        assert!(
+            e.contains("SET r = GREATEST(hw + 512000, t + 1024000 + 1);"),
+            "{e}"
+        );
         assert!(
             e.contains(&format!("IF t <= {} AND", (1i64 << 53) - 1)),
             "{e}"
@@ -972,7 +1047,12 @@ mod tests {
         assert!(proc_.contains("AND user_id >= 0 THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((user_id & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) END;"), "{proc_}");
         assert!(proc_.contains("IF id IS NULL THEN"), "{proc_}");
         assert!(
-            proc_.contains("SET id = ((w >> 10) << 20) | ((user_id & 1023) << 10) | (w & 1023);")
+            proc_.contains("AND (PREVIOUS VALUE FOR `posts_id_seq`) <= ((TIMESTAMPDIFF"),
+            "{proc_}"
+        );
+        assert!(
+            proc_.contains("SET id = IF(w - t > 1024000, `posts_id_refused`(user_id), ((w >> 10) << 20) | ((user_id & 1023) << 10) | (w & 1023));"),
+            "{proc_}"
         );
         let locked = locked_procedure_sql(&p, &n);
         assert!(locked.contains("LAST_INSERT_ID(GREATEST(next_val + 1, now_packed))"));
@@ -1019,7 +1099,7 @@ mod tests {
             p.id_sql("w", "k"),
             "((w >> 12) << 22) | (k & 1023) | ((w & 4095) << 10)"
         );
-        assert_eq!(p.packed_sql("us"), "((us DIV 10000) << 12)");
+        assert_eq!(p.packed_sql("us"), "((us DIV 10000) * 4096)");
         assert_eq!(p.packed_ms(LAG_MS), 1 << 12, "at least one tick");
     }
 }
