@@ -74,6 +74,23 @@ async fn a_server_restored_from_a_base_backup_is_reported_by_check_until_repair(
          && chown -R postgres:postgres '{data}' && chmod 700 '{data}'"
     )));
     a.restart().unwrap();
+    // The server takes connections while it still replays the backup's WAL
+    // (hot standby); the restore is done when it leaves recovery (bounded).
+    let c = pg::connect_url("t", &a.url()).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while c
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still in recovery after 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(c);
 
     let drift = pg::check(&topo).await.unwrap();
     assert!(
