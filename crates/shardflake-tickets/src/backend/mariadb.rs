@@ -23,22 +23,62 @@ pub(crate) struct MariaSession {
     server: String,
     conn: Conn,
     /// `REPLACE INTO tickets_<name> (stub) VALUES ('a')`, per sequence,
-    /// `RETURNING` the id and the table's creation time where the server
-    /// has it.
+    /// `RETURNING` the id and the table's identity where the server has it.
     replace: Vec<String>,
     /// MariaDB 10.5 and later: `REPLACE … RETURNING`.
     returning: bool,
+    /// How this session reads a table's identity.
+    identity: Identity,
 }
 
-/// The creation time of table `name` in this database, in unix seconds:
-/// from the `.frm`, so rows written do not move it; a `DROP` and `CREATE`
-/// (a dump loaded), `TRUNCATE` or `ALTER` do. One-second steps: two
-/// restores within one second look like one.
-fn created(name: &str) -> String {
-    format!(
-        "SELECT CAST(UNIX_TIMESTAMP(CREATE_TIME) AS SIGNED) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{name}'"
-    )
+/// What tells a table from the one a dump loaded in its place. Rows written
+/// move neither; a `DROP` and `CREATE` (a dump loaded), `TRUNCATE` or a
+/// rebuilding `ALTER` move both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Identity {
+    /// InnoDB's table id (`INNODB_SYS_TABLES`), new for every table made:
+    /// where the user may read it (the `PROCESS` privilege).
+    TableId,
+    /// The creation time, in unix seconds: two tables made within one
+    /// second look like one (a dump loaded in the second its table was
+    /// made, or two loaded in one second).
+    CreateTime,
 }
+
+impl Identity {
+    /// SQL for the identity of table `name` in this database.
+    fn sql(self, name: &str) -> String {
+        match self {
+            Identity::TableId => format!(
+                "SELECT CAST(TABLE_ID AS SIGNED) FROM information_schema.INNODB_SYS_TABLES WHERE NAME = CONCAT(DATABASE(), '/{name}')"
+            ),
+            Identity::CreateTime => format!(
+                "SELECT CAST(UNIX_TIMESTAMP(CREATE_TIME) AS SIGNED) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{name}'"
+            ),
+        }
+    }
+
+    /// The table id where this session may read it, else the creation time.
+    async fn of_session(conn: &mut Conn, server: &str) -> Result<Identity, TicketError> {
+        match conn
+            .query_drop("SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES WHERE NAME = ''")
+            .await
+        {
+            Ok(()) => Ok(Identity::TableId),
+            Err(mysql_async::Error::Server(e)) if e.code == ER_SPECIFIC_ACCESS_DENIED => {
+                tracing::debug!(
+                    server,
+                    "no PROCESS privilege: tables are told apart by their creation time"
+                );
+                Ok(Identity::CreateTime)
+            }
+            Err(e) => Err(TicketError::db(server, "read InnoDB's table ids", e)),
+        }
+    }
+}
+
+/// ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need the PROCESS privilege".
+const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
 
 /// Whether `version` (`SELECT VERSION()`) is a MariaDB with `REPLACE …
 /// RETURNING` (10.5 and later).
@@ -126,6 +166,7 @@ impl MariaSession {
             .await
             .map_err(|e| TicketError::db(name, "read the version", e))?;
         let returning = has_returning(version.as_deref().unwrap_or(""));
+        let identity = Identity::of_session(&mut conn, name).await?;
         let replace = config
             .sequences
             .iter()
@@ -133,7 +174,7 @@ impl MariaSession {
                 let table = q.table();
                 let sql = format!("REPLACE INTO {table} (stub) VALUES ('a')");
                 if returning {
-                    format!("{sql} RETURNING id, ({})", created(&table))
+                    format!("{sql} RETURNING id, ({})", identity.sql(&table))
                 } else {
                     sql
                 }
@@ -144,6 +185,7 @@ impl MariaSession {
             conn,
             replace,
             returning,
+            identity,
         })
     }
 
@@ -194,7 +236,7 @@ impl MariaSession {
     }
 
     /// The identity of what sequence `seq` counts with: its table's (per
-    /// id) or the segment table's creation time (see [`Stamped`]).
+    /// id) or the segment table's (see [`Stamped`], [`Identity`]).
     pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
         if !self.returning {
             return Ok(None);
@@ -203,11 +245,11 @@ impl MariaSession {
             Mode::PerId => seq.table(),
             Mode::Segment => SEGMENT_TABLE.to_string(),
         };
-        let created: Option<Option<i64>> = self
-            .conn
-            .query_first(created(&table))
-            .await
-            .map_err(|e| TicketError::db(&self.server, "read the table's creation time", e))?;
+        let created: Option<Option<i64>> =
+            self.conn
+                .query_first(self.identity.sql(&table))
+                .await
+                .map_err(|e| TicketError::db(&self.server, "read the table's identity", e))?;
         Ok(created.flatten())
     }
 

@@ -106,8 +106,9 @@ pub(crate) fn check_lattice(
 /// dump loaded into a running server: `DROP`, `CREATE`, rows) changes it,
 /// so a client can tell an answer from a restored counter from a good one
 /// although the value alone looks fine to it. PostgreSQL: the relation's
-/// oid; MariaDB: the table's creation time (unix seconds). `None` where
-/// the server cannot say (MySQL has no `RETURNING`).
+/// oid; MariaDB: InnoDB's table id, or without the `PROCESS` privilege the
+/// table's creation time (unix seconds). `None` where the server cannot
+/// say (MySQL has no `RETURNING`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stamped<T> {
     pub value: T,

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use mysql_async::prelude::Queryable;
 use shardflake_testkit::PgServer;
 use shardflake_tickets::{Config, TicketClient};
 
@@ -137,4 +138,46 @@ async fn three_clients_across_a_live_restore_postgres() {
         };
         three_clients_across_a_live_restore(&config, dump, restore).await;
     }
+}
+
+/// A MariaDB user without the `PROCESS` privilege cannot read InnoDB's
+/// table ids; its sessions tell tables apart by their creation time
+/// instead: they still get tickets, and still refuse answers from a dump
+/// loaded into the running server, given a dump loaded in a later second
+/// than its tables were made in (the creation time's resolution). Without
+/// the fallback every session failed ("you need the PROCESS privilege").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_user_without_the_process_privilege_is_served_by_creation_time() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    for m in [&a, &b] {
+        m.sql("CREATE USER tickets@'%'; GRANT ALL ON app.* TO tickets@'%'")
+            .unwrap();
+    }
+    let url = |m: &shardflake_testkit::MariaDbServer| m.url().replace("root@", "tickets@");
+    let mut conn = mysql_async::Conn::from_url(url(&a)).await.unwrap();
+    let denied = conn
+        .query_drop("SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES WHERE NAME = ''")
+        .await;
+    assert!(denied.is_err(), "the user reads InnoDB's table ids");
+    drop(conn);
+    let config = Config::parse(&format!(
+        "{}{}{FIXED}",
+        server_toml("a", "mariadb", &url(&a), 1),
+        server_toml("b", "mariadb", &url(&b), 2)
+    ))
+    .unwrap();
+    three_clients_across_a_live_restore(
+        &config,
+        || {
+            let path = dump(&a, "noprocess");
+            // Load it in a later second than the tables were made in.
+            let dumped = std::time::Instant::now();
+            while dumped.elapsed() < std::time::Duration::from_millis(1100) {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            path
+        },
+        |p| restore(&a, p),
+    )
+    .await;
 }
