@@ -379,6 +379,12 @@ pub(super) async fn reservation_and_floor(
 pub(super) const ER_NO_SUCH_TABLE: u16 = 1146;
 
 pub(super) fn set_back_text(names: &Names, plan: &Plan, r: i64, floor: i64) -> String {
+    if floor == plan.high_water_refusing_all() {
+        return format!(
+            "sequence {} (at {r}) was found set back below its high-water by the clock event (the database restored from a dump while no clock loop ran), which now refuses every id; run shardflake mysql repair",
+            names.sequence()
+        );
+    }
     format!(
         "sequence {} is at {r}, below its high-water {floor} kept in {}: the database was restored from a dump, or the sequence recreated or set back, and ids above it may have been handed out; run shardflake mysql repair",
         names.sequence(),

@@ -53,6 +53,10 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     }
     let o = seq_options(conn, &seq).await?;
     let (from, floor) = reservation_and_floor(conn, &plan, names).await?;
+    // The clock event's mark of a sequence it found set back holds no
+    // value; it is replaced below (a sequence's SETVAL never moves down).
+    let refusing_all = floor == Some(plan.high_water_refusing_all());
+    let floor = floor.filter(|_| !refusing_all);
     let stored = max_stored_packed(conn, &plan, names).await?.unwrap_or(0);
     let now = server_packed_clock(conn, &plan).await?;
     // The high-water is the reservation less the cache: values up to a
@@ -75,6 +79,15 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
         .await
         .map_err(my("moving the sequence past its high-water"))?;
     if let Some(hw) = plan.high_water(names) {
+        if refusing_all && let Some(create) = sql::high_water_sql(&plan, names) {
+            // Inserts fail while it is missing (the trigger reads it).
+            conn.query_drop(format!("DROP SEQUENCE {hw}"))
+                .await
+                .map_err(my("replacing the high-water"))?;
+            conn.query_drop(create)
+                .await
+                .map_err(my("replacing the high-water"))?;
+        }
         conn.query_drop(format!("DO SETVAL({hw}, {past}, 0)"))
             .await
             .map_err(my("recording the high-water"))?;

@@ -209,6 +209,15 @@ impl Plan {
         ((self.limit_tick as i64) << self.seq_bits) - 1
     }
 
+    /// The high-water that refuses every draw (above [`Plan::max_packed`]):
+    /// what the clock event records for a sequence it finds set back below
+    /// its high-water, so that refused draws, each of which still moves the
+    /// sequence up by one, cannot carry it back up to where draws are taken
+    /// again. Only `mysql repair` replaces it.
+    pub fn high_water_refusing_all(&self) -> i64 {
+        self.max_packed() + 1
+    }
+
     /// The first Unix millisecond refused ([`Plan::limit_tick`]), as text.
     pub fn limit_text(&self) -> String {
         shardflake::timestamp::rfc3339_ms(self.layout.tick_to_unix_ms(self.limit_tick))
@@ -413,7 +422,7 @@ pub fn high_water_sql(plan: &Plan, names: &Names) -> Option<String> {
     Some(format!(
         "CREATE SEQUENCE IF NOT EXISTS {hw} START WITH 0 MINVALUE 0 MAXVALUE {max} \
          INCREMENT BY 1 NOCACHE NOCYCLE COMMENT {comment} ENGINE=InnoDB",
-        max = plan.max_packed() + 1,
+        max = plan.high_water_refusing_all(),
         comment = lit(&format!(
             "shardflake v{VERSION}: every value {} still hands out is at or above this one",
             names.sequence()
@@ -635,8 +644,10 @@ pub fn default_candidate_sql(plan: &Plan, names: &Names) -> String {
 /// ([`Plan::high_water`]) to the reservation less the cache, at most every
 /// [`HIGH_WATER_STEP_MS`] of values, and leaves alone a sequence found
 /// below it: that one was set back while no loop watched (a dump restored
-/// with the event stopped), nothing here knows how far values went past
-/// it, and the trigger refuses it until `mysql repair`.
+/// with the event stopped), and the trigger refuses it until `mysql
+/// repair`. The loop moves that high-water to
+/// [`Plan::high_water_refusing_all`], since each refused draw still moves
+/// the sequence up and would, in the end, carry it back to the high-water.
 pub fn event_sql(plan: &Plan, names: &Names) -> String {
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     let hw = plan.high_water(names);
@@ -709,10 +720,14 @@ END",
             // Set back before this loop saw it (a dump restored while no
             // loop ran): values above it may have been handed out, and
             // nothing here knows how far; the trigger refuses it until
-            // `mysql repair`.
-            "\n        ELSEIF r < f THEN\n          SET pause_ms = NULL;"
+            // `mysql repair`, and the high-water moves past every value so
+            // that the refused draws do not carry the sequence back to it.
+            format!(
+                "\n        ELSEIF r < f THEN\n          IF f < {all} THEN\n            EXECUTE IMMEDIATE CONCAT('DO SETVAL({hw_name}, ', {all}, ', 0)');\n          END IF;\n          SET pause_ms = NULL;",
+                all = plan.high_water_refusing_all(),
+            )
         } else {
-            ""
+            String::new()
         },
         raise_floor = if hw.is_some() {
             // Every value still to come is at or above the reservation less
@@ -1029,6 +1044,14 @@ mod tests {
         // set back under the loop: past what it saw and past clock + AHEAD
         assert!(
             e.contains("SET r = GREATEST(hw + 512000, t + 1024000 + 1);"),
+            "{e}"
+        );
+        // set back while no loop ran: the high-water then refuses every draw
+        let e = event_sql(&p.clone().in_database("app"), &n);
+        let all = p.high_water_refusing_all();
+        assert_eq!(all, p.max_packed() + 1);
+        assert!(
+            e.contains(&format!("ELSEIF r < f THEN\n          IF f < {all} THEN\n            EXECUTE IMMEDIATE CONCAT('DO SETVAL(`shardflake`.`app.posts_id_seq`, ', {all}, ', 0)');")),
             "{e}"
         );
         assert!(
