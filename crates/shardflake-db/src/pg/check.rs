@@ -43,7 +43,18 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 "holds no deployment record (schema shardflake): run pg apply".into(),
             ));
         }
-        if let Some((recorded, current)) = catalog::timeline_changed(client, name).await? {
+        let in_recovery: bool = client
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .map_err(ctx(name, "asking whether it is in recovery"))?
+            .get(0);
+        if in_recovery {
+            // No WAL position to read, and no id can be written there yet.
+            drift.push(d(
+                None,
+                "is in recovery (a standby, or a restore still replaying its WAL): no id can be written there; run pg check again once it is promoted or the restore is done".into(),
+            ));
+        } else if let Some((recorded, current)) = catalog::timeline_changed(client, name).await? {
             drift.push(d(
                 None,
                 format!(

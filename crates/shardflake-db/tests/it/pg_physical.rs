@@ -69,9 +69,21 @@ async fn a_server_restored_from_a_base_backup_is_reported_by_check_until_repair(
     drop(c);
     a.stop();
     run(Command::new("sh").arg("-c").arg(format!(
-        "rm -rf '{data}' && mv '{backup}' '{data}' && touch '{data}/recovery.signal' \
+        "rm -rf '{data}' && mv '{backup}' '{data}' && touch '{data}/standby.signal' \
          && echo \"restore_command = '/bin/false'\" >> '{data}/postgresql.auto.conf' \
          && chown -R postgres:postgres '{data}' && chmod 700 '{data}'"
+    )));
+    // First as a standby, which stays in recovery: check says so (it has
+    // no WAL position to compare; before, check failed on reading one).
+    a.restart().unwrap();
+    let drift = pg::check(&topo).await.unwrap();
+    assert!(
+        drift.iter().any(|d| d.problem.contains("is in recovery")),
+        "{drift:?}"
+    );
+    a.stop();
+    run(Command::new("sh").arg("-c").arg(format!(
+        "mv '{data}/standby.signal' '{data}/recovery.signal'"
     )));
     a.restart().unwrap();
     // The server takes connections while it still replays the backup's WAL
