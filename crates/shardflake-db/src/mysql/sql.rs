@@ -641,8 +641,10 @@ pub fn default_candidate_sql(plan: &Plan, names: &Names) -> String {
 /// `hw` and past the clock plus [`AHEAD_MS`] (no draw runs further ahead).
 ///
 /// With [`Plan::in_database`] the loop also raises the recorded high-water
-/// ([`Plan::high_water`]) to the reservation less the cache, at most every
-/// [`HIGH_WATER_STEP_MS`] of values, and leaves alone a sequence found
+/// ([`Plan::high_water`]) to the reservation less the cache as it was a
+/// step of [`HIGH_WATER_STEP_MS`] of values before (a draw is tested
+/// against it a moment after it is made), a write per step at most, and
+/// leaves alone a sequence found
 /// below it: that one was set back while no loop watched (a dump restored
 /// with the event stopped), and the trigger refuses it until `mysql
 /// repair`. The loop moves that high-water to
@@ -705,7 +707,7 @@ END",
         headroom = plan.packed_ms(RESTORE_HEADROOM_MS),
         ahead = plan.packed_ms(AHEAD_MS),
         declare_floor = if hw.is_some() {
-            "\n  DECLARE f BIGINT;\n  DECLARE c BIGINT;"
+            "\n  DECLARE f BIGINT;\n  DECLARE c BIGINT;\n  DECLARE pend BIGINT DEFAULT NULL;"
         } else {
             ""
         },
@@ -731,9 +733,14 @@ END",
         },
         raise_floor = if hw.is_some() {
             // Every value still to come is at or above the reservation less
-            // the cache: record it, a write per HIGH_WATER_STEP_MS at most.
+            // the cache, once the draws made before it have been checked: a
+            // row's draw and its test against the high-water are two steps,
+            // and a catch-up between them can move the reservation far past
+            // the draw. So the value recorded is the one seen a step of
+            // HIGH_WATER_STEP_MS before (`pend`): a write per step at most,
+            // and only a draw whose test comes a step later is refused.
             format!(
-                "\n        IF failed = 0 AND r >= f THEN\n          SET c = (SELECT next_not_cached_value - cache_size FROM `{seq}`);\n          IF c >= f + {step} THEN\n            EXECUTE IMMEDIATE CONCAT('DO SETVAL({hw_name}, ', c, ', 0)');\n          END IF;\n        END IF;",
+                "\n        IF failed = 0 AND r >= f THEN\n          SET c = (SELECT next_not_cached_value - cache_size FROM `{seq}`);\n          IF c >= COALESCE(pend, f) + {step} THEN\n            IF pend > f THEN\n              EXECUTE IMMEDIATE CONCAT('DO SETVAL({hw_name}, ', pend, ', 0)');\n            END IF;\n            SET pend = c;\n          END IF;\n        END IF;",
                 seq = names.sequence(),
                 step = plan.packed_ms(HIGH_WATER_STEP_MS),
             )
