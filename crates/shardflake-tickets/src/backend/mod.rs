@@ -106,7 +106,9 @@ pub(crate) fn check_lattice(
 /// dump loaded into a running server: `DROP`, `CREATE`, rows) changes it,
 /// so a client can tell an answer from a restored counter from a good one
 /// although the value alone looks fine to it. PostgreSQL: the relation's
-/// oid; MariaDB: InnoDB's table id, or without the `PROCESS` privilege the
+/// file node (`pg_relation_filenode`: new for a recreated relation, and for
+/// a `TRUNCATE`, `ALTER SEQUENCE … RESTART` or a rewrite, not for rows
+/// written or `setval`); MariaDB: InnoDB's table id, or without the `PROCESS` privilege the
 /// table's creation time (unix seconds). `None` where the server cannot
 /// say (MySQL has no `RETURNING`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -105,15 +105,16 @@ impl PgSession {
                     let sql = match config.postgres_tickets {
                         PgTickets::Sequence => {
                             session.verify_sequence(config, server, seq).await?;
-                            // The sequence's oid, resolved again when a
-                            // restore recreates it (the plan depends on it).
+                            // The sequence's file node, its oid resolved
+                            // again when a restore recreates it (the plan
+                            // depends on it).
                             format!(
-                                "SELECT nextval('{t}'), '{t}'::regclass::oid::bigint",
+                                "SELECT nextval('{t}'), pg_relation_filenode('{t}'::regclass)::bigint",
                                 t = seq.table()
                             )
                         }
                         PgTickets::Table => format!(
-                            "INSERT INTO {t} AS t (stub, id) VALUES ('a', {first}) ON CONFLICT (stub) DO UPDATE SET id = t.id + {n} RETURNING id, tableoid::bigint",
+                            "INSERT INTO {t} AS t (stub, id) VALUES ('a', {first}) ON CONFLICT (stub) DO UPDATE SET id = t.id + {n} RETURNING id, pg_relation_filenode(tableoid)::bigint",
                             t = seq.table(),
                             first = first_id(config, server, seq),
                             n = config.increment
@@ -135,7 +136,7 @@ impl PgSession {
                 session
                     .client
                     .prepare(&format!(
-                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id, tableoid::bigint"
+                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id, pg_relation_filenode(tableoid)::bigint"
                     ))
                     .await
                     .map_err(pg_err(name, "prepare (run `shardflake tickets init`?)"))?,
@@ -183,7 +184,7 @@ impl PgSession {
         Ok(())
     }
 
-    /// One per-id ticket, with its sequence's (or table's) oid.
+    /// One per-id ticket, with its sequence's (or table's) file node.
     pub async fn next_ticket(
         &mut self,
         index: usize,
@@ -205,8 +206,8 @@ impl PgSession {
         }
     }
 
-    /// The oid of what sequence `seq` counts with: its sequence or table
-    /// (per id), or the segment table (see [`Stamped`]).
+    /// The file node of what sequence `seq` counts with: its sequence or
+    /// table (per id), or the segment table (see [`Stamped`]).
     pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
         let name = match seq.mode {
             Mode::PerId => seq.table(),
@@ -214,14 +215,17 @@ impl PgSession {
         };
         let row = self
             .client
-            .query_one("SELECT to_regclass($1)::oid::bigint", &[&name])
+            .query_one(
+                "SELECT pg_relation_filenode(to_regclass($1))::bigint",
+                &[&name],
+            )
             .await
-            .map_err(pg_err(&self.server, "read the oid"))?;
+            .map_err(pg_err(&self.server, "read the file node"))?;
         Ok(row.get(0))
     }
 
     /// Reserves a block: `max_id = GREATEST(max_id, floor) + step RETURNING
-    /// max_id` and the table's oid, only where the row is at or above
+    /// max_id` and the table's file node, only where the row is at or above
     /// `seen`: `Err(row)` when it is below (the server went back).
     pub async fn reserve(
         &mut self,
@@ -249,7 +253,7 @@ impl PgSession {
             .client
             .query_opt(
                 &format!(
-                    "SELECT max_id, tableoid::bigint FROM {SEGMENT_TABLE} WHERE sequence_name = $1"
+                    "SELECT max_id, pg_relation_filenode(tableoid)::bigint FROM {SEGMENT_TABLE} WHERE sequence_name = $1"
                 ),
                 &[&seq.name],
             )

@@ -181,3 +181,97 @@ async fn a_user_without_the_process_privilege_is_served_by_creation_time() {
     )
     .await;
 }
+
+/// Issue 27, an in-place restore: the ticket tables emptied with
+/// `TRUNCATE` and their rows of an earlier data-only dump loaded back,
+/// under running clients. The objects keep their names and oids, so an
+/// identity by oid (PostgreSQL) or by creation time within one second
+/// (MariaDB) saw nothing, and the first and third clients repeated the
+/// second's ids; a `TRUNCATE` gives the table a new file node
+/// (PostgreSQL) and a new InnoDB table id (MariaDB), which the answers now
+/// carry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_clients_across_a_truncate_and_reload_postgres() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = Config::parse(&format!(
+        "postgres_tickets = \"table\"\n{}{}{FIXED}",
+        server_toml("a", "postgres", &a.url(), 1),
+        server_toml("b", "postgres", &b.url(), 2)
+    ))
+    .unwrap();
+    let tables = ["tickets_photos", "shardflake_ticket_segments"];
+    let dump = || {
+        let path = std::env::temp_dir().join(format!("tickets-inplace-{}.sql", a.port));
+        let mut cmd = Command::new(a.program("pg_dump").unwrap());
+        cmd.args(["--data-only", "-h", "127.0.0.1", "-U", "postgres"])
+            .arg(format!("-p{}", a.port));
+        for t in tables {
+            cmd.args(["-t", t]);
+        }
+        let out = cmd
+            .args(["-f", &path.to_string_lossy(), "postgres"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        path
+    };
+    let restore = |path: &Path| {
+        let out = Command::new(a.program("psql").unwrap())
+            .args(["-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+            .args(["-U", "postgres"])
+            .arg(format!("-p{}", a.port))
+            .args(["-c", &format!("TRUNCATE {}", tables.join(", "))])
+            .args(["-f", &path.to_string_lossy(), "postgres"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    three_clients_across_a_live_restore(&config, dump, restore).await;
+}
+
+/// MariaDB: `TRUNCATE TABLE` and the rows of `mariadb-dump
+/// --no-create-info` (see the PostgreSQL one above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_clients_across_a_truncate_and_reload_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = Config::parse(&format!(
+        "{}{}{FIXED}",
+        server_toml("a", "mariadb", &a.url(), 1),
+        server_toml("b", "mariadb", &b.url(), 2)
+    ))
+    .unwrap();
+    let tables = ["tickets_photos", "shardflake_ticket_segments"];
+    let dump = || {
+        let out = Command::new("mariadb-dump")
+            .args(["--no-defaults", "--no-create-info", "-h", "127.0.0.1"])
+            .args(["-u", "root"])
+            .arg(format!("-P{}", a.port))
+            .arg("app")
+            .args(tables)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = std::env::temp_dir().join(format!("tickets-inplace-{}.sql", a.port));
+        std::fs::write(&path, &out.stdout).unwrap();
+        path
+    };
+    let restore = |path: &Path| {
+        for t in tables {
+            a.sql(&format!("TRUNCATE TABLE {t}")).unwrap();
+        }
+        restore(&a, path);
+    };
+    three_clients_across_a_live_restore(&config, dump, restore).await;
+}
