@@ -116,6 +116,7 @@ fn run_page(relative: &str, timeout: Duration) {
     let status = child.wait().unwrap();
     // Whatever the page left behind (a server it failed to stop).
     unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let logs = log_tails(&dir);
     let _ = std::fs::remove_dir_all(&dir);
 
     let outputs: Vec<&str> = stdout.split(&format!("\n{MARK}\n")).collect();
@@ -140,7 +141,35 @@ fn run_page(relative: &str, timeout: Duration) {
             writeln!(failures, "{name}: `{}`\n{err}", example.command).unwrap();
         }
     }
-    assert!(failures.is_empty(), "{failures}");
+    assert!(failures.is_empty(), "{failures}{logs}");
+}
+
+/// The last lines of each `*.log` the page wrote in its scratch directory
+/// (a server's, a node's), for a failure's message: the directory is gone
+/// by then.
+fn log_tails(dir: &Path) -> String {
+    let mut out = String::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(20)..];
+        writeln!(
+            out,
+            "\n--- last lines of {} ---\n{}",
+            path.file_name().unwrap_or_default().to_string_lossy(),
+            tail.join("\n")
+        )
+        .unwrap();
+    }
+    out
 }
 
 /// Text without trailing blank lines, ending in one newline unless empty.
