@@ -55,8 +55,15 @@ launch() {
     --innodb-flush-log-at-trx-commit=2 --innodb-buffer-pool-size=256M --max-connections=500 \
     --event-scheduler=ON "${opts[@]}" "${user[@]}" >>"$dir/server.log" 2>&1 &
   echo $! >"$dir/server.pid"
+  # Ready when the server on the port is this one (its data directory):
+  # another start may have taken the port between the probe and the bind,
+  # and then this server dies on its bind ("already in use") instead.
+  local datadir got
+  datadir="$(cd "$dir/data" && pwd -P)/"
   for _ in $(seq 1 600); do
     if ! port_free "$port" &&
+      got=$(mariadb --no-defaults -h 127.0.0.1 -P "$port" -u root -N -B -e 'SELECT @@datadir' 2>/dev/null) &&
+      [[ $got == "$datadir" ]] &&
       mariadb --no-defaults -h 127.0.0.1 -P "$port" -u root -e 'CREATE DATABASE IF NOT EXISTS app' 2>/dev/null; then
       echo "mysql://root@127.0.0.1:$port/app"
       return
