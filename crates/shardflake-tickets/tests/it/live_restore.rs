@@ -13,7 +13,7 @@ use mysql_async::prelude::Queryable;
 use shardflake_testkit::PgServer;
 use shardflake_tickets::{Config, TicketClient};
 
-use super::repro::{FIXED, dump, restore};
+use super::repro::{FIXED, dump, dump_with, pair, restore};
 use super::{assert_unique, init_ok, maria, server_toml};
 
 /// Three clients take ids of both sequences; the server `a` is dumped;
@@ -72,12 +72,7 @@ async fn three_clients_across_a_live_restore(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_clients_across_a_live_restore_mariadb() {
     let (a, b) = (maria(2, 1), maria(2, 2));
-    let config = Config::parse(&format!(
-        "{}{}{FIXED}",
-        server_toml("a", "mariadb", &a.url(), 1),
-        server_toml("b", "mariadb", &b.url(), 2)
-    ))
-    .unwrap();
+    let config = pair(&a, &b, "");
     three_clients_across_a_live_restore(&config, || dump(&a, "three"), |p| restore(&a, p)).await;
 }
 
@@ -87,55 +82,9 @@ async fn three_clients_across_a_live_restore_mariadb() {
 async fn three_clients_across_a_live_restore_postgres() {
     for style in ["sequence", "table"] {
         let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
-        let config = Config::parse(&format!(
-            "postgres_tickets = \"{style}\"\n{}{}{FIXED}",
-            server_toml("a", "postgres", &a.url(), 1),
-            server_toml("b", "postgres", &b.url(), 2)
-        ))
-        .unwrap();
-        let dump = || {
-            let path = std::env::temp_dir().join(format!("tickets-three-{}.sql", a.port));
-            let out = Command::new(a.program("pg_dump").unwrap())
-                .args([
-                    "--clean",
-                    "--if-exists",
-                    "-h",
-                    "127.0.0.1",
-                    "-U",
-                    "postgres",
-                ])
-                .arg(format!("-p{}", a.port))
-                .args(["-f", &path.to_string_lossy(), "postgres"])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            path
-        };
-        let restore = |path: &Path| {
-            let out = Command::new(a.program("psql").unwrap())
-                .args([
-                    "-q",
-                    "-v",
-                    "ON_ERROR_STOP=1",
-                    "-h",
-                    "127.0.0.1",
-                    "-U",
-                    "postgres",
-                ])
-                .arg(format!("-p{}", a.port))
-                .args(["-f", &path.to_string_lossy(), "postgres"])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
+        let config = pg_pair(&a, &b, style);
+        let dump = || pg_dump(&a, "three", &["--clean", "--if-exists"]);
+        let restore = |path: &Path| psql(&a, &[], path);
         three_clients_across_a_live_restore(&config, dump, restore).await;
     }
 }
@@ -193,47 +142,17 @@ async fn a_user_without_the_process_privilege_is_served_by_creation_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_clients_across_a_truncate_and_reload_postgres() {
     let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
-    let config = Config::parse(&format!(
-        "postgres_tickets = \"table\"\n{}{}{FIXED}",
-        server_toml("a", "postgres", &a.url(), 1),
-        server_toml("b", "postgres", &b.url(), 2)
-    ))
-    .unwrap();
+    let config = pg_pair(&a, &b, "table");
     let tables = ["tickets_photos", "shardflake_ticket_segments"];
     let dump = || {
-        let path = std::env::temp_dir().join(format!("tickets-inplace-{}.sql", a.port));
-        let mut cmd = Command::new(a.program("pg_dump").unwrap());
-        cmd.args(["--data-only", "-h", "127.0.0.1", "-U", "postgres"])
-            .arg(format!("-p{}", a.port));
-        for t in tables {
-            cmd.args(["-t", t]);
-        }
-        let out = cmd
-            .args(["-f", &path.to_string_lossy(), "postgres"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        path
+        pg_dump(
+            &a,
+            "inplace",
+            &["--data-only", "-t", tables[0], "-t", tables[1]],
+        )
     };
-    let restore = |path: &Path| {
-        let out = Command::new(a.program("psql").unwrap())
-            .args(["-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
-            .args(["-U", "postgres"])
-            .arg(format!("-p{}", a.port))
-            .args(["-c", &format!("TRUNCATE {}", tables.join(", "))])
-            .args(["-f", &path.to_string_lossy(), "postgres"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let truncate = format!("TRUNCATE {}", tables.join(", "));
+    let restore = |path: &Path| psql(&a, &["-c", &truncate], path);
     three_clients_across_a_live_restore(&config, dump, restore).await;
 }
 
@@ -242,30 +161,14 @@ async fn three_clients_across_a_truncate_and_reload_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_clients_across_a_truncate_and_reload_mariadb() {
     let (a, b) = (maria(2, 1), maria(2, 2));
-    let config = Config::parse(&format!(
-        "{}{}{FIXED}",
-        server_toml("a", "mariadb", &a.url(), 1),
-        server_toml("b", "mariadb", &b.url(), 2)
-    ))
-    .unwrap();
+    let config = pair(&a, &b, "");
     let tables = ["tickets_photos", "shardflake_ticket_segments"];
     let dump = || {
-        let out = Command::new("mariadb-dump")
-            .args(["--no-defaults", "--no-create-info", "-h", "127.0.0.1"])
-            .args(["-u", "root"])
-            .arg(format!("-P{}", a.port))
-            .arg("app")
-            .args(tables)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let path = std::env::temp_dir().join(format!("tickets-inplace-{}.sql", a.port));
-        std::fs::write(&path, &out.stdout).unwrap();
-        path
+        dump_with(
+            &a,
+            "inplace",
+            &["--no-create-info", "app", tables[0], tables[1]],
+        )
     };
     let restore = |path: &Path| {
         for t in tables {
@@ -274,4 +177,58 @@ async fn three_clients_across_a_truncate_and_reload_mariadb() {
         restore(&a, path);
     };
     three_clients_across_a_live_restore(&config, dump, restore).await;
+}
+
+/// `pg_dump` of database `postgres` on `a` with `args`, to a file.
+fn pg_dump(a: &PgServer, tag: &str, args: &[&str]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("tickets-{tag}-{}.sql", a.port));
+    let out = Command::new(a.program("pg_dump").unwrap())
+        .args(args)
+        .args(["-h", "127.0.0.1", "-U", "postgres"])
+        .arg(format!("-p{}", a.port))
+        .args(["-f", &path.to_string_lossy(), "postgres"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
+}
+
+/// `psql` on `a`'s database `postgres`: `before` (e.g. `-c SQL`), then the
+/// file at `path`, stopping at the first error.
+fn psql(a: &PgServer, before: &[&str], path: &Path) {
+    let out = Command::new(a.program("psql").unwrap())
+        .args([
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+        ])
+        .arg(format!("-p{}", a.port))
+        .args(before)
+        .args(["-f", &path.to_string_lossy(), "postgres"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A PostgreSQL pair with [`FIXED`]'s sequences, `style` its
+/// `postgres_tickets`.
+fn pg_pair(a: &PgServer, b: &PgServer, style: &str) -> Config {
+    Config::parse(&format!(
+        "postgres_tickets = \"{style}\"\n{}{}{FIXED}",
+        server_toml("a", "postgres", &a.url(), 1),
+        server_toml("b", "postgres", &b.url(), 2)
+    ))
+    .unwrap()
 }

@@ -35,7 +35,7 @@ name = "blocks"
 mode = "segment"
 "#;
 
-fn pair(a: &MariaDbServer, b: &MariaDbServer, extra: &str) -> Config {
+pub(super) fn pair(a: &MariaDbServer, b: &MariaDbServer, extra: &str) -> Config {
     Config::parse(&format!(
         "{}{}{FIXED}{extra}",
         server_toml("a", "mariadb", &a.url(), 1),
@@ -46,10 +46,15 @@ fn pair(a: &MariaDbServer, b: &MariaDbServer, extra: &str) -> Config {
 
 /// `mariadb-dump` of the whole `app` database, to a file.
 pub(super) fn dump(m: &MariaDbServer, tag: &str) -> PathBuf {
+    dump_with(m, tag, &["app"])
+}
+
+/// `mariadb-dump` with `args` (options, then what to dump), to a file.
+pub(super) fn dump_with(m: &MariaDbServer, tag: &str, args: &[&str]) -> PathBuf {
     let out = Command::new("mariadb-dump")
         .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
         .arg(format!("-P{}", m.port))
-        .arg("app")
+        .args(args)
         .output()
         .unwrap();
     assert!(
