@@ -124,6 +124,24 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// A MariaDB/MySQL failure while doing `context`, for `map_err`.
+    pub fn mysql(context: &str) -> impl FnOnce(mysql_async::Error) -> Error + '_ {
+        move |source| Error::Mysql {
+            context: context.to_string(),
+            source,
+        }
+    }
+
+    /// A MariaDB/MySQL step refused while doing `context`.
+    pub fn mysql_refused(context: &str, message: impl Into<String>) -> Error {
+        Error::MysqlRefused {
+            context: context.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
 /// The server's message and SQLSTATE, not just "db error".
 pub fn pg_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {

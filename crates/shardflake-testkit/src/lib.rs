@@ -32,7 +32,7 @@ pub use mariadb::MariaDbServer;
 pub use pg::PgServer;
 pub use serve::{
     Http, Queued, Serve, ServeOpts, error_code, grpc_client, id_of, ids_until, metric,
-    no_duplicates, snowflake_node,
+    no_duplicates, snowflake_node, take_ids,
 };
 
 /// The repository root.

@@ -299,6 +299,22 @@ pub async fn grpc_client(addr: &str) -> anyhow::Result<IdServiceClient<tonic::tr
     Ok(IdServiceClient::new(channel).max_decoding_message_size(64 << 20))
 }
 
+/// `n` ids; a 503 (fenced while etcd is slow on a loaded machine) is retried
+/// for a bounded time: these tests check which ids come out, not uptime.
+pub async fn take_ids(c: &mut Http, n: usize) -> anyhow::Result<Vec<u64>> {
+    let mut out = Vec::with_capacity(n);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.len() < n {
+        let (st, body) = c.get("/v1/id").await?;
+        match st {
+            200 => out.push(id_of(&body)?),
+            503 if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            _ => bail!("{st} {body}"),
+        }
+    }
+    Ok(out)
+}
+
 /// The JSON string or number under `"id"`.
 pub fn id_of(body: &str) -> anyhow::Result<u64> {
     let v: serde_json::Value = serde_json::from_str(body).with_context(|| body.to_string())?;

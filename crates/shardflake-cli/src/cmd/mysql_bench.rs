@@ -15,17 +15,11 @@ use shardflake_db::mysql_async::prelude::*;
 use shardflake_db::mysql_async::{self, Conn, Pool};
 
 fn my(context: &str) -> impl FnOnce(mysql_async::Error) -> Error + '_ {
-    move |source| Error::Mysql {
-        context: context.to_string(),
-        source,
-    }
+    Error::mysql(context)
 }
 
 fn other(context: &str, message: impl Into<String>) -> Error {
-    Error::MysqlRefused {
-        context: context.to_string(),
-        message: message.into(),
-    }
+    Error::mysql_refused(context, message)
 }
 
 /// Ends a clock event's loop (the connection holding its lock), so the

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use shardflake_testkit::{
-    Etcd, Http, Queued, Serve, ServeOpts, error_code, id_of, metric, snowflake_node,
+    Etcd, Http, Queued, Serve, ServeOpts, error_code, id_of, metric, snowflake_node, take_ids,
 };
 
 use crate::shardflake_bin;
@@ -82,22 +82,6 @@ async fn until_gone(etcd: &Etcd, key: &str, within: Duration) -> anyhow::Result<
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// `n` ids; a 503 (fenced while etcd is slow on a loaded machine) is retried
-/// for a bounded time: these tests check which ids come out, not uptime.
-async fn take_ids(c: &mut Http, n: usize) -> anyhow::Result<Vec<u64>> {
-    let mut out = Vec::with_capacity(n);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while out.len() < n {
-        let (st, body) = c.get("/v1/id").await?;
-        match st {
-            200 => out.push(id_of(&body)?),
-            503 if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
-            _ => anyhow::bail!("{st} {body}"),
-        }
-    }
-    Ok(out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -103,17 +103,7 @@ pub(super) async fn apply_pinned(
     }
     let now = server_packed_clock(conn, plan).await?;
     // The high-water, outside this database (see `Plan::high_water`).
-    if let Some(create) = sql::high_water_sql(plan, names) {
-        conn.query_drop(format!(
-            "CREATE DATABASE IF NOT EXISTS `{}`",
-            sql::HIGH_WATER_DB
-        ))
-        .await
-        .map_err(my("creating the high-water database"))?;
-        conn.query_drop(create)
-            .await
-            .map_err(my("creating the high-water sequence"))?;
-    }
+    create_high_water(conn, plan, names).await?;
     // The sequence.
     let seq = names.sequence();
     let kind = sequence_kind(conn, &seq).await?;

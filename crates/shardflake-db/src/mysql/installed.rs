@@ -375,6 +375,27 @@ pub(super) async fn reservation_and_floor(
     }
 }
 
+/// Creates the high-water database and `names`' high-water sequence in it
+/// where missing (nothing without [`Plan::in_database`]).
+pub(super) async fn create_high_water(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+) -> Result<(), Error> {
+    let Some(create) = sql::high_water_sql(plan, names) else {
+        return Ok(());
+    };
+    conn.query_drop(format!(
+        "CREATE DATABASE IF NOT EXISTS `{}`",
+        sql::HIGH_WATER_DB
+    ))
+    .await
+    .map_err(my("creating the high-water database"))?;
+    conn.query_drop(create)
+        .await
+        .map_err(my("creating the high-water sequence"))
+}
+
 /// MariaDB's "Table ... doesn't exist".
 pub(super) const ER_NO_SUCH_TABLE: u16 = 1146;
 

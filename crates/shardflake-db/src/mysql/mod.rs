@@ -170,17 +170,11 @@ pub use repair::{Repaired, repair};
 pub use sql::{MysqlSqlError, Names, Plan};
 
 fn my(context: &str) -> impl FnOnce(mysql_async::Error) -> Error + '_ {
-    move |source| Error::Mysql {
-        context: context.to_string(),
-        source,
-    }
+    Error::mysql(context)
 }
 
 fn other(context: &str, message: impl Into<String>) -> Error {
-    Error::MysqlRefused {
-        context: context.to_string(),
-        message: message.into(),
-    }
+    Error::mysql_refused(context, message)
 }
 
 fn plan(layout: &Layout) -> Result<Plan, Error> {

@@ -40,17 +40,7 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
             ));
         }
     }
-    if let Some(create) = sql::high_water_sql(&plan, names) {
-        conn.query_drop(format!(
-            "CREATE DATABASE IF NOT EXISTS `{}`",
-            sql::HIGH_WATER_DB
-        ))
-        .await
-        .map_err(my("creating the high-water database"))?;
-        conn.query_drop(create)
-            .await
-            .map_err(my("creating the high-water sequence"))?;
-    }
+    create_high_water(conn, &plan, names).await?;
     let o = seq_options(conn, &seq).await?;
     let (from, floor) = reservation_and_floor(conn, &plan, names).await?;
     // The clock event's mark of a sequence it found set back holds no
@@ -79,14 +69,12 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
         .await
         .map_err(my("moving the sequence past its high-water"))?;
     if let Some(hw) = plan.high_water(names) {
-        if refusing_all && let Some(create) = sql::high_water_sql(&plan, names) {
+        if refusing_all {
             // Inserts fail while it is missing (the trigger reads it).
             conn.query_drop(format!("DROP SEQUENCE {hw}"))
                 .await
                 .map_err(my("replacing the high-water"))?;
-            conn.query_drop(create)
-                .await
-                .map_err(my("replacing the high-water"))?;
+            create_high_water(conn, &plan, names).await?;
         }
         conn.query_drop(format!("DO SETVAL({hw}, {past}, 0)"))
             .await

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shardflake_testkit::{Etcd, Http, error_code, id_of, snowflake_node};
+use shardflake_testkit::{Etcd, Http, error_code, id_of, snowflake_node, take_ids};
 
 use crate::node::Node;
 
@@ -27,22 +27,6 @@ async fn node(etcd: &Etcd, prefix: &str, top: &str, etcd_lines: &str) -> anyhow:
         etcd.endpoints
     ))
     .await
-}
-
-/// `n` ids; a 503 (fenced while etcd is slow on a loaded machine) is retried
-/// for a bounded time: these tests check which ids come out, not uptime.
-async fn take_ids(c: &mut Http, n: usize) -> anyhow::Result<Vec<u64>> {
-    let mut out = Vec::with_capacity(n);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while out.len() < n {
-        let (st, body) = c.get("/v1/id").await?;
-        match st {
-            200 => out.push(id_of(&body)?),
-            503 if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
-            _ => anyhow::bail!("{st} {body}"),
-        }
-    }
-    Ok(out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
