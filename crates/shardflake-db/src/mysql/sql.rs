@@ -497,11 +497,11 @@ pub fn trigger_sql(plan: &Plan, names: &Names) -> String {
 /// clock, or a bad key: a draw ahead of the clock by more than
 /// [`AHEAD_MS`] waits until the clock is within that of it and gets its id
 /// (the clock read afresh, `SYSDATE`: the statement's start may be long
-/// past in a big `INSERT ... SELECT`; a bounded number of waits); anything
-/// else is refused with its reason
-/// (shard key, clock before the epoch or past the layout, sequence set back
-/// below its high-water, far behind the clock, more than twice `AHEAD_MS`
-/// ahead of it), `SIGNAL`led (SQLSTATE 45000) in any `sql_mode`, `INSERT
+/// past in a big `INSERT ... SELECT`; waits of 1 ms, about 2 s in all at
+/// most); anything else is refused with its reason (shard key, clock
+/// before the epoch or past the layout, sequence set back below its
+/// high-water, far behind the clock, more than twice `AHEAD_MS` ahead of
+/// it), `SIGNAL`led (SQLSTATE 45000) in any `sql_mode`, `INSERT
 /// IGNORE` included. `generate_post_id` calls it for a draw ahead too.
 pub fn refused_function_sql(plan: &Plan, names: &Names) -> String {
     let f = names.refused_function();
@@ -528,7 +528,7 @@ BEGIN
   ELSE
     SET lead = w - {real_clock};
     WHILE lead > {ahead} AND lead <= {ahead2} AND waits < {max_waits} DO
-      DO SLEEP(LEAST(((lead - {ahead}) DIV {per_tick}) * {tick} + 1, {ahead_ms}) / 1000);
+      DO SLEEP(0.001);
       SET waits = waits + 1;
       SET lead = w - {real_clock};
     END WHILE;
@@ -554,8 +554,9 @@ END",
         stale = plan.packed_ms(STALE_MS),
         ahead2 = 2 * ahead,
         ahead_ms = AHEAD_MS,
-        // Each wait is at least 1 ms and the lead shrinks with the clock:
-        // past this many, the clock is not moving as it should.
+        // Waits of 1 ms: at most about twice AHEAD_MS in all, whatever the
+        // clock does meanwhile (a lead of at most twice AHEAD_MS needs at
+        // most AHEAD_MS of waiting while the clock moves).
         max_waits = 2 * AHEAD_MS,
         per_tick = plan.per_tick(),
         tick = plan.layout().tick_ms(),
