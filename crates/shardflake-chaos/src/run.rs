@@ -234,6 +234,11 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
             "300ms",
             "--window",
             "1s",
+            // After an etcd restore a take waits this out (a lost holder's
+            // clock may have run that far ahead): the fleet's clocks here
+            // differ by the clock faults' steps back, 5 s at most.
+            "--max-resume-wait",
+            "10s",
         ]
         .iter()
         .map(|s| s.to_string())

@@ -3,7 +3,7 @@
 //! no `protoc`). Only what node-id leasing needs, each call named
 //! as in the etcd API reference: `KV.Range`, `KV.Txn`, `Lease.LeaseGrant`,
 //! `Lease.LeaseKeepAlive` (one bidirectional stream), `Lease.LeaseRevoke`,
-//! `Watch.Watch` and `Auth.Authenticate`.
+//! `Watch.Watch`, `Maintenance.Status` and `Auth.Authenticate`.
 //!
 //! **Endpoints** are tried in turn, starting with the last one that
 //! answered (at first, one picked at random, so a fleet's connections and
@@ -56,6 +56,8 @@
 //!   flight per member, the shared token.
 //! - `watch`: `Watch.Watch`, the changes to a few keys ([`Watch`],
 //!   [`Event`]).
+//! - `maintenance`: `Maintenance.Status` ([`Status`]): whether the cluster
+//!   was ever restored from a snapshot.
 //! - `diagnosis`: what a failed call means (next member, renew the token,
 //!   or final) and TLS failures in words, with the setting to check.
 //! - `error`: [`EtcdError`].
@@ -73,12 +75,14 @@ mod error;
 mod kv;
 mod lease;
 mod login;
+mod maintenance;
 mod watch;
 
 pub use connection::{Client, ClientCert, EtcdTls};
 pub use error::EtcdError;
 pub use kv::{Compare, Header, Kv, Op, TxnAnswer};
 pub use login::EtcdAuth;
+pub use maintenance::Status;
 pub use watch::{Event, EventKind, Watch};
 
 /// The code generated from etcd's protos (client side only).

@@ -572,7 +572,8 @@ impl Keeper {
 
     /// Sleeps until the wall clock is past `unix_ms`, keeping any lease
     /// alive; a record more than window + `max_resume_wait` ahead is an
-    /// error, at once or when that much time has passed. `Ok(false)`:
+    /// error, at once, or once the wait has taken that much longer than it
+    /// needed (a clock that stalled or stepped back). `Ok(false)`:
     /// shutdown came first.
     async fn wait_past(
         &self,
@@ -593,7 +594,7 @@ impl Keeper {
             return Err(too_far(now));
         }
         // The clock could stall or step back while we wait: bound it too.
-        let deadline = Instant::now() + limit;
+        let deadline = Instant::now() + Duration::from_millis(unix_ms.saturating_sub(now)) + limit;
         loop {
             let now = clock.now_ms();
             if now > unix_ms {

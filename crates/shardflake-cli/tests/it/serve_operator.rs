@@ -1,6 +1,7 @@
 //! What operators do to a running fleet (issue #29): another prefix or etcd
 //! cluster, static ids moved to etcd, records deleted, a high-water far
-//! ahead, options that mean "static node 0", and static nodes restarted
+//! ahead, a lost holder whose clock ran ahead forgotten by an etcd restore,
+//! options that mean "static node 0", and static nodes restarted
 //! with another layout, another node's state file or none. Real processes
 //! (restarts, kills, their log lines, flags and environment) and etcd; an
 //! etcd restored from a snapshot and a deleted layout key run in-process in
@@ -252,6 +253,63 @@ async fn records_deleted_under_load_are_not_trusted() -> anyhow::Result<()> {
     // The old holder noticed its records were gone.
     assert!(a.stderr().contains("node id withdrawn"), "{}", a.stderr());
     eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
+/// Reproduction 3, a clock ahead: after a snapshot, a node whose clock ran
+/// 6 s ahead took id 0, issued, and stopped; etcd was restored from the
+/// snapshot (the node's records gone); a brand-new node with a right clock
+/// took id 0 from the restored records and issued the same ids, for it
+/// resumed one window past its own clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_holder_whose_clock_ran_ahead_is_waited_out_after_a_restore() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    // Some history first: a restored cluster shows its revision past its
+    // raft index once the snapshot has more revisions than a new raft log
+    // has entries (a few).
+    for i in 0..20 {
+        etcd.etcdctl(&["put", &format!("/other/{i}"), "x"])?;
+    }
+    let snapshot = d[2].join("snapshot.db");
+    etcd.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let urls = etcd.urls();
+    let waits = ["--window", "2s", "--max-resume-wait", "8s"];
+    let mut args = vec![
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/ahead",
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(waits);
+    let mut ahead = serve_in(
+        &d[0],
+        &args,
+        &[
+            ("LD_PRELOAD", libfaketime.as_str()),
+            ("FAKETIME", "+6s"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    )?;
+    assert_eq!(ahead.ready(Duration::from_secs(20)).await?, 0);
+    let mut ids = load_for(&ahead, Duration::from_secs(1)).await?;
+    stop_cleanly(&mut ahead).await?;
+    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+    let mut b = leased(&etcd, "/ahead", &d[1], &waits)?;
+    let refused = started_or_refused(&mut b).await?;
+    assert_eq!(refused, None);
+    assert_eq!(b.ready(Duration::from_secs(5)).await?, 0);
+    // Past the lost holder's last stamp, whatever b waited.
+    ids.extend(load_for(&b, Duration::from_secs(4)).await?);
+    let total = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "{} duplicate ids", total - ids.len());
+    let err = b.stderr();
+    assert!(err.contains("was not recorded since"), "{err}");
     Ok(())
 }
 

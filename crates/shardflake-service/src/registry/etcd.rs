@@ -33,6 +33,21 @@
 //! recorded a high-water further ahead than this node may wait is skipped,
 //! before anything is written; the etcd cluster id and prefix must match the
 //! node's state file.
+//!
+//! **Restores.** An etcd restored from a snapshot hands back the records of
+//! the snapshot: a holder that took an id or recorded a high-water after it
+//! (and was stopped, or stopped at its next record) is forgotten, and it
+//! may have stamped as far ahead as its own clock ran. A take sees a
+//! restore two ways: etcd's revision went below one this node remembers
+//! (its state file), or, for any node, the cluster's revision is past its
+//! raft index ([`Status::restored`]: a restore keeps the snapshot's
+//! revision under a new raft log). Each take stamps `<prefix>/taken/<id>`
+//! with the [`Status`] it read; in a restored cluster only a record whose
+//! stamp [`Status::descends_from`] is believed (taken since the last
+//! restore). Any other record, or none, is taken as if its lost holder had
+//! stamped up to `max_resume_wait` past this clock: the take waits that
+//! out (and a window more, as every take). This holds for hosts whose
+//! clocks differ by less than `max_resume_wait`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -46,7 +61,9 @@ use super::{
     read_high_water,
 };
 use crate::config::EtcdConfig;
-use crate::etcd::{Client, Compare, EtcdError, Event, EventKind, Header, Kv, Op, random_below};
+use crate::etcd::{
+    Client, Compare, EtcdError, Event, EventKind, Header, Kv, Op, Status, random_below,
+};
 
 /// Node ids leased from etcd under one prefix.
 #[derive(Debug)]
@@ -118,11 +135,17 @@ impl Registry for EtcdRegistry {
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
         // The grant and the first read do not depend on each other: one
         // round trip for both.
-        let (granted, read) = tokio::join!(
+        let (granted, read, status) = tokio::join!(
             self.client.grant(claim.ttl.as_secs()),
-            read_cluster(&self.client, &self.prefix)
+            read_cluster(&self.client, &self.prefix),
+            self.client.status()
         );
         let (lease, ttl) = granted?;
+        let status = status
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "etcd did not tell its raft index (Maintenance.Status): a restore from a snapshot is seen only by the revision this node remembers");
+            })
+            .ok();
         let taken = match read {
             Ok((kvs, header)) => {
                 *lock(&self.cluster_id) = Some(header.cluster_id);
@@ -141,15 +164,29 @@ impl Registry for EtcdRegistry {
                         // leader confirms it.
                         let rolled_back = header.revision < seen
                             && self.revision_now().await.is_some_and(|now| now < seen);
-                        if rolled_back {
+                        let trust = if rolled_back {
                             tracing::warn!(
                                 revision = header.revision,
                                 seen,
-                                "etcd's revision went back (restored from a snapshot?): its high-water records are not trusted; resuming one window past this clock"
+                                "etcd's revision went back (restored from a snapshot?): its high-water records are not trusted"
                             );
-                        }
-                        take_lowest(&self.client, &self.prefix, lease, claim, kvs, rolled_back)
-                            .await
+                            Trust::Nothing
+                        } else {
+                            match status {
+                                Some(now) if now.restored() => Trust::StampedSince(now),
+                                _ => Trust::All,
+                            }
+                        };
+                        take_lowest(
+                            &self.client,
+                            &self.prefix,
+                            lease,
+                            claim,
+                            kvs,
+                            &trust,
+                            status,
+                        )
+                        .await
                     }
                 }
             }
@@ -380,6 +417,52 @@ struct Taken {
     hw_revision: i64,
 }
 
+/// Which high-water records a take believes.
+#[derive(Debug, Clone, Copy)]
+enum Trust {
+    /// etcd was never restored: every record is the last its holder wrote.
+    All,
+    /// etcd was restored from a snapshot at some time (its status now):
+    /// only records taken since the last restore (their stamp descends
+    /// from this status).
+    StampedSince(Status),
+    /// etcd went back below a revision this node saw: no record.
+    Nothing,
+}
+
+impl Trust {
+    /// Whether a record stamped `stamp` (its take's status, if any) is the
+    /// last its holder wrote.
+    fn believes(&self, stamp: Option<&Status>) -> bool {
+        match self {
+            Trust::All => true,
+            Trust::StampedSince(now) => stamp.is_some_and(|then| now.descends_from(then)),
+            Trust::Nothing => false,
+        }
+    }
+}
+
+/// `<prefix>/taken/<id>`'s value: the status of etcd read by the take.
+fn stamp_text(status: &Status) -> String {
+    format!(
+        "revision {} raft_index {}",
+        status.revision, status.raft_index
+    )
+}
+
+/// A stamp's status (`None`: absent, or not one).
+fn parse_stamp(value: &[u8]) -> Option<Status> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut words = text.split_whitespace();
+    match (words.next()?, words.next()?, words.next()?, words.next()?) {
+        ("revision", revision, "raft_index", index) => Some(Status {
+            revision: revision.parse().ok()?,
+            raft_index: index.parse().ok()?,
+        }),
+        _ => None,
+    }
+}
+
 /// The layout record, the held ids and every id's high-water: one range
 /// over the prefix, served by the member asked without a round of the
 /// cluster (possibly stale: the take's transaction compares all it relies
@@ -423,12 +506,14 @@ async fn take_lowest(
     lease: LeaseId,
     claim: &Claim,
     mut kvs: Vec<Kv>,
-    rolled_back: bool,
+    trust: &Trust,
+    status: Option<Status>,
 ) -> Result<Taken, AcquireError> {
     let max_id = claim.max_node_id;
     let layout = &claim.layout[..];
     let node_prefix = format!("{prefix}/node/");
     let hw_prefix = format!("{prefix}/hw/");
+    let stamp_prefix = format!("{prefix}/taken/");
     let queue_prefix = format!("{prefix}/queue/");
     let queue_key = format!("{queue_prefix}{lease:x}").into_bytes();
     let layout_key = format!("{prefix}/layout").into_bytes();
@@ -490,6 +575,7 @@ async fn take_lowest(
     // failed take reads it afresh. Lost races return the held ids only,
     // so a herd's answers stay small.
     let mut high_waters = ids_under(&kvs, &hw_prefix);
+    let mut stamps = ids_under(&kvs, &stamp_prefix);
     // What each take sent, to know a committed take whose answer was lost.
     let mut sent: HashMap<u64, Taken> = HashMap::new();
     // Nodes queued ahead of this one; once it has queued, its key's create
@@ -532,17 +618,30 @@ async fn take_lowest(
             }
         };
         let (node, hw) = keys(prefix, candidate);
+        let stamp_key = format!("{stamp_prefix}{candidate}");
         let seen = high_waters.get(&candidate);
-        let previous_ms = match read_high_water(candidate, &hw, seen.map(Vec::as_slice))? {
+        let stamp = stamps.get(&candidate).and_then(|v| parse_stamp(v));
+        let recorded = read_high_water(candidate, &hw, seen.map(Vec::as_slice))?;
+        let previous_ms = if !trust.believes(stamp.as_ref()) {
+            // etcd was restored: the record (or its absence) may be older
+            // than what a lost holder stamped since, with its own clock:
+            // up to `max_resume_wait` past ours.
+            let skew_ms = claim.max_ahead_ms.saturating_sub(claim.window_ms);
+            let lost = claim.now_ms.saturating_add(skew_ms);
+            tracing::warn!(
+                node_id = candidate,
+                recorded_ms = recorded,
+                "etcd was restored from a snapshot and {hw} was not recorded since: node id {candidate}'s last holder may have stamped up to max_resume_wait ({skew_ms} ms) past this clock; waiting that out"
+            );
+            recorded.max(lost)
+        } else if recorded == 0 {
             // No record: the id was never used here, or its record was
             // deleted under a holder that may still run until its next
             // record fails. Such a holder stamped at most one window past
             // its clock: resume past ours by as much.
-            0 => claim.now_ms.saturating_add(claim.window_ms),
-            // etcd went back in time (a snapshot restore): a record may be
-            // older than what its holder, still running, wrote since.
-            ms if rolled_back => ms.max(claim.now_ms.saturating_add(claim.window_ms)),
-            ms => ms,
+            claim.now_ms.saturating_add(claim.window_ms)
+        } else {
+            recorded
         };
         // Checked before anything is written: a refused take leaves the
         // record as it was.
@@ -581,6 +680,15 @@ async fn take_lowest(
                 0,
             ),
         ];
+        // The take's stamp: this record is believed after a later restore
+        // only while etcd's history still descends from this status.
+        if let Some(status) = &status {
+            success.push(Op::Put(
+                stamp_key.clone().into_bytes(),
+                stamp_text(status).into_bytes(),
+                0,
+            ));
+        }
         if layout_present {
             compares.push(Compare::ValueIs(layout_key.clone(), layout.to_vec()));
         } else {
@@ -608,6 +716,7 @@ async fn take_lowest(
             Op::Get(layout_key.clone()),
             Op::Prefix(node_prefix.clone().into_bytes()),
             Op::Get(hw.clone().into_bytes()),
+            Op::Get(stamp_key.clone().into_bytes()),
         ]);
         let answer = client.txn(&compares, &success, &failure).await?;
         let taken = Taken {
@@ -640,6 +749,10 @@ async fn take_lowest(
         match fresh.iter().find(|kv| kv.key == hw.as_bytes()) {
             Some(kv) => high_waters.insert(candidate, kv.value.clone()),
             None => high_waters.remove(&candidate),
+        };
+        match fresh.iter().find(|kv| kv.key == stamp_key.as_bytes()) {
+            Some(kv) => stamps.insert(candidate, kv.value.clone()),
+            None => stamps.remove(&candidate),
         };
         // Or won it already: a take whose answer was lost (a timeout) and
         // that the client retried on another endpoint may have committed.
@@ -725,5 +838,31 @@ mod tests {
         assert!(change(Put, &layout, b"M", 11).is_some());
         assert!(change(Delete, &layout, b"", 11).is_some());
         assert_eq!(change(Delete, "/p/hw/1", b"", 11), None, "another id's");
+    }
+
+    #[test]
+    fn a_stamp_reads_back_and_only_this_history_believes_it() {
+        let then = Status {
+            revision: 201,
+            raft_index: 205,
+        };
+        let read = parse_stamp(stamp_text(&then).as_bytes());
+        assert_eq!(read, Some(then));
+        assert_eq!(parse_stamp(b"revision x raft_index 1"), None);
+        assert_eq!(parse_stamp(b"201"), None);
+        let later = Status {
+            revision: 251,
+            raft_index: 255,
+        };
+        // Restored from a snapshot at revision 201, then 20 writes.
+        let restored = Status {
+            revision: 221,
+            raft_index: 24,
+        };
+        assert!(Trust::All.believes(None));
+        assert!(Trust::StampedSince(later).believes(read.as_ref()));
+        assert!(!Trust::StampedSince(restored).believes(read.as_ref()));
+        assert!(!Trust::StampedSince(later).believes(None));
+        assert!(!Trust::Nothing.believes(read.as_ref()));
     }
 }
