@@ -579,18 +579,7 @@ async fn fresh_move(
             .map_err(ctx(sname, "taking snapshot"))?
             .get(0);
         let dtx = dst.transaction().await.map_err(ctx(dname, "begin"))?;
-        pg::install_shard(&dtx, &topo, dname, shard).await?;
-        for t in &tables {
-            bulk_rows += copy(
-                &stx,
-                &dtx,
-                &format!("SELECT * FROM {schema}.{t}"),
-                &format!("{schema}.{t}"),
-                (sname, dname),
-            )
-            .await?;
-        }
-        verify(&stx, &dtx, &schema, &tables, None, (sname, dname), shard).await?;
+        bulk_rows = copy_shard(&stx, &dtx, &topo, shard, &tables, (sname, dname)).await?;
         dtx.commit().await.map_err(ctx(dname, "commit bulk copy"))?;
         stx.commit().await.map_err(ctx(sname, "end snapshot"))?;
         Ok::<_, Error>(snapshot)
@@ -722,21 +711,7 @@ async fn resume_fenced(
         {
             let stx = src.transaction().await.map_err(ctx(sname, "begin"))?;
             let dtx = dst.transaction().await.map_err(ctx(dname, "begin"))?;
-            pg::install_shard(&dtx, &topo, dname, shard).await?;
-            for t in &tables {
-                dtx.batch_execute(&format!("TRUNCATE {schema}.{t}"))
-                    .await
-                    .map_err(ctx(dname, "emptying the copy"))?;
-                bulk_rows += copy(
-                    &stx,
-                    &dtx,
-                    &format!("SELECT * FROM {schema}.{t}"),
-                    &format!("{schema}.{t}"),
-                    (sname, dname),
-                )
-                .await?;
-            }
-            verify(&stx, &dtx, &schema, &tables, None, (sname, dname), shard).await?;
+            bulk_rows = copy_shard(&stx, &dtx, &topo, shard, &tables, (sname, dname)).await?;
             dtx.commit().await.map_err(ctx(dname, "commit copy"))?;
             stx.commit().await.map_err(ctx(sname, "end"))?;
         }
@@ -1106,6 +1081,33 @@ async fn drop_schema(c: &Client, name: &str, schema: &str) -> Result<(), Error> 
     c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
         .await
         .map_err(ctx(name, "dropping a copy"))
+}
+
+/// Makes the destination's copy of `shard` (schema, sequence, functions,
+/// tables: [`pg::install_shard`]) hold exactly what the source transaction
+/// `stx` sees, and verifies it whole: the bulk copy of a fresh move, and the
+/// copy again of a fenced source when a move is resumed (any rows an
+/// interrupted copy left are emptied first). The rows copied.
+async fn copy_shard(
+    stx: &tokio_postgres::Transaction<'_>,
+    dtx: &tokio_postgres::Transaction<'_>,
+    topo: &Topology,
+    shard: u64,
+    tables: &[String],
+    (s, d): (&str, &str),
+) -> Result<u64, Error> {
+    let schema = topo.schema(shard);
+    pg::install_shard(dtx, topo, d, shard).await?;
+    let mut rows = 0;
+    for t in tables {
+        let rel = format!("{schema}.{t}");
+        dtx.batch_execute(&format!("TRUNCATE {rel}"))
+            .await
+            .map_err(ctx(d, "emptying the copy"))?;
+        rows += copy(stx, dtx, &format!("SELECT * FROM {rel}"), &rel, (s, d)).await?;
+    }
+    verify(stx, dtx, &schema, tables, None, (s, d), shard).await?;
+    Ok(rows)
 }
 
 async fn copy(
