@@ -354,7 +354,8 @@ pub async fn serve(
 /// their servers (compare-and-set) and the high-water marks are written.
 /// Says where a static node id came from when an operator could miss it:
 /// node 0 by default (every host left so is node 0), or an id derived from
-/// the host (a few bits of an address: hosts can collide).
+/// the host (a few bits of an address: hosts can collide); a given id,
+/// that nothing checks it against other nodes.
 fn log_node_origin(config: &Config) {
     let NodeSource::Static(id) = config.node else {
         return;
@@ -378,7 +379,11 @@ fn log_node_origin(config: &Config) {
             bits,
             "node id from a hash of the host's MAC addresses, kept to {bits} bits: two hosts can hash to the same node id"
         ),
-        _ => {}
+        // Given: said once, since nothing can check it later.
+        _ => tracing::info!(
+            node_id = id,
+            "static node {id}: no registry checks that no other node runs as {id} (two would issue the same ids); --node-id {id} with --etcd has etcd refuse a second holder"
+        ),
     }
 }
 

@@ -408,6 +408,9 @@ async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Resul
     seven.ready(Duration::from_secs(20)).await?;
     let mut issued = load_for(&seven, Duration::from_millis(300)).await?;
     stop_cleanly(&mut seven).await?;
+    // Nothing can see a second node 7 on another host: it says so.
+    let said = seven.stderr();
+    assert!(said.contains("static node 7: no registry checks"), "{said}");
     let mut eight = serve_in(&d[1], &["--node-id", "8"], &[])?;
     eight.ready(Duration::from_secs(20)).await?;
     stop_cleanly(&mut eight).await?;
