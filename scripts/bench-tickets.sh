@@ -11,7 +11,7 @@
 #    BATCH ids per call (goal: >= 100x per-id and > 1 M ids/s);
 # 3. PostgreSQL pair (scripts/pg.sh): per-id with a sequence (`nextval`)
 #    and with Flickr's table (`INSERT … ON CONFLICT … RETURNING`), each
-#    against its bare loop: the faster is the default (`postgres_tickets`);
+#    against its bare loop (`postgres_tickets`; the table is the default);
 # 4. the MariaDB pair under per-id and segment load while server 1 is
 #    SIGKILLed and restarted: calls that failed and for how long (goal: none,
 #    they fail over);

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, Mode};
+use crate::config::{Config, Kind, Mode, PgTickets};
 use crate::error::{ServerFailure, TicketError};
 use crate::failover::{Health, Server, ServerMetrics, alone, call_order};
 use crate::high_water::BoxFuture;
@@ -93,6 +93,14 @@ impl TicketClient {
         config: Config,
         store: Arc<dyn HighWaterStore>,
     ) -> Result<TicketClient, TicketError> {
+        if config.postgres_tickets == PgTickets::Sequence
+            && config.servers.iter().any(|s| s.kind == Kind::Postgres)
+            && config.sequences.iter().any(|q| q.mode == Mode::PerId)
+        {
+            tracing::warn!(
+                "postgres_tickets = \"sequence\": a restore that sets a ticket sequence back in place (setval, a data-only dump) while clients run is not refused, and a client whose last answer was below it hands out ids again; the default \"table\" refuses it"
+            );
+        }
         let servers: Vec<Server> = (0..config.servers.len())
             .map(|i| Server::new(&config, i))
             .collect();

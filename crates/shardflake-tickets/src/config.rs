@@ -174,10 +174,15 @@ impl Kind {
 #[serde(rename_all = "lowercase")]
 pub enum PgTickets {
     /// `CREATE SEQUENCE … INCREMENT BY n START WITH k NO CYCLE`, one
-    /// `nextval` per id (the default: measured faster, see `docs/BENCHMARKS.md`).
-    #[default]
+    /// `nextval` per id: measured faster (`docs/BENCHMARKS.md`), but a
+    /// `setval` that sets it back in place (a data-only dump restored)
+    /// while clients run is neither refused nor seen by a client whose
+    /// last answer was below it.
     Sequence,
-    /// Flickr's table, `INSERT … ON CONFLICT (stub) DO UPDATE SET id = id + n RETURNING id`.
+    /// Flickr's table, `INSERT … ON CONFLICT (stub) DO UPDATE SET id = id + n
+    /// RETURNING id` (the default): its guard refuses to set it back in
+    /// place, and a table recreated or truncated is seen.
+    #[default]
     Table,
 }
 
@@ -616,7 +621,7 @@ mod tests {
         assert_eq!(c.sequences[0].mode, Mode::PerId);
         assert_eq!(c.sequences[1].mode, Mode::Segment);
         assert_eq!(c.sequences[1].max_id(), 4_294_967_295);
-        assert_eq!(c.postgres_tickets, PgTickets::Sequence);
+        assert_eq!(c.postgres_tickets, PgTickets::Table);
         assert_eq!(c.sequence("small").unwrap().0, 1);
     }
 

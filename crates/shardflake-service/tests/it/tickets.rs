@@ -375,7 +375,11 @@ async fn etcd_marks_raise_a_lone_server_restored_behind() -> anyhow::Result<()> 
     let etcd = Etcd::start(1)?;
     let pg = PgServer::start()?;
     let dir = tempfile::tempdir()?;
-    let text = format!("{}{SEQUENCES}", server_toml("a", "postgres", &pg.url(), 1));
+    // The sequence style, set back below by `setval` as a restore would.
+    let text = format!(
+        "postgres_tickets = \"sequence\"\n{}{SEQUENCES}",
+        server_toml("a", "postgres", &pg.url(), 1)
+    );
     let (path, tickets) = tickets_file(&dir, &text).await?;
     let serve_toml = format!(
         "tickets = {path:?}\n[etcd]\nendpoints = [{:?}]\nprefix = \"/t\"\nlease_ttl = \"5s\"\nsafety_margin = \"1s\"",

@@ -11,8 +11,8 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 
 use super::{
-    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings, Stamped,
-    mode_changed, not_initialised,
+    GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState,
+    ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
 };
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -254,7 +254,8 @@ impl MariaSession {
     }
 
     /// Reserves a block: `max_id = GREATEST(max_id, floor) + step`, read back
-    /// through `LAST_INSERT_ID(expr)` in the same OK packet, only where the
+    /// through `LAST_INSERT_ID(expr)` (the guard's trigger keeps it out of
+    /// the OK packet: `SELECT LAST_INSERT_ID()`), only where the
     /// row is at or above `seen` (the largest this client got from it):
     /// `Err(row)` when it is below (the server went back). The segment
     /// table's identity is read after it (a second round trip, once a
@@ -288,9 +289,19 @@ impl MariaSession {
                 None => return Err(not_initialised(&self.server, seq)),
             }
         } else {
-            let max = self.conn.last_insert_id().ok_or_else(|| {
-                TicketError::db(&self.server, "reserve a block", "no LAST_INSERT_ID")
-            })?;
+            // The OK packet carries it unless a trigger ran (the guard):
+            // then it is asked for.
+            let max = match self.conn.last_insert_id() {
+                Some(max) => max,
+                None => self
+                    .conn
+                    .query_first::<u64, _>("SELECT LAST_INSERT_ID()")
+                    .await
+                    .map_err(|e| TicketError::db(&self.server, "reserve a block", e))?
+                    .ok_or_else(|| {
+                        TicketError::db(&self.server, "reserve a block", "no LAST_INSERT_ID")
+                    })?,
+            };
             Ok(i64::try_from(max)
                 .map_err(|_| TicketError::db(&self.server, "reserve a block", "max_id overflow"))?)
         };
@@ -305,14 +316,24 @@ impl MariaSession {
         expected: i64,
         to: i64,
     ) -> Result<bool, TicketError> {
+        let err = |e| TicketError::db(&self.server, "give back a block's tail", e);
+        // The one statement that sets the row back: past the guard.
         self.conn
+            .query_drop("SET @shardflake_rewind = 1")
+            .await
+            .map_err(err)?;
+        let given = self
+            .conn
             .query_drop(format!(
                 "UPDATE {SEGMENT_TABLE} SET max_id = {to} WHERE sequence_name = '{}' AND max_id = {expected}",
                 seq.name
             ))
             .await
-            .map_err(|e| TicketError::db(&self.server, "give back a block's tail", e))?;
-        Ok(self.conn.affected_rows() == 1)
+            .map(|()| self.conn.affected_rows() == 1);
+        let reset = self.conn.query_drop("SET @shardflake_rewind = NULL").await;
+        let given = given.map_err(err)?;
+        reset.map_err(err)?;
+        Ok(given)
     }
 
     /// The largest id the server's counter says it may have handed out: every
@@ -552,6 +573,12 @@ impl MariaSession {
             ))
             .await
             .map_err(run(format!("CREATE TABLE {SEGMENT_TABLE}")))?;
+        for sql in guard_sql() {
+            self.conn
+                .query_drop(sql)
+                .await
+                .map_err(run(format!("CREATE TRIGGER {GUARD}_… ON {SEGMENT_TABLE}")))?;
+        }
         for seq in &config.sequences {
             let lattice = Lattice::new(config, server);
             let table_exists: Option<u64> = self
@@ -603,11 +630,20 @@ impl MariaSession {
                         return Err(mode_changed(&name, seq, "per-id"));
                     }
                     let start_row = lattice.row_above(seq.start - 1);
-                    self.conn
-                        .query_drop(format!(
-                            "INSERT INTO {SEGMENT_TABLE} (sequence_name, max_id) VALUES ('{}', {start_row}) ON DUPLICATE KEY UPDATE max_id = GREATEST(max_id, VALUES(max_id))",
+                    // An existing row only goes up (an upsert's insert of
+                    // a lower row is what the guard refuses).
+                    let sql = match row {
+                        Some(_) => format!(
+                            "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, {start_row}) WHERE sequence_name = '{}'",
                             seq.name
-                        ))
+                        ),
+                        None => format!(
+                            "INSERT INTO {SEGMENT_TABLE} (sequence_name, max_id) VALUES ('{}', {start_row})",
+                            seq.name
+                        ),
+                    };
+                    self.conn
+                        .query_drop(sql)
                         .await
                         .map_err(run(format!("INSERT INTO {SEGMENT_TABLE}")))?;
                     done.push(format!("{}: segment row in {SEGMENT_TABLE}", seq.name));
@@ -658,6 +694,17 @@ impl MariaSession {
             let mut problem = None;
             if counter.is_none() {
                 problem = Some("not initialised (run `shardflake tickets init`)".to_string());
+            } else if seq.mode == Mode::Segment {
+                let guards: Option<u64> = self
+                    .conn
+                    .query_first(format!(
+                        "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{SEGMENT_TABLE}' AND TRIGGER_NAME LIKE '{GUARD}%'"
+                    ))
+                    .await
+                    .map_err(|e| TicketError::db(&self.server, "read the triggers", e))?;
+                if guards != Some(guard_sql().len() as u64) {
+                    problem = Some(format!("{SEGMENT_TABLE}: {GUARD_MISSING}"));
+                }
             } else if let Some(column) = &column {
                 let want = if seq.bits == 32 { "int" } else { "bigint" };
                 if !column.starts_with(want) || !column.contains("unsigned") {
@@ -686,6 +733,28 @@ impl MariaSession {
             sequences,
         })
     }
+}
+
+/// The guard's triggers ([`GUARD`]), one per event: a row set lower, a
+/// row inserted lower than the one it replaces (`REPLACE`, an upsert), a
+/// row deleted (to be inserted again lower). `@shardflake_rewind` set lets
+/// a statement through (a give-back).
+fn guard_sql() -> [String; 3] {
+    let refusal = guard_refusal(SEGMENT_TABLE, "SET @shardflake_rewind = 1").replace('\'', "''");
+    let lower_row = format!(
+        "NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name)"
+    );
+    [
+        ("update", "NEW.max_id < OLD.max_id"),
+        ("insert", lower_row.as_str()),
+        ("delete", "TRUE"),
+    ]
+    .map(|(event, lower)| {
+        format!(
+            "CREATE OR REPLACE TRIGGER {GUARD}_{event} BEFORE {} ON {SEGMENT_TABLE} FOR EACH ROW BEGIN IF @shardflake_rewind IS NULL AND {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END",
+            event.to_uppercase()
+        )
+    })
 }
 
 #[cfg(test)]

@@ -18,6 +18,26 @@ pub const HW_TABLE: &str = "shardflake_ticket_hw";
 /// Each sequence's lattice as `init` recorded it on this server.
 pub const LATTICE_TABLE: &str = "shardflake_ticket_lattice";
 
+/// The trigger (MariaDB: one per event, this name and a suffix) that
+/// refuses to set a counter back in place: the segment table's rows, and
+/// PostgreSQL's per-id ticket tables. A restore that keeps the table (an
+/// `UPDATE`, a `DELETE` and rows again, MariaDB's `REPLACE` of a data-only
+/// dump) keeps its identity, so a client whose last answer was below the
+/// restored value could not see it and would hand out ids again; a table
+/// dropped and created again is seen (every answer carries its identity).
+/// A give-back sets the session's rewind flag for its statement.
+pub const GUARD: &str = "shardflake_ticket_guard";
+
+/// What the guard says, for `table` and the way `flag` is set.
+pub(crate) fn guard_refusal(table: &str, flag: &str) -> String {
+    format!(
+        "shardflake: {table} is never set back in place (running ticket clients cannot see it and would hand out ids again): restore the table whole (dropped and created, as mariadb-dump and pg_dump --clean do), which clients see; to set it back anyway, stop every client, {flag} in that session, then run shardflake tickets repair"
+    )
+}
+
+/// What `check` says of a table without its guard.
+pub(crate) const GUARD_MISSING: &str = "no guard against setting it back in place (made by an older shardflake): run `shardflake tickets init`";
+
 /// What fixes which ids a server hands out for one sequence: recorded on
 /// the server by `init`, compared with the file by every session.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,8 +14,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
-    HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings, Stamped,
-    mode_changed, not_initialised,
+    GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState,
+    ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
 };
 use crate::config::{Config, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue};
 use crate::error::TicketError;
@@ -275,14 +275,21 @@ impl PgSession {
         expected: i64,
         to: i64,
     ) -> Result<bool, TicketError> {
-        let n = self
-            .client
+        let server = self.server.clone();
+        let err = || pg_err(&server, "give back a block's tail");
+        // The one statement that sets the row back: past the guard.
+        let tx = self.client.transaction().await.map_err(err())?;
+        tx.batch_execute("SET LOCAL shardflake.rewind = on")
+            .await
+            .map_err(err())?;
+        let n = tx
             .execute(
                 &format!("UPDATE {SEGMENT_TABLE} SET max_id = $1 WHERE sequence_name = $2 AND max_id = $3"),
                 &[&to, &seq.name, &expected],
             )
             .await
-            .map_err(pg_err(&self.server, "give back a block's tail"))?;
+            .map_err(err())?;
+        tx.commit().await.map_err(err())?;
         Ok(n == 1)
     }
 
@@ -558,7 +565,9 @@ impl PgSession {
             .batch_execute(&format!(
                 "CREATE TABLE IF NOT EXISTS {LATTICE_TABLE} (sequence_name text PRIMARY KEY, server_name text NOT NULL, increment bigint NOT NULL, server_offset bigint NOT NULL, mode text NOT NULL, bits int NOT NULL, chunk bigint NOT NULL);
                  CREATE TABLE IF NOT EXISTS {HW_TABLE} (server_name text NOT NULL, sequence_name text NOT NULL, high_water bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (server_name, sequence_name));
-                 CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name text PRIMARY KEY, max_id bigint NOT NULL);"
+                 CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name text PRIMARY KEY, max_id bigint NOT NULL);
+                 {}",
+                guard_sql(SEGMENT_TABLE, "max_id")
             ))
             .await
             .map_err(err("init: CREATE TABLE shardflake_ticket_lattice, shardflake_ticket_hw, shardflake_ticket_segments"))?;
@@ -587,8 +596,10 @@ impl PgSession {
                             seq.table()
                         ),
                         PgTickets::Table => format!(
-                            "CREATE TABLE IF NOT EXISTS {} (id bigint NOT NULL CHECK (id BETWEEN 1 AND {max}), stub char(1) NOT NULL DEFAULT '' UNIQUE)",
-                            seq.table()
+                            "CREATE TABLE IF NOT EXISTS {t} (id bigint NOT NULL CHECK (id BETWEEN 1 AND {max}), stub char(1) NOT NULL DEFAULT '' UNIQUE);
+                             {}",
+                            guard_trigger_sql(&seq.table(), "id"),
+                            t = seq.table()
                         ),
                     };
                     self.client
@@ -657,12 +668,29 @@ impl PgSession {
                 Mode::Segment => format!("segment row in {SEGMENT_TABLE}"),
                 Mode::PerId => format!("table {}", seq.table()),
             };
+            let guarded = match (seq.mode, config.postgres_tickets) {
+                (Mode::Segment, _) => Some(SEGMENT_TABLE.to_string()),
+                (Mode::PerId, PgTickets::Table) => Some(seq.table()),
+                (Mode::PerId, PgTickets::Sequence) => None,
+            };
             if counter.is_none() {
                 problem = Some("not initialised (run `shardflake tickets init`)".to_string());
             } else if seq.mode == Mode::PerId && config.postgres_tickets == PgTickets::Sequence {
                 detail = format!("sequence {}", seq.table());
                 if let Err(e) = self.verify_sequence(config, server, seq).await {
                     problem = Some(e.to_string());
+                }
+            } else if let Some(table) = guarded {
+                let found = self
+                    .client
+                    .query_opt(
+                        "SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2",
+                        &[&table, &GUARD],
+                    )
+                    .await
+                    .map_err(pg_err(&self.server, "read the triggers"))?;
+                if found.is_none() {
+                    problem = Some(format!("{table}: {GUARD_MISSING}"));
                 }
             }
             sequences.push(SequenceState {
@@ -680,4 +708,31 @@ impl PgSession {
             sequences,
         })
     }
+}
+
+/// The guard's function ([`GUARD`]): refuses a row set lower in
+/// `TG_ARGV[0]`, or deleted, unless the transaction set
+/// `shardflake.rewind` (a give-back), then its trigger on `table`.
+fn guard_sql(table: &str, column: &str) -> String {
+    let refusal = guard_refusal("%I", "SET LOCAL shardflake.rewind = on").replace('\'', "''");
+    format!(
+        "CREATE OR REPLACE FUNCTION {GUARD}() RETURNS trigger LANGUAGE plpgsql AS $guard$
+         BEGIN
+           IF coalesce(current_setting('shardflake.rewind', true), '') <> 'on'
+              AND (TG_OP = 'DELETE'
+                   OR (to_jsonb(NEW) ->> TG_ARGV[0])::numeric < (to_jsonb(OLD) ->> TG_ARGV[0])::numeric) THEN
+             RAISE EXCEPTION USING MESSAGE = format('{refusal}', TG_TABLE_NAME);
+           END IF;
+           RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+         END $guard$;
+         {}",
+        guard_trigger_sql(table, column)
+    )
+}
+
+/// The guard's trigger on `table`, watching `column` (the function exists).
+fn guard_trigger_sql(table: &str, column: &str) -> String {
+    format!(
+        "CREATE OR REPLACE TRIGGER {GUARD} BEFORE UPDATE OR DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION {GUARD}('{column}');"
+    )
 }

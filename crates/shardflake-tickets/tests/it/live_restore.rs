@@ -4,7 +4,9 @@
 //! the answer's value that another client already handed it out; every
 //! answer carries the identity of the table or sequence it came from (the
 //! restore recreates it), and one from an object the client has not
-//! checked against the marks is never handed out.
+//! checked against the marks is never handed out. A restore that keeps
+//! the table and sets its rows back in place is refused by the table's
+//! guard.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -177,6 +179,47 @@ async fn three_clients_across_a_truncate_and_reload_mariadb() {
         restore(&a, path);
     };
     three_clients_across_a_live_restore(&config, dump, restore).await;
+}
+
+/// MariaDB: a data-only dump written as `REPLACE` (`mariadb-dump
+/// --no-create-info --replace`) loaded into the running server: the same
+/// tables, rows set back in place, so no answer's identity changes. The
+/// guard refuses it (the load fails, nothing is set back). Before: 1,000
+/// and more duplicate ids, every client's answers above its own last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_data_only_replace_loaded_in_place_is_refused_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    let dump = || {
+        dump_with(
+            &a,
+            "replace",
+            &[
+                "--no-create-info",
+                "--replace",
+                "--skip-triggers",
+                "app",
+                "shardflake_ticket_segments",
+            ],
+        )
+    };
+    // Loaded from standard input (`source` reports an error but exits 0).
+    let loaded = std::sync::Mutex::new(None);
+    let restore = |path: &Path| {
+        let out = Command::new("mariadb")
+            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+            .arg(format!("-P{}", a.port))
+            .arg("app")
+            .stdin(std::fs::File::open(path).unwrap())
+            .output()
+            .unwrap();
+        *loaded.lock().unwrap() = Some(out);
+    };
+    three_clients_across_a_live_restore(&config, dump, restore).await;
+    let loaded = loaded.lock().unwrap().take().unwrap();
+    let said = String::from_utf8_lossy(&loaded.stderr);
+    assert!(!loaded.status.success(), "the dump was loaded in place");
+    assert!(said.contains("never set back in place"), "{said}");
 }
 
 /// `pg_dump` of database `postgres` on `a` with `args`, to a file.

@@ -311,9 +311,30 @@ async fn repro4_a_live_restore_under_a_running_client_postgres() {
         } else {
             "UPDATE tickets_photos SET id = 1"
         };
+        // Tables are never set back in place by accident (the guard) ...
+        for table in ["tickets_photos", "shardflake_ticket_segments"] {
+            if style == "sequence" && table == "tickets_photos" {
+                continue;
+            }
+            let column = if table == "tickets_photos" {
+                "id"
+            } else {
+                "max_id"
+            };
+            let refused = admin_a
+                .batch_execute(&format!("UPDATE {table} SET {column} = 1"))
+                .await
+                .unwrap_err();
+            assert!(
+                format!("{refused:?}").contains("never set back in place"),
+                "{refused:?}"
+            );
+        }
+        // ... so the counters are set back here as by an operator who
+        // forced it past the guard.
         admin_a
             .batch_execute(&format!(
-                "{back}; UPDATE shardflake_ticket_segments SET max_id = 900"
+                "SET shardflake.rewind = on; {back}; UPDATE shardflake_ticket_segments SET max_id = 900; RESET shardflake.rewind"
             ))
             .await
             .unwrap();
