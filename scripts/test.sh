@@ -70,9 +70,10 @@ $chaos db --seconds 20 --seed 3 --spacing 6 --bin $bin
 step "chaos run on PostgreSQL in-database ids (30 s: move-shard stopped after its fence and at other steps, restores stopped and live, edited files)"
 $chaos db-pg --seconds 30 --seed 6 --spacing 3 --clients 4 --bin $bin
 
-step "chaos runs on ticket servers (20 s each: a MariaDB pair, restored live and after a restart, SIGSTOPped, SIGKILLed)"
-# --spacing 4: the schedule starts with the two restores, then SIGSTOP and
-# SIGKILL (the edited-file faults come later in longer runs).
+step "chaos runs on ticket servers (20 s each: a MariaDB pair, restored live, after a restart and in place)"
+# --spacing 4: the schedule starts with the three restores (live, after a
+# restart, rows in place); SIGSTOP, SIGKILL and the edited-file faults come
+# later in longer runs.
 $chaos tickets --seconds 20 --seed 1 --clients 4 --mode segment --spacing 4 --bin $bin
 $chaos tickets --seconds 20 --seed 1 --clients 4 --mode per-id --spacing 4 --bin $bin
 

@@ -6,7 +6,9 @@
 //! single ids and batches while a seeded schedule does, to one server at a
 //! time, what a crash or an operator does ([`Fault`]): SIGKILL and restart,
 //! SIGSTOP and SIGCONT, a restore from the dump taken one fault earlier
-//! (after a restart, and into the running server), and clients started on
+//! (after a restart, and into the running server), the counters' rows of
+//! one fault earlier loaded in place (refused by the tables' guard where
+//! they would set a row back), and clients started on
 //! an edited file (a server removed, one added, the offsets swapped), whose
 //! ids (if any) the checker sees with the others'.
 //!
@@ -53,6 +55,10 @@ pub enum Fault {
     RestoreLive,
     /// SIGKILL, restart, and the dump taken one fault earlier loaded.
     RestoreStopped,
+    /// The counters' rows of one fault earlier loaded into the running
+    /// server in place (a data-only dump written as `REPLACE`): the tables'
+    /// guard must refuse what would set a row back.
+    RestoreInPlace,
     /// SIGSTOP for the pause, then SIGCONT: a hung peer.
     Stop,
     /// SIGKILL, restart after the pause.
@@ -69,9 +75,10 @@ pub enum Fault {
 
 /// The kinds in the order a run cycles through them: a short run sees the
 /// restores first.
-const KINDS: [Fault; 7] = [
+const KINDS: [Fault; 8] = [
     Fault::RestoreLive,
     Fault::RestoreStopped,
+    Fault::RestoreInPlace,
     Fault::Stop,
     Fault::Kill,
     Fault::Swapped,
@@ -84,6 +91,7 @@ impl std::fmt::Display for Fault {
         f.write_str(match self {
             Fault::RestoreLive => "restore live from the last dump",
             Fault::RestoreStopped => "SIGKILL, restart, restore the last dump",
+            Fault::RestoreInPlace => "the last counters' rows loaded in place",
             Fault::Stop => "SIGSTOP",
             Fault::Kill => "SIGKILL",
             Fault::Swapped => "a client on the file with the offsets swapped",
@@ -155,6 +163,61 @@ fn dump(server: &Server) -> anyhow::Result<Vec<u8>> {
         );
     }
     Ok(out.stdout)
+}
+
+/// The counters' tables of the `app` database (the segment rows and the
+/// per-id tables) as a data-only dump of `REPLACE`s: what loads in place.
+fn dump_in_place(server: &Server) -> anyhow::Result<Vec<u8>> {
+    let tables = sql(
+        server,
+        "SELECT GROUP_CONCAT(TABLE_NAME SEPARATOR ' ') FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'app' AND (TABLE_NAME = 'shardflake_ticket_segments' OR TABLE_NAME LIKE 'tickets\\_%')",
+    )?;
+    let out = Command::new("mariadb-dump")
+        .args([
+            "--no-defaults",
+            "--single-transaction",
+            "--no-create-info",
+            "--replace",
+            "--skip-triggers",
+            "-h",
+            "127.0.0.1",
+            "-u",
+            "root",
+        ])
+        .arg(format!("-P{}", port(&server.url)?))
+        .arg("app")
+        .args(tables.split_whitespace())
+        .output()
+        .context("running mariadb-dump")?;
+    if !out.status.success() {
+        bail!(
+            "mariadb-dump: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out.stdout)
+}
+
+/// Loads `rows` (from [`dump_in_place`]) into the running server: what
+/// happened, in words; an error only for a failure other than the guard's
+/// refusal.
+fn load_in_place(server: &Server, rows: &[u8], dir: &Path) -> anyhow::Result<&'static str> {
+    let path: PathBuf = dir.join("in-place.sql");
+    std::fs::write(&path, rows)?;
+    // From standard input: `source` reports a failed statement but exits 0.
+    let out = Command::new("mariadb")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", port(&server.url)?))
+        .arg("app")
+        .stdin(std::fs::File::open(&path)?)
+        .output()
+        .context("running mariadb")?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    match (out.status.success(), said.contains("never set back in place")) {
+        (true, _) => Ok("loaded (nothing set back: the checker judges)"),
+        (false, true) => Ok("refused by the tables' guard"),
+        (false, false) => bail!("loading the rows: {}", said.trim()),
+    }
 }
 
 /// Runs `sql` on the server with the `mariadb` client.
@@ -356,6 +419,10 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
         .iter()
         .map(dump)
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut rows = servers
+        .iter()
+        .map(dump_in_place)
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let urls: Vec<&str> = servers.iter().map(|s| s.url.as_str()).collect();
     let unused = format!("mysql://root@127.0.0.1:{}/app", free_port()?);
     for (k, step) in plan.iter().enumerate() {
@@ -373,7 +440,11 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
             std::thread::sleep(step.pause);
             Ok(())
         };
+        let mut outcome = "done";
         let result = match step.fault {
+            Fault::RestoreInPlace => {
+                load_in_place(s, &rows[step.server], dir).map(|said| outcome = said)
+            }
             Fault::Kill => s.kill().and_then(|()| {
                 std::thread::sleep(step.pause);
                 s.restart()
@@ -399,7 +470,7 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
         let when = ms_since(shared.start);
         match result {
             Ok(()) => println!(
-                "+{:.1} s t{}: {} done",
+                "+{:.1} s t{}: {} {outcome}",
                 f64::from(when) / 1000.0,
                 step.server + 1,
                 step.fault
@@ -411,8 +482,8 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
             )),
         }
         for (i, server) in servers.iter().enumerate() {
-            match dump(server) {
-                Ok(d) => dumps[i] = d,
+            match dump(server).and_then(|d| Ok((d, dump_in_place(server)?))) {
+                Ok((d, r)) => (dumps[i], rows[i]) = (d, r),
                 Err(e) => incidents.push(format!("dump of t{} at +{when} ms: {e:#}", i + 1)),
             }
         }
@@ -468,7 +539,7 @@ mod tests {
     fn the_schedule_is_seeded_and_has_every_kind_within_the_run() {
         let a = schedule(&options(3));
         assert_eq!(a, schedule(&options(3)));
-        assert!(a.len() >= 7, "{a:?}");
+        assert!(a.len() >= KINDS.len(), "{a:?}");
         for kind in KINDS {
             assert!(a.iter().any(|s| s.fault == kind), "{kind:?} missing: {a:?}");
         }
