@@ -143,26 +143,7 @@ fn port(url: &str) -> anyhow::Result<&str> {
 
 /// `mariadb-dump` of the `app` database, consistent without locks.
 fn dump(server: &Server) -> anyhow::Result<Vec<u8>> {
-    let out = Command::new("mariadb-dump")
-        .args([
-            "--no-defaults",
-            "--single-transaction",
-            "-h",
-            "127.0.0.1",
-            "-u",
-            "root",
-        ])
-        .arg(format!("-P{}", port(&server.url)?))
-        .arg("app")
-        .output()
-        .context("running mariadb-dump")?;
-    if !out.status.success() {
-        bail!(
-            "mariadb-dump: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(out.stdout)
+    mariadb_dump(server, &[], &[])
 }
 
 /// The counters' tables of the `app` database (the segment rows and the
@@ -172,21 +153,30 @@ fn dump_in_place(server: &Server) -> anyhow::Result<Vec<u8>> {
         server,
         "SELECT GROUP_CONCAT(TABLE_NAME SEPARATOR ' ') FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'app' AND (TABLE_NAME = 'shardflake_ticket_segments' OR TABLE_NAME LIKE 'tickets\\_%')",
     )?;
+    let tables: Vec<&str> = tables.split_whitespace().collect();
+    mariadb_dump(
+        server,
+        &["--no-create-info", "--replace", "--skip-triggers"],
+        &tables,
+    )
+}
+
+/// `mariadb-dump --single-transaction` of `tables` (all when empty) of
+/// database `app`, with `options`.
+fn mariadb_dump(server: &Server, options: &[&str], tables: &[&str]) -> anyhow::Result<Vec<u8>> {
     let out = Command::new("mariadb-dump")
         .args([
             "--no-defaults",
             "--single-transaction",
-            "--no-create-info",
-            "--replace",
-            "--skip-triggers",
             "-h",
             "127.0.0.1",
             "-u",
             "root",
         ])
+        .args(options)
         .arg(format!("-P{}", port(&server.url)?))
         .arg("app")
-        .args(tables.split_whitespace())
+        .args(tables)
         .output()
         .context("running mariadb-dump")?;
     if !out.status.success() {
@@ -213,7 +203,10 @@ fn load_in_place(server: &Server, rows: &[u8], dir: &Path) -> anyhow::Result<&'s
         .output()
         .context("running mariadb")?;
     let said = String::from_utf8_lossy(&out.stderr);
-    match (out.status.success(), said.contains("never set back in place")) {
+    match (
+        out.status.success(),
+        said.contains("never set back in place"),
+    ) {
         (true, _) => Ok("loaded (nothing set back: the checker judges)"),
         (false, true) => Ok("refused by the tables' guard"),
         (false, false) => bail!("loading the rows: {}", said.trim()),
