@@ -102,6 +102,7 @@ impl PgSession {
             let statement = match seq.mode {
                 Mode::Segment => None,
                 Mode::PerId => {
+                    session.per_id_exists(config, seq).await?;
                     let sql = match config.postgres_tickets {
                         PgTickets::Sequence => {
                             session.verify_sequence(config, server, seq).await?;
@@ -314,7 +315,7 @@ impl PgSession {
                 Ok(row.map(|r| Lattice::new(config, server).counter_of_row(r.get(0))))
             }
             (Mode::PerId, PgTickets::Sequence) => {
-                if !self.relation_exists(&seq.table()).await? {
+                if !self.per_id_exists(config, seq).await? {
                     return Ok(None);
                 }
                 let row = self
@@ -333,7 +334,7 @@ impl PgSession {
                 }))
             }
             (Mode::PerId, PgTickets::Table) => {
-                if !self.relation_exists(&seq.table()).await? {
+                if !self.per_id_exists(config, seq).await? {
                     return Ok(None);
                 }
                 let row = self
@@ -346,6 +347,46 @@ impl PgSession {
                     None => first_id(config, server, seq) - 1,
                 }))
             }
+        }
+    }
+
+    /// Whether `seq`'s per-id relation exists as the style the file names.
+    /// The other kind there (a sequence where the file says table, as on a
+    /// server set up when the sequence was the default) is refused with
+    /// the setting that matches it.
+    async fn per_id_exists(
+        &self,
+        config: &Config,
+        seq: &SequenceConfig,
+    ) -> Result<bool, TicketError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))",
+                &[&seq.table()],
+            )
+            .await
+            .map_err(pg_err(&self.server, "look up a relation"))?;
+        let kind: Option<String> = row.get(0);
+        let (want, there) = match config.postgres_tickets {
+            PgTickets::Sequence => ("S", "table"),
+            PgTickets::Table => ("r", "sequence"),
+        };
+        match kind.as_deref() {
+            None => Ok(false),
+            Some(k) if k == want => Ok(true),
+            Some(_) => Err(TicketError::misconfigured(
+                &self.server,
+                format!(
+                    "{} is a {there} here, but the file says postgres_tickets = \"{}\" (the table is the default): put postgres_tickets = \"{there}\" in the file",
+                    seq.table(),
+                    if there == "table" {
+                        "sequence"
+                    } else {
+                        "table"
+                    }
+                ),
+            )),
         }
     }
 
@@ -590,6 +631,7 @@ impl PgSession {
                     if row.is_some() {
                         return Err(mode_changed(&name, seq, "segment"));
                     }
+                    self.per_id_exists(config, seq).await?;
                     let sql = match style {
                         PgTickets::Sequence => format!(
                             "CREATE SEQUENCE IF NOT EXISTS {} AS bigint INCREMENT BY {n} MINVALUE 1 MAXVALUE {max} START WITH {first} NO CYCLE CACHE 1",

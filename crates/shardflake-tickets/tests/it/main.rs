@@ -761,3 +761,28 @@ async fn a_table_without_its_guard_is_reported_until_init() {
         again.shutdown().await;
     }
 }
+
+/// A PostgreSQL server set up when the sequence was the default, read
+/// with a file that names no style (the table now): refused by `init`
+/// and by every session with the setting that matches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sequence_style_server_read_as_table_style_names_the_setting() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    init_ok(&pg_pair_config(&a, &b, "sequence")).await;
+    let table = Config::parse(&format!(
+        "{}{}{SEQUENCES}",
+        server_toml("a", "postgres", &a.url(), 1),
+        server_toml("b", "postgres", &b.url(), 2)
+    ))
+    .unwrap();
+    for s in admin::init(&table).await {
+        let e = s.result.unwrap_err().to_string();
+        assert!(
+            e.contains("tickets_photos is a sequence here")
+                && e.contains("postgres_tickets = \"sequence\""),
+            "{e}"
+        );
+    }
+    let e = TicketClient::connect(table).await.unwrap_err().to_string();
+    assert!(e.contains("postgres_tickets = \"sequence\""), "{e}");
+}
