@@ -417,6 +417,16 @@ struct Taken {
     hw_revision: i64,
 }
 
+/// A call that failed after etcd answered this take's first read: etcd is
+/// there, only slow or busy (a start waits for it as for contention, not
+/// the short deadline of an etcd that never answered).
+fn after_an_answer(e: EtcdError) -> AcquireError {
+    match e {
+        EtcdError::Unreachable { .. } => AcquireError::Registry(RegistryError::Failed(Box::new(e))),
+        e => e.into(),
+    }
+}
+
 /// Which high-water records a take believes.
 #[derive(Debug, Clone, Copy)]
 enum Trust {
@@ -718,7 +728,10 @@ async fn take_lowest(
             Op::Get(hw.clone().into_bytes()),
             Op::Get(stamp_key.clone().into_bytes()),
         ]);
-        let answer = client.txn(&compares, &success, &failure).await?;
+        let answer = client
+            .txn(&compares, &success, &failure)
+            .await
+            .map_err(after_an_answer)?;
         let taken = Taken {
             node_id: candidate,
             previous_ms,
