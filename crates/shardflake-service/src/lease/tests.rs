@@ -440,12 +440,12 @@ async fn start_gives_up_on_an_unreachable_registry_after_its_deadline() {
     )
     .await
     .unwrap_err();
-    // Five request timeouts (1 s by default here).
+    // Five request timeouts (1 s by default here), at least 10 s.
     assert!(matches!(e, KeeperError::NoNodeId { .. }), "{e:?}");
-    assert!(e.to_string().contains("no node id within 5s"), "{e}");
+    assert!(e.to_string().contains("no node id within 10s"), "{e}");
     let took = began.elapsed();
     assert!(
-        took >= Duration::from_secs(5) && took < Duration::from_secs(6),
+        took >= Duration::from_secs(10) && took < Duration::from_secs(11),
         "{took:?}"
     );
 }
