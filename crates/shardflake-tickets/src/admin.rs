@@ -25,7 +25,7 @@
 use std::fmt;
 use std::future::Future;
 
-use crate::backend::{LatticeRecord, ServerSettings};
+use crate::backend::{Backend, LatticeRecord, ServerSettings};
 use crate::config::{Config, Kind, ServerConfig};
 use crate::error::TicketError;
 use crate::high_water::{HighWaterStore, PeersStore};

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use tokio::task::JoinHandle;
 
+use crate::backend::Backend;
 use crate::config::{Config, Kind, Mode, PgTickets};
 use crate::error::{ServerFailure, TicketError};
 use crate::failover::{Health, Server, ServerMetrics, alone, call_order};

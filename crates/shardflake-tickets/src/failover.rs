@@ -20,6 +20,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+use crate::backend::Backend;
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 use crate::high_water::{BoxFuture, HighWaterStore};

@@ -27,6 +27,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
 
+use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::TicketError;
 use crate::session::Session;

@@ -11,8 +11,8 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 
 use super::{
-    GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState,
-    ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
+    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE,
+    SequenceState, ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
 };
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -188,11 +188,19 @@ impl MariaSession {
             identity,
         })
     }
+}
+
+impl Backend for MariaSession {
+    /// Nothing to prepare: the increment and offset are set at connect,
+    /// and every statement is sent as text.
+    async fn prepare(&mut self, _: &ServerConfig, _: &Config) -> Result<(), TicketError> {
+        Ok(())
+    }
 
     /// One per-id ticket: `REPLACE INTO`, the id and the table's creation
     /// time in the answer (`RETURNING`; without it, the id from the OK
     /// packet).
-    pub async fn next_ticket(
+    async fn next_ticket(
         &mut self,
         index: usize,
         seq: &SequenceConfig,
@@ -237,7 +245,7 @@ impl MariaSession {
 
     /// The identity of what sequence `seq` counts with: its table's (per
     /// id) or the segment table's (see [`Stamped`], [`Identity`]).
-    pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
+    async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
         if !self.returning {
             return Ok(None);
         }
@@ -261,7 +269,7 @@ impl MariaSession {
     /// table's identity is read after it (a second round trip, once a
     /// block: `UPDATE` has no `RETURNING`); read after, it shows any
     /// recreation that came before the reservation.
-    pub async fn reserve(
+    async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
@@ -310,7 +318,7 @@ impl MariaSession {
     }
 
     /// Sets the row back to `to` if it still is `expected`.
-    pub async fn give_back(
+    async fn give_back(
         &mut self,
         seq: &SequenceConfig,
         expected: i64,
@@ -338,11 +346,13 @@ impl MariaSession {
 
     /// The largest id the server's counter says it may have handed out: every
     /// later id is above it. `None`: not initialised.
-    pub async fn counter(
+    async fn counter(
         &mut self,
+        config: &Config,
+        server: &ServerConfig,
         seq: &SequenceConfig,
-        lattice: Lattice,
     ) -> Result<Option<u64>, TicketError> {
+        let lattice = Lattice::new(config, server);
         match seq.mode {
             Mode::PerId => {
                 let row: Option<Option<u64>> = self
@@ -370,12 +380,14 @@ impl MariaSession {
     }
 
     /// Raises the counter so that every later id is above `past`.
-    pub async fn raise(
+    async fn raise(
         &mut self,
+        config: &Config,
+        server: &ServerConfig,
         seq: &SequenceConfig,
-        lattice: Lattice,
         past: u64,
     ) -> Result<(), TicketError> {
+        let lattice = Lattice::new(config, server);
         let sql = match seq.mode {
             // Not `ALTER TABLE … AUTO_INCREMENT`: it lowers the counter to
             // the row's id + 1 when that is below (measured on 10.11: 101 to
@@ -408,8 +420,19 @@ impl MariaSession {
         }
     }
 
+    /// The increment and offset are the session's: the counter is all.
+    async fn reshape(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        self.raise(config, server, seq, past).await
+    }
+
     /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
-    pub async fn write_high_water(
+    async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
     ) -> Result<(), TicketError> {
@@ -426,7 +449,7 @@ impl MariaSession {
     }
 
     /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
-    pub async fn give_back_high_water(
+    async fn give_back_high_water(
         &mut self,
         server: &str,
         sequence: &str,
@@ -442,7 +465,7 @@ impl MariaSession {
     }
 
     /// The largest mark this server holds for `sequence`, of any server.
-    pub async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
+    async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
         let max: Option<Option<u64>> = self
             .conn
             .query_first(format!(
@@ -454,7 +477,7 @@ impl MariaSession {
     }
 
     /// When the server started, in unix seconds.
-    pub async fn started(&mut self) -> Result<i64, TicketError> {
+    async fn started(&mut self) -> Result<i64, TicketError> {
         let started: Option<i64> = self
             .conn
             .query_first("SELECT CAST(UNIX_TIMESTAMP() - VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")
@@ -464,7 +487,7 @@ impl MariaSession {
     }
 
     /// Every lattice recorded here (none before `init`).
-    pub async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
+    async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
         let exists: Option<u64> = self
             .conn
             .query_first(format!(
@@ -501,7 +524,7 @@ impl MariaSession {
     }
 
     /// Records (replaces) the lattice of `sequence`.
-    pub async fn write_lattice(
+    async fn write_lattice(
         &mut self,
         sequence: &str,
         r: &LatticeRecord,
@@ -522,10 +545,7 @@ impl MariaSession {
     }
 
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    pub async fn read_high_water(
-        &mut self,
-        server: &str,
-    ) -> Result<Vec<(String, u64)>, TicketError> {
+    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
         self.conn
             .query(format!(
                 "SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = '{server}'"
@@ -535,7 +555,7 @@ impl MariaSession {
     }
 
     /// Creates what `config` needs, idempotently; returns what it did.
-    pub async fn init(
+    async fn init(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -614,9 +634,9 @@ impl MariaSession {
                         ))
                         .await
                         .map_err(run(format!("CREATE TABLE {}", seq.table())))?;
-                    let counter = self.counter(seq, lattice).await?.unwrap_or(0);
+                    let counter = self.counter(config, server, seq).await?.unwrap_or(0);
                     if counter + 1 < seq.start {
-                        self.raise(seq, lattice, seq.start - 1).await?;
+                        self.raise(config, server, seq, seq.start - 1).await?;
                     }
                     done.push(format!(
                         "{}: table {} ({column}), ids from {} on",
@@ -658,7 +678,7 @@ impl MariaSession {
     }
 
     /// Global and session increment/offset and each sequence's state.
-    pub async fn settings(
+    async fn settings(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -678,8 +698,7 @@ impl MariaSession {
         }
         let mut sequences = Vec::new();
         for seq in &config.sequences {
-            let lattice = Lattice::new(config, server);
-            let counter = self.counter(seq, lattice).await?;
+            let counter = self.counter(config, server, seq).await?;
             let column: Option<String> = if seq.mode == Mode::PerId {
                 self.conn
                     .query_first(format!(

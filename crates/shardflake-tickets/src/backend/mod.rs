@@ -1,15 +1,136 @@
-//! The backend layer: one file per database ([`mariadb`], [`postgres`]),
-//! each one session of that kind, every operation one round trip; and what
-//! both share: the tables every server holds, the lattice record `init`
-//! writes and every session checks, what `check` reads. The session
-//! ([`crate::session`]) dispatches to them; nothing here knows about
-//! failover, marks stores or clients.
+//! The backend layer: [`Backend`], the operations one session of a ticket
+//! server offers, each one round trip; one file per database implementing
+//! it ([`mariadb`], [`postgres`]); and what both share: the tables every
+//! server holds, the lattice record `init` writes and every session
+//! checks, what `check` reads. The session ([`crate::session`]) is the
+//! enum over the two, implementing [`Backend`] by delegating; nothing
+//! here knows about failover, marks stores or clients.
 
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 
 pub(crate) mod mariadb;
 pub(crate) mod postgres;
+
+/// One session of a ticket server, whatever its kind: what the client,
+/// the high-water store and the admin commands ask of it. Each call is
+/// one round trip unless it says otherwise.
+pub(crate) trait Backend {
+    /// Readies the session for handing out ids (PostgreSQL: verifies each
+    /// per-id sequence's increment and residue, prepares the statements).
+    async fn prepare(&mut self, server: &ServerConfig, config: &Config) -> Result<(), TicketError>;
+
+    /// One per-id ticket of the sequence at `index`, with the identity of
+    /// its table or sequence.
+    async fn next_ticket(
+        &mut self,
+        index: usize,
+        seq: &SequenceConfig,
+    ) -> Result<Stamped<u64>, TicketError>;
+
+    /// The identity of the table or sequence `seq` counts with (see
+    /// [`Stamped`]).
+    async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError>;
+
+    /// Reserves a block (`max_id = GREATEST(max_id, floor) + step`): the
+    /// row after it, or `Err(row)` when the row is below `seen` (the server
+    /// went back); with the segment table's identity.
+    async fn reserve(
+        &mut self,
+        seq: &SequenceConfig,
+        floor: i64,
+        step: i64,
+        seen: i64,
+    ) -> Result<Stamped<Result<i64, i64>>, TicketError>;
+
+    /// Sets the segment row back to `to` if it still is `expected` (past
+    /// the guard): whether it was.
+    async fn give_back(
+        &mut self,
+        seq: &SequenceConfig,
+        expected: i64,
+        to: i64,
+    ) -> Result<bool, TicketError>;
+
+    /// The largest id the counter says may have been handed out: every
+    /// later id is above it. `None`: not initialised.
+    async fn counter(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+    ) -> Result<Option<u64>, TicketError>;
+
+    /// Raises (never lowers) the counter so that every later id is above
+    /// `past`.
+    async fn raise(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError>;
+
+    /// Moves `seq` to the file's lattice, every later id above `past`.
+    async fn reshape(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError>;
+
+    /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
+    async fn write_high_water(
+        &mut self,
+        marks: &[(String, String, u64)],
+    ) -> Result<(), TicketError>;
+
+    /// Lowers `server`'s mark of `sequence` to `to` where it still is
+    /// `expected`.
+    async fn give_back_high_water(
+        &mut self,
+        server: &str,
+        sequence: &str,
+        expected: u64,
+        to: u64,
+    ) -> Result<(), TicketError>;
+
+    /// The largest mark this server holds for `sequence`, of any server.
+    async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError>;
+
+    /// The high-water marks this server holds for `server`: `(sequence, id)`.
+    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError>;
+
+    /// When the server started, in unix seconds (to the second).
+    async fn started(&mut self) -> Result<i64, TicketError>;
+
+    /// Every lattice recorded on this server, by sequence (empty before
+    /// `init`).
+    async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError>;
+
+    /// Records (replaces) the lattice of `sequence`.
+    async fn write_lattice(
+        &mut self,
+        sequence: &str,
+        record: &LatticeRecord,
+    ) -> Result<(), TicketError>;
+
+    /// Creates what `config` needs, idempotently; returns what it did
+    /// (several statements).
+    async fn init(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+    ) -> Result<Vec<String>, TicketError>;
+
+    /// What `check` reads (several statements).
+    async fn settings(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+    ) -> Result<ServerSettings, TicketError>;
+}
 
 /// The segment rows: one per segment sequence.
 pub const SEGMENT_TABLE: &str = "shardflake_ticket_segments";

@@ -14,8 +14,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
-    GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState,
-    ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
+    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE,
+    SequenceState, ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
 };
 use crate::config::{Config, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue};
 use crate::error::TicketError;
@@ -89,13 +89,99 @@ impl PgSession {
         })
     }
 
+    async fn verify_sequence(
+        &self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+    ) -> Result<(), TicketError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT increment_by, start_value, max_value FROM pg_sequences WHERE schemaname = current_schema() AND sequencename = $1",
+                &[&seq.table()],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the sequence"))?
+            .ok_or_else(|| {
+                TicketError::misconfigured(
+                    &self.server,
+                    format!("sequence {} is missing (run `shardflake tickets init`)", seq.table()),
+                )
+            })?;
+        let (increment, start, max): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        let n = config.increment as i64;
+        if increment != n
+            || start.rem_euclid(n) != (server.offset as i64) % n
+            || max as u64 != seq.max_id()
+        {
+            return Err(TicketError::misconfigured(
+                &self.server,
+                format!(
+                    "sequence {} has INCREMENT {increment} START {start} MAXVALUE {max}; the file wants INCREMENT {n}, a start ≡ {} (mod {n}), MAXVALUE {}",
+                    seq.table(),
+                    server.offset,
+                    seq.max_id()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `seq`'s per-id relation exists as the style the file names.
+    /// The other kind there (a sequence where the file says table, as on a
+    /// server set up when the sequence was the default) is refused with
+    /// the setting that matches it.
+    async fn per_id_exists(
+        &self,
+        config: &Config,
+        seq: &SequenceConfig,
+    ) -> Result<bool, TicketError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))",
+                &[&seq.table()],
+            )
+            .await
+            .map_err(pg_err(&self.server, "look up a relation"))?;
+        let kind: Option<String> = row.get(0);
+        let (want, there) = match config.postgres_tickets {
+            PgTickets::Sequence => ("S", "table"),
+            PgTickets::Table => ("r", "sequence"),
+        };
+        match kind.as_deref() {
+            None => Ok(false),
+            Some(k) if k == want => Ok(true),
+            Some(_) => Err(TicketError::misconfigured(
+                &self.server,
+                format!(
+                    "{} is a {there} here, but the file says postgres_tickets = \"{}\" (the table is the default): put postgres_tickets = \"{there}\" in the file",
+                    seq.table(),
+                    if there == "table" {
+                        "sequence"
+                    } else {
+                        "table"
+                    }
+                ),
+            )),
+        }
+    }
+
+    async fn relation_exists(&self, name: &str) -> Result<bool, TicketError> {
+        let row = self
+            .client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+            .await
+            .map_err(pg_err(&self.server, "look up a relation"))?;
+        Ok(row.get(0))
+    }
+}
+
+impl Backend for PgSession {
     /// Verifies every per-id sequence's increment and residue, and prepares
     /// the statements.
-    pub async fn prepare(
-        &mut self,
-        server: &ServerConfig,
-        config: &Config,
-    ) -> Result<(), TicketError> {
+    async fn prepare(&mut self, server: &ServerConfig, config: &Config) -> Result<(), TicketError> {
         let name = &server.name;
         let session = self;
         for seq in &config.sequences {
@@ -146,47 +232,8 @@ impl PgSession {
         Ok(())
     }
 
-    async fn verify_sequence(
-        &self,
-        config: &Config,
-        server: &ServerConfig,
-        seq: &SequenceConfig,
-    ) -> Result<(), TicketError> {
-        let row = self
-            .client
-            .query_opt(
-                "SELECT increment_by, start_value, max_value FROM pg_sequences WHERE schemaname = current_schema() AND sequencename = $1",
-                &[&seq.table()],
-            )
-            .await
-            .map_err(pg_err(&self.server, "read the sequence"))?
-            .ok_or_else(|| {
-                TicketError::misconfigured(
-                    &self.server,
-                    format!("sequence {} is missing (run `shardflake tickets init`)", seq.table()),
-                )
-            })?;
-        let (increment, start, max): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        let n = config.increment as i64;
-        if increment != n
-            || start.rem_euclid(n) != (server.offset as i64) % n
-            || max as u64 != seq.max_id()
-        {
-            return Err(TicketError::misconfigured(
-                &self.server,
-                format!(
-                    "sequence {} has INCREMENT {increment} START {start} MAXVALUE {max}; the file wants INCREMENT {n}, a start ≡ {} (mod {n}), MAXVALUE {}",
-                    seq.table(),
-                    server.offset,
-                    seq.max_id()
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     /// One per-id ticket, with its sequence's (or table's) file node.
-    pub async fn next_ticket(
+    async fn next_ticket(
         &mut self,
         index: usize,
         seq: &SequenceConfig,
@@ -209,7 +256,7 @@ impl PgSession {
 
     /// The file node of what sequence `seq` counts with: its sequence or
     /// table (per id), or the segment table (see [`Stamped`]).
-    pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
+    async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
         let name = match seq.mode {
             Mode::PerId => seq.table(),
             Mode::Segment => SEGMENT_TABLE.to_string(),
@@ -228,7 +275,7 @@ impl PgSession {
     /// Reserves a block: `max_id = GREATEST(max_id, floor) + step RETURNING
     /// max_id` and the table's file node, only where the row is at or above
     /// `seen`: `Err(row)` when it is below (the server went back).
-    pub async fn reserve(
+    async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
@@ -270,7 +317,7 @@ impl PgSession {
     }
 
     /// Sets the row back to `to` if it still is `expected`.
-    pub async fn give_back(
+    async fn give_back(
         &mut self,
         seq: &SequenceConfig,
         expected: i64,
@@ -295,7 +342,7 @@ impl PgSession {
     }
 
     /// The largest id the counter says may have been handed out. `None`: not initialised.
-    pub async fn counter(
+    async fn counter(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -350,57 +397,8 @@ impl PgSession {
         }
     }
 
-    /// Whether `seq`'s per-id relation exists as the style the file names.
-    /// The other kind there (a sequence where the file says table, as on a
-    /// server set up when the sequence was the default) is refused with
-    /// the setting that matches it.
-    async fn per_id_exists(
-        &self,
-        config: &Config,
-        seq: &SequenceConfig,
-    ) -> Result<bool, TicketError> {
-        let row = self
-            .client
-            .query_one(
-                "SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))",
-                &[&seq.table()],
-            )
-            .await
-            .map_err(pg_err(&self.server, "look up a relation"))?;
-        let kind: Option<String> = row.get(0);
-        let (want, there) = match config.postgres_tickets {
-            PgTickets::Sequence => ("S", "table"),
-            PgTickets::Table => ("r", "sequence"),
-        };
-        match kind.as_deref() {
-            None => Ok(false),
-            Some(k) if k == want => Ok(true),
-            Some(_) => Err(TicketError::misconfigured(
-                &self.server,
-                format!(
-                    "{} is a {there} here, but the file says postgres_tickets = \"{}\" (the table is the default): put postgres_tickets = \"{there}\" in the file",
-                    seq.table(),
-                    if there == "table" {
-                        "sequence"
-                    } else {
-                        "table"
-                    }
-                ),
-            )),
-        }
-    }
-
-    async fn relation_exists(&self, name: &str) -> Result<bool, TicketError> {
-        let row = self
-            .client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
-            .await
-            .map_err(pg_err(&self.server, "look up a relation"))?;
-        Ok(row.get(0))
-    }
-
     /// Raises the counter so that every later id is above `past`.
-    pub async fn raise(
+    async fn raise(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -434,7 +432,7 @@ impl PgSession {
     /// Moves `seq` to the file's lattice, every later id above `past`: a
     /// per-id sequence takes the new increment, then every segment row or
     /// counter is raised.
-    pub async fn reshape(
+    async fn reshape(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -459,7 +457,7 @@ impl PgSession {
     }
 
     /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
-    pub async fn write_high_water(
+    async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
     ) -> Result<(), TicketError> {
@@ -476,7 +474,7 @@ impl PgSession {
     }
 
     /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
-    pub async fn give_back_high_water(
+    async fn give_back_high_water(
         &mut self,
         server: &str,
         sequence: &str,
@@ -494,7 +492,7 @@ impl PgSession {
     }
 
     /// The largest mark this server holds for `sequence`, of any server.
-    pub async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
+    async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
         let row = self
             .client
             .query_one(
@@ -507,7 +505,7 @@ impl PgSession {
     }
 
     /// When the server started, in unix seconds.
-    pub async fn started(&mut self) -> Result<i64, TicketError> {
+    async fn started(&mut self) -> Result<i64, TicketError> {
         let row = self
             .client
             .query_one(
@@ -520,7 +518,7 @@ impl PgSession {
     }
 
     /// Every lattice recorded here (none before `init`).
-    pub async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
+    async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
         if !self.relation_exists(LATTICE_TABLE).await? {
             return Ok(Vec::new());
         }
@@ -551,7 +549,7 @@ impl PgSession {
     }
 
     /// Records (replaces) the lattice of `sequence`.
-    pub async fn write_lattice(
+    async fn write_lattice(
         &mut self,
         sequence: &str,
         r: &LatticeRecord,
@@ -567,10 +565,7 @@ impl PgSession {
     }
 
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    pub async fn read_high_water(
-        &mut self,
-        server: &str,
-    ) -> Result<Vec<(String, u64)>, TicketError> {
+    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
         let rows = self
             .client
             .query(
@@ -586,7 +581,7 @@ impl PgSession {
     }
 
     /// Creates what `config` needs, idempotently; returns what it did.
-    pub async fn init(
+    async fn init(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -685,7 +680,7 @@ impl PgSession {
     }
 
     /// Each sequence's increment, residue and counter.
-    pub async fn settings(
+    async fn settings(
         &mut self,
         config: &Config,
         server: &ServerConfig,
