@@ -33,7 +33,8 @@
 //!   `session`: the enum over the two, a `Backend` by delegating, which
 //!   the layers above call.
 //! - [`segment`]: the residue classes of blocks, a block, the double buffer.
-//! - [`failover`]: a server's sessions, breaker state, checks, metrics.
+//! - [`failover`]: the failover loop every call runs through, and a
+//!   server's sessions, breaker state, checks, metrics.
 //! - [`high_water`]: [`HighWaterStore`] and the peers-backed [`PeersStore`].
 //! - [`client`]: [`TicketClient`], what the CLI and the service call.
 //! - [`admin`]: `init`, `check`, `repair`, `reshape`.
