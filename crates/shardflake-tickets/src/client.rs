@@ -80,6 +80,33 @@ impl TicketClient {
         config: Config,
         store: Arc<dyn HighWaterStore>,
     ) -> Result<TicketClient, TicketError> {
+        let (client, failures) = TicketClient::start(config, store).await;
+        if failures.len() == client.pool.servers.len() {
+            return Err(TicketError::Unavailable {
+                sequence: "*".into(),
+                failures,
+            });
+        }
+        Ok(client)
+    }
+
+    /// [`TicketClient::connect_with_store`] for a process whose other work
+    /// must not wait on the ticket servers (the service: its Snowflake ids
+    /// never depend on them): never an error. Servers that cannot be used
+    /// now (a stalled one, one whose marks no place holds) are marked down
+    /// or refused, calls answer `unavailable` while none is up, and the
+    /// prober takes each back once it passes the checks.
+    pub async fn start_with_store(config: Config, store: Arc<dyn HighWaterStore>) -> TicketClient {
+        TicketClient::start(config, store).await.0
+    }
+
+    /// Probes every server once (each within the attempt timeout) and starts
+    /// the background tasks: the client, and why each server that is not
+    /// up is not.
+    async fn start(
+        config: Config,
+        store: Arc<dyn HighWaterStore>,
+    ) -> (TicketClient, Vec<ServerFailure>) {
         if config.postgres_tickets == PgTickets::Sequence
             && config.servers.iter().any(|s| s.kind == Kind::Postgres)
             && config.sequences.iter().any(|q| q.mode == Mode::PerId)
@@ -99,12 +126,6 @@ impl TicketClient {
                 }),
             }
         }
-        if failures.len() == pool.servers.len() {
-            return Err(TicketError::Unavailable {
-                sequence: "*".into(),
-                failures,
-            });
-        }
         let segments = (0..pool.config.sequences.len())
             .map(|i| {
                 (pool.config.sequences[i].mode == Mode::Segment)
@@ -116,11 +137,12 @@ impl TicketClient {
             tokio::spawn(prober(weak.clone())),
             tokio::spawn(recorder(weak)),
         ];
-        Ok(TicketClient {
+        let client = TicketClient {
             pool,
             segments,
             _tasks: Arc::new(Tasks(tasks)),
-        })
+        };
+        (client, failures)
     }
 
     /// The configuration.
