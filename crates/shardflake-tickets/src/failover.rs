@@ -46,7 +46,8 @@ pub enum Health {
 }
 
 impl Health {
-    /// `up`, `down`, or the refusal's code (`behind_high_water`, `misconfigured`).
+    /// `up`, `down`, or the refusal's code (`went_back`, `recreated`,
+    /// `no_high_water`, `lattice_changed`, `misconfigured`, ...).
     pub fn as_str(&self) -> &'static str {
         match self {
             Health::Up => "up",
@@ -63,7 +64,7 @@ pub struct ServerMetrics {
     pub name: String,
     /// `mariadb` or `postgres`.
     pub kind: &'static str,
-    /// `up`, `down`, `behind_high_water` or `misconfigured`.
+    /// `up`, `down`, or the code of the refusal ([`Health::as_str`]).
     pub state: &'static str,
     /// Why it is not up.
     pub reason: Option<String>,
@@ -319,6 +320,12 @@ impl Server {
                         ),
                     )
                 })?;
+            if seq.mode == Mode::Segment {
+                // Raised past the marks, a row off the lattice would land
+                // on it unseen: it is refused until `repair`.
+                let row = self.lattice.row_of_counter(counter);
+                self.lattice.check_row(name, &seq.name, row)?;
+            }
             let stored = stored.get(&seq.name).copied().unwrap_or(0);
             let mark = stored
                 .max(self.reserved[i].load(Ordering::Relaxed))
@@ -479,6 +486,8 @@ impl Server {
         let known = self.tables[index].load(Ordering::Acquire);
         let stamped = session.reserve(seq, floor, step, seen).await?;
         self.check_table(seq, known, stamped.table)?;
+        let (Ok(row) | Err(row)) = stamped.value;
+        self.lattice.check_row(&self.config.name, &seq.name, row)?;
         match stamped.value {
             Ok(row) => {
                 self.seen[index].fetch_max(row, Ordering::Relaxed);

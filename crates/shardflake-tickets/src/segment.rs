@@ -71,6 +71,34 @@ impl Lattice {
         }
     }
 
+    /// Whether `row` is on this lattice (`≡ o·C (mod N·C)`): every row this
+    /// server's reservations, raises and give-backs leave is; another
+    /// server's row is not (its table loaded from a peer's backup).
+    pub fn holds(&self, row: i64) -> bool {
+        (row as i128 - self.offset * self.chunk).rem_euclid(self.n * self.chunk) == 0
+    }
+
+    /// [`Lattice::holds`] as a refusal: blocks counted from a row off the
+    /// lattice are another server's chunks.
+    pub fn check_row(&self, server: &str, sequence: &str, row: i64) -> Result<(), TicketError> {
+        if self.holds(row) {
+            return Ok(());
+        }
+        Err(TicketError::misconfigured(
+            server,
+            format!(
+                "the segment row of {sequence:?} is {row}, not on this server's lattice (≡ {} mod {}): the row is another server's (its segment table loaded from a peer's backup?), and blocks reserved from it would be that server's ids; run `shardflake tickets repair` to raise it onto this server's lattice past its marks",
+                self.offset * self.chunk,
+                self.n * self.chunk
+            ),
+        ))
+    }
+
+    /// `o·C mod N·C`: where this lattice's rows sit within a stride.
+    pub fn residue(&self) -> i64 {
+        (self.offset * self.chunk).rem_euclid(self.n * self.chunk) as i64
+    }
+
     /// The row advances by this per chunk reserved: `N·C`.
     pub fn stride(&self) -> i64 {
         (self.n * self.chunk) as i64

@@ -5,7 +5,7 @@
 
 use crate::backend::mariadb::MariaSession;
 use crate::backend::postgres::PgSession;
-use crate::backend::{Backend, LatticeRecord, ServerSettings, Stamped, check_lattice};
+use crate::backend::{Backend, LatticeRecord, ServerSettings, Stamped, check_lattice, unguarded};
 use crate::config::{Config, Kind, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 
@@ -17,13 +17,17 @@ pub(crate) enum Session {
 
 impl Session {
     /// A session for handing out ids: increment and offset set (MariaDB),
-    /// sequences verified and statements prepared (PostgreSQL), and every
-    /// sequence's recorded lattice as in the file.
+    /// sequences verified and statements prepared (PostgreSQL), every
+    /// sequence's recorded lattice as in the file, and every table the
+    /// guard watches guarded.
     pub async fn connect(server: &ServerConfig, config: &Config) -> Result<Session, TicketError> {
         let mut session = Session::connect_admin(server, config).await?;
         let recorded = session.read_lattice().await?;
         check_lattice(config, server, &recorded)?;
         session.prepare(server, config).await?;
+        if let Some(table) = session.unguarded(config).await?.first() {
+            return Err(unguarded(&server.name, table));
+        }
         Ok(session)
     }
 
@@ -142,6 +146,10 @@ impl Backend for Session {
 
     async fn started(&mut self) -> Result<i64, TicketError> {
         delegate!(self, b => b.started().await)
+    }
+
+    async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError> {
+        delegate!(self, b => b.unguarded(config).await)
     }
 
     async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {

@@ -12,9 +12,10 @@ use mysql_async::{Conn, Opts};
 
 use super::{
     Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE,
-    SequenceState, ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
+    SequenceState, ServerSettings, Stamped, guard_refusal, guarded_tables, mode_changed,
+    not_initialised, raise_segment_sql, unguarded,
 };
-use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
+use crate::config::{Config, Kind, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 use crate::segment::Lattice;
 
@@ -197,9 +198,8 @@ impl Backend for MariaSession {
         Ok(())
     }
 
-    /// One per-id ticket: `REPLACE INTO`, the id and the table's creation
-    /// time in the answer (`RETURNING`; without it, the id from the OK
-    /// packet).
+    /// One per-id ticket: `REPLACE INTO`, the id and the table's identity
+    /// in the answer (`RETURNING`; without it, the id from the OK packet).
     async fn next_ticket(
         &mut self,
         index: usize,
@@ -313,7 +313,22 @@ impl Backend for MariaSession {
             Ok(i64::try_from(max)
                 .map_err(|_| TicketError::db(&self.server, "reserve a block", "max_id overflow"))?)
         };
-        let table = self.identity(seq).await?;
+        // The table's identity and its guard, in one round trip: a table
+        // without its guard (a restore made with --skip-triggers, a trigger
+        // dropped) is refused before its block is used.
+        let identity = match self.returning {
+            true => format!("({})", self.identity.sql(SEGMENT_TABLE)),
+            false => "NULL".to_string(),
+        };
+        let (table, guards): (Option<i64>, u64) = self
+            .conn
+            .query_first(format!("SELECT {identity}, ({})", guard_count_sql()))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the table's identity", e))?
+            .ok_or_else(|| TicketError::db(&self.server, "read the table's identity", "no row"))?;
+        if guards != GUARD_EVENTS.len() as u64 {
+            return Err(unguarded(&self.server, SEGMENT_TABLE));
+        }
         Ok(Stamped { value, table })
     }
 
@@ -398,11 +413,7 @@ impl Backend for MariaSession {
                 seq.table(),
                 past.min(seq.max_id())
             ),
-            Mode::Segment => format!(
-                "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, {}) WHERE sequence_name = '{}'",
-                lattice.row_above(past),
-                seq.name
-            ),
+            Mode::Segment => raise_segment_sql(lattice, seq, past),
         };
         // The per-id raise is a REPLACE on the one row too: it deadlocks
         // with the clients' REPLACEs as theirs do with each other.
@@ -484,6 +495,23 @@ impl Backend for MariaSession {
             .await
             .map_err(|e| TicketError::db(&self.server, "read the uptime", e))?;
         started.ok_or_else(|| TicketError::db(&self.server, "read the uptime", "no row"))
+    }
+
+    /// The segment table, when a segment sequence needs it and it lacks
+    /// one of its triggers (MariaDB cannot disable a trigger).
+    async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError> {
+        let mut missing = guarded_tables(config, Kind::Mariadb);
+        if !missing.is_empty() {
+            let guards: Option<u64> = self
+                .conn
+                .query_first(guard_count_sql())
+                .await
+                .map_err(|e| TicketError::db(&self.server, "read the triggers", e))?;
+            if guards == Some(GUARD_EVENTS.len() as u64) {
+                missing.clear();
+            }
+        }
+        Ok(missing)
     }
 
     /// Every lattice recorded here (none before `init`).
@@ -696,6 +724,7 @@ impl Backend for MariaSession {
                 "innodb_flush_log_at_trx_commit = 0: a crash can lose the last second of tickets and hand them out again; use 1 (or 2)".to_string(),
             );
         }
+        let unguarded = self.unguarded(config).await?;
         let mut sequences = Vec::new();
         for seq in &config.sequences {
             let counter = self.counter(config, server, seq).await?;
@@ -714,14 +743,7 @@ impl Backend for MariaSession {
             if counter.is_none() {
                 problem = Some("not initialised (run `shardflake tickets init`)".to_string());
             } else if seq.mode == Mode::Segment {
-                let guards: Option<u64> = self
-                    .conn
-                    .query_first(format!(
-                        "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{SEGMENT_TABLE}' AND TRIGGER_NAME LIKE '{GUARD}%'"
-                    ))
-                    .await
-                    .map_err(|e| TicketError::db(&self.server, "read the triggers", e))?;
-                if guards != Some(guard_sql().len() as u64) {
+                if unguarded.iter().any(|t| t == SEGMENT_TABLE) {
                     problem = Some(format!("{SEGMENT_TABLE}: {GUARD_MISSING}"));
                 }
             } else if let Some(column) = &column {
@@ -754,10 +776,21 @@ impl Backend for MariaSession {
     }
 }
 
-/// The guard's triggers ([`GUARD`]), one per event: a row set lower, a
-/// row inserted lower than the one it replaces (`REPLACE`, an upsert), a
-/// row deleted (to be inserted again lower). `@shardflake_rewind` set lets
-/// a statement through (a give-back).
+/// The events the guard has a trigger for.
+const GUARD_EVENTS: [&str; 3] = ["update", "insert", "delete"];
+
+/// How many of the guard's triggers the segment table has.
+fn guard_count_sql() -> String {
+    format!(
+        "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{SEGMENT_TABLE}' AND TRIGGER_NAME IN ({})",
+        GUARD_EVENTS.map(|e| format!("'{GUARD}_{e}'")).join(", ")
+    )
+}
+
+/// The guard's triggers ([`GUARD`]), one per event of [`GUARD_EVENTS`]: a
+/// row set lower, a row inserted lower than the one it replaces
+/// (`REPLACE`, an upsert), a row deleted (to be inserted again lower).
+/// `@shardflake_rewind` set lets a statement through (a give-back).
 fn guard_sql() -> [String; 3] {
     let refusal = guard_refusal(SEGMENT_TABLE, "SET @shardflake_rewind = 1").replace('\'', "''");
     let lower_row = format!(

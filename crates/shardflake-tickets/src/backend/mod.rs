@@ -6,8 +6,9 @@
 //! enum over the two, implementing [`Backend`] by delegating; nothing
 //! here knows about failover, marks stores or clients.
 
-use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
+use crate::config::{Config, Kind, Mode, PgTickets, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
+use crate::segment::Lattice;
 
 pub(crate) mod mariadb;
 pub(crate) mod postgres;
@@ -34,7 +35,9 @@ pub(crate) trait Backend {
 
     /// Reserves a block (`max_id = GREATEST(max_id, floor) + step`): the
     /// row after it, or `Err(row)` when the row is below `seen` (the server
-    /// went back); with the segment table's identity.
+    /// went back); with the segment table's identity. A segment table
+    /// without its guard is refused ([`unguarded`]), seen in the same round
+    /// trip.
     async fn reserve(
         &mut self,
         seq: &SequenceConfig,
@@ -105,6 +108,9 @@ pub(crate) trait Backend {
     /// When the server started, in unix seconds (to the second).
     async fn started(&mut self) -> Result<i64, TicketError>;
 
+    /// The tables of [`guarded_tables`] whose guard is missing or disabled.
+    async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError>;
+
     /// Every lattice recorded on this server, by sequence (empty before
     /// `init`).
     async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError>;
@@ -157,7 +163,51 @@ pub(crate) fn guard_refusal(table: &str, flag: &str) -> String {
 }
 
 /// What `check` says of a table without its guard.
-pub(crate) const GUARD_MISSING: &str = "no guard against setting it back in place (made by an older shardflake): run `shardflake tickets init`";
+pub(crate) const GUARD_MISSING: &str = "no guard against setting it back in place (a restore made without triggers, such as mariadb-dump --skip-triggers, a trigger dropped or disabled, or made by an older shardflake): run `shardflake tickets init`";
+
+/// A session refuses a table without its guard: a restore that then sets
+/// it back in place would not be seen by a client whose last answer was
+/// below the restored value.
+pub(crate) fn unguarded(server: &str, table: &str) -> TicketError {
+    TicketError::misconfigured(
+        server,
+        format!("{table}: {GUARD_MISSING}; the server is not used until then"),
+    )
+}
+
+/// The tables of `config` its guard watches on a server of `kind`: the
+/// segment table (when a sequence is in segment mode) and, on PostgreSQL
+/// with `postgres_tickets = "table"`, each per-id table. (MariaDB's per-id
+/// counter is InnoDB's `AUTO_INCREMENT`, which rows written never lower.)
+pub(crate) fn guarded_tables(config: &Config, kind: Kind) -> Vec<String> {
+    let mut tables = Vec::new();
+    if config.sequences.iter().any(|q| q.mode == Mode::Segment) {
+        tables.push(SEGMENT_TABLE.to_string());
+    }
+    if kind == Kind::Postgres && config.postgres_tickets == PgTickets::Table {
+        tables.extend(
+            config
+                .sequences
+                .iter()
+                .filter(|q| q.mode == Mode::PerId)
+                .map(|q| q.table()),
+        );
+    }
+    tables
+}
+
+/// `UPDATE` of a segment row so that every later block is above `past`:
+/// to the lattice point [`Lattice::row_above`] `past`, or, where the row
+/// is above that, the row rounded up to the lattice (a row off it, such as
+/// one left by a reshape to more servers, is never kept). Only raises, on
+/// both databases (`MOD` of a negative number is negative on both).
+pub(crate) fn raise_segment_sql(lattice: Lattice, seq: &SequenceConfig, past: u64) -> String {
+    let (to, residue, stride) = (lattice.row_above(past), lattice.residue(), lattice.stride());
+    format!(
+        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST({to}, max_id + MOD(MOD({residue} - max_id, {stride}) + {stride}, {stride})) WHERE sequence_name = '{}'",
+        seq.name
+    )
+}
 
 /// What fixes which ids a server hands out for one sequence: recorded on
 /// the server by `init`, compared with the file by every session.

@@ -15,9 +15,12 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
     Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE,
-    SequenceState, ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
+    SequenceState, ServerSettings, Stamped, guard_refusal, guarded_tables, mode_changed,
+    not_initialised, raise_segment_sql, unguarded,
 };
-use crate::config::{Config, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue};
+use crate::config::{
+    Config, Kind, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue,
+};
 use crate::error::TicketError;
 use crate::segment::Lattice;
 
@@ -223,7 +226,7 @@ impl Backend for PgSession {
                 session
                     .client
                     .prepare(&format!(
-                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id, pg_relation_filenode(tableoid)::bigint"
+                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id, pg_relation_filenode(tableoid)::bigint, EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = {SEGMENT_TABLE}.tableoid AND g.tgname = '{GUARD}' AND g.tgenabled <> 'D')"
                     ))
                     .await
                     .map_err(pg_err(name, "prepare (run `shardflake tickets init`?)"))?,
@@ -292,6 +295,10 @@ impl Backend for PgSession {
             .await
             .map_err(pg_err(&self.server, "reserve a block"))?;
         if let Some(row) = row {
+            // Its guard, read in the same round trip.
+            if !row.get::<_, bool>(2) {
+                return Err(unguarded(&self.server, SEGMENT_TABLE));
+            }
             return Ok(Stamped {
                 value: Ok(row.get(0)),
                 table: Some(row.get(1)),
@@ -407,11 +414,7 @@ impl Backend for PgSession {
     ) -> Result<(), TicketError> {
         let to = first_of_residue(past, server.offset, config.increment);
         let sql = match (seq.mode, config.postgres_tickets) {
-            (Mode::Segment, _) => format!(
-                "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, {}) WHERE sequence_name = '{}'",
-                Lattice::new(config, server).row_above(past),
-                seq.name
-            ),
+            (Mode::Segment, _) => raise_segment_sql(Lattice::new(config, server), seq, past),
             // Never below what it already handed out (`setval` alone can
             // set a sequence back under concurrent `nextval`s).
             (Mode::PerId, PgTickets::Sequence) => format!(
@@ -515,6 +518,23 @@ impl Backend for PgSession {
             .await
             .map_err(pg_err(&self.server, "read the start time"))?;
         Ok(row.get(0))
+    }
+
+    /// The guarded tables without an enabled guard trigger.
+    async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError> {
+        let tables = guarded_tables(config, Kind::Postgres);
+        if tables.is_empty() {
+            return Ok(tables);
+        }
+        let rows = self
+            .client
+            .query(
+                "SELECT t FROM unnest($1::text[]) AS t WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = to_regclass(t) AND g.tgname = $2 AND g.tgenabled <> 'D')",
+                &[&tables, &GUARD],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the triggers"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// Every lattice recorded here (none before `init`).
@@ -697,6 +717,7 @@ impl Backend for PgSession {
                 "synchronous_commit = off: a crash can lose the last tickets and hand them out again".to_string(),
             );
         }
+        let unguarded = self.unguarded(config).await?;
         let mut sequences = Vec::new();
         for seq in &config.sequences {
             let counter = self.counter(config, server, seq).await?;
@@ -717,18 +738,10 @@ impl Backend for PgSession {
                 if let Err(e) = self.verify_sequence(config, server, seq).await {
                     problem = Some(e.to_string());
                 }
-            } else if let Some(table) = guarded {
-                let found = self
-                    .client
-                    .query_opt(
-                        "SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2",
-                        &[&table, &GUARD],
-                    )
-                    .await
-                    .map_err(pg_err(&self.server, "read the triggers"))?;
-                if found.is_none() {
-                    problem = Some(format!("{table}: {GUARD_MISSING}"));
-                }
+            } else if let Some(table) = guarded
+                && unguarded.contains(&table)
+            {
+                problem = Some(format!("{table}: {GUARD_MISSING}"));
             }
             sequences.push(SequenceState {
                 name: seq.name.clone(),
