@@ -326,7 +326,7 @@ impl Backend for MariaSession {
             .await
             .map_err(|e| TicketError::db(&self.server, "read the table's identity", e))?
             .ok_or_else(|| TicketError::db(&self.server, "read the table's identity", "no row"))?;
-        if guards != GUARD_EVENTS.len() as u64 {
+        if guards != guard_triggers(SEGMENT_TABLE).len() as u64 {
             return Err(unguarded(&self.server, SEGMENT_TABLE));
         }
         Ok(Stamped { value, table })
@@ -422,6 +422,9 @@ impl Backend for MariaSession {
             attempts += 1;
             match self.conn.query_drop(&sql).await {
                 Err(e) if again_after_deadlock(&e, &self.conn, attempts).await => {}
+                // The guard refuses an explicit id below the table's
+                // largest: the counter is past `past` already.
+                Err(e) if seq.mode == Mode::PerId && is_guard_refusal(&e) => return Ok(()),
                 answer => {
                     return answer.map_err(|e| {
                         TicketError::db(&self.server, &format!("raise the counter ({sql})"), e)
@@ -497,21 +500,29 @@ impl Backend for MariaSession {
         started.ok_or_else(|| TicketError::db(&self.server, "read the uptime", "no row"))
     }
 
-    /// The segment table, when a segment sequence needs it and it lacks
-    /// one of its triggers (MariaDB cannot disable a trigger).
+    /// The tables that lack one of their guard's triggers (MariaDB cannot
+    /// disable a trigger).
     async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError> {
-        let mut missing = guarded_tables(config, Kind::Mariadb);
-        if !missing.is_empty() {
-            let guards: Option<u64> = self
-                .conn
-                .query_first(guard_count_sql())
-                .await
-                .map_err(|e| TicketError::db(&self.server, "read the triggers", e))?;
-            if guards == Some(GUARD_EVENTS.len() as u64) {
-                missing.clear();
-            }
+        let tables = guarded_tables(config, Kind::Mariadb);
+        if tables.is_empty() {
+            return Ok(tables);
         }
-        Ok(missing)
+        let found: Vec<String> = self
+            .conn
+            .query(format!(
+                "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND TRIGGER_NAME IN ({})",
+                guard_names(&tables)
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the triggers", e))?;
+        Ok(tables
+            .into_iter()
+            .filter(|t| {
+                guard_triggers(t)
+                    .iter()
+                    .any(|(name, _)| !found.contains(name))
+            })
+            .collect())
     }
 
     /// Every lattice recorded here (none before `init`).
@@ -621,11 +632,11 @@ impl Backend for MariaSession {
             ))
             .await
             .map_err(run(format!("CREATE TABLE {SEGMENT_TABLE}")))?;
-        for sql in guard_sql() {
+        for (trigger, sql) in guard_triggers(SEGMENT_TABLE) {
             self.conn
                 .query_drop(sql)
                 .await
-                .map_err(run(format!("CREATE TRIGGER {GUARD}_… ON {SEGMENT_TABLE}")))?;
+                .map_err(run(format!("CREATE TRIGGER {trigger} ON {SEGMENT_TABLE}")))?;
         }
         for seq in &config.sequences {
             let lattice = Lattice::new(config, server);
@@ -662,6 +673,12 @@ impl Backend for MariaSession {
                         ))
                         .await
                         .map_err(run(format!("CREATE TABLE {}", seq.table())))?;
+                    for (trigger, sql) in guard_triggers(&seq.table()) {
+                        self.conn
+                            .query_drop(sql)
+                            .await
+                            .map_err(run(format!("CREATE TRIGGER {trigger} ON {}", seq.table())))?;
+                    }
                     let counter = self.counter(config, server, seq).await?.unwrap_or(0);
                     if counter + 1 < seq.start {
                         self.raise(config, server, seq, seq.start - 1).await?;
@@ -746,6 +763,8 @@ impl Backend for MariaSession {
                 if unguarded.iter().any(|t| t == SEGMENT_TABLE) {
                     problem = Some(format!("{SEGMENT_TABLE}: {GUARD_MISSING}"));
                 }
+            } else if unguarded.contains(&seq.table()) {
+                problem = Some(format!("{}: {GUARD_MISSING}", seq.table()));
             } else if let Some(column) = &column {
                 let want = if seq.bits == 32 { "int" } else { "bigint" };
                 if !column.starts_with(want) || !column.contains("unsigned") {
@@ -776,37 +795,89 @@ impl Backend for MariaSession {
     }
 }
 
-/// The events the guard has a trigger for.
-const GUARD_EVENTS: [&str; 3] = ["update", "insert", "delete"];
+/// The guard's triggers on `table` ([`GUARD`]): `(name, CREATE
+/// statement)`, a refusal unless the session set `@shardflake_rewind` (a
+/// give-back, or an operator restoring with every client stopped).
+/// MariaDB names triggers per database: the segment table's are
+/// `GUARD_update`, `GUARD_insert`, `GUARD_delete` (a row set lower, a row
+/// inserted lower than the one it replaces, a row deleted to be inserted
+/// again lower); a per-id table `t`'s are `t_guard_i`, `t_guard_u`.
+///
+/// A per-id counter is InnoDB's `AUTO_INCREMENT`, which rows written never
+/// lower, but `ALTER TABLE … AUTO_INCREMENT = n` lowers it to the largest
+/// id + 1, unseen by running clients (the table keeps its identity): so
+/// no row may get an id below the largest (a data-only `--replace` load,
+/// an `UPDATE`). A ticket inserts id 0 (`NEW.id` is 0 until the counter
+/// assigns it), so the trigger costs it one comparison. No `DELETE`
+/// trigger: every `REPLACE` deletes the row it replaces.
+fn guard_triggers(table: &str) -> Vec<(String, String)> {
+    let refusal = guard_refusal(table, "SET @shardflake_rewind = 1").replace('\'', "''");
+    let lower: Vec<(String, &str, String)> = if table == SEGMENT_TABLE {
+        vec![
+            (
+                format!("{GUARD}_update"),
+                "UPDATE",
+                "NEW.max_id < OLD.max_id".into(),
+            ),
+            (
+                format!("{GUARD}_insert"),
+                "INSERT",
+                format!(
+                    "NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name)"
+                ),
+            ),
+            (format!("{GUARD}_delete"), "DELETE", "TRUE".into()),
+        ]
+    } else {
+        vec![
+            (
+                format!("{table}_guard_i"),
+                "INSERT",
+                format!("NEW.id <> 0 AND NEW.id < (SELECT MAX(t.id) FROM {table} t)"),
+            ),
+            (
+                format!("{table}_guard_u"),
+                "UPDATE",
+                "NEW.id < OLD.id".into(),
+            ),
+        ]
+    };
+    lower
+        .into_iter()
+        .map(|(name, event, lower)| {
+            let sql = format!(
+                "CREATE OR REPLACE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW BEGIN IF @shardflake_rewind IS NULL AND {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+            )
+            ;
+            (name, sql)
+        })
+        .collect()
+}
 
-/// How many of the guard's triggers the segment table has.
+/// The names of the guard's triggers on `tables`, quoted for `IN (…)`.
+fn guard_names(tables: &[String]) -> String {
+    tables
+        .iter()
+        .flat_map(|t| guard_triggers(t))
+        .map(|(name, _)| format!("'{name}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How many of the segment table's guard triggers exist.
 fn guard_count_sql() -> String {
     format!(
         "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{SEGMENT_TABLE}' AND TRIGGER_NAME IN ({})",
-        GUARD_EVENTS.map(|e| format!("'{GUARD}_{e}'")).join(", ")
+        guard_names(&[SEGMENT_TABLE.to_string()])
     )
 }
 
-/// The guard's triggers ([`GUARD`]), one per event of [`GUARD_EVENTS`]: a
-/// row set lower, a row inserted lower than the one it replaces
-/// (`REPLACE`, an upsert), a row deleted (to be inserted again lower).
-/// `@shardflake_rewind` set lets a statement through (a give-back).
-fn guard_sql() -> [String; 3] {
-    let refusal = guard_refusal(SEGMENT_TABLE, "SET @shardflake_rewind = 1").replace('\'', "''");
-    let lower_row = format!(
-        "NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name)"
-    );
-    [
-        ("update", "NEW.max_id < OLD.max_id"),
-        ("insert", lower_row.as_str()),
-        ("delete", "TRUE"),
-    ]
-    .map(|(event, lower)| {
-        format!(
-            "CREATE OR REPLACE TRIGGER {GUARD}_{event} BEFORE {} ON {SEGMENT_TABLE} FOR EACH ROW BEGIN IF @shardflake_rewind IS NULL AND {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END",
-            event.to_uppercase()
-        )
-    })
+/// ER_SIGNAL_EXCEPTION: a trigger refused the statement.
+const SIGNALLED: u16 = 1644;
+
+/// Whether `e` is the guard refusing a row below the table's largest.
+fn is_guard_refusal(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if s.code == SIGNALLED && s.message.contains("never set back in place"))
 }
 
 #[cfg(test)]

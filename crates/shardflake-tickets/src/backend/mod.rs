@@ -145,9 +145,10 @@ pub const HW_TABLE: &str = "shardflake_ticket_hw";
 /// Each sequence's lattice as `init` recorded it on this server.
 pub const LATTICE_TABLE: &str = "shardflake_ticket_lattice";
 
-/// The trigger (MariaDB: one per event, this name and a suffix) that
+/// The trigger (MariaDB: one per event, named after it and its table) that
 /// refuses to set a counter back in place: the segment table's rows, and
-/// PostgreSQL's per-id ticket tables. A restore that keeps the table (an
+/// the per-id ticket tables (MariaDB: no row's id below the largest, so
+/// that `ALTER TABLE … AUTO_INCREMENT` cannot lower the counter). A restore that keeps the table (an
 /// `UPDATE`, a `DELETE` and rows again, MariaDB's `REPLACE` of a data-only
 /// dump) keeps its identity, so a client whose last answer was below the
 /// restored value could not see it and would hand out ids again; a table
@@ -176,15 +177,14 @@ pub(crate) fn unguarded(server: &str, table: &str) -> TicketError {
 }
 
 /// The tables of `config` its guard watches on a server of `kind`: the
-/// segment table (when a sequence is in segment mode) and, on PostgreSQL
-/// with `postgres_tickets = "table"`, each per-id table. (MariaDB's per-id
-/// counter is InnoDB's `AUTO_INCREMENT`, which rows written never lower.)
+/// segment table (when a sequence is in segment mode) and each per-id
+/// table (not a PostgreSQL sequence: no trigger fires on one).
 pub(crate) fn guarded_tables(config: &Config, kind: Kind) -> Vec<String> {
     let mut tables = Vec::new();
     if config.sequences.iter().any(|q| q.mode == Mode::Segment) {
         tables.push(SEGMENT_TABLE.to_string());
     }
-    if kind == Kind::Postgres && config.postgres_tickets == PgTickets::Table {
+    if kind == Kind::Mariadb || config.postgres_tickets == PgTickets::Table {
         tables.extend(
             config
                 .sequences

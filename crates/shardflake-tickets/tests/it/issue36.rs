@@ -255,3 +255,61 @@ async fn init_reshaped(two: &Config, b: &MariaDbServer) {
     assert!(!done.is_empty(), "nothing reshaped");
     assert!(admin::check(two).await.ok());
 }
+
+/// F3, MariaDB per id: a data-only `--replace` load of a ticket table
+/// (its row's id set back), then `ALTER TABLE … AUTO_INCREMENT = 11`,
+/// which InnoDB lowers to the largest id + 1: the counter went back in
+/// place, the table kept its identity, and a running client whose last
+/// answer was below could not see it. The table's guard now refuses the
+/// load (no row's id below the largest), so the `ALTER` cannot lower the
+/// counter. Before: the load went through and the counter went from
+/// past 200 to 11.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_per_id_counter_is_never_lowered_in_place_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 10).await.unwrap();
+    let path = dump_with(
+        &a,
+        "f3",
+        &[
+            "--no-create-info",
+            "--replace",
+            "--skip-triggers",
+            "app",
+            "tickets_photos",
+        ],
+    );
+    for _ in 0..3 {
+        ids.extend(client.next_n("photos", 100).await.unwrap());
+    }
+    let loaded = std::process::Command::new("mariadb")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", a.port))
+        .arg("app")
+        .stdin(std::fs::File::open(&path).unwrap())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&loaded.stderr);
+    assert!(!loaded.status.success(), "the dump was loaded in place");
+    assert!(said.contains("never set back in place"), "{said}");
+    a.sql("ALTER TABLE tickets_photos AUTO_INCREMENT = 11")
+        .unwrap();
+    let next: u64 = a
+        .sql("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'app' AND TABLE_NAME = 'tickets_photos'")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let largest_of_a = ids.iter().filter(|id| *id % 2 == 1).max().copied().unwrap();
+    assert!(
+        next > largest_of_a,
+        "counter {next}, a handed out {largest_of_a}"
+    );
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    ids.extend(fresh.next_n("photos", 100).await.unwrap());
+    ids.extend(client.next_n("photos", 100).await.unwrap());
+    assert_unique(&ids);
+}
