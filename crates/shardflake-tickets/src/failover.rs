@@ -10,9 +10,11 @@
 //! client's prober ([`crate::client`]) reconnects it in the background
 //! every `probe_interval_ms` and takes it back when the reconnect passes the
 //! checks. Every new session is checked before its first use: increment and
-//! offset (or the sequence's schema) and each sequence's recorded lattice as
-//! in the file; and, the first after a failure or a restart of the server,
-//! against the marks: each counter is raised past the largest of the marks in the
+//! offset (or the sequence's schema), each sequence's recorded lattice as
+//! in the file, and the guard on every table it watches; and, the first
+//! after a failure or a restart of the server, against the marks (a
+//! segment row off the server's lattice is refused): each counter is
+//! raised past the largest of the marks in the
 //! [`HighWaterStore`], this client's own, and its answers; when no place
 //! holding marks answers and the client has none, the server is refused
 //! (`no_high_water`). Every answer is compared with the previous one from
@@ -40,8 +42,10 @@ pub enum Health {
     Up,
     /// Its last call or connect failed; probed until it answers.
     Down(String),
-    /// It answers but must not be used: behind its high-water, or
-    /// misconfigured. Probed until the reason is gone.
+    /// It answers but must not be used: it went back, was recreated, has
+    /// no place holding its marks answering, a lattice other than the
+    /// file's, or is misconfigured (a table without its guard, a segment
+    /// row off its lattice, ...). Probed until the reason is gone.
     Refused(TicketError),
 }
 

@@ -266,9 +266,9 @@ impl Backend for MariaSession {
     /// the OK packet: `SELECT LAST_INSERT_ID()`), only where the
     /// row is at or above `seen` (the largest this client got from it):
     /// `Err(row)` when it is below (the server went back). The segment
-    /// table's identity is read after it (a second round trip, once a
-    /// block: `UPDATE` has no `RETURNING`); read after, it shows any
-    /// recreation that came before the reservation.
+    /// table's identity and guard are read after it (a second round trip,
+    /// once a block: `UPDATE` has no `RETURNING`); read after, they show
+    /// any recreation that came before the reservation.
     async fn reserve(
         &mut self,
         seq: &SequenceConfig,

@@ -276,8 +276,9 @@ impl Backend for PgSession {
     }
 
     /// Reserves a block: `max_id = GREATEST(max_id, floor) + step RETURNING
-    /// max_id` and the table's file node, only where the row is at or above
-    /// `seen`: `Err(row)` when it is below (the server went back).
+    /// max_id`, the table's file node and whether its guard is there and
+    /// enabled, only where the row is at or above `seen`: `Err(row)` when
+    /// it is below (the server went back).
     async fn reserve(
         &mut self,
         seq: &SequenceConfig,
