@@ -839,13 +839,13 @@ impl Pool {
         // out; a block whose mark no place took is never used (its ids
         // are skipped).
         let s = &self.servers[server];
+        let block = Block::new(server, row, chunks, s.lattice, seq.max_id());
         let mark = s.lattice.counter_of_row(row);
         if let Err(e) = self.write_marks(s, &[(seq.name.clone(), mark)]).await {
-            s.skipped
-                .fetch_add((chunks * s.lattice.stride()) as u64, Ordering::Relaxed);
+            s.skipped.fetch_add(block.size, Ordering::Relaxed);
             return Err(e);
         }
-        Ok(Block::new(server, row, chunks, s.lattice, seq.max_id()))
+        Ok(block)
     }
 
     /// Gives the unused tail of `block` (of sequence `index`) back to its

@@ -313,3 +313,33 @@ async fn a_per_id_counter_is_never_lowered_in_place_mariadb() {
     ids.extend(client.next_n("photos", 100).await.unwrap());
     assert_unique(&ids);
 }
+
+/// A block whose mark no place took is never used: its ids are counted
+/// skipped, as many as the block holds (chunks × chunk). Before: chunks ×
+/// chunk × increment (2,000 for a block of 1,000 here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_block_whose_mark_was_not_written_counts_its_own_ids_skipped() {
+    use shardflake_tickets::mysql_async::{self, prelude::Queryable};
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut locks = Vec::new();
+    for m in [&a, &b] {
+        let mut conn = mysql_async::Conn::from_url(m.url()).await.unwrap();
+        conn.query_drop("LOCK TABLES shardflake_ticket_hw WRITE")
+            .await
+            .unwrap();
+        locks.push(conn);
+    }
+    let taken = client.next("blocks").await;
+    for mut conn in locks {
+        conn.query_drop("UNLOCK TABLES").await.unwrap();
+    }
+    assert!(
+        taken.is_err(),
+        "a block was used without its mark: {taken:?}"
+    );
+    let skipped: u64 = client.metrics().iter().map(|m| m.skipped_ids).sum();
+    assert_eq!(skipped, 1000, "{:?}", client.metrics());
+}
