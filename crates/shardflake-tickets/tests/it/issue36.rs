@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use shardflake_testkit::{MariaDbServer, PgServer};
+use shardflake_testkit::PgServer;
 use shardflake_tickets::{Config, TicketClient, admin};
 
 use super::repro::{FIXED, dump_with, pair, restore};
@@ -212,15 +212,18 @@ async fn a_segment_table_loaded_from_the_peers_backup_is_refused() {
 /// A reshape from one server to two in segment mode: the old row is not
 /// on the first server's new lattice. The raise now rounds it up onto
 /// the lattice. Before: the row kept its value, a row of the second
-/// server's lattice, and two clients got the same chunks from both.
+/// server's lattice, and two clients got the same chunks from both
+/// (MariaDB: 4,100 duplicates).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reshape_to_more_servers_leaves_every_row_on_its_lattice() {
     let (a, b) = (maria(2, 1), maria(2, 2));
-    let one = Config::parse(&format!(
-        "{}{FIXED}",
-        server_toml("a", "mariadb", &a.url(), 1)
-    ))
-    .unwrap();
+    reshape_one_to_two("mariadb", &a.url(), &b.url()).await;
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    reshape_one_to_two("postgres", &a.url(), &b.url()).await;
+}
+
+async fn reshape_one_to_two(kind: &str, a: &str, b: &str) {
+    let one = Config::parse(&format!("{}{FIXED}", server_toml("a", kind, a, 1))).unwrap();
     init_ok(&one).await;
     // Two blocks used up: the row is given back to 2000, a row of the
     // second server's new lattice (≡ 0 mod 200), not the first's.
@@ -228,8 +231,24 @@ async fn a_reshape_to_more_servers_leaves_every_row_on_its_lattice() {
     let mut ids = alone.next_n("blocks", 2000).await.unwrap();
     alone.shutdown().await;
     drop(alone);
-    let two = pair(&a, &b, "");
-    init_reshaped(&two, &b).await;
+    // b is new: `init` it alone, then `reshape` the pair.
+    let b_only = Config::parse(&format!(
+        "increment = 2\n{}{FIXED}",
+        server_toml("b", kind, b, 2)
+    ))
+    .unwrap();
+    init_ok(&b_only).await;
+    let two = Config::parse(&format!(
+        "{}{}{FIXED}",
+        server_toml("a", kind, a, 1),
+        server_toml("b", kind, b, 2)
+    ))
+    .unwrap();
+    let store = shardflake_tickets::PeersStore::new(two.clone());
+    let done = admin::reshape(&two, &store).await.unwrap();
+    assert!(!done.is_empty(), "{kind}: nothing reshaped");
+    let report = admin::check(&two).await;
+    assert!(report.ok(), "{kind}: {report}");
     // Two clients, each with its own floor: a's blocks and b's meet.
     let x = TicketClient::connect(two.clone()).await.unwrap();
     let y = TicketClient::connect(two.clone()).await.unwrap();
@@ -240,20 +259,6 @@ async fn a_reshape_to_more_servers_leaves_every_row_on_its_lattice() {
         }
     }
     assert_unique(&ids);
-}
-
-/// `b` is new: `init` it alone, then `reshape` the pair.
-async fn init_reshaped(two: &Config, b: &MariaDbServer) {
-    let b_only = Config::parse(&format!(
-        "increment = 2\n{}{FIXED}",
-        server_toml("b", "mariadb", &b.url(), 2)
-    ))
-    .unwrap();
-    init_ok(&b_only).await;
-    let store = shardflake_tickets::PeersStore::new(two.clone());
-    let done = admin::reshape(two, &store).await.unwrap();
-    assert!(!done.is_empty(), "nothing reshaped");
-    assert!(admin::check(two).await.ok());
 }
 
 /// F3, MariaDB per id: a data-only `--replace` load of a ticket table
