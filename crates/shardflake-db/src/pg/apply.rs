@@ -1,6 +1,7 @@
 //! `pg apply`: check every server's records against the file, then create
 //! each shard's schema, sequence, functions and tables, all or nothing.
 
+use super::catalog::{self, Deployment, State};
 use super::*;
 
 /// What `apply` did on one server.

@@ -1,6 +1,7 @@
 //! `pg check`: every difference between the servers and the file, and
 //! every setting that breaks the no-repeat argument.
 
+use super::catalog::{self, State};
 use super::*;
 
 /// Compares what is deployed on every server with the topology: first the

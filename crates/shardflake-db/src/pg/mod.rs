@@ -1,25 +1,49 @@
-//! `apply`, `check` and `repair` against real PostgreSQL servers, each
-//! reading every server's records first ([`crate::catalog`]).
+//! PostgreSQL: the topology file, the deployment's records on its servers,
+//! the generated SQL, and the commands over tokio-postgres, one module each:
+//!
+//! - [`topology`]: the TOML topology file (layout, logical shards, servers,
+//!   table templates), validated with typed errors.
+//! - [`sql`]: pure SQL generation from a [`shardflake::Layout`]: schemas,
+//!   sequences, `next_id()`, the decode function, tables. The design of
+//!   `next_id` (no integer overflow, sign-bit policy, no repeated id beyond
+//!   2^sequence ids per tick) is documented there.
+//! - [`catalog`]: what a deployment is, recorded on its servers (layout,
+//!   prefix, shard count, each shard's owner, fence and move), and the rules
+//!   a topology file is checked against before anything changes.
+//! - `apply` (idempotent; every server checked before any is changed),
+//!   `check` (drift between servers and topology) and `repair` (after a
+//!   restore), each reading every server's records first.
+//! - [`move_shard`]: copies a logical shard to another server under a brief
+//!   write pause, switches the topology, verifies, then drops the old copy.
+//! - [`route`]: key → logical shard → server and schema; id → shard →
+//!   server; `INSERT ... RETURNING id`.
+//!
+//! This file holds what they share (connections, lookups, [`Drift`]); it
+//! uses none of them but `sql` and `topology`, so `catalog` and the
+//! commands depend on it, never the other way round.
 
 use std::fmt;
 use std::time::Duration;
 
 use tokio_postgres::{Client, GenericClient, NoTls};
 
-use crate::catalog::{self, Deployment, State};
-use crate::topology::{Server, Topology};
 use crate::{Error, SQLSTATE_RESTORED, pg_message};
 
 mod apply;
+pub mod catalog;
 mod check;
 pub mod move_shard;
 mod repair;
+pub mod route;
 pub mod sql;
+pub mod topology;
 
 pub(crate) use apply::install_shard;
 pub use apply::{Applied, apply};
 pub use check::check;
 pub use repair::{Repaired, repair};
+pub use route::{Route, Router};
+pub use topology::{Server, SignBit, Topology, TopologyError};
 
 /// Connects to a server (5 s connect timeout); the connection task runs on
 /// the current tokio runtime.

@@ -1,6 +1,6 @@
 //! Moving one logical shard to another physical server.
 //!
-//! 0. **Record** the move on both servers ([`crate::catalog`]): the
+//! 0. **Record** the move on both servers ([`crate::pg::catalog`]): the
 //!    destination's shard `incoming` (from the source), the source's
 //!    `moving` (to the destination). From here on `pg apply` refuses the
 //!    shard and `pg check` reports the move until it is finished or undone.
@@ -29,11 +29,11 @@
 //!    looks committed before the snapshot. Deletions are found by comparing
 //!    ids (the destination then holds every source row plus the deleted ones).
 //! 3. **Go live**: set the destination's sequence to the source's last value
-//!    read in the pause (the packed time and sequence, see [`crate::sql`]):
+//!    read in the pause (the packed time and sequence, see [`crate::pg::sql`]):
 //!    the destination continues where the source stopped, so no id is
 //!    reused; its record becomes `live`, in the same transaction.
 //! 4. **Switch** the topology file atomically (write, fsync, rename). Writers
-//!    that got `SF001` reload it and go to the new server ([`crate::Router`]
+//!    that got `SF001` reload it and go to the new server ([`crate::pg::Router`]
 //!    does this). The pause ends here.
 //! 5. **Drop** the source schema and its record, only now (`--keep-source`
 //!    keeps both, fenced for good: `pg apply` never lifts a fence).
@@ -99,11 +99,10 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient};
 
-use crate::catalog::{self, Deployment, ServerView, State};
-use crate::pg::{self, APPLY_LOCK, ctx};
-use crate::sql;
-use crate::topology::Topology;
-use crate::{Error, SQLSTATE_MOVED};
+use super::catalog::{self, Deployment, ServerView, State};
+use super::topology::{Topology, TopologyError};
+use super::{APPLY_LOCK, ctx, sql};
+use crate::{Error, SQLSTATE_MOVED, pg};
 
 /// Options of a move.
 #[derive(Debug, Clone, Default)]
@@ -270,7 +269,7 @@ impl Deployed {
             .servers()
             .iter()
             .position(|s| s.name == name)
-            .ok_or_else(|| crate::TopologyError::UnknownServer(name.to_string()).into())
+            .ok_or_else(|| TopologyError::UnknownServer(name.to_string()).into())
     }
 
     /// The two clients, mutably (`a` and `b` differ: every caller checked

@@ -1,6 +1,7 @@
 //! `pg repair`: after a restore, move each shard's sequence past what it
 //! handed out and rebuild its functions for the restored sequence.
 
+use super::catalog::{self, State};
 use super::*;
 
 /// What `repair` did to one shard.

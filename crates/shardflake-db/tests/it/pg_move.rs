@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use shardflake::Id;
-use shardflake_db::move_shard::{MoveOptions, move_shard};
-use shardflake_db::{Topology, pg, sql};
+use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+use shardflake_db::pg::{self, Topology, sql};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
 
@@ -471,7 +471,7 @@ async fn fence_sql_keeps_any_server_name_inside_the_message() {
         .await
         .unwrap();
     let to = "b$f$; CREATE TABLE public.pwned (); SELECT $f$ '\"; --";
-    let fence = shardflake_db::move_shard::fence_sql("shard3", &[], 3, to);
+    let fence = shardflake_db::pg::move_shard::fence_sql("shard3", &[], 3, to);
     ca.batch_execute(&fence)
         .await
         .unwrap_or_else(|e| panic!("{}\n{fence}", shardflake_db::pg_message(&e)));
@@ -577,7 +577,7 @@ async fn a_move_failing_after_going_live_is_finished_by_running_it_again() {
         .unwrap();
     assert_eq!(
         report.resumed_after,
-        Some(shardflake_db::move_shard::MoveStep::Live)
+        Some(shardflake_db::pg::move_shard::MoveStep::Live)
     );
     let topo = Topology::load(&file.0).unwrap();
     assert_eq!(topo.server_of(3).unwrap().name, "b");

@@ -35,8 +35,7 @@ use std::path::Path;
 use serde::Deserialize;
 use shardflake::{FieldKind, Layout, preset};
 
-/// Name of the layout field that holds the logical shard.
-pub const SHARD_FIELD: &str = "shard";
+use crate::SHARD_FIELD;
 
 /// What the generated functions do once the time would set the sign bit of a
 /// signed `bigint` (layouts that use all 64 bits, such as Instagram's, from

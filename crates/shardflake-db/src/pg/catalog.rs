@@ -25,9 +25,9 @@ use std::fmt;
 
 use tokio_postgres::GenericClient;
 
+use super::topology::{SignBit, Topology};
+use super::{Drift, ctx};
 use crate::Error;
-use crate::pg::{Drift, ctx};
-use crate::topology::{SignBit, Topology};
 
 /// Tables of the records, idempotent.
 pub const CATALOG_DDL: &str = "CREATE SCHEMA IF NOT EXISTS shardflake;
