@@ -55,6 +55,14 @@ pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
     let mut problems = Vec::new();
     for (tx, server) in txs.iter().zip(topo.servers()) {
         views.push(catalog::read(tx, &server.name, topo).await?);
+        // Warnings, as `mysql apply` warns: `pg check` fails on the first.
+        let settings = durability(tx, &server.name).await?;
+        for warning in [settings.commits_lost_by_a_crash, settings.fsync_off]
+            .into_iter()
+            .flatten()
+        {
+            tracing::warn!(server = server.name.as_str(), "{warning}");
+        }
         if let Some(p) = too_many_sessions(topo, &server.name, tx).await? {
             problems.push(Drift {
                 server: server.name.clone(),

@@ -4,8 +4,10 @@
 use super::catalog::{self, State};
 use super::*;
 
-/// Compares what is deployed on every server with the topology: first the
-/// records against the file ([`catalog::conflicts`]: also a shard fenced
+/// Compares what is deployed on every server with the topology and the
+/// settings the no-repeat argument needs (too many sessions;
+/// `synchronous_commit = off`, while `fsync = off` is logged as a warning:
+/// `durability` in `pg/mod.rs`): first the records against the file ([`catalog::conflicts`]: also a shard fenced
 /// everywhere, a move that did not finish, shard schemas of any prefix),
 /// then each live shard's functions, sequence and tables. An unreachable
 /// server is a drift item, not an error, so one dead server does not hide
@@ -37,6 +39,13 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         };
         if let Some(problem) = too_many_sessions(topo, name, client).await? {
             drift.push(d(None, problem));
+        }
+        let settings = durability(client, name).await?;
+        if let Some(problem) = settings.commits_lost_by_a_crash {
+            drift.push(d(None, problem));
+        }
+        if let Some(warning) = settings.fsync_off {
+            tracing::warn!(server = name, "{warning}");
         }
         if view.deployment.is_none() {
             drift.push(d(

@@ -244,6 +244,72 @@ async fn too_many_sessions(
     )))
 }
 
+/// What a crash can do to the ids a server acknowledged, as its settings
+/// say ([`durability`]).
+#[derive(Debug, Default)]
+pub(crate) struct Durability {
+    /// `synchronous_commit = off` for our session, or set so by a database
+    /// or role: the problem, naming them.
+    pub commits_lost_by_a_crash: Option<String>,
+    /// `fsync = off`: the warning.
+    pub fsync_off: Option<String>,
+}
+
+/// Reads the settings that decide whether a crash can set a shard
+/// sequence back below ids already handed out. `next_id` is safe only if
+/// the WAL of every commit that returned an id is on disk before the
+/// commit returns; we report rather than force `synchronous_commit` from
+/// `next_id` (a session can still turn it off, and forcing it costs every
+/// caller a flush per transaction), as `mysql check` reports
+/// `innodb_flush_log_at_trx_commit = 0`:
+///
+/// - `synchronous_commit = off` loses the last commits' WAL (still in
+///   shared memory) when the server is killed, or a backend is (the
+///   postmaster then restarts every process): ids are made again with no
+///   operator step in between. A problem for `pg check`, a warning of
+///   `pg apply`. A database's or role's override (`ALTER DATABASE/ROLE ...
+///   SET`) counts, since the application's sessions get it; a session's
+///   own `SET` cannot be seen from here (the guide says so).
+/// - `fsync = off` loses nothing when the server is killed, only when the
+///   operating system crashes (which can corrupt the whole cluster): the
+///   counterpart of `innodb_flush_log_at_trx_commit = 2`. A warning of
+///   both.
+pub(crate) async fn durability(c: &impl GenericClient, name: &str) -> Result<Durability, Error> {
+    let row = c
+        .query_one(
+            "SELECT current_setting('synchronous_commit'), current_setting('fsync'),
+                    (SELECT string_agg(concat_ws(' and ', 'database ' || d.datname, 'role ' || r.rolname), ', '
+                                       ORDER BY d.datname, r.rolname)
+                       FROM pg_db_role_setting s
+                       LEFT JOIN pg_database d ON d.oid = s.setdatabase
+                       LEFT JOIN pg_roles r ON r.oid = s.setrole
+                      WHERE EXISTS (SELECT FROM unnest(s.setconfig) c
+                                     WHERE lower(c) ~ '^synchronous_commit=(off|false|no|0)$'))",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "reading synchronous_commit and fsync"))?;
+    let (sync, fsync, overrides): (String, String, Option<String>) =
+        (row.get(0), row.get(1), row.get(2));
+    let mut set_by = Vec::new();
+    if sync == "off" {
+        set_by.push("for this server".to_string());
+    }
+    set_by.extend(overrides.map(|o| format!("by {o}")));
+    let fix = "ALTER SYSTEM SET synchronous_commit = on (or remote_write, remote_apply, local), and RESET it where a database or role sets it off";
+    Ok(Durability {
+        commits_lost_by_a_crash: (!set_by.is_empty()).then(|| {
+            format!(
+                "synchronous_commit = off ({}): a crash of the server, or of one backend, loses the last commits, a shard sequence's position with them, and next_id() hands out again ids it already acknowledged; {fix}",
+                set_by.join("; ")
+            )
+        }),
+        fsync_off: (fsync == "off").then(|| {
+            "fsync = off: an operating-system crash (not a killed server) can lose acknowledged commits, a shard sequence's position with them (ids handed out again), or corrupt the cluster; set fsync = on unless the data is thrown away".to_string()
+        }),
+    })
+}
+
 /// Sequences among `seqs` (schema-qualified) whose options differ from what
 /// `next_id` needs ([`sql::sequence_options`]), each with what it has.
 async fn odd_sequences(

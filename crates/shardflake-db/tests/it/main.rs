@@ -5,6 +5,7 @@ mod id_types;
 mod mysql;
 mod mysql_operator;
 mod pg;
+mod pg_durability;
 mod pg_move;
 mod pg_next_id;
 mod pg_operator;
