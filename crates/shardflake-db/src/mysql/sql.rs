@@ -503,12 +503,15 @@ pub fn trigger_sql(plan: &Plan, names: &Names) -> String {
 /// high-water, far behind the clock, more than twice `AHEAD_MS` ahead of
 /// it), `SIGNAL`led (SQLSTATE 45000) in any `sql_mode`, `INSERT
 /// IGNORE` included. `generate_post_id` calls it for a draw ahead too.
+/// Declared `READS SQL DATA` (it reads the sequence's last draw and the
+/// high-water, and writes nothing): a server writing a binary log refuses
+/// a function that declares none of that (`ERROR 1418`).
 pub fn refused_function_sql(plan: &Plan, names: &Names) -> String {
     let f = names.refused_function();
     let layout = plan.layout().name();
     let ahead = plan.packed_ms(AHEAD_MS);
     format!(
-        "CREATE OR REPLACE FUNCTION `{f}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC
+        "CREATE OR REPLACE FUNCTION `{f}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC READS SQL DATA
 COMMENT {comment}
 BEGIN
   DECLARE us BIGINT DEFAULT {us};

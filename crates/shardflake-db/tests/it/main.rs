@@ -3,6 +3,7 @@
 
 mod id_types;
 mod mysql;
+mod mysql_binlog;
 mod mysql_operator;
 mod pg;
 mod pg_durability;
