@@ -11,23 +11,30 @@ use super::*;
 /// everywhere, a move that did not finish, shard schemas of any prefix),
 /// then each live shard's functions, sequence and tables. An unreachable
 /// server is a drift item, not an error, so one dead server does not hide
-/// the state of the others.
+/// the state of the others. Shares the deployment lock on the others
+/// first: a move, apply or repair under way is waited for.
 pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
     let mut drift = Vec::new();
     let mut clients = Vec::new();
-    let mut views = Vec::new();
     for server in topo.servers() {
         match connect(server).await {
-            Ok(c) => {
-                views.push(catalog::read(&c, &server.name, topo).await?);
-                clients.push((server, c));
-            }
+            Ok(c) => clients.push((server, c)),
             Err(e) => drift.push(Drift {
                 server: server.name.clone(),
                 shard: None,
                 problem: format!("unreachable: {e}"),
             }),
         }
+    }
+    // Shared: checks run side by side, and wait for a command that
+    // changes the deployment (a move under way) to end.
+    let (servers, conns): (Vec<_>, Vec<_>) = clients.into_iter().unzip();
+    let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+    lock_deployment(&conns, &names, Lock::Shared).await?;
+    let clients: Vec<_> = servers.into_iter().zip(conns).collect();
+    let mut views = Vec::new();
+    for (server, c) in &clients {
+        views.push(catalog::read(c, &server.name, topo).await?);
     }
     drift.extend(catalog::conflicts(topo, &views));
     for ((server, client), view) in clients.iter().zip(&views) {

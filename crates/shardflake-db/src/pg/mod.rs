@@ -81,9 +81,52 @@ pub(crate) fn ctx<'a>(
     }
 }
 
-/// The lock `pg apply`, `pg repair` and `pg move-shard` hold on a server
-/// while they change it.
-pub(crate) const APPLY_LOCK: i64 = sql::LOCK_BASE - 1;
+/// The deployment lock: `pg apply`, `pg repair` and `pg move-shard` hold
+/// it on every server of their file while they read the records and
+/// change them, `pg check` shares it while it reads.
+pub const DEPLOYMENT_LOCK: i64 = sql::LOCK_BASE - 1;
+
+/// How a command holds the deployment lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lock {
+    /// Until the transaction each client is in ends (`apply`, `repair`).
+    Transaction,
+    /// Until the session ends or it is released (`move-shard`, which
+    /// commits steps on the way).
+    Session,
+    /// Shared with other readers, until the session ends (`check`).
+    Shared,
+}
+
+/// Takes the deployment lock on each of `clients` (`names[i]` is the
+/// server of `clients[i]`) in name order, so two commands never wait on
+/// each other in a circle. Every command takes it before it reads the
+/// records: what it read then stays true until it has written.
+pub(crate) async fn lock_deployment<C: GenericClient>(
+    clients: &[C],
+    names: &[&str],
+    lock: Lock,
+) -> Result<(), Error> {
+    let call = match lock {
+        Lock::Transaction => "SELECT pg_advisory_xact_lock($1)",
+        Lock::Session => "SELECT pg_advisory_lock($1)",
+        Lock::Shared => "SELECT pg_advisory_lock_shared($1)",
+    };
+    let mut order: Vec<usize> = (0..clients.len()).collect();
+    order.sort_by_key(|&i| names[i]);
+    for i in order {
+        clients[i]
+            .execute(call, &[&DEPLOYMENT_LOCK])
+            .await
+            .map_err(ctx(names[i], "taking the deployment lock"))?;
+    }
+    Ok(())
+}
+
+/// The names of the file's servers, in its order.
+pub(crate) fn server_names(topo: &Topology) -> Vec<&str> {
+    topo.servers().iter().map(|s| s.name.as_str()).collect()
+}
 
 /// Connects to every server of the file (all must answer: a plan needs
 /// every server's records).

@@ -604,7 +604,8 @@ async fn a_move_failing_after_going_live_is_finished_by_running_it_again() {
 }
 
 /// Issue #30: `move-shard` edits the topology file in place: the user's
-/// comments and layout stay, only the two servers' shard lists change.
+/// comments and layout stay, only the two servers' shard lists and the
+/// file's generation (issue 37) change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_keeps_the_topology_files_comments() {
     let a = PgServer::start().unwrap();
@@ -623,6 +624,7 @@ async fn a_move_keeps_the_topology_files_comments() {
         .unwrap();
     let after = std::fs::read_to_string(&file.0).unwrap();
     let want = text
+        .replacen("shards = 8\n", "shards = 8\ngeneration = 1\n", 1)
         .replacen("shards = \"0-3\"  #", "shards = \"0-2\"  #", 1)
         .replacen("shards = \"4-7\"", "shards = \"3-7\"", 1);
     assert_eq!(after, want);
