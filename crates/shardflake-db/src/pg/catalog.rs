@@ -166,6 +166,8 @@ pub struct ServerView {
     /// file's) prefix: another deployment's, or this one's under another
     /// prefix.
     pub foreign: Vec<String>,
+    /// Shards recorded here whose schema is gone.
+    pub schemaless: BTreeSet<u64>,
 }
 
 impl ServerView {
@@ -199,6 +201,7 @@ pub async fn read(
         deployment: None,
         shards: BTreeMap::new(),
         foreign: Vec::new(),
+        schemaless: BTreeSet::new(),
     };
     if has {
         if let Some(r) = c
@@ -241,6 +244,19 @@ pub async fn read(
         .as_ref()
         .map_or(topo.schema_prefix(), |d| d.schema_prefix.as_str())
         .to_string();
+    if has {
+        for r in c
+            .query(
+                "SELECT shard FROM shardflake.shards s
+                  WHERE NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1 || s.shard::text)",
+                &[&prefix],
+            )
+            .await
+            .map_err(ctx(name, "looking up the recorded shards' schemas"))?
+        {
+            view.schemaless.insert(r.get::<_, i64>(0) as u64);
+        }
+    }
     let rows = c
         .query(
             "SELECT n.nspname, EXISTS (SELECT 1 FROM pg_proc m WHERE m.pronamespace = n.oid AND m.proname = 'shardflake_moved')
@@ -320,9 +336,68 @@ pub fn conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
     out
 }
 
+/// A record of a shard `live` on a server where its schema is gone, while
+/// another server holds it live with its schema: a whole-server restore
+/// brought back the record of a copy that had moved away, and the copy was
+/// dropped as `pg check` said. No copy there hands out ids; `pg repair`
+/// removes the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleRecord {
+    /// The server holding the record.
+    pub server: String,
+    /// The shard.
+    pub shard: u64,
+    /// The server it is live on.
+    pub live_on: String,
+}
+
+/// Every [`StaleRecord`] of the deployment.
+pub fn stale_records(views: &[ServerView]) -> Vec<StaleRecord> {
+    let mut out = Vec::new();
+    for v in views {
+        for &shard in &v.schemaless {
+            if v.state(shard) != Some(State::Live) {
+                continue;
+            }
+            let live_on = views.iter().find(|o| {
+                o.name != v.name
+                    && o.state(shard) == Some(State::Live)
+                    && !o.schemaless.contains(&shard)
+            });
+            if let Some(o) = live_on {
+                out.push(StaleRecord {
+                    server: v.name.clone(),
+                    shard,
+                    live_on: o.name.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// [`conflicts`] but a file's generation.
 pub fn record_conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
-    let mut out = Vec::new();
+    let stale = stale_records(views);
+    let mut out: Vec<Drift> = stale
+        .iter()
+        .map(|s| Drift {
+            server: s.server.clone(),
+            shard: Some(s.shard),
+            problem: format!(
+                "shard {} is recorded live here, but its schema is gone and it lives on {}: the record came back with a restore; `shardflake pg repair` removes it",
+                s.shard, s.live_on
+            ),
+        })
+        .collect();
+    // Past that, a stale record is no copy.
+    let mut views = views.to_vec();
+    for s in &stale {
+        if let Some(v) = views.iter_mut().find(|v| v.name == s.server) {
+            v.shards.remove(&s.shard);
+        }
+    }
+    let views = &views[..];
     let mut say = |server: &str, shard: Option<u64>, problem: String| {
         out.push(Drift {
             server: server.to_string(),
@@ -461,11 +536,29 @@ pub fn record_conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
             .map(|(n, _, p)| (*n, *p))
             .collect();
         if live.len() > 1 {
+            let schema = topo.schema(shard);
+            let (at, which) = match owner.filter(|o| live.contains(o)) {
+                Some(owner) => {
+                    let other = live.iter().find(|&&n| n != owner).copied().unwrap_or("?");
+                    (
+                        other,
+                        format!(
+                            "the file puts it on {owner}: stop writes to the copy on {other} and drop it (`DROP SCHEMA {schema} CASCADE` there)"
+                        ),
+                    )
+                }
+                None => (
+                    live[1],
+                    format!(
+                        "stop writes to the copy the file does not put there and drop it (`DROP SCHEMA {schema} CASCADE` there)"
+                    ),
+                ),
+            };
             say(
-                live[1],
+                at,
                 Some(shard),
                 format!(
-                    "shard {shard} is live on {}: two copies hand out ids (a restored server brought back a copy that had moved?); stop writes to the copy the file does not put there, drop its schema, then run `shardflake pg repair --shard {shard}`",
+                    "shard {shard} is live on {}: two copies hand out ids (a restored server brought back a copy that had moved?); {which}, then run `shardflake pg repair`",
                     live.join(" and ")
                 ),
             );

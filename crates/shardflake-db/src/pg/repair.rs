@@ -49,6 +49,22 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
     for (tx, server) in txs.iter().zip(topo.servers()) {
         views.push(catalog::read(tx, &server.name, topo).await?);
     }
+    // Records of a copy that moved away and came back with a restore, its
+    // schema dropped since (what `pg check` says to do): no copy, no ids.
+    for stale in catalog::stale_records(&views) {
+        let Some(i) = topo.servers().iter().position(|s| s.name == stale.server) else {
+            continue;
+        };
+        catalog::forget_shard(&txs[i], &stale.server, stale.shard).await?;
+        views[i].shards.remove(&stale.shard);
+        views[i].schemaless.remove(&stale.shard);
+        tracing::warn!(
+            server = stale.server.as_str(),
+            shard = stale.shard,
+            live_on = stale.live_on.as_str(),
+            "removed the record of a copy that is gone"
+        );
+    }
     let problems = catalog::conflicts(topo, &views);
     if !problems.is_empty() {
         return Err(refused("repair", problems));

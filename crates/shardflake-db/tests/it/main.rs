@@ -6,6 +6,7 @@ mod mysql;
 mod mysql_binlog;
 mod mysql_operator;
 mod pg;
+mod pg_dead_ends;
 mod pg_deployment_lock;
 mod pg_durability;
 mod pg_move;
