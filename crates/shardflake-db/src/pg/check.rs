@@ -176,6 +176,9 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                     ),
                 ));
             }
+            if let Some(problem) = ahead_of_clock(client, topo, name, &seq).await? {
+                drift.push(d(Some(shard), problem));
+            }
             if sequence_unlogged(client, name, &seq).await? {
                 drift.push(d(
                     Some(shard),

@@ -231,6 +231,56 @@ pub(crate) async fn restored(
     })
 }
 
+/// The server clock packed as a shard sequence's values are, in SQL.
+fn packed_clock_sql(topo: &Topology) -> String {
+    let l = topo.layout();
+    format!(
+        "(((floor(date_part('epoch', clock_timestamp()) * 1000)::bigint - {}) / {}) << {})",
+        l.epoch_ms(),
+        l.tick_ms().max(1),
+        l.sequence().bits()
+    )
+}
+
+/// Why `next_id` refuses every id of a shard for now, if its sequence runs
+/// further ahead of the server clock than `next_id` allows (twice
+/// [`sql::AHEAD_MS`]: `SF004`): the clock ran ahead, ids were made at its
+/// time, and it was set back. Ids made since are dated that far ahead, and
+/// every new id must come after them: until the clock catches up with the
+/// sequence, none can be made without dating it further ahead than
+/// `pg repair` can account for after a restore.
+pub(crate) async fn ahead_of_clock(
+    c: &impl GenericClient,
+    topo: &Topology,
+    name: &str,
+    seq: &str,
+) -> Result<Option<String>, Error> {
+    let l = topo.layout();
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT last_value - {}, floor(date_part('epoch', clock_timestamp()) * 1000)::bigint FROM {seq}",
+                packed_clock_sql(topo)
+            ),
+            &[],
+        )
+        .await
+        .map_err(ctx(name, &format!("reading {seq}")))?;
+    let (lead, now_ms): (i64, i64) = (row.get(0), row.get(1));
+    let lead_ms = (lead >> l.sequence().bits()).saturating_mul(l.tick_ms().max(1) as i64);
+    if lead_ms <= 2 * sql::AHEAD_MS as i64 {
+        return Ok(None);
+    }
+    let resume = shardflake::timestamp::rfc3339_ms(
+        now_ms.saturating_add(lead_ms - sql::AHEAD_MS as i64).max(0) as u64,
+    );
+    Ok(Some(format!(
+        "sequence {seq} runs {:.1} s ahead of the server clock: next_id() refuses every id (SQLSTATE SF004) until the clock is within {} ms of it, at about {resume} (server time); ids already handed out are dated that far ahead (the clock ran ahead, then was set back), and every new id must come after them. If the server's clock is wrong now, correct it; otherwise writes to this shard resume then, by themselves",
+        lead_ms as f64 / 1000.0,
+        sql::AHEAD_MS
+    )))
+}
+
 /// Sets a shard's sequence past every value it can have handed out (the
 /// server clock plus [`sql::lead_bound`]: no value runs further ahead of
 /// the clock); returns its last value before and after.
@@ -241,12 +291,7 @@ async fn bump_past_clock(
     seq: &str,
 ) -> Result<(i64, i64), Error> {
     let l = topo.layout();
-    let clock = format!(
-        "(((floor(date_part('epoch', clock_timestamp()) * 1000)::bigint - {}) / {}) << {})",
-        l.epoch_ms(),
-        l.tick_ms().max(1),
-        l.sequence().bits()
-    );
+    let clock = packed_clock_sql(topo);
     let row = c
         .query_one(
             &format!("SELECT last_value, greatest(last_value, {clock} + $1::bigint) FROM {seq}"),

@@ -105,3 +105,45 @@ async fn a_whole_server_restored_after_a_move_gets_out_by_the_steps_check_prints
     insert(&cb, "shard1").await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// H: the server's clock ran 600 s ahead for a moment, `next_id` caught
+/// the sequence up with it, then the clock was set back: every id is
+/// refused (SF004) for about 10 minutes. Before, `pg check` said ok; it
+/// now reports the shard, why, and when ids resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_far_ahead_of_the_clock_is_reported_with_when_ids_resume() {
+    let a = PgServer::start().unwrap();
+    let topo = Topology::parse(&format!(
+        "layout = \"instagram\"\nshards = 1\n[[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0\"\n{POSTS}",
+        a.url()
+    ))
+    .unwrap();
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    insert(&c, "shard0").await.unwrap();
+    // What a catch-up at a clock 600 s ahead leaves (instagram: 1 ms
+    // ticks, 10 sequence bits, epoch 1314220021721 ms).
+    c.batch_execute(
+        "SELECT setval('shard0.id_seq', \
+         ((floor(date_part('epoch', clock_timestamp()) * 1000)::bigint + 600000 - 1314220021721) << 10))",
+    )
+    .await
+    .unwrap();
+    let e = insert(&c, "shard0").await.unwrap_err();
+    assert_eq!(
+        e.as_db_error().map(|d| d.code().code()),
+        Some(shardflake_db::SQLSTATE_AHEAD),
+        "{e}"
+    );
+    let said = problems(&pg::check(&topo).await.unwrap());
+    let secs: f64 = said
+        .split_once("a: shard 0: sequence shard0.id_seq runs ")
+        .and_then(|(_, rest)| rest.split_once(" s ahead of the server clock"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!((595.0..=600.5).contains(&secs), "{said}");
+    assert!(
+        said.contains("SF004") && said.contains("at about 20"),
+        "{said}"
+    );
+}
