@@ -495,7 +495,7 @@ $f$;
         why_lit = lit(&why),
         ahead2 = 2 * ahead,
         ahead_lit = lit(&format!(
-            "shard {shard}'s sequence runs more than {} ms ahead of the server clock: did the clock step back? ids resume once it is within {AHEAD_MS} ms",
+            "shard {shard}'s sequence runs more than {} ms ahead of the server clock: did the clock step back (or run ahead while ids were made)? ids resume once it is within {AHEAD_MS} ms; `shardflake pg check` says when",
             2 * AHEAD_MS
         )),
         slow_part = part("w"),

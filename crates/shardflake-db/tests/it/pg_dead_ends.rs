@@ -135,6 +135,11 @@ async fn a_sequence_far_ahead_of_the_clock_is_reported_with_when_ids_resume() {
         Some(shardflake_db::SQLSTATE_AHEAD),
         "{e}"
     );
+    // The refusal names the command that says when it ends.
+    assert!(
+        shardflake_db::pg_message(&e).contains("`shardflake pg check` says when"),
+        "{e}"
+    );
     let said = problems(&pg::check(&topo).await.unwrap());
     let secs: f64 = said
         .split_once("a: shard 0: sequence shard0.id_seq runs ")
