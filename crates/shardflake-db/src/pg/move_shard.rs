@@ -275,7 +275,7 @@ impl Deployed {
         if let Some(older) = catalog::older_file(&topo, &views) {
             let newest = catalog::recorded_generation(&views);
             let own = newest.is_some_and(|d| {
-                d.generation == topo.generation() + 1 && d.last_move == Some(shard)
+                d.generation == topo.generation().saturating_add(1) && d.last_move == Some(shard)
             });
             if !own {
                 problems.insert(0, older);
@@ -502,7 +502,7 @@ async fn switch(dep: &Deployed, path: &Path, shard: u64, to: &str) -> Result<(),
     let generation = if dep.topo.generation() < recorded {
         recorded
     } else {
-        dep.topo.generation() + 1
+        dep.topo.generation().saturating_add(1)
     };
     let file = std::path::absolute(path)
         .unwrap_or_else(|_| path.to_path_buf())
