@@ -218,3 +218,49 @@ async fn repair_during_a_move_never_reopens_the_fenced_copy() {
     assert!(shardflake_db::is_moved(&e), "{e}");
     assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
 }
+
+/// `pg check` shares the deployment lock: while a command that changes the
+/// deployment holds it (a move under way), check waits and then reads what
+/// that command left, rather than records about to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_waits_for_a_command_holding_the_deployment_lock() {
+    let a = PgServer::start().unwrap();
+    let file = TopoFile::new("check-waits", &topology(&[("a", &a, "0-3")]));
+    pg::apply(&file.load()).await.unwrap();
+    let ca = client(&a).await;
+    ca.execute("SELECT pg_advisory_lock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    let topo = file.load();
+    let check = tokio::spawn(async move { pg::check(&topo).await });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            !check.is_finished(),
+            "check read the records while another command held the lock"
+        );
+        let waiting: i64 = ca
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "check never asked for the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Checks share it with each other.
+    let other = tokio::spawn({
+        let topo = file.load();
+        async move { pg::check(&topo).await }
+    });
+    ca.execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    assert_eq!(check.await.unwrap().unwrap(), Vec::new());
+    assert_eq!(other.await.unwrap().unwrap(), Vec::new());
+}
