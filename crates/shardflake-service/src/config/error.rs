@@ -147,6 +147,9 @@ pub enum ConfigError {
         /// The largest id it holds.
         max: u64,
     },
+    /// `resume_after` is not `now`, Unix ms nor RFC 3339.
+    #[error("resume_after {0:?}: use now, Unix milliseconds or RFC 3339 (2026-01-01T00:00:00Z)")]
+    ResumeAfter(String),
     /// A high-water window out of range.
     #[error("window {0:?}: use 100ms to 10m")]
     Window(Duration),

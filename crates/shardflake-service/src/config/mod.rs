@@ -22,6 +22,7 @@
 //! node_id = 3                   # or node_id_from = "hostname" | "mac" | "ip"
 //! fields = { datacenter = 1 }   # other fixed node fields
 //! state_file = "/var/lib/shardflake/state"
+//! resume_after = "now"          # only for a static node's first start (no state file yet)
 //! window = "3s"                 # high-water written as now + window
 //! max_resume_wait = "1m"        # longest wait for a recorded high-water past window
 //! max_batch = 1000000
@@ -184,6 +185,10 @@ pub struct Config {
     pub shards: u64,
     /// Local high-water file.
     pub state_file: PathBuf,
+    /// Where to resume when the state file is missing (a static node with
+    /// a node id given refuses to start without it: it cannot know whether
+    /// it issued ids before).
+    pub resume_after: Option<ResumeAfter>,
     /// High-water window.
     pub window: Duration,
     /// How much further than `window` ahead of the clock a recorded
@@ -206,6 +211,16 @@ pub struct Config {
     /// Serve the ticket sequences of this TOML file (read and connected at
     /// start by `serve`).
     pub tickets: Option<PathBuf>,
+}
+
+/// `resume_after`: the time before which a node without a state file
+/// issued nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeAfter {
+    /// The clock at start: the node never issued an id (its first start).
+    Now,
+    /// A Unix ms after every id the node issued.
+    UnixMs(u64),
 }
 
 /// The PEM files of the listeners' TLS identity (read at start by `serve`).

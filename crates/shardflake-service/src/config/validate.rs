@@ -12,7 +12,7 @@ use shardflake_host::HostInfo;
 
 use super::{
     Config, ConfigError, EtcdConfig, EtcdLogin, MAX_BATCH_LIMIT, MAX_ROLLBACK_WAIT, NodeSource,
-    RawConfig, RawEtcd, Secret, TlsFiles,
+    RawConfig, RawEtcd, ResumeAfter, Secret, TlsFiles,
 };
 
 impl Config {
@@ -254,6 +254,11 @@ impl Config {
             state_file: raw
                 .state_file
                 .unwrap_or_else(|| PathBuf::from("shardflake.state")),
+            resume_after: raw
+                .resume_after
+                .as_deref()
+                .map(parse_resume_after)
+                .transpose()?,
             window,
             max_resume_wait,
             max_batch,
@@ -311,6 +316,16 @@ fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, Con
         tls,
         login,
     })
+}
+
+/// `now`, Unix ms or RFC 3339.
+fn parse_resume_after(text: &str) -> Result<ResumeAfter, ConfigError> {
+    match text.trim() {
+        "now" => Ok(ResumeAfter::Now),
+        t => shardflake::timestamp::parse_unix_ms(t)
+            .map(ResumeAfter::UnixMs)
+            .ok_or_else(|| ConfigError::ResumeAfter(text.to_string())),
+    }
 }
 
 /// The TLS files for etcd, checked against each other: https endpoints need
