@@ -239,6 +239,7 @@ impl Keeper {
             max_node_id: issuer.config.max_node_id(),
             ttl: terms.map_or(Duration::ZERO, |t| t.ttl),
             layout: Claim::layout_of(&issuer.config),
+            earlier_layout: Claim::earlier_layout_of(&issuer.config),
             holder,
             now_ms: 0,
             window_ms: issuer.config.window.as_millis() as u64,
@@ -495,7 +496,17 @@ impl Keeper {
             return Ok(floor);
         };
         let layout = String::from_utf8_lossy(&self.claim.layout).into_owned();
-        if let Some(recorded) = state.layout.filter(|l| *l != layout) {
+        // An earlier version's line names no fixed fields: accepted (the
+        // next write records them).
+        let earlier = self
+            .claim
+            .earlier_layout
+            .as_deref()
+            .map(String::from_utf8_lossy);
+        if let Some(recorded) = state
+            .layout
+            .filter(|l| *l != layout && Some(l.as_str()) != earlier.as_deref())
+        {
             return Err(KeeperError::StateMismatch {
                 path,
                 what: "layout",

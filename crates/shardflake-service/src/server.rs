@@ -357,8 +357,20 @@ pub async fn serve(
 /// the host (a few bits of an address: hosts can collide); a given id,
 /// that nothing checks it against other nodes.
 fn log_node_origin(config: &Config) {
-    let NodeSource::Static(id) = config.node else {
-        return;
+    let id = match &config.node {
+        NodeSource::Static(id) => *id,
+        NodeSource::Etcd(e) => {
+            if e.prefix == crate::config::DEFAULT_ETCD_PREFIX {
+                tracing::warn!(
+                    prefix = %e.prefix,
+                    "etcd prefix {}: the default, shared by every node started without --etcd-prefix on this etcd (a fleet beside another there hands out its ids twice); name the fleet's prefix with --etcd-prefix",
+                    e.prefix
+                );
+            } else {
+                tracing::info!(prefix = %e.prefix, "etcd prefix {}", e.prefix);
+            }
+            return;
+        }
     };
     let bits = config
         .layout

@@ -631,3 +631,72 @@ async fn a_state_file_is_held_by_one_process_and_a_lost_one_is_refused() -> anyh
     }
     Ok(())
 }
+
+/// Issue 38 (F11, F4): one fleet per datacenter (`twitter`, the node id in
+/// `worker`, `--field datacenter=N`): a DC1 node started with DC2's
+/// `--field datacenter=2` on DC1's prefix is refused by the layout record,
+/// and a static node by its state file. A prefix without its leading
+/// slash is refused, and the default prefix is said out loud.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_fleets_fixed_fields_or_prefix_is_refused() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(5)?;
+    let dc = |n: &'static str| {
+        [
+            "--layout",
+            "twitter",
+            "--node-field",
+            "worker",
+            "--field",
+            n,
+        ]
+    };
+    let dc1 = leased(&etcd, "/dc1", &d[0], &dc("datacenter=1"))?;
+    assert_eq!(dc1.ready(Duration::from_secs(20)).await?, 0);
+    let recorded = etcd.get("/dc1/layout").await?.unwrap_or_default();
+    assert!(recorded.contains("fixed fields datacenter=1"), "{recorded}");
+    let e = refused(
+        &d[1],
+        &[
+            "--etcd",
+            &etcd.urls(),
+            "--etcd-prefix",
+            "/dc1",
+            "--lease-ttl",
+            "3s",
+            "--layout",
+            "twitter",
+            "--node-field",
+            "worker",
+            "--field",
+            "datacenter=2",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(e.contains("another layout"), "{e}");
+
+    // A static node: its state file names its fixed fields.
+    let mut first = dc("datacenter=1").to_vec();
+    first.extend(["--node-id", "3", "--resume-after", "now"]);
+    let mut s = serve_in(&d[2], &first, &[])?;
+    s.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut s).await?;
+    let mut other = dc("datacenter=2").to_vec();
+    other.extend(["--node-id", "3"]);
+    let e = refused(&d[2], &other, &[]).await?;
+    assert!(e.contains("was written with layout"), "{e}");
+
+    let urls = etcd.urls();
+    let e = refused(&d[3], &["--etcd", &urls, "--etcd-prefix", "dc1"], &[]).await?;
+    assert!(e.contains("must start with /"), "{e}");
+    let mut default = serve_in(&d[4], &["--etcd", &urls, "--lease-ttl", "3s"], &[])?;
+    default.ready(Duration::from_secs(20)).await?;
+    let said = default.stderr();
+    assert!(
+        said.contains("etcd prefix /shardflake/default: the default"),
+        "{said}"
+    );
+    default.kill();
+    Ok(())
+}

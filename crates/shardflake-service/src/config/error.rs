@@ -124,6 +124,11 @@ pub enum ConfigError {
     /// An empty etcd prefix.
     #[error("etcd prefix must not be empty or /")]
     EtcdPrefix,
+    /// An etcd prefix without its leading `/`.
+    #[error(
+        "etcd prefix {0:?} must start with /: without it, it names another namespace than \"/{0}\" (nodes under both would hand out one node id twice); use --etcd-prefix /{0}"
+    )]
+    EtcdPrefixSlash(String),
     /// An unknown host source.
     #[error("node_id_from {0:?}: use {hosts}", hosts = NodeIdSource::HOST_NAMES)]
     NodeIdFrom(String),

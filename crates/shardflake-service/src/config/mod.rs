@@ -232,6 +232,10 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+/// The etcd prefix of a node given none: said at start, since every node
+/// started so joins one fleet.
+pub const DEFAULT_ETCD_PREFIX: &str = "/shardflake/default";
+
 /// Largest batch the service accepts whatever the configuration says.
 pub const MAX_BATCH_LIMIT: u64 = 10_000_000;
 

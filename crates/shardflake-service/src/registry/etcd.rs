@@ -196,7 +196,7 @@ impl Registry for EtcdRegistry {
             Ok(taken) => {
                 *lock(&self.held) = Some(Held {
                     lease,
-                    layout: claim.layout.clone(),
+                    layout: taken.layout,
                     hw_revision: taken.hw_revision,
                 });
                 Ok(Holding {
@@ -415,6 +415,8 @@ struct Taken {
     recorded_ms: u64,
     /// The revision the take wrote the high-water at.
     hw_revision: i64,
+    /// `<prefix>/layout` as the take compared or wrote it.
+    layout: Vec<u8>,
 }
 
 /// A call that failed after etcd answered this take's first read: etcd is
@@ -530,7 +532,8 @@ async fn take_lowest(
     // Whether a layout record has been seen; once one has, its absence
     // means it was deleted since, a mismatch like another layout.
     let mut seen_layout = false;
-    let mut check_layout = |kvs: &[Kv]| -> Result<bool, AcquireError> {
+    // The record as found, when it is this node's: `None` while absent.
+    let mut check_layout = |kvs: &[Kv]| -> Result<Option<Vec<u8>>, AcquireError> {
         let recorded = kvs.iter().find(|kv| kv.key == layout_key);
         let recorded = match recorded {
             // Node records without a layout record: it was deleted (every
@@ -546,13 +549,27 @@ async fn take_lowest(
                     ours: String::from_utf8_lossy(layout).into_owned(),
                 });
             }
-            None if !seen_layout => return Ok(false),
+            None if !seen_layout => return Ok(None),
             None => &[][..],
             Some(kv) => &kv.value[..],
         };
         if recorded == layout {
             seen_layout = true;
-            return Ok(true);
+            return Ok(Some(recorded.to_vec()));
+        }
+        // Written by an earlier version, which left the fixed fields out:
+        // this node's layout as far as it can tell. The fleet's nodes keep
+        // comparing the record as it is.
+        if claim.earlier_layout.as_deref() == Some(recorded) {
+            if !seen_layout {
+                tracing::warn!(
+                    record = %String::from_utf8_lossy(recorded),
+                    "{prefix}/layout was written by an earlier version and names no fixed fields: a node with other fixed field values is not refused. Once every node of the fleet runs this version: etcdctl put {prefix}/layout '{}'",
+                    String::from_utf8_lossy(layout)
+                );
+            }
+            seen_layout = true;
+            return Ok(Some(recorded.to_vec()));
         }
         Err(AcquireError::LayoutMismatch {
             prefix: prefix.to_string(),
@@ -699,11 +716,14 @@ async fn take_lowest(
                 0,
             ));
         }
-        if layout_present {
-            compares.push(Compare::ValueIs(layout_key.clone(), layout.to_vec()));
-        } else {
-            compares.push(Compare::Absent(layout_key.clone()));
-            success.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
+        match &layout_present {
+            Some(recorded) => {
+                compares.push(Compare::ValueIs(layout_key.clone(), recorded.clone()));
+            }
+            None => {
+                compares.push(Compare::Absent(layout_key.clone()));
+                success.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
+            }
         }
         let mut failure = match queued_at {
             // Queued: a take leaves the queue; a loss counts who is ahead.
@@ -737,6 +757,7 @@ async fn take_lowest(
             previous_ms,
             recorded_ms,
             hw_revision: answer.revision,
+            layout: layout_present.clone().unwrap_or_else(|| layout.to_vec()),
         };
         if answer.succeeded {
             // How many rounds a herd needed: each lost race is one more
