@@ -90,6 +90,9 @@ struct Held {
     lease: LeaseId,
     layout: Vec<u8>,
     hw_revision: i64,
+    /// Values of the high-water records sent since the last one etcd
+    /// answered (its answer may be lost while it was executed).
+    unconfirmed: Vec<Vec<u8>>,
 }
 
 impl EtcdRegistry {
@@ -198,6 +201,7 @@ impl Registry for EtcdRegistry {
                     lease,
                     layout: taken.layout,
                     hw_revision: taken.hw_revision,
+                    unconfirmed: Vec::new(),
                 });
                 Ok(Holding {
                     node_id: taken.node_id,
@@ -224,35 +228,51 @@ impl Registry for EtcdRegistry {
     async fn record_high_water(&self, holding: &Holding, unix_ms: u64) -> Result<(), RecordError> {
         let _writing = self.record_lock.lock().await;
         let hw = keys(&self.prefix, holding.node_id).1;
-        let Some(held) = self.held_by(holding.lease) else {
+        let value = unix_ms.to_string().into_bytes();
+        // Ours from the moment it is sent: etcd may execute it and the
+        // answer be lost (a timeout, which the client may retry).
+        let Some(mut held) = self.sent(holding.lease, &value) else {
             return Err(RecordError::NotHolder);
         };
-        let answer = self
-            .client
-            .txn(
-                &self.unchanged(holding, &held),
-                &[Op::Put(
-                    hw.into_bytes(),
-                    unix_ms.to_string().into_bytes(),
-                    0,
-                )],
-                &[],
-            )
-            .await
-            .map_err(RegistryError::from)?;
-        let mut now = lock(&self.held);
-        if !answer.succeeded {
-            // Our key, our high-water or the layout changed under us
-            // (deleted, rewritten, rolled back): nothing here is ours.
-            *now = None;
-            return Err(RecordError::NotHolder);
+        // A second try only after adopting an earlier record of ours.
+        for _ in 0..2 {
+            let answer = self
+                .client
+                .txn(
+                    &self.unchanged(holding, &held),
+                    &[Op::Put(hw.clone().into_bytes(), value.clone(), 0)],
+                    &self.records_read(holding),
+                )
+                .await
+                .map_err(RegistryError::from)?;
+            if answer.succeeded {
+                if let Some(h) = lock(&self.held)
+                    .as_mut()
+                    .filter(|h| h.lease == holding.lease)
+                {
+                    h.hw_revision = answer.revision;
+                    h.unconfirmed.clear();
+                }
+                self.seen_revision
+                    .fetch_max(answer.revision, Ordering::Relaxed);
+                return Ok(());
+            }
+            // What moved may be a record of ours whose answer was lost:
+            // this one (its retry found it done), or an earlier one.
+            match self.adopt_own_record(holding, &answer.kvs) {
+                Some(adopted) if adopted == value => return Ok(()),
+                // Adopting cleared what was sent: this one is sent again.
+                Some(_) => match self.sent(holding.lease, &value) {
+                    Some(now) => held = now,
+                    None => break,
+                },
+                None => break,
+            }
         }
-        if let Some(h) = now.as_mut().filter(|h| h.lease == holding.lease) {
-            h.hw_revision = answer.revision;
-        }
-        self.seen_revision
-            .fetch_max(answer.revision, Ordering::Relaxed);
-        Ok(())
+        // Our key, our high-water or the layout changed under us
+        // (deleted, rewritten, rolled back): nothing here is ours.
+        *lock(&self.held) = None;
+        Err(RecordError::NotHolder)
     }
 
     async fn release(&self, lease: LeaseId) -> Result<(), RegistryError> {
@@ -307,6 +327,66 @@ impl EtcdRegistry {
         format!("{}/layout", self.prefix)
     }
 
+    /// The holding's records, read when a compare of them fails.
+    fn records_read(&self, holding: &Holding) -> Vec<Op> {
+        let (node, hw) = keys(&self.prefix, holding.node_id);
+        vec![
+            Op::Get(node.into_bytes()),
+            Op::Get(hw.into_bytes()),
+            Op::Get(self.layout_key().into_bytes()),
+        ]
+    }
+
+    /// Notes `value` as a record of `lease` sent, its outcome unknown
+    /// until etcd answers; the records as held.
+    fn sent(&self, lease: LeaseId, value: &[u8]) -> Option<Held> {
+        let mut held = lock(&self.held);
+        let h = held.as_mut().filter(|h| h.lease == lease)?;
+        // Bounded: records whose answers are lost, one after another.
+        if h.unconfirmed.len() >= 16 {
+            h.unconfirmed.remove(0);
+        }
+        h.unconfirmed.push(value.to_vec());
+        Some(h.clone())
+    }
+
+    /// When the records read (`kvs`, from [`Self::records_read`]) are ours
+    /// but for a high-water record of ours whose answer was lost, takes
+    /// its revision as ours; returns its value.
+    fn adopt_own_record(&self, holding: &Holding, kvs: &[Kv]) -> Option<Vec<u8>> {
+        let (node, hw) = keys(&self.prefix, holding.node_id);
+        let layout = self.layout_key();
+        let find = |key: &str| kvs.iter().find(|kv| kv.key == key.as_bytes());
+        let held = self.held_by(holding.lease)?;
+        let ours = find(&node).is_some_and(|kv| kv.lease == holding.lease)
+            && find(&layout).is_some_and(|kv| kv.value == held.layout);
+        let record = find(&hw).filter(|_| ours)?;
+        self.adopt(holding.lease, &record.value, record.mod_revision)
+            .then(|| record.value.clone())
+    }
+
+    /// Takes `revision` as this holder's own high-water record when
+    /// `value` is a record it sent whose answer it never had. Of the
+    /// records sent since the last one answered, each compared the same
+    /// revision, so at most one of them was executed: this one.
+    fn adopt(&self, lease: LeaseId, value: &[u8], revision: i64) -> bool {
+        let mut held = lock(&self.held);
+        let Some(h) = held.as_mut().filter(|h| h.lease == lease) else {
+            return false;
+        };
+        if revision <= h.hw_revision || !h.unconfirmed.iter().any(|v| v == value) {
+            return false;
+        }
+        tracing::info!(
+            revision,
+            "a high-water record whose answer was lost was executed: it is this holder's own"
+        );
+        h.hw_revision = revision;
+        h.unconfirmed.clear();
+        self.seen_revision.fetch_max(revision, Ordering::Relaxed);
+        true
+    }
+
     /// The records as this holder last wrote them, while `lease` holds.
     fn held_by(&self, lease: LeaseId) -> Option<Held> {
         lock(&self.held).clone().filter(|h| h.lease == lease)
@@ -338,9 +418,13 @@ impl EtcdRegistry {
             };
             let check = self
                 .client
-                .txn(&self.unchanged(holding, &held), &[], &[])
+                .txn(
+                    &self.unchanged(holding, &held),
+                    &[],
+                    &self.records_read(holding),
+                )
                 .await?;
-            if !check.succeeded {
+            if !check.succeeded && self.adopt_own_record(holding, &check.kvs).is_none() {
                 return Ok(format!(
                     "{node}, {hw} or {layout} changed while the watch was down or being set up (deleted, rewritten, or etcd restored from a snapshot)"
                 ));
@@ -350,12 +434,19 @@ impl EtcdRegistry {
         loop {
             let events = watch.changes().await?;
             let _writing = self.record_lock.lock().await;
-            let Some(held) = self.held_by(holding.lease) else {
-                return Ok("the node id is no longer held by this lease".into());
-            };
             for e in &events {
+                let Some(held) = self.held_by(holding.lease) else {
+                    return Ok("the node id is no longer held by this lease".into());
+                };
                 if let Some(why) = not_ours(e, &held, [&node, &hw, &layout]) {
-                    return Ok(why);
+                    // A record of ours whose answer was lost comes back
+                    // here: its revision is ours from now on.
+                    let own = e.kind == EventKind::Put
+                        && e.key == hw.as_bytes()
+                        && self.adopt(holding.lease, &e.value, e.mod_revision);
+                    if !own {
+                        return Ok(why);
+                    }
                 }
             }
         }
@@ -846,6 +937,7 @@ mod tests {
             lease: 7,
             layout: b"L".to_vec(),
             hw_revision: 10,
+            unconfirmed: Vec::new(),
         };
         let (node, hw, layout) = (
             "/p/node/0".to_string(),
