@@ -23,7 +23,11 @@
 //! ([`Registry::changed`]), checks them once each time its watch is set up
 //! (a restore breaks the watch, and the check finds the records rolled
 //! back), and judges each change: only its own high-water records, and
-//! the same layout written again, are not a reason to stop.
+//! the same layout written again, are not a reason to stop. Its own
+//! records include one etcd executed whose answer was lost (a timeout):
+//! the holder keeps the values it sent since the last answer, and a
+//! record holding one of them, met by the watch or by a failed compare
+//! (the client's retry), is adopted with its revision.
 //!
 //! What a take does not trust: an id with no high-water record may have had
 //! a holder whose record was deleted (`etcdctl del --prefix`), so the take
