@@ -314,6 +314,90 @@ async fn a_lost_holder_whose_clock_ran_ahead_is_waited_out_after_a_restore() -> 
     Ok(())
 }
 
+/// Issue 38 (F9, item 3): restore detection that does not fade. As above,
+/// a lost holder whose clock ran 6 s ahead took id 0 after the snapshot;
+/// after the restore a node looked (it took id 7, pinned), then 10,000
+/// lease grants (raft entries that make no revision) erased the gap
+/// between revision and raft index; a new node taking id 0 still waits
+/// out what the lost holder could have stamped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_is_still_seen_after_ten_thousand_lease_grants() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(4)?;
+    for i in 0..20 {
+        etcd.etcdctl(&["put", &format!("/other/{i}"), "x"])?;
+    }
+    let snapshot = d[2].join("snapshot.db");
+    etcd.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let waits = ["--window", "2s", "--max-resume-wait", "8s"];
+    let ahead_clock = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+6s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let mut args = vec![
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/fade",
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(waits);
+    let mut ahead = serve_in(&d[0], &args, &ahead_clock)?;
+    assert_eq!(ahead.ready(Duration::from_secs(20)).await?, 0);
+    let mut ids = load_for(&ahead, Duration::from_secs(1)).await?;
+    stop_cleanly(&mut ahead).await?;
+    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+
+    let looks = [
+        "--node-id",
+        "7",
+        "--window",
+        "2s",
+        "--max-resume-wait",
+        "1s",
+    ];
+    let mut looker = leased(&etcd, "/fade", &d[3], &looks)?;
+    assert_eq!(looker.ready(Duration::from_secs(20)).await?, 7);
+    stop_cleanly(&mut looker).await?;
+
+    let mut granting = Vec::new();
+    for _ in 0..8 {
+        let client = etcd.client();
+        granting.push(tokio::spawn(async move {
+            for _ in 0..1250 {
+                client.grant(60).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for g in granting {
+        g.await??;
+    }
+    let status = etcd.client().status().await?;
+    assert!(
+        !status.restored(),
+        "the gap is still there: revision {} raft index {}",
+        status.revision,
+        status.raft_index
+    );
+
+    let mut b = leased(&etcd, "/fade", &d[1], &waits)?;
+    assert_eq!(started_or_refused(&mut b).await?, None);
+    assert_eq!(b.ready(Duration::from_secs(5)).await?, 0);
+    ids.extend(load_for(&b, Duration::from_secs(4)).await?);
+    let total = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "{} duplicate ids", total - ids.len());
+    let err = b.stderr();
+    assert!(err.contains("was not recorded since"), "{err}");
+    Ok(())
+}
+
 /// Reproduction 5: a node with a long window SIGKILLed; every node taking
 /// that id exited (blaming its own clock), each refused try raising the
 /// record by a window, though ids 1..1023 were free.

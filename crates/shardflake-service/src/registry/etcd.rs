@@ -52,6 +52,16 @@
 //! stamped up to `max_resume_wait` past this clock: the take waits that
 //! out (and a window more, as every take). This holds for hosts whose
 //! clocks differ by less than `max_resume_wait`.
+//!
+//! The gap between revision and raft index fades: every raft entry that
+//! makes no revision (a lease grant, a refused start) closes it by one. So
+//! the first take that sees a restore records it at `<prefix>/restored`
+//! (the status it read); from then on, while the cluster's status
+//! descends from that record, a take believes only records whose take
+//! read a revision at or after the record's own ([`Trust::StampedAfter`]),
+//! however many entries came since. A later restore (a history the record
+//! does not descend from) is recorded again. A restore that no take sees
+//! before raft entries close its gap is not seen.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -171,6 +181,7 @@ impl Registry for EtcdRegistry {
                         // leader confirms it.
                         let rolled_back = header.revision < seen
                             && self.revision_now().await.is_some_and(|now| now < seen);
+                        let marker = self.restore_marker(&kvs, status, rolled_back).await;
                         let trust = if rolled_back {
                             tracing::warn!(
                                 revision = header.revision,
@@ -178,6 +189,8 @@ impl Registry for EtcdRegistry {
                                 "etcd's revision went back (restored from a snapshot?): its high-water records are not trusted"
                             );
                             Trust::Nothing
+                        } else if let Some(since) = marker {
+                            Trust::StampedAfter(since)
                         } else {
                             match status {
                                 Some(now) if now.restored() => Trust::StampedSince(now),
@@ -456,6 +469,57 @@ impl EtcdRegistry {
         }
     }
 
+    /// The revision of `<prefix>/restored`, the record of the last restore
+    /// seen: written when this take sees one that it does not record yet
+    /// (etcd's revision past its raft index, or below one this node saw,
+    /// in a history the record does not descend from). The gap between
+    /// revision and raft index fades (each lease grant is a raft entry and
+    /// no revision); the record does not, once a take has seen the gap.
+    async fn restore_marker(
+        &self,
+        kvs: &[Kv],
+        status: Option<Status>,
+        rolled_back: bool,
+    ) -> Option<i64> {
+        let key = format!("{}/restored", self.prefix);
+        let recorded = kvs
+            .iter()
+            .find(|kv| kv.key == key.as_bytes())
+            .map(|kv| (parse_stamp(&kv.value), kv.mod_revision));
+        let now = status?;
+        let seen_now = now.restored() || rolled_back;
+        let known = recorded.is_some_and(|(then, _)| then.is_some_and(|t| now.descends_from(&t)));
+        if !seen_now || known {
+            return recorded.map(|(_, revision)| revision);
+        }
+        let written = self
+            .client
+            .txn(
+                &[],
+                &[Op::Put(
+                    key.clone().into_bytes(),
+                    stamp_text(&now).into_bytes(),
+                    0,
+                )],
+                &[],
+            )
+            .await;
+        match written {
+            Ok(answer) => {
+                tracing::warn!(
+                    revision = now.revision,
+                    raft_index = now.raft_index,
+                    "etcd was restored from a snapshot: recorded at {key}, so that every later take waits out the records not taken since"
+                );
+                Some(answer.revision)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "recording the restore seen at {key}");
+                recorded.map(|(_, revision)| revision)
+            }
+        }
+    }
+
     /// The cluster's revision from a linearizable read (`None`: no answer).
     async fn revision_now(&self) -> Option<i64> {
         let key = format!("{}/layout", self.prefix);
@@ -535,6 +599,9 @@ enum Trust {
     StampedSince(Status),
     /// etcd went back below a revision this node saw: no record.
     Nothing,
+    /// A restore is recorded at `<prefix>/restored`, written at this
+    /// revision: only records whose take read a revision at or after it.
+    StampedAfter(i64),
 }
 
 impl Trust {
@@ -545,6 +612,7 @@ impl Trust {
             Trust::All => true,
             Trust::StampedSince(now) => stamp.is_some_and(|then| now.descends_from(then)),
             Trust::Nothing => false,
+            Trust::StampedAfter(revision) => stamp.is_some_and(|then| then.revision >= *revision),
         }
     }
 }
@@ -994,5 +1062,13 @@ mod tests {
         assert!(!Trust::StampedSince(restored).believes(read.as_ref()));
         assert!(!Trust::StampedSince(later).believes(None));
         assert!(!Trust::Nothing.believes(read.as_ref()));
+        // A restore recorded at revision 230: only takes that read 230 or
+        // later, however many raft entries came since.
+        assert!(!Trust::StampedAfter(230).believes(read.as_ref()));
+        assert!(Trust::StampedAfter(230).believes(Some(&Status {
+            revision: 230,
+            raft_index: 10_030
+        })));
+        assert!(!Trust::StampedAfter(230).believes(None));
     }
 }
