@@ -22,7 +22,9 @@
 //! every take (nodes with different layouts or fixed fields under one
 //! prefix would compose equal ids from different node ids, or from one). On etcd, `<prefix>/queue/<lease>` marks a node that
 //! lost a race for an id and is still trying (leased; it only orders racing
-//! nodes, see `registry/etcd.rs`).
+//! nodes, see `registry/etcd.rs`), `<prefix>/taken/<id>` the etcd status
+//! each take read, and `<prefix>/restored` the last snapshot restore a
+//! take saw (both judge records after a restore, see `registry/etcd.rs`).
 
 use std::time::Duration;
 

@@ -104,11 +104,15 @@ impl StateFile {
         // lock (its holder writing): then the lock is on a file no longer
         // there, and we try again.
         for _ in 0..100 {
-            let file = fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .append(true)
-                .open(&self.path)?;
+            // Read-only is enough for flock; created empty when missing.
+            let file = match File::open(&self.path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .append(true)
+                    .open(&self.path)?,
+                opened => opened?,
+            };
             // std's lock is flock(2) on Unix: it ends with the process, so
             // a crashed holder never leaves a stale lock behind.
             match file.try_lock() {
