@@ -487,9 +487,11 @@ impl EtcdRegistry {
             .find(|kv| kv.key == key.as_bytes())
             .map(|kv| (parse_stamp(&kv.value), kv.mod_revision));
         let now = status?;
-        let seen_now = now.restored() || rolled_back;
-        let known = recorded.is_some_and(|(then, _)| then.is_some_and(|t| now.descends_from(&t)));
-        if !seen_now || known {
+        // A revision gone back (read again through the leader) is a restore
+        // after any record: recorded afresh, past everything it restored.
+        let known = !rolled_back
+            && recorded.is_some_and(|(then, _)| then.is_some_and(|t| now.descends_from(&t)));
+        if !(now.restored() || rolled_back) || known {
             return recorded.map(|(_, revision)| revision);
         }
         let written = self
