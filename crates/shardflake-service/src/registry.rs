@@ -235,6 +235,17 @@ pub enum AcquireError {
         /// The registry of this start.
         now: String,
     },
+    /// etcd answered for another cluster than the one this process took
+    /// its first node id in.
+    #[error(
+        "etcd answered for another etcd cluster [{now}] than the one this node took its node id in [{took}]: the endpoints (--etcd) list members of two clusters, or the cluster was replaced; nodes in two clusters hand out one node id twice. List the members of one cluster"
+    )]
+    ClusterChanged {
+        /// Where this process took its first id.
+        took: String,
+        /// Who answered now.
+        now: String,
+    },
     /// The recorded high-water is further ahead of this clock than start may wait.
     #[error(
         "the high-water {high_water_ms} {whose} is {ahead:?} ahead of this host's clock, more than window + max_resume_wait ({limit:?}); either that clock ran ahead or this host's is behind: check both, or raise --max-resume-wait"
@@ -276,6 +287,7 @@ impl AcquireError {
                 | AcquireError::LayoutMissing { .. }
                 | AcquireError::PinnedHeld { .. }
                 | AcquireError::RegistryChanged { .. }
+                | AcquireError::ClusterChanged { .. }
                 | AcquireError::BadHighWater { .. }
                 | AcquireError::HighWaterAhead { .. }
                 | AcquireError::BadNodeId(_)

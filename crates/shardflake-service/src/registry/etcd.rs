@@ -165,9 +165,16 @@ impl Registry for EtcdRegistry {
             .ok();
         let taken = match read {
             Ok((kvs, header)) => {
-                *lock(&self.cluster_id) = Some(header.cluster_id);
+                // The cluster of this process's first take is its cluster
+                // for life: another one (a member of another cluster among
+                // the endpoints, failed over to) knows nothing of its ids.
+                let first = *lock(&self.cluster_id).get_or_insert(header.cluster_id);
                 let now = self.identity_of(header.cluster_id);
                 match &claim.expected_registry {
+                    _ if first != header.cluster_id => Err(AcquireError::ClusterChanged {
+                        took: self.identity_of(first),
+                        now,
+                    }),
                     Some(recorded) if *recorded != now => Err(AcquireError::RegistryChanged {
                         recorded: recorded.clone(),
                         now,

@@ -419,3 +419,38 @@ async fn etcd_leader_killed_under_load_service_continues_without_duplicates() ->
     n2.ready(Duration::from_secs(1)).await?;
     Ok(())
 }
+
+/// Issue 38 (F8b): a node whose endpoints list members of two clusters
+/// (during a move) took its id on one; that cluster's member went away and
+/// the node failed over to the other. It stops there, naming both
+/// clusters, instead of taking an id in a cluster whose nodes know nothing
+/// of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_fails_over_to_another_cluster_stops() -> anyhow::Result<()> {
+    let (one, two) = (Etcd::start(1)?, Etcd::start(1)?);
+    let endpoints = [one.endpoints[0].clone(), two.endpoints[0].clone()];
+    let mut a = Node::start(&format!(
+        "[etcd]\nendpoints = {endpoints:?}\nprefix = \"/t/two\"\nlease_ttl = \"3s\""
+    ))
+    .await?;
+    a.ready(Duration::from_secs(15)).await?;
+    // The client starts on an endpoint picked at random: stop that one.
+    let held_on_one = !one.keys("/t/two/node/").await?.is_empty();
+    let (gone, other) = if held_on_one {
+        (&one, &two)
+    } else {
+        (&two, &one)
+    };
+    gone.kill(0)?;
+    let exit = a.exit(Duration::from_secs(20)).await;
+    let taken_there = other.keys("/t/two/node/").await?;
+    assert!(
+        taken_there.is_empty(),
+        "took {taken_there:?} in the other cluster"
+    );
+    let exit = exit?;
+    assert!(!exit.success());
+    let said = a.stderr();
+    assert!(said.contains("another etcd cluster"), "{said}");
+    Ok(())
+}
