@@ -79,6 +79,8 @@ EOF
     exit 2
     ;;
 esac
+# A static node's first start: its state file, written by hand.
+printf 'shardflake-state 1\nhigh_water_ms 0\n' >"$dir/state"
 "$bin" serve --http 127.0.0.1:0 --grpc 127.0.0.1:0 --node-id 1 \
     --layout "orders: time 41 | node 6 | shard 6 | sequence 10 (epoch 1735689600000 ms)" \
     --shards 40 --max-batch 1000 --state-file "$dir/state" "${tickets[@]}" "$@" \

@@ -60,7 +60,9 @@ cleanup() {
 trap cleanup EXIT
 
 if [[ ${ONLY:-} != mariadb ]]; then
-url=$(scripts/pg.sh start 1 "$pgdir" | sed -n 1p)
+# synchronous_commit=off, as the figures in docs/BENCHMARKS.md were
+# measured (CPU costs, not WAL writes; `pg apply` warns about it).
+url=$(PG_OPTS="-c synchronous_commit=off ${PG_OPTS:-}" scripts/pg.sh start 1 "$pgdir" | sed -n 1p)
 port=${url##*:}; port=${port%%/*}
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
 psql() { "$bin/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres postgres "$@"; }

@@ -26,11 +26,13 @@
 #                                 -c max_connections=10)
 #
 # Each server: initdb --auth=trust -U postgres, a free port probed before use,
-# fsync=off (data is thrown away), max_connections=200, socket in its own dir.
+# fsync=off (data is thrown away: an OS crash may lose the last commits, a
+# killed server loses none), max_connections=200, socket in its own dir.
 # PostgreSQL refuses to run as root, so initdb/pg_ctl run as user postgres.
-# synchronous_commit=off: a killed server may lose its last commits (the WAL
-# not yet written from shared memory); tests that kill one and count on its
-# commits pass PG_OPTS="-c synchronous_commit=on".
+# synchronous_commit=on (with fsync off, a commit's WAL write costs no disk
+# flush): `shardflake pg check` fails on off, under which a killed server
+# loses its last commits (the WAL not yet written from shared memory); a
+# test of that passes PG_OPTS="-c synchronous_commit=off".
 set -euo pipefail
 
 bindir() {
@@ -70,7 +72,7 @@ launch() {
   local bin=$1 data=$2 port
   port=$(cat "$data.port")
   as_pg "$bin/pg_ctl" -D "$data" -l "$data.log" -w -t 60 \
-    -o "-p $port -k $data -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 $(cat "$data.opts" 2>/dev/null)" \
+    -o "-p $port -k $data -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=on -c full_page_writes=off -c max_connections=200 $(cat "$data.opts" 2>/dev/null)" \
     start >/dev/null || { tail -n 40 "$data.log" >&2; exit 1; }
   echo "postgres://postgres@127.0.0.1:$port/postgres"
 }

@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use shardflake_db::mysql::Names;
-use shardflake_db::topology::{is_ident, is_server_name};
+use shardflake_db::pg::topology::{is_ident, is_server_name};
 
 /// ASCII letters, digits, `_` (and `-` where `dash`), not starting with a digit.
 fn plain(s: &str, dash: bool) -> bool {

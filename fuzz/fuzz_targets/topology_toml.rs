@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use shardflake_db::Topology;
-use shardflake_db::topology::is_ident;
+use shardflake_db::pg::Topology;
+use shardflake_db::pg::topology::is_ident;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardflake_db::{SignBit, sql};
+use shardflake_db::pg::{SignBit, sql};
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Statement};
 use uuid::Uuid;

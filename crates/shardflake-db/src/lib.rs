@@ -3,42 +3,33 @@
 //! of logical shards live on a few physical servers, and the application
 //! routes by key. Plus the MariaDB/MySQL stored-procedure variant.
 //!
-//! # Map of the modules, one job each
+//! # Two backends, one shape
 //!
-//! - [`topology`]: the TOML topology file (layout, logical shards, servers,
-//!   table templates), validated with typed errors.
-//! - [`sql`]: pure SQL generation from a [`shardflake::Layout`]: schemas,
-//!   sequences, `next_id()`, the decode function, tables. The design of
-//!   `next_id` (no integer overflow, sign-bit policy, no repeated id beyond
-//!   2^sequence ids per tick) is documented there.
-//! - [`catalog`]: what a deployment is, recorded on its servers (layout,
-//!   prefix, shard count, each shard's owner, fence and move), and the rules
-//!   a topology file is checked against before anything changes.
-//! - [`pg`]: `apply` (idempotent; every server checked before any is
-//!   changed), `check` (drift between servers and topology) and `repair`
-//!   (after a restore) over tokio-postgres.
-//! - [`route`]: key → logical shard → server and schema; id → shard → server;
-//!   `INSERT ... RETURNING id`.
-//! - [`move_shard`]: copies a logical shard to another server under a brief
-//!   write pause, switches the topology, verifies, then drops the old copy.
-//! - [`mysql`]: the MariaDB/MySQL `generate_post_id` procedure (the seed's and
-//!   ours, race-free) and calling it from Rust with mysql_async.
+//! - [`pg`]: PostgreSQL. `topology` (the TOML file), `sql` (generated
+//!   SQL), `catalog` (the deployment's records on its servers), `apply`,
+//!   `check`, `repair`, `move_shard`, and `route` (key → shard → server).
+//! - [`mysql`]: MariaDB/MySQL. `sql` (generated SQL), `installed` (what a
+//!   server has), `apply`, `check`, `repair`; the `generate_post_id`
+//!   procedure (the seed's and ours, race-free) and calling it from Rust
+//!   with mysql_async.
+//!
+//! This file holds what both share: the error type and the name of the
+//! layout field that holds the shard.
 
 #![warn(missing_docs)]
 
-pub mod catalog;
 pub mod mysql;
 pub mod pg;
-pub mod route;
-pub mod topology;
 
 /// The MariaDB/MySQL client this crate uses.
 pub use mysql_async;
-pub use pg::{move_shard, sql};
-pub use route::{Route, Router};
 /// The PostgreSQL client this crate uses (for rows and parameters).
 pub use tokio_postgres;
-pub use topology::{SignBit, Topology, TopologyError};
+
+use pg::{TopologyError, sql};
+
+/// Name of the layout field that holds the logical shard (both backends).
+pub const SHARD_FIELD: &str = "shard";
 
 /// Every error of this crate.
 #[derive(Debug, thiserror::Error)]

@@ -47,7 +47,7 @@ use shardflake::Clock;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use crate::config::NodeSource;
+use crate::config::{NodeSource, ResumeAfter};
 use crate::issuer::{Active, Issuer, LeaseState};
 use crate::registry::STATIC;
 use crate::state_file::{State, StateFile, StateLock};
@@ -85,17 +85,27 @@ pub enum KeeperError {
         #[source]
         source: std::io::Error,
     },
-    /// A static node id whose state file is missing although a node ran
-    /// with it (its lock file is there).
+    /// A static node id given by the operator, with no state file and no
+    /// `--resume-after`: it cannot know whether it issued ids before.
     #[error(
-        "state file {} is missing, but {}.lock shows a node ran with it: a static node id cannot know which ids it issued before (a clock set back would repeat them). Restore the file from a backup, or, if you know a Unix ms after every id this node issued, write it: printf 'shardflake-state 1\\nhigh_water_ms <ms>\\n' > {}",
-        path.display(),
-        path.display(),
+        "state file {} is missing (or empty): a static node id cannot know whether it issued ids before, nor which (a clock set back would repeat them). If this is its first start (it never issued an id), start it once with --resume-after now; else restore the file from a backup, or start it with --resume-after <a Unix ms or RFC 3339 time after every id it issued>",
         path.display()
     )]
     StateLost {
         /// The state file.
         path: PathBuf,
+    },
+    /// The state file records another path: a copy, or a hard link made
+    /// before its node replaced it, of another node's state file.
+    #[error(
+        "state file {} was written for {written_for}: it is a copy or a link of another node's state file, and two nodes with one history issue the same ids. Give each node its own state file; if you moved this file, delete its line \"path ...\"",
+        path.display()
+    )]
+    StateCopied {
+        /// The state file.
+        path: PathBuf,
+        /// The path its `path` line records.
+        written_for: String,
     },
     /// The state file was written by another node id or layout.
     #[error(
@@ -167,7 +177,7 @@ pub struct Keeper {
     state_file: StateFile,
     /// The holding taken, kept from the registry's answer on until released.
     lease: Option<Holding>,
-    state_lock: StateLock,
+    state_lock: Arc<StateLock>,
     /// Lease generations taken so far, and the span of the current one.
     generation: u64,
     span: tracing::Span,
@@ -229,6 +239,7 @@ impl Keeper {
             max_node_id: issuer.config.max_node_id(),
             ttl: terms.map_or(Duration::ZERO, |t| t.ttl),
             layout: Claim::layout_of(&issuer.config),
+            earlier_layout: Claim::earlier_layout_of(&issuer.config),
             holder,
             now_ms: 0,
             window_ms: issuer.config.window.as_millis() as u64,
@@ -246,7 +257,7 @@ impl Keeper {
             terms,
             state_file,
             lease: None,
-            state_lock,
+            state_lock: Arc::new(state_lock),
             generation: 0,
             span: tracing::Span::none(),
             records: None,
@@ -461,23 +472,41 @@ impl Keeper {
     fn check_state(&mut self, state: Option<State>) -> Result<u64, KeeperError> {
         let path = self.state_file.path().to_path_buf();
         let config = &self.issuer.config;
+        let floor = match config.resume_after {
+            Some(ResumeAfter::Now) => self.issuer.clock().now_ms(),
+            Some(ResumeAfter::UnixMs(ms)) => ms,
+            None => 0,
+        };
         let Some(state) = state else {
             match &config.node {
-                NodeSource::Static(_) if self.state_lock.ran_before() => {
+                // A node id the operator gave (or the host's): its history
+                // is in this file alone. Only the default node 0 (no node
+                // option at all: a trial) starts fresh unasked.
+                NodeSource::Static(_)
+                    if config.resume_after.is_none() && config.node_origin != "default" =>
+                {
                     return Err(KeeperError::StateLost { path });
                 }
-                NodeSource::Etcd(_) if self.state_lock.ran_before() => tracing::warn!(
+                _ => tracing::info!(
                     path = %path.display(),
-                    "the state file is missing although a node ran with it: resuming after the registry's records only"
+                    resume_after_ms = floor,
+                    "no state file: this node's first start, or its file was lost"
                 ),
-                _ => {
-                    tracing::info!(path = %path.display(), "no state file: this node's first start")
-                }
             }
-            return Ok(0);
+            return Ok(floor);
         };
         let layout = String::from_utf8_lossy(&self.claim.layout).into_owned();
-        if let Some(recorded) = state.layout.filter(|l| *l != layout) {
+        // An earlier version's line names no fixed fields: accepted (the
+        // next write records them).
+        let earlier = self
+            .claim
+            .earlier_layout
+            .as_deref()
+            .map(String::from_utf8_lossy);
+        if let Some(recorded) = state
+            .layout
+            .filter(|l| *l != layout && Some(l.as_str()) != earlier.as_deref())
+        {
             return Err(KeeperError::StateMismatch {
                 path,
                 what: "layout",
@@ -535,6 +564,20 @@ impl Keeper {
                 self.claim.expected_registry = registry;
             }
         }
+        // Last: a file copied from another node is named for what differs
+        // first (its node id, layout or registry).
+        if let Some(written_for) = state
+            .path
+            .filter(|p| *p != self.state_lock.canonical_path())
+        {
+            return Err(KeeperError::StateCopied { path, written_for });
+        }
+        if config.resume_after.is_some() {
+            tracing::info!(
+                path = %self.state_file.path().display(),
+                "--resume-after ignored: the state file records where to resume"
+            );
+        }
         Ok(state.high_water_ms)
     }
 
@@ -543,12 +586,13 @@ impl Keeper {
         let state = State {
             high_water_ms: ms,
             node_id: self.lease.map(|h| h.node_id),
+            path: None,
             layout: Some(String::from_utf8_lossy(&self.claim.layout).into_owned()),
             registry: self.registry.identity(),
             etcd_revision: self.registry.revision(),
         };
-        let f = self.state_file.clone();
-        tokio::task::spawn_blocking(move || f.write(&state))
+        let lock = self.state_lock.clone();
+        tokio::task::spawn_blocking(move || lock.write(&state))
             .await
             .map_err(std::io::Error::other)?
     }

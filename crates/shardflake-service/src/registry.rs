@@ -17,12 +17,14 @@
 //! attached to its lease (it disappears when the lease ends);
 //! `<prefix>/hw/<id>` holds the last high-water (Unix ms) recorded for the
 //! id and is not leased, so it outlives holders and the next holder resumes
-//! after it; `<prefix>/layout` holds the layout and node field of the
-//! cluster, written by its first node and checked by every take (nodes with
-//! different layouts under one prefix would compose equal ids from
-//! different node ids). On etcd, `<prefix>/queue/<lease>` marks a node that
+//! after it; `<prefix>/layout` holds the layout, node field and fixed node
+//! field values of the cluster, written by its first node and checked by
+//! every take (nodes with different layouts or fixed fields under one
+//! prefix would compose equal ids from different node ids, or from one). On etcd, `<prefix>/queue/<lease>` marks a node that
 //! lost a race for an id and is still trying (leased; it only orders racing
-//! nodes, see `registry/etcd.rs`).
+//! nodes, see `registry/etcd.rs`), `<prefix>/taken/<id>` the etcd status
+//! each take read, and `<prefix>/restored` the last snapshot restore a
+//! take saw (both judge records after a restore, see `registry/etcd.rs`).
 
 use std::time::Duration;
 
@@ -47,6 +49,9 @@ pub struct Claim {
     pub ttl: Duration,
     /// What `<prefix>/layout` must hold (see [`Claim::layout_of`]).
     pub layout: Vec<u8>,
+    /// The record an earlier version wrote for this layout, without its
+    /// fixed fields ([`Claim::earlier_layout_of`]): also accepted.
+    pub earlier_layout: Option<Vec<u8>>,
     /// Who holds the id (written as the node key's value, for operators).
     pub holder: String,
     /// The wall clock (Unix ms) when the take is sent, and the high-water
@@ -70,9 +75,29 @@ pub struct Claim {
 
 impl Claim {
     /// The layout record for a configuration: the layout (every field, epoch
-    /// and tick) and the field the node id goes into.
+    /// and tick), the field the node id goes into and the value of every
+    /// other fixed node field (`--field datacenter=1`): nodes of one
+    /// fleet with different fixed fields would each be told apart by
+    /// nothing but their node id, which the registry hands out to one.
     pub fn layout_of(config: &crate::config::Config) -> Vec<u8> {
-        format!("{}; node id in field {}", config.layout, config.node_field).into_bytes()
+        let mut record = format!("{}; node id in field {}", config.layout, config.node_field);
+        if !config.fixed_fields.is_empty() {
+            let fixed: Vec<String> = config
+                .fixed_fields
+                .iter()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect();
+            record.push_str(&format!("; fixed fields {}", fixed.join(", ")));
+        }
+        record.into_bytes()
+    }
+
+    /// The record earlier versions wrote for this configuration, when it
+    /// differs from [`Claim::layout_of`] (they left the fixed fields out).
+    pub fn earlier_layout_of(config: &crate::config::Config) -> Option<Vec<u8>> {
+        (!config.fixed_fields.is_empty()).then(|| {
+            format!("{}; node id in field {}", config.layout, config.node_field).into_bytes()
+        })
     }
 }
 
@@ -210,6 +235,17 @@ pub enum AcquireError {
         /// The registry of this start.
         now: String,
     },
+    /// etcd answered for another cluster than the one this process took
+    /// its first node id in.
+    #[error(
+        "etcd answered for another etcd cluster [{now}] than the one this node took its node id in [{took}]: the endpoints (--etcd) list members of two clusters, or the cluster was replaced; nodes in two clusters hand out one node id twice. List the members of one cluster"
+    )]
+    ClusterChanged {
+        /// Where this process took its first id.
+        took: String,
+        /// Who answered now.
+        now: String,
+    },
     /// The recorded high-water is further ahead of this clock than start may wait.
     #[error(
         "the high-water {high_water_ms} {whose} is {ahead:?} ahead of this host's clock, more than window + max_resume_wait ({limit:?}); either that clock ran ahead or this host's is behind: check both, or raise --max-resume-wait"
@@ -251,6 +287,7 @@ impl AcquireError {
                 | AcquireError::LayoutMissing { .. }
                 | AcquireError::PinnedHeld { .. }
                 | AcquireError::RegistryChanged { .. }
+                | AcquireError::ClusterChanged { .. }
                 | AcquireError::BadHighWater { .. }
                 | AcquireError::HighWaterAhead { .. }
                 | AcquireError::BadNodeId(_)

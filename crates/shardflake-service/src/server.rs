@@ -62,7 +62,7 @@ pub enum ServeError {
     /// password file).
     #[error(transparent)]
     Etcd(#[from] crate::etcd::EtcdError),
-    /// The tickets file is malformed, or none of its servers can be used.
+    /// The tickets file is malformed (its servers are not needed to start).
     #[error("tickets: {0}")]
     Tickets(#[from] TicketError),
     /// The HTTP server failed.
@@ -165,7 +165,8 @@ pub async fn serve(
         .map(ApiToken::read)
         .transpose()?;
     let registry = crate::registry::for_node_source(&config.node)?;
-    // Then the ticket servers: a bad file or none reachable fails the start.
+    // Then the ticket servers: a bad file fails the start; servers that
+    // cannot be used now do not (the node's ids never depend on them).
     let tickets = match &config.tickets {
         Some(path) => Some(connect_tickets(path, &config.node).await?),
         None => None,
@@ -357,8 +358,20 @@ pub async fn serve(
 /// the host (a few bits of an address: hosts can collide); a given id,
 /// that nothing checks it against other nodes.
 fn log_node_origin(config: &Config) {
-    let NodeSource::Static(id) = config.node else {
-        return;
+    let id = match &config.node {
+        NodeSource::Static(id) => *id,
+        NodeSource::Etcd(e) => {
+            if e.prefix == crate::config::DEFAULT_ETCD_PREFIX {
+                tracing::warn!(
+                    prefix = %e.prefix,
+                    "etcd prefix {}: the default, shared by every node started without --etcd-prefix on this etcd (a fleet beside another there hands out its ids twice); name the fleet's prefix with --etcd-prefix",
+                    e.prefix
+                );
+            } else {
+                tracing::info!(prefix = %e.prefix, "etcd prefix {}", e.prefix);
+            }
+            return;
+        }
     };
     let bits = config
         .layout
@@ -448,11 +461,18 @@ async fn serve_http(
 }
 
 /// Reads the tickets file and connects to its servers with the marks of
-/// [`crate::tickets::high_water_store`].
+/// [`crate::tickets::high_water_store`]. Only a bad file is an error: a
+/// server that cannot be used now (stalled, down, refused) is probed in the
+/// background, and its ticket calls answer `unavailable` meanwhile.
 async fn connect_tickets(path: &Path, node: &NodeSource) -> Result<TicketClient, ServeError> {
     let config = shardflake_tickets::Config::load(path).map_err(TicketError::from)?;
     let store = crate::tickets::high_water_store(&config, node)?;
-    Ok(TicketClient::connect_with_store(config, store).await?)
+    let client = TicketClient::start_with_store(config, store).await;
+    for m in client.metrics().into_iter().filter(|m| m.state != "up") {
+        tracing::warn!(server = %m.name, state = m.state, reason = m.reason.as_deref().unwrap_or(""),
+            "ticket server not usable at start: serving without it, probing it in the background");
+    }
+    Ok(client)
 }
 
 /// The server side of a TLS handshake, within [`tls::HANDSHAKE_TIMEOUT`].

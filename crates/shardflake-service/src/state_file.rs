@@ -1,14 +1,16 @@
 //! The local state file: what this node has been and the Unix millisecond
 //! before which every id it issued was stamped, so a restart resumes after
 //! it and never reissues a tick, and a restart as something else (another
-//! node id, layout or epoch, registry) is refused instead of trusted.
-//! Written atomically (temporary file, fsync, rename, fsync of the
-//! directory): a crash leaves the old value or the new one, never a torn one.
+//! node id, layout or epoch, registry, another node's file) is refused
+//! instead of trusted. Written atomically (temporary file, fsync, rename,
+//! fsync of the directory): a crash leaves the old value or the new one,
+//! never a torn one.
 //!
 //! ```text
 //! shardflake-state 1
 //! high_water_ms 1764100000000
 //! node_id 7
+//! path /var/lib/shardflake/shardflake.state   (the file it was written as)
 //! layout snowflake(...); node id in field node
 //! registry static                 (or: etcd cluster=<hex id> prefix=/p)
 //! etcd_revision 1234              (leased: the highest etcd revision seen)
@@ -17,17 +19,22 @@
 //! Only `high_water_ms` is required: a line left out is not compared (an
 //! operator may write a file by hand, or drop a line to accept a change).
 //! The first format, one line `shardflake-high-water-ms <ms>`, still reads.
+//! An empty file reads as no file (the lock creates one).
 //!
-//! One process per file: [`StateFile::lock`] takes an exclusive `flock` on a
-//! sibling `<name>.lock` (the state file itself is replaced on every write)
-//! for the life of the process. Two processes sharing a file would share a
-//! node id's history, and one could resume below what the other issued.
-//! The lock file stays behind: a state file missing beside it was lost
-//! (see [`StateLock::ran_before`]).
+//! One process per file, whatever path names it: [`StateFile::lock`] takes
+//! an exclusive `flock` on the state file itself (its inode, so a symlink
+//! or a hard link to it meets the same lock) for the life of the process,
+//! and each write locks the new file before it replaces the old one, so
+//! the file at the path is always locked. A hard link made before a write
+//! names the replaced file, its own inode: the `path` line catches it (and
+//! a copy), as a file written for another path. Two processes sharing a
+//! file would share a node id's history, and one could resume below what
+//! the other issued.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// What a state file records.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,6 +43,9 @@ pub struct State {
     pub high_water_ms: u64,
     /// The node id held when it was written.
     pub node_id: Option<u64>,
+    /// The canonical path it was written as: read under another, it is a
+    /// copy or a link of another node's file.
+    pub path: Option<String>,
     /// The layout record ([`crate::registry::Claim::layout_of`]).
     pub layout: Option<String>,
     /// `static`, or `etcd cluster=<hex> prefix=<prefix>`.
@@ -69,6 +79,8 @@ impl StateFile {
     /// What the file records; `None` when there is no file.
     pub fn read(&self) -> io::Result<Option<State>> {
         match fs::read_to_string(&self.path) {
+            // The lock creates the file: empty, nothing was recorded.
+            Ok(text) if text.trim().is_empty() => Ok(None),
             Ok(text) => parse(&text).map(Some).ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -83,48 +95,58 @@ impl StateFile {
         }
     }
 
-    fn lock_path(&self) -> Option<PathBuf> {
-        let mut name = self.path.file_name()?.to_os_string();
-        name.push(".lock");
-        Some(self.path.with_file_name(name))
-    }
-
-    /// Locks the file for this process (exclusive, non-blocking) until the
-    /// returned guard is dropped; fails at once while another process holds it.
+    /// Locks the file itself for this process (exclusive, non-blocking)
+    /// until the returned guard is dropped; fails at once while another
+    /// process holds it, under whatever path. Creates an empty file when
+    /// there is none (a lock needs an inode).
     pub fn lock(&self) -> io::Result<StateLock> {
-        let path = self
-            .lock_path()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "state file has no name"))?;
-        let ran_before = path.exists();
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)?;
-        // std's lock is flock(2) on Unix: it ends with the process, so a
-        // crashed holder never leaves a stale lock behind.
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    format!(
-                        "{} is in use by another shardflake process (locked: {}); give each process its own --state-file",
-                        self.path.display(),
-                        path.display()
-                    ),
-                ));
+        // The file at the path may be replaced between our open and our
+        // lock (its holder writing): then the lock is on a file no longer
+        // there, and we try again.
+        for _ in 0..100 {
+            // Read-only is enough for flock; created empty when missing.
+            let file = match File::open(&self.path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .append(true)
+                    .open(&self.path)?,
+                opened => opened?,
+            };
+            // std's lock is flock(2) on Unix: it ends with the process, so
+            // a crashed holder never leaves a stale lock behind.
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        format!(
+                            "{} is in use by another shardflake process (the file, under this path or another: a symlink or a hard link); give each process its own --state-file",
+                            self.path.display(),
+                        ),
+                    ));
+                }
+                Err(fs::TryLockError::Error(err)) => return Err(err),
             }
-            Err(fs::TryLockError::Error(err)) => return Err(err),
+            if same_file(&file, &self.path)? {
+                let canonical = fs::canonicalize(&self.path)?;
+                return Ok(StateLock {
+                    file: Mutex::new(file),
+                    state_file: self.clone(),
+                    canonical,
+                });
+            }
         }
-        Ok(StateLock {
-            _file: file,
-            ran_before,
-        })
+        Err(io::Error::other(format!(
+            "{} kept being replaced while it was being locked: another process writes it",
+            self.path.display()
+        )))
     }
 
-    /// Records `state` durably.
-    pub fn write(&self, state: &State) -> io::Result<()> {
+    /// Writes `state` to a temporary file beside the state file, locked
+    /// and synced, and renames it over the state file; returns it, still
+    /// locked. The directory is synced too.
+    fn replace_with(&self, state: &State) -> io::Result<File> {
         let dir = match self.path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -136,40 +158,77 @@ impl StateFile {
         let mut tmp_name = name.to_os_string();
         tmp_name.push(".tmp");
         let tmp = dir.join(tmp_name);
-        {
-            let mut f = File::create(&tmp)?;
-            writeln!(f, "{HEADER}\nhigh_water_ms {}", state.high_water_ms)?;
-            if let Some(id) = state.node_id {
-                writeln!(f, "node_id {id}")?;
-            }
-            if let Some(r) = state.etcd_revision {
-                writeln!(f, "etcd_revision {r}")?;
-            }
-            for (key, value) in [("layout", &state.layout), ("registry", &state.registry)] {
-                if let Some(v) = value {
-                    // One line each: a value never holds a line break.
-                    writeln!(f, "{key} {}", v.replace(['\n', '\r'], " "))?;
-                }
-            }
-            f.sync_all()?;
+        let mut f = File::create(&tmp)?;
+        writeln!(f, "{HEADER}\nhigh_water_ms {}", state.high_water_ms)?;
+        if let Some(id) = state.node_id {
+            writeln!(f, "node_id {id}")?;
         }
+        if let Some(r) = state.etcd_revision {
+            writeln!(f, "etcd_revision {r}")?;
+        }
+        for (key, value) in [
+            ("path", &state.path),
+            ("layout", &state.layout),
+            ("registry", &state.registry),
+        ] {
+            if let Some(v) = value {
+                // One line each: a value never holds a line break.
+                writeln!(f, "{key} {}", v.replace(['\n', '\r'], " "))?;
+            }
+        }
+        f.sync_all()?;
+        // Locked before it takes the path: the file there is always ours.
+        f.try_lock().map_err(io::Error::from)?;
         fs::rename(&tmp, &self.path)?;
-        File::open(&dir)?.sync_all()
+        File::open(&dir)?.sync_all()?;
+        Ok(f)
     }
 }
 
-/// Holds a state file's lock; released when dropped (or when the process ends).
+/// Whether `file` is the file `path` names now (device and inode).
+fn same_file(file: &File, path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let held = file.metadata()?;
+    match fs::metadata(path) {
+        Ok(now) => Ok(now.dev() == held.dev() && now.ino() == held.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Holds a state file's lock; released when dropped (or when the process
+/// ends). Every write of the file goes through it, so that the lock moves
+/// to each new file.
 #[derive(Debug)]
 pub struct StateLock {
-    _file: File,
-    ran_before: bool,
+    file: Mutex<File>,
+    state_file: StateFile,
+    canonical: PathBuf,
 }
 
 impl StateLock {
-    /// Whether a process had locked this state file before this one (the
-    /// lock file was there): with no state file beside it, it was lost.
-    pub fn ran_before(&self) -> bool {
-        self.ran_before
+    /// The state file locked.
+    pub fn state_file(&self) -> &StateFile {
+        &self.state_file
+    }
+
+    /// The state file's canonical path (symlinks resolved), as the `path`
+    /// line records it.
+    pub fn canonical_path(&self) -> String {
+        self.canonical.display().to_string()
+    }
+
+    /// Records `state` durably, with this file's canonical path, and moves
+    /// the lock to the new file.
+    pub fn write(&self, state: &State) -> io::Result<()> {
+        let state = State {
+            path: Some(self.canonical_path()),
+            ..state.clone()
+        };
+        // Held across the write: two writes never interleave their renames.
+        let mut held = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        *held = self.state_file.replace_with(&state)?;
+        Ok(())
     }
 }
 
@@ -192,6 +251,7 @@ fn parse(text: &str) -> Option<State> {
         match key {
             "high_water_ms" => high_water = Some(value.parse().ok()?),
             "node_id" => state.node_id = Some(value.parse().ok()?),
+            "path" => state.path = Some(value.to_string()),
             "layout" => state.layout = Some(value.to_string()),
             "registry" => state.registry = Some(value.to_string()),
             "etcd_revision" => state.etcd_revision = Some(value.parse().ok()?),
@@ -211,39 +271,55 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = StateFile::new(dir.path().join("state"));
         assert_eq!(f.read().unwrap(), None);
-        assert!(!f.lock().unwrap().ran_before());
+        let lock = f.lock().unwrap();
+        // The lock's empty file reads as none.
+        assert_eq!(f.read().unwrap(), None);
         let full = State {
             high_water_ms: 1_700_000_000_123,
             node_id: Some(7),
+            path: Some(lock.canonical_path()),
             layout: Some("snowflake(x); node id in field node".into()),
             registry: Some("etcd cluster=ab prefix=/p".into()),
             etcd_revision: Some(12),
         };
-        f.write(&full).unwrap();
+        lock.write(&full).unwrap();
         assert_eq!(f.read().unwrap(), Some(full));
         let bare = State {
             high_water_ms: 5,
             ..State::default()
         };
-        f.write(&bare).unwrap();
-        assert_eq!(f.read().unwrap(), Some(bare));
+        lock.write(&bare).unwrap();
+        let path = Some(lock.canonical_path());
+        assert_eq!(f.read().unwrap(), Some(State { path, ..bare }));
         assert!(!dir.path().join("state.tmp").exists());
         // The first format still reads.
         fs::write(f.path(), "shardflake-high-water-ms 42\n").unwrap();
         assert_eq!(f.read().unwrap().unwrap().high_water_ms, 42);
-        assert!(f.lock().unwrap().ran_before());
     }
 
     #[test]
-    fn a_second_lock_fails_until_the_first_is_dropped() {
+    fn a_second_lock_fails_under_any_path_until_the_first_is_dropped() {
         // flock locks belong to the open file description, so two opens in
         // one process conflict just as two processes do.
         let dir = tempfile::tempdir().unwrap();
         let f = StateFile::new(dir.path().join("state"));
         let held = f.lock().unwrap();
+        let symlink = dir.path().join("symlink");
+        std::os::unix::fs::symlink(f.path(), &symlink).unwrap();
+        let hard = dir.path().join("hard");
+        fs::hard_link(f.path(), &hard).unwrap();
+        for path in [f.path(), &symlink, &hard] {
+            let err = StateFile::new(path).lock().unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+            assert!(err.to_string().contains("in use"), "{err}");
+        }
+        // Each write moves the lock to the new file.
+        held.write(&State::default()).unwrap();
+        held.write(&State::default()).unwrap();
         let err = f.lock().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
-        assert!(err.to_string().contains("in use"), "{err}");
+        let err = StateFile::new(&symlink).lock().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
         drop(held);
         f.lock().unwrap();
     }

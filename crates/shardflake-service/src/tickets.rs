@@ -26,7 +26,22 @@ pub fn high_water_store(
     config: &Config,
     node: &NodeSource,
 ) -> Result<Arc<dyn HighWaterStore>, EtcdError> {
-    let peers = PeersStore::new(config.clone());
+    with_peers(PeersStore::new(config.clone()), node)
+}
+
+/// The same marks for the admin commands (`shardflake tickets
+/// check|repair|reshape`): each peer given `admin_timeout_ms`, as every
+/// admin statement is, not the clients' `marks_timeout_ms` (a peer slow
+/// under load is waited for, not taken for absent).
+pub fn admin_high_water_store(
+    config: &Config,
+    node: &NodeSource,
+) -> Result<Arc<dyn HighWaterStore>, EtcdError> {
+    let timeout = config.failover.admin_timeout();
+    with_peers(PeersStore::with_timeout(config.clone(), timeout), node)
+}
+
+fn with_peers(peers: PeersStore, node: &NodeSource) -> Result<Arc<dyn HighWaterStore>, EtcdError> {
     Ok(match node {
         NodeSource::Static(_) => Arc::new(peers),
         NodeSource::Etcd(cfg) => Arc::new(EtcdAndPeers {

@@ -1,5 +1,5 @@
 //! Throw-away PostgreSQL servers on 127.0.0.1 started by `scripts/pg.sh`
-//! (trust auth, fsync off, synchronous_commit off, max_connections 200, a
+//! (trust auth, fsync off, synchronous_commit on, max_connections 200, a
 //! free port; as root the script runs PostgreSQL as user postgres), which a
 //! test can crash (SIGKILL) and restart on the same data and port; stopped
 //! and removed when the guard drops.
@@ -67,9 +67,9 @@ impl PgServer {
 
     /// SIGKILLs the server (a crash: the postmaster, then its children; WAL
     /// recovery at the next start) and waits until none of its processes is
-    /// alive and its port is free. Commits the crash must not lose need
-    /// `start_with(&[("synchronous_commit", "on")])`: with the script's
-    /// `off`, the last ones may still be in shared memory.
+    /// alive and its port is free. It loses no commit (the script's
+    /// `synchronous_commit = on`) unless the server was started with
+    /// `start_with(&[("synchronous_commit", "off")])`.
     pub fn kill(&self) -> anyhow::Result<()> {
         script("pg.sh", &["kill", &self.dir.to_string_lossy()], &[]).map(drop)
     }

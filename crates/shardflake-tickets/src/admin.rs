@@ -7,12 +7,17 @@
 //! - [`check`] reports each server's increment and offset (global and per
 //!   session on MariaDB; in each sequence's schema on PostgreSQL), each
 //!   sequence's counter and high-water, and lists the problems: two servers
-//!   sharing an offset, a setting that differs from the file, a counter
-//!   behind its high-water, an unreachable or uninitialised server.
+//!   sharing an offset, a setting that differs from the file, a recorded
+//!   lattice that differs from the file's (every session would refuse it),
+//!   a counter behind its high-water, a missing guard, an unreachable or
+//!   uninitialised server.
 //! - [`repair`] raises every counter that is behind its high-water past it
-//!   (`ALTER TABLE … AUTO_INCREMENT`, `setval`, the segment row). The marks
-//!   are written ahead ([`crate::high_water`]), so this is past everything
-//!   a client could have reserved, blocks held and prefetched included.
+//!   (MariaDB per-id: `REPLACE INTO` the ticket table with an explicit id,
+//!   which only ever raises its counter; PostgreSQL: `setval` or the
+//!   table's row, never below where it is; a segment row: `GREATEST`). The
+//!   marks are written ahead ([`crate::high_water`]), so this is past
+//!   everything a client could have reserved, blocks held and prefetched
+//!   included.
 //! - [`reshape`] changes a sequence's lattice (increment, offsets, chunk)
 //!   safely: every server of the new file raised past every mark and
 //!   counter it holds, then the new lattice recorded.
@@ -25,10 +30,11 @@
 use std::fmt;
 use std::future::Future;
 
-use crate::backend::{LatticeRecord, ServerSettings};
-use crate::config::{Config, Kind, ServerConfig};
+use crate::backend::{Backend, LatticeRecord, ServerSettings, check_lattice};
+use crate::config::{Config, Kind, Mode, ServerConfig};
 use crate::error::TicketError;
 use crate::high_water::{HighWaterStore, PeersStore};
+use crate::segment::Lattice;
 use crate::session::Session;
 
 /// The marks on the peers, each place given the admin limit.
@@ -182,12 +188,14 @@ impl fmt::Display for CheckReport {
 }
 
 /// Reads every server and lists what is wrong, with the high-water marks
-/// kept on the peers.
+/// kept on the peers (each place given `admin_timeout_ms`).
 pub async fn check(config: &Config) -> CheckReport {
     check_with_store(config, &admin_store(config)).await
 }
 
-/// [`check`] against the marks of `store` (the service's etcd and peers).
+/// [`check`] against the marks of `store` (the service's etcd and peers;
+/// give each place `admin_timeout_ms`, as [`check`] does: a peer slow
+/// under load is then waited for, not taken for absent).
 pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> CheckReport {
     let mut servers = Vec::new();
     let mut problems = Vec::new();
@@ -197,6 +205,17 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
             let mut session = admin_session(config, server).await?;
             let mut settings =
                 bounded(config, server, "check", session.settings(config, server)).await?;
+            // What every session checks first: a file whose lattice differs
+            // from the recorded one (a server renamed, an offset moved) is
+            // refused by every client, so it is no ok here either. A
+            // sequence not initialised says so already.
+            let recorded = bounded(config, server, "check", session.read_lattice()).await?;
+            let initialised = settings.sequences.iter().all(|q| q.counter.is_some());
+            match check_lattice(config, server, &recorded) {
+                Err(e @ TicketError::LatticeChanged { .. }) => problems.push(e.to_string()),
+                Err(e) if initialised => problems.push(e.to_string()),
+                _ => {}
+            }
             let marks = match store.load(&server.name).await {
                 Ok(marks) => marks,
                 Err(e) => {
@@ -212,9 +231,16 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
                 // counter is below the mark written ahead of it by at most
                 // `mark_ahead` ids of the server.
                 let behind = match seq.mode {
-                    crate::config::Mode::Segment => counter < hw,
-                    crate::config::Mode::PerId => counter.saturating_add(span) < hw,
+                    Mode::Segment => counter < hw,
+                    Mode::PerId => counter.saturating_add(span) < hw,
                 };
+                if seq.mode == Mode::Segment && q.problem.is_none() {
+                    let lattice = Lattice::new(config, server);
+                    let row = lattice.row_of_counter(counter);
+                    if let Err(e) = lattice.check_row(&server.name, &seq.name, row) {
+                        q.problem = Some(e.to_string());
+                    }
+                }
                 if behind && q.problem.is_none() {
                     q.problem = Some(format!(
                         "counter {counter} is behind the high-water {hw}: it went back (restored?); clients raise it past the mark on their next checked session, `shardflake tickets repair` does it now"
@@ -300,7 +326,8 @@ pub async fn repair(config: &Config) -> Result<Vec<Repair>, TicketError> {
     repair_with_store(config, &admin_store(config)).await
 }
 
-/// [`repair`] against the marks of `store` (the service's etcd and peers).
+/// [`repair`] against the marks of `store` (the service's etcd and peers;
+/// each place given `admin_timeout_ms`, as for [`check_with_store`]).
 pub async fn repair_with_store(
     config: &Config,
     store: &dyn HighWaterStore,
@@ -309,32 +336,38 @@ pub async fn repair_with_store(
     for server in &config.servers {
         let marks = store.load(&server.name).await?;
         let mut session = admin_session(config, server).await?;
+        let lattice = Lattice::new(config, server);
         for seq in &config.sequences {
-            let Some(&high_water) = marks.get(&seq.name) else {
-                continue;
-            };
-            let counter = bounded(
+            let high_water = marks.get(&seq.name).copied().unwrap_or(0);
+            let Some(counter) = bounded(
                 config,
                 server,
                 "repair: read the counter",
                 session.counter(config, server, seq),
             )
             .await?
-            .unwrap_or(0);
-            if counter < high_water {
+            else {
+                continue;
+            };
+            // A segment row off this server's lattice (another server's
+            // row) is raised onto it, past the marks and past the row.
+            let off_lattice =
+                seq.mode == Mode::Segment && !lattice.holds(lattice.row_of_counter(counter));
+            if counter < high_water || off_lattice {
+                let past = high_water.max(counter);
                 bounded(
                     config,
                     server,
                     "repair: raise the counter",
-                    session.raise(config, server, seq, high_water),
+                    session.raise(config, server, seq, past),
                 )
                 .await?;
-                tracing::info!(server = %server.name, sequence = %seq.name, counter, high_water, "counter raised past its high-water");
+                tracing::info!(server = %server.name, sequence = %seq.name, counter, high_water = past, off_lattice, "counter raised past its high-water");
                 done.push(Repair {
                     server: server.name.clone(),
                     sequence: seq.name.clone(),
                     counter,
-                    high_water,
+                    high_water: past,
                 });
             }
         }

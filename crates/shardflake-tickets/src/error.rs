@@ -121,7 +121,9 @@ pub enum TicketError {
         change: String,
     },
     /// A server whose schema or settings contradict the configuration (an id
-    /// outside its residue, a sequence with another increment, a missing table).
+    /// outside its residue, a sequence with another increment, a missing
+    /// table, a table without its guard, a segment row off the server's
+    /// lattice).
     #[error("server {server:?} is misconfigured: {message}")]
     Misconfigured {
         /// The server.

@@ -1,14 +1,20 @@
-//! One ticket server as the client sees it: a few sessions, a circuit
-//! breaker (up, down, refused), the high-water marks it is known to have
-//! reached, and its metrics.
+//! The ticket servers as a client sees them. `Pool`: every server of
+//! the file and the marks store; the failover loop each call runs
+//! through (a per-id ticket, a block, a block given back), and the marks
+//! written ahead of the ids. `Server`: one server, with a few sessions,
+//! a circuit breaker (up, down, refused), the high-water marks it is known
+//! to have reached, its metrics, and the checks of every session and
+//! answer.
 //!
 //! A server whose call errs or times out is marked down and skipped; the
 //! client's prober ([`crate::client`]) reconnects it in the background
 //! every `probe_interval_ms` and takes it back when the reconnect passes the
 //! checks. Every new session is checked before its first use: increment and
-//! offset (or the sequence's schema) and each sequence's recorded lattice as
-//! in the file; and, the first after a failure or a restart of the server,
-//! against the marks: each counter is raised past the largest of the marks in the
+//! offset (or the sequence's schema), each sequence's recorded lattice as
+//! in the file, and the guard on every table it watches; and, the first
+//! after a failure or a restart of the server, against the marks (a
+//! segment row off the server's lattice is refused): each counter is
+//! raised past the largest of the marks in the
 //! [`HighWaterStore`], this client's own, and its answers; when no place
 //! holding marks answers and the client has none, the server is refused
 //! (`no_high_water`). Every answer is compared with the previous one from
@@ -16,14 +22,17 @@
 //! (`went_back`): it is never handed out, and the server is refused until a
 //! fresh session has been checked against the marks again.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use tokio::sync::Notify;
+
+use crate::backend::Backend;
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
-use crate::error::TicketError;
+use crate::error::{ServerFailure, TicketError};
 use crate::high_water::{BoxFuture, HighWaterStore};
-use crate::segment::Lattice;
+use crate::segment::{Block, Lattice};
 use crate::session::Session;
 
 /// A server's breaker state.
@@ -33,13 +42,16 @@ pub enum Health {
     Up,
     /// Its last call or connect failed; probed until it answers.
     Down(String),
-    /// It answers but must not be used: behind its high-water, or
-    /// misconfigured. Probed until the reason is gone.
+    /// It answers but must not be used: it went back, was recreated, has
+    /// no place holding its marks answering, a lattice other than the
+    /// file's, or is misconfigured (a table without its guard, a segment
+    /// row off its lattice, ...). Probed until the reason is gone.
     Refused(TicketError),
 }
 
 impl Health {
-    /// `up`, `down`, or the refusal's code (`behind_high_water`, `misconfigured`).
+    /// `up`, `down`, or the refusal's code (`went_back`, `recreated`,
+    /// `no_high_water`, `lattice_changed`, `misconfigured`, ...).
     pub fn as_str(&self) -> &'static str {
         match self {
             Health::Up => "up",
@@ -56,7 +68,7 @@ pub struct ServerMetrics {
     pub name: String,
     /// `mariadb` or `postgres`.
     pub kind: &'static str,
-    /// `up`, `down`, `behind_high_water` or `misconfigured`.
+    /// `up`, `down`, or the code of the refusal ([`Health::as_str`]).
     pub state: &'static str,
     /// Why it is not up.
     pub reason: Option<String>,
@@ -312,6 +324,12 @@ impl Server {
                         ),
                     )
                 })?;
+            if seq.mode == Mode::Segment {
+                // Raised past the marks, a row off the lattice would land
+                // on it unseen: it is refused until `repair`.
+                let row = self.lattice.row_of_counter(counter);
+                self.lattice.check_row(name, &seq.name, row)?;
+            }
             let stored = stored.get(&seq.name).copied().unwrap_or(0);
             let mark = stored
                 .max(self.reserved[i].load(Ordering::Relaxed))
@@ -472,6 +490,8 @@ impl Server {
         let known = self.tables[index].load(Ordering::Acquire);
         let stamped = session.reserve(seq, floor, step, seen).await?;
         self.check_table(seq, known, stamped.table)?;
+        let (Ok(row) | Err(row)) = stamped.value;
+        self.lattice.check_row(&self.config.name, &seq.name, row)?;
         match stamped.value {
             Ok(row) => {
                 self.seen[index].fetch_max(row, Ordering::Relaxed);
@@ -563,6 +583,318 @@ impl Server {
             latency_max_us: self.latency_max_ns.load(Ordering::Relaxed) / 1000,
             skipped_ids: self.skipped.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// The servers of one file and the place their marks live: every call of
+/// a client runs through here (the failover loop, then [`Server::run`]),
+/// so each check is written once for every client. Marks are written
+/// ahead of the ids here too.
+pub(crate) struct Pool {
+    pub config: Config,
+    pub servers: Vec<Server>,
+    pub store: Arc<dyn HighWaterStore>,
+    next_server: AtomicUsize,
+    /// Wakes the high-water writer (a block boundary).
+    pub record_now: Arc<Notify>,
+}
+
+impl Pool {
+    pub fn new(config: Config, store: Arc<dyn HighWaterStore>) -> Pool {
+        Pool {
+            servers: (0..config.servers.len())
+                .map(|i| Server::new(&config, i))
+                .collect(),
+            config,
+            store,
+            next_server: AtomicUsize::new(0),
+            record_now: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Connects a fresh, checked session to `server` and marks it up, or
+    /// marks why not.
+    pub async fn probe(&self, server: &Server) -> Result<(), TicketError> {
+        let timeout = self.config.failover.attempt_timeout();
+        let alone = alone(&self.servers, server.index);
+        let opened = tokio::time::timeout(
+            timeout,
+            server.open(&self.config, &*self.store, true, alone),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(TicketError::Timeout {
+                server: server.config.name.clone(),
+                context: "connect".into(),
+                ms: timeout.as_millis() as u64,
+            })
+        });
+        match opened {
+            Ok(session) => {
+                server.adopt(session).await;
+                server.mark_up();
+                Ok(())
+            }
+            Err(e) => {
+                server.mark_failed(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the per-id marks wanted ahead, and with `all` every mark this
+    /// client holds again (a place that missed a write catches up).
+    pub async fn record(&self, all: bool) -> Result<(), TicketError> {
+        let mut result = Ok(());
+        for server in &self.servers {
+            let marks: Vec<(String, u64)> = self
+                .config
+                .sequences
+                .iter()
+                .enumerate()
+                .filter_map(|(i, q)| {
+                    let wanted = server.wanted[i].load(Ordering::Relaxed);
+                    let reserved = server.reserved[i].load(Ordering::Relaxed);
+                    let mark = wanted.max(reserved);
+                    (wanted > reserved || (all && mark > 0)).then(|| (q.name.clone(), mark))
+                })
+                .collect();
+            if marks.is_empty() {
+                continue;
+            }
+            match self.write_marks(server, &marks).await {
+                Ok(()) => {}
+                Err(e) => result = Err(e),
+            }
+        }
+        result
+    }
+
+    /// Writes `marks` of `server`, asked again (every 20 ms) while no place
+    /// took them, for up to half an attempt, and notes them written.
+    async fn write_marks(
+        &self,
+        server: &Server,
+        marks: &[(String, u64)],
+    ) -> Result<(), TicketError> {
+        let timeout = self.config.failover.attempt_timeout() / 2;
+        let deadline = Instant::now() + timeout;
+        let name = &server.config.name;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let written = tokio::time::timeout(left, self.store.record(name, marks))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(TicketError::Timeout {
+                        server: name.clone(),
+                        context: "write high-water marks".into(),
+                        ms: timeout.as_millis() as u64,
+                    })
+                });
+            match written {
+                Ok(()) => break,
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        }
+        for (i, q) in self.config.sequences.iter().enumerate() {
+            if let Some((_, mark)) = marks.iter().find(|(name, _)| *name == q.name) {
+                server.reserved[i].fetch_max(*mark, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Before per-id `id` of `server` is handed out: a mark at or above it
+    /// must be written. Marks are written `mark_ahead` ids ahead, in the
+    /// background from half-way, so a call waits only when the writer fell
+    /// behind.
+    async fn cover(&self, server: usize, index: usize, id: u64) -> Result<(), TicketError> {
+        let s = &self.servers[server];
+        let seq = &self.config.sequences[index];
+        let span = self
+            .config
+            .failover
+            .mark_ahead
+            .saturating_mul(self.config.increment);
+        s.wanted[index].fetch_max(id.saturating_add(span).min(seq.max_id()), Ordering::Relaxed);
+        let reserved = s.reserved[index].load(Ordering::Relaxed);
+        if id <= reserved {
+            if id.saturating_add(span / 2) > reserved {
+                self.record_now.notify_one();
+            }
+            return Ok(());
+        }
+        let _one = s.mark_lock.lock().await;
+        if id <= s.reserved[index].load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mark = s.wanted[index].load(Ordering::Relaxed);
+        self.write_marks(s, &[(seq.name.clone(), mark)]).await
+    }
+
+    /// Runs `call` on the servers in [`call_order`] until one answers,
+    /// within the call's timeout: that server's index and its answer.
+    async fn failover<T>(
+        &self,
+        index: usize,
+        call: impl for<'s> Fn(
+            &'s Server,
+            &'s Config,
+            &'s mut Session,
+        ) -> BoxFuture<'s, Result<T, TicketError>>,
+    ) -> Result<(usize, T), TicketError> {
+        let f = &self.config.failover;
+        let deadline = Instant::now() + f.timeout();
+        let first = self.next_server.fetch_add(1, Ordering::Relaxed);
+        let mut failures = Vec::new();
+        let mut exhausted = None;
+        for server in &self.servers {
+            if let Health::Refused(e) = server.health() {
+                failures.push(ServerFailure {
+                    server: server.config.name.clone(),
+                    reason: format!("refused: {e}"),
+                });
+            }
+        }
+        for server in call_order(&self.servers, first) {
+            let name = &server.config.name;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let budget = left.min(f.attempt_timeout());
+            let result = tokio::time::timeout(
+                budget,
+                server.run(
+                    &self.config,
+                    &*self.store,
+                    alone(&self.servers, server.index),
+                    &call,
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(TicketError::Timeout {
+                    server: name.clone(),
+                    context: "call".into(),
+                    ms: budget.as_millis() as u64,
+                })
+            });
+            match result {
+                Ok(answer) => {
+                    server.mark_up();
+                    return Ok((server.index, answer));
+                }
+                Err(e @ TicketError::Exhausted { .. }) => {
+                    failures.push(ServerFailure {
+                        server: name.clone(),
+                        reason: e.to_string(),
+                    });
+                    exhausted = Some(e);
+                }
+                Err(e) => {
+                    server.failed(&e);
+                    failures.push(ServerFailure {
+                        server: name.clone(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        Err(exhausted.unwrap_or_else(|| TicketError::Unavailable {
+            sequence: self.config.sequences[index].name.clone(),
+            failures,
+        }))
+    }
+
+    /// One per-id ticket.
+    pub async fn ticket(&self, index: usize) -> Result<u64, TicketError> {
+        let (server, id) = self
+            .failover(index, move |server, config, session| {
+                Box::pin(server.ticket(config, session, index))
+            })
+            .await?;
+        self.cover(server, index, id).await?;
+        Ok(id)
+    }
+
+    /// A block of `chunks` chunks of sequence `index`, every id above
+    /// `floor`, its mark written.
+    pub async fn reserve_block(
+        &self,
+        index: usize,
+        chunks: i64,
+        floor: u64,
+    ) -> Result<Block, TicketError> {
+        let seq = &self.config.sequences[index];
+        let (server, row) = self
+            .failover(index, move |server, config, session| {
+                let floor = server.lattice.row_above(floor);
+                let step = chunks * server.lattice.stride();
+                Box::pin(server.reserve(config, session, index, floor, step))
+            })
+            .await?;
+        // The block's mark is written before any of its ids is handed
+        // out; a block whose mark no place took is never used (its ids
+        // are skipped).
+        let s = &self.servers[server];
+        let block = Block::new(server, row, chunks, s.lattice, seq.max_id());
+        let mark = s.lattice.counter_of_row(row);
+        if let Err(e) = self.write_marks(s, &[(seq.name.clone(), mark)]).await {
+            s.skipped.fetch_add(block.size, Ordering::Relaxed);
+            return Err(e);
+        }
+        Ok(block)
+    }
+
+    /// Gives the unused tail of `block` (of sequence `index`) back to its
+    /// server: the row by compare-and-set, then its mark the same way.
+    /// Whether the row took it.
+    pub async fn give_back_block(&self, index: usize, block: &Block) -> bool {
+        let server = &self.servers[block.server];
+        let (expected, to) = (block.row, block.give_back_to());
+        let timeout = self.config.failover.attempt_timeout();
+        let given_back = matches!(
+            tokio::time::timeout(
+                timeout,
+                server.run(
+                    &self.config,
+                    &*self.store,
+                    alone(&self.servers, server.index),
+                    move |_, config, session| {
+                        Box::pin(session.give_back(&config.sequences[index], expected, to))
+                    },
+                )
+            )
+            .await,
+            Ok(Ok(true))
+        );
+        if given_back {
+            // The mark follows the row, under the same compare-and-set.
+            let name = &self.config.sequences[index].name;
+            let (from, to) = (
+                server.lattice.counter_of_row(block.row),
+                server.lattice.counter_of_row(block.give_back_to()),
+            );
+            let lowered = tokio::time::timeout(
+                timeout,
+                self.store.give_back(&server.config.name, name, from, to),
+            )
+            .await;
+            if matches!(lowered, Ok(Ok(()))) {
+                // Not written again at the end of the shutdown.
+                let _ = server.reserved[index].compare_exchange(
+                    from,
+                    to,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            } else {
+                tracing::debug!(server = %server.config.name, "a mark was not given back: its ids are skipped");
+            }
+        }
+        given_back
     }
 }
 

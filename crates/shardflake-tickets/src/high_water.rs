@@ -4,7 +4,7 @@
 //! from a backup, a lagging replica promoted) is raised past them before it
 //! hands out an id again.
 //!
-//! Marks are written *ahead* ([`crate::client`]): a per-id client writes
+//! Marks are written *ahead* (`failover::Pool`): a per-id client writes
 //! `mark_ahead` ids past the last id it saw before it hands out any id above
 //! its last mark; a segment client writes the end of every block it reserves
 //! (prefetched ones included) before the block's first id is handed out.
@@ -27,6 +27,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
 
+use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::TicketError;
 use crate::session::Session;

@@ -26,13 +26,15 @@
 //! - [`config`]: the TOML file, validated ([`Config`], [`ConfigError`]),
 //!   and the limits on one call.
 //! - [`error`]: [`TicketError`] and its codes.
-//! - `backend`: one file per database (`backend/mariadb.rs`,
-//!   `backend/postgres.rs`), one session of each kind: the SQL, one round
-//!   trip per id or block; and what both share (the tables, the lattice
-//!   record, what `check` reads). `session`: the enum over the two, which
+//! - `backend`: the `Backend` trait (what one session of a server offers),
+//!   one file per database implementing it (`backend/mariadb.rs`,
+//!   `backend/postgres.rs`): the SQL, one round trip per id or block; and
+//!   what both share (the tables, the lattice record, what `check` reads).
+//!   `session`: the enum over the two, a `Backend` by delegating, which
 //!   the layers above call.
 //! - [`segment`]: the residue classes of blocks, a block, the double buffer.
-//! - [`failover`]: a server's sessions, breaker state, checks, metrics.
+//! - [`failover`]: the failover loop every call runs through, and a
+//!   server's sessions, breaker state, checks, metrics.
 //! - [`high_water`]: [`HighWaterStore`] and the peers-backed [`PeersStore`].
 //! - [`client`]: [`TicketClient`], what the CLI and the service call.
 //! - [`admin`]: `init`, `check`, `repair`, `reshape`.

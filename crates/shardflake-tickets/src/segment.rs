@@ -1,9 +1,10 @@
 //! Segment mode (Meituan's Leaf-segment): a row per sequence on each server
 //! holds the highest id that server has reserved (`max_id`); one round trip
 //! reserves a block, the client serves it from memory, fetches the next in
-//! the background once a share of the current one is used (double buffer),
-//! and doubles or halves the step to keep a block lasting about
-//! `target_block_ms`.
+//! the background once a share of the current one is used (double buffer:
+//! `SegmentSequence`, which reserves through the failover loop,
+//! `failover::Pool::reserve_block`), and doubles or halves the step to
+//! keep a block lasting about `target_block_ms`.
 //!
 //! # Blocks of N servers never overlap
 //!
@@ -42,13 +43,15 @@
 //! The high-water of a server in segment mode is the end of the last chunk
 //! the client entered: never above where a give-back leaves the row.
 
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::Notify;
 
 use crate::config::{Config, ServerConfig};
 use crate::error::TicketError;
+use crate::failover::Pool;
 
 /// One server's lattice: where its row can be and which chunks it owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +69,34 @@ impl Lattice {
             n: config.increment as i128,
             chunk: config.segment.chunk as i128,
         }
+    }
+
+    /// Whether `row` is on this lattice (`≡ o·C (mod N·C)`): every row this
+    /// server's reservations, raises and give-backs leave is; another
+    /// server's row is not (its table loaded from a peer's backup).
+    pub fn holds(&self, row: i64) -> bool {
+        (row as i128 - self.offset * self.chunk).rem_euclid(self.n * self.chunk) == 0
+    }
+
+    /// [`Lattice::holds`] as a refusal: blocks counted from a row off the
+    /// lattice are another server's chunks.
+    pub fn check_row(&self, server: &str, sequence: &str, row: i64) -> Result<(), TicketError> {
+        if self.holds(row) {
+            return Ok(());
+        }
+        Err(TicketError::misconfigured(
+            server,
+            format!(
+                "the segment row of {sequence:?} is {row}, not on this server's lattice (≡ {} mod {}): the row is another server's (its segment table loaded from a peer's backup?), and blocks reserved from it would be that server's ids; run `shardflake tickets repair` to raise it onto this server's lattice past its marks",
+                self.offset * self.chunk,
+                self.n * self.chunk
+            ),
+        ))
+    }
+
+    /// `o·C mod N·C`: where this lattice's rows sit within a stride.
+    pub fn residue(&self) -> i64 {
+        (self.offset * self.chunk).rem_euclid(self.n * self.chunk) as i64
     }
 
     /// The row advances by this per chunk reserved: `N·C`.
@@ -210,40 +241,183 @@ impl Block {
 
 /// The double buffer of one segment sequence.
 #[derive(Debug, Default)]
-pub(crate) struct Buffers {
-    pub current: Option<Block>,
-    pub next: Option<Block>,
+struct Buffers {
+    current: Option<Block>,
+    next: Option<Block>,
     /// A background fetch is under way.
-    pub fetching: bool,
+    fetching: bool,
     /// The last fetch failed: the next caller that finds no block gets it.
-    pub failure: Option<TicketError>,
+    failure: Option<TicketError>,
     /// Chunks per block now (adapted between the bounds).
-    pub chunks: i64,
-    pub last_fetch: Option<Instant>,
+    chunks: i64,
+    last_fetch: Option<Instant>,
     /// The end of the latest block fetched: the next is above it.
-    pub floor: u64,
+    floor: u64,
     /// Shut down: no more fetches.
-    pub closed: bool,
+    closed: bool,
 }
 
-/// One segment sequence in a client.
-#[derive(Debug)]
+/// One segment sequence in a client: its double buffer, filled from the
+/// servers of `pool` in the background.
 pub(crate) struct SegmentSequence {
-    pub buffers: Mutex<Buffers>,
+    pool: Arc<Pool>,
+    /// The sequence's index in the file.
+    index: usize,
+    buffers: Mutex<Buffers>,
     /// Woken when a fetch ends.
-    pub fetched: Notify,
+    fetched: Notify,
 }
 
 impl SegmentSequence {
-    pub fn new(config: &Config, start: u64) -> SegmentSequence {
+    pub fn new(pool: Arc<Pool>, index: usize) -> SegmentSequence {
+        let config = &pool.config;
+        let buffers = Buffers {
+            chunks: (config.segment.min_step / config.segment.chunk) as i64,
+            floor: config.sequences[index].start.saturating_sub(1),
+            ..Buffers::default()
+        };
         SegmentSequence {
-            buffers: Mutex::new(Buffers {
-                chunks: (config.segment.min_step / config.segment.chunk) as i64,
-                floor: start.saturating_sub(1),
-                ..Buffers::default()
-            }),
+            pool,
+            index,
+            buffers: Mutex::new(buffers),
             fetched: Notify::new(),
         }
+    }
+
+    /// `count` ids, in increasing order.
+    pub async fn take(self: &Arc<Self>, count: usize) -> Result<Vec<u64>, TicketError> {
+        let config = &self.pool.config;
+        let seq = &config.sequences[self.index];
+        // Served from memory, a call completes without awaiting anything:
+        // spend tokio's cooperative budget so that a caller in a loop still
+        // lets the fetches, timers and other tasks on its worker run.
+        tokio::task::consume_budget().await;
+        let deadline = Instant::now() + config.failover.timeout();
+        let mut ids = Vec::with_capacity(count);
+        loop {
+            let notified = self.fetched.notified();
+            {
+                let mut b = self
+                    .buffers
+                    .lock()
+                    .map_err(|_| TicketError::db("*", "segment", "poisoned lock"))?;
+                if b.closed {
+                    return Err(TicketError::Unavailable {
+                        sequence: seq.name.clone(),
+                        failures: vec![],
+                    });
+                }
+                loop {
+                    if let Some(block) = b.current.as_mut() {
+                        while ids.len() < count {
+                            match block.take() {
+                                Take::Id(id, _) => ids.push(id),
+                                Take::Empty => break,
+                                Take::Exhausted => {
+                                    return Err(TicketError::Exhausted {
+                                        sequence: seq.name.clone(),
+                                        max: seq.max_id(),
+                                    });
+                                }
+                            }
+                        }
+                        let prefetch = block.used_share() >= config.segment.prefetch_at;
+                        if prefetch && b.next.is_none() && !b.fetching {
+                            self.start_fetch(&mut b);
+                        }
+                    }
+                    if ids.len() == count {
+                        return Ok(ids);
+                    }
+                    // The current block is used up.
+                    if let Some(next) = b.next.take() {
+                        b.current = Some(next);
+                        continue;
+                    }
+                    if let Some(e) = b.failure.take() {
+                        return Err(e);
+                    }
+                    if !b.fetching {
+                        self.start_fetch(&mut b);
+                    }
+                    break;
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, notified).await.is_err() {
+                return Err(TicketError::Unavailable {
+                    sequence: seq.name.clone(),
+                    failures: vec![],
+                });
+            }
+        }
+    }
+
+    /// Starts a background reservation of the next block.
+    fn start_fetch(self: &Arc<Self>, b: &mut Buffers) {
+        b.fetching = true;
+        let now = Instant::now();
+        b.chunks = adapt(&self.pool.config, b.chunks, b.last_fetch.map(|t| now - t));
+        b.last_fetch = Some(now);
+        let (chunks, floor) = (b.chunks, b.floor);
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let result = this.pool.reserve_block(this.index, chunks, floor).await;
+            if let Ok(mut b) = this.buffers.lock() {
+                b.fetching = false;
+                match result {
+                    Ok(block) => {
+                        b.floor = b.floor.max(block.end());
+                        if b.current.is_none() {
+                            b.current = Some(block);
+                        } else {
+                            b.next = Some(block);
+                        }
+                    }
+                    Err(e) => b.failure = Some(e),
+                }
+            }
+            this.fetched.notify_waiters();
+        });
+    }
+
+    /// Stops fetching (later takes fail with `unavailable`) and gives the
+    /// unused tails of the blocks held back to their servers: `(returned,
+    /// skipped)` ids.
+    pub async fn close(&self) -> (u64, u64) {
+        // A fetch under way lands in `next` first, to be given back too.
+        let deadline = Instant::now() + self.pool.config.failover.timeout();
+        let (current, next) = loop {
+            let fetched = self.fetched.notified();
+            {
+                let Ok(mut b) = self.buffers.lock() else {
+                    break (None, None);
+                };
+                b.closed = true;
+                if !b.fetching || Instant::now() >= deadline {
+                    break (b.current.take(), b.next.take());
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = tokio::time::timeout(left, fetched).await;
+        };
+        let (mut returned, mut skipped) = (0, 0);
+        // The later block first: if both came from one server, the
+        // earlier one's compare-and-set then finds its own row again.
+        for block in [next, current].into_iter().flatten() {
+            let unused = block.size - block.taken;
+            let lost = if self.pool.give_back_block(self.index, &block).await {
+                block.lost_on_give_back()
+            } else {
+                unused
+            };
+            returned += unused - lost;
+            skipped += lost;
+            self.pool.servers[block.server]
+                .skipped
+                .fetch_add(lost, Ordering::Relaxed);
+        }
+        (returned, skipped)
     }
 }
 

@@ -1,14 +1,13 @@
-//! One connection to one ticket server, whatever its kind: the operations
-//! the client, the high-water store and the admin commands need, each one
-//! round trip, dispatched to the backend of its kind
-//! ([`crate::backend::mariadb`], [`crate::backend::postgres`]).
+//! One connection to one ticket server, whatever its kind: the enum over
+//! the two backends ([`crate::backend::mariadb`],
+//! [`crate::backend::postgres`]), implementing [`Backend`] by delegating
+//! each call to the session it holds.
 
 use crate::backend::mariadb::MariaSession;
 use crate::backend::postgres::PgSession;
-use crate::backend::{LatticeRecord, ServerSettings, Stamped, check_lattice};
+use crate::backend::{Backend, LatticeRecord, ServerSettings, Stamped, check_lattice, unguarded};
 use crate::config::{Config, Kind, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
-use crate::segment::Lattice;
 
 /// A connected session.
 pub(crate) enum Session {
@@ -18,14 +17,16 @@ pub(crate) enum Session {
 
 impl Session {
     /// A session for handing out ids: increment and offset set (MariaDB),
-    /// sequences verified and statements prepared (PostgreSQL), and every
-    /// sequence's recorded lattice as in the file.
+    /// sequences verified and statements prepared (PostgreSQL), every
+    /// sequence's recorded lattice as in the file, and every table the
+    /// guard watches guarded.
     pub async fn connect(server: &ServerConfig, config: &Config) -> Result<Session, TicketError> {
         let mut session = Session::connect_admin(server, config).await?;
         let recorded = session.read_lattice().await?;
         check_lattice(config, server, &recorded)?;
-        if let Session::Pg(pg) = &mut session {
-            pg.prepare(server, config).await?;
+        session.prepare(server, config).await?;
+        if let Some(table) = session.unguarded(config).await?.first() {
+            return Err(unguarded(&server.name, table));
         }
         Ok(session)
     }
@@ -41,182 +42,141 @@ impl Session {
             Kind::Postgres => Session::Pg(PgSession::connect(server, config).await?),
         })
     }
+}
 
-    pub async fn next_ticket(
+/// `$call` on the backend session `$session` holds, named `$b`.
+macro_rules! delegate {
+    ($session:expr, $b:ident => $call:expr) => {
+        match $session {
+            Session::Maria($b) => $call,
+            Session::Pg($b) => $call,
+        }
+    };
+}
+
+impl Backend for Session {
+    async fn prepare(&mut self, server: &ServerConfig, config: &Config) -> Result<(), TicketError> {
+        delegate!(self, b => b.prepare(server, config).await)
+    }
+
+    async fn next_ticket(
         &mut self,
         index: usize,
         seq: &SequenceConfig,
     ) -> Result<Stamped<u64>, TicketError> {
-        match self {
-            Session::Maria(s) => s.next_ticket(index, seq).await,
-            Session::Pg(s) => s.next_ticket(index, seq).await,
-        }
+        delegate!(self, b => b.next_ticket(index, seq).await)
     }
 
-    /// The identity of the table or sequence `seq` counts with (see
-    /// [`Stamped`]).
-    pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
-        match self {
-            Session::Maria(s) => s.identity(seq).await,
-            Session::Pg(s) => s.identity(seq).await,
-        }
+    async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
+        delegate!(self, b => b.identity(seq).await)
     }
 
-    /// Reserves a block: `Ok(row)`, or `Err(row)` when the row is below
-    /// `seen` (the server went back); with the segment table's identity.
-    pub async fn reserve(
+    async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
         step: i64,
         seen: i64,
     ) -> Result<Stamped<Result<i64, i64>>, TicketError> {
-        match self {
-            Session::Maria(s) => s.reserve(seq, floor, step, seen).await,
-            Session::Pg(s) => s.reserve(seq, floor, step, seen).await,
-        }
+        delegate!(self, b => b.reserve(seq, floor, step, seen).await)
     }
 
-    pub async fn give_back(
+    async fn give_back(
         &mut self,
         seq: &SequenceConfig,
         expected: i64,
         to: i64,
     ) -> Result<bool, TicketError> {
-        match self {
-            Session::Maria(s) => s.give_back(seq, expected, to).await,
-            Session::Pg(s) => s.give_back(seq, expected, to).await,
-        }
+        delegate!(self, b => b.give_back(seq, expected, to).await)
     }
 
-    pub async fn counter(
+    async fn counter(
         &mut self,
         config: &Config,
         server: &ServerConfig,
         seq: &SequenceConfig,
     ) -> Result<Option<u64>, TicketError> {
-        match self {
-            Session::Maria(s) => s.counter(seq, Lattice::new(config, server)).await,
-            Session::Pg(s) => s.counter(config, server, seq).await,
-        }
+        delegate!(self, b => b.counter(config, server, seq).await)
     }
 
-    pub async fn raise(
+    async fn raise(
         &mut self,
         config: &Config,
         server: &ServerConfig,
         seq: &SequenceConfig,
         past: u64,
     ) -> Result<(), TicketError> {
-        match self {
-            Session::Maria(s) => s.raise(seq, Lattice::new(config, server), past).await,
-            Session::Pg(s) => s.raise(config, server, seq, past).await,
-        }
+        delegate!(self, b => b.raise(config, server, seq, past).await)
     }
 
-    pub async fn write_high_water(
+    async fn reshape(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        delegate!(self, b => b.reshape(config, server, seq, past).await)
+    }
+
+    async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
     ) -> Result<(), TicketError> {
-        match self {
-            Session::Maria(s) => s.write_high_water(marks).await,
-            Session::Pg(s) => s.write_high_water(marks).await,
-        }
+        delegate!(self, b => b.write_high_water(marks).await)
     }
 
-    pub async fn give_back_high_water(
+    async fn give_back_high_water(
         &mut self,
         server: &str,
         sequence: &str,
         expected: u64,
         to: u64,
     ) -> Result<(), TicketError> {
-        match self {
-            Session::Maria(s) => s.give_back_high_water(server, sequence, expected, to).await,
-            Session::Pg(s) => s.give_back_high_water(server, sequence, expected, to).await,
-        }
+        delegate!(self, b => b.give_back_high_water(server, sequence, expected, to).await)
     }
 
-    /// When the server started, in unix seconds (to the second).
-    pub async fn started(&mut self) -> Result<i64, TicketError> {
-        match self {
-            Session::Maria(s) => s.started().await,
-            Session::Pg(s) => s.started().await,
-        }
+    async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
+        delegate!(self, b => b.read_marks_of_sequence(sequence).await)
     }
 
-    /// Every lattice recorded on this server, by sequence (empty before `init`).
-    pub async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
-        match self {
-            Session::Maria(s) => s.read_lattice().await,
-            Session::Pg(s) => s.read_lattice().await,
-        }
+    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
+        delegate!(self, b => b.read_high_water(server).await)
     }
 
-    /// Moves `seq` to the file's lattice, every later id above `past`.
-    pub async fn reshape(
-        &mut self,
-        config: &Config,
-        server: &ServerConfig,
-        seq: &SequenceConfig,
-        past: u64,
-    ) -> Result<(), TicketError> {
-        match self {
-            // The increment and offset are the session's: the counter is all.
-            Session::Maria(s) => s.raise(seq, Lattice::new(config, server), past).await,
-            Session::Pg(s) => s.reshape(config, server, seq, past).await,
-        }
+    async fn started(&mut self) -> Result<i64, TicketError> {
+        delegate!(self, b => b.started().await)
     }
 
-    /// Records (replaces) the lattice of `sequence`.
-    pub async fn write_lattice(
+    async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError> {
+        delegate!(self, b => b.unguarded(config).await)
+    }
+
+    async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
+        delegate!(self, b => b.read_lattice().await)
+    }
+
+    async fn write_lattice(
         &mut self,
         sequence: &str,
         record: &LatticeRecord,
     ) -> Result<(), TicketError> {
-        match self {
-            Session::Maria(s) => s.write_lattice(sequence, record).await,
-            Session::Pg(s) => s.write_lattice(sequence, record).await,
-        }
+        delegate!(self, b => b.write_lattice(sequence, record).await)
     }
 
-    /// Every mark this server holds for `sequence`, of any server.
-    pub async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
-        match self {
-            Session::Maria(s) => s.read_marks_of_sequence(sequence).await,
-            Session::Pg(s) => s.read_marks_of_sequence(sequence).await,
-        }
-    }
-
-    pub async fn read_high_water(
-        &mut self,
-        server: &str,
-    ) -> Result<Vec<(String, u64)>, TicketError> {
-        match self {
-            Session::Maria(s) => s.read_high_water(server).await,
-            Session::Pg(s) => s.read_high_water(server).await,
-        }
-    }
-
-    pub async fn init(
+    async fn init(
         &mut self,
         config: &Config,
         server: &ServerConfig,
     ) -> Result<Vec<String>, TicketError> {
-        match self {
-            Session::Maria(s) => s.init(config, server).await,
-            Session::Pg(s) => s.init(config, server).await,
-        }
+        delegate!(self, b => b.init(config, server).await)
     }
 
-    pub async fn settings(
+    async fn settings(
         &mut self,
         config: &Config,
         server: &ServerConfig,
     ) -> Result<ServerSettings, TicketError> {
-        match self {
-            Session::Maria(s) => s.settings(config, server).await,
-            Session::Pg(s) => s.settings(config, server).await,
-        }
+        delegate!(self, b => b.settings(config, server).await)
     }
 }

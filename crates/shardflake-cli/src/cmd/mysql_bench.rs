@@ -307,21 +307,79 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
          CREATE TABLE bench_proc (id BIGINT NOT NULL PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;
          CREATE TABLE bench_locked (id BIGINT NOT NULL PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;
          CREATE TABLE bench_seed (id BIGINT NOT NULL PRIMARY KEY, user_id BIGINT NOT NULL, body VARCHAR(64)) ENGINE=InnoDB;",
-        sql::default_candidate_sql(&plan, &ours)
+        default_candidate_sql(&plan, &ours)
     ))
     .await
     .map_err(my("creating the bench tables"))?;
-    conn.query_drop(sql::id_function_sql(&plan, &ours, "bench_next_id"))
+    conn.query_drop(id_function_sql(&plan, &ours, "bench_next_id"))
         .await
         .map_err(my("creating the id function"))?;
-    conn.query_drop(sql::function_trigger_sql(
-        "bench_trigfn",
-        &ours,
-        "bench_next_id",
-    ))
-    .await
-    .map_err(my("creating the function trigger"))?;
+    conn.query_drop(function_trigger_sql("bench_trigfn", &ours, "bench_next_id"))
+        .await
+        .map_err(my("creating the function trigger"))?;
     Ok(plan)
+}
+
+// The SQL of the candidates measured here and never installed by `mysql
+// apply` (what is installed lives in `shardflake_db::mysql::sql`).
+
+/// `s` as an SQL string literal.
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// A candidate measured by `mysql bench`, **not** installed: the same
+/// expression as the column's `DEFAULT` (no function call: an error comes
+/// from drawing an exhausted sequence). Unsafe with server-side prepared
+/// statements on MariaDB 10.11 (see [`sql::trigger_sql`]).
+fn default_candidate_sql(plan: &Plan, names: &Names) -> String {
+    let seq = format!("`{}`", names.sequence());
+    let key = format!("`{}`", names.key);
+    let us = plan.micros_sql("UTC_TIMESTAMP(6)");
+    format!(
+        "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0 \
+         THEN {id} ELSE NULL END",
+        stale = plan.packed_ms(sql::STALE_MS),
+        clock = plan.packed_sql(&us),
+        id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), &key),
+    )
+}
+
+/// A stored function with the default's semantics (draw, check, id; errors
+/// by `SIGNAL`), for the trigger candidates of the benchmark:
+/// `{fn_name}(key BIGINT) RETURNS BIGINT`.
+fn id_function_sql(plan: &Plan, names: &Names, fn_name: &str) -> String {
+    let us = plan.micros_sql("UTC_TIMESTAMP(6)");
+    format!(
+        "CREATE FUNCTION `{fn_name}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC
+COMMENT {comment}
+BEGIN
+  DECLARE w BIGINT DEFAULT NEXT VALUE FOR `{seq}`;
+  DECLARE us BIGINT DEFAULT {us};
+  IF k IS NULL OR k < 0 THEN
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{fn_name}: the shard key must be >= 0';
+  END IF;
+  IF us < 0 OR w + {stale} < {clock} THEN
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{fn_name}: the clock is before the epoch, or the sequence is far behind it';
+  END IF;
+  RETURN {id};
+END",
+        comment = quoted(&plan.marker()),
+        seq = names.sequence(),
+        stale = plan.packed_ms(sql::STALE_MS),
+        clock = plan.packed_sql("us"),
+        id = plan.id_sql("w", "k"),
+    )
+}
+
+/// A `BEFORE INSERT` trigger on `table` calling [`id_function_sql`]'s
+/// function for every row: the candidate "trigger calling a stored
+/// function" of `mysql bench` (not installed).
+fn function_trigger_sql(table: &str, names: &Names, fn_name: &str) -> String {
+    format!(
+        "CREATE OR REPLACE TRIGGER `{table}_id` BEFORE INSERT ON `{table}` FOR EACH ROW SET NEW.id = `{fn_name}`(NEW.`{}`)",
+        names.key
+    )
 }
 
 /// CPU time of every thread of `pid` so far.

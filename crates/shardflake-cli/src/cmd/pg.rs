@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Subcommand;
 use shardflake::Id;
-use shardflake_db::{Topology, move_shard, pg, route, sql};
+use shardflake_db::pg::{self, Topology, move_shard, route, sql};
 
 /// Topology file option shared by every `pg` subcommand.
 #[derive(Debug, Clone, clap::Args)]

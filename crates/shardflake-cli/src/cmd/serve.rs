@@ -96,6 +96,11 @@ pub struct ServeArgs {
     /// Local high-water state file [default: ./shardflake.state].
     #[arg(long, env = "SHARDFLAKE_STATE_FILE")]
     pub state_file: Option<PathBuf>,
+    /// A static node without a state file resumes after this time: `now`
+    /// for its first start, else a time after every id it issued (Unix ms
+    /// or RFC 3339). Without it such a node refuses to start.
+    #[arg(long, env = "SHARDFLAKE_RESUME_AFTER")]
+    pub resume_after: Option<String>,
     /// Largest batch one request may ask for [default: 1000000].
     #[arg(long, env = "SHARDFLAKE_MAX_BATCH")]
     pub max_batch: Option<u64>,
@@ -168,6 +173,7 @@ impl From<ServeArgs> for RawConfig {
             node_id_from: a.node_id_from,
             fields,
             state_file: a.state_file,
+            resume_after: a.resume_after,
             window: a.window,
             max_resume_wait: a.max_resume_wait,
             max_batch: a.max_batch,

@@ -67,7 +67,7 @@ impl MarksArg {
         flags.etcd.endpoints = (!self.etcd.is_empty()).then(|| self.etcd.clone());
         flags.etcd.prefix = self.etcd_prefix.clone();
         let serve = ServeConfig::load(file.merge(flags))?;
-        Ok(shardflake_service::tickets::high_water_store(
+        Ok(shardflake_service::tickets::admin_high_water_store(
             config,
             &serve.node,
         )?)

@@ -17,7 +17,12 @@ use crate::shardflake_bin;
 /// Starts `shardflake serve --node-id N` (plus `extra`) and waits until it
 /// is ready.
 async fn serve(node: u64, extra: &[&str]) -> Serve {
-    let mut args = vec!["--node-id".to_string(), node.to_string()];
+    let mut args = vec![
+        "--node-id".to_string(),
+        node.to_string(),
+        "--resume-after".to_string(),
+        "now".to_string(),
+    ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let opts = ServeOpts {
         args,

@@ -191,6 +191,64 @@ async fn pg_apply_check_route_locate_move() {
 /// the hidden failpoint, whichever comes first). The shard must not stay
 /// fenced everywhere while check says ok: check reports it, apply refuses,
 /// and running the move again finishes it with no id twice.
+/// `synchronous_commit = off` (a crash can make acknowledged ids again)
+/// is a warning of `pg apply` and a difference `pg check` exits 1 on;
+/// `fsync = off` (safe against a killed server, not an OS crash) a warning
+/// of both, as `mysql apply`/`check` treat InnoDB's flush settings.
+#[test]
+fn pg_apply_and_check_report_the_durability_settings() {
+    let (a, b) = (
+        PgServer::start_with(&[("synchronous_commit", "off")]).unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let dir = std::env::temp_dir().join(format!("sf-pg-cli-durable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let topo = dir.join("shardflake.toml");
+    let t = topo.to_str().unwrap();
+    write_topology(&topo, &a, &b, "0-1", "2-3");
+
+    let out = shardflake(&["pg", "apply", "-t", t]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(
+        stdout,
+        "a: 2 shards, 2 tables created\nb: 2 shards, 2 tables created\n"
+    );
+    let warned = |text: &str, setting: &str, server: &str| {
+        text.lines().any(|l| {
+            l.contains(" WARN ")
+                && l.contains(setting)
+                && l.ends_with(&format!("server=\"{server}\""))
+        })
+    };
+    for (setting, server) in [
+        ("synchronous_commit = off", "a"),
+        ("fsync = off", "a"),
+        ("fsync = off", "b"),
+    ] {
+        assert!(
+            warned(&stderr, setting, server),
+            "{setting} on {server}:\n{stderr}"
+        );
+    }
+    assert!(
+        !warned(&stderr, "synchronous_commit = off", "b"),
+        "{stderr}"
+    );
+
+    let text = fails(&["pg", "check", "-t", t]);
+    assert!(
+        text.contains("a: synchronous_commit = off (for this server):")
+            && text.contains("error: 1 difference(s)")
+            && warned(&text, "fsync = off", "b"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_killed_after_the_fence_is_reported_and_finished_by_a_rerun() {
     let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());

@@ -99,7 +99,9 @@ fn start_errors_are_clear() {
             .arg("serve")
             .args(args)
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
-            .current_dir(std::env::temp_dir())
+            // A directory of its own: the default state file is locked,
+            // and another process in a shared directory would hold it.
+            .current_dir(shardflake_testkit::tempdir().unwrap())
             .output()
             .unwrap();
         assert!(!out.status.success(), "{args:?} should fail");

@@ -158,7 +158,8 @@ async fn static_nodes_move_to_etcd_while_both_kinds_issue() -> anyhow::Result<()
     let mut loads = Vec::new();
     let mut nodes = Vec::new();
     for (i, dir) in d.iter().take(3).enumerate() {
-        let s = serve_in(dir, &["--node-id", &i.to_string()], &[])?;
+        let first_start = ["--node-id", &i.to_string(), "--resume-after", "now"];
+        let s = serve_in(dir, &first_start, &[])?;
         assert_eq!(s.ready(Duration::from_secs(20)).await?, i as u64);
         loads.push(ids_until(&s.http, &stop));
         nodes.push(s);
@@ -313,6 +314,90 @@ async fn a_lost_holder_whose_clock_ran_ahead_is_waited_out_after_a_restore() -> 
     Ok(())
 }
 
+/// Issue 38 (F9, item 3): restore detection that does not fade. As above,
+/// a lost holder whose clock ran 6 s ahead took id 0 after the snapshot;
+/// after the restore a node looked (it took id 7, pinned), then 10,000
+/// lease grants (raft entries that make no revision) erased the gap
+/// between revision and raft index; a new node taking id 0 still waits
+/// out what the lost holder could have stamped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_is_still_seen_after_ten_thousand_lease_grants() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(4)?;
+    for i in 0..20 {
+        etcd.etcdctl(&["put", &format!("/other/{i}"), "x"])?;
+    }
+    let snapshot = d[2].join("snapshot.db");
+    etcd.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let waits = ["--window", "2s", "--max-resume-wait", "8s"];
+    let ahead_clock = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+6s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let mut args = vec![
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/fade",
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(waits);
+    let mut ahead = serve_in(&d[0], &args, &ahead_clock)?;
+    assert_eq!(ahead.ready(Duration::from_secs(20)).await?, 0);
+    let mut ids = load_for(&ahead, Duration::from_secs(1)).await?;
+    stop_cleanly(&mut ahead).await?;
+    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+
+    let looks = [
+        "--node-id",
+        "7",
+        "--window",
+        "2s",
+        "--max-resume-wait",
+        "1s",
+    ];
+    let mut looker = leased(&etcd, "/fade", &d[3], &looks)?;
+    assert_eq!(looker.ready(Duration::from_secs(20)).await?, 7);
+    stop_cleanly(&mut looker).await?;
+
+    let mut granting = Vec::new();
+    for _ in 0..8 {
+        let client = etcd.client();
+        granting.push(tokio::spawn(async move {
+            for _ in 0..1250 {
+                client.grant(60).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for g in granting {
+        g.await??;
+    }
+    let status = etcd.client().status().await?;
+    assert!(
+        !status.restored(),
+        "the gap is still there: revision {} raft index {}",
+        status.revision,
+        status.raft_index
+    );
+
+    let mut b = leased(&etcd, "/fade", &d[1], &waits)?;
+    assert_eq!(started_or_refused(&mut b).await?, None);
+    assert_eq!(b.ready(Duration::from_secs(5)).await?, 0);
+    ids.extend(load_for(&b, Duration::from_secs(4)).await?);
+    let total = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "{} duplicate ids", total - ids.len());
+    let err = b.stderr();
+    assert!(err.contains("was not recorded since"), "{err}");
+    Ok(())
+}
+
 /// Reproduction 5: a node with a long window SIGKILLed; every node taking
 /// that id exited (blaming its own clock), each refused try raising the
 /// record by a window, though ids 1..1023 were free.
@@ -404,14 +489,23 @@ fn now_ms() -> anyhow::Result<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Result<()> {
     let d = dirs(2)?;
-    let mut seven = serve_in(&d[0], &["--node-id", "7"], &[])?;
+    let first_start = ["--resume-after", "now"];
+    let mut seven = serve_in(
+        &d[0],
+        &["--node-id", "7", first_start[0], first_start[1]],
+        &[],
+    )?;
     seven.ready(Duration::from_secs(20)).await?;
     let mut issued = load_for(&seven, Duration::from_millis(300)).await?;
     stop_cleanly(&mut seven).await?;
     // Nothing can see a second node 7 on another host: it says so.
     let said = seven.stderr();
     assert!(said.contains("static node 7: no registry checks"), "{said}");
-    let mut eight = serve_in(&d[1], &["--node-id", "8"], &[])?;
+    let mut eight = serve_in(
+        &d[1],
+        &["--node-id", "8", first_start[0], first_start[1]],
+        &[],
+    )?;
     eight.ready(Duration::from_secs(20)).await?;
     stop_cleanly(&mut eight).await?;
 
@@ -514,4 +608,179 @@ async fn load_for(s: &Serve, for_: Duration) -> anyhow::Result<Vec<u64>> {
     tokio::time::sleep(for_).await;
     stop.store(true, Ordering::Relaxed);
     Ok(l.await?)
+}
+
+/// A second process refused, before or after it prints its addresses:
+/// its stderr.
+async fn refused(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+    match serve_in(dir, args, env) {
+        Err(e) => Ok(e.to_string()),
+        Ok(mut s) => {
+            let refused = started_or_refused(&mut s).await?;
+            s.kill();
+            refused.ok_or_else(|| anyhow::anyhow!("started: {args:?} {env:?}"))
+        }
+    }
+}
+
+/// Issue 38 (F1, F10): one state file, one process, by the file and not
+/// its path: a second static node 5 given a symlink to the running one's
+/// state file, or a hard link to it (to the inode the running node holds,
+/// or to one it has since replaced), is refused. A static node whose state
+/// file was lost with everything beside it (`rm shardflake.state*`), its
+/// clock 15 s back, does not start fresh: it must be told when to resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_is_held_by_one_process_and_a_lost_one_is_refused() -> anyhow::Result<()> {
+    let d = dirs(2)?;
+    let state = d[0].join("shardflake.state");
+    // The first start of a static node is an explicit act: its file.
+    std::fs::write(&state, "shardflake-state 1\nhigh_water_ms 0\n")?;
+    let mut five = serve_in(&d[0], &["--node-id", "5"], &[])?;
+    five.ready(Duration::from_secs(20)).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&five.http, &stop)];
+
+    let symlink = d[1].join("symlink.state");
+    std::os::unix::fs::symlink(&state, &symlink)?;
+    let via_symlink = ["--node-id", "5", "--state-file", "symlink.state"];
+    let mut second = serve_in(&d[1], &via_symlink, &[]);
+    if let Ok(s) = &mut second
+        && started_or_refused(s).await?.is_none()
+    {
+        loads.push(ids_until(&s.http, &stop));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, Ordering::Relaxed);
+        no_duplicates(loads).await?;
+        anyhow::bail!("a second node 5 ran on a symlink to the first's state file");
+    }
+    let e = match second {
+        Err(e) => e.to_string(),
+        Ok(s) => s.stderr(),
+    };
+    assert!(e.contains("in use by another"), "{e}");
+
+    // A hard link to the inode the node holds: made while it is stopped,
+    // so that it cannot replace the file in between.
+    let hard = d[1].join("hard.state");
+    five.signal(libc::SIGSTOP);
+    std::fs::hard_link(&state, &hard)?;
+    let via_hard_link = ["--node-id", "5", "--state-file", "hard.state"];
+    let e = refused(&d[1], &via_hard_link, &[]).await;
+    five.signal(libc::SIGCONT);
+    let e = e?;
+    assert!(e.contains("in use by another"), "{e}");
+    // The node replaces its file (each record is a new file): the link
+    // now names a copy of an older record, its own inode.
+    use std::os::unix::fs::MetadataExt;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&state)?.ino() == std::fs::metadata(&hard)?.ino() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the state file was not rewritten"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let e = refused(&d[1], &via_hard_link, &[]).await?;
+    assert!(e.contains("written for"), "{e}");
+    stop.store(true, Ordering::Relaxed);
+    let mut issued: Vec<u64> = Vec::new();
+    for l in loads {
+        issued.extend(l.await?);
+    }
+    stop_cleanly(&mut five).await?;
+
+    // F10: the state file and everything beside it gone, the clock 15 s back.
+    for entry in std::fs::read_dir(&d[0])? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name.starts_with("shardflake.state") {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let clock_back: [(&str, &str); 3] = [
+        ("LD_PRELOAD", &libfaketime),
+        ("FAKETIME", "-15s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let mut s = serve_in(&d[0], &["--node-id", "5"], &clock_back)?;
+    match started_or_refused(&mut s).await? {
+        Some(refused) => assert!(refused.contains("--resume-after"), "{refused}"),
+        None => {
+            let ids = load_for(&s, Duration::from_millis(500)).await?;
+            let last = issued.iter().max().copied().unwrap_or(0);
+            let below = ids.iter().filter(|&&id| id <= last).count();
+            anyhow::bail!("started fresh: {below} ids at or below the last one issued");
+        }
+    }
+    Ok(())
+}
+
+/// Issue 38 (F11, F4): one fleet per datacenter (`twitter`, the node id in
+/// `worker`, `--field datacenter=N`): a DC1 node started with DC2's
+/// `--field datacenter=2` on DC1's prefix is refused by the layout record,
+/// and a static node by its state file. A prefix without its leading
+/// slash is refused, and the default prefix is said out loud.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_fleets_fixed_fields_or_prefix_is_refused() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(5)?;
+    let dc = |n: &'static str| {
+        [
+            "--layout",
+            "twitter",
+            "--node-field",
+            "worker",
+            "--field",
+            n,
+        ]
+    };
+    let dc1 = leased(&etcd, "/dc1", &d[0], &dc("datacenter=1"))?;
+    assert_eq!(dc1.ready(Duration::from_secs(20)).await?, 0);
+    let recorded = etcd.get("/dc1/layout").await?.unwrap_or_default();
+    assert!(recorded.contains("fixed fields datacenter=1"), "{recorded}");
+    let e = refused(
+        &d[1],
+        &[
+            "--etcd",
+            &etcd.urls(),
+            "--etcd-prefix",
+            "/dc1",
+            "--lease-ttl",
+            "3s",
+            "--layout",
+            "twitter",
+            "--node-field",
+            "worker",
+            "--field",
+            "datacenter=2",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(e.contains("another layout"), "{e}");
+
+    // A static node: its state file names its fixed fields.
+    let mut first = dc("datacenter=1").to_vec();
+    first.extend(["--node-id", "3", "--resume-after", "now"]);
+    let mut s = serve_in(&d[2], &first, &[])?;
+    s.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut s).await?;
+    let mut other = dc("datacenter=2").to_vec();
+    other.extend(["--node-id", "3"]);
+    let e = refused(&d[2], &other, &[]).await?;
+    assert!(e.contains("was written with layout"), "{e}");
+
+    let urls = etcd.urls();
+    let e = refused(&d[3], &["--etcd", &urls, "--etcd-prefix", "dc1"], &[]).await?;
+    assert!(e.contains("must start with /"), "{e}");
+    let mut default = serve_in(&d[4], &["--etcd", &urls, "--lease-ttl", "3s"], &[])?;
+    default.ready(Duration::from_secs(20)).await?;
+    let said = default.stderr();
+    assert!(
+        said.contains("etcd prefix /shardflake/default: the default"),
+        "{said}"
+    );
+    default.kill();
+    Ok(())
 }

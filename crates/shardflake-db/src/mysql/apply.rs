@@ -54,6 +54,50 @@ pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<A
     result
 }
 
+/// Why a server that writes a binary log (every replication primary) will
+/// not let this user create the function and trigger `apply` must create,
+/// if it will not: there MariaDB lets only a user with `SUPER` create a
+/// function or a trigger, unless `log_bin_trust_function_creators` is on.
+/// Asked before anything changes, since the server's error would come
+/// halfway (after the sequence and the table). The function's `READS SQL
+/// DATA` answers the other rule of such a server (`ERROR 1418`).
+async fn binlog_refusal(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+) -> Result<Option<String>, Error> {
+    let row: Option<(i64, i64, String, i64)> = conn
+        .query_first(
+            r#"SELECT @@GLOBAL.log_bin, @@GLOBAL.log_bin_trust_function_creators, CURRENT_USER(),
+                    EXISTS (SELECT 1 FROM information_schema.USER_PRIVILEGES
+                             WHERE PRIVILEGE_TYPE = 'SUPER'
+                               AND (GRANTEE = CONCAT('''', SUBSTRING_INDEX(CURRENT_USER(), '@', 1), '''@''',
+                                                     SUBSTRING_INDEX(CURRENT_USER(), '@', -1), '''')
+                                    OR GRANTEE IN (SELECT CONCAT('''', ROLE_NAME, '''')
+                                                     FROM information_schema.ENABLED_ROLES)))"#,
+        )
+        .await
+        .map_err(my("reading log_bin and log_bin_trust_function_creators"))?;
+    let Some((log_bin, trusted, user, has_super)) = row else {
+        return Ok(None);
+    };
+    if log_bin == 0 || trusted != 0 || has_super != 0 {
+        return Ok(None);
+    }
+    let function = sql::refused_function_sql(plan, names);
+    let trigger = sql::trigger_sql(plan, names);
+    if !routine_differs(conn, &names.refused_function(), "FUNCTION", &function).await?
+        && !trigger_differs(conn, names, &trigger).await?
+    {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "the server writes a binary log (log_bin = ON) with log_bin_trust_function_creators = OFF, so only a user with the SUPER privilege may create the function {} and the trigger {}, and {user} has not; nothing was changed. SET GLOBAL log_bin_trust_function_creators = ON (and put it in the server's configuration), or run apply as a user with SUPER",
+        names.refused_function(),
+        names.trigger()
+    )))
+}
+
 pub(super) async fn apply_pinned(
     conn: &mut Conn,
     plan: &Plan,
@@ -78,6 +122,9 @@ pub(super) async fn apply_pinned(
             applied.installed.push(names.seed_procedure());
         }
         return Ok(applied);
+    }
+    if let Some(why) = binlog_refusal(conn, plan, names).await? {
+        return Err(other("apply", why));
     }
     if srv.flush_log_at_trx_commit == 0 {
         applied.warnings.push(FLUSH_0.to_string());

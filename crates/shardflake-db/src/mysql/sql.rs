@@ -13,7 +13,7 @@
 use shardflake::Layout;
 use shardflake::layout::FieldKind;
 
-use crate::topology::SHARD_FIELD;
+use crate::SHARD_FIELD;
 
 /// Version of the generated objects; bumped when their SQL changes. Stored
 /// in their comments and compared by `mysql check`.
@@ -503,12 +503,15 @@ pub fn trigger_sql(plan: &Plan, names: &Names) -> String {
 /// high-water, far behind the clock, more than twice `AHEAD_MS` ahead of
 /// it), `SIGNAL`led (SQLSTATE 45000) in any `sql_mode`, `INSERT
 /// IGNORE` included. `generate_post_id` calls it for a draw ahead too.
+/// Declared `READS SQL DATA` (it reads the sequence's last draw and the
+/// high-water, and writes nothing): a server writing a binary log refuses
+/// a function that declares none of that (`ERROR 1418`).
 pub fn refused_function_sql(plan: &Plan, names: &Names) -> String {
     let f = names.refused_function();
     let layout = plan.layout().name();
     let ahead = plan.packed_ms(AHEAD_MS);
     format!(
-        "CREATE OR REPLACE FUNCTION `{f}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC
+        "CREATE OR REPLACE FUNCTION `{f}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC READS SQL DATA
 COMMENT {comment}
 BEGIN
   DECLARE us BIGINT DEFAULT {us};
@@ -602,23 +605,6 @@ pub fn table_sql(plan: &Plan, names: &Names) -> String {
         table = names.table,
         key = names.key,
         comment = lit(&format!("{}; sequence {}", plan.marker(), names.sequence())),
-    )
-}
-
-/// A candidate measured by `mysql bench`, **not** installed: the same
-/// expression as the column's `DEFAULT` (no function call: an error comes
-/// from drawing an exhausted sequence). Unsafe with server-side prepared
-/// statements on MariaDB 10.11 (see [`trigger_sql`]).
-pub fn default_candidate_sql(plan: &Plan, names: &Names) -> String {
-    let seq = format!("`{}`", names.sequence());
-    let key = format!("`{}`", names.key);
-    let us = plan.micros_sql("UTC_TIMESTAMP(6)");
-    format!(
-        "CASE WHEN (NEXT VALUE FOR {seq}) + {stale} >= {clock} AND {us} >= 0 AND {key} >= 0 \
-         THEN {id} ELSE NULL END",
-        stale = plan.packed_ms(STALE_MS),
-        clock = plan.packed_sql(&us),
-        id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), &key),
     )
 }
 
@@ -930,43 +916,6 @@ BEGIN
     SET post_id = post_id | (SELECT next_val % 1024 FROM sequences WHERE name = @sequence_name);
     UPDATE sequences SET next_val = next_val + 1 WHERE name = @sequence_name;
 END"
-    )
-}
-
-/// A stored function with the default's semantics (draw, check, id; errors
-/// by `SIGNAL`), for the trigger candidates of the benchmark:
-/// `{fn_name}(key BIGINT) RETURNS BIGINT`.
-pub fn id_function_sql(plan: &Plan, names: &Names, fn_name: &str) -> String {
-    let us = plan.micros_sql("UTC_TIMESTAMP(6)");
-    format!(
-        "CREATE FUNCTION `{fn_name}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC
-COMMENT {comment}
-BEGIN
-  DECLARE w BIGINT DEFAULT NEXT VALUE FOR `{seq}`;
-  DECLARE us BIGINT DEFAULT {us};
-  IF k IS NULL OR k < 0 THEN
-    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{fn_name}: the shard key must be >= 0';
-  END IF;
-  IF us < 0 OR w + {stale} < {clock} THEN
-    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{fn_name}: the clock is before the epoch, or the sequence is far behind it';
-  END IF;
-  RETURN {id};
-END",
-        comment = lit(&plan.marker()),
-        seq = names.sequence(),
-        stale = plan.packed_ms(STALE_MS),
-        clock = plan.packed_sql("us"),
-        id = plan.id_sql("w", "k"),
-    )
-}
-
-/// A `BEFORE INSERT` trigger on `table` calling [`id_function_sql`]'s
-/// function for every row: the candidate "trigger calling a stored
-/// function" of `mysql bench` (not installed).
-pub fn function_trigger_sql(table: &str, names: &Names, fn_name: &str) -> String {
-    format!(
-        "CREATE OR REPLACE TRIGGER `{table}_id` BEFORE INSERT ON `{table}` FOR EACH ROW SET NEW.id = `{fn_name}`(NEW.`{}`)",
-        names.key
     )
 }
 

@@ -1,6 +1,7 @@
 //! `pg apply`: check every server's records against the file, then create
 //! each shard's schema, sequence, functions and tables, all or nothing.
 
+use super::catalog::{self, Deployment, State};
 use super::*;
 
 /// What `apply` did on one server.
@@ -35,25 +36,23 @@ impl fmt::Display for Applied {
 pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
     let mut clients = connect_all(topo).await?;
     let mut txs = Vec::new();
-    // The lock in name order on every server (two applies, or an apply and
-    // a move, never wait on each other in a circle).
-    let mut order: Vec<usize> = (0..clients.len()).collect();
-    order.sort_by_key(|&i| topo.servers()[i].name.as_str());
     for (i, c) in clients.iter_mut().enumerate() {
         let name = topo.servers()[i].name.as_str();
         txs.push(c.transaction().await.map_err(ctx(name, "begin"))?);
     }
-    for &i in &order {
-        let name = topo.servers()[i].name.as_str();
-        txs[i]
-            .execute("SELECT pg_advisory_xact_lock($1)", &[&APPLY_LOCK])
-            .await
-            .map_err(ctx(name, "taking the apply lock"))?;
-    }
+    lock_deployment(&txs, &server_names(topo), Lock::Transaction).await?;
     let mut views = Vec::new();
     let mut problems = Vec::new();
     for (tx, server) in txs.iter().zip(topo.servers()) {
         views.push(catalog::read(tx, &server.name, topo).await?);
+        // Warnings, as `mysql apply` warns: `pg check` fails on the first.
+        let settings = durability(tx, &server.name).await?;
+        for warning in [settings.commits_lost_by_a_crash, settings.fsync_off]
+            .into_iter()
+            .flatten()
+        {
+            tracing::warn!(server = server.name.as_str(), "{warning}");
+        }
         if let Some(p) = too_many_sessions(topo, &server.name, tx).await? {
             problems.push(Drift {
                 server: server.name.clone(),

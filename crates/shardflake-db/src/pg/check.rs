@@ -1,30 +1,40 @@
 //! `pg check`: every difference between the servers and the file, and
 //! every setting that breaks the no-repeat argument.
 
+use super::catalog::{self, State};
 use super::*;
 
-/// Compares what is deployed on every server with the topology: first the
-/// records against the file ([`catalog::conflicts`]: also a shard fenced
+/// Compares what is deployed on every server with the topology and the
+/// settings the no-repeat argument needs (too many sessions;
+/// `synchronous_commit = off`, while `fsync = off` is logged as a warning:
+/// `durability` in `pg/mod.rs`): first the records against the file ([`catalog::conflicts`]: also a shard fenced
 /// everywhere, a move that did not finish, shard schemas of any prefix),
 /// then each live shard's functions, sequence and tables. An unreachable
 /// server is a drift item, not an error, so one dead server does not hide
-/// the state of the others.
+/// the state of the others. Shares the deployment lock on the others
+/// first: a move, apply or repair under way is waited for.
 pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
     let mut drift = Vec::new();
     let mut clients = Vec::new();
-    let mut views = Vec::new();
     for server in topo.servers() {
         match connect(server).await {
-            Ok(c) => {
-                views.push(catalog::read(&c, &server.name, topo).await?);
-                clients.push((server, c));
-            }
+            Ok(c) => clients.push((server, c)),
             Err(e) => drift.push(Drift {
                 server: server.name.clone(),
                 shard: None,
                 problem: format!("unreachable: {e}"),
             }),
         }
+    }
+    // Shared: checks run side by side, and wait for a command that
+    // changes the deployment (a move under way) to end.
+    let (servers, conns): (Vec<_>, Vec<_>) = clients.into_iter().unzip();
+    let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+    lock_deployment(&conns, &names, Lock::Shared).await?;
+    let clients: Vec<_> = servers.into_iter().zip(conns).collect();
+    let mut views = Vec::new();
+    for (server, c) in &clients {
+        views.push(catalog::read(c, &server.name, topo).await?);
     }
     drift.extend(catalog::conflicts(topo, &views));
     for ((server, client), view) in clients.iter().zip(&views) {
@@ -36,6 +46,13 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         };
         if let Some(problem) = too_many_sessions(topo, name, client).await? {
             drift.push(d(None, problem));
+        }
+        let settings = durability(client, name).await?;
+        if let Some(problem) = settings.commits_lost_by_a_crash {
+            drift.push(d(None, problem));
+        }
+        if let Some(warning) = settings.fsync_off {
+            tracing::warn!(server = name, "{warning}");
         }
         if view.deployment.is_none() {
             drift.push(d(
@@ -158,6 +175,9 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                         sql::sequence_options(topo.layout(), topo.sign_bit())
                     ),
                 ));
+            }
+            if let Some(problem) = ahead_of_clock(client, topo, name, &seq).await? {
+                drift.push(d(Some(shard), problem));
             }
             if sequence_unlogged(client, name, &seq).await? {
                 drift.push(d(

@@ -1,25 +1,49 @@
-//! `apply`, `check` and `repair` against real PostgreSQL servers, each
-//! reading every server's records first ([`crate::catalog`]).
+//! PostgreSQL: the topology file, the deployment's records on its servers,
+//! the generated SQL, and the commands over tokio-postgres, one module each:
+//!
+//! - [`topology`]: the TOML topology file (layout, logical shards, servers,
+//!   table templates), validated with typed errors.
+//! - [`sql`]: pure SQL generation from a [`shardflake::Layout`]: schemas,
+//!   sequences, `next_id()`, the decode function, tables. The design of
+//!   `next_id` (no integer overflow, sign-bit policy, no repeated id beyond
+//!   2^sequence ids per tick) is documented there.
+//! - [`catalog`]: what a deployment is, recorded on its servers (layout,
+//!   prefix, shard count, each shard's owner, fence and move), and the rules
+//!   a topology file is checked against before anything changes.
+//! - `apply` (idempotent; every server checked before any is changed),
+//!   `check` (drift between servers and topology) and `repair` (after a
+//!   restore), each reading every server's records first.
+//! - [`move_shard`]: copies a logical shard to another server under a brief
+//!   write pause, switches the topology, verifies, then drops the old copy.
+//! - [`route`]: key → logical shard → server and schema; id → shard →
+//!   server; `INSERT ... RETURNING id`.
+//!
+//! This file holds what they share (connections, lookups, [`Drift`]); it
+//! uses none of them but `sql` and `topology`, so `catalog` and the
+//! commands depend on it, never the other way round.
 
 use std::fmt;
 use std::time::Duration;
 
 use tokio_postgres::{Client, GenericClient, NoTls};
 
-use crate::catalog::{self, Deployment, State};
-use crate::topology::{Server, Topology};
 use crate::{Error, SQLSTATE_RESTORED, pg_message};
 
 mod apply;
+pub mod catalog;
 mod check;
 pub mod move_shard;
 mod repair;
+pub mod route;
 pub mod sql;
+pub mod topology;
 
 pub(crate) use apply::install_shard;
 pub use apply::{Applied, apply};
 pub use check::check;
 pub use repair::{Repaired, repair};
+pub use route::{Route, Router};
+pub use topology::{Server, SignBit, Topology, TopologyError};
 
 /// Connects to a server (5 s connect timeout); the connection task runs on
 /// the current tokio runtime.
@@ -57,9 +81,52 @@ pub(crate) fn ctx<'a>(
     }
 }
 
-/// The lock `pg apply`, `pg repair` and `pg move-shard` hold on a server
-/// while they change it.
-pub(crate) const APPLY_LOCK: i64 = sql::LOCK_BASE - 1;
+/// The deployment lock: `pg apply`, `pg repair` and `pg move-shard` hold
+/// it on every server of their file while they read the records and
+/// change them, `pg check` shares it while it reads.
+pub const DEPLOYMENT_LOCK: i64 = sql::LOCK_BASE - 1;
+
+/// How a command holds the deployment lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lock {
+    /// Until the transaction each client is in ends (`apply`, `repair`).
+    Transaction,
+    /// Until the session ends or it is released (`move-shard`, which
+    /// commits steps on the way).
+    Session,
+    /// Shared with other readers, until the session ends (`check`).
+    Shared,
+}
+
+/// Takes the deployment lock on each of `clients` (`names[i]` is the
+/// server of `clients[i]`) in name order, so two commands never wait on
+/// each other in a circle. Every command takes it before it reads the
+/// records: what it read then stays true until it has written.
+pub(crate) async fn lock_deployment<C: GenericClient>(
+    clients: &[C],
+    names: &[&str],
+    lock: Lock,
+) -> Result<(), Error> {
+    let call = match lock {
+        Lock::Transaction => "SELECT pg_advisory_xact_lock($1)",
+        Lock::Session => "SELECT pg_advisory_lock($1)",
+        Lock::Shared => "SELECT pg_advisory_lock_shared($1)",
+    };
+    let mut order: Vec<usize> = (0..clients.len()).collect();
+    order.sort_by_key(|&i| names[i]);
+    for i in order {
+        clients[i]
+            .execute(call, &[&DEPLOYMENT_LOCK])
+            .await
+            .map_err(ctx(names[i], "taking the deployment lock"))?;
+    }
+    Ok(())
+}
+
+/// The names of the file's servers, in its order.
+pub(crate) fn server_names(topo: &Topology) -> Vec<&str> {
+    topo.servers().iter().map(|s| s.name.as_str()).collect()
+}
 
 /// Connects to every server of the file (all must answer: a plan needs
 /// every server's records).
@@ -164,6 +231,56 @@ pub(crate) async fn restored(
     })
 }
 
+/// The server clock packed as a shard sequence's values are, in SQL.
+fn packed_clock_sql(topo: &Topology) -> String {
+    let l = topo.layout();
+    format!(
+        "(((floor(date_part('epoch', clock_timestamp()) * 1000)::bigint - {}) / {}) << {})",
+        l.epoch_ms(),
+        l.tick_ms().max(1),
+        l.sequence().bits()
+    )
+}
+
+/// Why `next_id` refuses every id of a shard for now, if its sequence runs
+/// further ahead of the server clock than `next_id` allows (twice
+/// [`sql::AHEAD_MS`]: `SF004`): the clock ran ahead, ids were made at its
+/// time, and it was set back. Ids made since are dated that far ahead, and
+/// every new id must come after them: until the clock catches up with the
+/// sequence, none can be made without dating it further ahead than
+/// `pg repair` can account for after a restore.
+pub(crate) async fn ahead_of_clock(
+    c: &impl GenericClient,
+    topo: &Topology,
+    name: &str,
+    seq: &str,
+) -> Result<Option<String>, Error> {
+    let l = topo.layout();
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT last_value - {}, floor(date_part('epoch', clock_timestamp()) * 1000)::bigint FROM {seq}",
+                packed_clock_sql(topo)
+            ),
+            &[],
+        )
+        .await
+        .map_err(ctx(name, &format!("reading {seq}")))?;
+    let (lead, now_ms): (i64, i64) = (row.get(0), row.get(1));
+    let lead_ms = (lead >> l.sequence().bits()).saturating_mul(l.tick_ms().max(1) as i64);
+    if lead_ms <= 2 * sql::AHEAD_MS as i64 {
+        return Ok(None);
+    }
+    let resume = shardflake::timestamp::rfc3339_ms(
+        now_ms.saturating_add(lead_ms - sql::AHEAD_MS as i64).max(0) as u64,
+    );
+    Ok(Some(format!(
+        "sequence {seq} runs {:.1} s ahead of the server clock: next_id() refuses every id (SQLSTATE SF004) until the clock is within {} ms of it, at about {resume} (server time); ids already handed out are dated that far ahead (the clock ran ahead, then was set back), and every new id must come after them. If the server's clock is wrong now, correct it; otherwise writes to this shard resume then, by themselves",
+        lead_ms as f64 / 1000.0,
+        sql::AHEAD_MS
+    )))
+}
+
 /// Sets a shard's sequence past every value it can have handed out (the
 /// server clock plus [`sql::lead_bound`]: no value runs further ahead of
 /// the clock); returns its last value before and after.
@@ -174,12 +291,7 @@ async fn bump_past_clock(
     seq: &str,
 ) -> Result<(i64, i64), Error> {
     let l = topo.layout();
-    let clock = format!(
-        "(((floor(date_part('epoch', clock_timestamp()) * 1000)::bigint - {}) / {}) << {})",
-        l.epoch_ms(),
-        l.tick_ms().max(1),
-        l.sequence().bits()
-    );
+    let clock = packed_clock_sql(topo);
     let row = c
         .query_one(
             &format!("SELECT last_value, greatest(last_value, {clock} + $1::bigint) FROM {seq}"),
@@ -218,6 +330,72 @@ async fn too_many_sessions(
         "max_connections = {conns} + max_worker_processes = {workers}, but next_id() for layout {} guarantees no repeated id only with fewer than {gap} sessions; lower them (use a pooler) or widen the sequence field",
         topo.layout().name()
     )))
+}
+
+/// What a crash can do to the ids a server acknowledged, as its settings
+/// say ([`durability`]).
+#[derive(Debug, Default)]
+pub(crate) struct Durability {
+    /// `synchronous_commit = off` for our session, or set so by a database
+    /// or role: the problem, naming them.
+    pub commits_lost_by_a_crash: Option<String>,
+    /// `fsync = off`: the warning.
+    pub fsync_off: Option<String>,
+}
+
+/// Reads the settings that decide whether a crash can set a shard
+/// sequence back below ids already handed out. `next_id` is safe only if
+/// the WAL of every commit that returned an id is on disk before the
+/// commit returns; we report rather than force `synchronous_commit` from
+/// `next_id` (a session can still turn it off, and forcing it costs every
+/// caller a flush per transaction), as `mysql check` reports
+/// `innodb_flush_log_at_trx_commit = 0`:
+///
+/// - `synchronous_commit = off` loses the last commits' WAL (still in
+///   shared memory) when the server is killed, or a backend is (the
+///   postmaster then restarts every process): ids are made again with no
+///   operator step in between. A problem for `pg check`, a warning of
+///   `pg apply`. A database's or role's override (`ALTER DATABASE/ROLE ...
+///   SET`) counts, since the application's sessions get it; a session's
+///   own `SET` cannot be seen from here (the guide says so).
+/// - `fsync = off` loses nothing when the server is killed, only when the
+///   operating system crashes (which can corrupt the whole cluster): the
+///   counterpart of `innodb_flush_log_at_trx_commit = 2`. A warning of
+///   both.
+pub(crate) async fn durability(c: &impl GenericClient, name: &str) -> Result<Durability, Error> {
+    let row = c
+        .query_one(
+            "SELECT current_setting('synchronous_commit'), current_setting('fsync'),
+                    (SELECT string_agg(concat_ws(' and ', 'database ' || d.datname, 'role ' || r.rolname), ', '
+                                       ORDER BY d.datname, r.rolname)
+                       FROM pg_db_role_setting s
+                       LEFT JOIN pg_database d ON d.oid = s.setdatabase
+                       LEFT JOIN pg_roles r ON r.oid = s.setrole
+                      WHERE EXISTS (SELECT FROM unnest(s.setconfig) c
+                                     WHERE lower(c) ~ '^synchronous_commit=(off|false|no|0)$'))",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "reading synchronous_commit and fsync"))?;
+    let (sync, fsync, overrides): (String, String, Option<String>) =
+        (row.get(0), row.get(1), row.get(2));
+    let mut set_by = Vec::new();
+    if sync == "off" {
+        set_by.push("for this server".to_string());
+    }
+    set_by.extend(overrides.map(|o| format!("by {o}")));
+    let fix = "ALTER SYSTEM SET synchronous_commit = on (or remote_write, remote_apply, local), and RESET it where a database or role sets it off";
+    Ok(Durability {
+        commits_lost_by_a_crash: (!set_by.is_empty()).then(|| {
+            format!(
+                "synchronous_commit = off ({}): a crash of the server, or of one backend, loses the last commits, a shard sequence's position with them, and next_id() hands out again ids it already acknowledged; {fix}",
+                set_by.join("; ")
+            )
+        }),
+        fsync_off: (fsync == "off").then(|| {
+            "fsync = off: an operating-system crash (not a killed server) can lose acknowledged commits, a shard sequence's position with them (ids handed out again), or corrupt the cluster; set fsync = on unless the data is thrown away".to_string()
+        }),
+    })
 }
 
 /// Sequences among `seqs` (schema-qualified) whose options differ from what

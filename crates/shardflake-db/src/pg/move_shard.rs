@@ -1,6 +1,6 @@
 //! Moving one logical shard to another physical server.
 //!
-//! 0. **Record** the move on both servers ([`crate::catalog`]): the
+//! 0. **Record** the move on both servers ([`crate::pg::catalog`]): the
 //!    destination's shard `incoming` (from the source), the source's
 //!    `moving` (to the destination). From here on `pg apply` refuses the
 //!    shard and `pg check` reports the move until it is finished or undone.
@@ -29,11 +29,14 @@
 //!    looks committed before the snapshot. Deletions are found by comparing
 //!    ids (the destination then holds every source row plus the deleted ones).
 //! 3. **Go live**: set the destination's sequence to the source's last value
-//!    read in the pause (the packed time and sequence, see [`crate::sql`]):
+//!    read in the pause (the packed time and sequence, see [`crate::pg::sql`]):
 //!    the destination continues where the source stopped, so no id is
 //!    reused; its record becomes `live`, in the same transaction.
-//! 4. **Switch** the topology file atomically (write, fsync, rename). Writers
-//!    that got `SF001` reload it and go to the new server ([`crate::Router`]
+//! 4. **Switch**: record the deployment's next generation on every server,
+//!    then write it into the topology file with the shard's new place,
+//!    atomically (write, fsync, rename); from then on a file of an older
+//!    generation is refused by every command. Writers
+//!    that got `SF001` reload it and go to the new server ([`crate::pg::Router`]
 //!    does this). The pause ends here.
 //! 5. **Drop** the source schema and its record, only now (`--keep-source`
 //!    keeps both, fenced for good: `pg apply` never lifts a fence).
@@ -87,8 +90,10 @@
 //!
 //! A move refuses a shard schema that holds relations, functions or types
 //! the topology does not describe (dropping the old copy would destroy them
-//! uncopied), and holds the lock `pg apply` takes on both servers from start
-//! to end, so a concurrent apply cannot rebuild (unfence) the old copy.
+//! uncopied), and holds the deployment lock on every server of the file
+//! from start to end, taken before it reads the records or (again) the
+//! file, so a concurrent apply or repair cannot rebuild (unfence) the old
+//! copy, and a second move starts from the file the first one wrote.
 
 use std::path::Path;
 use std::pin::pin;
@@ -99,11 +104,10 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient};
 
-use crate::catalog::{self, Deployment, ServerView, State};
-use crate::pg::{self, APPLY_LOCK, ctx};
-use crate::sql;
-use crate::topology::Topology;
-use crate::{Error, SQLSTATE_MOVED};
+use super::catalog::{self, Deployment, ServerView, State};
+use super::topology::{Topology, TopologyError};
+use super::{Lock, ctx, lock_deployment, server_names, sql};
+use crate::{Error, SQLSTATE_MOVED, pg};
 
 /// Options of a move.
 #[derive(Debug, Clone, Default)]
@@ -230,31 +234,53 @@ struct Deployed {
 }
 
 impl Deployed {
-    /// Loads the file, connects to every server, takes the apply lock on
-    /// each (name order), reads the records, and refuses a deployment-wide
-    /// contradiction between the file and the servers.
+    /// Loads the file, connects to every server, takes the deployment lock
+    /// on each (name order), reads the file again (a move that held the
+    /// lock before may have switched it), reads the records, and refuses a
+    /// deployment-wide contradiction between the file and the servers.
     async fn open(path: &Path, shard: u64) -> Result<Deployed, Error> {
+        let first = Topology::load(path)?;
+        first.server_of(shard)?;
+        let clients = pg::connect_all(&first).await?;
+        lock_deployment(&clients, &server_names(&first), Lock::Session).await?;
         let topo = Topology::load(path)?;
-        topo.server_of(shard)?;
-        let clients = pg::connect_all(&topo).await?;
-        let mut order: Vec<usize> = (0..clients.len()).collect();
-        order.sort_by_key(|&i| topo.servers()[i].name.as_str());
-        for i in order {
-            let name = topo.servers()[i].name.as_str();
-            clients[i]
-                .execute("SELECT pg_advisory_lock($1)", &[&APPLY_LOCK])
-                .await
-                .map_err(ctx(name, "taking the apply lock"))?;
+        if topo.servers().len() != first.servers().len()
+            || topo
+                .servers()
+                .iter()
+                .zip(first.servers())
+                .any(|(a, b)| a.name != b.name || a.url != b.url)
+        {
+            return Err(Error::Move {
+                shard,
+                message: format!(
+                    "the servers of {} changed while this move waited for the deployment lock: run it again",
+                    path.display()
+                ),
+            });
         }
+        topo.server_of(shard)?;
         let mut views = Vec::new();
         for (c, server) in clients.iter().zip(topo.servers()) {
             views.push(catalog::read(c, &server.name, &topo).await?);
         }
         // Problems of this shard are what the move finishes or undoes.
-        let problems: Vec<_> = catalog::conflicts(&topo, &views)
+        let mut problems: Vec<_> = catalog::record_conflicts(&topo, &views)
             .into_iter()
             .filter(|d| d.shard.is_none())
             .collect();
+        // A file one generation behind is this shard's own move, recorded
+        // on the servers and stopped before it wrote the file: the same
+        // move finishes it (see `switch`). Any older file is refused.
+        if let Some(older) = catalog::older_file(&topo, &views) {
+            let newest = catalog::recorded_generation(&views);
+            let own = newest.is_some_and(|d| {
+                d.generation == topo.generation().saturating_add(1) && d.last_move == Some(shard)
+            });
+            if !own {
+                problems.insert(0, older);
+            }
+        }
         if !problems.is_empty() {
             return Err(pg::refused("move", problems));
         }
@@ -270,7 +296,7 @@ impl Deployed {
             .servers()
             .iter()
             .position(|s| s.name == name)
-            .ok_or_else(|| crate::TopologyError::UnknownServer(name.to_string()).into())
+            .ok_or_else(|| TopologyError::UnknownServer(name.to_string()).into())
     }
 
     /// The two clients, mutably (`a` and `b` differ: every caller checked
@@ -335,7 +361,7 @@ pub async fn move_shard(
     if from == to {
         // Already there: a file that says otherwise is switched.
         if file_owner != to {
-            save(&dep.topo, path, shard, to)?;
+            switch(&dep, path, shard, to).await?;
         }
         return Err(fail(format!("shard {shard} is already on {to:?}")));
     }
@@ -466,8 +492,31 @@ fn stop(opts: &MoveOptions, step: MoveStep, shard: u64) -> Result<(), Error> {
     Ok(())
 }
 
-fn save(topo: &Topology, path: &Path, shard: u64, to: &str) -> Result<(), Error> {
-    topo.with_shard_moved(shard, to)?
+/// Step 4: records the deployment's next generation on every server of the
+/// file (with the shard moved and the file), then writes it into the file
+/// with the shard on `to`. Stopped in between, the file is one generation
+/// behind the servers: every command refuses it but this move, which
+/// records the same generation again and writes the file.
+async fn switch(dep: &Deployed, path: &Path, shard: u64, to: &str) -> Result<(), Error> {
+    let recorded = catalog::recorded_generation(&dep.views).map_or(0, |d| d.generation);
+    let generation = if dep.topo.generation() < recorded {
+        recorded
+    } else {
+        dep.topo.generation().saturating_add(1)
+    };
+    let file = std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string();
+    for (c, server) in dep.clients.iter().zip(dep.topo.servers()) {
+        c.batch_execute(catalog::CATALOG_DDL)
+            .await
+            .map_err(ctx(&server.name, "creating the records"))?;
+        catalog::record_generation(c, &server.name, generation, shard, &file).await?;
+    }
+    dep.topo
+        .with_generation(generation)
+        .with_shard_moved(shard, to)?
         .save_keeping_comments(path)
         .map_err(|source| Error::Io {
             path: path.display().to_string(),
@@ -620,10 +669,11 @@ async fn fresh_move(
     // 3..5.
     let rows = go_live(dst, dname, &schema, &tables, &last_values, shard).await?;
     stop(opts, MoveStep::Live, shard)?;
-    save(&topo, path, shard, dname)?;
+    switch(dep, path, shard, dname).await?;
     let paused = paused_at.elapsed();
     stop(opts, MoveStep::Switched, shard)?;
     if !opts.keep_source {
+        let (src, _) = dep.pair(s, d);
         drop_copy(src, sname, &schema, shard).await?;
     }
     Ok(MoveReport {
@@ -719,9 +769,10 @@ async fn resume_fenced(
         rows = go_live(dst, dname, &schema, &tables, &[(seq, last)], shard).await?;
         stop(opts, MoveStep::Live, shard)?;
     }
-    save(&topo, path, shard, dname)?;
+    switch(dep, path, shard, dname).await?;
     stop(opts, MoveStep::Switched, shard)?;
     if !opts.keep_source {
+        let (src, _) = dep.pair(s, d);
         drop_copy(src, sname, &schema, shard).await?;
     }
     Ok(MoveReport {

@@ -1,6 +1,7 @@
 //! `pg repair`: after a restore, move each shard's sequence past what it
 //! handed out and rebuild its functions for the restored sequence.
 
+use super::catalog::{self, State};
 use super::*;
 
 /// What `repair` did to one shard.
@@ -37,21 +38,40 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
         topo.server_of(shard)?;
     }
     let mut clients = connect_all(topo).await?;
+    let mut txs = Vec::new();
+    for (c, server) in clients.iter_mut().zip(topo.servers()) {
+        txs.push(c.transaction().await.map_err(ctx(&server.name, "begin"))?);
+    }
+    // The lock first, on every server: records read before it can be
+    // changed by a move under way (which fences the copy read as live).
+    lock_deployment(&txs, &server_names(topo), Lock::Transaction).await?;
     let mut views = Vec::new();
-    for (c, server) in clients.iter().zip(topo.servers()) {
-        views.push(catalog::read(c, &server.name, topo).await?);
+    for (tx, server) in txs.iter().zip(topo.servers()) {
+        views.push(catalog::read(tx, &server.name, topo).await?);
+    }
+    // Records of a copy that moved away and came back with a restore, its
+    // schema dropped since (what `pg check` says to do): no copy, no ids.
+    for stale in catalog::stale_records(&views) {
+        let Some(i) = topo.servers().iter().position(|s| s.name == stale.server) else {
+            continue;
+        };
+        catalog::forget_shard(&txs[i], &stale.server, stale.shard).await?;
+        views[i].shards.remove(&stale.shard);
+        views[i].schemaless.remove(&stale.shard);
+        tracing::warn!(
+            server = stale.server.as_str(),
+            shard = stale.shard,
+            live_on = stale.live_on.as_str(),
+            "removed the record of a copy that is gone"
+        );
     }
     let problems = catalog::conflicts(topo, &views);
     if !problems.is_empty() {
         return Err(refused("repair", problems));
     }
     let mut out = Vec::new();
-    for (c, (server, view)) in clients.iter_mut().zip(topo.servers().iter().zip(&views)) {
+    for (tx, (server, view)) in txs.iter().zip(topo.servers().iter().zip(&views)) {
         let name = server.name.as_str();
-        let tx = c.transaction().await.map_err(ctx(name, "begin"))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&APPLY_LOCK])
-            .await
-            .map_err(ctx(name, "taking the apply lock"))?;
         for &shard in &server.shards {
             if only.is_some_and(|s| s != shard) || view.state(shard) != Some(State::Live) {
                 continue;
@@ -65,8 +85,8 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
             ))
             .await
             .map_err(ctx(name, &format!("locking {seq}")))?;
-            let (from, to) = bump_past_clock(&tx, topo, name, &seq).await?;
-            install_shard(&tx, topo, name, shard).await?;
+            let (from, to) = bump_past_clock(tx, topo, name, &seq).await?;
+            install_shard(tx, topo, name, shard).await?;
             out.push(Repaired {
                 server: name.to_string(),
                 shard,
@@ -77,9 +97,13 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
         if only.is_none() {
             // Every shard here is past what it handed out: the timeline is
             // the one a later physical restore is told apart from.
-            catalog::record_timeline(&tx, name, true).await?;
+            catalog::record_timeline(tx, name, true).await?;
         }
-        tx.commit().await.map_err(ctx(name, "commit"))?;
+    }
+    // Each server's repair stands alone (no id is repeated by a commit
+    // that fails after another's): a re-run finishes the rest.
+    for (tx, server) in txs.into_iter().zip(topo.servers()) {
+        tx.commit().await.map_err(ctx(&server.name, "commit"))?;
     }
     Ok(out)
 }

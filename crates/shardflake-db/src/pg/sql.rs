@@ -92,7 +92,7 @@
 //! catch-up window (microseconds: a draw and a `setval` under the lock); a
 //! step back outside windows only makes ids' times lag; nothing but
 //! `next_id` calls `nextval`/`setval` on a shard's sequences (a move sets
-//! them under locks no draw can pass, see [`crate::move_shard`]); the
+//! them under locks no draw can pass, see [`crate::pg::move_shard`]); the
 //! sequences have `INCREMENT 1`, `CACHE 1`, `NO CYCLE` (`pg apply` sets
 //! them, `pg check` reports others); and all sessions run the same
 //! version of the functions (upgrade with `pg apply` while writes to the
@@ -143,8 +143,8 @@ use std::fmt::Write as _;
 
 use shardflake::Layout;
 
+use super::topology::{SignBit, Table, shard_field};
 use crate::SQLSTATE_RESTORED;
-use crate::topology::{SignBit, Table, shard_field};
 
 /// Advisory-lock namespace of the catch-up lock: key = `LOCK_BASE + oid` of
 /// the sequence ("SF" in the high 32 bits).
@@ -495,7 +495,7 @@ $f$;
         why_lit = lit(&why),
         ahead2 = 2 * ahead,
         ahead_lit = lit(&format!(
-            "shard {shard}'s sequence runs more than {} ms ahead of the server clock: did the clock step back? ids resume once it is within {AHEAD_MS} ms",
+            "shard {shard}'s sequence runs more than {} ms ahead of the server clock: did the clock step back (or run ahead while ids were made)? ids resume once it is within {AHEAD_MS} ms; `shardflake pg check` says when",
             2 * AHEAD_MS
         )),
         slow_part = part("w"),

@@ -3,8 +3,12 @@
 
 mod id_types;
 mod mysql;
+mod mysql_binlog;
 mod mysql_operator;
 mod pg;
+mod pg_dead_ends;
+mod pg_deployment_lock;
+mod pg_durability;
 mod pg_move;
 mod pg_next_id;
 mod pg_operator;

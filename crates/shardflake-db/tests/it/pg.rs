@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use shardflake::{Id, preset};
-use shardflake_db::{Router, Topology, pg, route};
+use shardflake_db::pg::{self, Router, Topology, route};
 use shardflake_testkit::PgServer;
 
 fn now_ms() -> u64 {
@@ -77,7 +77,7 @@ async fn ids_agree_between_sql_and_rust_and_never_repeat() {
         assert_eq!(parts.field("shard"), Some(key % 4));
         assert!(
             // the id's time may lag the clock by up to LAG + GAP (see sql.rs)
-            parts.unix_ms + shardflake_db::sql::LAG_MS + 2 >= before && parts.unix_ms <= after,
+            parts.unix_ms + shardflake_db::pg::sql::LAG_MS + 2 >= before && parts.unix_ms <= after,
             "{} not in [{before}, {after}]",
             parts.unix_ms
         );
@@ -373,7 +373,7 @@ async fn move_shard_under_concurrent_writes_loses_nothing_and_reuses_no_id() {
         .await
         .unwrap()
         .get(0);
-    let report = shardflake_db::move_shard::move_shard(&path, 3, "b", &Default::default())
+    let report = shardflake_db::pg::move_shard::move_shard(&path, 3, "b", &Default::default())
         .await
         .unwrap();
     assert_eq!(report.from, "a");
@@ -450,12 +450,12 @@ async fn check_reports_drift_and_dead_servers_give_clear_errors() {
         .await
         .unwrap();
     // shard0's function rebuilt for shard 2 (a hand edit / wrong deploy)
-    let other = shardflake_db::sql::shard_ddl(
+    let other = shardflake_db::pg::sql::shard_ddl(
         topo.layout(),
         "shard0",
         2,
         Default::default(),
-        shardflake_db::sql::SeqOid::ByName,
+        shardflake_db::pg::sql::SeqOid::ByName,
     )
     .unwrap();
     ca.batch_execute(&other).await.unwrap();
@@ -544,8 +544,8 @@ async fn sequence_options_and_session_limit_are_checked_and_fixed() {
     assert!(pg::check(&topo).await.unwrap().is_empty());
 
     // Functions of an older generator version are rebuilt by apply.
-    let meta = shardflake_db::sql::shard_meta(topo.layout(), 0, Default::default());
-    let old = meta.replacen(&format!("v{}", shardflake_db::sql::VERSION), "v1", 1);
+    let meta = shardflake_db::pg::sql::shard_meta(topo.layout(), 0, Default::default());
+    let old = meta.replacen(&format!("v{}", shardflake_db::pg::sql::VERSION), "v1", 1);
     ca.batch_execute(&format!(
         "CREATE OR REPLACE FUNCTION shard0.shardflake_meta() RETURNS text LANGUAGE sql IMMUTABLE AS $f$ SELECT '{old}'::text $f$"
     ))
@@ -610,8 +610,8 @@ async fn clock_overtakes_sequence(c: &tokio_postgres::Client, far: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn borrowing_under_concurrency_never_repeats() {
     let (a, topo) = narrow_shard().await;
-    let far = shardflake_db::sql::lag_tolerance(topo.layout())
-        + shardflake_db::sql::catch_up_gap(topo.layout());
+    let far = shardflake_db::pg::sql::lag_tolerance(topo.layout())
+        + shardflake_db::pg::sql::catch_up_gap(topo.layout());
     let (sessions, rounds, burst) = (9usize, 8, 400);
     let barrier = Arc::new(tokio::sync::Barrier::new(sessions));
     let mut tasks = tokio::task::JoinSet::new();

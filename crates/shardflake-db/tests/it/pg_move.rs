@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use shardflake::Id;
-use shardflake_db::move_shard::{MoveOptions, move_shard};
-use shardflake_db::{Topology, pg, sql};
+use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+use shardflake_db::pg::{self, Topology, sql};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
 
@@ -471,7 +471,7 @@ async fn fence_sql_keeps_any_server_name_inside_the_message() {
         .await
         .unwrap();
     let to = "b$f$; CREATE TABLE public.pwned (); SELECT $f$ '\"; --";
-    let fence = shardflake_db::move_shard::fence_sql("shard3", &[], 3, to);
+    let fence = shardflake_db::pg::move_shard::fence_sql("shard3", &[], 3, to);
     ca.batch_execute(&fence)
         .await
         .unwrap_or_else(|e| panic!("{}\n{fence}", shardflake_db::pg_message(&e)));
@@ -577,7 +577,7 @@ async fn a_move_failing_after_going_live_is_finished_by_running_it_again() {
         .unwrap();
     assert_eq!(
         report.resumed_after,
-        Some(shardflake_db::move_shard::MoveStep::Live)
+        Some(shardflake_db::pg::move_shard::MoveStep::Live)
     );
     let topo = Topology::load(&file.0).unwrap();
     assert_eq!(topo.server_of(3).unwrap().name, "b");
@@ -604,7 +604,8 @@ async fn a_move_failing_after_going_live_is_finished_by_running_it_again() {
 }
 
 /// Issue #30: `move-shard` edits the topology file in place: the user's
-/// comments and layout stay, only the two servers' shard lists change.
+/// comments and layout stay, only the two servers' shard lists and the
+/// file's generation (issue 37) change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_keeps_the_topology_files_comments() {
     let a = PgServer::start().unwrap();
@@ -623,6 +624,7 @@ async fn a_move_keeps_the_topology_files_comments() {
         .unwrap();
     let after = std::fs::read_to_string(&file.0).unwrap();
     let want = text
+        .replacen("shards = 8\n", "shards = 8\ngeneration = 1\n", 1)
         .replacen("shards = \"0-3\"  #", "shards = \"0-2\"  #", 1)
         .replacen("shards = \"4-7\"", "shards = \"3-7\"", 1);
     assert_eq!(after, want);

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use shardflake::Id;
-use shardflake_db::{Topology, pg, sql};
+use shardflake_db::pg::{self, Topology, sql};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
 

@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::Command;
 
-use shardflake_db::move_shard::{MoveOptions, MoveStep, abort_move, move_shard};
-use shardflake_db::{Topology, pg};
+use shardflake_db::pg::move_shard::{MoveOptions, MoveStep, abort_move, move_shard};
+use shardflake_db::pg::{self, Topology};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
 

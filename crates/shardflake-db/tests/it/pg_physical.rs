@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::process::Command;
 
-use shardflake_db::{Topology, pg};
+use shardflake_db::pg::{self, Topology};
 use shardflake_testkit::PgServer;
 
 fn run(cmd: &mut Command) {

@@ -124,6 +124,11 @@ pub enum ConfigError {
     /// An empty etcd prefix.
     #[error("etcd prefix must not be empty or /")]
     EtcdPrefix,
+    /// An etcd prefix without its leading `/`.
+    #[error(
+        "etcd prefix {0:?} must start with /: without it, it names another namespace than \"/{0}\" (nodes under both would hand out one node id twice); use --etcd-prefix /{0}"
+    )]
+    EtcdPrefixSlash(String),
     /// An unknown host source.
     #[error("node_id_from {0:?}: use {hosts}", hosts = NodeIdSource::HOST_NAMES)]
     NodeIdFrom(String),
@@ -147,6 +152,9 @@ pub enum ConfigError {
         /// The largest id it holds.
         max: u64,
     },
+    /// `resume_after` is not `now`, Unix ms nor RFC 3339.
+    #[error("resume_after {0:?}: use now, Unix milliseconds or RFC 3339 (2026-01-01T00:00:00Z)")]
+    ResumeAfter(String),
     /// A high-water window out of range.
     #[error("window {0:?}: use 100ms to 10m")]
     Window(Duration),

@@ -22,6 +22,7 @@
 //! node_id = 3                   # or node_id_from = "hostname" | "mac" | "ip"
 //! fields = { datacenter = 1 }   # other fixed node fields
 //! state_file = "/var/lib/shardflake/state"
+//! resume_after = "now"          # only for a static node's first start (no state file yet)
 //! window = "3s"                 # high-water written as now + window
 //! max_resume_wait = "1m"        # longest wait for a recorded high-water past window
 //! max_batch = 1000000
@@ -184,6 +185,10 @@ pub struct Config {
     pub shards: u64,
     /// Local high-water file.
     pub state_file: PathBuf,
+    /// Where to resume when the state file is missing (a static node with
+    /// a node id given refuses to start without it: it cannot know whether
+    /// it issued ids before).
+    pub resume_after: Option<ResumeAfter>,
     /// High-water window.
     pub window: Duration,
     /// How much further than `window` ahead of the clock a recorded
@@ -208,6 +213,16 @@ pub struct Config {
     pub tickets: Option<PathBuf>,
 }
 
+/// `resume_after`: the time before which a node without a state file
+/// issued nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeAfter {
+    /// The clock at start: the node never issued an id (its first start).
+    Now,
+    /// A Unix ms after every id the node issued.
+    UnixMs(u64),
+}
+
 /// The PEM files of the listeners' TLS identity (read at start by `serve`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -216,6 +231,10 @@ pub struct TlsFiles {
     /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
 }
+
+/// The etcd prefix of a node given none: said at start, since every node
+/// started so joins one fleet.
+pub const DEFAULT_ETCD_PREFIX: &str = "/shardflake/default";
 
 /// Largest batch the service accepts whatever the configuration says.
 pub const MAX_BATCH_LIMIT: u64 = 10_000_000;

@@ -32,6 +32,9 @@ pub struct RawConfig {
     pub fields: Option<BTreeMap<String, u64>>,
     /// Local high-water state file.
     pub state_file: Option<PathBuf>,
+    /// Where a static node without a state file resumes: `now`, Unix ms or
+    /// RFC 3339.
+    pub resume_after: Option<String>,
     /// High-water window.
     #[serde(default, deserialize_with = "duration_text")]
     pub window: Option<Duration>,
@@ -146,6 +149,7 @@ impl RawConfig {
             node_id_from: over.node_id_from.or(self.node_id_from),
             fields,
             state_file: over.state_file.or(self.state_file),
+            resume_after: over.resume_after.or(self.resume_after),
             window: over.window.or(self.window),
             max_resume_wait: over.max_resume_wait.or(self.max_resume_wait),
             max_batch: over.max_batch.or(self.max_batch),

@@ -113,6 +113,15 @@ fn etcd_section() {
     assert_eq!(e.prefix, "/x");
     assert_eq!(e.lease_ttl, Duration::from_secs(4));
     assert_eq!(e.safety_margin, Duration::from_millis(800));
+    // Another namespace than /x: refused, not read as /x.
+    let slashless = load(
+        RawConfig::default(),
+        "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\nprefix = \"x\"",
+    );
+    assert_eq!(
+        slashless.unwrap_err(),
+        ConfigError::EtcdPrefixSlash("x".into())
+    );
 }
 
 #[test]

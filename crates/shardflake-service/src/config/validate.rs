@@ -11,8 +11,8 @@ use shardflake::{FieldKind, RollbackPolicy, preset};
 use shardflake_host::HostInfo;
 
 use super::{
-    Config, ConfigError, EtcdConfig, EtcdLogin, MAX_BATCH_LIMIT, MAX_ROLLBACK_WAIT, NodeSource,
-    RawConfig, RawEtcd, Secret, TlsFiles,
+    Config, ConfigError, DEFAULT_ETCD_PREFIX, EtcdConfig, EtcdLogin, MAX_BATCH_LIMIT,
+    MAX_ROLLBACK_WAIT, NodeSource, RawConfig, RawEtcd, ResumeAfter, Secret, TlsFiles,
 };
 
 impl Config {
@@ -254,6 +254,11 @@ impl Config {
             state_file: raw
                 .state_file
                 .unwrap_or_else(|| PathBuf::from("shardflake.state")),
+            resume_after: raw
+                .resume_after
+                .as_deref()
+                .map(parse_resume_after)
+                .transpose()?,
             window,
             max_resume_wait,
             max_batch,
@@ -296,10 +301,15 @@ fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, Con
     if timeout.is_zero() || timeout * 4 > lease_ttl - safety_margin {
         return Err(ConfigError::EtcdTimeout(timeout));
     }
-    let prefix = raw.prefix.unwrap_or_else(|| "/shardflake/default".into());
+    let prefix = raw.prefix.unwrap_or_else(|| DEFAULT_ETCD_PREFIX.into());
     let prefix = prefix.trim_end_matches('/').to_string();
     if prefix.is_empty() {
         return Err(ConfigError::EtcdPrefix);
+    }
+    // etcd keys are bytes: `a/b` and `/a/b` are two namespaces, and a
+    // fleet split over both hands out its ids twice.
+    if !prefix.starts_with('/') {
+        return Err(ConfigError::EtcdPrefixSlash(prefix));
     }
     Ok(EtcdConfig {
         endpoints,
@@ -311,6 +321,16 @@ fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, Con
         tls,
         login,
     })
+}
+
+/// `now`, Unix ms or RFC 3339.
+fn parse_resume_after(text: &str) -> Result<ResumeAfter, ConfigError> {
+    match text.trim() {
+        "now" => Ok(ResumeAfter::Now),
+        t => shardflake::timestamp::parse_unix_ms(t)
+            .map(ResumeAfter::UnixMs)
+            .ok_or_else(|| ConfigError::ResumeAfter(text.to_string())),
+    }
 }
 
 /// The TLS files for etcd, checked against each other: https endpoints need

@@ -23,7 +23,11 @@
 //! ([`Registry::changed`]), checks them once each time its watch is set up
 //! (a restore breaks the watch, and the check finds the records rolled
 //! back), and judges each change: only its own high-water records, and
-//! the same layout written again, are not a reason to stop.
+//! the same layout written again, are not a reason to stop. Its own
+//! records include one etcd executed whose answer was lost (a timeout):
+//! the holder keeps the values it sent since the last answer, and a
+//! record holding one of them, met by the watch or by a failed compare
+//! (the client's retry), is adopted with its revision.
 //!
 //! What a take does not trust: an id with no high-water record may have had
 //! a holder whose record was deleted (`etcdctl del --prefix`), so the take
@@ -48,6 +52,16 @@
 //! stamped up to `max_resume_wait` past this clock: the take waits that
 //! out (and a window more, as every take). This holds for hosts whose
 //! clocks differ by less than `max_resume_wait`.
+//!
+//! The gap between revision and raft index fades: every raft entry that
+//! makes no revision (a lease grant, a refused start) closes it by one. So
+//! the first take that sees a restore records it at `<prefix>/restored`
+//! (the status it read); from then on, while the cluster's status
+//! descends from that record, a take believes only records whose take
+//! read a revision at or after the record's own ([`Trust::StampedAfter`]),
+//! however many entries came since. A later restore (a history the record
+//! does not descend from) is recorded again. A restore that no take sees
+//! before raft entries close its gap is not seen.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -90,6 +104,9 @@ struct Held {
     lease: LeaseId,
     layout: Vec<u8>,
     hw_revision: i64,
+    /// Values of the high-water records sent since the last one etcd
+    /// answered (its answer may be lost while it was executed).
+    unconfirmed: Vec<Vec<u8>>,
 }
 
 impl EtcdRegistry {
@@ -148,9 +165,16 @@ impl Registry for EtcdRegistry {
             .ok();
         let taken = match read {
             Ok((kvs, header)) => {
-                *lock(&self.cluster_id) = Some(header.cluster_id);
+                // The cluster of this process's first take is its cluster
+                // for life: another one (a member of another cluster among
+                // the endpoints, failed over to) knows nothing of its ids.
+                let first = *lock(&self.cluster_id).get_or_insert(header.cluster_id);
                 let now = self.identity_of(header.cluster_id);
                 match &claim.expected_registry {
+                    _ if first != header.cluster_id => Err(AcquireError::ClusterChanged {
+                        took: self.identity_of(first),
+                        now,
+                    }),
                     Some(recorded) if *recorded != now => Err(AcquireError::RegistryChanged {
                         recorded: recorded.clone(),
                         now,
@@ -164,6 +188,7 @@ impl Registry for EtcdRegistry {
                         // leader confirms it.
                         let rolled_back = header.revision < seen
                             && self.revision_now().await.is_some_and(|now| now < seen);
+                        let marker = self.restore_marker(&kvs, status, rolled_back).await;
                         let trust = if rolled_back {
                             tracing::warn!(
                                 revision = header.revision,
@@ -171,6 +196,8 @@ impl Registry for EtcdRegistry {
                                 "etcd's revision went back (restored from a snapshot?): its high-water records are not trusted"
                             );
                             Trust::Nothing
+                        } else if let Some(since) = marker {
+                            Trust::StampedAfter(since)
                         } else {
                             match status {
                                 Some(now) if now.restored() => Trust::StampedSince(now),
@@ -196,8 +223,9 @@ impl Registry for EtcdRegistry {
             Ok(taken) => {
                 *lock(&self.held) = Some(Held {
                     lease,
-                    layout: claim.layout.clone(),
+                    layout: taken.layout,
                     hw_revision: taken.hw_revision,
+                    unconfirmed: Vec::new(),
                 });
                 Ok(Holding {
                     node_id: taken.node_id,
@@ -224,35 +252,51 @@ impl Registry for EtcdRegistry {
     async fn record_high_water(&self, holding: &Holding, unix_ms: u64) -> Result<(), RecordError> {
         let _writing = self.record_lock.lock().await;
         let hw = keys(&self.prefix, holding.node_id).1;
-        let Some(held) = self.held_by(holding.lease) else {
+        let value = unix_ms.to_string().into_bytes();
+        // Ours from the moment it is sent: etcd may execute it and the
+        // answer be lost (a timeout, which the client may retry).
+        let Some(mut held) = self.sent(holding.lease, &value) else {
             return Err(RecordError::NotHolder);
         };
-        let answer = self
-            .client
-            .txn(
-                &self.unchanged(holding, &held),
-                &[Op::Put(
-                    hw.into_bytes(),
-                    unix_ms.to_string().into_bytes(),
-                    0,
-                )],
-                &[],
-            )
-            .await
-            .map_err(RegistryError::from)?;
-        let mut now = lock(&self.held);
-        if !answer.succeeded {
-            // Our key, our high-water or the layout changed under us
-            // (deleted, rewritten, rolled back): nothing here is ours.
-            *now = None;
-            return Err(RecordError::NotHolder);
+        // A second try only after adopting an earlier record of ours.
+        for _ in 0..2 {
+            let answer = self
+                .client
+                .txn(
+                    &self.unchanged(holding, &held),
+                    &[Op::Put(hw.clone().into_bytes(), value.clone(), 0)],
+                    &self.records_read(holding),
+                )
+                .await
+                .map_err(RegistryError::from)?;
+            if answer.succeeded {
+                if let Some(h) = lock(&self.held)
+                    .as_mut()
+                    .filter(|h| h.lease == holding.lease)
+                {
+                    h.hw_revision = answer.revision;
+                    h.unconfirmed.clear();
+                }
+                self.seen_revision
+                    .fetch_max(answer.revision, Ordering::Relaxed);
+                return Ok(());
+            }
+            // What moved may be a record of ours whose answer was lost:
+            // this one (its retry found it done), or an earlier one.
+            match self.adopt_own_record(holding, &answer.kvs) {
+                Some(adopted) if adopted == value => return Ok(()),
+                // Adopting cleared what was sent: this one is sent again.
+                Some(_) => match self.sent(holding.lease, &value) {
+                    Some(now) => held = now,
+                    None => break,
+                },
+                None => break,
+            }
         }
-        if let Some(h) = now.as_mut().filter(|h| h.lease == holding.lease) {
-            h.hw_revision = answer.revision;
-        }
-        self.seen_revision
-            .fetch_max(answer.revision, Ordering::Relaxed);
-        Ok(())
+        // Our key, our high-water or the layout changed under us
+        // (deleted, rewritten, rolled back): nothing here is ours.
+        *lock(&self.held) = None;
+        Err(RecordError::NotHolder)
     }
 
     async fn release(&self, lease: LeaseId) -> Result<(), RegistryError> {
@@ -307,6 +351,66 @@ impl EtcdRegistry {
         format!("{}/layout", self.prefix)
     }
 
+    /// The holding's records, read when a compare of them fails.
+    fn records_read(&self, holding: &Holding) -> Vec<Op> {
+        let (node, hw) = keys(&self.prefix, holding.node_id);
+        vec![
+            Op::Get(node.into_bytes()),
+            Op::Get(hw.into_bytes()),
+            Op::Get(self.layout_key().into_bytes()),
+        ]
+    }
+
+    /// Notes `value` as a record of `lease` sent, its outcome unknown
+    /// until etcd answers; the records as held.
+    fn sent(&self, lease: LeaseId, value: &[u8]) -> Option<Held> {
+        let mut held = lock(&self.held);
+        let h = held.as_mut().filter(|h| h.lease == lease)?;
+        // Bounded: records whose answers are lost, one after another.
+        if h.unconfirmed.len() >= 16 {
+            h.unconfirmed.remove(0);
+        }
+        h.unconfirmed.push(value.to_vec());
+        Some(h.clone())
+    }
+
+    /// When the records read (`kvs`, from [`Self::records_read`]) are ours
+    /// but for a high-water record of ours whose answer was lost, takes
+    /// its revision as ours; returns its value.
+    fn adopt_own_record(&self, holding: &Holding, kvs: &[Kv]) -> Option<Vec<u8>> {
+        let (node, hw) = keys(&self.prefix, holding.node_id);
+        let layout = self.layout_key();
+        let find = |key: &str| kvs.iter().find(|kv| kv.key == key.as_bytes());
+        let held = self.held_by(holding.lease)?;
+        let ours = find(&node).is_some_and(|kv| kv.lease == holding.lease)
+            && find(&layout).is_some_and(|kv| kv.value == held.layout);
+        let record = find(&hw).filter(|_| ours)?;
+        self.adopt(holding.lease, &record.value, record.mod_revision)
+            .then(|| record.value.clone())
+    }
+
+    /// Takes `revision` as this holder's own high-water record when
+    /// `value` is a record it sent whose answer it never had. Of the
+    /// records sent since the last one answered, each compared the same
+    /// revision, so at most one of them was executed: this one.
+    fn adopt(&self, lease: LeaseId, value: &[u8], revision: i64) -> bool {
+        let mut held = lock(&self.held);
+        let Some(h) = held.as_mut().filter(|h| h.lease == lease) else {
+            return false;
+        };
+        if revision <= h.hw_revision || !h.unconfirmed.iter().any(|v| v == value) {
+            return false;
+        }
+        tracing::info!(
+            revision,
+            "a high-water record whose answer was lost was executed: it is this holder's own"
+        );
+        h.hw_revision = revision;
+        h.unconfirmed.clear();
+        self.seen_revision.fetch_max(revision, Ordering::Relaxed);
+        true
+    }
+
     /// The records as this holder last wrote them, while `lease` holds.
     fn held_by(&self, lease: LeaseId) -> Option<Held> {
         lock(&self.held).clone().filter(|h| h.lease == lease)
@@ -338,9 +442,13 @@ impl EtcdRegistry {
             };
             let check = self
                 .client
-                .txn(&self.unchanged(holding, &held), &[], &[])
+                .txn(
+                    &self.unchanged(holding, &held),
+                    &[],
+                    &self.records_read(holding),
+                )
                 .await?;
-            if !check.succeeded {
+            if !check.succeeded && self.adopt_own_record(holding, &check.kvs).is_none() {
                 return Ok(format!(
                     "{node}, {hw} or {layout} changed while the watch was down or being set up (deleted, rewritten, or etcd restored from a snapshot)"
                 ));
@@ -350,13 +458,73 @@ impl EtcdRegistry {
         loop {
             let events = watch.changes().await?;
             let _writing = self.record_lock.lock().await;
-            let Some(held) = self.held_by(holding.lease) else {
-                return Ok("the node id is no longer held by this lease".into());
-            };
             for e in &events {
+                let Some(held) = self.held_by(holding.lease) else {
+                    return Ok("the node id is no longer held by this lease".into());
+                };
                 if let Some(why) = not_ours(e, &held, [&node, &hw, &layout]) {
-                    return Ok(why);
+                    // A record of ours whose answer was lost comes back
+                    // here: its revision is ours from now on.
+                    let own = e.kind == EventKind::Put
+                        && e.key == hw.as_bytes()
+                        && self.adopt(holding.lease, &e.value, e.mod_revision);
+                    if !own {
+                        return Ok(why);
+                    }
                 }
+            }
+        }
+    }
+
+    /// The revision of `<prefix>/restored`, the record of the last restore
+    /// seen: written when this take sees one that it does not record yet
+    /// (etcd's revision past its raft index, or below one this node saw,
+    /// in a history the record does not descend from). The gap between
+    /// revision and raft index fades (each lease grant is a raft entry and
+    /// no revision); the record does not, once a take has seen the gap.
+    async fn restore_marker(
+        &self,
+        kvs: &[Kv],
+        status: Option<Status>,
+        rolled_back: bool,
+    ) -> Option<i64> {
+        let key = format!("{}/restored", self.prefix);
+        let recorded = kvs
+            .iter()
+            .find(|kv| kv.key == key.as_bytes())
+            .map(|kv| (parse_stamp(&kv.value), kv.mod_revision));
+        let now = status?;
+        // A revision gone back (read again through the leader) is a restore
+        // after any record: recorded afresh, past everything it restored.
+        let known = !rolled_back
+            && recorded.is_some_and(|(then, _)| then.is_some_and(|t| now.descends_from(&t)));
+        if !(now.restored() || rolled_back) || known {
+            return recorded.map(|(_, revision)| revision);
+        }
+        let written = self
+            .client
+            .txn(
+                &[],
+                &[Op::Put(
+                    key.clone().into_bytes(),
+                    stamp_text(&now).into_bytes(),
+                    0,
+                )],
+                &[],
+            )
+            .await;
+        match written {
+            Ok(answer) => {
+                tracing::warn!(
+                    revision = now.revision,
+                    raft_index = now.raft_index,
+                    "etcd was restored from a snapshot: recorded at {key}, so that every later take waits out the records not taken since"
+                );
+                Some(answer.revision)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "recording the restore seen at {key}");
+                recorded.map(|(_, revision)| revision)
             }
         }
     }
@@ -415,6 +583,8 @@ struct Taken {
     recorded_ms: u64,
     /// The revision the take wrote the high-water at.
     hw_revision: i64,
+    /// `<prefix>/layout` as the take compared or wrote it.
+    layout: Vec<u8>,
 }
 
 /// A call that failed after etcd answered this take's first read: etcd is
@@ -438,6 +608,9 @@ enum Trust {
     StampedSince(Status),
     /// etcd went back below a revision this node saw: no record.
     Nothing,
+    /// A restore is recorded at `<prefix>/restored`, written at this
+    /// revision: only records whose take read a revision at or after it.
+    StampedAfter(i64),
 }
 
 impl Trust {
@@ -448,6 +621,7 @@ impl Trust {
             Trust::All => true,
             Trust::StampedSince(now) => stamp.is_some_and(|then| now.descends_from(then)),
             Trust::Nothing => false,
+            Trust::StampedAfter(revision) => stamp.is_some_and(|then| then.revision >= *revision),
         }
     }
 }
@@ -530,7 +704,8 @@ async fn take_lowest(
     // Whether a layout record has been seen; once one has, its absence
     // means it was deleted since, a mismatch like another layout.
     let mut seen_layout = false;
-    let mut check_layout = |kvs: &[Kv]| -> Result<bool, AcquireError> {
+    // The record as found, when it is this node's: `None` while absent.
+    let mut check_layout = |kvs: &[Kv]| -> Result<Option<Vec<u8>>, AcquireError> {
         let recorded = kvs.iter().find(|kv| kv.key == layout_key);
         let recorded = match recorded {
             // Node records without a layout record: it was deleted (every
@@ -546,13 +721,27 @@ async fn take_lowest(
                     ours: String::from_utf8_lossy(layout).into_owned(),
                 });
             }
-            None if !seen_layout => return Ok(false),
+            None if !seen_layout => return Ok(None),
             None => &[][..],
             Some(kv) => &kv.value[..],
         };
         if recorded == layout {
             seen_layout = true;
-            return Ok(true);
+            return Ok(Some(recorded.to_vec()));
+        }
+        // Written by an earlier version, which left the fixed fields out:
+        // this node's layout as far as it can tell. The fleet's nodes keep
+        // comparing the record as it is.
+        if claim.earlier_layout.as_deref() == Some(recorded) {
+            if !seen_layout {
+                tracing::warn!(
+                    record = %String::from_utf8_lossy(recorded),
+                    "{prefix}/layout was written by an earlier version and names no fixed fields: a node with other fixed field values is not refused. Once every node of the fleet runs this version: etcdctl put {prefix}/layout '{}'",
+                    String::from_utf8_lossy(layout)
+                );
+            }
+            seen_layout = true;
+            return Ok(Some(recorded.to_vec()));
         }
         Err(AcquireError::LayoutMismatch {
             prefix: prefix.to_string(),
@@ -699,11 +888,14 @@ async fn take_lowest(
                 0,
             ));
         }
-        if layout_present {
-            compares.push(Compare::ValueIs(layout_key.clone(), layout.to_vec()));
-        } else {
-            compares.push(Compare::Absent(layout_key.clone()));
-            success.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
+        match &layout_present {
+            Some(recorded) => {
+                compares.push(Compare::ValueIs(layout_key.clone(), recorded.clone()));
+            }
+            None => {
+                compares.push(Compare::Absent(layout_key.clone()));
+                success.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
+            }
         }
         let mut failure = match queued_at {
             // Queued: a take leaves the queue; a loss counts who is ahead.
@@ -737,6 +929,7 @@ async fn take_lowest(
             previous_ms,
             recorded_ms,
             hw_revision: answer.revision,
+            layout: layout_present.clone().unwrap_or_else(|| layout.to_vec()),
         };
         if answer.succeeded {
             // How many rounds a herd needed: each lost race is one more
@@ -825,6 +1018,7 @@ mod tests {
             lease: 7,
             layout: b"L".to_vec(),
             hw_revision: 10,
+            unconfirmed: Vec::new(),
         };
         let (node, hw, layout) = (
             "/p/node/0".to_string(),
@@ -877,5 +1071,13 @@ mod tests {
         assert!(!Trust::StampedSince(restored).believes(read.as_ref()));
         assert!(!Trust::StampedSince(later).believes(None));
         assert!(!Trust::Nothing.believes(read.as_ref()));
+        // A restore recorded at revision 230: only takes that read 230 or
+        // later, however many raft entries came since.
+        assert!(!Trust::StampedAfter(230).believes(read.as_ref()));
+        assert!(Trust::StampedAfter(230).believes(Some(&Status {
+            revision: 230,
+            raft_index: 10_030
+        })));
+        assert!(!Trust::StampedAfter(230).believes(None));
     }
 }

@@ -37,10 +37,21 @@ use tower::ServiceExt;
 /// 127.0.0.1:0 with its state file under `dir`.
 pub fn config(dir: &tempfile::TempDir, toml: &str) -> anyhow::Result<Config> {
     let text = format!(
-        "http = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\nstate_file = {:?}\n{toml}",
-        dir.path().join("state").display().to_string()
+        "http = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\nstate_file = {:?}\n{}{toml}",
+        dir.path().join("state").display().to_string(),
+        first_start(toml)
     );
     Ok(Config::from_toml(&text)?)
+}
+
+/// A node id given in `toml` starts without a state file: its first start
+/// says so (`resume_after = "now"`), as an operator's must.
+pub fn first_start(toml: &str) -> &'static str {
+    if toml.contains("node_id") {
+        "resume_after = \"now\"\n"
+    } else {
+        ""
+    }
 }
 
 /// An issuer holding a static node id, published the way `serve` does it

@@ -44,8 +44,9 @@ impl Node {
     pub async fn start(toml: &str) -> anyhow::Result<Node> {
         let dir = tempfile::tempdir()?;
         let text = format!(
-            "http = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\nstate_file = {:?}\n{toml}",
-            dir.path().join("state").display().to_string()
+            "http = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\nstate_file = {:?}\n{}{toml}",
+            dir.path().join("state").display().to_string(),
+            crate::first_start(toml)
         );
         let config = Config::from_toml(&text)?;
         let listeners = Listeners::bind(&config).await?;

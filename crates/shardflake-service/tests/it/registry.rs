@@ -40,6 +40,7 @@ fn claim(now_ms: u64) -> Claim {
         max_node_id: 1023,
         ttl: Duration::from_secs(10),
         layout: b"test layout".to_vec(),
+        earlier_layout: None,
         holder: "test".into(),
         now_ms,
         window_ms: 3_000,
@@ -237,6 +238,41 @@ async fn a_user_allowed_only_the_prefix_takes_ids_there() -> anyhow::Result<()> 
         e.to_string()
             .contains("readwrite on the whole --etcd-prefix"),
         "{e}"
+    );
+    Ok(())
+}
+
+/// A fleet whose layout record an earlier version wrote (no fixed fields):
+/// a node whose record would name them takes ids there and keeps them
+/// (its records compare the record as found); a node whose fixed fields
+/// differ from a record that names them is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_versions_layout_record_is_accepted_and_fixed_fields_compared()
+-> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let now = 1_800_000_000_000;
+    let dc = |n: u64| Claim {
+        layout: format!("L; node id in field worker; fixed fields datacenter={n}").into_bytes(),
+        earlier_layout: Some(b"L; node id in field worker".to_vec()),
+        ..claim(now)
+    };
+    etcd.put("/old/layout", "L; node id in field worker")
+        .await?;
+    let r = registry(&etcd, "/old")?;
+    let held = r.acquire(&dc(1)).await?;
+    r.record_high_water(&held, now + 9_000).await?;
+    assert_eq!(
+        etcd.get("/old/layout").await?.as_deref(),
+        Some("L; node id in field worker"),
+        "the record is left as it is"
+    );
+
+    let r = registry(&etcd, "/new")?;
+    r.acquire(&dc(1)).await?;
+    let other = registry(&etcd, "/new")?.acquire(&dc(2)).await;
+    assert!(
+        matches!(other, Err(AcquireError::LayoutMismatch { .. })),
+        "{other:?}"
     );
     Ok(())
 }

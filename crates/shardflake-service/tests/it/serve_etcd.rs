@@ -159,13 +159,12 @@ async fn unanswered_keep_alives_fence_before_the_ttl() -> anyhow::Result<()> {
 
 /// An HTTP/2 proxy in front of one etcd member that forwards every gRPC
 /// call (streams included), except that it swallows the answer to the first
-/// `KV.Txn` naming a key that starts with `node_prefix` (the node's take:
-/// a later high-water record needs the id already taken) after etcd has
-/// executed it: to the node, a take that timed out, which its client
-/// retries on the next endpoint. The flag says whether an answer was lost.
+/// `KV.Txn` whose request `lose` picks, after etcd has executed it: to the
+/// node, a call that timed out, which its client retries on the next
+/// endpoint. The flag says whether an answer was lost.
 async fn answer_losing_proxy(
     upstream: String,
-    node_prefix: &'static [u8],
+    lose: impl Fn(&[u8]) -> bool + Send + Sync + 'static,
 ) -> anyhow::Result<(String, Arc<AtomicBool>)> {
     use http_body_util::combinators::BoxBody;
     use http_body_util::{BodyExt, Full};
@@ -175,6 +174,7 @@ async fn answer_losing_proxy(
     let addr = listener.local_addr()?.to_string();
     let lost = Arc::new(AtomicBool::new(false));
     let flag = lost.clone();
+    let picks = Arc::new(lose);
     tokio::spawn(async move {
         // Bounded: the test ends long before this many connections.
         for _ in 0..1000 {
@@ -183,6 +183,7 @@ async fn answer_losing_proxy(
             };
             let upstream = upstream.clone();
             let lost = lost.clone();
+            let picks = picks.clone();
             tokio::spawn(async move {
                 let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
                     return;
@@ -201,14 +202,14 @@ async fn answer_losing_proxy(
                     move |req: hyper::Request<hyper::body::Incoming>| {
                         let mut send = send.clone();
                         let lost = lost.clone();
+                        let picks = picks.clone();
                         async move {
                             let (parts, body) = req.into_parts();
                             let mut lose = false;
                             let body = if parts.uri.path() == "/etcdserverpb.KV/Txn" {
                                 // Unary: read the request whole to see its keys.
                                 let bytes = body.collect().await?.to_bytes();
-                                lose = bytes.windows(node_prefix.len()).any(|w| w == node_prefix)
-                                    && !lost.swap(true, Ordering::SeqCst);
+                                lose = picks(&bytes) && !lost.swap(true, Ordering::SeqCst);
                                 Full::new(bytes).map_err(|never| match never {}).boxed()
                             } else {
                                 body.boxed()
@@ -243,7 +244,7 @@ async fn a_take_whose_answer_was_lost_is_not_taken_twice() -> anyhow::Result<()>
     // The answer to the node's take is lost. The client starts on either
     // endpoint (one picked at random) and retries on the other: both are
     // the proxy, which forwards every later call.
-    let (proxy, lost) = answer_losing_proxy(member, b"/t/lost/node/").await?;
+    let (proxy, lost) = answer_losing_proxy(member, |body| holds(body, b"/t/lost/node/")).await?;
     let endpoints = [format!("http://{proxy}"), format!("http://{proxy}")];
     let a = Node::start(&format!(
         "[etcd]\nendpoints = {endpoints:?}\nprefix = \"/t/lost\"\nlease_ttl = \"3s\""
@@ -256,6 +257,66 @@ async fn a_take_whose_answer_was_lost_is_not_taken_twice() -> anyhow::Result<()>
     // The retry lost the race to the take itself, which queued the node:
     // it left the queue, or the nodes after it would skip an id.
     assert_eq!(etcd.keys("/t/lost/queue/").await?, Vec::<String>::new());
+    Ok(())
+}
+
+fn holds(body: &[u8], key: &[u8]) -> bool {
+    body.windows(key.len()).any(|w| w == key)
+}
+
+/// Issue 38, item 6: a high-water record that timed out on the node's side
+/// but committed (its answer lost) is the holder's own: neither its
+/// client's retry, which finds the record's revision moved, nor its watch,
+/// which sees the record arrive, makes it drop its id. With the proxy
+/// named once (no retry: the watch judges) and twice (the client retries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_whose_answer_was_lost_is_the_holders_own() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let member = etcd.endpoints[0].trim_start_matches("http://").to_string();
+    for (prefix, copies) in [("/t/own1", 1), ("/t/own2", 2)] {
+        let armed = Arc::new(AtomicBool::new(false));
+        let arm = armed.clone();
+        let hw = format!("{prefix}/hw/").into_bytes();
+        // A record: the id's high-water key compared and written (the
+        // watch's check only compares it), and no take's stamp.
+        let record = move |body: &[u8]| {
+            let named = body.windows(hw.len()).filter(|w| *w == &hw[..]).count();
+            arm.load(Ordering::SeqCst) && named >= 2 && !holds(body, b"/taken/")
+        };
+        let (proxy, lost) = answer_losing_proxy(member.clone(), record).await?;
+        let endpoints = vec![format!("http://{proxy}"); copies];
+        let a = Node::start(&format!(
+            "[etcd]\nendpoints = {endpoints:?}\nprefix = {prefix:?}\nlease_ttl = \"3s\""
+        ))
+        .await?;
+        let id = a.ready(Duration::from_secs(15)).await?;
+        armed.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !lost.load(Ordering::SeqCst) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{prefix}: no record's answer was lost"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let record_then = etcd.get(&format!("{prefix}/hw/{id}")).await?;
+        // Three records (every window/3 = 1 s) after the lost answer.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (_, metrics) = Http::new(&a.http).get("/metrics").await?;
+        let losses = metrics
+            .lines()
+            .find(|l| !l.starts_with('#') && l.contains("lease_losses_total "))
+            .and_then(|l| l.split_whitespace().last())
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(losses, "0", "{prefix}: the holder dropped its id");
+        assert_eq!(a.ready(Duration::from_secs(1)).await?, id);
+        let record_now = etcd.get(&format!("{prefix}/hw/{id}")).await?;
+        assert!(
+            record_now > record_then,
+            "{prefix}: records went on: {record_then:?} then {record_now:?}"
+        );
+    }
     Ok(())
 }
 
@@ -356,5 +417,40 @@ async fn etcd_leader_killed_under_load_service_continues_without_duplicates() ->
     );
     n1.ready(Duration::from_secs(1)).await?;
     n2.ready(Duration::from_secs(1)).await?;
+    Ok(())
+}
+
+/// Issue 38 (F8b): a node whose endpoints list members of two clusters
+/// (during a move) took its id on one; that cluster's member went away and
+/// the node failed over to the other. It stops there, naming both
+/// clusters, instead of taking an id in a cluster whose nodes know nothing
+/// of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_fails_over_to_another_cluster_stops() -> anyhow::Result<()> {
+    let (one, two) = (Etcd::start(1)?, Etcd::start(1)?);
+    let endpoints = [one.endpoints[0].clone(), two.endpoints[0].clone()];
+    let mut a = Node::start(&format!(
+        "[etcd]\nendpoints = {endpoints:?}\nprefix = \"/t/two\"\nlease_ttl = \"3s\""
+    ))
+    .await?;
+    a.ready(Duration::from_secs(15)).await?;
+    // The client starts on an endpoint picked at random: stop that one.
+    let held_on_one = !one.keys("/t/two/node/").await?.is_empty();
+    let (gone, other) = if held_on_one {
+        (&one, &two)
+    } else {
+        (&two, &one)
+    };
+    gone.kill(0)?;
+    let exit = a.exit(Duration::from_secs(20)).await;
+    let taken_there = other.keys("/t/two/node/").await?;
+    assert!(
+        taken_there.is_empty(),
+        "took {taken_there:?} in the other cluster"
+    );
+    let exit = exit?;
+    assert!(!exit.success());
+    let said = a.stderr();
+    assert!(said.contains("another etcd cluster"), "{said}");
     Ok(())
 }

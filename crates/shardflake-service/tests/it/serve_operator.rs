@@ -68,19 +68,22 @@ async fn run_beside(
 async fn an_etcd_restored_from_a_snapshot_does_not_repeat_ids() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
     let d = [tempfile::tempdir()?];
-    let a = leased(&etcd, "/rs", "").await?;
+    // Takes after the restore wait out max_resume_wait for records not
+    // taken since (each node's clock is this host's): 5 s, not a minute.
+    let waits = "max_resume_wait = \"5s\"";
+    let a = leased(&etcd, "/rs", waits).await?;
     assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
     let snapshot = d[0].path().join("snapshot.db");
     etcd.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
     // After the snapshot: b takes id 1 and records its high-water.
-    let b = leased(&etcd, "/rs", "").await?;
+    let b = leased(&etcd, "/rs", waits).await?;
     assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = vec![ids_until(&a.http, &stop), ids_until(&b.http, &stop)];
     tokio::time::sleep(Duration::from_millis(500)).await;
     tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
     // A new node: id 1 is free in the restored etcd, and has no record.
-    let mut c = leased(&etcd, "/rs", "").await?;
+    let mut c = leased(&etcd, "/rs", waits).await?;
     let refused = run_beside(&mut c, &stop, &mut loads, Duration::from_secs(3)).await?;
     stop.store(true, Ordering::Relaxed);
     no_duplicates(loads).await?;

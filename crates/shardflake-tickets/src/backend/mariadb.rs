@@ -11,10 +11,11 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 
 use super::{
-    GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState,
-    ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
+    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE,
+    SequenceState, ServerSettings, Stamped, guard_refusal, guarded_tables, mode_changed,
+    not_initialised, raise_segment_sql, unguarded,
 };
-use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
+use crate::config::{Config, Kind, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 use crate::segment::Lattice;
 
@@ -188,11 +189,18 @@ impl MariaSession {
             identity,
         })
     }
+}
 
-    /// One per-id ticket: `REPLACE INTO`, the id and the table's creation
-    /// time in the answer (`RETURNING`; without it, the id from the OK
-    /// packet).
-    pub async fn next_ticket(
+impl Backend for MariaSession {
+    /// Nothing to prepare: the increment and offset are set at connect,
+    /// and every statement is sent as text.
+    async fn prepare(&mut self, _: &ServerConfig, _: &Config) -> Result<(), TicketError> {
+        Ok(())
+    }
+
+    /// One per-id ticket: `REPLACE INTO`, the id and the table's identity
+    /// in the answer (`RETURNING`; without it, the id from the OK packet).
+    async fn next_ticket(
         &mut self,
         index: usize,
         seq: &SequenceConfig,
@@ -237,7 +245,7 @@ impl MariaSession {
 
     /// The identity of what sequence `seq` counts with: its table's (per
     /// id) or the segment table's (see [`Stamped`], [`Identity`]).
-    pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
+    async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
         if !self.returning {
             return Ok(None);
         }
@@ -258,10 +266,10 @@ impl MariaSession {
     /// the OK packet: `SELECT LAST_INSERT_ID()`), only where the
     /// row is at or above `seen` (the largest this client got from it):
     /// `Err(row)` when it is below (the server went back). The segment
-    /// table's identity is read after it (a second round trip, once a
-    /// block: `UPDATE` has no `RETURNING`); read after, it shows any
-    /// recreation that came before the reservation.
-    pub async fn reserve(
+    /// table's identity and guard are read after it (a second round trip,
+    /// once a block: `UPDATE` has no `RETURNING`); read after, they show
+    /// any recreation that came before the reservation.
+    async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
@@ -305,12 +313,27 @@ impl MariaSession {
             Ok(i64::try_from(max)
                 .map_err(|_| TicketError::db(&self.server, "reserve a block", "max_id overflow"))?)
         };
-        let table = self.identity(seq).await?;
+        // The table's identity and its guard, in one round trip: a table
+        // without its guard (a restore made with --skip-triggers, a trigger
+        // dropped) is refused before its block is used.
+        let identity = match self.returning {
+            true => format!("({})", self.identity.sql(SEGMENT_TABLE)),
+            false => "NULL".to_string(),
+        };
+        let (table, guards): (Option<i64>, u64) = self
+            .conn
+            .query_first(format!("SELECT {identity}, ({})", guard_count_sql()))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the table's identity", e))?
+            .ok_or_else(|| TicketError::db(&self.server, "read the table's identity", "no row"))?;
+        if guards != guard_triggers(SEGMENT_TABLE).len() as u64 {
+            return Err(unguarded(&self.server, SEGMENT_TABLE));
+        }
         Ok(Stamped { value, table })
     }
 
     /// Sets the row back to `to` if it still is `expected`.
-    pub async fn give_back(
+    async fn give_back(
         &mut self,
         seq: &SequenceConfig,
         expected: i64,
@@ -338,11 +361,13 @@ impl MariaSession {
 
     /// The largest id the server's counter says it may have handed out: every
     /// later id is above it. `None`: not initialised.
-    pub async fn counter(
+    async fn counter(
         &mut self,
+        config: &Config,
+        server: &ServerConfig,
         seq: &SequenceConfig,
-        lattice: Lattice,
     ) -> Result<Option<u64>, TicketError> {
+        let lattice = Lattice::new(config, server);
         match seq.mode {
             Mode::PerId => {
                 let row: Option<Option<u64>> = self
@@ -370,12 +395,14 @@ impl MariaSession {
     }
 
     /// Raises the counter so that every later id is above `past`.
-    pub async fn raise(
+    async fn raise(
         &mut self,
+        config: &Config,
+        server: &ServerConfig,
         seq: &SequenceConfig,
-        lattice: Lattice,
         past: u64,
     ) -> Result<(), TicketError> {
+        let lattice = Lattice::new(config, server);
         let sql = match seq.mode {
             // Not `ALTER TABLE … AUTO_INCREMENT`: it lowers the counter to
             // the row's id + 1 when that is below (measured on 10.11: 101 to
@@ -386,11 +413,7 @@ impl MariaSession {
                 seq.table(),
                 past.min(seq.max_id())
             ),
-            Mode::Segment => format!(
-                "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, {}) WHERE sequence_name = '{}'",
-                lattice.row_above(past),
-                seq.name
-            ),
+            Mode::Segment => raise_segment_sql(lattice, seq, past),
         };
         // The per-id raise is a REPLACE on the one row too: it deadlocks
         // with the clients' REPLACEs as theirs do with each other.
@@ -399,6 +422,9 @@ impl MariaSession {
             attempts += 1;
             match self.conn.query_drop(&sql).await {
                 Err(e) if again_after_deadlock(&e, &self.conn, attempts).await => {}
+                // The guard refuses an explicit id below the table's
+                // largest: the counter is past `past` already.
+                Err(e) if seq.mode == Mode::PerId && is_guard_refusal(&e) => return Ok(()),
                 answer => {
                     return answer.map_err(|e| {
                         TicketError::db(&self.server, &format!("raise the counter ({sql})"), e)
@@ -408,8 +434,19 @@ impl MariaSession {
         }
     }
 
+    /// The increment and offset are the session's: the counter is all.
+    async fn reshape(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        self.raise(config, server, seq, past).await
+    }
+
     /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
-    pub async fn write_high_water(
+    async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
     ) -> Result<(), TicketError> {
@@ -426,7 +463,7 @@ impl MariaSession {
     }
 
     /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
-    pub async fn give_back_high_water(
+    async fn give_back_high_water(
         &mut self,
         server: &str,
         sequence: &str,
@@ -442,7 +479,7 @@ impl MariaSession {
     }
 
     /// The largest mark this server holds for `sequence`, of any server.
-    pub async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
+    async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
         let max: Option<Option<u64>> = self
             .conn
             .query_first(format!(
@@ -454,7 +491,7 @@ impl MariaSession {
     }
 
     /// When the server started, in unix seconds.
-    pub async fn started(&mut self) -> Result<i64, TicketError> {
+    async fn started(&mut self) -> Result<i64, TicketError> {
         let started: Option<i64> = self
             .conn
             .query_first("SELECT CAST(UNIX_TIMESTAMP() - VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")
@@ -463,8 +500,33 @@ impl MariaSession {
         started.ok_or_else(|| TicketError::db(&self.server, "read the uptime", "no row"))
     }
 
+    /// The tables that lack one of their guard's triggers (MariaDB cannot
+    /// disable a trigger).
+    async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError> {
+        let tables = guarded_tables(config, Kind::Mariadb);
+        if tables.is_empty() {
+            return Ok(tables);
+        }
+        let found: Vec<String> = self
+            .conn
+            .query(format!(
+                "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND TRIGGER_NAME IN ({})",
+                guard_names(&tables)
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the triggers", e))?;
+        Ok(tables
+            .into_iter()
+            .filter(|t| {
+                guard_triggers(t)
+                    .iter()
+                    .any(|(name, _)| !found.contains(name))
+            })
+            .collect())
+    }
+
     /// Every lattice recorded here (none before `init`).
-    pub async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
+    async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
         let exists: Option<u64> = self
             .conn
             .query_first(format!(
@@ -501,7 +563,7 @@ impl MariaSession {
     }
 
     /// Records (replaces) the lattice of `sequence`.
-    pub async fn write_lattice(
+    async fn write_lattice(
         &mut self,
         sequence: &str,
         r: &LatticeRecord,
@@ -522,10 +584,7 @@ impl MariaSession {
     }
 
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    pub async fn read_high_water(
-        &mut self,
-        server: &str,
-    ) -> Result<Vec<(String, u64)>, TicketError> {
+    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
         self.conn
             .query(format!(
                 "SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = '{server}'"
@@ -535,7 +594,7 @@ impl MariaSession {
     }
 
     /// Creates what `config` needs, idempotently; returns what it did.
-    pub async fn init(
+    async fn init(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -573,11 +632,11 @@ impl MariaSession {
             ))
             .await
             .map_err(run(format!("CREATE TABLE {SEGMENT_TABLE}")))?;
-        for sql in guard_sql() {
+        for (trigger, sql) in guard_triggers(SEGMENT_TABLE) {
             self.conn
                 .query_drop(sql)
                 .await
-                .map_err(run(format!("CREATE TRIGGER {GUARD}_… ON {SEGMENT_TABLE}")))?;
+                .map_err(run(format!("CREATE TRIGGER {trigger} ON {SEGMENT_TABLE}")))?;
         }
         for seq in &config.sequences {
             let lattice = Lattice::new(config, server);
@@ -614,9 +673,15 @@ impl MariaSession {
                         ))
                         .await
                         .map_err(run(format!("CREATE TABLE {}", seq.table())))?;
-                    let counter = self.counter(seq, lattice).await?.unwrap_or(0);
+                    for (trigger, sql) in guard_triggers(&seq.table()) {
+                        self.conn
+                            .query_drop(sql)
+                            .await
+                            .map_err(run(format!("CREATE TRIGGER {trigger} ON {}", seq.table())))?;
+                    }
+                    let counter = self.counter(config, server, seq).await?.unwrap_or(0);
                     if counter + 1 < seq.start {
-                        self.raise(seq, lattice, seq.start - 1).await?;
+                        self.raise(config, server, seq, seq.start - 1).await?;
                     }
                     done.push(format!(
                         "{}: table {} ({column}), ids from {} on",
@@ -658,7 +723,7 @@ impl MariaSession {
     }
 
     /// Global and session increment/offset and each sequence's state.
-    pub async fn settings(
+    async fn settings(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -676,10 +741,10 @@ impl MariaSession {
                 "innodb_flush_log_at_trx_commit = 0: a crash can lose the last second of tickets and hand them out again; use 1 (or 2)".to_string(),
             );
         }
+        let unguarded = self.unguarded(config).await?;
         let mut sequences = Vec::new();
         for seq in &config.sequences {
-            let lattice = Lattice::new(config, server);
-            let counter = self.counter(seq, lattice).await?;
+            let counter = self.counter(config, server, seq).await?;
             let column: Option<String> = if seq.mode == Mode::PerId {
                 self.conn
                     .query_first(format!(
@@ -695,16 +760,11 @@ impl MariaSession {
             if counter.is_none() {
                 problem = Some("not initialised (run `shardflake tickets init`)".to_string());
             } else if seq.mode == Mode::Segment {
-                let guards: Option<u64> = self
-                    .conn
-                    .query_first(format!(
-                        "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{SEGMENT_TABLE}' AND TRIGGER_NAME LIKE '{GUARD}%'"
-                    ))
-                    .await
-                    .map_err(|e| TicketError::db(&self.server, "read the triggers", e))?;
-                if guards != Some(guard_sql().len() as u64) {
+                if unguarded.iter().any(|t| t == SEGMENT_TABLE) {
                     problem = Some(format!("{SEGMENT_TABLE}: {GUARD_MISSING}"));
                 }
+            } else if unguarded.contains(&seq.table()) {
+                problem = Some(format!("{}: {GUARD_MISSING}", seq.table()));
             } else if let Some(column) = &column {
                 let want = if seq.bits == 32 { "int" } else { "bigint" };
                 if !column.starts_with(want) || !column.contains("unsigned") {
@@ -735,26 +795,89 @@ impl MariaSession {
     }
 }
 
-/// The guard's triggers ([`GUARD`]), one per event: a row set lower, a
-/// row inserted lower than the one it replaces (`REPLACE`, an upsert), a
-/// row deleted (to be inserted again lower). `@shardflake_rewind` set lets
-/// a statement through (a give-back).
-fn guard_sql() -> [String; 3] {
-    let refusal = guard_refusal(SEGMENT_TABLE, "SET @shardflake_rewind = 1").replace('\'', "''");
-    let lower_row = format!(
-        "NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name)"
-    );
-    [
-        ("update", "NEW.max_id < OLD.max_id"),
-        ("insert", lower_row.as_str()),
-        ("delete", "TRUE"),
-    ]
-    .map(|(event, lower)| {
-        format!(
-            "CREATE OR REPLACE TRIGGER {GUARD}_{event} BEFORE {} ON {SEGMENT_TABLE} FOR EACH ROW BEGIN IF @shardflake_rewind IS NULL AND {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END",
-            event.to_uppercase()
-        )
-    })
+/// The guard's triggers on `table` ([`GUARD`]): `(name, CREATE
+/// statement)`, a refusal unless the session set `@shardflake_rewind` (a
+/// give-back, or an operator restoring with every client stopped).
+/// MariaDB names triggers per database: the segment table's are
+/// `GUARD_update`, `GUARD_insert`, `GUARD_delete` (a row set lower, a row
+/// inserted lower than the one it replaces, a row deleted to be inserted
+/// again lower); a per-id table `t`'s are `t_guard_i`, `t_guard_u`.
+///
+/// A per-id counter is InnoDB's `AUTO_INCREMENT`, which rows written never
+/// lower, but `ALTER TABLE … AUTO_INCREMENT = n` lowers it to the largest
+/// id + 1, unseen by running clients (the table keeps its identity): so
+/// no row may get an id below the largest (a data-only `--replace` load,
+/// an `UPDATE`). A ticket inserts id 0 (`NEW.id` is 0 until the counter
+/// assigns it), so the trigger costs it one comparison. No `DELETE`
+/// trigger: every `REPLACE` deletes the row it replaces.
+fn guard_triggers(table: &str) -> Vec<(String, String)> {
+    let refusal = guard_refusal(table, "SET @shardflake_rewind = 1").replace('\'', "''");
+    let lower: Vec<(String, &str, String)> = if table == SEGMENT_TABLE {
+        vec![
+            (
+                format!("{GUARD}_update"),
+                "UPDATE",
+                "NEW.max_id < OLD.max_id".into(),
+            ),
+            (
+                format!("{GUARD}_insert"),
+                "INSERT",
+                format!(
+                    "NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name)"
+                ),
+            ),
+            (format!("{GUARD}_delete"), "DELETE", "TRUE".into()),
+        ]
+    } else {
+        vec![
+            (
+                format!("{table}_guard_i"),
+                "INSERT",
+                format!("NEW.id <> 0 AND NEW.id < (SELECT MAX(t.id) FROM {table} t)"),
+            ),
+            (
+                format!("{table}_guard_u"),
+                "UPDATE",
+                "NEW.id < OLD.id".into(),
+            ),
+        ]
+    };
+    lower
+        .into_iter()
+        .map(|(name, event, lower)| {
+            let sql = format!(
+                "CREATE OR REPLACE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW BEGIN IF @shardflake_rewind IS NULL AND {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+            )
+            ;
+            (name, sql)
+        })
+        .collect()
+}
+
+/// The names of the guard's triggers on `tables`, quoted for `IN (…)`.
+fn guard_names(tables: &[String]) -> String {
+    tables
+        .iter()
+        .flat_map(|t| guard_triggers(t))
+        .map(|(name, _)| format!("'{name}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How many of the segment table's guard triggers exist.
+fn guard_count_sql() -> String {
+    format!(
+        "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{SEGMENT_TABLE}' AND TRIGGER_NAME IN ({})",
+        guard_names(&[SEGMENT_TABLE.to_string()])
+    )
+}
+
+/// ER_SIGNAL_EXCEPTION: a trigger refused the statement.
+const SIGNALLED: u16 = 1644;
+
+/// Whether `e` is the guard refusing a row below the table's largest.
+fn is_guard_refusal(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if s.code == SIGNALLED && s.message.contains("never set back in place"))
 }
 
 #[cfg(test)]

@@ -1,15 +1,142 @@
-//! The backend layer: one file per database ([`mariadb`], [`postgres`]),
-//! each one session of that kind, every operation one round trip; and what
-//! both share: the tables every server holds, the lattice record `init`
-//! writes and every session checks, what `check` reads. The session
-//! ([`crate::session`]) dispatches to them; nothing here knows about
-//! failover, marks stores or clients.
+//! The backend layer: [`Backend`], the operations one session of a ticket
+//! server offers, each one round trip; one file per database implementing
+//! it ([`mariadb`], [`postgres`]); and what both share: the tables every
+//! server holds, the lattice record `init` writes and every session
+//! checks, what `check` reads. The session ([`crate::session`]) is the
+//! enum over the two, implementing [`Backend`] by delegating; nothing
+//! here knows about failover, marks stores or clients.
 
-use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
+use crate::config::{Config, Kind, Mode, PgTickets, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
+use crate::segment::Lattice;
 
 pub(crate) mod mariadb;
 pub(crate) mod postgres;
+
+/// One session of a ticket server, whatever its kind: what the client,
+/// the high-water store and the admin commands ask of it. Each call is
+/// one round trip unless it says otherwise.
+pub(crate) trait Backend {
+    /// Readies the session for handing out ids (PostgreSQL: verifies each
+    /// per-id sequence's increment and residue, prepares the statements).
+    async fn prepare(&mut self, server: &ServerConfig, config: &Config) -> Result<(), TicketError>;
+
+    /// One per-id ticket of the sequence at `index`, with the identity of
+    /// its table or sequence.
+    async fn next_ticket(
+        &mut self,
+        index: usize,
+        seq: &SequenceConfig,
+    ) -> Result<Stamped<u64>, TicketError>;
+
+    /// The identity of the table or sequence `seq` counts with (see
+    /// [`Stamped`]).
+    async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError>;
+
+    /// Reserves a block (`max_id = GREATEST(max_id, floor) + step`): the
+    /// row after it, or `Err(row)` when the row is below `seen` (the server
+    /// went back); with the segment table's identity. A segment table
+    /// without its guard is refused ([`unguarded`]), seen in the same round
+    /// trip.
+    async fn reserve(
+        &mut self,
+        seq: &SequenceConfig,
+        floor: i64,
+        step: i64,
+        seen: i64,
+    ) -> Result<Stamped<Result<i64, i64>>, TicketError>;
+
+    /// Sets the segment row back to `to` if it still is `expected` (past
+    /// the guard): whether it was.
+    async fn give_back(
+        &mut self,
+        seq: &SequenceConfig,
+        expected: i64,
+        to: i64,
+    ) -> Result<bool, TicketError>;
+
+    /// The largest id the counter says may have been handed out: every
+    /// later id is above it. `None`: not initialised.
+    async fn counter(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+    ) -> Result<Option<u64>, TicketError>;
+
+    /// Raises (never lowers) the counter so that every later id is above
+    /// `past`.
+    async fn raise(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError>;
+
+    /// Moves `seq` to the file's lattice, every later id above `past`.
+    async fn reshape(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError>;
+
+    /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
+    async fn write_high_water(
+        &mut self,
+        marks: &[(String, String, u64)],
+    ) -> Result<(), TicketError>;
+
+    /// Lowers `server`'s mark of `sequence` to `to` where it still is
+    /// `expected`.
+    async fn give_back_high_water(
+        &mut self,
+        server: &str,
+        sequence: &str,
+        expected: u64,
+        to: u64,
+    ) -> Result<(), TicketError>;
+
+    /// The largest mark this server holds for `sequence`, of any server.
+    async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError>;
+
+    /// The high-water marks this server holds for `server`: `(sequence, id)`.
+    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError>;
+
+    /// When the server started, in unix seconds (to the second).
+    async fn started(&mut self) -> Result<i64, TicketError>;
+
+    /// The tables of [`guarded_tables`] whose guard is missing or disabled.
+    async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError>;
+
+    /// Every lattice recorded on this server, by sequence (empty before
+    /// `init`).
+    async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError>;
+
+    /// Records (replaces) the lattice of `sequence`.
+    async fn write_lattice(
+        &mut self,
+        sequence: &str,
+        record: &LatticeRecord,
+    ) -> Result<(), TicketError>;
+
+    /// Creates what `config` needs, idempotently; returns what it did
+    /// (several statements).
+    async fn init(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+    ) -> Result<Vec<String>, TicketError>;
+
+    /// What `check` reads (several statements).
+    async fn settings(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+    ) -> Result<ServerSettings, TicketError>;
+}
 
 /// The segment rows: one per segment sequence.
 pub const SEGMENT_TABLE: &str = "shardflake_ticket_segments";
@@ -18,9 +145,10 @@ pub const HW_TABLE: &str = "shardflake_ticket_hw";
 /// Each sequence's lattice as `init` recorded it on this server.
 pub const LATTICE_TABLE: &str = "shardflake_ticket_lattice";
 
-/// The trigger (MariaDB: one per event, this name and a suffix) that
+/// The trigger (MariaDB: one per event, named after it and its table) that
 /// refuses to set a counter back in place: the segment table's rows, and
-/// PostgreSQL's per-id ticket tables. A restore that keeps the table (an
+/// the per-id ticket tables (MariaDB: no row's id below the largest, so
+/// that `ALTER TABLE … AUTO_INCREMENT` cannot lower the counter). A restore that keeps the table (an
 /// `UPDATE`, a `DELETE` and rows again, MariaDB's `REPLACE` of a data-only
 /// dump) keeps its identity, so a client whose last answer was below the
 /// restored value could not see it and would hand out ids again; a table
@@ -36,7 +164,50 @@ pub(crate) fn guard_refusal(table: &str, flag: &str) -> String {
 }
 
 /// What `check` says of a table without its guard.
-pub(crate) const GUARD_MISSING: &str = "no guard against setting it back in place (made by an older shardflake): run `shardflake tickets init`";
+pub(crate) const GUARD_MISSING: &str = "no guard against setting it back in place (a restore made without triggers, such as mariadb-dump --skip-triggers, a trigger dropped or disabled, or made by an older shardflake): run `shardflake tickets init`";
+
+/// A session refuses a table without its guard: a restore that then sets
+/// it back in place would not be seen by a client whose last answer was
+/// below the restored value.
+pub(crate) fn unguarded(server: &str, table: &str) -> TicketError {
+    TicketError::misconfigured(
+        server,
+        format!("{table}: {GUARD_MISSING}; the server is not used until then"),
+    )
+}
+
+/// The tables of `config` its guard watches on a server of `kind`: the
+/// segment table (when a sequence is in segment mode) and each per-id
+/// table (not a PostgreSQL sequence: no trigger fires on one).
+pub(crate) fn guarded_tables(config: &Config, kind: Kind) -> Vec<String> {
+    let mut tables = Vec::new();
+    if config.sequences.iter().any(|q| q.mode == Mode::Segment) {
+        tables.push(SEGMENT_TABLE.to_string());
+    }
+    if kind == Kind::Mariadb || config.postgres_tickets == PgTickets::Table {
+        tables.extend(
+            config
+                .sequences
+                .iter()
+                .filter(|q| q.mode == Mode::PerId)
+                .map(|q| q.table()),
+        );
+    }
+    tables
+}
+
+/// `UPDATE` of a segment row so that every later block is above `past`:
+/// to the lattice point [`Lattice::row_above`] `past`, or, where the row
+/// is above that, the row rounded up to the lattice (a row off it, such as
+/// one left by a reshape to more servers, is never kept). Only raises, on
+/// both databases (`MOD` of a negative number is negative on both).
+pub(crate) fn raise_segment_sql(lattice: Lattice, seq: &SequenceConfig, past: u64) -> String {
+    let (to, residue, stride) = (lattice.row_above(past), lattice.residue(), lattice.stride());
+    format!(
+        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST({to}, max_id + MOD(MOD({residue} - max_id, {stride}) + {stride}, {stride})) WHERE sequence_name = '{}'",
+        seq.name
+    )
+}
 
 /// What fixes which ids a server hands out for one sequence: recorded on
 /// the server by `init`, compared with the file by every session.

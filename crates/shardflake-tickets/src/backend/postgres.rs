@@ -14,10 +14,13 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
-    GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState,
-    ServerSettings, Stamped, guard_refusal, mode_changed, not_initialised,
+    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE,
+    SequenceState, ServerSettings, Stamped, guard_refusal, guarded_tables, mode_changed,
+    not_initialised, raise_segment_sql, unguarded,
 };
-use crate::config::{Config, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue};
+use crate::config::{
+    Config, Kind, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue,
+};
 use crate::error::TicketError;
 use crate::segment::Lattice;
 
@@ -89,13 +92,99 @@ impl PgSession {
         })
     }
 
+    async fn verify_sequence(
+        &self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+    ) -> Result<(), TicketError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT increment_by, start_value, max_value FROM pg_sequences WHERE schemaname = current_schema() AND sequencename = $1",
+                &[&seq.table()],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the sequence"))?
+            .ok_or_else(|| {
+                TicketError::misconfigured(
+                    &self.server,
+                    format!("sequence {} is missing (run `shardflake tickets init`)", seq.table()),
+                )
+            })?;
+        let (increment, start, max): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        let n = config.increment as i64;
+        if increment != n
+            || start.rem_euclid(n) != (server.offset as i64) % n
+            || max as u64 != seq.max_id()
+        {
+            return Err(TicketError::misconfigured(
+                &self.server,
+                format!(
+                    "sequence {} has INCREMENT {increment} START {start} MAXVALUE {max}; the file wants INCREMENT {n}, a start ≡ {} (mod {n}), MAXVALUE {}",
+                    seq.table(),
+                    server.offset,
+                    seq.max_id()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `seq`'s per-id relation exists as the style the file names.
+    /// The other kind there (a sequence where the file says table, as on a
+    /// server set up when the sequence was the default) is refused with
+    /// the setting that matches it.
+    async fn per_id_exists(
+        &self,
+        config: &Config,
+        seq: &SequenceConfig,
+    ) -> Result<bool, TicketError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))",
+                &[&seq.table()],
+            )
+            .await
+            .map_err(pg_err(&self.server, "look up a relation"))?;
+        let kind: Option<String> = row.get(0);
+        let (want, there) = match config.postgres_tickets {
+            PgTickets::Sequence => ("S", "table"),
+            PgTickets::Table => ("r", "sequence"),
+        };
+        match kind.as_deref() {
+            None => Ok(false),
+            Some(k) if k == want => Ok(true),
+            Some(_) => Err(TicketError::misconfigured(
+                &self.server,
+                format!(
+                    "{} is a {there} here, but the file says postgres_tickets = \"{}\" (the table is the default): put postgres_tickets = \"{there}\" in the file",
+                    seq.table(),
+                    if there == "table" {
+                        "sequence"
+                    } else {
+                        "table"
+                    }
+                ),
+            )),
+        }
+    }
+
+    async fn relation_exists(&self, name: &str) -> Result<bool, TicketError> {
+        let row = self
+            .client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+            .await
+            .map_err(pg_err(&self.server, "look up a relation"))?;
+        Ok(row.get(0))
+    }
+}
+
+impl Backend for PgSession {
     /// Verifies every per-id sequence's increment and residue, and prepares
     /// the statements.
-    pub async fn prepare(
-        &mut self,
-        server: &ServerConfig,
-        config: &Config,
-    ) -> Result<(), TicketError> {
+    async fn prepare(&mut self, server: &ServerConfig, config: &Config) -> Result<(), TicketError> {
         let name = &server.name;
         let session = self;
         for seq in &config.sequences {
@@ -137,7 +226,7 @@ impl PgSession {
                 session
                     .client
                     .prepare(&format!(
-                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id, pg_relation_filenode(tableoid)::bigint"
+                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id, pg_relation_filenode(tableoid)::bigint, EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = {SEGMENT_TABLE}.tableoid AND g.tgname = '{GUARD}' AND g.tgenabled <> 'D')"
                     ))
                     .await
                     .map_err(pg_err(name, "prepare (run `shardflake tickets init`?)"))?,
@@ -146,47 +235,8 @@ impl PgSession {
         Ok(())
     }
 
-    async fn verify_sequence(
-        &self,
-        config: &Config,
-        server: &ServerConfig,
-        seq: &SequenceConfig,
-    ) -> Result<(), TicketError> {
-        let row = self
-            .client
-            .query_opt(
-                "SELECT increment_by, start_value, max_value FROM pg_sequences WHERE schemaname = current_schema() AND sequencename = $1",
-                &[&seq.table()],
-            )
-            .await
-            .map_err(pg_err(&self.server, "read the sequence"))?
-            .ok_or_else(|| {
-                TicketError::misconfigured(
-                    &self.server,
-                    format!("sequence {} is missing (run `shardflake tickets init`)", seq.table()),
-                )
-            })?;
-        let (increment, start, max): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        let n = config.increment as i64;
-        if increment != n
-            || start.rem_euclid(n) != (server.offset as i64) % n
-            || max as u64 != seq.max_id()
-        {
-            return Err(TicketError::misconfigured(
-                &self.server,
-                format!(
-                    "sequence {} has INCREMENT {increment} START {start} MAXVALUE {max}; the file wants INCREMENT {n}, a start ≡ {} (mod {n}), MAXVALUE {}",
-                    seq.table(),
-                    server.offset,
-                    seq.max_id()
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     /// One per-id ticket, with its sequence's (or table's) file node.
-    pub async fn next_ticket(
+    async fn next_ticket(
         &mut self,
         index: usize,
         seq: &SequenceConfig,
@@ -209,7 +259,7 @@ impl PgSession {
 
     /// The file node of what sequence `seq` counts with: its sequence or
     /// table (per id), or the segment table (see [`Stamped`]).
-    pub async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
+    async fn identity(&mut self, seq: &SequenceConfig) -> Result<Option<i64>, TicketError> {
         let name = match seq.mode {
             Mode::PerId => seq.table(),
             Mode::Segment => SEGMENT_TABLE.to_string(),
@@ -226,9 +276,10 @@ impl PgSession {
     }
 
     /// Reserves a block: `max_id = GREATEST(max_id, floor) + step RETURNING
-    /// max_id` and the table's file node, only where the row is at or above
-    /// `seen`: `Err(row)` when it is below (the server went back).
-    pub async fn reserve(
+    /// max_id`, the table's file node and whether its guard is there and
+    /// enabled, only where the row is at or above `seen`: `Err(row)` when
+    /// it is below (the server went back).
+    async fn reserve(
         &mut self,
         seq: &SequenceConfig,
         floor: i64,
@@ -245,6 +296,10 @@ impl PgSession {
             .await
             .map_err(pg_err(&self.server, "reserve a block"))?;
         if let Some(row) = row {
+            // Its guard, read in the same round trip.
+            if !row.get::<_, bool>(2) {
+                return Err(unguarded(&self.server, SEGMENT_TABLE));
+            }
             return Ok(Stamped {
                 value: Ok(row.get(0)),
                 table: Some(row.get(1)),
@@ -270,7 +325,7 @@ impl PgSession {
     }
 
     /// Sets the row back to `to` if it still is `expected`.
-    pub async fn give_back(
+    async fn give_back(
         &mut self,
         seq: &SequenceConfig,
         expected: i64,
@@ -295,7 +350,7 @@ impl PgSession {
     }
 
     /// The largest id the counter says may have been handed out. `None`: not initialised.
-    pub async fn counter(
+    async fn counter(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -350,57 +405,8 @@ impl PgSession {
         }
     }
 
-    /// Whether `seq`'s per-id relation exists as the style the file names.
-    /// The other kind there (a sequence where the file says table, as on a
-    /// server set up when the sequence was the default) is refused with
-    /// the setting that matches it.
-    async fn per_id_exists(
-        &self,
-        config: &Config,
-        seq: &SequenceConfig,
-    ) -> Result<bool, TicketError> {
-        let row = self
-            .client
-            .query_one(
-                "SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))",
-                &[&seq.table()],
-            )
-            .await
-            .map_err(pg_err(&self.server, "look up a relation"))?;
-        let kind: Option<String> = row.get(0);
-        let (want, there) = match config.postgres_tickets {
-            PgTickets::Sequence => ("S", "table"),
-            PgTickets::Table => ("r", "sequence"),
-        };
-        match kind.as_deref() {
-            None => Ok(false),
-            Some(k) if k == want => Ok(true),
-            Some(_) => Err(TicketError::misconfigured(
-                &self.server,
-                format!(
-                    "{} is a {there} here, but the file says postgres_tickets = \"{}\" (the table is the default): put postgres_tickets = \"{there}\" in the file",
-                    seq.table(),
-                    if there == "table" {
-                        "sequence"
-                    } else {
-                        "table"
-                    }
-                ),
-            )),
-        }
-    }
-
-    async fn relation_exists(&self, name: &str) -> Result<bool, TicketError> {
-        let row = self
-            .client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
-            .await
-            .map_err(pg_err(&self.server, "look up a relation"))?;
-        Ok(row.get(0))
-    }
-
     /// Raises the counter so that every later id is above `past`.
-    pub async fn raise(
+    async fn raise(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -409,11 +415,7 @@ impl PgSession {
     ) -> Result<(), TicketError> {
         let to = first_of_residue(past, server.offset, config.increment);
         let sql = match (seq.mode, config.postgres_tickets) {
-            (Mode::Segment, _) => format!(
-                "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, {}) WHERE sequence_name = '{}'",
-                Lattice::new(config, server).row_above(past),
-                seq.name
-            ),
+            (Mode::Segment, _) => raise_segment_sql(Lattice::new(config, server), seq, past),
             // Never below what it already handed out (`setval` alone can
             // set a sequence back under concurrent `nextval`s).
             (Mode::PerId, PgTickets::Sequence) => format!(
@@ -434,7 +436,7 @@ impl PgSession {
     /// Moves `seq` to the file's lattice, every later id above `past`: a
     /// per-id sequence takes the new increment, then every segment row or
     /// counter is raised.
-    pub async fn reshape(
+    async fn reshape(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -459,7 +461,7 @@ impl PgSession {
     }
 
     /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
-    pub async fn write_high_water(
+    async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
     ) -> Result<(), TicketError> {
@@ -476,7 +478,7 @@ impl PgSession {
     }
 
     /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
-    pub async fn give_back_high_water(
+    async fn give_back_high_water(
         &mut self,
         server: &str,
         sequence: &str,
@@ -494,7 +496,7 @@ impl PgSession {
     }
 
     /// The largest mark this server holds for `sequence`, of any server.
-    pub async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
+    async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
         let row = self
             .client
             .query_one(
@@ -507,7 +509,7 @@ impl PgSession {
     }
 
     /// When the server started, in unix seconds.
-    pub async fn started(&mut self) -> Result<i64, TicketError> {
+    async fn started(&mut self) -> Result<i64, TicketError> {
         let row = self
             .client
             .query_one(
@@ -519,8 +521,25 @@ impl PgSession {
         Ok(row.get(0))
     }
 
+    /// The guarded tables without an enabled guard trigger.
+    async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError> {
+        let tables = guarded_tables(config, Kind::Postgres);
+        if tables.is_empty() {
+            return Ok(tables);
+        }
+        let rows = self
+            .client
+            .query(
+                "SELECT t FROM unnest($1::text[]) AS t WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = to_regclass(t) AND g.tgname = $2 AND g.tgenabled <> 'D')",
+                &[&tables, &GUARD],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the triggers"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// Every lattice recorded here (none before `init`).
-    pub async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
+    async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
         if !self.relation_exists(LATTICE_TABLE).await? {
             return Ok(Vec::new());
         }
@@ -551,7 +570,7 @@ impl PgSession {
     }
 
     /// Records (replaces) the lattice of `sequence`.
-    pub async fn write_lattice(
+    async fn write_lattice(
         &mut self,
         sequence: &str,
         r: &LatticeRecord,
@@ -567,10 +586,7 @@ impl PgSession {
     }
 
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    pub async fn read_high_water(
-        &mut self,
-        server: &str,
-    ) -> Result<Vec<(String, u64)>, TicketError> {
+    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
         let rows = self
             .client
             .query(
@@ -586,7 +602,7 @@ impl PgSession {
     }
 
     /// Creates what `config` needs, idempotently; returns what it did.
-    pub async fn init(
+    async fn init(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -685,7 +701,7 @@ impl PgSession {
     }
 
     /// Each sequence's increment, residue and counter.
-    pub async fn settings(
+    async fn settings(
         &mut self,
         config: &Config,
         server: &ServerConfig,
@@ -702,6 +718,7 @@ impl PgSession {
                 "synchronous_commit = off: a crash can lose the last tickets and hand them out again".to_string(),
             );
         }
+        let unguarded = self.unguarded(config).await?;
         let mut sequences = Vec::new();
         for seq in &config.sequences {
             let counter = self.counter(config, server, seq).await?;
@@ -722,18 +739,10 @@ impl PgSession {
                 if let Err(e) = self.verify_sequence(config, server, seq).await {
                     problem = Some(e.to_string());
                 }
-            } else if let Some(table) = guarded {
-                let found = self
-                    .client
-                    .query_opt(
-                        "SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2",
-                        &[&table, &GUARD],
-                    )
-                    .await
-                    .map_err(pg_err(&self.server, "read the triggers"))?;
-                if found.is_none() {
-                    problem = Some(format!("{table}: {GUARD_MISSING}"));
-                }
+            } else if let Some(table) = guarded
+                && unguarded.contains(&table)
+            {
+                problem = Some(format!("{table}: {GUARD_MISSING}"));
             }
             sequences.push(SequenceState {
                 name: seq.name.clone(),

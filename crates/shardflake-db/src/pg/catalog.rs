@@ -6,7 +6,10 @@
 //!
 //! - `deployment`, one row: the deployment's id (shared by its servers),
 //!   this server's name, the layout (epoch included), the schema prefix,
-//!   the shard count and the sign-bit policy;
+//!   the shard count, the sign-bit policy, and the deployment's
+//!   *generation*: raised on every server by each `pg move-shard` before it
+//!   writes the new generation into the file, with the shard it moved and
+//!   the file it wrote;
 //! - `shards`, a row per logical shard on this server: `live` (it serves),
 //!   `moving` (it serves; a copy to `peer` is being made), `incoming` (a
 //!   copy from `peer` being made here; it does not serve) or `fenced` (it
@@ -15,8 +18,13 @@
 //! The file says what the operator wants; the servers say what is. A file
 //! that contradicts the servers (a shard put on another server than the one
 //! it lives on, a fenced copy listed as live, another prefix, count, layout
-//! or epoch, a server under another's name) is refused with what to do
-//! instead ([`conflicts`]). A deployment made before these records (no
+//! or epoch, a server under another's name, a generation older than the
+//! servers record) is refused with what to do instead ([`conflicts`]).
+//!
+//! Every command takes the deployment lock on every server of its file, in
+//! name order ([`crate::pg`]'s `lock_deployment`), before it reads these
+//! records, and holds it until it has written: what it read is what it
+//! changes. A deployment made before these records (no
 //! `deployment` row) is read from its shard schemas and recorded by the next
 //! `pg apply`.
 
@@ -25,9 +33,9 @@ use std::fmt;
 
 use tokio_postgres::GenericClient;
 
+use super::topology::{SignBit, Topology};
+use super::{Drift, ctx};
 use crate::Error;
-use crate::pg::{Drift, ctx};
-use crate::topology::{SignBit, Topology};
 
 /// Tables of the records, idempotent.
 pub const CATALOG_DDL: &str = "CREATE SCHEMA IF NOT EXISTS shardflake;
@@ -39,6 +47,10 @@ CREATE TABLE IF NOT EXISTS shardflake.deployment (
   schema_prefix text NOT NULL,
   shards bigint NOT NULL,
   sign_bit text NOT NULL);
+ALTER TABLE shardflake.deployment
+  ADD COLUMN IF NOT EXISTS generation bigint NOT NULL DEFAULT 0,
+  ADD COLUMN IF NOT EXISTS last_move bigint,
+  ADD COLUMN IF NOT EXISTS file text;
 CREATE TABLE IF NOT EXISTS shardflake.shards (
   shard bigint PRIMARY KEY,
   state text NOT NULL CHECK (state IN ('live', 'moving', 'incoming', 'fenced')),
@@ -109,6 +121,12 @@ pub struct Deployment {
     pub shards: u64,
     /// `refuse` or `allow`.
     pub sign_bit: String,
+    /// How many moves the deployment has seen (the file's `generation`).
+    pub generation: u64,
+    /// The shard the move that set `generation` moved.
+    pub last_move: Option<u64>,
+    /// The file that move wrote.
+    pub file: Option<String>,
 }
 
 impl Deployment {
@@ -121,6 +139,9 @@ impl Deployment {
             schema_prefix: topo.schema_prefix().to_string(),
             shards: topo.shards(),
             sign_bit: sign_text(topo.sign_bit()).to_string(),
+            generation: topo.generation(),
+            last_move: None,
+            file: None,
         }
     }
 }
@@ -145,6 +166,8 @@ pub struct ServerView {
     /// file's) prefix: another deployment's, or this one's under another
     /// prefix.
     pub foreign: Vec<String>,
+    /// Shards recorded here whose schema is gone.
+    pub schemaless: BTreeSet<u64>,
 }
 
 impl ServerView {
@@ -178,11 +201,17 @@ pub async fn read(
         deployment: None,
         shards: BTreeMap::new(),
         foreign: Vec::new(),
+        schemaless: BTreeSet::new(),
     };
     if has {
         if let Some(r) = c
             .query_opt(
-                "SELECT deployment, server, layout, schema_prefix, shards, sign_bit FROM shardflake.deployment",
+                // The columns a deployment recorded before generations
+                // lacks read as absent (to_jsonb), not as an error.
+                "SELECT deployment, server, layout, schema_prefix, shards, sign_bit,
+                        coalesce((to_jsonb(d) ->> 'generation')::bigint, 0),
+                        (to_jsonb(d) ->> 'last_move')::bigint, to_jsonb(d) ->> 'file'
+                   FROM shardflake.deployment d",
                 &[],
             )
             .await
@@ -195,6 +224,9 @@ pub async fn read(
                 schema_prefix: r.get(3),
                 shards: r.get::<_, i64>(4) as u64,
                 sign_bit: r.get(5),
+                generation: r.get::<_, i64>(6) as u64,
+                last_move: r.get::<_, Option<i64>>(7).map(|s| s as u64),
+                file: r.get(8),
             });
         }
         for r in c
@@ -212,6 +244,19 @@ pub async fn read(
         .as_ref()
         .map_or(topo.schema_prefix(), |d| d.schema_prefix.as_str())
         .to_string();
+    if has {
+        for r in c
+            .query(
+                "SELECT shard FROM shardflake.shards s
+                  WHERE NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1 || s.shard::text)",
+                &[&prefix],
+            )
+            .await
+            .map_err(ctx(name, "looking up the recorded shards' schemas"))?
+        {
+            view.schemaless.insert(r.get::<_, i64>(0) as u64);
+        }
+    }
     let rows = c
         .query(
             "SELECT n.nspname, EXISTS (SELECT 1 FROM pg_proc m WHERE m.pronamespace = n.oid AND m.proname = 'shardflake_moved')
@@ -246,10 +291,113 @@ pub fn deployment_id(views: &[ServerView]) -> Option<&str> {
         .find_map(|v| v.deployment.as_ref().map(|d| d.id.as_str()))
 }
 
+/// The newest generation the servers record, with the record that holds
+/// it (none: no server records a deployment).
+pub fn recorded_generation(views: &[ServerView]) -> Option<&Deployment> {
+    let id = deployment_id(views);
+    views
+        .iter()
+        .filter_map(|v| v.deployment.as_ref())
+        .filter(|d| Some(d.id.as_str()) == id)
+        .max_by_key(|d| d.generation)
+}
+
+/// A file older than the generation its servers record: written before a
+/// move it has not seen, it may put a shard where it no longer lives, or
+/// leave out the server that now holds it (which no other rule can see).
+pub fn older_file(topo: &Topology, views: &[ServerView]) -> Option<Drift> {
+    let newest = recorded_generation(views)?;
+    if topo.generation() >= newest.generation {
+        return None;
+    }
+    let moved = match (newest.last_move, &newest.file) {
+        (Some(shard), Some(file)) => {
+            format!(" (the last `pg move-shard`, of shard {shard}, wrote it to {file})")
+        }
+        _ => String::new(),
+    };
+    Some(Drift {
+        server: newest.server.clone(),
+        shard: None,
+        problem: format!(
+            "the file is generation {}, but the servers record generation {}: it was written before a shard move it has not seen, and may put shards where they no longer live or leave out the server that holds them; use the file of generation {}{moved}",
+            topo.generation(),
+            newest.generation,
+            newest.generation,
+        ),
+    })
+}
+
 /// Every way the servers contradict the file or each other, each saying
 /// what to do instead. `pg apply` refuses on any; `pg check` reports them.
 pub fn conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
+    let mut out: Vec<Drift> = older_file(topo, views).into_iter().collect();
+    out.extend(record_conflicts(topo, views));
+    out
+}
+
+/// A record of a shard `live` on a server where its schema is gone, while
+/// another server holds it live with its schema: a whole-server restore
+/// brought back the record of a copy that had moved away, and the copy was
+/// dropped as `pg check` said. No copy there hands out ids; `pg repair`
+/// removes the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleRecord {
+    /// The server holding the record.
+    pub server: String,
+    /// The shard.
+    pub shard: u64,
+    /// The server it is live on.
+    pub live_on: String,
+}
+
+/// Every [`StaleRecord`] of the deployment.
+pub fn stale_records(views: &[ServerView]) -> Vec<StaleRecord> {
     let mut out = Vec::new();
+    for v in views {
+        for &shard in &v.schemaless {
+            if v.state(shard) != Some(State::Live) {
+                continue;
+            }
+            let live_on = views.iter().find(|o| {
+                o.name != v.name
+                    && o.state(shard) == Some(State::Live)
+                    && !o.schemaless.contains(&shard)
+            });
+            if let Some(o) = live_on {
+                out.push(StaleRecord {
+                    server: v.name.clone(),
+                    shard,
+                    live_on: o.name.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// [`conflicts`] but a file's generation.
+pub fn record_conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
+    let stale = stale_records(views);
+    let mut out: Vec<Drift> = stale
+        .iter()
+        .map(|s| Drift {
+            server: s.server.clone(),
+            shard: Some(s.shard),
+            problem: format!(
+                "shard {} is recorded live here, but its schema is gone and it lives on {}: the record came back with a restore; `shardflake pg repair` removes it",
+                s.shard, s.live_on
+            ),
+        })
+        .collect();
+    // Past that, a stale record is no copy.
+    let mut views = views.to_vec();
+    for s in &stale {
+        if let Some(v) = views.iter_mut().find(|v| v.name == s.server) {
+            v.shards.remove(&s.shard);
+        }
+    }
+    let views = &views[..];
     let mut say = |server: &str, shard: Option<u64>, problem: String| {
         out.push(Drift {
             server: server.to_string(),
@@ -388,11 +536,29 @@ pub fn conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
             .map(|(n, _, p)| (*n, *p))
             .collect();
         if live.len() > 1 {
+            let schema = topo.schema(shard);
+            let (at, which) = match owner.filter(|o| live.contains(o)) {
+                Some(owner) => {
+                    let other = live.iter().find(|&&n| n != owner).copied().unwrap_or("?");
+                    (
+                        other,
+                        format!(
+                            "the file puts it on {owner}: stop writes to the copy on {other} and drop it (`DROP SCHEMA {schema} CASCADE` there)"
+                        ),
+                    )
+                }
+                None => (
+                    live[1],
+                    format!(
+                        "stop writes to the copy the file does not put there and drop it (`DROP SCHEMA {schema} CASCADE` there)"
+                    ),
+                ),
+            };
             say(
-                live[1],
+                at,
                 Some(shard),
                 format!(
-                    "shard {shard} is live on {}: two copies hand out ids (a restored server brought back a copy that had moved?); stop writes to the copy the file does not put there, drop its schema, then run `shardflake pg repair --shard {shard}`",
+                    "shard {shard} is live on {}: two copies hand out ids (a restored server brought back a copy that had moved?); {which}, then run `shardflake pg repair`",
                     live.join(" and ")
                 ),
             );
@@ -434,13 +600,15 @@ pub fn conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
     out
 }
 
-/// Writes (upserts) a server's `deployment` row.
+/// Writes (upserts) a server's `deployment` row; its generation only ever
+/// goes up.
 pub async fn record_deployment(c: &impl GenericClient, d: &Deployment) -> Result<(), Error> {
     c.execute(
-        "INSERT INTO shardflake.deployment (deployment, server, layout, schema_prefix, shards, sign_bit)
-         VALUES ($1, $2, $3, $4, $5, $6)
+        "INSERT INTO shardflake.deployment (deployment, server, layout, schema_prefix, shards, sign_bit, generation)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (singleton) DO UPDATE SET deployment = $1, server = $2, layout = $3,
-           schema_prefix = $4, shards = $5, sign_bit = $6",
+           schema_prefix = $4, shards = $5, sign_bit = $6,
+           generation = greatest(shardflake.deployment.generation, $7)",
         &[
             &d.id,
             &d.server,
@@ -448,10 +616,29 @@ pub async fn record_deployment(c: &impl GenericClient, d: &Deployment) -> Result
             &d.schema_prefix,
             &(d.shards as i64),
             &d.sign_bit,
+            &(d.generation as i64),
         ],
     )
     .await
     .map_err(ctx(&d.server, "recording the deployment"))?;
+    Ok(())
+}
+
+/// Records on a server the generation a move of `shard` reached and the
+/// file it writes (never lowering the generation).
+pub async fn record_generation(
+    c: &impl GenericClient,
+    server: &str,
+    generation: u64,
+    shard: u64,
+    file: &str,
+) -> Result<(), Error> {
+    c.execute(
+        "UPDATE shardflake.deployment SET generation = greatest(generation, $1), last_move = $2, file = $3",
+        &[&(generation as i64), &(shard as i64), &file],
+    )
+    .await
+    .map_err(ctx(server, "recording the deployment's generation"))?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! shards = 8                  # logical shards, at most 2^(shard bits)
 //! schema_prefix = "shard"     # schema of shard 5 is "shard5" (default "shard")
 //! sign_bit = "refuse"         # or "allow" (see crate docs); default refuse
+//! generation = 0              # written by `pg move-shard`; default 0
 //!
 //! [[servers]]
 //! name = "pg1"               # a-z, 0-9, _ and -, starting with a letter
@@ -27,6 +28,12 @@
 //!
 //! In a table's `sql`, `{schema}` becomes the shard's schema and `{next_id}`
 //! the call of that shard's id function on the shard's one id sequence.
+//!
+//! `generation` counts the moves the file has seen: each `pg move-shard`
+//! records generation N + 1 on every server, then writes it into the file
+//! it switched. A file older than the generation its servers record is
+//! refused (see [`crate::pg::catalog`]): it may put a shard where it no
+//! longer lives, or leave out the server that now holds it.
 
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
@@ -35,8 +42,7 @@ use std::path::Path;
 use serde::Deserialize;
 use shardflake::{FieldKind, Layout, preset};
 
-/// Name of the layout field that holds the logical shard.
-pub const SHARD_FIELD: &str = "shard";
+use crate::SHARD_FIELD;
 
 /// What the generated functions do once the time would set the sign bit of a
 /// signed `bigint` (layouts that use all 64 bits, such as Instagram's, from
@@ -193,6 +199,8 @@ struct RawTopology {
     #[serde(default)]
     sign_bit: SignBit,
     #[serde(default)]
+    generation: u64,
+    #[serde(default)]
     servers: Vec<RawServer>,
     #[serde(default)]
     tables: Vec<Table>,
@@ -243,6 +251,7 @@ pub struct Topology {
     shards: u64,
     schema_prefix: String,
     sign_bit: SignBit,
+    generation: u64,
     servers: Vec<Server>,
     tables: Vec<Table>,
     owner: Vec<usize>,
@@ -368,6 +377,7 @@ impl Topology {
             shards: raw.shards,
             schema_prefix: raw.schema_prefix,
             sign_bit: raw.sign_bit,
+            generation: raw.generation,
             servers,
             tables: raw.tables,
             owner: owner.into_iter().map(|o| o.unwrap_or(0)).collect(),
@@ -389,6 +399,17 @@ impl Topology {
     /// Sign-bit policy.
     pub fn sign_bit(&self) -> SignBit {
         self.sign_bit
+    }
+    /// How many moves this file has seen (`generation`, 0 if absent).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// The same topology at another generation.
+    pub fn with_generation(&self, generation: u64) -> Topology {
+        Topology {
+            generation,
+            ..self.clone()
+        }
     }
     /// Schema prefix.
     pub fn schema_prefix(&self) -> &str {
@@ -454,6 +475,9 @@ impl Topology {
             SignBit::Allow => "allow",
         };
         let _ = writeln!(out, "sign_bit = {}", q(sign));
+        if self.generation > 0 {
+            let _ = writeln!(out, "generation = {}", self.generation);
+        }
         for s in &self.servers {
             let _ = writeln!(out, "\n[[servers]]");
             let _ = writeln!(out, "name = {}", q(&s.name));
@@ -473,8 +497,8 @@ impl Topology {
         write_atomically(path.as_ref(), &self.to_toml())
     }
 
-    /// Writes this topology's servers' shard lists into the file at `path`,
-    /// keeping the rest of it as the user wrote it (comments, order,
+    /// Writes this topology's servers' shard lists and its generation into
+    /// the file at `path`, keeping the rest of it as the user wrote it (comments, order,
     /// layout), atomically. Where the file cannot be edited so (it no
     /// longer parses, or edited it would not read back as this topology),
     /// writes [`Topology::to_toml`] instead, with a warning.
@@ -494,10 +518,22 @@ impl Topology {
     }
 
     /// `text` with each `[[servers]]` entry's `shards` set to this
-    /// topology's list (the value's comments kept), if it then reads back as
-    /// this topology.
+    /// topology's list and `generation` to its generation (the values'
+    /// comments kept), if it then reads back as this topology.
     fn edited(&self, text: &str) -> Option<String> {
         let mut doc: toml_edit::DocumentMut = text.parse().ok()?;
+        let generation = toml_edit::Value::from(self.generation as i64);
+        match doc.get_mut("generation").and_then(|i| i.as_value_mut()) {
+            Some(value) => {
+                let decor = value.decor().clone();
+                *value = generation;
+                *value.decor_mut() = decor;
+            }
+            None if self.generation > 0 => {
+                doc.insert("generation", toml_edit::Item::Value(generation));
+            }
+            None => {}
+        }
         let servers = doc.get_mut("servers")?.as_array_of_tables_mut()?;
         for table in servers.iter_mut() {
             let name = table.get("name")?.as_str()?.to_string();
@@ -668,6 +704,13 @@ mod tests {
                 .replace("shards = \"\"\n", "shards = \"2\"\n")
         );
         assert_eq!(Topology::parse(&edited).unwrap(), moved);
+        // a move's generation goes in before the first table, then is replaced
+        let next = moved.with_generation(1);
+        let edited = next.edited(text).unwrap();
+        assert!(edited.contains("shards = 4\ngeneration = 1\n"), "{edited}");
+        assert_eq!(Topology::parse(&edited).unwrap(), next);
+        let again = next.with_generation(2).edited(&edited).unwrap();
+        assert_eq!(again, edited.replace("generation = 1", "generation = 2"));
         // a file that no longer matches the topology is not edited
         assert!(
             moved

@@ -10,8 +10,8 @@ use shardflake::{Id, Layout};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
-use crate::topology::{SHARD_FIELD, Topology};
-use crate::{Error, is_moved, pg};
+use super::topology::Topology;
+use crate::{Error, SHARD_FIELD, is_moved, pg};
 
 /// Where a key or an id lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,7 +162,7 @@ impl Router {
     /// and must return the id as its first column.
     ///
     /// ```no_run
-    /// # async fn f(router: &shardflake_db::Router) -> Result<(), shardflake_db::Error> {
+    /// # async fn f(router: &shardflake_db::pg::Router) -> Result<(), shardflake_db::Error> {
     /// let user_id = 31341_i64;
     /// let id = router
     ///     .insert(user_id as u64,

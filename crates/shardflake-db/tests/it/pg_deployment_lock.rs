@@ -1,0 +1,266 @@
+//! The deployment as its servers record it, whatever file an operator runs
+//! (issue 37): every command takes the deployment lock on every server
+//! before it reads the records (R, 2M), and a file older than the
+//! generation the servers record is refused (O).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+use shardflake_db::pg::{self, Topology, sql};
+use shardflake_testkit::PgServer;
+use tokio_postgres::Client;
+
+const POSTS: &str = "[[tables]]\nname = \"posts\"\nsql = \"CREATE TABLE {schema}.posts (id bigint PRIMARY KEY DEFAULT {next_id}, user_id bigint NOT NULL, body text)\"\n";
+
+/// Four shards on `servers` (name, server, shard list), in that order.
+fn topology(servers: &[(&str, &PgServer, &str)]) -> String {
+    let mut t = "layout = \"instagram\"\nshards = 4\n".to_string();
+    for (name, s, list) in servers {
+        t.push_str(&format!(
+            "[[servers]]\nname = \"{name}\"\nurl = \"{}\"\nshards = \"{list}\"\n",
+            s.url()
+        ));
+    }
+    t.push_str(POSTS);
+    t
+}
+
+/// A topology file in a fresh temp dir, removed on drop.
+struct TopoFile(PathBuf);
+
+impl TopoFile {
+    fn new(name: &str, text: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("sf-lock-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("topology.toml");
+        std::fs::write(&path, text).unwrap();
+        TopoFile(path)
+    }
+    fn load(&self) -> Topology {
+        Topology::load(&self.0).unwrap()
+    }
+}
+
+impl Drop for TopoFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+async fn client(s: &PgServer) -> Client {
+    pg::connect_url("test", &s.url()).await.unwrap()
+}
+
+async fn has_schema(c: &Client, schema: &str) -> bool {
+    c.query_one(
+        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+        &[&schema],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// The deployment lock, held by a test's own session to line commands up.
+const LOCK: i64 = sql::LOCK_BASE - 1;
+
+/// Waits (bounded) until `n` sessions in all wait for an advisory lock on
+/// the servers of `clients`.
+async fn wait_for_waiters(clients: &[&Client], n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut waiting = 0;
+        for c in clients {
+            let w: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            waiting += w;
+        }
+        if waiting >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{waiting} of {n} sessions wait for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// O: a server added, a shard moved to it, then `pg apply` from the file
+/// of before the move (an app host's deploy): that file does not name the
+/// new server, and no server it names records the shard any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_older_than_a_move_is_refused_by_every_command() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let old = Topology::parse(&topology(&[("a", &a, "0-1"), ("b", &b, "2-3")])).unwrap();
+    pg::apply(&old).await.unwrap();
+    let file = TopoFile::new(
+        "older",
+        &topology(&[("a", &a, "0-1"), ("b", &b, "2-3"), ("c", &c, "")]),
+    );
+    pg::apply(&file.load()).await.unwrap();
+    move_shard(&file.0, 1, "c", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(file.load().generation(), 1);
+
+    let e = pg::apply(&old)
+        .await
+        .expect_err("apply from the old file recreated shard 1 on a");
+    let text = e.to_string();
+    assert!(
+        text.contains("the file is generation 0, but the servers record generation 1")
+            && text.contains(&file.0.display().to_string()),
+        "{text}"
+    );
+    assert!(!has_schema(&client(&a).await, "shard1").await);
+    let e = pg::repair(&old, None)
+        .await
+        .expect_err("repair took the old file");
+    assert!(e.to_string().contains("generation 1"), "{e}");
+    let drift = pg::check(&old).await.unwrap();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.problem.contains("servers record generation 1")),
+        "{drift:#?}"
+    );
+    // The file the move wrote is the one to use.
+    pg::apply(&file.load()).await.unwrap();
+    assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
+}
+
+/// 2M: two moves of two shards started at once from one file: the second
+/// waits for the first, then works from the file the first wrote (before,
+/// it wrote back the list it had read, moving the first shard back in the
+/// file while it lived on its new server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_moves_at_once_from_one_file_keep_both() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new("two-moves", &topology(&[("a", &a, "0-3"), ("b", &b, "")]));
+    pg::apply(&file.load()).await.unwrap();
+    let (ca, cb) = (client(&a).await, client(&b).await);
+    // Both moves start (and read the file) while b's lock is taken.
+    cb.execute("SELECT pg_advisory_lock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    let path = file.0.clone();
+    let first =
+        tokio::spawn(async move { move_shard(&path, 2, "b", &MoveOptions::default()).await });
+    wait_for_waiters(&[&ca, &cb], 1).await;
+    let path = file.0.clone();
+    let second =
+        tokio::spawn(async move { move_shard(&path, 3, "b", &MoveOptions::default()).await });
+    wait_for_waiters(&[&ca, &cb], 2).await;
+    cb.execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+
+    let topo = file.load();
+    assert_eq!(topo.server_of(2).unwrap().name, "b");
+    assert_eq!(topo.server_of(3).unwrap().name, "b");
+    assert_eq!(topo.generation(), 2);
+    assert_eq!(pg::check(&topo).await.unwrap(), Vec::new());
+}
+
+/// R: `pg repair` run while a `move-shard --keep-source` of one of its
+/// shards is under way must not reach the old copy with what it read
+/// before the move fenced it (before: it set the fenced sequence's
+/// MAXVALUE back and rebuilt its `next_id`, and the old copy made ids
+/// again beside the new one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn repair_during_a_move_never_reopens_the_fenced_copy() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    // b first in the file: repair went through the servers in file order.
+    let text = topology(&[("b", &b, ""), ("a", &a, "0-3")]);
+    let file = TopoFile::new("repair-move", &text);
+    pg::apply(&file.load()).await.unwrap();
+    let (ca, cb) = (client(&a).await, client(&b).await);
+    cb.execute("SELECT pg_advisory_lock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    let topo = file.load();
+    let repair = tokio::spawn(async move { pg::repair(&topo, None).await });
+    wait_for_waiters(&[&ca, &cb], 1).await;
+    let path = file.0.clone();
+    let keep = MoveOptions {
+        keep_source: true,
+        ..MoveOptions::default()
+    };
+    let mover = tokio::spawn(async move { move_shard(&path, 1, "b", &keep).await });
+    wait_for_waiters(&[&ca, &cb], 2).await;
+    cb.execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    repair.await.unwrap().unwrap();
+    mover.await.unwrap().unwrap();
+
+    // The old copy on a stays fenced: it hands out no id.
+    let e = ca
+        .query_one("SELECT shard1.next_id()", &[])
+        .await
+        .expect_err("the fenced copy made an id after repair");
+    assert!(shardflake_db::is_moved(&e), "{e}");
+    assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
+}
+
+/// `pg check` shares the deployment lock: while a command that changes the
+/// deployment holds it (a move under way), check waits and then reads what
+/// that command left, rather than records about to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_waits_for_a_command_holding_the_deployment_lock() {
+    let a = PgServer::start().unwrap();
+    let file = TopoFile::new("check-waits", &topology(&[("a", &a, "0-3")]));
+    pg::apply(&file.load()).await.unwrap();
+    let ca = client(&a).await;
+    ca.execute("SELECT pg_advisory_lock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    let topo = file.load();
+    let check = tokio::spawn(async move { pg::check(&topo).await });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            !check.is_finished(),
+            "check read the records while another command held the lock"
+        );
+        let waiting: i64 = ca
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "check never asked for the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Checks share it with each other.
+    let other = tokio::spawn({
+        let topo = file.load();
+        async move { pg::check(&topo).await }
+    });
+    ca.execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    assert_eq!(check.await.unwrap().unwrap(), Vec::new());
+    assert_eq!(other.await.unwrap().unwrap(), Vec::new());
+}
