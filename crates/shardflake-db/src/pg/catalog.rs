@@ -461,6 +461,11 @@ pub fn unrecorded_servers(topo: &Topology, views: &[ServerView], added: &[String
             });
             continue;
         }
+        // Shard schemas and no records: made before the records (a move
+        // recorded only its two servers); apply records it.
+        if !v.shards.is_empty() {
+            continue;
+        }
         if !added.contains(&v.name) {
             out.push(Drift {
                 server: v.name.clone(),
