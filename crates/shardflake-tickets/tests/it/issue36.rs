@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use shardflake_testkit::PgServer;
 use shardflake_tickets::{Config, TicketClient, admin};
 
+use super::live_restore::{pg_dump, pg_pair, psql};
 use super::repro::{FIXED, dump_with, pair, restore};
 use super::{assert_unique, init_ok, maria, server_toml, state, wait_state};
 
@@ -167,42 +168,84 @@ async fn a_table_whose_guard_is_dropped_is_refused_until_init_postgres() {
 /// peer's chunks. Refused at the first session (and at any answer);
 /// `check` says so; `repair` raises it onto the lattice past its marks.
 /// Before: a fresh client reserved from it and handed out the ids the peer
-/// had handed out after its backup (here: thousands of duplicates).
+/// had handed out after its backup (MariaDB: 1,000 duplicates).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_segment_table_loaded_from_the_peers_backup_is_refused() {
     let (a, b) = (maria(2, 1), maria(2, 2));
     let config = pair(&a, &b, "");
-    init_ok(&config).await;
+    let b_alone = format!(
+        "increment = 2\n{}{FIXED}",
+        server_toml("b", "mariadb", &b.url(), 2)
+    );
+    peers_backup_loaded(
+        &config,
+        &b_alone,
+        || dump_with(&b, "peer", &["app", "shardflake_ticket_segments"]),
+        |path| restore(&a, path),
+    )
+    .await;
+}
+
+/// F9 on PostgreSQL: `pg_dump --clean` of the peer's segment table
+/// loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_segment_table_loaded_from_the_peers_backup_is_refused_postgres() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = pg_pair(&a, &b, "table");
+    let b_alone = format!(
+        "increment = 2\n{}{FIXED}",
+        server_toml("b", "postgres", &b.url(), 2)
+    );
+    peers_backup_loaded(
+        &config,
+        &b_alone,
+        || pg_dump(&b, "peer", &["--clean", "-t", "shardflake_ticket_segments"]),
+        |path| psql(&a, &[], path),
+    )
+    .await;
+}
+
+/// b runs ahead of a (through a client of b alone, `b_alone`), is backed
+/// up (`dump`), runs on; the backup is loaded into a (`load`).
+async fn peers_backup_loaded(
+    config: &Config,
+    b_alone: &str,
+    dump: impl FnOnce() -> std::path::PathBuf,
+    load: impl FnOnce(&std::path::Path),
+) {
+    init_ok(config).await;
     let first = TicketClient::connect(config.clone()).await.unwrap();
     let mut ids = Vec::new();
     take_until(&first, "a", 1, &mut ids).await;
     take_until(&first, "b", 1, &mut ids).await;
     first.shutdown().await;
-    // b runs ahead of a (a client of b alone), is backed up, runs on.
-    let b_alone = Config::parse(&format!(
-        "increment = 2\n{}{FIXED}",
-        server_toml("b", "mariadb", &b.url(), 2)
-    ))
-    .unwrap();
-    let ahead = TicketClient::connect(b_alone).await.unwrap();
+    drop(first);
+    let ahead = TicketClient::connect(Config::parse(b_alone).unwrap())
+        .await
+        .unwrap();
     take_until(&ahead, "b", 3, &mut ids).await;
-    let path = dump_with(&b, "peer", &["app", "shardflake_ticket_segments"]);
+    let path = dump();
     take_until(&ahead, "b", 6, &mut ids).await;
     ahead.shutdown().await;
-    restore(&a, &path);
+    drop(ahead);
+    load(&path);
     let fresh = TicketClient::connect(config.clone()).await.unwrap();
     for _ in 0..5 {
         ids.extend(fresh.next_n("blocks", 1000).await.unwrap());
     }
-    let a_state = state(&fresh, "a");
+    let metrics = fresh.metrics();
     fresh.shutdown().await;
+    // Gone, as the clients of an operator's repair are.
+    drop(fresh);
     assert_unique(&ids);
-    assert_eq!(a_state, "misconfigured", "{:?}", fresh.metrics());
-    let report = admin::check(&config).await;
+    let a_state = metrics.iter().find(|m| m.name == "a").unwrap().state;
+    assert_eq!(a_state, "misconfigured", "{metrics:?}");
+    let report = admin::check(config).await;
     assert!(report.to_string().contains("lattice"), "{report}");
-    let repaired = admin::repair(&config).await.unwrap();
+    let repaired = admin::repair(config).await.unwrap();
     assert!(repaired.iter().any(|r| r.server == "a"), "{repaired:?}");
-    assert!(admin::check(&config).await.ok());
+    let report = admin::check(config).await;
+    assert!(report.ok(), "{report}");
     let last = TicketClient::connect(config.clone()).await.unwrap();
     assert_eq!(state(&last, "a"), "up");
     take_until(&last, "a", 2, &mut ids).await;
