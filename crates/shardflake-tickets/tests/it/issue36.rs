@@ -391,3 +391,50 @@ async fn a_block_whose_mark_was_not_written_counts_its_own_ids_skipped() {
     let skipped: u64 = client.metrics().iter().map(|m| m.skipped_ids).sum();
     assert_eq!(skipped, 1000, "{:?}", client.metrics());
 }
+
+/// F2: one server restored, live, with a dump that recreates its tables
+/// while its only peer is down. A running client that handed out ids of
+/// it before knows only its own marks; another client handed out more, far
+/// past them. The restored server is refused (`no_high_water`): the
+/// client's memory covers only its own ids, not a table it did not check.
+/// Before: the running client raised it past its own marks only and
+/// handed out the other client's ids again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_restored_while_its_peer_is_down_is_refused_by_a_running_client() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let path = super::repro::dump(&a, "f2");
+    let running = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = running.next_n("photos", 10).await.unwrap();
+    // Another client hands out a's ids far past the running one's marks.
+    let other = TicketClient::connect(config.clone()).await.unwrap();
+    for _ in 0..4 {
+        ids.extend(other.next_n("photos", 1000).await.unwrap());
+    }
+    other.shutdown().await;
+    drop(other);
+    b.kill().unwrap();
+    // The running client sees b down, through the other sequence (its
+    // last per-id answer from a stays below the other client's ids).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&running, "b") != "down" {
+        assert!(Instant::now() < deadline, "b never seen down");
+        running.next_n("blocks", 100).await.unwrap();
+    }
+    restore(&a, &path);
+    let after = running.next_n("photos", 500).await;
+    let a_state = state(&running, "a");
+    let again = match &after {
+        Ok(got) => got.iter().filter(|id| ids.contains(id)).count(),
+        Err(_) => 0,
+    };
+    b.restart().unwrap();
+    let _ = std::fs::remove_file(path);
+    assert_eq!(again, 0, "ids handed out again (a: {a_state})");
+    assert!(
+        after.is_err(),
+        "a restored server served with no marks but the client's own"
+    );
+    assert_eq!(a_state, "no_high_water", "{after:?}");
+}
