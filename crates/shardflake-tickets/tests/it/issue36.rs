@@ -438,3 +438,55 @@ async fn a_server_restored_while_its_peer_is_down_is_refused_by_a_running_client
     );
     assert_eq!(a_state, "no_high_water", "{after:?}");
 }
+
+/// F4: the marks in etcd are the file's (`[marks] etcd`), so every client
+/// of the file writes them, not only `serve --tickets --etcd`: a library
+/// client (as `shardflake tickets next` is) hands out ids, both servers are
+/// restored from dumps taken before (the peers' marks set back with them),
+/// and `check` (which reads the same stores) names the servers behind; a
+/// fresh client is raised past the marks in etcd. Before: the file could
+/// not name etcd, the CLI wrote no marks there, and the ids were handed out
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_client_of_the_file_keeps_its_marks_in_the_files_etcd() {
+    let etcd = shardflake_testkit::Etcd::start(1).unwrap();
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let marks = format!(
+        "\n[marks]\netcd = [{}]\netcd_prefix = \"/f4\"\n",
+        etcd.endpoints
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let config = pair(&a, &b, &marks);
+    assert_eq!(config.marks.etcd, etcd.endpoints);
+    init_ok(&config).await;
+    let (dump_a, dump_b) = (super::repro::dump(&a, "f4"), super::repro::dump(&b, "f4"));
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = Vec::new();
+    let mut blocks = Vec::new();
+    for _ in 0..3 {
+        photos.extend(client.next_n("photos", 1000).await.unwrap());
+        blocks.extend(client.next_n("blocks", 1000).await.unwrap());
+    }
+    client.shutdown().await;
+    drop(client);
+    restore(&a, &dump_a);
+    restore(&b, &dump_b);
+    let report = admin::check(&config).await;
+    assert!(
+        report.problems.iter().any(|p| p.contains("behind")),
+        "check did not see the servers behind the marks in etcd: {:?}",
+        report.problems
+    );
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    photos.extend(fresh.next_n("photos", 1000).await.unwrap());
+    for _ in 0..3 {
+        blocks.extend(fresh.next_n("blocks", 1000).await.unwrap());
+    }
+    let _ = std::fs::remove_file(dump_a);
+    let _ = std::fs::remove_file(dump_b);
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
