@@ -490,3 +490,68 @@ async fn every_client_of_the_file_keeps_its_marks_in_the_files_etcd() {
     assert_unique(&photos);
     assert_unique(&blocks);
 }
+
+/// A live `mariadb-dump` restore of a whole ticket server never aborts
+/// because a client wrote a mark: the dump recreates the marks table empty
+/// and inserts its rows after; a mark written between the two (here, on
+/// purpose, exactly there) is not written into the empty table, so the
+/// dump's rows go in. Before: the mark was inserted and the dump's `INSERT`
+/// failed with `Duplicate entry`, the rest of the dump not loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_live_dump_restore_never_aborts_on_a_mark_written_meanwhile() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 100).await.unwrap();
+    client.shutdown().await;
+    drop(client);
+    let path = super::repro::dump(&a, "hw-race");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let split = text
+        .find("LOCK TABLES `shardflake_ticket_hw` WRITE;")
+        .expect("the dump locks the marks table for its rows");
+    let (created, rows) = text.split_at(split);
+    let (first, second) = (path.with_extension("1.sql"), path.with_extension("2.sql"));
+    std::fs::write(&first, created).unwrap();
+    // The second half runs in a session of its own: the dump's header
+    // (the `@OLD_…` variables its end sets back) goes first.
+    let header: String = created
+        .lines()
+        .filter(|l| l.starts_with("/*!") && l.contains("SET @OLD"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&second, format!("{header}{rows}")).unwrap();
+    let created = std::process::Command::new("mariadb")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", a.port))
+        .arg("app")
+        .stdin(std::fs::File::open(&first).unwrap())
+        .status()
+        .unwrap();
+    assert!(created.success());
+    // A client writes marks between the dump's CREATE TABLE and its rows.
+    let store = shardflake_tickets::PeersStore::new(config.clone());
+    shardflake_tickets::HighWaterStore::record(&store, "b", &[("photos".into(), 5000)])
+        .await
+        .unwrap();
+    let loaded = std::process::Command::new("mariadb")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", a.port))
+        .arg("app")
+        .stdin(std::fs::File::open(&second).unwrap())
+        .output()
+        .unwrap();
+    for p in [&path, &first, &second] {
+        let _ = std::fs::remove_file(p);
+    }
+    assert!(
+        loaded.status.success(),
+        "the rest of the dump was not loaded: {}",
+        String::from_utf8_lossy(&loaded.stderr)
+    );
+    // Marks are written on a again, and ids go on.
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    ids.extend(fresh.next_n("photos", 100).await.unwrap());
+    assert_unique(&ids);
+}
