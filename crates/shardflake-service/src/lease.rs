@@ -53,7 +53,8 @@ use crate::registry::STATIC;
 use crate::state_file::{State, StateFile, StateLock};
 
 pub use crate::registry::{
-    AcquireError, Claim, Holding, RecordError, Registry, RegistryError, Renewal, StaticRegistry,
+    AcquireError, Claim, Holding, PreviousFleet, RecordError, Registry, RegistryError, Renewal,
+    StaticRegistry,
 };
 
 #[cfg(test)]
@@ -249,6 +250,13 @@ impl Keeper {
                 NodeSource::Static(_) => None,
             },
             expected_registry: None,
+            previous: match &issuer.config.node {
+                NodeSource::Etcd(e) => e.previous_prefix.clone().map(|prefix| PreviousFleet {
+                    prefix,
+                    layout: issuer.config.layout.clone(),
+                }),
+                NodeSource::Static(_) => None,
+            },
         };
         let mut keeper = Keeper {
             issuer,

@@ -784,3 +784,121 @@ async fn a_node_with_another_fleets_fixed_fields_or_prefix_is_refused() -> anyho
     default.kill();
     Ok(())
 }
+
+/// The snowflake layout with its epoch moved by `ms` (negative: earlier).
+fn snowflake_epoch_moved(ms: i64) -> String {
+    let epoch = 1_288_834_974_657_i64 + ms;
+    format!("snowflake: time 41 | node 10 | sequence 12 (epoch {epoch} ms)")
+}
+
+/// Issue 38, F2 and F2b: a layout change (a new prefix, new state files)
+/// with the epoch 15 s later made the new fleet issue the old fleet's ids
+/// of 15 s before; a node refused for its layout, restarted under another
+/// prefix as the refusal advised, issued beside the running fleet. Now the
+/// refusal names `--previous-prefix`, which refuses while the old fleet
+/// runs and refuses a layout whose ids are not above the old fleet's; the
+/// change that is allowed retires the old prefix, so its nodes are
+/// refused there afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_change_never_reissues_an_id() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(6)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut old = Vec::new();
+    let mut loads = Vec::new();
+    for dir in &d[..2] {
+        let s = leased(&etcd, "/lay1", dir, &[])?;
+        s.ready(Duration::from_secs(20)).await?;
+        loads.push(ids_until(&s.http, &stop));
+        old.push(s);
+    }
+    // F2b: another layout on the running fleet's prefix is refused, and
+    // the advice it gives, followed while the fleet runs, refused too.
+    let later = snowflake_epoch_moved(15_000);
+    let mut other = leased(&etcd, "/lay1", &d[2], &["--layout", &later])?;
+    let refused = run_beside(&mut other, &stop, &mut loads, Duration::from_millis(1500))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("another layout started on /lay1"))?;
+    assert!(
+        refused.contains("--previous-prefix /lay1") && refused.contains("stop every node"),
+        "{refused}"
+    );
+    let mut advised = leased(
+        &etcd,
+        "/lay2",
+        &d[2],
+        &["--layout", &later, "--previous-prefix", "/lay1"],
+    )?;
+    let refused = run_beside(&mut advised, &stop, &mut loads, Duration::from_millis(1500))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("started beside the running fleet"))?;
+    assert!(refused.contains("/lay1/node/"), "{refused}");
+
+    // F2: the old fleet stopped, the epoch 15 s later is refused before a
+    // single id (its ids would be the old fleet's of 15 s before).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for s in &mut old {
+        stop_cleanly(s).await?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut old_ids = Vec::new();
+    for l in loads.drain(..) {
+        old_ids.extend(l.await?);
+    }
+    anyhow::ensure!(!old_ids.is_empty(), "the old fleet issued nothing");
+    let mut refused = leased(
+        &etcd,
+        "/lay2",
+        &d[3],
+        &["--layout", &later, "--previous-prefix", "/lay1"],
+    )?;
+    let why = started_or_refused(&mut refused)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the later epoch started"))?;
+    assert!(
+        why.contains("not above every id the fleet under /lay1 made"),
+        "{why}"
+    );
+
+    // An earlier epoch is above: the new fleet starts, retires /lay1, and
+    // every id it issues is above every id the old fleet issued.
+    let stop = Arc::new(AtomicBool::new(false));
+    let earlier = snowflake_epoch_moved(-15_000);
+    let mut new = Vec::new();
+    for dir in &d[4..6] {
+        let s = leased(
+            &etcd,
+            "/lay2",
+            dir,
+            &["--layout", &earlier, "--previous-prefix", "/lay1"],
+        )?;
+        s.ready(Duration::from_secs(20)).await?;
+        loads.push(ids_until(&s.http, &stop));
+        new.push(s);
+    }
+    // A node of the old fleet, restarted on its state file, is refused.
+    let mut back = leased(&etcd, "/lay1", &d[0], &[])?;
+    let refused = run_beside(&mut back, &stop, &mut loads, Duration::from_millis(1500))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the old fleet's node started again"))?;
+    assert!(
+        refused.contains("etcd prefix /lay1 is retired") && refused.contains("/lay2"),
+        "{refused}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let old_max = old_ids.iter().max().copied().unwrap_or(0);
+    let mut new_ids = Vec::new();
+    for l in loads {
+        new_ids.extend(l.await?);
+    }
+    anyhow::ensure!(!new_ids.is_empty(), "the new fleet issued nothing");
+    let below = new_ids.iter().filter(|&&id| id <= old_max).count();
+    assert_eq!(below, 0, "new ids at or below the old fleet's largest");
+    let total = new_ids.len() + old_ids.len();
+    let mut all: Vec<u64> = old_ids.into_iter().chain(new_ids).collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), total, "duplicates");
+    Ok(())
+}

@@ -71,13 +71,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AcquireError, Claim, Holding, LeaseId, RecordError, Registry, RegistryError, Renewal, keys,
-    read_high_water,
+    AcquireError, Claim, Holding, LeaseId, PreviousFleet, RecordError, Registry, RegistryError,
+    Renewal, keys, read_high_water,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{
     Client, Compare, EtcdError, Event, EventKind, Header, Kv, Op, Status, random_below,
 };
+use crate::layout_change::LayoutChange;
 
 /// Node ids leased from etcd under one prefix.
 #[derive(Debug)]
@@ -204,16 +205,36 @@ impl Registry for EtcdRegistry {
                                 _ => Trust::All,
                             }
                         };
-                        take_lowest(
-                            &self.client,
-                            &self.prefix,
-                            lease,
-                            claim,
-                            kvs,
-                            &trust,
-                            status,
-                        )
-                        .await
+                        // A layout change: the new fleet's first takes (no
+                        // layout record yet) check the previous fleet and
+                        // retire it; later ones find the floor it left.
+                        let layout_key = format!("{}/layout", self.prefix);
+                        let floor = match &claim.previous {
+                            Some(previous)
+                                if !kvs.iter().any(|kv| kv.key == layout_key.as_bytes()) =>
+                            {
+                                retire_previous(&self.client, &self.prefix, previous, claim)
+                                    .await
+                                    .map(Some)
+                            }
+                            _ => Ok(None),
+                        };
+                        match floor {
+                            Err(e) => Err(e),
+                            Ok(floor) => {
+                                take_lowest(
+                                    &self.client,
+                                    &self.prefix,
+                                    lease,
+                                    claim,
+                                    kvs,
+                                    &trust,
+                                    status,
+                                    floor,
+                                )
+                                .await
+                            }
+                        }
                     }
                 }
             }
@@ -657,6 +678,134 @@ async fn read_cluster(client: &Client, prefix: &str) -> Result<(Vec<Kv>, Header)
         .await?)
 }
 
+/// How a retired prefix's layout record begins: `retired for <successor>:
+/// <the record as it was>`. Every take there compares the layout record, so
+/// the nodes of the old layout are refused, whatever their version.
+const RETIRED: &str = "retired for ";
+
+/// The successor prefix and the record as it was, of a retired prefix's
+/// layout record.
+fn parse_retired(record: &[u8]) -> Option<(String, String)> {
+    let text = std::str::from_utf8(record).ok()?;
+    let (successor, was) = text.strip_prefix(RETIRED)?.split_once(": ")?;
+    Some((successor.to_string(), was.to_string()))
+}
+
+/// A layout change: before the new fleet (under `prefix`) records its
+/// layout, checks the previous fleet, retires it and returns the new
+/// fleet's floor (no id of it at or before this Unix ms).
+///
+/// Refused while a node of the previous fleet holds or waits for an id, and
+/// when the new layout's ids from now on are not all above every id the
+/// previous layout could have made until now or its highest high-water.
+/// The retirement rewrites the previous layout record, compared unchanged
+/// along with every key under the previous prefix, so a node of the
+/// previous fleet that started meanwhile fails it.
+async fn retire_previous(
+    client: &Client,
+    prefix: &str,
+    previous: &PreviousFleet,
+    claim: &Claim,
+) -> Result<u64, AcquireError> {
+    let old = &previous.prefix;
+    let under = format!("{old}/");
+    let (kvs, header) = client.range_prefix_header(under.as_bytes()).await?;
+    let layout_key = format!("{old}/layout");
+    let Some(record) = kvs.iter().find(|kv| kv.key == layout_key.as_bytes()) else {
+        return Err(AcquireError::PreviousMissing {
+            previous: old.clone(),
+        });
+    };
+    let (old_record, retired) = match parse_retired(&record.value) {
+        Some((successor, was)) if successor == prefix => (was, true),
+        Some((successor, _)) => {
+            return Err(AcquireError::PreviousRetired {
+                previous: old.clone(),
+                successor,
+                prefix: prefix.to_string(),
+            });
+        }
+        None => (String::from_utf8_lossy(&record.value).into_owned(), false),
+    };
+    let live = [format!("{old}/node/"), format!("{old}/queue/")];
+    if let Some(kv) = kvs
+        .iter()
+        .find(|kv| live.iter().any(|p| kv.key.starts_with(p.as_bytes())))
+    {
+        return Err(AcquireError::PreviousRunning {
+            previous: old.clone(),
+            key: String::from_utf8_lossy(&kv.key).into_owned(),
+            holder: String::from_utf8_lossy(&kv.value).into_owned(),
+        });
+    }
+    let unreadable = |key: &[u8], value: &[u8]| AcquireError::PreviousUnreadable {
+        previous: old.clone(),
+        key: String::from_utf8_lossy(key).into_owned(),
+        value: String::from_utf8_lossy(value).into_owned(),
+    };
+    let old_layout = old_record
+        .split_once("; node id in field")
+        .and_then(|(spec, _)| shardflake::preset::resolve(spec).ok())
+        .ok_or_else(|| unreadable(&record.key, old_record.as_bytes()))?;
+    let hw_prefix = format!("{old}/hw/");
+    let mut until_ms = claim.now_ms;
+    for kv in kvs
+        .iter()
+        .filter(|kv| kv.key.starts_with(hw_prefix.as_bytes()))
+    {
+        let ms = std::str::from_utf8(&kv.value)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| unreadable(&kv.key, &kv.value))?;
+        until_ms = until_ms.max(ms);
+    }
+    let change = LayoutChange::new(&old_layout, until_ms, &previous.layout, claim.now_ms);
+    if !change.is_safe() {
+        let advice = match change.latest_epoch_ms {
+            Some(epoch) => format!(
+                "an epoch at or before {epoch} ms ({}) with these fields and tick would be above",
+                shardflake::timestamp::rfc3339_ms(epoch)
+            ),
+            None => {
+                "no epoch with these fields and tick gets above: widen the time field".to_string()
+            }
+        };
+        return Err(AcquireError::BelowPrevious {
+            previous: old.clone(),
+            detail: format!(
+                "its layout {old_record:?} could reach id {} until {}, this layout's smallest id now is {}; {advice} (`shardflake plan --from OLD --to NEW`)",
+                change.old_max_id,
+                shardflake::timestamp::rfc3339_ms(until_ms),
+                change.new_min_id,
+            ),
+        });
+    }
+    if !retired {
+        let value = format!("{RETIRED}{prefix}: {old_record}").into_bytes();
+        let answer = client
+            .txn(
+                &[
+                    Compare::ValueIs(layout_key.clone().into_bytes(), record.value.clone()),
+                    Compare::NoneWrittenAfter(under.into_bytes(), header.revision),
+                ],
+                &[Op::Put(layout_key.into_bytes(), value, 0)],
+                &[],
+            )
+            .await
+            .map_err(after_an_answer)?;
+        if !answer.succeeded {
+            return Err(AcquireError::PreviousChanged {
+                previous: old.clone(),
+            });
+        }
+        tracing::warn!(
+            previous = %old,
+            "retired the previous fleet's prefix {old}: its nodes are refused there from now on"
+        );
+    }
+    Ok(change.unsafe_until_ms.unwrap_or(until_ms))
+}
+
 /// The lowest free node id, taken in one transaction that also records its
 /// first high-water. Uncontended, the id is the lowest free.
 ///
@@ -684,6 +833,7 @@ async fn read_cluster(client: &Client, prefix: &str) -> Result<(Vec<Kv>, Header)
 /// record (the cluster's first node, or a herd starting together on an
 /// empty prefix) writes it there, compared absent, so a herd does not spend
 /// a raft write per node on the record before racing for ids.
+#[allow(clippy::too_many_arguments)] // one call site, each a part of the take
 async fn take_lowest(
     client: &Client,
     prefix: &str,
@@ -692,6 +842,7 @@ async fn take_lowest(
     mut kvs: Vec<Kv>,
     trust: &Trust,
     status: Option<Status>,
+    floor: Option<u64>,
 ) -> Result<Taken, AcquireError> {
     let max_id = claim.max_node_id;
     let layout = &claim.layout[..];
@@ -701,6 +852,18 @@ async fn take_lowest(
     let queue_prefix = format!("{prefix}/queue/");
     let queue_key = format!("{queue_prefix}{lease:x}").into_bytes();
     let layout_key = format!("{prefix}/layout").into_bytes();
+    let floor_key = format!("{prefix}/floor").into_bytes();
+    // A fleet that replaced another layout: no id of it at or before this
+    // Unix ms (`{prefix}/floor`, written with its layout record).
+    let read_floor = |kvs: &[Kv]| -> Result<u64, AcquireError> {
+        kvs.iter()
+            .find(|kv| kv.key == floor_key)
+            .map_or(Ok(0), |kv| {
+                let key = String::from_utf8_lossy(&floor_key).into_owned();
+                read_high_water(0, &key, Some(&kv.value))
+            })
+    };
+    let mut floor_ms = floor.unwrap_or(0).max(read_floor(&kvs)?);
     // Whether a layout record has been seen; once one has, its absence
     // means it was deleted since, a mismatch like another layout.
     let mut seen_layout = false;
@@ -728,6 +891,12 @@ async fn take_lowest(
         if recorded == layout {
             seen_layout = true;
             return Ok(Some(recorded.to_vec()));
+        }
+        if let Some((successor, _)) = parse_retired(recorded) {
+            return Err(AcquireError::Retired {
+                prefix: prefix.to_string(),
+                successor,
+            });
         }
         // Written by an earlier version, which left the fixed fields out:
         // this node's layout as far as it can tell. The fleet's nodes keep
@@ -842,6 +1011,8 @@ async fn take_lowest(
         } else {
             recorded
         };
+        // Past every id of the fleet this one replaced.
+        let previous_ms = previous_ms.max(floor_ms);
         // Checked before anything is written: a refused take leaves the
         // record as it was.
         let ahead_ms = previous_ms.saturating_sub(claim.now_ms);
@@ -895,6 +1066,13 @@ async fn take_lowest(
             None => {
                 compares.push(Compare::Absent(layout_key.clone()));
                 success.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
+                if let Some(floor) = floor {
+                    success.push(Op::Put(
+                        floor_key.clone(),
+                        floor.to_string().into_bytes(),
+                        0,
+                    ));
+                }
             }
         }
         let mut failure = match queued_at {
@@ -916,6 +1094,7 @@ async fn take_lowest(
         };
         failure.extend([
             Op::Get(layout_key.clone()),
+            Op::Get(floor_key.clone()),
             Op::Prefix(node_prefix.clone().into_bytes()),
             Op::Get(hw.clone().into_bytes()),
             Op::Get(stamp_key.clone().into_bytes()),
@@ -952,6 +1131,7 @@ async fn take_lowest(
         // Lost the race for the id, or the layout record or the id's
         // high-water changed since (or another node wrote the layout record).
         layout_present = check_layout(&fresh)?;
+        floor_ms = floor_ms.max(read_floor(&fresh)?);
         match fresh.iter().find(|kv| kv.key == hw.as_bytes()) {
             Some(kv) => high_waters.insert(candidate, kv.value.clone()),
             None => high_waters.remove(&candidate),
