@@ -569,6 +569,9 @@ impl Keeper {
                 {
                     self.registry.remember_revision(r);
                 }
+                if let Some(fleet) = state.fleet {
+                    self.registry.expect_fleet(fleet);
+                }
                 self.claim.expected_registry = registry;
             }
         }
@@ -598,6 +601,7 @@ impl Keeper {
             layout: Some(String::from_utf8_lossy(&self.claim.layout).into_owned()),
             registry: self.registry.identity(),
             etcd_revision: self.registry.revision(),
+            fleet: self.registry.fleet(),
         };
         let lock = self.state_lock.clone();
         tokio::task::spawn_blocking(move || lock.write(&state))

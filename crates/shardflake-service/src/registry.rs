@@ -239,7 +239,7 @@ pub enum AcquireError {
     /// The node's state file was written under another registry (prefix,
     /// etcd cluster, or a static id).
     #[error(
-        "this node's state file says it ran under [{recorded}], now it is under [{now}]: nodes under different prefixes or etcd clusters (or a static id beside leased ones) can hold the same node id and issue the same ids. Move a whole fleet at once (stop every node first) and then delete the line \"registry ...\" from the state file; to move static ids to etcd keep --node-id and add --etcd (see docs/guide/operations-service.md)"
+        "this node's state file says it ran under [{recorded}], now it is under [{now}]: nodes under different prefixes or etcd clusters (or a static id beside leased ones) can hold the same node id and issue the same ids. To move a fleet to another prefix: stop every node of it, then start them all with the new --etcd-prefix and --previous-prefix <the old prefix> after deleting the line \"registry ...\" from each state file; to move static ids to etcd keep --node-id and add --etcd (see docs/guide/operations-service.md)"
     )]
     RegistryChanged {
         /// What the state file records.
@@ -272,6 +272,28 @@ pub enum AcquireError {
         ahead: Duration,
         /// window + max_resume_wait.
         limit: Duration,
+    },
+    /// The prefix records another fleet id than this node's.
+    #[error(
+        "etcd prefix {prefix} holds fleet {found}, this node belongs to fleet {expected} (its state file): another fleet's place, or another etcd cluster; check --etcd and --etcd-prefix"
+    )]
+    FleetMismatch {
+        /// The key prefix.
+        prefix: String,
+        /// This node's fleet id.
+        expected: String,
+        /// The fleet id recorded there.
+        found: String,
+    },
+    /// The prefix records no fleet id, where this node expects its own.
+    #[error(
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there: stop every node of it, then start them with the new --etcd-prefix and --previous-prefix <the old prefix> (same etcd)"
+    )]
+    FleetMissing {
+        /// The key prefix.
+        prefix: String,
+        /// This node's fleet id.
+        expected: String,
     },
     /// The prefix was retired by a layout change: its fleet runs elsewhere.
     #[error(
@@ -370,6 +392,8 @@ impl AcquireError {
             AcquireError::LayoutMismatch { .. }
                 | AcquireError::LayoutMissing { .. }
                 | AcquireError::Retired { .. }
+                | AcquireError::FleetMismatch { .. }
+                | AcquireError::FleetMissing { .. }
                 | AcquireError::PreviousMissing { .. }
                 | AcquireError::PreviousRetired { .. }
                 | AcquireError::PreviousRunning { .. }
@@ -435,6 +459,15 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
     /// A revision seen before this process (from the state file): a store
     /// answering below it was rolled back, and its records are not trusted.
     fn remember_revision(&self, _revision: i64) {}
+
+    /// The fleet id of the last take (etcd), for the state file.
+    fn fleet(&self) -> Option<String> {
+        None
+    }
+
+    /// The fleet id this node belongs to (from the state file): a take
+    /// where another, or none, is recorded is refused.
+    fn expect_fleet(&self, _fleet: String) {}
 }
 
 /// The registry a configuration names: etcd, or a static node id. Fails

@@ -130,12 +130,16 @@ async fn a_node_restarted_under_another_prefix_or_cluster_is_refused() -> anyhow
     stop.store(true, Ordering::Relaxed);
     no_duplicates(loads).await?;
     let refused = refused.ok_or_else(|| anyhow::anyhow!("started under /split2"))?;
+    // Neither place holds the fleet id its state file names.
     assert!(
-        refused.contains("prefix=/split]") && refused.contains("prefix=/split2"),
+        refused.contains("etcd prefix /split2 holds no fleet id"),
         "{refused}"
     );
     let refused = refused_cluster.ok_or_else(|| anyhow::anyhow!("started on a new cluster"))?;
-    assert!(refused.contains("etcd cluster="), "{refused}");
+    assert!(
+        refused.contains("etcd prefix /split holds no fleet id"),
+        "{refused}"
+    );
     // The prefix shows at start and in /v1/info.
     let line = std::fs::read_to_string(a.dir.join("stdout.log"))?;
     assert!(line.contains("node=etcd:/split"), "{line}");
@@ -900,5 +904,128 @@ async fn a_layout_change_never_reissues_an_id() -> anyhow::Result<()> {
     all.sort_unstable();
     all.dedup();
     assert_eq!(all.len(), total, "duplicates");
+    Ok(())
+}
+
+/// Deletes the `registry …` line of a state file (what the guide once said
+/// to do to move a fleet to another prefix).
+fn drop_registry_line(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join("shardflake.state");
+    let text = std::fs::read_to_string(&path)?;
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("registry "))
+        .collect();
+    std::fs::write(&path, kept.join("\n") + "\n")?;
+    Ok(())
+}
+
+/// Issue 38, F3: the prefix change as the guide once said (stop every
+/// node, delete the `registry` lines, start on the new prefix) with one
+/// host's clock 20 s ahead: the nodes swapped ids on the empty prefix and
+/// waited one window, so the node with the slow clock issued what the
+/// fast one had issued under its id. Now a node whose state file names its
+/// fleet refuses a place without its fleet id; moved with
+/// `--previous-prefix`, the fleet id comes along and every node waits past
+/// the old fleet's highest high-water, whatever its clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_moved_to_another_prefix_never_swaps_ids_whatever_its_clocks() -> anyhow::Result<()>
+{
+    let etcd = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+20s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let on = |prefix: &'static str, extra: &'static [&'static str]| {
+        let mut args = vec![
+            "--etcd".to_string(),
+            urls.clone(),
+            "--etcd-prefix".into(),
+            prefix.into(),
+            "--lease-ttl".into(),
+            "3s".into(),
+            "--window".into(),
+            "2s".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let start = |dir: &Path, args: &[String], env: &[(&str, &str)]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        serve_in(dir, &args, env)
+    };
+    // Node 0 on a sound clock, node 1 20 s ahead.
+    let a = start(&d[0], &on("/mv1", &[]), &[])?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let b = start(&d[1], &on("/mv1", &[]), &ahead)?;
+    assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&a.http, &stop), ids_until(&b.http, &stop)];
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut old_ids = Vec::new();
+    for l in loads.drain(..) {
+        old_ids.extend(l.await?);
+    }
+    for mut s in [a, b] {
+        stop_cleanly(&mut s).await?;
+    }
+    for dir in &d {
+        drop_registry_line(dir)?;
+    }
+
+    // As the guide once said: the fast node first (it takes id 0), then
+    // the sound one (id 1, the fast node's old id).
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut swapped = start(&d[1], &on("/mv2", &[]), &ahead)?;
+    let fast = run_beside(&mut swapped, &stop, &mut loads, Duration::ZERO).await?;
+    let mut sound = start(&d[0], &on("/mv2", &[]), &[])?;
+    let slow = run_beside(&mut sound, &stop, &mut loads, Duration::from_secs(20)).await?;
+    swapped.kill();
+    sound.kill();
+    stop.store(true, Ordering::Relaxed);
+    let mut ids = old_ids.clone();
+    for l in loads.drain(..) {
+        ids.extend(l.await?);
+    }
+    let total = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "{} duplicates", total - ids.len());
+    for refused in [fast, slow] {
+        let refused = refused.ok_or_else(|| anyhow::anyhow!("started on an empty prefix"))?;
+        assert!(refused.contains("holds no fleet id"), "{refused}");
+    }
+
+    // Moved: both wait past the fast clock's last high-water.
+    let moved = on("/mv2", &["--previous-prefix", "/mv1"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let fast = start(&d[1], &moved, &ahead)?;
+    let sound = start(&d[0], &moved, &[])?;
+    let mut ready = Vec::new();
+    for s in [&fast, &sound] {
+        ready.push(s.ready(Duration::from_secs(40)).await?);
+        loads.push(ids_until(&s.http, &stop));
+    }
+    ready.sort_unstable();
+    assert_eq!(ready, [0, 1]);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let old_max = old_ids.iter().max().copied().unwrap_or(0);
+    let mut new_ids = Vec::new();
+    for l in loads {
+        new_ids.extend(l.await?);
+    }
+    anyhow::ensure!(!new_ids.is_empty(), "the moved fleet issued nothing");
+    let below = new_ids.iter().filter(|&&id| id <= old_max).count();
+    assert_eq!(below, 0, "moved fleet's ids at or below the old fleet's");
+    // The fleet id came along.
+    let fleet = etcd.get("/mv1/fleet").await?;
+    assert!(fleet.is_some());
+    assert_eq!(etcd.get("/mv2/fleet").await?, fleet);
     Ok(())
 }

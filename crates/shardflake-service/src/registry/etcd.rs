@@ -90,6 +90,8 @@ pub struct EtcdRegistry {
     held: Mutex<Option<Held>>,
     /// The cluster id etcd answered the last take with.
     cluster_id: Mutex<Option<u64>>,
+    /// This node's fleet id: from its state file, else its first take.
+    fleet: Mutex<Option<String>>,
     /// The highest etcd revision seen (and remembered in the state file):
     /// a lower one means etcd was rolled back.
     seen_revision: AtomicI64,
@@ -104,6 +106,7 @@ pub struct EtcdRegistry {
 struct Held {
     lease: LeaseId,
     layout: Vec<u8>,
+    fleet: Vec<u8>,
     hw_revision: i64,
     /// Values of the high-water records sent since the last one etcd
     /// answered (its answer may be lost while it was executed).
@@ -119,6 +122,7 @@ impl EtcdRegistry {
             prefix: cfg.prefix.clone(),
             held: Mutex::new(None),
             cluster_id: Mutex::new(None),
+            fleet: Mutex::new(None),
             seen_revision: AtomicI64::new(0),
             record_lock: tokio::sync::Mutex::new(()),
         })
@@ -171,15 +175,20 @@ impl Registry for EtcdRegistry {
                 // the endpoints, failed over to) knows nothing of its ids.
                 let first = *lock(&self.cluster_id).get_or_insert(header.cluster_id);
                 let now = self.identity_of(header.cluster_id);
+                let expected_fleet = lock(&self.fleet).clone();
                 match &claim.expected_registry {
                     _ if first != header.cluster_id => Err(AcquireError::ClusterChanged {
                         took: self.identity_of(first),
                         now,
                     }),
-                    Some(recorded) if *recorded != now => Err(AcquireError::RegistryChanged {
-                        recorded: recorded.clone(),
-                        now,
-                    }),
+                    // A state file with a fleet id: the fleet id found
+                    // there decides (a moved fleet carries it).
+                    Some(recorded) if *recorded != now && expected_fleet.is_none() => {
+                        Err(AcquireError::RegistryChanged {
+                            recorded: recorded.clone(),
+                            now,
+                        })
+                    }
                     _ => {
                         let seen = self
                             .seen_revision
@@ -209,19 +218,27 @@ impl Registry for EtcdRegistry {
                         // layout record yet) check the previous fleet and
                         // retire it; later ones find the floor it left.
                         let layout_key = format!("{}/layout", self.prefix);
-                        let floor = match &claim.previous {
+                        let fleet = match &claim.previous {
                             Some(previous)
                                 if !kvs.iter().any(|kv| kv.key == layout_key.as_bytes()) =>
                             {
                                 retire_previous(&self.client, &self.prefix, previous, claim)
                                     .await
-                                    .map(Some)
+                                    .map(|(floor, carried)| Fleet {
+                                        expected: expected_fleet,
+                                        carried,
+                                        floor: Some(floor),
+                                    })
                             }
-                            _ => Ok(None),
+                            _ => Ok(Fleet {
+                                expected: expected_fleet,
+                                carried: None,
+                                floor: None,
+                            }),
                         };
-                        match floor {
+                        match fleet {
                             Err(e) => Err(e),
-                            Ok(floor) => {
+                            Ok(fleet) => {
                                 take_lowest(
                                     &self.client,
                                     &self.prefix,
@@ -230,7 +247,7 @@ impl Registry for EtcdRegistry {
                                     kvs,
                                     &trust,
                                     status,
-                                    floor,
+                                    fleet,
                                 )
                                 .await
                             }
@@ -242,9 +259,11 @@ impl Registry for EtcdRegistry {
         };
         match taken {
             Ok(taken) => {
+                *lock(&self.fleet) = Some(String::from_utf8_lossy(&taken.fleet).into_owned());
                 *lock(&self.held) = Some(Held {
                     lease,
                     layout: taken.layout,
+                    fleet: taken.fleet,
                     hw_revision: taken.hw_revision,
                     unconfirmed: Vec::new(),
                 });
@@ -328,6 +347,14 @@ impl Registry for EtcdRegistry {
         lock(&self.cluster_id).map(|id| self.identity_of(id))
     }
 
+    fn fleet(&self) -> Option<String> {
+        lock(&self.fleet).clone()
+    }
+
+    fn expect_fleet(&self, fleet: String) {
+        *lock(&self.fleet) = Some(fleet);
+    }
+
     fn revision(&self) -> Option<i64> {
         Some(self.seen_revision.load(Ordering::Relaxed)).filter(|&r| r > 0)
     }
@@ -365,6 +392,10 @@ impl EtcdRegistry {
             Compare::LeaseIs(node.into_bytes(), holding.lease),
             Compare::ModRevisionIs(hw.into_bytes(), held.hw_revision),
             Compare::ValueIs(self.layout_key().into_bytes(), held.layout.clone()),
+            Compare::ValueIs(
+                format!("{}/fleet", self.prefix).into_bytes(),
+                held.fleet.clone(),
+            ),
         ]
     }
 
@@ -606,6 +637,8 @@ struct Taken {
     hw_revision: i64,
     /// `<prefix>/layout` as the take compared or wrote it.
     layout: Vec<u8>,
+    /// `<prefix>/fleet` as the take compared or wrote it.
+    fleet: Vec<u8>,
 }
 
 /// A call that failed after etcd answered this take's first read: etcd is
@@ -706,7 +739,7 @@ async fn retire_previous(
     prefix: &str,
     previous: &PreviousFleet,
     claim: &Claim,
-) -> Result<u64, AcquireError> {
+) -> Result<(u64, Option<String>), AcquireError> {
     let old = &previous.prefix;
     let under = format!("{old}/");
     let (kvs, header) = client.range_prefix_header(under.as_bytes()).await?;
@@ -760,7 +793,15 @@ async fn retire_previous(
         until_ms = until_ms.max(ms);
     }
     let change = LayoutChange::new(&old_layout, until_ms, &previous.layout, claim.now_ms);
-    if !change.is_safe() {
+    // The same layout (a fleet moved to another prefix): its ids are above
+    // once every clock is past the old fleet's highest high-water, which
+    // every take of the new fleet waits out (within window +
+    // max_resume_wait, as for any record).
+    let moved = old_record.as_bytes() == claim.layout
+        && change
+            .unsafe_until_ms
+            .is_some_and(|ms| ms <= claim.now_ms.saturating_add(claim.max_ahead_ms));
+    if !change.is_safe() && !moved {
         let advice = match change.latest_epoch_ms {
             Some(epoch) => format!(
                 "an epoch at or before {epoch} ms ({}) with these fields and tick would be above",
@@ -803,7 +844,40 @@ async fn retire_previous(
             "retired the previous fleet's prefix {old}: its nodes are refused there from now on"
         );
     }
-    Ok(change.unsafe_until_ms.unwrap_or(until_ms))
+    let carried = kvs
+        .iter()
+        .find(|kv| kv.key == format!("{old}/fleet").as_bytes())
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    Ok((change.unsafe_until_ms.unwrap_or(until_ms), carried))
+}
+
+/// What a take knows of its fleet besides the claim.
+struct Fleet {
+    /// The fleet id this node belongs to (its state file, or an earlier
+    /// take of this process).
+    expected: Option<String>,
+    /// A fleet replacing another (`--previous-prefix`): the previous
+    /// fleet's id, carried over.
+    carried: Option<String>,
+    /// A fleet replacing another: no id of it at or before this Unix ms.
+    floor: Option<u64>,
+}
+
+/// A new fleet id: 128 random bits, hex.
+fn mint_fleet_id(lease: LeaseId) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let half = |salt: u64| {
+        // Keys drawn from the OS's randomness for each process.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(salt);
+        h.write_i64(lease);
+        h.write_u128(nanos);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(1), half(2))
 }
 
 /// The lowest free node id, taken in one transaction that also records its
@@ -842,8 +916,9 @@ async fn take_lowest(
     mut kvs: Vec<Kv>,
     trust: &Trust,
     status: Option<Status>,
-    floor: Option<u64>,
+    fleet: Fleet,
 ) -> Result<Taken, AcquireError> {
+    let floor = fleet.floor;
     let max_id = claim.max_node_id;
     let layout = &claim.layout[..];
     let node_prefix = format!("{prefix}/node/");
@@ -864,6 +939,41 @@ async fn take_lowest(
             })
     };
     let mut floor_ms = floor.unwrap_or(0).max(read_floor(&kvs)?);
+    let fleet_key = format!("{prefix}/fleet").into_bytes();
+    let read_fleet = |kvs: &[Kv]| {
+        kvs.iter()
+            .find(|kv| kv.key == fleet_key)
+            .map(|kv| kv.value.clone())
+    };
+    let mut recorded_fleet = read_fleet(&kvs);
+    // The fleet id this take writes where none is recorded: the previous
+    // fleet's, or a new one.
+    let new_fleet = fleet
+        .carried
+        .clone()
+        .unwrap_or_else(|| mint_fleet_id(lease))
+        .into_bytes();
+    // A node that belongs to a fleet takes an id only where its fleet id
+    // is recorded, or where a move (`--previous-prefix`) carries it.
+    let check_fleet = |recorded: &Option<Vec<u8>>| -> Result<(), AcquireError> {
+        let Some(expected) = &fleet.expected else {
+            return Ok(());
+        };
+        match recorded {
+            Some(found) if found == expected.as_bytes() => Ok(()),
+            Some(found) => Err(AcquireError::FleetMismatch {
+                prefix: prefix.to_string(),
+                expected: expected.clone(),
+                found: String::from_utf8_lossy(found).into_owned(),
+            }),
+            None if fleet.carried.as_deref() == Some(expected.as_str()) => Ok(()),
+            None => Err(AcquireError::FleetMissing {
+                prefix: prefix.to_string(),
+                expected: expected.clone(),
+            }),
+        }
+    };
+    check_fleet(&recorded_fleet)?;
     // Whether a layout record has been seen; once one has, its absence
     // means it was deleted since, a mismatch like another layout.
     let mut seen_layout = false;
@@ -1075,6 +1185,15 @@ async fn take_lowest(
                 }
             }
         }
+        match &recorded_fleet {
+            Some(recorded) => {
+                compares.push(Compare::ValueIs(fleet_key.clone(), recorded.clone()));
+            }
+            None => {
+                compares.push(Compare::Absent(fleet_key.clone()));
+                success.push(Op::Put(fleet_key.clone(), new_fleet.clone(), 0));
+            }
+        }
         let mut failure = match queued_at {
             // Queued: a take leaves the queue; a loss counts who is ahead.
             Some(revision) => {
@@ -1095,6 +1214,7 @@ async fn take_lowest(
         failure.extend([
             Op::Get(layout_key.clone()),
             Op::Get(floor_key.clone()),
+            Op::Get(fleet_key.clone()),
             Op::Prefix(node_prefix.clone().into_bytes()),
             Op::Get(hw.clone().into_bytes()),
             Op::Get(stamp_key.clone().into_bytes()),
@@ -1109,6 +1229,7 @@ async fn take_lowest(
             recorded_ms,
             hw_revision: answer.revision,
             layout: layout_present.clone().unwrap_or_else(|| layout.to_vec()),
+            fleet: recorded_fleet.clone().unwrap_or_else(|| new_fleet.clone()),
         };
         if answer.succeeded {
             // How many rounds a herd needed: each lost race is one more
@@ -1132,6 +1253,8 @@ async fn take_lowest(
         // high-water changed since (or another node wrote the layout record).
         layout_present = check_layout(&fresh)?;
         floor_ms = floor_ms.max(read_floor(&fresh)?);
+        recorded_fleet = read_fleet(&fresh);
+        check_fleet(&recorded_fleet)?;
         match fresh.iter().find(|kv| kv.key == hw.as_bytes()) {
             Some(kv) => high_waters.insert(candidate, kv.value.clone()),
             None => high_waters.remove(&candidate),
@@ -1197,6 +1320,7 @@ mod tests {
         let held = Held {
             lease: 7,
             layout: b"L".to_vec(),
+            fleet: b"F".to_vec(),
             hw_revision: 10,
             unconfirmed: Vec::new(),
         };
