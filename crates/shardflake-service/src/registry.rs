@@ -285,6 +285,16 @@ pub enum AcquireError {
         /// The fleet id recorded there.
         found: String,
     },
+    /// Two endpoints answer for different clusters or fleets.
+    #[error(
+        "the --etcd endpoints answer for different etcd clusters or fleets: {one}, but {other}; list the members of one cluster only"
+    )]
+    MembersDisagree {
+        /// One member and what it answered.
+        one: String,
+        /// Another that disagreed.
+        other: String,
+    },
     /// The prefix records no fleet id, where this node expects its own.
     #[error(
         "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there: stop every node of it, then start them with the new --etcd-prefix and --previous-prefix <the old prefix> (same etcd)"
@@ -393,6 +403,7 @@ impl AcquireError {
                 | AcquireError::LayoutMissing { .. }
                 | AcquireError::Retired { .. }
                 | AcquireError::FleetMismatch { .. }
+                | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
                 | AcquireError::PreviousMissing { .. }
                 | AcquireError::PreviousRetired { .. }

@@ -1029,3 +1029,53 @@ async fn a_fleet_moved_to_another_prefix_never_swaps_ids_whatever_its_clocks() -
     assert_eq!(etcd.get("/mv2/fleet").await?, fleet);
     Ok(())
 }
+
+/// Issue 38, F8: an `--etcd` list with members of two clusters (old and
+/// new during a move): fresh nodes started on random endpoints and the
+/// fleet split between the clusters, each holding the same ids. Now a
+/// node asks every member before its first take and is refused, naming
+/// the member that disagreed; each list of one cluster still starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_list_mixing_two_clusters_is_refused() -> anyhow::Result<()> {
+    let a = Etcd::start(1)?;
+    let b = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mixed = format!("{},{}", a.urls(), b.urls());
+    let args = [
+        "--etcd",
+        &mixed,
+        "--etcd-prefix",
+        "/mixed",
+        "--lease-ttl",
+        "3s",
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    let mut refusals = Vec::new();
+    let mut nodes = Vec::new();
+    for dir in &d[..2] {
+        let mut s = serve_in(dir, &args, &[])?;
+        refusals.push(run_beside(&mut s, &stop, &mut loads, Duration::from_millis(500)).await?);
+        nodes.push(s);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for mut s in nodes {
+        s.kill();
+    }
+    if !loads.is_empty() {
+        no_duplicates(loads).await?;
+    }
+    for refused in refusals {
+        let refused = refused.ok_or_else(|| anyhow::anyhow!("started on a mixed endpoint list"))?;
+        assert!(
+            refused.contains("answer for different etcd clusters or fleets")
+                && refused.contains(&a.urls())
+                && refused.contains(&b.urls()),
+            "{refused}"
+        );
+    }
+    // One cluster's members only: starts.
+    let one = leased(&a, "/mixed", &d[2], &[])?;
+    assert_eq!(one.ready(Duration::from_secs(20)).await?, 0);
+    Ok(())
+}

@@ -92,6 +92,9 @@ pub struct EtcdRegistry {
     cluster_id: Mutex<Option<u64>>,
     /// This node's fleet id: from its state file, else its first take.
     fleet: Mutex<Option<String>>,
+    /// With several endpoints, one client each: before its first take a
+    /// node asks every member which cluster and fleet it answers for.
+    members: Vec<(String, std::sync::Arc<Client>)>,
     /// The highest etcd revision seen (and remembered in the state file):
     /// a lower one means etcd was rolled back.
     seen_revision: AtomicI64,
@@ -117,7 +120,22 @@ impl EtcdRegistry {
     /// A registry on the endpoints and prefix of `cfg`, with its TLS files
     /// and credentials read and checked (nothing is sent yet).
     pub fn new(cfg: &EtcdConfig) -> Result<Self, EtcdError> {
+        let members = if cfg.endpoints.len() > 1 {
+            cfg.endpoints
+                .iter()
+                .map(|endpoint| {
+                    let one = EtcdConfig {
+                        endpoints: vec![endpoint.clone()],
+                        ..cfg.clone()
+                    };
+                    Ok((endpoint.clone(), std::sync::Arc::new(client(&one)?)))
+                })
+                .collect::<Result<_, EtcdError>>()?
+        } else {
+            Vec::new()
+        };
         Ok(EtcdRegistry {
+            members,
             client: client(cfg)?,
             prefix: cfg.prefix.clone(),
             held: Mutex::new(None),
@@ -155,6 +173,9 @@ impl From<EtcdError> for AcquireError {
 #[async_trait]
 impl Registry for EtcdRegistry {
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
+        if lock(&self.cluster_id).is_none() {
+            self.check_members().await?;
+        }
         // The grant and the first read do not depend on each other: one
         // round trip for both.
         let (granted, read, status) = tokio::join!(
@@ -397,6 +418,62 @@ impl EtcdRegistry {
                 held.fleet.clone(),
             ),
         ]
+    }
+
+    /// Before the first take: every member that answers must answer for
+    /// one cluster and one fleet (an endpoint list mixing two clusters
+    /// would let nodes of one fleet take ids in both). Members that do not
+    /// answer are not counted.
+    async fn check_members(&self) -> Result<(), AcquireError> {
+        if self.members.is_empty() {
+            return Ok(());
+        }
+        let key = format!("{}/fleet", self.prefix);
+        let mut asked = tokio::task::JoinSet::new();
+        for (endpoint, client) in &self.members {
+            let (endpoint, client, key) = (endpoint.clone(), client.clone(), key.clone());
+            asked.spawn(async move {
+                let answer = client.range_prefix_local_header(key.as_bytes()).await;
+                (endpoint, answer)
+            });
+        }
+        let mut answers = Vec::new();
+        while let Some(joined) = asked.join_next().await {
+            let Ok((endpoint, answer)) = joined else {
+                continue;
+            };
+            match answer {
+                Ok((kvs, header)) => {
+                    let fleet = kvs
+                        .iter()
+                        .find(|kv| kv.key == key.as_bytes())
+                        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+                    answers.push((endpoint, header.cluster_id, fleet));
+                }
+                Err(e) => {
+                    tracing::warn!(endpoint, error = %e, "etcd member did not answer which cluster it belongs to; not counted")
+                }
+            }
+        }
+        answers.sort();
+        let said = |(endpoint, cluster, fleet): &(String, u64, Option<String>)| {
+            format!(
+                "{endpoint} (etcd cluster={cluster:x}, fleet {})",
+                fleet.as_deref().unwrap_or("none")
+            )
+        };
+        for (i, a) in answers.iter().enumerate() {
+            for b in &answers[i + 1..] {
+                let fleets_differ = matches!((&a.2, &b.2), (Some(x), Some(y)) if x != y);
+                if a.1 != b.1 || fleets_differ {
+                    return Err(AcquireError::MembersDisagree {
+                        one: said(a),
+                        other: said(b),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     fn layout_key(&self) -> String {
