@@ -297,7 +297,7 @@ pub enum AcquireError {
     },
     /// The prefix records no fleet id, where this node expects its own.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there: stop every node of it, then start them with the new --etcd-prefix and --previous-prefix <the old prefix> (same etcd)"
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there: stop every node of it, then start them with the new --etcd-prefix and --previous-prefix <the old prefix> (same etcd). If this prefix was deleted under the fleet: etcdctl put {prefix}/fleet {expected} (each node then resumes past its own state file and one window past its clock)"
     )]
     FleetMissing {
         /// The key prefix.
