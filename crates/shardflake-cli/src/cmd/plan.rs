@@ -171,6 +171,12 @@ fn layout_change(from: &str, to: &str, at: Option<&str>) -> anyhow::Result<()> {
         println!("  ok: every new id is above every old one");
         return Ok(());
     }
+    if old == new {
+        println!(
+            "  the same layout (a fleet moved to another prefix): ok, every node waits past the old fleet's highest high-water"
+        );
+        return Ok(());
+    }
     let until = match change.unsafe_until_ms {
         Some(ms) => format!("until {}", rfc3339_ms(ms)),
         None => "for ever".to_string(),

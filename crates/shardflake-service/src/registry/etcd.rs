@@ -413,10 +413,7 @@ impl EtcdRegistry {
             Compare::LeaseIs(node.into_bytes(), holding.lease),
             Compare::ModRevisionIs(hw.into_bytes(), held.hw_revision),
             Compare::ValueIs(self.layout_key().into_bytes(), held.layout.clone()),
-            Compare::ValueIs(
-                format!("{}/fleet", self.prefix).into_bytes(),
-                held.fleet.clone(),
-            ),
+            Compare::ValueIs(self.fleet_key().into_bytes(), held.fleet.clone()),
         ]
     }
 
@@ -487,7 +484,12 @@ impl EtcdRegistry {
             Op::Get(node.into_bytes()),
             Op::Get(hw.into_bytes()),
             Op::Get(self.layout_key().into_bytes()),
+            Op::Get(self.fleet_key().into_bytes()),
         ]
+    }
+
+    fn fleet_key(&self) -> String {
+        format!("{}/fleet", self.prefix)
     }
 
     /// Notes `value` as a record of `lease` sent, its outcome unknown
@@ -512,7 +514,8 @@ impl EtcdRegistry {
         let find = |key: &str| kvs.iter().find(|kv| kv.key == key.as_bytes());
         let held = self.held_by(holding.lease)?;
         let ours = find(&node).is_some_and(|kv| kv.lease == holding.lease)
-            && find(&layout).is_some_and(|kv| kv.value == held.layout);
+            && find(&layout).is_some_and(|kv| kv.value == held.layout)
+            && find(&self.fleet_key()).is_some_and(|kv| kv.value == held.fleet);
         let record = find(&hw).filter(|_| ours)?;
         self.adopt(holding.lease, &record.value, record.mod_revision)
             .then(|| record.value.clone())
