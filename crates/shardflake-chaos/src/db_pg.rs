@@ -10,6 +10,8 @@
 //! - `apply` from a stale copy of the topology file (taken at the start);
 //! - `apply` and `check` with the file edited: a shard's owner, the schema
 //!   prefix, the shard count, the epoch (each must be refused);
+//! - `apply` (with or without `--new-server` for it) and `check` with a
+//!   server's url edited to reach a new, empty database (both refused);
 //! - a shard restored from a dump taken a moment earlier with `pg_restore
 //!   --clean`, writers stopped or still writing, then `pg repair`.
 //!
@@ -57,6 +59,10 @@ enum Fault {
     EditCount,
     /// The file edited: the epoch 10 s later.
     EditEpoch,
+    /// The url of the shard's server edited to reach a new, empty database
+    /// on the same PostgreSQL; `true`: that server also named new (`pg
+    /// apply --new-server`). Both must be refused.
+    EditUrl(bool),
     /// A shard restored from a dump with its writers stopped, then repaired.
     RestoreStopped,
     /// A shard restored from a dump under its writers, then repaired.
@@ -80,6 +86,7 @@ fn schedule(o: &DbOptions) -> Vec<(Duration, Fault, u64)> {
                 Fault::EditPrefix,
                 Fault::EditCount,
                 Fault::EditEpoch,
+                Fault::EditUrl(false),
                 Fault::RestoreStopped,
                 Fault::RestoreLive,
             ]);
@@ -88,6 +95,9 @@ fn schedule(o: &DbOptions) -> Vec<(Duration, Fault, u64)> {
         let mut fault = kinds.pop().expect("refilled above");
         if fault == Fault::MoveKilled(0) {
             fault = Fault::MoveKilled(rng.u64(0..400));
+        }
+        if fault == Fault::EditUrl(false) {
+            fault = Fault::EditUrl(rng.bool());
         }
         plan.push((at, fault, rng.u64(0..SHARDS)));
         at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
@@ -489,6 +499,43 @@ fn fault_once(
             refused(
                 &["pg", "check", "-t", &f],
                 &format!("check with the file edited ({fault:?})"),
+            )
+        }
+        Fault::EditUrl(named_new) => {
+            let owner = if other == "a" { "b" } else { "a" };
+            let (base, _) = owner_url
+                .rsplit_once('/')
+                .context("a server url without a database")?;
+            let database = format!("chaos_empty_{}", shared.generation.load(Ordering::SeqCst));
+            let out = Command::new(bindir.join("psql"))
+                .args([
+                    "-d",
+                    &owner_url,
+                    "-c",
+                    &format!("CREATE DATABASE {database}"),
+                ])
+                .output()?;
+            if !out.status.success() && !text(&out).contains("already exists") {
+                bail!("psql: {}", text(&out));
+            }
+            let edited = current.replace(
+                &format!("url = \"{owner_url}\""),
+                &format!("url = \"{base}/{database}\""),
+            );
+            let file = dir.join("edited.toml");
+            std::fs::write(&file, edited)?;
+            let f = file.to_string_lossy().to_string();
+            let mut apply = vec!["pg", "apply", "-t", &f];
+            if named_new {
+                apply.extend(["--new-server", owner]);
+            }
+            refused(
+                &apply,
+                &format!("apply with {owner}'s url edited ({fault:?})"),
+            )?;
+            refused(
+                &["pg", "check", "-t", &f],
+                &format!("check with {owner}'s url edited"),
             )
         }
         Fault::RestoreStopped | Fault::RestoreLive => {

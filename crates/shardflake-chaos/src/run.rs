@@ -695,10 +695,15 @@ fn apply(
                 }
                 start_slot_as(slot, &wrong)?;
                 match exits_within(slot, Duration::from_secs(10)) {
-                    Some(log) if log.contains("state file says it ran under") => say(
-                        start,
-                        format!("node{i} under {other}: refused by its state file"),
-                    ),
+                    Some(log)
+                        if log.contains("state file says it ran under")
+                            || log.contains("holds no fleet id") =>
+                    {
+                        say(
+                            start,
+                            format!("node{i} under {other}: refused by its state file"),
+                        )
+                    }
                     Some(log) => bail!(
                         "node{i} under {other} exited, but not refused by its state file: {}",
                         log.lines().last().unwrap_or("")
@@ -717,9 +722,35 @@ fn apply(
             );
         }
         Fault::RegistryDeleted => {
+            let key = format!("{}/fleet", cluster.prefix);
             let etcd = cluster.etcd.as_ref().context("no etcd")?;
+            let fleet = etcd.etcdctl(&["get", "--print-value-only", &key])?;
+            let fleet = fleet.trim_end_matches('\n').to_string();
             etcd.etcdctl(&["del", "--prefix", &format!("{}/", cluster.prefix)])?;
             say(start, format!("etcdctl del --prefix {}/", cluster.prefix));
+            // Holders stop at once (they watch their records); each then
+            // finds no fleet id and exits. Give them a few windows.
+            std::thread::sleep(Duration::from_secs(3));
+            if !fleet.is_empty() {
+                etcd.etcdctl(&["put", &key, &fleet])?;
+                say(start, format!("{key} put back, as the refusal says"));
+            }
+            let mut stopped = 0;
+            for (i, slot) in cluster.slots.iter_mut().enumerate() {
+                if let Some(log) = exits_within(slot, Duration::ZERO) {
+                    anyhow::ensure!(
+                        log.contains("holds no fleet id"),
+                        "node{i} exited, not for the missing fleet id: {}",
+                        log.lines().last().unwrap_or("")
+                    );
+                    stopped += 1;
+                    start_slot(slot)?;
+                }
+            }
+            say(
+                start,
+                format!("{stopped} nodes had stopped for it; restarted"),
+            );
         }
         Fault::Restore => {
             let etcd = cluster.etcd.as_ref().context("no etcd")?;

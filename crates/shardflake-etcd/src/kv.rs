@@ -43,6 +43,9 @@ pub enum Compare {
     ValueIs(Vec<u8>, Vec<u8>),
     /// The key's last write was at this revision (0: the key is absent).
     ModRevisionIs(Vec<u8>, i64),
+    /// No key under this prefix was written after this revision (a key
+    /// deleted since is not seen; an empty prefix holds).
+    NoneWrittenAfter(Vec<u8>, i64),
 }
 
 /// One operation of a transaction.
@@ -115,6 +118,11 @@ impl Client {
         }))
     }
 
+    /// [`Client::range_prefix`] (linearizable), with the answer's [`Header`].
+    pub async fn range_prefix_header(&self, prefix: &[u8]) -> Result<(Vec<Kv>, Header), EtcdError> {
+        self.range_with_header(prefix, false).await
+    }
+
     /// [`Client::range_prefix_local`], with the answer's [`Header`].
     pub async fn range_prefix_local_header(
         &self,
@@ -169,16 +177,27 @@ impl Client {
                     Compare::ValueIs(k, v) => {
                         (CompareTarget::Value, k, TargetUnion::Value(v.clone()))
                     }
-                    Compare::ModRevisionIs(k, r) => {
+                    Compare::ModRevisionIs(k, r) | Compare::NoneWrittenAfter(k, r) => {
                         (CompareTarget::Mod, k, TargetUnion::ModRevision(*r))
                     }
                 };
-                rpc::Compare {
-                    result: CompareResult::Equal as i32,
-                    target: target as i32,
-                    key: key.clone(),
-                    target_union: Some(union),
-                    ..Default::default()
+                match c {
+                    // Every key of the range compared (etcd 3.3+): each
+                    // was last written before `r + 1`.
+                    Compare::NoneWrittenAfter(k, r) => rpc::Compare {
+                        result: CompareResult::Less as i32,
+                        target: target as i32,
+                        key: k.clone(),
+                        range_end: prefix_end(k),
+                        target_union: Some(TargetUnion::ModRevision(r.saturating_add(1))),
+                    },
+                    _ => rpc::Compare {
+                        result: CompareResult::Equal as i32,
+                        target: target as i32,
+                        key: key.clone(),
+                        target_union: Some(union),
+                        ..Default::default()
+                    },
                 }
             })
             .collect();

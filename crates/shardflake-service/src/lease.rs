@@ -53,7 +53,8 @@ use crate::registry::STATIC;
 use crate::state_file::{State, StateFile, StateLock};
 
 pub use crate::registry::{
-    AcquireError, Claim, Holding, RecordError, Registry, RegistryError, Renewal, StaticRegistry,
+    AcquireError, Claim, Holding, PreviousFleet, RecordError, Registry, RegistryError, Renewal,
+    StaticRegistry,
 };
 
 #[cfg(test)]
@@ -249,6 +250,13 @@ impl Keeper {
                 NodeSource::Static(_) => None,
             },
             expected_registry: None,
+            previous: match &issuer.config.node {
+                NodeSource::Etcd(e) => e.previous_prefix.clone().map(|prefix| PreviousFleet {
+                    prefix,
+                    layout: issuer.config.layout.clone(),
+                }),
+                NodeSource::Static(_) => None,
+            },
         };
         let mut keeper = Keeper {
             issuer,
@@ -561,6 +569,9 @@ impl Keeper {
                 {
                     self.registry.remember_revision(r);
                 }
+                if let Some(fleet) = state.fleet {
+                    self.registry.expect_fleet(fleet);
+                }
                 self.claim.expected_registry = registry;
             }
         }
@@ -590,6 +601,7 @@ impl Keeper {
             layout: Some(String::from_utf8_lossy(&self.claim.layout).into_owned()),
             registry: self.registry.identity(),
             etcd_revision: self.registry.revision(),
+            fleet: self.registry.fleet(),
         };
         let lock = self.state_lock.clone();
         tokio::task::spawn_blocking(move || lock.write(&state))

@@ -39,6 +39,7 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod issuer;
+pub mod layout_change;
 pub mod lease;
 pub mod registry;
 pub mod tickets;

@@ -71,6 +71,18 @@ pub struct Claim {
     /// The registry the node's state file names ([`Registry::identity`]):
     /// a take in another one is refused before anything is written.
     pub expected_registry: Option<String>,
+    /// A layout change: the fleet this one replaces (etcd only).
+    pub previous: Option<PreviousFleet>,
+}
+
+/// The fleet a new fleet replaces with another layout (`--previous-prefix`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviousFleet {
+    /// The previous fleet's prefix (same etcd).
+    pub prefix: String,
+    /// This (the new) fleet's layout, whose ids must be above the previous
+    /// fleet's.
+    pub layout: shardflake::Layout,
 }
 
 impl Claim {
@@ -180,7 +192,7 @@ pub enum AcquireError {
     },
     /// Another layout or node field already uses this prefix.
     #[error(
-        "etcd prefix {prefix} belongs to a cluster with another layout: it records {recorded:?}, this node has {ours:?}; use another --etcd-prefix, or the same layout and node field"
+        "etcd prefix {prefix} belongs to a cluster with another layout: it records {recorded:?}, this node has {ours:?}. A node of another fleet: use that fleet's --etcd-prefix. To change this fleet's layout: stop every node under {prefix}, then start the new layout on a new prefix with --previous-prefix {prefix} (`shardflake plan --from OLD --to NEW` says first whether it may); a new prefix without --previous-prefix knows nothing of the ids made here"
     )]
     LayoutMismatch {
         /// The key prefix.
@@ -227,7 +239,7 @@ pub enum AcquireError {
     /// The node's state file was written under another registry (prefix,
     /// etcd cluster, or a static id).
     #[error(
-        "this node's state file says it ran under [{recorded}], now it is under [{now}]: nodes under different prefixes or etcd clusters (or a static id beside leased ones) can hold the same node id and issue the same ids. Move a whole fleet at once (stop every node first) and then delete the line \"registry ...\" from the state file; to move static ids to etcd keep --node-id and add --etcd (see docs/guide/operations-service.md)"
+        "this node's state file says it ran under [{recorded}], now it is under [{now}]: nodes under different prefixes or etcd clusters (or a static id beside leased ones) can hold the same node id and issue the same ids. To move a fleet to another prefix: stop every node of it, then start them all with the new --etcd-prefix and --previous-prefix <the old prefix> after deleting the line \"registry ...\" from each state file; to move static ids to etcd keep --node-id and add --etcd (see docs/guide/operations-service.md)"
     )]
     RegistryChanged {
         /// What the state file records.
@@ -261,6 +273,110 @@ pub enum AcquireError {
         /// window + max_resume_wait.
         limit: Duration,
     },
+    /// The prefix records another fleet id than this node's.
+    #[error(
+        "etcd prefix {prefix} holds fleet {found}, this node belongs to fleet {expected} (its state file): another fleet's place, or another etcd cluster; check --etcd and --etcd-prefix"
+    )]
+    FleetMismatch {
+        /// The key prefix.
+        prefix: String,
+        /// This node's fleet id.
+        expected: String,
+        /// The fleet id recorded there.
+        found: String,
+    },
+    /// Two endpoints answer for different clusters or fleets.
+    #[error(
+        "the --etcd endpoints answer for different etcd clusters or fleets: {one}, but {other}; list the members of one cluster only"
+    )]
+    MembersDisagree {
+        /// One member and what it answered.
+        one: String,
+        /// Another that disagreed.
+        other: String,
+    },
+    /// The prefix records no fleet id, where this node expects its own.
+    #[error(
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there: stop every node of it, then start them with the new --etcd-prefix and --previous-prefix <the old prefix> (same etcd). If this prefix was deleted under the fleet: etcdctl put {prefix}/fleet {expected} (each node then resumes past its own state file and one window past its clock)"
+    )]
+    FleetMissing {
+        /// The key prefix.
+        prefix: String,
+        /// This node's fleet id.
+        expected: String,
+    },
+    /// The prefix was retired by a layout change: its fleet runs elsewhere.
+    #[error(
+        "etcd prefix {prefix} is retired: its fleet changed its layout and runs under {successor} now; start this node there with the new layout (its ids under the old layout could repeat the new fleet's)"
+    )]
+    Retired {
+        /// The retired prefix.
+        prefix: String,
+        /// The prefix of the fleet that replaced it.
+        successor: String,
+    },
+    /// `--previous-prefix` holds no fleet.
+    #[error(
+        "--previous-prefix {previous} holds no layout record: no fleet to replace there (check the prefix; a brand-new fleet takes no --previous-prefix)"
+    )]
+    PreviousMissing {
+        /// The previous prefix.
+        previous: String,
+    },
+    /// `--previous-prefix` was already replaced by another fleet.
+    #[error(
+        "--previous-prefix {previous} was retired for {successor}, not for this fleet's {prefix}: a retired fleet is replaced once; name {successor} as the previous prefix"
+    )]
+    PreviousRetired {
+        /// The previous prefix.
+        previous: String,
+        /// The prefix that replaced it.
+        successor: String,
+        /// This fleet's prefix.
+        prefix: String,
+    },
+    /// A node of the previous fleet still holds an id (or is queued for one).
+    #[error(
+        "--previous-prefix {previous} still has a node: {key} (held by {holder:?}); stop every node of the previous fleet first, then start this one"
+    )]
+    PreviousRunning {
+        /// The previous prefix.
+        previous: String,
+        /// The key found.
+        key: String,
+        /// Its value (the holder).
+        holder: String,
+    },
+    /// The previous prefix's records changed while they were checked.
+    #[error(
+        "--previous-prefix {previous} changed while this node checked it (a node of the previous fleet started?); stop every node of the previous fleet, then start this one again"
+    )]
+    PreviousChanged {
+        /// The previous prefix.
+        previous: String,
+    },
+    /// The previous fleet's layout record does not read as a layout, or a
+    /// high-water there not as Unix ms.
+    #[error("--previous-prefix {previous}: {key} holds {value:?}, which this node cannot read")]
+    PreviousUnreadable {
+        /// The previous prefix.
+        previous: String,
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// The new layout's ids from now on are not above every id the previous
+    /// fleet made.
+    #[error(
+        "this layout's ids from now on are not above every id the fleet under {previous} made: {detail}"
+    )]
+    BelowPrevious {
+        /// The previous prefix.
+        previous: String,
+        /// The ids compared, and what would do.
+        detail: String,
+    },
     /// The lease ended before the id could be used: it expired while the
     /// node waited for its clock to pass the high-water, or another holder
     /// took the id.
@@ -285,6 +401,16 @@ impl AcquireError {
             self,
             AcquireError::LayoutMismatch { .. }
                 | AcquireError::LayoutMissing { .. }
+                | AcquireError::Retired { .. }
+                | AcquireError::FleetMismatch { .. }
+                | AcquireError::MembersDisagree { .. }
+                | AcquireError::FleetMissing { .. }
+                | AcquireError::PreviousMissing { .. }
+                | AcquireError::PreviousRetired { .. }
+                | AcquireError::PreviousRunning { .. }
+                | AcquireError::PreviousChanged { .. }
+                | AcquireError::PreviousUnreadable { .. }
+                | AcquireError::BelowPrevious { .. }
                 | AcquireError::PinnedHeld { .. }
                 | AcquireError::RegistryChanged { .. }
                 | AcquireError::ClusterChanged { .. }
@@ -344,6 +470,15 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
     /// A revision seen before this process (from the state file): a store
     /// answering below it was rolled back, and its records are not trusted.
     fn remember_revision(&self, _revision: i64) {}
+
+    /// The fleet id of the last take (etcd), for the state file.
+    fn fleet(&self) -> Option<String> {
+        None
+    }
+
+    /// The fleet id this node belongs to (from the state file): a take
+    /// where another, or none, is recorded is refused.
+    fn expect_fleet(&self, _fleet: String) {}
 }
 
 /// The registry a configuration names: etcd, or a static node id. Fails

@@ -14,6 +14,7 @@
 //! layout snowflake(...); node id in field node
 //! registry static                 (or: etcd cluster=<hex id> prefix=/p)
 //! etcd_revision 1234              (leased: the highest etcd revision seen)
+//! fleet 3f…(32 hex digits)        (leased: the fleet id `<prefix>/fleet` holds)
 //! ```
 //!
 //! Only `high_water_ms` is required: a line left out is not compared (an
@@ -53,6 +54,9 @@ pub struct State {
     /// The highest etcd revision seen: etcd answering below it was
     /// restored from a snapshot.
     pub etcd_revision: Option<i64>,
+    /// The fleet id etcd recorded (`<prefix>/fleet`): a place holding
+    /// another, or none, is not this node's fleet.
+    pub fleet: Option<String>,
 }
 
 /// One file holding one node's state (node id, layout, registry, high-water).
@@ -170,6 +174,7 @@ impl StateFile {
             ("path", &state.path),
             ("layout", &state.layout),
             ("registry", &state.registry),
+            ("fleet", &state.fleet),
         ] {
             if let Some(v) = value {
                 // One line each: a value never holds a line break.
@@ -255,6 +260,7 @@ fn parse(text: &str) -> Option<State> {
             "layout" => state.layout = Some(value.to_string()),
             "registry" => state.registry = Some(value.to_string()),
             "etcd_revision" => state.etcd_revision = Some(value.parse().ok()?),
+            "fleet" => state.fleet = Some(value.to_string()),
             _ => return None,
         }
     }
@@ -281,6 +287,7 @@ mod tests {
             layout: Some("snowflake(x); node id in field node".into()),
             registry: Some("etcd cluster=ab prefix=/p".into()),
             etcd_revision: Some(12),
+            fleet: Some("0123456789abcdef0123456789abcdef".into()),
         };
         lock.write(&full).unwrap();
         assert_eq!(f.read().unwrap(), Some(full));

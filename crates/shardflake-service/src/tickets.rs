@@ -10,14 +10,13 @@
 //! ticket servers (issue: "keep each server's high-water somewhere that
 //! survives that server: its peers, and etcd").
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use shardflake_tickets::high_water::BoxFuture;
-use shardflake_tickets::{Config, HighWaterStore, PeersStore, TicketError};
+use shardflake_tickets::etcd_marks::{EtcdAndPeers, EtcdHighWater};
+use shardflake_tickets::{Config, HighWaterStore, PeersStore};
 
-use crate::config::{EtcdConfig, NodeSource};
-use crate::etcd::{Client, Compare, EtcdError, Op};
+use crate::config::NodeSource;
+use crate::etcd::EtcdError;
 
 /// Where the service keeps the ticket servers' high-water marks: on the
 /// peers, and in etcd as well when the node id comes from etcd. `shardflake
@@ -41,236 +40,21 @@ pub fn admin_high_water_store(
     with_peers(PeersStore::with_timeout(config.clone(), timeout), node)
 }
 
+/// The stores the tickets file names (`[marks]`); when it names no etcd
+/// and the node id comes from etcd, the service's etcd as well (every other
+/// client of the file then writes no marks there: the service says so).
 fn with_peers(peers: PeersStore, node: &NodeSource) -> Result<Arc<dyn HighWaterStore>, EtcdError> {
+    let config = peers.config();
     Ok(match node {
-        NodeSource::Static(_) => Arc::new(peers),
-        NodeSource::Etcd(cfg) => Arc::new(EtcdAndPeers {
-            etcd: EtcdHighWater::new(cfg)?,
-            peers,
-        }),
+        NodeSource::Etcd(cfg) if config.marks.etcd.is_empty() => {
+            tracing::warn!(
+                "the tickets file names no etcd for its marks ([marks] etcd): the service keeps them in its own etcd too, but `shardflake tickets next` and other clients of the file do not; name it in the file"
+            );
+            Arc::new(EtcdAndPeers {
+                etcd: EtcdHighWater::new(crate::registry::etcd_client(cfg)?, cfg.prefix.clone()),
+                peers,
+            })
+        }
+        _ => shardflake_tickets::high_water::stores(peers),
     })
-}
-
-/// Marks in etcd: `<prefix>/tickets/hw/<server>/<sequence>` = the largest
-/// id handed out, in decimal. Names are `[a-z_][a-z0-9_]*` (the tickets
-/// file is checked), so they cannot escape the key's shape.
-pub struct EtcdHighWater {
-    client: Client,
-    prefix: String,
-}
-
-/// How many times a mark's compare-and-set is retried against other
-/// writers before the record fails (the next interval writes again).
-const RAISE_TRIES: usize = 8;
-
-impl EtcdHighWater {
-    /// A store on the etcd of `cfg`, under its prefix.
-    pub fn new(cfg: &EtcdConfig) -> Result<EtcdHighWater, EtcdError> {
-        Ok(EtcdHighWater {
-            client: crate::registry::etcd_client(cfg)?,
-            prefix: cfg.prefix.clone(),
-        })
-    }
-
-    fn server_prefix(&self, server: &str) -> String {
-        format!("{}/tickets/hw/{server}/", self.prefix)
-    }
-
-    /// Sets `key` to `value` unless it already holds as much: a
-    /// compare-and-set on the value read, so two services writing at once
-    /// never lower a mark.
-    async fn raise(&self, server: &str, key: Vec<u8>, value: u64) -> Result<(), TicketError> {
-        let new = value.to_string().into_bytes();
-        let mut seen: Option<Vec<u8>> = None;
-        for _ in 0..RAISE_TRIES {
-            let compare = match &seen {
-                None => Compare::Absent(key.clone()),
-                Some(v) => Compare::ValueIs(key.clone(), v.clone()),
-            };
-            let put = [Op::Put(key.clone(), new.clone(), 0)];
-            let answer = self
-                .client
-                .txn(&[compare], &put, &[Op::Get(key.clone())])
-                .await
-                .map_err(|e| etcd_failed(server, e))?;
-            if answer.succeeded {
-                return Ok(());
-            }
-            let Some(kv) = answer.kvs.into_iter().next() else {
-                seen = None;
-                continue;
-            };
-            if parse_mark(server, &kv.key, &kv.value)? >= value {
-                return Ok(());
-            }
-            seen = Some(kv.value);
-        }
-        Err(etcd_failed(
-            server,
-            format!("the mark kept changing under {RAISE_TRIES} compare-and-sets"),
-        ))
-    }
-}
-
-fn etcd_failed(server: &str, e: impl ToString) -> TicketError {
-    TicketError::Database {
-        server: server.to_string(),
-        context: "high-water marks in etcd".into(),
-        message: e.to_string(),
-    }
-}
-
-fn parse_mark(server: &str, key: &[u8], value: &[u8]) -> Result<u64, TicketError> {
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| {
-            etcd_failed(
-                server,
-                format!(
-                    "{} holds {:?}, not a number",
-                    String::from_utf8_lossy(key),
-                    String::from_utf8_lossy(value)
-                ),
-            )
-        })
-}
-
-impl HighWaterStore for EtcdHighWater {
-    /// A compare-and-set: the mark is lowered only while it still holds
-    /// `expected` (written as `EtcdHighWater::raise` writes it); a mark
-    /// another writer moved is kept, its ids skipped.
-    fn give_back<'a>(
-        &'a self,
-        server: &'a str,
-        sequence: &'a str,
-        expected: u64,
-        to: u64,
-    ) -> BoxFuture<'a, Result<(), TicketError>> {
-        Box::pin(async move {
-            let key = format!("{}{sequence}", self.server_prefix(server)).into_bytes();
-            let compare = Compare::ValueIs(key.clone(), expected.to_string().into_bytes());
-            let put = [Op::Put(key, to.to_string().into_bytes(), 0)];
-            self.client
-                .txn(&[compare], &put, &[])
-                .await
-                .map_err(|e| etcd_failed(server, e))?;
-            Ok(())
-        })
-    }
-
-    fn record<'a>(
-        &'a self,
-        server: &'a str,
-        marks: &'a [(String, u64)],
-    ) -> BoxFuture<'a, Result<(), TicketError>> {
-        Box::pin(async move {
-            let prefix = self.server_prefix(server);
-            for (sequence, mark) in marks {
-                let key = format!("{prefix}{sequence}").into_bytes();
-                self.raise(server, key, *mark).await?;
-            }
-            Ok(())
-        })
-    }
-
-    fn load<'a>(
-        &'a self,
-        server: &'a str,
-    ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
-        Box::pin(async move {
-            let prefix = self.server_prefix(server);
-            let kvs = self
-                .client
-                .range_prefix(prefix.as_bytes())
-                .await
-                .map_err(|e| etcd_failed(server, e))?;
-            let mut marks = HashMap::new();
-            for kv in kvs {
-                let sequence = String::from_utf8_lossy(&kv.key[prefix.len()..]).into_owned();
-                marks.insert(sequence, parse_mark(server, &kv.key, &kv.value)?);
-            }
-            Ok(marks)
-        })
-    }
-}
-
-/// Both stores: every mark goes to both; a load takes the larger of the
-/// two. Either alone answering is enough (the other is logged), so an etcd
-/// outage does not stop the ticket servers and a peer outage does not
-/// either.
-struct EtcdAndPeers {
-    etcd: EtcdHighWater,
-    peers: PeersStore,
-}
-
-impl HighWaterStore for EtcdAndPeers {
-    fn record<'a>(
-        &'a self,
-        server: &'a str,
-        marks: &'a [(String, u64)],
-    ) -> BoxFuture<'a, Result<(), TicketError>> {
-        Box::pin(async move {
-            let (etcd, peers) = tokio::join!(
-                self.etcd.record(server, marks),
-                self.peers.record(server, marks)
-            );
-            either(server, [etcd, peers]).map(drop)
-        })
-    }
-
-    /// Lowered in both, each by its own compare-and-set: a place that
-    /// keeps the higher mark makes the ids skipped, never repeated.
-    fn give_back<'a>(
-        &'a self,
-        server: &'a str,
-        sequence: &'a str,
-        expected: u64,
-        to: u64,
-    ) -> BoxFuture<'a, Result<(), TicketError>> {
-        Box::pin(async move {
-            let (etcd, peers) = tokio::join!(
-                self.etcd.give_back(server, sequence, expected, to),
-                self.peers.give_back(server, sequence, expected, to)
-            );
-            either(server, [etcd, peers]).map(drop)
-        })
-    }
-
-    fn load<'a>(
-        &'a self,
-        server: &'a str,
-    ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
-        Box::pin(async move {
-            let (etcd, peers) = tokio::join!(self.etcd.load(server), self.peers.load(server));
-            let mut marks = HashMap::new();
-            for found in either(server, [etcd, peers])? {
-                for (sequence, mark) in found {
-                    let held = marks.entry(sequence).or_insert(0);
-                    *held = mark.max(*held);
-                }
-            }
-            Ok(marks)
-        })
-    }
-}
-
-/// The answers of the stores that answered (a failure of one is logged),
-/// or the first error when none did.
-fn either<T>(server: &str, results: [Result<T, TicketError>; 2]) -> Result<Vec<T>, TicketError> {
-    let mut answers = Vec::new();
-    let mut first_error = None;
-    for result in results {
-        match result {
-            Ok(v) => answers.push(v),
-            Err(e) => {
-                tracing::warn!(server, error = %e, "a ticket high-water store failed");
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    match first_error {
-        Some(e) if answers.is_empty() => Err(e),
-        _ => Ok(answers),
-    }
 }

@@ -37,9 +37,13 @@ use crate::high_water::{HighWaterStore, PeersStore};
 use crate::segment::Lattice;
 use crate::session::Session;
 
-/// The marks on the peers, each place given the admin limit.
-fn admin_store(config: &Config) -> PeersStore {
-    PeersStore::with_timeout(config.clone(), config.failover.admin_timeout())
+/// The marks in the stores the file names (the peers, etcd), each place
+/// given the admin limit.
+pub fn admin_store(config: &Config) -> std::sync::Arc<dyn HighWaterStore> {
+    crate::high_water::stores(PeersStore::with_timeout(
+        config.clone(),
+        config.failover.admin_timeout(),
+    ))
 }
 
 /// One server's admin work may take this many statements' limits, on our
@@ -190,7 +194,7 @@ impl fmt::Display for CheckReport {
 /// Reads every server and lists what is wrong, with the high-water marks
 /// kept on the peers (each place given `admin_timeout_ms`).
 pub async fn check(config: &Config) -> CheckReport {
-    check_with_store(config, &admin_store(config)).await
+    check_with_store(config, &*admin_store(config)).await
 }
 
 /// [`check`] against the marks of `store` (the service's etcd and peers;
@@ -323,7 +327,7 @@ pub struct Repair {
 /// the first server that cannot be read or raised (nothing is lowered, so
 /// it can be run again). The marks are those kept on the peers.
 pub async fn repair(config: &Config) -> Result<Vec<Repair>, TicketError> {
-    repair_with_store(config, &admin_store(config)).await
+    repair_with_store(config, &*admin_store(config)).await
 }
 
 /// [`repair`] against the marks of `store` (the service's etcd and peers;

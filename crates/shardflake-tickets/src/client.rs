@@ -71,7 +71,7 @@ impl TicketClient {
     /// ([`PeersStore`]). Servers that cannot be used now are marked down or
     /// refused (and probed); an error only when none can be used.
     pub async fn connect(config: Config) -> Result<TicketClient, TicketError> {
-        let store = Arc::new(PeersStore::new(config.clone()));
+        let store = crate::high_water::stores(PeersStore::new(config.clone()));
         TicketClient::connect_with_store(config, store).await
     }
 

@@ -382,6 +382,29 @@ impl Default for SegmentConfig {
     }
 }
 
+/// `[marks]`: where every client keeps the servers' high-water marks
+/// besides the peers (always used). Every client of the file (the library,
+/// every `shardflake tickets` command, `serve --tickets`) uses the same.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MarksConfig {
+    /// etcd endpoints (`http://host:port`): marks kept in etcd too, which no
+    /// restore of the ticket servers sets back. Empty: the peers only.
+    pub etcd: Vec<String>,
+    /// The key prefix in etcd (default `/shardflake/default`, the service's
+    /// default prefix): marks live under `<prefix>/tickets/hw/`.
+    pub etcd_prefix: String,
+}
+
+impl Default for MarksConfig {
+    fn default() -> Self {
+        MarksConfig {
+            etcd: Vec::new(),
+            etcd_prefix: "/shardflake/default".into(),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -392,6 +415,8 @@ struct RawConfig {
     failover: FailoverConfig,
     #[serde(default)]
     segment: SegmentConfig,
+    #[serde(default)]
+    marks: MarksConfig,
     #[serde(default)]
     servers: Vec<ServerConfig>,
     #[serde(default)]
@@ -409,6 +434,8 @@ pub struct Config {
     pub failover: FailoverConfig,
     /// Segment mode settings.
     pub segment: SegmentConfig,
+    /// Where the marks are kept besides the peers.
+    pub marks: MarksConfig,
     /// The servers, in file order.
     pub servers: Vec<ServerConfig>,
     /// The sequences, in file order.
@@ -563,11 +590,24 @@ impl Config {
                 f.mark_ahead
             )));
         }
+        let m = &raw.marks;
+        if let Some(bad) = m.etcd.iter().find(|e| !e.starts_with("http://")) {
+            return Err(ConfigError::Bad(format!(
+                "[marks]: etcd endpoint {bad:?} is not http://host:port (for TLS or a user, give the service's --etcd; the file names plain endpoints)"
+            )));
+        }
+        if !m.etcd_prefix.starts_with('/') || m.etcd_prefix.ends_with('/') {
+            return Err(ConfigError::Bad(format!(
+                "[marks]: etcd_prefix {:?} must start with / and not end with one",
+                m.etcd_prefix
+            )));
+        }
         Ok(Config {
             increment,
             postgres_tickets: raw.postgres_tickets,
             failover: raw.failover,
             segment: raw.segment,
+            marks: raw.marks,
             servers: raw.servers,
             sequences: raw.sequences,
         })
@@ -682,6 +722,24 @@ mod tests {
         assert!(e.to_string().contains("above 0 ms"), "{e}");
         let e = Config::parse(&format!("[failover]\nmarks_timeout_ms = 500\n{PAIR}")).unwrap_err();
         assert!(e.to_string().contains("marks_timeout_ms"), "{e}");
+        let e =
+            Config::parse(&format!("[marks]\netcd = [\"https://e:2379\"]\n{PAIR}")).unwrap_err();
+        assert!(e.to_string().contains("http://host:port"), "{e}");
+        let e = Config::parse(&format!("[marks]\netcd_prefix = \"p/\"\n{PAIR}")).unwrap_err();
+        assert!(e.to_string().contains("etcd_prefix"), "{e}");
+    }
+
+    #[test]
+    fn marks_name_etcd_for_every_client() {
+        let c = Config::parse(PAIR).unwrap();
+        assert!(c.marks.etcd.is_empty());
+        assert_eq!(c.marks.etcd_prefix, "/shardflake/default");
+        let c = Config::parse(&format!(
+            "[marks]\netcd = [\"http://e:2379\"]\netcd_prefix = \"/p\"\n{PAIR}"
+        ))
+        .unwrap();
+        assert_eq!(c.marks.etcd, ["http://e:2379"]);
+        assert_eq!(c.marks.etcd_prefix, "/p");
     }
 
     #[test]

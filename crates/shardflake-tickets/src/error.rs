@@ -95,10 +95,12 @@ pub enum TicketError {
         sequence: String,
     },
     /// No place holding a server's marks answered (its peers, etcd) and the
-    /// client has none of its own: the server could have been restored
-    /// behind ids already handed out, so it is not used.
+    /// client's own marks cannot stand in (it has none, another server is
+    /// up, or the server's tables are not the ones it last checked): the
+    /// server could have been restored behind ids already handed out, so
+    /// it is not used.
     #[error(
-        "server {server:?}: no place holding its high-water marks answered ({reason}) and this client holds none of its own, so it could hand out ids again; bring a peer (or etcd) back, or set `[failover] allow_without_marks = true` to let availability win"
+        "server {server:?}: no place holding its high-water marks answered ({reason}) and this client's own marks cannot vouch for it (they cover only the ids it handed out itself, from the tables it checked), so it could hand out ids again; bring a peer (or etcd) back, or set `[failover] allow_without_marks = true` to let availability win"
     )]
     NoHighWater {
         /// The server.

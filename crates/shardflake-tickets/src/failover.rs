@@ -263,6 +263,23 @@ impl Server {
         Ok(session)
     }
 
+    /// The sequences whose table or sequence on the server is not the one
+    /// this client last checked against the marks (`now`: the identities
+    /// read from the server), or whose identity is unknown either side (a
+    /// client that cannot tell the table is the same cannot vouch for it).
+    fn changed_tables(&self, config: &Config, now: &[i64]) -> Vec<String> {
+        config
+            .sequences
+            .iter()
+            .zip(now.iter().zip(&self.tables))
+            .filter(|(_, (now, known))| {
+                let known = known.load(Ordering::Acquire);
+                known == UNKNOWN || **now == UNKNOWN || **now != known
+            })
+            .map(|(seq, _)| seq.name.clone())
+            .collect()
+    }
+
     /// Every counter at or above everything that could have been handed out
     /// from it: the marks in the store, this client's own, its answers. A
     /// counter below (restored, or ids reserved ahead and not yet used) is
@@ -276,25 +293,44 @@ impl Server {
         alone: bool,
     ) -> Result<(), TicketError> {
         let name = &self.config.name;
+        // Read before the counters: a recreation after this read shows in
+        // the next answer (recorded after it, an answer from a table restored
+        // after the raise could pass).
+        let mut tables = Vec::with_capacity(config.sequences.len());
+        for seq in &config.sequences {
+            tables.push(session.identity(seq).await?.unwrap_or(UNKNOWN));
+        }
         let stored = match load_marks(config, store, name).await {
             Ok(marks) => marks,
             Err(e) => {
                 // Own marks cover only this client's ids: they stand in
                 // only where no other server could serve instead (a peer
                 // slow under load must not let another client's ids out
-                // again).
+                // again), and only for the very tables this client checked
+                // last (a table recreated since, by a restore, holds other
+                // clients' ids that only the marks in the store cover).
+                let changed = self.changed_tables(config, &tables);
                 let own = alone
+                    && changed.is_empty()
                     && (0..config.sequences.len()).any(|i| {
                         self.reserved[i].load(Ordering::Relaxed) > 0
                             || self.seen_mark(config, i) > 0
                     });
                 if !own && !config.failover.allow_without_marks {
-                    return Err(match e {
-                        e @ TicketError::NoHighWater { .. } => e,
-                        other => TicketError::NoHighWater {
-                            server: name.clone(),
-                            reason: other.to_string(),
-                        },
+                    let reason = match e {
+                        TicketError::NoHighWater { reason, .. } => reason,
+                        other => other.to_string(),
+                    };
+                    let reason = match changed.is_empty() {
+                        true => reason,
+                        false => format!(
+                            "{reason}; the tables of {} are not the ones this client last checked (restored?): only the marks of every client vouch for them",
+                            changed.join(", ")
+                        ),
+                    };
+                    return Err(TicketError::NoHighWater {
+                        server: name.clone(),
+                        reason,
                     });
                 }
                 tracing::warn!(server = %name, error = %e, own_marks = own,
@@ -304,13 +340,6 @@ impl Server {
         };
         let span = config.failover.mark_ahead.saturating_mul(config.increment);
         let mut ahead = Vec::new();
-        // Read before the counters: a recreation after this read shows in
-        // the next answer (recorded after it, an answer from a table restored
-        // after the raise could pass).
-        let mut tables = Vec::with_capacity(config.sequences.len());
-        for seq in &config.sequences {
-            tables.push(session.identity(seq).await?.unwrap_or(UNKNOWN));
-        }
         for (i, seq) in config.sequences.iter().enumerate() {
             let counter = session
                 .counter(config, &self.config, seq)

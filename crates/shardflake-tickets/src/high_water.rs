@@ -15,13 +15,15 @@
 //! [`HighWaterStore`] is the small seam: [`PeersStore`] keeps each server's
 //! marks in a `shardflake_ticket_hw` table on every server. The server's own
 //! copy is rolled back with it, so a load counts as answered only when a
-//! *peer* answered (the server's own copy only when it has no peer); the
-//! service adds etcd (`shardflake-service/src/tickets.rs`). Every place is
-//! asked at once, each within `marks_timeout_ms`.
+//! *peer* answered (the server's own copy only when it has no peer); a
+//! tickets file whose `[marks]` names etcd adds it for every client
+//! ([`crate::etcd_marks`], built by [`stores`]). Every place is asked at
+//! once, each within `marks_timeout_ms`.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -68,6 +70,20 @@ pub trait HighWaterStore: Send + Sync {
     }
 }
 
+/// The stores the tickets file names: `peers`, and etcd as well when its
+/// `[marks]` names it (each etcd call within the peers' timeout). Every
+/// client of the file uses these: the library, the CLI, the service.
+pub fn stores(peers: PeersStore) -> Arc<dyn HighWaterStore> {
+    let marks = &peers.config.marks;
+    match marks.etcd.is_empty() {
+        true => Arc::new(peers),
+        false => Arc::new(crate::etcd_marks::EtcdAndPeers {
+            etcd: crate::etcd_marks::EtcdHighWater::from_file(marks, peers.timeout),
+            peers,
+        }),
+    }
+}
+
 /// Marks kept in every server's `shardflake_ticket_hw` table, over one
 /// admin connection per server.
 pub struct PeersStore {
@@ -93,6 +109,11 @@ impl PeersStore {
             sessions,
             timeout,
         }
+    }
+
+    /// The tickets file it serves.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// Whether holder `i`'s copy of `server`'s marks survives a restore of

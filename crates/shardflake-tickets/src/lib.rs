@@ -57,6 +57,7 @@ mod backend;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod etcd_marks;
 pub mod failover;
 pub mod high_water;
 pub mod segment;
@@ -66,7 +67,9 @@ pub use backend::{
     HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
 };
 pub use client::{ShutdownReport, TicketClient};
-pub use config::{Config, ConfigError, Kind, MAX_COUNT, MAX_PER_ID_COUNT, Mode, PgTickets};
+pub use config::{
+    Config, ConfigError, Kind, MAX_COUNT, MAX_PER_ID_COUNT, MarksConfig, Mode, PgTickets,
+};
 pub use error::{ServerFailure, TicketError};
 pub use failover::{Health, ServerMetrics};
 pub use high_water::{HighWaterStore, PeersStore};

@@ -47,7 +47,13 @@ enum PgCommand {
     /// Create (idempotently) every shard's schema, sequence, next_id() and
     /// tables on its server, after checking the file against what every
     /// server records (refused, with what to do, if they disagree).
-    Apply,
+    Apply {
+        /// A server added to the file, with no records yet (repeatable): a
+        /// server without records is refused unless named here, so an
+        /// edited url never recreates its shards on another database.
+        #[arg(long = "new-server", value_name = "NAME")]
+        new_servers: Vec<String>,
+    },
     /// Report drift between the servers and the topology (exit 1 if any).
     Check,
     /// After restoring a dump: move each shard's sequence past every id it
@@ -107,9 +113,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let t = args.topology;
     let topology = &t;
     match args.command {
-        PgCommand::Apply => {
+        PgCommand::Apply { new_servers } => {
             let topo = t.load()?;
-            for applied in runtime()?.block_on(pg::apply(&topo))? {
+            for applied in runtime()?.block_on(pg::apply_adding(&topo, &new_servers))? {
                 println!("{applied}");
             }
             Ok(())

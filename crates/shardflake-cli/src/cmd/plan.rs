@@ -7,6 +7,7 @@ use serde_json::json;
 use shardflake::plan::{Need, suggest};
 use shardflake::timestamp::{parse_unix_ms, rfc3339_ms};
 use shardflake::{Layout, preset};
+use shardflake_service::layout_change::LayoutChange;
 
 use super::{LayoutArg, with_stdout};
 
@@ -14,7 +15,8 @@ use super::{LayoutArg, with_stdout};
 #[command(after_help = "Examples:
   shardflake plan --layout instagram
   shardflake plan --nodes 1000 --rate 50000 --years 50
-  shardflake plan --all --json")]
+  shardflake plan --all --json
+  shardflake plan --from snowflake --to 'time 41 | node 10 | sequence 12 (epoch 1288834959657 ms)'")]
 pub struct Args {
     #[command(flatten)]
     layout: LayoutArg,
@@ -36,9 +38,23 @@ pub struct Args {
     /// JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// A layout change: the layout of the fleet being replaced (with --to).
+    #[arg(long, requires = "to", conflicts_with_all = ["all", "nodes", "json"])]
+    from: Option<String>,
+    /// A layout change: the new fleet's layout; refused (exit 1) unless its
+    /// ids from --at on are above every id --from made until then.
+    #[arg(long, requires = "from")]
+    to: Option<String>,
+    /// A layout change: when the old fleet stops and the new one starts,
+    /// RFC 3339 (default: now).
+    #[arg(long, requires = "from")]
+    at: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let (Some(from), Some(to)) = (&args.from, &args.to) {
+        return layout_change(from, to, args.at.as_deref());
+    }
     let layouts = if args.all {
         preset::all()
     } else if let (Some(nodes), Some(rate), Some(years)) = (args.nodes, args.rate, args.years) {
@@ -127,4 +143,50 @@ fn write_text(out: &mut dyn Write, layout: &Layout) -> anyhow::Result<()> {
         Some(ms) => writeln!(out, "  below 2^53 (JavaScript)  until {}", rfc3339_ms(ms))?,
     }
     Ok(())
+}
+
+/// `--from OLD --to NEW`: whether NEW's ids from then on are above every id
+/// OLD made until then (what `serve --previous-prefix` checks at the new
+/// fleet's first start, with the old fleet's high-water records).
+fn layout_change(from: &str, to: &str, at: Option<&str>) -> anyhow::Result<()> {
+    let old = preset::resolve(from).with_context(|| format!("--from {from:?}"))?;
+    let new = preset::resolve(to).with_context(|| format!("--to {to:?}"))?;
+    let at_ms = match at {
+        Some(text) => {
+            parse_unix_ms(text).with_context(|| format!("--at {text:?} is not an RFC 3339 time"))?
+        }
+        None => shardflake::Clock::now_ms(&shardflake::SystemClock),
+    };
+    let change = LayoutChange::new(&old, at_ms, &new, at_ms);
+    let at = rfc3339_ms(at_ms);
+    with_stdout(|out| {
+        writeln!(out, "from {old}")?;
+        writeln!(out, "to   {new}")?;
+        writeln!(out, "  at                {at}")?;
+        writeln!(out, "  largest old id    {}", change.old_max_id)?;
+        writeln!(out, "  smallest new id   {}", change.new_min_id)?;
+        Ok(())
+    })?;
+    if change.is_safe() {
+        println!("  ok: every new id is above every old one");
+        return Ok(());
+    }
+    if old == new {
+        println!(
+            "  the same layout (a fleet moved to another prefix): ok, every node waits past the old fleet's highest high-water"
+        );
+        return Ok(());
+    }
+    let until = match change.unsafe_until_ms {
+        Some(ms) => format!("until {}", rfc3339_ms(ms)),
+        None => "for ever".to_string(),
+    };
+    let advice = match change.latest_epoch_ms {
+        Some(epoch) => format!(
+            "an epoch at or before {epoch} ms ({}) with these fields and tick would do",
+            rfc3339_ms(epoch)
+        ),
+        None => "no epoch with these fields and tick would do: widen the time field".to_string(),
+    };
+    bail!("refused: the new layout makes ids at or below the old one's {until}; {advice}")
 }

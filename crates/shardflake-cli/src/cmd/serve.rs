@@ -62,6 +62,11 @@ pub struct ServeArgs {
     /// Key prefix of this id cluster in etcd [default: /shardflake/default].
     #[arg(long, env = "SHARDFLAKE_ETCD_PREFIX")]
     pub etcd_prefix: Option<String>,
+    /// Changing the layout: the prefix of the fleet this one replaces (same
+    /// etcd). Its nodes must all be stopped; the first take checks that this
+    /// layout's ids are above every id it made, and retires it.
+    #[arg(long, env = "SHARDFLAKE_PREVIOUS_PREFIX")]
+    pub previous_prefix: Option<String>,
     /// Lease TTL [default: 10s].
     #[arg(long, env = "SHARDFLAKE_LEASE_TTL", value_parser = humantime::parse_duration)]
     pub lease_ttl: Option<Duration>,
@@ -189,6 +194,7 @@ impl From<ServeArgs> for RawConfig {
             etcd: RawEtcd {
                 endpoints: some_if(a.etcd),
                 prefix: a.etcd_prefix,
+                previous_prefix: a.previous_prefix,
                 lease_ttl: a.lease_ttl,
                 safety_margin: a.safety_margin,
                 timeout: a.etcd_timeout,

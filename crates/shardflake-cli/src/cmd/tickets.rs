@@ -40,9 +40,11 @@ impl ConfigArg {
     }
 }
 
-/// Where `serve --tickets` keeps the high-water marks, so `check` and
-/// `repair` compare with the same ones: the peers always; etcd as well when
-/// the service leases its node id from etcd. The same variables as `serve`.
+/// Where the high-water marks are: the stores the tickets file names
+/// (`[marks]`: the peers always, etcd when named), as every client of the
+/// file uses; for a file that names no etcd, the service's etcd as well
+/// when `serve --tickets` leases its node id from etcd. The same variables
+/// as `serve`.
 #[derive(Debug, Clone, clap::Args)]
 struct MarksArg {
     /// The `shardflake serve` configuration file whose `[etcd]` table

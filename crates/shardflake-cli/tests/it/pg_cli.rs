@@ -73,6 +73,39 @@ async fn psql(s: &PgServer, sql: &str) -> Vec<shardflake_db::tokio_postgres::Row
     c.query(sql, &[]).await.unwrap()
 }
 
+/// A server added to the file joins only through `pg apply --new-server`.
+#[test]
+fn pg_apply_adds_a_server_only_when_named_new() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let dir = std::env::temp_dir().join(format!("sf-pg-cli-new-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let topo = dir.join("shardflake.toml");
+    let t = topo.to_str().unwrap();
+    let posts = "[[tables]]\nname = \"posts\"\nsql = \"CREATE TABLE {schema}.posts (id bigint PRIMARY KEY DEFAULT {next_id}, user_id bigint NOT NULL)\"\n";
+    let one = format!(
+        "shards = 4\n[[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0-3\"\n{posts}",
+        a.url()
+    );
+    std::fs::write(&topo, &one).unwrap();
+    ok(&["pg", "apply", "-t", t]);
+    let two = format!(
+        "{one}[[servers]]\nname = \"b\"\nurl = \"{}\"\nshards = \"\"\n",
+        b.url()
+    );
+    std::fs::write(&topo, &two).unwrap();
+    let e = fails(&["pg", "apply", "-t", t]);
+    assert!(
+        e.contains("add it with `shardflake pg apply --new-server b`"),
+        "{e}"
+    );
+    assert_eq!(
+        ok(&["pg", "apply", "--new-server", "b", "-t", t]),
+        "a: 4 shards, 0 tables created\nb: 0 shards, 0 tables created\n"
+    );
+    assert!(ok(&["pg", "check", "-t", t]).starts_with("ok: 4 logical shards"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_apply_check_route_locate_move() {
     let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());

@@ -130,12 +130,16 @@ async fn a_node_restarted_under_another_prefix_or_cluster_is_refused() -> anyhow
     stop.store(true, Ordering::Relaxed);
     no_duplicates(loads).await?;
     let refused = refused.ok_or_else(|| anyhow::anyhow!("started under /split2"))?;
+    // Neither place holds the fleet id its state file names.
     assert!(
-        refused.contains("prefix=/split]") && refused.contains("prefix=/split2"),
+        refused.contains("etcd prefix /split2 holds no fleet id"),
         "{refused}"
     );
     let refused = refused_cluster.ok_or_else(|| anyhow::anyhow!("started on a new cluster"))?;
-    assert!(refused.contains("etcd cluster="), "{refused}");
+    assert!(
+        refused.contains("etcd prefix /split holds no fleet id"),
+        "{refused}"
+    );
     // The prefix shows at start and in /v1/info.
     let line = std::fs::read_to_string(a.dir.join("stdout.log"))?;
     assert!(line.contains("node=etcd:/split"), "{line}");
@@ -782,5 +786,296 @@ async fn a_node_with_another_fleets_fixed_fields_or_prefix_is_refused() -> anyho
         "{said}"
     );
     default.kill();
+    Ok(())
+}
+
+/// The snowflake layout with its epoch moved by `ms` (negative: earlier).
+fn snowflake_epoch_moved(ms: i64) -> String {
+    let epoch = 1_288_834_974_657_i64 + ms;
+    format!("snowflake: time 41 | node 10 | sequence 12 (epoch {epoch} ms)")
+}
+
+/// Issue 38, F2 and F2b: a layout change (a new prefix, new state files)
+/// with the epoch 15 s later made the new fleet issue the old fleet's ids
+/// of 15 s before; a node refused for its layout, restarted under another
+/// prefix as the refusal advised, issued beside the running fleet. Now the
+/// refusal names `--previous-prefix`, which refuses while the old fleet
+/// runs and refuses a layout whose ids are not above the old fleet's; the
+/// change that is allowed retires the old prefix, so its nodes are
+/// refused there afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_change_never_reissues_an_id() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(6)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut old = Vec::new();
+    let mut loads = Vec::new();
+    for dir in &d[..2] {
+        let s = leased(&etcd, "/lay1", dir, &[])?;
+        s.ready(Duration::from_secs(20)).await?;
+        loads.push(ids_until(&s.http, &stop));
+        old.push(s);
+    }
+    // F2b: another layout on the running fleet's prefix is refused, and
+    // the advice it gives, followed while the fleet runs, refused too.
+    let later = snowflake_epoch_moved(15_000);
+    let mut other = leased(&etcd, "/lay1", &d[2], &["--layout", &later])?;
+    let refused = run_beside(&mut other, &stop, &mut loads, Duration::from_millis(1500))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("another layout started on /lay1"))?;
+    assert!(
+        refused.contains("--previous-prefix /lay1") && refused.contains("stop every node"),
+        "{refused}"
+    );
+    let mut advised = leased(
+        &etcd,
+        "/lay2",
+        &d[2],
+        &["--layout", &later, "--previous-prefix", "/lay1"],
+    )?;
+    let refused = run_beside(&mut advised, &stop, &mut loads, Duration::from_millis(1500))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("started beside the running fleet"))?;
+    assert!(refused.contains("/lay1/node/"), "{refused}");
+
+    // F2: the old fleet stopped, the epoch 15 s later is refused before a
+    // single id (its ids would be the old fleet's of 15 s before).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for s in &mut old {
+        stop_cleanly(s).await?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut old_ids = Vec::new();
+    for l in loads.drain(..) {
+        old_ids.extend(l.await?);
+    }
+    anyhow::ensure!(!old_ids.is_empty(), "the old fleet issued nothing");
+    let mut refused = leased(
+        &etcd,
+        "/lay2",
+        &d[3],
+        &["--layout", &later, "--previous-prefix", "/lay1"],
+    )?;
+    let why = started_or_refused(&mut refused)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the later epoch started"))?;
+    assert!(
+        why.contains("not above every id the fleet under /lay1 made"),
+        "{why}"
+    );
+
+    // An earlier epoch is above: the new fleet starts, retires /lay1, and
+    // every id it issues is above every id the old fleet issued.
+    let stop = Arc::new(AtomicBool::new(false));
+    let earlier = snowflake_epoch_moved(-15_000);
+    let mut new = Vec::new();
+    for dir in &d[4..6] {
+        let s = leased(
+            &etcd,
+            "/lay2",
+            dir,
+            &["--layout", &earlier, "--previous-prefix", "/lay1"],
+        )?;
+        s.ready(Duration::from_secs(20)).await?;
+        loads.push(ids_until(&s.http, &stop));
+        new.push(s);
+    }
+    // A node of the old fleet, restarted on its state file, is refused.
+    let mut back = leased(&etcd, "/lay1", &d[0], &[])?;
+    let refused = run_beside(&mut back, &stop, &mut loads, Duration::from_millis(1500))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the old fleet's node started again"))?;
+    assert!(
+        refused.contains("etcd prefix /lay1 is retired") && refused.contains("/lay2"),
+        "{refused}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let old_max = old_ids.iter().max().copied().unwrap_or(0);
+    let mut new_ids = Vec::new();
+    for l in loads {
+        new_ids.extend(l.await?);
+    }
+    anyhow::ensure!(!new_ids.is_empty(), "the new fleet issued nothing");
+    let below = new_ids.iter().filter(|&&id| id <= old_max).count();
+    assert_eq!(below, 0, "new ids at or below the old fleet's largest");
+    let total = new_ids.len() + old_ids.len();
+    let mut all: Vec<u64> = old_ids.into_iter().chain(new_ids).collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), total, "duplicates");
+    Ok(())
+}
+
+/// Deletes the `registry …` line of a state file (what the guide once said
+/// to do to move a fleet to another prefix).
+fn drop_registry_line(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join("shardflake.state");
+    let text = std::fs::read_to_string(&path)?;
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("registry "))
+        .collect();
+    std::fs::write(&path, kept.join("\n") + "\n")?;
+    Ok(())
+}
+
+/// Issue 38, F3: the prefix change as the guide once said (stop every
+/// node, delete the `registry` lines, start on the new prefix) with one
+/// host's clock 20 s ahead: the nodes swapped ids on the empty prefix and
+/// waited one window, so the node with the slow clock issued what the
+/// fast one had issued under its id. Now a node whose state file names its
+/// fleet refuses a place without its fleet id; moved with
+/// `--previous-prefix`, the fleet id comes along and every node waits past
+/// the old fleet's highest high-water, whatever its clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_moved_to_another_prefix_never_swaps_ids_whatever_its_clocks() -> anyhow::Result<()>
+{
+    let etcd = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+20s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let on = |prefix: &'static str, extra: &'static [&'static str]| {
+        let mut args = vec![
+            "--etcd".to_string(),
+            urls.clone(),
+            "--etcd-prefix".into(),
+            prefix.into(),
+            "--lease-ttl".into(),
+            "3s".into(),
+            "--window".into(),
+            "2s".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let start = |dir: &Path, args: &[String], env: &[(&str, &str)]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        serve_in(dir, &args, env)
+    };
+    // Node 0 on a sound clock, node 1 20 s ahead.
+    let a = start(&d[0], &on("/mv1", &[]), &[])?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let b = start(&d[1], &on("/mv1", &[]), &ahead)?;
+    assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&a.http, &stop), ids_until(&b.http, &stop)];
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut old_ids = Vec::new();
+    for l in loads.drain(..) {
+        old_ids.extend(l.await?);
+    }
+    for mut s in [a, b] {
+        stop_cleanly(&mut s).await?;
+    }
+    for dir in &d {
+        drop_registry_line(dir)?;
+    }
+
+    // As the guide once said: the fast node first (it takes id 0), then
+    // the sound one (id 1, the fast node's old id).
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut swapped = start(&d[1], &on("/mv2", &[]), &ahead)?;
+    let fast = run_beside(&mut swapped, &stop, &mut loads, Duration::ZERO).await?;
+    let mut sound = start(&d[0], &on("/mv2", &[]), &[])?;
+    let slow = run_beside(&mut sound, &stop, &mut loads, Duration::from_secs(20)).await?;
+    swapped.kill();
+    sound.kill();
+    stop.store(true, Ordering::Relaxed);
+    let mut ids = old_ids.clone();
+    for l in loads.drain(..) {
+        ids.extend(l.await?);
+    }
+    let total = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "{} duplicates", total - ids.len());
+    for refused in [fast, slow] {
+        let refused = refused.ok_or_else(|| anyhow::anyhow!("started on an empty prefix"))?;
+        assert!(refused.contains("holds no fleet id"), "{refused}");
+    }
+
+    // Moved: both wait past the fast clock's last high-water.
+    let moved = on("/mv2", &["--previous-prefix", "/mv1"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let fast = start(&d[1], &moved, &ahead)?;
+    let sound = start(&d[0], &moved, &[])?;
+    let mut ready = Vec::new();
+    for s in [&fast, &sound] {
+        ready.push(s.ready(Duration::from_secs(40)).await?);
+        loads.push(ids_until(&s.http, &stop));
+    }
+    ready.sort_unstable();
+    assert_eq!(ready, [0, 1]);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let old_max = old_ids.iter().max().copied().unwrap_or(0);
+    let mut new_ids = Vec::new();
+    for l in loads {
+        new_ids.extend(l.await?);
+    }
+    anyhow::ensure!(!new_ids.is_empty(), "the moved fleet issued nothing");
+    let below = new_ids.iter().filter(|&&id| id <= old_max).count();
+    assert_eq!(below, 0, "moved fleet's ids at or below the old fleet's");
+    // The fleet id came along.
+    let fleet = etcd.get("/mv1/fleet").await?;
+    assert!(fleet.is_some());
+    assert_eq!(etcd.get("/mv2/fleet").await?, fleet);
+    Ok(())
+}
+
+/// Issue 38, F8: an `--etcd` list with members of two clusters (old and
+/// new during a move): fresh nodes started on random endpoints and the
+/// fleet split between the clusters, each holding the same ids. Now a
+/// node asks every member before its first take and is refused, naming
+/// the member that disagreed; each list of one cluster still starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_list_mixing_two_clusters_is_refused() -> anyhow::Result<()> {
+    let a = Etcd::start(1)?;
+    let b = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mixed = format!("{},{}", a.urls(), b.urls());
+    let args = [
+        "--etcd",
+        &mixed,
+        "--etcd-prefix",
+        "/mixed",
+        "--lease-ttl",
+        "3s",
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    let mut refusals = Vec::new();
+    let mut nodes = Vec::new();
+    for dir in &d[..2] {
+        let mut s = serve_in(dir, &args, &[])?;
+        refusals.push(run_beside(&mut s, &stop, &mut loads, Duration::from_millis(500)).await?);
+        nodes.push(s);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for mut s in nodes {
+        s.kill();
+    }
+    if !loads.is_empty() {
+        no_duplicates(loads).await?;
+    }
+    for refused in refusals {
+        let refused = refused.ok_or_else(|| anyhow::anyhow!("started on a mixed endpoint list"))?;
+        assert!(
+            refused.contains("answer for different etcd clusters or fleets")
+                && refused.contains(&a.urls())
+                && refused.contains(&b.urls()),
+            "{refused}"
+        );
+    }
+    // One cluster's members only: starts.
+    let one = leased(&a, "/mixed", &d[2], &[])?;
+    assert_eq!(one.ready(Duration::from_secs(20)).await?, 0);
     Ok(())
 }

@@ -268,6 +268,17 @@ pub(super) async fn apply_pinned(
             .map_err(my("creating the refusal function"))?;
         applied.installed.push(names.refused_function());
     }
+    // The guard column the trigger sets, before the trigger that sets it.
+    if matches!(guard(conn, &names.table).await?, (None, _) | (_, false)) {
+        conn.query_drop(sql::add_guard_sql(&names.table))
+            .await
+            .map_err(my("adding the guard column"))?;
+        applied.installed.push(format!(
+            "column {}.{} and its check",
+            names.table,
+            sql::GUARD_COLUMN
+        ));
+    }
     let trigger = sql::trigger_sql(plan, names);
     if trigger_differs(conn, names, &trigger).await? {
         conn.query_drop(&trigger)
@@ -276,6 +287,12 @@ pub(super) async fn apply_pinned(
         applied
             .installed
             .push(format!("trigger {}", names.trigger()));
+    }
+    if guard(conn, &names.table).await?.0.as_deref() != Some("0") {
+        // The trigger sets the column now: inserts without it fail.
+        conn.query_drop(sql::guard_default_sql(&names.table))
+            .await
+            .map_err(my("setting the guard column's default"))?;
     }
     // The clock event.
     let event = names.event();

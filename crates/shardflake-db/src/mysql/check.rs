@@ -138,6 +138,14 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         )
         .await?,
     );
+    match guard(conn, &names.table).await? {
+        (Some(default), true) if default == "0" => {}
+        _ => problems.push(format!(
+            "table {} lacks the guard column {} (default 0, CHECK = 1) that makes an insert without the trigger fail (one such insert takes the parked id 2^63-1, and every restore of the table can hand it out again); re-run apply",
+            names.table,
+            sql::GUARD_COLUMN
+        )),
+    }
     problems.extend(trigger_problem(conn, names, &sql::trigger_sql(&plan, names)).await?);
     let event = names.event();
     let current: Option<(Option<String>, Option<String>, String, String)> = conn

@@ -148,6 +148,29 @@ pub(super) async fn id_column(conn: &mut Conn, table: &str) -> Result<Option<IdC
     }))
 }
 
+/// The id table's guard ([`sql::GUARD_COLUMN`]) as installed: the
+/// column's default (`None`: no column) and whether its `CHECK` is there.
+pub(super) async fn guard(conn: &mut Conn, table: &str) -> Result<(Option<String>, bool), Error> {
+    let default: Option<Option<String>> = conn
+        .exec_first(
+            "SELECT COLUMN_DEFAULT FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+            (table, sql::GUARD_COLUMN),
+        )
+        .await
+        .map_err(my("looking up the guard column"))?;
+    let checked: Option<i64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = ? AND CONSTRAINT_NAME = ?",
+            (table, sql::GUARD_CONSTRAINT),
+        )
+        .await
+        .map_err(my("looking up the guard constraint"))?;
+    Ok((
+        default.map(|d| d.unwrap_or_default()),
+        checked.unwrap_or(0) > 0,
+    ))
+}
+
 /// The body of a `CREATE ... ROUTINE` from `BEGIN` on.
 pub(super) fn routine_body(create: &str) -> Option<&str> {
     create.find("\nBEGIN").map(|i| create[i + 1..].trim())
@@ -317,8 +340,16 @@ pub(super) async fn max_stored_packed(
         l.sequence().bits(),
         l.sequence().max(),
     );
+    // Not the parked AUTO_INCREMENT value: a row an insert took while the
+    // trigger was missing (before the guard column), not a draw of ours
+    // (ours makes it only at the layout's last tick); counted, it would put
+    // the sequence past the layout's last value, where repair cannot go.
     let max: Option<Option<i64>> = conn
-        .query_first(format!("SELECT MAX(id) FROM `{}`", names.table))
+        .query_first(format!(
+            "SELECT MAX(id) FROM `{}` WHERE id < {}",
+            names.table,
+            sql::AUTO_INCREMENT_PARKED
+        ))
         .await
         .map_err(my("reading the newest id"))?;
     let Some(Some(max)) = max else {

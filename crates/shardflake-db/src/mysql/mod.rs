@@ -82,8 +82,11 @@
 //! 5. **No id without the trigger.** `id` is `AUTO_INCREMENT` only for the
 //!    OK packet; its counter is parked at 2^63-1
 //!    ([`sql::AUTO_INCREMENT_PARKED`]), so an insert while a table restore
-//!    has dropped the trigger fails rather than take the id above the
-//!    newest row (the next one ours makes in that shard).
+//!    has dropped the trigger does not take the id above the newest row
+//!    (the next one ours makes in that shard), and an invisible column
+//!    only the trigger sets ([`sql::GUARD_COLUMN`], `CHECK`ed) makes it
+//!    fail rather than take 2^63-1, which each restore of one dump would
+//!    hand out again.
 //!
 //! This holds at any rate (more than 2^sequence_bits ids in one tick run
 //! into the next tick: the id *borrows* time instead of wrapping) and at any

@@ -70,6 +70,34 @@ pub const HIGH_WATER_STEP_MS: u64 = 100;
 /// above the newest row, which is the next id ours hands out in its shard.
 pub const AUTO_INCREMENT_PARKED: i64 = i64::MAX;
 
+/// The id table's invisible guard column: the trigger sets it to 1, its
+/// default is 0, and a `CHECK` refuses a row where it is not 1. So an
+/// insert while the trigger is missing (a restore of the table runs
+/// between its `CREATE TABLE` and its `CREATE TRIGGER`) fails, rather than
+/// take [`AUTO_INCREMENT_PARKED`]: taken once per restore, that one id
+/// would be handed out again by the next restore of the same dump. A
+/// dump keeps the column and the constraint.
+pub const GUARD_COLUMN: &str = "id_by_trigger";
+
+/// The `CHECK` constraint on [`GUARD_COLUMN`].
+pub const GUARD_CONSTRAINT: &str = "id_made_by_trigger";
+
+/// Adds the guard to a table made before it: its rows and the inserts of
+/// the trigger in place now (which does not set it) get 1 until
+/// [`guard_default_sql`] sets the default to 0, once the trigger sets it.
+pub fn add_guard_sql(table: &str) -> String {
+    format!(
+        "ALTER TABLE `{table}` ADD COLUMN IF NOT EXISTS `{GUARD_COLUMN}` TINYINT NOT NULL INVISIBLE DEFAULT 1, \
+         ADD CONSTRAINT IF NOT EXISTS `{GUARD_CONSTRAINT}` CHECK (`{GUARD_COLUMN}` = 1)"
+    )
+}
+
+/// The guard's default once the trigger sets the column: 0, which the
+/// `CHECK` refuses (an instant change).
+pub fn guard_default_sql(table: &str) -> String {
+    format!("ALTER TABLE `{table}` ALTER COLUMN `{GUARD_COLUMN}` SET DEFAULT 0")
+}
+
 /// MariaDB's error number for "Sequence '...' has run out".
 pub const ER_SEQUENCE_RUN_OUT: u16 = 4084;
 
@@ -486,7 +514,7 @@ pub fn id_expression_sql(plan: &Plan, names: &Names, key: &str) -> String {
 pub fn trigger_sql(plan: &Plan, names: &Names) -> String {
     format!(
         "CREATE OR REPLACE TRIGGER `{trigger}` BEFORE INSERT ON `{table}` FOR EACH ROW\n\
-         SET NEW.id = IF(NEW.id <> 0, NEW.id, {expr})",
+         SET NEW.id = IF(NEW.id <> 0, NEW.id, {expr}), NEW.`{GUARD_COLUMN}` = 1",
         trigger = names.trigger(),
         table = names.table,
         expr = id_expression_sql(plan, names, &format!("NEW.`{}`", names.key)),
@@ -596,12 +624,13 @@ fn below_high_water(plan: &Plan, names: &Names, who: &str, keyword: &str, set: &
 /// AUTO_INCREMENT`, so the OK packet carries the id the trigger set, for
 /// clients that read `LAST_INSERT_ID` rather than `RETURNING`), the shard
 /// key, a `body`. The trigger sets every id; the counter starts at
-/// [`AUTO_INCREMENT_PARKED`], so a row inserted while the trigger is
-/// missing (a table restore drops it) fails instead of taking an id that
-/// ours can repeat.
+/// [`AUTO_INCREMENT_PARKED`] and an invisible [`GUARD_COLUMN`] only the
+/// trigger sets, so a row inserted while the trigger is missing (a table
+/// restore drops it) fails instead of taking an id that ours, or the next
+/// restore, can repeat.
 pub fn table_sql(plan: &Plan, names: &Names) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS `{table}` (\n  id BIGINT NOT NULL AUTO_INCREMENT COMMENT {comment},\n  `{key}` BIGINT NOT NULL,\n  body TEXT,\n  PRIMARY KEY (id)\n) ENGINE=InnoDB AUTO_INCREMENT={AUTO_INCREMENT_PARKED}",
+        "CREATE TABLE IF NOT EXISTS `{table}` (\n  id BIGINT NOT NULL AUTO_INCREMENT COMMENT {comment},\n  `{key}` BIGINT NOT NULL,\n  body TEXT,\n  `{GUARD_COLUMN}` TINYINT NOT NULL INVISIBLE DEFAULT 0,\n  PRIMARY KEY (id),\n  CONSTRAINT `{GUARD_CONSTRAINT}` CHECK (`{GUARD_COLUMN}` = 1)\n) ENGINE=InnoDB AUTO_INCREMENT={AUTO_INCREMENT_PARKED}",
         table = names.table,
         key = names.key,
         comment = lit(&format!("{}; sequence {}", plan.marker(), names.sequence())),

@@ -3,6 +3,7 @@
 
 use super::catalog::{self, Deployment, State};
 use super::*;
+use std::collections::BTreeMap;
 
 /// What `apply` did on one server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +33,24 @@ impl fmt::Display for Applied {
 /// that lives elsewhere, a fenced copy, another prefix, count, layout or
 /// epoch, a restored shard are refused, with what to do instead); only then
 /// is anything changed, and the transactions are committed once every
-/// server's changes have run. Idempotent.
+/// server's changes have run. Idempotent. A server of the file without
+/// records, in a deployment that exists, is refused: see [`apply_adding`].
 pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
+    apply_adding(topo, &[]).await
+}
+
+/// [`apply`], with the servers named in `added` taken as new: each may hold
+/// no records yet and gets them; it must hold no shard the deployment
+/// already has (shards are moved to it), and must not be a name the
+/// deployment records shards on (its URL would reach another database than
+/// the one holding them): [`catalog::unrecorded_servers`]. A named server
+/// that already records the deployment is applied as any other.
+pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Applied>, Error> {
+    for name in added {
+        if topo.servers().iter().all(|s| &s.name != name) {
+            return Err(TopologyError::UnknownServer(name.clone()).into());
+        }
+    }
     let mut clients = connect_all(topo).await?;
     let mut txs = Vec::new();
     for (i, c) in clients.iter_mut().enumerate() {
@@ -61,7 +78,7 @@ pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
             });
         }
     }
-    problems.extend(catalog::conflicts(topo, &views));
+    problems.extend(catalog::conflicts(topo, &views, added));
     for (tx, (server, view)) in txs.iter().zip(topo.servers().iter().zip(&views)) {
         for &shard in &server.shards {
             if view.state(shard) == Some(State::Live)
@@ -86,6 +103,24 @@ pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
             .map_err(ctx(&topo.servers()[0].name, "making a deployment id"))?
             .get(0),
     };
+    // Every shard's server, by name and by the database its URL reaches:
+    // what a later apply tells an edited URL from a new server by.
+    let owners: BTreeMap<u64, catalog::Owner> = topo
+        .servers()
+        .iter()
+        .zip(&views)
+        .flat_map(|(server, view)| {
+            server.shards.iter().map(|&shard| {
+                (
+                    shard,
+                    catalog::Owner {
+                        server: server.name.clone(),
+                        identity: view.identity,
+                    },
+                )
+            })
+        })
+        .collect();
     let mut out = Vec::new();
     for (tx, server) in txs.iter().zip(topo.servers()) {
         let name = server.name.as_str();
@@ -97,6 +132,7 @@ pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
             .map_err(ctx(name, "creating the deployment records"))?;
         catalog::record_deployment(tx, &Deployment::of(topo, &id, name)).await?;
         catalog::record_timeline(tx, name, false).await?;
+        catalog::record_owners(tx, name, &owners).await?;
         let mut created = 0;
         let view = &views[out.len()];
         for &shard in &server.shards {

@@ -13,7 +13,18 @@
 //! - `shards`, a row per logical shard on this server: `live` (it serves),
 //!   `moving` (it serves; a copy to `peer` is being made), `incoming` (a
 //!   copy from `peer` being made here; it does not serve) or `fenced` (it
-//!   moved to `peer`; this copy hands out nothing).
+//!   moved to `peer`; this copy hands out nothing);
+//! - `owners`, a row per logical shard of the deployment, the same on every
+//!   server: the server that holds it, by name and by [`Identity`] (which
+//!   database that name reached when `apply` or the last move recorded it).
+//!   The `deployment` row also holds this server's own identity.
+//!
+//! A server is new only when the operator says so (`pg apply
+//! --new-server NAME`): a database with no records in a deployment that
+//! exists is refused, and one named for shards the deployment records on
+//! another database is refused as a URL that now reaches another
+//! database ([`unrecorded_servers`]), so an edited URL never recreates
+//! live shards empty.
 //!
 //! The file says what the operator wants; the servers say what is. A file
 //! that contradicts the servers (a shard put on another server than the one
@@ -55,6 +66,14 @@ CREATE TABLE IF NOT EXISTS shardflake.shards (
   shard bigint PRIMARY KEY,
   state text NOT NULL CHECK (state IN ('live', 'moving', 'incoming', 'fenced')),
   peer text);
+ALTER TABLE shardflake.deployment
+  ADD COLUMN IF NOT EXISTS system_identifier bigint,
+  ADD COLUMN IF NOT EXISTS database_oid bigint;
+CREATE TABLE IF NOT EXISTS shardflake.owners (
+  shard bigint PRIMARY KEY,
+  server text NOT NULL,
+  system_identifier bigint NOT NULL,
+  database_oid bigint NOT NULL);
 CREATE TABLE IF NOT EXISTS shardflake.timeline (
   singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
   timeline bigint NOT NULL);
@@ -65,6 +84,51 @@ CREATE TABLE IF NOT EXISTS shardflake.timeline (
 /// (a base backup, PITR) or a promoted standby starts a new one.
 const CURRENT_TIMELINE: &str =
     "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint";
+
+/// Which database a URL reaches: the cluster's system identifier (kept by
+/// a physical copy, a standby and its promotion) and the database's oid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Identity {
+    /// `pg_control_system().system_identifier`.
+    pub system: i64,
+    /// `pg_database.oid` of the current database.
+    pub database: i64,
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "system identifier {}, database oid {}",
+            self.system, self.database
+        )
+    }
+}
+
+/// The identity of the database a client is connected to, as SQL.
+const IDENTITY: &str = "(SELECT system_identifier FROM pg_control_system()), \
+    (SELECT oid FROM pg_database WHERE datname = current_database())::bigint";
+
+/// Reads the identity of the database `c` is connected to.
+pub async fn identity(c: &impl GenericClient, name: &str) -> Result<Identity, Error> {
+    let r = c
+        .query_one(&format!("SELECT {IDENTITY}"), &[])
+        .await
+        .map_err(ctx(name, "reading the database's identity"))?;
+    Ok(Identity {
+        system: r.get(0),
+        database: r.get(1),
+    })
+}
+
+/// The server a deployment records a shard on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// Its name in the file.
+    pub server: String,
+    /// The database that name reached.
+    pub identity: Identity,
+}
 
 /// A shard's state on one server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,8 +222,13 @@ fn sign_text(s: SignBit) -> &'static str {
 pub struct ServerView {
     /// Its name in the file.
     pub name: String,
+    /// The database its URL reaches now.
+    pub identity: Identity,
     /// Its `deployment` row (none: new, or made before the records).
     pub deployment: Option<Deployment>,
+    /// Shard → the server the deployment records it on (empty: recorded
+    /// before owners were).
+    pub owners: BTreeMap<u64, Owner>,
     /// Shard → state and peer.
     pub shards: BTreeMap<u64, (State, Option<String>)>,
     /// Schemas with a `shardflake_meta()` outside the recorded (or the
@@ -198,7 +267,9 @@ pub async fn read(
         .get(0);
     let mut view = ServerView {
         name: name.to_string(),
+        identity: identity(c, name).await?,
         deployment: None,
+        owners: BTreeMap::new(),
         shards: BTreeMap::new(),
         foreign: Vec::new(),
         schemaless: BTreeSet::new(),
@@ -237,6 +308,33 @@ pub async fn read(
             let state: String = r.get(1);
             view.shards
                 .insert(r.get::<_, i64>(0) as u64, (State::parse(&state), r.get(2)));
+        }
+        let has_owners: bool = c
+            .query_one("SELECT to_regclass('shardflake.owners') IS NOT NULL", &[])
+            .await
+            .map_err(ctx(name, "looking up the shards' owners"))?
+            .get(0);
+        let owners = if has_owners {
+            c.query(
+                "SELECT shard, server, system_identifier, database_oid FROM shardflake.owners",
+                &[],
+            )
+            .await
+            .map_err(ctx(name, "reading the shards' owners"))?
+        } else {
+            Vec::new()
+        };
+        for r in owners {
+            view.owners.insert(
+                r.get::<_, i64>(0) as u64,
+                Owner {
+                    server: r.get(1),
+                    identity: Identity {
+                        system: r.get(2),
+                        database: r.get(3),
+                    },
+                },
+            );
         }
     }
     let prefix = view
@@ -302,6 +400,123 @@ pub fn recorded_generation(views: &[ServerView]) -> Option<&Deployment> {
         .max_by_key(|d| d.generation)
 }
 
+/// Shard → the server the deployment records it on: the owners of the
+/// server of the newest generation that records any (the same on every
+/// server, but a server restored from a dump holds older ones).
+pub fn recorded_owners(views: &[ServerView]) -> BTreeMap<u64, Owner> {
+    let id = deployment_id(views);
+    views
+        .iter()
+        .filter(|v| !v.owners.is_empty())
+        .filter_map(|v| Some((v.deployment.as_ref()?, v)))
+        .filter(|(d, _)| Some(d.id.as_str()) == id)
+        .max_by_key(|(d, _)| d.generation)
+        .map(|(_, v)| v.owners.clone())
+        .unwrap_or_default()
+}
+
+/// Servers of the file with no records in a deployment that exists.
+/// Each is refused unless the operator named it new (`added`); one named
+/// for shards the deployment records on another database is refused even
+/// then: its URL now reaches another database than the one holding them,
+/// and creating them there would hand out their ids a second time. Also
+/// refused: a new server the file gives a shard the deployment holds
+/// (a new server starts empty; shards are moved to it), and a shard the
+/// deployment records on a server the file does not list.
+pub fn unrecorded_servers(topo: &Topology, views: &[ServerView], added: &[String]) -> Vec<Drift> {
+    let mut out = Vec::new();
+    // The first apply: every server is new.
+    let Some(id) = deployment_id(views) else {
+        return out;
+    };
+    let owners = recorded_owners(views);
+    let recorded: Vec<&str> = views
+        .iter()
+        .filter(|v| v.deployment.is_some())
+        .map(|v| v.name.as_str())
+        .collect();
+    let list = |shards: &[u64]| {
+        shards
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for v in views.iter().filter(|v| v.deployment.is_none()) {
+        let mut elsewhere: BTreeMap<Identity, Vec<u64>> = BTreeMap::new();
+        for (&shard, o) in &owners {
+            if o.server == v.name && o.identity != v.identity {
+                elsewhere.entry(o.identity).or_default().push(shard);
+            }
+        }
+        if let Some((was, shards)) = elsewhere.iter().next() {
+            out.push(Drift {
+                server: v.name.clone(),
+                shard: None,
+                problem: format!(
+                    "this URL now reaches another database ({}) than the one the deployment records shards {} on ({was}), and it holds no records: creating those shards here would hand out their ids a second time; put back the url of the database that holds them (if it is lost, restore it there from a backup, then run `shardflake pg repair`)",
+                    v.identity,
+                    list(shards),
+                ),
+            });
+            continue;
+        }
+        // Shard schemas and no records: made before the records (a move
+        // recorded only its two servers); apply records it.
+        if !v.shards.is_empty() {
+            continue;
+        }
+        if !added.contains(&v.name) {
+            out.push(Drift {
+                server: v.name.clone(),
+                shard: None,
+                problem: format!(
+                    "holds no records of deployment {id}, which {} record: if it is a new server, add it with `shardflake pg apply --new-server {}`; if its url was changed, put back the url of the database that holds its shards",
+                    recorded.join(", "),
+                    v.name
+                ),
+            });
+            continue;
+        }
+        let held: Vec<u64> = topo
+            .servers()
+            .iter()
+            .filter(|s| s.name == v.name)
+            .flat_map(|s| s.shards.iter().copied())
+            .filter(|shard| {
+                owners.contains_key(shard)
+                    || views
+                        .iter()
+                        .any(|o| o.name != v.name && o.state(*shard).is_some())
+            })
+            .collect();
+        if !held.is_empty() {
+            out.push(Drift {
+                server: v.name.clone(),
+                shard: None,
+                problem: format!(
+                    "a new server holds no shard until one is moved there, but the file gives it shards {}, which the deployment holds: give it shards = \"\" and move each with `shardflake pg move-shard N --to {}`",
+                    list(&held),
+                    v.name
+                ),
+            });
+        }
+    }
+    for (&shard, o) in &owners {
+        if topo.servers().iter().all(|s| s.name != o.server) {
+            out.push(Drift {
+                server: o.server.clone(),
+                shard: Some(shard),
+                problem: format!(
+                    "the deployment records shard {shard} on {} ({}), which the file does not list: use the file that lists it",
+                    o.server, o.identity
+                ),
+            });
+        }
+    }
+    out
+}
+
 /// A file older than the generation its servers record: written before a
 /// move it has not seen, it may put a shard where it no longer lives, or
 /// leave out the server that now holds it (which no other rule can see).
@@ -330,9 +545,10 @@ pub fn older_file(topo: &Topology, views: &[ServerView]) -> Option<Drift> {
 
 /// Every way the servers contradict the file or each other, each saying
 /// what to do instead. `pg apply` refuses on any; `pg check` reports them.
-pub fn conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
+/// `added`: the servers the operator named new (`pg apply --new-server`).
+pub fn conflicts(topo: &Topology, views: &[ServerView], added: &[String]) -> Vec<Drift> {
     let mut out: Vec<Drift> = older_file(topo, views).into_iter().collect();
-    out.extend(record_conflicts(topo, views));
+    out.extend(record_conflicts(topo, views, added));
     out
 }
 
@@ -377,9 +593,10 @@ pub fn stale_records(views: &[ServerView]) -> Vec<StaleRecord> {
 }
 
 /// [`conflicts`] but a file's generation.
-pub fn record_conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
+pub fn record_conflicts(topo: &Topology, views: &[ServerView], added: &[String]) -> Vec<Drift> {
     let stale = stale_records(views);
-    let mut out: Vec<Drift> = stale
+    let mut out = unrecorded_servers(topo, views, added);
+    out.extend(stale
         .iter()
         .map(|s| Drift {
             server: s.server.clone(),
@@ -388,8 +605,7 @@ pub fn record_conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
                 "shard {} is recorded live here, but its schema is gone and it lives on {}: the record came back with a restore; `shardflake pg repair` removes it",
                 s.shard, s.live_on
             ),
-        })
-        .collect();
+        }));
     // Past that, a stale record is no copy.
     let mut views = views.to_vec();
     for s in &stale {
@@ -604,11 +820,13 @@ pub fn record_conflicts(topo: &Topology, views: &[ServerView]) -> Vec<Drift> {
 /// goes up.
 pub async fn record_deployment(c: &impl GenericClient, d: &Deployment) -> Result<(), Error> {
     c.execute(
-        "INSERT INTO shardflake.deployment (deployment, server, layout, schema_prefix, shards, sign_bit, generation)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+        &format!("INSERT INTO shardflake.deployment (deployment, server, layout, schema_prefix, shards, sign_bit, generation,
+           system_identifier, database_oid)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, {IDENTITY})
          ON CONFLICT (singleton) DO UPDATE SET deployment = $1, server = $2, layout = $3,
            schema_prefix = $4, shards = $5, sign_bit = $6,
-           generation = greatest(shardflake.deployment.generation, $7)",
+           generation = greatest(shardflake.deployment.generation, $7),
+           system_identifier = EXCLUDED.system_identifier, database_oid = EXCLUDED.database_oid"),
         &[
             &d.id,
             &d.server,
@@ -639,6 +857,28 @@ pub async fn record_generation(
     )
     .await
     .map_err(ctx(server, "recording the deployment's generation"))?;
+    Ok(())
+}
+
+/// Records on a server which server holds each of `owners`' shards.
+pub async fn record_owners(
+    c: &impl GenericClient,
+    server: &str,
+    owners: &BTreeMap<u64, Owner>,
+) -> Result<(), Error> {
+    let shards: Vec<i64> = owners.keys().map(|&s| s as i64).collect();
+    let names: Vec<&str> = owners.values().map(|o| o.server.as_str()).collect();
+    let systems: Vec<i64> = owners.values().map(|o| o.identity.system).collect();
+    let databases: Vec<i64> = owners.values().map(|o| o.identity.database).collect();
+    c.execute(
+        "INSERT INTO shardflake.owners (shard, server, system_identifier, database_oid)
+         SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[])
+         ON CONFLICT (shard) DO UPDATE SET server = EXCLUDED.server,
+           system_identifier = EXCLUDED.system_identifier, database_oid = EXCLUDED.database_oid",
+        &[&shards, &names, &systems, &databases],
+    )
+    .await
+    .map_err(ctx(server, "recording the shards' owners"))?;
     Ok(())
 }
 

@@ -36,7 +36,9 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
     for (server, c) in &clients {
         views.push(catalog::read(c, &server.name, topo).await?);
     }
-    drift.extend(catalog::conflicts(topo, &views));
+    drift.extend(catalog::conflicts(topo, &views, &[]));
+    // In a deployment that exists, a server without records is a conflict.
+    let recorded = catalog::deployment_id(&views).is_some();
     for ((server, client), view) in clients.iter().zip(&views) {
         let name = server.name.as_str();
         let d = |shard: Option<u64>, problem: String| Drift {
@@ -54,7 +56,7 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         if let Some(warning) = settings.fsync_off {
             tracing::warn!(server = name, "{warning}");
         }
-        if view.deployment.is_none() {
+        if view.deployment.is_none() && !recorded {
             drift.push(d(
                 None,
                 "holds no deployment record (schema shardflake): run pg apply".into(),

@@ -39,7 +39,7 @@ pub mod sql;
 pub mod topology;
 
 pub(crate) use apply::install_shard;
-pub use apply::{Applied, apply};
+pub use apply::{Applied, apply, apply_adding};
 pub use check::check;
 pub use repair::{Repaired, repair};
 pub use route::{Route, Router};

@@ -95,6 +95,7 @@
 //! file, so a concurrent apply or repair cannot rebuild (unfence) the old
 //! copy, and a second move starts from the file the first one wrote.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::pin::pin;
 use std::str::FromStr;
@@ -265,7 +266,7 @@ impl Deployed {
             views.push(catalog::read(c, &server.name, &topo).await?);
         }
         // Problems of this shard are what the move finishes or undoes.
-        let mut problems: Vec<_> = catalog::record_conflicts(&topo, &views)
+        let mut problems: Vec<_> = catalog::record_conflicts(&topo, &views, &[])
             .into_iter()
             .filter(|d| d.shard.is_none())
             .collect();
@@ -508,11 +509,19 @@ async fn switch(dep: &Deployed, path: &Path, shard: u64, to: &str) -> Result<(),
         .unwrap_or_else(|_| path.to_path_buf())
         .display()
         .to_string();
+    let owner = BTreeMap::from([(
+        shard,
+        catalog::Owner {
+            server: to.to_string(),
+            identity: dep.views[dep.index(to)?].identity,
+        },
+    )]);
     for (c, server) in dep.clients.iter().zip(dep.topo.servers()) {
         c.batch_execute(catalog::CATALOG_DDL)
             .await
             .map_err(ctx(&server.name, "creating the records"))?;
         catalog::record_generation(c, &server.name, generation, shard, &file).await?;
+        catalog::record_owners(c, &server.name, &owner).await?;
     }
     dep.topo
         .with_generation(generation)

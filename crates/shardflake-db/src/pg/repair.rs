@@ -65,7 +65,7 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
             "removed the record of a copy that is gone"
         );
     }
-    let problems = catalog::conflicts(topo, &views);
+    let problems = catalog::conflicts(topo, &views, &[]);
     if !problems.is_empty() {
         return Err(refused("repair", problems));
     }

@@ -280,10 +280,10 @@ async fn an_insert_without_the_trigger_fails_instead_of_taking_an_auto_increment
             Err(_) => failed += 1,
         }
     }
-    // At most the first takes the parked value (ours makes it only at the
-    // layout's last tick, for the last shard); every other one fails.
+    // Every one fails: the guard column only the trigger sets (the parked
+    // counter alone let the first take 2^63-1).
     assert!(
-        taken.iter().all(|&id| id == sql::AUTO_INCREMENT_PARKED) && failed >= 4,
+        taken.is_empty() && failed == 5,
         "inserts without the trigger took ids {taken:?} ({failed} failed); ours: {:?}",
         &ids[ids.len() - 3..]
     );
@@ -298,6 +298,75 @@ async fn an_insert_without_the_trigger_fails_instead_of_taking_an_auto_increment
                 .await
                 .unwrap(),
         );
+    }
+    assert_unique(&ids);
+    assert_eq!(
+        mysql::check(&mut c, &layout, &opts).await.unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+/// Issue 37, A: one dump restored twice while writers insert. Each restore
+/// runs between its `CREATE TABLE` and its `CREATE TRIGGER` with no
+/// trigger (here: a dump taken with --skip-triggers), and an insert then
+/// took the parked `AUTO_INCREMENT` value 2^63-1: once per restore, so
+/// twice in all. Then `mysql check` said "ids would repeat" and `mysql
+/// repair` refused ("past the layout's last value"), so every insert
+/// failed until the row was deleted by hand. Now no insert without the
+/// trigger gets an id, and a row 2^63-1 left from before is no dead end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_restored_twice_hands_out_no_id_twice_and_repair_gets_out() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool: Pool = mysql::pool(&server.url()).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Names::default();
+    let opts = Options::default();
+    let mut c = pool.get_conn().await.unwrap();
+    mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.push(mysql::insert(&mut c, &names, 7, "ours").await.unwrap());
+    }
+    let file = dump(&server, &["--skip-triggers"], &["app", "posts"]);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..2 {
+        let again = std::env::temp_dir().join(format!("sf-maria-twice-{}.sql", now_ms()));
+        std::fs::write(&again, &text).unwrap();
+        restore(&server, &again);
+        if let Ok(Some(id)) = c
+            .query_first::<i64, _>(
+                "INSERT INTO posts (user_id, body) VALUES (7, 'no trigger') RETURNING id",
+            )
+            .await
+        {
+            taken.push(id);
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        taken.is_empty(),
+        "inserts without the trigger took ids {taken:?} (2^63-1 = {})",
+        i64::MAX
+    );
+
+    // A table from before the guard that took 2^63-1: the row stays (its
+    // id was handed out), and repair still puts the sequence past the ids.
+    mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    c.query_drop(format!(
+        "INSERT IGNORE INTO posts (id, user_id, body) VALUES ({}, 7, 'parked')",
+        i64::MAX
+    ))
+    .await
+    .unwrap();
+    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap();
+    assert!(
+        !problems.iter().any(|p| p.contains("ids would repeat")),
+        "{problems:?}"
+    );
+    mysql::repair(&mut c, &layout, &opts).await.unwrap();
+    for _ in 0..20 {
+        ids.push(mysql::insert(&mut c, &names, 7, "after").await.unwrap());
     }
     assert_unique(&ids);
     assert_eq!(

@@ -111,7 +111,9 @@ async fn a_file_older_than_a_move_is_refused_by_every_command() {
         "older",
         &topology(&[("a", &a, "0-1"), ("b", &b, "2-3"), ("c", &c, "")]),
     );
-    pg::apply(&file.load()).await.unwrap();
+    pg::apply_adding(&file.load(), &["c".to_string()])
+        .await
+        .unwrap();
     move_shard(&file.0, 1, "c", &MoveOptions::default())
         .await
         .unwrap();

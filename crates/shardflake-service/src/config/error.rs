@@ -124,6 +124,11 @@ pub enum ConfigError {
     /// An empty etcd prefix.
     #[error("etcd prefix must not be empty or /")]
     EtcdPrefix,
+    /// `--previous-prefix` names the fleet's own prefix.
+    #[error(
+        "--previous-prefix {0} is this fleet's own --etcd-prefix: a layout change starts the new fleet on a new prefix and names the old one as previous"
+    )]
+    PreviousPrefixSame(String),
     /// An etcd prefix without its leading `/`.
     #[error(
         "etcd prefix {0:?} must start with /: without it, it names another namespace than \"/{0}\" (nodes under both would hand out one node id twice); use --etcd-prefix /{0}"

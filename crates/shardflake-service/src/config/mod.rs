@@ -86,6 +86,11 @@ pub struct EtcdConfig {
     pub pinned_node_id: Option<u64>,
     /// Key prefix, without a trailing `/`.
     pub prefix: String,
+    /// The prefix of the fleet this one replaces with another layout
+    /// (`--previous-prefix`, same etcd): the new fleet's first take checks
+    /// it is stopped and that the new ids are above every id it made, and
+    /// retires it.
+    pub previous_prefix: Option<String>,
     /// Lease TTL.
     pub lease_ttl: Duration,
     /// Issuing stops this long before the lease could expire.

@@ -77,6 +77,8 @@ pub struct RawEtcd {
     pub endpoints: Option<Vec<String>>,
     /// Key prefix of this id cluster.
     pub prefix: Option<String>,
+    /// Key prefix of the fleet this one replaces with another layout.
+    pub previous_prefix: Option<String>,
     /// Lease TTL.
     #[serde(default, deserialize_with = "duration_text")]
     pub lease_ttl: Option<Duration>,
@@ -187,6 +189,7 @@ impl RawEtcd {
         RawEtcd {
             endpoints: over.endpoints.or(self.endpoints),
             prefix: over.prefix.or(self.prefix),
+            previous_prefix: over.previous_prefix.or(self.previous_prefix),
             lease_ttl: over.lease_ttl.or(self.lease_ttl),
             safety_margin: over.safety_margin.or(self.safety_margin),
             timeout: over.timeout.or(self.timeout),

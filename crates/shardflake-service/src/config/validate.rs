@@ -115,6 +115,7 @@ impl Config {
             let e = &raw.etcd;
             let given: Vec<&str> = [
                 (e.prefix.is_some(), "etcd prefix"),
+                (e.previous_prefix.is_some(), "previous etcd prefix"),
                 (e.lease_ttl.is_some(), "lease TTL"),
                 (e.safety_margin.is_some(), "safety margin"),
                 (e.timeout.is_some(), "etcd timeout"),
@@ -311,10 +312,27 @@ fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, Con
     if !prefix.starts_with('/') {
         return Err(ConfigError::EtcdPrefixSlash(prefix));
     }
+    let previous_prefix = match raw.previous_prefix {
+        None => None,
+        Some(p) => {
+            let p = p.trim_end_matches('/').to_string();
+            if p.is_empty() {
+                return Err(ConfigError::EtcdPrefix);
+            }
+            if !p.starts_with('/') {
+                return Err(ConfigError::EtcdPrefixSlash(p));
+            }
+            if p == prefix {
+                return Err(ConfigError::PreviousPrefixSame(p));
+            }
+            Some(p)
+        }
+    };
     Ok(EtcdConfig {
         endpoints,
         pinned_node_id: None,
         prefix,
+        previous_prefix,
         lease_ttl,
         safety_margin,
         timeout,

@@ -71,13 +71,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AcquireError, Claim, Holding, LeaseId, RecordError, Registry, RegistryError, Renewal, keys,
-    read_high_water,
+    AcquireError, Claim, Holding, LeaseId, PreviousFleet, RecordError, Registry, RegistryError,
+    Renewal, keys, read_high_water,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{
     Client, Compare, EtcdError, Event, EventKind, Header, Kv, Op, Status, random_below,
 };
+use crate::layout_change::LayoutChange;
 
 /// Node ids leased from etcd under one prefix.
 #[derive(Debug)]
@@ -89,6 +90,11 @@ pub struct EtcdRegistry {
     held: Mutex<Option<Held>>,
     /// The cluster id etcd answered the last take with.
     cluster_id: Mutex<Option<u64>>,
+    /// This node's fleet id: from its state file, else its first take.
+    fleet: Mutex<Option<String>>,
+    /// With several endpoints, one client each: before its first take a
+    /// node asks every member which cluster and fleet it answers for.
+    members: Vec<(String, std::sync::Arc<Client>)>,
     /// The highest etcd revision seen (and remembered in the state file):
     /// a lower one means etcd was rolled back.
     seen_revision: AtomicI64,
@@ -103,6 +109,7 @@ pub struct EtcdRegistry {
 struct Held {
     lease: LeaseId,
     layout: Vec<u8>,
+    fleet: Vec<u8>,
     hw_revision: i64,
     /// Values of the high-water records sent since the last one etcd
     /// answered (its answer may be lost while it was executed).
@@ -113,11 +120,27 @@ impl EtcdRegistry {
     /// A registry on the endpoints and prefix of `cfg`, with its TLS files
     /// and credentials read and checked (nothing is sent yet).
     pub fn new(cfg: &EtcdConfig) -> Result<Self, EtcdError> {
+        let members = if cfg.endpoints.len() > 1 {
+            cfg.endpoints
+                .iter()
+                .map(|endpoint| {
+                    let one = EtcdConfig {
+                        endpoints: vec![endpoint.clone()],
+                        ..cfg.clone()
+                    };
+                    Ok((endpoint.clone(), std::sync::Arc::new(client(&one)?)))
+                })
+                .collect::<Result<_, EtcdError>>()?
+        } else {
+            Vec::new()
+        };
         Ok(EtcdRegistry {
+            members,
             client: client(cfg)?,
             prefix: cfg.prefix.clone(),
             held: Mutex::new(None),
             cluster_id: Mutex::new(None),
+            fleet: Mutex::new(None),
             seen_revision: AtomicI64::new(0),
             record_lock: tokio::sync::Mutex::new(()),
         })
@@ -150,6 +173,9 @@ impl From<EtcdError> for AcquireError {
 #[async_trait]
 impl Registry for EtcdRegistry {
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
+        if lock(&self.cluster_id).is_none() {
+            self.check_members().await?;
+        }
         // The grant and the first read do not depend on each other: one
         // round trip for both.
         let (granted, read, status) = tokio::join!(
@@ -170,15 +196,20 @@ impl Registry for EtcdRegistry {
                 // the endpoints, failed over to) knows nothing of its ids.
                 let first = *lock(&self.cluster_id).get_or_insert(header.cluster_id);
                 let now = self.identity_of(header.cluster_id);
+                let expected_fleet = lock(&self.fleet).clone();
                 match &claim.expected_registry {
                     _ if first != header.cluster_id => Err(AcquireError::ClusterChanged {
                         took: self.identity_of(first),
                         now,
                     }),
-                    Some(recorded) if *recorded != now => Err(AcquireError::RegistryChanged {
-                        recorded: recorded.clone(),
-                        now,
-                    }),
+                    // A state file with a fleet id: the fleet id found
+                    // there decides (a moved fleet carries it).
+                    Some(recorded) if *recorded != now && expected_fleet.is_none() => {
+                        Err(AcquireError::RegistryChanged {
+                            recorded: recorded.clone(),
+                            now,
+                        })
+                    }
                     _ => {
                         let seen = self
                             .seen_revision
@@ -204,16 +235,44 @@ impl Registry for EtcdRegistry {
                                 _ => Trust::All,
                             }
                         };
-                        take_lowest(
-                            &self.client,
-                            &self.prefix,
-                            lease,
-                            claim,
-                            kvs,
-                            &trust,
-                            status,
-                        )
-                        .await
+                        // A layout change: the new fleet's first takes (no
+                        // layout record yet) check the previous fleet and
+                        // retire it; later ones find the floor it left.
+                        let layout_key = format!("{}/layout", self.prefix);
+                        let fleet = match &claim.previous {
+                            Some(previous)
+                                if !kvs.iter().any(|kv| kv.key == layout_key.as_bytes()) =>
+                            {
+                                retire_previous(&self.client, &self.prefix, previous, claim)
+                                    .await
+                                    .map(|(floor, carried)| Fleet {
+                                        expected: expected_fleet,
+                                        carried,
+                                        floor: Some(floor),
+                                    })
+                            }
+                            _ => Ok(Fleet {
+                                expected: expected_fleet,
+                                carried: None,
+                                floor: None,
+                            }),
+                        };
+                        match fleet {
+                            Err(e) => Err(e),
+                            Ok(fleet) => {
+                                take_lowest(
+                                    &self.client,
+                                    &self.prefix,
+                                    lease,
+                                    claim,
+                                    kvs,
+                                    &trust,
+                                    status,
+                                    fleet,
+                                )
+                                .await
+                            }
+                        }
                     }
                 }
             }
@@ -221,9 +280,11 @@ impl Registry for EtcdRegistry {
         };
         match taken {
             Ok(taken) => {
+                *lock(&self.fleet) = Some(String::from_utf8_lossy(&taken.fleet).into_owned());
                 *lock(&self.held) = Some(Held {
                     lease,
                     layout: taken.layout,
+                    fleet: taken.fleet,
                     hw_revision: taken.hw_revision,
                     unconfirmed: Vec::new(),
                 });
@@ -307,6 +368,14 @@ impl Registry for EtcdRegistry {
         lock(&self.cluster_id).map(|id| self.identity_of(id))
     }
 
+    fn fleet(&self) -> Option<String> {
+        lock(&self.fleet).clone()
+    }
+
+    fn expect_fleet(&self, fleet: String) {
+        *lock(&self.fleet) = Some(fleet);
+    }
+
     fn revision(&self) -> Option<i64> {
         Some(self.seen_revision.load(Ordering::Relaxed)).filter(|&r| r > 0)
     }
@@ -344,7 +413,64 @@ impl EtcdRegistry {
             Compare::LeaseIs(node.into_bytes(), holding.lease),
             Compare::ModRevisionIs(hw.into_bytes(), held.hw_revision),
             Compare::ValueIs(self.layout_key().into_bytes(), held.layout.clone()),
+            Compare::ValueIs(self.fleet_key().into_bytes(), held.fleet.clone()),
         ]
+    }
+
+    /// Before the first take: every member that answers must answer for
+    /// one cluster and one fleet (an endpoint list mixing two clusters
+    /// would let nodes of one fleet take ids in both). Members that do not
+    /// answer are not counted.
+    async fn check_members(&self) -> Result<(), AcquireError> {
+        if self.members.is_empty() {
+            return Ok(());
+        }
+        let key = format!("{}/fleet", self.prefix);
+        let mut asked = tokio::task::JoinSet::new();
+        for (endpoint, client) in &self.members {
+            let (endpoint, client, key) = (endpoint.clone(), client.clone(), key.clone());
+            asked.spawn(async move {
+                let answer = client.range_prefix_local_header(key.as_bytes()).await;
+                (endpoint, answer)
+            });
+        }
+        let mut answers = Vec::new();
+        while let Some(joined) = asked.join_next().await {
+            let Ok((endpoint, answer)) = joined else {
+                continue;
+            };
+            match answer {
+                Ok((kvs, header)) => {
+                    let fleet = kvs
+                        .iter()
+                        .find(|kv| kv.key == key.as_bytes())
+                        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+                    answers.push((endpoint, header.cluster_id, fleet));
+                }
+                Err(e) => {
+                    tracing::warn!(endpoint, error = %e, "etcd member did not answer which cluster it belongs to; not counted")
+                }
+            }
+        }
+        answers.sort();
+        let said = |(endpoint, cluster, fleet): &(String, u64, Option<String>)| {
+            format!(
+                "{endpoint} (etcd cluster={cluster:x}, fleet {})",
+                fleet.as_deref().unwrap_or("none")
+            )
+        };
+        for (i, a) in answers.iter().enumerate() {
+            for b in &answers[i + 1..] {
+                let fleets_differ = matches!((&a.2, &b.2), (Some(x), Some(y)) if x != y);
+                if a.1 != b.1 || fleets_differ {
+                    return Err(AcquireError::MembersDisagree {
+                        one: said(a),
+                        other: said(b),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     fn layout_key(&self) -> String {
@@ -358,7 +484,12 @@ impl EtcdRegistry {
             Op::Get(node.into_bytes()),
             Op::Get(hw.into_bytes()),
             Op::Get(self.layout_key().into_bytes()),
+            Op::Get(self.fleet_key().into_bytes()),
         ]
+    }
+
+    fn fleet_key(&self) -> String {
+        format!("{}/fleet", self.prefix)
     }
 
     /// Notes `value` as a record of `lease` sent, its outcome unknown
@@ -383,7 +514,8 @@ impl EtcdRegistry {
         let find = |key: &str| kvs.iter().find(|kv| kv.key == key.as_bytes());
         let held = self.held_by(holding.lease)?;
         let ours = find(&node).is_some_and(|kv| kv.lease == holding.lease)
-            && find(&layout).is_some_and(|kv| kv.value == held.layout);
+            && find(&layout).is_some_and(|kv| kv.value == held.layout)
+            && find(&self.fleet_key()).is_some_and(|kv| kv.value == held.fleet);
         let record = find(&hw).filter(|_| ours)?;
         self.adopt(holding.lease, &record.value, record.mod_revision)
             .then(|| record.value.clone())
@@ -585,6 +717,8 @@ struct Taken {
     hw_revision: i64,
     /// `<prefix>/layout` as the take compared or wrote it.
     layout: Vec<u8>,
+    /// `<prefix>/fleet` as the take compared or wrote it.
+    fleet: Vec<u8>,
 }
 
 /// A call that failed after etcd answered this take's first read: etcd is
@@ -657,6 +791,175 @@ async fn read_cluster(client: &Client, prefix: &str) -> Result<(Vec<Kv>, Header)
         .await?)
 }
 
+/// How a retired prefix's layout record begins: `retired for <successor>:
+/// <the record as it was>`. Every take there compares the layout record, so
+/// the nodes of the old layout are refused, whatever their version.
+const RETIRED: &str = "retired for ";
+
+/// The successor prefix and the record as it was, of a retired prefix's
+/// layout record.
+fn parse_retired(record: &[u8]) -> Option<(String, String)> {
+    let text = std::str::from_utf8(record).ok()?;
+    let (successor, was) = text.strip_prefix(RETIRED)?.split_once(": ")?;
+    Some((successor.to_string(), was.to_string()))
+}
+
+/// A layout change: before the new fleet (under `prefix`) records its
+/// layout, checks the previous fleet, retires it and returns the new
+/// fleet's floor (no id of it at or before this Unix ms).
+///
+/// Refused while a node of the previous fleet holds or waits for an id, and
+/// when the new layout's ids from now on are not all above every id the
+/// previous layout could have made until now or its highest high-water.
+/// The retirement rewrites the previous layout record, compared unchanged
+/// along with every key under the previous prefix, so a node of the
+/// previous fleet that started meanwhile fails it.
+async fn retire_previous(
+    client: &Client,
+    prefix: &str,
+    previous: &PreviousFleet,
+    claim: &Claim,
+) -> Result<(u64, Option<String>), AcquireError> {
+    let old = &previous.prefix;
+    let under = format!("{old}/");
+    let (kvs, header) = client.range_prefix_header(under.as_bytes()).await?;
+    let layout_key = format!("{old}/layout");
+    let Some(record) = kvs.iter().find(|kv| kv.key == layout_key.as_bytes()) else {
+        return Err(AcquireError::PreviousMissing {
+            previous: old.clone(),
+        });
+    };
+    let (old_record, retired) = match parse_retired(&record.value) {
+        Some((successor, was)) if successor == prefix => (was, true),
+        Some((successor, _)) => {
+            return Err(AcquireError::PreviousRetired {
+                previous: old.clone(),
+                successor,
+                prefix: prefix.to_string(),
+            });
+        }
+        None => (String::from_utf8_lossy(&record.value).into_owned(), false),
+    };
+    let live = [format!("{old}/node/"), format!("{old}/queue/")];
+    if let Some(kv) = kvs
+        .iter()
+        .find(|kv| live.iter().any(|p| kv.key.starts_with(p.as_bytes())))
+    {
+        return Err(AcquireError::PreviousRunning {
+            previous: old.clone(),
+            key: String::from_utf8_lossy(&kv.key).into_owned(),
+            holder: String::from_utf8_lossy(&kv.value).into_owned(),
+        });
+    }
+    let unreadable = |key: &[u8], value: &[u8]| AcquireError::PreviousUnreadable {
+        previous: old.clone(),
+        key: String::from_utf8_lossy(key).into_owned(),
+        value: String::from_utf8_lossy(value).into_owned(),
+    };
+    let old_layout = old_record
+        .split_once("; node id in field")
+        .and_then(|(spec, _)| shardflake::preset::resolve(spec).ok())
+        .ok_or_else(|| unreadable(&record.key, old_record.as_bytes()))?;
+    let hw_prefix = format!("{old}/hw/");
+    let mut until_ms = claim.now_ms;
+    for kv in kvs
+        .iter()
+        .filter(|kv| kv.key.starts_with(hw_prefix.as_bytes()))
+    {
+        let ms = std::str::from_utf8(&kv.value)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| unreadable(&kv.key, &kv.value))?;
+        until_ms = until_ms.max(ms);
+    }
+    let change = LayoutChange::new(&old_layout, until_ms, &previous.layout, claim.now_ms);
+    // The same layout (a fleet moved to another prefix): its ids are above
+    // once every clock is past the old fleet's highest high-water, which
+    // every take of the new fleet waits out (within window +
+    // max_resume_wait, as for any record).
+    let moved = old_record.as_bytes() == claim.layout
+        && change
+            .unsafe_until_ms
+            .is_some_and(|ms| ms <= claim.now_ms.saturating_add(claim.max_ahead_ms));
+    if !change.is_safe() && !moved {
+        let advice = match change.latest_epoch_ms {
+            Some(epoch) => format!(
+                "an epoch at or before {epoch} ms ({}) with these fields and tick would be above",
+                shardflake::timestamp::rfc3339_ms(epoch)
+            ),
+            None => {
+                "no epoch with these fields and tick gets above: widen the time field".to_string()
+            }
+        };
+        return Err(AcquireError::BelowPrevious {
+            previous: old.clone(),
+            detail: format!(
+                "its layout {old_record:?} could reach id {} until {}, this layout's smallest id now is {}; {advice} (`shardflake plan --from OLD --to NEW`)",
+                change.old_max_id,
+                shardflake::timestamp::rfc3339_ms(until_ms),
+                change.new_min_id,
+            ),
+        });
+    }
+    if !retired {
+        let value = format!("{RETIRED}{prefix}: {old_record}").into_bytes();
+        let answer = client
+            .txn(
+                &[
+                    Compare::ValueIs(layout_key.clone().into_bytes(), record.value.clone()),
+                    Compare::NoneWrittenAfter(under.into_bytes(), header.revision),
+                ],
+                &[Op::Put(layout_key.into_bytes(), value, 0)],
+                &[],
+            )
+            .await
+            .map_err(after_an_answer)?;
+        if !answer.succeeded {
+            return Err(AcquireError::PreviousChanged {
+                previous: old.clone(),
+            });
+        }
+        tracing::warn!(
+            previous = %old,
+            "retired the previous fleet's prefix {old}: its nodes are refused there from now on"
+        );
+    }
+    let carried = kvs
+        .iter()
+        .find(|kv| kv.key == format!("{old}/fleet").as_bytes())
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    Ok((change.unsafe_until_ms.unwrap_or(until_ms), carried))
+}
+
+/// What a take knows of its fleet besides the claim.
+struct Fleet {
+    /// The fleet id this node belongs to (its state file, or an earlier
+    /// take of this process).
+    expected: Option<String>,
+    /// A fleet replacing another (`--previous-prefix`): the previous
+    /// fleet's id, carried over.
+    carried: Option<String>,
+    /// A fleet replacing another: no id of it at or before this Unix ms.
+    floor: Option<u64>,
+}
+
+/// A new fleet id: 128 random bits, hex.
+fn mint_fleet_id(lease: LeaseId) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let half = |salt: u64| {
+        // Keys drawn from the OS's randomness for each process.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(salt);
+        h.write_i64(lease);
+        h.write_u128(nanos);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(1), half(2))
+}
+
 /// The lowest free node id, taken in one transaction that also records its
 /// first high-water. Uncontended, the id is the lowest free.
 ///
@@ -684,6 +987,7 @@ async fn read_cluster(client: &Client, prefix: &str) -> Result<(Vec<Kv>, Header)
 /// record (the cluster's first node, or a herd starting together on an
 /// empty prefix) writes it there, compared absent, so a herd does not spend
 /// a raft write per node on the record before racing for ids.
+#[allow(clippy::too_many_arguments)] // one call site, each a part of the take
 async fn take_lowest(
     client: &Client,
     prefix: &str,
@@ -692,7 +996,9 @@ async fn take_lowest(
     mut kvs: Vec<Kv>,
     trust: &Trust,
     status: Option<Status>,
+    fleet: Fleet,
 ) -> Result<Taken, AcquireError> {
+    let floor = fleet.floor;
     let max_id = claim.max_node_id;
     let layout = &claim.layout[..];
     let node_prefix = format!("{prefix}/node/");
@@ -701,6 +1007,53 @@ async fn take_lowest(
     let queue_prefix = format!("{prefix}/queue/");
     let queue_key = format!("{queue_prefix}{lease:x}").into_bytes();
     let layout_key = format!("{prefix}/layout").into_bytes();
+    let floor_key = format!("{prefix}/floor").into_bytes();
+    // A fleet that replaced another layout: no id of it at or before this
+    // Unix ms (`{prefix}/floor`, written with its layout record).
+    let read_floor = |kvs: &[Kv]| -> Result<u64, AcquireError> {
+        kvs.iter()
+            .find(|kv| kv.key == floor_key)
+            .map_or(Ok(0), |kv| {
+                let key = String::from_utf8_lossy(&floor_key).into_owned();
+                read_high_water(0, &key, Some(&kv.value))
+            })
+    };
+    let mut floor_ms = floor.unwrap_or(0).max(read_floor(&kvs)?);
+    let fleet_key = format!("{prefix}/fleet").into_bytes();
+    let read_fleet = |kvs: &[Kv]| {
+        kvs.iter()
+            .find(|kv| kv.key == fleet_key)
+            .map(|kv| kv.value.clone())
+    };
+    let mut recorded_fleet = read_fleet(&kvs);
+    // The fleet id this take writes where none is recorded: the previous
+    // fleet's, or a new one.
+    let new_fleet = fleet
+        .carried
+        .clone()
+        .unwrap_or_else(|| mint_fleet_id(lease))
+        .into_bytes();
+    // A node that belongs to a fleet takes an id only where its fleet id
+    // is recorded, or where a move (`--previous-prefix`) carries it.
+    let check_fleet = |recorded: &Option<Vec<u8>>| -> Result<(), AcquireError> {
+        let Some(expected) = &fleet.expected else {
+            return Ok(());
+        };
+        match recorded {
+            Some(found) if found == expected.as_bytes() => Ok(()),
+            Some(found) => Err(AcquireError::FleetMismatch {
+                prefix: prefix.to_string(),
+                expected: expected.clone(),
+                found: String::from_utf8_lossy(found).into_owned(),
+            }),
+            None if fleet.carried.as_deref() == Some(expected.as_str()) => Ok(()),
+            None => Err(AcquireError::FleetMissing {
+                prefix: prefix.to_string(),
+                expected: expected.clone(),
+            }),
+        }
+    };
+    check_fleet(&recorded_fleet)?;
     // Whether a layout record has been seen; once one has, its absence
     // means it was deleted since, a mismatch like another layout.
     let mut seen_layout = false;
@@ -728,6 +1081,12 @@ async fn take_lowest(
         if recorded == layout {
             seen_layout = true;
             return Ok(Some(recorded.to_vec()));
+        }
+        if let Some((successor, _)) = parse_retired(recorded) {
+            return Err(AcquireError::Retired {
+                prefix: prefix.to_string(),
+                successor,
+            });
         }
         // Written by an earlier version, which left the fixed fields out:
         // this node's layout as far as it can tell. The fleet's nodes keep
@@ -842,6 +1201,8 @@ async fn take_lowest(
         } else {
             recorded
         };
+        // Past every id of the fleet this one replaced.
+        let previous_ms = previous_ms.max(floor_ms);
         // Checked before anything is written: a refused take leaves the
         // record as it was.
         let ahead_ms = previous_ms.saturating_sub(claim.now_ms);
@@ -895,6 +1256,22 @@ async fn take_lowest(
             None => {
                 compares.push(Compare::Absent(layout_key.clone()));
                 success.push(Op::Put(layout_key.clone(), layout.to_vec(), 0));
+                if let Some(floor) = floor {
+                    success.push(Op::Put(
+                        floor_key.clone(),
+                        floor.to_string().into_bytes(),
+                        0,
+                    ));
+                }
+            }
+        }
+        match &recorded_fleet {
+            Some(recorded) => {
+                compares.push(Compare::ValueIs(fleet_key.clone(), recorded.clone()));
+            }
+            None => {
+                compares.push(Compare::Absent(fleet_key.clone()));
+                success.push(Op::Put(fleet_key.clone(), new_fleet.clone(), 0));
             }
         }
         let mut failure = match queued_at {
@@ -916,6 +1293,8 @@ async fn take_lowest(
         };
         failure.extend([
             Op::Get(layout_key.clone()),
+            Op::Get(floor_key.clone()),
+            Op::Get(fleet_key.clone()),
             Op::Prefix(node_prefix.clone().into_bytes()),
             Op::Get(hw.clone().into_bytes()),
             Op::Get(stamp_key.clone().into_bytes()),
@@ -930,6 +1309,7 @@ async fn take_lowest(
             recorded_ms,
             hw_revision: answer.revision,
             layout: layout_present.clone().unwrap_or_else(|| layout.to_vec()),
+            fleet: recorded_fleet.clone().unwrap_or_else(|| new_fleet.clone()),
         };
         if answer.succeeded {
             // How many rounds a herd needed: each lost race is one more
@@ -952,6 +1332,9 @@ async fn take_lowest(
         // Lost the race for the id, or the layout record or the id's
         // high-water changed since (or another node wrote the layout record).
         layout_present = check_layout(&fresh)?;
+        floor_ms = floor_ms.max(read_floor(&fresh)?);
+        recorded_fleet = read_fleet(&fresh);
+        check_fleet(&recorded_fleet)?;
         match fresh.iter().find(|kv| kv.key == hw.as_bytes()) {
             Some(kv) => high_waters.insert(candidate, kv.value.clone()),
             None => high_waters.remove(&candidate),
@@ -1017,6 +1400,7 @@ mod tests {
         let held = Held {
             lease: 7,
             layout: b"L".to_vec(),
+            fleet: b"F".to_vec(),
             hw_revision: 10,
             unconfirmed: Vec::new(),
         };

@@ -47,6 +47,7 @@ fn claim(now_ms: u64) -> Claim {
         max_ahead_ms: 63_000,
         pinned: None,
         expected_registry: None,
+        previous: None,
     }
 }
 

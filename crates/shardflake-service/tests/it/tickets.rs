@@ -29,6 +29,11 @@ name = "blocks"
 mode = "segment"
 "#;
 
+/// The drain tests check which ids come back, not how fast: a loaded
+/// machine (four tests at a time on two cores) has taken over the default
+/// 500 ms attempt for a PostgreSQL connection.
+const SLOW_MACHINE: &str = "[failover]\nattempt_timeout_ms = 5000\ntimeout_ms = 10000\n";
+
 fn server_toml(name: &str, kind: &str, url: &str, offset: u64) -> String {
     format!(
         "[[servers]]\nname = \"{name}\"\nkind = \"{kind}\"\nurl = \"{url}\"\noffset = {offset}\n"
@@ -402,7 +407,7 @@ async fn the_drain_gives_the_segment_tail_back() -> anyhow::Result<()> {
     let pg = PgServer::start()?;
     let dir = tempfile::tempdir()?;
     let text = format!(
-        "{}[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n[[sequences]]\nname = \"solo\"\nmode = \"segment\"\n",
+        "{}{SLOW_MACHINE}[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n[[sequences]]\nname = \"solo\"\nmode = \"segment\"\n",
         server_toml("a", "postgres", &pg.url(), 1)
     );
     let (path, tickets) = tickets_file(&dir, &text).await?;
@@ -498,7 +503,7 @@ async fn the_drain_gives_the_segment_tail_back_through_etcd() -> anyhow::Result<
     let pg = PgServer::start()?;
     let dir = tempfile::tempdir()?;
     let text = format!(
-        "{}[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n[[sequences]]\nname = \"solo\"\nmode = \"segment\"\n",
+        "{}{SLOW_MACHINE}[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n[[sequences]]\nname = \"solo\"\nmode = \"segment\"\n",
         server_toml("a", "postgres", &pg.url(), 1)
     );
     let (path, tickets) = tickets_file(&dir, &text).await?;

@@ -19,6 +19,11 @@ use crate::config::{Config, Kind, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 use crate::segment::Lattice;
 
+/// `init`'s row in the marks table (no server or sequence is named ''):
+/// the table is never empty, and a mark is written only into a table that
+/// is not (see `write_high_water`).
+const HW_INIT_ROW: &str = "('', '', 0)";
+
 /// A connected session with the client's increment and offset set on it.
 pub(crate) struct MariaSession {
     server: String,
@@ -445,7 +450,13 @@ impl Backend for MariaSession {
         self.raise(config, server, seq, past).await
     }
 
-    /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
+    /// Raises (never lowers) high-water marks: `(server, sequence, id)`,
+    /// only into a table that is not empty (`init` puts `HW_INIT_ROW` in).
+    /// A live `mariadb-dump` restore recreates the table empty and then
+    /// inserts its rows: a mark written between the two would make the
+    /// dump's `INSERT` fail (`Duplicate entry`) and abort the restore
+    /// halfway. Into the empty table nothing is written: the mark is not
+    /// held here (an error, as for a place down); the dump's rows go in.
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
@@ -453,13 +464,37 @@ impl Backend for MariaSession {
         if marks.is_empty() {
             return Ok(());
         }
-        let values = super::high_water_rows(marks);
+        let rows = marks
+            .iter()
+            .map(|(s, q, hw)| format!("SELECT '{s}' AS s, '{q}' AS q, {hw} AS h"))
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        let context = "write high-water marks";
         self.conn
             .query_drop(format!(
-                "INSERT INTO {HW_TABLE} (server_name, sequence_name, high_water) VALUES {values} ON DUPLICATE KEY UPDATE high_water = GREATEST(high_water, VALUES(high_water))"
+                "INSERT INTO {HW_TABLE} (server_name, sequence_name, high_water) SELECT s, q, h FROM ({rows}) AS m WHERE EXISTS (SELECT 1 FROM {HW_TABLE}) ON DUPLICATE KEY UPDATE high_water = GREATEST(high_water, VALUES(high_water))"
             ))
             .await
-            .map_err(|e| TicketError::db(&self.server, "write high-water marks", e))
+            .map_err(|e| TicketError::db(&self.server, context, e))?;
+        if self.conn.affected_rows() > 0 {
+            return Ok(());
+        }
+        // Nothing changed: every mark was already as high, or it is empty.
+        let any: Option<u64> = self
+            .conn
+            .query_first(format!("SELECT EXISTS (SELECT 1 FROM {HW_TABLE})"))
+            .await
+            .map_err(|e| TicketError::db(&self.server, context, e))?;
+        match any {
+            Some(1) => Ok(()),
+            _ => Err(TicketError::db(
+                &self.server,
+                context,
+                format!(
+                    "{HW_TABLE} is empty (recreated by a restore under way, or never given its init row: run `shardflake tickets init`): no mark is written into it"
+                ),
+            )),
+        }
     }
 
     /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
@@ -626,6 +661,12 @@ impl Backend for MariaSession {
             ))
             .await
             .map_err(run(format!("CREATE TABLE {HW_TABLE}")))?;
+        self.conn
+            .query_drop(format!(
+                "INSERT IGNORE INTO {HW_TABLE} (server_name, sequence_name, high_water) VALUES {HW_INIT_ROW}"
+            ))
+            .await
+            .map_err(run(format!("INSERT the init row INTO {HW_TABLE}")))?;
         self.conn
             .query_drop(format!(
                 "CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, max_id bigint NOT NULL) ENGINE=InnoDB"

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use shardflake_testkit::PgServer;
 use shardflake_tickets::{Config, TicketClient, admin};
 
+use super::live_restore::{pg_dump, pg_pair, psql};
 use super::repro::{FIXED, dump_with, pair, restore};
 use super::{assert_unique, init_ok, maria, server_toml, state, wait_state};
 
@@ -167,42 +168,84 @@ async fn a_table_whose_guard_is_dropped_is_refused_until_init_postgres() {
 /// peer's chunks. Refused at the first session (and at any answer);
 /// `check` says so; `repair` raises it onto the lattice past its marks.
 /// Before: a fresh client reserved from it and handed out the ids the peer
-/// had handed out after its backup (here: thousands of duplicates).
+/// had handed out after its backup (MariaDB: 1,000 duplicates).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_segment_table_loaded_from_the_peers_backup_is_refused() {
     let (a, b) = (maria(2, 1), maria(2, 2));
     let config = pair(&a, &b, "");
-    init_ok(&config).await;
+    let b_alone = format!(
+        "increment = 2\n{}{FIXED}",
+        server_toml("b", "mariadb", &b.url(), 2)
+    );
+    peers_backup_loaded(
+        &config,
+        &b_alone,
+        || dump_with(&b, "peer", &["app", "shardflake_ticket_segments"]),
+        |path| restore(&a, path),
+    )
+    .await;
+}
+
+/// F9 on PostgreSQL: `pg_dump --clean` of the peer's segment table
+/// loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_segment_table_loaded_from_the_peers_backup_is_refused_postgres() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = pg_pair(&a, &b, "table");
+    let b_alone = format!(
+        "increment = 2\n{}{FIXED}",
+        server_toml("b", "postgres", &b.url(), 2)
+    );
+    peers_backup_loaded(
+        &config,
+        &b_alone,
+        || pg_dump(&b, "peer", &["--clean", "-t", "shardflake_ticket_segments"]),
+        |path| psql(&a, &[], path),
+    )
+    .await;
+}
+
+/// b runs ahead of a (through a client of b alone, `b_alone`), is backed
+/// up (`dump`), runs on; the backup is loaded into a (`load`).
+async fn peers_backup_loaded(
+    config: &Config,
+    b_alone: &str,
+    dump: impl FnOnce() -> std::path::PathBuf,
+    load: impl FnOnce(&std::path::Path),
+) {
+    init_ok(config).await;
     let first = TicketClient::connect(config.clone()).await.unwrap();
     let mut ids = Vec::new();
     take_until(&first, "a", 1, &mut ids).await;
     take_until(&first, "b", 1, &mut ids).await;
     first.shutdown().await;
-    // b runs ahead of a (a client of b alone), is backed up, runs on.
-    let b_alone = Config::parse(&format!(
-        "increment = 2\n{}{FIXED}",
-        server_toml("b", "mariadb", &b.url(), 2)
-    ))
-    .unwrap();
-    let ahead = TicketClient::connect(b_alone).await.unwrap();
+    drop(first);
+    let ahead = TicketClient::connect(Config::parse(b_alone).unwrap())
+        .await
+        .unwrap();
     take_until(&ahead, "b", 3, &mut ids).await;
-    let path = dump_with(&b, "peer", &["app", "shardflake_ticket_segments"]);
+    let path = dump();
     take_until(&ahead, "b", 6, &mut ids).await;
     ahead.shutdown().await;
-    restore(&a, &path);
+    drop(ahead);
+    load(&path);
     let fresh = TicketClient::connect(config.clone()).await.unwrap();
     for _ in 0..5 {
         ids.extend(fresh.next_n("blocks", 1000).await.unwrap());
     }
-    let a_state = state(&fresh, "a");
+    let metrics = fresh.metrics();
     fresh.shutdown().await;
+    // Gone, as the clients of an operator's repair are.
+    drop(fresh);
     assert_unique(&ids);
-    assert_eq!(a_state, "misconfigured", "{:?}", fresh.metrics());
-    let report = admin::check(&config).await;
+    let a_state = metrics.iter().find(|m| m.name == "a").unwrap().state;
+    assert_eq!(a_state, "misconfigured", "{metrics:?}");
+    let report = admin::check(config).await;
     assert!(report.to_string().contains("lattice"), "{report}");
-    let repaired = admin::repair(&config).await.unwrap();
+    let repaired = admin::repair(config).await.unwrap();
     assert!(repaired.iter().any(|r| r.server == "a"), "{repaired:?}");
-    assert!(admin::check(&config).await.ok());
+    let report = admin::check(config).await;
+    assert!(report.ok(), "{report}");
     let last = TicketClient::connect(config.clone()).await.unwrap();
     assert_eq!(state(&last, "a"), "up");
     take_until(&last, "a", 2, &mut ids).await;
@@ -347,4 +390,168 @@ async fn a_block_whose_mark_was_not_written_counts_its_own_ids_skipped() {
     );
     let skipped: u64 = client.metrics().iter().map(|m| m.skipped_ids).sum();
     assert_eq!(skipped, 1000, "{:?}", client.metrics());
+}
+
+/// F2: one server restored, live, with a dump that recreates its tables
+/// while its only peer is down. A running client that handed out ids of
+/// it before knows only its own marks; another client handed out more, far
+/// past them. The restored server is refused (`no_high_water`): the
+/// client's memory covers only its own ids, not a table it did not check.
+/// Before: the running client raised it past its own marks only and
+/// handed out the other client's ids again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_restored_while_its_peer_is_down_is_refused_by_a_running_client() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let path = super::repro::dump(&a, "f2");
+    let running = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = running.next_n("photos", 10).await.unwrap();
+    // Another client hands out a's ids far past the running one's marks.
+    let other = TicketClient::connect(config.clone()).await.unwrap();
+    for _ in 0..4 {
+        ids.extend(other.next_n("photos", 1000).await.unwrap());
+    }
+    other.shutdown().await;
+    drop(other);
+    b.kill().unwrap();
+    // The running client sees b down, through the other sequence (its
+    // last per-id answer from a stays below the other client's ids).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&running, "b") != "down" {
+        assert!(Instant::now() < deadline, "b never seen down");
+        running.next_n("blocks", 100).await.unwrap();
+    }
+    restore(&a, &path);
+    let after = running.next_n("photos", 500).await;
+    let a_state = state(&running, "a");
+    let again = match &after {
+        Ok(got) => got.iter().filter(|id| ids.contains(id)).count(),
+        Err(_) => 0,
+    };
+    b.restart().unwrap();
+    let _ = std::fs::remove_file(path);
+    assert_eq!(again, 0, "ids handed out again (a: {a_state})");
+    assert!(
+        after.is_err(),
+        "a restored server served with no marks but the client's own"
+    );
+    assert_eq!(a_state, "no_high_water", "{after:?}");
+}
+
+/// F4: the marks in etcd are the file's (`[marks] etcd`), so every client
+/// of the file writes them, not only `serve --tickets --etcd`: a library
+/// client (as `shardflake tickets next` is) hands out ids, both servers are
+/// restored from dumps taken before (the peers' marks set back with them),
+/// and `check` (which reads the same stores) names the servers behind; a
+/// fresh client is raised past the marks in etcd. Before: the file could
+/// not name etcd, the CLI wrote no marks there, and the ids were handed out
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_client_of_the_file_keeps_its_marks_in_the_files_etcd() {
+    let etcd = shardflake_testkit::Etcd::start(1).unwrap();
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let marks = format!(
+        "\n[marks]\netcd = [{}]\netcd_prefix = \"/f4\"\n",
+        etcd.endpoints
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let config = pair(&a, &b, &marks);
+    assert_eq!(config.marks.etcd, etcd.endpoints);
+    init_ok(&config).await;
+    let (dump_a, dump_b) = (super::repro::dump(&a, "f4"), super::repro::dump(&b, "f4"));
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = Vec::new();
+    let mut blocks = Vec::new();
+    for _ in 0..3 {
+        photos.extend(client.next_n("photos", 1000).await.unwrap());
+        blocks.extend(client.next_n("blocks", 1000).await.unwrap());
+    }
+    client.shutdown().await;
+    drop(client);
+    restore(&a, &dump_a);
+    restore(&b, &dump_b);
+    let report = admin::check(&config).await;
+    assert!(
+        report.problems.iter().any(|p| p.contains("behind")),
+        "check did not see the servers behind the marks in etcd: {:?}",
+        report.problems
+    );
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    photos.extend(fresh.next_n("photos", 1000).await.unwrap());
+    for _ in 0..3 {
+        blocks.extend(fresh.next_n("blocks", 1000).await.unwrap());
+    }
+    let _ = std::fs::remove_file(dump_a);
+    let _ = std::fs::remove_file(dump_b);
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+/// A live `mariadb-dump` restore of a whole ticket server never aborts
+/// because a client wrote a mark: the dump recreates the marks table empty
+/// and inserts its rows after; a mark written between the two (here, on
+/// purpose, exactly there) is not written into the empty table, so the
+/// dump's rows go in. Before: the mark was inserted and the dump's `INSERT`
+/// failed with `Duplicate entry`, the rest of the dump not loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_live_dump_restore_never_aborts_on_a_mark_written_meanwhile() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 100).await.unwrap();
+    client.shutdown().await;
+    drop(client);
+    let path = super::repro::dump(&a, "hw-race");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let split = text
+        .find("LOCK TABLES `shardflake_ticket_hw` WRITE;")
+        .expect("the dump locks the marks table for its rows");
+    let (created, rows) = text.split_at(split);
+    let (first, second) = (path.with_extension("1.sql"), path.with_extension("2.sql"));
+    std::fs::write(&first, created).unwrap();
+    // The second half runs in a session of its own: the dump's header
+    // (the `@OLD_…` variables its end sets back) goes first.
+    let header: String = created
+        .lines()
+        .filter(|l| l.starts_with("/*!") && l.contains("SET @OLD"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&second, format!("{header}{rows}")).unwrap();
+    let created = std::process::Command::new("mariadb")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", a.port))
+        .arg("app")
+        .stdin(std::fs::File::open(&first).unwrap())
+        .status()
+        .unwrap();
+    assert!(created.success());
+    // A client writes marks between the dump's CREATE TABLE and its rows.
+    let store = shardflake_tickets::PeersStore::new(config.clone());
+    shardflake_tickets::HighWaterStore::record(&store, "b", &[("photos".into(), 5000)])
+        .await
+        .unwrap();
+    let loaded = std::process::Command::new("mariadb")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", a.port))
+        .arg("app")
+        .stdin(std::fs::File::open(&second).unwrap())
+        .output()
+        .unwrap();
+    for p in [&path, &first, &second] {
+        let _ = std::fs::remove_file(p);
+    }
+    assert!(
+        loaded.status.success(),
+        "the rest of the dump was not loaded: {}",
+        String::from_utf8_lossy(&loaded.stderr)
+    );
+    // Marks are written on a again, and ids go on.
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    ids.extend(fresh.next_n("photos", 100).await.unwrap());
+    assert_unique(&ids);
 }

@@ -223,7 +223,7 @@ async fn a_data_only_replace_loaded_in_place_is_refused_mariadb() {
 }
 
 /// `pg_dump` of database `postgres` on `a` with `args`, to a file.
-fn pg_dump(a: &PgServer, tag: &str, args: &[&str]) -> PathBuf {
+pub(super) fn pg_dump(a: &PgServer, tag: &str, args: &[&str]) -> PathBuf {
     let path = std::env::temp_dir().join(format!("tickets-{tag}-{}.sql", a.port));
     let out = Command::new(a.program("pg_dump").unwrap())
         .args(args)
@@ -242,7 +242,7 @@ fn pg_dump(a: &PgServer, tag: &str, args: &[&str]) -> PathBuf {
 
 /// `psql` on `a`'s database `postgres`: `before` (e.g. `-c SQL`), then the
 /// file at `path`, stopping at the first error.
-fn psql(a: &PgServer, before: &[&str], path: &Path) {
+pub(super) fn psql(a: &PgServer, before: &[&str], path: &Path) {
     let out = Command::new(a.program("psql").unwrap())
         .args([
             "-q",
@@ -267,7 +267,7 @@ fn psql(a: &PgServer, before: &[&str], path: &Path) {
 
 /// A PostgreSQL pair with [`FIXED`]'s sequences, `style` its
 /// `postgres_tickets`.
-fn pg_pair(a: &PgServer, b: &PgServer, style: &str) -> Config {
+pub(super) fn pg_pair(a: &PgServer, b: &PgServer, style: &str) -> Config {
     Config::parse(&format!(
         "postgres_tickets = \"{style}\"\n{}{}{FIXED}",
         server_toml("a", "postgres", &a.url(), 1),

@@ -1,0 +1,197 @@
+//! A server is new only when the operator says so (issue 37, D): every
+//! server records which database holds each shard (system identifier and
+//! database oid), so a URL edited to reach an empty database is refused,
+//! not taken as a new server whose shards `apply` creates live a second
+//! time.
+
+use std::collections::HashSet;
+
+use shardflake_db::pg::{self, Topology};
+use shardflake_testkit::PgServer;
+use tokio_postgres::Client;
+
+const POSTS: &str = "[[tables]]\nname = \"posts\"\nsql = \"CREATE TABLE {schema}.posts (id bigint PRIMARY KEY DEFAULT {next_id}, user_id bigint NOT NULL, body text)\"\n";
+
+/// Eight shards on `servers` (name, url, shard list), in that order.
+fn topology(servers: &[(&str, &str, &str)]) -> String {
+    let mut t = "layout = \"instagram\"\nshards = 8\n".to_string();
+    for (name, url, list) in servers {
+        t.push_str(&format!(
+            "[[servers]]\nname = \"{name}\"\nurl = \"{url}\"\nshards = \"{list}\"\n"
+        ));
+    }
+    t.push_str(POSTS);
+    t
+}
+
+async fn connect(url: &str) -> Client {
+    pg::connect_url("test", url).await.unwrap()
+}
+
+/// `n` ids drawn from `schema`'s `posts`.
+async fn insert(c: &Client, schema: &str, n: i64) -> Vec<i64> {
+    c.query(
+        &format!(
+            "INSERT INTO {schema}.posts (user_id) SELECT g FROM generate_series(1, $1::bigint) g RETURNING id"
+        ),
+        &[&n],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+async fn has_schema(c: &Client, schema: &str) -> bool {
+    c.query_one(
+        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+        &[&schema],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// An empty database `name` on `s`; its URL.
+async fn empty_database(s: &PgServer, name: &str) -> String {
+    connect(&s.url())
+        .await
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let url = s.url();
+    let base = url.strip_suffix("/postgres").unwrap();
+    format!("{base}/{name}")
+}
+
+/// D: server b's URL edited to reach an empty database on the same
+/// PostgreSQL, then `pg apply`. Before, a database with no records was
+/// taken as a new server and b's shards were created there live a second
+/// time (their ids made again); now apply is refused, and check says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_refuses_a_url_that_now_reaches_another_database() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let before = topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]);
+    pg::apply(&Topology::parse(&before).unwrap()).await.unwrap();
+    let on_b = insert(&connect(&b.url()).await, "shard5", 200).await;
+
+    let other = empty_database(&b, "other").await;
+    let edited = topology(&[("a", &a.url(), "0-3"), ("b", &other, "4-7")]);
+    let edited = Topology::parse(&edited).unwrap();
+    let refused = pg::apply(&edited).await;
+    let c_other = connect(&other).await;
+    // Had apply gone through, shard 5 would make b's ids again.
+    if has_schema(&c_other, "shard5").await {
+        let again: HashSet<i64> = insert(&c_other, "shard5", 200).await.into_iter().collect();
+        let repeated = on_b.iter().filter(|id| again.contains(id)).count();
+        panic!("apply created shard 5 on the other database ({repeated} of its ids repeat b's)");
+    }
+    let e = refused.expect_err("apply took an empty database for a new server");
+    assert!(
+        e.to_string()
+            .contains("this URL now reaches another database"),
+        "{e}"
+    );
+    let drift = pg::check(&edited).await.unwrap();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.server == "b" && d.problem.contains("this URL now reaches another database")),
+        "{drift:?}"
+    );
+    // The file with b's real URL is still fine.
+    pg::apply(&Topology::parse(&before).unwrap()).await.unwrap();
+}
+
+/// Adding a server is an explicit step: a server without records joins a
+/// deployment only through `apply --new-server`, empty, and takes shards
+/// by moves; naming an edited URL new does not let it take its shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_is_new_only_when_named_so() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let two = topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]);
+    pg::apply(&Topology::parse(&two).unwrap()).await.unwrap();
+    let c = empty_database(&b, "third").await;
+    let new = |name: &str| vec![name.to_string()];
+
+    let three = topology(&[
+        ("a", &a.url(), "0-3"),
+        ("b", &b.url(), "4-7"),
+        ("c", &c, ""),
+    ]);
+    let three = Topology::parse(&three).unwrap();
+    let e = pg::apply(&three)
+        .await
+        .expect_err("a server joined unnamed");
+    assert!(e.to_string().contains("--new-server c"), "{e}");
+    let drift = pg::check(&three).await.unwrap();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.server == "c" && d.problem.contains("--new-server c")),
+        "{drift:?}"
+    );
+    // A new server given a shard the deployment holds: refused.
+    let taking = topology(&[
+        ("a", &a.url(), "0-3"),
+        ("b", &b.url(), "4,6-7"),
+        ("c", &c, "5"),
+    ]);
+    let e = pg::apply_adding(&Topology::parse(&taking).unwrap(), &new("c"))
+        .await
+        .expect_err("a new server took a live shard");
+    assert!(
+        e.to_string().contains("holds no shard until one is moved"),
+        "{e}"
+    );
+    // Named new: it joins, empty; a re-run with the name is fine.
+    pg::apply_adding(&three, &new("c")).await.unwrap();
+    pg::apply_adding(&three, &new("c")).await.unwrap();
+    pg::apply(&three).await.unwrap();
+    assert!(pg::check(&three).await.unwrap().is_empty());
+
+    // b's URL edited to an empty database, named new: still refused.
+    let other = empty_database(&a, "other").await;
+    let edited = topology(&[("a", &a.url(), "0-3"), ("b", &other, "4-7"), ("c", &c, "")]);
+    let e = pg::apply_adding(&Topology::parse(&edited).unwrap(), &new("b"))
+        .await
+        .expect_err("an edited url named new took b's shards");
+    assert!(
+        e.to_string()
+            .contains("this URL now reaches another database"),
+        "{e}"
+    );
+    assert!(!has_schema(&connect(&other).await, "shard5").await);
+    // A name the file does not have.
+    let e = pg::apply_adding(&three, &new("zz")).await.unwrap_err();
+    assert!(e.to_string().contains("no server named \"zz\""), "{e}");
+}
+
+/// The owners follow a move: a shard moved to a server, then that
+/// server's URL edited to an empty database, is refused as D.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_follow_a_move() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let text = topology(&[("a", &a.url(), "0-7"), ("b", &b.url(), "")]);
+    let dir = std::env::temp_dir().join(format!("sf-identity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("topology.toml");
+    std::fs::write(&path, &text).unwrap();
+    pg::apply(&Topology::load(&path).unwrap()).await.unwrap();
+    shardflake_db::pg::move_shard::move_shard(
+        &path,
+        5,
+        "b",
+        &shardflake_db::pg::move_shard::MoveOptions::default(),
+    )
+    .await
+    .unwrap();
+    let moved = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let other = empty_database(&b, "other").await;
+    let edited = Topology::parse(&moved.replace(&b.url(), &other)).unwrap();
+    let e = pg::apply(&edited).await.expect_err("shard 5 recreated");
+    assert!(e.to_string().contains("records shards 5 on"), "{e}");
+    assert!(!has_schema(&connect(&other).await, "shard5").await);
+}
