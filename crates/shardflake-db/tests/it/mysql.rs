@@ -905,7 +905,7 @@ async fn a_dump_restored_into_the_running_server_repeats_no_id() {
     while now_ms() < dumped_at + sql::STALE_MS + 300 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    server.sql(&format!("source {}", dump.display())).unwrap();
+    server.load(&dump).unwrap();
     let _ = std::fs::remove_file(&dump);
     // Ids until the clock has passed the burst's (bounded).
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -41,7 +41,7 @@ fn dump(server: &MariaDbServer, extra: &[&str], what: &[&str]) -> std::path::Pat
 }
 
 fn restore(server: &MariaDbServer, file: &std::path::Path) {
-    server.sql(&format!("source {}", file.display())).unwrap();
+    server.load(file).unwrap();
     let _ = std::fs::remove_file(file);
 }
 

@@ -333,15 +333,10 @@ async fn a_per_id_counter_is_never_lowered_in_place_mariadb() {
     for _ in 0..3 {
         ids.extend(client.next_n("photos", 100).await.unwrap());
     }
-    let loaded = std::process::Command::new("mariadb")
-        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
-        .arg(format!("-P{}", a.port))
-        .arg("app")
-        .stdin(std::fs::File::open(&path).unwrap())
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&loaded.stderr);
-    assert!(!loaded.status.success(), "the dump was loaded in place");
+    let said = a
+        .load(&path)
+        .expect_err("the dump was loaded in place")
+        .to_string();
     assert!(said.contains("never set back in place"), "{said}");
     a.sql("ALTER TABLE tickets_photos AUTO_INCREMENT = 11")
         .unwrap();
@@ -522,34 +517,19 @@ async fn a_live_dump_restore_never_aborts_on_a_mark_written_meanwhile() {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(&second, format!("{header}{rows}")).unwrap();
-    let created = std::process::Command::new("mariadb")
-        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
-        .arg(format!("-P{}", a.port))
-        .arg("app")
-        .stdin(std::fs::File::open(&first).unwrap())
-        .status()
-        .unwrap();
-    assert!(created.success());
+    a.load(&first).unwrap();
     // A client writes marks between the dump's CREATE TABLE and its rows.
     let store = shardflake_tickets::PeersStore::new(config.clone());
     shardflake_tickets::HighWaterStore::record(&store, "b", &[("photos".into(), 5000)])
         .await
         .unwrap();
-    let loaded = std::process::Command::new("mariadb")
-        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
-        .arg(format!("-P{}", a.port))
-        .arg("app")
-        .stdin(std::fs::File::open(&second).unwrap())
-        .output()
-        .unwrap();
+    let loaded = a.load(&second);
     for p in [&path, &first, &second] {
         let _ = std::fs::remove_file(p);
     }
-    assert!(
-        loaded.status.success(),
-        "the rest of the dump was not loaded: {}",
-        String::from_utf8_lossy(&loaded.stderr)
-    );
+    if let Err(e) = loaded {
+        panic!("the rest of the dump was not loaded: {e}");
+    }
     // Marks are written on a again, and ids go on.
     let fresh = TicketClient::connect(config.clone()).await.unwrap();
     ids.extend(fresh.next_n("photos", 100).await.unwrap());

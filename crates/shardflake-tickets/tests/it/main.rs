@@ -399,7 +399,7 @@ async fn a_mariadb_server_restored_from_a_dump_is_raised_past_its_marks() {
     // Restore the old dump, restart (a restore's sessions are new).
     let path = std::env::temp_dir().join(format!("tickets-dump-{}.sql", a.port));
     std::fs::write(&path, &dump.stdout).unwrap();
-    a.sql(&format!("source {}", path.display())).unwrap();
+    a.load(&path).unwrap();
     a.restart().unwrap();
     let behind = a.sql(
         "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_NAME = 'tickets_photos'",

@@ -69,7 +69,7 @@ pub(super) fn dump_with(m: &MariaDbServer, tag: &str, args: &[&str]) -> PathBuf 
 
 /// Loads a dump into the running server (its sessions stay open).
 pub(super) fn restore(m: &MariaDbServer, path: &Path) {
-    m.sql(&format!("source {}", path.display())).unwrap();
+    m.load(path).unwrap();
 }
 
 /// The segment row of `blocks` on `m`.
