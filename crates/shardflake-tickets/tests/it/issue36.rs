@@ -9,17 +9,8 @@ use shardflake_testkit::PgServer;
 use shardflake_tickets::{Config, TicketClient, admin};
 
 use super::live_restore::{pg_dump, pg_pair, psql};
-use super::repro::{FIXED, dump_with, pair, restore};
+use super::repro::{FIXED, calls, dump_with, pair, restore};
 use super::{assert_unique, init_ok, maria, server_toml, state, wait_state};
-
-fn calls(client: &TicketClient, server: &str) -> u64 {
-    client
-        .metrics()
-        .into_iter()
-        .find(|m| m.name == server)
-        .unwrap()
-        .calls
-}
 
 /// Takes `blocks` ids 100 at a time until `server` answered `blocks`
 /// reservations (bounded).

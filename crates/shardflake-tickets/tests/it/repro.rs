@@ -89,7 +89,9 @@ fn signal(pid: u32, sig: &str) {
     assert!(ok.success());
 }
 
-fn calls(client: &TicketClient, server: &str) -> u64 {
+/// How many calls `server` has answered `client` (block reservations in
+/// segment mode).
+pub(super) fn calls(client: &TicketClient, server: &str) -> u64 {
     client
         .metrics()
         .into_iter()
