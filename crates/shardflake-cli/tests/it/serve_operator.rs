@@ -1125,6 +1125,32 @@ async fn two_fleets_on_one_etcd_never_share_ids() -> anyhow::Result<()> {
     a2.ready(Duration::from_secs(20)).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = vec![ids_until(&a.http, &stop), ids_until(&a2.http, &stop)];
+    // A fleet that runs is not moved, nor one that is not there.
+    let urls = etcd.urls();
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/fleet-a",
+        "--to-prefix",
+        "/x",
+    ])?;
+    assert!(
+        !ok && said.contains("a node of the fleet under /fleet-a runs"),
+        "{said}"
+    );
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/none",
+        "--to-prefix",
+        "/x",
+    ])?;
+    assert!(
+        !ok && said.contains("etcd prefix /none holds no fleet"),
+        "{said}"
+    );
     // The same layout and datacenter under another prefix: the same ids.
     let mut b = leased(&etcd, "/fleet-b", &d[2], &dc("datacenter=1"))?;
     let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_millis(1500)).await?;

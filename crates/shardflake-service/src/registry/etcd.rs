@@ -1619,6 +1619,66 @@ mod tests {
         assert_eq!(change(Delete, "/p/hw/1", b"", 11), None, "another id's");
     }
 
+    /// Only the same layout with a fixed field fixed to different values
+    /// tells two fleets apart; a registration that does not read is
+    /// taken as one that may share ids.
+    #[test]
+    fn fleets_are_told_apart_only_by_a_fixed_field_of_one_layout() {
+        let dc =
+            |n: u8| format!("L; node id in field worker; fixed fields datacenter={n}, region=1");
+        assert!(!may_share_ids(&dc(1), &dc(2)));
+        assert!(may_share_ids(&dc(1), &dc(1)));
+        assert!(may_share_ids(
+            "L; node id in field node",
+            "L; node id in field node"
+        ));
+        assert!(may_share_ids(
+            "L; node id in field node",
+            "M; node id in field node"
+        ));
+        // One side does not fix the field: its nodes may take that value.
+        assert!(may_share_ids(&dc(1), "L; node id in field worker"));
+        let reg = |fleet: &str, prefix: &str, layout: &str| Kv {
+            key: fleet_registry_key(fleet.as_bytes()),
+            value: registration(prefix, layout.as_bytes()),
+            lease: 0,
+            create_revision: 1,
+            mod_revision: 1,
+        };
+        let ours = dc(1);
+        let check = |registered: &[Kv], prefix: &str, moved_from: Option<&str>| {
+            check_registered(registered, prefix, b"F", ours.as_bytes(), moved_from)
+        };
+        // Not registered yet: registered with the take; then nothing to write.
+        assert_eq!(
+            check(&[], "/a", None).unwrap(),
+            Some(registration("/a", ours.as_bytes()))
+        );
+        assert_eq!(check(&[reg("F", "/a", &ours)], "/a", None).unwrap(), None);
+        // Registered under another prefix: refused unless moved from it.
+        let elsewhere = [reg("F", "/old", &ours)];
+        assert!(matches!(
+            check(&elsewhere, "/a", None),
+            Err(AcquireError::FleetElsewhere { .. })
+        ));
+        assert!(check(&elsewhere, "/a", Some("/old")).unwrap().is_some());
+        // Another fleet: refused where it may share ids, under another prefix.
+        assert!(matches!(
+            check(&[reg("G", "/b", &ours)], "/a", None),
+            Err(AcquireError::FleetOverlaps(_))
+        ));
+        assert!(check(&[reg("G", "/b", &dc(2))], "/a", None).is_ok());
+        assert!(check(&[reg("G", "/a", &ours)], "/a", None).is_ok());
+        let unreadable = Kv {
+            key: fleet_registry_key(b"G"),
+            value: b"garbage".to_vec(),
+            lease: 0,
+            create_revision: 1,
+            mod_revision: 1,
+        };
+        assert!(check(&[unreadable], "/a", None).is_err());
+    }
+
     #[test]
     fn a_stamp_reads_back_and_only_this_history_believes_it() {
         let then = Status {
