@@ -25,6 +25,11 @@
 //! nodes, see `registry/etcd.rs`), `<prefix>/taken/<id>` the etcd status
 //! each take read, and `<prefix>/restored` the last snapshot restore a
 //! take saw (both judge records after a restore, see `registry/etcd.rs`).
+//! Outside every prefix, `/shardflake.fleets/<fleet id>` registers each
+//! fleet of the cluster (its prefix and layout record): a take refuses a
+//! fleet whose ids another registered fleet could make ([`FLEETS`]).
+//! `shardflake fleet move` carries a stopped fleet's records to another
+//! prefix or cluster ([`move_fleet`]).
 
 use std::time::Duration;
 
