@@ -1256,7 +1256,7 @@ async fn a_fleet_moved_with_the_move_command_restarts_there_and_nowhere_else() -
     )
     .await?;
     assert!(e.contains("etcd prefix /mv is retired"), "{e}");
-    let (ok, said) = fleet_move(&[
+    let to_two = [
         "--etcd",
         &one.urls(),
         "--etcd-prefix",
@@ -1265,25 +1265,41 @@ async fn a_fleet_moved_with_the_move_command_restarts_there_and_nowhere_else() -
         &two.urls(),
         "--to-prefix",
         "/mv3",
-    ])?;
+    ];
+    let (ok, said) = fleet_move(&to_two)?;
     assert!(ok && said.contains("moved: /mv2 -> /mv3"), "{said}");
     // Run again: nothing more to do.
-    let (ok, said) = fleet_move(&[
-        "--etcd",
-        &one.urls(),
-        "--etcd-prefix",
-        "/mv2",
-        "--to-etcd",
-        &two.urls(),
-        "--to-prefix",
-        "/mv3",
-    ])?;
+    let (ok, said) = fleet_move(&to_two)?;
     assert!(ok && said.contains("was already there"), "{said}");
     run_fleet(&two, "/mv3", &d, &stop, &mut loads).await?;
     stop.store(true, Ordering::Relaxed);
     no_duplicates(loads).await?;
     let hws = two.keys("/mv3/hw/").await?;
     assert_eq!(hws.len(), 2, "{hws:?}");
+    // A restore recorded where the fleet is: a record there may be older
+    // than what its holder stamped, up to --max-resume-wait past its
+    // clock; the move raises the records at least a minute.
+    two.put("/mv3/restored", "revision 1 raft_index 1").await?;
+    let urls = two.urls();
+    let onward = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/mv3",
+        "--to-prefix",
+        "/mv4",
+    ];
+    let (ok, said) = fleet_move(&onward)?;
+    assert!(!ok && said.contains("--raise at least"), "{said}");
+    let mut raised = onward.to_vec();
+    raised.extend(["--raise", "60s"]);
+    let (ok, said) = fleet_move(&raised)?;
+    assert!(ok && said.contains("moved: /mv3 -> /mv4"), "{said}");
+    let floor: u64 = two.get("/mv4/floor").await?.unwrap_or_default().parse()?;
+    assert!(
+        floor >= now_ms()? + 50_000,
+        "floor {floor} not a minute ahead"
+    );
     Ok(())
 }
 

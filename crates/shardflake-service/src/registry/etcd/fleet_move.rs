@@ -12,6 +12,10 @@
 //! a clock that ran ahead, a record an etcd restore lost), a floor every
 //! take there resumes past, and the fleet's registration in that cluster.
 //! A move stopped between the two steps is finished by running it again.
+//! A fleet whose etcd was restored from a snapshot is moved only with a
+//! raise of at least the default `--max-resume-wait`: a record the restore
+//! rolled back, which no take at the old place believes, would be believed
+//! at the new one.
 
 use super::{
     FLEETS, RETIRED, check_registered, client, fleet_registry_key, parse_retired, read_high_water,
@@ -19,6 +23,10 @@ use super::{
 use crate::config::EtcdConfig;
 use crate::etcd::{Compare, EtcdError, Op};
 use crate::registry::AcquireError;
+
+/// The least raise of a fleet whose etcd was restored: the default
+/// `--max-resume-wait`.
+const RESTORED_RAISE_MS: u64 = 60_000;
 
 /// Why a fleet was not moved.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +97,16 @@ pub enum MoveError {
     Changed {
         /// The prefix that changed.
         prefix: String,
+    },
+    /// The old place saw an etcd restore and the raise is short of it.
+    #[error(
+        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that ({min_ms} ms by default)"
+    )]
+    RestoreSeen {
+        /// The old prefix.
+        prefix: String,
+        /// The least raise that covers the default --max-resume-wait.
+        min_ms: u64,
     },
     /// The destination cluster refuses the fleet (another fleet there
     /// could make its ids, or it is registered elsewhere there).
@@ -165,6 +183,17 @@ pub async fn move_fleet(
         }
         None => (layout_kv.value.clone(), false),
     };
+    // A record a restore rolled back is believed by no take there (see
+    // registry/etcd.rs); carried elsewhere, it would be: raised past what
+    // its lost holder may have stamped instead.
+    let restored =
+        find(format!("{old}/restored")).is_some() || src.status().await.is_ok_and(|s| s.restored());
+    if restored && raise_ms < RESTORED_RAISE_MS {
+        return Err(MoveError::RestoreSeen {
+            prefix: old.clone(),
+            min_ms: RESTORED_RAISE_MS,
+        });
+    }
     let live = [format!("{old}/node/"), format!("{old}/queue/")];
     if let Some(kv) = kvs
         .iter()
