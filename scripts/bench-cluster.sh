@@ -85,9 +85,19 @@ wait_ready() {
 }
 
 # `stop_nodes`: SIGTERM to every node in `pids` (they give their leases
-# back), and waits for them.
+# back), and waits for them. Each trial is a new fleet on its own prefix of
+# one cluster, which registers every fleet (/shardflake.fleets/) and
+# refuses a second of the same layout: the stopped fleet's registration
+# goes with it.
 stop_nodes() {
     kill -TERM "${pids[@]}" 2>/dev/null || true
     wait "${pids[@]}" 2>/dev/null || true
     pids=()
+    forget_fleets
+}
+
+# `forget_fleets`: deletes every fleet's registration in the cluster.
+forget_fleets() {
+    ETCDCTL_API=3 etcdctl --endpoints="$endpoints" --command-timeout=5s \
+        del --prefix /shardflake.fleets/ >/dev/null
 }

@@ -53,6 +53,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Run the id service: HTTP and gRPC, node id static or leased from etcd.
     Serve(cmd::serve::Args),
+    /// A fleet of leased nodes: move it to another etcd prefix or cluster.
+    Fleet(cmd::fleet::Args),
     /// Ids made inside PostgreSQL per logical shard: apply, check, route, locate, move-shard, sql.
     Pg(cmd::pg::Args),
     /// Ids made inside MariaDB/MySQL: apply, check, repair, insert, call, sql, bench.
@@ -92,6 +94,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => cmd::plan::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Serve(args) => cmd::serve::run(args, &Cli::command()),
+        Command::Fleet(args) => cmd::fleet::run(args),
         Command::Pg(args) => cmd::pg::run(args),
         Command::Mysql(args) => cmd::mysql::run(args),
         Command::Tickets(args) => cmd::tickets::run(args),

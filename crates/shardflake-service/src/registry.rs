@@ -25,6 +25,11 @@
 //! nodes, see `registry/etcd.rs`), `<prefix>/taken/<id>` the etcd status
 //! each take read, and `<prefix>/restored` the last snapshot restore a
 //! take saw (both judge records after a restore, see `registry/etcd.rs`).
+//! Outside every prefix, `/shardflake.fleets/<fleet id>` registers each
+//! fleet of the cluster (its prefix and layout record): a take refuses a
+//! fleet whose ids another registered fleet could make ([`FLEETS`]).
+//! `shardflake fleet move` carries a stopped fleet's records to another
+//! prefix or cluster ([`move_fleet`]).
 
 use std::time::Duration;
 
@@ -33,8 +38,8 @@ use crate::config::NodeSource;
 mod etcd;
 mod memory;
 
-pub use etcd::EtcdRegistry;
 pub(crate) use etcd::client as etcd_client;
+pub use etcd::{EtcdRegistry, FLEETS, MoveError, Moved, may_share_ids, move_fleet};
 pub use memory::MemoryRegistry;
 
 /// A lease's id in the store.
@@ -177,6 +182,25 @@ pub enum RecordError {
     Registry(#[from] RegistryError),
 }
 
+/// A fleet registered in an etcd cluster that could make the ids of a
+/// fleet starting under another prefix there.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: etcdctl put {other_prefix}/fleet {other}). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. A fleet of its own: the same layout with another value of a fixed field (--field NAME=VALUE)"
+)]
+pub struct FleetOverlap {
+    /// The prefix of this start.
+    pub prefix: String,
+    /// Its layout record.
+    pub layout: String,
+    /// The registered fleet's id.
+    pub other: String,
+    /// Its prefix.
+    pub other_prefix: String,
+    /// Its layout record.
+    pub other_layout: String,
+}
+
 /// Why no node id could be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum AcquireError {
@@ -297,7 +321,7 @@ pub enum AcquireError {
     },
     /// The prefix records no fleet id, where this node expects its own.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there: stop every node of it, then start them with the new --etcd-prefix and --previous-prefix <the old prefix> (same etcd). If this prefix was deleted under the fleet: etcdctl put {prefix}/fleet {expected} (each node then resumes past its own state file and one window past its clock)"
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet: etcdctl put {prefix}/fleet {expected} (each node then resumes past its own state file and one window past its clock)"
     )]
     FleetMissing {
         /// The key prefix.
@@ -305,9 +329,24 @@ pub enum AcquireError {
         /// This node's fleet id.
         expected: String,
     },
+    /// This fleet is registered in the cluster under another prefix.
+    #[error(
+        "fleet {fleet} is registered in this etcd cluster under {registered} (/shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. Start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
+    )]
+    FleetElsewhere {
+        /// This node's fleet id.
+        fleet: String,
+        /// Where the cluster registers it.
+        registered: String,
+        /// The prefix of this start.
+        prefix: String,
+    },
+    /// Another fleet registered in the cluster could make this fleet's ids.
+    #[error(transparent)]
+    FleetOverlaps(Box<FleetOverlap>),
     /// The prefix was retired by a layout change: its fleet runs elsewhere.
     #[error(
-        "etcd prefix {prefix} is retired: its fleet changed its layout and runs under {successor} now; start this node there with the new layout (its ids under the old layout could repeat the new fleet's)"
+        "etcd prefix {prefix} is retired: its fleet moved or changed its layout and runs under {successor} now; start this node there, with the fleet's layout (its ids here could repeat the fleet's)"
     )]
     Retired {
         /// The retired prefix.
@@ -405,6 +444,8 @@ impl AcquireError {
                 | AcquireError::FleetMismatch { .. }
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
+                | AcquireError::FleetElsewhere { .. }
+                | AcquireError::FleetOverlaps(_)
                 | AcquireError::PreviousMissing { .. }
                 | AcquireError::PreviousRetired { .. }
                 | AcquireError::PreviousRunning { .. }

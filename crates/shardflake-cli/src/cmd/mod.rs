@@ -4,6 +4,7 @@ pub mod bench;
 pub mod compare;
 pub mod completions;
 pub mod decode;
+pub mod fleet;
 pub mod generate;
 pub mod mysql;
 pub mod mysql_bench;

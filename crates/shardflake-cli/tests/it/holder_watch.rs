@@ -198,7 +198,6 @@ async fn a_holder_whose_records_are_deleted_stops_at_once() -> anyhow::Result<()
 /// layout. The holder stops within the bound each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_stops_at_once_when_any_of_its_records_changes() -> anyhow::Result<()> {
-    let etcd = Arc::new(Etcd::start(1)?);
     let other = "time 41 | node 10 | sequence 12 (epoch 1288834975657); node id in field node";
     let cases: [(&str, Vec<&str>); 3] = [
         ("/wnode", vec!["del", "/wnode/node/0"]),
@@ -207,7 +206,8 @@ async fn a_holder_stops_at_once_when_any_of_its_records_changes() -> anyhow::Res
     ];
     let mut runs = Vec::new();
     for (prefix, change) in cases {
-        let etcd = etcd.clone();
+        // A cluster each: two fleets of one layout never share one.
+        let etcd = Etcd::start(1)?;
         let change: Vec<String> = change.iter().map(|s| s.to_string()).collect();
         runs.push(tokio::spawn(async move {
             seeded(&etcd, prefix).await?;

@@ -202,7 +202,9 @@ async fn unreadable_or_far_future_high_water_refuses_the_id() -> anyhow::Result<
     // A record an hour ahead: the id is skipped before anything is
     // written (caught: waiting for it, 503 for an hour while holding the
     // id; then: refusing to start although other ids were free), and the
-    // node takes the next one.
+    // node takes the next one. Another cluster: a fleet of /t/badhw's
+    // layout is registered on this one.
+    let etcd = Etcd::start(1)?;
     seed_layout(&etcd, "/t/ahead").await?;
     let hour_ahead = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?
         + Duration::from_secs(3600))

@@ -775,6 +775,8 @@ async fn a_node_with_another_fleets_fixed_fields_or_prefix_is_refused() -> anyho
     let e = refused(&d[2], &other, &[]).await?;
     assert!(e.contains("was written with layout"), "{e}");
 
+    // Another cluster: snowflake's ids could be /dc1's, registered here.
+    let etcd = Etcd::start(1)?;
     let urls = etcd.urls();
     let e = refused(&d[3], &["--etcd", &urls, "--etcd-prefix", "dc1"], &[]).await?;
     assert!(e.contains("must start with /"), "{e}");
@@ -1077,5 +1079,290 @@ async fn an_endpoint_list_mixing_two_clusters_is_refused() -> anyhow::Result<()>
     // One cluster's members only: starts.
     let one = leased(&a, "/mixed", &d[2], &[])?;
     assert_eq!(one.ready(Duration::from_secs(20)).await?, 0);
+    Ok(())
+}
+
+/// `shardflake fleet move ARGS`: whether it succeeded, and what it said.
+fn fleet_move(args: &[&str]) -> anyhow::Result<(bool, String)> {
+    let out = std::process::Command::new(shardflake_bin())
+        .args(["fleet", "move"])
+        .args(args)
+        .output()?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.success(), said))
+}
+
+/// One fleet per datacenter: the `twitter` layout, the node id in
+/// `worker`, `--field datacenter=N`.
+fn dc(n: &'static str) -> [&'static str; 6] {
+    [
+        "--layout",
+        "twitter",
+        "--node-field",
+        "worker",
+        "--field",
+        n,
+    ]
+}
+
+/// Issue 38 item 1: an outside reviewer started nodes on another prefix of
+/// the same etcd with the same layout: they took the same node ids and
+/// issued 41,000 of 100,000 ids twice. Each fleet is registered in the
+/// cluster (/shardflake.fleets/<fleet id>, with its prefix and layout): a
+/// new fleet whose ids a registered one could make is refused, naming it
+/// and the ways out; a fleet told apart by a fixed field starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_fleets_on_one_etcd_never_share_ids() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(4)?;
+    let a = leased(&etcd, "/fleet-a", &d[0], &dc("datacenter=1"))?;
+    let a2 = leased(&etcd, "/fleet-a", &d[1], &dc("datacenter=1"))?;
+    a.ready(Duration::from_secs(20)).await?;
+    a2.ready(Duration::from_secs(20)).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&a.http, &stop), ids_until(&a2.http, &stop)];
+    // A fleet that runs is not moved, nor one that is not there.
+    let urls = etcd.urls();
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/fleet-a",
+        "--to-prefix",
+        "/x",
+    ])?;
+    assert!(
+        !ok && said.contains("a node of the fleet under /fleet-a runs"),
+        "{said}"
+    );
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/none",
+        "--to-prefix",
+        "/x",
+    ])?;
+    assert!(
+        !ok && said.contains("etcd prefix /none holds no fleet"),
+        "{said}"
+    );
+    // The same layout and datacenter under another prefix: the same ids.
+    let mut b = leased(&etcd, "/fleet-b", &d[2], &dc("datacenter=1"))?;
+    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_millis(1500)).await?;
+    b.kill();
+    // Another datacenter: its ids are its own.
+    let c = leased(&etcd, "/fleet-c", &d[3], &dc("datacenter=2"))?;
+    c.ready(Duration::from_secs(20)).await?;
+    loads.push(ids_until(&c.http, &stop));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("started beside /fleet-a"))?;
+    assert!(
+        refused.contains("etcd prefix /fleet-b")
+            && refused.contains("would share ids with fleet")
+            && refused.contains("registered in this etcd cluster under /fleet-a")
+            && refused.contains("shardflake fleet move"),
+        "{refused}"
+    );
+    let fleets = etcd.keys("/shardflake.fleets/").await?;
+    assert_eq!(fleets.len(), 2, "{fleets:?}");
+    Ok(())
+}
+
+/// A fleet's nodes (one per dir) started under `prefix`, each issuing for
+/// a while (its ids into `loads`), then stopped cleanly.
+async fn run_fleet(
+    etcd: &Etcd,
+    prefix: &str,
+    dirs: &[PathBuf],
+    stop: &Arc<AtomicBool>,
+    loads: &mut Vec<JoinHandle<Vec<u64>>>,
+) -> anyhow::Result<()> {
+    let mut nodes = Vec::new();
+    for dir in dirs {
+        let s = leased(etcd, prefix, dir, &[])?;
+        s.ready(Duration::from_secs(30)).await?;
+        loads.push(ids_until(&s.http, stop));
+        nodes.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for s in &mut nodes {
+        stop_cleanly(s).await?;
+    }
+    Ok(())
+}
+
+/// Issue 38 item 2: `shardflake fleet move` carries a stopped fleet (its
+/// fleet id, layout and every id's high-water, raised) to another prefix,
+/// then to another etcd cluster; its nodes restart there on their state
+/// files, and no id is issued twice. A node of the fleet started where its
+/// fleet id is not is refused with the command; one started at the old
+/// place is refused (retired).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_moved_with_the_move_command_restarts_there_and_nowhere_else() -> anyhow::Result<()>
+{
+    let one = Etcd::start(1)?;
+    let two = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    run_fleet(&one, "/mv", &d, &stop, &mut loads).await?;
+    // Not moved yet: the fleet's node is refused on the other cluster,
+    // told the command.
+    let e = refused(
+        &d[0],
+        &[
+            "--etcd",
+            &two.urls(),
+            "--etcd-prefix",
+            "/mv3",
+            "--lease-ttl",
+            "3s",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(
+        e.contains("holds no fleet id") && e.contains("shardflake fleet move"),
+        "{e}"
+    );
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &one.urls(),
+        "--etcd-prefix",
+        "/mv",
+        "--to-prefix",
+        "/mv2",
+    ])?;
+    assert!(ok && said.contains("moved: /mv -> /mv2"), "{said}");
+    run_fleet(&one, "/mv2", &d, &stop, &mut loads).await?;
+    let e = refused(
+        &d[0],
+        &[
+            "--etcd",
+            &one.urls(),
+            "--etcd-prefix",
+            "/mv",
+            "--lease-ttl",
+            "3s",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(e.contains("etcd prefix /mv is retired"), "{e}");
+    let to_two = [
+        "--etcd",
+        &one.urls(),
+        "--etcd-prefix",
+        "/mv2",
+        "--to-etcd",
+        &two.urls(),
+        "--to-prefix",
+        "/mv3",
+    ];
+    let (ok, said) = fleet_move(&to_two)?;
+    assert!(ok && said.contains("moved: /mv2 -> /mv3"), "{said}");
+    // Run again: nothing more to do.
+    let (ok, said) = fleet_move(&to_two)?;
+    assert!(ok && said.contains("was already there"), "{said}");
+    run_fleet(&two, "/mv3", &d, &stop, &mut loads).await?;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let hws = two.keys("/mv3/hw/").await?;
+    assert_eq!(hws.len(), 2, "{hws:?}");
+    // A restore recorded where the fleet is: a record there may be older
+    // than what its holder stamped, up to --max-resume-wait past its
+    // clock; the move raises the records at least a minute.
+    two.put("/mv3/restored", "revision 1 raft_index 1").await?;
+    let urls = two.urls();
+    let onward = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/mv3",
+        "--to-prefix",
+        "/mv4",
+    ];
+    let (ok, said) = fleet_move(&onward)?;
+    assert!(!ok && said.contains("--raise at least"), "{said}");
+    let mut raised = onward.to_vec();
+    raised.extend(["--raise", "60s"]);
+    let (ok, said) = fleet_move(&raised)?;
+    assert!(ok && said.contains("moved: /mv3 -> /mv4"), "{said}");
+    let floor: u64 = two.get("/mv4/floor").await?.unwrap_or_default().parse()?;
+    assert!(
+        floor >= now_ms()? + 50_000,
+        "floor {floor} not a minute ahead"
+    );
+    Ok(())
+}
+
+/// Issue 38, F16: a second cluster built with the same member names, peer
+/// URLs and token has the same cluster id (etcd derives it from those
+/// alone); another application's writes took its revision past the one
+/// the node remembered. The node, restarted on it with its state file, is
+/// refused: the fleet id it expects is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_cluster_with_the_same_cluster_id_is_refused() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(1)?;
+    let cluster_id = etcd.client().range_header(b"/").await?.cluster_id;
+    let mut s = leased(&etcd, "/f16", &d[0], &[])?;
+    s.ready(Duration::from_secs(20)).await?;
+    let first = load_for(&s, Duration::from_millis(500)).await?;
+    stop_cleanly(&mut s).await?;
+    // The cluster built again: same flags, an empty data directory.
+    etcd.kill(0)?;
+    let args = std::fs::read_to_string(etcd.dir.join("m0.args"))?;
+    let lines: Vec<&str> = args.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| *l == "--data-dir")
+        .ok_or_else(|| anyhow::anyhow!("m0.args names no --data-dir"))?;
+    // The kill is sent, not waited for: the data goes once it is gone.
+    let pid = std::fs::read_to_string(etcd.dir.join("m0.pid"))?;
+    let status = format!("/proc/{}/status", pid.trim());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&status).is_ok_and(|s| !s.contains("zombie")) {
+        anyhow::ensure!(Instant::now() < deadline, "etcd member still running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::remove_dir_all(lines[at + 1])?;
+    etcd.restart(0)?;
+    while etcd.etcdctl(&["--command-timeout=2s", "get", "/"]).is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "etcd not back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        etcd.client().range_header(b"/").await?.cluster_id,
+        cluster_id
+    );
+    for i in 0..200 {
+        etcd.put(&format!("/app/{i}"), "x").await?;
+    }
+    let mut again = leased(&etcd, "/f16", &d[0], &[])?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    let refused = run_beside(&mut again, &stop, &mut loads, Duration::from_millis(500)).await?;
+    again.kill();
+    stop.store(true, Ordering::Relaxed);
+    let mut seen: std::collections::HashSet<u64> = first.into_iter().collect();
+    for l in loads {
+        for id in l.await? {
+            anyhow::ensure!(seen.insert(id), "id {id} issued twice");
+        }
+    }
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("started on the recreated cluster"))?;
+    assert!(
+        refused.contains("etcd prefix /f16 holds no fleet id")
+            && refused.contains("shardflake fleet move"),
+        "{refused}"
+    );
     Ok(())
 }

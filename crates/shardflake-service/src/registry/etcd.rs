@@ -71,14 +71,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AcquireError, Claim, Holding, LeaseId, PreviousFleet, RecordError, Registry, RegistryError,
-    Renewal, keys, read_high_water,
+    AcquireError, Claim, FleetOverlap, Holding, LeaseId, PreviousFleet, RecordError, Registry,
+    RegistryError, Renewal, keys, read_high_water,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{
     Client, Compare, EtcdError, Event, EventKind, Header, Kv, Op, Status, random_below,
 };
 use crate::layout_change::LayoutChange;
+
+mod fleet_move;
+pub use fleet_move::{MoveError, Moved, move_fleet};
 
 /// Node ids leased from etcd under one prefix.
 #[derive(Debug)]
@@ -178,9 +181,20 @@ impl Registry for EtcdRegistry {
         }
         // The grant and the first read do not depend on each other: one
         // round trip for both.
-        let (granted, read, status) = tokio::join!(
+        // The prefix, then the fleets registered: the take compares that
+        // no fleet registered after this read, so a read of the fleets
+        // older than the prefix's would fail it for nothing.
+        let reads = async {
+            let prefix = read_cluster(&self.client, &self.prefix).await;
+            let fleets = self
+                .client
+                .range_prefix_local_header(FLEETS.as_bytes())
+                .await;
+            (prefix, fleets)
+        };
+        let (granted, (read, fleets), status) = tokio::join!(
             self.client.grant(claim.ttl.as_secs()),
-            read_cluster(&self.client, &self.prefix),
+            reads,
             self.client.status()
         );
         let (lease, ttl) = granted?;
@@ -189,12 +203,25 @@ impl Registry for EtcdRegistry {
                 tracing::warn!(error = %e, "etcd did not tell its raft index (Maintenance.Status): a restore from a snapshot is seen only by the revision this node remembers");
             })
             .ok();
-        let taken = match read {
-            Ok((kvs, header)) => {
+        let taken = match read.and_then(|read| Ok((read, fleets?))) {
+            Ok(((kvs, header), (registered, fleets_header))) => {
                 // The cluster of this process's first take is its cluster
                 // for life: another one (a member of another cluster among
                 // the endpoints, failed over to) knows nothing of its ids.
+                let first_take = lock(&self.cluster_id).is_none();
                 let first = *lock(&self.cluster_id).get_or_insert(header.cluster_id);
+                // A state file written on another cluster (a fleet moved
+                // here with `fleet move`): the revision it remembers is of
+                // another history, and says nothing of this one's.
+                let here = format!("etcd cluster={:x} ", header.cluster_id);
+                if first_take
+                    && claim
+                        .expected_registry
+                        .as_ref()
+                        .is_some_and(|r| r.starts_with("etcd ") && !r.starts_with(&here))
+                {
+                    self.seen_revision.store(0, Ordering::Relaxed);
+                }
                 let now = self.identity_of(header.cluster_id);
                 let expected_fleet = lock(&self.fleet).clone();
                 match &claim.expected_registry {
@@ -239,6 +266,8 @@ impl Registry for EtcdRegistry {
                         // layout record yet) check the previous fleet and
                         // retire it; later ones find the floor it left.
                         let layout_key = format!("{}/layout", self.prefix);
+                        let moved_from = claim.previous.as_ref().map(|p| p.prefix.clone());
+                        let registered_at = fleets_header.revision;
                         let fleet = match &claim.previous {
                             Some(previous)
                                 if !kvs.iter().any(|kv| kv.key == layout_key.as_bytes()) =>
@@ -249,12 +278,18 @@ impl Registry for EtcdRegistry {
                                         expected: expected_fleet,
                                         carried,
                                         floor: Some(floor),
+                                        registered,
+                                        registered_at,
+                                        moved_from,
                                     })
                             }
                             _ => Ok(Fleet {
                                 expected: expected_fleet,
                                 carried: None,
                                 floor: None,
+                                registered,
+                                registered_at,
+                                moved_from,
                             }),
                         };
                         match fleet {
@@ -931,6 +966,126 @@ async fn retire_previous(
     Ok((change.unsafe_until_ms.unwrap_or(until_ms), carried))
 }
 
+/// Where an etcd cluster's fleets are registered, one key per fleet id
+/// (`<FLEETS><fleet id>` = `prefix <prefix>` and `layout <layout record>`
+/// on two lines): every take reads them all and refuses a fleet whose ids
+/// a registered fleet under another prefix could make too (two fleets of
+/// one layout on one cluster took the same node ids and issued the same
+/// ids). Outside every prefix, so a user needs readwrite here as well.
+pub const FLEETS: &str = "/shardflake.fleets/";
+
+/// `<FLEETS><fleet id>`.
+pub fn fleet_registry_key(fleet: &[u8]) -> Vec<u8> {
+    let mut key = FLEETS.as_bytes().to_vec();
+    key.extend_from_slice(fleet);
+    key
+}
+
+/// A registration's value.
+fn registration(prefix: &str, layout: &[u8]) -> Vec<u8> {
+    format!(
+        "prefix {prefix}\nlayout {}",
+        String::from_utf8_lossy(layout)
+    )
+    .into_bytes()
+}
+
+/// A registration's prefix and layout record (`None`: it does not read).
+fn parse_registration(value: &[u8]) -> Option<(String, String)> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (prefix, layout) = text.split_once('\n')?;
+    Some((
+        prefix.strip_prefix("prefix ")?.to_string(),
+        layout.strip_prefix("layout ")?.to_string(),
+    ))
+}
+
+/// Whether fleets with these two layout records may make one id. Only the
+/// same layout with a fixed field that both fix to different values
+/// (`--field datacenter=1` and `=2`) keeps two fleets' ids apart: ids of
+/// different layouts meet at some time (an epoch 15 s later makes the ids
+/// of 15 s before), and are not compared.
+pub fn may_share_ids(a: &str, b: &str) -> bool {
+    let parts = |record: &str| -> (String, HashMap<String, String>) {
+        let (spec, rest) = record
+            .split_once("; node id in field")
+            .unwrap_or((record, ""));
+        let fixed = rest
+            .split_once("; fixed fields ")
+            .map(|(_, f)| {
+                f.split(", ")
+                    .filter_map(|nv| nv.split_once('='))
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        (spec.to_string(), fixed)
+    };
+    let ((spec_a, fixed_a), (spec_b, fixed_b)) = (parts(a), parts(b));
+    let told_apart = spec_a == spec_b
+        && fixed_a
+            .iter()
+            .any(|(name, v)| fixed_b.get(name).is_some_and(|w| w != v));
+    !told_apart
+}
+
+/// Checks fleet `fleet` with `layout` under `prefix` against the fleets
+/// registered in the cluster (`registered`: the keys under [`FLEETS`]);
+/// returns the registration to write when the cluster does not hold it as
+/// it is. `moved_from`: the prefix a move or layout change carries this
+/// fleet from, whose registration it takes over.
+///
+/// Refused: this fleet registered under another prefix (one fleet, one
+/// place), and any other fleet under another prefix whose ids this one
+/// could make. Another fleet registered under this prefix was here
+/// before (the prefix's keys deleted, or this read older than its fleet
+/// key): the take compares the fleet key, as for any take on a prefix.
+fn check_registered(
+    registered: &[Kv],
+    prefix: &str,
+    fleet: &[u8],
+    layout: &[u8],
+    moved_from: Option<&str>,
+) -> Result<Option<Vec<u8>>, AcquireError> {
+    let ours = String::from_utf8_lossy(fleet).into_owned();
+    let layout_text = String::from_utf8_lossy(layout).into_owned();
+    let mut found = None;
+    for kv in registered {
+        let Some(id) = kv.key.strip_prefix(FLEETS.as_bytes()) else {
+            continue;
+        };
+        let (their_prefix, their_layout) = parse_registration(&kv.value).unwrap_or_else(|| {
+            (
+                "(unreadable)".to_string(),
+                String::from_utf8_lossy(&kv.value).into_owned(),
+            )
+        });
+        if id == fleet {
+            if their_prefix != prefix && moved_from != Some(their_prefix.as_str()) {
+                return Err(AcquireError::FleetElsewhere {
+                    fleet: ours,
+                    registered: their_prefix,
+                    prefix: prefix.to_string(),
+                });
+            }
+            found = Some(kv.value.clone());
+        } else if their_prefix != prefix
+            && moved_from != Some(their_prefix.as_str())
+            && may_share_ids(&layout_text, &their_layout)
+        {
+            return Err(AcquireError::FleetOverlaps(Box::new(FleetOverlap {
+                prefix: prefix.to_string(),
+                layout: layout_text,
+                other: String::from_utf8_lossy(id).into_owned(),
+                other_prefix: their_prefix,
+                other_layout: their_layout,
+            })));
+        }
+    }
+    let wanted = registration(prefix, layout);
+    Ok((found.as_deref() != Some(&wanted[..])).then_some(wanted))
+}
+
 /// What a take knows of its fleet besides the claim.
 struct Fleet {
     /// The fleet id this node belongs to (its state file, or an earlier
@@ -941,6 +1096,12 @@ struct Fleet {
     carried: Option<String>,
     /// A fleet replacing another: no id of it at or before this Unix ms.
     floor: Option<u64>,
+    /// The fleets registered in the cluster (the keys under [`FLEETS`]),
+    /// read at this revision.
+    registered: Vec<Kv>,
+    registered_at: i64,
+    /// The prefix of the fleet this one replaces (`--previous-prefix`).
+    moved_from: Option<String>,
 }
 
 /// A new fleet id: 128 random bits, hex.
@@ -996,7 +1157,7 @@ async fn take_lowest(
     mut kvs: Vec<Kv>,
     trust: &Trust,
     status: Option<Status>,
-    fleet: Fleet,
+    mut fleet: Fleet,
 ) -> Result<Taken, AcquireError> {
     let floor = fleet.floor;
     let max_id = claim.max_node_id;
@@ -1035,8 +1196,9 @@ async fn take_lowest(
         .into_bytes();
     // A node that belongs to a fleet takes an id only where its fleet id
     // is recorded, or where a move (`--previous-prefix`) carries it.
+    let (expected_fleet, carried_fleet) = (fleet.expected.clone(), fleet.carried.clone());
     let check_fleet = |recorded: &Option<Vec<u8>>| -> Result<(), AcquireError> {
-        let Some(expected) = &fleet.expected else {
+        let Some(expected) = &expected_fleet else {
             return Ok(());
         };
         match recorded {
@@ -1046,7 +1208,7 @@ async fn take_lowest(
                 expected: expected.clone(),
                 found: String::from_utf8_lossy(found).into_owned(),
             }),
-            None if fleet.carried.as_deref() == Some(expected.as_str()) => Ok(()),
+            None if carried_fleet.as_deref() == Some(expected.as_str()) => Ok(()),
             None => Err(AcquireError::FleetMissing {
                 prefix: prefix.to_string(),
                 expected: expected.clone(),
@@ -1274,6 +1436,25 @@ async fn take_lowest(
                 success.push(Op::Put(fleet_key.clone(), new_fleet.clone(), 0));
             }
         }
+        // The cluster's fleets as read: none registered since, and this
+        // one registered (or its registration brought up to date) with
+        // the take.
+        let fleet_id = recorded_fleet.as_ref().unwrap_or(&new_fleet);
+        let layout_recorded = layout_present.as_deref().unwrap_or(layout);
+        let registration = check_registered(
+            &fleet.registered,
+            prefix,
+            fleet_id,
+            layout_recorded,
+            fleet.moved_from.as_deref(),
+        )?;
+        compares.push(Compare::NoneWrittenAfter(
+            FLEETS.as_bytes().to_vec(),
+            fleet.registered_at,
+        ));
+        if let Some(value) = registration {
+            success.push(Op::Put(fleet_registry_key(fleet_id), value, 0));
+        }
         let mut failure = match queued_at {
             // Queued: a take leaves the queue; a loss counts who is ahead.
             Some(revision) => {
@@ -1298,6 +1479,7 @@ async fn take_lowest(
             Op::Prefix(node_prefix.clone().into_bytes()),
             Op::Get(hw.clone().into_bytes()),
             Op::Get(stamp_key.clone().into_bytes()),
+            Op::Prefix(FLEETS.as_bytes().to_vec()),
         ]);
         let answer = client
             .txn(&compares, &success, &failure)
@@ -1335,6 +1517,12 @@ async fn take_lowest(
         floor_ms = floor_ms.max(read_floor(&fresh)?);
         recorded_fleet = read_fleet(&fresh);
         check_fleet(&recorded_fleet)?;
+        fleet.registered = fresh
+            .iter()
+            .filter(|kv| kv.key.starts_with(FLEETS.as_bytes()))
+            .cloned()
+            .collect();
+        fleet.registered_at = answer.revision;
         match fresh.iter().find(|kv| kv.key == hw.as_bytes()) {
             Some(kv) => high_waters.insert(candidate, kv.value.clone()),
             None => high_waters.remove(&candidate),
@@ -1429,6 +1617,66 @@ mod tests {
         assert!(change(Put, &layout, b"M", 11).is_some());
         assert!(change(Delete, &layout, b"", 11).is_some());
         assert_eq!(change(Delete, "/p/hw/1", b"", 11), None, "another id's");
+    }
+
+    /// Only the same layout with a fixed field fixed to different values
+    /// tells two fleets apart; a registration that does not read is
+    /// taken as one that may share ids.
+    #[test]
+    fn fleets_are_told_apart_only_by_a_fixed_field_of_one_layout() {
+        let dc =
+            |n: u8| format!("L; node id in field worker; fixed fields datacenter={n}, region=1");
+        assert!(!may_share_ids(&dc(1), &dc(2)));
+        assert!(may_share_ids(&dc(1), &dc(1)));
+        assert!(may_share_ids(
+            "L; node id in field node",
+            "L; node id in field node"
+        ));
+        assert!(may_share_ids(
+            "L; node id in field node",
+            "M; node id in field node"
+        ));
+        // One side does not fix the field: its nodes may take that value.
+        assert!(may_share_ids(&dc(1), "L; node id in field worker"));
+        let reg = |fleet: &str, prefix: &str, layout: &str| Kv {
+            key: fleet_registry_key(fleet.as_bytes()),
+            value: registration(prefix, layout.as_bytes()),
+            lease: 0,
+            create_revision: 1,
+            mod_revision: 1,
+        };
+        let ours = dc(1);
+        let check = |registered: &[Kv], prefix: &str, moved_from: Option<&str>| {
+            check_registered(registered, prefix, b"F", ours.as_bytes(), moved_from)
+        };
+        // Not registered yet: registered with the take; then nothing to write.
+        assert_eq!(
+            check(&[], "/a", None).unwrap(),
+            Some(registration("/a", ours.as_bytes()))
+        );
+        assert_eq!(check(&[reg("F", "/a", &ours)], "/a", None).unwrap(), None);
+        // Registered under another prefix: refused unless moved from it.
+        let elsewhere = [reg("F", "/old", &ours)];
+        assert!(matches!(
+            check(&elsewhere, "/a", None),
+            Err(AcquireError::FleetElsewhere { .. })
+        ));
+        assert!(check(&elsewhere, "/a", Some("/old")).unwrap().is_some());
+        // Another fleet: refused where it may share ids, under another prefix.
+        assert!(matches!(
+            check(&[reg("G", "/b", &ours)], "/a", None),
+            Err(AcquireError::FleetOverlaps(_))
+        ));
+        assert!(check(&[reg("G", "/b", &dc(2))], "/a", None).is_ok());
+        assert!(check(&[reg("G", "/a", &ours)], "/a", None).is_ok());
+        let unreadable = Kv {
+            key: fleet_registry_key(b"G"),
+            value: b"garbage".to_vec(),
+            lease: 0,
+            create_revision: 1,
+            mod_revision: 1,
+        };
+        assert!(check(&[unreadable], "/a", None).is_err());
     }
 
     #[test]

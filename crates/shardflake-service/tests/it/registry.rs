@@ -192,7 +192,7 @@ async fn herds_of_two_layouts_on_an_empty_prefix_leave_one_layout_holding_ids() 
 }
 
 /// Least privilege: a user whose role may read and write only under the
-/// prefix takes ids there in a herd (losers queue under the prefix too),
+/// prefix (and the fleets' registry) takes ids there in a herd (losers queue under the prefix too),
 /// and is refused, saying why, under another prefix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_allowed_only_the_prefix_takes_ids_there() -> anyhow::Result<()> {
@@ -202,6 +202,7 @@ async fn a_user_allowed_only_the_prefix_takes_ids_there() -> anyhow::Result<()> 
         "user add node --interactive=false --new-user-password=node-pw",
         "role add shardflake",
         "role grant-permission shardflake readwrite /least/ --prefix=true",
+        "role grant-permission shardflake readwrite /shardflake.fleets/ --prefix=true",
         "user grant-role node shardflake",
     ] {
         etcd.etcdctl(&command.split(' ').collect::<Vec<_>>())?;
@@ -268,6 +269,9 @@ async fn an_earlier_versions_layout_record_is_accepted_and_fixed_fields_compared
         "the record is left as it is"
     );
 
+    // Another cluster: on this one, /old's fleet names no fixed field, so
+    // a fleet of this layout under another prefix could share its ids.
+    let etcd = Etcd::start(1)?;
     let r = registry(&etcd, "/new")?;
     r.acquire(&dc(1)).await?;
     let other = registry(&etcd, "/new")?.acquire(&dc(2)).await;

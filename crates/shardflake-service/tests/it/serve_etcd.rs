@@ -48,7 +48,10 @@ async fn nodes_get_distinct_ids_and_cluster_full_is_clear() -> anyhow::Result<()
             .all(|id| snowflake_node(*id) == na)
     );
 
-    // A 1-bit node field holds two nodes; the third is told why it cannot start.
+    // A 1-bit node field holds two nodes; the third is told why it cannot
+    // start. Another cluster: a fleet of another layout could share ids
+    // with /t/two's, and is refused on its cluster.
+    let etcd = Etcd::start(1)?;
     let spec = "tiny: time 41 | node 1 | sequence 12 (epoch 1288834974657 ms)";
     let _x = node(&etcd, "/t/tiny", &format!("layout = {spec:?}"), "").await?;
     let _y = node(&etcd, "/t/tiny", &format!("layout = {spec:?}"), "").await?;
@@ -271,9 +274,10 @@ fn holds(body: &[u8], key: &[u8]) -> bool {
 /// named once (no retry: the watch judges) and twice (the client retries).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_whose_answer_was_lost_is_the_holders_own() -> anyhow::Result<()> {
-    let etcd = Etcd::start(1)?;
-    let member = etcd.endpoints[0].trim_start_matches("http://").to_string();
     for (prefix, copies) in [("/t/own1", 1), ("/t/own2", 2)] {
+        // A cluster each: two fleets of one layout never share one.
+        let etcd = Etcd::start(1)?;
+        let member = etcd.endpoints[0].trim_start_matches("http://").to_string();
         let armed = Arc::new(AtomicBool::new(false));
         let arm = armed.clone();
         let hw = format!("{prefix}/hw/").into_bytes();

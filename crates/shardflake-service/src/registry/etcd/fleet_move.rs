@@ -1,0 +1,327 @@
+//! `shardflake fleet move`: a stopped fleet carried to another prefix or
+//! another etcd cluster with its records, so that its nodes (and their
+//! state files) start there as where they left off.
+//!
+//! Under the fleet's lock: the old place's layout record is retired for
+//! the new place in a transaction that compares that nothing under the old
+//! prefix was written since it was read (no node holds or waits for an id
+//! there), so every node started at the old place is refused from then on.
+//! Then the new place, compared empty, gets in one transaction the fleet
+//! id, the layout record, every id's high-water raised past anything a
+//! holder could have stamped (its record, or the clock now, plus `raise`:
+//! a clock that ran ahead, a record an etcd restore lost), a floor every
+//! take there resumes past, and the fleet's registration in that cluster.
+//! A move stopped between the two steps is finished by running it again.
+//! A fleet whose etcd was restored from a snapshot is moved only with a
+//! raise of at least the default `--max-resume-wait`: a record the restore
+//! rolled back, which no take at the old place believes, would be believed
+//! at the new one.
+
+use super::{
+    FLEETS, RETIRED, check_registered, client, fleet_registry_key, parse_retired, read_high_water,
+};
+use crate::config::EtcdConfig;
+use crate::etcd::{Compare, EtcdError, Op};
+use crate::registry::AcquireError;
+
+/// The least raise of a fleet whose etcd was restored: the default
+/// `--max-resume-wait`.
+const RESTORED_RAISE_MS: u64 = 60_000;
+
+/// Why a fleet was not moved.
+#[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    /// etcd failed or refused.
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    /// The old place holds no fleet.
+    #[error(
+        "etcd prefix {prefix} holds no fleet (no {prefix}/layout or {prefix}/fleet): nothing to move; check --etcd and --etcd-prefix"
+    )]
+    NoFleet {
+        /// The old prefix.
+        prefix: String,
+    },
+    /// A node of the fleet holds or waits for an id.
+    #[error(
+        "a node of the fleet under {prefix} runs: {key} (held by {holder:?}); stop every node of the fleet, then run the move again"
+    )]
+    Running {
+        /// The old prefix.
+        prefix: String,
+        /// The key found.
+        key: String,
+        /// Its value.
+        holder: String,
+    },
+    /// The old place was retired for another place.
+    #[error(
+        "etcd prefix {prefix} was retired for {successor}: the fleet runs there now; move it from there"
+    )]
+    Retired {
+        /// The old prefix.
+        prefix: String,
+        /// Where the fleet went.
+        successor: String,
+    },
+    /// The new place is not empty.
+    #[error(
+        "--to-prefix {prefix} already holds {key}: a fleet moves only to an empty place; choose another --to-prefix"
+    )]
+    NotEmpty {
+        /// The new prefix.
+        prefix: String,
+        /// A key found there.
+        key: String,
+    },
+    /// The old and the new place are one.
+    #[error("--to-etcd and --to-prefix name the place the fleet is in ({prefix}): nothing to move")]
+    Same {
+        /// The prefix.
+        prefix: String,
+    },
+    /// A record of the old place does not read.
+    #[error(
+        "{key} holds {value:?}, which this command cannot read; fix it, then run the move again"
+    )]
+    Unreadable {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// A place changed while the move read it.
+    #[error(
+        "{prefix} changed while the move read it (a node started?); stop every node of the fleet, then run the move again"
+    )]
+    Changed {
+        /// The prefix that changed.
+        prefix: String,
+    },
+    /// The old place saw an etcd restore and the raise is short of it.
+    #[error(
+        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that ({min_ms} ms by default)"
+    )]
+    RestoreSeen {
+        /// The old prefix.
+        prefix: String,
+        /// The least raise that covers the default --max-resume-wait.
+        min_ms: u64,
+    },
+    /// The destination cluster refuses the fleet (another fleet there
+    /// could make its ids, or it is registered elsewhere there).
+    #[error("{0}")]
+    Refused(AcquireError),
+}
+
+/// What a move did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moved {
+    /// The fleet id carried.
+    pub fleet: String,
+    /// The layout record carried.
+    pub layout: String,
+    /// How many ids' high-waters were carried.
+    pub high_waters: usize,
+    /// The floor written at the new place (Unix ms): every take there
+    /// resumes past it.
+    pub floor_ms: u64,
+    /// The new place already held the fleet (a move run again): nothing
+    /// written there.
+    pub already: bool,
+}
+
+/// Moves the fleet under `from`'s prefix to `to`'s endpoints and prefix;
+/// `now_ms` is this host's clock, `raise_ms` how far past it (and past
+/// each record) the carried high-waters go.
+pub async fn move_fleet(
+    from: &EtcdConfig,
+    to: &EtcdConfig,
+    now_ms: u64,
+    raise_ms: u64,
+) -> Result<Moved, MoveError> {
+    let (old, new) = (&from.prefix, &to.prefix);
+    let src = client(from)?;
+    let dst = client(to)?;
+    let (kvs, header) = src
+        .range_prefix_header(format!("{old}/").as_bytes())
+        .await?;
+    let (dkvs, dheader) = dst
+        .range_prefix_header(format!("{new}/").as_bytes())
+        .await?;
+    let same_cluster = header.cluster_id == dheader.cluster_id;
+    if same_cluster && old == new {
+        return Err(MoveError::Same {
+            prefix: old.clone(),
+        });
+    }
+    let find = |key: String| kvs.iter().find(|kv| kv.key == key.as_bytes());
+    let no_fleet = || MoveError::NoFleet {
+        prefix: old.clone(),
+    };
+    let layout_kv = find(format!("{old}/layout")).ok_or_else(no_fleet)?;
+    let fleet = find(format!("{old}/fleet"))
+        .ok_or_else(no_fleet)?
+        .value
+        .clone();
+    let successor = if same_cluster {
+        new.clone()
+    } else {
+        format!(
+            "{new} on etcd cluster={:x} ({})",
+            dheader.cluster_id,
+            to.endpoints.join(",")
+        )
+    };
+    let (record, retired) = match parse_retired(&layout_kv.value) {
+        Some((s, was)) if s == successor => (was.into_bytes(), true),
+        Some((s, _)) => {
+            return Err(MoveError::Retired {
+                prefix: old.clone(),
+                successor: s,
+            });
+        }
+        None => (layout_kv.value.clone(), false),
+    };
+    // A record a restore rolled back is believed by no take there (see
+    // registry/etcd.rs); carried elsewhere, it would be: raised past what
+    // its lost holder may have stamped instead.
+    let restored =
+        find(format!("{old}/restored")).is_some() || src.status().await.is_ok_and(|s| s.restored());
+    if restored && raise_ms < RESTORED_RAISE_MS {
+        return Err(MoveError::RestoreSeen {
+            prefix: old.clone(),
+            min_ms: RESTORED_RAISE_MS,
+        });
+    }
+    let live = [format!("{old}/node/"), format!("{old}/queue/")];
+    if let Some(kv) = kvs
+        .iter()
+        .find(|kv| live.iter().any(|p| kv.key.starts_with(p.as_bytes())))
+    {
+        return Err(MoveError::Running {
+            prefix: old.clone(),
+            key: String::from_utf8_lossy(&kv.key).into_owned(),
+            holder: String::from_utf8_lossy(&kv.value).into_owned(),
+        });
+    }
+    // Every id's high-water, raised; the floor past all of them.
+    let hw_prefix = format!("{old}/hw/");
+    let mut high_waters = Vec::new();
+    let unreadable = |key: &[u8], value: &[u8]| MoveError::Unreadable {
+        key: String::from_utf8_lossy(key).into_owned(),
+        value: String::from_utf8_lossy(value).into_owned(),
+    };
+    let mut floor_ms = now_ms.saturating_add(raise_ms);
+    for kv in &kvs {
+        let Some(id) = kv
+            .key
+            .strip_prefix(hw_prefix.as_bytes())
+            .and_then(|id| std::str::from_utf8(id).ok())
+            .and_then(|id| id.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        let ms = read_high_water(id, &key, Some(&kv.value))
+            .map_err(|_| unreadable(&kv.key, &kv.value))?;
+        let raised = ms.max(now_ms).saturating_add(raise_ms);
+        floor_ms = floor_ms.max(raised);
+        high_waters.push((id, raised));
+    }
+    if let Some(kv) = find(format!("{old}/floor")) {
+        let ms =
+            read_high_water(0, "", Some(&kv.value)).map_err(|_| unreadable(&kv.key, &kv.value))?;
+        floor_ms = floor_ms.max(ms);
+    }
+    // The new place: empty, or this fleet already moved there.
+    let new_fleet_key = format!("{new}/fleet").into_bytes();
+    let new_layout_key = format!("{new}/layout").into_bytes();
+    if let Some(kv) = dkvs.first() {
+        let holds =
+            |key: &[u8], value: &[u8]| dkvs.iter().any(|kv| kv.key == key && kv.value == value);
+        if !(holds(&new_fleet_key, &fleet) && holds(&new_layout_key, &record)) {
+            return Err(MoveError::NotEmpty {
+                prefix: new.clone(),
+                key: String::from_utf8_lossy(&kv.key).into_owned(),
+            });
+        }
+    }
+    let already = !dkvs.is_empty();
+    let (registered, rheader) = dst.range_prefix_header(FLEETS.as_bytes()).await?;
+    let registration = check_registered(
+        &registered,
+        new,
+        &fleet,
+        &record,
+        same_cluster.then_some(old.as_str()),
+    )
+    .map_err(MoveError::Refused)?;
+    // The fleet's lock: from here on, no node takes an id at the old place.
+    if !retired {
+        let value = format!("{RETIRED}{successor}: {}", String::from_utf8_lossy(&record));
+        let answer = src
+            .txn(
+                &[
+                    Compare::ValueIs(layout_kv.key.clone(), layout_kv.value.clone()),
+                    Compare::NoneWrittenAfter(format!("{old}/").into_bytes(), header.revision),
+                ],
+                &[Op::Put(layout_kv.key.clone(), value.into_bytes(), 0)],
+                &[],
+            )
+            .await?;
+        if !answer.succeeded {
+            return Err(MoveError::Changed {
+                prefix: old.clone(),
+            });
+        }
+        tracing::warn!("retired {old} for {successor}: nodes started there are refused");
+    }
+    let moved = Moved {
+        fleet: String::from_utf8_lossy(&fleet).into_owned(),
+        layout: String::from_utf8_lossy(&record).into_owned(),
+        high_waters: high_waters.len(),
+        floor_ms,
+        already,
+    };
+    if already {
+        return Ok(moved);
+    }
+    let mut ops = vec![
+        Op::Put(new_fleet_key.clone(), fleet.clone(), 0),
+        Op::Put(new_layout_key.clone(), record.clone(), 0),
+        Op::Put(
+            format!("{new}/floor").into_bytes(),
+            floor_ms.to_string().into_bytes(),
+            0,
+        ),
+    ];
+    for (id, ms) in &high_waters {
+        ops.push(Op::Put(
+            format!("{new}/hw/{id}").into_bytes(),
+            ms.to_string().into_bytes(),
+            0,
+        ));
+    }
+    if let Some(value) = registration {
+        ops.push(Op::Put(fleet_registry_key(&fleet), value, 0));
+    }
+    let answer = dst
+        .txn(
+            &[
+                Compare::NoneWrittenAfter(format!("{new}/").into_bytes(), dheader.revision),
+                Compare::Absent(new_fleet_key),
+                Compare::Absent(new_layout_key),
+                Compare::NoneWrittenAfter(FLEETS.as_bytes().to_vec(), rheader.revision),
+            ],
+            &ops,
+            &[],
+        )
+        .await?;
+    if !answer.succeeded {
+        return Err(MoveError::Changed {
+            prefix: new.clone(),
+        });
+    }
+    Ok(moved)
+}
