@@ -177,13 +177,42 @@ impl Server {
 
     /// Runs a dump into the database, as `mariadb app < dump` does.
     fn restore(&self, dump: &Path) -> anyhow::Result<()> {
-        self.sql(&format!("source {}", dump.display()))
-            .context("restoring")
-            .map(drop)
+        self.load(&std::fs::read(dump)?).context("restoring")
+    }
+
+    /// Runs `sql` (a dump) into database `app` through the client's
+    /// standard input: a failed statement fails the load (the client's
+    /// `source` reports it and exits 0).
+    pub fn load(&self, sql: &[u8]) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let port = self.port()?;
+        let mut child = Command::new("mariadb")
+            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+            .arg(format!("-P{port}"))
+            .arg("app")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("running mariadb")?;
+        let written = child
+            .stdin
+            .take()
+            .context("the client's standard input")?
+            .write_all(sql);
+        let out = child.wait_with_output().context("running mariadb")?;
+        if !out.status.success() {
+            bail!(
+                "loading a dump: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        written.context("writing the dump to the client")?;
+        Ok(())
     }
 
     /// Runs SQL in database `app` with the `mariadb` client.
-    fn sql(&self, sql: &str) -> anyhow::Result<String> {
+    pub fn sql(&self, sql: &str) -> anyhow::Result<String> {
         let port = self.port()?;
         let out = Command::new("mariadb")
             .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root", "-N", "-B"])
@@ -218,7 +247,8 @@ impl Server {
         }
     }
 
-    fn port(&self) -> anyhow::Result<&str> {
+    /// The port of its URL.
+    pub fn port(&self) -> anyhow::Result<&str> {
         self.url
             .rsplit_once(':')
             .and_then(|(_, rest)| rest.split('/').next())

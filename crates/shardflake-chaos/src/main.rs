@@ -7,13 +7,13 @@
 //! | module | holds |
 //! |---|---|
 //! | `run` | one run: start, load, faults, stop, check, table |
-//! | `schedule` | the seeded fault schedule |
+//! | `schedule` | the seeded fault schedules: `run`'s cycle, and the operator's faults drawn at random (`draw`) |
 //! | `cluster` | etcd (via `scripts/etcd.sh`), node processes, the network namespace |
 //! | `load` | HTTP and gRPC connections pinned to a node; what each returned |
 //! | `record` | every id, as runs of consecutive ids, per connection |
 //! | `check` | the checker and its table |
 //! | `db` | `db`: in-database ids (MariaDB) under server SIGKILLs and clock steps |
-//! | `tickets` | `tickets`: a MariaDB ticket-server pair, one server SIGKILLed at a time |
+//! | `tickets` | `tickets`: MariaDB ticket servers under crashes and an operator's drawn faults |
 //! | `verdict` | what `db` and `tickets` share: run directory, logs gathered, the judging |
 //!
 //! Usually run through `scripts/chaos.sh SECONDS [args]`, which builds the
@@ -62,8 +62,10 @@ enum Command {
     /// live) then repaired; every id checked.
     DbPg(PgArgs),
     /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
-    /// ticket clients asking for ids while one server at a time is
-    /// SIGKILLed and restarted; every id checked.
+    /// ticket clients asking for ids under crashes and an operator's
+    /// faults drawn at random from the seed (restores, counters lowered,
+    /// a server replaced, reshapes, failovers, edited files); every id
+    /// checked.
     Tickets(TicketsArgs),
 }
 
@@ -125,6 +127,19 @@ struct TicketsArgs {
     /// `per-id` (Flickr: a round trip per id) or `segment` (Leaf: blocks).
     #[arg(long, default_value = "segment", value_parser = ["per-id", "segment"])]
     mode: String,
+    /// The kinds of fault to draw from, comma-separated [default: every
+    /// kind: kill, stop, restore-live, restore-stopped, lowered,
+    /// skip-triggers, peer-down, peer-backup, replaced-new-name, reshape,
+    /// failover, edited-file].
+    #[arg(long, value_delimiter = ',', value_parser = parse_ticket_fault)]
+    kinds: Vec<tickets::Fault>,
+}
+
+fn parse_ticket_fault(name: &str) -> Result<tickets::Fault, String> {
+    tickets::Fault::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = tickets::Fault::ALL.iter().map(|k| k.name()).collect();
+        format!("no such kind; the kinds: {}", names.join(", "))
+    })
 }
 
 #[derive(clap::Args, Clone)]
@@ -230,6 +245,11 @@ fn main() -> ExitCode {
             let o = tickets::TicketsOptions {
                 run: a.common.options(),
                 segment: a.mode == "segment",
+                kinds: if a.kinds.is_empty() {
+                    tickets::Fault::ALL.to_vec()
+                } else {
+                    a.kinds
+                },
             };
             println!(
                 "shardflake-chaos tickets --seconds {} --clients {} --mode {} --seed {}",
