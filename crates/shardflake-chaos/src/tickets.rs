@@ -350,6 +350,24 @@ fn server_options(increment: u64, offset: u64) -> String {
     format!("--auto-increment-increment={increment} --auto-increment-offset={offset}")
 }
 
+/// A file's servers in one line: `t1=:PORT/1 t2=:PORT/2 of 2`.
+fn describe(file: &str) -> String {
+    match Config::parse(file) {
+        Ok(c) => {
+            let servers: Vec<String> = c
+                .servers
+                .iter()
+                .map(|s| {
+                    let port = s.url.rsplit(':').next().unwrap_or("");
+                    format!("{}=:{}/{}", s.name, port.trim_end_matches("/app"), s.offset)
+                })
+                .collect();
+            format!("{} of {}", servers.join(" "), c.increment)
+        }
+        Err(e) => format!("(refused: {e})"),
+    }
+}
+
 struct Shared {
     start: Instant,
     stop: AtomicBool,
@@ -358,11 +376,14 @@ struct Shared {
 
 /// One client: single ids and batches of 2..=500 in a seeded mix, logged
 /// per residue of the file's increment in per-id mode (one log per server
-/// of its file) and as one log in segment mode; it runs until the run
-/// ends, `group` is set, or `until`.
+/// of its file) and as one log in segment mode, each log under the
+/// client's `number` (the checker's "slot": the run prints which file
+/// each number ran on); it runs until the run ends, `group` is set, or
+/// `until`.
 async fn client(
     config: Config,
     shared: Arc<Shared>,
+    number: usize,
     seed: u64,
     segment: bool,
     group: Arc<AtomicBool>,
@@ -380,7 +401,7 @@ async fn client(
     };
     // Ticket numbers: every bit may differ within a run of consecutive ids.
     let mut logs: Vec<ConnLog> = (0..if segment { 1 } else { increment })
-        .map(|_| ConnLog::new(0, 0, Protocol::Tickets, u64::MAX))
+        .map(|_| ConnLog::new(number, 0, Protocol::Tickets, u64::MAX))
         .collect();
     while !shared.stop.load(Ordering::Relaxed)
         && !group.load(Ordering::Relaxed)
@@ -501,6 +522,7 @@ impl Fleet<'_> {
             Ok(config) => self.clients.push(self.rt.spawn(client(
                 config,
                 self.shared.clone(),
+                self.started as usize,
                 seed,
                 self.o.segment,
                 group,
@@ -519,9 +541,16 @@ impl Fleet<'_> {
     /// flag that stops the old ones returned (not set).
     fn switch(&mut self, file: String) -> Arc<AtomicBool> {
         let group = Arc::new(AtomicBool::new(false));
+        let first = self.started + 1;
         for _ in 0..self.o.run.clients {
             self.spawn(&file, group.clone(), None);
         }
+        println!(
+            "+{:.1} s: clients {first}..={} on the file {}",
+            f64::from(ms_since(self.shared.start)) / 1000.0,
+            self.started,
+            describe(&file)
+        );
         self.file = file;
         std::mem::replace(&mut self.group, group)
     }
@@ -532,6 +561,12 @@ impl Fleet<'_> {
             file,
             Arc::new(AtomicBool::new(false)),
             Some(Instant::now() + pause),
+        );
+        println!(
+            "+{:.1} s: client {} on the file {}",
+            f64::from(ms_since(self.shared.start)) / 1000.0,
+            self.started,
+            describe(file)
         );
         std::thread::sleep(pause);
     }
@@ -908,46 +943,55 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
             step.pause.as_secs_f64()
         );
     }
+    let members = (1..=2)
+        .map(|offset| {
+            Ok(Member {
+                name: format!("t{offset}"),
+                offset,
+                server: Server::start(&o.run.script, &server_options(2, offset), None)?,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let mut fleet = Fleet {
+        o,
+        dir,
+        rt,
+        shared: Arc::new(Shared {
+            start: Instant::now(),
+            stop: AtomicBool::new(false),
+            answers: Mutex::new(Answers::default()),
+        }),
+        members,
+        backups: HashMap::new(),
+        file: String::new(),
+        group: Arc::new(AtomicBool::new(false)),
+        clients: Vec::new(),
+        named: 2,
+        processes: 2,
+        started: 0,
+    };
+    let file = toml(&fleet.entries(), 2, o.segment);
+    if let Some(why) = fleet.tool("init", &file)? {
+        bail!("shardflake tickets init: {why}");
+    }
+    let mut incidents = fleet.back_up();
+    // The load, and the schedule's clock, begin with the first backups in hand.
     let shared = Arc::new(Shared {
         start: Instant::now(),
         stop: AtomicBool::new(false),
         answers: Mutex::new(Answers::default()),
     });
-    let mut fleet = Fleet {
-        o,
-        dir,
-        rt,
-        shared: shared.clone(),
-        members: Vec::new(),
-        backups: HashMap::new(),
-        file: String::new(),
-        group: Arc::new(AtomicBool::new(false)),
-        clients: Vec::new(),
-        named: 0,
-        processes: 0,
-        started: 0,
-    };
-    for offset in 1..=2 {
-        let server = fleet.start_server(2, offset)?;
-        let name = fleet.new_name();
-        fleet.members.push(Member {
-            name,
-            offset,
-            server,
-        });
-    }
-    let file = toml(&fleet.entries(), 2, o.segment);
-    if let Some(why) = fleet.tool("init", &file)? {
-        bail!("shardflake tickets init: {why}");
+    fleet.shared = shared.clone();
+    for b in fleet.backups.values_mut().flatten() {
+        b.taken_ms = 0;
     }
     let load_start_unix_ms = check::unix_ms_now();
     fleet.switch(file);
 
-    let mut incidents = fleet.back_up();
     for step in &plan {
         sleep_until(shared.start + step.at);
         let result = fleet.fault(step);
