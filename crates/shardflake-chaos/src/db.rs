@@ -3,7 +3,8 @@
 //! one-statement ids (`shardflake mysql apply`: a sequence, a `BEFORE
 //! INSERT` trigger and the clock event), and client connections insert rows
 //! with `INSERT ... RETURNING id` (single rows and multi-row bursts) while a
-//! seeded schedule SIGKILLs and restarts the server and steps its clock back
+//! seeded schedule (kinds drawn at random) SIGKILLs and restarts the server
+//! and steps its clock back
 //! (libfaketime, through the script's timestamp file), and restores a dump
 //! of the database taken a moment earlier: the whole database with the
 //! writers stopped, the sequence alone under the writers, or the whole
@@ -59,32 +60,30 @@ enum Fault {
     RestoreNoLoop,
 }
 
-/// The seeded schedule: (seconds after the load began, fault).
+impl crate::schedule::Kind for Fault {}
+
+/// The seeded schedule: (seconds after the load began, fault), the kinds
+/// drawn at random (`schedule::draw`), kills twice as likely as the others.
 fn schedule(o: &DbOptions) -> Vec<(Duration, Fault)> {
-    let mut rng = fastrand::Rng::with_seed(o.seed);
-    let spacing = o.spacing.max(Duration::from_secs(1));
-    let mut at = spacing / 2;
-    let mut plan = Vec::new();
-    // Faults stop a spacing before the end, so the server is seen to come back.
-    let mut kinds = Vec::new();
-    while at + spacing <= Duration::from_secs(o.seconds) {
-        // Every kind in a seeded order, again and again; kills twice as often.
-        if kinds.is_empty() {
-            kinds = vec![
-                Fault::Kill,
-                Fault::Kill,
-                Fault::ClockBack,
-                Fault::RestoreStopped,
-                Fault::RestoreLive,
-                Fault::RestoreNoLoop,
-            ];
-            rng.shuffle(&mut kinds);
-        }
-        let fault = kinds.pop().expect("refilled above");
-        plan.push((at, fault));
-        at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
-    }
-    plan
+    let kinds = [
+        Fault::Kill,
+        Fault::Kill,
+        Fault::ClockBack,
+        Fault::RestoreStopped,
+        Fault::RestoreLive,
+        Fault::RestoreNoLoop,
+    ];
+    let ranges = crate::schedule::Ranges {
+        run: Duration::from_secs(o.seconds),
+        spacing: o.spacing.max(Duration::from_secs(1)),
+        targets: 1,
+        backups: 1,
+        pause: (Duration::ZERO, Duration::ZERO),
+    };
+    crate::schedule::draw(o.seed, &kinds, &ranges)
+        .into_iter()
+        .map(|d| (d.at, d.kind))
+        .collect()
 }
 
 /// A MariaDB server of `scripts/mariadb.sh` (its clock under a libfaketime
