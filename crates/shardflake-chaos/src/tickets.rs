@@ -1007,7 +1007,12 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
         incidents.extend(fleet.back_up());
     }
     let faults_over_ms = u64::from(ms_since(shared.start));
-    sleep_until(shared.start + Duration::from_secs(o.run.seconds));
+    // Slow faults (a server started, a dump loaded) may run past the
+    // planned end: the load goes on a spacing after the last, so that it
+    // is seen to come back.
+    sleep_until(
+        (shared.start + Duration::from_secs(o.run.seconds)).max(Instant::now() + o.run.spacing),
+    );
     shared.stop.store(true, Ordering::SeqCst);
     let end_ms = u64::from(ms_since(shared.start));
     let mut all = ClientLog::default();
