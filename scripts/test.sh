@@ -75,12 +75,16 @@ step "chaos run on PostgreSQL in-database ids (30 s: move-shard stopped after it
 # (--keep-source), the shard count doubled.
 $chaos db-pg --seconds 30 --seed 14 --spacing 3 --clients 4 --bin $bin
 
-step "chaos runs on ticket servers (20 s each: a MariaDB pair, restored live, after a restart and in place)"
-# --spacing 4: the schedule starts with the three restores (live, after a
-# restart, rows in place); SIGSTOP, SIGKILL and the edited-file faults come
-# later in longer runs.
-$chaos tickets --seconds 20 --seed 1 --clients 4 --mode segment --spacing 4 --bin $bin
-$chaos tickets --seconds 20 --seed 1 --clients 4 --mode per-id --spacing 4 --bin $bin
+step "chaos runs on ticket servers (20 s each: a MariaDB pair under an operator's faults drawn at random)"
+# The kinds that hold on this code. replaced-new-name, reshape (per id) and
+# failover hand out ids twice until issue 36's fixes land: add them to
+# --kinds then. Seed 7 (segment) draws a backup loaded with the peer down,
+# a peer's backup loaded, a client on a file with a server added, the
+# segment row deleted and an older one loaded (refused); seed 8 (per id)
+# a backup loaded live, the table emptied and its counter lowered, a kill.
+tickets_kinds=kill,stop,restore-live,restore-stopped,lowered,skip-triggers,peer-down,peer-backup,edited-file
+$chaos tickets --seconds 20 --seed 7 --clients 4 --mode segment --spacing 4 --kinds $tickets_kinds --bin $bin
+$chaos tickets --seconds 20 --seed 8 --clients 4 --mode per-id --spacing 4 --kinds $tickets_kinds --bin $bin
 
 step "compare smoke (every id scheme on real PostgreSQL and MariaDB, 2,000 rows each; SIGINT mid-run)"
 SHARDFLAKE_BIN=$bin bash scripts/compare-smoke.sh 2000
