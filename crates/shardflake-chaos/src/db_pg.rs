@@ -7,7 +7,8 @@
 //!
 //! - `move-shard` stopped after each of its steps (the hidden failpoint) or
 //!   SIGKILLed at a random moment, then run again to finish;
-//! - `apply` from a stale copy of the topology file (taken at the start);
+//! - `apply` from an older copy of the topology file (one of the last
+//!   [`FILES_KEPT`] versions the run's moves wrote, the start's included);
 //! - `apply` and `check` with the file edited: a shard's owner, the schema
 //!   prefix, the shard count, the epoch (each must be refused);
 //! - `apply` (with or without `--new-server` for it) and `check` with a
@@ -47,6 +48,8 @@ const SHARDS: u64 = 4;
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before each statement of a client.
 const STATEMENT_PAUSE: Duration = Duration::from_millis(2);
+/// Versions of the topology file kept for an `apply` from an old one.
+const FILES_KEPT: usize = 4;
 /// The steps of a move (`shardflake pg move-shard --stop-after`).
 const STEPS: [&str; 5] = ["recorded", "copied", "fenced", "live", "switched"];
 
@@ -57,7 +60,8 @@ enum Fault {
     MoveStopped,
     /// `move-shard` SIGKILLed after the pause, then run again.
     MoveKilled,
-    /// `apply` with the file as it was at the start.
+    /// `apply` with an older version of the file (the step's `backup`: 0
+    /// the newest kept).
     StaleApply,
     /// The file edited: a shard put on the other server.
     EditOwner,
@@ -124,7 +128,7 @@ fn schedule(o: &DbOptions) -> Vec<Step> {
             run: Duration::from_secs(o.seconds),
             spacing: o.spacing.max(Duration::from_secs(2)),
             targets: SHARDS as usize,
-            backups: 1,
+            backups: FILES_KEPT,
             pause: (Duration::ZERO, Duration::from_millis(400)),
         },
     )
@@ -330,12 +334,13 @@ fn run_in(o: &DbOptions, pg_script: &Path, dir: &Path) -> anyhow::Result<bool> {
     println!("seed {}; schedule:", o.seed);
     for step in &plan {
         println!(
-            "  +{:.1} s {:?} {} (shard {}, {} ms)",
+            "  +{:.1} s {:?} {} (shard {}, {} ms, older file {})",
             step.at.as_secs_f64(),
             step.kind,
             step.variant,
             step.target,
-            step.pause.as_millis()
+            step.pause.as_millis(),
+            step.backup + 1
         );
     }
     let (a, b) = (Server::start(pg_script)?, Server::start(pg_script)?);
@@ -343,7 +348,8 @@ fn run_in(o: &DbOptions, pg_script: &Path, dir: &Path) -> anyhow::Result<bool> {
     let start_text = topology(&a, &b, EPOCH_MS);
     std::fs::write(&path, &start_text)?;
     let stale = dir.join("stale.toml");
-    std::fs::write(&stale, &start_text)?;
+    // The file's versions, newest first: what an app host's deploy may still have.
+    let mut versions = std::collections::VecDeque::from([start_text.clone()]);
     let t = path.to_string_lossy().to_string();
     let applied = cli(&o.bin, &["pg", "apply", "-t", &t])?;
     if !applied.status.success() {
@@ -386,6 +392,14 @@ fn run_in(o: &DbOptions, pg_script: &Path, dir: &Path) -> anyhow::Result<bool> {
     for step in &plan {
         sleep_until(shared.start + step.at);
         let (fault, shard) = (step.kind, step.target as u64 % SHARDS);
+        let current = std::fs::read_to_string(&path)?;
+        if versions.front() != Some(&current) {
+            versions.push_front(current);
+            versions.truncate(FILES_KEPT);
+        }
+        // The step's older file: one before the current, or the oldest kept.
+        let older = &versions[(step.backup + 1).min(versions.len() - 1)];
+        std::fs::write(&stale, older)?;
         let result = fault_once(o, &shared, &bindir, dir, step, &stale);
         let when = ms_since(shared.start);
         match result {
@@ -549,7 +563,7 @@ fn fault_once(
             }
             refused(
                 &["pg", "apply", "-t", &stale.to_string_lossy()],
-                "apply with the file as it was at the start",
+                "apply with an older version of the file",
             )
         }
         Fault::EditOwner | Fault::EditPrefix | Fault::EditCount | Fault::EditEpoch => {
