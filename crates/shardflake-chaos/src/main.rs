@@ -56,10 +56,11 @@ enum Command {
     /// one-statement ids, clients inserting rows, the server SIGKILLed and
     /// restarted and its clock stepped back; every id checked.
     Db(ServerArgs),
-    /// In-database ids on PostgreSQL under an operator's faults: move-shard
-    /// stopped at each step or SIGKILLed, apply from a stale or edited
-    /// topology file, a shard restored from a dump (writers stopped or
-    /// live) then repaired; every id checked.
+    /// In-database ids on PostgreSQL under an operator's faults drawn at
+    /// random from the seed: move-shard stopped at each step or SIGKILLed,
+    /// apply from an older or edited topology file, a shard restored from a
+    /// dump (writers stopped or live) then repaired, repair during a move,
+    /// two moves at once; every id checked.
     DbPg(PgArgs),
     /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
     /// ticket clients asking for ids under crashes and an operator's
