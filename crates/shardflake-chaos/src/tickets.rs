@@ -530,8 +530,9 @@ impl Fleet<'_> {
             ))),
             // An edited file the library refuses to parse: a refusal too.
             Err(e) => {
+                tracing::warn!(error = %e, "an edited tickets file was refused");
                 let mut log = ClientLog::default();
-                log.error(format!("parse:{e}"));
+                log.error("connect:bad_config".into());
                 self.clients.push(self.rt.spawn(async move { log }));
             }
         }
