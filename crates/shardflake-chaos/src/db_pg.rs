@@ -18,7 +18,10 @@
 //! - `pg repair` while a `move-shard` (with or without `--keep-source`)
 //!   runs, then the move run again to finish;
 //! - two `move-shard` runs of two shards at once from one file: both
-//!   moves must be in the file afterwards.
+//!   moves must be in the file afterwards;
+//! - a crash: a backend of the shard's server SIGKILLed (PostgreSQL ends
+//!   every session and recovers), or first `synchronous_commit = off` set
+//!   on its database, which `pg check` must report, and put back as it says.
 //!
 //! The faults are drawn from the seed at random (`schedule::draw`): which
 //! kind, which shard, which step or way, how many ms into a move.
@@ -85,10 +88,17 @@ enum Fault {
     /// Two `move-shard` runs at once: the shard and the one `1 + variant`
     /// after it.
     TwoMoves,
+    /// A backend of the shard's server SIGKILLed: the server ends every
+    /// session and recovers. Variant 1: `synchronous_commit = off` set on
+    /// its database first (`ALTER DATABASE`), which `pg check` must report,
+    /// then put back (what check says to do) before the crash: a crash
+    /// while it is off can lose acknowledged ids, which check refuses
+    /// rather than makes safe.
+    Crash,
 }
 
 impl Fault {
-    const ALL: [Fault; 12] = [
+    const ALL: [Fault; 13] = [
         Fault::MoveStopped,
         Fault::MoveKilled,
         Fault::StaleApply,
@@ -101,6 +111,7 @@ impl Fault {
         Fault::RestoreLive,
         Fault::RepairDuringMove,
         Fault::TwoMoves,
+        Fault::Crash,
     ];
 }
 
@@ -108,7 +119,7 @@ impl Kind for Fault {
     fn variants(self) -> usize {
         match self {
             Fault::MoveStopped => STEPS.len(),
-            Fault::EditUrl | Fault::RepairDuringMove => 2,
+            Fault::EditUrl | Fault::RepairDuringMove | Fault::Crash => 2,
             Fault::TwoMoves => SHARDS as usize - 1,
             _ => 1,
         }
@@ -484,7 +495,51 @@ fn fault_once(
         }
         cmd.spawn().context("running shardflake pg move-shard")
     };
+    let psql = |sql: &str| -> anyhow::Result<String> {
+        let out = Command::new(bindir.join("psql"))
+            .args(["-d", &owner_url, "-At", "-c", sql])
+            .output()?;
+        if !out.status.success() {
+            bail!("psql {sql}: {}", text(&out));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
     match fault {
+        Fault::Crash => {
+            if step.variant == 1 {
+                // The database's setting: the server's command line sets
+                // it on, which ALTER SYSTEM cannot override.
+                let db = psql("SELECT quote_ident(current_database())")?;
+                psql(&format!("ALTER DATABASE {db} SET synchronous_commit = off"))?;
+                let seen = cli(&o.bin, &["pg", "check", "-t", &t])?;
+                psql(&format!("ALTER DATABASE {db} RESET synchronous_commit"))?;
+                if seen.status.success() || !text(&seen).contains("synchronous_commit") {
+                    bail!(
+                        "check with synchronous_commit = off did not report it: {}",
+                        text(&seen)
+                    );
+                }
+            }
+            let backend = psql(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() ORDER BY pid LIMIT 1",
+            )?;
+            if backend.is_empty() {
+                bail!("no client backend to crash on {owner_url}");
+            }
+            let killed = Command::new("kill").args(["-KILL", &backend]).status()?;
+            if !killed.success() {
+                bail!("kill -KILL {backend}");
+            }
+            // The server is back once it answers again (recovery), bounded.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while psql("SELECT 1").is_err() {
+                if Instant::now() > deadline {
+                    bail!("{owner_url} did not come back within 30 s of the crash");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(())
+        }
         Fault::RepairDuringMove => {
             let child = move_shard(&s, other, step.variant == 1)?;
             std::thread::sleep(step.pause);
