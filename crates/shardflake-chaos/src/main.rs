@@ -60,7 +60,7 @@ enum Command {
     /// random from the seed: move-shard stopped at each step or SIGKILLed,
     /// apply from an older or edited topology file, a shard restored from a
     /// dump (writers stopped or live) then repaired, repair during a move,
-    /// two moves at once; every id checked.
+    /// two moves at once, a crash; every id checked.
     DbPg(PgArgs),
     /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
     /// ticket clients asking for ids under crashes and an operator's

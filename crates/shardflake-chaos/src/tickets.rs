@@ -868,25 +868,19 @@ impl Fleet<'_> {
                 init.as_deref().unwrap_or("ok")
             ));
         }
-        // The fleet as the new file has it.
-        if let Some(i) = removed {
-            let gone = self.members.remove(i);
-            // Old clients still use it until they stop.
-            let old_group = self.switch(file);
-            std::thread::sleep(step.pause);
-            old_group.store(true, Ordering::SeqCst);
-            drop(gone);
-        } else {
-            if let Some(m) = added {
-                self.members.push(m);
-            }
-            for (m, x) in self.members.iter_mut().zip(&e) {
-                m.offset = x.offset;
-            }
-            let old_group = self.switch(file);
-            std::thread::sleep(step.pause);
-            old_group.store(true, Ordering::SeqCst);
+        // The fleet as the new file has it; a removed server is stopped
+        // only once the old clients, which still use it, are.
+        let gone = removed.map(|i| self.members.remove(i));
+        if let Some(m) = added {
+            self.members.push(m);
         }
+        for (m, x) in self.members.iter_mut().zip(&e) {
+            m.offset = x.offset;
+        }
+        let old_group = self.switch(file);
+        std::thread::sleep(step.pause);
+        old_group.store(true, Ordering::SeqCst);
+        drop(gone);
         Ok(format!(
             "reshape: {what}; the old clients ran {:.1} s more",
             step.pause.as_secs_f64()
