@@ -58,7 +58,7 @@ const STEPS: [&str; 5] = ["recorded", "copied", "fenced", "live", "switched"];
 
 /// One fault of the schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
+pub enum Fault {
     /// `move-shard` stopped after step `STEPS[variant]`, then run again.
     MoveStopped,
     /// `move-shard` SIGKILLed after the pause, then run again.
@@ -98,7 +98,8 @@ enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 13] = [
+    /// Every kind.
+    pub const ALL: [Fault; 13] = [
         Fault::MoveStopped,
         Fault::MoveKilled,
         Fault::StaleApply,
@@ -113,6 +114,30 @@ impl Fault {
         Fault::TwoMoves,
         Fault::Crash,
     ];
+
+    /// The name `--kinds` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::MoveStopped => "move-stopped",
+            Fault::MoveKilled => "move-killed",
+            Fault::StaleApply => "older-file-apply",
+            Fault::EditOwner => "edit-owner",
+            Fault::EditPrefix => "edit-prefix",
+            Fault::EditCount => "edit-count",
+            Fault::EditEpoch => "edit-epoch",
+            Fault::EditUrl => "edit-url",
+            Fault::RestoreStopped => "restore-stopped",
+            Fault::RestoreLive => "restore-live",
+            Fault::RepairDuringMove => "repair-during-move",
+            Fault::TwoMoves => "two-moves",
+            Fault::Crash => "crash",
+        }
+    }
+
+    /// The kind `name` names.
+    pub fn parse(name: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.name() == name)
+    }
 }
 
 impl Kind for Fault {
@@ -129,12 +154,12 @@ impl Kind for Fault {
 /// One step of the schedule: its target is the shard.
 type Step = Drawn<Fault>;
 
-/// The seeded schedule: kinds drawn at random, the pause 0-400 ms (how
+/// The seeded schedule: `kinds` drawn at random, the pause 0-400 ms (how
 /// far into a move a SIGKILL or a repair comes).
-fn schedule(o: &DbOptions) -> Vec<Step> {
+fn schedule(o: &DbOptions, kinds: &[Fault]) -> Vec<Step> {
     schedule::draw(
         o.seed,
-        &Fault::ALL,
+        kinds,
         &Ranges {
             run: Duration::from_secs(o.seconds),
             spacing: o.spacing.max(Duration::from_secs(2)),
@@ -336,12 +361,14 @@ async fn client(shared: Arc<Shared>, shard: u64, seed: u64) -> ClientLog {
 }
 
 /// One run; `Ok(true)` when every check passed.
-pub fn run(o: &DbOptions, pg_script: &Path) -> anyhow::Result<bool> {
-    in_dir(o.out.as_deref(), "db-pg", |dir| run_in(o, pg_script, dir))
+pub fn run(o: &DbOptions, pg_script: &Path, kinds: &[Fault]) -> anyhow::Result<bool> {
+    in_dir(o.out.as_deref(), "db-pg", |dir| {
+        run_in(o, pg_script, kinds, dir)
+    })
 }
 
-fn run_in(o: &DbOptions, pg_script: &Path, dir: &Path) -> anyhow::Result<bool> {
-    let plan = schedule(o);
+fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
+    let plan = schedule(o, kinds);
     println!("seed {}; schedule:", o.seed);
     for step in &plan {
         println!(
@@ -787,10 +814,15 @@ mod tests {
             spacing: Duration::from_secs(6),
             out: None,
         };
-        let plan = schedule(&o);
-        assert_eq!(plan, schedule(&o));
+        let plan = schedule(&o, &Fault::ALL);
+        assert_eq!(plan, schedule(&o, &Fault::ALL));
+        for k in Fault::ALL {
+            assert_eq!(Fault::parse(k.name()), Some(k));
+        }
+        let only = schedule(&o, &[Fault::Crash]);
+        assert!(!only.is_empty() && only.iter().all(|d| d.kind == Fault::Crash));
         let many: Vec<Step> = (0..5)
-            .flat_map(|seed| schedule(&DbOptions { seed, ..o.clone() }))
+            .flat_map(|seed| schedule(&DbOptions { seed, ..o.clone() }, &Fault::ALL))
             .collect();
         for kind in Fault::ALL {
             for v in 0..kind.variants() {

@@ -119,6 +119,19 @@ struct PgArgs {
     /// The PostgreSQL launcher script.
     #[arg(long, default_value = "scripts/pg.sh")]
     pg_script: PathBuf,
+    /// The kinds of fault to draw from, comma-separated [default: every
+    /// kind: move-stopped, move-killed, older-file-apply, edit-owner,
+    /// edit-prefix, edit-count, edit-epoch, edit-url, restore-stopped,
+    /// restore-live, repair-during-move, two-moves, crash].
+    #[arg(long, value_delimiter = ',', value_parser = parse_pg_fault)]
+    kinds: Vec<db_pg::Fault>,
+}
+
+fn parse_pg_fault(name: &str) -> Result<db_pg::Fault, String> {
+    db_pg::Fault::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = db_pg::Fault::ALL.iter().map(|k| k.name()).collect();
+        format!("no such kind; the kinds: {}", names.join(", "))
+    })
 }
 
 #[derive(clap::Args, Clone)]
@@ -272,7 +285,12 @@ fn main() -> ExitCode {
                 "shardflake-chaos db-pg --seconds {} --clients {} --seed {}",
                 o.seconds, o.clients, o.seed
             );
-            exit(db_pg::run(&o, &a.pg_script))
+            let kinds = if a.kinds.is_empty() {
+                db_pg::Fault::ALL.to_vec()
+            } else {
+                a.kinds
+            };
+            exit(db_pg::run(&o, &a.pg_script, &kinds))
         }
         Command::Run(a) => {
             let o = a.options();
