@@ -663,26 +663,27 @@ impl Fleet<'_> {
             Fault::PeerDown => {
                 let said = backup_of(self, &name)?;
                 let stop = step.variant == 1;
-                let mut pids = Vec::new();
-                for (i, m) in self.members.iter().enumerate().filter(|(i, _)| *i != t) {
+                let peers: Vec<usize> = (0..self.members.len()).filter(|i| *i != t).collect();
+                // Read before any is stopped: a stopped server answers nothing.
+                let pids = peers
+                    .iter()
+                    .map(|i| pid(&self.members[*i].server))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                for (i, pid) in peers.iter().zip(&pids) {
                     if stop {
-                        let pid = pid(&m.server)?;
-                        signal(&pid, "STOP")?;
-                        pids.push(pid);
+                        signal(pid, "STOP")?;
                     } else {
-                        m.server.kill()?;
-                        pids.push(i.to_string());
+                        self.members[*i].server.kill()?;
                     }
                 }
                 let (b, _) = self.backup(&name, step.backup)?;
                 let done = load_or_refused(&self.members[t].server, &b.full);
                 std::thread::sleep(step.pause);
-                for p in &pids {
+                for (i, pid) in peers.iter().zip(&pids) {
                     if stop {
-                        signal(p, "CONT")?;
+                        signal(pid, "CONT")?;
                     } else {
-                        let i: usize = p.parse()?;
-                        self.members[i].server.restart()?;
+                        self.members[*i].server.restart()?;
                         self.processes += 1;
                     }
                 }
