@@ -127,6 +127,64 @@ impl Server {
         }
     }
 
+    /// A copy of its data directory as it is now, taken under SIGSTOP (so
+    /// crash-consistent, as a SIGKILL leaves it), into a new directory that
+    /// [`Server::start_copy`] starts later: the same `@@server_uuid` and
+    /// InnoDB table ids, as a physical replica or a restored datadir has.
+    pub fn snapshot(&self) -> anyhow::Result<PathBuf> {
+        let pid = std::fs::read_to_string(Path::new(&self.dir).join("server.pid"))?;
+        let pid = pid.trim();
+        let copy = PathBuf::from(format!("{}-copy", self.dir.trim_end_matches('/')));
+        let _ = std::fs::remove_dir_all(&copy);
+        std::fs::create_dir_all(copy.join("tmp"))?;
+        let signal = |s: &str| Command::new("kill").args([s, pid]).status();
+        if !signal("-STOP")?.success() {
+            bail!("kill -STOP {pid}");
+        }
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(Path::new(&self.dir).join("data"))
+            .arg(copy.join("data"))
+            .status();
+        signal("-CONT")?;
+        if !copied?.success() {
+            bail!("copying {}/data", self.dir);
+        }
+        std::fs::copy(Path::new(&self.dir).join("opts"), copy.join("opts"))?;
+        Ok(copy)
+    }
+
+    /// Starts a [`Server::snapshot`] on a free port of its own.
+    pub fn start_copy(&self, copy: &Path) -> anyhow::Result<Server> {
+        std::fs::write(copy.join("port"), crate::cluster::free_port()?.to_string())?;
+        // No process yet: `restart` finds none alive and launches.
+        std::fs::write(copy.join("server.pid"), "0")?;
+        // Owned from here: dropped on a failed start, it is stopped and removed.
+        let mut server = Server {
+            script: self.script.clone(),
+            dir: copy.to_string_lossy().into_owned(),
+            url: String::new(),
+            clock: None,
+        };
+        let out = Command::new("bash")
+            .arg(&self.script)
+            .arg("restart")
+            .arg(copy)
+            .output()
+            .context("running scripts/mariadb.sh restart")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        match text.lines().find(|l| l.starts_with("mysql://")) {
+            Some(url) if out.status.success() => {
+                server.url = url.to_string();
+                Ok(server)
+            }
+            _ => bail!(
+                "mariadb.sh restart of a copy: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }
+    }
+
     /// SIGKILLs the server and waits until it is dead.
     pub fn kill(&self) -> anyhow::Result<()> {
         self.script("kill")

@@ -91,10 +91,13 @@ pub enum Fault {
     /// server added or the target removed (1); new clients on the new
     /// file, the old clients left running for the pause.
     Reshape,
-    /// A copy of the target made from a backup (a lagging standby) on
-    /// another port; the target killed, the file pointed at the copy under
-    /// the same name, every client switched; the old server restarted and
-    /// a client on the old file run for the pause beside the new ones.
+    /// A copy of the target (a lagging standby) on another port: made from
+    /// a backup (variant 0, new table identities), or a copy of its data
+    /// directory taken the pause before (variant 1: the same server and
+    /// table identities, as a physical replica has); the target killed,
+    /// the file pointed at the copy under the same name, every client
+    /// switched; the old server restarted and a client on the old file run
+    /// for the pause beside the new ones.
     Failover,
     /// For the pause, a client on an edited file: offsets swapped (variant
     /// 0), the target left out (1), a server added (2), the target renamed
@@ -145,12 +148,10 @@ impl Fault {
     /// Whether it uses a backup (printed with the schedule).
     fn uses_backup(self, variant: usize) -> bool {
         match self {
-            Fault::RestoreLive
-            | Fault::RestoreStopped
-            | Fault::PeerDown
-            | Fault::PeerBackup
-            | Fault::Failover => true,
-            Fault::Lowered => variant == 0,
+            Fault::RestoreLive | Fault::RestoreStopped | Fault::PeerDown | Fault::PeerBackup => {
+                true
+            }
+            Fault::Failover | Fault::Lowered => variant == 0,
             _ => false,
         }
     }
@@ -173,7 +174,10 @@ impl Fault {
             (Fault::ReplacedNewName, _) => "replaced by an empty server under a new name",
             (Fault::Reshape, 0) => "reshape: offsets swapped, old clients left running",
             (Fault::Reshape, _) => "reshape: a server added or removed, old clients left running",
-            (Fault::Failover, _) => "failover to a lagging copy, the old server restarted",
+            (Fault::Failover, 0) => "failover to a copy from a backup, the old server restarted",
+            (Fault::Failover, _) => {
+                "failover to a datadir copy of the pause before, the old server restarted"
+            }
             (Fault::EditedFile, 0) => "a client on the file with offsets swapped",
             (Fault::EditedFile, 1) => "a client on the file without this server",
             (Fault::EditedFile, 2) => "a client on the file with a server added",
@@ -187,7 +191,7 @@ impl Kind for Fault {
     fn variants(self) -> usize {
         match self {
             Fault::Lowered => 3,
-            Fault::PeerDown | Fault::PeerBackup | Fault::Reshape => 2,
+            Fault::PeerDown | Fault::PeerBackup | Fault::Reshape | Fault::Failover => 2,
             Fault::EditedFile => 5,
             _ => 1,
         }
@@ -891,10 +895,31 @@ impl Fleet<'_> {
     /// [`Fault::Failover`] on member `t`.
     fn failover(&mut self, t: usize, step: &Step) -> anyhow::Result<String> {
         let name = self.members[t].name.clone();
-        let (b, age) = self.backup(&name, step.backup)?;
-        let full = b.full.clone();
-        let copy = self.start_server(self.increment(), self.members[t].offset)?;
-        copy.load(&full)?;
+        let (copy, from) = if step.variant == 0 {
+            let (b, age) = self.backup(&name, step.backup)?;
+            let full = b.full.clone();
+            let copy = self.start_server(self.increment(), self.members[t].offset)?;
+            copy.load(&full)?;
+            (
+                copy,
+                format!(
+                    "a copy from its backup of {:.1} s ago",
+                    f64::from(age) / 1000.0
+                ),
+            )
+        } else {
+            let snapshot = self.members[t].server.snapshot()?;
+            std::thread::sleep(step.pause);
+            self.processes += 1;
+            let copy = self.members[t].server.start_copy(&snapshot)?;
+            (
+                copy,
+                format!(
+                    "a copy of its data directory of {:.1} s ago",
+                    step.pause.as_secs_f64()
+                ),
+            )
+        };
         let old_file = self.file.clone();
         self.members[t].server.kill()?;
         let old = std::mem::replace(&mut self.members[t].server, copy);
@@ -907,8 +932,7 @@ impl Fleet<'_> {
         self.edited_client(&old_file, step.pause);
         drop(old);
         Ok(format!(
-            "{name} failed over to a copy from its backup of {:.1} s ago; the old {name} restarted with a client on the old file for {:.1} s",
-            f64::from(age) / 1000.0,
+            "{name} failed over to {from}; the old {name} restarted with a client on the old file for {:.1} s",
             step.pause.as_secs_f64()
         ))
     }
