@@ -45,7 +45,7 @@ pub type DbOptions = ServerRun;
 
 /// One fault of the schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
+pub enum Fault {
     /// SIGKILL, then start again on the same data and port.
     Kill,
     /// The server's clock 3 s back for a while, then right again.
@@ -62,10 +62,10 @@ enum Fault {
 
 impl crate::schedule::Kind for Fault {}
 
-/// The seeded schedule: (seconds after the load began, fault), the kinds
-/// drawn at random (`schedule::draw`), kills twice as likely as the others.
-fn schedule(o: &DbOptions) -> Vec<(Duration, Fault)> {
-    let kinds = [
+impl Fault {
+    /// The kinds drawn by default: a kind named twice is drawn twice as
+    /// often (kills).
+    pub const DEFAULT: [Fault; 6] = [
         Fault::Kill,
         Fault::Kill,
         Fault::ClockBack,
@@ -73,6 +73,27 @@ fn schedule(o: &DbOptions) -> Vec<(Duration, Fault)> {
         Fault::RestoreLive,
         Fault::RestoreNoLoop,
     ];
+
+    /// The name `--kinds` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::ClockBack => "clock-back",
+            Fault::RestoreStopped => "restore-stopped",
+            Fault::RestoreLive => "restore-live",
+            Fault::RestoreNoLoop => "restore-no-loop",
+        }
+    }
+
+    /// The kind `name` names.
+    pub fn parse(name: &str) -> Option<Fault> {
+        Fault::DEFAULT.into_iter().find(|f| f.name() == name)
+    }
+}
+
+/// The seeded schedule: (seconds after the load began, fault), `kinds`
+/// drawn at random (`schedule::draw`; a kind listed twice, twice as often).
+fn schedule(o: &DbOptions, kinds: &[Fault]) -> Vec<(Duration, Fault)> {
     let ranges = crate::schedule::Ranges {
         run: Duration::from_secs(o.seconds),
         spacing: o.spacing.max(Duration::from_secs(1)),
@@ -80,7 +101,7 @@ fn schedule(o: &DbOptions) -> Vec<(Duration, Fault)> {
         backups: 1,
         pause: (Duration::ZERO, Duration::ZERO),
     };
-    crate::schedule::draw(o.seed, &kinds, &ranges)
+    crate::schedule::draw(o.seed, kinds, &ranges)
         .into_iter()
         .map(|d| (d.at, d.kind))
         .collect()
@@ -427,13 +448,13 @@ async fn ids_in_table(url: &str) -> anyhow::Result<HashSet<u64>> {
 }
 
 /// One run; `Ok(true)` when every check passed.
-pub fn run(o: &DbOptions) -> anyhow::Result<bool> {
-    in_dir(o.out.as_deref(), "db", |dir| run_in(o, dir))
+pub fn run(o: &DbOptions, kinds: &[Fault]) -> anyhow::Result<bool> {
+    in_dir(o.out.as_deref(), "db", |dir| run_in(o, kinds, dir))
 }
 
-fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
+fn run_in(o: &DbOptions, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
     let layout = shardflake::preset::resolve(LAYOUT).context("the mysql-procedure layout")?;
-    let plan = schedule(o);
+    let plan = schedule(o, kinds);
     println!("seed {}; schedule:", o.seed);
     for (at, fault) in &plan {
         println!("  +{:.1} s {fault:?}", at.as_secs_f64());
@@ -609,9 +630,14 @@ mod tests {
 
     #[test]
     fn the_schedule_is_seeded_spaced_and_ends_a_spacing_early() {
-        let a = schedule(&options(60, 7));
-        assert_eq!(a, schedule(&options(60, 7)));
-        assert_ne!(a, schedule(&options(60, 8)));
+        let a = schedule(&options(60, 7), &Fault::DEFAULT);
+        assert_eq!(a, schedule(&options(60, 7), &Fault::DEFAULT));
+        assert_ne!(a, schedule(&options(60, 8), &Fault::DEFAULT));
+        for k in Fault::DEFAULT {
+            assert_eq!(Fault::parse(k.name()), Some(k));
+        }
+        let only = schedule(&options(60, 7), &[Fault::RestoreNoLoop]);
+        assert!(only.iter().all(|(_, f)| *f == Fault::RestoreNoLoop));
         assert!(a.len() >= 4, "{a:?}");
         assert!(
             a.windows(2)

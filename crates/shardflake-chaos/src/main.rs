@@ -55,7 +55,7 @@ enum Command {
     /// In-database ids: a MariaDB server with `shardflake mysql apply`'s
     /// one-statement ids, clients inserting rows, the server SIGKILLed and
     /// restarted and its clock stepped back; every id checked.
-    Db(ServerArgs),
+    Db(DbArgs),
     /// In-database ids on PostgreSQL under an operator's faults drawn at
     /// random from the seed: move-shard stopped at each step or SIGKILLed,
     /// apply from an older or edited topology file, a shard restored from a
@@ -110,6 +110,24 @@ impl ServerArgs {
             out: self.out,
         }
     }
+}
+
+#[derive(clap::Args, Clone)]
+struct DbArgs {
+    #[command(flatten)]
+    common: ServerArgs,
+    /// The kinds of fault to draw from, comma-separated; a kind named
+    /// twice is drawn twice as often [default:
+    /// kill,kill,clock-back,restore-stopped,restore-live,restore-no-loop].
+    #[arg(long, value_delimiter = ',', value_parser = parse_db_fault)]
+    kinds: Vec<db::Fault>,
+}
+
+fn parse_db_fault(name: &str) -> Result<db::Fault, String> {
+    db::Fault::parse(name).ok_or_else(|| {
+        "no such kind; the kinds: kill, clock-back, restore-stopped, restore-live, restore-no-loop"
+            .to_string()
+    })
 }
 
 #[derive(clap::Args, Clone)]
@@ -272,12 +290,17 @@ fn main() -> ExitCode {
             exit(tickets::run(&o))
         }
         Command::Db(a) => {
-            let o = a.options();
+            let o = a.common.options();
             println!(
                 "shardflake-chaos db --seconds {} --clients {} --seed {}",
                 o.seconds, o.clients, o.seed
             );
-            exit(db::run(&o))
+            let kinds = if a.kinds.is_empty() {
+                db::Fault::DEFAULT.to_vec()
+            } else {
+                a.kinds
+            };
+            exit(db::run(&o, &kinds))
         }
         Command::DbPg(a) => {
             let o = a.common.options();
