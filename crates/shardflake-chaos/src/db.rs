@@ -3,7 +3,8 @@
 //! one-statement ids (`shardflake mysql apply`: a sequence, a `BEFORE
 //! INSERT` trigger and the clock event), and client connections insert rows
 //! with `INSERT ... RETURNING id` (single rows and multi-row bursts) while a
-//! seeded schedule SIGKILLs and restarts the server and steps its clock back
+//! seeded schedule (kinds drawn at random) SIGKILLs and restarts the server
+//! and steps its clock back
 //! (libfaketime, through the script's timestamp file), and restores a dump
 //! of the database taken a moment earlier: the whole database with the
 //! writers stopped, the sequence alone under the writers, or the whole
@@ -44,7 +45,7 @@ pub type DbOptions = ServerRun;
 
 /// One fault of the schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
+pub enum Fault {
     /// SIGKILL, then start again on the same data and port.
     Kill,
     /// The server's clock 3 s back for a while, then right again.
@@ -59,32 +60,51 @@ enum Fault {
     RestoreNoLoop,
 }
 
-/// The seeded schedule: (seconds after the load began, fault).
-fn schedule(o: &DbOptions) -> Vec<(Duration, Fault)> {
-    let mut rng = fastrand::Rng::with_seed(o.seed);
-    let spacing = o.spacing.max(Duration::from_secs(1));
-    let mut at = spacing / 2;
-    let mut plan = Vec::new();
-    // Faults stop a spacing before the end, so the server is seen to come back.
-    let mut kinds = Vec::new();
-    while at + spacing <= Duration::from_secs(o.seconds) {
-        // Every kind in a seeded order, again and again; kills twice as often.
-        if kinds.is_empty() {
-            kinds = vec![
-                Fault::Kill,
-                Fault::Kill,
-                Fault::ClockBack,
-                Fault::RestoreStopped,
-                Fault::RestoreLive,
-                Fault::RestoreNoLoop,
-            ];
-            rng.shuffle(&mut kinds);
+impl crate::schedule::Kind for Fault {}
+
+impl Fault {
+    /// The kinds drawn by default: a kind named twice is drawn twice as
+    /// often (kills).
+    pub const DEFAULT: [Fault; 6] = [
+        Fault::Kill,
+        Fault::Kill,
+        Fault::ClockBack,
+        Fault::RestoreStopped,
+        Fault::RestoreLive,
+        Fault::RestoreNoLoop,
+    ];
+
+    /// The name `--kinds` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::ClockBack => "clock-back",
+            Fault::RestoreStopped => "restore-stopped",
+            Fault::RestoreLive => "restore-live",
+            Fault::RestoreNoLoop => "restore-no-loop",
         }
-        let fault = kinds.pop().expect("refilled above");
-        plan.push((at, fault));
-        at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
     }
-    plan
+
+    /// The kind `name` names.
+    pub fn parse(name: &str) -> Option<Fault> {
+        Fault::DEFAULT.into_iter().find(|f| f.name() == name)
+    }
+}
+
+/// The seeded schedule: (seconds after the load began, fault), `kinds`
+/// drawn at random (`schedule::draw`; a kind listed twice, twice as often).
+fn schedule(o: &DbOptions, kinds: &[Fault]) -> Vec<(Duration, Fault)> {
+    let ranges = crate::schedule::Ranges {
+        run: Duration::from_secs(o.seconds),
+        spacing: o.spacing.max(Duration::from_secs(1)),
+        targets: 1,
+        backups: 1,
+        pause: (Duration::ZERO, Duration::ZERO),
+    };
+    crate::schedule::draw(o.seed, kinds, &ranges)
+        .into_iter()
+        .map(|d| (d.at, d.kind))
+        .collect()
 }
 
 /// A MariaDB server of `scripts/mariadb.sh` (its clock under a libfaketime
@@ -125,6 +145,64 @@ impl Server {
                 clock: clock.map(Path::to_path_buf),
             }),
             _ => bail!("mariadb.sh start printed no URL and dir: {text}"),
+        }
+    }
+
+    /// A copy of its data directory as it is now, taken under SIGSTOP (so
+    /// crash-consistent, as a SIGKILL leaves it), into a new directory that
+    /// [`Server::start_copy`] starts later: the same `@@server_uuid` and
+    /// InnoDB table ids, as a physical replica or a restored datadir has.
+    pub fn snapshot(&self) -> anyhow::Result<PathBuf> {
+        let pid = std::fs::read_to_string(Path::new(&self.dir).join("server.pid"))?;
+        let pid = pid.trim();
+        let copy = PathBuf::from(format!("{}-copy", self.dir.trim_end_matches('/')));
+        let _ = std::fs::remove_dir_all(&copy);
+        std::fs::create_dir_all(copy.join("tmp"))?;
+        let signal = |s: &str| Command::new("kill").args([s, pid]).status();
+        if !signal("-STOP")?.success() {
+            bail!("kill -STOP {pid}");
+        }
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(Path::new(&self.dir).join("data"))
+            .arg(copy.join("data"))
+            .status();
+        signal("-CONT")?;
+        if !copied?.success() {
+            bail!("copying {}/data", self.dir);
+        }
+        std::fs::copy(Path::new(&self.dir).join("opts"), copy.join("opts"))?;
+        Ok(copy)
+    }
+
+    /// Starts a [`Server::snapshot`] on a free port of its own.
+    pub fn start_copy(&self, copy: &Path) -> anyhow::Result<Server> {
+        std::fs::write(copy.join("port"), crate::cluster::free_port()?.to_string())?;
+        // No process yet: `restart` finds none alive and launches.
+        std::fs::write(copy.join("server.pid"), "0")?;
+        // Owned from here: dropped on a failed start, it is stopped and removed.
+        let mut server = Server {
+            script: self.script.clone(),
+            dir: copy.to_string_lossy().into_owned(),
+            url: String::new(),
+            clock: None,
+        };
+        let out = Command::new("bash")
+            .arg(&self.script)
+            .arg("restart")
+            .arg(copy)
+            .output()
+            .context("running scripts/mariadb.sh restart")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        match text.lines().find(|l| l.starts_with("mysql://")) {
+            Some(url) if out.status.success() => {
+                server.url = url.to_string();
+                Ok(server)
+            }
+            _ => bail!(
+                "mariadb.sh restart of a copy: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
         }
     }
 
@@ -177,13 +255,42 @@ impl Server {
 
     /// Runs a dump into the database, as `mariadb app < dump` does.
     fn restore(&self, dump: &Path) -> anyhow::Result<()> {
-        self.sql(&format!("source {}", dump.display()))
-            .context("restoring")
-            .map(drop)
+        self.load(&std::fs::read(dump)?).context("restoring")
+    }
+
+    /// Runs `sql` (a dump) into database `app` through the client's
+    /// standard input: a failed statement fails the load (the client's
+    /// `source` reports it and exits 0).
+    pub fn load(&self, sql: &[u8]) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let port = self.port()?;
+        let mut child = Command::new("mariadb")
+            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+            .arg(format!("-P{port}"))
+            .arg("app")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("running mariadb")?;
+        let written = child
+            .stdin
+            .take()
+            .context("the client's standard input")?
+            .write_all(sql);
+        let out = child.wait_with_output().context("running mariadb")?;
+        if !out.status.success() {
+            bail!(
+                "loading a dump: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        written.context("writing the dump to the client")?;
+        Ok(())
     }
 
     /// Runs SQL in database `app` with the `mariadb` client.
-    fn sql(&self, sql: &str) -> anyhow::Result<String> {
+    pub fn sql(&self, sql: &str) -> anyhow::Result<String> {
         let port = self.port()?;
         let out = Command::new("mariadb")
             .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root", "-N", "-B"])
@@ -218,7 +325,8 @@ impl Server {
         }
     }
 
-    fn port(&self) -> anyhow::Result<&str> {
+    /// The port of its URL.
+    pub fn port(&self) -> anyhow::Result<&str> {
         self.url
             .rsplit_once(':')
             .and_then(|(_, rest)| rest.split('/').next())
@@ -340,13 +448,13 @@ async fn ids_in_table(url: &str) -> anyhow::Result<HashSet<u64>> {
 }
 
 /// One run; `Ok(true)` when every check passed.
-pub fn run(o: &DbOptions) -> anyhow::Result<bool> {
-    in_dir(o.out.as_deref(), "db", |dir| run_in(o, dir))
+pub fn run(o: &DbOptions, kinds: &[Fault]) -> anyhow::Result<bool> {
+    in_dir(o.out.as_deref(), "db", |dir| run_in(o, kinds, dir))
 }
 
-fn run_in(o: &DbOptions, dir: &Path) -> anyhow::Result<bool> {
+fn run_in(o: &DbOptions, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
     let layout = shardflake::preset::resolve(LAYOUT).context("the mysql-procedure layout")?;
-    let plan = schedule(o);
+    let plan = schedule(o, kinds);
     println!("seed {}; schedule:", o.seed);
     for (at, fault) in &plan {
         println!("  +{:.1} s {fault:?}", at.as_secs_f64());
@@ -522,9 +630,14 @@ mod tests {
 
     #[test]
     fn the_schedule_is_seeded_spaced_and_ends_a_spacing_early() {
-        let a = schedule(&options(60, 7));
-        assert_eq!(a, schedule(&options(60, 7)));
-        assert_ne!(a, schedule(&options(60, 8)));
+        let a = schedule(&options(60, 7), &Fault::DEFAULT);
+        assert_eq!(a, schedule(&options(60, 7), &Fault::DEFAULT));
+        assert_ne!(a, schedule(&options(60, 8), &Fault::DEFAULT));
+        for k in Fault::DEFAULT {
+            assert_eq!(Fault::parse(k.name()), Some(k));
+        }
+        let only = schedule(&options(60, 7), &[Fault::RestoreNoLoop]);
+        assert!(only.iter().all(|(_, f)| *f == Fault::RestoreNoLoop));
         assert!(a.len() >= 4, "{a:?}");
         assert!(
             a.windows(2)

@@ -7,13 +7,24 @@
 //!
 //! - `move-shard` stopped after each of its steps (the hidden failpoint) or
 //!   SIGKILLed at a random moment, then run again to finish;
-//! - `apply` from a stale copy of the topology file (taken at the start);
+//! - `apply` from an older copy of the topology file (one of the last
+//!   [`FILES_KEPT`] versions the run's moves wrote, the start's included);
 //! - `apply` and `check` with the file edited: a shard's owner, the schema
 //!   prefix, the shard count, the epoch (each must be refused);
 //! - `apply` (with or without `--new-server` for it) and `check` with a
 //!   server's url edited to reach a new, empty database (both refused);
 //! - a shard restored from a dump taken a moment earlier with `pg_restore
-//!   --clean`, writers stopped or still writing, then `pg repair`.
+//!   --clean`, writers stopped or still writing, then `pg repair`;
+//! - `pg repair` while a `move-shard` (with or without `--keep-source`)
+//!   runs, then the move run again to finish;
+//! - two `move-shard` runs of two shards at once from one file: both
+//!   moves must be in the file afterwards;
+//! - a crash: a backend of the shard's server SIGKILLed (PostgreSQL ends
+//!   every session and recovers), or first `synchronous_commit = off` set
+//!   on its database, which `pg check` must report, and put back as it says.
+//!
+//! The faults are drawn from the seed at random (`schedule::draw`): which
+//! kind, which shard, which step or way, how many ms into a move.
 //!
 //! Every id answered goes to the checker (duplicates, order per
 //! connection); a command that accepts what it must refuse, or a final
@@ -31,6 +42,7 @@ use crate::check;
 use crate::db::{DbOptions, sleep_until};
 use crate::load::Answers;
 use crate::record::{ConnLog, Protocol, ms_since};
+use crate::schedule::{self, Drawn, Kind, Ranges};
 use crate::verdict::{ClientLog, Outcome, in_dir};
 
 /// Logical shards of the run.
@@ -39,17 +51,20 @@ const SHARDS: u64 = 4;
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before each statement of a client.
 const STATEMENT_PAUSE: Duration = Duration::from_millis(2);
+/// Versions of the topology file kept for an `apply` from an old one.
+const FILES_KEPT: usize = 4;
 /// The steps of a move (`shardflake pg move-shard --stop-after`).
 const STEPS: [&str; 5] = ["recorded", "copied", "fenced", "live", "switched"];
 
 /// One fault of the schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    /// `move-shard` stopped after step `STEPS[i]`, then run again.
-    MoveStopped(usize),
-    /// `move-shard` SIGKILLed after this many ms, then run again.
-    MoveKilled(u64),
-    /// `apply` with the file as it was at the start.
+pub enum Fault {
+    /// `move-shard` stopped after step `STEPS[variant]`, then run again.
+    MoveStopped,
+    /// `move-shard` SIGKILLed after the pause, then run again.
+    MoveKilled,
+    /// `apply` with an older version of the file (the step's `backup`: 0
+    /// the newest kept).
     StaleApply,
     /// The file edited: a shard put on the other server.
     EditOwner,
@@ -60,49 +75,99 @@ enum Fault {
     /// The file edited: the epoch 10 s later.
     EditEpoch,
     /// The url of the shard's server edited to reach a new, empty database
-    /// on the same PostgreSQL; `true`: that server also named new (`pg
+    /// on the same PostgreSQL; variant 1: that server also named new (`pg
     /// apply --new-server`). Both must be refused.
-    EditUrl(bool),
+    EditUrl,
     /// A shard restored from a dump with its writers stopped, then repaired.
     RestoreStopped,
     /// A shard restored from a dump under its writers, then repaired.
     RestoreLive,
+    /// `pg repair` the pause after a `move-shard` began (variant 1: with
+    /// `--keep-source`), then the move run again to finish.
+    RepairDuringMove,
+    /// Two `move-shard` runs at once: the shard and the one `1 + variant`
+    /// after it.
+    TwoMoves,
+    /// A backend of the shard's server SIGKILLed: the server ends every
+    /// session and recovers. Variant 1: `synchronous_commit = off` set on
+    /// its database first (`ALTER DATABASE`), which `pg check` must report,
+    /// then put back (what check says to do) before the crash: a crash
+    /// while it is off can lose acknowledged ids, which check refuses
+    /// rather than makes safe.
+    Crash,
 }
 
-/// The seeded schedule: every kind in a seeded order, again and again.
-fn schedule(o: &DbOptions) -> Vec<(Duration, Fault, u64)> {
-    let mut rng = fastrand::Rng::with_seed(o.seed);
-    let spacing = o.spacing.max(Duration::from_secs(2));
-    let mut kinds = Vec::new();
-    let mut at = spacing / 2;
-    let mut plan = Vec::new();
-    while at + spacing <= Duration::from_secs(o.seconds) {
-        if kinds.is_empty() {
-            kinds = (0..STEPS.len()).map(Fault::MoveStopped).collect();
-            kinds.extend([
-                Fault::MoveKilled(0),
-                Fault::StaleApply,
-                Fault::EditOwner,
-                Fault::EditPrefix,
-                Fault::EditCount,
-                Fault::EditEpoch,
-                Fault::EditUrl(false),
-                Fault::RestoreStopped,
-                Fault::RestoreLive,
-            ]);
-            rng.shuffle(&mut kinds);
+impl Fault {
+    /// Every kind.
+    pub const ALL: [Fault; 13] = [
+        Fault::MoveStopped,
+        Fault::MoveKilled,
+        Fault::StaleApply,
+        Fault::EditOwner,
+        Fault::EditPrefix,
+        Fault::EditCount,
+        Fault::EditEpoch,
+        Fault::EditUrl,
+        Fault::RestoreStopped,
+        Fault::RestoreLive,
+        Fault::RepairDuringMove,
+        Fault::TwoMoves,
+        Fault::Crash,
+    ];
+
+    /// The name `--kinds` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::MoveStopped => "move-stopped",
+            Fault::MoveKilled => "move-killed",
+            Fault::StaleApply => "older-file-apply",
+            Fault::EditOwner => "edit-owner",
+            Fault::EditPrefix => "edit-prefix",
+            Fault::EditCount => "edit-count",
+            Fault::EditEpoch => "edit-epoch",
+            Fault::EditUrl => "edit-url",
+            Fault::RestoreStopped => "restore-stopped",
+            Fault::RestoreLive => "restore-live",
+            Fault::RepairDuringMove => "repair-during-move",
+            Fault::TwoMoves => "two-moves",
+            Fault::Crash => "crash",
         }
-        let mut fault = kinds.pop().expect("refilled above");
-        if fault == Fault::MoveKilled(0) {
-            fault = Fault::MoveKilled(rng.u64(0..400));
-        }
-        if fault == Fault::EditUrl(false) {
-            fault = Fault::EditUrl(rng.bool());
-        }
-        plan.push((at, fault, rng.u64(0..SHARDS)));
-        at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
     }
-    plan
+
+    /// The kind `name` names.
+    pub fn parse(name: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+impl Kind for Fault {
+    fn variants(self) -> usize {
+        match self {
+            Fault::MoveStopped => STEPS.len(),
+            Fault::EditUrl | Fault::RepairDuringMove | Fault::Crash => 2,
+            Fault::TwoMoves => SHARDS as usize - 1,
+            _ => 1,
+        }
+    }
+}
+
+/// One step of the schedule: its target is the shard.
+type Step = Drawn<Fault>;
+
+/// The seeded schedule: `kinds` drawn at random, the pause 0-400 ms (how
+/// far into a move a SIGKILL or a repair comes).
+fn schedule(o: &DbOptions, kinds: &[Fault]) -> Vec<Step> {
+    schedule::draw(
+        o.seed,
+        kinds,
+        &Ranges {
+            run: Duration::from_secs(o.seconds),
+            spacing: o.spacing.max(Duration::from_secs(2)),
+            targets: SHARDS as usize,
+            backups: FILES_KEPT,
+            pause: (Duration::ZERO, Duration::from_millis(400)),
+        },
+    )
 }
 
 /// A PostgreSQL server of `scripts/pg.sh`, stopped on drop.
@@ -296,22 +361,33 @@ async fn client(shared: Arc<Shared>, shard: u64, seed: u64) -> ClientLog {
 }
 
 /// One run; `Ok(true)` when every check passed.
-pub fn run(o: &DbOptions, pg_script: &Path) -> anyhow::Result<bool> {
-    in_dir(o.out.as_deref(), "db-pg", |dir| run_in(o, pg_script, dir))
+pub fn run(o: &DbOptions, pg_script: &Path, kinds: &[Fault]) -> anyhow::Result<bool> {
+    in_dir(o.out.as_deref(), "db-pg", |dir| {
+        run_in(o, pg_script, kinds, dir)
+    })
 }
 
-fn run_in(o: &DbOptions, pg_script: &Path, dir: &Path) -> anyhow::Result<bool> {
-    let plan = schedule(o);
+fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
+    let plan = schedule(o, kinds);
     println!("seed {}; schedule:", o.seed);
-    for (at, fault, shard) in &plan {
-        println!("  +{:.1} s {fault:?} (shard {shard})", at.as_secs_f64());
+    for step in &plan {
+        println!(
+            "  +{:.1} s {:?} {} (shard {}, {} ms, older file {})",
+            step.at.as_secs_f64(),
+            step.kind,
+            step.variant,
+            step.target,
+            step.pause.as_millis(),
+            step.backup + 1
+        );
     }
     let (a, b) = (Server::start(pg_script)?, Server::start(pg_script)?);
     let path = dir.join("topology.toml");
     let start_text = topology(&a, &b, EPOCH_MS);
     std::fs::write(&path, &start_text)?;
     let stale = dir.join("stale.toml");
-    std::fs::write(&stale, &start_text)?;
+    // The file's versions, newest first: what an app host's deploy may still have.
+    let mut versions = std::collections::VecDeque::from([start_text.clone()]);
     let t = path.to_string_lossy().to_string();
     let applied = cli(&o.bin, &["pg", "apply", "-t", &t])?;
     if !applied.status.success() {
@@ -351,14 +427,24 @@ fn run_in(o: &DbOptions, pg_script: &Path, dir: &Path) -> anyhow::Result<bool> {
 
     let mut incidents = Vec::new();
     let mut restores = 0u32;
-    for (at, fault, shard) in &plan {
-        sleep_until(shared.start + *at);
-        let result = fault_once(o, &shared, &bindir, dir, *fault, *shard, &stale);
+    for step in &plan {
+        sleep_until(shared.start + step.at);
+        let (fault, shard) = (step.kind, step.target as u64 % SHARDS);
+        let current = std::fs::read_to_string(&path)?;
+        if versions.front() != Some(&current) {
+            versions.push_front(current);
+            versions.truncate(FILES_KEPT);
+        }
+        // The step's older file: one before the current, or the oldest kept.
+        let older = &versions[(step.backup + 1).min(versions.len() - 1)];
+        std::fs::write(&stale, older)?;
+        let result = fault_once(o, &shared, &bindir, dir, step, &stale);
         let when = ms_since(shared.start);
         match result {
             Ok(()) => println!(
-                "+{:.1} s {fault:?} (shard {shard}) done",
-                f64::from(when) / 1000.0
+                "+{:.1} s {fault:?} {} (shard {shard}) done",
+                f64::from(when) / 1000.0,
+                step.variant
             ),
             Err(e) => incidents.push(format!("{fault:?} (shard {shard}) at +{when} ms: {e:#}")),
         }
@@ -401,24 +487,14 @@ fn fault_once(
     shared: &Shared,
     bindir: &Path,
     dir: &Path,
-    fault: Fault,
-    shard: u64,
+    step: &Step,
     stale: &Path,
 ) -> anyhow::Result<()> {
+    let (fault, shard) = (step.kind, step.target as u64 % SHARDS);
     let t = shared.topology.to_string_lossy().to_string();
     let s = shard.to_string();
-    let owner_url = route(shared, shard)?;
+    let (owner_url, other) = owner_and_other(shared, shard)?;
     let current = std::fs::read_to_string(&shared.topology)?;
-    let other = if current.contains(&format!("url = \"{owner_url}\"\nshards")) {
-        // Whichever of a and b does not hold it.
-        let owner_is_a = current
-            .split("[[servers]]")
-            .nth(1)
-            .is_some_and(|a| a.contains(&owner_url));
-        if owner_is_a { "b" } else { "a" }
-    } else {
-        bail!("the file names no server with url {owner_url}")
-    };
     let refused = |args: &[&str], what: &str| -> anyhow::Result<()> {
         let out = cli(&o.bin, args)?;
         if out.status.success() {
@@ -426,16 +502,123 @@ fn fault_once(
         }
         Ok(())
     };
-    let finish = |what: &str| -> anyhow::Result<()> {
-        let out = cli(&o.bin, &["pg", "move-shard", &s, "--to", other, "-t", &t])?;
+    let finish_shard = |shard: &str, to: &str, what: &str| -> anyhow::Result<()> {
+        let out = cli(&o.bin, &["pg", "move-shard", shard, "--to", to, "-t", &t])?;
         let said = text(&out);
         if !out.status.success() && !said.contains("already on") {
-            bail!("{what}: the move could not be finished: {said}");
+            bail!("{what}: the move of shard {shard} could not be finished: {said}");
         }
         Ok(())
     };
+    let finish = |what: &str| finish_shard(&s, other, what);
+    let move_shard = |shard: &str, to: &str, keep_source: bool| {
+        let mut cmd = Command::new(&o.bin);
+        cmd.args(["pg", "move-shard", shard, "--to", to, "-t", &t])
+            .env_remove("SHARDFLAKE_MOVE_STOP_AFTER")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if keep_source {
+            cmd.arg("--keep-source");
+        }
+        cmd.spawn().context("running shardflake pg move-shard")
+    };
+    let psql = |sql: &str| -> anyhow::Result<String> {
+        let out = Command::new(bindir.join("psql"))
+            .args(["-d", &owner_url, "-At", "-c", sql])
+            .output()?;
+        if !out.status.success() {
+            bail!("psql {sql}: {}", text(&out));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
     match fault {
-        Fault::MoveStopped(step) => {
+        Fault::Crash => {
+            if step.variant == 1 {
+                // The database's setting: the server's command line sets
+                // it on, which ALTER SYSTEM cannot override.
+                let db = psql("SELECT quote_ident(current_database())")?;
+                psql(&format!("ALTER DATABASE {db} SET synchronous_commit = off"))?;
+                let seen = cli(&o.bin, &["pg", "check", "-t", &t])?;
+                psql(&format!("ALTER DATABASE {db} RESET synchronous_commit"))?;
+                if seen.status.success() || !text(&seen).contains("synchronous_commit") {
+                    bail!(
+                        "check with synchronous_commit = off did not report it: {}",
+                        text(&seen)
+                    );
+                }
+            }
+            let backend = psql(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() ORDER BY pid LIMIT 1",
+            )?;
+            if backend.is_empty() {
+                bail!("no client backend to crash on {owner_url}");
+            }
+            let killed = Command::new("kill").args(["-KILL", &backend]).status()?;
+            if !killed.success() {
+                bail!("kill -KILL {backend}");
+            }
+            // The server is back once it answers again (recovery), bounded.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while psql("SELECT 1").is_err() {
+                if Instant::now() > deadline {
+                    bail!("{owner_url} did not come back within 30 s of the crash");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(())
+        }
+        Fault::RepairDuringMove => {
+            let child = move_shard(&s, other, step.variant == 1)?;
+            std::thread::sleep(step.pause);
+            // A refusal is fine; what it did is judged by the ids, the
+            // move finished after it and the final check.
+            let repaired = cli(&o.bin, &["pg", "repair", "-t", &t])?;
+            let moved = child.wait_with_output()?;
+            println!(
+                "  repair during a move of shard {s}: repair {}, move {}",
+                if repaired.status.success() {
+                    "ok"
+                } else {
+                    "refused"
+                },
+                if moved.status.success() {
+                    "ok"
+                } else {
+                    "refused"
+                }
+            );
+            finish("after a repair during the move")
+        }
+        Fault::TwoMoves => {
+            let second = (shard + 1 + step.variant as u64) % SHARDS;
+            let (_, other2) = owner_and_other(shared, second)?;
+            let s2 = second.to_string();
+            let first = move_shard(&s, other, false)?;
+            let then = move_shard(&s2, other2, false)?;
+            let (a, b) = (first.wait_with_output()?, then.wait_with_output()?);
+            let said = |o: &Output| if o.status.success() { "ok" } else { "refused" };
+            println!(
+                "  two moves at once: shard {s} to {other} {}, shard {s2} to {other2} {}",
+                said(&a),
+                said(&b)
+            );
+            // Each move that said it was done must still be in the file.
+            for (shard, to, out) in [(shard, other, &a), (second, other2, &b)] {
+                if out.status.success() {
+                    let (_, now_other) = owner_and_other(shared, shard)?;
+                    if now_other == to {
+                        bail!(
+                            "two moves at once: shard {shard}'s move to {to} said done, but the file puts it back: {}",
+                            text(out)
+                        );
+                    }
+                }
+            }
+            finish("after two moves at once")?;
+            finish_shard(&s2, other2, "after two moves at once")
+        }
+        Fault::MoveStopped => {
+            let step = step.variant;
             let out = Command::new(&o.bin)
                 .args(["pg", "move-shard", &s, "--to", other, "-t", &t])
                 .env("SHARDFLAKE_MOVE_STOP_AFTER", STEPS[step])
@@ -449,14 +632,9 @@ fn fault_once(
             }
             finish("after a stop")
         }
-        Fault::MoveKilled(ms) => {
-            let mut child = Command::new(&o.bin)
-                .args(["pg", "move-shard", &s, "--to", other, "-t", &t])
-                .env_remove("SHARDFLAKE_MOVE_STOP_AFTER")
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()?;
-            std::thread::sleep(Duration::from_millis(ms));
+        Fault::MoveKilled => {
+            let mut child = move_shard(&s, other, false)?;
+            std::thread::sleep(step.pause);
             let _ = child.kill();
             child.wait()?;
             finish("after a SIGKILL")
@@ -467,7 +645,7 @@ fn fault_once(
             }
             refused(
                 &["pg", "apply", "-t", &stale.to_string_lossy()],
-                "apply with the file as it was at the start",
+                "apply with an older version of the file",
             )
         }
         Fault::EditOwner | Fault::EditPrefix | Fault::EditCount | Fault::EditEpoch => {
@@ -501,7 +679,8 @@ fn fault_once(
                 &format!("check with the file edited ({fault:?})"),
             )
         }
-        Fault::EditUrl(named_new) => {
+        Fault::EditUrl => {
+            let named_new = step.variant == 1;
             let owner = if other == "a" { "b" } else { "a" };
             let (base, _) = owner_url
                 .rsplit_once('/')
@@ -576,6 +755,22 @@ fn fault_once(
     }
 }
 
+/// The url of the server the file puts `shard` on, and the name of the
+/// other server (`a` or `b`).
+fn owner_and_other(shared: &Shared, shard: u64) -> anyhow::Result<(String, &'static str)> {
+    let owner_url = route(shared, shard)?;
+    let current = std::fs::read_to_string(&shared.topology)?;
+    if !current.contains(&format!("url = \"{owner_url}\"\nshards")) {
+        bail!("the file names no server with url {owner_url}")
+    }
+    // Whichever of a and b does not hold it.
+    let owner_is_a = current
+        .split("[[servers]]")
+        .nth(1)
+        .is_some_and(|a| a.contains(&owner_url));
+    Ok((owner_url, if owner_is_a { "b" } else { "a" }))
+}
+
 /// The file with the two servers' shard lists swapped.
 fn swap_lists(text: &str) -> String {
     let lists: Vec<&str> = text
@@ -619,16 +814,25 @@ mod tests {
             spacing: Duration::from_secs(6),
             out: None,
         };
-        let plan = schedule(&o);
-        assert_eq!(plan, schedule(&o));
-        for kind in [
-            Fault::StaleApply,
-            Fault::EditOwner,
-            Fault::RestoreLive,
-            Fault::MoveStopped(2),
-        ] {
-            assert!(plan.iter().any(|(_, f, _)| *f == kind), "{kind:?} missing");
+        let plan = schedule(&o, &Fault::ALL);
+        assert_eq!(plan, schedule(&o, &Fault::ALL));
+        for k in Fault::ALL {
+            assert_eq!(Fault::parse(k.name()), Some(k));
         }
+        let only = schedule(&o, &[Fault::Crash]);
+        assert!(!only.is_empty() && only.iter().all(|d| d.kind == Fault::Crash));
+        let many: Vec<Step> = (0..5)
+            .flat_map(|seed| schedule(&DbOptions { seed, ..o.clone() }, &Fault::ALL))
+            .collect();
+        for kind in Fault::ALL {
+            for v in 0..kind.variants() {
+                assert!(
+                    many.iter().any(|d| d.kind == kind && d.variant == v),
+                    "{kind:?} variant {v} missing"
+                );
+            }
+        }
+        assert!(plan.iter().all(|d| d.pause <= Duration::from_millis(400)));
         let text = "shards = 4\n[[servers]]\nshards = \"0-1\"\n[[servers]]\nshards = \"2-3\"\n";
         assert_eq!(
             swap_lists(text),

@@ -7,13 +7,13 @@
 //! | module | holds |
 //! |---|---|
 //! | `run` | one run: start, load, faults, stop, check, table |
-//! | `schedule` | the seeded fault schedule |
+//! | `schedule` | the seeded fault schedules: `run`'s cycle, and the operator's faults drawn at random (`draw`) |
 //! | `cluster` | etcd (via `scripts/etcd.sh`), node processes, the network namespace |
 //! | `load` | HTTP and gRPC connections pinned to a node; what each returned |
 //! | `record` | every id, as runs of consecutive ids, per connection |
 //! | `check` | the checker and its table |
 //! | `db` | `db`: in-database ids (MariaDB) under server SIGKILLs and clock steps |
-//! | `tickets` | `tickets`: a MariaDB ticket-server pair, one server SIGKILLed at a time |
+//! | `tickets` | `tickets`: MariaDB ticket servers under crashes and an operator's drawn faults |
 //! | `verdict` | what `db` and `tickets` share: run directory, logs gathered, the judging |
 //!
 //! Usually run through `scripts/chaos.sh SECONDS [args]`, which builds the
@@ -55,15 +55,18 @@ enum Command {
     /// In-database ids: a MariaDB server with `shardflake mysql apply`'s
     /// one-statement ids, clients inserting rows, the server SIGKILLed and
     /// restarted and its clock stepped back; every id checked.
-    Db(ServerArgs),
-    /// In-database ids on PostgreSQL under an operator's faults: move-shard
-    /// stopped at each step or SIGKILLed, apply from a stale or edited
-    /// topology file, a shard restored from a dump (writers stopped or
-    /// live) then repaired; every id checked.
+    Db(DbArgs),
+    /// In-database ids on PostgreSQL under an operator's faults drawn at
+    /// random from the seed: move-shard stopped at each step or SIGKILLed,
+    /// apply from an older or edited topology file, a shard restored from a
+    /// dump (writers stopped or live) then repaired, repair during a move,
+    /// two moves at once, a crash; every id checked.
     DbPg(PgArgs),
     /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
-    /// ticket clients asking for ids while one server at a time is
-    /// SIGKILLed and restarted; every id checked.
+    /// ticket clients asking for ids under crashes and an operator's
+    /// faults drawn at random from the seed (restores, counters lowered,
+    /// a server replaced, reshapes, failovers, edited files); every id
+    /// checked.
     Tickets(TicketsArgs),
 }
 
@@ -110,12 +113,43 @@ impl ServerArgs {
 }
 
 #[derive(clap::Args, Clone)]
+struct DbArgs {
+    #[command(flatten)]
+    common: ServerArgs,
+    /// The kinds of fault to draw from, comma-separated; a kind named
+    /// twice is drawn twice as often [default:
+    /// kill,kill,clock-back,restore-stopped,restore-live,restore-no-loop].
+    #[arg(long, value_delimiter = ',', value_parser = parse_db_fault)]
+    kinds: Vec<db::Fault>,
+}
+
+fn parse_db_fault(name: &str) -> Result<db::Fault, String> {
+    db::Fault::parse(name).ok_or_else(|| {
+        "no such kind; the kinds: kill, clock-back, restore-stopped, restore-live, restore-no-loop"
+            .to_string()
+    })
+}
+
+#[derive(clap::Args, Clone)]
 struct PgArgs {
     #[command(flatten)]
     common: ServerArgs,
     /// The PostgreSQL launcher script.
     #[arg(long, default_value = "scripts/pg.sh")]
     pg_script: PathBuf,
+    /// The kinds of fault to draw from, comma-separated [default: every
+    /// kind: move-stopped, move-killed, older-file-apply, edit-owner,
+    /// edit-prefix, edit-count, edit-epoch, edit-url, restore-stopped,
+    /// restore-live, repair-during-move, two-moves, crash].
+    #[arg(long, value_delimiter = ',', value_parser = parse_pg_fault)]
+    kinds: Vec<db_pg::Fault>,
+}
+
+fn parse_pg_fault(name: &str) -> Result<db_pg::Fault, String> {
+    db_pg::Fault::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = db_pg::Fault::ALL.iter().map(|k| k.name()).collect();
+        format!("no such kind; the kinds: {}", names.join(", "))
+    })
 }
 
 #[derive(clap::Args, Clone)]
@@ -125,6 +159,19 @@ struct TicketsArgs {
     /// `per-id` (Flickr: a round trip per id) or `segment` (Leaf: blocks).
     #[arg(long, default_value = "segment", value_parser = ["per-id", "segment"])]
     mode: String,
+    /// The kinds of fault to draw from, comma-separated [default: every
+    /// kind: kill, stop, restore-live, restore-stopped, lowered,
+    /// skip-triggers, peer-down, peer-backup, replaced-new-name, reshape,
+    /// failover, edited-file].
+    #[arg(long, value_delimiter = ',', value_parser = parse_ticket_fault)]
+    kinds: Vec<tickets::Fault>,
+}
+
+fn parse_ticket_fault(name: &str) -> Result<tickets::Fault, String> {
+    tickets::Fault::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = tickets::Fault::ALL.iter().map(|k| k.name()).collect();
+        format!("no such kind; the kinds: {}", names.join(", "))
+    })
 }
 
 #[derive(clap::Args, Clone)]
@@ -230,6 +277,11 @@ fn main() -> ExitCode {
             let o = tickets::TicketsOptions {
                 run: a.common.options(),
                 segment: a.mode == "segment",
+                kinds: if a.kinds.is_empty() {
+                    tickets::Fault::ALL.to_vec()
+                } else {
+                    a.kinds
+                },
             };
             println!(
                 "shardflake-chaos tickets --seconds {} --clients {} --mode {} --seed {}",
@@ -238,12 +290,17 @@ fn main() -> ExitCode {
             exit(tickets::run(&o))
         }
         Command::Db(a) => {
-            let o = a.options();
+            let o = a.common.options();
             println!(
                 "shardflake-chaos db --seconds {} --clients {} --seed {}",
                 o.seconds, o.clients, o.seed
             );
-            exit(db::run(&o))
+            let kinds = if a.kinds.is_empty() {
+                db::Fault::DEFAULT.to_vec()
+            } else {
+                a.kinds
+            };
+            exit(db::run(&o, &kinds))
         }
         Command::DbPg(a) => {
             let o = a.common.options();
@@ -251,7 +308,12 @@ fn main() -> ExitCode {
                 "shardflake-chaos db-pg --seconds {} --clients {} --seed {}",
                 o.seconds, o.clients, o.seed
             );
-            exit(db_pg::run(&o, &a.pg_script))
+            let kinds = if a.kinds.is_empty() {
+                db_pg::Fault::ALL.to_vec()
+            } else {
+                a.kinds
+            };
+            exit(db_pg::run(&o, &a.pg_script, &kinds))
         }
         Command::Run(a) => {
             let o = a.options();

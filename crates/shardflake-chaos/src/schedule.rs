@@ -1,9 +1,13 @@
-//! The fault schedule: seeded, printed before the run, so a run can be
+//! The fault schedules: seeded, printed before the run, so a run can be
 //! repeated with the same faults at the same offsets.
 //!
-//! Each cycle holds every kind of fault once, in a seeded order; faults are
-//! `spacing` apart (± a seeded second) after a warm-up, and the last
-//! `tail` of the run is quiet so every node can show it came back.
+//! Two shapes. [`plan`] (`run`): each cycle holds every kind of fault
+//! once, in a seeded order; faults are `spacing` apart (± a seeded second)
+//! after a warm-up, and the last `tail` of the run is quiet so every node
+//! can show it came back. [`draw`] (`tickets`, and the other modes next):
+//! an operator's faults drawn at random, each kind independently of the
+//! last, with random parameters (which server, which backup, which way,
+//! how long), so that runs try sequences and combinations nobody listed.
 
 use std::fmt;
 use std::time::Duration;
@@ -192,9 +196,177 @@ pub fn plan(seed: u64, shape: &Shape) -> Vec<Planned> {
     out
 }
 
+/// A kind of operator fault that [`draw`] can pick.
+pub trait Kind: Copy {
+    /// How many ways the kind can be done; the drawn `variant` is below it
+    /// (which field of the file, lowered how, the peer killed or stopped).
+    fn variants(self) -> usize {
+        1
+    }
+}
+
+/// The ranges [`draw`] picks each fault's parameters from.
+#[derive(Debug, Clone)]
+pub struct Ranges {
+    /// Length of the run.
+    pub run: Duration,
+    /// Least time between two faults; each gap adds up to half of it more.
+    pub spacing: Duration,
+    /// `target` is below this: a mode maps it onto what is there when the
+    /// fault comes (`target % servers`), so the draw needs no model of it.
+    pub targets: usize,
+    /// `backup` is below this: 0 the newest backup kept, 1 the one before…
+    pub backups: usize,
+    /// Shortest and longest `pause` (down, stopped, an old client's run).
+    pub pause: (Duration, Duration),
+}
+
+/// One drawn fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drawn<K> {
+    /// After the load began.
+    pub at: Duration,
+    /// What.
+    pub kind: K,
+    /// Which server or node (reduced by the mode, see [`Ranges::targets`]).
+    pub target: usize,
+    /// Which backup: 0 the newest kept.
+    pub backup: usize,
+    /// Which way ([`Kind::variants`]).
+    pub variant: usize,
+    /// How long.
+    pub pause: Duration,
+}
+
+/// Draws `kinds` as a seeded random sequence (each fault picks any kind,
+/// whatever came before) with random parameters in `ranges`. The first
+/// fault comes half a spacing in, the last a spacing before the end, so
+/// the run is seen to come back. The same seed, kinds and ranges give the
+/// same faults.
+pub fn draw<K: Kind>(seed: u64, kinds: &[K], ranges: &Ranges) -> Vec<Drawn<K>> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let spacing = ranges.spacing.max(Duration::from_millis(100));
+    let (shortest, longest) = ranges.pause;
+    let longest = longest.max(shortest);
+    let mut at = spacing / 2;
+    let mut out = Vec::new();
+    if kinds.is_empty() {
+        return out;
+    }
+    while at + spacing <= ranges.run {
+        let kind = kinds[rng.usize(0..kinds.len())];
+        out.push(Drawn {
+            at,
+            kind,
+            target: rng.usize(0..ranges.targets.max(1)),
+            backup: rng.usize(0..ranges.backups.max(1)),
+            variant: rng.usize(0..kind.variants().max(1)),
+            pause: Duration::from_millis(
+                rng.u64(shortest.as_millis() as u64..=longest.as_millis() as u64),
+            ),
+        });
+        at += spacing + Duration::from_millis(rng.u64(0..=spacing.as_millis() as u64 / 2));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    enum Op {
+        A,
+        B,
+        C,
+    }
+
+    impl Kind for Op {
+        fn variants(self) -> usize {
+            match self {
+                Op::A => 1,
+                Op::B => 3,
+                Op::C => 5,
+            }
+        }
+    }
+
+    fn ranges(run: u64) -> Ranges {
+        Ranges {
+            run: Duration::from_secs(run),
+            spacing: Duration::from_secs(4),
+            targets: 3,
+            backups: 4,
+            pause: (Duration::from_millis(200), Duration::from_secs(2)),
+        }
+    }
+
+    #[test]
+    fn a_draw_is_seeded_and_its_parameters_in_range() {
+        let kinds = [Op::A, Op::B, Op::C];
+        let a = draw(5, &kinds, &ranges(300));
+        assert_eq!(a, draw(5, &kinds, &ranges(300)));
+        assert_ne!(a, draw(6, &kinds, &ranges(300)));
+        assert!(a.len() >= 50, "{}", a.len());
+        for (i, d) in a.iter().enumerate() {
+            assert!(d.target < 3 && d.backup < 4, "{d:?}");
+            assert!(d.variant < d.kind.variants(), "{d:?}");
+            assert!(
+                d.pause >= Duration::from_millis(200) && d.pause <= Duration::from_secs(2),
+                "{d:?}"
+            );
+            assert!(d.at + Duration::from_secs(4) <= Duration::from_secs(300));
+            if i > 0 {
+                assert!(d.at >= a[i - 1].at + Duration::from_secs(4), "{a:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_kind_every_variant_and_every_parameter_is_reachable() {
+        let kinds = [Op::A, Op::B, Op::C];
+        let a = draw(11, &kinds, &ranges(600));
+        for k in kinds {
+            for v in 0..k.variants() {
+                assert!(
+                    a.iter().any(|d| d.kind == k && d.variant == v),
+                    "{k:?} variant {v} never drawn"
+                );
+            }
+        }
+        for t in 0..3 {
+            assert!(a.iter().any(|d| d.target == t), "target {t}");
+        }
+        for b in 0..4 {
+            assert!(a.iter().any(|d| d.backup == b), "backup {b}");
+        }
+    }
+
+    #[test]
+    fn a_draw_is_not_a_cycle() {
+        // Somewhere a kind comes twice before another has come once: the
+        // sequence is not every kind in turn.
+        let kinds = [Op::A, Op::B, Op::C];
+        let a = draw(3, &kinds, &ranges(300));
+        let repeated = a.windows(2).any(|w| w[0].kind == w[1].kind);
+        assert!(repeated, "{a:?}");
+        let orders: std::collections::HashSet<Vec<Op>> = (0..10)
+            .map(|seed| {
+                draw(seed, &kinds, &ranges(60))
+                    .iter()
+                    .map(|d| d.kind)
+                    .collect()
+            })
+            .collect();
+        assert!(orders.len() > 5, "{orders:?}");
+    }
+
+    #[test]
+    fn no_kind_draws_nothing_and_a_short_run_draws_little() {
+        assert!(draw::<Op>(1, &[], &ranges(300)).is_empty());
+        assert!(draw(1, &[Op::A], &ranges(5)).is_empty());
+        assert_eq!(draw(1, &[Op::A], &ranges(6)).len(), 1);
+    }
 
     fn shape(run: u64) -> Shape {
         Shape {
