@@ -167,6 +167,11 @@ pub const SQLSTATE_RESTORED: &str = "SF003";
 /// SQLSTATE raised by `next_id` when the shard's sequence runs more than
 /// twice [`sql::AHEAD_MS`] ahead of the server clock (the clock stepped back).
 pub const SQLSTATE_AHEAD: &str = "SF004";
+/// SQLSTATE raised by `next_id` on a server that restarted or replayed WAL
+/// (a crash, a promoted standby, a base backup restored) since `pg apply`
+/// or `pg repair` last vouched for it: `pg repair` it, unless it is an old
+/// primary a standby was promoted in place of.
+pub const SQLSTATE_RESTARTED: &str = "SF005";
 
 /// Whether a PostgreSQL error says the shard moved.
 pub fn is_moved(e: &tokio_postgres::Error) -> bool {

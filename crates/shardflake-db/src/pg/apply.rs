@@ -81,8 +81,18 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
     problems.extend(catalog::conflicts(topo, &views, added));
     for (tx, (server, view)) in txs.iter().zip(topo.servers().iter().zip(&views)) {
         for &shard in &server.shards {
-            if view.state(shard) == Some(State::Live)
-                && let Some(p) = restored(tx, topo, &server.name, shard).await?
+            if view.state(shard) != Some(State::Live) {
+                continue;
+            }
+            // Both are lifted by rebuilding the functions: only repair may.
+            for p in [
+                restored(tx, topo, &server.name, shard).await?,
+                restarted(tx, topo, &server.name, shard)
+                    .await?
+                    .map(|p| format!("{p} (not pg apply)")),
+            ]
+            .into_iter()
+            .flatten()
             {
                 problems.push(Drift {
                     server: server.name.clone(),
@@ -148,7 +158,7 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
                     shard,
                     "recreating a dropped live shard past the clock"
                 );
-                bump_past_clock(tx, topo, name, &seq).await?;
+                bump_past_clock(tx, topo, name, &seq, 0).await?;
             }
             catalog::record_shard(tx, name, shard, State::Live, None).await?;
         }
@@ -234,12 +244,13 @@ pub(crate) async fn install_shard(
             .map_err(ctx(name, &format!("making {seq} logged")))?;
     }
     let oid = sequence_oid(tx, name, &seq).await?;
+    let run = server_run(tx, name).await?;
     tx.batch_execute(&sql::shard_ddl(
         topo.layout(),
         &schema,
         shard,
         topo.sign_bit(),
-        sql::SeqOid::Oid(oid),
+        sql::SeqOid::Vouched { oid, run },
     )?)
     .await
     .map_err(ctx(name, &format!("installing shard {shard} ({schema})")))?;

@@ -62,6 +62,10 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 "holds no deployment record (schema shardflake): run pg apply".into(),
             ));
         }
+        let (offset, uncertainty) = clock_offset(client, name).await?;
+        if let Some(problem) = clock_problem(offset, uncertainty) {
+            drift.push(d(None, problem));
+        }
         let in_recovery: bool = client
             .query_one("SELECT pg_is_in_recovery()", &[])
             .await
@@ -142,13 +146,16 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
             let seq = sql::shard_sequence(&schema);
             if let Some(problem) = restored(client, topo, name, shard).await? {
                 drift.push(d(Some(shard), problem));
+            } else if let Some(problem) = restarted(client, topo, name, shard).await? {
+                drift.push(d(Some(shard), problem));
             } else if let Ok(oid) = sequence_oid(client, name, &seq).await {
+                let run = server_run(client, name).await?;
                 let expected = sql::next_id_function(
                     topo.layout(),
                     &schema,
                     shard,
                     topo.sign_bit(),
-                    sql::SeqOid::Oid(oid),
+                    sql::SeqOid::Vouched { oid, run },
                 );
                 let body: Option<String> = client
                     .query_opt(

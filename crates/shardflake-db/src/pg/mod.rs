@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, GenericClient, NoTls};
 
-use crate::{Error, SQLSTATE_RESTORED, pg_message};
+use crate::{Error, SQLSTATE_RESTARTED, SQLSTATE_RESTORED, pg_message};
 
 mod apply;
 pub mod catalog;
@@ -231,6 +231,95 @@ pub(crate) async fn restored(
     })
 }
 
+/// The run of the server `c` is connected to ([`sql::ServerRun`]).
+pub(crate) async fn server_run(
+    c: &impl GenericClient,
+    name: &str,
+) -> Result<sql::ServerRun, Error> {
+    let row = c
+        .query_one(sql::ServerRun::QUERY, &[])
+        .await
+        .map_err(ctx(name, "reading when the server started"))?;
+    Ok(sql::ServerRun {
+        started: row.get(0),
+        replayed: row.get(1),
+    })
+}
+
+/// Why a live shard's `next_id` refuses every id (`SF005`), if it does:
+/// it was vouched for another run of the server, which has restarted or
+/// replayed WAL since (a function made before this guard has none).
+pub(crate) async fn restarted(
+    c: &impl GenericClient,
+    topo: &Topology,
+    name: &str,
+    shard: u64,
+) -> Result<Option<String>, Error> {
+    let schema = topo.schema(shard);
+    let body: Option<String> = c
+        .query_opt(
+            "SELECT p.prosrc FROM pg_proc p
+              WHERE p.pronamespace = to_regnamespace($1) AND p.proname = 'next_id' AND p.pronargs = 1",
+            &[&schema],
+        )
+        .await
+        .map_err(ctx(name, "reading next_id"))?
+        .map(|r| r.get(0));
+    let Some(body) = body.filter(|b| b.contains("pg_postmaster_start_time()")) else {
+        return Ok(None);
+    };
+    if body.contains(&server_run(c, name).await?.changed_sql()) {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "the server restarted or replayed WAL (a crash, a promoted standby, a restore from a base backup) since its ids were last vouched for: {schema}.next_id() refuses every id (SQLSTATE {SQLSTATE_RESTARTED}) until `shardflake pg repair`. If a standby was promoted in place of this server, this is the old primary: do not repair it, retire it or rebuild it as a standby (pg_rewind)"
+    )))
+}
+
+/// How far, in milliseconds, a server's clock may be from the clock of
+/// the host that runs `pg apply`, `pg check` and `pg repair`. A promoted
+/// standby knows nothing of the ids its old primary made after the last
+/// WAL it received, except that each is at most the old primary's clock
+/// plus [`sql::AHEAD_MS`]: `pg repair` puts its sequences past its own
+/// clock plus that, plus this bound and the measured difference, which
+/// is past every such id if the old primary's clock was within this bound
+/// of this host's when it died (what `pg check` reports otherwise).
+pub const CLOCK_BOUND_MS: u64 = 500;
+
+/// A server's clock against this host's: `(offset, uncertainty)` in
+/// milliseconds, the offset positive when the server's clock is ahead,
+/// the uncertainty half the round trip of the reading.
+pub(crate) async fn clock_offset(c: &impl GenericClient, name: &str) -> Result<(i64, i64), Error> {
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    };
+    let before = unix_ms();
+    let server: i64 = c
+        .query_one(
+            "SELECT floor(date_part('epoch', clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "reading the server's clock"))?
+        .get(0);
+    let after = unix_ms();
+    Ok((server - (before + after) / 2, (after - before + 1) / 2))
+}
+
+/// Why a server's clock is too far from this host's for `pg repair` to
+/// vouch for a promoted standby ([`CLOCK_BOUND_MS`]), if it is.
+pub(crate) fn clock_problem(offset: i64, uncertainty: i64) -> Option<String> {
+    (offset.unsigned_abs() > CLOCK_BOUND_MS).then(|| {
+        format!(
+            "its clock is {:.3} s {} this host's (read within {uncertainty} ms; the bound is {CLOCK_BOUND_MS} ms): after a failover its sequences cannot be put past the old primary's ids by its own clock, and pg repair refuses it; correct the clock (NTP) of whichever is wrong, then run the command again",
+            offset.unsigned_abs() as f64 / 1000.0,
+            if offset < 0 { "behind" } else { "ahead of" }
+        )
+    })
+}
+
 /// The server clock packed as a shard sequence's values are, in SQL.
 fn packed_clock_sql(topo: &Topology) -> String {
     let l = topo.layout();
@@ -283,19 +372,23 @@ pub(crate) async fn ahead_of_clock(
 
 /// Sets a shard's sequence past every value it can have handed out (the
 /// server clock plus [`sql::lead_bound`]: no value runs further ahead of
-/// the clock); returns its last value before and after.
+/// the clock), and `margin_ms` further; returns its last value before and
+/// after.
 async fn bump_past_clock(
     c: &impl GenericClient,
     topo: &Topology,
     name: &str,
     seq: &str,
+    margin_ms: u64,
 ) -> Result<(i64, i64), Error> {
     let l = topo.layout();
     let clock = packed_clock_sql(topo);
+    let margin_ticks = margin_ms.div_ceil(l.tick_ms().max(1)) as i64;
+    let lead = (sql::lead_bound(l) + 1).saturating_add(margin_ticks << l.sequence().bits());
     let row = c
         .query_one(
             &format!("SELECT last_value, greatest(last_value, {clock} + $1::bigint) FROM {seq}"),
-            &[&(sql::lead_bound(l) + 1)],
+            &[&lead],
         )
         .await
         .map_err(ctx(name, &format!("reading {seq}")))?;

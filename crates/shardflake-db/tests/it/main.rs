@@ -9,6 +9,7 @@ mod pg;
 mod pg_dead_ends;
 mod pg_deployment_lock;
 mod pg_durability;
+mod pg_failover;
 mod pg_identity;
 mod pg_move;
 mod pg_next_id;
