@@ -70,6 +70,14 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
         {
             tracing::warn!(server = server.name.as_str(), "{warning}");
         }
+        let (offset, uncertainty) = clock_offset(tx, &server.name).await?;
+        if let Some(problem) = clock_problem(offset, uncertainty) {
+            problems.push(Drift {
+                server: server.name.clone(),
+                shard: None,
+                problem,
+            });
+        }
         if let Some(p) = too_many_sessions(topo, &server.name, tx).await? {
             problems.push(Drift {
                 server: server.name.clone(),
@@ -89,7 +97,7 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
                 restored(tx, topo, &server.name, shard).await?,
                 restarted(tx, topo, &server.name, shard)
                     .await?
-                    .map(|p| format!("{p} (not pg apply)")),
+                    .map(|p| format!("{p}; pg apply does not lift this")),
             ]
             .into_iter()
             .flatten()

@@ -276,26 +276,13 @@ pub(crate) async fn restarted(
     )))
 }
 
-/// How far, in milliseconds, a server's clock may be from the clock of
-/// the host that runs `pg apply`, `pg check` and `pg repair`. A promoted
-/// standby knows nothing of the ids its old primary made after the last
-/// WAL it received, except that each is at most the old primary's clock
-/// plus [`sql::AHEAD_MS`]: `pg repair` puts its sequences past its own
-/// clock plus that, plus this bound and the measured difference, which
-/// is past every such id if the old primary's clock was within this bound
-/// of this host's when it died (what `pg check` reports otherwise).
-pub const CLOCK_BOUND_MS: u64 = 500;
+pub use crate::CLOCK_BOUND_MS;
 
 /// A server's clock against this host's: `(offset, uncertainty)` in
 /// milliseconds, the offset positive when the server's clock is ahead,
 /// the uncertainty half the round trip of the reading.
 pub(crate) async fn clock_offset(c: &impl GenericClient, name: &str) -> Result<(i64, i64), Error> {
-    let unix_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64)
-    };
-    let before = unix_ms();
+    let before = crate::host_unix_ms();
     let server: i64 = c
         .query_one(
             "SELECT floor(date_part('epoch', clock_timestamp()) * 1000)::bigint",
@@ -304,20 +291,14 @@ pub(crate) async fn clock_offset(c: &impl GenericClient, name: &str) -> Result<(
         .await
         .map_err(ctx(name, "reading the server's clock"))?
         .get(0);
-    let after = unix_ms();
+    let after = crate::host_unix_ms();
     Ok((server - (before + after) / 2, (after - before + 1) / 2))
 }
 
 /// Why a server's clock is too far from this host's for `pg repair` to
 /// vouch for a promoted standby ([`CLOCK_BOUND_MS`]), if it is.
 pub(crate) fn clock_problem(offset: i64, uncertainty: i64) -> Option<String> {
-    (offset.unsigned_abs() > CLOCK_BOUND_MS).then(|| {
-        format!(
-            "its clock is {:.3} s {} this host's (read within {uncertainty} ms; the bound is {CLOCK_BOUND_MS} ms): after a failover its sequences cannot be put past the old primary's ids by its own clock, and pg repair refuses it; correct the clock (NTP) of whichever is wrong, then run the command again",
-            offset.unsigned_abs() as f64 / 1000.0,
-            if offset < 0 { "behind" } else { "ahead of" }
-        )
-    })
+    crate::clock_problem(offset, uncertainty, "pg repair")
 }
 
 /// The server clock packed as a shard sequence's values are, in SQL.

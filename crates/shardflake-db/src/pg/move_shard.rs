@@ -1045,6 +1045,7 @@ async fn foreign_objects(
         "next_id",
         "next_id_slow",
         "next_id_refused",
+        "next_id_restarted",
         "shardflake_meta",
         "shardflake_moved",
     ];

@@ -210,9 +210,15 @@ async fn a_standby_promoted_with_a_clock_behind_makes_no_id_the_old_primary_made
     for what in ["replayed WAL", "timeline", "behind this host's"] {
         assert!(drift.iter().any(|d| d.contains(what)), "{what}: {drift:?}");
     }
-    // Its clock is 4 s behind: repair refuses, naming the clock.
+    // Its clock is 4 s behind: repair refuses, naming the clock; apply
+    // refuses the clock and the restart.
     let err = pg::repair(&topo_s, None).await.unwrap_err().to_string();
     assert!(err.contains("behind this host's"), "{err}");
+    let err = pg::apply(&topo_s).await.unwrap_err().to_string();
+    assert!(
+        err.contains("behind this host's") && err.contains("pg apply does not lift this"),
+        "{err}"
+    );
     assert!(insert(&cs, 1).await.is_err());
     // The clock corrected, repair puts the shard past every id made.
     standby.set_clock("+0");
