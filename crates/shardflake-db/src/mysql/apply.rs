@@ -35,10 +35,35 @@ pub struct Applied {
 /// for another layout or already past it, an `id` column that is not a
 /// signed `BIGINT`, and an event scheduler it cannot turn on; warns about
 /// `innodb_flush_log_at_trx_commit = 0`.
+///
+/// The trigger and the procedure make ids only on the server they were
+/// installed on (its `@@server_id`): on a promoted replica every insert is
+/// refused until `mysql repair`, and `apply` refuses it too.
 pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Applied, Error> {
+    install(conn, layout, opts, false).await
+}
+
+/// [`apply`]; `repairing`: also over objects installed for another
+/// `server_id` (`mysql repair` has put the sequence past the old
+/// primary's ids first).
+pub(super) async fn install(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+    repairing: bool,
+) -> Result<Applied, Error> {
     let srv = server(conn).await?;
     let db = srv.named_database("apply")?;
-    let plan = plan_in(layout, &db, &opts.names)?;
+    let plan = plan_in(layout, &db, &opts.names)?.on_server(srv.server_id);
+    if !repairing
+        && let Some(installed) = installed_server_id(conn, &opts.names).await?
+        && installed != srv.server_id
+    {
+        return Err(other(
+            "apply",
+            other_server_text(&opts.names, installed, srv.server_id),
+        ));
+    }
     let old_mode: String = conn
         .query_first("SELECT @@SESSION.sql_mode")
         .await

@@ -259,6 +259,8 @@ pub struct Server {
     pub flush_log_at_trx_commit: i64,
     /// `@@event_scheduler` (`ON`, `OFF`, `DISABLED`).
     pub event_scheduler: String,
+    /// `@@server_id`: a replica's differs from its primary's.
+    pub server_id: u32,
 }
 
 impl Server {
@@ -284,13 +286,13 @@ impl Server {
 
 /// Reads [`Server`].
 pub async fn server(conn: &mut Conn) -> Result<Server, Error> {
-    let row: Option<(String, Option<String>, i64, String)> = conn
+    let row: Option<(String, Option<String>, i64, String, u32)> = conn
         .query_first(
-            "SELECT VERSION(), DATABASE(), @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.event_scheduler",
+            "SELECT VERSION(), DATABASE(), @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.event_scheduler, @@server_id",
         )
         .await
         .map_err(my("reading the server's settings"))?;
-    let (version, database, flush, scheduler) =
+    let (version, database, flush, scheduler, server_id) =
         row.ok_or_else(|| other("reading the server's settings", "no row"))?;
     let mut nums = version
         .split(|c: char| !c.is_ascii_digit())
@@ -303,7 +305,49 @@ pub async fn server(conn: &mut Conn) -> Result<Server, Error> {
         database,
         flush_log_at_trx_commit: flush,
         event_scheduler: scheduler.to_ascii_uppercase(),
+        server_id,
     })
+}
+
+/// The `server_id` the installed trigger was made for ([`Plan::on_server`]),
+/// if there is one that names it.
+async fn installed_server_id(conn: &mut Conn, names: &Names) -> Result<Option<u32>, Error> {
+    let body: Option<String> = conn
+        .exec_first(
+            "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?",
+            (names.trigger(),),
+        )
+        .await
+        .map_err(my("reading the trigger"))?;
+    Ok(body.and_then(|b| {
+        let rest = b.split_once("@@server_id = ")?.1;
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    }))
+}
+
+/// What a server other than the one the ids were installed on is told.
+fn other_server_text(names: &Names, installed: u32, here: u32) -> String {
+    format!(
+        "the trigger {} was installed for server_id {installed}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until `shardflake mysql repair` (not mysql apply), which refuses a clock more than {} ms from this host's",
+        names.trigger(),
+        crate::CLOCK_BOUND_MS
+    )
+}
+
+/// A server's clock against this host's: `(offset, uncertainty)` in
+/// milliseconds, the offset positive when the server's clock is ahead.
+async fn clock_offset(conn: &mut Conn) -> Result<(i64, i64), Error> {
+    let before = crate::host_unix_ms();
+    let server: Option<i64> = conn
+        .query_first("SELECT TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000")
+        .await
+        .map_err(my("reading the server's clock"))?;
+    let after = crate::host_unix_ms();
+    let server = server.ok_or_else(|| other("reading the server's clock", "no row"))?;
+    Ok((server - (before + after) / 2, (after - before + 1) / 2))
 }
 
 /// What to install.

@@ -4,6 +4,7 @@
 mod id_types;
 mod mysql;
 mod mysql_binlog;
+mod mysql_failover;
 mod mysql_operator;
 mod pg;
 mod pg_dead_ends;
