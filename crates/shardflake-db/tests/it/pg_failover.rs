@@ -256,7 +256,7 @@ async fn a_standby_promoted_with_a_clock_behind_makes_no_id_the_old_primary_made
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_server_makes_ids_again_after_repair() {
+async fn a_restarted_or_crashed_server_makes_ids_again_after_repair() {
     let a = PgServer::start().unwrap();
     let topo = topology(&a.url());
     pg::apply(&topo).await.unwrap();
@@ -274,4 +274,30 @@ async fn a_restarted_server_makes_ids_again_after_repair() {
     let after = insert(&c, 500).await.unwrap();
     let max = *before.iter().max().unwrap();
     assert!(after.iter().all(|&id| id > max));
+
+    // One backend killed: PostgreSQL restarts every process and replays
+    // WAL (a crash, though the postmaster stays): refused until repair.
+    let pid: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    run(Command::new("kill").args(["-9", &pid.to_string()]));
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let c = loop {
+        if let Ok(c) = pg::connect_url("a", &a.url()).await
+            && c.query_one("SELECT 1", &[]).await.is_ok()
+        {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "not back after 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let e = insert(&c, 1).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "SF005", "{e}");
+    pg::repair(&topo, None).await.unwrap();
+    let again = insert(&c, 500).await.unwrap();
+    let max = *after.iter().max().unwrap();
+    assert!(again.iter().all(|&id| id > max));
 }
