@@ -54,7 +54,30 @@ pub(super) async fn install(
 ) -> Result<Applied, Error> {
     let srv = server(conn).await?;
     let db = srv.named_database("apply")?;
+    let recorded = recorded_serves(conn, &db, &opts.names).await?;
     let plan = plan_in(layout, &db, &opts.names)?.on_server(srv.server_id);
+    let serves = opts.shards.or(recorded).unwrap_or((0, plan.shard_max()));
+    if serves.0 > serves.1 || serves.1 > plan.shard_max() {
+        return Err(other(
+            "apply",
+            format!(
+                "shard values {}-{} are not a range within 0-{} (the key mod {} of layout {})",
+                serves.0,
+                serves.1,
+                plan.shard_max(),
+                plan.shard_max() + 1,
+                layout.name()
+            ),
+        ));
+    }
+    let overlaps = overlapping_peers(conn, &opts.peers, &opts.names, serves).await?;
+    if !overlaps.is_empty() {
+        return Err(other(
+            "apply",
+            format!("nothing was changed: {}", overlaps.join("; ")),
+        ));
+    }
+    let plan = plan.serving(Some(serves));
     if !repairing
         && let Some(installed) = installed_server_id(conn, &opts.names).await?
         && installed != srv.server_id
@@ -73,6 +96,9 @@ pub(super) async fn install(
         .await
         .map_err(my("setting sql_mode"))?;
     let result = apply_pinned(conn, &plan, opts, &srv).await;
+    if result.is_ok() && srv.has_sequences() {
+        record_serves(conn, &db, &opts.names, serves).await?;
+    }
     conn.exec_drop("SET SESSION sql_mode = ?", (old_mode,))
         .await
         .map_err(my("restoring sql_mode"))?;

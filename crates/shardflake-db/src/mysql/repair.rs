@@ -30,7 +30,10 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     let srv = server(conn).await?;
     let db = srv.named_database("repair")?;
     let names = &opts.names;
-    let plan = plan_in(layout, &db, names)?.on_server(srv.server_id);
+    let recorded = recorded_serves(conn, &db, names).await?;
+    let plan = plan_in(layout, &db, names)?
+        .on_server(srv.server_id)
+        .serving(recorded);
     // A promoted replica (the trigger made for another server_id) may be
     // behind ids its old primary made after the last change it received:
     // each at most that server's clock plus AHEAD_MS, within

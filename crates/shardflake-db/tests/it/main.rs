@@ -6,6 +6,7 @@ mod mysql;
 mod mysql_binlog;
 mod mysql_failover;
 mod mysql_operator;
+mod mysql_shards;
 mod pg;
 mod pg_dead_ends;
 mod pg_deployment_lock;
