@@ -93,6 +93,10 @@ async fn a_replica_promoted_with_a_clock_behind_makes_no_id_the_old_primary_made
             );
         }
     }
+    let e = mysql::generate_post_id(&mut cr, "generate_post_id", 42)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("server_id"), "{e}");
     let problems = mysql::check(&mut cr, &layout, &opts)
         .await
         .unwrap()
@@ -116,6 +120,11 @@ async fn a_replica_promoted_with_a_clock_behind_makes_no_id_the_old_primary_made
     for _ in 0..200 {
         after.push(mysql::insert(&mut cr, &opts.names, 42, "x").await.unwrap());
     }
+    after.push(
+        mysql::generate_post_id(&mut cr, "generate_post_id", 42)
+            .await
+            .unwrap(),
+    );
     assert!(
         after.iter().all(|&id| id > max_made),
         "ids at or below the old primary's last: {}",
