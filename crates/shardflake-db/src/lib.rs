@@ -13,8 +13,10 @@
 //!   procedure (the seed's and ours, race-free) and calling it from Rust
 //!   with mysql_async.
 //!
-//! This file holds what both share: the error type and the name of the
-//! layout field that holds the shard.
+//! This file holds what both share: the error type, the name of the
+//! layout field that holds the shard, and how far a server's clock may be
+//! from the clock of the host that runs the commands (a failover's
+//! catch-up rests on it).
 
 #![warn(missing_docs)]
 

@@ -12,7 +12,9 @@
 //!   a topology file is checked against before anything changes.
 //! - `apply` (idempotent; every server checked before any is changed),
 //!   `check` (drift between servers and topology) and `repair` (after a
-//!   restore), each reading every server's records first.
+//!   restore, a restart or a failover: `next_id` is vouched for one run
+//!   of its server, [`sql::ServerRun`]), each reading every server's
+//!   records first.
 //! - [`move_shard`]: copies a logical shard to another server under a brief
 //!   write pause, switches the topology, verifies, then drops the old copy.
 //! - [`route`]: key → logical shard → server and schema; id → shard →
