@@ -87,6 +87,9 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
         }
     }
     problems.extend(catalog::conflicts(topo, &views, added));
+    let (timelines, recorded) = timelines(&txs, topo).await?;
+    problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
+    let timelines: Vec<_> = views.iter().map(|v| v.identity).zip(timelines).collect();
     for (tx, (server, view)) in txs.iter().zip(topo.servers().iter().zip(&views)) {
         for &shard in &server.shards {
             if view.state(shard) != Some(State::Live) {
@@ -150,6 +153,7 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
             .map_err(ctx(name, "creating the deployment records"))?;
         catalog::record_deployment(tx, &Deployment::of(topo, &id, name)).await?;
         catalog::record_timeline(tx, name, false).await?;
+        catalog::record_timelines(tx, name, &timelines).await?;
         catalog::record_owners(tx, name, &owners).await?;
         let mut created = 0;
         let view = &views[out.len()];

@@ -125,6 +125,26 @@ pub(crate) async fn lock_deployment<C: GenericClient>(
     Ok(())
 }
 
+/// Each server's current WAL timeline and the timelines it records for
+/// the deployment's databases ([`catalog::older_timelines`]).
+pub(crate) async fn timelines<C: GenericClient>(
+    clients: &[C],
+    topo: &Topology,
+) -> Result<
+    (
+        Vec<i64>,
+        Vec<std::collections::BTreeMap<catalog::Identity, i64>>,
+    ),
+    Error,
+> {
+    let (mut current, mut recorded) = (Vec::new(), Vec::new());
+    for (c, server) in clients.iter().zip(topo.servers()) {
+        current.push(catalog::current_timeline(c, &server.name).await?);
+        recorded.push(catalog::recorded_timelines(c, &server.name).await?);
+    }
+    Ok((current, recorded))
+}
+
 /// The names of the file's servers, in its order.
 pub(crate) fn server_names(topo: &Topology) -> Vec<&str> {
     topo.servers().iter().map(|s| s.name.as_str()).collect()

@@ -270,6 +270,8 @@ impl Deployed {
             .into_iter()
             .filter(|d| d.shard.is_none())
             .collect();
+        let (timelines, recorded) = pg::timelines(&clients, &topo).await?;
+        problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
         // A file one generation behind is this shard's own move, recorded
         // on the servers and stopped before it wrote the file: the same
         // move finishes it (see `switch`). Any older file is refused.

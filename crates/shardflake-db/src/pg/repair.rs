@@ -72,6 +72,9 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
         );
     }
     let mut problems = catalog::conflicts(topo, &views, &[]);
+    let (timelines, recorded) = timelines(&txs, topo).await?;
+    problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
+    let timelines: Vec<_> = views.iter().map(|v| v.identity).zip(timelines).collect();
     // A server on a new timeline (a promoted standby, a base backup
     // restored) may be behind ids another machine made after the last WAL
     // it has: each of those is at most that machine's clock plus AHEAD_MS,
@@ -132,6 +135,12 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
             // the one a later physical restore is told apart from.
             catalog::record_timeline(tx, name, true).await?;
         }
+        // Every server learns each database's timeline: the old primary
+        // of a promoted standby is then refused wherever a file reaches it.
+        tx.batch_execute(catalog::CATALOG_DDL)
+            .await
+            .map_err(ctx(name, "creating the deployment records"))?;
+        catalog::record_timelines(tx, name, &timelines).await?;
     }
     // Each server's repair stands alone (no id is repeated by a commit
     // that fails after another's): a re-run finishes the rest.

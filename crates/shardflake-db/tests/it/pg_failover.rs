@@ -301,3 +301,77 @@ async fn a_restarted_or_crashed_server_makes_ids_again_after_repair() {
     let max = *after.iter().max().unwrap();
     assert!(again.iter().all(|&id| id > max));
 }
+
+fn two_servers(a: &str, b: &str) -> Topology {
+    Topology::parse(&format!(
+        "layout = \"instagram\"\nshards = 2\n\
+         [[servers]]\nname = \"a\"\nurl = \"{a}\"\nshards = \"0\"\n\
+         [[servers]]\nname = \"b\"\nurl = \"{b}\"\nshards = \"1\"\n\
+         [[tables]]\nname = \"posts\"\nsql = \"CREATE TABLE {{schema}}.posts (id bigint PRIMARY KEY DEFAULT {{next_id}}, user_id bigint NOT NULL)\"\n"
+    ))
+    .unwrap()
+}
+
+/// Split brain in a deployment of two servers: once `pg repair` has
+/// vouched for the promoted standby, every server records its database
+/// on the new timeline, so a file that still reaches the old primary
+/// (started again on the old one) is refused by repair and apply and
+/// reported by check: no command makes it serve again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_primary_is_refused_wherever_a_file_still_reaches_it() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    pg::apply(&two_servers(&a.url(), &b.url())).await.unwrap();
+    let standby = Standby::start(&a, "+0");
+    let cs = pg::connect_url("standby", &standby.url()).await.unwrap();
+    let ca = pg::connect_url("a", &a.url()).await.unwrap();
+    let lsn: String = ca
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    wait_for(
+        &cs,
+        &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
+        "replayed",
+    )
+    .await;
+    drop(ca);
+    a.kill().unwrap();
+    standby.promote();
+    wait_for(&cs, "SELECT NOT pg_is_in_recovery()", "promoted").await;
+    let promoted = two_servers(&standby.url(), &b.url());
+    pg::repair(&promoted, None).await.unwrap();
+    assert_eq!(pg::check(&promoted).await.unwrap(), Vec::new());
+
+    a.restart().unwrap();
+    let old = two_servers(&a.url(), &b.url());
+    let e = pg::repair(&old, None).await.unwrap_err().to_string();
+    assert!(e.contains("a copy left on an older timeline"), "{e}");
+    let e = pg::apply(&old).await.unwrap_err().to_string();
+    assert!(e.contains("a copy left on an older timeline"), "{e}");
+    let dir = std::env::temp_dir().join(format!("s37-move-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shardflake.toml");
+    std::fs::write(&file, old.to_toml()).unwrap();
+    let e = pg::move_shard::move_shard(&file, 1, "a", &Default::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(e.contains("a copy left on an older timeline"), "{e}");
+    let drift: Vec<String> = pg::check(&old)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.starts_with("a: is on WAL timeline 1, but server \"b\" records timeline 2")),
+        "{drift:?}"
+    );
+    let ca = pg::connect_url("a", &a.url()).await.unwrap();
+    let e = insert(&ca, 1).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "SF005", "{e}");
+}
