@@ -13,8 +13,10 @@
 //!   procedure (the seed's and ours, race-free) and calling it from Rust
 //!   with mysql_async.
 //!
-//! This file holds what both share: the error type and the name of the
-//! layout field that holds the shard.
+//! This file holds what both share: the error type, the name of the
+//! layout field that holds the shard, and how far a server's clock may be
+//! from the clock of the host that runs the commands (a failover's
+//! catch-up rests on it).
 
 #![warn(missing_docs)]
 
@@ -27,6 +29,37 @@ pub use mysql_async;
 pub use tokio_postgres;
 
 use pg::{TopologyError, sql};
+
+/// How far, in milliseconds, a server's clock may be from the clock of
+/// the host that runs `apply`, `check` and `repair` (both backends). A
+/// promoted standby or replica knows nothing of the ids its old primary
+/// made after the last change it received, except that each is at most
+/// the old primary's clock plus the lead a draw may run ahead of it:
+/// `repair` puts its sequences past its own clock plus that lead, plus
+/// this bound and the measured difference, which is past every such id if
+/// the old primary's clock was within this bound of this host's when it
+/// died (what `check` reports otherwise).
+pub const CLOCK_BOUND_MS: u64 = 500;
+
+/// Why a server's clock is too far from this host's ([`CLOCK_BOUND_MS`]),
+/// given its offset (positive: the server is ahead) and the uncertainty of
+/// the reading, both in milliseconds; `repair` is the command refused.
+pub fn clock_problem(offset: i64, uncertainty: i64, repair: &str) -> Option<String> {
+    (offset.unsigned_abs() > CLOCK_BOUND_MS).then(|| {
+        format!(
+            "its clock is {:.3} s {} this host's (read within {uncertainty} ms; the bound is {CLOCK_BOUND_MS} ms): after a failover its sequences cannot be put past the old primary's ids by its own clock, and {repair} refuses it; correct the clock (NTP) of whichever is wrong, then run the command again",
+            offset.unsigned_abs() as f64 / 1000.0,
+            if offset < 0 { "behind" } else { "ahead of" }
+        )
+    })
+}
+
+/// This host's clock, in Unix milliseconds.
+pub(crate) fn host_unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
 
 /// Name of the layout field that holds the logical shard (both backends).
 pub const SHARD_FIELD: &str = "shard";
@@ -167,6 +200,11 @@ pub const SQLSTATE_RESTORED: &str = "SF003";
 /// SQLSTATE raised by `next_id` when the shard's sequence runs more than
 /// twice [`sql::AHEAD_MS`] ahead of the server clock (the clock stepped back).
 pub const SQLSTATE_AHEAD: &str = "SF004";
+/// SQLSTATE raised by `next_id` on a server that restarted or replayed WAL
+/// (a crash, a promoted standby, a base backup restored) since `pg apply`
+/// or `pg repair` last vouched for it: `pg repair` it, unless it is an old
+/// primary a standby was promoted in place of.
+pub const SQLSTATE_RESTARTED: &str = "SF005";
 
 /// Whether a PostgreSQL error says the shard moved.
 pub fn is_moved(e: &tokio_postgres::Error) -> bool {

@@ -128,6 +128,15 @@ enum MysqlCommand {
         /// Also install the seed's racy procedure, for comparison.
         #[arg(long)]
         seed: bool,
+        /// The shard values (the shard key mod 2^shard_bits, 1024 for the
+        /// default layout) this server makes ids for: LO-HI or one value.
+        /// Recorded on the server; default: what it records, or all.
+        #[arg(long, value_name = "LO-HI", value_parser = parse_shards)]
+        shards: Option<(u64, u64)>,
+        /// Another server making ids for the same table (repeatable): a
+        /// shard value it records too is refused.
+        #[arg(long = "peer", value_name = "URL")]
+        peers: Vec<String>,
     },
     /// Verify what apply installs and the settings the no-repeat argument
     /// needs (exit 1 on any difference). Draws one value of the sequence.
@@ -333,6 +342,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             layout,
             cache,
             seed,
+            shards,
+            peers,
         } => {
             let l = mysql_layout(&layout)?;
             let opts = Options {
@@ -340,6 +351,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 cache,
                 locked: true,
                 seed,
+                shards,
+                peers,
             };
             conn.run(async |c| {
                 let applied = mysql::apply(c, &l, &opts).await?;
@@ -557,4 +570,15 @@ fn print_report(report: &mysql_bench::BenchReport, opts: &BenchOptions) {
             );
         }
     }
+}
+
+/// `LO-HI` or one value: the shard values `mysql apply --shards` takes.
+fn parse_shards(s: &str) -> Result<(u64, u64), String> {
+    let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+    let num = |v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("{s:?}: expected LO-HI or one value, such as 0-511"))
+    };
+    Ok((num(lo)?, num(hi)?))
 }

@@ -275,6 +275,7 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
             cache: sql::DEFAULT_CACHE,
             locked: true,
             seed: true,
+            ..Options::default()
         },
     )
     .await?;
@@ -286,6 +287,7 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
             cache: 0,
             locked: false,
             seed: false,
+            ..Options::default()
         },
     )
     .await?;

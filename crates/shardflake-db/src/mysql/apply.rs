@@ -35,10 +35,58 @@ pub struct Applied {
 /// for another layout or already past it, an `id` column that is not a
 /// signed `BIGINT`, and an event scheduler it cannot turn on; warns about
 /// `innodb_flush_log_at_trx_commit = 0`.
+///
+/// The trigger and the procedure make ids only on the server they were
+/// installed on (its `@@server_id`): on a promoted replica every insert is
+/// refused until `mysql repair`, and `apply` refuses it too.
 pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Applied, Error> {
+    install(conn, layout, opts, false).await
+}
+
+/// [`apply`]; `repairing`: also over objects installed for another
+/// `server_id` (`mysql repair` has put the sequence past the old
+/// primary's ids first).
+pub(super) async fn install(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+    repairing: bool,
+) -> Result<Applied, Error> {
     let srv = server(conn).await?;
     let db = srv.named_database("apply")?;
-    let plan = plan_in(layout, &db, &opts.names)?;
+    let recorded = recorded_serves(conn, &db, &opts.names).await?;
+    let plan = plan_in(layout, &db, &opts.names)?.on_server(srv.server_id);
+    let serves = opts.shards.or(recorded).unwrap_or((0, plan.shard_max()));
+    if serves.0 > serves.1 || serves.1 > plan.shard_max() {
+        return Err(other(
+            "apply",
+            format!(
+                "shard values {}-{} are not a range within 0-{} (the key mod {} of layout {})",
+                serves.0,
+                serves.1,
+                plan.shard_max(),
+                plan.shard_max() + 1,
+                layout.name()
+            ),
+        ));
+    }
+    let overlaps = overlapping_peers(conn, &opts.peers, &opts.names, serves).await?;
+    if !overlaps.is_empty() {
+        return Err(other(
+            "apply",
+            format!("nothing was changed: {}", overlaps.join("; ")),
+        ));
+    }
+    let plan = plan.serving(Some(serves));
+    if !repairing
+        && let Some(installed) = installed_server_id(conn, &opts.names).await?
+        && installed != srv.server_id
+    {
+        return Err(other(
+            "apply",
+            other_server_text(&opts.names, installed, srv.server_id),
+        ));
+    }
     let old_mode: String = conn
         .query_first("SELECT @@SESSION.sql_mode")
         .await
@@ -48,6 +96,9 @@ pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<A
         .await
         .map_err(my("setting sql_mode"))?;
     let result = apply_pinned(conn, &plan, opts, &srv).await;
+    if result.is_ok() && srv.has_sequences() {
+        record_serves(conn, &db, &opts.names, serves).await?;
+    }
     conn.exec_drop("SET SESSION sql_mode = ?", (old_mode,))
         .await
         .map_err(my("restoring sql_mode"))?;

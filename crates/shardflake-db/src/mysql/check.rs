@@ -19,7 +19,23 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         problems.push("the URL names no database".to_string());
         return Ok(problems);
     };
-    let plan = plan_in(layout, &db, names)?;
+    let recorded = recorded_serves(conn, &db, names).await?;
+    let plan = plan_in(layout, &db, names)?
+        .on_server(srv.server_id)
+        .serving(recorded);
+    if recorded.is_none() && srv.has_sequences() {
+        problems.push(format!(
+            "the shard values this server makes ids of {}.{} for are not recorded (in shardflake.serves): run shardflake mysql apply, with --shards LO-HI where other servers make ids for the same table",
+            db, names.table
+        ));
+    }
+    if let Some(installed) = installed_server_id(conn, names).await?
+        && installed != srv.server_id
+    {
+        problems.push(other_server_text(names, installed, srv.server_id));
+    }
+    let (offset, uncertainty) = clock_offset(conn).await?;
+    problems.extend(crate::clock_problem(offset, uncertainty, "mysql repair"));
     if !srv.has_sequences() {
         problems.extend(locked_procedure_problem(conn, &plan, names).await?);
         return Ok(problems);

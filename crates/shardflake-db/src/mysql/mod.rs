@@ -259,6 +259,8 @@ pub struct Server {
     pub flush_log_at_trx_commit: i64,
     /// `@@event_scheduler` (`ON`, `OFF`, `DISABLED`).
     pub event_scheduler: String,
+    /// `@@server_id`: a replica's differs from its primary's.
+    pub server_id: u32,
 }
 
 impl Server {
@@ -284,13 +286,13 @@ impl Server {
 
 /// Reads [`Server`].
 pub async fn server(conn: &mut Conn) -> Result<Server, Error> {
-    let row: Option<(String, Option<String>, i64, String)> = conn
+    let row: Option<(String, Option<String>, i64, String, u32)> = conn
         .query_first(
-            "SELECT VERSION(), DATABASE(), @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.event_scheduler",
+            "SELECT VERSION(), DATABASE(), @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.event_scheduler, @@server_id",
         )
         .await
         .map_err(my("reading the server's settings"))?;
-    let (version, database, flush, scheduler) =
+    let (version, database, flush, scheduler, server_id) =
         row.ok_or_else(|| other("reading the server's settings", "no row"))?;
     let mut nums = version
         .split(|c: char| !c.is_ascii_digit())
@@ -303,7 +305,157 @@ pub async fn server(conn: &mut Conn) -> Result<Server, Error> {
         database,
         flush_log_at_trx_commit: flush,
         event_scheduler: scheduler.to_ascii_uppercase(),
+        server_id,
     })
+}
+
+/// The `server_id` the installed trigger was made for ([`Plan::on_server`]),
+/// if there is one that names it.
+async fn installed_server_id(conn: &mut Conn, names: &Names) -> Result<Option<u32>, Error> {
+    let body: Option<String> = conn
+        .exec_first(
+            "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?",
+            (names.trigger(),),
+        )
+        .await
+        .map_err(my("reading the trigger"))?;
+    Ok(body.and_then(|b| {
+        let rest = b.split_once("@@server_id = ")?.1;
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    }))
+}
+
+/// Where each server records the shard values it makes ids for, per
+/// database and table (kept with the high-water, outside the application's
+/// database), and which server it is.
+const SERVES_DDL: &str = "CREATE TABLE IF NOT EXISTS `shardflake`.`serves` (\
+    db VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, lo BIGINT NOT NULL, hi BIGINT NOT NULL, \
+    server VARCHAR(600) NOT NULL, PRIMARY KEY (db, tbl)) ENGINE=InnoDB";
+
+/// Which server a connection reaches, as `serves` records it.
+const SERVER_SQL: &str = "CONCAT(@@hostname, ':', @@port, ':', @@datadir)";
+
+/// The shard values this server records for `names.table` of `db`.
+async fn recorded_serves(
+    conn: &mut Conn,
+    db: &str,
+    names: &Names,
+) -> Result<Option<(u64, u64)>, Error> {
+    let row: Result<Option<(u64, u64)>, _> = conn
+        .exec_first(
+            "SELECT lo, hi FROM `shardflake`.`serves` WHERE db = ? AND tbl = ?",
+            (db, &names.table),
+        )
+        .await;
+    match row {
+        Ok(row) => Ok(row),
+        Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(None),
+        Err(e) => Err(my("reading the shard values this server makes ids for")(e)),
+    }
+}
+
+/// Records the shard values this server makes ids for.
+async fn record_serves(
+    conn: &mut Conn,
+    db: &str,
+    names: &Names,
+    (lo, hi): (u64, u64),
+) -> Result<(), Error> {
+    conn.query_drop(format!(
+        "CREATE DATABASE IF NOT EXISTS `{}`",
+        sql::HIGH_WATER_DB
+    ))
+    .await
+    .map_err(my("creating the high-water database"))?;
+    conn.query_drop(SERVES_DDL)
+        .await
+        .map_err(my("creating shardflake.serves"))?;
+    conn.exec_drop(
+        format!("REPLACE INTO `shardflake`.`serves` VALUES (?, ?, ?, ?, {SERVER_SQL})"),
+        (db, &names.table, lo, hi),
+    )
+    .await
+    .map_err(my("recording the shard values this server makes ids for"))
+}
+
+/// Each peer that records shard values of `names.table` overlapping
+/// `lo..=hi` (or records none: it may make ids for any), as a problem.
+async fn overlapping_peers(
+    conn: &mut Conn,
+    peers: &[String],
+    names: &Names,
+    (lo, hi): (u64, u64),
+) -> Result<Vec<String>, Error> {
+    let me: Option<String> = conn
+        .query_first(format!("SELECT {SERVER_SQL}"))
+        .await
+        .map_err(my("reading which server this is"))?;
+    let mut problems = Vec::new();
+    for url in peers {
+        let opts = Opts::from_url(url).map_err(|e| other("apply", format!("peer {url}: {e}")))?;
+        let mut peer = Conn::new(opts)
+            .await
+            .map_err(|e| other("apply", format!("peer {url} does not answer: {e}")))?;
+        let them: Option<String> = peer
+            .query_first(format!("SELECT {SERVER_SQL}"))
+            .await
+            .map_err(my("reading which server a peer is"))?;
+        if them == me {
+            continue;
+        }
+        let rows: Result<Vec<(String, u64, u64)>, _> = peer
+            .exec(
+                "SELECT db, lo, hi FROM `shardflake`.`serves` WHERE tbl = ?",
+                (&names.table,),
+            )
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Vec::new(),
+            Err(e) => return Err(my("reading a peer's shard values")(e)),
+        };
+        if rows.is_empty() {
+            problems.push(format!(
+                "peer {url} records no shard values of table {}: it may make ids for any; run shardflake mysql apply --shards LO-HI there first",
+                names.table
+            ));
+        }
+        for (db, plo, phi) in rows {
+            if plo <= hi && lo <= phi {
+                problems.push(format!(
+                    "peer {url} makes ids of {db}.{} for shard values {plo}-{phi}, which meets {lo}-{hi}: two servers making ids for one shard value make the same ids; give each server shard values of its own",
+                    names.table
+                ));
+            }
+        }
+        let _ = peer.disconnect().await;
+    }
+    Ok(problems)
+}
+
+/// What a server other than the one the ids were installed on is told.
+fn other_server_text(names: &Names, installed: u32, here: u32) -> String {
+    format!(
+        "the trigger {} was installed for server_id {installed}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until `shardflake mysql repair` (not mysql apply), which refuses a clock more than {} ms from this host's",
+        names.trigger(),
+        crate::CLOCK_BOUND_MS
+    )
+}
+
+/// A server's clock against this host's: `(offset, uncertainty)` in
+/// milliseconds, the offset positive when the server's clock is ahead.
+async fn clock_offset(conn: &mut Conn) -> Result<(i64, i64), Error> {
+    let before = crate::host_unix_ms();
+    let server: Option<i64> = conn
+        .query_first("SELECT TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000")
+        .await
+        .map_err(my("reading the server's clock"))?;
+    let after = crate::host_unix_ms();
+    let server = server.ok_or_else(|| other("reading the server's clock", "no row"))?;
+    Ok((server - (before + after) / 2, (after - before + 1) / 2))
 }
 
 /// What to install.
@@ -317,6 +469,12 @@ pub struct Options {
     pub locked: bool,
     /// Also the seed's procedure (racy; for comparison).
     pub seed: bool,
+    /// `apply`: the shard values (the key mod 2^shard_bits) this server
+    /// makes ids for, `lo..=hi`; `None`: those it records, or all.
+    pub shards: Option<(u64, u64)>,
+    /// `apply`: the URLs of the deployment's other servers; a shard value
+    /// that one of them records too is refused.
+    pub peers: Vec<String>,
 }
 
 impl Default for Options {
@@ -326,6 +484,8 @@ impl Default for Options {
             cache: sql::DEFAULT_CACHE,
             locked: true,
             seed: false,
+            shards: None,
+            peers: Vec::new(),
         }
     }
 }

@@ -20,12 +20,38 @@ pub struct Repaired {
 /// plus that is past every one, whether or not a clock event saw it (the
 /// clock not stepping back); the recorded high-water and the newest stored
 /// id are taken into account too. Refuses where `apply` has not installed
-/// the ids.
+/// the ids, and a server whose clock is more than [`crate::CLOCK_BOUND_MS`]
+/// from this host's. On a promoted replica (the trigger installed for
+/// another `server_id`) it goes that bound and the measured clock
+/// difference further, for ids its old primary made after the last change
+/// it received, then reinstalls the trigger, the procedures and the clock
+/// event there (a replica's is `SLAVESIDE_DISABLED`).
 pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Repaired, Error> {
     let srv = server(conn).await?;
     let db = srv.named_database("repair")?;
     let names = &opts.names;
-    let plan = plan_in(layout, &db, names)?;
+    let recorded = recorded_serves(conn, &db, names).await?;
+    let plan = plan_in(layout, &db, names)?
+        .on_server(srv.server_id)
+        .serving(recorded);
+    // A promoted replica (the trigger made for another server_id) may be
+    // behind ids its old primary made after the last change it received:
+    // each at most that server's clock plus AHEAD_MS, within
+    // CLOCK_BOUND_MS of this host's if mysql check held. So its sequence
+    // goes that bound and the measured difference further, and a clock
+    // further off than the bound is refused.
+    let (offset, uncertainty) = clock_offset(conn).await?;
+    if let Some(problem) = crate::clock_problem(offset, uncertainty, "mysql repair") {
+        return Err(other("repair", problem));
+    }
+    let promoted = installed_server_id(conn, names)
+        .await?
+        .is_some_and(|id| id != srv.server_id);
+    let margin_ms = if promoted {
+        offset.unsigned_abs() + uncertainty.unsigned_abs() + crate::CLOCK_BOUND_MS
+    } else {
+        0
+    };
     let seq = names.sequence();
     match sequence_kind(conn, &seq).await? {
         Some((kind, _, comment))
@@ -55,7 +81,7 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
         .map_or(0, |f| f + o.cache.max(0))
         .max(stored + 1)
         .max(from)
-        .max(now + plan.packed_ms(sql::AHEAD_MS) + 1);
+        .max(now + plan.packed_ms(sql::AHEAD_MS + margin_ms) + 1);
     if past > plan.max_packed() {
         return Err(other(
             "repair",
@@ -81,5 +107,13 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
             .map_err(my("recording the high-water"))?;
     }
     tracing::info!(sequence = %seq, from, to = past, "mysql repair moved the sequence");
+    if promoted {
+        // The trigger and procedure for this server, and the clock event,
+        // which a replica has disabled (SLAVESIDE_DISABLED) and ran none.
+        let applied = apply::install(conn, layout, opts, true).await?;
+        for warning in &applied.warnings {
+            tracing::warn!("{warning}");
+        }
+    }
     Ok(Repaired { from, to: past })
 }

@@ -144,6 +144,8 @@ pub struct Plan {
     limit_tick: u64,
     epoch_datetime: String,
     database: Option<String>,
+    server_id: Option<u32>,
+    serves: Option<(u64, u64)>,
 }
 
 impl Plan {
@@ -187,6 +189,8 @@ impl Plan {
             limit_tick,
             epoch_datetime,
             database: None,
+            server_id: None,
+            serves: None,
         })
     }
 
@@ -197,6 +201,40 @@ impl Plan {
     pub fn in_database(mut self, db: &str) -> Plan {
         self.database = Some(db.to_string());
         self
+    }
+
+    /// The plan for the objects of the server whose `@@server_id` is `id`:
+    /// the trigger and the procedure then refuse every id on any other
+    /// server (a promoted replica has its own `server_id` and the
+    /// replicated objects) until `mysql repair` reinstalls them there.
+    /// What `mysql apply` installs; without it they make ids anywhere.
+    pub fn on_server(mut self, id: u32) -> Plan {
+        self.server_id = Some(id);
+        self
+    }
+
+    /// The plan for a server that makes ids for the shard values `lo..=hi`
+    /// only (the shard value is the key mod 2^shard_bits): the trigger and
+    /// the procedure refuse any other key. The whole range, or `None`,
+    /// tests nothing.
+    pub fn serving(mut self, range: Option<(u64, u64)>) -> Plan {
+        self.serves = range.filter(|&(lo, hi)| lo > 0 || hi < self.shard_max());
+        self
+    }
+
+    /// The shard values this plan makes ids for (`lo..=hi`).
+    pub fn serves(&self) -> (u64, u64) {
+        self.serves.unwrap_or((0, self.shard_max()))
+    }
+
+    /// The largest shard value: 2^shard_bits - 1.
+    pub fn shard_max(&self) -> u64 {
+        (1u64 << self.shard_bits) - 1
+    }
+
+    /// The `server_id` the objects were made for ([`Plan::on_server`]).
+    pub fn server_id(&self) -> Option<u32> {
+        self.server_id
     }
 
     /// The sequence holding the high-water of `names`' id sequence, quoted:
@@ -458,6 +496,53 @@ pub fn high_water_sql(plan: &Plan, names: &Names) -> Option<String> {
     ))
 }
 
+/// SQL that is true on the server the objects were made for (empty
+/// without [`Plan::on_server`]): `@@server_id` is read for the cost of a
+/// variable.
+fn on_this_server(plan: &Plan) -> String {
+    match plan.server_id {
+        Some(id) => format!(" AND @@server_id = {id}"),
+        None => String::new(),
+    }
+}
+
+/// SQL that is true when key `key` has a shard value this server makes
+/// ids for (empty when it makes them for all: [`Plan::serving`]).
+fn in_range(plan: &Plan, key: &str) -> String {
+    match plan.serves {
+        Some((lo, hi)) => format!(" AND ({key} & {}) BETWEEN {lo} AND {hi}", plan.shard_max()),
+        None => String::new(),
+    }
+}
+
+/// An `IF`/`ELSEIF` arm naming a key whose shard value this server does
+/// not make ids for (empty when it makes them for all).
+fn out_of_range(plan: &Plan, who: &str, key: &str, keyword: &str, set: &str) -> String {
+    let Some((lo, hi)) = plan.serves else {
+        return String::new();
+    };
+    let max = plan.shard_max();
+    format!(
+        "\n  {keyword} ({key} & {max}) NOT BETWEEN {lo} AND {hi} THEN\n    \
+         {set}CONCAT('{who}: shard value ', {key} & {max}, ' (the key mod {}) is not one this server makes ids for ({lo}-{hi}): another server of the deployment does; send the row there');",
+        max + 1
+    )
+}
+
+/// An `IF`/`ELSEIF` arm (`keyword`) naming a server other than the one the
+/// objects were made for: a promoted replica, whose sequence may be behind
+/// ids its old primary made, or a copy (empty without [`Plan::on_server`]).
+fn on_another_server(plan: &Plan, who: &str, keyword: &str, set: &str) -> String {
+    let Some(id) = plan.server_id else {
+        return String::new();
+    };
+    format!(
+        "\n  {keyword} @@server_id <> {id} THEN\n    \
+         {set}CONCAT('{who}: installed for server_id {id}, this is server_id ', @@server_id, \
+         ' (a promoted replica, or a copy of the server): its sequence may be behind ids the old primary made; run shardflake mysql repair before writing');"
+    )
+}
+
 /// SQL that is true when this session's last draw from the id sequence is
 /// at or above the recorded high-water (empty without one).
 fn above_high_water(plan: &Plan, names: &Names) -> String {
@@ -490,9 +575,11 @@ pub fn id_expression_sql(plan: &Plan, names: &Names, key: &str) -> String {
     let seq = format!("`{}`", names.sequence());
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     format!(
-        "CASE WHEN ABS((NEXT VALUE FOR {seq}) - {clock}) <= {stale} AND {us} >= 0 AND {key} >= 0{above} \
+        "CASE WHEN ABS((NEXT VALUE FOR {seq}) - {clock}) <= {stale} AND {us} >= 0 AND {key} >= 0{above}{server}{range} \
          THEN {id} ELSE `{refused}`({key}) END",
         above = above_high_water(plan, names),
+        server = on_this_server(plan),
+        range = in_range(plan, key),
         stale = plan.packed_ms(STALE_MS),
         clock = plan.packed_sql(&us),
         id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), key),
@@ -546,8 +633,7 @@ BEGIN
   DECLARE w BIGINT DEFAULT PREVIOUS VALUE FOR `{seq}`;
   DECLARE lead BIGINT;
   DECLARE waits INT DEFAULT 0;
-  DECLARE msg VARCHAR(512);
-  IF k IS NULL OR k < 0 THEN
+  DECLARE msg VARCHAR(512);{first} k IS NULL OR k < 0 THEN
     SET msg = CONCAT('shardflake: {table}.id: shard key {key} = ', COALESCE(k, 'NULL'), ' is not >= 0');
   ELSEIF us < 0 THEN
     SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is before the epoch {epoch} UTC of layout {layout}');
@@ -594,6 +680,17 @@ END",
         event = names.event(),
         id = plan.id_sql("w", "k"),
         below = below_high_water(plan, names, &format!("shardflake: {}.id", names.table), "ELSEIF", "SET msg = "),
+        // A server other than the one installed on is named first: no
+        // other arm may hand out an id there.
+        first = match format!(
+            "{}{}",
+            on_another_server(plan, &format!("shardflake: {}.id", names.table), "IF", "SET msg = "),
+            out_of_range(plan, &format!("shardflake: {}.id", names.table), "k", "ELSEIF", "SET msg = ")
+        ) {
+            arm if arm.is_empty() => "\n  IF".to_string(),
+            arm if arm.starts_with("\n  ELSEIF") => format!("\n  IF{}\n  ELSEIF", &arm["\n  ELSEIF".len()..]),
+            arm => format!("{arm}\n  ELSEIF"),
+        },
     )
 }
 
@@ -817,13 +914,13 @@ COMMENT {comment}
 BEGIN
   DECLARE EXIT HANDLER FOR {run_out}
     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: sequence {seq_name} has run out: the ids of layout {layout} end at {end}';
-  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND (PREVIOUS VALUE FOR {seq}) <= {clock_now} + {ahead} AND {us} >= 0 AND {key} >= 0{above} THEN {fast_id} END;
+  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND (PREVIOUS VALUE FOR {seq}) <= {clock_now} + {ahead} AND {us} >= 0 AND {key} >= 0{above}{server}{range} THEN {fast_id} END;
   IF id IS NULL THEN
     BEGIN
       DECLARE us BIGINT;
       DECLARE t BIGINT;
       DECLARE w BIGINT;
-      DECLARE msg VARCHAR(512);{below}
+      DECLARE msg VARCHAR(512);{below}{other_server}
 {checks}      SET t = {clock};
       IF t > {max} THEN
         {past_end}
@@ -850,6 +947,26 @@ END",
         above = above_high_water(plan, names),
         below = {
             let arm = below_high_water(plan, names, name, "IF", "SET msg = ");
+            if arm.is_empty() {
+                arm
+            } else {
+                format!(
+                    "{}\n        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;\n      END IF;",
+                    arm.replace("\n  ", "\n      ")
+                )
+            }
+        },
+        server = on_this_server(plan),
+        range = in_range(plan, key),
+        other_server = {
+            let arm = match format!(
+                "{}{}",
+                on_another_server(plan, name, "IF", "SET msg = "),
+                out_of_range(plan, name, key, "ELSEIF", "SET msg = ")
+            ) {
+                arm if arm.starts_with("\n  ELSEIF") => format!("\n  IF{}", &arm["\n  ELSEIF".len()..]),
+                arm => arm,
+            };
             if arm.is_empty() {
                 arm
             } else {

@@ -70,6 +70,14 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
         {
             tracing::warn!(server = server.name.as_str(), "{warning}");
         }
+        let (offset, uncertainty) = clock_offset(tx, &server.name).await?;
+        if let Some(problem) = clock_problem(offset, uncertainty) {
+            problems.push(Drift {
+                server: server.name.clone(),
+                shard: None,
+                problem,
+            });
+        }
         if let Some(p) = too_many_sessions(topo, &server.name, tx).await? {
             problems.push(Drift {
                 server: server.name.clone(),
@@ -79,10 +87,23 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
         }
     }
     problems.extend(catalog::conflicts(topo, &views, added));
+    let (timelines, recorded) = timelines(&txs, topo).await?;
+    problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
+    let timelines: Vec<_> = views.iter().map(|v| v.identity).zip(timelines).collect();
     for (tx, (server, view)) in txs.iter().zip(topo.servers().iter().zip(&views)) {
         for &shard in &server.shards {
-            if view.state(shard) == Some(State::Live)
-                && let Some(p) = restored(tx, topo, &server.name, shard).await?
+            if view.state(shard) != Some(State::Live) {
+                continue;
+            }
+            // Both are lifted by rebuilding the functions: only repair may.
+            for p in [
+                restored(tx, topo, &server.name, shard).await?,
+                restarted(tx, topo, &server.name, shard)
+                    .await?
+                    .map(|p| format!("{p}; pg apply does not lift this")),
+            ]
+            .into_iter()
+            .flatten()
             {
                 problems.push(Drift {
                     server: server.name.clone(),
@@ -132,6 +153,7 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
             .map_err(ctx(name, "creating the deployment records"))?;
         catalog::record_deployment(tx, &Deployment::of(topo, &id, name)).await?;
         catalog::record_timeline(tx, name, false).await?;
+        catalog::record_timelines(tx, name, &timelines).await?;
         catalog::record_owners(tx, name, &owners).await?;
         let mut created = 0;
         let view = &views[out.len()];
@@ -148,7 +170,7 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
                     shard,
                     "recreating a dropped live shard past the clock"
                 );
-                bump_past_clock(tx, topo, name, &seq).await?;
+                bump_past_clock(tx, topo, name, &seq, 0).await?;
             }
             catalog::record_shard(tx, name, shard, State::Live, None).await?;
         }
@@ -234,12 +256,13 @@ pub(crate) async fn install_shard(
             .map_err(ctx(name, &format!("making {seq} logged")))?;
     }
     let oid = sequence_oid(tx, name, &seq).await?;
+    let run = server_run(tx, name).await?;
     tx.batch_execute(&sql::shard_ddl(
         topo.layout(),
         &schema,
         shard,
         topo.sign_bit(),
-        sql::SeqOid::Oid(oid),
+        sql::SeqOid::Vouched { oid, run },
     )?)
     .await
     .map_err(ctx(name, &format!("installing shard {shard} ({schema})")))?;

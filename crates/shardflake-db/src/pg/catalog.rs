@@ -77,6 +77,11 @@ CREATE TABLE IF NOT EXISTS shardflake.owners (
 CREATE TABLE IF NOT EXISTS shardflake.timeline (
   singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
   timeline bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS shardflake.timelines (
+  system_identifier bigint NOT NULL,
+  database_oid bigint NOT NULL,
+  timeline bigint NOT NULL,
+  PRIMARY KEY (system_identifier, database_oid));
 ";
 
 /// The server's current WAL timeline: the first 8 hex digits of the
@@ -922,6 +927,103 @@ pub async fn timeline_changed(
         .map_err(ctx(server, "reading the WAL timeline"))?
         .get(0);
     Ok((current != recorded).then_some((recorded, current)))
+}
+
+/// The server's current WAL timeline.
+pub async fn current_timeline(c: &impl GenericClient, server: &str) -> Result<i64, Error> {
+    Ok(c.query_one(CURRENT_TIMELINE, &[])
+        .await
+        .map_err(ctx(server, "reading the WAL timeline"))?
+        .get(0))
+}
+
+/// The newest WAL timeline a server records for each database of the
+/// deployment (`shardflake.timelines`; empty where there is none yet).
+pub async fn recorded_timelines(
+    c: &impl GenericClient,
+    server: &str,
+) -> Result<BTreeMap<Identity, i64>, Error> {
+    let has: bool = c
+        .query_one(
+            "SELECT to_regclass('shardflake.timelines') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(ctx(server, "looking up the recorded timelines"))?
+        .get(0);
+    if !has {
+        return Ok(BTreeMap::new());
+    }
+    let rows = c
+        .query(
+            "SELECT system_identifier, database_oid, timeline FROM shardflake.timelines",
+            &[],
+        )
+        .await
+        .map_err(ctx(server, "reading the recorded timelines"))?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            (
+                Identity {
+                    system: r.get(0),
+                    database: r.get(1),
+                },
+                r.get(2),
+            )
+        })
+        .collect())
+}
+
+/// Records on a server each database's current timeline, never lowering
+/// one recorded before: a copy on an older one is then told apart.
+pub async fn record_timelines(
+    c: &impl GenericClient,
+    server: &str,
+    timelines: &[(Identity, i64)],
+) -> Result<(), Error> {
+    for (identity, timeline) in timelines {
+        c.execute(
+            "INSERT INTO shardflake.timelines VALUES ($1, $2, $3)
+             ON CONFLICT (system_identifier, database_oid)
+             DO UPDATE SET timeline = greatest(shardflake.timelines.timeline, EXCLUDED.timeline)",
+            &[&identity.system, &identity.database, timeline],
+        )
+        .await
+        .map_err(ctx(server, "recording the timelines"))?;
+    }
+    Ok(())
+}
+
+/// Servers of the file whose database another server of the deployment
+/// records on a newer WAL timeline than the one it is on: a copy left on
+/// the old timeline, such as the old primary started again after its
+/// standby was promoted (split brain). `current[i]` is the timeline of
+/// `views[i]`'s server, `recorded[i]` what it records.
+pub fn older_timelines(
+    views: &[ServerView],
+    current: &[i64],
+    recorded: &[BTreeMap<Identity, i64>],
+) -> Vec<Drift> {
+    let mut out = Vec::new();
+    for (view, &now) in views.iter().zip(current) {
+        let newest = views
+            .iter()
+            .zip(recorded)
+            .filter_map(|(other, r)| r.get(&view.identity).map(|&t| (t, &other.name)))
+            .max();
+        if let Some((newer, by)) = newest.filter(|&(t, _)| t > now) {
+            out.push(Drift {
+                server: view.name.clone(),
+                shard: None,
+                problem: format!(
+                    "is on WAL timeline {now}, but server {by:?} records timeline {newer} for this database ({}): it is a copy left on an older timeline, such as the old primary started again after a standby was promoted in its place; it makes no id (SF005), and no command vouches for it: retire it or rebuild it as a standby (pg_rewind), and point the file at the promoted server",
+                    view.identity
+                ),
+            });
+        }
+    }
+    out
 }
 
 /// Writes (upserts) a shard's row on a server.

@@ -37,6 +37,22 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         views.push(catalog::read(c, &server.name, topo).await?);
     }
     drift.extend(catalog::conflicts(topo, &views, &[]));
+    let (mut current, mut recorded) = (Vec::new(), Vec::new());
+    for (server, c) in &clients {
+        let in_recovery: bool = c
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .map_err(ctx(&server.name, "asking whether it is in recovery"))?
+            .get(0);
+        // A server in recovery has no timeline of its own yet (reported below).
+        current.push(if in_recovery {
+            i64::MAX
+        } else {
+            catalog::current_timeline(c, &server.name).await?
+        });
+        recorded.push(catalog::recorded_timelines(c, &server.name).await?);
+    }
+    drift.extend(catalog::older_timelines(&views, &current, &recorded));
     // In a deployment that exists, a server without records is a conflict.
     let recorded = catalog::deployment_id(&views).is_some();
     for ((server, client), view) in clients.iter().zip(&views) {
@@ -61,6 +77,10 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 None,
                 "holds no deployment record (schema shardflake): run pg apply".into(),
             ));
+        }
+        let (offset, uncertainty) = clock_offset(client, name).await?;
+        if let Some(problem) = clock_problem(offset, uncertainty) {
+            drift.push(d(None, problem));
         }
         let in_recovery: bool = client
             .query_one("SELECT pg_is_in_recovery()", &[])
@@ -142,13 +162,16 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
             let seq = sql::shard_sequence(&schema);
             if let Some(problem) = restored(client, topo, name, shard).await? {
                 drift.push(d(Some(shard), problem));
+            } else if let Some(problem) = restarted(client, topo, name, shard).await? {
+                drift.push(d(Some(shard), problem));
             } else if let Ok(oid) = sequence_oid(client, name, &seq).await {
+                let run = server_run(client, name).await?;
                 let expected = sql::next_id_function(
                     topo.layout(),
                     &schema,
                     shard,
                     topo.sign_bit(),
-                    sql::SeqOid::Oid(oid),
+                    sql::SeqOid::Vouched { oid, run },
                 );
                 let body: Option<String> = client
                     .query_opt(

@@ -12,7 +12,9 @@
 //!   a topology file is checked against before anything changes.
 //! - `apply` (idempotent; every server checked before any is changed),
 //!   `check` (drift between servers and topology) and `repair` (after a
-//!   restore), each reading every server's records first.
+//!   restore, a restart or a failover: `next_id` is vouched for one run
+//!   of its server, [`sql::ServerRun`]), each reading every server's
+//!   records first.
 //! - [`move_shard`]: copies a logical shard to another server under a brief
 //!   write pause, switches the topology, verifies, then drops the old copy.
 //! - [`route`]: key → logical shard → server and schema; id → shard →
@@ -27,7 +29,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, GenericClient, NoTls};
 
-use crate::{Error, SQLSTATE_RESTORED, pg_message};
+use crate::{Error, SQLSTATE_RESTARTED, SQLSTATE_RESTORED, pg_message};
 
 mod apply;
 pub mod catalog;
@@ -121,6 +123,26 @@ pub(crate) async fn lock_deployment<C: GenericClient>(
             .map_err(ctx(names[i], "taking the deployment lock"))?;
     }
     Ok(())
+}
+
+/// Each server's current WAL timeline and the timelines it records for
+/// the deployment's databases ([`catalog::older_timelines`]).
+pub(crate) async fn timelines<C: GenericClient>(
+    clients: &[C],
+    topo: &Topology,
+) -> Result<
+    (
+        Vec<i64>,
+        Vec<std::collections::BTreeMap<catalog::Identity, i64>>,
+    ),
+    Error,
+> {
+    let (mut current, mut recorded) = (Vec::new(), Vec::new());
+    for (c, server) in clients.iter().zip(topo.servers()) {
+        current.push(catalog::current_timeline(c, &server.name).await?);
+        recorded.push(catalog::recorded_timelines(c, &server.name).await?);
+    }
+    Ok((current, recorded))
 }
 
 /// The names of the file's servers, in its order.
@@ -231,6 +253,76 @@ pub(crate) async fn restored(
     })
 }
 
+/// The run of the server `c` is connected to ([`sql::ServerRun`]).
+pub(crate) async fn server_run(
+    c: &impl GenericClient,
+    name: &str,
+) -> Result<sql::ServerRun, Error> {
+    let row = c
+        .query_one(sql::ServerRun::QUERY, &[])
+        .await
+        .map_err(ctx(name, "reading when the server started"))?;
+    Ok(sql::ServerRun {
+        started: row.get(0),
+        replayed: row.get(1),
+    })
+}
+
+/// Why a live shard's `next_id` refuses every id (`SF005`), if it does:
+/// it was vouched for another run of the server, which has restarted or
+/// replayed WAL since (a function made before this guard has none).
+pub(crate) async fn restarted(
+    c: &impl GenericClient,
+    topo: &Topology,
+    name: &str,
+    shard: u64,
+) -> Result<Option<String>, Error> {
+    let schema = topo.schema(shard);
+    let body: Option<String> = c
+        .query_opt(
+            "SELECT p.prosrc FROM pg_proc p
+              WHERE p.pronamespace = to_regnamespace($1) AND p.proname = 'next_id' AND p.pronargs = 1",
+            &[&schema],
+        )
+        .await
+        .map_err(ctx(name, "reading next_id"))?
+        .map(|r| r.get(0));
+    let Some(body) = body.filter(|b| b.contains("pg_postmaster_start_time()")) else {
+        return Ok(None);
+    };
+    if body.contains(&server_run(c, name).await?.changed_sql()) {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "the server restarted or replayed WAL (a crash, a promoted standby, a restore from a base backup) since its ids were last vouched for: {schema}.next_id() refuses every id (SQLSTATE {SQLSTATE_RESTARTED}) until `shardflake pg repair`. If a standby was promoted in place of this server, this is the old primary: do not repair it, retire it or rebuild it as a standby (pg_rewind)"
+    )))
+}
+
+pub use crate::CLOCK_BOUND_MS;
+
+/// A server's clock against this host's: `(offset, uncertainty)` in
+/// milliseconds, the offset positive when the server's clock is ahead,
+/// the uncertainty half the round trip of the reading.
+pub(crate) async fn clock_offset(c: &impl GenericClient, name: &str) -> Result<(i64, i64), Error> {
+    let before = crate::host_unix_ms();
+    let server: i64 = c
+        .query_one(
+            "SELECT floor(date_part('epoch', clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "reading the server's clock"))?
+        .get(0);
+    let after = crate::host_unix_ms();
+    Ok((server - (before + after) / 2, (after - before + 1) / 2))
+}
+
+/// Why a server's clock is too far from this host's for `pg repair` to
+/// vouch for a promoted standby ([`CLOCK_BOUND_MS`]), if it is.
+pub(crate) fn clock_problem(offset: i64, uncertainty: i64) -> Option<String> {
+    crate::clock_problem(offset, uncertainty, "pg repair")
+}
+
 /// The server clock packed as a shard sequence's values are, in SQL.
 fn packed_clock_sql(topo: &Topology) -> String {
     let l = topo.layout();
@@ -283,19 +375,23 @@ pub(crate) async fn ahead_of_clock(
 
 /// Sets a shard's sequence past every value it can have handed out (the
 /// server clock plus [`sql::lead_bound`]: no value runs further ahead of
-/// the clock); returns its last value before and after.
+/// the clock), and `margin_ms` further; returns its last value before and
+/// after.
 async fn bump_past_clock(
     c: &impl GenericClient,
     topo: &Topology,
     name: &str,
     seq: &str,
+    margin_ms: u64,
 ) -> Result<(i64, i64), Error> {
     let l = topo.layout();
     let clock = packed_clock_sql(topo);
+    let margin_ticks = margin_ms.div_ceil(l.tick_ms().max(1)) as i64;
+    let lead = (sql::lead_bound(l) + 1).saturating_add(margin_ticks << l.sequence().bits());
     let row = c
         .query_one(
             &format!("SELECT last_value, greatest(last_value, {clock} + $1::bigint) FROM {seq}"),
-            &[&(sql::lead_bound(l) + 1)],
+            &[&lead],
         )
         .await
         .map_err(ctx(name, &format!("reading {seq}")))?;

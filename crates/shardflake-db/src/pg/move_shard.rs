@@ -270,6 +270,8 @@ impl Deployed {
             .into_iter()
             .filter(|d| d.shard.is_none())
             .collect();
+        let (timelines, recorded) = pg::timelines(&clients, &topo).await?;
+        problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
         // A file one generation behind is this shard's own move, recorded
         // on the servers and stopped before it wrote the file: the same
         // move finishes it (see `switch`). Any older file is refused.
@@ -1045,6 +1047,7 @@ async fn foreign_objects(
         "next_id",
         "next_id_slow",
         "next_id_refused",
+        "next_id_restarted",
         "shardflake_meta",
         "shardflake_moved",
     ];

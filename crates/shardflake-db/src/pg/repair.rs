@@ -27,12 +27,18 @@ impl fmt::Display for Repaired {
     }
 }
 
-/// After a restore: moves each live shard's sequence (or only `only`'s)
-/// past every value it can have handed out before (the server's clock plus
-/// [`sql::AHEAD_MS`], since no value runs further ahead of the clock), and
-/// rebuilds its functions for the sequence that is there now. Refuses what
-/// `apply` refuses except the restore itself. Ids resume dated up to
-/// `AHEAD_MS` ahead (new draws wait until the clock is within that).
+/// After a restore, a restart or a failover: moves each live shard's
+/// sequence (or only `only`'s) past every value it can have handed out
+/// before (the server's clock plus [`sql::AHEAD_MS`], since no value runs
+/// further ahead of the clock; on a server whose WAL timeline changed,
+/// plus [`CLOCK_BOUND_MS`] and its clock's measured difference from this
+/// host's, for the ids of the old primary it never received), and
+/// rebuilds its functions for the sequence and the run of the server that
+/// are there now (lifting `SF003` and `SF005`). Refuses what `apply`
+/// refuses except the restore itself, and a server whose clock is more
+/// than [`CLOCK_BOUND_MS`] from this host's. Ids resume dated up to
+/// `AHEAD_MS` (and that margin) ahead: new draws wait until the clock is
+/// within `AHEAD_MS` of them.
 pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>, Error> {
     if let Some(shard) = only {
         topo.server_of(shard)?;
@@ -65,12 +71,42 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
             "removed the record of a copy that is gone"
         );
     }
-    let problems = catalog::conflicts(topo, &views, &[]);
+    let mut problems = catalog::conflicts(topo, &views, &[]);
+    let (timelines, recorded) = timelines(&txs, topo).await?;
+    problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
+    let timelines: Vec<_> = views.iter().map(|v| v.identity).zip(timelines).collect();
+    // A server on a new timeline (a promoted standby, a base backup
+    // restored) may be behind ids another machine made after the last WAL
+    // it has: each of those is at most that machine's clock plus AHEAD_MS,
+    // which was within CLOCK_BOUND_MS of this host's if pg check held. So
+    // its sequences go that bound and its measured difference further,
+    // and a clock further off than the bound is refused.
+    let mut margins = Vec::new();
+    for (tx, server) in txs.iter().zip(topo.servers()) {
+        let (offset, uncertainty) = clock_offset(tx, &server.name).await?;
+        if let Some(problem) = clock_problem(offset, uncertainty) {
+            problems.push(Drift {
+                server: server.name.clone(),
+                shard: None,
+                problem,
+            });
+        }
+        let moved_on = catalog::timeline_changed(tx, &server.name).await?.is_some();
+        margins.push(if moved_on {
+            offset.unsigned_abs() + uncertainty.unsigned_abs() + CLOCK_BOUND_MS
+        } else {
+            0
+        });
+    }
     if !problems.is_empty() {
         return Err(refused("repair", problems));
     }
     let mut out = Vec::new();
-    for (tx, (server, view)) in txs.iter().zip(topo.servers().iter().zip(&views)) {
+    for ((tx, (server, view)), &margin_ms) in txs
+        .iter()
+        .zip(topo.servers().iter().zip(&views))
+        .zip(&margins)
+    {
         let name = server.name.as_str();
         for &shard in &server.shards {
             if only.is_some_and(|s| s != shard) || view.state(shard) != Some(State::Live) {
@@ -85,7 +121,7 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
             ))
             .await
             .map_err(ctx(name, &format!("locking {seq}")))?;
-            let (from, to) = bump_past_clock(tx, topo, name, &seq).await?;
+            let (from, to) = bump_past_clock(tx, topo, name, &seq, margin_ms).await?;
             install_shard(tx, topo, name, shard).await?;
             out.push(Repaired {
                 server: name.to_string(),
@@ -99,6 +135,12 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
             // the one a later physical restore is told apart from.
             catalog::record_timeline(tx, name, true).await?;
         }
+        // Every server learns each database's timeline: the old primary
+        // of a promoted standby is then refused wherever a file reaches it.
+        tx.batch_execute(catalog::CATALOG_DDL)
+            .await
+            .map_err(ctx(name, "creating the deployment records"))?;
+        catalog::record_timelines(tx, name, &timelines).await?;
     }
     // Each server's repair stands alone (no id is repeated by a commit
     // that fails after another's): a re-run finishes the rest.

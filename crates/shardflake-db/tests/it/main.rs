@@ -4,11 +4,14 @@
 mod id_types;
 mod mysql;
 mod mysql_binlog;
+mod mysql_failover;
 mod mysql_operator;
+mod mysql_shards;
 mod pg;
 mod pg_dead_ends;
 mod pg_deployment_lock;
 mod pg_durability;
+mod pg_failover;
 mod pg_identity;
 mod pg_move;
 mod pg_next_id;

@@ -475,7 +475,7 @@ async fn check_reports_drift_and_dead_servers_give_clear_errors() {
     assert!(
         drift
             .iter()
-            .any(|d| d.starts_with("a: shard 0: shard0.next_id() was built for \"v3; shard=2")),
+            .any(|d| d.starts_with("a: shard 0: shard0.next_id() was built for \"v4; shard=2")),
         "{drift:?}"
     );
     assert!(

@@ -1,0 +1,142 @@
+//! MariaDB failover (issue 37, F2 and PR): a replica whose clock runs 4 s
+//! behind its primary's (libfaketime), replication stopped while the
+//! primary goes on making ids for 3 s, the primary killed, the replica
+//! promoted (`STOP SLAVE; RESET SLAVE ALL`). Its sequence is as of the last
+//! change it received, within its own clock's band: before, it made ids
+//! the primary had made at once. Its clock event is `SLAVESIDE_DISABLED`
+//! (no loop ran there until `mysql apply`). Now every insert is refused
+//! until `mysql repair`, which refuses while its clock is off, then puts
+//! the sequence past every id the primary made and starts the clock event.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use mysql_async::{Conn, Opts};
+use shardflake::preset;
+use shardflake_db::mysql::{self, Options};
+use shardflake_testkit::MariaDbServer;
+
+async fn conn(url: &str) -> Conn {
+    Conn::new(Opts::from_url(url).unwrap()).await.unwrap()
+}
+
+/// Waits, bounded, until the replica holds every row the primary holds
+/// (and so every change of the sequence made before them).
+fn wait_replicated(primary: &MariaDbServer, replica: &MariaDbServer) {
+    let rows = "SELECT COUNT(*), MAX(id) FROM posts";
+    let target = primary.sql(rows).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while replica.sql(rows).ok().as_deref() != Some(target.as_str()) {
+        assert!(
+            Instant::now() < deadline,
+            "not replicated after 30 s: {}",
+            replica.sql("SHOW SLAVE STATUS").unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_promoted_with_a_clock_behind_makes_no_id_the_old_primary_made() {
+    let primary = MariaDbServer::start_with("--log-bin --server-id=1", None).unwrap();
+    let clock = std::env::temp_dir().join(format!("s37-replica-clock-{}", std::process::id()));
+    std::fs::write(&clock, "-4s").unwrap();
+    let replica = MariaDbServer::start_with("--server-id=2", Some(&clock)).unwrap();
+    let status = primary.sql("SHOW MASTER STATUS").unwrap();
+    let mut fields = status.split('\t');
+    let (file, pos) = (fields.next().unwrap(), fields.next().unwrap());
+    replica
+        .sql(&format!(
+            "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, MASTER_USER='root', \
+             MASTER_PASSWORD='', MASTER_LOG_FILE='{file}', MASTER_LOG_POS={pos}; START SLAVE",
+            primary.port
+        ))
+        .unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let opts = Options::default();
+    let mut cp = conn(&primary.url()).await;
+    mysql::apply(&mut cp, &layout, &opts).await.unwrap();
+    let mut made = Vec::new();
+    for _ in 0..200 {
+        made.push(mysql::insert(&mut cp, &opts.names, 42, "x").await.unwrap());
+    }
+    wait_replicated(&primary, &replica);
+    // Replication stops; the primary goes on for 3 s, then dies.
+    replica.sql("STOP SLAVE").unwrap();
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        made.push(mysql::insert(&mut cp, &opts.names, 42, "x").await.unwrap());
+    }
+    drop(cp);
+    primary.kill().unwrap();
+    replica.sql("RESET SLAVE ALL").unwrap();
+    let max_made = *made.iter().max().unwrap();
+
+    // Before any operator step: no id (on the old code, the primary's).
+    let mut cr = conn(&replica.url()).await;
+    match mysql::insert(&mut cr, &opts.names, 42, "x").await {
+        Err(e) => assert!(e.to_string().contains("server_id"), "{e}"),
+        Ok(first) => {
+            let mut ids = vec![first];
+            for _ in 0..200 {
+                match mysql::insert(&mut cr, &opts.names, 42, "x").await {
+                    Ok(id) => ids.push(id),
+                    Err(_) => break,
+                }
+            }
+            let seen: HashSet<i64> = made.iter().copied().collect();
+            panic!(
+                "the promoted replica made ids at once: {} of {} at or below the old primary's last, {} repeated",
+                ids.iter().filter(|&&id| id <= max_made).count(),
+                ids.len(),
+                ids.iter().filter(|id| seen.contains(id)).count()
+            );
+        }
+    }
+    let e = mysql::generate_post_id(&mut cr, "generate_post_id", 42)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("server_id"), "{e}");
+    let problems = mysql::check(&mut cr, &layout, &opts)
+        .await
+        .unwrap()
+        .join("\n");
+    for what in [
+        "server_id 1, and this server is server_id 2",
+        "behind this host's",
+    ] {
+        assert!(problems.contains(what), "{what}: {problems}");
+    }
+    // apply cannot lift it; repair refuses the clock 4 s behind.
+    let e = mysql::apply(&mut cr, &layout, &opts).await.unwrap_err();
+    assert!(e.to_string().contains("mysql repair"), "{e}");
+    let e = mysql::repair(&mut cr, &layout, &opts).await.unwrap_err();
+    assert!(e.to_string().contains("behind this host's"), "{e}");
+    // The clock corrected, repair puts the sequence past every id the old
+    // primary made and starts the clock event there.
+    std::fs::write(&clock, "+0").unwrap();
+    mysql::repair(&mut cr, &layout, &opts).await.unwrap();
+    let mut after = Vec::new();
+    for _ in 0..200 {
+        after.push(mysql::insert(&mut cr, &opts.names, 42, "x").await.unwrap());
+    }
+    after.push(
+        mysql::generate_post_id(&mut cr, "generate_post_id", 42)
+            .await
+            .unwrap(),
+    );
+    assert!(
+        after.iter().all(|&id| id > max_made),
+        "ids at or below the old primary's last: {}",
+        after.iter().filter(|&&id| id <= max_made).count()
+    );
+    assert!(
+        mysql::clock_running(&mut cr, &opts.names).await.unwrap(),
+        "the clock event runs on the promoted replica"
+    );
+    assert_eq!(
+        mysql::check(&mut cr, &layout, &opts).await.unwrap(),
+        Vec::<String>::new()
+    );
+    let _ = std::fs::remove_file(&clock);
+}
