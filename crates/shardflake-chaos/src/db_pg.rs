@@ -21,7 +21,8 @@
 //!   moves must be in the file afterwards;
 //! - a crash: a backend of the shard's server SIGKILLed (PostgreSQL ends
 //!   every session and recovers), or first `synchronous_commit = off` set
-//!   on its database, which `pg check` must report, and put back as it says.
+//!   on its database, which `pg check` must report, and put back as it says;
+//!   after the crash, `pg repair` (the server refuses ids until then).
 //!
 //! The faults are drawn from the seed at random (`schedule::draw`): which
 //! kind, which shard, which step or way, how many ms into a move.
@@ -564,6 +565,12 @@ fn fault_once(
                     bail!("{owner_url} did not come back within 30 s of the crash");
                 }
                 std::thread::sleep(Duration::from_millis(50));
+            }
+            // A crash ends the run next_id was vouched for: inserts are
+            // refused (SF005) until the operator's `pg repair`.
+            let repaired = cli(&o.bin, &["pg", "repair", "-t", &t])?;
+            if !repaired.status.success() {
+                bail!("pg repair after the crash: {}", text(&repaired));
             }
             Ok(())
         }
