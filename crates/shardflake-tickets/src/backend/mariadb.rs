@@ -151,7 +151,7 @@ impl MariaSession {
         // for a metadata lock) must not wait on there for a day.
         let lock_wait = config.failover.admin_timeout().as_secs().max(1);
         conn.query_drop(format!(
-            "SET SESSION auto_increment_increment = {}, auto_increment_offset = {}, lock_wait_timeout = {lock_wait}, innodb_lock_wait_timeout = {lock_wait}",
+            "SET SESSION auto_increment_increment = {}, auto_increment_offset = {}, lock_wait_timeout = {lock_wait}, innodb_lock_wait_timeout = {lock_wait}, @shardflake_client = 1",
             config.increment, server.offset
         ))
         .await
@@ -920,15 +920,19 @@ impl Backend for MariaSession {
 /// MariaDB names triggers per database: the segment table's are
 /// `GUARD_update`, `GUARD_insert`, `GUARD_delete` (a row set lower, a row
 /// inserted lower than the one it replaces, a row deleted to be inserted
-/// again lower); a per-id table `t`'s are `t_guard_i`, `t_guard_u`.
+/// again lower); a per-id table `t`'s are `t_guard_i`, `t_guard_u`, `t_guard_d`, `t_guard_v`.
 ///
 /// A per-id counter is InnoDB's `AUTO_INCREMENT`, which rows written never
 /// lower, but `ALTER TABLE … AUTO_INCREMENT = n` lowers it to the largest
 /// id + 1, unseen by running clients (the table keeps its identity): so
 /// no row may get an id below the largest (a data-only `--replace` load,
 /// an `UPDATE`). A ticket inserts id 0 (`NEW.id` is 0 until the counter
-/// assigns it), so the trigger costs it one comparison. No `DELETE`
-/// trigger: every `REPLACE` deletes the row it replaces. A ticket's
+/// assigns it), so the trigger costs it one comparison. Every `REPLACE`
+/// deletes the row it replaces, so `…_guard_d` lets a delete through
+/// only in a session of ours (`@shardflake_client`, set at connect) or one
+/// that set `@shardflake_rewind`: an operator's `DELETE` of the row, which
+/// would let `ALTER TABLE … AUTO_INCREMENT` lower the counter of the table
+/// left empty, is refused. A ticket's
 /// `…_guard_v` compares the session's `@shardflake_lattice` with the
 /// server's lattice version ([`VERSION_TABLE`]), whatever `@shardflake_rewind`
 /// says: a client still on the file of before a reshape is refused at its
@@ -977,6 +981,11 @@ fn guard_triggers(table: &str) -> Vec<(String, String)> {
         })
         .collect();
     if table != SEGMENT_TABLE {
+        let name = format!("{table}_guard_d");
+        let sql = format!(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE DELETE ON {table} FOR EACH ROW BEGIN IF {rewind} @shardflake_client IS NULL THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+        );
+        triggers.push((name, sql));
         let name = format!("{table}_guard_v");
         let sql = format!(
             "CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF NEW.id = 0 AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; END"

@@ -97,3 +97,143 @@ async fn an_old_client_is_refused_at_its_next_call_after_a_reshape_postgres_sequ
     let style = "postgres_tickets = \"sequence\"\n";
     an_old_client_is_refused_at_its_next_call("postgres", style, &a.url(), &b.url()).await;
 }
+
+/// What an operator's session tries on a server a client runs on, each
+/// of which would set a counter back in place: every statement must be
+/// refused by the table's guard.
+fn refused_in_place(what: &str, answer: Result<(), String>) {
+    let said = answer.expect_err(&format!("{what}: a counter was set back in place"));
+    assert!(said.contains("never set back in place"), "{what}: {said}");
+}
+
+/// Item 3, MariaDB: every way to set a counter back in place with the
+/// tables kept is refused by their guard: a per-id row deleted (the table
+/// left empty would let `ALTER TABLE … AUTO_INCREMENT` lower the counter
+/// to anything) or set lower, a segment row set lower or deleted; the
+/// `ALTER` then cannot lower the counter below an id handed out, and the
+/// running client and a fresh one hand out no id twice. Before: the
+/// `DELETE` went through, and the `ALTER` set the counter from past 200
+/// to 11.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_counter_goes_back_in_place_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = super::repro::pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = client.next_n("photos", 200).await.unwrap();
+    let mut blocks = client.next_n("blocks", 2000).await.unwrap();
+    let sql = |s: &str| a.sql(s).map(|_| ()).map_err(|e| format!("{e:#}"));
+    for statement in [
+        "DELETE FROM tickets_photos",
+        "UPDATE tickets_photos SET id = 1",
+        "UPDATE shardflake_ticket_segments SET max_id = 0",
+        "DELETE FROM shardflake_ticket_segments",
+    ] {
+        refused_in_place(statement, sql(statement));
+    }
+    sql("ALTER TABLE tickets_photos AUTO_INCREMENT = 11").unwrap();
+    let next: u64 = a
+        .sql("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'app' AND TABLE_NAME = 'tickets_photos'")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let largest_of_a = photos.iter().filter(|id| *id % 2 == 1).max().copied();
+    assert!(
+        Some(next) > largest_of_a,
+        "counter {next}, a handed out {largest_of_a:?}"
+    );
+    let fresh = TicketClient::connect(config).await.unwrap();
+    for c in [&client, &fresh] {
+        photos.extend(c.next_n("photos", 200).await.unwrap());
+        blocks.extend(c.next_n("blocks", 2000).await.unwrap());
+    }
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+/// An operator's session on `server`.
+async fn pg_admin(server: &PgServer) -> shardflake_tickets::tokio_postgres::Client {
+    let (admin, conn) = shardflake_tickets::tokio_postgres::connect(
+        &server.url(),
+        shardflake_tickets::tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    admin
+}
+
+/// Item 3, PostgreSQL with the table style (the default): a per-id row or
+/// a segment row set lower or deleted is refused by the table's guard; the
+/// clients hand out no id twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_counter_goes_back_in_place_postgres_table() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = super::live_restore::pg_pair(&a, &b, "table");
+    let default = Config::parse(&format!(
+        "{}{FIXED}",
+        server_toml("a", "postgres", &a.url(), 1)
+    ))
+    .unwrap();
+    assert_eq!(
+        default.postgres_tickets,
+        shardflake_tickets::PgTickets::Table,
+        "the style whose counters a guard protects is the default"
+    );
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = client.next_n("photos", 200).await.unwrap();
+    let mut blocks = client.next_n("blocks", 2000).await.unwrap();
+    let admin = pg_admin(&a).await;
+    for statement in [
+        "DELETE FROM tickets_photos",
+        "UPDATE tickets_photos SET id = 1",
+        "UPDATE shardflake_ticket_segments SET max_id = 0",
+        "DELETE FROM shardflake_ticket_segments",
+    ] {
+        let answer = admin
+            .batch_execute(statement)
+            .await
+            .map_err(|e| format!("{:?}", e.as_db_error().map(|d| d.message())));
+        refused_in_place(statement, answer);
+    }
+    let fresh = TicketClient::connect(config).await.unwrap();
+    for c in [&client, &fresh] {
+        photos.extend(c.next_n("photos", 200).await.unwrap());
+        blocks.extend(c.next_n("blocks", 2000).await.unwrap());
+    }
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+/// Item 3, PostgreSQL with `postgres_tickets = "sequence"`: no trigger
+/// fires on a sequence, so nothing refuses these. `ALTER SEQUENCE …
+/// RESTART` gives the sequence a new file node, which every answer
+/// carries: the running client's next answer is refused (`recreated`) and
+/// the server raised past its marks. A `setval` keeps it: seen only by a
+/// client whose last answer is above the value set (`went_back`), as here;
+/// one whose last answer was below cannot tell (why the table is the
+/// default). Either way no id is handed out twice here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sequence_set_back_in_place_is_seen_by_a_client_past_it_postgres() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = super::live_restore::pg_pair(&a, &b, "sequence");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = client.next_n("photos", 400).await.unwrap();
+    let admin = pg_admin(&a).await;
+    for statement in [
+        "ALTER SEQUENCE tickets_photos RESTART WITH 1",
+        "SELECT setval('tickets_photos', 1, false)",
+    ] {
+        admin.batch_execute(statement).await.unwrap();
+        for _ in 0..4 {
+            photos.extend(client.next_n("photos", 100).await.unwrap());
+        }
+        assert_unique(&photos);
+    }
+    let fresh = TicketClient::connect(config).await.unwrap();
+    photos.extend(fresh.next_n("photos", 400).await.unwrap());
+    assert_unique(&photos);
+}
