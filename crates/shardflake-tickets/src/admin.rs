@@ -407,8 +407,11 @@ pub struct Reshaped {
 /// from then on the database refuses every ticket and block of a session
 /// opened before (a client still running on the old file, its pooled
 /// sessions included), and no session starts. Then reads every mark (of
-/// any server, removed ones included) and every counter (under the lattice
-/// it was recorded with), so everything the old clients got is counted;
+/// any server on the servers' tables, removed ones included, and in
+/// `store`, etcd too where the file names it, those of every server of
+/// the file or named on the servers' tables) and
+/// every counter (under the lattice it was recorded with), so everything
+/// the old clients got is counted;
 /// raises each server past the largest, records the new lattice, writes
 /// that mark for every server, and ends the reshape. Every server must
 /// answer; one that fails midway stays refused until `reshape` is run
@@ -470,9 +473,35 @@ pub async fn reshape(
         )
         .await?;
     }
+    // The marks in the stores the file names (etcd too, where the peers'
+    // went back with them in a restore), read after the fence: of every
+    // server of the file and every server the servers hold marks of (one
+    // the new file removes: its ids are in the new lattice's classes).
+    let mut names: Vec<String> = config.servers.iter().map(|s| s.name.clone()).collect();
+    for (server, session) in config.servers.iter().zip(&mut sessions) {
+        names.extend(
+            bounded(
+                config,
+                server,
+                "reshape: read the marks",
+                session.high_water_servers(),
+            )
+            .await?,
+        );
+    }
+    names.sort();
+    names.dedup();
+    let mut stored = Vec::new();
+    for name in &names {
+        stored.push(store.load(name).await?);
+    }
     let mut done = Vec::new();
     for seq in changed {
-        let mut past = 0u64;
+        let mut past = stored
+            .iter()
+            .filter_map(|marks| marks.get(&seq.name).copied())
+            .max()
+            .unwrap_or(0);
         for ((server, session), r) in config.servers.iter().zip(&mut sessions).zip(&recorded) {
             let old = r.iter().find(|(q, _)| *q == seq.name).map(|(_, r)| r);
             if let Some(old) = old

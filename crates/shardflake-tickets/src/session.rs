@@ -158,6 +158,10 @@ impl Backend for Session {
         delegate!(self, b => b.read_marks_of_sequence(sequence).await)
     }
 
+    async fn high_water_servers(&mut self) -> Result<Vec<String>, TicketError> {
+        delegate!(self, b => b.high_water_servers().await)
+    }
+
     async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
         delegate!(self, b => b.read_high_water(server).await)
     }

@@ -433,6 +433,11 @@ impl Backend for MariaSession {
         past: u64,
     ) -> Result<(), TicketError> {
         let lattice = Lattice::new(config, server);
+        // Every id is above 0; and an explicit id 0 is no id to MariaDB
+        // (the counter would assign one, a ticket nobody pinned).
+        if seq.mode == Mode::PerId && past == 0 {
+            return Ok(());
+        }
         let sql = match seq.mode {
             // Not `ALTER TABLE … AUTO_INCREMENT`: it lowers the counter to
             // the row's id + 1 when that is below (measured on 10.11: 101 to
@@ -682,6 +687,16 @@ impl Backend for MariaSession {
                     e,
                 )
             })
+    }
+
+    /// Every server this server holds marks of (not `init`'s row).
+    async fn high_water_servers(&mut self) -> Result<Vec<String>, TicketError> {
+        self.conn
+            .query(format!(
+                "SELECT DISTINCT server_name FROM {HW_TABLE} WHERE server_name <> ''"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read high-water marks", e))
     }
 
     /// The high-water marks this server holds for `server`: `(sequence, id)`.

@@ -102,6 +102,9 @@ pub(crate) trait Backend {
     /// The largest mark this server holds for `sequence`, of any server.
     async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError>;
 
+    /// Every server this server holds marks of (removed ones included).
+    async fn high_water_servers(&mut self) -> Result<Vec<String>, TicketError>;
+
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
     async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError>;
 

@@ -645,6 +645,19 @@ impl Backend for PgSession {
         Ok(())
     }
 
+    /// Every server this server holds marks of.
+    async fn high_water_servers(&mut self) -> Result<Vec<String>, TicketError> {
+        let rows = self
+            .client
+            .query(
+                &format!("SELECT DISTINCT server_name FROM {HW_TABLE} WHERE server_name <> ''"),
+                &[],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read high-water marks"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
     async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
         let rows = self

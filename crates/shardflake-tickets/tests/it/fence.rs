@@ -237,3 +237,62 @@ async fn a_sequence_set_back_in_place_is_seen_by_a_client_past_it_postgres() {
     photos.extend(fresh.next_n("photos", 400).await.unwrap());
     assert_unique(&photos);
 }
+
+/// Item 4, `reshape` reads the stores the file names: both servers
+/// restored from the night's dumps (their marks tables set back with
+/// them), then reshaped to `a` alone; `b` handed out most of the ids while
+/// `a` was down, and only etcd still holds its marks. `reshape` raises `a`
+/// past them, so `a`, now answering for every id, hands out none of `b`'s
+/// again. Before: `reshape` read the marks on the servers only, and `a`
+/// (raised on its first session past its own marks in etcd, not `b`'s)
+/// handed out `b`'s ids again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reshape_counts_the_marks_in_etcd_of_a_server_it_removes() {
+    let etcd = shardflake_testkit::Etcd::start(1).unwrap();
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let marks = format!(
+        "\n[marks]\netcd = [{}]\netcd_prefix = \"/removed\"\n",
+        etcd.endpoints
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let config = super::repro::pair(&a, &b, &marks);
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = client.next_n("photos", 200).await.unwrap();
+    let mut blocks = client.next_n("blocks", 3000).await.unwrap();
+    client.shutdown().await;
+    drop(client);
+    let night = (
+        super::repro::dump(&a, "night"),
+        super::repro::dump(&b, "night"),
+    );
+    a.kill().unwrap();
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    for _ in 0..4 {
+        photos.extend(client.next_n("photos", 1000).await.unwrap());
+        blocks.extend(client.next_n("blocks", 5000).await.unwrap());
+    }
+    client.shutdown().await;
+    drop(client);
+    a.restart().unwrap();
+    super::repro::restore(&a, &night.0);
+    super::repro::restore(&b, &night.1);
+    let alone = Config::parse(&format!(
+        "{}{FIXED}{marks}",
+        server_toml("a", "mariadb", &a.url(), 1)
+    ))
+    .unwrap();
+    admin::reshape(&alone, &*admin::admin_store(&alone))
+        .await
+        .unwrap();
+    let client = TicketClient::connect(alone).await.unwrap();
+    for _ in 0..4 {
+        photos.extend(client.next_n("photos", 1000).await.unwrap());
+        blocks.extend(client.next_n("blocks", 5000).await.unwrap());
+    }
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
