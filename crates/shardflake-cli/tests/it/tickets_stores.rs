@@ -7,7 +7,9 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
+use shardflake_testkit::serve::{Http, Serve, ServeOpts};
 use shardflake_testkit::{Etcd, MariaDbServer};
 
 fn shardflake(args: &[&str]) -> Output {
@@ -149,4 +151,53 @@ fn every_tickets_command_uses_the_stores_the_file_names() {
     blocks.extend(next(&after, "blocks", 20_000));
     assert_unique("after reshape: photos", &photos);
     assert_unique("after reshape: blocks", &blocks);
+
+    // `serve --tickets` keeps its marks in the same stores: both servers
+    // restored from dumps taken before it handed out ids, `tickets next`
+    // hands out none of them again.
+    let (dump_a, dump_b) = (dump(&a, &dir, "reshaped"), dump(&b, &dir, "reshaped"));
+    let mut serve = Serve::start(
+        crate::shardflake_bin(),
+        ServeOpts {
+            args: vec!["--tickets".into(), after.to_str().unwrap().into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        serve.ready(Duration::from_secs(30)).await.unwrap();
+        let mut http = Http::new(&serve.http);
+        for _ in 0..4 {
+            photos.extend(tickets(&mut http, "photos", 500).await);
+            blocks.extend(tickets(&mut http, "blocks", 5000).await);
+        }
+    });
+    serve.signal(libc::SIGTERM);
+    serve.wait_exit(Duration::from_secs(30)).unwrap();
+    a.load(&dump_a).unwrap();
+    b.load(&dump_b).unwrap();
+    photos.extend(next(&after, "photos", 2000));
+    blocks.extend(next(&after, "blocks", 20_000));
+    assert_unique("after serve: photos", &photos);
+    assert_unique("after serve: blocks", &blocks);
+}
+
+/// `GET /v1/tickets/SEQUENCE?count=N`: the ids.
+async fn tickets(http: &mut Http, sequence: &str, n: u64) -> Vec<u64> {
+    let (status, body) = http
+        .get(&format!("/v1/tickets/{sequence}?count={n}&numbers=true"))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| id.as_u64().unwrap())
+        .collect()
 }
