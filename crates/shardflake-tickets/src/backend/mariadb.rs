@@ -151,7 +151,7 @@ impl MariaSession {
         // for a metadata lock) must not wait on there for a day.
         let lock_wait = config.failover.admin_timeout().as_secs().max(1);
         conn.query_drop(format!(
-            "SET SESSION auto_increment_increment = {}, auto_increment_offset = {}, lock_wait_timeout = {lock_wait}, innodb_lock_wait_timeout = {lock_wait}, @shardflake_client = 1",
+            "SET SESSION auto_increment_increment = {}, auto_increment_offset = {}, lock_wait_timeout = {lock_wait}, innodb_lock_wait_timeout = {lock_wait}",
             config.increment, server.offset
         ))
         .await
@@ -942,16 +942,18 @@ impl Backend for MariaSession {
 /// id + 1, unseen by running clients (the table keeps its identity): so
 /// no row may get an id below the largest (a data-only `--replace` load,
 /// an `UPDATE`). A ticket inserts id 0 (`NEW.id` is 0 until the counter
-/// assigns it), so the trigger costs it one comparison. Every `REPLACE`
-/// deletes the row it replaces, so `…_guard_d` lets a delete through
-/// only in a session of ours (`@shardflake_client`, set at connect) or one
-/// that set `@shardflake_rewind`: an operator's `DELETE` of the row, which
-/// would let `ALTER TABLE … AUTO_INCREMENT` lower the counter of the table
-/// left empty, is refused. A ticket's
+/// assigns it), so the trigger costs it one comparison. A ticket's
 /// `…_guard_v` compares the session's `@shardflake_lattice` with the
 /// server's lattice version ([`VERSION_TABLE`]), whatever `@shardflake_rewind`
 /// says: a client still on the file of before a reshape is refused at its
-/// next ticket.
+/// next ticket (a session that set none, of a shardflake from before the
+/// version, is let through: a rolling upgrade keeps working). Every
+/// `REPLACE` deletes the row it replaces, after its insert's triggers ran:
+/// `…_guard_v` marks the session's statement as an insert
+/// (`@shardflake_replacing`), and `…_guard_d` lets a delete through only
+/// then (and clears it) or after `@shardflake_rewind`: an operator's
+/// `DELETE` of the row, which would let `ALTER TABLE … AUTO_INCREMENT`
+/// lower the counter of the table left empty, is refused.
 fn guard_triggers(table: &str) -> Vec<(String, String)> {
     let refusal = guard_refusal(table, "SET @shardflake_rewind = 1").replace('\'', "''");
     let rewind = "@shardflake_rewind IS NULL AND";
@@ -998,12 +1000,12 @@ fn guard_triggers(table: &str) -> Vec<(String, String)> {
     if table != SEGMENT_TABLE {
         let name = format!("{table}_guard_d");
         let sql = format!(
-            "CREATE OR REPLACE TRIGGER {name} BEFORE DELETE ON {table} FOR EACH ROW BEGIN IF {rewind} @shardflake_client IS NULL THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+            "CREATE OR REPLACE TRIGGER {name} BEFORE DELETE ON {table} FOR EACH ROW BEGIN IF {rewind} @shardflake_replacing IS NULL THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET @shardflake_replacing = NULL; END"
         );
         triggers.push((name, sql));
         let name = format!("{table}_guard_v");
         let sql = format!(
-            "CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF NEW.id = 0 AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; END"
+            "CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF NEW.id = 0 AND @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET @shardflake_replacing = 1; END"
         );
         triggers.push((name, sql));
     }

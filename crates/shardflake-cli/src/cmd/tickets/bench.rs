@@ -147,7 +147,7 @@ pub(crate) async fn bench_bare(
                     // session is: the table's guard refuses a ticket of a
                     // session that is not.
                     conn.query_drop(format!(
-                        "SET SESSION auto_increment_increment = {increment}, auto_increment_offset = {}, @shardflake_lattice = (SELECT version FROM {VERSION_TABLE}), @shardflake_client = 1",
+                        "SET SESSION auto_increment_increment = {increment}, auto_increment_offset = {}, @shardflake_lattice = (SELECT version FROM {VERSION_TABLE})",
                         server.offset
                     ))
                     .await
