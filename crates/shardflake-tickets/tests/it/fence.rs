@@ -296,3 +296,33 @@ async fn a_reshape_counts_the_marks_in_etcd_of_a_server_it_removes() {
     assert_unique(&photos);
     assert_unique(&blocks);
 }
+
+/// A server without the lattice version (set up by an older shardflake,
+/// or the table dropped) is refused by every new session (`misconfigured`,
+/// naming `init`) and by `check`, until `init` records it again; a
+/// session of an older shardflake, which pins no version, is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_without_the_lattice_version_is_refused_until_init() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = super::repro::pair(&a, &b, "");
+    init_ok(&config).await;
+    a.sql("DROP TABLE shardflake_ticket_lattice_version")
+        .unwrap();
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    assert_eq!(state(&client, "a"), "misconfigured");
+    let report = admin::check(&config).await;
+    assert!(
+        !report.ok() && report.to_string().contains("tickets init"),
+        "{report}"
+    );
+    let mut ids = client.next_n("photos", 100).await.unwrap();
+    init_ok(&config).await;
+    super::wait_state(&client, "a", "up").await;
+    ids.extend(client.next_n("photos", 400).await.unwrap());
+    assert!(ids.iter().any(|id| id % 2 == 1), "a never served again");
+    assert_unique(&ids);
+    // A client of an older shardflake pins no version and sets no flag:
+    // its ticket (a `REPLACE`, which deletes the row it replaces) goes on.
+    a.sql("REPLACE INTO tickets_photos (stub) VALUES ('a')")
+        .unwrap();
+}
