@@ -326,3 +326,44 @@ async fn a_server_without_the_lattice_version_is_refused_until_init() {
     a.sql("REPLACE INTO tickets_photos (stub) VALUES ('a')")
         .unwrap();
 }
+
+/// Item 4: an etcd the file names that cannot be reached is one place
+/// holding the marks down, as a peer down is: with the peer answering,
+/// every server is served (and raised past the peer's marks); with the
+/// peer down too, no place holding `a`'s marks answers and a fresh client
+/// refuses `a` (`no_high_water`), as it does for a file without etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_etcd_is_a_place_down_like_a_peer() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let dead = format!(
+        "\n[marks]\netcd = [\"http://127.0.0.1:{}\"]\n",
+        shardflake_testkit::free_port().unwrap()
+    );
+    let config = super::repro::pair(&a, &b, &dead);
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 400).await.unwrap();
+    client.next_n("blocks", 3000).await.unwrap();
+    for server in ["a", "b"] {
+        assert_eq!(state(&client, server), "up", "{:?}", client.metrics());
+    }
+    client.shutdown().await;
+    drop(client);
+    b.kill().unwrap();
+    // No server to start with: the client says why for each.
+    let Err(e) = TicketClient::connect(config.clone()).await else {
+        panic!("a served with no place holding its marks answering");
+    };
+    assert!(
+        e.to_string()
+            .contains("no place holding its high-water marks answered"),
+        "{e}"
+    );
+    b.restart().unwrap();
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    for _ in 0..4 {
+        ids.extend(fresh.next_n("photos", 100).await.unwrap());
+    }
+    assert_eq!(state(&fresh, "a"), "up", "{:?}", fresh.metrics());
+    assert_unique(&ids);
+}
