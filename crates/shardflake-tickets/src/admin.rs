@@ -447,6 +447,23 @@ pub async fn reshape(
             })
         })
         .collect();
+    // What reshape cannot do is refused before any server is fenced.
+    for seq in &changed {
+        for (server, r) in config.servers.iter().zip(&recorded) {
+            let old = r.iter().find(|(q, _)| *q == seq.name).map(|(_, r)| r);
+            if let Some(old) = old
+                && (old.mode != seq.mode.as_str() || old.bits != seq.bits)
+            {
+                return Err(TicketError::misconfigured(
+                    &server.name,
+                    format!(
+                        "sequence {:?} was {} with {} bits: reshape changes the increment, offsets and chunk only; a new mode or width is a new sequence",
+                        seq.name, old.mode, old.bits
+                    ),
+                ));
+            }
+        }
+    }
     // A reshape left unfinished is finished by this one, changed or not.
     let mut unfinished = false;
     for (server, session) in config.servers.iter().zip(&mut sessions) {
@@ -504,17 +521,6 @@ pub async fn reshape(
             .unwrap_or(0);
         for ((server, session), r) in config.servers.iter().zip(&mut sessions).zip(&recorded) {
             let old = r.iter().find(|(q, _)| *q == seq.name).map(|(_, r)| r);
-            if let Some(old) = old
-                && (old.mode != seq.mode.as_str() || old.bits != seq.bits)
-            {
-                return Err(TicketError::misconfigured(
-                    &server.name,
-                    format!(
-                        "sequence {:?} was {} with {} bits: reshape changes the increment, offsets and chunk only; a new mode or width is a new sequence",
-                        seq.name, old.mode, old.bits
-                    ),
-                ));
-            }
             let marks = bounded(
                 config,
                 server,

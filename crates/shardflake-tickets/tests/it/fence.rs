@@ -367,3 +367,31 @@ async fn an_unreachable_etcd_is_a_place_down_like_a_peer() {
     assert_eq!(state(&fresh, "a"), "up", "{:?}", fresh.metrics());
     assert_unique(&ids);
 }
+
+/// A reshape that cannot be made (a sequence's mode changed) is refused
+/// before any server is fenced: the clients of the file go on, and `check`
+/// finds no reshape under way. Before: the servers were fenced first, and
+/// every client was refused until a reshape ran to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reshape_refused_leaves_every_server_serving() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = super::repro::pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 100).await.unwrap();
+    let per_id = Config::parse(&format!(
+        "{}{}{}",
+        server_toml("a", "mariadb", &a.url(), 1),
+        server_toml("b", "mariadb", &b.url(), 2),
+        FIXED.replace("mode = \"segment\"\n", "")
+    ))
+    .unwrap();
+    let e = admin::reshape(&per_id, &PeersStore::new(per_id.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "misconfigured", "{e}");
+    ids.extend(client.next_n("photos", 100).await.unwrap());
+    let report = admin::check(&config).await;
+    assert!(report.ok(), "{report}");
+    assert_unique(&ids);
+}
