@@ -19,8 +19,11 @@
 //!   everything a client could have reserved, blocks held and prefetched
 //!   included.
 //! - [`reshape`] changes a sequence's lattice (increment, offsets, chunk)
-//!   safely: every server of the new file raised past every mark and
-//!   counter it holds, then the new lattice recorded.
+//!   safely: every server's lattice version raised first (every client
+//!   session still on the old file is refused by the database at its next
+//!   ticket or block, and none starts until the reshape ends), then every
+//!   server of the new file raised past every mark and counter it holds,
+//!   then the new lattice recorded.
 //!
 //! Every command is bounded: each statement by the server
 //! (`lock_wait_timeout`, `lock_timeout`, `statement_timeout`: the error
@@ -30,7 +33,7 @@
 use std::fmt;
 use std::future::Future;
 
-use crate::backend::{Backend, LatticeRecord, ServerSettings, check_lattice};
+use crate::backend::{Backend, LatticeRecord, ServerSettings, check_lattice, reshaping};
 use crate::config::{Config, Kind, Mode, ServerConfig};
 use crate::error::TicketError;
 use crate::high_water::{HighWaterStore, PeersStore};
@@ -220,6 +223,15 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
                 Err(e) if initialised => problems.push(e.to_string()),
                 _ => {}
             }
+            // Every session refuses these too.
+            match bounded(config, server, "check", session.lattice_version()).await? {
+                Some(v) if v.reshaping => problems.push(reshaping(&server.name).to_string()),
+                None if initialised => problems.push(format!(
+                    "server {}: no lattice version recorded (made by an older shardflake): run `shardflake tickets init`",
+                    server.name
+                )),
+                _ => {}
+            }
             let marks = match store.load(&server.name).await {
                 Ok(marks) => marks,
                 Err(e) => {
@@ -390,13 +402,21 @@ pub struct Reshaped {
 }
 
 /// Moves every sequence whose recorded lattice differs from the file's to
-/// the file's: reads every mark (of any server, removed ones included) and
-/// every counter (under the lattice it was recorded with) on every server
-/// of the file, raises each server past the largest, records the new
-/// lattice, and writes that mark for every server. Every server must
-/// answer; stop the clients first (a client still running on the old file
-/// is refused at its next session, but may hand out what it holds). The
-/// mode and the bits cannot change this way.
+/// the file's. First, on every server of the file, raises the lattice
+/// version and marks a reshape under way ([`Backend::begin_reshape`]):
+/// from then on the database refuses every ticket and block of a session
+/// opened before (a client still running on the old file, its pooled
+/// sessions included), and no session starts. Then reads every mark (of
+/// any server on the servers' tables, removed ones included, and in
+/// `store`, etcd too where the file names it, those of every server of
+/// the file or named on the servers' tables) and
+/// every counter (under the lattice it was recorded with), so everything
+/// the old clients got is counted;
+/// raises each server past the largest, records the new lattice, writes
+/// that mark for every server, and ends the reshape. Every server must
+/// answer; one that fails midway stays refused until `reshape` is run
+/// again. A block an old client reserved before is still handed out by it
+/// (it is below every new id). The mode and the bits cannot change this way.
 pub async fn reshape(
     config: &Config,
     store: &dyn HighWaterStore,
@@ -416,18 +436,20 @@ pub async fn reshape(
         );
         sessions.push(session);
     }
-    let mut done = Vec::new();
-    for seq in &config.sequences {
-        let changed = config.servers.iter().zip(&recorded).any(|(server, r)| {
-            r.iter()
-                .find(|(q, _)| *q == seq.name)
-                .is_none_or(|(_, r)| *r != LatticeRecord::of(config, server, seq))
-        });
-        if !changed {
-            continue;
-        }
-        let mut past = 0u64;
-        for ((server, session), r) in config.servers.iter().zip(&mut sessions).zip(&recorded) {
+    let changed: Vec<_> = config
+        .sequences
+        .iter()
+        .filter(|seq| {
+            config.servers.iter().zip(&recorded).any(|(server, r)| {
+                r.iter()
+                    .find(|(q, _)| *q == seq.name)
+                    .is_none_or(|(_, r)| *r != LatticeRecord::of(config, server, seq))
+            })
+        })
+        .collect();
+    // What reshape cannot do is refused before any server is fenced.
+    for seq in &changed {
+        for (server, r) in config.servers.iter().zip(&recorded) {
             let old = r.iter().find(|(q, _)| *q == seq.name).map(|(_, r)| r);
             if let Some(old) = old
                 && (old.mode != seq.mode.as_str() || old.bits != seq.bits)
@@ -440,6 +462,65 @@ pub async fn reshape(
                     ),
                 ));
             }
+        }
+    }
+    // A reshape left unfinished is finished by this one, changed or not.
+    let mut unfinished = false;
+    for (server, session) in config.servers.iter().zip(&mut sessions) {
+        let version = bounded(
+            config,
+            server,
+            "reshape: read the lattice version",
+            session.lattice_version(),
+        )
+        .await?;
+        unfinished |= version.is_some_and(|v| v.reshaping);
+    }
+    if changed.is_empty() && !unfinished {
+        return Ok(Vec::new());
+    }
+    // Fence first: every old client's session refused from here on, so the
+    // counters read below hold everything it got.
+    for (server, session) in config.servers.iter().zip(&mut sessions) {
+        bounded(
+            config,
+            server,
+            "reshape: raise the lattice version",
+            session.begin_reshape(),
+        )
+        .await?;
+    }
+    // The marks in the stores the file names (etcd too, where the peers'
+    // went back with them in a restore), read after the fence: of every
+    // server of the file and every server the servers hold marks of (one
+    // the new file removes: its ids are in the new lattice's classes).
+    let mut names: Vec<String> = config.servers.iter().map(|s| s.name.clone()).collect();
+    for (server, session) in config.servers.iter().zip(&mut sessions) {
+        names.extend(
+            bounded(
+                config,
+                server,
+                "reshape: read the marks",
+                session.high_water_servers(),
+            )
+            .await?,
+        );
+    }
+    names.sort();
+    names.dedup();
+    let mut stored = Vec::new();
+    for name in &names {
+        stored.push(store.load(name).await?);
+    }
+    let mut done = Vec::new();
+    for seq in changed {
+        let mut past = stored
+            .iter()
+            .filter_map(|marks| marks.get(&seq.name).copied())
+            .max()
+            .unwrap_or(0);
+        for ((server, session), r) in config.servers.iter().zip(&mut sessions).zip(&recorded) {
+            let old = r.iter().find(|(q, _)| *q == seq.name).map(|(_, r)| r);
             let marks = bounded(
                 config,
                 server,
@@ -491,6 +572,15 @@ pub async fn reshape(
             sequence: seq.name.clone(),
             past,
         });
+    }
+    for (server, session) in config.servers.iter().zip(&mut sessions) {
+        bounded(
+            config,
+            server,
+            "reshape: end the reshape",
+            session.end_reshape(),
+        )
+        .await?;
     }
     Ok(done)
 }

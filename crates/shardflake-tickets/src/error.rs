@@ -109,17 +109,17 @@ pub enum TicketError {
         reason: String,
     },
     /// A sequence's lattice (increment, offset, mode, bits, chunk) in the
-    /// file differs from the one `init` recorded on the server: taken as is,
-    /// the change would hand out ids twice.
-    #[error(
-        "server {server:?}, sequence {sequence:?}: {change}; changing this hands out ids twice. To change it safely run `shardflake tickets reshape --config NEW_FILE` (it raises every server past every mark and counter, then records the new lattice), or put the file back"
-    )]
+    /// file differs from the one `init` recorded on the server, the server
+    /// was reshaped after the session opened (its lattice version is
+    /// another), or a reshape is under way: taken as is, the file would
+    /// hand out ids twice.
+    #[error("server {server:?}{}: {change}", of_sequence(sequence))]
     LatticeChanged {
         /// The server.
         server: String,
-        /// The sequence.
+        /// The sequence (empty: every sequence of the server).
         sequence: String,
-        /// What the file says and what `init` recorded.
+        /// What differs, and what to do.
         change: String,
     },
     /// A server whose schema or settings contradict the configuration (an id
@@ -153,6 +153,13 @@ pub enum TicketError {
         /// The timeout.
         ms: u64,
     },
+}
+
+fn of_sequence(sequence: &str) -> String {
+    match sequence {
+        "" => String::new(),
+        s => format!(", sequence {s:?}"),
+    }
 }
 
 fn list(failures: &[ServerFailure]) -> String {
@@ -206,7 +213,9 @@ impl TicketError {
         TicketError::LatticeChanged {
             server: server.to_string(),
             sequence: sequence.to_string(),
-            change: format!("the file says {file}, but it was initialised with {recorded}"),
+            change: format!(
+                "the file says {file}, but it was initialised with {recorded}; changing this hands out ids twice. To change it safely run `shardflake tickets reshape --config NEW_FILE` (it raises every server past every mark and counter, then records the new lattice), or put the file back"
+            ),
         }
     }
 

@@ -65,6 +65,7 @@ mod session;
 
 pub use backend::{
     HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE, SequenceState, ServerSettings,
+    VERSION_TABLE,
 };
 pub use client::{ShutdownReport, TicketClient};
 pub use config::{

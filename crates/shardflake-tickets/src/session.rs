@@ -5,7 +5,10 @@
 
 use crate::backend::mariadb::MariaSession;
 use crate::backend::postgres::PgSession;
-use crate::backend::{Backend, LatticeRecord, ServerSettings, Stamped, check_lattice, unguarded};
+use crate::backend::{
+    Backend, LatticeRecord, LatticeVersion, ServerSettings, Stamped, check_lattice, reshaping,
+    unguarded,
+};
 use crate::config::{Config, Kind, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 
@@ -18,12 +21,27 @@ pub(crate) enum Session {
 impl Session {
     /// A session for handing out ids: increment and offset set (MariaDB),
     /// sequences verified and statements prepared (PostgreSQL), every
-    /// sequence's recorded lattice as in the file, and every table the
-    /// guard watches guarded.
+    /// sequence's recorded lattice as in the file, no reshape under way,
+    /// every table the guard watches guarded, and the session pinned to
+    /// the lattice's version.
     pub async fn connect(server: &ServerConfig, config: &Config) -> Result<Session, TicketError> {
         let mut session = Session::connect_admin(server, config).await?;
+        // The version before the lattice: a reshape that begins between the
+        // two raises the version, so this session is refused at its first
+        // call (read after, a new version could pass with the old lattice).
+        let version = session.lattice_version().await?;
         let recorded = session.read_lattice().await?;
         check_lattice(config, server, &recorded)?;
+        let version = version.ok_or_else(|| {
+            TicketError::misconfigured(
+                &server.name,
+                "no lattice version recorded (made by an older shardflake): run `shardflake tickets init`",
+            )
+        })?;
+        if version.reshaping {
+            return Err(reshaping(&server.name));
+        }
+        session.pin_lattice(version.version).await?;
         session.prepare(server, config).await?;
         if let Some(table) = session.unguarded(config).await?.first() {
             return Err(unguarded(&server.name, table));
@@ -140,6 +158,10 @@ impl Backend for Session {
         delegate!(self, b => b.read_marks_of_sequence(sequence).await)
     }
 
+    async fn high_water_servers(&mut self) -> Result<Vec<String>, TicketError> {
+        delegate!(self, b => b.high_water_servers().await)
+    }
+
     async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
         delegate!(self, b => b.read_high_water(server).await)
     }
@@ -154,6 +176,22 @@ impl Backend for Session {
 
     async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError> {
         delegate!(self, b => b.read_lattice().await)
+    }
+
+    async fn lattice_version(&mut self) -> Result<Option<LatticeVersion>, TicketError> {
+        delegate!(self, b => b.lattice_version().await)
+    }
+
+    async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {
+        delegate!(self, b => b.pin_lattice(version).await)
+    }
+
+    async fn begin_reshape(&mut self) -> Result<(), TicketError> {
+        delegate!(self, b => b.begin_reshape().await)
+    }
+
+    async fn end_reshape(&mut self) -> Result<(), TicketError> {
+        delegate!(self, b => b.end_reshape().await)
     }
 
     async fn write_lattice(

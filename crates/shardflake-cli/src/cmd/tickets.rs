@@ -96,9 +96,11 @@ enum TicketsCommand {
         marks: MarksArg,
     },
     /// Move the sequences whose recorded increment, offsets or chunk differ
-    /// from this file to the file's: every server of the file raised past
-    /// every mark and counter it holds, then the new lattice recorded. Stop
-    /// the clients on the old file first; every server must answer.
+    /// from this file to the file's: the servers first refuse every client
+    /// still on the old file (at its next call), then every server of the
+    /// file is raised past every mark and counter it holds, then the new
+    /// lattice recorded. Restart the old clients with this file; every
+    /// server must answer.
     Reshape {
         #[command(flatten)]
         marks: MarksArg,

@@ -11,9 +11,10 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 
 use super::{
-    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE,
-    SequenceState, ServerSettings, Stamped, guard_refusal, guarded_tables, mode_changed,
-    not_initialised, raise_segment_sql, unguarded,
+    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_MOVED, LATTICE_TABLE, LatticeRecord,
+    LatticeVersion, SEGMENT_TABLE, SequenceState, ServerSettings, Stamped, VERSION_TABLE,
+    guard_refusal, guarded_tables, lattice_moved, mode_changed, not_initialised, raise_segment_sql,
+    unguarded,
 };
 use crate::config::{Config, Kind, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -35,6 +36,9 @@ pub(crate) struct MariaSession {
     returning: bool,
     /// How this session reads a table's identity.
     identity: Identity,
+    /// The lattice version this session is pinned to (also in its
+    /// `@shardflake_lattice`, which the per-id tables' guard compares).
+    lattice: Option<i64>,
 }
 
 /// What tells a table from the one a dump loaded in its place. Rows written
@@ -192,6 +196,19 @@ impl MariaSession {
             replace,
             returning,
             identity,
+            lattice: None,
+        })
+    }
+}
+
+impl MariaSession {
+    /// The version [`Backend::pin_lattice`] pinned this session to.
+    fn pinned(&self) -> Result<i64, TicketError> {
+        self.lattice.ok_or_else(|| {
+            TicketError::misconfigured(
+                &self.server,
+                "a session used before its lattice was checked",
+            )
         })
     }
 }
@@ -244,6 +261,7 @@ impl Backend for MariaSession {
                 sequence: seq.name.clone(),
                 max: seq.max_id(),
             }),
+            Err(e) if is_lattice_moved(&e) => Err(lattice_moved(&self.server, &seq.name)),
             Err(e) => Err(TicketError::db(&self.server, "REPLACE INTO", e)),
         }
     }
@@ -270,7 +288,8 @@ impl Backend for MariaSession {
     /// through `LAST_INSERT_ID(expr)` (the guard's trigger keeps it out of
     /// the OK packet: `SELECT LAST_INSERT_ID()`), only where the
     /// row is at or above `seen` (the largest this client got from it):
-    /// `Err(row)` when it is below (the server went back). The segment
+    /// `Err(row)` when it is below (the server went back); and only while
+    /// the server's lattice version is the session's (else `lattice_changed`). The segment
     /// table's identity and guard are read after it (a second round trip,
     /// once a block: `UPDATE` has no `RETURNING`); read after, they show
     /// any recreation that came before the reservation.
@@ -281,24 +300,28 @@ impl Backend for MariaSession {
         step: i64,
         seen: i64,
     ) -> Result<Stamped<Result<i64, i64>>, TicketError> {
+        let version = self.pinned()?;
         self.conn
             .query_drop(format!(
-                "UPDATE {SEGMENT_TABLE} SET max_id = LAST_INSERT_ID(GREATEST(max_id, {floor}) + {step}) WHERE sequence_name = '{}' AND max_id >= {seen}",
+                "UPDATE {SEGMENT_TABLE} SET max_id = LAST_INSERT_ID(GREATEST(max_id, {floor}) + {step}) WHERE sequence_name = '{}' AND max_id >= {seen} AND (SELECT version FROM {VERSION_TABLE}) = {version}",
                 seq.name
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "reserve a block", e))?;
         let value = if self.conn.affected_rows() != 1 {
-            let row: Option<i64> = self
+            let row: Option<(i64, Option<i64>)> = self
                 .conn
                 .query_first(format!(
-                    "SELECT max_id FROM {SEGMENT_TABLE} WHERE sequence_name = '{}'",
+                    "SELECT max_id, (SELECT version FROM {VERSION_TABLE}) FROM {SEGMENT_TABLE} WHERE sequence_name = '{}'",
                     seq.name
                 ))
                 .await
                 .map_err(|e| TicketError::db(&self.server, "read the segment row", e))?;
             match row {
-                Some(row) => Err(row),
+                Some((_, now)) if now != Some(version) => {
+                    return Err(lattice_moved(&self.server, &seq.name));
+                }
+                Some((row, _)) => Err(row),
                 None => return Err(not_initialised(&self.server, seq)),
             }
         } else {
@@ -345,6 +368,8 @@ impl Backend for MariaSession {
         to: i64,
     ) -> Result<bool, TicketError> {
         let err = |e| TicketError::db(&self.server, "give back a block's tail", e);
+        // Not after a reshape: the row is on another lattice then.
+        let version = self.pinned()?;
         // The one statement that sets the row back: past the guard.
         self.conn
             .query_drop("SET @shardflake_rewind = 1")
@@ -353,7 +378,7 @@ impl Backend for MariaSession {
         let given = self
             .conn
             .query_drop(format!(
-                "UPDATE {SEGMENT_TABLE} SET max_id = {to} WHERE sequence_name = '{}' AND max_id = {expected}",
+                "UPDATE {SEGMENT_TABLE} SET max_id = {to} WHERE sequence_name = '{}' AND max_id = {expected} AND (SELECT version FROM {VERSION_TABLE}) = {version}",
                 seq.name
             ))
             .await
@@ -408,6 +433,11 @@ impl Backend for MariaSession {
         past: u64,
     ) -> Result<(), TicketError> {
         let lattice = Lattice::new(config, server);
+        // Every id is above 0; and an explicit id 0 is no id to MariaDB
+        // (the counter would assign one, a ticket nobody pinned).
+        if seq.mode == Mode::PerId && past == 0 {
+            return Ok(());
+        }
         let sql = match seq.mode {
             // Not `ALTER TABLE … AUTO_INCREMENT`: it lowers the counter to
             // the row's id + 1 when that is below (measured on 10.11: 101 to
@@ -597,6 +627,47 @@ impl Backend for MariaSession {
             .collect())
     }
 
+    /// The lattice's version (`None`: no [`VERSION_TABLE`], before `init`).
+    async fn lattice_version(&mut self) -> Result<Option<LatticeVersion>, TicketError> {
+        let read = self
+            .conn
+            .query_first::<(i64, bool), _>(format!(
+                "SELECT version, reshaping FROM {VERSION_TABLE}"
+            ))
+            .await;
+        match read {
+            Ok(row) => Ok(row.map(|(version, reshaping)| LatticeVersion { version, reshaping })),
+            Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(None),
+            Err(e) => Err(TicketError::db(&self.server, "read the lattice version", e)),
+        }
+    }
+
+    /// `@shardflake_lattice`, which the per-id tables' guard compares.
+    async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {
+        self.conn
+            .query_drop(format!("SET @shardflake_lattice = {version}"))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "pin the lattice version", e))?;
+        self.lattice = Some(version);
+        Ok(())
+    }
+
+    async fn begin_reshape(&mut self) -> Result<(), TicketError> {
+        self.conn
+            .query_drop(format!(
+                "UPDATE {VERSION_TABLE} SET version = version + 1, reshaping = TRUE"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "begin the reshape", e))
+    }
+
+    async fn end_reshape(&mut self) -> Result<(), TicketError> {
+        self.conn
+            .query_drop(format!("UPDATE {VERSION_TABLE} SET reshaping = FALSE"))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "end the reshape", e))
+    }
+
     /// Records (replaces) the lattice of `sequence`.
     async fn write_lattice(
         &mut self,
@@ -616,6 +687,16 @@ impl Backend for MariaSession {
                     e,
                 )
             })
+    }
+
+    /// Every server this server holds marks of (not `init`'s row).
+    async fn high_water_servers(&mut self) -> Result<Vec<String>, TicketError> {
+        self.conn
+            .query(format!(
+                "SELECT DISTINCT server_name FROM {HW_TABLE} WHERE server_name <> ''"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read high-water marks", e))
     }
 
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
@@ -655,6 +736,18 @@ impl Backend for MariaSession {
             ))
             .await
             .map_err(|e| TicketError::db(&name, &format!("init: CREATE TABLE {LATTICE_TABLE}"), e))?;
+        self.conn
+            .query_drop(format!(
+                "CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (one tinyint NOT NULL DEFAULT 1 PRIMARY KEY CHECK (one = 1), version bigint NOT NULL, reshaping boolean NOT NULL) ENGINE=InnoDB"
+            ))
+            .await
+            .map_err(run(format!("CREATE TABLE {VERSION_TABLE}")))?;
+        self.conn
+            .query_drop(format!(
+                "INSERT IGNORE INTO {VERSION_TABLE} (one, version, reshaping) VALUES (1, 1, FALSE)"
+            ))
+            .await
+            .map_err(run(format!("INSERT INTO {VERSION_TABLE}")))?;
         self.conn
             .query_drop(format!(
                 "CREATE TABLE IF NOT EXISTS {HW_TABLE} (server_name varchar(64) NOT NULL, sequence_name varchar(64) NOT NULL, high_water bigint unsigned NOT NULL, updated_at timestamp(3) NOT NULL DEFAULT current_timestamp(3) ON UPDATE current_timestamp(3), PRIMARY KEY (server_name, sequence_name)) ENGINE=InnoDB"
@@ -842,17 +935,29 @@ impl Backend for MariaSession {
 /// MariaDB names triggers per database: the segment table's are
 /// `GUARD_update`, `GUARD_insert`, `GUARD_delete` (a row set lower, a row
 /// inserted lower than the one it replaces, a row deleted to be inserted
-/// again lower); a per-id table `t`'s are `t_guard_i`, `t_guard_u`.
+/// again lower); a per-id table `t`'s are `t_guard_i`, `t_guard_u`, `t_guard_d`, `t_guard_v`.
 ///
 /// A per-id counter is InnoDB's `AUTO_INCREMENT`, which rows written never
 /// lower, but `ALTER TABLE … AUTO_INCREMENT = n` lowers it to the largest
 /// id + 1, unseen by running clients (the table keeps its identity): so
 /// no row may get an id below the largest (a data-only `--replace` load,
 /// an `UPDATE`). A ticket inserts id 0 (`NEW.id` is 0 until the counter
-/// assigns it), so the trigger costs it one comparison. No `DELETE`
-/// trigger: every `REPLACE` deletes the row it replaces.
+/// assigns it), so the trigger costs it one comparison. A ticket's
+/// `…_guard_v` compares the session's `@shardflake_lattice` with the
+/// server's lattice version ([`VERSION_TABLE`]), whatever `@shardflake_rewind`
+/// says: a client still on the file of before a reshape is refused at its
+/// next ticket (a session that set none, of a shardflake from before the
+/// version, is let through: a rolling upgrade keeps working). Every
+/// `REPLACE` deletes the row it replaces, after its insert's triggers ran:
+/// `…_guard_v` marks the session's statement as an insert
+/// (`@shardflake_replacing`), and `…_guard_d` lets a delete through only
+/// then (and clears it) or after `@shardflake_rewind`: an operator's
+/// `DELETE` of the row, which would let `ALTER TABLE … AUTO_INCREMENT`
+/// lower the counter of the table left empty, is refused.
 fn guard_triggers(table: &str) -> Vec<(String, String)> {
     let refusal = guard_refusal(table, "SET @shardflake_rewind = 1").replace('\'', "''");
+    let rewind = "@shardflake_rewind IS NULL AND";
+    let moved = format!("{LATTICE_MOVED}: restart the client with the file reshape was given");
     let lower: Vec<(String, &str, String)> = if table == SEGMENT_TABLE {
         vec![
             (
@@ -883,16 +988,28 @@ fn guard_triggers(table: &str) -> Vec<(String, String)> {
             ),
         ]
     };
-    lower
+    let mut triggers: Vec<(String, String)> = lower
         .into_iter()
         .map(|(name, event, lower)| {
             let sql = format!(
-                "CREATE OR REPLACE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW BEGIN IF @shardflake_rewind IS NULL AND {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
-            )
-            ;
+                "CREATE OR REPLACE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW BEGIN IF {rewind} {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+            );
             (name, sql)
         })
-        .collect()
+        .collect();
+    if table != SEGMENT_TABLE {
+        let name = format!("{table}_guard_d");
+        let sql = format!(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE DELETE ON {table} FOR EACH ROW BEGIN IF {rewind} @shardflake_replacing IS NULL THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET @shardflake_replacing = NULL; END"
+        );
+        triggers.push((name, sql));
+        let name = format!("{table}_guard_v");
+        let sql = format!(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF NEW.id = 0 AND @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET @shardflake_replacing = 1; END"
+        );
+        triggers.push((name, sql));
+    }
+    triggers
 }
 
 /// The names of the guard's triggers on `tables`, quoted for `IN (…)`.
@@ -915,6 +1032,15 @@ fn guard_count_sql() -> String {
 
 /// ER_SIGNAL_EXCEPTION: a trigger refused the statement.
 const SIGNALLED: u16 = 1644;
+
+/// Whether `e` is the guard refusing a ticket of a session pinned to
+/// another lattice version.
+fn is_lattice_moved(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if s.code == SIGNALLED && s.message.starts_with(LATTICE_MOVED))
+}
+
+/// ER_NO_SUCH_TABLE.
+const ER_NO_SUCH_TABLE: u16 = 1146;
 
 /// Whether `e` is the guard refusing a row below the table's largest.
 fn is_guard_refusal(e: &mysql_async::Error) -> bool {

@@ -102,6 +102,9 @@ pub(crate) trait Backend {
     /// The largest mark this server holds for `sequence`, of any server.
     async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError>;
 
+    /// Every server this server holds marks of (removed ones included).
+    async fn high_water_servers(&mut self) -> Result<Vec<String>, TicketError>;
+
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
     async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError>;
 
@@ -114,6 +117,25 @@ pub(crate) trait Backend {
     /// Every lattice recorded on this server, by sequence (empty before
     /// `init`).
     async fn read_lattice(&mut self) -> Result<Vec<(String, LatticeRecord)>, TicketError>;
+
+    /// The lattice's version on this server and whether a reshape is under
+    /// way (or was interrupted); `None` before `init`.
+    async fn lattice_version(&mut self) -> Result<Option<LatticeVersion>, TicketError>;
+
+    /// Pins this session to lattice `version` (read before the lattice was
+    /// checked): from then on the database refuses its every ticket and
+    /// block once the server's version is another ([`VERSION_TABLE`]).
+    /// Before [`Backend::prepare`].
+    async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError>;
+
+    /// Raises the lattice's version and marks a reshape under way, in one
+    /// statement: every session pinned to the old version is refused at
+    /// its next ticket or block, every new session at its start.
+    async fn begin_reshape(&mut self) -> Result<(), TicketError>;
+
+    /// Ends a reshape: sessions may start again (those whose file's lattice
+    /// is the one recorded).
+    async fn end_reshape(&mut self) -> Result<(), TicketError>;
 
     /// Records (replaces) the lattice of `sequence`.
     async fn write_lattice(
@@ -144,6 +166,49 @@ pub const SEGMENT_TABLE: &str = "shardflake_ticket_segments";
 pub const HW_TABLE: &str = "shardflake_ticket_hw";
 /// Each sequence's lattice as `init` recorded it on this server.
 pub const LATTICE_TABLE: &str = "shardflake_ticket_lattice";
+
+/// The lattice's version on this server (one row): `reshape` raises it, and
+/// the database compares it with the version each client session was
+/// pinned to when it opened, in every ticket's and every block's own
+/// statement (MariaDB per id: the guard's `…_guard_v` trigger against the
+/// session's `@shardflake_lattice`; segment rows and PostgreSQL: a
+/// condition of the statement). So a client still running on the file of
+/// before a reshape is refused at its next call on a pooled session, not
+/// only at its next session.
+pub const VERSION_TABLE: &str = "shardflake_ticket_lattice_version";
+
+/// What [`VERSION_TABLE`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatticeVersion {
+    /// Raised by every `reshape`.
+    pub version: i64,
+    /// A reshape began and has not ended: no session starts.
+    pub reshaping: bool,
+}
+
+/// What the database says when a session's lattice version is not the
+/// server's (matched by the client to [`lattice_moved`]).
+pub(crate) const LATTICE_MOVED: &str =
+    "shardflake: the lattice was changed by tickets reshape since this session opened";
+
+/// A session pinned to a lattice version the server no longer has: its
+/// client runs on the file of before a `reshape`.
+pub(crate) fn lattice_moved(server: &str, sequence: &str) -> TicketError {
+    TicketError::LatticeChanged {
+        server: server.to_string(),
+        sequence: sequence.to_string(),
+        change: "the servers' lattice was changed by `shardflake tickets reshape` after this client's session opened, so this client runs on the file of before it and would hand out ids twice; restart it with the file reshape was given".to_string(),
+    }
+}
+
+/// A server whose reshape began and has not ended refuses new sessions.
+pub(crate) fn reshaping(server: &str) -> TicketError {
+    TicketError::LatticeChanged {
+        server: server.to_string(),
+        sequence: String::new(),
+        change: "a `shardflake tickets reshape` is under way on this server, or was interrupted; no session starts until it ends: wait for it, or run `shardflake tickets reshape --config NEW_FILE` again".to_string(),
+    }
+}
 
 /// The trigger (MariaDB: one per event, named after it and its table) that
 /// refuses to set a counter back in place: the segment table's rows, and

@@ -14,9 +14,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
-    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, SEGMENT_TABLE,
-    SequenceState, ServerSettings, Stamped, guard_refusal, guarded_tables, mode_changed,
-    not_initialised, raise_segment_sql, unguarded,
+    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, LatticeVersion,
+    SEGMENT_TABLE, SequenceState, ServerSettings, Stamped, VERSION_TABLE, guard_refusal,
+    guarded_tables, lattice_moved, mode_changed, not_initialised, raise_segment_sql, unguarded,
 };
 use crate::config::{
     Config, Kind, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue,
@@ -31,6 +31,9 @@ pub(crate) struct PgSession {
     /// The per-id statement of each sequence (`None` for segment sequences).
     next: Vec<Option<Statement>>,
     reserve: Option<Statement>,
+    /// The lattice version this session is pinned to: every ticket's and
+    /// block's statement answers only while the server's is this one.
+    lattice: Option<i64>,
 }
 
 fn pg_err(server: &str, context: &str) -> impl FnOnce(tokio_postgres::Error) -> TicketError {
@@ -89,6 +92,7 @@ impl PgSession {
             client,
             next: Vec::new(),
             reserve: None,
+            lattice: None,
         })
     }
 
@@ -186,6 +190,12 @@ impl Backend for PgSession {
     /// the statements.
     async fn prepare(&mut self, server: &ServerConfig, config: &Config) -> Result<(), TicketError> {
         let name = &server.name;
+        let version = self.lattice.ok_or_else(|| {
+            TicketError::misconfigured(name, "a session prepared before its lattice was checked")
+        })?;
+        // Every ticket and block only while the server's lattice version is
+        // this session's: no row, no id (see `VERSION_TABLE`).
+        let pinned = format!("FROM {VERSION_TABLE} WHERE version = {version}");
         let session = self;
         for seq in &config.sequences {
             let statement = match seq.mode {
@@ -199,12 +209,12 @@ impl Backend for PgSession {
                             // again when a restore recreates it (the plan
                             // depends on it).
                             format!(
-                                "SELECT nextval('{t}'), pg_relation_filenode('{t}'::regclass)::bigint",
+                                "SELECT nextval('{t}'), pg_relation_filenode('{t}'::regclass)::bigint {pinned}",
                                 t = seq.table()
                             )
                         }
                         PgTickets::Table => format!(
-                            "INSERT INTO {t} AS t (stub, id) VALUES ('a', {first}) ON CONFLICT (stub) DO UPDATE SET id = t.id + {n} RETURNING id, pg_relation_filenode(tableoid)::bigint",
+                            "INSERT INTO {t} AS t (stub, id) SELECT 'a', {first} {pinned} ON CONFLICT (stub) DO UPDATE SET id = t.id + {n} RETURNING id, pg_relation_filenode(tableoid)::bigint",
                             t = seq.table(),
                             first = first_id(config, server, seq),
                             n = config.increment
@@ -226,7 +236,7 @@ impl Backend for PgSession {
                 session
                     .client
                     .prepare(&format!(
-                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 RETURNING max_id, pg_relation_filenode(tableoid)::bigint, EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = {SEGMENT_TABLE}.tableoid AND g.tgname = '{GUARD}' AND g.tgenabled <> 'D')"
+                        "UPDATE {SEGMENT_TABLE} SET max_id = GREATEST(max_id, $1) + $2 WHERE sequence_name = $3 AND max_id >= $4 AND (SELECT version FROM {VERSION_TABLE}) = {version} RETURNING max_id, pg_relation_filenode(tableoid)::bigint, EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = {SEGMENT_TABLE}.tableoid AND g.tgname = '{GUARD}' AND g.tgenabled <> 'D')"
                     ))
                     .await
                     .map_err(pg_err(name, "prepare (run `shardflake tickets init`?)"))?,
@@ -244,11 +254,13 @@ impl Backend for PgSession {
         let statement = self.next[index]
             .as_ref()
             .ok_or_else(|| TicketError::misconfigured(&self.server, "not a per-id sequence"))?;
-        match self.client.query_one(statement, &[]).await {
-            Ok(row) => Ok(Stamped {
+        match self.client.query_opt(statement, &[]).await {
+            Ok(Some(row)) => Ok(Stamped {
                 value: row.get::<_, i64>(0) as u64,
                 table: Some(row.get(1)),
             }),
+            // The server's lattice version is not this session's.
+            Ok(None) => Err(lattice_moved(&self.server, &seq.name)),
             Err(e) if is_full(&e) => Err(TicketError::Exhausted {
                 sequence: seq.name.clone(),
                 max: seq.max_id(),
@@ -309,13 +321,16 @@ impl Backend for PgSession {
             .client
             .query_opt(
                 &format!(
-                    "SELECT max_id, pg_relation_filenode(tableoid)::bigint FROM {SEGMENT_TABLE} WHERE sequence_name = $1"
+                    "SELECT max_id, pg_relation_filenode(tableoid)::bigint, (SELECT version FROM {VERSION_TABLE}) FROM {SEGMENT_TABLE} WHERE sequence_name = $1"
                 ),
                 &[&seq.name],
             )
             .await
             .map_err(pg_err(&self.server, "read the segment row"))?;
         match exists {
+            Some(row) if row.get::<_, Option<i64>>(2) != self.lattice => {
+                Err(lattice_moved(&self.server, &seq.name))
+            }
             Some(row) => Ok(Stamped {
                 value: Err(row.get(0)),
                 table: Some(row.get(1)),
@@ -333,6 +348,10 @@ impl Backend for PgSession {
     ) -> Result<bool, TicketError> {
         let server = self.server.clone();
         let err = || pg_err(&server, "give back a block's tail");
+        // Not after a reshape: the row is on another lattice then.
+        let version = self.lattice.ok_or_else(|| {
+            TicketError::misconfigured(&server, "a session used before its lattice was checked")
+        })?;
         // The one statement that sets the row back: past the guard.
         let tx = self.client.transaction().await.map_err(err())?;
         tx.batch_execute("SET LOCAL shardflake.rewind = on")
@@ -340,7 +359,7 @@ impl Backend for PgSession {
             .map_err(err())?;
         let n = tx
             .execute(
-                &format!("UPDATE {SEGMENT_TABLE} SET max_id = $1 WHERE sequence_name = $2 AND max_id = $3"),
+                &format!("UPDATE {SEGMENT_TABLE} SET max_id = $1 WHERE sequence_name = $2 AND max_id = $3 AND (SELECT version FROM {VERSION_TABLE}) = {version}"),
                 &[&to, &seq.name, &expected],
             )
             .await
@@ -569,6 +588,47 @@ impl Backend for PgSession {
             .collect())
     }
 
+    /// The lattice's version (`None`: no [`VERSION_TABLE`], before `init`).
+    async fn lattice_version(&mut self) -> Result<Option<LatticeVersion>, TicketError> {
+        if !self.relation_exists(VERSION_TABLE).await? {
+            return Ok(None);
+        }
+        let row = self
+            .client
+            .query_opt(
+                &format!("SELECT version, reshaping FROM {VERSION_TABLE}"),
+                &[],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the lattice version"))?;
+        Ok(row.map(|r| LatticeVersion {
+            version: r.get(0),
+            reshaping: r.get(1),
+        }))
+    }
+
+    /// Kept for [`Backend::prepare`], which builds it into every statement.
+    async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {
+        self.lattice = Some(version);
+        Ok(())
+    }
+
+    async fn begin_reshape(&mut self) -> Result<(), TicketError> {
+        self.client
+            .batch_execute(&format!(
+                "UPDATE {VERSION_TABLE} SET version = version + 1, reshaping = true"
+            ))
+            .await
+            .map_err(pg_err(&self.server, "begin the reshape"))
+    }
+
+    async fn end_reshape(&mut self) -> Result<(), TicketError> {
+        self.client
+            .batch_execute(&format!("UPDATE {VERSION_TABLE} SET reshaping = false"))
+            .await
+            .map_err(pg_err(&self.server, "end the reshape"))
+    }
+
     /// Records (replaces) the lattice of `sequence`.
     async fn write_lattice(
         &mut self,
@@ -583,6 +643,19 @@ impl Backend for PgSession {
             .await
             .map_err(pg_err(&self.server, &format!("record the lattice of {sequence} (INSERT INTO {LATTICE_TABLE})")))?;
         Ok(())
+    }
+
+    /// Every server this server holds marks of.
+    async fn high_water_servers(&mut self) -> Result<Vec<String>, TicketError> {
+        let rows = self
+            .client
+            .query(
+                &format!("SELECT DISTINCT server_name FROM {HW_TABLE} WHERE server_name <> ''"),
+                &[],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read high-water marks"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// The high-water marks this server holds for `server`: `(sequence, id)`.
@@ -623,6 +696,8 @@ impl Backend for PgSession {
                 "CREATE TABLE IF NOT EXISTS {LATTICE_TABLE} (sequence_name text PRIMARY KEY, server_name text NOT NULL, increment bigint NOT NULL, server_offset bigint NOT NULL, mode text NOT NULL, bits int NOT NULL, chunk bigint NOT NULL);
                  CREATE TABLE IF NOT EXISTS {HW_TABLE} (server_name text NOT NULL, sequence_name text NOT NULL, high_water bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (server_name, sequence_name));
                  CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name text PRIMARY KEY, max_id bigint NOT NULL);
+                 CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (one boolean PRIMARY KEY DEFAULT true CHECK (one), version bigint NOT NULL, reshaping boolean NOT NULL);
+                 INSERT INTO {VERSION_TABLE} (one, version, reshaping) VALUES (true, 1, false) ON CONFLICT DO NOTHING;
                  {}",
                 guard_sql(SEGMENT_TABLE, "max_id")
             ))

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use shardflake_tickets::mysql_async::{self, prelude::*};
-use shardflake_tickets::{Config, Kind, PgTickets, TicketClient, tokio_postgres};
+use shardflake_tickets::{Config, Kind, PgTickets, TicketClient, VERSION_TABLE, tokio_postgres};
 
 /// What one run measured.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -143,8 +143,11 @@ pub(crate) async fn bench_bare(
                     let mut conn = mysql_async::Conn::new(opts)
                         .await
                         .with_context(|| format!("server {name}: connect"))?;
+                    // Pinned to the lattice's version, as a client's
+                    // session is: the table's guard refuses a ticket of a
+                    // session that is not.
                     conn.query_drop(format!(
-                        "SET SESSION auto_increment_increment = {increment}, auto_increment_offset = {}",
+                        "SET SESSION auto_increment_increment = {increment}, auto_increment_offset = {}, @shardflake_lattice = (SELECT version FROM {VERSION_TABLE})",
                         server.offset
                     ))
                     .await

@@ -1,0 +1,397 @@
+//! Issue 36, item 5: the lattice's version, enforced by the database on
+//! every ticket and block. A client left running on the file of before a
+//! `reshape` (a rolling deploy) is refused at its next call on the sessions
+//! it already holds, not only at its next session. Each on real servers.
+
+use std::time::{Duration, Instant};
+
+use shardflake_testkit::PgServer;
+use shardflake_tickets::{Config, PeersStore, TicketClient, admin};
+
+use super::repro::FIXED;
+use super::{assert_unique, init_ok, maria, server_toml, state};
+
+/// F6, a rolling deploy after `tickets reshape`: a client on the old file,
+/// its sessions on both servers open and pooled, another client reshapes
+/// (increment 2 to 4, `a`'s ids still odd), a client on the new file takes ids; the old
+/// client's next per-id call is refused (`lattice_changed` on both servers),
+/// and its blocks stop at the ones it already held, all below every new
+/// id. Before: the old client kept issuing on its pooled sessions, on the
+/// old lattice, over the new client's ids.
+async fn an_old_client_is_refused_at_its_next_call(kind: &str, style: &str, a: &str, b: &str) {
+    let file = |increment: &str, offset_a, offset_b| {
+        Config::parse(&format!(
+            "{style}{increment}{}{}{FIXED}",
+            server_toml("a", kind, a, offset_a),
+            server_toml("b", kind, b, offset_b)
+        ))
+        .unwrap()
+    };
+    // Room for two more servers: a keeps its residue mod 2, so only the
+    // lattice's version tells the old client's answers from the new.
+    let (before, after) = (file("", 1, 2), file("increment = 4\n", 1, 3));
+    init_ok(&before).await;
+    let old = TicketClient::connect(before).await.unwrap();
+    let mut photos = Vec::new();
+    let mut blocks = Vec::new();
+    for _ in 0..10 {
+        photos.extend(old.next_n("photos", 20).await.unwrap());
+        blocks.extend(old.next_n("blocks", 100).await.unwrap());
+    }
+    let store = PeersStore::new(after.clone());
+    let done = admin::reshape(&after, &store).await.unwrap();
+    assert_eq!(done.len(), 2, "{kind} {style}: {done:?}");
+    let new = TicketClient::connect(after).await.unwrap();
+    for _ in 0..10 {
+        photos.extend(new.next_n("photos", 20).await.unwrap());
+        blocks.extend(new.next_n("blocks", 300).await.unwrap());
+    }
+    let refused = old
+        .next_n("photos", 10)
+        .await
+        .expect_err("the old client handed out per-id tickets after the reshape");
+    assert!(refused.to_string().contains("reshape"), "{refused}");
+    for server in ["a", "b"] {
+        assert_eq!(
+            state(&old, server),
+            "lattice_changed",
+            "{server}: {refused}"
+        );
+    }
+    // The blocks it held are handed out, then it is refused: bounded.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the old client still hands out blocks"
+        );
+        match old.next_n("blocks", 100).await {
+            Ok(ids) => blocks.extend(ids),
+            Err(e) => {
+                assert!(e.to_string().contains("reshape"), "{e}");
+                break;
+            }
+        }
+    }
+    photos.extend(new.next_n("photos", 20).await.unwrap());
+    blocks.extend(new.next_n("blocks", 3000).await.unwrap());
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_old_client_is_refused_at_its_next_call_after_a_reshape_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    an_old_client_is_refused_at_its_next_call("mariadb", "", &a.url(), &b.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_old_client_is_refused_at_its_next_call_after_a_reshape_postgres_table() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    an_old_client_is_refused_at_its_next_call("postgres", "", &a.url(), &b.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_old_client_is_refused_at_its_next_call_after_a_reshape_postgres_sequence() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let style = "postgres_tickets = \"sequence\"\n";
+    an_old_client_is_refused_at_its_next_call("postgres", style, &a.url(), &b.url()).await;
+}
+
+/// What an operator's session tries on a server a client runs on, each
+/// of which would set a counter back in place: every statement must be
+/// refused by the table's guard.
+fn refused_in_place(what: &str, answer: Result<(), String>) {
+    let said = answer.expect_err(&format!("{what}: a counter was set back in place"));
+    assert!(said.contains("never set back in place"), "{what}: {said}");
+}
+
+/// Item 3, MariaDB: every way to set a counter back in place with the
+/// tables kept is refused by their guard: a per-id row deleted (the table
+/// left empty would let `ALTER TABLE … AUTO_INCREMENT` lower the counter
+/// to anything) or set lower, a segment row set lower or deleted; the
+/// `ALTER` then cannot lower the counter below an id handed out, and the
+/// running client and a fresh one hand out no id twice. Before: the
+/// `DELETE` went through, and the `ALTER` set the counter from past 200
+/// to 11.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_counter_goes_back_in_place_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = super::repro::pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = client.next_n("photos", 200).await.unwrap();
+    let mut blocks = client.next_n("blocks", 2000).await.unwrap();
+    let sql = |s: &str| a.sql(s).map(|_| ()).map_err(|e| format!("{e:#}"));
+    for statement in [
+        "DELETE FROM tickets_photos",
+        "UPDATE tickets_photos SET id = 1",
+        "UPDATE shardflake_ticket_segments SET max_id = 0",
+        "DELETE FROM shardflake_ticket_segments",
+    ] {
+        refused_in_place(statement, sql(statement));
+    }
+    sql("ALTER TABLE tickets_photos AUTO_INCREMENT = 11").unwrap();
+    let next: u64 = a
+        .sql("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'app' AND TABLE_NAME = 'tickets_photos'")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let largest_of_a = photos.iter().filter(|id| *id % 2 == 1).max().copied();
+    assert!(
+        Some(next) > largest_of_a,
+        "counter {next}, a handed out {largest_of_a:?}"
+    );
+    let fresh = TicketClient::connect(config).await.unwrap();
+    for c in [&client, &fresh] {
+        photos.extend(c.next_n("photos", 200).await.unwrap());
+        blocks.extend(c.next_n("blocks", 2000).await.unwrap());
+    }
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+/// An operator's session on `server`.
+async fn pg_admin(server: &PgServer) -> shardflake_tickets::tokio_postgres::Client {
+    let (admin, conn) = shardflake_tickets::tokio_postgres::connect(
+        &server.url(),
+        shardflake_tickets::tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    admin
+}
+
+/// Item 3, PostgreSQL with the table style (the default): a per-id row or
+/// a segment row set lower or deleted is refused by the table's guard; the
+/// clients hand out no id twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_counter_goes_back_in_place_postgres_table() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = super::live_restore::pg_pair(&a, &b, "table");
+    let default = Config::parse(&format!(
+        "{}{FIXED}",
+        server_toml("a", "postgres", &a.url(), 1)
+    ))
+    .unwrap();
+    assert_eq!(
+        default.postgres_tickets,
+        shardflake_tickets::PgTickets::Table,
+        "the style whose counters a guard protects is the default"
+    );
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = client.next_n("photos", 200).await.unwrap();
+    let mut blocks = client.next_n("blocks", 2000).await.unwrap();
+    let admin = pg_admin(&a).await;
+    for statement in [
+        "DELETE FROM tickets_photos",
+        "UPDATE tickets_photos SET id = 1",
+        "UPDATE shardflake_ticket_segments SET max_id = 0",
+        "DELETE FROM shardflake_ticket_segments",
+    ] {
+        let answer = admin
+            .batch_execute(statement)
+            .await
+            .map_err(|e| format!("{:?}", e.as_db_error().map(|d| d.message())));
+        refused_in_place(statement, answer);
+    }
+    let fresh = TicketClient::connect(config).await.unwrap();
+    for c in [&client, &fresh] {
+        photos.extend(c.next_n("photos", 200).await.unwrap());
+        blocks.extend(c.next_n("blocks", 2000).await.unwrap());
+    }
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+/// Item 3, PostgreSQL with `postgres_tickets = "sequence"`: no trigger
+/// fires on a sequence, so nothing refuses these. `ALTER SEQUENCE …
+/// RESTART` gives the sequence a new file node, which every answer
+/// carries: the running client's next answer is refused (`recreated`) and
+/// the server raised past its marks. A `setval` keeps it: seen only by a
+/// client whose last answer is above the value set (`went_back`), as here;
+/// one whose last answer was below cannot tell (why the table is the
+/// default). Either way no id is handed out twice here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sequence_set_back_in_place_is_seen_by_a_client_past_it_postgres() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = super::live_restore::pg_pair(&a, &b, "sequence");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = client.next_n("photos", 400).await.unwrap();
+    let admin = pg_admin(&a).await;
+    for statement in [
+        "ALTER SEQUENCE tickets_photos RESTART WITH 1",
+        "SELECT setval('tickets_photos', 1, false)",
+    ] {
+        admin.batch_execute(statement).await.unwrap();
+        for _ in 0..4 {
+            photos.extend(client.next_n("photos", 100).await.unwrap());
+        }
+        assert_unique(&photos);
+    }
+    let fresh = TicketClient::connect(config).await.unwrap();
+    photos.extend(fresh.next_n("photos", 400).await.unwrap());
+    assert_unique(&photos);
+}
+
+/// Item 4, `reshape` reads the stores the file names: both servers
+/// restored from the night's dumps (their marks tables set back with
+/// them), then reshaped to `a` alone; `b` handed out most of the ids while
+/// `a` was down, and only etcd still holds its marks. `reshape` raises `a`
+/// past them, so `a`, now answering for every id, hands out none of `b`'s
+/// again. Before: `reshape` read the marks on the servers only, and `a`
+/// (raised on its first session past its own marks in etcd, not `b`'s)
+/// handed out `b`'s ids again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reshape_counts_the_marks_in_etcd_of_a_server_it_removes() {
+    let etcd = shardflake_testkit::Etcd::start(1).unwrap();
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let marks = format!(
+        "\n[marks]\netcd = [{}]\netcd_prefix = \"/removed\"\n",
+        etcd.endpoints
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let config = super::repro::pair(&a, &b, &marks);
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut photos = client.next_n("photos", 200).await.unwrap();
+    let mut blocks = client.next_n("blocks", 3000).await.unwrap();
+    client.shutdown().await;
+    drop(client);
+    let night = (
+        super::repro::dump(&a, "night"),
+        super::repro::dump(&b, "night"),
+    );
+    a.kill().unwrap();
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    for _ in 0..4 {
+        photos.extend(client.next_n("photos", 1000).await.unwrap());
+        blocks.extend(client.next_n("blocks", 5000).await.unwrap());
+    }
+    client.shutdown().await;
+    drop(client);
+    a.restart().unwrap();
+    super::repro::restore(&a, &night.0);
+    super::repro::restore(&b, &night.1);
+    let alone = Config::parse(&format!(
+        "{}{FIXED}{marks}",
+        server_toml("a", "mariadb", &a.url(), 1)
+    ))
+    .unwrap();
+    admin::reshape(&alone, &*admin::admin_store(&alone))
+        .await
+        .unwrap();
+    let client = TicketClient::connect(alone).await.unwrap();
+    for _ in 0..4 {
+        photos.extend(client.next_n("photos", 1000).await.unwrap());
+        blocks.extend(client.next_n("blocks", 5000).await.unwrap());
+    }
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+/// A server without the lattice version (set up by an older shardflake,
+/// or the table dropped) is refused by every new session (`misconfigured`,
+/// naming `init`) and by `check`, until `init` records it again; a
+/// session of an older shardflake, which pins no version, is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_without_the_lattice_version_is_refused_until_init() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = super::repro::pair(&a, &b, "");
+    init_ok(&config).await;
+    a.sql("DROP TABLE shardflake_ticket_lattice_version")
+        .unwrap();
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    assert_eq!(state(&client, "a"), "misconfigured");
+    let report = admin::check(&config).await;
+    assert!(
+        !report.ok() && report.to_string().contains("tickets init"),
+        "{report}"
+    );
+    let mut ids = client.next_n("photos", 100).await.unwrap();
+    init_ok(&config).await;
+    super::wait_state(&client, "a", "up").await;
+    ids.extend(client.next_n("photos", 400).await.unwrap());
+    assert!(ids.iter().any(|id| id % 2 == 1), "a never served again");
+    assert_unique(&ids);
+    // A client of an older shardflake pins no version and sets no flag:
+    // its ticket (a `REPLACE`, which deletes the row it replaces) goes on.
+    a.sql("REPLACE INTO tickets_photos (stub) VALUES ('a')")
+        .unwrap();
+}
+
+/// Item 4: an etcd the file names that cannot be reached is one place
+/// holding the marks down, as a peer down is: with the peer answering,
+/// every server is served (and raised past the peer's marks); with the
+/// peer down too, no place holding `a`'s marks answers and a fresh client
+/// refuses `a` (`no_high_water`), as it does for a file without etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_etcd_is_a_place_down_like_a_peer() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let dead = format!(
+        "\n[marks]\netcd = [\"http://127.0.0.1:{}\"]\n",
+        shardflake_testkit::free_port().unwrap()
+    );
+    let config = super::repro::pair(&a, &b, &dead);
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 400).await.unwrap();
+    client.next_n("blocks", 3000).await.unwrap();
+    for server in ["a", "b"] {
+        assert_eq!(state(&client, server), "up", "{:?}", client.metrics());
+    }
+    client.shutdown().await;
+    drop(client);
+    b.kill().unwrap();
+    // No server to start with: the client says why for each.
+    let Err(e) = TicketClient::connect(config.clone()).await else {
+        panic!("a served with no place holding its marks answering");
+    };
+    assert!(
+        e.to_string()
+            .contains("no place holding its high-water marks answered"),
+        "{e}"
+    );
+    b.restart().unwrap();
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    for _ in 0..4 {
+        ids.extend(fresh.next_n("photos", 100).await.unwrap());
+    }
+    assert_eq!(state(&fresh, "a"), "up", "{:?}", fresh.metrics());
+    assert_unique(&ids);
+}
+
+/// A reshape that cannot be made (a sequence's mode changed) is refused
+/// before any server is fenced: the clients of the file go on, and `check`
+/// finds no reshape under way. Before: the servers were fenced first, and
+/// every client was refused until a reshape ran to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reshape_refused_leaves_every_server_serving() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = super::repro::pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 100).await.unwrap();
+    let per_id = Config::parse(&format!(
+        "{}{}{}",
+        server_toml("a", "mariadb", &a.url(), 1),
+        server_toml("b", "mariadb", &b.url(), 2),
+        FIXED.replace("mode = \"segment\"\n", "")
+    ))
+    .unwrap();
+    let e = admin::reshape(&per_id, &PeersStore::new(per_id.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "misconfigured", "{e}");
+    ids.extend(client.next_n("photos", 100).await.unwrap());
+    let report = admin::check(&config).await;
+    assert!(report.ok(), "{report}");
+    assert_unique(&ids);
+}
