@@ -33,7 +33,7 @@ use std::future::Future;
 use crate::backend::{Backend, LatticeRecord, ServerSettings, check_lattice};
 use crate::config::{Config, Kind, Mode, ServerConfig};
 use crate::error::TicketError;
-use crate::high_water::{HighWaterStore, PeersStore};
+use crate::high_water::{HighWaterStore, PeersStore, ResidueClass};
 use crate::segment::Lattice;
 use crate::session::Session;
 
@@ -220,7 +220,7 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
                 Err(e) if initialised => problems.push(e.to_string()),
                 _ => {}
             }
-            let marks = match store.load(&server.name).await {
+            let marks = match store.load(&ResidueClass::of(config, server)).await {
                 Ok(marks) => marks,
                 Err(e) => {
                     problems.push(format!("server {}: {e}", server.name));
@@ -338,7 +338,7 @@ pub async fn repair_with_store(
 ) -> Result<Vec<Repair>, TicketError> {
     let mut done = Vec::new();
     for server in &config.servers {
-        let marks = store.load(&server.name).await?;
+        let marks = store.load(&ResidueClass::of(config, server)).await?;
         let mut session = admin_session(config, server).await?;
         let lattice = Lattice::new(config, server);
         for seq in &config.sequences {
@@ -393,7 +393,8 @@ pub struct Reshaped {
 /// the file's: reads every mark (of any server, removed ones included) and
 /// every counter (under the lattice it was recorded with) on every server
 /// of the file, raises each server past the largest, records the new
-/// lattice, and writes that mark for every server. Every server must
+/// lattice, and writes that mark for every server's new residue class (so
+/// no class of the new lattice starts below an id of the old one). Every server must
 /// answer; stop the clients first (a client still running on the old file
 /// is refused at its next session, but may hand out what it holds). The
 /// mode and the bits cannot change this way.
@@ -483,7 +484,10 @@ pub async fn reshape(
         }
         for server in &config.servers {
             store
-                .record(&server.name, &[(seq.name.clone(), past)])
+                .record(
+                    &ResidueClass::of(config, server),
+                    &[(seq.name.clone(), past)],
+                )
                 .await?;
         }
         tracing::info!(sequence = %seq.name, past, "sequence reshaped");

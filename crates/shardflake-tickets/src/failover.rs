@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use crate::backend::Backend;
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::{ServerFailure, TicketError};
-use crate::high_water::{BoxFuture, HighWaterStore};
+use crate::high_water::{BoxFuture, HighWaterStore, ResidueClass};
 use crate::segment::{Block, Lattice};
 use crate::session::Session;
 
@@ -94,6 +94,8 @@ pub(crate) struct Server {
     pub config: ServerConfig,
     pub index: usize,
     pub lattice: Lattice,
+    /// The class it answers for: whose marks it is raised past and writes.
+    pub class: ResidueClass,
     slots: Vec<tokio::sync::Mutex<Option<Session>>>,
     next_slot: AtomicUsize,
     health: Mutex<Health>,
@@ -133,6 +135,7 @@ impl Server {
         let per_sequence = || config.sequences.iter().map(|_| AtomicU64::new(0)).collect();
         Server {
             lattice: Lattice::new(config, &server),
+            class: ResidueClass::of(config, &server),
             slots: (0..server.connections)
                 .map(|_| tokio::sync::Mutex::new(None))
                 .collect(),
@@ -300,7 +303,7 @@ impl Server {
         for seq in &config.sequences {
             tables.push(session.identity(seq).await?.unwrap_or(UNKNOWN));
         }
-        let stored = match load_marks(config, store, name).await {
+        let stored = match load_marks(config, store, &self.class).await {
             Ok(marks) => marks,
             Err(e) => {
                 // Own marks cover only this client's ids: they stand in
@@ -395,7 +398,7 @@ impl Server {
             }
         }
         if !ahead.is_empty() {
-            store.record(name, &ahead).await?;
+            store.record(&self.class, &ahead).await?;
             for (i, seq) in config.sequences.iter().enumerate() {
                 if let Some((_, want)) = ahead.iter().find(|(q, _)| *q == seq.name) {
                     self.reserved[i].fetch_max(*want, Ordering::Relaxed);
@@ -711,7 +714,7 @@ impl Pool {
         let name = &server.config.name;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let written = tokio::time::timeout(left, self.store.record(name, marks))
+            let written = tokio::time::timeout(left, self.store.record(&server.class, marks))
                 .await
                 .unwrap_or_else(|_| {
                     Err(TicketError::Timeout {
@@ -906,11 +909,9 @@ impl Pool {
                 server.lattice.counter_of_row(block.row),
                 server.lattice.counter_of_row(block.give_back_to()),
             );
-            let lowered = tokio::time::timeout(
-                timeout,
-                self.store.give_back(&server.config.name, name, from, to),
-            )
-            .await;
+            let lowered =
+                tokio::time::timeout(timeout, self.store.give_back(&server.class, name, from, to))
+                    .await;
             if matches!(lowered, Ok(Ok(()))) {
                 // Not written again at the end of the shutdown.
                 let _ = server.reserved[index].compare_exchange(
@@ -934,11 +935,11 @@ impl Pool {
 async fn load_marks(
     config: &Config,
     store: &dyn HighWaterStore,
-    server: &str,
+    class: &ResidueClass,
 ) -> Result<std::collections::HashMap<String, u64>, TicketError> {
     let deadline = Instant::now() + config.failover.attempt_timeout() / 2;
     loop {
-        match store.load(server).await {
+        match store.load(class).await {
             Ok(marks) => return Ok(marks),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,

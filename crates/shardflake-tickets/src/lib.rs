@@ -72,7 +72,7 @@ pub use config::{
 };
 pub use error::{ServerFailure, TicketError};
 pub use failover::{Health, ServerMetrics};
-pub use high_water::{HighWaterStore, PeersStore};
+pub use high_water::{HighWaterStore, PeersStore, ResidueClass};
 
 /// The MariaDB/MySQL client this crate uses.
 pub use mysql_async;

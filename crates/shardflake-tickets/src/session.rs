@@ -128,20 +128,23 @@ impl Backend for Session {
 
     async fn give_back_high_water(
         &mut self,
-        server: &str,
+        holder: &str,
         sequence: &str,
         expected: u64,
         to: u64,
     ) -> Result<(), TicketError> {
-        delegate!(self, b => b.give_back_high_water(server, sequence, expected, to).await)
+        delegate!(self, b => b.give_back_high_water(holder, sequence, expected, to).await)
     }
 
     async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
         delegate!(self, b => b.read_marks_of_sequence(sequence).await)
     }
 
-    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
-        delegate!(self, b => b.read_high_water(server).await)
+    async fn read_high_water(
+        &mut self,
+        holders: &[&str],
+    ) -> Result<Vec<(String, u64)>, TicketError> {
+        delegate!(self, b => b.read_high_water(holders).await)
     }
 
     async fn started(&mut self) -> Result<i64, TicketError> {

@@ -497,17 +497,17 @@ impl Backend for MariaSession {
         }
     }
 
-    /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
+    /// Lowers `holder`'s mark of `sequence` to `to` where it still is `expected`.
     async fn give_back_high_water(
         &mut self,
-        server: &str,
+        holder: &str,
         sequence: &str,
         expected: u64,
         to: u64,
     ) -> Result<(), TicketError> {
         self.conn
             .query_drop(format!(
-                "UPDATE {HW_TABLE} SET high_water = {to} WHERE server_name = '{server}' AND sequence_name = '{sequence}' AND high_water = {expected}"
+                "UPDATE {HW_TABLE} SET high_water = {to} WHERE server_name = '{holder}' AND sequence_name = '{sequence}' AND high_water = {expected}"
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "give back a high-water mark", e))
@@ -618,11 +618,15 @@ impl Backend for MariaSession {
             })
     }
 
-    /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
+    /// The high-water marks this server holds under `holders`.
+    async fn read_high_water(
+        &mut self,
+        holders: &[&str],
+    ) -> Result<Vec<(String, u64)>, TicketError> {
         self.conn
             .query(format!(
-                "SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = '{server}'"
+                "SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name IN ({})",
+                super::holders_list(holders)
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "read high-water marks", e))

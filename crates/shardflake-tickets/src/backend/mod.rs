@@ -83,27 +83,31 @@ pub(crate) trait Backend {
         past: u64,
     ) -> Result<(), TicketError>;
 
-    /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
+    /// Raises (never lowers) high-water marks: `(class key, sequence, id)`.
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
     ) -> Result<(), TicketError>;
 
-    /// Lowers `server`'s mark of `sequence` to `to` where it still is
-    /// `expected`.
+    /// Lowers the mark of `holder` (a class key) for `sequence` to `to`
+    /// where it still is `expected`.
     async fn give_back_high_water(
         &mut self,
-        server: &str,
+        holder: &str,
         sequence: &str,
         expected: u64,
         to: u64,
     ) -> Result<(), TicketError>;
 
-    /// The largest mark this server holds for `sequence`, of any server.
+    /// The largest mark this server holds for `sequence`, of any class.
     async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError>;
 
-    /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError>;
+    /// The high-water marks this server holds under any of `holders` (a
+    /// class key, a server's name): `(sequence, id)`, one row per holder.
+    async fn read_high_water(
+        &mut self,
+        holders: &[&str],
+    ) -> Result<Vec<(String, u64)>, TicketError>;
 
     /// When the server started, in unix seconds (to the second).
     async fn started(&mut self) -> Result<i64, TicketError>;
@@ -308,9 +312,9 @@ pub(crate) struct Stamped<T> {
     pub table: Option<i64>,
 }
 
-/// `('server', 'sequence', id), ...`: the rows of a high-water upsert.
-/// Server and sequence names are plain identifiers (the config checks them),
-/// so they need no escaping.
+/// `('class', 'sequence', id), ...`: the rows of a high-water upsert.
+/// Class keys (`@1of2`) and sequence names (plain identifiers: the config
+/// checks them) need no escaping.
 pub(crate) fn high_water_rows(marks: &[(String, String, u64)]) -> String {
     marks
         .iter()
@@ -367,4 +371,14 @@ pub(crate) fn mode_changed(server: &str, seq: &SequenceConfig, was: &str) -> Tic
             seq.name
         ),
     )
+}
+
+/// `'a', 'b'`: holders of marks (class keys, server names: no quote in
+/// either) for an `IN (...)`.
+pub(crate) fn holders_list(holders: &[&str]) -> String {
+    holders
+        .iter()
+        .map(|h| format!("'{h}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

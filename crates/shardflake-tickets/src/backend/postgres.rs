@@ -477,10 +477,10 @@ impl Backend for PgSession {
             .map_err(pg_err(&self.server, "write high-water marks"))
     }
 
-    /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
+    /// Lowers `holder`'s mark of `sequence` to `to` where it still is `expected`.
     async fn give_back_high_water(
         &mut self,
-        server: &str,
+        holder: &str,
         sequence: &str,
         expected: u64,
         to: u64,
@@ -488,7 +488,7 @@ impl Backend for PgSession {
         self.client
             .execute(
                 &format!("UPDATE {HW_TABLE} SET high_water = $1 WHERE server_name = $2 AND sequence_name = $3 AND high_water = $4"),
-                &[&(to as i64), &server, &sequence, &(expected as i64)],
+                &[&(to as i64), &holder, &sequence, &(expected as i64)],
             )
             .await
             .map_err(pg_err(&self.server, "give back a high-water mark"))?;
@@ -585,13 +585,18 @@ impl Backend for PgSession {
         Ok(())
     }
 
-    /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
+    /// The high-water marks this server holds under `holders`.
+    async fn read_high_water(
+        &mut self,
+        holders: &[&str],
+    ) -> Result<Vec<(String, u64)>, TicketError> {
         let rows = self
             .client
             .query(
-                &format!("SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = $1"),
-                &[&server],
+                &format!(
+                    "SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = ANY($1)"
+                ),
+                &[&holders],
             )
             .await
             .map_err(pg_err(&self.server, "read high-water marks"))?;

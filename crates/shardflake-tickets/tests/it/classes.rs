@@ -1,0 +1,147 @@
+//! Issue 36, items 1 and 2: the ids a residue class handed out belong to
+//! the class, whoever answers for it. Each on real servers; each failed on
+//! the code before (see the note on each).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use shardflake_testkit::{MariaDbServer, PgServer};
+use shardflake_tickets::{Config, TicketClient};
+
+use super::live_restore::pg_pair;
+use super::repro::{FIXED, pair};
+use super::{init_ok, maria, server_toml};
+
+/// Takes ids of `sequence` (100 at a time) until `more` of them are in
+/// the residue class of offset 2 of 2 (bounded): per-id, even ids;
+/// segment (chunks of 100), the second chunk of every 200.
+async fn take_from_class_2(client: &TicketClient, sequence: &str, more: usize, ids: &mut Vec<u64>) {
+    let in_class = |id: &&u64| match sequence {
+        "blocks" => (**id - 1) / 100 % 2 == 1,
+        _ => id.is_multiple_of(2),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let want = ids.iter().filter(in_class).count() + more;
+    while ids.iter().filter(in_class).count() < want {
+        assert!(
+            Instant::now() < deadline,
+            "never {more} ids of offset 2: {:?}",
+            client.metrics()
+        );
+        ids.extend(client.next_n(sequence, 100).await.unwrap());
+    }
+}
+
+/// The ids handed out, per sequence (each sequence counts on its own).
+#[derive(Default)]
+struct Ids {
+    photos: Vec<u64>,
+    blocks: Vec<u64>,
+}
+
+impl Ids {
+    /// No id of either sequence handed out twice (both counted first).
+    fn assert_unique(&self) {
+        let twice = |v: &[u64]| v.len() - v.iter().collect::<HashSet<_>>().len();
+        assert_eq!(
+            (twice(&self.photos), twice(&self.blocks)),
+            (0, 0),
+            "ids handed out twice (per-id of {}, segment of {})",
+            self.photos.len(),
+            self.blocks.len()
+        );
+    }
+}
+
+/// Segment ids and per-id ids from the server at offset 2: `blocks` and
+/// 20 more. Blocks first: a client's first call goes to the file's first
+/// server, and a block is taken above every id the client handed out
+/// before (a first block from another server would lift it).
+async fn take_from_offset_2(client: &TicketClient, blocks: usize, ids: &mut Ids) {
+    take_from_class_2(client, "blocks", blocks, &mut ids.blocks).await;
+    take_from_class_2(client, "photos", 20, &mut ids.photos).await;
+}
+
+/// F1: a dead server replaced by a fresh, empty one under a **new name**
+/// at the same offset, the file edited, `init` run. The new server answers
+/// for the dead one's residue class, so it is raised past the class's
+/// marks before its first id. Before: marks were kept per name, the new
+/// name had none, and the new server handed out the dead one's ids again
+/// (MariaDB: 10 of 10 per-id, every segment id of its blocks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_replaced_under_a_new_name_is_raised_past_the_class_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    let renamed = |c: &MariaDbServer| {
+        Config::parse(&format!(
+            "{}{}{FIXED}",
+            server_toml("b2", "mariadb", &c.url(), 2),
+            server_toml("a", "mariadb", &a.url(), 1)
+        ))
+        .unwrap()
+    };
+    replaced_under_a_new_name(config, b, || maria(2, 2), renamed).await;
+}
+
+/// F1 on PostgreSQL (the default table style).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_replaced_under_a_new_name_is_raised_past_the_class_postgres() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = pg_pair(&a, &b, "table");
+    let renamed = |c: &PgServer| {
+        Config::parse(&format!(
+            "postgres_tickets = \"table\"\n{}{}{FIXED}",
+            server_toml("b2", "postgres", &c.url(), 2),
+            server_toml("a", "postgres", &a.url(), 1)
+        ))
+        .unwrap()
+    };
+    replaced_under_a_new_name(config, b, || PgServer::start().unwrap(), renamed).await;
+}
+
+/// Ids from both servers of `config`; `b` dropped (stopped for good); a
+/// fresh server from `fresh` put in its place under the name `b2`
+/// (`renamed`, which lists it first), initialised; ids from it: none
+/// handed out twice.
+async fn replaced_under_a_new_name<S>(
+    config: Config,
+    b: S,
+    fresh: impl FnOnce() -> S,
+    renamed: impl FnOnce(&S) -> Config,
+) {
+    init_ok(&config).await;
+    let mut ids = Ids::default();
+    let client = TicketClient::connect(config).await.unwrap();
+    take_from_offset_2(&client, 300, &mut ids).await;
+    client.shutdown().await;
+    drop(client);
+    drop(b);
+    let c = fresh();
+    let config = renamed(&c);
+    init_ok(&config).await;
+    let client = TicketClient::connect(config).await.unwrap();
+    // Up to the old server's blocks (lifted past the first client's first
+    // block, from `a`) and beyond.
+    take_from_offset_2(&client, 3000, &mut ids).await;
+    client.shutdown().await;
+    ids.assert_unique();
+}
+
+/// An upgrade keeps the marks an older release wrote under a server's
+/// name: a server is raised past them as past its class's. Here `a` holds
+/// a name-keyed mark of `b` at 5000 and nothing else: `b`'s first id is
+/// above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn marks_written_under_a_servers_name_still_raise_it() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    a.sql("INSERT INTO shardflake_ticket_hw (server_name, sequence_name, high_water) VALUES ('b', 'photos', 5000)")
+        .unwrap();
+    let client = TicketClient::connect(config).await.unwrap();
+    let mut ids = Vec::new();
+    take_from_class_2(&client, "photos", 1, &mut ids).await;
+    let first_of_b = ids.iter().find(|id| id.is_multiple_of(2)).unwrap();
+    assert!(*first_of_b > 5000, "{ids:?}");
+    client.shutdown().await;
+}
