@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use shardflake_etcd::{Client, Compare, Op};
 
+use crate::backend::Holder;
 use crate::config::MarksConfig;
 use crate::error::TicketError;
 use crate::high_water::{BoxFuture, HighWaterStore, PeersStore, ResidueClass};
@@ -133,9 +134,11 @@ impl HighWaterStore for EtcdHighWater {
         })
     }
 
+    /// Not fenced by the holder: etcd records no holder (the peers do).
     fn record<'a>(
         &'a self,
         class: &'a ResidueClass,
+        _identity: Option<&'a str>,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
@@ -186,18 +189,41 @@ pub struct EtcdAndPeers {
 }
 
 impl HighWaterStore for EtcdAndPeers {
+    /// A refusal of the peers (the class taken over) refuses the write,
+    /// whatever etcd took.
     fn record<'a>(
         &'a self,
         class: &'a ResidueClass,
+        identity: Option<&'a str>,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
             let (etcd, peers) = tokio::join!(
-                self.etcd.record(class, marks),
-                self.peers.record(class, marks)
+                self.etcd.record(class, identity, marks),
+                self.peers.record(class, identity, marks)
             );
+            if let Err(e @ TicketError::Superseded(_)) = peers {
+                return Err(e);
+            }
             either(&class.server, [etcd, peers]).map(drop)
         })
+    }
+
+    /// The holder is recorded on the peers only.
+    fn claim<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+        identity: &'a str,
+        readmit: bool,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        self.peers.claim(class, identity, readmit)
+    }
+
+    fn holder<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+    ) -> BoxFuture<'a, Result<Option<Holder>, TicketError>> {
+        self.peers.holder(class)
     }
 
     /// Lowered in both, each by its own compare-and-set: a place that

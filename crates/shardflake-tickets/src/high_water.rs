@@ -38,7 +38,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Holder};
 use crate::config::{Config, ServerConfig};
 use crate::error::TicketError;
 use crate::session::Session;
@@ -84,12 +84,41 @@ impl ResidueClass {
 /// Where high-water marks live.
 pub trait HighWaterStore: Send + Sync {
     /// Raises (never lowers) `class`'s marks: `(sequence, mark)`. `Ok` once
-    /// at least one place holds them.
+    /// at least one place holds them. With `identity` (the server whose
+    /// ids they cover), a place that records another identity as the
+    /// class's holder refuses them, and so does the whole write
+    /// ([`TicketError::Superseded`]).
     fn record<'a>(
         &'a self,
         class: &'a ResidueClass,
+        identity: Option<&'a str>,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>>;
+
+    /// Makes `identity` the holder of `class` where it is not: compare-
+    /// and-set of the holder record (generation + 1) in every place that
+    /// answers, before the class's marks are read. An identity that held
+    /// the class and was taken over is refused
+    /// ([`TicketError::Superseded`]) unless `readmit` (`tickets
+    /// takeover`). The default records nothing.
+    fn claim<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+        identity: &'a str,
+        readmit: bool,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        let _ = (class, identity, readmit);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The holder of `class`: the highest generation any place records.
+    fn holder<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+    ) -> BoxFuture<'a, Result<Option<Holder>, TicketError>> {
+        let _ = class;
+        Box::pin(async { Ok(None) })
+    }
 
     /// `class`'s marks, per sequence: the largest from every place that
     /// answered, under its key and its server's name. An error when no
@@ -206,6 +235,16 @@ impl PeersStore {
     }
 }
 
+/// `identity` of `class`'s server, taken over by `holder`.
+fn superseded(class: &ResidueClass, identity: &str, holder: &Holder) -> TicketError {
+    TicketError::Superseded(Box::new(crate::error::Superseded {
+        server: class.server.clone(),
+        class: class.key.clone(),
+        identity: identity.to_string(),
+        holder: holder.identity.clone(),
+    }))
+}
+
 fn reasons(errors: &[TicketError]) -> String {
     errors
         .iter()
@@ -218,6 +257,7 @@ impl HighWaterStore for PeersStore {
     fn record<'a>(
         &'a self,
         class: &'a ResidueClass,
+        identity: Option<&'a str>,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
@@ -226,23 +266,147 @@ impl HighWaterStore for PeersStore {
                 .map(|(q, hw)| (class.key.clone(), q.clone(), *hw))
                 .collect();
             let rows = &rows;
+            let fence = identity.map(|id| (class.key.as_str(), id));
             let results = self
                 .on_all(|_, mut s| async move {
-                    let r = s.write_high_water(rows).await;
+                    let r = match s.write_high_water(rows, fence).await {
+                        Ok(true) => Ok(None),
+                        Ok(false) => match s.read_holder(&class.key).await {
+                            Ok(Some(h)) if Some(h.identity.as_str()) != identity => Ok(Some(h)),
+                            Ok(_) => Err(TicketError::db(
+                                &class.server,
+                                "write high-water marks",
+                                "the class's holder changed under the write",
+                            )),
+                            Err(e) => Err(e),
+                        },
+                        Err(e) => Err(e),
+                    };
                     (s, r)
                 })
                 .await;
             let mut errors = Vec::new();
+            let mut written = false;
             for result in results {
                 match result {
-                    Ok(()) => return Ok(()),
+                    Ok(None) => written = true,
+                    // Another identity holds the class there: this server
+                    // was taken over, whatever the other places say.
+                    Ok(Some(holder)) => {
+                        return Err(superseded(class, identity.unwrap_or(""), &holder));
+                    }
                     Err(e) => errors.push(e),
                 }
             }
-            Err(TicketError::NoHighWater {
-                server: class.server.clone(),
-                reason: format!("no server took the marks: {}", reasons(&errors)),
-            })
+            match written {
+                true => Ok(()),
+                false => Err(TicketError::NoHighWater {
+                    server: class.server.clone(),
+                    reason: format!("no server took the marks: {}", reasons(&errors)),
+                }),
+            }
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+        identity: &'a str,
+        readmit: bool,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        Box::pin(async move {
+            let server = class.server.as_str();
+            let read = self
+                .on_all(|_, mut s| async move {
+                    let r = s.read_holder(&class.key).await;
+                    (s, r)
+                })
+                .await;
+            let mut errors = Vec::new();
+            if !readmit {
+                for holder in read.iter().flatten().flatten() {
+                    if holder.supersedes(identity) {
+                        return Err(superseded(class, identity, holder));
+                    }
+                }
+            }
+            let read = &read;
+            let taken = self
+                .on_all(|i, mut s| async move {
+                    let r = match &read[i] {
+                        Ok(Some(h)) if h.identity == identity => Ok(true),
+                        Ok(from) => s.claim(&class.key, identity, server, from.as_ref()).await,
+                        Err(e) => Err(e.clone()),
+                    };
+                    (s, r)
+                })
+                .await;
+            let mut protected = false;
+            for (i, result) in taken.into_iter().enumerate() {
+                match result {
+                    Ok(true) => protected |= self.protects(i, server),
+                    Ok(false) => {
+                        return Err(TicketError::db(
+                            server,
+                            "take the class over",
+                            format!(
+                                "{} took residue class {} over at the same time",
+                                self.config.servers[i].name, class.key
+                            ),
+                        ));
+                    }
+                    Err(e) if self.protects(i, server) => errors.push(e),
+                    Err(_) => {}
+                }
+            }
+            match protected {
+                true => Ok(()),
+                false => Err(TicketError::NoHighWater {
+                    server: server.to_string(),
+                    reason: format!(
+                        "no place recorded it as the holder of residue class {}: {}",
+                        class.key,
+                        reasons(&errors)
+                    ),
+                }),
+            }
+        })
+    }
+
+    fn holder<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+    ) -> BoxFuture<'a, Result<Option<Holder>, TicketError>> {
+        Box::pin(async move {
+            let read = self
+                .on_all(|_, mut s| async move {
+                    let r = s.read_holder(&class.key).await;
+                    (s, r)
+                })
+                .await;
+            let mut errors = Vec::new();
+            let mut best: Option<Holder> = None;
+            let mut answered = false;
+            for result in read {
+                match result {
+                    Ok(h) => {
+                        answered = true;
+                        if let Some(h) = h
+                            && best.as_ref().is_none_or(|b| h.generation > b.generation)
+                        {
+                            best = Some(h);
+                        }
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+            match answered {
+                true => Ok(best),
+                false => Err(TicketError::NoHighWater {
+                    server: class.server.clone(),
+                    reason: reasons(&errors),
+                }),
+            }
         })
     }
 

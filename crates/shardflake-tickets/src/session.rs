@@ -5,7 +5,10 @@
 
 use crate::backend::mariadb::MariaSession;
 use crate::backend::postgres::PgSession;
-use crate::backend::{Backend, LatticeRecord, ServerSettings, Stamped, check_lattice, unguarded};
+use crate::backend::{
+    Backend, Holder, LatticeRecord, ServerIdentity, ServerSettings, Stamped, check_lattice,
+    unguarded,
+};
 use crate::config::{Config, Kind, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
 
@@ -122,8 +125,23 @@ impl Backend for Session {
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-    ) -> Result<(), TicketError> {
-        delegate!(self, b => b.write_high_water(marks).await)
+        holder: Option<(&str, &str)>,
+    ) -> Result<bool, TicketError> {
+        delegate!(self, b => b.write_high_water(marks, holder).await)
+    }
+
+    async fn read_holder(&mut self, class: &str) -> Result<Option<Holder>, TicketError> {
+        delegate!(self, b => b.read_holder(class).await)
+    }
+
+    async fn claim(
+        &mut self,
+        class: &str,
+        identity: &str,
+        server: &str,
+        from: Option<&Holder>,
+    ) -> Result<bool, TicketError> {
+        delegate!(self, b => b.claim(class, identity, server, from).await)
     }
 
     async fn give_back_high_water(
@@ -147,8 +165,8 @@ impl Backend for Session {
         delegate!(self, b => b.read_high_water(holders).await)
     }
 
-    async fn started(&mut self) -> Result<i64, TicketError> {
-        delegate!(self, b => b.started().await)
+    async fn identify(&mut self) -> Result<ServerIdentity, TicketError> {
+        delegate!(self, b => b.identify().await)
     }
 
     async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError> {

@@ -6,11 +6,11 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use shardflake_testkit::{MariaDbServer, PgServer};
-use shardflake_tickets::{Config, TicketClient};
+use shardflake_tickets::{Config, TicketClient, admin};
 
-use super::live_restore::pg_pair;
-use super::repro::{FIXED, pair};
-use super::{init_ok, maria, server_toml};
+use super::live_restore::{pg_dump, pg_pair, psql};
+use super::repro::{FIXED, dump, pair, restore};
+use super::{init_ok, maria, server_toml, state};
 
 /// Takes ids of `sequence` (100 at a time) until `more` of them are in
 /// the residue class of offset 2 of 2 (bounded): per-id, even ids;
@@ -144,4 +144,174 @@ async fn marks_written_under_a_servers_name_still_raise_it() {
     let first_of_b = ids.iter().find(|id| id.is_multiple_of(2)).unwrap();
     assert!(*first_of_b > 5000, "{ids:?}");
     client.shutdown().await;
+}
+
+/// Ids of both sequences from `client`, `rounds` calls of 100 each; a
+/// refused call is fine (the server of offset 2 may be refused).
+async fn take_some(client: &TicketClient, rounds: usize, ids: &mut Ids) {
+    for _ in 0..rounds {
+        if let Ok(got) = client.next_n("blocks", 100).await {
+            ids.blocks.extend(got);
+        }
+        if let Ok(got) = client.next_n("photos", 100).await {
+            ids.photos.extend(got);
+        }
+    }
+}
+
+/// F8 on MariaDB: server `b` moved to a new host from its backup (a dump
+/// loaded into a fresh server on another port), the file edited to point
+/// `b` there, the old host left running, one client on each file. The
+/// new server takes `b`'s residue class over (it answers with another
+/// identity) and is raised past every mark of the class; the old one's
+/// next mark write is refused (`superseded`), so it hands out nothing
+/// above the marks the new one was raised past. `check` with the old file
+/// names the takeover and does not advise `repair`; `tickets takeover`
+/// gives the class back to the old server, and then the copy is refused.
+/// Before: both answered for the class and handed out the same ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_on_another_host_takes_the_class_over_and_the_old_one_is_refused_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let mut ids = Ids::default();
+    let old = TicketClient::connect(config.clone()).await.unwrap();
+    take_from_offset_2(&old, 300, &mut ids).await;
+    let path = dump(&b, "f8");
+    let c = maria(2, 2);
+    restore(&c, &path);
+    let _ = std::fs::remove_file(&path);
+    let moved = Config::parse(&format!(
+        "{}{}{FIXED}",
+        server_toml("b", "mariadb", &c.url(), 2),
+        server_toml("a", "mariadb", &a.url(), 1)
+    ))
+    .unwrap();
+    let new = TicketClient::connect(moved.clone()).await.unwrap();
+    take_from_offset_2(&new, 3000, &mut ids).await;
+    // The old client goes on until its next mark write, then refuses b.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&old, "b") != "superseded" {
+        assert!(Instant::now() < deadline, "{:?}", old.metrics());
+        take_some(&old, 1, &mut ids).await;
+        take_some(&new, 1, &mut ids).await;
+    }
+    ids.assert_unique();
+    // check with the old file: the takeover, and not `repair`.
+    let report = admin::check(&config).await;
+    let text = report.to_string();
+    assert!(!report.ok(), "{text}");
+    assert!(
+        text.contains("SUPERSEDED") && text.contains("tickets takeover"),
+        "{text}"
+    );
+    assert!(!text.contains("tickets repair"), "{text}");
+    // The operator gives the class back to the old host: the copy is
+    // refused at its next mark write, the old one serves again.
+    admin::takeover(&config, &*admin::admin_store(&config), "b")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&new, "b") != "superseded" || state(&old, "b") != "up" {
+        assert!(
+            Instant::now() < deadline,
+            "{:?} {:?}",
+            new.metrics(),
+            old.metrics()
+        );
+        take_some(&old, 1, &mut ids).await;
+        take_some(&new, 1, &mut ids).await;
+    }
+    take_from_offset_2(&old, 300, &mut ids).await;
+    old.shutdown().await;
+    new.shutdown().await;
+    ids.assert_unique();
+}
+
+/// F8 on PostgreSQL: `b` moved to a new host from its `pg_dump`, the old
+/// one left running, one client on each file: the copy takes the class
+/// over, the old one is refused at its next mark write, no id twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_on_another_host_takes_the_class_over_and_the_old_one_is_refused_postgres() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = pg_pair(&a, &b, "table");
+    init_ok(&config).await;
+    let mut ids = Ids::default();
+    let old = TicketClient::connect(config.clone()).await.unwrap();
+    take_from_offset_2(&old, 300, &mut ids).await;
+    let path = pg_dump(&b, "f8", &[]);
+    let c = PgServer::start().unwrap();
+    psql(&c, &[], &path);
+    let _ = std::fs::remove_file(&path);
+    let moved = Config::parse(&format!(
+        "postgres_tickets = \"table\"\n{}{}{FIXED}",
+        server_toml("b", "postgres", &c.url(), 2),
+        server_toml("a", "postgres", &a.url(), 1)
+    ))
+    .unwrap();
+    let new = TicketClient::connect(moved).await.unwrap();
+    take_from_offset_2(&new, 3000, &mut ids).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&old, "b") != "superseded" {
+        assert!(Instant::now() < deadline, "{:?}", old.metrics());
+        take_some(&old, 1, &mut ids).await;
+        take_some(&new, 1, &mut ids).await;
+    }
+    take_from_offset_2(&new, 300, &mut ids).await;
+    old.shutdown().await;
+    new.shutdown().await;
+    ids.assert_unique();
+}
+
+/// Two copies of `b` on two new hosts, each with its own file and client,
+/// started at once: their takeovers race on the holder record. Whichever
+/// took the class over last holds it; the other is refused at its next
+/// mark write (`superseded`), and no id is handed out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_copies_racing_for_one_class_never_both_issue() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let mut ids = Ids::default();
+    let first = TicketClient::connect(config).await.unwrap();
+    take_from_offset_2(&first, 300, &mut ids).await;
+    first.shutdown().await;
+    drop(first);
+    let path = dump(&b, "race");
+    drop(b);
+    let copies = [maria(2, 2), maria(2, 2)];
+    let files: Vec<Config> = copies
+        .iter()
+        .map(|c| {
+            restore(c, &path);
+            Config::parse(&format!(
+                "{}{}{FIXED}",
+                server_toml("b", "mariadb", &c.url(), 2),
+                server_toml("a", "mariadb", &a.url(), 1)
+            ))
+            .unwrap()
+        })
+        .collect();
+    let _ = std::fs::remove_file(&path);
+    let (one, two) = tokio::join!(
+        TicketClient::connect(files[0].clone()),
+        TicketClient::connect(files[1].clone())
+    );
+    let clients = [one.unwrap(), two.unwrap()];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for client in &clients {
+            take_some(client, 1, &mut ids).await;
+        }
+        let up: Vec<&str> = clients.iter().map(|c| state(c, "b")).collect();
+        if up.contains(&"superseded") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "both still serve b: {up:?}");
+    }
+    for client in &clients {
+        take_some(client, 5, &mut ids).await;
+        client.shutdown().await;
+    }
+    ids.assert_unique();
 }

@@ -514,6 +514,7 @@ async fn a_live_dump_restore_never_aborts_on_a_mark_written_meanwhile() {
     shardflake_tickets::HighWaterStore::record(
         &store,
         &shardflake_tickets::ResidueClass::named(&config, "b"),
+        None,
         &[("photos".into(), 5000)],
     )
     .await
