@@ -3,10 +3,11 @@
 //! the code before (see the note on each).
 
 use std::collections::HashSet;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use shardflake_testkit::{MariaDbServer, PgServer};
-use shardflake_tickets::{Config, TicketClient, admin};
+use shardflake_tickets::{Config, TicketClient, admin, tokio_postgres};
 
 use super::live_restore::{pg_dump, pg_pair, psql};
 use super::repro::{FIXED, dump, pair, restore};
@@ -313,5 +314,95 @@ async fn two_copies_racing_for_one_class_never_both_issue() {
         take_some(client, 5, &mut ids).await;
         client.shutdown().await;
     }
+    ids.assert_unique();
+}
+
+/// Runs `cmd`; its failure fails the test.
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {out:?}");
+}
+
+/// `sql` on `s`, the first column of its first row as text.
+async fn pg_query(s: &PgServer, sql: &str) -> String {
+    let (c, conn) = tokio_postgres::connect(&s.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let rows = c.simple_query(sql).await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// SB on PostgreSQL: `b` fails over to its streaming standby (a base
+/// backup taken with `-R`), the standby is promoted, a client on a file
+/// that points `b` at it starts, and the old primary is restarted beside
+/// it with a client still on the old file (split brain). The promoted
+/// standby answers with another identity (port, data directory, and the
+/// new timeline) and takes the class over; the old primary is refused
+/// (`superseded`) when the old client checks it again, and `check` with
+/// the old file names the takeover, not `repair`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_old_primary_restarted_beside_its_promoted_standby_is_refused_postgres() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = pg_pair(&a, &b, "table");
+    init_ok(&config).await;
+    let mut ids = Ids::default();
+    let old = TicketClient::connect(config.clone()).await.unwrap();
+    take_from_offset_2(&old, 300, &mut ids).await;
+    // The standby: a fresh server's data replaced by b's base backup.
+    let standby = PgServer::start().unwrap();
+    let data = pg_query(&standby, "SHOW data_directory").await;
+    standby.stop();
+    let backup = format!("{data}.standby");
+    run(Command::new(b.program("pg_basebackup").unwrap())
+        .args(["-h", "127.0.0.1", "-U", "postgres", "-X", "stream", "-R"])
+        .arg(format!("-p{}", b.port))
+        .args(["-c", "fast", "-D", &backup]));
+    run(Command::new("sh").arg("-c").arg(format!(
+        "rm -rf '{data}' && mv '{backup}' '{data}' && chown -R postgres:postgres '{data}' && chmod 700 '{data}'"
+    )));
+    standby.restart().unwrap();
+    // More ids from b, streamed to the standby; then b fails.
+    take_from_offset_2(&old, 300, &mut ids).await;
+    b.kill().unwrap();
+    let pg_ctl = b.program("pg_ctl").unwrap();
+    run(Command::new("sh").arg("-c").arg(format!(
+        "if [ $(id -u) -eq 0 ]; then runuser -u postgres -- '{}' promote -w -D '{data}'; else '{}' promote -w -D '{data}'; fi",
+        pg_ctl.display(),
+        pg_ctl.display()
+    )));
+    // Its identity settles on the new timeline at its first checkpoint.
+    assert_eq!(pg_query(&standby, "SELECT pg_is_in_recovery()").await, "f");
+    pg_query(&standby, "CHECKPOINT").await;
+    let promoted = Config::parse(&format!(
+        "postgres_tickets = \"table\"\n{}{}{FIXED}",
+        server_toml("b", "postgres", &standby.url(), 2),
+        server_toml("a", "postgres", &a.url(), 1)
+    ))
+    .unwrap();
+    let new = TicketClient::connect(promoted).await.unwrap();
+    take_from_offset_2(&new, 3000, &mut ids).await;
+    // The old primary comes back beside it.
+    b.restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&old, "b") != "superseded" {
+        assert!(Instant::now() < deadline, "{:?}", old.metrics());
+        take_some(&old, 1, &mut ids).await;
+        take_some(&new, 1, &mut ids).await;
+    }
+    take_from_offset_2(&new, 300, &mut ids).await;
+    let text = admin::check(&config).await.to_string();
+    assert!(
+        text.contains("SUPERSEDED") && text.contains("tickets takeover"),
+        "{text}"
+    );
+    assert!(!text.contains("tickets repair"), "{text}");
+    old.shutdown().await;
+    new.shutdown().await;
     ids.assert_unique();
 }
