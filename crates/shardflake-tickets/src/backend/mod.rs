@@ -467,3 +467,26 @@ pub(crate) fn holders_list(holders: &[&str]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_identity_keeps_only_characters_safe_in_sql() {
+        assert_eq!(
+            clean_identity("mariadb:vm:3306:/var/lib/my sql/:1:app'; --"),
+            "mariadb:vm:3306:/var/lib/my_sql/:1:app___--"
+        );
+    }
+
+    #[test]
+    fn only_an_identity_taken_over_is_superseded() {
+        let holder = holder_of("c".into(), 3, "a b");
+        assert!(holder.supersedes("a") && holder.supersedes("b"));
+        // The holder itself (re-admitted after it was taken over) and an
+        // identity never seen are not.
+        assert!(!holder_of("a".into(), 4, "a b").supersedes("a"));
+        assert!(!holder.supersedes("c") && !holder.supersedes("d"));
+    }
+}
