@@ -406,3 +406,57 @@ async fn an_old_primary_restarted_beside_its_promoted_standby_is_refused_postgre
     new.shutdown().await;
     ids.assert_unique();
 }
+
+/// Item 2: a client's own marks never vouch for a server whose identity
+/// changed. A physical copy of `b` taken earlier (a base backup, started
+/// from another data directory) comes up at `b`'s address while `b`'s only
+/// peer is down, after another client handed out ids from `b` past the
+/// backup and past this client's own marks. This client is alone (no
+/// other server up) and the copy's tables are the very ones it checked
+/// (same file nodes), but the copy answers with another identity: it is
+/// refused (`no_high_water`), not vouched for by the client's own marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn own_marks_never_vouch_for_another_server_at_the_same_address_postgres() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let config = pg_pair(&a, &b, "table");
+    init_ok(&config).await;
+    let mut ids = Ids::default();
+    let mine = TicketClient::connect(config.clone()).await.unwrap();
+    take_from_class_2(&mine, "photos", 20, &mut ids.photos).await;
+    // A base backup of b, into a fresh server's data directory.
+    let copy = PgServer::start().unwrap();
+    let data = pg_query(&copy, "SHOW data_directory").await;
+    copy.stop();
+    let backup = format!("{data}.copy");
+    run(Command::new(b.program("pg_basebackup").unwrap())
+        .args(["-h", "127.0.0.1", "-U", "postgres", "-X", "stream"])
+        .arg(format!("-p{}", b.port))
+        .args(["-c", "fast", "-D", &backup]));
+    run(Command::new("sh").arg("-c").arg(format!(
+        "rm -rf '{data}' && mv '{backup}' '{data}' && chown -R postgres:postgres '{data}' && chmod 700 '{data}' && echo {} > '{data}.port'",
+        b.port
+    )));
+    // Another client hands out ids from b past the backup and past this
+    // client's marks (written 1,000 ids of b ahead).
+    let other = TicketClient::connect(config.clone()).await.unwrap();
+    take_from_class_2(&other, "photos", 3000, &mut ids.photos).await;
+    other.shutdown().await;
+    // The peer goes down; the copy comes up at b's address.
+    a.stop();
+    b.stop();
+    copy.restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&mine, "b") != "no_high_water" {
+        assert!(Instant::now() < deadline, "{:?}", mine.metrics());
+        if let Ok(got) = mine.next_n("photos", 100).await {
+            ids.photos.extend(got);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reason = mine.metrics()[1].reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("not as the server this client last checked"),
+        "{reason}"
+    );
+    ids.assert_unique();
+}
