@@ -199,6 +199,8 @@ codes! {
     Recreated = "recreated",
     /// No ticket high-water could be read.
     NoHighWater = "no_high_water",
+    /// A ticket server's residue class was taken over by another server.
+    Superseded = "superseded",
     /// The ticket servers' lattice changed.
     LatticeChanged = "lattice_changed",
     /// A ticket server is set up differently from the file.
@@ -255,6 +257,7 @@ impl IssueError {
                 TicketError::WentBack { .. } => Code::WentBack,
                 TicketError::Recreated { .. } => Code::Recreated,
                 TicketError::NoHighWater { .. } => Code::NoHighWater,
+                TicketError::Superseded(_) => Code::Superseded,
                 TicketError::LatticeChanged { .. } => Code::LatticeChanged,
                 TicketError::Misconfigured { .. } => Code::Misconfigured,
                 TicketError::Database { .. } => Code::Database,

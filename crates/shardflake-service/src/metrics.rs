@@ -180,7 +180,7 @@ fn render_tickets(out: &mut String, servers: &[ServerMetrics]) {
     family(
         "server_state",
         "gauge",
-        "Always 1; the state label is up, down, or the code of the refusal (went_back, recreated, no_high_water, lattice_changed, misconfigured, ...).",
+        "Always 1; the state label is up, down, or the code of the refusal (went_back, recreated, no_high_water, superseded, lattice_changed, misconfigured, ...).",
         &|s| (format!(",state=\"{}\"", s.state), 1.0),
     );
     family(

@@ -36,7 +36,7 @@ use std::future::Future;
 use crate::backend::{Backend, LatticeRecord, ServerSettings, check_lattice, reshaping};
 use crate::config::{Config, Kind, Mode, ServerConfig};
 use crate::error::TicketError;
-use crate::high_water::{HighWaterStore, PeersStore};
+use crate::high_water::{HighWaterStore, PeersStore, ResidueClass};
 use crate::segment::Lattice;
 use crate::session::Session;
 
@@ -114,6 +114,8 @@ pub struct ServerCheck {
     pub server: ServerConfig,
     /// What was read, or why nothing was.
     pub settings: Result<ServerSettings, TicketError>,
+    /// Its identity and who holds its residue class (empty when unread).
+    pub holder: String,
 }
 
 /// What `check` found.
@@ -150,6 +152,9 @@ impl fmt::Display for CheckReport {
             match &c.settings {
                 Err(e) => writeln!(f, "  unreachable: {e}")?,
                 Ok(settings) => {
+                    if !c.holder.is_empty() {
+                        writeln!(f, "  {}", c.holder)?;
+                    }
                     if let Some((i, o)) = settings.global {
                         writeln!(
                             f,
@@ -208,6 +213,7 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
     let mut problems = Vec::new();
     for server in &config.servers {
         let span = config.failover.mark_ahead.saturating_mul(config.increment);
+        let mut holder = String::new();
         let settings = async {
             let mut session = admin_session(config, server).await?;
             let mut settings =
@@ -232,12 +238,47 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
                 )),
                 _ => {}
             }
-            let marks = match store.load(&server.name).await {
+            let class = ResidueClass::of(config, server);
+            let marks = match store.load(&class).await {
                 Ok(marks) => marks,
                 Err(e) => {
                     problems.push(format!("server {}: {e}", server.name));
                     Default::default()
                 }
+            };
+            // A server answering with an identity its class was taken
+            // from (an old primary beside its promoted standby) is not
+            // behind: it must not be repaired, but retired.
+            let who = bounded(config, server, "check", session.identify()).await?;
+            let mut superseded = false;
+            holder = match store.holder(&class).await {
+                Ok(Some(h)) if h.supersedes(&who.id) => {
+                    superseded = true;
+                    let e = TicketError::Superseded(Box::new(crate::error::Superseded {
+                        server: server.name.clone(),
+                        class: class.key.clone(),
+                        identity: who.id.clone(),
+                        holder: h.identity.clone(),
+                    }));
+                    problems.push(e.to_string());
+                    format!(
+                        "class {} held by {} (generation {}); this server answers as {}: SUPERSEDED",
+                        class.key, h.identity, h.generation, who.id
+                    )
+                }
+                Ok(Some(h)) if h.identity == who.id => format!(
+                    "class {} held by this server, {} (generation {})",
+                    class.key, who.id, h.generation
+                ),
+                Ok(Some(h)) => format!(
+                    "class {} held by {} (generation {}); this server answers as {} and takes it over at its first session",
+                    class.key, h.identity, h.generation, who.id
+                ),
+                Ok(None) => format!(
+                    "class {} held by no server yet; this server answers as {}",
+                    class.key, who.id
+                ),
+                Err(e) => format!("class {}: holder not read: {e}", class.key),
             };
             for (q, seq) in settings.sequences.iter_mut().zip(&config.sequences) {
                 q.high_water = marks.get(&q.name).copied();
@@ -257,7 +298,7 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
                         q.problem = Some(e.to_string());
                     }
                 }
-                if behind && q.problem.is_none() {
+                if behind && q.problem.is_none() && !superseded {
                     q.problem = Some(format!(
                         "counter {counter} is behind the high-water {hw}: it went back (restored?); clients raise it past the mark on their next checked session, `shardflake tickets repair` does it now"
                     ));
@@ -296,6 +337,7 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
         servers.push(ServerCheck {
             server: server.clone(),
             settings,
+            holder,
         });
     }
     // Two MariaDB servers with one global offset hand out the same ids to
@@ -350,7 +392,50 @@ pub async fn repair_with_store(
 ) -> Result<Vec<Repair>, TicketError> {
     let mut done = Vec::new();
     for server in &config.servers {
-        let marks = store.load(&server.name).await?;
+        done.extend(repair_server(config, store, server).await?);
+    }
+    Ok(done)
+}
+
+/// Makes the server named `name` in the file the holder of its residue
+/// class again, whatever held it (an identity taken over included), then
+/// raises its counters past the class's marks. Retire the server that
+/// held the class first: from then on it is refused (`superseded`).
+pub async fn takeover(
+    config: &Config,
+    store: &dyn HighWaterStore,
+    name: &str,
+) -> Result<Vec<Repair>, TicketError> {
+    let server = config
+        .servers
+        .iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| {
+            TicketError::misconfigured(name, "no server of that name in the tickets file")
+        })?;
+    let mut session = admin_session(config, server).await?;
+    let who = bounded(
+        config,
+        server,
+        "takeover: read its identity",
+        session.identify(),
+    )
+    .await?;
+    let class = ResidueClass::of(config, server);
+    store.claim(&class, &who.id, true).await?;
+    tracing::info!(server = %server.name, class = %class.key, identity = %who.id, "residue class taken over");
+    repair_server(config, store, server).await
+}
+
+/// [`repair`] of one server.
+async fn repair_server(
+    config: &Config,
+    store: &dyn HighWaterStore,
+    server: &ServerConfig,
+) -> Result<Vec<Repair>, TicketError> {
+    let mut done = Vec::new();
+    {
+        let marks = store.load(&ResidueClass::of(config, server)).await?;
         let mut session = admin_session(config, server).await?;
         let lattice = Lattice::new(config, server);
         for seq in &config.sequences {
@@ -506,11 +591,18 @@ pub async fn reshape(
             .await?,
         );
     }
+    // And every class of every lattice the servers recorded (a class whose
+    // marks only etcd still holds is read too).
+    for r in &recorded {
+        for (_, old) in r {
+            names.extend((1..=old.increment).map(|o| format!("@{o}of{}", old.increment)));
+        }
+    }
     names.sort();
     names.dedup();
     let mut stored = Vec::new();
     for name in &names {
-        stored.push(store.load(name).await?);
+        stored.push(store.load(&ResidueClass::named(config, name)).await?);
     }
     let mut done = Vec::new();
     for seq in changed {
@@ -564,7 +656,11 @@ pub async fn reshape(
         }
         for server in &config.servers {
             store
-                .record(&server.name, &[(seq.name.clone(), past)])
+                .record(
+                    &ResidueClass::of(config, server),
+                    None,
+                    &[(seq.name.clone(), past)],
+                )
                 .await?;
         }
         tracing::info!(sequence = %seq.name, past, "sequence reshaped");

@@ -108,6 +108,12 @@ pub enum TicketError {
         /// Why each place did not answer.
         reason: String,
     },
+    /// The server answers for a residue class with an identity that held
+    /// the class before and was taken over since (a copy of it on another
+    /// host or port, a promoted standby, by the server now answering):
+    /// two servers answering for one class would hand out ids twice.
+    #[error("{0}")]
+    Superseded(Box<Superseded>),
     /// A sequence's lattice (increment, offset, mode, bits, chunk) in the
     /// file differs from the one `init` recorded on the server, the server
     /// was reshaped after the session opened (its lattice version is
@@ -189,6 +195,7 @@ impl TicketError {
             TicketError::WentBack { .. } => "went_back",
             TicketError::Recreated { .. } => "recreated",
             TicketError::NoHighWater { .. } => "no_high_water",
+            TicketError::Superseded(_) => "superseded",
             TicketError::LatticeChanged { .. } => "lattice_changed",
             TicketError::Misconfigured { .. } => "misconfigured",
             TicketError::Database { .. } => "database",
@@ -252,4 +259,21 @@ mod tests {
             "no ticket server could answer for sequence \"photos\": a: connection refused; b: down"
         );
     }
+}
+
+/// A server refused as [`TicketError::Superseded`] (boxed: the error stays
+/// small).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "server {server:?} answers for residue class {class} as {identity}, which {holder} took the class over from: two live servers for one class would hand out ids twice, so this one is refused. Retire one: stop this one and point every file at the other; or, to make this one the holder again, stop the other and run `shardflake tickets takeover --server {server}` with this file"
+)]
+pub struct Superseded {
+    /// The server, as the file names it.
+    pub server: String,
+    /// The class ([`crate::ResidueClass::key`]).
+    pub class: String,
+    /// The identity it answers with.
+    pub identity: String,
+    /// The identity that holds the class now.
+    pub holder: String,
 }

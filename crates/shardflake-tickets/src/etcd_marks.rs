@@ -12,13 +12,17 @@ use std::time::Duration;
 
 use shardflake_etcd::{Client, Compare, Op};
 
+use crate::backend::Holder;
 use crate::config::MarksConfig;
 use crate::error::TicketError;
-use crate::high_water::{BoxFuture, HighWaterStore, PeersStore};
+use crate::high_water::{BoxFuture, HighWaterStore, PeersStore, ResidueClass};
 
-/// Marks in etcd: `<prefix>/tickets/hw/<server>/<sequence>` = the largest
-/// id handed out, in decimal. Names are `[a-z_][a-z0-9_]*` (the tickets
-/// file is checked), so they cannot escape the key's shape.
+/// Marks in etcd: `<prefix>/tickets/hw/<class>/<sequence>` = the largest
+/// id handed out, in decimal (`<class>`: [`ResidueClass::key`]; a load
+/// reads `<prefix>/tickets/hw/<server>/` too, where releases before
+/// classes wrote them). Names are `[a-z_][a-z0-9_]*` (the tickets file is
+/// checked) and class keys `@<n>of<n>`, so they cannot escape the key's
+/// shape.
 pub struct EtcdHighWater {
     client: Client,
     prefix: String,
@@ -40,8 +44,10 @@ impl EtcdHighWater {
         EtcdHighWater::new(Client::new(&marks.etcd, timeout), marks.etcd_prefix.clone())
     }
 
-    fn server_prefix(&self, server: &str) -> String {
-        format!("{}/tickets/hw/{server}/", self.prefix)
+    /// The keys of `holder` (a class key, or a server's name for the
+    /// marks of older releases).
+    fn holder_prefix(&self, holder: &str) -> String {
+        format!("{}/tickets/hw/{holder}/", self.prefix)
     }
 
     /// Sets `key` to `value` unless it already holds as much: a
@@ -110,13 +116,14 @@ impl HighWaterStore for EtcdHighWater {
     /// another writer moved is kept, its ids skipped.
     fn give_back<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
         sequence: &'a str,
         expected: u64,
         to: u64,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
-            let key = format!("{}{sequence}", self.server_prefix(server)).into_bytes();
+            let server = &class.server;
+            let key = format!("{}{sequence}", self.holder_prefix(&class.key)).into_bytes();
             let compare = Compare::ValueIs(key.clone(), expected.to_string().into_bytes());
             let put = [Op::Put(key, to.to_string().into_bytes(), 0)];
             self.client
@@ -127,16 +134,18 @@ impl HighWaterStore for EtcdHighWater {
         })
     }
 
+    /// Not fenced by the holder: etcd records no holder (the peers do).
     fn record<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
+        _identity: Option<&'a str>,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
-            let prefix = self.server_prefix(server);
+            let prefix = self.holder_prefix(&class.key);
             for (sequence, mark) in marks {
                 let key = format!("{prefix}{sequence}").into_bytes();
-                self.raise(server, key, *mark).await?;
+                self.raise(&class.server, key, *mark).await?;
             }
             Ok(())
         })
@@ -144,19 +153,24 @@ impl HighWaterStore for EtcdHighWater {
 
     fn load<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
         Box::pin(async move {
-            let prefix = self.server_prefix(server);
-            let kvs = self
-                .client
-                .range_prefix(prefix.as_bytes())
-                .await
-                .map_err(|e| etcd_failed(server, e))?;
+            let server = &class.server;
             let mut marks = HashMap::new();
-            for kv in kvs {
-                let sequence = String::from_utf8_lossy(&kv.key[prefix.len()..]).into_owned();
-                marks.insert(sequence, parse_mark(server, &kv.key, &kv.value)?);
+            for holder in [&class.key, server] {
+                let prefix = self.holder_prefix(holder);
+                let kvs = self
+                    .client
+                    .range_prefix(prefix.as_bytes())
+                    .await
+                    .map_err(|e| etcd_failed(server, e))?;
+                for kv in kvs {
+                    let sequence = String::from_utf8_lossy(&kv.key[prefix.len()..]).into_owned();
+                    let mark = parse_mark(server, &kv.key, &kv.value)?;
+                    let held = marks.entry(sequence).or_insert(0);
+                    *held = mark.max(*held);
+                }
             }
             Ok(marks)
         })
@@ -175,46 +189,69 @@ pub struct EtcdAndPeers {
 }
 
 impl HighWaterStore for EtcdAndPeers {
+    /// A refusal of the peers (the class taken over) refuses the write,
+    /// whatever etcd took.
     fn record<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
+        identity: Option<&'a str>,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
             let (etcd, peers) = tokio::join!(
-                self.etcd.record(server, marks),
-                self.peers.record(server, marks)
+                self.etcd.record(class, identity, marks),
+                self.peers.record(class, identity, marks)
             );
-            either(server, [etcd, peers]).map(drop)
+            if let Err(e @ TicketError::Superseded(_)) = peers {
+                return Err(e);
+            }
+            either(&class.server, [etcd, peers]).map(drop)
         })
+    }
+
+    /// The holder is recorded on the peers only.
+    fn claim<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+        identity: &'a str,
+        readmit: bool,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        self.peers.claim(class, identity, readmit)
+    }
+
+    fn holder<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+    ) -> BoxFuture<'a, Result<Option<Holder>, TicketError>> {
+        self.peers.holder(class)
     }
 
     /// Lowered in both, each by its own compare-and-set: a place that
     /// keeps the higher mark makes the ids skipped, never repeated.
     fn give_back<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
         sequence: &'a str,
         expected: u64,
         to: u64,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
             let (etcd, peers) = tokio::join!(
-                self.etcd.give_back(server, sequence, expected, to),
-                self.peers.give_back(server, sequence, expected, to)
+                self.etcd.give_back(class, sequence, expected, to),
+                self.peers.give_back(class, sequence, expected, to)
             );
-            either(server, [etcd, peers]).map(drop)
+            either(&class.server, [etcd, peers]).map(drop)
         })
     }
 
     fn load<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
         Box::pin(async move {
-            let (etcd, peers) = tokio::join!(self.etcd.load(server), self.peers.load(server));
+            let (etcd, peers) = tokio::join!(self.etcd.load(class), self.peers.load(class));
             let mut marks = HashMap::new();
-            for found in either(server, [etcd, peers])? {
+            for found in either(&class.server, [etcd, peers])? {
                 for (sequence, mark) in found {
                     let held = marks.entry(sequence).or_insert(0);
                     *held = mark.max(*held);

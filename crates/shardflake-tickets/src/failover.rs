@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use crate::backend::Backend;
 use crate::config::{Config, Mode, SequenceConfig, ServerConfig};
 use crate::error::{ServerFailure, TicketError};
-use crate::high_water::{BoxFuture, HighWaterStore};
+use crate::high_water::{BoxFuture, HighWaterStore, ResidueClass};
 use crate::segment::{Block, Lattice};
 use crate::session::Session;
 
@@ -94,6 +94,8 @@ pub(crate) struct Server {
     pub config: ServerConfig,
     pub index: usize,
     pub lattice: Lattice,
+    /// The class it answers for: whose marks it is raised past and writes.
+    pub class: ResidueClass,
     slots: Vec<tokio::sync::Mutex<Option<Session>>>,
     next_slot: AtomicUsize,
     health: Mutex<Health>,
@@ -101,6 +103,9 @@ pub(crate) struct Server {
     verified: AtomicBool,
     /// The server's start time (unix seconds) at the last check.
     started: AtomicI64,
+    /// The server's identity (as the database reports it) at the last
+    /// check: the holder its marks are written as.
+    identity: Mutex<Option<String>>,
     /// Per sequence: the largest answer it gave this client (per-id: an id;
     /// segment: a row). A later answer at or below means it went back.
     pub seen: Vec<AtomicI64>,
@@ -133,6 +138,7 @@ impl Server {
         let per_sequence = || config.sequences.iter().map(|_| AtomicU64::new(0)).collect();
         Server {
             lattice: Lattice::new(config, &server),
+            class: ResidueClass::of(config, &server),
             slots: (0..server.connections)
                 .map(|_| tokio::sync::Mutex::new(None))
                 .collect(),
@@ -143,6 +149,7 @@ impl Server {
             health: Mutex::new(Health::Down(NOT_CONNECTED.into())),
             verified: AtomicBool::new(false),
             started: AtomicI64::new(i64::MIN),
+            identity: Mutex::new(None),
             seen: config
                 .sequences
                 .iter()
@@ -209,6 +216,7 @@ impl Server {
             | TicketError::WentBack { .. }
             | TicketError::Recreated { .. }
             | TicketError::NoHighWater { .. }
+            | TicketError::Superseded(_)
             | TicketError::LatticeChanged { .. } => self.set_health(Health::Refused(error.clone())),
             other => self.set_health(Health::Down(other.to_string())),
         }
@@ -251,16 +259,27 @@ impl Server {
         alone: bool,
     ) -> Result<Session, TicketError> {
         let mut session = Session::connect(&self.config, config).await?;
-        let started = session.started().await?;
+        let who = session.identify().await?;
         let known = self.started.load(Ordering::Relaxed);
         // Start times are computed to the second: one apart is the same start.
-        let restarted = known == i64::MIN || started.abs_diff(known) > 1;
-        if force || restarted || !self.verified.load(Ordering::Relaxed) {
-            self.verify(&mut session, config, store, alone).await?;
-            self.started.store(started, Ordering::Relaxed);
+        let restarted = known == i64::MIN || who.started.abs_diff(known) > 1;
+        // Another server behind the same address (a copy, a standby).
+        let moved = self.identity().as_deref() != Some(who.id.as_str());
+        if force || restarted || moved || !self.verified.load(Ordering::Relaxed) {
+            self.verify(&mut session, config, store, alone, &who.id)
+                .await?;
+            self.started.store(who.started, Ordering::Relaxed);
+            if let Ok(mut identity) = self.identity.lock() {
+                *identity = Some(who.id);
+            }
             self.verified.store(true, Ordering::Relaxed);
         }
         Ok(session)
+    }
+
+    /// The server's identity at the last check.
+    pub fn identity(&self) -> Option<String> {
+        self.identity.lock().ok().and_then(|i| i.clone())
     }
 
     /// The sequences whose table or sequence on the server is not the one
@@ -285,12 +304,18 @@ impl Server {
     /// counter below (restored, or ids reserved ahead and not yet used) is
     /// raised past them; the ids between are skipped, never handed out
     /// twice. Then the per-id marks are written ahead of the counter.
+    ///
+    /// First the server's identity takes its residue class over where
+    /// another held it (every place that answers), then the class's marks
+    /// are read: a mark written by the previous holder is either read
+    /// here or refused (its writes are fenced by the holder record).
     async fn verify(
         &self,
         session: &mut Session,
         config: &Config,
         store: &dyn HighWaterStore,
         alone: bool,
+        identity: &str,
     ) -> Result<(), TicketError> {
         let name = &self.config.name;
         // Read before the counters: a recreation after this read shows in
@@ -300,7 +325,13 @@ impl Server {
         for seq in &config.sequences {
             tables.push(session.identity(seq).await?.unwrap_or(UNKNOWN));
         }
-        let stored = match load_marks(config, store, name).await {
+        let deadline = Instant::now() + config.failover.attempt_timeout() / 2;
+        let loaded = match claim_class(store, &self.class, identity, deadline).await {
+            Err(e @ TicketError::Superseded(_)) => return Err(e),
+            Err(e) => Err(e),
+            Ok(()) => load_marks(store, &self.class, deadline).await,
+        };
+        let stored = match loaded {
             Ok(marks) => marks,
             Err(e) => {
                 // Own marks cover only this client's ids: they stand in
@@ -308,9 +339,13 @@ impl Server {
                 // slow under load must not let another client's ids out
                 // again), and only for the very tables this client checked
                 // last (a table recreated since, by a restore, holds other
-                // clients' ids that only the marks in the store cover).
+                // clients' ids that only the marks in the store cover), on
+                // the very server (another identity behind the address, a
+                // copy or a standby, holds ids of other clients too).
                 let changed = self.changed_tables(config, &tables);
+                let same_server = self.identity().as_deref() == Some(identity);
                 let own = alone
+                    && same_server
                     && changed.is_empty()
                     && (0..config.sequences.len()).any(|i| {
                         self.reserved[i].load(Ordering::Relaxed) > 0
@@ -320,6 +355,12 @@ impl Server {
                     let reason = match e {
                         TicketError::NoHighWater { reason, .. } => reason,
                         other => other.to_string(),
+                    };
+                    let reason = match same_server {
+                        true => reason,
+                        false => format!(
+                            "{reason}; it answers as {identity}, not as the server this client last checked: only the marks of every client vouch for it"
+                        ),
                     };
                     let reason = match changed.is_empty() {
                         true => reason,
@@ -395,7 +436,7 @@ impl Server {
             }
         }
         if !ahead.is_empty() {
-            store.record(name, &ahead).await?;
+            store.record(&self.class, Some(identity), &ahead).await?;
             for (i, seq) in config.sequences.iter().enumerate() {
                 if let Some((_, want)) = ahead.iter().find(|(q, _)| *q == seq.name) {
                     self.reserved[i].fetch_max(*want, Ordering::Relaxed);
@@ -709,9 +750,11 @@ impl Pool {
         let timeout = self.config.failover.attempt_timeout() / 2;
         let deadline = Instant::now() + timeout;
         let name = &server.config.name;
+        let identity = server.identity();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let written = tokio::time::timeout(left, self.store.record(name, marks))
+            let record = self.store.record(&server.class, identity.as_deref(), marks);
+            let written = tokio::time::timeout(left, record)
                 .await
                 .unwrap_or_else(|_| {
                     Err(TicketError::Timeout {
@@ -722,6 +765,11 @@ impl Pool {
                 });
             match written {
                 Ok(()) => break,
+                Err(e @ TicketError::Superseded(_)) => {
+                    // Taken over: no id above its written marks goes out.
+                    server.mark_failed(&e);
+                    return Err(e);
+                }
                 Err(e) if Instant::now() >= deadline => return Err(e),
                 Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
             }
@@ -906,11 +954,9 @@ impl Pool {
                 server.lattice.counter_of_row(block.row),
                 server.lattice.counter_of_row(block.give_back_to()),
             );
-            let lowered = tokio::time::timeout(
-                timeout,
-                self.store.give_back(&server.config.name, name, from, to),
-            )
-            .await;
+            let lowered =
+                tokio::time::timeout(timeout, self.store.give_back(&server.class, name, from, to))
+                    .await;
             if matches!(lowered, Ok(Ok(()))) {
                 // Not written again at the end of the shutdown.
                 let _ = server.reserved[index].compare_exchange(
@@ -927,18 +973,36 @@ impl Pool {
     }
 }
 
-/// A server's marks, asked again (every 20 ms) while no place that
-/// protects it answered, for up to half the attempt: a peer slow under load
-/// gets more than one `marks_timeout_ms`, a stalled one costs a bounded
-/// share.
-async fn load_marks(
-    config: &Config,
+/// The class taken over by `identity` where another held it, asked again
+/// (every 20 ms) while no place that protects it answered, until
+/// `deadline`; a refusal (superseded) is final.
+async fn claim_class(
     store: &dyn HighWaterStore,
-    server: &str,
-) -> Result<std::collections::HashMap<String, u64>, TicketError> {
-    let deadline = Instant::now() + config.failover.attempt_timeout() / 2;
+    class: &ResidueClass,
+    identity: &str,
+    deadline: Instant,
+) -> Result<(), TicketError> {
     loop {
-        match store.load(server).await {
+        match store.claim(class, identity, false).await {
+            Ok(()) => return Ok(()),
+            Err(e @ TicketError::Superseded(_)) => return Err(e),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// A server's marks, asked again (every 20 ms) while no place that
+/// protects it answered, until `deadline` (half the attempt): a peer slow
+/// under load gets more than one `marks_timeout_ms`, a stalled one costs
+/// a bounded share.
+async fn load_marks(
+    store: &dyn HighWaterStore,
+    class: &ResidueClass,
+    deadline: Instant,
+) -> Result<std::collections::HashMap<String, u64>, TicketError> {
+    loop {
+        match store.load(class).await {
             Ok(marks) => return Ok(marks),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,

@@ -1,8 +1,17 @@
-//! High-water marks: for each server and sequence, a mark that every id a
-//! client may hand out from that server is at or below, kept somewhere that
-//! survives that server, so that a server that comes back *behind* (restored
-//! from a backup, a lagging replica promoted) is raised past them before it
-//! hands out an id again.
+//! High-water marks: for each residue class and sequence, a mark that every
+//! id a client may hand out from the server answering for that class is at
+//! or below, kept somewhere that survives that server, so that a server
+//! that comes back *behind* (restored from a backup, a lagging replica
+//! promoted) or replaces it (a fresh server, under any name) is raised past
+//! them before it hands out an id again.
+//!
+//! Marks are keyed by the class ([`ResidueClass`]: the offset within the
+//! increment), not by the server's name in the file: the ids a class
+//! handed out are the class's whoever answers for it, so a server renamed
+//! in the file, or replaced by one under a new name, finds them. Marks
+//! written under a server's name (before classes) are read as well, as
+//! long as the file names that server: a deployment upgrades without
+//! losing them, and its clients write them again under the class.
 //!
 //! Marks are written *ahead* (`failover::Pool`): a per-id client writes
 //! `mark_ahead` ids past the last id it saw before it hands out any id above
@@ -29,43 +38,108 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
 
-use crate::backend::Backend;
-use crate::config::Config;
+use crate::backend::{Backend, Holder};
+use crate::config::{Config, ServerConfig};
 use crate::error::TicketError;
 use crate::session::Session;
 
 /// A boxed future (the store is used as `dyn HighWaterStore`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// The residue class a server answers for: whose marks a store keeps.
+/// `key` names the class (`@<offset>of<increment>`; a `@` is never in a
+/// server's name, so a class key and a name-keyed mark of an older
+/// release never meet); `server` is the name in the file of the server
+/// answering for it now (errors, logs, and which place is its own copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResidueClass {
+    /// `@<offset>of<increment>`.
+    pub key: String,
+    /// The server of the file that answers for it.
+    pub server: String,
+}
+
+impl ResidueClass {
+    /// The class `server` answers for under `config`.
+    pub fn of(config: &Config, server: &ServerConfig) -> ResidueClass {
+        ResidueClass {
+            key: format!("@{}of{}", server.offset, config.increment),
+            server: server.name.clone(),
+        }
+    }
+
+    /// The class of the server named `server` in `config` (a name the file
+    /// does not hold is a class of its own, keyed by that name).
+    pub fn named(config: &Config, server: &str) -> ResidueClass {
+        match config.servers.iter().find(|s| s.name == server) {
+            Some(s) => ResidueClass::of(config, s),
+            None => ResidueClass {
+                key: server.to_string(),
+                server: server.to_string(),
+            },
+        }
+    }
+}
+
 /// Where high-water marks live.
 pub trait HighWaterStore: Send + Sync {
-    /// Raises (never lowers) `server`'s marks: `(sequence, mark)`. `Ok` once
-    /// at least one place holds them.
+    /// Raises (never lowers) `class`'s marks: `(sequence, mark)`. `Ok` once
+    /// at least one place holds them. With `identity` (the server whose
+    /// ids they cover), a place that records another identity as the
+    /// class's holder refuses them, and so does the whole write
+    /// ([`TicketError::Superseded`]).
     fn record<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
+        identity: Option<&'a str>,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>>;
 
-    /// `server`'s marks, per sequence: the largest from every place that
-    /// answered. An error when no place that survives a restore of `server`
-    /// answered ([`TicketError::NoHighWater`]).
+    /// Makes `identity` the holder of `class` where it is not: compare-
+    /// and-set of the holder record (generation + 1) in every place that
+    /// answers, before the class's marks are read. An identity that held
+    /// the class and was taken over is refused
+    /// ([`TicketError::Superseded`]) unless `readmit` (`tickets
+    /// takeover`). The default records nothing.
+    fn claim<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+        identity: &'a str,
+        readmit: bool,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        let _ = (class, identity, readmit);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The holder of `class`: the highest generation any place records.
+    fn holder<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+    ) -> BoxFuture<'a, Result<Option<Holder>, TicketError>> {
+        let _ = class;
+        Box::pin(async { Ok(None) })
+    }
+
+    /// `class`'s marks, per sequence: the largest from every place that
+    /// answered, under its key and its server's name. An error when no
+    /// place that survives a restore of its server answered
+    /// ([`TicketError::NoHighWater`]).
     fn load<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>>;
 
-    /// Lowers `server`'s mark of `sequence` to `to` where it still is
+    /// Lowers `class`'s mark of `sequence` to `to` where it still is
     /// `expected` (a segment tail given back). The default keeps the mark:
     /// the ids are then skipped, never handed out twice.
     fn give_back<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
         sequence: &'a str,
         expected: u64,
         to: u64,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
-        let _ = (server, sequence, expected, to);
+        let _ = (class, sequence, expected, to);
         Box::pin(async { Ok(()) })
     }
 }
@@ -161,6 +235,16 @@ impl PeersStore {
     }
 }
 
+/// `identity` of `class`'s server, taken over by `holder`.
+fn superseded(class: &ResidueClass, identity: &str, holder: &Holder) -> TicketError {
+    TicketError::Superseded(Box::new(crate::error::Superseded {
+        server: class.server.clone(),
+        class: class.key.clone(),
+        identity: identity.to_string(),
+        holder: holder.identity.clone(),
+    }))
+}
+
 fn reasons(errors: &[TicketError]) -> String {
     errors
         .iter()
@@ -172,43 +256,171 @@ fn reasons(errors: &[TicketError]) -> String {
 impl HighWaterStore for PeersStore {
     fn record<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
+        identity: Option<&'a str>,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
             let rows: Vec<(String, String, u64)> = marks
                 .iter()
-                .map(|(q, hw)| (server.to_string(), q.clone(), *hw))
+                .map(|(q, hw)| (class.key.clone(), q.clone(), *hw))
                 .collect();
             let rows = &rows;
+            let fence = identity.map(|id| (class.key.as_str(), id));
             let results = self
                 .on_all(|_, mut s| async move {
-                    let r = s.write_high_water(rows).await;
+                    let r = match s.write_high_water(rows, fence).await {
+                        Ok(true) => Ok(None),
+                        Ok(false) => match s.read_holder(&class.key).await {
+                            Ok(Some(h)) if Some(h.identity.as_str()) != identity => Ok(Some(h)),
+                            Ok(_) => Err(TicketError::db(
+                                &class.server,
+                                "write high-water marks",
+                                "the class's holder changed under the write",
+                            )),
+                            Err(e) => Err(e),
+                        },
+                        Err(e) => Err(e),
+                    };
                     (s, r)
                 })
                 .await;
             let mut errors = Vec::new();
+            let mut written = false;
             for result in results {
                 match result {
-                    Ok(()) => return Ok(()),
+                    Ok(None) => written = true,
+                    // Another identity holds the class there: this server
+                    // was taken over, whatever the other places say.
+                    Ok(Some(holder)) => {
+                        return Err(superseded(class, identity.unwrap_or(""), &holder));
+                    }
                     Err(e) => errors.push(e),
                 }
             }
-            Err(TicketError::NoHighWater {
-                server: server.to_string(),
-                reason: format!("no server took the marks: {}", reasons(&errors)),
-            })
+            match written {
+                true => Ok(()),
+                false => Err(TicketError::NoHighWater {
+                    server: class.server.clone(),
+                    reason: format!("no server took the marks: {}", reasons(&errors)),
+                }),
+            }
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+        identity: &'a str,
+        readmit: bool,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        Box::pin(async move {
+            let server = class.server.as_str();
+            let read = self
+                .on_all(|_, mut s| async move {
+                    let r = s.read_holder(&class.key).await;
+                    (s, r)
+                })
+                .await;
+            let mut errors = Vec::new();
+            if !readmit {
+                for holder in read.iter().flatten().flatten() {
+                    if holder.supersedes(identity) {
+                        return Err(superseded(class, identity, holder));
+                    }
+                }
+            }
+            let read = &read;
+            let taken = self
+                .on_all(|i, mut s| async move {
+                    let r = match &read[i] {
+                        Ok(Some(h)) if h.identity == identity => Ok(true),
+                        Ok(from) => s.claim(&class.key, identity, server, from.as_ref()).await,
+                        Err(e) => Err(e.clone()),
+                    };
+                    (s, r)
+                })
+                .await;
+            let mut protected = false;
+            for (i, result) in taken.into_iter().enumerate() {
+                match result {
+                    Ok(true) => protected |= self.protects(i, server),
+                    Ok(false) => {
+                        return Err(TicketError::db(
+                            server,
+                            "take the class over",
+                            format!(
+                                "{} took residue class {} over at the same time",
+                                self.config.servers[i].name, class.key
+                            ),
+                        ));
+                    }
+                    Err(e) if self.protects(i, server) => errors.push(e),
+                    Err(_) => {}
+                }
+            }
+            match protected {
+                true => Ok(()),
+                false => Err(TicketError::NoHighWater {
+                    server: server.to_string(),
+                    reason: format!(
+                        "no place recorded it as the holder of residue class {}: {}",
+                        class.key,
+                        reasons(&errors)
+                    ),
+                }),
+            }
+        })
+    }
+
+    fn holder<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+    ) -> BoxFuture<'a, Result<Option<Holder>, TicketError>> {
+        Box::pin(async move {
+            let read = self
+                .on_all(|_, mut s| async move {
+                    let r = s.read_holder(&class.key).await;
+                    (s, r)
+                })
+                .await;
+            let mut errors = Vec::new();
+            let mut best: Option<Holder> = None;
+            let mut answered = false;
+            for result in read {
+                match result {
+                    Ok(h) => {
+                        answered = true;
+                        if let Some(h) = h
+                            && best.as_ref().is_none_or(|b| h.generation > b.generation)
+                        {
+                            best = Some(h);
+                        }
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+            match answered {
+                true => Ok(best),
+                false => Err(TicketError::NoHighWater {
+                    server: class.server.clone(),
+                    reason: reasons(&errors),
+                }),
+            }
         })
     }
 
     fn load<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
         Box::pin(async move {
+            let server = class.server.as_str();
+            let keys = [class.key.as_str(), server];
+            let keys = &keys;
             let results = self
                 .on_all(|_, mut s| async move {
-                    let r = s.read_high_water(server).await;
+                    let r = s.read_high_water(keys).await;
                     (s, r)
                 })
                 .await;
@@ -241,15 +453,16 @@ impl HighWaterStore for PeersStore {
 
     fn give_back<'a>(
         &'a self,
-        server: &'a str,
+        class: &'a ResidueClass,
         sequence: &'a str,
         expected: u64,
         to: u64,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
             // A place that misses this keeps the higher mark: ids skipped.
+            let key = class.key.as_str();
             self.on_all(|_, mut s| async move {
-                let r = s.give_back_high_water(server, sequence, expected, to).await;
+                let r = s.give_back_high_water(key, sequence, expected, to).await;
                 (s, r)
             })
             .await;

@@ -71,9 +71,9 @@ pub use client::{ShutdownReport, TicketClient};
 pub use config::{
     Config, ConfigError, Kind, MAX_COUNT, MAX_PER_ID_COUNT, MarksConfig, Mode, PgTickets,
 };
-pub use error::{ServerFailure, TicketError};
+pub use error::{ServerFailure, Superseded, TicketError};
 pub use failover::{Health, ServerMetrics};
-pub use high_water::{HighWaterStore, PeersStore};
+pub use high_water::{HighWaterStore, PeersStore, ResidueClass};
 
 /// The MariaDB/MySQL client this crate uses.
 pub use mysql_async;

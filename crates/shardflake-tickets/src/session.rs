@@ -6,8 +6,8 @@
 use crate::backend::mariadb::MariaSession;
 use crate::backend::postgres::PgSession;
 use crate::backend::{
-    Backend, LatticeRecord, LatticeVersion, ServerSettings, Stamped, check_lattice, reshaping,
-    unguarded,
+    Backend, Holder, LatticeRecord, LatticeVersion, ServerIdentity, ServerSettings, Stamped,
+    check_lattice, reshaping, unguarded,
 };
 use crate::config::{Config, Kind, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -140,18 +140,33 @@ impl Backend for Session {
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-    ) -> Result<(), TicketError> {
-        delegate!(self, b => b.write_high_water(marks).await)
+        holder: Option<(&str, &str)>,
+    ) -> Result<bool, TicketError> {
+        delegate!(self, b => b.write_high_water(marks, holder).await)
+    }
+
+    async fn read_holder(&mut self, class: &str) -> Result<Option<Holder>, TicketError> {
+        delegate!(self, b => b.read_holder(class).await)
+    }
+
+    async fn claim(
+        &mut self,
+        class: &str,
+        identity: &str,
+        server: &str,
+        from: Option<&Holder>,
+    ) -> Result<bool, TicketError> {
+        delegate!(self, b => b.claim(class, identity, server, from).await)
     }
 
     async fn give_back_high_water(
         &mut self,
-        server: &str,
+        holder: &str,
         sequence: &str,
         expected: u64,
         to: u64,
     ) -> Result<(), TicketError> {
-        delegate!(self, b => b.give_back_high_water(server, sequence, expected, to).await)
+        delegate!(self, b => b.give_back_high_water(holder, sequence, expected, to).await)
     }
 
     async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {
@@ -162,12 +177,15 @@ impl Backend for Session {
         delegate!(self, b => b.high_water_servers().await)
     }
 
-    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
-        delegate!(self, b => b.read_high_water(server).await)
+    async fn read_high_water(
+        &mut self,
+        holders: &[&str],
+    ) -> Result<Vec<(String, u64)>, TicketError> {
+        delegate!(self, b => b.read_high_water(holders).await)
     }
 
-    async fn started(&mut self) -> Result<i64, TicketError> {
-        delegate!(self, b => b.started().await)
+    async fn identify(&mut self) -> Result<ServerIdentity, TicketError> {
+        delegate!(self, b => b.identify().await)
     }
 
     async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError> {

@@ -95,6 +95,16 @@ enum TicketsCommand {
         #[command(flatten)]
         marks: MarksArg,
     },
+    /// Make SERVER the holder of its residue class again (after the server
+    /// that took it over was retired), then raise it past the class's
+    /// marks. The identity that held the class is refused from then on.
+    Takeover {
+        /// The server, as the file names it.
+        #[arg(long)]
+        server: String,
+        #[command(flatten)]
+        marks: MarksArg,
+    },
     /// Move the sequences whose recorded increment, offsets or chunk differ
     /// from this file to the file's: the servers first refuse every client
     /// still on the old file (at its next call), then every server of the
@@ -200,6 +210,18 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             if done.is_empty() {
                 println!("no counter is behind its high-water");
             }
+            for r in done {
+                println!(
+                    "server {} sequence {}: counter {} raised past high-water {}",
+                    r.server, r.sequence, r.counter, r.high_water
+                );
+            }
+        }
+        TicketsCommand::Takeover { server, marks } => {
+            let config = config.load()?;
+            let store = marks.store(&config)?;
+            let done = admin::takeover(&config, &*store, &server).await?;
+            println!("server {server} holds its residue class");
             for r in done {
                 println!(
                     "server {} sequence {}: counter {} raised past high-water {}",

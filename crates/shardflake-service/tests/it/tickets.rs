@@ -453,7 +453,10 @@ async fn etcd_marks_raise_a_lone_server_restored_behind() -> anyhow::Result<()> 
     s.stop().await?;
     // Written ahead of the ids handed out.
     let mark: u64 = etcd
-        .get("/t/tickets/hw/a/photos")
+        .get(&format!(
+            "/t/tickets/hw/{}/photos",
+            class_key(&tickets, "a")
+        ))
         .await?
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
@@ -517,7 +520,9 @@ async fn the_drain_gives_the_segment_tail_back_through_etcd() -> anyhow::Result<
     assert_eq!(status, 200, "{body}");
     assert_eq!(ids_of(&body)?, (1..=250).collect::<Vec<_>>());
     s.stop().await?;
-    let mark = etcd.get("/t/tickets/hw/a/solo").await?;
+    let mark = etcd
+        .get(&format!("/t/tickets/hw/{}/solo", class_key(&tickets, "a")))
+        .await?;
     assert_eq!(mark.as_deref(), Some("300"), "the mark in etcd");
     let server_config = config(&dir, &serve_toml)?;
     let store = shardflake_service::tickets::high_water_store(&tickets, &server_config.node)?;
@@ -560,4 +565,10 @@ async fn admin_commands_wait_for_a_slow_peer_s_marks() -> anyhow::Result<()> {
     unlock.await??;
     assert!(report.ok(), "{report}");
     Ok(())
+}
+
+/// The etcd key of server `server`'s residue class (marks are kept per
+/// class, not per name).
+fn class_key(tickets: &shardflake_tickets::Config, server: &str) -> String {
+    shardflake_tickets::ResidueClass::named(tickets, server).key
 }

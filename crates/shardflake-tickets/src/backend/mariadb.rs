@@ -11,10 +11,10 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 
 use super::{
-    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_MOVED, LATTICE_TABLE, LatticeRecord,
-    LatticeVersion, SEGMENT_TABLE, SequenceState, ServerSettings, Stamped, VERSION_TABLE,
-    guard_refusal, guarded_tables, lattice_moved, mode_changed, not_initialised, raise_segment_sql,
-    unguarded,
+    Backend, GUARD, GUARD_MISSING, HOLDERS_TABLE, HW_TABLE, Holder, LATTICE_MOVED, LATTICE_TABLE,
+    LatticeRecord, LatticeVersion, SEGMENT_TABLE, SequenceState, ServerIdentity, ServerSettings,
+    Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables, holder_fence, holder_of,
+    lattice_moved, mode_changed, not_initialised, raise_segment_sql, unguarded,
 };
 use crate::config::{Config, Kind, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -490,33 +490,50 @@ impl Backend for MariaSession {
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-    ) -> Result<(), TicketError> {
+        holder: Option<(&str, &str)>,
+    ) -> Result<bool, TicketError> {
         if marks.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let rows = marks
             .iter()
             .map(|(s, q, hw)| format!("SELECT '{s}' AS s, '{q}' AS q, {hw} AS h"))
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
+        let fence = match holder {
+            Some((class, identity)) => {
+                format!(
+                    " AND {}",
+                    holder_fence(class, identity, "LOCK IN SHARE MODE")
+                )
+            }
+            None => String::new(),
+        };
         let context = "write high-water marks";
         self.conn
             .query_drop(format!(
-                "INSERT INTO {HW_TABLE} (server_name, sequence_name, high_water) SELECT s, q, h FROM ({rows}) AS m WHERE EXISTS (SELECT 1 FROM {HW_TABLE}) ON DUPLICATE KEY UPDATE high_water = GREATEST(high_water, VALUES(high_water))"
+                "INSERT INTO {HW_TABLE} (server_name, sequence_name, high_water) SELECT s, q, h FROM ({rows}) AS m WHERE EXISTS (SELECT 1 FROM {HW_TABLE}){fence} ON DUPLICATE KEY UPDATE high_water = GREATEST(high_water, VALUES(high_water))"
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, context, e))?;
         if self.conn.affected_rows() > 0 {
-            return Ok(());
+            return Ok(true);
         }
-        // Nothing changed: every mark was already as high, or it is empty.
+        // Nothing changed: every mark was already as high, the table is
+        // empty, or the class is another identity's here.
+        if let Some((class, identity)) = holder
+            && let Some(h) = self.read_holder(class).await?
+            && h.identity != identity
+        {
+            return Ok(false);
+        }
         let any: Option<u64> = self
             .conn
             .query_first(format!("SELECT EXISTS (SELECT 1 FROM {HW_TABLE})"))
             .await
             .map_err(|e| TicketError::db(&self.server, context, e))?;
         match any {
-            Some(1) => Ok(()),
+            Some(1) => Ok(true),
             _ => Err(TicketError::db(
                 &self.server,
                 context,
@@ -527,17 +544,58 @@ impl Backend for MariaSession {
         }
     }
 
-    /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
+    async fn read_holder(&mut self, class: &str) -> Result<Option<Holder>, TicketError> {
+        let row: Option<(String, u64, String)> = self
+            .conn
+            .query_first(format!(
+                "SELECT identity, generation, superseded FROM {HOLDERS_TABLE} WHERE class_key = '{class}'"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the class's holder", e))?;
+        Ok(row
+            .map(|(identity, generation, superseded)| holder_of(identity, generation, &superseded)))
+    }
+
+    /// A mark write under way holds a shared lock on the holder row (or
+    /// its gap) read by its fence: the `INSERT`/`UPDATE` here waits for it,
+    /// and every later write reads the new holder.
+    async fn claim(
+        &mut self,
+        class: &str,
+        identity: &str,
+        server: &str,
+        from: Option<&Holder>,
+    ) -> Result<bool, TicketError> {
+        let sql = match from {
+            None => format!(
+                "INSERT IGNORE INTO {HOLDERS_TABLE} (class_key, identity, generation, server_name, superseded) VALUES ('{class}', '{identity}', 1, '{server}', '')"
+            ),
+            Some(h) => format!(
+                "UPDATE {HOLDERS_TABLE} SET identity = '{identity}', generation = {}, server_name = '{server}', superseded = TRIM(CONCAT(superseded, ' ', '{}')) WHERE class_key = '{class}' AND generation = {} AND identity = '{}'",
+                h.generation + 1,
+                h.identity,
+                h.generation,
+                h.identity
+            ),
+        };
+        self.conn
+            .query_drop(sql)
+            .await
+            .map_err(|e| TicketError::db(&self.server, "take the class over", e))?;
+        Ok(self.conn.affected_rows() == 1)
+    }
+
+    /// Lowers `holder`'s mark of `sequence` to `to` where it still is `expected`.
     async fn give_back_high_water(
         &mut self,
-        server: &str,
+        holder: &str,
         sequence: &str,
         expected: u64,
         to: u64,
     ) -> Result<(), TicketError> {
         self.conn
             .query_drop(format!(
-                "UPDATE {HW_TABLE} SET high_water = {to} WHERE server_name = '{server}' AND sequence_name = '{sequence}' AND high_water = {expected}"
+                "UPDATE {HW_TABLE} SET high_water = {to} WHERE server_name = '{holder}' AND sequence_name = '{sequence}' AND high_water = {expected}"
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "give back a high-water mark", e))
@@ -555,14 +613,22 @@ impl Backend for MariaSession {
         Ok(max.flatten().unwrap_or(0))
     }
 
-    /// When the server started, in unix seconds.
-    async fn started(&mut self) -> Result<i64, TicketError> {
-        let started: Option<i64> = self
+    /// When the server started, in unix seconds, and its identity: host
+    /// name, port, data directory, `server_id`, database (MariaDB 10.11
+    /// has no `@@server_uuid`).
+    async fn identify(&mut self) -> Result<ServerIdentity, TicketError> {
+        let row: Option<(i64, String)> = self
             .conn
-            .query_first("SELECT CAST(UNIX_TIMESTAMP() - VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")
+            .query_first("SELECT CAST(UNIX_TIMESTAMP() - VARIABLE_VALUE AS SIGNED), CONCAT_WS(':', 'mariadb', @@hostname, @@port, @@datadir, @@server_id, DATABASE()) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")
             .await
-            .map_err(|e| TicketError::db(&self.server, "read the uptime", e))?;
-        started.ok_or_else(|| TicketError::db(&self.server, "read the uptime", "no row"))
+            .map_err(|e| TicketError::db(&self.server, "read the uptime and identity", e))?;
+        let (started, id) = row.ok_or_else(|| {
+            TicketError::db(&self.server, "read the uptime and identity", "no row")
+        })?;
+        Ok(ServerIdentity {
+            started,
+            id: clean_identity(&id),
+        })
     }
 
     /// The tables that lack one of their guard's triggers (MariaDB cannot
@@ -699,11 +765,15 @@ impl Backend for MariaSession {
             .map_err(|e| TicketError::db(&self.server, "read high-water marks", e))
     }
 
-    /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
+    /// The high-water marks this server holds under `holders`.
+    async fn read_high_water(
+        &mut self,
+        holders: &[&str],
+    ) -> Result<Vec<(String, u64)>, TicketError> {
         self.conn
             .query(format!(
-                "SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = '{server}'"
+                "SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name IN ({})",
+                super::holders_list(holders)
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "read high-water marks", e))
@@ -760,6 +830,12 @@ impl Backend for MariaSession {
             ))
             .await
             .map_err(run(format!("INSERT the init row INTO {HW_TABLE}")))?;
+        self.conn
+            .query_drop(format!(
+                "CREATE TABLE IF NOT EXISTS {HOLDERS_TABLE} (class_key varchar(64) NOT NULL PRIMARY KEY, identity varchar(1024) NOT NULL, generation bigint unsigned NOT NULL, server_name varchar(64) NOT NULL, superseded text NOT NULL, updated_at timestamp(3) NOT NULL DEFAULT current_timestamp(3) ON UPDATE current_timestamp(3)) ENGINE=InnoDB"
+            ))
+            .await
+            .map_err(run(format!("CREATE TABLE {HOLDERS_TABLE}")))?;
         self.conn
             .query_drop(format!(
                 "CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, max_id bigint NOT NULL) ENGINE=InnoDB"

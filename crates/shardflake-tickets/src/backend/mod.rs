@@ -83,33 +83,58 @@ pub(crate) trait Backend {
         past: u64,
     ) -> Result<(), TicketError>;
 
-    /// Raises (never lowers) high-water marks: `(server, sequence, id)`.
+    /// Raises (never lowers) high-water marks: `(class key, sequence, id)`.
+    /// With `holder` (`(class key, identity)`): only while this place
+    /// records that identity as the class's holder, or no holder at all,
+    /// read under a lock that a takeover ([`Backend::claim`]) waits for.
+    /// `Ok(false)`: not written, the class is another identity's here.
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-    ) -> Result<(), TicketError>;
+        holder: Option<(&str, &str)>,
+    ) -> Result<bool, TicketError>;
 
-    /// Lowers `server`'s mark of `sequence` to `to` where it still is
-    /// `expected`.
+    /// Who holds class `class` here (`None`: nobody recorded yet).
+    async fn read_holder(&mut self, class: &str) -> Result<Option<Holder>, TicketError>;
+
+    /// Makes `identity` (the server named `server` in the file) the holder
+    /// of `class` here, by compare-and-set on `from` (what
+    /// [`Backend::read_holder`] read): generation + 1, `from`'s identity
+    /// added to the superseded. Waits for mark writes under way. Whether
+    /// it took (`false`: another took the class meanwhile).
+    async fn claim(
+        &mut self,
+        class: &str,
+        identity: &str,
+        server: &str,
+        from: Option<&Holder>,
+    ) -> Result<bool, TicketError>;
+
+    /// Lowers the mark of `holder` (a class key) for `sequence` to `to`
+    /// where it still is `expected`.
     async fn give_back_high_water(
         &mut self,
-        server: &str,
+        holder: &str,
         sequence: &str,
         expected: u64,
         to: u64,
     ) -> Result<(), TicketError>;
 
-    /// The largest mark this server holds for `sequence`, of any server.
+    /// The largest mark this server holds for `sequence`, of any class.
     async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError>;
 
     /// Every server this server holds marks of (removed ones included).
     async fn high_water_servers(&mut self) -> Result<Vec<String>, TicketError>;
 
-    /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError>;
+    /// The high-water marks this server holds under any of `holders` (a
+    /// class key, a server's name): `(sequence, id)`, one row per holder.
+    async fn read_high_water(
+        &mut self,
+        holders: &[&str],
+    ) -> Result<Vec<(String, u64)>, TicketError>;
 
-    /// When the server started, in unix seconds (to the second).
-    async fn started(&mut self) -> Result<i64, TicketError>;
+    /// The server's identity and start, as the database reports them.
+    async fn identify(&mut self) -> Result<ServerIdentity, TicketError>;
 
     /// The tables of [`guarded_tables`] whose guard is missing or disabled.
     async fn unguarded(&mut self, config: &Config) -> Result<Vec<String>, TicketError>;
@@ -166,6 +191,70 @@ pub const SEGMENT_TABLE: &str = "shardflake_ticket_segments";
 pub const HW_TABLE: &str = "shardflake_ticket_hw";
 /// Each sequence's lattice as `init` recorded it on this server.
 pub const LATTICE_TABLE: &str = "shardflake_ticket_lattice";
+/// Per residue class: the identity of the server that holds it, and those
+/// it superseded.
+pub const HOLDERS_TABLE: &str = "shardflake_ticket_holders";
+
+/// Who answers for a residue class, as one place records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Its identity ([`ServerIdentity::id`]).
+    pub identity: String,
+    /// Raised by one at every takeover.
+    pub generation: u64,
+    /// The identities that held the class before, refused from then on.
+    pub superseded: Vec<String>,
+}
+
+impl Holder {
+    /// Whether `identity` held the class and was taken over since.
+    pub fn supersedes(&self, identity: &str) -> bool {
+        self.identity != identity && self.superseded.iter().any(|s| s == identity)
+    }
+}
+
+/// A server as the database reports it, never from the file. `id` is
+/// the same across a restart and differs for a copy of its data on
+/// another host or port, or a promoted standby. MariaDB (10.11 has no
+/// `@@server_uuid`): host name, port, data directory, `server_id`,
+/// database. PostgreSQL: system identifier, timeline, database oid, data
+/// directory, port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerIdentity {
+    /// When it started, in unix seconds (to the second).
+    pub started: i64,
+    /// Its identity: printable, no quote (see [`clean_identity`]).
+    pub id: String,
+}
+
+/// `raw` with every character outside `[A-Za-z0-9_.:/@-]` replaced by
+/// `_`: an identity goes into SQL text and error messages as is.
+pub(crate) fn clean_identity(raw: &str) -> String {
+    raw.chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '_' | '.' | ':' | '/' | '@' | '-' => c,
+            _ => '_',
+        })
+        .collect()
+}
+
+/// The SQL condition a fenced mark write of `class` by `identity` needs:
+/// no holder recorded, or `identity` (`lock`: the clause that makes the
+/// read wait for, and hold off, a takeover).
+pub(crate) fn holder_fence(class: &str, identity: &str, lock: &str) -> String {
+    format!(
+        "(NOT EXISTS (SELECT 1 FROM {HOLDERS_TABLE} WHERE class_key = '{class}' {lock}) OR EXISTS (SELECT 1 FROM {HOLDERS_TABLE} WHERE class_key = '{class}' AND identity = '{identity}' {lock}))"
+    )
+}
+
+/// A holder row read back: `superseded` is space-separated.
+pub(crate) fn holder_of(identity: String, generation: u64, superseded: &str) -> Holder {
+    Holder {
+        identity,
+        generation,
+        superseded: superseded.split_whitespace().map(str::to_string).collect(),
+    }
+}
 
 /// The lattice's version on this server (one row): `reshape` raises it, and
 /// the database compares it with the version each client session was
@@ -373,9 +462,9 @@ pub(crate) struct Stamped<T> {
     pub table: Option<i64>,
 }
 
-/// `('server', 'sequence', id), ...`: the rows of a high-water upsert.
-/// Server and sequence names are plain identifiers (the config checks them),
-/// so they need no escaping.
+/// `('class', 'sequence', id), ...`: the rows of a high-water upsert.
+/// Class keys (`@1of2`) and sequence names (plain identifiers: the config
+/// checks them) need no escaping.
 pub(crate) fn high_water_rows(marks: &[(String, String, u64)]) -> String {
     marks
         .iter()
@@ -432,4 +521,37 @@ pub(crate) fn mode_changed(server: &str, seq: &SequenceConfig, was: &str) -> Tic
             seq.name
         ),
     )
+}
+
+/// `'a', 'b'`: holders of marks (class keys, server names: no quote in
+/// either) for an `IN (...)`.
+pub(crate) fn holders_list(holders: &[&str]) -> String {
+    holders
+        .iter()
+        .map(|h| format!("'{h}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_identity_keeps_only_characters_safe_in_sql() {
+        assert_eq!(
+            clean_identity("mariadb:vm:3306:/var/lib/my sql/:1:app'; --"),
+            "mariadb:vm:3306:/var/lib/my_sql/:1:app___--"
+        );
+    }
+
+    #[test]
+    fn only_an_identity_taken_over_is_superseded() {
+        let holder = holder_of("c".into(), 3, "a b");
+        assert!(holder.supersedes("a") && holder.supersedes("b"));
+        // The holder itself (re-admitted after it was taken over) and an
+        // identity never seen are not.
+        assert!(!holder_of("a".into(), 4, "a b").supersedes("a"));
+        assert!(!holder.supersedes("c") && !holder.supersedes("d"));
+    }
 }

@@ -14,9 +14,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
-    Backend, GUARD, GUARD_MISSING, HW_TABLE, LATTICE_TABLE, LatticeRecord, LatticeVersion,
-    SEGMENT_TABLE, SequenceState, ServerSettings, Stamped, VERSION_TABLE, guard_refusal,
-    guarded_tables, lattice_moved, mode_changed, not_initialised, raise_segment_sql, unguarded,
+    Backend, GUARD, GUARD_MISSING, HOLDERS_TABLE, HW_TABLE, Holder, LATTICE_TABLE, LatticeRecord,
+    LatticeVersion, SEGMENT_TABLE, SequenceState, ServerIdentity, ServerSettings, Stamped,
+    VERSION_TABLE, clean_identity, guard_refusal, guarded_tables, holder_fence, holder_of,
+    lattice_moved, mode_changed, not_initialised, raise_segment_sql, unguarded,
 };
 use crate::config::{
     Config, Kind, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue,
@@ -483,23 +484,82 @@ impl Backend for PgSession {
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-    ) -> Result<(), TicketError> {
+        holder: Option<(&str, &str)>,
+    ) -> Result<bool, TicketError> {
         if marks.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let values = super::high_water_rows(marks);
-        self.client
-            .batch_execute(&format!(
-                "INSERT INTO {HW_TABLE} AS h (server_name, sequence_name, high_water) VALUES {values} ON CONFLICT (server_name, sequence_name) DO UPDATE SET high_water = GREATEST(h.high_water, EXCLUDED.high_water), updated_at = now()"
+        let fence = match holder {
+            Some((class, identity)) => holder_fence(class, identity, "FOR SHARE"),
+            None => "true".to_string(),
+        };
+        let messages = self
+            .client
+            .simple_query(&format!(
+                "INSERT INTO {HW_TABLE} AS h (server_name, sequence_name, high_water) SELECT * FROM (VALUES {values}) AS m WHERE {fence} ON CONFLICT (server_name, sequence_name) DO UPDATE SET high_water = GREATEST(h.high_water, EXCLUDED.high_water), updated_at = now()"
             ))
             .await
-            .map_err(pg_err(&self.server, "write high-water marks"))
+            .map_err(pg_err(&self.server, "write high-water marks"))?;
+        // An upsert counts every row it touched: none means the fence.
+        let written = messages
+            .iter()
+            .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::CommandComplete(n) if *n > 0));
+        Ok(written)
     }
 
-    /// Lowers `server`'s mark of `sequence` to `to` where it still is `expected`.
+    async fn read_holder(&mut self, class: &str) -> Result<Option<Holder>, TicketError> {
+        let row = self
+            .client
+            .query_opt(
+                &format!("SELECT identity, generation, superseded FROM {HOLDERS_TABLE} WHERE class_key = $1"),
+                &[&class],
+            )
+            .await
+            .map_err(pg_err(&self.server, "read the class's holder"))?;
+        Ok(row.map(|r| holder_of(r.get(0), r.get::<_, i64>(1) as u64, &r.get::<_, String>(2))))
+    }
+
+    /// In one transaction with `LOCK TABLE … IN SHARE MODE` on the marks
+    /// first: it waits for every mark write under way (a write's fence
+    /// read before this commits would not see the new holder) and holds
+    /// off new ones, which then read the new holder.
+    async fn claim(
+        &mut self,
+        class: &str,
+        identity: &str,
+        server: &str,
+        from: Option<&Holder>,
+    ) -> Result<bool, TicketError> {
+        let name = self.server.clone();
+        let err = || pg_err(&name, "take the class over");
+        let tx = self.client.transaction().await.map_err(err())?;
+        tx.batch_execute(&format!("LOCK TABLE {HW_TABLE} IN SHARE MODE"))
+            .await
+            .map_err(err())?;
+        let changed = match from {
+            None => tx
+                .execute(
+                    &format!("INSERT INTO {HOLDERS_TABLE} (class_key, identity, generation, server_name, superseded) VALUES ($1, $2, 1, $3, '') ON CONFLICT (class_key) DO NOTHING"),
+                    &[&class, &identity, &server],
+                )
+                .await,
+            Some(h) => tx
+                .execute(
+                    &format!("UPDATE {HOLDERS_TABLE} SET identity = $1, generation = generation + 1, server_name = $2, superseded = trim(superseded || ' ' || $3), updated_at = now() WHERE class_key = $4 AND generation = $5 AND identity = $3"),
+                    &[&identity, &server, &h.identity, &class, &(h.generation as i64)],
+                )
+                .await,
+        }
+        .map_err(err())?;
+        tx.commit().await.map_err(err())?;
+        Ok(changed == 1)
+    }
+
+    /// Lowers `holder`'s mark of `sequence` to `to` where it still is `expected`.
     async fn give_back_high_water(
         &mut self,
-        server: &str,
+        holder: &str,
         sequence: &str,
         expected: u64,
         to: u64,
@@ -507,7 +567,7 @@ impl Backend for PgSession {
         self.client
             .execute(
                 &format!("UPDATE {HW_TABLE} SET high_water = $1 WHERE server_name = $2 AND sequence_name = $3 AND high_water = $4"),
-                &[&(to as i64), &server, &sequence, &(expected as i64)],
+                &[&(to as i64), &holder, &sequence, &(expected as i64)],
             )
             .await
             .map_err(pg_err(&self.server, "give back a high-water mark"))?;
@@ -527,17 +587,21 @@ impl Backend for PgSession {
         Ok(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64)
     }
 
-    /// When the server started, in unix seconds.
-    async fn started(&mut self) -> Result<i64, TicketError> {
+    /// When the server started, in unix seconds, and its identity: system
+    /// identifier, timeline, database oid, data directory, port.
+    async fn identify(&mut self) -> Result<ServerIdentity, TicketError> {
         let row = self
             .client
             .query_one(
-                "SELECT CAST(EXTRACT(EPOCH FROM pg_postmaster_start_time()) AS bigint)",
+                "SELECT CAST(EXTRACT(EPOCH FROM pg_postmaster_start_time()) AS bigint), concat_ws(':', 'postgres', (SELECT system_identifier FROM pg_control_system()), (SELECT timeline_id FROM pg_control_checkpoint()), (SELECT oid FROM pg_database WHERE datname = current_database()), current_setting('data_directory'), inet_server_port())",
                 &[],
             )
             .await
-            .map_err(pg_err(&self.server, "read the start time"))?;
-        Ok(row.get(0))
+            .map_err(pg_err(&self.server, "read the start time and identity"))?;
+        Ok(ServerIdentity {
+            started: row.get(0),
+            id: clean_identity(&row.get::<_, String>(1)),
+        })
     }
 
     /// The guarded tables without an enabled guard trigger.
@@ -658,13 +722,18 @@ impl Backend for PgSession {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
-    /// The high-water marks this server holds for `server`: `(sequence, id)`.
-    async fn read_high_water(&mut self, server: &str) -> Result<Vec<(String, u64)>, TicketError> {
+    /// The high-water marks this server holds under `holders`.
+    async fn read_high_water(
+        &mut self,
+        holders: &[&str],
+    ) -> Result<Vec<(String, u64)>, TicketError> {
         let rows = self
             .client
             .query(
-                &format!("SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = $1"),
-                &[&server],
+                &format!(
+                    "SELECT sequence_name, high_water FROM {HW_TABLE} WHERE server_name = ANY($1)"
+                ),
+                &[&holders],
             )
             .await
             .map_err(pg_err(&self.server, "read high-water marks"))?;
@@ -695,6 +764,7 @@ impl Backend for PgSession {
             .batch_execute(&format!(
                 "CREATE TABLE IF NOT EXISTS {LATTICE_TABLE} (sequence_name text PRIMARY KEY, server_name text NOT NULL, increment bigint NOT NULL, server_offset bigint NOT NULL, mode text NOT NULL, bits int NOT NULL, chunk bigint NOT NULL);
                  CREATE TABLE IF NOT EXISTS {HW_TABLE} (server_name text NOT NULL, sequence_name text NOT NULL, high_water bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (server_name, sequence_name));
+                 CREATE TABLE IF NOT EXISTS {HOLDERS_TABLE} (class_key text PRIMARY KEY, identity text NOT NULL, generation bigint NOT NULL, server_name text NOT NULL, superseded text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());
                  CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name text PRIMARY KEY, max_id bigint NOT NULL);
                  CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (one boolean PRIMARY KEY DEFAULT true CHECK (one), version bigint NOT NULL, reshaping boolean NOT NULL);
                  INSERT INTO {VERSION_TABLE} (one, version, reshaping) VALUES (true, 1, false) ON CONFLICT DO NOTHING;

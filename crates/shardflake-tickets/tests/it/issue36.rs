@@ -511,9 +511,14 @@ async fn a_live_dump_restore_never_aborts_on_a_mark_written_meanwhile() {
     a.load(&first).unwrap();
     // A client writes marks between the dump's CREATE TABLE and its rows.
     let store = shardflake_tickets::PeersStore::new(config.clone());
-    shardflake_tickets::HighWaterStore::record(&store, "b", &[("photos".into(), 5000)])
-        .await
-        .unwrap();
+    shardflake_tickets::HighWaterStore::record(
+        &store,
+        &shardflake_tickets::ResidueClass::named(&config, "b"),
+        None,
+        &[("photos".into(), 5000)],
+    )
+    .await
+    .unwrap();
     let loaded = a.load(&second);
     for p in [&path, &first, &second] {
         let _ = std::fs::remove_file(p);

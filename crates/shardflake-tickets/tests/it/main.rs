@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod admin_locks;
+mod classes;
 mod fence;
 mod issue36;
 mod live_restore;
