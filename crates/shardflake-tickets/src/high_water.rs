@@ -295,6 +295,9 @@ impl HighWaterStore for PeersStore {
                     Ok(Some(holder)) => {
                         return Err(superseded(class, identity.unwrap_or(""), &holder));
                     }
+                    // A reshaped place refuses a class of the lattice before:
+                    // so does the whole write.
+                    Err(e @ TicketError::LatticeChanged { .. }) => return Err(e),
                     Err(e) => errors.push(e),
                 }
             }

@@ -503,8 +503,9 @@ impl Backend for MariaSession {
         let fence = match holder {
             Some((class, identity)) => {
                 format!(
-                    " AND {}",
-                    holder_fence(class, identity, "LOCK IN SHARE MODE")
+                    " AND {} AND {}",
+                    holder_fence(class, identity, "LOCK IN SHARE MODE"),
+                    super::lattice_fence(class, marks, "LOCK IN SHARE MODE")
                 )
             }
             None => String::new(),
@@ -520,12 +521,22 @@ impl Backend for MariaSession {
             return Ok(true);
         }
         // Nothing changed: every mark was already as high, the table is
-        // empty, or the class is another identity's here.
-        if let Some((class, identity)) = holder
-            && let Some(h) = self.read_holder(class).await?
-            && h.identity != identity
-        {
-            return Ok(false);
+        // empty, the class is another identity's here, or of another
+        // lattice.
+        if let Some((class, identity)) = holder {
+            if let Some(h) = self.read_holder(class).await?
+                && h.identity != identity
+            {
+                return Ok(false);
+            }
+            let refused: Option<u64> = self
+                .conn
+                .query_first(super::lattice_fence_refuses(class, marks))
+                .await
+                .map_err(|e| TicketError::db(&self.server, context, e))?;
+            if refused == Some(1) {
+                return Err(super::lattice_fenced(&self.server, class));
+            }
         }
         let any: Option<u64> = self
             .conn

@@ -238,6 +238,54 @@ pub(crate) fn clean_identity(raw: &str) -> String {
         .collect()
 }
 
+/// The SQL condition a client's mark write needs besides its holder: no
+/// reshape under way on this place (`lock` makes the read wait for, and
+/// hold off, `begin_reshape`), and, for a class key (`@<offset>of<inc>`),
+/// the lattice this place records for the marks' sequences has the class's
+/// increment. So a client on the file of before a reshape, a server the
+/// new file removed included, can write no mark on a reshaped peer: it
+/// hands out nothing past the marks the reshape raised every server past.
+pub(crate) fn lattice_fence(class: &str, marks: &[(String, String, u64)], lock: &str) -> String {
+    let mut sql = format!("EXISTS (SELECT 1 FROM {VERSION_TABLE} WHERE NOT reshaping {lock})");
+    if let Some(increment) = class_increment(class) {
+        let sequences = marks
+            .iter()
+            .map(|(_, q, _)| format!("'{q}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        sql.push_str(&format!(
+            " AND NOT EXISTS (SELECT 1 FROM {LATTICE_TABLE} WHERE increment <> {increment} AND sequence_name IN ({sequences}))"
+        ));
+    }
+    sql
+}
+
+/// The SQL that says whether [`lattice_fence`] refuses (1) or not (0).
+pub(crate) fn lattice_fence_refuses(class: &str, marks: &[(String, String, u64)]) -> String {
+    format!(
+        "SELECT CASE WHEN {} THEN 0 ELSE 1 END",
+        lattice_fence(class, marks, "")
+    )
+}
+
+/// The increment of a class key `@<offset>of<increment>`; `None` for a
+/// server's name (marks of before residue classes).
+fn class_increment(class: &str) -> Option<u64> {
+    let (_, increment) = class.strip_prefix('@')?.split_once("of")?;
+    increment.parse().ok()
+}
+
+/// A mark write refused by [`lattice_fence`] on `server`.
+pub(crate) fn lattice_fenced(server: &str, class: &str) -> TicketError {
+    TicketError::LatticeChanged {
+        server: server.to_string(),
+        sequence: String::new(),
+        change: format!(
+            "this server's lattice was changed by `shardflake tickets reshape` (or one is under way) and residue class {class} is not of it: this client runs on the file of before the reshape and would hand out ids twice; restart it with the file reshape was given"
+        ),
+    }
+}
+
 /// The SQL condition a fenced mark write of `class` by `identity` needs:
 /// no holder recorded, or `identity` (`lock`: the clause that makes the
 /// read wait for, and hold off, a takeover).

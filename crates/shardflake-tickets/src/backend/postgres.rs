@@ -491,7 +491,11 @@ impl Backend for PgSession {
         }
         let values = super::high_water_rows(marks);
         let fence = match holder {
-            Some((class, identity)) => holder_fence(class, identity, "FOR SHARE"),
+            Some((class, identity)) => format!(
+                "{} AND {}",
+                holder_fence(class, identity, "FOR SHARE"),
+                super::lattice_fence(class, marks, "FOR SHARE")
+            ),
             None => "true".to_string(),
         };
         let messages = self
@@ -505,6 +509,17 @@ impl Backend for PgSession {
         let written = messages
             .iter()
             .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::CommandComplete(n) if *n > 0));
+        if !written && let Some((class, _)) = holder {
+            let refused: i32 = self
+                .client
+                .query_one(&super::lattice_fence_refuses(class, marks), &[])
+                .await
+                .map_err(pg_err(&self.server, "write high-water marks"))?
+                .get(0);
+            if refused == 1 {
+                return Err(super::lattice_fenced(&self.server, class));
+            }
+        }
         Ok(written)
     }
 

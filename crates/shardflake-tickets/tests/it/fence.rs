@@ -395,3 +395,85 @@ async fn a_reshape_refused_leaves_every_server_serving() {
     assert!(report.ok(), "{report}");
     assert_unique(&ids);
 }
+
+/// A server the new file removes is not reshaped (the new file cannot
+/// reach it), so a client still on the old file keeps its sessions there:
+/// `c` is removed, `a` and `b` refuse the old client, and it fails over to
+/// `c`. Its next mark write is refused by the reshaped peers (their
+/// lattice no longer has `c`'s class), so it hands out nothing past the
+/// marks the reshape raised every server past. Before: the old client
+/// went on issuing from `c` over the new lattice's ids (the chaos tool's
+/// `reshape` kind: 15,883,343 duplicate segment ids in 40 s, seed 3).
+async fn a_server_the_reshape_removes_hands_out_nothing_new(kind: &str, urls: [&str; 3]) {
+    let file = |servers: &[(&str, &str, u64)]| {
+        let servers: String = servers
+            .iter()
+            .map(|(name, url, offset)| server_toml(name, kind, url, *offset))
+            .collect();
+        Config::parse(&format!("{servers}{FIXED}")).unwrap()
+    };
+    let [a, b, c] = urls;
+    let before = file(&[("a", a, 1), ("b", b, 2), ("c", c, 3)]);
+    let after = file(&[("a", a, 1), ("b", b, 2)]);
+    init_ok(&before).await;
+    let old = TicketClient::connect(before).await.unwrap();
+    let mut photos = Vec::new();
+    let mut blocks = Vec::new();
+    for _ in 0..10 {
+        photos.extend(old.next_n("photos", 30).await.unwrap());
+        blocks.extend(old.next_n("blocks", 300).await.unwrap());
+    }
+    admin::reshape(&after, &*admin::admin_store(&after))
+        .await
+        .unwrap();
+    let new = TicketClient::connect(after).await.unwrap();
+    // The old client is refused within a bounded number of ids, whatever
+    // server it reaches; the new one hands out meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut photos_refused, mut blocks_refused) = (false, false);
+    while !(photos_refused && blocks_refused) {
+        assert!(
+            Instant::now() < deadline,
+            "{kind}: the old client still hands out ids from the removed server"
+        );
+        if !photos_refused {
+            match old.next_n("photos", 100).await {
+                Ok(ids) => photos.extend(ids),
+                Err(_) => photos_refused = true,
+            }
+        }
+        if !blocks_refused {
+            match old.next_n("blocks", 1000).await {
+                Ok(ids) => blocks.extend(ids),
+                Err(_) => blocks_refused = true,
+            }
+        }
+        photos.extend(new.next_n("photos", 100).await.unwrap());
+        blocks.extend(new.next_n("blocks", 1000).await.unwrap());
+    }
+    for _ in 0..5 {
+        photos.extend(new.next_n("photos", 500).await.unwrap());
+        blocks.extend(new.next_n("blocks", 5000).await.unwrap());
+    }
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_the_reshape_removes_hands_out_nothing_new_mariadb() {
+    let (a, b, c) = (maria(3, 1), maria(3, 2), maria(3, 3));
+    a_server_the_reshape_removes_hands_out_nothing_new("mariadb", [&a.url(), &b.url(), &c.url()])
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_the_reshape_removes_hands_out_nothing_new_postgres() {
+    let servers = [
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    ];
+    let urls = servers.each_ref().map(|s| s.url());
+    a_server_the_reshape_removes_hands_out_nothing_new("postgres", [&urls[0], &urls[1], &urls[2]])
+        .await;
+}
