@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use shardflake_etcd::{Client, Compare, Op};
 
-use crate::backend::Holder;
+use crate::backend::{Holder, holder_of};
 use crate::config::MarksConfig;
 use crate::error::TicketError;
-use crate::high_water::{BoxFuture, HighWaterStore, PeersStore, ResidueClass};
+use crate::high_water::{BoxFuture, HighWaterStore, PeersStore, ResidueClass, superseded};
 
 /// Marks in etcd: `<prefix>/tickets/hw/<class>/<sequence>` = the largest
 /// id handed out, in decimal (`<class>`: [`ResidueClass::key`]; a load
@@ -23,6 +23,14 @@ use crate::high_water::{BoxFuture, HighWaterStore, PeersStore, ResidueClass};
 /// classes wrote them). Names are `[a-z_][a-z0-9_]*` (the tickets file is
 /// checked) and class keys `@<n>of<n>`, so they cannot escape the key's
 /// shape.
+///
+/// The holder of each class, as on the peers: `<prefix>/tickets/holder/
+/// <class>` = `<generation> <identity> <superseded…>` (space-separated;
+/// an identity holds no space). A takeover is a compare-and-set of that
+/// key on its mod revision; a mark write with an identity compares the
+/// same mod revision in the transaction that raises the mark, so a
+/// takeover and a write by the identity it took the class from never both
+/// succeed.
 pub struct EtcdHighWater {
     client: Client,
     prefix: String,
@@ -50,27 +58,118 @@ impl EtcdHighWater {
         format!("{}/tickets/hw/{holder}/", self.prefix)
     }
 
+    /// The key of `class`'s holder.
+    fn holder_key(&self, class: &ResidueClass) -> Vec<u8> {
+        format!("{}/tickets/holder/{}", self.prefix, class.key).into_bytes()
+    }
+
+    /// `class`'s holder in etcd and the mod revision of its key (0: none).
+    async fn read_holder(
+        &self,
+        class: &ResidueClass,
+    ) -> Result<(Option<Holder>, i64), TicketError> {
+        let key = self.holder_key(class);
+        let answer = self
+            .client
+            .txn(&[], &[Op::Get(key.clone())], &[])
+            .await
+            .map_err(|e| etcd_failed(&class.server, e))?;
+        holder_in(&class.server, &key, &answer.kvs)
+    }
+
+    /// Makes `identity` the holder of `class` in etcd where it is not (a
+    /// compare-and-set on the mod revision read). `Ok(false)`: another
+    /// identity took the class meanwhile.
+    async fn take(
+        &self,
+        class: &ResidueClass,
+        identity: &str,
+        readmit: bool,
+    ) -> Result<bool, TicketError> {
+        let key = self.holder_key(class);
+        let (from, revision) = self.read_holder(class).await?;
+        let (generation, mut gone) = match &from {
+            Some(h) if h.identity == identity => return Ok(true),
+            Some(h) if !readmit && h.supersedes(identity) => {
+                return Err(superseded(class, identity, h));
+            }
+            Some(h) => (h.generation + 1, h.superseded.clone()),
+            None => (1, Vec::new()),
+        };
+        if let Some(h) = &from {
+            gone.push(h.identity.clone());
+        }
+        let value = std::iter::once(generation.to_string())
+            .chain(std::iter::once(identity.to_string()))
+            .chain(gone)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let answer = self
+            .client
+            .txn(
+                &[Compare::ModRevisionIs(key.clone(), revision)],
+                &[Op::Put(key.clone(), value.into_bytes(), 0)],
+                &[Op::Get(key.clone())],
+            )
+            .await
+            .map_err(|e| etcd_failed(&class.server, e))?;
+        if answer.succeeded {
+            return Ok(true);
+        }
+        // Another took it meanwhile: fine only if it was this identity.
+        let (now, _) = holder_in(&class.server, &key, &answer.kvs)?;
+        Ok(now.is_some_and(|h| h.identity == identity))
+    }
+
     /// Sets `key` to `value` unless it already holds as much: a
     /// compare-and-set on the value read, so two services writing at once
-    /// never lower a mark.
-    async fn raise(&self, server: &str, key: Vec<u8>, value: u64) -> Result<(), TicketError> {
+    /// never lower a mark. With `fence` (`identity`, the holder key's mod
+    /// revision read): only while the holder key is unchanged, in the
+    /// same transaction; a holder of another identity refuses the write
+    /// ([`TicketError::Superseded`]).
+    async fn raise(
+        &self,
+        class: &ResidueClass,
+        key: Vec<u8>,
+        value: u64,
+        fence: &mut Option<(&str, i64)>,
+    ) -> Result<(), TicketError> {
+        let server = class.server.as_str();
+        let holder_key = self.holder_key(class);
         let new = value.to_string().into_bytes();
         let mut seen: Option<Vec<u8>> = None;
         for _ in 0..RAISE_TRIES {
-            let compare = match &seen {
+            let mut compare = vec![match &seen {
                 None => Compare::Absent(key.clone()),
                 Some(v) => Compare::ValueIs(key.clone(), v.clone()),
-            };
+            }];
+            if let Some((_, revision)) = fence {
+                compare.push(Compare::ModRevisionIs(holder_key.clone(), *revision));
+            }
             let put = [Op::Put(key.clone(), new.clone(), 0)];
+            let failure = [Op::Get(key.clone()), Op::Get(holder_key.clone())];
             let answer = self
                 .client
-                .txn(&[compare], &put, &[Op::Get(key.clone())])
+                .txn(&compare, &put, &failure)
                 .await
                 .map_err(|e| etcd_failed(server, e))?;
             if answer.succeeded {
                 return Ok(());
             }
-            let Some(kv) = answer.kvs.into_iter().next() else {
+            if let Some((identity, revision)) = fence {
+                let (holder, now) = holder_in(server, &holder_key, &answer.kvs)?;
+                if now != *revision {
+                    match holder {
+                        Some(h) if h.identity != *identity => {
+                            return Err(superseded(class, identity, &h));
+                        }
+                        // Rewritten for the same identity: write again.
+                        _ => *revision = now,
+                    }
+                    continue;
+                }
+            }
+            let Some(kv) = answer.kvs.into_iter().find(|kv| kv.key == key) else {
                 seen = None;
                 continue;
             };
@@ -86,12 +185,54 @@ impl EtcdHighWater {
     }
 }
 
+/// Another identity took `class` over in etcd during this takeover.
+fn taken_meanwhile(class: &ResidueClass) -> TicketError {
+    TicketError::db(
+        &class.server,
+        "take the class over",
+        format!(
+            "another server took residue class {} over in etcd at the same time",
+            class.key
+        ),
+    )
+}
+
 fn etcd_failed(server: &str, e: impl ToString) -> TicketError {
     TicketError::Database {
         server: server.to_string(),
         context: "high-water marks in etcd".into(),
         message: e.to_string(),
     }
+}
+
+/// The holder among `kvs` (read from `key`) and its key's mod revision
+/// (0: absent).
+fn holder_in(
+    server: &str,
+    key: &[u8],
+    kvs: &[shardflake_etcd::Kv],
+) -> Result<(Option<Holder>, i64), TicketError> {
+    let Some(kv) = kvs.iter().find(|kv| kv.key == key) else {
+        return Ok((None, 0));
+    };
+    let text = String::from_utf8_lossy(&kv.value);
+    let mut words = text.split_whitespace();
+    let generation = words.next().and_then(|g| g.parse().ok());
+    let identity = words.next();
+    let (Some(generation), Some(identity)) = (generation, identity) else {
+        return Err(etcd_failed(
+            server,
+            format!(
+                "{} holds {text:?}, not a holder (generation, identity, superseded)",
+                String::from_utf8_lossy(key)
+            ),
+        ));
+    };
+    let rest = words.collect::<Vec<_>>().join(" ");
+    Ok((
+        Some(holder_of(identity.to_string(), generation, &rest)),
+        kv.mod_revision,
+    ))
 }
 
 fn parse_mark(server: &str, key: &[u8], value: &[u8]) -> Result<u64, TicketError> {
@@ -134,21 +275,52 @@ impl HighWaterStore for EtcdHighWater {
         })
     }
 
-    /// Not fenced by the holder: etcd records no holder (the peers do).
+    /// With `identity`: fenced by the class's holder in etcd (none, or
+    /// that identity), compared in each mark's own transaction.
     fn record<'a>(
         &'a self,
         class: &'a ResidueClass,
-        _identity: Option<&'a str>,
+        identity: Option<&'a str>,
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
+            let mut fence = match identity {
+                None => None,
+                Some(identity) => match self.read_holder(class).await? {
+                    (Some(h), _) if h.identity != identity => {
+                        return Err(superseded(class, identity, &h));
+                    }
+                    (_, revision) => Some((identity, revision)),
+                },
+            };
             let prefix = self.holder_prefix(&class.key);
             for (sequence, mark) in marks {
                 let key = format!("{prefix}{sequence}").into_bytes();
-                self.raise(&class.server, key, *mark).await?;
+                self.raise(class, key, *mark, &mut fence).await?;
             }
             Ok(())
         })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+        identity: &'a str,
+        readmit: bool,
+    ) -> BoxFuture<'a, Result<(), TicketError>> {
+        Box::pin(async move {
+            match self.take(class, identity, readmit).await? {
+                true => Ok(()),
+                false => Err(taken_meanwhile(class)),
+            }
+        })
+    }
+
+    fn holder<'a>(
+        &'a self,
+        class: &'a ResidueClass,
+    ) -> BoxFuture<'a, Result<Option<Holder>, TicketError>> {
+        Box::pin(async move { Ok(self.read_holder(class).await?.0) })
     }
 
     fn load<'a>(
@@ -180,7 +352,8 @@ impl HighWaterStore for EtcdHighWater {
 /// Both stores: every mark goes to both; a load takes the larger of the
 /// two. Either alone answering is enough (the other is logged), so an etcd
 /// outage does not stop the ticket servers and a peer outage does not
-/// either.
+/// either. The holder is recorded in both: etcd is one more place that
+/// answers a takeover, as a peer is.
 pub struct EtcdAndPeers {
     /// The marks in etcd.
     pub etcd: EtcdHighWater,
@@ -189,8 +362,8 @@ pub struct EtcdAndPeers {
 }
 
 impl HighWaterStore for EtcdAndPeers {
-    /// A refusal of the peers (the class taken over) refuses the write,
-    /// whatever etcd took.
+    /// A refusal of either (the class taken over) refuses the write,
+    /// whatever the other took.
     fn record<'a>(
         &'a self,
         class: &'a ResidueClass,
@@ -202,28 +375,66 @@ impl HighWaterStore for EtcdAndPeers {
                 self.etcd.record(class, identity, marks),
                 self.peers.record(class, identity, marks)
             );
-            if let Err(e @ TicketError::Superseded(_)) = peers {
-                return Err(e);
+            for result in [&peers, &etcd] {
+                if let Err(e @ TicketError::Superseded(_)) = result {
+                    return Err(e.clone());
+                }
             }
             either(&class.server, [etcd, peers]).map(drop)
         })
     }
 
-    /// The holder is recorded on the peers only.
+    /// Taken over in etcd and on the peers at once. Enough that etcd or
+    /// a peer that protects the class took it; a refusal (superseded) or
+    /// a takeover lost to another identity at either refuses it.
     fn claim<'a>(
         &'a self,
         class: &'a ResidueClass,
         identity: &'a str,
         readmit: bool,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
-        self.peers.claim(class, identity, readmit)
+        Box::pin(async move {
+            let (etcd, peers) = tokio::join!(
+                self.etcd.take(class, identity, readmit),
+                self.peers.claim(class, identity, readmit)
+            );
+            for e in [etcd.as_ref().err(), peers.as_ref().err()]
+                .into_iter()
+                .flatten()
+            {
+                if let TicketError::Superseded(_) = e {
+                    return Err(e.clone());
+                }
+            }
+            match (etcd, peers) {
+                (Ok(false), _) => Err(taken_meanwhile(class)),
+                // Not that no place answered: another took the class.
+                (_, Err(e @ TicketError::Database { .. })) => Err(e),
+                (Ok(true), _) | (_, Ok(())) => Ok(()),
+                (Err(etcd), Err(peers)) => {
+                    tracing::warn!(server = %class.server, error = %etcd, "a ticket high-water store failed");
+                    Err(match peers {
+                        TicketError::NoHighWater { server, reason } => TicketError::NoHighWater {
+                            server,
+                            reason: format!("{reason}; etcd: {etcd}"),
+                        },
+                        other => other,
+                    })
+                }
+            }
+        })
     }
 
+    /// The highest generation that etcd or a peer records.
     fn holder<'a>(
         &'a self,
         class: &'a ResidueClass,
     ) -> BoxFuture<'a, Result<Option<Holder>, TicketError>> {
-        self.peers.holder(class)
+        Box::pin(async move {
+            let (etcd, peers) = tokio::join!(self.etcd.holder(class), self.peers.holder(class));
+            let found = either(&class.server, [etcd, peers])?;
+            Ok(found.into_iter().flatten().max_by_key(|h| h.generation))
+        })
     }
 
     /// Lowered in both, each by its own compare-and-set: a place that

@@ -236,7 +236,7 @@ impl PeersStore {
 }
 
 /// `identity` of `class`'s server, taken over by `holder`.
-fn superseded(class: &ResidueClass, identity: &str, holder: &Holder) -> TicketError {
+pub(crate) fn superseded(class: &ResidueClass, identity: &str, holder: &Holder) -> TicketError {
     TicketError::Superseded(Box::new(crate::error::Superseded {
         server: class.server.clone(),
         class: class.key.clone(),

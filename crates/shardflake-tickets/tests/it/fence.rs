@@ -477,3 +477,55 @@ async fn a_server_the_reshape_removes_hands_out_nothing_new_postgres() {
     a_server_the_reshape_removes_hands_out_nothing_new("postgres", [&urls[0], &urls[1], &urls[2]])
         .await;
 }
+
+/// The holder of a class in etcd, as on the peers: a takeover is a
+/// compare-and-set (generation + 1, the identity taken from superseded),
+/// and a mark write with the identity it was taken from is refused in
+/// the very transaction that would raise the mark (`superseded`), the
+/// mark left as the new holder wrote it. The identity taken from is
+/// refused a takeover unless re-admitted (`tickets takeover`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takeover_in_etcd_fences_the_marks_of_the_identity_it_took_from() {
+    use shardflake_tickets::HighWaterStore;
+    use shardflake_tickets::etcd_marks::EtcdHighWater;
+    let etcd = shardflake_testkit::Etcd::start(1).unwrap();
+    let store = EtcdHighWater::new(
+        shardflake_etcd::Client::new(&etcd.endpoints, Duration::from_secs(5)),
+        "/holder".into(),
+    );
+    let class = shardflake_tickets::ResidueClass {
+        key: "@1of2".into(),
+        server: "a".into(),
+    };
+    let marks = |n: u64| vec![("photos".to_string(), n)];
+    assert_eq!(store.holder(&class).await.unwrap(), None);
+    // No holder yet: a write with an identity is not fenced.
+    store.record(&class, Some("old"), &marks(10)).await.unwrap();
+    store.claim(&class, "old", false).await.unwrap();
+    store.record(&class, Some("old"), &marks(20)).await.unwrap();
+    let held = store.holder(&class).await.unwrap().unwrap();
+    assert_eq!((held.identity.as_str(), held.generation), ("old", 1));
+    store.claim(&class, "new", false).await.unwrap();
+    store.record(&class, Some("new"), &marks(30)).await.unwrap();
+    let refused = store.record(&class, Some("old"), &marks(40)).await;
+    assert!(
+        matches!(refused, Err(shardflake_tickets::TicketError::Superseded(_))),
+        "{refused:?}"
+    );
+    assert_eq!(store.load(&class).await.unwrap()["photos"], 30);
+    let held = store.holder(&class).await.unwrap().unwrap();
+    assert_eq!((held.identity.as_str(), held.generation), ("new", 2));
+    assert_eq!(held.superseded, ["old"]);
+    let again = store.claim(&class, "old", false).await;
+    assert!(
+        matches!(again, Err(shardflake_tickets::TicketError::Superseded(_))),
+        "{again:?}"
+    );
+    // `tickets takeover` re-admits it; the copy is refused from then on.
+    store.claim(&class, "old", true).await.unwrap();
+    let held = store.holder(&class).await.unwrap().unwrap();
+    assert_eq!((held.identity.as_str(), held.generation), ("old", 3));
+    store.record(&class, Some("old"), &marks(50)).await.unwrap();
+    assert!(store.record(&class, Some("new"), &marks(60)).await.is_err());
+    assert_eq!(store.load(&class).await.unwrap()["photos"], 50);
+}
