@@ -375,8 +375,12 @@ impl HighWaterStore for EtcdAndPeers {
                 self.etcd.record(class, identity, marks),
                 self.peers.record(class, identity, marks)
             );
+            // A refusal on either side (another holder, or a reshaped peer
+            // that has not this class) refuses the whole write.
             for result in [&peers, &etcd] {
-                if let Err(e @ TicketError::Superseded(_)) = result {
+                if let Err(e @ (TicketError::Superseded(_) | TicketError::LatticeChanged { .. })) =
+                    result
+                {
                     return Err(e.clone());
                 }
             }
