@@ -488,7 +488,7 @@ pub struct Reshaped {
 
 /// Moves every sequence whose recorded lattice differs from the file's to
 /// the file's. First, on every server of the file, raises the lattice
-/// version and marks a reshape under way ([`Backend::begin_reshape`]):
+/// version and marks a reshape under way (`begin_reshape`):
 /// from then on the database refuses every ticket and block of a session
 /// opened before (a client still running on the old file, its pooled
 /// sessions included), and no session starts. Then reads every mark (of
