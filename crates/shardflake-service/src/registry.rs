@@ -321,13 +321,26 @@ pub enum AcquireError {
     },
     /// The prefix records no fleet id, where this node expects its own.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet: etcdctl put {prefix}/fleet {expected} (each node then resumes past its own state file and one window past its clock)"
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet (its high-water records with it): stop every node of it, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor $(( $(date +%s%3N) + 60000 )) (now plus --max-resume-wait, or plus the window and the largest clock difference between its hosts), then etcdctl put {prefix}/fleet {expected}; the fleet id alone is not enough: a node would resume one window past its own clock, under another node's id"
     )]
     FleetMissing {
         /// The key prefix.
         prefix: String,
         /// This node's fleet id.
         expected: String,
+    },
+    /// The prefix records no fleet id, and this node's state file names a
+    /// registry on another etcd cluster: the fleet's ids were made there.
+    #[error(
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected}, whose state file names another etcd cluster than this one ({clusters}): this cluster knows nothing of the ids the fleet made there. Start this node on the cluster its state file names, or move the fleet here: stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them here"
+    )]
+    FleetOnAnotherCluster {
+        /// The key prefix.
+        prefix: String,
+        /// This node's fleet id.
+        expected: String,
+        /// `state file: <registry>, here: <registry>`.
+        clusters: String,
     },
     /// This fleet is registered in the cluster under another prefix.
     #[error(
@@ -444,6 +457,7 @@ impl AcquireError {
                 | AcquireError::FleetMismatch { .. }
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
+                | AcquireError::FleetOnAnotherCluster { .. }
                 | AcquireError::FleetElsewhere { .. }
                 | AcquireError::FleetOverlaps(_)
                 | AcquireError::PreviousMissing { .. }

@@ -1366,3 +1366,174 @@ async fn a_recreated_cluster_with_the_same_cluster_id_is_refused() -> anyhow::Re
     );
     Ok(())
 }
+
+/// Review e5: a fleet moved to another etcd cluster with `fleet move`,
+/// one node restarted there; the old cluster re-created empty. The other
+/// node, restarted on it with its state file (which names the old
+/// cluster), is refused, told that cluster and the move command, and not
+/// told to put the fleet id back (before: told so, it then took node id 0
+/// beside the moved node 0: 8,000 ids twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_a_fleet_moved_away_is_refused_on_its_old_cluster_recreated() -> anyhow::Result<()>
+{
+    let one = Etcd::start(1)?;
+    let two = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    run_fleet(&one, "/e5", &d, &stop, &mut loads).await?;
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &one.urls(),
+        "--etcd-prefix",
+        "/e5",
+        "--to-etcd",
+        &two.urls(),
+        "--to-prefix",
+        "/e5",
+    ])?;
+    assert!(ok, "{said}");
+    let mut a = leased(&two, "/e5", &d[0], &[])?;
+    assert_eq!(a.ready(Duration::from_secs(30)).await?, 0);
+    loads.push(ids_until(&a.http, &stop));
+    // The old cluster, re-created empty (another cluster id).
+    let recreated = Etcd::start(1)?;
+    let mut b = leased(&recreated, "/e5", &d[1], &[])?;
+    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_millis(1500)).await?;
+    b.kill();
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    stop_cleanly(&mut a).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("started on the re-created cluster"))?;
+    assert!(
+        refused.contains("etcd prefix /e5 holds no fleet id")
+            && refused.contains("names another etcd cluster")
+            && refused.contains("shardflake fleet move")
+            && !refused.contains("etcdctl put"),
+        "{refused}"
+    );
+    Ok(())
+}
+
+/// Review e1c: a prefix deleted under its fleet. The refusal's advice puts
+/// back a floor before the fleet id, and a node restarted then resumes
+/// past the floor, not one window past its own clock (which, under a node
+/// id whose holder's clock ran ahead, reissued that holder's ids).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_prefix_is_started_again_past_a_floor() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(1)?;
+    let mut s = leased(&etcd, "/e1", &d[0], &[])?;
+    s.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut s).await?;
+    let fleet = etcd
+        .get("/e1/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "--prefix", "/e1"])?;
+    let e = refused(
+        &d[0],
+        &[
+            "--etcd",
+            &etcd.urls(),
+            "--etcd-prefix",
+            "/e1",
+            "--lease-ttl",
+            "3s",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(
+        e.contains("holds no fleet id")
+            && e.contains("etcdctl put /e1/floor")
+            && e.contains(&format!("etcdctl put /e1/fleet {fleet}")),
+        "{e}"
+    );
+    // As the refusal says: the floor first, then the fleet id.
+    let floor = now_ms()? + 4_000;
+    etcd.put("/e1/floor", &floor.to_string()).await?;
+    etcd.put("/e1/fleet", &fleet).await?;
+    let s = leased(&etcd, "/e1", &d[0], &[])?;
+    s.ready(Duration::from_secs(30)).await?;
+    let ids = load_for(&s, Duration::from_millis(300)).await?;
+    // snowflake: 22 bits below the time, epoch 1288834974657 ms.
+    let first = ids.iter().min().ok_or_else(|| anyhow::anyhow!("no id"))?;
+    let stamped = (first >> 22) + 1_288_834_974_657;
+    assert!(stamped > floor, "stamped {stamped}, floor {floor}");
+    Ok(())
+}
+
+/// Review e1c: node 0 on a sound clock, node 1 20 s ahead; the prefix
+/// deleted under them. Started again as the refusal says (a floor put back
+/// before the fleet id), the fast node first (it takes id 0), then the
+/// sound one (id 1, the fast node's old id): the sound one resumes past
+/// the floor, not one window past its own clock, and no id repeats
+/// (before, with the fleet id alone put back: 2,000 of the fast node's ids
+/// issued again; here 613,500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_prefix_started_again_as_told_never_reissues_a_fast_clocks_ids()
+-> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+20s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/e1c",
+        "--lease-ttl",
+        "3s",
+        "--window",
+        "2s",
+    ];
+    let a = serve_in(&d[0], &args, &[])?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let b = serve_in(&d[1], &args, &ahead)?;
+    assert_eq!(b.ready(Duration::from_secs(20)).await?, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&a.http, &stop), ids_until(&b.http, &stop)];
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut ids = Vec::new();
+    for l in loads.drain(..) {
+        ids.extend(l.await?);
+    }
+    for mut s in [a, b] {
+        stop_cleanly(&mut s).await?;
+    }
+    let fleet = etcd
+        .get("/e1c/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "--prefix", "/e1c"])?;
+    // The floor: now plus the largest clock difference and the window.
+    etcd.put("/e1c/floor", &(now_ms()? + 23_000).to_string())
+        .await?;
+    etcd.put("/e1c/fleet", &fleet).await?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut fast = serve_in(&d[1], &args, &ahead)?;
+    let refused_fast = run_beside(&mut fast, &stop, &mut loads, Duration::ZERO).await?;
+    let mut sound = serve_in(&d[0], &args, &[])?;
+    let refused_sound = run_beside(&mut sound, &stop, &mut loads, Duration::from_secs(20)).await?;
+    fast.kill();
+    sound.kill();
+    stop.store(true, Ordering::Relaxed);
+    assert!(refused_fast.is_none(), "{refused_fast:?}");
+    assert!(refused_sound.is_none(), "{refused_sound:?}");
+    for l in loads.drain(..) {
+        ids.extend(l.await?);
+    }
+    let total = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "{} duplicates", total - ids.len());
+    Ok(())
+}

@@ -237,6 +237,26 @@ impl Registry for EtcdRegistry {
                             now,
                         })
                     }
+                    // A state file of another cluster, where this one holds
+                    // no fleet id (the old cluster re-created empty): the
+                    // fleet's ids were made on the cluster it names, and no
+                    // record put back here can stand for them.
+                    Some(recorded)
+                        if first_take
+                            && claim.previous.is_none()
+                            && recorded.starts_with("etcd ")
+                            && !recorded.starts_with(&here)
+                            && !kvs.iter().any(|kv| {
+                                kv.key == format!("{}/fleet", self.prefix).as_bytes()
+                            })
+                            && let Some(expected) = &expected_fleet =>
+                    {
+                        Err(AcquireError::FleetOnAnotherCluster {
+                            prefix: self.prefix.clone(),
+                            expected: expected.clone(),
+                            clusters: format!("state file: {recorded}, here: {now}"),
+                        })
+                    }
                     _ => {
                         let seen = self
                             .seen_revision
