@@ -579,7 +579,7 @@ impl Backend for MariaSession {
     ) -> Result<bool, TicketError> {
         let sql = match from {
             None => format!(
-                "INSERT IGNORE INTO {HOLDERS_TABLE} (class_key, identity, generation, server_name, superseded) VALUES ('{class}', '{identity}', 1, '{server}', '')"
+                "INSERT IGNORE INTO {HOLDERS_TABLE} (class_key, identity, generation, server_name, superseded) SELECT '{class}', '{identity}', 1, '{server}', '' FROM DUAL WHERE EXISTS (SELECT 1 FROM {HOLDERS_TABLE} WHERE class_key = '')"
             ),
             Some(h) => format!(
                 "UPDATE {HOLDERS_TABLE} SET identity = '{identity}', generation = {}, server_name = '{server}', superseded = TRIM(CONCAT(superseded, ' ', '{}')) WHERE class_key = '{class}' AND generation = {} AND identity = '{}'",
@@ -589,11 +589,25 @@ impl Backend for MariaSession {
                 h.identity
             ),
         };
+        let context = "take the class over";
         self.conn
             .query_drop(sql)
             .await
-            .map_err(|e| TicketError::db(&self.server, "take the class over", e))?;
-        Ok(self.conn.affected_rows() == 1)
+            .map_err(|e| TicketError::db(&self.server, context, e))?;
+        if self.conn.affected_rows() == 1 {
+            return Ok(true);
+        }
+        let init_row: Option<u64> = self
+            .conn
+            .query_first(format!(
+                "SELECT EXISTS (SELECT 1 FROM {HOLDERS_TABLE} WHERE class_key = '')"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, context, e))?;
+        match init_row {
+            Some(1) => Ok(false),
+            _ => Err(super::holders_empty(&self.server)),
+        }
     }
 
     /// Lowers `holder`'s mark of `sequence` to `to` where it still is `expected`.
@@ -847,6 +861,13 @@ impl Backend for MariaSession {
             ))
             .await
             .map_err(run(format!("CREATE TABLE {HOLDERS_TABLE}")))?;
+        self.conn
+            .query_drop(format!(
+                "INSERT IGNORE INTO {HOLDERS_TABLE} (class_key, identity, generation, server_name, superseded) VALUES {}",
+                super::HOLDERS_INIT_ROW
+            ))
+            .await
+            .map_err(run(format!("INSERT the init row INTO {HOLDERS_TABLE}")))?;
         self.conn
             .query_drop(format!(
                 "CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, max_id bigint NOT NULL) ENGINE=InnoDB"

@@ -195,6 +195,24 @@ pub const LATTICE_TABLE: &str = "shardflake_ticket_lattice";
 /// it superseded.
 pub const HOLDERS_TABLE: &str = "shardflake_ticket_holders";
 
+/// `init`'s row in [`HOLDERS_TABLE`] (no class key is ''): a class is
+/// taken over only in a table that holds it, so a client's takeover
+/// between a dump's `CREATE TABLE` and its rows (a live whole-database
+/// restore) is not held on that server, as when it is down, and the
+/// dump's rows go in.
+pub(crate) const HOLDERS_INIT_ROW: &str = "('', '', 0, '', '')";
+
+/// A takeover on a server whose [`HOLDERS_TABLE`] lacks `init`'s row.
+pub(crate) fn holders_empty(server: &str) -> TicketError {
+    TicketError::db(
+        server,
+        "take the class over",
+        format!(
+            "{HOLDERS_TABLE} is empty (recreated by a restore under way, or never given its init row: run `shardflake tickets init`): no class is taken over in it"
+        ),
+    )
+}
+
 /// Who answers for a residue class, as one place records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {

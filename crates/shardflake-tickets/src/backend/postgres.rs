@@ -555,7 +555,7 @@ impl Backend for PgSession {
         let changed = match from {
             None => tx
                 .execute(
-                    &format!("INSERT INTO {HOLDERS_TABLE} (class_key, identity, generation, server_name, superseded) VALUES ($1, $2, 1, $3, '') ON CONFLICT (class_key) DO NOTHING"),
+                    &format!("INSERT INTO {HOLDERS_TABLE} (class_key, identity, generation, server_name, superseded) SELECT $1, $2, 1, $3, '' WHERE EXISTS (SELECT 1 FROM {HOLDERS_TABLE} WHERE class_key = '') ON CONFLICT (class_key) DO NOTHING"),
                     &[&class, &identity, &server],
                 )
                 .await,
@@ -567,8 +567,20 @@ impl Backend for PgSession {
                 .await,
         }
         .map_err(err())?;
+        let init_row: bool = tx
+            .query_one(
+                &format!("SELECT EXISTS (SELECT 1 FROM {HOLDERS_TABLE} WHERE class_key = '')"),
+                &[],
+            )
+            .await
+            .map_err(err())?
+            .get(0);
         tx.commit().await.map_err(err())?;
-        Ok(changed == 1)
+        match (changed, init_row) {
+            (1, _) => Ok(true),
+            (_, true) => Ok(false),
+            _ => Err(super::holders_empty(&name)),
+        }
     }
 
     /// Lowers `holder`'s mark of `sequence` to `to` where it still is `expected`.
@@ -783,7 +795,9 @@ impl Backend for PgSession {
                  CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name text PRIMARY KEY, max_id bigint NOT NULL);
                  CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (one boolean PRIMARY KEY DEFAULT true CHECK (one), version bigint NOT NULL, reshaping boolean NOT NULL);
                  INSERT INTO {VERSION_TABLE} (one, version, reshaping) VALUES (true, 1, false) ON CONFLICT DO NOTHING;
+                 INSERT INTO {HOLDERS_TABLE} (class_key, identity, generation, server_name, superseded) VALUES {} ON CONFLICT DO NOTHING;
                  {}",
+                super::HOLDERS_INIT_ROW,
                 guard_sql(SEGMENT_TABLE, "max_id")
             ))
             .await
