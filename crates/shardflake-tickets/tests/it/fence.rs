@@ -250,14 +250,7 @@ async fn a_sequence_set_back_in_place_is_seen_by_a_client_past_it_postgres() {
 async fn a_reshape_counts_the_marks_in_etcd_of_a_server_it_removes() {
     let etcd = shardflake_testkit::Etcd::start(1).unwrap();
     let (a, b) = (maria(2, 1), maria(2, 2));
-    let marks = format!(
-        "\n[marks]\netcd = [{}]\netcd_prefix = \"/removed\"\n",
-        etcd.endpoints
-            .iter()
-            .map(|e| format!("{e:?}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let marks = super::etcd_marks(&etcd, "/removed");
     let config = super::repro::pair(&a, &b, &marks);
     init_ok(&config).await;
     let client = TicketClient::connect(config.clone()).await.unwrap();

@@ -437,14 +437,7 @@ async fn a_server_restored_while_its_peer_is_down_is_refused_by_a_running_client
 async fn every_client_of_the_file_keeps_its_marks_in_the_files_etcd() {
     let etcd = shardflake_testkit::Etcd::start(1).unwrap();
     let (a, b) = (maria(2, 1), maria(2, 2));
-    let marks = format!(
-        "\n[marks]\netcd = [{}]\netcd_prefix = \"/f4\"\n",
-        etcd.endpoints
-            .iter()
-            .map(|e| format!("{e:?}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let marks = super::etcd_marks(&etcd, "/f4");
     // etcd gets 2 s, not the default 150 ms: an etcd that misses 150 ms
     // on a loaded machine is a place down (documented), not what this
     // test is about.

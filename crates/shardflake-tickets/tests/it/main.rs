@@ -131,6 +131,15 @@ async fn wait_state(client: &TicketClient, server: &str, want: &str) {
     }
 }
 
+/// A tickets file's `[marks]` section naming `etcd` under `prefix`.
+fn etcd_marks(etcd: &shardflake_testkit::Etcd, prefix: &str) -> String {
+    let endpoints: Vec<String> = etcd.endpoints.iter().map(|e| format!("{e:?}")).collect();
+    format!(
+        "\n[marks]\netcd = [{}]\netcd_prefix = \"{prefix}\"\n",
+        endpoints.join(", ")
+    )
+}
+
 fn assert_unique(ids: &[u64]) {
     let set: HashSet<u64> = ids.iter().copied().collect();
     assert_eq!(
