@@ -180,6 +180,18 @@ fn list(failures: &[ServerFailure]) -> String {
 }
 
 impl TicketError {
+    /// A place's final answer, not a failure to retry or to count as a
+    /// place down: the class was taken over by another identity
+    /// (`superseded`), or the place's lattice is not the client's
+    /// (`lattice_changed`). One such refusal refuses a mark write or a
+    /// takeover, whatever the other places answered.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            TicketError::Superseded(_) | TicketError::LatticeChanged { .. }
+        )
+    }
+
     /// A stable, machine-readable code: `bad_config`, `unknown_sequence`,
     /// `bad_count`, `unavailable`, `exhausted`, `behind_high_water`,
     /// `went_back`, `recreated`, `no_high_water`, `lattice_changed`, `misconfigured`,

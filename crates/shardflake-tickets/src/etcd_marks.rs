@@ -378,8 +378,8 @@ impl HighWaterStore for EtcdAndPeers {
             // A refusal on either side (another holder, or a reshaped peer
             // that has not this class) refuses the whole write.
             for result in [&peers, &etcd] {
-                if let Err(e @ (TicketError::Superseded(_) | TicketError::LatticeChanged { .. })) =
-                    result
+                if let Err(e) = result
+                    && e.is_refusal()
                 {
                     return Err(e.clone());
                 }
@@ -406,7 +406,7 @@ impl HighWaterStore for EtcdAndPeers {
                 .into_iter()
                 .flatten()
             {
-                if let TicketError::Superseded(_) = e {
+                if e.is_refusal() {
                     return Err(e.clone());
                 }
             }

@@ -327,7 +327,7 @@ impl Server {
         }
         let deadline = Instant::now() + config.failover.attempt_timeout() / 2;
         let loaded = match claim_class(store, &self.class, identity, deadline).await {
-            Err(e @ TicketError::Superseded(_)) => return Err(e),
+            Err(e) if e.is_refusal() => return Err(e),
             Err(e) => Err(e),
             Ok(()) => load_marks(store, &self.class, deadline).await,
         };
@@ -765,8 +765,9 @@ impl Pool {
                 });
             match written {
                 Ok(()) => break,
-                Err(e @ TicketError::Superseded(_)) => {
-                    // Taken over: no id above its written marks goes out.
+                Err(e) if e.is_refusal() => {
+                    // Taken over, or its lattice reshaped away: no id above
+                    // its written marks goes out, and no retry changes that.
                     server.mark_failed(&e);
                     return Err(e);
                 }
@@ -985,7 +986,7 @@ async fn claim_class(
     loop {
         match store.claim(class, identity, false).await {
             Ok(()) => return Ok(()),
-            Err(e @ TicketError::Superseded(_)) => return Err(e),
+            Err(e) if e.is_refusal() => return Err(e),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
         }

@@ -297,7 +297,7 @@ impl HighWaterStore for PeersStore {
                     }
                     // A reshaped place refuses a class of the lattice before:
                     // so does the whole write.
-                    Err(e @ TicketError::LatticeChanged { .. }) => return Err(e),
+                    Err(e) if e.is_refusal() => return Err(e),
                     Err(e) => errors.push(e),
                 }
             }
