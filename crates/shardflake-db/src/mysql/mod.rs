@@ -559,7 +559,9 @@ pub fn explained(e: mysql_async::Error, context: &str) -> Error {
     let run_out = matches!(&e, mysql_async::Error::Server(s) if s.code == sql::ER_SEQUENCE_RUN_OUT);
     Error::Mysql {
         context: if run_out {
-            format!("{context} (the id sequence is used up: the layout's last time is reached)")
+            format!(
+                "{context} (the id sequence is used up: the layout's last time is reached; install a layout that ends later for a new table: shardflake mysql apply --layout LAYOUT --table NEW_TABLE)"
+            )
         } else {
             context.to_string()
         },

@@ -470,3 +470,60 @@ async fn a_dump_restored_twice_hands_out_no_id_twice_and_repair_gets_out() {
         Vec::<String>::new()
     );
 }
+
+/// Issue 37, A: an id stored at the layout's last value (a row inserted
+/// with an explicit id; before the guard column, the parked
+/// `AUTO_INCREMENT` value 2^63-1, the default layout's last id) leaves the
+/// sequence no value above it. `mysql check` said "ids would repeat" and
+/// `mysql repair` failed ("would move to N, past the layout's last value
+/// M"), naming neither the row nor a way out, so after a restore every
+/// insert was refused until someone deleted the row by hand. Now both name
+/// the row and the way out, repair's error is typed, and the way out,
+/// taken from that state, gets out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_at_the_layouts_last_value_is_named_with_the_way_out() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool: Pool = mysql::pool(&server.url()).unwrap();
+    let (layout, names, opts) = (narrow(), Names::default(), Options::default());
+    let mut c = pool.get_conn().await.unwrap();
+    mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.push(mysql::insert(&mut c, &names, 7, "ours").await.unwrap());
+    }
+    let plan = mysql::Plan::new(&layout).unwrap();
+    let last = plan.id_of(plan.max_packed(), 7);
+    c.query_drop(format!(
+        "INSERT INTO posts (id, user_id, body) VALUES ({last}, 7, 'explicit')"
+    ))
+    .await
+    .unwrap();
+    let way_out = format!("DELETE FROM `posts` WHERE id = {last}");
+    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains(&way_out) && p.contains("shardflake mysql repair")),
+        "{problems:?}"
+    );
+    match mysql::repair(&mut c, &layout, &opts).await {
+        Err(shardflake_db::Error::MysqlExhausted { message, .. }) => assert!(
+            message.contains(&way_out)
+                && message.contains("shardflake mysql repair")
+                && message.contains("shardflake mysql apply --layout"),
+            "{message}"
+        ),
+        other => panic!("repair: {other:?}"),
+    }
+    // The way out, from the state that printed it.
+    c.query_drop(&way_out).await.unwrap();
+    mysql::repair(&mut c, &layout, &opts).await.unwrap();
+    for _ in 0..20 {
+        ids.push(mysql::insert(&mut c, &names, 7, "after").await.unwrap());
+    }
+    assert_unique(&ids);
+    assert_eq!(
+        mysql::check(&mut c, &layout, &opts).await.unwrap(),
+        Vec::<String>::new()
+    );
+}
