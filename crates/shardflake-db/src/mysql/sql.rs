@@ -580,7 +580,7 @@ fn clock_loop_stopped(plan: &Plan, names: &Names, who: &str, keyword: &str, set:
     format!(
         "\n  {keyword} IS_USED_LOCK({lock}) IS NULL THEN\n    \
          {set}CONCAT('{who}: the clock event {event} is not running (event_scheduler = ', @@GLOBAL.event_scheduler, \
-         '): ids are made only while its loop runs, as it is what sees a restore of the database; run SET GLOBAL event_scheduler = ON (and put event_scheduler=ON in the configuration), then shardflake mysql check');",
+         '): ids are made only while its loop runs, as it is what sees a restore of the database; if OFF, run SET GLOBAL event_scheduler = ON (and put event_scheduler=ON in the configuration); if ON, it starts within a second, or shardflake mysql check says why not');",
         lock = lit(&lock),
         event = names.event(),
     )
