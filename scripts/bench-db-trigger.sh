@@ -12,6 +12,8 @@
 #   p_oneclock  ours with the epoch check dropped (one clock read)
 #   p_nohw      ours without the high-water test (the read of the
 #               restore guard's sequence in database shardflake)
+#   p_norun     ours without the clock-loop test (IS_USED_LOCK of the
+#               lock the clock event's loop holds)
 # Prints every round and the lowest per table.
 #
 #   scripts/bench-db-trigger.sh          ROUNDS=8 N=5000 BIN=target/release/shardflake
@@ -31,8 +33,8 @@ fn=$(q -e "SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_NA
 seq=$(q -e "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE='SEQUENCE' AND TABLE_SCHEMA=DATABASE()")
 echo "trigger body: $body" >&2; echo "fn=$fn seq=$seq" >&2
 mode="SET SESSION sql_mode='STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION';"
-mk() { q -e "CREATE TABLE $1 (id BIGINT NOT NULL AUTO_INCREMENT, user_id BIGINT NOT NULL, body TEXT, PRIMARY KEY(id)) ENGINE=InnoDB"; }
-for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw; do mk $t; done
+mk() { q -e "CREATE TABLE $1 (id BIGINT NOT NULL AUTO_INCREMENT, user_id BIGINT NOT NULL, body TEXT, id_by_trigger TINYINT NOT NULL DEFAULT 1, PRIMARY KEY(id)) ENGINE=InnoDB"; }
+for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw p_norun; do mk $t; done
 # current: the body as installed
 q -e "$mode CREATE TRIGGER t_cur BEFORE INSERT ON p_cur FOR EACH ROW $body"
 # no function: error branch gives NULL, SIGNAL inline
@@ -47,21 +49,25 @@ q -e "$mode CREATE TRIGGER t_one BEFORE INSERT ON p_oneclock FOR EACH ROW $one"
 nohw=$(printf '%s' "$body" | sed -E 's/ AND \(PREVIOUS VALUE FOR [^)]*\) >= \(SELECT next_not_cached_value FROM [^)]*\)//')
 [[ $nohw != "$body" ]] || { echo "no high-water test in the trigger" >&2; exit 1; }
 q -e "$mode CREATE TRIGGER t_nohw BEFORE INSERT ON p_nohw FOR EACH ROW $nohw"
+# no clock-loop test: the IS_USED_LOCK of the clock event's lock dropped
+norun=$(printf '%s' "$body" | sed -E "s/ AND IS_USED_LOCK\('[^']*'\) IS NOT NULL//")
+[[ $norun != "$body" ]] || { echo "no clock-loop test in the trigger" >&2; exit 1; }
+q -e "$mode CREATE TRIGGER t_norun BEFORE INSERT ON p_norun FOR EACH ROW $norun"
 N=${N:-5000}
-for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw; do
+for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw p_norun; do
   { echo "PREPARE s FROM 'INSERT INTO $t (user_id, body) VALUES (?, ?)'; SET @u=1801, @b='x';"
     for i in $(seq $N); do echo "EXECUTE s USING @u, @b;"; done; } > $d/$t.sql
 done
 cpu() { cat /proc/$pid/task/*/schedstat | awk '{s+=$1} END {printf "%d", s}'; }
 declare -A best
 for r in $(seq "${ROUNDS:-8}"); do
-  for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw; do
+  for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw p_norun; do
     a=$(cpu); q < $d/$t.sql; b=$(cpu)
     us=$(( (b - a) / N ))   # ns per insert
     [[ -z "${best[$t]:-}" || $us -lt ${best[$t]} ]] && best[$t]=$us
     printf '%s round %d: %d ns/insert\n' $t $r $us
   done
 done
-for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw; do
+for t in p_auto p_cur p_nofn p_min p_oneclock p_nohw p_norun; do
   printf 'lowest %-10s %6d ns/insert  %.2fx p_auto\n' $t ${best[$t]} "$(echo "${best[$t]} / ${best[p_auto]}" | bc -l)"
 done

@@ -130,6 +130,17 @@ pub enum Error {
         /// Why it was refused.
         message: String,
     },
+    /// MariaDB/MySQL: the sequence would have to go past the layout's last
+    /// value, where it hands out nothing: the layout's ids are used up, or
+    /// an id stored in the table sits at its end. The message names the
+    /// row, if one, and the way out.
+    #[error("mysql: {context}: {message}")]
+    MysqlExhausted {
+        /// What was being done.
+        context: String,
+        /// What is at the end, and what to do.
+        message: String,
+    },
     /// MariaDB/MySQL failure.
     #[error("mysql: {context}: {source}")]
     Mysql {

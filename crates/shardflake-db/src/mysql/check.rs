@@ -99,20 +99,38 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
                 }
                 _ => {}
             }
-            let drawn: Option<i64> = conn
+            let drawn: Result<Option<i64>, _> = conn
                 .query_first(format!("SELECT NEXT VALUE FOR `{seq}`"))
-                .await
-                .map_err(my("drawing from the sequence"))?;
-            let drawn = drawn.unwrap_or(i64::MAX);
-            if let Some(stored) = max_stored_packed(conn, &plan, names).await?
+                .await;
+            let drawn = match drawn {
+                Ok(drawn) => drawn.unwrap_or(i64::MAX),
+                // Past its MAXVALUE: nothing more to draw.
+                Err(mysql_async::Error::Server(e)) if e.code == sql::ER_SEQUENCE_RUN_OUT => {
+                    i64::MAX
+                }
+                Err(e) => return Err(Error::mysql("drawing from the sequence")(e)),
+            };
+            let stored = max_stored_packed(conn, &plan, names).await?;
+            if drawn > plan.max_packed() {
+                problems.push(
+                    super::repair::exhausted_text(conn, &plan, names, stored.unwrap_or(0), drawn)
+                        .await?,
+                );
+            } else if let Some(stored) = stored
                 && drawn <= stored
             {
-                problems.push(format!(
-                    "sequence {seq} hands out {drawn}, at or below the packed value {stored} of an id stored in {}: ids would repeat",
-                    names.table
-                ));
+                problems.push(if stored < plan.max_packed() {
+                    format!(
+                        "sequence {seq} hands out {drawn}, at or below the packed value {stored} of an id stored in {}: ids would repeat; run shardflake mysql repair, which moves the sequence past them",
+                        names.table
+                    )
+                } else {
+                    super::repair::exhausted_text(conn, &plan, names, stored, stored + 1).await?
+                });
             }
-            if let Ok(now) = server_packed_clock(conn, &plan).await {
+            if drawn <= plan.max_packed()
+                && let Ok(now) = server_packed_clock(conn, &plan).await
+            {
                 let ms = |packed: i64| packed / plan.per_tick() * plan.layout().tick_ms() as i64;
                 if drawn + plan.packed_ms(sql::STALE_MS) < now {
                     problems.push(format!(

@@ -79,6 +79,13 @@
 //!    below it, naming `shardflake mysql repair` ([`repair`]), and a loop
 //!    started afterwards leaves such a sequence alone. Reading it costs the
 //!    trigger about 4.5 µs of server CPU per row (`docs/BENCHMARKS.md`).
+//!    Only the loop sees a restore and records the high-water, so the
+//!    trigger and `generate_post_id` make no id while it is not running
+//!    (they test that it holds its user-level lock, `IS_USED_LOCK`, about
+//!    1 µs per row): a dump taken while no loop runs holds a sequence at or
+//!    past every value handed out, and nothing is drawn again after it is
+//!    restored (issue 37, C: with no loop, writers that ran the sequence
+//!    ahead of the clock had their ids made again by a restore).
 //! 5. **No id without the trigger.** `id` is `AUTO_INCREMENT` only for the
 //!    OK packet; its counter is parked at 2^63-1
 //!    ([`sql::AUTO_INCREMENT_PARKED`]), so an insert while a table restore
@@ -124,9 +131,9 @@
 //! is `NULL` or negative, a server clock before the layout's epoch or past
 //! its end, and a sequence more than [`sql::STALE_MS`] behind the clock (the
 //! event is not running). A used-up sequence fails with MariaDB's own
-//! "Sequence 'db.posts_id_seq' has run out". After a restart, ids continue
-//! from the sequence's reservation (dated before the crash) until the
-//! event's first run, within a second of the start.
+//! "Sequence 'db.posts_id_seq' has run out". After a restart, inserts are
+//! refused until the event's first run, within a second of the start ("the
+//! clock event ... is not running").
 //!
 //! Clock steps: backwards by up to [`sql::AHEAD_MS`], ids keep coming from
 //! the sequence (dated ahead of the clock until it catches up); by up to
@@ -141,7 +148,8 @@
 //! `generate_post_id(IN user_id, OUT id)` ([`sql::procedure_sql`]) draws from
 //! the same sequence, so its ids and the trigger's never collide; a draw
 //! that lags the clock catches the sequence up itself (a procedure may run
-//! `EXECUTE IMMEDIATE`), so it needs no event. `generate_post_id_locked`
+//! `EXECUTE IMMEDIATE`); like the trigger, it makes ids only while the
+//! clock event's loop runs. `generate_post_id_locked`
 //! ([`sql::locked_procedure_sql`]) is the row-lock design for servers
 //! without sequences; `generate_post_id_seed` is the seed's, verbatim, kept
 //! to show its duplicates. All routines, the trigger, the event and the
@@ -551,7 +559,9 @@ pub fn explained(e: mysql_async::Error, context: &str) -> Error {
     let run_out = matches!(&e, mysql_async::Error::Server(s) if s.code == sql::ER_SEQUENCE_RUN_OUT);
     Error::Mysql {
         context: if run_out {
-            format!("{context} (the id sequence is used up: the layout's last time is reached)")
+            format!(
+                "{context} (the id sequence is used up: the layout's last time is reached; install a layout that ends later for a new table: shardflake mysql apply --layout LAYOUT --table NEW_TABLE)"
+            )
         } else {
             context.to_string()
         },

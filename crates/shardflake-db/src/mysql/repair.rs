@@ -12,6 +12,38 @@ pub struct Repaired {
     pub to: i64,
 }
 
+/// Why the sequence cannot go to `past`, beyond the layout's last value,
+/// and the way out: a stored id at that value (`stored`, packed) names its
+/// row; otherwise the layout's ids are used up.
+pub(super) async fn exhausted_text(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    stored: i64,
+    past: i64,
+) -> Result<String, Error> {
+    let (seq, table, max) = (names.sequence(), &names.table, plan.max_packed());
+    let (layout, end) = (plan.layout().name(), plan.limit_text());
+    let new_table = "install a layout that ends later for a new table: shardflake mysql apply --layout LAYOUT --table NEW_TABLE";
+    if stored < max {
+        return Ok(format!(
+            "sequence {seq} would have to move to {past}, past the last value {max} of layout {layout}: its ids are used up (they end at {end}, and no id is made more than {} ms ahead of the clock); {new_table}",
+            sql::AHEAD_MS
+        ));
+    }
+    let id: Option<Option<i64>> = conn
+        .query_first(format!(
+            "SELECT MAX(id) FROM `{table}` WHERE id < {}",
+            sql::AUTO_INCREMENT_PARKED
+        ))
+        .await
+        .map_err(my("reading the newest id"))?;
+    let id = id.flatten().unwrap_or_default();
+    Ok(format!(
+        "the newest id stored in {table}, {id}, is at the last value {max} of layout {layout} (its last time, {end}): sequence {seq} has no value left above it. If the sequence did not make it (a row inserted with an explicit id, or kept from another layout), delete or renumber that row (DELETE FROM `{table}` WHERE id = {id}), then run shardflake mysql repair again; otherwise the layout's ids are used up: {new_table}"
+    ))
+}
+
 /// After a restore (of the database from a dump, or of the whole server),
 /// or a sequence recreated or set back: moves the id sequence past every
 /// value it can have handed out and records that as the high-water
@@ -83,13 +115,10 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
         .max(from)
         .max(now + plan.packed_ms(sql::AHEAD_MS + margin_ms) + 1);
     if past > plan.max_packed() {
-        return Err(other(
-            "repair",
-            format!(
-                "sequence {seq} would move to {past}, past the layout's last value {}",
-                plan.max_packed()
-            ),
-        ));
+        return Err(Error::MysqlExhausted {
+            context: "repair".into(),
+            message: exhausted_text(conn, &plan, names, stored, past).await?,
+        });
     }
     conn.query_drop(format!("DO SETVAL(`{seq}`, {past}, 0)"))
         .await

@@ -253,6 +253,20 @@ impl Plan {
         })
     }
 
+    /// The name of the user-level lock the clock event's loop holds while
+    /// it runs (with [`Plan::in_database`]): what [`Names::clock_lock_sql`]
+    /// computes in that database, as text the trigger compares without
+    /// computing it per row.
+    pub fn clock_lock(&self, names: &Names) -> Option<String> {
+        use md5::{Digest, Md5};
+        self.database.as_ref().map(|db| {
+            format!(
+                "shardflake {:x}",
+                Md5::digest(format!("{db}.{}", names.sequence()))
+            )
+        })
+    }
+
     /// The layout.
     pub fn layout(&self) -> &Layout {
         &self.layout
@@ -543,6 +557,35 @@ fn on_another_server(plan: &Plan, who: &str, keyword: &str, set: &str) -> String
     )
 }
 
+/// SQL that is true while the clock event's loop runs (empty without
+/// [`Plan::in_database`]): about 1 µs of server CPU per row. The loop is
+/// what sees a dump restored into the running server (it remembers the
+/// highest reservation), and only it records the high-water; with no loop,
+/// ids drawn after a dump was taken could be drawn again once the dump is
+/// restored. So no id is made while it is not running: a dump taken then
+/// holds a sequence past every id handed out.
+fn clock_loop_runs(plan: &Plan, names: &Names) -> String {
+    match plan.clock_lock(names) {
+        Some(lock) => format!(" AND IS_USED_LOCK({}) IS NOT NULL", lit(&lock)),
+        None => String::new(),
+    }
+}
+
+/// An `IF`/`ELSEIF` arm (`keyword`) naming a clock event whose loop is not
+/// running, and the way out (empty without [`Plan::in_database`]).
+fn clock_loop_stopped(plan: &Plan, names: &Names, who: &str, keyword: &str, set: &str) -> String {
+    let Some(lock) = plan.clock_lock(names) else {
+        return String::new();
+    };
+    format!(
+        "\n  {keyword} IS_USED_LOCK({lock}) IS NULL THEN\n    \
+         {set}CONCAT('{who}: the clock event {event} is not running (event_scheduler = ', @@GLOBAL.event_scheduler, \
+         '): ids are made only while its loop runs, as it is what sees a restore of the database; if OFF, run SET GLOBAL event_scheduler = ON (and put event_scheduler=ON in the configuration); if ON, it starts within a second, or shardflake mysql check says why not');",
+        lock = lit(&lock),
+        event = names.event(),
+    )
+}
+
 /// SQL that is true when this session's last draw from the id sequence is
 /// at or above the recorded high-water (empty without one).
 fn above_high_water(plan: &Plan, names: &Names) -> String {
@@ -575,9 +618,10 @@ pub fn id_expression_sql(plan: &Plan, names: &Names, key: &str) -> String {
     let seq = format!("`{}`", names.sequence());
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     format!(
-        "CASE WHEN ABS((NEXT VALUE FOR {seq}) - {clock}) <= {stale} AND {us} >= 0 AND {key} >= 0{above}{server}{range} \
+        "CASE WHEN ABS((NEXT VALUE FOR {seq}) - {clock}) <= {stale} AND {us} >= 0 AND {key} >= 0{above}{server}{range}{running} \
          THEN {id} ELSE `{refused}`({key}) END",
         above = above_high_water(plan, names),
+        running = clock_loop_runs(plan, names),
         server = on_this_server(plan),
         range = in_range(plan, key),
         stale = plan.packed_ms(STALE_MS),
@@ -638,7 +682,7 @@ BEGIN
   ELSEIF us < 0 THEN
     SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is before the epoch {epoch} UTC of layout {layout}');
   ELSEIF {clock} > {max} THEN
-    SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is past the last time of layout {layout} (ids end at {end})');{below}
+    SET msg = CONCAT('shardflake: {table}.id: the server clock (', UTC_TIMESTAMP(3), ' UTC) is past the last time of layout {layout} (ids end at {end})');{below}{stopped}
   ELSEIF w + {stale} < {clock} THEN
     SET msg = CONCAT('shardflake: {table}.id: sequence {seq} is ', (({clock} - COALESCE(w, 0)) DIV {per_tick}) * {tick},
       ' ms behind the server clock (', UTC_TIMESTAMP(3), ' UTC): the event {event} is not running (event_scheduler = ', @@GLOBAL.event_scheduler, ')');
@@ -680,6 +724,7 @@ END",
         event = names.event(),
         id = plan.id_sql("w", "k"),
         below = below_high_water(plan, names, &format!("shardflake: {}.id", names.table), "ELSEIF", "SET msg = "),
+        stopped = clock_loop_stopped(plan, names, &format!("shardflake: {}.id", names.table), "ELSEIF", "SET msg = "),
         // A server other than the one installed on is named first: no
         // other arm may hand out an id there.
         first = match format!(
@@ -897,8 +942,9 @@ fn past_end(plan: &Plan, proc_name: &str) -> String {
 /// (the trigger's expression, `NULL` instead of an error); a draw that lags
 /// the clock by more than [`LAG_MS`], a bad key or a clock before the epoch
 /// take the other branch, which names the error or catches the sequence up
-/// itself (a procedure may run `EXECUTE IMMEDIATE`) and draws again: the
-/// procedure does not need the clock event. A draw more than [`AHEAD_MS`]
+/// itself (a procedure may run `EXECUTE IMMEDIATE`) and draws again. Like
+/// the trigger, it makes ids only while the clock event's loop runs (it is
+/// what sees a restore). A draw more than [`AHEAD_MS`]
 /// ahead of the clock waits as the trigger's does ([`refused_function_sql`]).
 /// No row lock, no write but the sequence's. (No SQL comments in routine
 /// bodies: the `mariadb` client strips them from a restored dump, and the
@@ -914,13 +960,13 @@ COMMENT {comment}
 BEGIN
   DECLARE EXIT HANDLER FOR {run_out}
     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: sequence {seq_name} has run out: the ids of layout {layout} end at {end}';
-  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND (PREVIOUS VALUE FOR {seq}) <= {clock_now} + {ahead} AND {us} >= 0 AND {key} >= 0{above}{server}{range} THEN {fast_id} END;
+  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND (PREVIOUS VALUE FOR {seq}) <= {clock_now} + {ahead} AND {us} >= 0 AND {key} >= 0{above}{server}{range}{running} THEN {fast_id} END;
   IF id IS NULL THEN
     BEGIN
       DECLARE us BIGINT;
       DECLARE t BIGINT;
       DECLARE w BIGINT;
-      DECLARE msg VARCHAR(512);{below}{other_server}
+      DECLARE msg VARCHAR(512);{below}{other_server}{stopped}
 {checks}      SET t = {clock};
       IF t > {max} THEN
         {past_end}
@@ -958,6 +1004,18 @@ END",
         },
         server = on_this_server(plan),
         range = in_range(plan, key),
+        running = clock_loop_runs(plan, names),
+        stopped = {
+            let arm = clock_loop_stopped(plan, names, name, "IF", "SET msg = ");
+            if arm.is_empty() {
+                arm
+            } else {
+                format!(
+                    "{}\n        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;\n      END IF;",
+                    arm.replace("\n  ", "\n      ")
+                )
+            }
+        },
         other_server = {
             let arm = match format!(
                 "{}{}",
@@ -1191,6 +1249,23 @@ mod tests {
         assert!(!locked.contains("UNIX_TIMESTAMP"), "{locked}");
         assert!(!proc_.contains("UNIX_TIMESTAMP"));
         assert!(seed_procedure_sql("s", "r").contains("SELECT next_val % 1024 FROM sequences"));
+    }
+
+    #[test]
+    fn ids_only_while_the_clock_loop_runs() {
+        let n = Names::default();
+        // What MariaDB computes: SELECT CONCAT('shardflake ', MD5('b1.posts_id_seq'))
+        let lock = "'shardflake 8e6a6e720790f0f485277bbe84175b64'";
+        let p = plan().in_database("b1");
+        assert_eq!(p.clock_lock(&n).map(|l| lit(&l)).as_deref(), Some(lock));
+        let running = format!("IS_USED_LOCK({lock}) IS NOT NULL");
+        assert!(trigger_sql(&p, &n).contains(&running));
+        assert!(procedure_sql(&p, &n).contains(&running));
+        let stopped = format!("IS_USED_LOCK({lock}) IS NULL THEN");
+        assert!(refused_function_sql(&p, &n).contains(&stopped));
+        assert!(procedure_sql(&p, &n).contains(&stopped));
+        // `mysql sql`'s printout, without a database: no such test
+        assert!(!trigger_sql(&plan(), &n).contains("IS_USED_LOCK"));
     }
 
     #[test]

@@ -205,28 +205,124 @@ async fn a_dump_restored_while_no_clock_loop_runs_is_refused_until_repair() {
     assert!(problems.is_empty(), "{problems:?}");
 }
 
-/// Issue #28, MariaDB: a burst made while no clock loop ran, so no
-/// high-water recorded it, ran ahead of the clock; then a dump from before
-/// it is restored and repaired. `repair` must put the sequence past the
-/// burst though nothing recorded it. Before the trigger bounded how far a
-/// draw may run ahead (`sql::AHEAD_MS`), the burst ran 2 s ahead, `repair`
-/// went 500 ms past the clock, and the first id after it was one of the
-/// burst's.
+/// Issue #28, MariaDB: a burst ran ahead of the clock, and the clock loop
+/// was stopped at once, before its high-water recorded all of it; then a
+/// dump from before the burst is restored and repaired. `repair` must put
+/// the sequence past the burst though nothing recorded it. Before the
+/// trigger bounded how far a draw may run ahead (`sql::AHEAD_MS`), the
+/// burst ran 2 s ahead, `repair` went 500 ms past the clock, and the first
+/// id after it was one of the burst's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_made_while_no_loop_ran_is_past_the_repair() {
+async fn a_burst_the_high_water_had_not_recorded_is_past_the_repair() {
     let (server, pool, mut c, mut ids, file) = applied_and_dumped().await;
     let (layout, names) = (narrow(), Names::default());
-    stop_clock_loop(&mut c).await;
     ids.extend(burst_ahead(&mut c, &layout).await);
+    stop_clock_loop(&mut c).await;
     restore(&server, &file);
     let mut c2 = pool.get_conn().await.unwrap();
     mysql::repair(&mut c2, &layout, &Options::default())
         .await
         .unwrap();
+    c.query_drop("SET GLOBAL event_scheduler = ON")
+        .await
+        .unwrap();
+    wait_clock(&mut c, true).await;
     for _ in 0..200 {
         ids.push(mysql::insert(&mut c, &names, 7, "repaired").await.unwrap());
     }
     assert_unique(&ids);
+}
+
+/// Ids and refusals of one writer: `INSERT ... SELECT` of 200 rows of a
+/// [`narrow`] layout (50 ms of its ids, drawn faster: the sequence runs
+/// ahead of the clock and needs no clock loop to keep up) until `stop`.
+async fn writer(
+    pool: Pool,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<i64>, Vec<String>) {
+    let (mut ids, mut refusals) = (Vec::new(), Vec::new());
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let Ok(mut c) = pool.get_conn().await else {
+            continue;
+        };
+        match c
+            .query::<i64, _>(
+                "INSERT INTO posts (user_id, body) SELECT 7, 'writer' FROM seq_1_to_200 RETURNING id",
+            )
+            .await
+        {
+            Ok(got) => ids.extend(got),
+            Err(e) => refusals.push(e.to_string()),
+        }
+    }
+    (ids, refusals)
+}
+
+/// Issue 37, C: the clock event's loop stopped, a dump of the database
+/// taken, and restored while writers insert. Only the loop saw a restore
+/// and recorded the high-water, so writers that ran the sequence ahead of
+/// the clock (a [`narrow`] layout: no loop needed to keep up) had the ids
+/// they drew after the dump made again once it was restored (a shell run
+/// before the fix: 2,798 of 18,400). Now the trigger makes no id while no
+/// loop runs, so the dump's sequence is past every id handed out, and the
+/// refusals name the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_taken_while_no_clock_loop_runs_and_restored_under_writers_repeats_no_id() {
+    let server = std::sync::Arc::new(MariaDbServer::start_with("", None).unwrap());
+    let pool: Pool = mysql::pool(&server.url()).unwrap();
+    let (layout, names, opts) = (narrow(), Names::default(), Options::default());
+    let mut c = pool.get_conn().await.unwrap();
+    mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        ids.push(mysql::insert(&mut c, &names, 7, "before").await.unwrap());
+    }
+    wait_clock(&mut c, true).await;
+    stop_clock_loop(&mut c).await;
+    let file = dump(&server, &["--triggers", "--routines", "--events"], &["app"]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(writer(pool.clone(), stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let restoring = std::thread::spawn({
+        let server = server.clone();
+        move || restore(&server, &file)
+    });
+    // The writers go on through the restore and after it.
+    while !restoring.is_finished() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    restoring.join().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut refusals = Vec::new();
+    for w in writers {
+        let (got, refused) = w.await.unwrap();
+        ids.extend(got);
+        refusals.extend(refused);
+    }
+    assert_unique(&ids);
+    assert!(
+        refusals
+            .iter()
+            .any(|e| e.contains("is not running") && e.contains("SET GLOBAL event_scheduler = ON")),
+        "{:?}",
+        refusals.first()
+    );
+    // The scheduler back on: ids again, none repeated, nothing to repair.
+    c.query_drop("SET GLOBAL event_scheduler = ON")
+        .await
+        .unwrap();
+    wait_clock(&mut c, true).await;
+    for _ in 0..200 {
+        ids.push(mysql::insert(&mut c, &names, 7, "after").await.unwrap());
+    }
+    assert_unique(&ids);
+    assert_eq!(
+        mysql::check(&mut c, &layout, &opts).await.unwrap(),
+        Vec::<String>::new()
+    );
 }
 
 /// Issue #28, MariaDB: a table restored without its trigger (a dump of the
@@ -364,6 +460,63 @@ async fn a_dump_restored_twice_hands_out_no_id_twice_and_repair_gets_out() {
         !problems.iter().any(|p| p.contains("ids would repeat")),
         "{problems:?}"
     );
+    mysql::repair(&mut c, &layout, &opts).await.unwrap();
+    for _ in 0..20 {
+        ids.push(mysql::insert(&mut c, &names, 7, "after").await.unwrap());
+    }
+    assert_unique(&ids);
+    assert_eq!(
+        mysql::check(&mut c, &layout, &opts).await.unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+/// Issue 37, A: an id stored at the layout's last value (a row inserted
+/// with an explicit id; before the guard column, the parked
+/// `AUTO_INCREMENT` value 2^63-1, the default layout's last id) leaves the
+/// sequence no value above it. `mysql check` said "ids would repeat" and
+/// `mysql repair` failed ("would move to N, past the layout's last value
+/// M"), naming neither the row nor a way out, so after a restore every
+/// insert was refused until someone deleted the row by hand. Now both name
+/// the row and the way out, repair's error is typed, and the way out,
+/// taken from that state, gets out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_at_the_layouts_last_value_is_named_with_the_way_out() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool: Pool = mysql::pool(&server.url()).unwrap();
+    let (layout, names, opts) = (narrow(), Names::default(), Options::default());
+    let mut c = pool.get_conn().await.unwrap();
+    mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.push(mysql::insert(&mut c, &names, 7, "ours").await.unwrap());
+    }
+    let plan = mysql::Plan::new(&layout).unwrap();
+    let last = plan.id_of(plan.max_packed(), 7);
+    c.query_drop(format!(
+        "INSERT INTO posts (id, user_id, body) VALUES ({last}, 7, 'explicit')"
+    ))
+    .await
+    .unwrap();
+    let way_out = format!("DELETE FROM `posts` WHERE id = {last}");
+    let problems = mysql::check(&mut c, &layout, &opts).await.unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains(&way_out) && p.contains("shardflake mysql repair")),
+        "{problems:?}"
+    );
+    match mysql::repair(&mut c, &layout, &opts).await {
+        Err(shardflake_db::Error::MysqlExhausted { message, .. }) => assert!(
+            message.contains(&way_out)
+                && message.contains("shardflake mysql repair")
+                && message.contains("shardflake mysql apply --layout"),
+            "{message}"
+        ),
+        other => panic!("repair: {other:?}"),
+    }
+    // The way out, from the state that printed it.
+    c.query_drop(&way_out).await.unwrap();
     mysql::repair(&mut c, &layout, &opts).await.unwrap();
     for _ in 0..20 {
         ids.push(mysql::insert(&mut c, &names, 7, "after").await.unwrap());
