@@ -468,6 +468,11 @@ impl Issuer {
             resumed_after_ms: active.as_ref().map(|a| a.resumed_after_ms),
             high_water_ms: active.as_ref().map(|a| a.durable_hw()),
             kinds: &KINDS,
+            lifetime_left_s: u64::try_from(c.layout.lifetime_left_ms(self.clock.now_ms()) / 1000)
+                .unwrap_or(u64::MAX),
+            lifetime_ends: shardflake::timestamp::rfc3339_ms(
+                u64::try_from(c.layout.lifetime_end_ms()).unwrap_or(u64::MAX),
+            ),
         }
     }
 
@@ -601,6 +606,11 @@ pub struct Info {
     pub high_water_ms: Option<u64>,
     /// The kinds of id made.
     pub kinds: &'static [&'static str],
+    /// Seconds until the layout's ids stop fitting a signed `bigint`: its
+    /// end of life, or the first negative id if earlier (0 once past).
+    pub lifetime_left_s: u64,
+    /// When that is, RFC 3339.
+    pub lifetime_ends: String,
 }
 
 impl Active {

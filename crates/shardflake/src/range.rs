@@ -137,17 +137,21 @@ impl Layout {
         Ok(IdRange { first, last })
     }
 
-    /// Milliseconds from `now_ms` until the layout's ids stop fitting a
-    /// signed `bigint` column: the earlier of the end of life and
-    /// [`Layout::negative_from_ms`]; zero once past it. A layout with a
-    /// field above time that holds the sign bit has ids negative from its
-    /// epoch: zero.
-    pub fn lifetime_left_ms(&self, now_ms: u64) -> u128 {
-        let end = match self.negative_from_ms() {
+    /// The first Unix millisecond whose ids no longer fit a signed `bigint`
+    /// column: the earlier of the end of life and
+    /// [`Layout::negative_from_ms`] (the epoch, for a layout with a field
+    /// above time that holds the sign bit).
+    pub fn lifetime_end_ms(&self) -> u128 {
+        match self.negative_from_ms() {
             Some(negative) => u128::from(negative).min(self.end_of_life_ms()),
             None => self.end_of_life_ms(),
-        };
-        end.saturating_sub(u128::from(now_ms))
+        }
+    }
+
+    /// Milliseconds from `now_ms` to [`Layout::lifetime_end_ms`]; zero once
+    /// past it.
+    pub fn lifetime_left_ms(&self, now_ms: u64) -> u128 {
+        self.lifetime_end_ms().saturating_sub(u128::from(now_ms))
     }
 }
 

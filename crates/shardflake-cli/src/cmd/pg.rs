@@ -122,6 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         PgCommand::Check => {
             let topo = t.load()?;
+            super::warn_of_lifetime(topo.layout())?;
             let drift = runtime()?.block_on(pg::check(&topo))?;
             if drift.is_empty() {
                 println!("ok: {topo}, deployed as in {}", t.topology.display());
