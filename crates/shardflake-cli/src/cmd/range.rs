@@ -36,7 +36,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let layout = args.layout.resolve()?;
-    let now = SystemClock.now_ms();
+    let now = SystemClock.now_ms_precise();
     let time = |flag: &str, text: &str| {
         parse_time(text, now).with_context(|| {
             format!("{flag} {text:?} is not a time: use RFC 3339, Unix ms, now, or -7d / +1h")

@@ -496,3 +496,39 @@ fn range_brackets_the_ids_of_a_span_and_refuses_times_outside_the_layout() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+#[test]
+fn plan_check_fails_a_deployment_whose_layout_ends_within_the_threshold() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // 35 bits of 1 ms ticks (about 398 days) that end 6 months from now.
+    let epoch = now + 182 * 86_400_000 - (1u64 << 35);
+    let dir = std::env::temp_dir().join(format!("shardflake-plan-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shardflake.toml");
+    std::fs::write(
+        &file,
+        format!("node_id = 3\nlayout = \"time 35 | node 10 | sequence 12 (epoch {epoch} ms)\"\n"),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let out = shardflake(&["plan", "--check", file]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("days left (under 365 days)"), "{stderr}");
+    assert!(
+        stderr.contains("shardflake plan --from OLD --to NEW"),
+        "{stderr}"
+    );
+    let text = stdout(&["plan", "--check", file, "--lifetime-warning", "90d"]);
+    assert!(text.contains("ok: more than 90 days left"), "{text}");
+    // A preset's deployment has decades left.
+    let pg = dir.join("pg.toml");
+    std::fs::write(&pg, "layout = \"instagram\"\n").unwrap();
+    assert!(
+        stdout(&["plan", "--check", pg.to_str().unwrap()]).contains("ok: more than 365 days left")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

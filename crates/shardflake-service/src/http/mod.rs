@@ -295,27 +295,10 @@ async fn decode(
 /// Ids of a ticket sequence (`--tickets`): plain integers from the ticket
 /// servers, strings unless `numbers=true`; `count` defaults to 1.
 /// The ids of a span of time: `from` (required) and `to` (default `now`),
-/// as RFC 3339, Unix ms, `now` or `-7d`-style offsets from now.
+/// read by [`Issuer::range`].
 async fn range(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Response, IssueError> {
-    use shardflake::Clock;
     let q = Query::parse(raw.as_deref(), &["from", "to"])?;
-    let now = issuer.clock().now_ms();
-    let time = |name: &str, text: Option<&str>| {
-        let text = text.ok_or_else(|| {
-            IssueError::InvalidParameter(format!("parameter `{name}` is required"))
-        })?;
-        shardflake::timestamp::parse_time(text, now).ok_or_else(|| {
-            IssueError::InvalidParameter(format!(
-                "{name} {text:?} is not a time: use RFC 3339, Unix ms, now, or -7d / +1h"
-            ))
-        })
-    };
-    let from = time("from", q.from.as_deref())?;
-    let to = time("to", Some(q.to.as_deref().unwrap_or("now")))?;
-    let range = issuer
-        .layout()
-        .id_range(from..to)
-        .map_err(IssueError::TimeRange)?;
+    let (from, to, range) = issuer.range(q.from.as_deref(), q.to.as_deref())?;
     let signed: Vec<_> = range
         .signed_ranges()
         .iter()
