@@ -207,3 +207,85 @@ async fn mariadb_time_functions_agree_with_the_library() {
         }
     }
 }
+
+/// `pg partitions`: daily partitions of the ids, created idempotently;
+/// rows route by their id alone (a default id to today's, an id of two
+/// days ago to that day's); dropping an old partition drops its rows only;
+/// an id of no partition's period is refused by PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_partitions_route_rows_by_id_and_an_old_one_drops() {
+    use shardflake_db::pg::partitions::{Period, apply_partitions, partitions};
+    let server = PgServer::start().unwrap();
+    let text = format!(
+        "layout = \"instagram\"\nshards = 1\n[[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0\"\n[[tables]]\nname = \"events\"\nsql = \"CREATE TABLE {{schema}}.events (id bigint NOT NULL DEFAULT {{next_id}}, body text, PRIMARY KEY (id)) PARTITION BY RANGE (id)\"\n",
+        server.url()
+    );
+    let topo = Topology::parse(&text).unwrap();
+    pg::apply(&topo).await.unwrap();
+    let layout = preset::by_name("instagram").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let day = 86_400_000;
+    let parts = partitions(&layout, Period::Day, now - 2 * day, 4).unwrap();
+    assert_eq!(
+        apply_partitions(&topo, "events", &parts).await.unwrap(),
+        vec![("a".to_string(), 4)]
+    );
+    assert_eq!(
+        apply_partitions(&topo, "events", &parts).await.unwrap(),
+        vec![("a".to_string(), 0)]
+    );
+
+    let client = pg::connect_url("test", &server.url()).await.unwrap();
+    let partition_of =
+        async |sql: &str| -> String { client.query_one(sql, &[]).await.unwrap().get(0) };
+    let today = &parts[2].suffix;
+    let old = &parts[0].suffix;
+    assert_eq!(
+        partition_of(
+            "INSERT INTO shard0.events (body) VALUES ('now') RETURNING tableoid::regclass::text"
+        )
+        .await,
+        format!("shard0.events_{today}")
+    );
+    let two_days_ago = layout.min_id_at(now - 2 * day).unwrap().as_i64();
+    assert_eq!(
+        partition_of(&format!(
+            "INSERT INTO shard0.events (id, body) VALUES ({two_days_ago}, 'old') RETURNING tableoid::regclass::text"
+        ))
+        .await,
+        format!("shard0.events_{old}")
+    );
+    client
+        .batch_execute(&format!("DROP TABLE shard0.events_{old}"))
+        .await
+        .unwrap();
+    let bodies: Vec<String> = client
+        .query("SELECT body FROM shard0.events", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(bodies, vec!["now".to_string()]);
+    let in_ten_days = layout.min_id_at(now + 10 * day).unwrap().as_i64();
+    let err = client
+        .execute(
+            &format!("INSERT INTO shard0.events (id) VALUES ({in_ten_days})"),
+            &[],
+        )
+        .await
+        .unwrap_err();
+    let message = err.as_db_error().unwrap().message().to_string();
+    assert!(message.contains("no partition"), "{message}");
+    // A table that is not partitioned is refused with what to do.
+    let text = text
+        .replace(" PARTITION BY RANGE (id)", "")
+        .replace("events", "plain");
+    let topo = Topology::parse(&text).unwrap();
+    pg::apply(&topo).await.unwrap();
+    let err = apply_partitions(&topo, "plain", &parts).await.unwrap_err();
+    assert!(err.to_string().contains("PARTITION BY RANGE (id)"), "{err}");
+}
