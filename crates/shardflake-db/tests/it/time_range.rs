@@ -163,6 +163,14 @@ async fn mariadb_time_functions_agree_with_the_library() {
         .await
         .unwrap();
     assert!(again.installed.is_empty(), "apply is idempotent: {again:?}");
+    let problems = mysql::check(&mut conn, &layout, &Options::default())
+        .await
+        .unwrap();
+    let names = ["tick_at", "min_id_at", "max_id_at", "id_range", "id_time"];
+    assert!(
+        !problems.iter().any(|p| names.iter().any(|n| p.contains(n))),
+        "{problems:?}"
+    );
 
     let seed = Random::seeded().0;
     let (inputs, want) = cases(&layout, seed);
@@ -206,6 +214,17 @@ async fn mariadb_time_functions_agree_with_the_library() {
             other => panic!("{sql}: {other:?}"),
         }
     }
+    // check reports a time function that is missing.
+    conn.query_drop("DROP FUNCTION id_time").await.unwrap();
+    let problems = mysql::check(&mut conn, &layout, &Options::default())
+        .await
+        .unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("function id_time is missing")),
+        "{problems:?}"
+    );
 }
 
 /// `pg partitions`: daily partitions of the ids, created idempotently;
