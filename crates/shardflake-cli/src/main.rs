@@ -49,6 +49,8 @@ enum Command {
     Decode(cmd::decode::Args),
     /// Show a layout's capacity, or suggest a layout for a deployment.
     Plan(cmd::plan::Args),
+    /// The smallest and largest id of a span of time (WHERE id BETWEEN ...).
+    Range(cmd::range::Args),
     /// Measure generator throughput against the layout's cap.
     Bench(cmd::bench::Args),
     /// Run the id service: HTTP and gRPC, node id static or leased from etcd.
@@ -92,6 +94,7 @@ fn main() -> ExitCode {
         Command::Gen(args) => cmd::generate::run(args),
         Command::Decode(args) => cmd::decode::run(args),
         Command::Plan(args) => cmd::plan::run(args),
+        Command::Range(args) => cmd::range::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Serve(args) => cmd::serve::run(args, &Cli::command()),
         Command::Fleet(args) => cmd::fleet::run(args),

@@ -19,7 +19,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use shardflake::GenerateError;
+use shardflake::{GenerateError, TimeRangeError};
 use shardflake_tickets::TicketError;
 
 /// Why the issuer could not answer.
@@ -76,6 +76,10 @@ pub enum IssueError {
     /// A parameter with a value the operation does not take.
     #[error("{0}")]
     InvalidParameter(String),
+    /// A span of time with no ids in the layout (`/v1/range`): outside its
+    /// life, empty, or a layout with a field above time.
+    #[error(transparent)]
+    TimeRange(TimeRangeError),
     /// The node id held does not fit the layout (a configuration error).
     #[error("the node id does not fit the layout: {0}")]
     BadNodeId(String),
@@ -155,6 +159,11 @@ codes! {
     NoShardField = "no_shard_field",
     /// An unknown, repeated or bad query parameter.
     InvalidParameter = "invalid_parameter",
+    /// A time before the layout's epoch or at or after its end of life.
+    TimeOutOfRange = "time_out_of_range",
+    /// A span of time that is empty (from not before to), or a layout
+    /// whose ids of a span are not one range.
+    InvalidSpan = "invalid_span",
     /// No node id held, or fenced.
     NoLease = "no_lease",
     /// The node waits for the clock to pass a recorded high-water.
@@ -245,6 +254,14 @@ impl IssueError {
             IssueError::NoShardField(_) => Code::NoShardField,
             IssueError::MalformedId(_) => Code::MalformedId,
             IssueError::InvalidParameter(_) => Code::InvalidParameter,
+            IssueError::TimeRange(e) => match e {
+                TimeRangeError::BeforeEpoch { .. } | TimeRangeError::AfterEndOfLife { .. } => {
+                    Code::TimeOutOfRange
+                }
+                TimeRangeError::NotBefore { .. } | TimeRangeError::FieldAboveTime { .. } => {
+                    Code::InvalidSpan
+                }
+            },
             IssueError::BadNodeId(_) => Code::BadNodeId,
             IssueError::NoTickets => Code::UnknownSequence,
             IssueError::Tickets(e) => match e {
@@ -282,6 +299,7 @@ impl IssueError {
             | IssueError::NoShardField(_)
             | IssueError::MalformedId(_)
             | IssueError::InvalidParameter(_)
+            | IssueError::TimeRange(_)
             | IssueError::InvalidBody(_)
             | IssueError::BodyTooLarge { .. }
             | IssueError::BodyTimeout(_)

@@ -182,6 +182,31 @@ impl IdService for Service {
             max_batch: info.max_batch,
             shard_field: info.shard_field.unwrap_or_default(),
             shards: info.shards.unwrap_or(0),
+            lifetime_left_s: info.lifetime_left_s,
+        }))
+    }
+
+    async fn range(
+        &self,
+        req: Request<pb::RangeRequest>,
+    ) -> Result<Response<pb::RangeReply>, Status> {
+        let req = req.into_inner();
+        let to = (!req.to.is_empty()).then_some(req.to.as_str());
+        let (from_ms, to_ms, range) = self.issuer.range(Some(&req.from), to)?;
+        Ok(Response::new(pb::RangeReply {
+            layout: self.issuer.layout().name().to_string(),
+            from_unix_ms: from_ms,
+            to_unix_ms: to_ms,
+            first: range.first.get(),
+            last: range.last.get(),
+            signed: range
+                .signed_ranges()
+                .into_iter()
+                .map(|r| pb::SignedRange {
+                    first: *r.start(),
+                    last: *r.end(),
+                })
+                .collect(),
         }))
     }
 }
@@ -260,5 +285,46 @@ mod tests {
         assert_eq!(node, Some(3));
         let (status, _, id) = next_id(&routes_for(None), None).await;
         assert_eq!((status.as_str(), id != 0), ("0", true));
+    }
+
+    #[tokio::test]
+    async fn range_answers_the_ids_of_a_span_and_its_errors_carry_their_codes() {
+        let issuer = Arc::new(Issuer::new(Config::from_toml("").unwrap()));
+        let svc = Service { issuer };
+        let req = |from: &str, to: &str| {
+            Request::new(pb::RangeRequest {
+                from: from.into(),
+                to: to.into(),
+            })
+        };
+        let reply = svc
+            .range(req("2024-06-01T00:00:00Z", "2024-07-01T00:00:00Z"))
+            .await
+            .unwrap()
+            .into_inner();
+        let layout = shardflake::preset::by_name("snowflake").unwrap();
+        let want = layout
+            .id_range(reply.from_unix_ms..reply.to_unix_ms)
+            .unwrap();
+        assert_eq!(
+            (reply.first, reply.last),
+            (want.first.get(), want.last.get())
+        );
+        assert_eq!(reply.from_unix_ms, 1_717_200_000_000);
+        assert_eq!(reply.signed.len(), 1, "{reply:?}");
+        assert_eq!(reply.signed[0].first, want.first.as_i64());
+        for (from, to, code) in [
+            ("2000-01-01T00:00:00Z", "", "time_out_of_range"),
+            ("now", "-1d", "invalid_span"),
+            ("soon", "", "invalid_parameter"),
+        ] {
+            let status = svc.range(req(from, to)).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{from}");
+            assert_eq!(
+                status.metadata().get("x-error-code").unwrap(),
+                code,
+                "{from}"
+            );
+        }
     }
 }

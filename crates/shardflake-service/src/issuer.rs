@@ -442,6 +442,36 @@ impl Issuer {
         Ok((id, parts))
     }
 
+    /// The ids of the span `from..to` (`to` defaults to now), each time as
+    /// RFC 3339, Unix ms, `now` or an offset from now (`-7d`): the span's
+    /// Unix ms and its [`IdRange`](shardflake::IdRange). HTTP's `/v1/range`
+    /// and gRPC's `Range`.
+    pub fn range(
+        &self,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<(u64, u64, shardflake::IdRange), IssueError> {
+        // Precise: the coarse clock may lag the ids just stamped by a few ms.
+        let now = self.clock.now_ms_precise();
+        let time = |name: &str, text: Option<&str>| {
+            let text = text.ok_or_else(|| {
+                IssueError::InvalidParameter(format!("parameter `{name}` is required"))
+            })?;
+            shardflake::timestamp::parse_time(text, now).ok_or_else(|| {
+                IssueError::InvalidParameter(format!(
+                    "{name} {text:?} is not a time: use RFC 3339, Unix ms, now, or -7d / +1h"
+                ))
+            })
+        };
+        let from = time("from", from)?;
+        let to = time("to", Some(to.unwrap_or("now")))?;
+        let range = self
+            .layout()
+            .id_range(from..to)
+            .map_err(IssueError::TimeRange)?;
+        Ok((from, to, range))
+    }
+
     /// The layout and the node identity held now.
     pub fn info(&self) -> Info {
         let c = &self.config;
@@ -468,6 +498,11 @@ impl Issuer {
             resumed_after_ms: active.as_ref().map(|a| a.resumed_after_ms),
             high_water_ms: active.as_ref().map(|a| a.durable_hw()),
             kinds: &KINDS,
+            lifetime_left_s: u64::try_from(c.layout.lifetime_left_ms(self.clock.now_ms()) / 1000)
+                .unwrap_or(u64::MAX),
+            lifetime_ends: shardflake::timestamp::rfc3339_ms(
+                u64::try_from(c.layout.lifetime_end_ms()).unwrap_or(u64::MAX),
+            ),
         }
     }
 
@@ -601,6 +636,11 @@ pub struct Info {
     pub high_water_ms: Option<u64>,
     /// The kinds of id made.
     pub kinds: &'static [&'static str],
+    /// Seconds until the layout's ids stop fitting a signed `bigint`: its
+    /// end of life, or the first negative id if earlier (0 once past).
+    pub lifetime_left_s: u64,
+    /// When that is, RFC 3339.
+    pub lifetime_ends: String,
 }
 
 impl Active {

@@ -59,6 +59,11 @@ pub use shardflake_etcd as etcd;
 pub use auth::{ApiToken, TokenFileError};
 pub use config::{Config, ConfigError, RawConfig};
 pub use error::{ApiError, ErrorKind, IssueError};
-pub use server::{Listeners, ServeError, run_blocking, serve};
+pub use server::{Listeners, ServeError, run_blocking, serve, warn_of_lifetime};
+
+/// A layout with less than this left before its end (or its first negative
+/// id) is warned of at start and by the `check` commands, unless told
+/// otherwise (`lifetime_warning`, `--lifetime-warning`).
+pub const LIFETIME_WARNING: std::time::Duration = std::time::Duration::from_secs(365 * 86_400);
 pub use state_file::StateFile;
 pub use tls::TlsError;

@@ -1,6 +1,6 @@
 //! Prometheus metrics in the text format: the counters (`counters.rs`),
 //! ids issued, batches, sequence exhaustions, clock rollbacks, borrowed
-//! lead, lease state and renewals; with `--tickets`, each ticket server's
+//! lead, lease state and renewals, the layout's time left; with `--tickets`, each ticket server's
 //! state, calls, failovers, latency and skipped ids (labelled `server`,
 //! `kind`).
 
@@ -87,6 +87,15 @@ pub fn render(issuer: &Issuer) -> String {
         "gauge",
         "0 acquiring, 1 held, 2 static, 3 lost, 4 stopped.",
         f64::from(state as u8),
+    );
+    metric(
+        "layout_lifetime_seconds",
+        "gauge",
+        "Seconds until the layout's ids stop fitting a signed bigint: its end of life, or its first negative id if earlier.",
+        (issuer
+            .layout()
+            .lifetime_left_ms(shardflake::Clock::now_ms(issuer.clock()))
+            / 1000) as f64,
     );
     metric(
         "node_id",

@@ -149,6 +149,28 @@ impl Listeners {
     }
 }
 
+/// Logs a warning when `layout` has less than `threshold` left before its
+/// ids stop fitting a signed `bigint` (its end, or its first negative id);
+/// returns whether it did.
+pub fn warn_of_lifetime(layout: &shardflake::Layout, threshold: Duration, now_ms: u64) -> bool {
+    let left_ms = layout.lifetime_left_ms(now_ms);
+    if left_ms >= threshold.as_millis() {
+        return false;
+    }
+    let ends = shardflake::timestamp::rfc3339_ms(
+        u64::try_from(layout.lifetime_end_ms()).unwrap_or(u64::MAX),
+    );
+    tracing::warn!(
+        layout = layout.name(),
+        days_left = (left_ms / 86_400_000) as u64,
+        ends = %ends,
+        "layout {} runs out (or turns negative as a signed bigint) at {ends}, in {} days: plan a layout change now (shardflake plan --from OLD --to NEW)",
+        layout.name(),
+        left_ms / 86_400_000,
+    );
+    true
+}
+
 /// Serves with `config` on `listeners` until `shutdown` resolves (or the
 /// lease keeper must stop the node), then drains in-flight requests,
 /// records the final high-water and releases the node identity.
@@ -157,6 +179,11 @@ pub async fn serve(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    warn_of_lifetime(
+        &config.layout,
+        config.lifetime_warning,
+        shardflake::Clock::now_ms(&shardflake::SystemClock),
+    );
     // Files first: a bad certificate or token fails before anything is served.
     let tls = config.tls.as_ref().map(ListenerTls::read).transpose()?;
     let token = config

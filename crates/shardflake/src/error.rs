@@ -147,6 +147,55 @@ pub enum IdError {
     },
 }
 
+/// A time, or span of time, that has no ids in a layout
+/// ([`crate::Layout::id_range`], [`crate::Layout::min_id_at`]).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TimeRangeError {
+    /// A time before the layout's epoch.
+    #[error(
+        "time {unix_ms} ms is before layout {layout}'s epoch {epoch_ms} ms; give a time at or after the epoch"
+    )]
+    BeforeEpoch {
+        /// Layout name.
+        layout: String,
+        /// The time given.
+        unix_ms: u64,
+        /// The layout's epoch.
+        epoch_ms: u64,
+    },
+    /// A time at or after the layout's end of life.
+    #[error(
+        "time {unix_ms} ms is at or after layout {layout}'s end of life {end_ms} ms; give an earlier time"
+    )]
+    AfterEndOfLife {
+        /// Layout name.
+        layout: String,
+        /// The time given.
+        unix_ms: u64,
+        /// The layout's end of life (the first time it cannot hold).
+        end_ms: u128,
+    },
+    /// A span whose start is not before its end.
+    #[error("the span {from_ms}..{to_ms} ms is empty: from must be before to")]
+    NotBefore {
+        /// Start of the span.
+        from_ms: u64,
+        /// End of the span (exclusive).
+        to_ms: u64,
+    },
+    /// A node or shard field above the time field: ids do not sort by time
+    /// across it, so a span of time is not one range of ids.
+    #[error(
+        "layout {layout} has field {field:?} above its time field, so a span of time is not one range of ids; use a layout with time as its top field"
+    )]
+    FieldAboveTime {
+        /// Layout name.
+        layout: String,
+        /// The top field.
+        field: String,
+    },
+}
+
 /// Text that is not an id in the format asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ParseError {

@@ -29,6 +29,8 @@
 //! - [`generator`]: the lock-free [`Generator`] and its policies.
 //! - [`node`]: node ids from host names, MAC addresses and IPs.
 //! - [`plan`]: capacity of a layout and a suggested layout for a need.
+//! - [`range`]: ids by time ([`Layout::id_range`], [`Layout::min_id_at`])
+//!   and the time a layout has left.
 //! - [`uuid`], [`objectid`], [`kind`]: the other id kinds, and recognising
 //!   any of them in text.
 //! - [`wait`]: waits for the clock, left to the caller by the `try_` calls
@@ -59,6 +61,7 @@ pub mod plan;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 pub mod preset;
+pub mod range;
 #[cfg(feature = "serde")]
 pub mod serde;
 #[cfg(feature = "sqlx")]
@@ -72,7 +75,8 @@ pub mod wait;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::{
-    ConvertError, GenerateError, IdError, LayoutError, NodeIdError, ParseError, UuidError,
+    ConvertError, GenerateError, IdError, LayoutError, NodeIdError, ParseError, TimeRangeError,
+    UuidError,
 };
 pub use format::Format;
 pub use generator::{
@@ -82,6 +86,7 @@ pub use id::{Id, NodeBits, Parts};
 pub use kind::{Kind, Recognised};
 pub use layout::{Field, FieldKind, Layout, LayoutBuilder};
 pub use objectid::{ObjectId, ObjectIdGenerator};
+pub use range::IdRange;
 pub use wait::{Attempt, Step};
 
 // The library guide's Rust examples run as doc tests.

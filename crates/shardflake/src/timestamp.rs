@@ -32,6 +32,45 @@ pub fn parse_unix_ms(text: &str) -> Option<u64> {
         .map(|d| d.as_millis() as u64)
 }
 
+/// Parses a time as the command line and the service take it, relative to
+/// `now_ms`: `now`; a duration before or after now (`-7d`, `+1h`,
+/// `now-30m`, `-1h 30m`, in [`humantime`]'s units); RFC 3339; or Unix
+/// milliseconds. `None` for anything else or a time before 1970.
+///
+/// ```
+/// use shardflake::timestamp::parse_time;
+/// let now = 1_700_000_000_000;
+/// assert_eq!(parse_time("now", now), Some(now));
+/// assert_eq!(parse_time("-7d", now), Some(now - 7 * 86_400_000));
+/// assert_eq!(parse_time("now+1h", now), Some(now + 3_600_000));
+/// assert_eq!(parse_time("2014-09-01T00:00:00Z", now), Some(1_409_529_600_000));
+/// ```
+pub fn parse_time(text: &str, now_ms: u64) -> Option<u64> {
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let relative = text.strip_prefix("now").unwrap_or(text).trim_start();
+    if relative.is_empty() {
+        return Some(now_ms);
+    }
+    let (sign, duration) = if let Some(rest) = relative.strip_prefix('-') {
+        (-1, rest)
+    } else if let Some(rest) = relative.strip_prefix('+') {
+        (1, rest)
+    } else if relative.len() == text.len() {
+        return parse_unix_ms(text);
+    } else {
+        return None;
+    };
+    let ms = u64::try_from(humantime::parse_duration(duration.trim()).ok()?.as_millis()).ok()?;
+    if sign < 0 {
+        now_ms.checked_sub(ms)
+    } else {
+        now_ms.checked_add(ms)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,5 +85,20 @@ mod tests {
         );
         assert_eq!(parse_unix_ms("1409529600000"), Some(1_409_529_600_000));
         assert_eq!(parse_unix_ms("yesterday"), None);
+    }
+
+    #[test]
+    fn relative_times() {
+        let now = 1_700_000_000_000;
+        assert_eq!(parse_time(" -1h 30m", now), Some(now - 5_400_000));
+        assert_eq!(parse_time("+2w", now), Some(now + 14 * 86_400_000));
+        assert_eq!(parse_time("now - 1s", now), Some(now - 1_000));
+        assert_eq!(parse_time("1409529600000", now), Some(1_409_529_600_000));
+        // Before 1970, not a duration, garbage after now: refused.
+        assert_eq!(parse_time("-100000d", 5), None);
+        assert_eq!(parse_time("-7 parsecs", now), None);
+        assert_eq!(parse_time("nowish", now), None);
+        assert_eq!(parse_time("", now), None);
+        assert_eq!(parse_time("ü", now), None);
     }
 }

@@ -10,6 +10,7 @@ pub mod mysql;
 pub mod mysql_bench;
 pub mod pg;
 pub mod plan;
+pub mod range;
 pub mod serve;
 pub mod tickets;
 
@@ -33,6 +34,24 @@ impl LayoutArg {
     pub fn resolve(&self) -> anyhow::Result<Layout> {
         Ok(preset::resolve(&self.layout)?)
     }
+}
+
+/// How little of a layout's life left is warned of: `SHARDFLAKE_LIFETIME_WARNING`
+/// (a duration such as `730d`), else a year.
+pub fn lifetime_warning() -> anyhow::Result<std::time::Duration> {
+    match std::env::var("SHARDFLAKE_LIFETIME_WARNING") {
+        Ok(text) => humantime::parse_duration(&text).with_context(|| {
+            format!("SHARDFLAKE_LIFETIME_WARNING {text:?} is not a duration like 365d")
+        }),
+        Err(_) => Ok(shardflake_service::LIFETIME_WARNING),
+    }
+}
+
+/// Logs a warning (stderr) when `layout` has less than the threshold left.
+pub fn warn_of_lifetime(layout: &Layout) -> anyhow::Result<()> {
+    let now = shardflake::Clock::now_ms(&shardflake::SystemClock);
+    shardflake_service::warn_of_lifetime(layout, lifetime_warning()?, now);
+    Ok(())
 }
 
 /// Runs `write` on a buffered stdout; a closed pipe (`| head`) is a normal end.

@@ -382,6 +382,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         MysqlCommand::Check { target, layout } => {
             let l = mysql_layout(&layout)?;
+            super::warn_of_lifetime(&l)?;
             let opts = Options {
                 names: target.names()?,
                 ..Options::default()

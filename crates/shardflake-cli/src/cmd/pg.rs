@@ -94,12 +94,39 @@ enum PgCommand {
         #[arg(long, hide = true, env = "SHARDFLAKE_MOVE_STOP_AFTER")]
         stop_after: Option<move_shard::MoveStep>,
     },
+    /// Range partitions of a table by day, week or month of its ids: print
+    /// them, or create the missing ones on every shard with --apply
+    /// (idempotent). Drop an old period with DROP TABLE of its partition.
+    Partitions {
+        /// The table (in the topology's [[tables]], PARTITION BY RANGE (id)).
+        #[arg(long)]
+        table: String,
+        /// Period of one partition.
+        #[arg(long, value_enum, default_value_t = PeriodArg::Day)]
+        by: PeriodArg,
+        /// First period: the one holding this time (RFC 3339, now, -7d).
+        #[arg(long, default_value = "now", allow_hyphen_values = true)]
+        from: String,
+        /// How many periods from --from on.
+        #[arg(long, default_value_t = 7)]
+        count: u32,
+        /// Create the missing partitions instead of printing them.
+        #[arg(long)]
+        apply: bool,
+    },
     /// Print the generated SQL (deployment functions, and one shard's schema).
     Sql {
         /// Shard whose schema to print (default: the first).
         #[arg(long)]
         shard: Option<u64>,
     },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PeriodArg {
+    Day,
+    Week,
+    Month,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -122,6 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         PgCommand::Check => {
             let topo = t.load()?;
+            super::warn_of_lifetime(topo.layout())?;
             let drift = runtime()?.block_on(pg::check(&topo))?;
             if drift.is_empty() {
                 println!("ok: {topo}, deployed as in {}", t.topology.display());
@@ -224,6 +252,43 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "kept (fenced)"
                 }
             );
+            Ok(())
+        }
+        PgCommand::Partitions {
+            table,
+            by,
+            from,
+            count,
+            apply,
+        } => {
+            use shardflake_db::pg::partitions::{self, Period};
+            let topo = t.load()?;
+            let now = shardflake::Clock::now_ms(&shardflake::SystemClock);
+            let from_ms = shardflake::timestamp::parse_time(&from, now).with_context(|| {
+                format!("--from {from:?} is not a time: use RFC 3339, now, or -7d")
+            })?;
+            let period = match by {
+                PeriodArg::Day => Period::Day,
+                PeriodArg::Week => Period::Week,
+                PeriodArg::Month => Period::Month,
+            };
+            let parts = partitions::partitions(topo.layout(), period, from_ms, count)?;
+            if !apply {
+                for server in topo.servers() {
+                    for &shard in &server.shards {
+                        print!(
+                            "{}",
+                            partitions::partitions_sql(&topo.schema(shard), &table, &parts)
+                        );
+                    }
+                }
+                return Ok(());
+            }
+            for (server, created) in
+                runtime()?.block_on(partitions::apply_partitions(&topo, &table, &parts))?
+            {
+                println!("{server}: {created} partitions created");
+            }
             Ok(())
         }
         PgCommand::Sql { shard } => {

@@ -16,7 +16,12 @@ use super::{LayoutArg, with_stdout};
   shardflake plan --layout instagram
   shardflake plan --nodes 1000 --rate 50000 --years 50
   shardflake plan --all --json
-  shardflake plan --from snowflake --to 'time 41 | node 10 | sequence 12 (epoch 1288834959657 ms)'")]
+  shardflake plan --from snowflake --to 'time 41 | node 10 | sequence 12 (epoch 1288834959657 ms)'
+  shardflake plan --check shardflake.toml
+
+--check reads the `layout` of a deployment's file (the service's config, a
+pg topology) and fails (exit 1) when it has less than --lifetime-warning
+left before its end or its first negative id as a signed bigint.")]
 pub struct Args {
     #[command(flatten)]
     layout: LayoutArg,
@@ -45,6 +50,14 @@ pub struct Args {
     /// ids from --at on are above every id --from made until then.
     #[arg(long, requires = "from")]
     to: Option<String>,
+    /// A deployment's file (service config or pg topology): fail when its
+    /// layout has less than --lifetime-warning left.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["all", "nodes", "from", "json"])]
+    check: Option<std::path::PathBuf>,
+    /// With --check: how much life left is too little [default: 365d, or
+    /// SHARDFLAKE_LIFETIME_WARNING].
+    #[arg(long, requires = "check", value_parser = humantime::parse_duration)]
+    lifetime_warning: Option<std::time::Duration>,
     /// A layout change: when the old fleet stops and the new one starts,
     /// RFC 3339 (default: now).
     #[arg(long, requires = "from")]
@@ -52,6 +65,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(file) = &args.check {
+        let threshold = match args.lifetime_warning {
+            Some(t) => t,
+            None => super::lifetime_warning()?,
+        };
+        return check(file, threshold);
+    }
     if let (Some(from), Some(to)) = (&args.from, &args.to) {
         return layout_change(from, to, args.at.as_deref());
     }
@@ -189,4 +209,34 @@ fn layout_change(from: &str, to: &str, at: Option<&str>) -> anyhow::Result<()> {
         None => "no epoch with these fields and tick would do: widen the time field".to_string(),
     };
     bail!("refused: the new layout makes ids at or below the old one's {until}; {advice}")
+}
+
+/// `--check FILE`: the life left of the layout a deployment's file names.
+fn check(file: &std::path::Path, threshold: std::time::Duration) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let doc: toml::Table = text
+        .parse()
+        .with_context(|| format!("{} is not TOML", file.display()))?;
+    let spec = match doc.get("layout") {
+        None => "snowflake",
+        Some(toml::Value::String(spec)) => spec.as_str(),
+        Some(other) => bail!("{}: layout = {other} is not a string", file.display()),
+    };
+    let layout = preset::resolve(spec).with_context(|| format!("{}: layout", file.display()))?;
+    let now = shardflake::Clock::now_ms(&shardflake::SystemClock);
+    let left_days = layout.lifetime_left_ms(now) / 86_400_000;
+    let ends = date(Some(layout.lifetime_end_ms()));
+    println!("{layout}");
+    println!("  ids fit a signed bigint until  {ends} ({left_days} days)");
+    if layout.lifetime_left_ms(now) < threshold.as_millis() {
+        bail!(
+            "{}: layout {} has {left_days} days left (under {} days): plan a layout change now (shardflake plan --from OLD --to NEW)",
+            file.display(),
+            layout.name(),
+            threshold.as_secs() / 86_400
+        );
+    }
+    println!("  ok: more than {} days left", threshold.as_secs() / 86_400);
+    Ok(())
 }

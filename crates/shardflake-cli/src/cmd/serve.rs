@@ -91,6 +91,10 @@ pub struct ServeArgs {
     /// File holding the etcd user's password (a trailing newline is ignored).
     #[arg(long, env = "SHARDFLAKE_ETCD_PASSWORD_FILE")]
     pub etcd_password_file: Option<PathBuf>,
+    /// Warn at start when the layout has less than this left before its
+    /// end or its first negative id [default: 365d].
+    #[arg(long, env = "SHARDFLAKE_LIFETIME_WARNING", value_parser = humantime::parse_duration)]
+    pub lifetime_warning: Option<Duration>,
     /// High-water window: the recorded high-water is now + window [default: 3s].
     #[arg(long, env = "SHARDFLAKE_WINDOW", value_parser = humantime::parse_duration)]
     pub window: Option<Duration>,
@@ -182,6 +186,7 @@ impl From<ServeArgs> for RawConfig {
             window: a.window,
             max_resume_wait: a.max_resume_wait,
             max_batch: a.max_batch,
+            lifetime_warning: a.lifetime_warning,
             max_body: a.max_body,
             rollback: a.rollback,
             borrow: a.borrow,

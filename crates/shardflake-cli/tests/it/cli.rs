@@ -439,3 +439,96 @@ fn a_closed_stdout_ends_a_command_quietly() {
         );
     }
 }
+
+#[test]
+fn range_brackets_the_ids_of_a_span_and_refuses_times_outside_the_layout() {
+    // An id made now is in the range of the last minute, and decodes inside it.
+    let id: u64 = stdout(&["gen", "-n", "1"]).trim().parse().unwrap();
+    let out = stdout(&["range", "--from", "-1m", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let first: u64 = v["first"].as_str().unwrap().parse().unwrap();
+    let last: u64 = v["last"].as_str().unwrap().parse().unwrap();
+    assert!(first <= id && id <= last, "{id} outside {out}");
+    assert_eq!(v["signed"].as_array().unwrap().len(), 1, "{out}");
+    // Instagram's ids turn negative in 2046: a span across it is two
+    // ranges of signed ids.
+    let text = stdout(&[
+        "range",
+        "--layout",
+        "instagram",
+        "--from",
+        "2046-01-01T00:00:00Z",
+        "--to",
+        "2047-01-01T00:00:00Z",
+    ]);
+    let sql = text.lines().find(|l| l.starts_with("sql")).unwrap();
+    assert_eq!(sql.matches("BETWEEN").count(), 2, "{text}");
+    assert!(sql.contains(" OR id BETWEEN -"), "{text}");
+    for (args, message) in [
+        (
+            vec!["range", "--from", "1999-01-01T00:00:00Z"],
+            "before layout snowflake's epoch",
+        ),
+        (
+            vec!["range", "--from", "+1d", "--to", "now"],
+            "from must be before to",
+        ),
+        (vec!["range", "--from", "last tuesday"], "is not a time"),
+        (
+            vec![
+                "range",
+                "--layout",
+                "sonyflake",
+                "--from",
+                "now",
+                "--to",
+                "2400-01-01T00:00:00Z",
+            ],
+            "end of life",
+        ),
+    ] {
+        let out = shardflake(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(message),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn plan_check_fails_a_deployment_whose_layout_ends_within_the_threshold() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // 35 bits of 1 ms ticks (about 398 days) that end 6 months from now.
+    let epoch = now + 182 * 86_400_000 - (1u64 << 35);
+    let dir = std::env::temp_dir().join(format!("shardflake-plan-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shardflake.toml");
+    std::fs::write(
+        &file,
+        format!("node_id = 3\nlayout = \"time 35 | node 10 | sequence 12 (epoch {epoch} ms)\"\n"),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let out = shardflake(&["plan", "--check", file]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("days left (under 365 days)"), "{stderr}");
+    assert!(
+        stderr.contains("shardflake plan --from OLD --to NEW"),
+        "{stderr}"
+    );
+    let text = stdout(&["plan", "--check", file, "--lifetime-warning", "90d"]);
+    assert!(text.contains("ok: more than 90 days left"), "{text}");
+    // A preset's deployment has decades left.
+    let pg = dir.join("pg.toml");
+    std::fs::write(&pg, "layout = \"instagram\"\n").unwrap();
+    assert!(
+        stdout(&["plan", "--check", pg.to_str().unwrap()]).contains("ok: more than 365 days left")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -235,6 +235,11 @@ fn guide_tickets() {
 }
 
 #[test]
+fn guide_time() {
+    run_page("docs/guide/time.md", Duration::from_secs(120));
+}
+
+#[test]
 fn guide_operations() {
     run_page("docs/guide/operations.md", Duration::from_secs(120));
 }
@@ -248,6 +253,7 @@ const PAGES: &[&str] = &[
     "docs/guide/postgres.md",
     "docs/guide/service.md",
     "docs/guide/tickets.md",
+    "docs/guide/time.md",
 ];
 
 #[test]

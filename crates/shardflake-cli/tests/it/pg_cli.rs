@@ -578,3 +578,50 @@ fn errors_name_their_cause_once_and_the_fix() {
     assert_eq!(e.matches("generate_post_id_seed").count(), 1, "{e}");
     assert_eq!(e.trim_end().lines().count(), 1, "{e}");
 }
+
+/// A deployment whose layout ends 6 months from now: `pg check` warns
+/// (stderr, through the log) under the default year, and not when the
+/// threshold is 90 days.
+#[test]
+fn pg_check_warns_of_a_layout_ending_within_a_year() {
+    let a = PgServer::start().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let epoch = now + 182 * 86_400_000 - (1u64 << 35);
+    let dir = std::env::temp_dir().join(format!("sf-pg-cli-lifetime-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let topo = dir.join("shardflake.toml");
+    std::fs::write(
+        &topo,
+        format!(
+            "layout = \"time 35 | shard 13 | sequence 10 (epoch {epoch} ms)\"\nshards = 1\n[[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0\"\n",
+            a.url()
+        ),
+    )
+    .unwrap();
+    let t = topo.to_str().unwrap();
+    ok(&["pg", "apply", "-t", t]);
+    let check = |threshold: Option<&str>| {
+        let mut cmd = Command::new(crate::shardflake_bin());
+        cmd.args(["pg", "check", "-t", t])
+            .env_remove("SHARDFLAKE_TOPOLOGY");
+        match threshold {
+            Some(v) => cmd.env("SHARDFLAKE_LIFETIME_WARNING", v),
+            None => cmd.env_remove("SHARDFLAKE_LIFETIME_WARNING"),
+        };
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = check(None);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains(" WARN ") && l.contains("in 18") && l.contains("days")),
+        "{stderr}"
+    );
+    assert!(!check(Some("90d")).contains("runs out"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -319,6 +319,14 @@ pub(super) async fn apply_pinned(
             .map_err(my("creating the refusal function"))?;
         applied.installed.push(names.refused_function());
     }
+    for (name, create) in sql::time_functions_sql(plan) {
+        if routine_differs(conn, name, "FUNCTION", &create).await? {
+            conn.query_drop(&create)
+                .await
+                .map_err(my("creating the ids-by-time functions"))?;
+            applied.installed.push(name.to_string());
+        }
+    }
     // The guard column the trigger sets, before the trigger that sets it.
     if matches!(guard(conn, &names.table).await?, (None, _) | (_, false)) {
         conn.query_drop(sql::add_guard_sql(&names.table))

@@ -172,6 +172,9 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         )
         .await?,
     );
+    for (name, create) in sql::time_functions_sql(&plan) {
+        problems.extend(routine_problem(conn, name, "FUNCTION", &create).await?);
+    }
     match guard(conn, &names.table).await? {
         (Some(default), true) if default == "0" => {}
         _ => problems.push(format!(

@@ -739,6 +739,76 @@ END",
     )
 }
 
+/// Ids by time, the SQL twins of [`Layout::min_id_at`],
+/// [`Layout::max_id_at`], [`Layout::id_range`] and the decoded time, as
+/// `(name, CREATE)` pairs: `tick_at(t)`, `min_id_at(t)`, `max_id_at(t)`,
+/// `id_range(from, to)` (half-open; `{"first": .., "last": ..}` as JSON)
+/// and `id_time(id)`. Times are UTC `DATETIME`s. A time outside the
+/// layout's life raises `22008`. Declared `DETERMINISTIC NO SQL` so a
+/// constant argument makes `WHERE id BETWEEN ...` an index range scan.
+pub fn time_functions_sql(plan: &Plan) -> Vec<(&'static str, String)> {
+    let layout = plan.layout();
+    let t = layout.time();
+    let comment = lit(&plan.marker());
+    let epoch = plan.epoch_datetime();
+    let name = layout.name();
+    let tick = layout.tick_ms();
+    let shift = t.shift();
+    let low = (1u64 << shift) - 1;
+    let header = |f: &str, args: &str, returns: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION `{f}`({args}) RETURNS {returns} DETERMINISTIC NO SQL\nCOMMENT {comment}\nBEGIN\n"
+        )
+    };
+    let tick_at = format!(
+        "{}  DECLARE ms BIGINT DEFAULT FLOOR(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'{epoch}', t) / 1000);
+  IF ms < 0 THEN
+    SIGNAL SQLSTATE '22008' SET MESSAGE_TEXT = 'shardflake: a time before layout {name}''s epoch {epoch} UTC: give a time at or after it';
+  END IF;
+  IF ms DIV {tick} > {max_tick} THEN
+    SIGNAL SQLSTATE '22008' SET MESSAGE_TEXT = 'shardflake: a time at or after layout {name}''s end of life {end} UTC: give an earlier time';
+  END IF;
+  RETURN ms DIV {tick};
+END",
+        header("tick_at", "t DATETIME(6)", "BIGINT"),
+        max_tick = t.max(),
+        end = shardflake::timestamp::rfc3339_ms(
+            u64::try_from(layout.end_of_life_ms()).unwrap_or(u64::MAX)
+        ),
+    );
+    // `<<` works on BIGINT UNSIGNED; CAST keeps the bits of an id at or
+    // above 2^63 (negative, as the library's `as_i64`).
+    let min_id_at = format!(
+        "{}  RETURN CAST(tick_at(t) << {shift} AS SIGNED);\nEND",
+        header("min_id_at", "t DATETIME(6)", "BIGINT")
+    );
+    let max_id_at = format!(
+        "{}  RETURN CAST((tick_at(t) << {shift}) | {low} AS SIGNED);\nEND",
+        header("max_id_at", "t DATETIME(6)", "BIGINT")
+    );
+    let id_range = format!(
+        "{}  IF from_t >= to_t THEN
+    SIGNAL SQLSTATE '22008' SET MESSAGE_TEXT = 'shardflake: the span is empty: from must be before to';
+  END IF;
+  RETURN JSON_OBJECT('first', min_id_at(from_t), 'last', max_id_at(to_t - INTERVAL 1 MICROSECOND));
+END",
+        header("id_range", "from_t DATETIME(6), to_t DATETIME(6)", "LONGTEXT")
+    );
+    let id_time = format!(
+        "{}  RETURN TIMESTAMP'{epoch}' + INTERVAL ((id >> {shift}) & {max}) * {us_per_tick} MICROSECOND;\nEND",
+        header("id_time", "id BIGINT", "DATETIME(3)"),
+        max = t.max(),
+        us_per_tick = 1000 * tick,
+    );
+    vec![
+        ("tick_at", tick_at),
+        ("min_id_at", min_id_at),
+        ("max_id_at", max_id_at),
+        ("id_range", id_range),
+        ("id_time", id_time),
+    ]
+}
+
 /// The server's UTC time now, as a `DATETIME(6)` expression: `SYSDATE(6)`
 /// (the time it runs, not the statement's start as `UTC_TIMESTAMP`) moved
 /// from the session's time zone to UTC by the statement's own offset.

@@ -35,6 +35,7 @@ mod apply;
 pub mod catalog;
 mod check;
 pub mod move_shard;
+pub mod partitions;
 mod repair;
 pub mod route;
 pub mod sql;

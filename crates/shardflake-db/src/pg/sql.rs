@@ -608,7 +608,81 @@ $f$;",
 LANGUAGE sql IMMUTABLE AS $f$ SELECT {}::text $f$;",
         lit(&layout.to_string())
     );
+    out.push_str(&time_functions_ddl(layout));
     Ok(out)
+}
+
+/// Ids by time in schema `shardflake`, the SQL twins of
+/// [`Layout::min_id_at`], [`Layout::max_id_at`], [`Layout::id_range`] and
+/// the decoded time: `tick_at(unix_ms)`, `min_id_at(t)`, `max_id_at(t)`,
+/// `id_range(from, to)` (half-open, both ids included; a range that crosses
+/// into negative ids has `first_id > last_id`) and `id_time(id)`. A time
+/// outside the layout's life, or a layout with a field above time, raises
+/// `22008`. Declared `IMMUTABLE` so `WHERE id >= shardflake.min_id_at(...)`
+/// is folded to a constant and scans the primary key's index.
+pub fn time_functions_ddl(layout: &Layout) -> String {
+    let s = DEPLOYMENT_SCHEMA;
+    let t = layout.time();
+    let name = lit(layout.name());
+    let epoch = layout.epoch_ms();
+    // Beyond i64 no timestamptz reaches: the check never fires there.
+    let end = i64::try_from(layout.end_of_life_ms()).unwrap_or(i64::MAX);
+    let on_top = t.shift() + t.bits() == layout.total_bits();
+    let low = (1u64 << t.shift()) - 1;
+    let top_refusal = if on_top {
+        String::new()
+    } else {
+        format!(
+            "  RAISE EXCEPTION 'shardflake: layout % has a field above its time field, so a span of time is not one range of ids', {name}
+    USING ERRCODE = '22008', HINT = 'use a layout with time as its top field';\n"
+        )
+    };
+    format!(
+        "CREATE OR REPLACE FUNCTION {s}.tick_at(unix_ms bigint) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $f$
+BEGIN
+{top_refusal}  IF unix_ms < {epoch} THEN
+    RAISE EXCEPTION 'shardflake: % ms is before layout %''s epoch {epoch} ms', unix_ms, {name}
+      USING ERRCODE = '22008', HINT = 'give a time at or after the epoch';
+  END IF;
+  IF unix_ms >= {end} THEN
+    RAISE EXCEPTION 'shardflake: % ms is at or after layout %''s end of life {end} ms', unix_ms, {name}
+      USING ERRCODE = '22008', HINT = 'give an earlier time';
+  END IF;
+  RETURN (unix_ms - {epoch}) / {tick};
+END $f$;
+CREATE OR REPLACE FUNCTION {s}.min_id_at(t timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $f$
+  SELECT {s}.tick_at(floor(extract(epoch FROM t) * 1000)::bigint) << {shift}
+$f$;
+CREATE OR REPLACE FUNCTION {s}.max_id_at(t timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $f$
+  SELECT ({s}.tick_at(floor(extract(epoch FROM t) * 1000)::bigint) << {shift}) | {low}
+$f$;
+CREATE OR REPLACE FUNCTION {s}.id_range(from_t timestamptz, to_t timestamptz,
+  OUT first_id bigint, OUT last_id bigint)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $f$
+DECLARE
+  from_ms bigint := floor(extract(epoch FROM from_t) * 1000)::bigint;
+  -- The span is half-open: its last millisecond is the one before to_t.
+  last_ms bigint := ceil(extract(epoch FROM to_t) * 1000)::bigint - 1;
+BEGIN
+  IF from_t >= to_t THEN
+    RAISE EXCEPTION 'shardflake: the span % .. % is empty', from_t, to_t
+      USING ERRCODE = '22008', HINT = 'from must be before to';
+  END IF;
+  first_id := {s}.tick_at(from_ms) << {shift};
+  last_id := ({s}.tick_at(last_ms) << {shift}) | {low};
+END $f$;
+CREATE OR REPLACE FUNCTION {s}.id_time(id bigint) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $f$
+  SELECT 'epoch'::timestamptz + (((id >> {shift}) & {max}) * {tick} + {epoch}) * interval '1 millisecond'
+$f$;
+",
+        tick = layout.tick_ms(),
+        shift = t.shift(),
+        max = t.max(),
+    )
 }
 
 #[cfg(test)]

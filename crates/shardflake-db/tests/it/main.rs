@@ -17,3 +17,4 @@ mod pg_move;
 mod pg_next_id;
 mod pg_operator;
 mod pg_physical;
+mod time_range;

@@ -26,6 +26,7 @@
 //! window = "3s"                 # high-water written as now + window
 //! max_resume_wait = "1m"        # longest wait for a recorded high-water past window
 //! max_batch = 1000000
+//! lifetime_warning = "365d"     # warn at start when the layout has less left
 //! rollback = "error"            # or "continue:5s", "wait:500ms"
 //! tls_cert_file = "/etc/shardflake/tls.crt"   # PEM chain; HTTPS and gRPC over TLS
 //! tls_key_file = "/etc/shardflake/tls.key"    # PEM key; both or neither
@@ -201,6 +202,9 @@ pub struct Config {
     pub max_resume_wait: Duration,
     /// Largest batch.
     pub max_batch: u64,
+    /// A start with less than this left of the layout's life
+    /// ([`shardflake::Layout::lifetime_end_ms`]) logs a warning.
+    pub lifetime_warning: Duration,
     /// Largest request body.
     pub max_body: usize,
     /// Clock rollback policy.

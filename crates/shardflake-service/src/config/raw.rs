@@ -43,6 +43,9 @@ pub struct RawConfig {
     pub max_resume_wait: Option<Duration>,
     /// Largest batch one request may ask for.
     pub max_batch: Option<u64>,
+    /// Warn at start when the layout has less than this left.
+    #[serde(default, deserialize_with = "duration_text")]
+    pub lifetime_warning: Option<Duration>,
     /// Largest request body in bytes.
     pub max_body: Option<usize>,
     /// Clock rollback policy: `error`, `wait:DURATION`, `continue:DURATION`.
@@ -155,6 +158,7 @@ impl RawConfig {
             window: over.window.or(self.window),
             max_resume_wait: over.max_resume_wait.or(self.max_resume_wait),
             max_batch: over.max_batch.or(self.max_batch),
+            lifetime_warning: over.lifetime_warning.or(self.lifetime_warning),
             max_body: over.max_body.or(self.max_body),
             rollback: over.rollback.or(self.rollback),
             borrow: over.borrow.or(self.borrow),

@@ -263,6 +263,7 @@ impl Config {
             window,
             max_resume_wait,
             max_batch,
+            lifetime_warning: raw.lifetime_warning.unwrap_or(crate::LIFETIME_WARNING),
             max_body,
             rollback,
             borrow,

@@ -6,7 +6,8 @@
 //! | `GET /v1/ids?count=N[&numbers=true]`, `POST /v1/ids {"count":N}` | `{"count":N,"ids":[…]}`, one contiguous reservation |
 //! | `GET /v1/shard-id?key=K` | `{"id":"…","shard":S,"key":K}` (layouts with a `shard` field) |
 //! | `GET /v1/decode/{id}[?format=hex]` | the id's parts |
-//! | `GET /v1/info` | layout and node identity |
+//! | `GET /v1/range?from=T[&to=T]` | `{"first":"…","last":"…","signed":[[…]]}`, the ids of a span of time |
+//! | `GET /v1/info` | layout and node identity, and the layout's time left |
 //! | `GET /v1/tickets/{sequence}[?count=N][&numbers=true]` | `{"sequence":S,"count":N,"ids":[…]}`, ticket server ids (`--tickets`) |
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | health, readiness (node id held), Prometheus, OpenAPI 3 |
 //!
@@ -83,6 +84,7 @@ pub fn router_with_token(issuer: Arc<Issuer>, token: Option<ApiToken>) -> Router
         .route("/v1/ids", get(next_ids_get).post(next_ids_post))
         .route("/v1/shard-id", get(shard_id))
         .route("/v1/decode/{id}", get(decode))
+        .route("/v1/range", get(range))
         .route("/v1/info", get(info))
         .route("/v1/tickets/{sequence}", get(tickets));
     let api = match token {
@@ -292,6 +294,27 @@ async fn decode(
 
 /// Ids of a ticket sequence (`--tickets`): plain integers from the ticket
 /// servers, strings unless `numbers=true`; `count` defaults to 1.
+/// The ids of a span of time: `from` (required) and `to` (default `now`),
+/// read by [`Issuer::range`].
+async fn range(State(issuer): Shared, RawQuery(raw): RawQuery) -> Result<Response, IssueError> {
+    let q = Query::parse(raw.as_deref(), &["from", "to"])?;
+    let (from, to, range) = issuer.range(q.from.as_deref(), q.to.as_deref())?;
+    let signed: Vec<_> = range
+        .signed_ranges()
+        .iter()
+        .map(|r| json!([r.start().to_string(), r.end().to_string()]))
+        .collect();
+    let body = json!({
+        "layout": issuer.layout().name(),
+        "from": shardflake::timestamp::rfc3339_ms(from),
+        "to": shardflake::timestamp::rfc3339_ms(to),
+        "first": range.first.to_string(),
+        "last": range.last.to_string(),
+        "signed": signed,
+    });
+    Ok(json_response(StatusCode::OK, body.to_string()))
+}
+
 async fn tickets(
     State(issuer): Shared,
     Path(sequence): Path<String>,

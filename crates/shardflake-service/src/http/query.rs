@@ -14,6 +14,8 @@ pub(super) struct Query {
     pub(super) format: Option<String>,
     pub(super) kind: Option<String>,
     pub(super) key: Option<String>,
+    pub(super) from: Option<String>,
+    pub(super) to: Option<String>,
 }
 
 impl Query {
@@ -34,6 +36,8 @@ impl Query {
                 "format" => Some(&mut q.format),
                 "kind" => Some(&mut q.kind),
                 "key" => Some(&mut q.key),
+                "from" => Some(&mut q.from),
+                "to" => Some(&mut q.to),
                 _ => None,
             };
             let Some(slot) = slot else {

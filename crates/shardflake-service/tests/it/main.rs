@@ -19,6 +19,7 @@ mod serve_operator;
 mod serve_tls;
 mod server;
 mod tickets;
+mod time_range;
 
 use std::sync::Arc;
 
