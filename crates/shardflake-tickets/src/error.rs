@@ -94,13 +94,14 @@ pub enum TicketError {
         /// The sequence.
         sequence: String,
     },
-    /// No place holding a server's marks answered (its peers, etcd) and the
+    /// Too few places holding a server's marks answered (its peers, etcd:
+    /// a read's quorum, `high_water::Quorum`) and the
     /// client's own marks cannot stand in (it has none, another server is
     /// up, or the server's tables are not the ones it last checked): the
     /// server could have been restored behind ids already handed out, so
     /// it is not used.
     #[error(
-        "server {server:?}: no place holding its high-water marks answered ({reason}) and this client's own marks cannot vouch for it (they cover only the ids it handed out itself, from the tables it checked), so it could hand out ids again; bring a peer (or etcd) back, or set `[failover] allow_without_marks = true` to let availability win"
+        "server {server:?}: too few of the places holding its high-water marks answered ({reason}) and this client's own marks cannot vouch for it (they cover only the ids it handed out itself, from the tables it checked), so it could hand out ids again; bring a peer (or etcd) back, or set `[failover] allow_without_marks = true` to let availability win"
     )]
     NoHighWater {
         /// The server.

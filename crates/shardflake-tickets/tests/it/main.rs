@@ -14,6 +14,7 @@ mod classes;
 mod fence;
 mod issue36;
 mod live_restore;
+mod quorum;
 mod reply_order;
 mod repro;
 
