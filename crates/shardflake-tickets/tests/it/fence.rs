@@ -31,7 +31,7 @@ async fn an_old_client_is_refused_at_its_next_call(kind: &str, style: &str, a: &
     // lattice's version tells the old client's answers from the new.
     let (before, after) = (file("", 1, 2), file("increment = 4\n", 1, 3));
     init_ok(&before).await;
-    let old = TicketClient::connect(before).await.unwrap();
+    let old = TicketClient::connect(before.clone()).await.unwrap();
     let mut photos = Vec::new();
     let mut blocks = Vec::new();
     for _ in 0..10 {
@@ -77,6 +77,19 @@ async fn an_old_client_is_refused_at_its_next_call(kind: &str, style: &str, a: &
     blocks.extend(new.next_n("blocks", 3000).await.unwrap());
     assert_unique(&photos);
     assert_unique(&blocks);
+    // A client started on the old file, and `check` with it, are told the
+    // servers were reshaped, not that the file was edited.
+    let reshaped = "the servers' lattice was changed by `shardflake tickets reshape`";
+    let Err(e) = TicketClient::connect(before.clone()).await else {
+        panic!("{kind} {style}: a client on the file of before the reshape started");
+    };
+    let text = e.to_string();
+    assert!(
+        text.contains(reshaped) && !text.contains("initialised with"),
+        "{text}"
+    );
+    let report = admin::check(&before).await.to_string();
+    assert!(report.contains(reshaped), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
