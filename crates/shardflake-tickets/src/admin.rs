@@ -214,7 +214,7 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
     for server in &config.servers {
         let span = config.failover.mark_ahead.saturating_mul(config.increment);
         let mut holder = String::new();
-        let settings = async {
+        let mut settings = async {
             let mut session = admin_session(config, server).await?;
             let mut settings =
                 bounded(config, server, "check", session.settings(config, server)).await?;
@@ -222,15 +222,16 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
             // from the recorded one (a server renamed, an offset moved) is
             // refused by every client, so it is no ok here either. A
             // sequence not initialised says so already.
+            let version = bounded(config, server, "check", session.lattice_version()).await?;
             let recorded = bounded(config, server, "check", session.read_lattice()).await?;
             let initialised = settings.sequences.iter().all(|q| q.counter.is_some());
-            match check_lattice(config, server, &recorded) {
+            match check_lattice(config, server, &recorded, version.as_ref()) {
                 Err(e @ TicketError::LatticeChanged { .. }) => problems.push(e.to_string()),
                 Err(e) if initialised => problems.push(e.to_string()),
                 _ => {}
             }
             // Every session refuses these too.
-            match bounded(config, server, "check", session.lattice_version()).await? {
+            match version {
                 Some(v) if v.reshaping => problems.push(reshaping(&server.name).to_string()),
                 None if initialised => problems.push(format!(
                     "server {}: no lattice version recorded (made by an older shardflake): run `shardflake tickets init`",
@@ -307,17 +308,23 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
             Ok(settings)
         }
         .await;
-        match &settings {
+        match &mut settings {
             Err(e) => problems.push(format!("server {}: {e}", server.name)),
             Ok(s) => {
                 let want = (config.increment, server.offset);
-                if let Some(global) = s.global
-                    && global != want
-                {
-                    problems.push(format!(
+                match s.global {
+                    // Never configured: shardflake's clients set their own
+                    // sessions and never use it; only plain SQL clients of
+                    // the server would (ids of every class).
+                    Some(MARIADB_DEFAULT) if want != MARIADB_DEFAULT => s.warnings.push(format!(
+                        "global auto_increment_increment/offset are MariaDB's defaults 1/1: shardflake's clients set {}/{} on their own sessions and are not affected; a client that does not (plain SQL) hands out ids of every server's class: set them in the server's configuration if any such client uses it",
+                        want.0, want.1
+                    )),
+                    Some(global) if global != want => problems.push(format!(
                         "server {}: global auto_increment_increment/offset are {}/{}, the file says {}/{}",
                         server.name, global.0, global.1, want.0, want.1
-                    ));
+                    )),
+                    _ => {}
                 }
                 if let Some(session) = s.session
                     && session != want
@@ -348,6 +355,8 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
                 && a.server.kind == Kind::Mariadb
                 && b.server.kind == Kind::Mariadb
                 && let (Some(ga), Some(gb)) = (sa.global, sb.global)
+                && ga != MARIADB_DEFAULT
+                && gb != MARIADB_DEFAULT
                 && ga.1 % ga.0.max(1) == gb.1 % gb.0.max(1)
             {
                 problems.push(format!(
@@ -363,6 +372,11 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
         problems,
     }
 }
+
+/// MariaDB's own `auto_increment_increment`/`_offset`: a global never
+/// configured (a warning of `check`, not a problem; its own warning says
+/// why).
+const MARIADB_DEFAULT: (u64, u64) = (1, 1);
 
 /// One counter `repair` raised.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -83,7 +83,7 @@ impl TicketClient {
         let (client, failures) = TicketClient::start(config, store).await;
         if failures.len() == client.pool.servers.len() {
             return Err(TicketError::Unavailable {
-                sequence: "*".into(),
+                sequence: String::new(),
                 failures,
             });
         }

@@ -30,9 +30,9 @@ pub enum TicketError {
         max: usize,
     },
     /// No server could answer within the timeout.
-    #[error("no ticket server could answer for sequence {sequence:?}: {}", list(.failures))]
+    #[error("{}: {}", unavailable(.sequence), list(.failures))]
     Unavailable {
-        /// The sequence.
+        /// The sequence (empty: at the client's start, none asked for yet).
         sequence: String,
         /// Each server's reason.
         failures: Vec<ServerFailure>,
@@ -94,13 +94,14 @@ pub enum TicketError {
         /// The sequence.
         sequence: String,
     },
-    /// No place holding a server's marks answered (its peers, etcd) and the
+    /// Too few places holding a server's marks answered (its peers, etcd:
+    /// a read's quorum, `high_water::Quorum`) and the
     /// client's own marks cannot stand in (it has none, another server is
     /// up, or the server's tables are not the ones it last checked): the
     /// server could have been restored behind ids already handed out, so
     /// it is not used.
     #[error(
-        "server {server:?}: no place holding its high-water marks answered ({reason}) and this client's own marks cannot vouch for it (they cover only the ids it handed out itself, from the tables it checked), so it could hand out ids again; bring a peer (or etcd) back, or set `[failover] allow_without_marks = true` to let availability win"
+        "server {server:?}: too few of the places holding its high-water marks answered ({reason}) and this client's own marks cannot vouch for it (they cover only the ids it handed out itself, from the tables it checked), so it could hand out ids again; bring a peer (or etcd) back, or set `[failover] allow_without_marks = true` to let availability win"
     )]
     NoHighWater {
         /// The server.
@@ -165,6 +166,13 @@ fn of_sequence(sequence: &str) -> String {
     match sequence {
         "" => String::new(),
         s => format!(", sequence {s:?}"),
+    }
+}
+
+fn unavailable(sequence: &str) -> String {
+    match sequence {
+        "" => "no ticket server could be used".into(),
+        _ => format!("no ticket server could answer for sequence {sequence:?}"),
     }
 }
 
@@ -238,6 +246,24 @@ impl TicketError {
         }
     }
 
+    /// The lattice `recorded` on the server was recorded by `tickets
+    /// reshape` (its version raised), and the client's `file` differs: the
+    /// client runs on a file of before that reshape, whoever ran it.
+    pub(crate) fn lattice_reshaped(
+        server: &str,
+        sequence: &str,
+        recorded: &dyn std::fmt::Display,
+        file: &dyn std::fmt::Display,
+    ) -> TicketError {
+        TicketError::LatticeChanged {
+            server: server.to_string(),
+            sequence: sequence.to_string(),
+            change: format!(
+                "the servers' lattice was changed by `shardflake tickets reshape` to {recorded}, and this client's file says {file}: it runs on a file of before that reshape (or one edited since), and would hand out ids twice. Run it with the file the reshape was given; to make this file's lattice the servers' instead, run `shardflake tickets reshape --config THIS_FILE`"
+            ),
+        }
+    }
+
     pub(crate) fn misconfigured(server: &str, message: impl Into<String>) -> TicketError {
         TicketError::Misconfigured {
             server: server.to_string(),
@@ -270,6 +296,15 @@ mod tests {
             e.to_string(),
             "no ticket server could answer for sequence \"photos\": a: connection refused; b: down"
         );
+        // At the client's start no sequence is asked for: none is named.
+        let e = TicketError::Unavailable {
+            sequence: String::new(),
+            failures: vec![ServerFailure {
+                server: "a".into(),
+                reason: "down".into(),
+            }],
+        };
+        assert_eq!(e.to_string(), "no ticket server could be used: a: down");
     }
 }
 

@@ -15,7 +15,9 @@ use shardflake_etcd::{Client, Compare, Op};
 use crate::backend::{Holder, holder_of};
 use crate::config::MarksConfig;
 use crate::error::TicketError;
-use crate::high_water::{BoxFuture, HighWaterStore, PeersStore, ResidueClass, superseded};
+use crate::high_water::{
+    BoxFuture, HighWaterStore, PeersStore, Quorum, ResidueClass, Tally, merge, superseded,
+};
 
 /// Marks in etcd: `<prefix>/tickets/hw/<class>/<sequence>` = the largest
 /// id handed out, in decimal (`<class>`: [`ResidueClass::key`]; a load
@@ -349,16 +351,46 @@ impl HighWaterStore for EtcdHighWater {
     }
 }
 
-/// Both stores: every mark goes to both; a load takes the larger of the
-/// two. Either alone answering is enough (the other is logged), so an etcd
-/// outage does not stop the ticket servers and a peer outage does not
-/// either. The holder is recorded in both: etcd is one more place that
-/// answers a takeover, as a peer is.
+/// Both stores: every mark goes to both, every load reads both. etcd the
+/// file names is one more place of the [`Quorum`], as a peer is: a write
+/// needs a majority of the servers and etcd, a load the rest plus one of
+/// the places other than the class's server, so an etcd outage is a peer
+/// outage, not a stop. (etcd vouching alone would need every write to
+/// reach it: then an unreachable etcd would stop every server.) The
+/// service's own etcd under a file that names none is written and read as
+/// well but counts for no quorum: the file's other clients never write
+/// there. The holder is recorded in both.
 pub struct EtcdAndPeers {
     /// The marks in etcd.
     pub etcd: EtcdHighWater,
     /// The marks on the peers.
     pub peers: PeersStore,
+}
+
+impl EtcdAndPeers {
+    /// Whether etcd is a place of the quorum: the file's `[marks]` names it.
+    fn etcd_counts(&self) -> bool {
+        !self.peers.config().marks.etcd.is_empty()
+    }
+
+    fn quorum(&self) -> Quorum {
+        let servers = self.peers.quorum().places;
+        Quorum {
+            places: servers + usize::from(self.etcd_counts()),
+        }
+    }
+
+    /// etcd's answer added to the peers' `tally` where etcd counts; logged
+    /// where it does not.
+    fn add_etcd(&self, tally: &mut Tally, class: &ResidueClass, answer: Result<(), TicketError>) {
+        match (self.etcd_counts(), answer) {
+            (true, answer) => tally.add(true, answer),
+            (false, Err(e)) => {
+                tracing::warn!(server = %class.server, error = %e, "the service's etcd took no ticket marks")
+            }
+            (false, Ok(())) => {}
+        }
+    }
 }
 
 impl HighWaterStore for EtcdAndPeers {
@@ -371,26 +403,27 @@ impl HighWaterStore for EtcdAndPeers {
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
+            let quorum = self.quorum();
             let (etcd, peers) = tokio::join!(
                 self.etcd.record(class, identity, marks),
-                self.peers.record(class, identity, marks)
+                self.peers.record_tally(class, identity, marks, quorum)
             );
             // A refusal on either side (another holder, or a reshaped peer
             // that has not this class) refuses the whole write.
-            for result in [&peers, &etcd] {
-                if let Err(e) = result
-                    && e.is_refusal()
-                {
-                    return Err(e.clone());
-                }
+            if let Err(e) = &etcd
+                && e.is_refusal()
+            {
+                return Err(e.clone());
             }
-            either(&class.server, [etcd, peers]).map(drop)
+            let mut tally = peers?;
+            self.add_etcd(&mut tally, class, etcd);
+            tally.written(quorum, class)
         })
     }
 
-    /// Taken over in etcd and on the peers at once. Enough that etcd or
-    /// a peer that protects the class took it; a refusal (superseded) or
-    /// a takeover lost to another identity at either refuses it.
+    /// Taken over in etcd and on the peers at once, recorded by a read's
+    /// quorum; a refusal (superseded) or a takeover lost to another
+    /// identity at either refuses it.
     fn claim<'a>(
         &'a self,
         class: &'a ResidueClass,
@@ -398,34 +431,25 @@ impl HighWaterStore for EtcdAndPeers {
         readmit: bool,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
+            let quorum = self.quorum();
             let (etcd, peers) = tokio::join!(
                 self.etcd.take(class, identity, readmit),
-                self.peers.claim(class, identity, readmit)
+                self.peers.claim_tally(class, identity, readmit, quorum)
             );
-            for e in [etcd.as_ref().err(), peers.as_ref().err()]
-                .into_iter()
-                .flatten()
+            if let Err(e) = &etcd
+                && e.is_refusal()
             {
-                if e.is_refusal() {
-                    return Err(e.clone());
-                }
+                return Err(e.clone());
             }
-            match (etcd, peers) {
-                (Ok(false), _) => Err(taken_meanwhile(class)),
-                // Not that no place answered: another took the class.
-                (_, Err(e @ TicketError::Database { .. })) => Err(e),
-                (Ok(true), _) | (_, Ok(())) => Ok(()),
-                (Err(etcd), Err(peers)) => {
-                    tracing::warn!(server = %class.server, error = %etcd, "a ticket high-water store failed");
-                    Err(match peers {
-                        TicketError::NoHighWater { server, reason } => TicketError::NoHighWater {
-                            server,
-                            reason: format!("{reason}; etcd: {etcd}"),
-                        },
-                        other => other,
-                    })
-                }
-            }
+            // Not that a place did not answer: another took the class.
+            let mut tally = peers?;
+            let etcd = match etcd {
+                Ok(true) => Ok(()),
+                Ok(false) => return Err(taken_meanwhile(class)),
+                Err(e) => Err(e),
+            };
+            self.add_etcd(&mut tally, class, etcd);
+            tally.read(quorum, class)
         })
     }
 
@@ -464,14 +488,12 @@ impl HighWaterStore for EtcdAndPeers {
         class: &'a ResidueClass,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
         Box::pin(async move {
-            let (etcd, peers) = tokio::join!(self.etcd.load(class), self.peers.load(class));
-            let mut marks = HashMap::new();
-            for found in either(&class.server, [etcd, peers])? {
-                for (sequence, mark) in found {
-                    let held = marks.entry(sequence).or_insert(0);
-                    *held = mark.max(*held);
-                }
-            }
+            let quorum = self.quorum();
+            let (etcd, (mut marks, mut tally)) =
+                tokio::join!(self.etcd.load(class), self.peers.load_tally(class, quorum));
+            let etcd = etcd.map(|found| merge(&mut marks, found));
+            self.add_etcd(&mut tally, class, etcd);
+            tally.read(quorum, class)?;
             Ok(marks)
         })
     }

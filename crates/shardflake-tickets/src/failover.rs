@@ -375,7 +375,7 @@ impl Server {
                     });
                 }
                 tracing::warn!(server = %name, error = %e, own_marks = own,
-                    "no place holding this server's marks answered; checking it against the marks in memory only");
+                    "too few places holding this server's marks answered; checking it against the marks in memory only");
                 Default::default()
             }
         };

@@ -22,12 +22,18 @@
 //! giver wrote.
 //!
 //! [`HighWaterStore`] is the small seam: [`PeersStore`] keeps each server's
-//! marks in a `shardflake_ticket_hw` table on every server. The server's own
-//! copy is rolled back with it, so a load counts as answered only when a
-//! *peer* answered (the server's own copy only when it has no peer); a
-//! tickets file whose `[marks]` names etcd adds it for every client
+//! marks in a `shardflake_ticket_hw` table on every server; a tickets file
+//! whose `[marks]` names etcd adds it for every client
 //! ([`crate::etcd_marks`], built by [`stores`]). Every place is asked at
 //! once, each within `marks_timeout_ms`.
+//!
+//! The places are a read/write [`Quorum`]: a mark write succeeds only when
+//! a majority of the places took it, and a load vouches for a server only
+//! when enough places *other than that server* answered that the read meets
+//! every such majority there (the server's own copy is rolled back with
+//! it). So a peer that missed marks while it was down never vouches alone:
+//! with three servers, one down while marks were written, then the
+//! up-to-date one down, the stale one is not enough.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -84,7 +90,8 @@ impl ResidueClass {
 /// Where high-water marks live.
 pub trait HighWaterStore: Send + Sync {
     /// Raises (never lowers) `class`'s marks: `(sequence, mark)`. `Ok` once
-    /// at least one place holds them. With `identity` (the server whose
+    /// a write's majority of the places holds them ([`Quorum::write`];
+    /// else [`TicketError::NoHighWater`]). With `identity` (the server whose
     /// ids they cover), a place that records another identity as the
     /// class's holder refuses them, and so does the whole write
     /// ([`TicketError::Superseded`]).
@@ -97,7 +104,10 @@ pub trait HighWaterStore: Send + Sync {
 
     /// Makes `identity` the holder of `class` where it is not: compare-
     /// and-set of the holder record (generation + 1) in every place that
-    /// answers, before the class's marks are read. An identity that held
+    /// answers, before the class's marks are read; `Ok` once a read's
+    /// quorum of places other than the class's server recorded it
+    /// ([`Quorum::read`]: the takeover meets every later mark write of the
+    /// identity it took the class from). An identity that held
     /// the class and was taken over is refused
     /// ([`TicketError::Superseded`]) unless `readmit` (`tickets
     /// takeover`). The default records nothing.
@@ -121,9 +131,11 @@ pub trait HighWaterStore: Send + Sync {
     }
 
     /// `class`'s marks, per sequence: the largest from every place that
-    /// answered, under its key and its server's name. An error when no
-    /// place that survives a restore of its server answered
-    /// ([`TicketError::NoHighWater`]).
+    /// answered, under its key and its server's name. An error
+    /// ([`TicketError::NoHighWater`]) unless a read's quorum of places
+    /// other than the class's server answered ([`Quorum::read`]): those
+    /// survive a restore of the server, and hold every mark a write's
+    /// majority took.
     fn load<'a>(
         &'a self,
         class: &'a ResidueClass,
@@ -141,6 +153,106 @@ pub trait HighWaterStore: Send + Sync {
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         let _ = (class, sequence, expected, to);
         Box::pin(async { Ok(()) })
+    }
+}
+
+/// How many places keep a class's marks (each server of the file, and etcd
+/// when the file names it), and how many must take a mark write or answer
+/// a read: every read meets every write in a place other than the class's
+/// own server, whose copy is rolled back with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quorum {
+    /// The places.
+    pub places: usize,
+}
+
+impl Quorum {
+    /// A mark write: a majority of the places, the server's own copy among
+    /// them. With two places or fewer, one: a majority of two is both, and
+    /// one server down would stop its peer (the limit this leaves, a pair's
+    /// peer vouching after it missed marks, is in the tickets guide).
+    pub fn write(self) -> usize {
+        match self.places {
+            0..=2 => 1,
+            n => n / 2 + 1,
+        }
+    }
+
+    /// A read: answers from places other than the class's server, enough
+    /// to meet every write's majority outside it (places − write + 1);
+    /// with two places the other one, with one the server itself.
+    pub fn read(self) -> usize {
+        match self.places {
+            0..=2 => 1,
+            n => n - self.write() + 1,
+        }
+    }
+
+    /// Whether place `i`'s answer counts for a read of `class`: not the
+    /// class's own server, unless it is the only place.
+    fn counts(self, config: &Config, i: usize, class: &ResidueClass) -> bool {
+        config.servers[i].name != class.server || self.places == 1
+    }
+}
+
+/// What the places answered to one write or read, counted for a
+/// [`Quorum`].
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    /// Places that took the write (or answered the read).
+    pub took: usize,
+    /// Of those, the ones that count for a read ([`Quorum::read`]).
+    pub others: usize,
+    /// Why the other places did not.
+    pub errors: Vec<TicketError>,
+}
+
+impl Tally {
+    /// One place's answer; `counts`: it counts for a read.
+    pub fn add(&mut self, counts: bool, answer: Result<(), TicketError>) {
+        match answer {
+            Ok(()) => {
+                self.took += 1;
+                self.others += usize::from(counts);
+            }
+            Err(e) => self.errors.push(e),
+        }
+    }
+
+    /// `Ok` when a write's majority took it, else `no_high_water` naming
+    /// the count and each place's reason.
+    pub fn written(self, quorum: Quorum, class: &ResidueClass) -> Result<(), TicketError> {
+        match self.took >= quorum.write() {
+            true => Ok(()),
+            false => Err(TicketError::NoHighWater {
+                server: class.server.clone(),
+                reason: format!(
+                    "{} of {} places took the marks, {} needed: {}",
+                    self.took,
+                    quorum.places,
+                    quorum.write(),
+                    reasons(&self.errors)
+                ),
+            }),
+        }
+    }
+
+    /// `Ok` when enough places other than the class's server answered.
+    pub fn read(self, quorum: Quorum, class: &ResidueClass) -> Result<(), TicketError> {
+        match self.others >= quorum.read() {
+            true => Ok(()),
+            false => Err(TicketError::NoHighWater {
+                server: class.server.clone(),
+                reason: format!(
+                    "{} of the places other than it answered, {} needed (of {} places, a write needs {}): {}",
+                    self.others,
+                    quorum.read(),
+                    quorum.places,
+                    quorum.write(),
+                    reasons(&self.errors)
+                ),
+            }),
+        }
     }
 }
 
@@ -190,10 +302,11 @@ impl PeersStore {
         &self.config
     }
 
-    /// Whether holder `i`'s copy of `server`'s marks survives a restore of
-    /// `server`: a peer's does; the server's own only when it is alone.
-    fn protects(&self, i: usize, server: &str) -> bool {
-        self.config.servers[i].name != server || self.config.servers.len() == 1
+    /// The quorum of the servers alone (a file that names no etcd).
+    pub(crate) fn quorum(&self) -> Quorum {
+        Quorum {
+            places: self.config.servers.len(),
+        }
     }
 
     /// Runs `op` on every server at once, each within the timeout.
@@ -253,6 +366,160 @@ fn reasons(errors: &[TicketError]) -> String {
         .join("; ")
 }
 
+impl PeersStore {
+    /// Raises `class`'s marks on every server: which took them, or a
+    /// refusal (a server that records another holder of the class, a
+    /// reshaped one without it), which refuses the whole write.
+    pub(crate) async fn record_tally(
+        &self,
+        class: &ResidueClass,
+        identity: Option<&str>,
+        marks: &[(String, u64)],
+        quorum: Quorum,
+    ) -> Result<Tally, TicketError> {
+        let rows: Vec<(String, String, u64)> = marks
+            .iter()
+            .map(|(q, hw)| (class.key.clone(), q.clone(), *hw))
+            .collect();
+        let rows = &rows;
+        let fence = identity.map(|id| (class.key.as_str(), id));
+        let results = self
+            .on_all(|_, mut s| async move {
+                let r = match s.write_high_water(rows, fence).await {
+                    Ok(true) => Ok(None),
+                    Ok(false) => match s.read_holder(&class.key).await {
+                        Ok(Some(h)) if Some(h.identity.as_str()) != identity => Ok(Some(h)),
+                        Ok(_) => Err(TicketError::db(
+                            &class.server,
+                            "write high-water marks",
+                            "the class's holder changed under the write",
+                        )),
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                };
+                (s, r)
+            })
+            .await;
+        let mut tally = Tally::default();
+        for (i, result) in results.into_iter().enumerate() {
+            let counts = quorum.counts(&self.config, i, class);
+            match result {
+                Ok(None) => tally.add(counts, Ok(())),
+                // Another identity holds the class there: this server
+                // was taken over, whatever the other places say.
+                Ok(Some(holder)) => {
+                    return Err(superseded(class, identity.unwrap_or(""), &holder));
+                }
+                // A reshaped place refuses a class of the lattice before:
+                // so does the whole write.
+                Err(e) if e.is_refusal() => return Err(e),
+                Err(e) => tally.add(counts, Err(e)),
+            }
+        }
+        Ok(tally)
+    }
+
+    /// Makes `identity` the holder of `class` on every server that
+    /// answers (see [`HighWaterStore::claim`]): which recorded it, or a
+    /// refusal, or another identity that took it at the same time.
+    pub(crate) async fn claim_tally(
+        &self,
+        class: &ResidueClass,
+        identity: &str,
+        readmit: bool,
+        quorum: Quorum,
+    ) -> Result<Tally, TicketError> {
+        let server = class.server.as_str();
+        let read = self
+            .on_all(|_, mut s| async move {
+                let r = s.read_holder(&class.key).await;
+                (s, r)
+            })
+            .await;
+        if !readmit {
+            for holder in read.iter().flatten().flatten() {
+                if holder.supersedes(identity) {
+                    return Err(superseded(class, identity, holder));
+                }
+            }
+        }
+        let read = &read;
+        let taken = self
+            .on_all(|i, mut s| async move {
+                let r = match &read[i] {
+                    Ok(Some(h)) if h.identity == identity => Ok(true),
+                    Ok(from) => s.claim(&class.key, identity, server, from.as_ref()).await,
+                    Err(e) => Err(e.clone()),
+                };
+                (s, r)
+            })
+            .await;
+        let mut tally = Tally::default();
+        for (i, result) in taken.into_iter().enumerate() {
+            let counts = quorum.counts(&self.config, i, class);
+            match result {
+                Ok(true) => tally.add(counts, Ok(())),
+                Ok(false) => {
+                    return Err(TicketError::db(
+                        server,
+                        "take the class over",
+                        format!(
+                            "{} took residue class {} over at the same time",
+                            self.config.servers[i].name, class.key
+                        ),
+                    ));
+                }
+                Err(e) if counts => tally.add(counts, Err(e)),
+                Err(_) => {}
+            }
+        }
+        Ok(tally)
+    }
+
+    /// `class`'s marks on every server that answers (the largest of each
+    /// sequence, under its key and its server's name), and which answered.
+    pub(crate) async fn load_tally(
+        &self,
+        class: &ResidueClass,
+        quorum: Quorum,
+    ) -> (HashMap<String, u64>, Tally) {
+        let keys = [class.key.as_str(), class.server.as_str()];
+        let keys = &keys;
+        let results = self
+            .on_all(|_, mut s| async move {
+                let r = s.read_high_water(keys).await;
+                (s, r)
+            })
+            .await;
+        let mut marks = HashMap::new();
+        let mut tally = Tally::default();
+        for (i, result) in results.into_iter().enumerate() {
+            let counts = quorum.counts(&self.config, i, class);
+            match result {
+                Ok(rows) => {
+                    tally.add(counts, Ok(()));
+                    merge(&mut marks, rows);
+                }
+                Err(e) if counts => tally.add(counts, Err(e)),
+                Err(_) => {}
+            }
+        }
+        (marks, tally)
+    }
+}
+
+/// Raises each sequence's mark in `marks` to the one in `found`.
+pub(crate) fn merge(
+    marks: &mut HashMap<String, u64>,
+    found: impl IntoIterator<Item = (String, u64)>,
+) {
+    for (sequence, hw) in found {
+        let mark = marks.entry(sequence).or_insert(0);
+        *mark = hw.max(*mark);
+    }
+}
+
 impl HighWaterStore for PeersStore {
     fn record<'a>(
         &'a self,
@@ -261,53 +528,10 @@ impl HighWaterStore for PeersStore {
         marks: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
-            let rows: Vec<(String, String, u64)> = marks
-                .iter()
-                .map(|(q, hw)| (class.key.clone(), q.clone(), *hw))
-                .collect();
-            let rows = &rows;
-            let fence = identity.map(|id| (class.key.as_str(), id));
-            let results = self
-                .on_all(|_, mut s| async move {
-                    let r = match s.write_high_water(rows, fence).await {
-                        Ok(true) => Ok(None),
-                        Ok(false) => match s.read_holder(&class.key).await {
-                            Ok(Some(h)) if Some(h.identity.as_str()) != identity => Ok(Some(h)),
-                            Ok(_) => Err(TicketError::db(
-                                &class.server,
-                                "write high-water marks",
-                                "the class's holder changed under the write",
-                            )),
-                            Err(e) => Err(e),
-                        },
-                        Err(e) => Err(e),
-                    };
-                    (s, r)
-                })
-                .await;
-            let mut errors = Vec::new();
-            let mut written = false;
-            for result in results {
-                match result {
-                    Ok(None) => written = true,
-                    // Another identity holds the class there: this server
-                    // was taken over, whatever the other places say.
-                    Ok(Some(holder)) => {
-                        return Err(superseded(class, identity.unwrap_or(""), &holder));
-                    }
-                    // A reshaped place refuses a class of the lattice before:
-                    // so does the whole write.
-                    Err(e) if e.is_refusal() => return Err(e),
-                    Err(e) => errors.push(e),
-                }
-            }
-            match written {
-                true => Ok(()),
-                false => Err(TicketError::NoHighWater {
-                    server: class.server.clone(),
-                    reason: format!("no server took the marks: {}", reasons(&errors)),
-                }),
-            }
+            let quorum = self.quorum();
+            self.record_tally(class, identity, marks, quorum)
+                .await?
+                .written(quorum, class)
         })
     }
 
@@ -318,61 +542,10 @@ impl HighWaterStore for PeersStore {
         readmit: bool,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
-            let server = class.server.as_str();
-            let read = self
-                .on_all(|_, mut s| async move {
-                    let r = s.read_holder(&class.key).await;
-                    (s, r)
-                })
-                .await;
-            let mut errors = Vec::new();
-            if !readmit {
-                for holder in read.iter().flatten().flatten() {
-                    if holder.supersedes(identity) {
-                        return Err(superseded(class, identity, holder));
-                    }
-                }
-            }
-            let read = &read;
-            let taken = self
-                .on_all(|i, mut s| async move {
-                    let r = match &read[i] {
-                        Ok(Some(h)) if h.identity == identity => Ok(true),
-                        Ok(from) => s.claim(&class.key, identity, server, from.as_ref()).await,
-                        Err(e) => Err(e.clone()),
-                    };
-                    (s, r)
-                })
-                .await;
-            let mut protected = false;
-            for (i, result) in taken.into_iter().enumerate() {
-                match result {
-                    Ok(true) => protected |= self.protects(i, server),
-                    Ok(false) => {
-                        return Err(TicketError::db(
-                            server,
-                            "take the class over",
-                            format!(
-                                "{} took residue class {} over at the same time",
-                                self.config.servers[i].name, class.key
-                            ),
-                        ));
-                    }
-                    Err(e) if self.protects(i, server) => errors.push(e),
-                    Err(_) => {}
-                }
-            }
-            match protected {
-                true => Ok(()),
-                false => Err(TicketError::NoHighWater {
-                    server: server.to_string(),
-                    reason: format!(
-                        "no place recorded it as the holder of residue class {}: {}",
-                        class.key,
-                        reasons(&errors)
-                    ),
-                }),
-            }
+            let quorum = self.quorum();
+            self.claim_tally(class, identity, readmit, quorum)
+                .await?
+                .read(quorum, class)
         })
     }
 
@@ -418,39 +591,10 @@ impl HighWaterStore for PeersStore {
         class: &'a ResidueClass,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
         Box::pin(async move {
-            let server = class.server.as_str();
-            let keys = [class.key.as_str(), server];
-            let keys = &keys;
-            let results = self
-                .on_all(|_, mut s| async move {
-                    let r = s.read_high_water(keys).await;
-                    (s, r)
-                })
-                .await;
-            let mut marks = HashMap::new();
-            let mut protected = false;
-            let mut errors = Vec::new();
-            for (i, result) in results.into_iter().enumerate() {
-                match result {
-                    Ok(rows) => {
-                        protected |= self.protects(i, server);
-                        for (sequence, hw) in rows {
-                            let mark = marks.entry(sequence).or_insert(0);
-                            *mark = hw.max(*mark);
-                        }
-                    }
-                    Err(e) if self.protects(i, server) => errors.push(e),
-                    Err(_) => {}
-                }
-            }
-            if protected {
-                Ok(marks)
-            } else {
-                Err(TicketError::NoHighWater {
-                    server: server.to_string(),
-                    reason: reasons(&errors),
-                })
-            }
+            let quorum = self.quorum();
+            let (marks, tally) = self.load_tally(class, quorum).await;
+            tally.read(quorum, class)?;
+            Ok(marks)
         })
     }
 

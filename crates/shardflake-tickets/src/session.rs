@@ -31,7 +31,7 @@ impl Session {
         // call (read after, a new version could pass with the old lattice).
         let version = session.lattice_version().await?;
         let recorded = session.read_lattice().await?;
-        check_lattice(config, server, &recorded)?;
+        check_lattice(config, server, &recorded, version.as_ref())?;
         let version = version.ok_or_else(|| {
             TicketError::misconfigured(
                 &server.name,

@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use shardflake_service::{Config as ServeConfig, RawConfig};
-use shardflake_tickets::{Config, HighWaterStore, MAX_COUNT, TicketClient, TicketError, admin};
+use shardflake_tickets::{
+    Config, HighWaterStore, MAX_COUNT, Mode, TicketClient, TicketError, admin,
+};
 
 mod bench;
 
@@ -231,15 +233,20 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         }
         TicketsCommand::Next { sequence, count } => {
             let client = TicketClient::connect(config.load()?).await?;
-            let ids = next_in_chunks(&client, &sequence, count).await;
+            let (ids, failed) = next_in_chunks(&client, &sequence, count).await;
             client.shutdown().await;
-            let ids = ids?;
+            // The ids it got were handed out: printed, whatever failed after.
             super::with_stdout(|out| {
-                for id in ids {
+                for id in &ids {
                     writeln!(out, "{id}")?;
                 }
                 Ok(())
             })?;
+            match failed {
+                None => {}
+                Some(e) if ids.is_empty() => return Err(e.into()),
+                Some(e) => bail!("{e} (after {} of {count} ids, printed)", ids.len()),
+            }
         }
         TicketsCommand::Bench {
             sequence,
@@ -336,29 +343,56 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// `count` ids of `sequence` (1 to [`MAX_COUNT`]), asked in chunks of the
-/// sequence's own limit (lower for a per-id sequence: a round trip per id).
+/// sequence's own limit (lower for a per-id sequence: a round trip per id):
+/// the ids it got, and the error that stopped it.
 async fn next_in_chunks(
     client: &TicketClient,
     sequence: &str,
     count: usize,
-) -> Result<Vec<u64>, TicketError> {
+) -> (Vec<u64>, Option<TicketError>) {
     if count == 0 || count > MAX_COUNT {
-        return Err(TicketError::BadCount {
+        let e = TicketError::BadCount {
             count,
             max: MAX_COUNT,
-        });
+        };
+        return (Vec::new(), Some(e));
     }
-    let chunk = client
-        .config()
-        .sequence(sequence)
-        .map_or(MAX_COUNT, |(_, q)| q.mode.max_count());
+    let Some((_, seq)) = client.config().sequence(sequence) else {
+        return (
+            Vec::new(),
+            Some(TicketError::UnknownSequence(sequence.into())),
+        );
+    };
+    let chunk = seq.mode.max_count();
     let mut ids = Vec::with_capacity(count);
     while ids.len() < count {
-        ids.extend(
-            client
-                .next_n(sequence, chunk.min(count - ids.len()))
-                .await?,
-        );
+        let want = chunk.min(count - ids.len());
+        let got = match seq.mode {
+            // One id at a time (a round trip each either way), so that an
+            // id that fails leaves those before it to print; each chunk in
+            // order, as `next_n` gives them.
+            Mode::PerId => {
+                let mut got = Vec::with_capacity(want);
+                let mut failed = None;
+                for _ in 0..want {
+                    match client.next(sequence).await {
+                        Ok(id) => got.push(id),
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+                got.sort_unstable();
+                ids.extend(got);
+                failed.map_or(Ok(Vec::new()), Err)
+            }
+            Mode::Segment => client.next_n(sequence, want).await,
+        };
+        match got {
+            Ok(got) => ids.extend(got),
+            Err(e) => return (ids, Some(e)),
+        }
     }
-    Ok(ids)
+    (ids, None)
 }

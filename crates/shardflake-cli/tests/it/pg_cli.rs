@@ -418,7 +418,8 @@ fn mysql_apply_call_sql() {
 
 /// `tickets init|check|next` on one MariaDB ticket server: a per-id `next`
 /// above the per-request limit is asked in chunks; bad counts and unknown
-/// sequences are clear errors.
+/// sequences are clear errors; a `next` stopped by a later id prints the
+/// ids it got, then the error, and exits non-zero.
 #[test]
 fn tickets_init_check_next() {
     let server = MariaDbServer::start().unwrap();
@@ -465,6 +466,33 @@ fn tickets_init_check_next() {
     }
     let e = fails(&["tickets", "next", "nope", "--config", config]);
     assert!(e.contains("unknown sequence \"nope\""), "{e}");
+    // A 32-bit sequence where six ids fit below 2^32, in a file of its own
+    // (a client writes marks ahead of every per-id sequence of its file,
+    // and the next client starts past them): the six printed, then why
+    // the seventh failed. Before: nothing printed.
+    let small = dir.join("small.toml");
+    std::fs::write(
+        &small,
+        format!(
+            "[[servers]]\nname = \"t1\"\nkind = \"mariadb\"\nurl = {:?}\noffset = 1\n\n\
+             [[sequences]]\nname = \"small\"\nbits = 32\nstart = 4294967290\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let small = small.to_str().unwrap();
+    ok(&["tickets", "--config", small, "init"]);
+    let out = shardflake(&["tickets", "next", "small", "-n", "10", "--config", small]);
+    assert!(!out.status.success());
+    assert_eq!(
+        numbers(String::from_utf8(out.stdout).unwrap()),
+        (4_294_967_290..=4_294_967_295).collect::<Vec<u64>>()
+    );
+    let e = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        e.contains("exhausted") && e.contains("after 6 of 10 ids, printed"),
+        "{e}"
+    );
 
     // bench --bare --rounds 2: the second round runs the bare loop first,
     // and the median of the two ratios is printed.

@@ -332,6 +332,10 @@ pub(crate) fn holder_of(identity: String, generation: u64, superseded: &str) -> 
 /// only at its next session.
 pub const VERSION_TABLE: &str = "shardflake_ticket_lattice_version";
 
+/// The lattice version `init` records (both backends write 1); every
+/// `reshape` raises it.
+pub(crate) const INITIAL_VERSION: i64 = 1;
+
 /// What [`VERSION_TABLE`] holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LatticeVersion {
@@ -480,12 +484,17 @@ impl std::fmt::Display for LatticeRecord {
 }
 
 /// Compares the records read from a server with the file: the first
-/// sequence whose record is missing or differs is an error.
+/// sequence whose record is missing or differs is an error. `version`: the
+/// server's lattice version, read before the records (above the one `init`
+/// records, a `reshape` recorded them: the error says so, rather than
+/// that the file was edited).
 pub(crate) fn check_lattice(
     config: &Config,
     server: &ServerConfig,
     recorded: &[(String, LatticeRecord)],
+    version: Option<&LatticeVersion>,
 ) -> Result<(), TicketError> {
+    let reshaped = version.is_some_and(|v| v.version > INITIAL_VERSION);
     for seq in &config.sequences {
         let file = LatticeRecord::of(config, server, seq);
         match recorded.iter().find(|(name, _)| *name == seq.name) {
@@ -496,6 +505,14 @@ pub(crate) fn check_lattice(
                         "sequence {:?} has no recorded lattice (run `shardflake tickets init`)",
                         seq.name
                     ),
+                ));
+            }
+            Some((_, r)) if *r != file && reshaped => {
+                return Err(TicketError::lattice_reshaped(
+                    &server.name,
+                    &seq.name,
+                    r,
+                    &file,
                 ));
             }
             Some((_, r)) if *r != file => {
@@ -546,7 +563,8 @@ pub struct ServerSettings {
     pub global: Option<(u64, u64)>,
     /// The same for the client's session, after it set them.
     pub session: Option<(u64, u64)>,
-    /// Durability settings that can make a crash hand out ids again.
+    /// Durability settings that can make a crash hand out ids again, and
+    /// settings only clients outside shardflake use (`check`'s warnings).
     pub warnings: Vec<String>,
     /// Each sequence.
     pub sequences: Vec<SequenceState>,

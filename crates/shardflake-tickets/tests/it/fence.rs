@@ -31,7 +31,7 @@ async fn an_old_client_is_refused_at_its_next_call(kind: &str, style: &str, a: &
     // lattice's version tells the old client's answers from the new.
     let (before, after) = (file("", 1, 2), file("increment = 4\n", 1, 3));
     init_ok(&before).await;
-    let old = TicketClient::connect(before).await.unwrap();
+    let old = TicketClient::connect(before.clone()).await.unwrap();
     let mut photos = Vec::new();
     let mut blocks = Vec::new();
     for _ in 0..10 {
@@ -77,6 +77,19 @@ async fn an_old_client_is_refused_at_its_next_call(kind: &str, style: &str, a: &
     blocks.extend(new.next_n("blocks", 3000).await.unwrap());
     assert_unique(&photos);
     assert_unique(&blocks);
+    // A client started on the old file, and `check` with it, are told the
+    // servers were reshaped, not that the file was edited.
+    let reshaped = "the servers' lattice was changed by `shardflake tickets reshape`";
+    let Err(e) = TicketClient::connect(before.clone()).await else {
+        panic!("{kind} {style}: a client on the file of before the reshape started");
+    };
+    let text = e.to_string();
+    assert!(
+        text.contains(reshaped) && !text.contains("initialised with"),
+        "{text}"
+    );
+    let report = admin::check(&before).await.to_string();
+    assert!(report.contains(reshaped), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -256,14 +269,13 @@ async fn a_reshape_counts_the_marks_in_etcd_of_a_server_it_removes() {
     let client = TicketClient::connect(config.clone()).await.unwrap();
     let mut photos = client.next_n("photos", 200).await.unwrap();
     let mut blocks = client.next_n("blocks", 3000).await.unwrap();
-    client.shutdown().await;
-    drop(client);
     let night = (
         super::repro::dump(&a, "night"),
         super::repro::dump(&b, "night"),
     );
+    // The client goes on (`b` and etcd are two of the three places); a
+    // fresh one would refuse `b` with `a` down.
     a.kill().unwrap();
-    let client = TicketClient::connect(config.clone()).await.unwrap();
     for _ in 0..4 {
         photos.extend(client.next_n("photos", 1000).await.unwrap());
         blocks.extend(client.next_n("blocks", 5000).await.unwrap());
@@ -321,38 +333,40 @@ async fn a_server_without_the_lattice_version_is_refused_until_init() {
 }
 
 /// Item 4: an etcd the file names that cannot be reached is one place
-/// holding the marks down, as a peer down is: with the peer answering,
-/// every server is served (and raised past the peer's marks); with the
-/// peer down too, no place holding `a`'s marks answers and a fresh client
-/// refuses `a` (`no_high_water`), as it does for a file without etcd.
+/// holding the marks down, as a peer down is. Two servers and etcd are
+/// three places: a mark write needs two of them (a server's own copy and
+/// its peer go on without etcd), and a server is vouched for only by both
+/// places other than it; so with etcd down a running client goes on, and
+/// a fresh one refuses both servers (`no_high_water`) until etcd answers
+/// again, as it refuses a server whose peer is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreachable_etcd_is_a_place_down_like_a_peer() {
+    let etcd = shardflake_testkit::Etcd::start(1).unwrap();
     let (a, b) = (maria(2, 1), maria(2, 2));
-    let dead = format!(
-        "\n[marks]\netcd = [\"http://127.0.0.1:{}\"]\n",
-        shardflake_testkit::free_port().unwrap()
-    );
-    let config = super::repro::pair(&a, &b, &dead);
+    let config = super::repro::pair(&a, &b, &super::etcd_marks(&etcd, "/down"));
     init_ok(&config).await;
     let client = TicketClient::connect(config.clone()).await.unwrap();
     let mut ids = client.next_n("photos", 400).await.unwrap();
     client.next_n("blocks", 3000).await.unwrap();
+    etcd.kill(0).unwrap();
+    // Every block's mark is written before its ids: on the two servers.
+    client.next_n("blocks", 3000).await.unwrap();
+    ids.extend(client.next_n("photos", 400).await.unwrap());
     for server in ["a", "b"] {
         assert_eq!(state(&client, server), "up", "{:?}", client.metrics());
     }
     client.shutdown().await;
     drop(client);
-    b.kill().unwrap();
     // No server to start with: the client says why for each.
     let Err(e) = TicketClient::connect(config.clone()).await else {
-        panic!("a served with no place holding its marks answering");
+        panic!("a server was vouched for by one place of three");
     };
     assert!(
         e.to_string()
-            .contains("no place holding its high-water marks answered"),
+            .contains("too few of the places holding its high-water marks answered"),
         "{e}"
     );
-    b.restart().unwrap();
+    etcd.restart(0).unwrap();
     let fresh = TicketClient::connect(config.clone()).await.unwrap();
     for _ in 0..4 {
         ids.extend(fresh.next_n("photos", 100).await.unwrap());

@@ -14,6 +14,7 @@ mod classes;
 mod fence;
 mod issue36;
 mod live_restore;
+mod quorum;
 mod reply_order;
 mod repro;
 
@@ -242,6 +243,35 @@ async fn a_pair_sharing_an_offset_fails_check_and_is_refused_by_the_client() {
     let client = TicketClient::connect(config).await.unwrap();
     let ids = client.next_n("photos", 10).await.unwrap();
     assert_eq!(ids, (1..=10).collect::<Vec<_>>());
+}
+
+/// Two servers left at MariaDB's default global increment and offset
+/// (1/1): shardflake's clients set their own sessions, so `check` is ok and
+/// warns (naming what a plain SQL client would do), and the clients hand
+/// out odd and even ids. Before: `check` failed with three problems (each
+/// global differs from the file, and both "share" offset 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pair_at_mariadbs_default_globals_checks_ok_with_a_warning() {
+    let (a, b) = (
+        MariaDbServer::start().unwrap(),
+        MariaDbServer::start().unwrap(),
+    );
+    let config = maria_pair_config(&a, &b);
+    init_ok(&config).await;
+    let report = admin::check(&config).await;
+    let text = report.to_string();
+    assert!(report.ok(), "{text}");
+    assert_eq!(
+        text.matches("warning: global auto_increment_increment/offset are MariaDB's defaults 1/1")
+            .count(),
+        2,
+        "{text}"
+    );
+    let client = TicketClient::connect(config).await.unwrap();
+    assert_eq!(
+        client.next_n("photos", 10).await.unwrap(),
+        (1..=10).collect::<Vec<_>>()
+    );
 }
 
 /// 8 callers on both sequences while server `a` is SIGKILLed and restarted.
