@@ -24,8 +24,9 @@
 //! caller (an async runtime, say); see [`crate::wait`].
 //!
 //! [`LocalGenerator`] is the fastest mode, for one thread: it reserves small
-//! blocks from the shared generator and hands them out without atomics. Its
-//! ids increase on its own thread only.
+//! blocks from the shared generator and hands them out without atomics,
+//! each only while the clock reads its block's tick. Its ids increase on its
+//! own thread only.
 
 use std::time::Duration;
 
@@ -183,6 +184,11 @@ impl<C: Clock> GeneratorBuilder<C> {
             time_shift: self.layout.time().shift(),
             seq_shift: self.layout.sequence().shift(),
             max_tick: self.layout.max_tick(),
+            fast_ticks: if self.layout.tick_ms() == 1 {
+                self.layout.max_tick() + 1
+            } else {
+                0
+            },
             borrow_ticks: borrow,
             allowed_lead: borrow.saturating_add(ride),
             rollback: self.rollback,
@@ -231,6 +237,9 @@ pub struct Generator<C = MonotonicClock> {
     time_shift: u32,
     seq_shift: u32,
     max_tick: u64,
+    /// Ticks the fast path of `next_id` serves: all of them (`max_tick + 1`)
+    /// on a 1 ms tick, where a reading is a tick; none on a longer one.
+    fast_ticks: u64,
     borrow_ticks: u64,
     allowed_lead: u64,
     rollback: RollbackPolicy,
@@ -388,13 +397,14 @@ impl<C: Clock> Generator<C> {
         // epoch and not behind the last id, and the next value no later than
         // now. Anything else, a lost race included, takes the full path.
         let cur = self.state.0.load(Ordering::Acquire);
-        let now_ms = self.clock.now_ms();
-        if self.tick_ms == 1 && now_ms >= self.epoch_ms {
-            let now = now_ms - self.epoch_ms;
-            let next = cur.wrapping_add(1).max(now << self.seq_bits);
+        let now = self.clock.now_ms().wrapping_sub(self.epoch_ms);
+        // One comparison for all three: a reading before the epoch wraps
+        // to a number past every tick.
+        if now < self.fast_ticks {
+            let tick_start = now << self.seq_bits;
+            let next = cur.wrapping_add(1).max(tick_start);
             if next > cur
                 && next >> self.seq_bits <= now
-                && now <= self.max_tick
                 && self
                     .state
                     .0
@@ -459,15 +469,19 @@ impl<C: Clock> Generator<C> {
     }
 
     /// A handle for one thread that reserves `block` ids at a time (at most
-    /// a tick's worth) and hands them out without touching shared state.
-    /// Ids increase per handle; across threads only the blocks are ordered.
+    /// a tick's worth) and hands them out without touching shared state,
+    /// each stamped with the tick the clock reads when it is handed out
+    /// (see [`LocalGenerator`]). Ids increase per handle; across threads
+    /// only the blocks are ordered.
     pub fn local(&self, block: u64) -> LocalGenerator<'_, C> {
         LocalGenerator {
             generator: self,
             block: block.clamp(1, 1 << self.seq_bits),
-            next: 1,
-            end: 0,
-            tick: 0,
+            next: 0,
+            left: 0,
+            step: 1 << self.seq_shift,
+            from_ms: 0,
+            window_ms: 0,
         }
     }
 
@@ -702,31 +716,74 @@ impl<C: Clock> Generator<C> {
 }
 
 /// One thread's handle on a shared [`Generator`]; see [`Generator::local`].
+///
+/// It holds one block, a run of sequence values of one tick, and hands out
+/// an id of it only while the clock reads that tick: the same cached clock
+/// reading the shared calls take, checked against the block's window with
+/// one subtraction and one comparison. A clock past the window (the next
+/// tick, or a step forward) or before it (a step back) ends the block, and
+/// the next id comes from a new block reserved from the shared generator,
+/// whose policies then apply: [`RollbackPolicy::Error`] refuses a clock
+/// stepped back, `Wait` waits, `Continue` rides on. The window starts
+/// earlier only by the lead those policies allow ids to have on the clock,
+/// so a block is handed out exactly where a shared call would hand out an
+/// id of its tick.
 #[derive(Debug)]
 pub struct LocalGenerator<'g, C = MonotonicClock> {
     generator: &'g Generator<C>,
     block: u64,
+    /// The block's next id, as the id itself: within a tick the next id is
+    /// one sequence `step` above the last.
     next: u64,
-    end: u64,
-    tick: u64,
+    left: u64,
+    step: u64,
+    /// Clock readings (Unix ms) at which the block may be handed out:
+    /// `from_ms` and the `window_ms - 1` after it.
+    from_ms: u64,
+    window_ms: u64,
 }
 
 impl<C: Clock> LocalGenerator<'_, C> {
     /// The next id; larger than every id this handle returned before.
     #[inline]
     pub fn next_id(&mut self) -> Result<Id, GenerateError> {
-        let g = self.generator;
-        // A block is spent once the clock passes its tick, so ids stay stamped
-        // with the tick they were made in.
-        if self.next > self.end || g.tick(g.clock.now_ms())? > self.tick {
-            let (start, end) = block_on(|a| g.try_reserve(self.block, true, a))?;
-            self.next = start;
-            self.end = end;
-            self.tick = start >> g.seq_bits;
+        let now_ms = self.generator.clock.now_ms();
+        // Before the window, the subtraction wraps to a number past it.
+        if self.left > 0 && now_ms.wrapping_sub(self.from_ms) < self.window_ms {
+            return Ok(self.take());
         }
-        let id = g.id(self.next);
-        self.next += 1;
-        Ok(id)
+        self.refill()
+    }
+
+    #[inline]
+    fn take(&mut self) -> Id {
+        let id = Id(self.next);
+        self.left -= 1;
+        // Past the block's last id only once `left` is 0, never read then.
+        self.next = self.next.wrapping_add(self.step);
+        id
+    }
+
+    /// The cold path: the cached reading is outside the block's tick, or the
+    /// block is spent.
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self) -> Result<Id, GenerateError> {
+        let g = self.generator;
+        // The cached reading may lag a precise one another call made (and
+        // reserved this block's tick with): only a precise reading ends it.
+        if self.left > 0 && g.clock.now_ms_precise().wrapping_sub(self.from_ms) < self.window_ms {
+            return Ok(self.take());
+        }
+        let (start, end) = block_on(|a| g.try_reserve(self.block, true, a))?;
+        let tick = start >> g.seq_bits;
+        // The layout keeps every tick's end within u64 milliseconds.
+        let from_tick = tick.saturating_sub(g.allowed_lead);
+        self.from_ms = g.epoch_ms + from_tick * g.tick_ms;
+        self.window_ms = (tick - from_tick + 1) * g.tick_ms;
+        self.next = g.id(start).get();
+        self.left = end - start + 1;
+        Ok(self.take())
     }
 }
 
