@@ -10,7 +10,10 @@
 //! Twitter Snowflake's rules ("Announcing Snowflake", 2010, and its
 //! `IdWorker`) are the defaults: a new tick
 //! restarts the sequence at 0; a full sequence waits for the next tick; a
-//! clock behind the last issued tick is an error. [`ExhaustedPolicy`] and
+//! clock behind the last issued tick is an error. A layout with a random
+//! start ([`crate::LayoutBuilder::random_start`]) starts each tick at a
+//! keyed hash of the tick instead, the same for every call, and runs up
+//! from there: the packed counter only grows, so no value is used twice. [`ExhaustedPolicy`] and
 //! [`RollbackPolicy`] relax them, always within a bound: no call spins or
 //! sleeps for longer than its policy allows plus the stall timeout.
 //!
@@ -189,6 +192,12 @@ impl<C: Clock> GeneratorBuilder<C> {
             } else {
                 0
             },
+            start_mask: mask(self.layout.random_start_bits()),
+            start_key: if self.layout.random_start_bits() > 0 {
+                random_key()
+            } else {
+                0
+            },
             borrow_ticks: borrow,
             allowed_lead: borrow.saturating_add(ride),
             rollback: self.rollback,
@@ -240,6 +249,10 @@ pub struct Generator<C = MonotonicClock> {
     /// Ticks the fast path of `next_id` serves: all of them (`max_tick + 1`)
     /// on a 1 ms tick, where a reading is a tick; none on a longer one.
     fast_ticks: u64,
+    /// The layout's random start: each tick's first sequence value is a
+    /// keyed hash of the tick, masked by `start_mask` (0: off).
+    start_mask: u64,
+    start_key: u64,
     borrow_ticks: u64,
     allowed_lead: u64,
     rollback: RollbackPolicy,
@@ -402,7 +415,11 @@ impl<C: Clock> Generator<C> {
         // to a number past every tick.
         if now < self.fast_ticks {
             let tick_start = now << self.seq_bits;
-            let next = cur.wrapping_add(1).max(tick_start);
+            let next = if cur >= tick_start {
+                cur.wrapping_add(1)
+            } else {
+                tick_start | self.random_start(now)
+            };
             if next > cur
                 && next >> self.seq_bits <= now
                 && self
@@ -503,6 +520,27 @@ impl<C: Clock> Generator<C> {
         Id((tick << self.time_shift) | (seq << self.seq_shift) | self.node_bits.get())
     }
 
+    /// The first sequence value of `tick`: 0, or with the layout's random
+    /// start, the same keyed hash of the tick for every call.
+    #[inline]
+    fn random_start(&self, tick: u64) -> u64 {
+        if self.start_mask == 0 {
+            return 0;
+        }
+        mix(tick ^ self.start_key) & self.start_mask
+    }
+
+    /// The packed value after `packed`: the next sequence value, or, where
+    /// that begins a new tick, the tick's start. `None` past the last value.
+    #[inline]
+    fn successor(&self, packed: u64) -> Option<u64> {
+        let next = packed.checked_add(1)?;
+        Some(match next & mask(self.seq_bits) {
+            0 => next | self.random_start(next >> self.seq_bits),
+            _ => next,
+        })
+    }
+
     #[inline]
     fn tick(&self, unix_ms: u64) -> Result<u64, GenerateError> {
         let ms = unix_ms
@@ -547,9 +585,10 @@ impl<C: Clock> Generator<C> {
             if now > self.max_tick {
                 return Err(self.exhausted_epoch());
             }
-            let floor = (now + 1).saturating_sub(span) << self.seq_bits;
-            let start = cur
-                .checked_add(1)
+            let first_tick = (now + 1).saturating_sub(span);
+            let floor = (first_tick << self.seq_bits) | self.random_start(first_tick);
+            let start = self
+                .successor(cur)
                 .ok_or_else(|| self.exhausted_epoch())?
                 .max(floor);
             let mut end = start
@@ -785,6 +824,27 @@ impl<C: Clock> LocalGenerator<'_, C> {
         self.left = end - start + 1;
         Ok(self.take())
     }
+}
+
+/// A 64-bit mixing function (splitmix64's finalizer): every input bit
+/// moves about half the output bits, so consecutive ticks get unrelated
+/// starts.
+#[inline]
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A generator's key for its random starts: from the operating system, or,
+/// where it has none to give, the clock's nanoseconds (the starts need to
+/// differ between generators, not to be secret).
+fn random_key() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    })
 }
 
 /// Whole milliseconds of `d`, saturating (a `Duration` can hold more).
