@@ -187,11 +187,6 @@ impl<C: Clock> GeneratorBuilder<C> {
             time_shift: self.layout.time().shift(),
             seq_shift: self.layout.sequence().shift(),
             max_tick: self.layout.max_tick(),
-            fast_ticks: if self.layout.tick_ms() == 1 {
-                self.layout.max_tick() + 1
-            } else {
-                0
-            },
             start_mask: mask(self.layout.random_start_bits()),
             start_key: if self.layout.random_start_bits() > 0 {
                 random_key()
@@ -246,9 +241,6 @@ pub struct Generator<C = MonotonicClock> {
     time_shift: u32,
     seq_shift: u32,
     max_tick: u64,
-    /// Ticks the fast path of `next_id` serves: all of them (`max_tick + 1`)
-    /// on a 1 ms tick, where a reading is a tick; none on a longer one.
-    fast_ticks: u64,
     /// The layout's random start: each tick's first sequence value is a
     /// keyed hash of the tick, masked by `start_mask` (0: off).
     start_mask: u64,
@@ -410,10 +402,9 @@ impl<C: Clock> Generator<C> {
         // epoch and not behind the last id, and the next value no later than
         // now. Anything else, a lost race included, takes the full path.
         let cur = self.state.0.load(Ordering::Acquire);
-        let now = self.clock.now_ms().wrapping_sub(self.epoch_ms);
-        // One comparison for all three: a reading before the epoch wraps
-        // to a number past every tick.
-        if now < self.fast_ticks {
+        let now_ms = self.clock.now_ms();
+        if self.tick_ms == 1 && now_ms >= self.epoch_ms {
+            let now = now_ms - self.epoch_ms;
             let tick_start = now << self.seq_bits;
             let next = if cur >= tick_start {
                 cur.wrapping_add(1)
@@ -422,6 +413,7 @@ impl<C: Clock> Generator<C> {
             };
             if next > cur
                 && next >> self.seq_bits <= now
+                && now <= self.max_tick
                 && self
                     .state
                     .0
