@@ -35,6 +35,16 @@ pub enum LayoutError {
     /// A tick of zero milliseconds.
     #[error("tick length must be at least 1 ms")]
     ZeroTick,
+    /// A random start wider than the sequence field.
+    #[error(
+        "random start of {bits} bits is wider than the {sequence_bits}-bit sequence; use at most {sequence_bits}"
+    )]
+    RandomStartTooWide {
+        /// The width asked for.
+        bits: u32,
+        /// The sequence field's width.
+        sequence_bits: u32,
+    },
     /// The epoch is later than now.
     #[error("epoch {epoch_ms} ms is in the future")]
     EpochInFuture {

@@ -10,7 +10,10 @@
 //! Twitter Snowflake's rules ("Announcing Snowflake", 2010, and its
 //! `IdWorker`) are the defaults: a new tick
 //! restarts the sequence at 0; a full sequence waits for the next tick; a
-//! clock behind the last issued tick is an error. [`ExhaustedPolicy`] and
+//! clock behind the last issued tick is an error. A layout with a random
+//! start ([`crate::LayoutBuilder::random_start`]) starts each tick at a
+//! keyed hash of the tick instead, the same for every call, and runs up
+//! from there: the packed counter only grows, so no value is used twice. [`ExhaustedPolicy`] and
 //! [`RollbackPolicy`] relax them, always within a bound: no call spins or
 //! sleeps for longer than its policy allows plus the stall timeout.
 //!
@@ -24,8 +27,9 @@
 //! caller (an async runtime, say); see [`crate::wait`].
 //!
 //! [`LocalGenerator`] is the fastest mode, for one thread: it reserves small
-//! blocks from the shared generator and hands them out without atomics. Its
-//! ids increase on its own thread only.
+//! blocks from the shared generator and hands them out without atomics,
+//! each only while the clock reads its block's tick. Its ids increase on its
+//! own thread only.
 
 use std::time::Duration;
 
@@ -183,6 +187,12 @@ impl<C: Clock> GeneratorBuilder<C> {
             time_shift: self.layout.time().shift(),
             seq_shift: self.layout.sequence().shift(),
             max_tick: self.layout.max_tick(),
+            start_mask: mask(self.layout.random_start_bits()),
+            start_key: if self.layout.random_start_bits() > 0 {
+                random_key()
+            } else {
+                0
+            },
             borrow_ticks: borrow,
             allowed_lead: borrow.saturating_add(ride),
             rollback: self.rollback,
@@ -231,6 +241,10 @@ pub struct Generator<C = MonotonicClock> {
     time_shift: u32,
     seq_shift: u32,
     max_tick: u64,
+    /// The layout's random start: each tick's first sequence value is a
+    /// keyed hash of the tick, masked by `start_mask` (0: off).
+    start_mask: u64,
+    start_key: u64,
     borrow_ticks: u64,
     allowed_lead: u64,
     rollback: RollbackPolicy,
@@ -391,7 +405,12 @@ impl<C: Clock> Generator<C> {
         let now_ms = self.clock.now_ms();
         if self.tick_ms == 1 && now_ms >= self.epoch_ms {
             let now = now_ms - self.epoch_ms;
-            let next = cur.wrapping_add(1).max(now << self.seq_bits);
+            let tick_start = now << self.seq_bits;
+            let next = if cur >= tick_start {
+                cur.wrapping_add(1)
+            } else {
+                tick_start | self.random_start(now)
+            };
             if next > cur
                 && next >> self.seq_bits <= now
                 && now <= self.max_tick
@@ -459,15 +478,19 @@ impl<C: Clock> Generator<C> {
     }
 
     /// A handle for one thread that reserves `block` ids at a time (at most
-    /// a tick's worth) and hands them out without touching shared state.
-    /// Ids increase per handle; across threads only the blocks are ordered.
+    /// a tick's worth) and hands them out without touching shared state,
+    /// each stamped with the tick the clock reads when it is handed out
+    /// (see [`LocalGenerator`]). Ids increase per handle; across threads
+    /// only the blocks are ordered.
     pub fn local(&self, block: u64) -> LocalGenerator<'_, C> {
         LocalGenerator {
             generator: self,
             block: block.clamp(1, 1 << self.seq_bits),
-            next: 1,
-            end: 0,
-            tick: 0,
+            next: 0,
+            left: 0,
+            step: 1 << self.seq_shift,
+            from_ms: 0,
+            window_ms: 0,
         }
     }
 
@@ -487,6 +510,27 @@ impl<C: Clock> Generator<C> {
         let tick = packed >> self.seq_bits;
         let seq = packed & mask(self.seq_bits);
         Id((tick << self.time_shift) | (seq << self.seq_shift) | self.node_bits.get())
+    }
+
+    /// The first sequence value of `tick`: 0, or with the layout's random
+    /// start, the same keyed hash of the tick for every call.
+    #[inline]
+    fn random_start(&self, tick: u64) -> u64 {
+        if self.start_mask == 0 {
+            return 0;
+        }
+        mix(tick ^ self.start_key) & self.start_mask
+    }
+
+    /// The packed value after `packed`: the next sequence value, or, where
+    /// that begins a new tick, the tick's start. `None` past the last value.
+    #[inline]
+    fn successor(&self, packed: u64) -> Option<u64> {
+        let next = packed.checked_add(1)?;
+        Some(match next & mask(self.seq_bits) {
+            0 => next | self.random_start(next >> self.seq_bits),
+            _ => next,
+        })
     }
 
     #[inline]
@@ -533,9 +577,10 @@ impl<C: Clock> Generator<C> {
             if now > self.max_tick {
                 return Err(self.exhausted_epoch());
             }
-            let floor = (now + 1).saturating_sub(span) << self.seq_bits;
-            let start = cur
-                .checked_add(1)
+            let first_tick = (now + 1).saturating_sub(span);
+            let floor = (first_tick << self.seq_bits) | self.random_start(first_tick);
+            let start = self
+                .successor(cur)
                 .ok_or_else(|| self.exhausted_epoch())?
                 .max(floor);
             let mut end = start
@@ -702,32 +747,96 @@ impl<C: Clock> Generator<C> {
 }
 
 /// One thread's handle on a shared [`Generator`]; see [`Generator::local`].
+///
+/// It holds one block, a run of sequence values of one tick, and hands out
+/// an id of it only while the clock reads that tick: the same cached clock
+/// reading the shared calls take, checked against the block's window with
+/// one subtraction and one comparison. A clock past the window (the next
+/// tick, or a step forward) or before it (a step back) ends the block, and
+/// the next id comes from a new block reserved from the shared generator,
+/// whose policies then apply: [`RollbackPolicy::Error`] refuses a clock
+/// stepped back, `Wait` waits, `Continue` rides on. The window starts
+/// earlier only by the lead those policies allow ids to have on the clock,
+/// so a block is handed out exactly where a shared call would hand out an
+/// id of its tick.
 #[derive(Debug)]
 pub struct LocalGenerator<'g, C = MonotonicClock> {
     generator: &'g Generator<C>,
     block: u64,
+    /// The block's next id, as the id itself: within a tick the next id is
+    /// one sequence `step` above the last.
     next: u64,
-    end: u64,
-    tick: u64,
+    left: u64,
+    step: u64,
+    /// Clock readings (Unix ms) at which the block may be handed out:
+    /// `from_ms` and the `window_ms - 1` after it.
+    from_ms: u64,
+    window_ms: u64,
 }
 
 impl<C: Clock> LocalGenerator<'_, C> {
     /// The next id; larger than every id this handle returned before.
     #[inline]
     pub fn next_id(&mut self) -> Result<Id, GenerateError> {
-        let g = self.generator;
-        // A block is spent once the clock passes its tick, so ids stay stamped
-        // with the tick they were made in.
-        if self.next > self.end || g.tick(g.clock.now_ms())? > self.tick {
-            let (start, end) = block_on(|a| g.try_reserve(self.block, true, a))?;
-            self.next = start;
-            self.end = end;
-            self.tick = start >> g.seq_bits;
+        let now_ms = self.generator.clock.now_ms();
+        // Before the window, the subtraction wraps to a number past it.
+        if self.left > 0 && now_ms.wrapping_sub(self.from_ms) < self.window_ms {
+            return Ok(self.take());
         }
-        let id = g.id(self.next);
-        self.next += 1;
-        Ok(id)
+        self.refill()
     }
+
+    #[inline]
+    fn take(&mut self) -> Id {
+        let id = Id(self.next);
+        self.left -= 1;
+        // Past the block's last id only once `left` is 0, never read then.
+        self.next = self.next.wrapping_add(self.step);
+        id
+    }
+
+    /// The cold path: the cached reading is outside the block's tick, or the
+    /// block is spent.
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self) -> Result<Id, GenerateError> {
+        let g = self.generator;
+        // The cached reading may lag a precise one another call made (and
+        // reserved this block's tick with): only a precise reading ends it.
+        if self.left > 0 && g.clock.now_ms_precise().wrapping_sub(self.from_ms) < self.window_ms {
+            return Ok(self.take());
+        }
+        let (start, end) = block_on(|a| g.try_reserve(self.block, true, a))?;
+        let tick = start >> g.seq_bits;
+        // The layout keeps every tick's end within u64 milliseconds.
+        let from_tick = tick.saturating_sub(g.allowed_lead);
+        self.from_ms = g.epoch_ms + from_tick * g.tick_ms;
+        self.window_ms = (tick - from_tick + 1) * g.tick_ms;
+        self.next = g.id(start).get();
+        self.left = end - start + 1;
+        Ok(self.take())
+    }
+}
+
+/// A 64-bit mixing function (splitmix64's finalizer): every input bit
+/// moves about half the output bits, so consecutive ticks get unrelated
+/// starts.
+#[inline]
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A generator's key for its random starts: from the operating system, or,
+/// where it has none to give, the clock's nanoseconds (the starts need to
+/// differ between generators, not to be secret).
+fn random_key() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    })
 }
 
 /// Whole milliseconds of `d`, saturating (a `Duration` can hold more).

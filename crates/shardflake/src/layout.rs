@@ -102,6 +102,7 @@ pub struct Layout {
     fields: Vec<Field>,
     time: usize,
     sequence: usize,
+    random_start_bits: u32,
 }
 
 impl Layout {
@@ -112,6 +113,7 @@ impl Layout {
             epoch_ms: 0,
             tick_ms: 1,
             fields: Vec::new(),
+            random_start_bits: 0,
         }
     }
 
@@ -126,6 +128,11 @@ impl Layout {
     /// Length of one tick of the time field, in milliseconds.
     pub fn tick_ms(&self) -> u64 {
         self.tick_ms
+    }
+    /// Width of each tick's random start (0: every tick starts at sequence
+    /// 0); see [`LayoutBuilder::random_start`].
+    pub fn random_start_bits(&self) -> u32 {
+        self.random_start_bits
     }
     /// Every field, most significant first.
     pub fn fields(&self) -> &[Field] {
@@ -235,6 +242,9 @@ impl fmt::Display for Layout {
             write!(f, "{} {}", field.name, field.bits)?;
         }
         write!(f, " (epoch {} ms, tick {} ms", self.epoch_ms, self.tick_ms)?;
+        if self.random_start_bits > 0 {
+            write!(f, ", random start {} bits", self.random_start_bits)?;
+        }
         if let Some(ms) = self.negative_from_ms() {
             write!(
                 f,
@@ -253,6 +263,7 @@ pub struct LayoutBuilder {
     epoch_ms: u64,
     tick_ms: u64,
     fields: Vec<(String, FieldKind, u32)>,
+    random_start_bits: u32,
 }
 
 impl LayoutBuilder {
@@ -264,6 +275,18 @@ impl LayoutBuilder {
     /// Tick length in milliseconds (default 1; Sonyflake uses 10).
     pub fn tick_ms(mut self, tick_ms: u64) -> Self {
         self.tick_ms = tick_ms;
+        self
+    }
+    /// Starts each tick's sequence at a random value below `2^bits`
+    /// instead of 0 (default 0: off), so that ids made at low rates do not
+    /// all share their low bits and `id % N` spreads evenly for any `N`
+    /// dividing `2^bits`. A tick's sequence then runs from its start to the
+    /// top, never wrapping, so a tick holds at worst `2^bits - 1` fewer ids
+    /// than the sequence field allows (half that on average); a tick that
+    /// a batch or a waiting call enters from the one before starts at its
+    /// random start too. At most the sequence's width.
+    pub fn random_start(mut self, bits: u32) -> Self {
+        self.random_start_bits = bits;
         self
     }
     /// Appends the time field.
@@ -341,6 +364,13 @@ impl LayoutBuilder {
         if sequence < time {
             return Err(LayoutError::SequenceAboveTime);
         }
+        let sequence_bits = self.fields[sequence].2;
+        if self.random_start_bits > sequence_bits {
+            return Err(LayoutError::RandomStartTooWide {
+                bits: self.random_start_bits,
+                sequence_bits,
+            });
+        }
         // Every time in the layout's life must be a u64 of Unix ms, so tick
         // arithmetic (ticks × tick length + epoch) can never overflow.
         let time_bits = self.fields[time].2;
@@ -373,6 +403,7 @@ impl LayoutBuilder {
             fields,
             time,
             sequence,
+            random_start_bits: self.random_start_bits,
         })
     }
 }

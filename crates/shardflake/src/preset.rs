@@ -165,6 +165,12 @@ pub fn resolve(spec: &str) -> Result<Layout, LayoutError> {
             ["tick", ms, "ms"] | ["tick", ms] => {
                 builder = builder.tick_ms(ms.parse().map_err(|_| bad("tick is not a number"))?);
             }
+            ["random", "start", bits, "bits"] | ["random", "start", bits] => {
+                builder = builder.random_start(
+                    bits.parse()
+                        .map_err(|_| bad("random start is not a bit width"))?,
+                );
+            }
             // What Display adds for information; derived, so ignored.
             ["negative", ..] => {}
             _ => return Err(bad(&format!("unknown option {:?}", option.trim()))),

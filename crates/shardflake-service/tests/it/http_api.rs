@@ -334,3 +334,28 @@ async fn output_options_are_accepted_exactly_as_documented() -> anyhow::Result<(
     assert_eq!(checked, 3 * 4 * (4 + 2));
     Ok(())
 }
+
+/// A layout's random start comes through the service's `layout` setting
+/// (`serve --layout`) like the rest of its spec: `/v1/info` names it, and
+/// the service's ticks start at random points rather than at 0.
+#[tokio::test]
+async fn a_layout_with_a_random_start_starts_ticks_at_random_points() -> anyhow::Result<()> {
+    let spec = "time 41 | node 10 | sequence 12 (epoch 1288834974657 ms, random start 12 bits)";
+    let c = App::new(&format!("node_id = 5\nlayout = {spec:?}")).await?;
+    let (st, body) = c.get("/v1/info").await?;
+    assert_eq!(st, 200, "{body}");
+    assert!(body.contains("random start 12 bits"), "{body}");
+    // Nothing else asks this issuer, so the first id seen in a tick is the
+    // tick's first: its sequence is the tick's start.
+    let mut starts = std::collections::BTreeMap::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while starts.len() < 8 {
+        assert!(std::time::Instant::now() < deadline, "{starts:?}");
+        let (_, body) = c.get("/v1/id").await?;
+        let id = id_of(&body)?;
+        starts.entry(id >> 22).or_insert(id & 0xfff);
+    }
+    // All eight at 0 would happen once in 4096^8 with the start drawn.
+    assert!(starts.values().any(|&s| s != 0), "{starts:?}");
+    Ok(())
+}

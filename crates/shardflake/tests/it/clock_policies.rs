@@ -350,3 +350,131 @@ fn ten_ms_ticks_wait_borrow_and_refuse_in_whole_ticks() {
         Err(GenerateError::ClockStalled { .. })
     ));
 }
+
+/// A local handle hands out an id only while the clock reads its block's
+/// tick: a step forward ends the block, and the next id is of the new tick.
+#[test]
+fn local_handle_follows_a_clock_stepped_forward() {
+    let clock = ManualClock::new(T0);
+    let g = on(clock.clone()).build().unwrap();
+    let mut local = g.local(4);
+    let first = local.next_id().unwrap();
+    assert_eq!(tick_of(g.layout(), first), T0);
+    clock.advance(5);
+    let next = local.next_id().unwrap();
+    assert_eq!(
+        tick_of(g.layout(), next),
+        T0 + 5,
+        "stamped with a stale tick"
+    );
+    assert!(next > first);
+}
+
+/// A step back ends the block too, so the shared policies decide, as for a
+/// shared call: `Error` (the default) refuses, instead of handing out the
+/// rest of a block stamped ahead of the clock.
+#[test]
+fn local_handle_refuses_a_clock_stepped_back() {
+    let clock = ManualClock::new(T0);
+    let g = on(clock.clone()).build().unwrap();
+    let mut local = g.local(4);
+    let first = local.next_id().unwrap();
+    clock.set(T0 - 5);
+    assert_eq!(
+        local.next_id(),
+        Err(GenerateError::ClockMovedBackwards { behind_ms: 5 })
+    );
+    clock.set(T0 + 1);
+    let next = local.next_id().unwrap();
+    assert_eq!(tick_of(g.layout(), next), T0 + 1);
+    assert!(next > first);
+}
+
+/// Under `RollbackPolicy::Wait` a local handle waits for the clock, like a
+/// shared call, and its next id is of the tick the clock then reads.
+#[test]
+fn local_handle_waits_out_a_clock_stepped_back() {
+    let clock = ManualClock::new(T0);
+    let g = on(clock.clone())
+        .on_rollback(RollbackPolicy::Wait {
+            max: Duration::from_millis(10),
+        })
+        .build()
+        .unwrap();
+    let mut local = g.local(4);
+    let first = local.next_id().unwrap();
+    clock.set(T0 - 2);
+    thread::scope(|s| {
+        let waiter = s.spawn(|| local.next_id());
+        until(|| g.stats().clock_behind > 0);
+        clock.set(T0 + 1);
+        let next = waiter.join().unwrap().unwrap();
+        assert_eq!(tick_of(g.layout(), next), T0 + 1);
+        assert!(next > first);
+    });
+}
+
+/// Under `RollbackPolicy::Continue` a local handle rides on, within the
+/// bound, as a shared call would: ids above the last, none refused.
+#[test]
+fn local_handle_rides_a_clock_stepped_back_within_the_bound() {
+    let clock = ManualClock::new(T0);
+    let g = on(clock.clone())
+        .on_rollback(RollbackPolicy::Continue {
+            max: Duration::from_millis(10),
+        })
+        .build()
+        .unwrap();
+    let mut local = g.local(2);
+    let mut last = local.next_id().unwrap();
+    clock.set(T0 - 8);
+    // The rest of T0's block, then T0's other block.
+    for _ in 0..3 {
+        let id = local.next_id().unwrap();
+        assert!(id > last);
+        assert_eq!(tick_of(g.layout(), id), T0);
+        last = id;
+    }
+    assert_eq!(g.stats().rollback_errors, 0);
+}
+
+/// A clock whose cheap reading lags its precise one, as the monotonic
+/// clock's ticker may.
+#[derive(Debug, Clone)]
+struct LaggingClock {
+    cached: ManualClock,
+    precise: ManualClock,
+}
+
+impl shardflake::Clock for LaggingClock {
+    fn now_ms(&self) -> u64 {
+        self.cached.now_ms()
+    }
+    fn now_ms_precise(&self) -> u64 {
+        self.precise.now_ms()
+    }
+}
+
+/// A block reserved on a precise reading stays good while the cheap reading
+/// still lags behind its tick: no block is thrown away for the ticker's lag.
+#[test]
+fn local_handle_keeps_its_block_while_the_cached_reading_lags() {
+    use shardflake::Clock;
+    let clock = LaggingClock {
+        cached: ManualClock::new(T0 - 1),
+        precise: ManualClock::new(T0),
+    };
+    let g = Generator::with_clock(tiny(), clock.clone())
+        .node("node", 1)
+        .build()
+        .unwrap();
+    let mut local = g.local(4);
+    let ids: Vec<_> = (0..4).map(|_| local.next_id().unwrap()).collect();
+    let sequences: Vec<_> = ids
+        .iter()
+        .map(|id| id.decode(g.layout()).unwrap().sequence)
+        .collect();
+    assert_eq!(sequences, [0, 1, 2, 3], "one block, every id of it");
+    assert!(ids.iter().all(|&id| tick_of(g.layout(), id) == T0));
+    assert!(clock.cached.now_ms() < T0);
+}

@@ -6,4 +6,5 @@
 mod clock_policies;
 mod concurrency;
 mod conversions;
+mod random_start;
 mod roundtrip;

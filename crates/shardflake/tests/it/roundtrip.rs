@@ -15,11 +15,12 @@ fn layouts() -> impl Strategy<Value = Layout> {
         prop::collection::vec(any::<prop::sample::Index>(), 3),
         0u64..1_700_000_000_000,
         prop::sample::select(vec![1u64, 2, 10, 1000]),
+        any::<prop::sample::Index>(),
     )
         .prop_filter("fits in 64 bits", |(t, s, nodes, ..)| {
             t + s + nodes.iter().sum::<u32>() <= 64
         })
-        .prop_map(|(t, s, nodes, seq_at, node_at, epoch, tick)| {
+        .prop_map(|(t, s, nodes, seq_at, node_at, epoch, tick, start)| {
             // Time first, then the sequence somewhere below it, then each node field anywhere.
             let mut order: Vec<(String, FieldKind, u32)> =
                 vec![("time".into(), FieldKind::Time, t)];
@@ -32,7 +33,10 @@ fn layouts() -> impl Strategy<Value = Layout> {
                 order.insert(at, (format!("n{i}"), FieldKind::Node, *bits));
             }
             let builder = order.into_iter().fold(
-                Layout::builder("random").epoch_ms(epoch).tick_ms(tick),
+                Layout::builder("random")
+                    .epoch_ms(epoch)
+                    .tick_ms(tick)
+                    .random_start(start.index(s as usize + 1) as u32),
                 |b, (name, kind, bits)| b.field(name, kind, bits),
             );
             builder.build().unwrap()
