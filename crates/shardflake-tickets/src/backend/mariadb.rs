@@ -260,21 +260,13 @@ impl MariaSession {
         }))
     }
 
-    /// Runs `sql` past the guard (`@shardflake_rewind`, cleared after).
-    async fn past_the_guard(&mut self, sql: &str) -> Result<(), mysql_async::Error> {
-        self.conn.query_drop("SET @shardflake_rewind = 1").await?;
-        let done = self.conn.query_drop(sql).await;
-        let reset = self.conn.query_drop("SET @shardflake_rewind = NULL").await;
-        done.and(reset)
-    }
-
     /// Converts per-id table `seq` of the `REPLACE` form to the counter
     /// row, in place, with clients running. The counter form's guard is
     /// already on it ([`guard_triggers`]: its insert trigger refuses every
     /// `REPLACE`, so an older client is refused from then on, never handed
     /// an id the counter row hands out too). Returns the next id above
-    /// every id the table handed out (its largest row and `AUTO_INCREMENT`,
-    /// read after no `REPLACE` can run). The table is rebuilt: running
+    /// every id the table handed out (its `AUTO_INCREMENT` and, read when
+    /// no `REPLACE` can run any more, its largest row). The table is rebuilt: running
     /// clients see a new table (`recreated`) and are raised past the marks.
     async fn convert(&mut self, seq: &SequenceConfig) -> Result<u64, TicketError> {
         let table = seq.table();
@@ -285,21 +277,28 @@ impl MariaSession {
             );
             move |e| TicketError::db(&server, &what, e)
         };
-        let next: Option<u64> = self
+        // AUTO_INCREMENT before the ALTER removes it; the largest row after
+        // it, when no REPLACE can run any more (one into a table still
+        // empty went through the insert guard meanwhile).
+        let counter: Option<u64> = self
             .conn
             .query_first(format!(
-                "SELECT GREATEST(COALESCE((SELECT MAX(id) FROM {table}), 0) + 1, COALESCE(AUTO_INCREMENT, 1)) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'"
+                "SELECT COALESCE(AUTO_INCREMENT, 1) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'"
             ))
             .await
-            .map_err(err("read its counter"))?;
-        let column = COUNTER_COLUMN;
+            .map_err(err("read its AUTO_INCREMENT"))?;
         self.conn
             .query_drop(format!(
-                "ALTER TABLE {table} MODIFY id {column} NOT NULL, MODIFY stub char(1) NOT NULL, DROP PRIMARY KEY, DROP INDEX stub, ADD PRIMARY KEY (stub)"
+                "ALTER TABLE {table} MODIFY id {COUNTER_COLUMN} NOT NULL, MODIFY stub char(1) NOT NULL, DROP PRIMARY KEY, DROP INDEX stub, ADD PRIMARY KEY (stub)"
             ))
             .await
             .map_err(err("ALTER TABLE to the counter row"))?;
-        Ok(next.unwrap_or(1))
+        let row: Option<u64> = self
+            .conn
+            .query_first(format!("SELECT COALESCE(MAX(id), 0) + 1 FROM {table}"))
+            .await
+            .map_err(err("read its largest row"))?;
+        Ok(counter.unwrap_or(1).max(row.unwrap_or(1)))
     }
 }
 
@@ -518,7 +517,9 @@ impl Backend for MariaSession {
                         "SELECT AUTO_INCREMENT, (SELECT MAX(id) FROM {table} WHERE stub = '{STUB}') FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'"
                     ))
                     .await
-                    .map_err(|e| TicketError::db(&self.server, "read the counter", e))?;
+                    .map_err(|e| {
+                        TicketError::db(&self.server, &format!("read the counter of {table}"), e)
+                    })?;
                 Ok(match row {
                     None => None,
                     Some((Some(next), id)) => Some(next.saturating_sub(1).max(id.unwrap_or(0))),
@@ -1041,11 +1042,12 @@ impl Backend for MariaSession {
                     // lowered, whatever clients take meanwhile.
                     let first =
                         first_at_or_above(config, server, seq.start.max(converted.unwrap_or(0)));
-                    self.past_the_guard(&format!(
-                        "INSERT IGNORE INTO {table} (stub, id) VALUES ('{STUB}', {first})"
-                    ))
-                    .await
-                    .map_err(run(format!("INSERT the counter row INTO {table}")))?;
+                    self.conn
+                        .query_drop(format!(
+                            "INSERT INTO {table} (stub, id) SELECT '{STUB}', {first} FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {table})"
+                        ))
+                        .await
+                        .map_err(run(format!("INSERT the counter row INTO {table}")))?;
                     self.raise(config, server, seq, first - 1).await?;
                     let next = self.counter(config, server, seq).await?.unwrap_or(0) + 1;
                     done.push(match converted {
@@ -1179,10 +1181,12 @@ impl Backend for MariaSession {
 ///
 /// A per-id table `t` is one counter row: `t_ctr_u` refuses it set lower
 /// (or its stub changed), `t_ctr_d` its deletion, `t_ctr_i` any row
-/// inserted (so neither a data-only dump loaded into it, as `INSERT` or
-/// `REPLACE`, nor a `REPLACE INTO … (stub)` of an older client or of
-/// Flickr's clients goes in: the counter row and `AUTO_INCREMENT` would
-/// each hand out the same ids). `t_ctr_u` also compares the session's
+/// inserted beside it (so neither a data-only dump loaded into it, as
+/// `INSERT` or `REPLACE`, nor a `REPLACE INTO … (stub)` of an older client
+/// or of Flickr's clients goes in: the counter row and `AUTO_INCREMENT`
+/// would each hand out the same ids). Into the table left empty, which
+/// the delete guard leaves only to `TRUNCATE` (a new table id, seen by
+/// every client) or a table just made (`init`, a dump), a row goes in. `t_ctr_u` also compares the session's
 /// `@shardflake_lattice` with the server's lattice version
 /// ([`VERSION_TABLE`]), whatever `@shardflake_rewind` says: a client still
 /// on the file of before a reshape is refused at its next ticket (an
@@ -1223,7 +1227,11 @@ fn guard_triggers(table: &str) -> Vec<(String, String)> {
         "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {PROOF} = OLD.id; END"
     );
     vec![
-        refuse("INSERT", format!("{table}_ctr_i"), "TRUE".into()),
+        refuse(
+            "INSERT",
+            format!("{table}_ctr_i"),
+            format!("EXISTS (SELECT 1 FROM {table})"),
+        ),
         (name, update),
         refuse("DELETE", format!("{table}_ctr_d"), "TRUE".into()),
     ]
