@@ -3,7 +3,7 @@
 //!
 //! A per-id sequence is one row, `tickets_<name> (stub 'a', id)`, whose
 //! `id` is the next id to hand out, advanced by `UPDATE … SET id =
-//! LAST_INSERT_ID(id) + increment` (see [`MariaSession::connect`]): one
+//! LAST_INSERT_ID(id) + increment` (see [`ticket_sql`]): one
 //! row lock, no gap lock, no delete, so eight or 32 clients on one server
 //! never deadlock, as Flickr's `REPLACE INTO` on InnoDB does (a delete and
 //! an insert under gap locks). Every statement is sent as text
@@ -105,8 +105,8 @@ fn has_returning(version: &str) -> bool {
 }
 
 /// Codes MariaDB answers when a counter is full: ER_AUTOINC_READ_FAILED,
-/// HA_ERR_AUTOINC_ERANGE, ER_WARN_DATA_OUT_OF_RANGE (a per-id row's `int
-/// unsigned` past 4,294,967,295), ER_DATA_OUT_OF_RANGE (`bigint unsigned`).
+/// HA_ERR_AUTOINC_ERANGE, ER_WARN_DATA_OUT_OF_RANGE, ER_DATA_OUT_OF_RANGE
+/// (a per-id counter row past `bigint unsigned`).
 const FULL_CODES: [u16; 4] = [1467, 167, 1264, 1690];
 
 fn is_full(e: &mysql_async::Error) -> bool {
@@ -266,8 +266,9 @@ impl MariaSession {
     /// `REPLACE`, so an older client is refused from then on, never handed
     /// an id the counter row hands out too). Returns the next id above
     /// every id the table handed out (its `AUTO_INCREMENT` and, read when
-    /// no `REPLACE` can run any more, its largest row). The table is rebuilt: running
-    /// clients see a new table (`recreated`) and are raised past the marks.
+    /// no `REPLACE` can run any more, its largest row). The table is
+    /// rebuilt: running clients see a new table (`recreated`) and are
+    /// raised past the marks.
     async fn convert(&mut self, seq: &SequenceConfig) -> Result<u64, TicketError> {
         let table = seq.table();
         let err = |what: &str| {
@@ -308,11 +309,10 @@ impl MariaSession {
 /// sequence's largest: `exhausted`).
 const COUNTER_COLUMN: &str = "bigint unsigned";
 
-/// The first id at or above `from` in `server`'s residue class (`≡ offset
+/// The first id at or above `from` in a server's residue class (`≡ offset
 /// (mod increment)`, as MariaDB's `auto_increment_offset` means it).
-fn first_at_or_above(config: &Config, server: &ServerConfig, from: u64) -> u64 {
-    let increment = config.increment;
-    let up = (server.offset % increment + increment - from % increment) % increment;
+fn first_at_or_above(increment: u64, offset: u64, from: u64) -> u64 {
+    let up = (offset % increment + increment - from % increment) % increment;
     from.saturating_add(up)
 }
 
@@ -553,7 +553,8 @@ impl Backend for MariaSession {
         let lattice = Lattice::new(config, server);
         let sql = match seq.mode {
             Mode::PerId => {
-                let next = first_at_or_above(config, server, past.min(seq.max_id()) + 1);
+                let next =
+                    first_at_or_above(config.increment, server.offset, past.min(seq.max_id()) + 1);
                 format!(
                     "UPDATE {} SET id = GREATEST(id, {next}) WHERE stub = '{STUB}'",
                     seq.table()
@@ -1040,8 +1041,11 @@ impl Backend for MariaSession {
                     // The row, where there is none (a new table, or one of
                     // the REPLACE form never used), then raised: never
                     // lowered, whatever clients take meanwhile.
-                    let first =
-                        first_at_or_above(config, server, seq.start.max(converted.unwrap_or(0)));
+                    let first = first_at_or_above(
+                        config.increment,
+                        server.offset,
+                        seq.start.max(converted.unwrap_or(0)),
+                    );
                     self.conn
                         .query_drop(format!(
                             "INSERT INTO {table} (stub, id) SELECT '{STUB}', {first} FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {table})"
@@ -1269,7 +1273,19 @@ const ER_NO_SUCH_TABLE: u16 = 1146;
 
 #[cfg(test)]
 mod tests {
-    use super::has_returning;
+    use super::{first_at_or_above, has_returning};
+
+    #[test]
+    fn a_counter_row_lands_on_the_servers_residue_class() {
+        assert_eq!(first_at_or_above(2, 1, 1), 1);
+        assert_eq!(first_at_or_above(2, 2, 1), 2);
+        assert_eq!(first_at_or_above(2, 1, 2), 3);
+        assert_eq!(first_at_or_above(2, 2, 4), 4);
+        // An offset equal to the increment is residue 0.
+        assert_eq!(first_at_or_above(3, 3, 1), 3);
+        assert_eq!(first_at_or_above(4, 3, 10), 11);
+        assert_eq!(first_at_or_above(2, 1, u64::MAX - 1), u64::MAX);
+    }
 
     #[test]
     fn returning_from_mariadb_10_5_on() {
