@@ -2,10 +2,13 @@
 # Ticket servers, in one run on the same pairs (`shardflake tickets bench`):
 #
 # 1. MariaDB odd/even pair (scripts/mariadb.sh, global increment 2, offsets
-#    1 and 2): Flickr per-id mode through the library (least busy server,
-#    failover, residue checks, high-water marks) against a bare
-#    `REPLACE INTO … ('a')` loop from the same client library, TASKS callers
-#    each, ROUNDS rounds with the order of the two loops alternating (goal:
+#    1 and 2): per-id mode through the library (least busy server,
+#    failover, residue checks, the guard's proof and the table's identity
+#    in every answer, high-water marks) against a bare loop of the counter
+#    row's `UPDATE … LAST_INSERT_ID(id) + 2; SELECT LAST_INSERT_ID()` from
+#    the same client library (a binary of before the counter row: Flickr's
+#    `REPLACE INTO … ('a')`), for each count of callers in PER_ID_TASKS,
+#    ROUNDS rounds with the order of the two loops alternating (goal:
 #    median library/bare >= 0.9x);
 # 2. segment mode in the library on the same pair, one id per call and
 #    BATCH ids per call (goal: >= 100x per-id and > 1 M ids/s);
@@ -24,6 +27,10 @@
 #    `/v1/tickets/photos` (per-id), to set against 2. and 1.
 #
 #   scripts/bench-tickets.sh     RUN_SECONDS=5 TASKS=8 BATCH=1000 ROUNDS=4 PROFILE=release by default
+#
+# PER_ID_TASKS="1 8 32": the callers of 1. (default: TASKS); BIN=PATH: that
+# shardflake binary, not built here (another release's, to compare);
+# SECTIONS=per-id: 1. only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_RUN=${RUN_SECONDS:-5}
@@ -31,9 +38,15 @@ TASKS=${TASKS:-8}
 BATCH=${BATCH:-1000}
 ROUNDS=${ROUNDS:-4}
 PROFILE=${PROFILE:-release}
+PER_ID_TASKS=${PER_ID_TASKS:-$TASKS}
+SECTIONS=${SECTIONS:-all}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build -q --profile "$PROFILE" -p shardflake-cli
-bin=$CARGO_TARGET_DIR/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")/shardflake
+if [[ -n ${BIN:-} ]]; then
+  bin=$BIN
+else
+  cargo build -q --profile "$PROFILE" -p shardflake-cli
+  bin=$CARGO_TARGET_DIR/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")/shardflake
+fi
 
 work=$(mktemp -d /tmp/bench-tickets.XXXXXX)
 # PostgreSQL runs as user postgres: it must traverse the dir.
@@ -100,11 +113,14 @@ done
 
 printf '[failover]\nmark_ahead = 1\n\n' | cat - "$work/maria.toml" >"$work/maria-ahead1.toml"
 
-echo "# scripts/bench-tickets.sh: $(nproc) cores, ${SECONDS_PER_RUN} s per run, $TASKS callers, profile $PROFILE"
+echo "# scripts/bench-tickets.sh: $(nproc) cores, ${SECONDS_PER_RUN} s per run, $TASKS callers, profile $PROFILE, $bin"
 echo
-echo "## MariaDB pair: per-id (Flickr) against a bare REPLACE INTO loop"
-"$bin" tickets bench --config "$work/maria.toml" photos --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --bare --rounds "$ROUNDS"
-echo
+for tasks in $PER_ID_TASKS; do
+  echo "## MariaDB pair: per-id against its bare loop, $tasks callers"
+  "$bin" tickets bench --config "$work/maria.toml" photos --tasks "$tasks" --seconds "$SECONDS_PER_RUN" --bare --rounds "$ROUNDS"
+  echo
+done
+[[ $SECTIONS == per-id ]] && exit 0
 echo "## MariaDB pair: segment mode, 1 id per call, then $BATCH per call"
 "$bin" tickets bench --config "$work/maria.toml" blocks --tasks "$TASKS" --seconds "$SECONDS_PER_RUN"
 "$bin" tickets bench --config "$work/maria.toml" blocks --tasks "$TASKS" --seconds "$SECONDS_PER_RUN" --batch "$BATCH"

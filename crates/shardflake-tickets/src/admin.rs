@@ -12,8 +12,8 @@
 //!   a counter behind its high-water, a missing guard, an unreachable or
 //!   uninitialised server.
 //! - [`repair`] raises every counter that is behind its high-water past it
-//!   (MariaDB per-id: `REPLACE INTO` the ticket table with an explicit id,
-//!   which only ever raises its counter; PostgreSQL: `setval` or the
+//!   (MariaDB per-id: the counter row's `GREATEST`, which only ever
+//!   raises it; PostgreSQL: `setval` or the
 //!   table's row, never below where it is; a segment row: `GREATEST`). The
 //!   marks are written ahead ([`crate::high_water`]), so this is past
 //!   everything a client could have reserved, blocks held and prefetched

@@ -153,7 +153,8 @@ pub enum ConfigError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
-    /// MariaDB (or MySQL): Flickr's `REPLACE INTO` table.
+    /// MariaDB (or MySQL): a counter row per sequence (Flickr's table,
+    /// advanced by `UPDATE` rather than `REPLACE INTO`).
     Mariadb,
     /// PostgreSQL: a sequence or Flickr's table, see [`PgTickets`].
     Postgres,

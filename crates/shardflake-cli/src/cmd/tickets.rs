@@ -139,7 +139,8 @@ enum TicketsCommand {
         /// Seconds to run.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
-        /// Also run the bare REPLACE INTO / nextval loop, and print the ratio.
+        /// Also run the bare loop (MariaDB: the counter row's UPDATE; PostgreSQL:
+        /// nextval or the table's upsert), and print the ratio.
         #[arg(long)]
         bare: bool,
         /// Rounds; with --bare, every other round runs the bare loop first

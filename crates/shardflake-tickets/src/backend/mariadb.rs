@@ -1,11 +1,15 @@
-//! One MariaDB (or MySQL) session of a ticket server: Flickr's `REPLACE INTO`
-//! tables, the segment rows and the high-water table, over mysql_async.
+//! One MariaDB (or MySQL) session of a ticket server: the per-id counter
+//! rows, the segment rows and the high-water table, over mysql_async.
 //!
-//! Every statement is sent as text (`COM_QUERY`): one round trip, and the
-//! id comes back in the OK packet (`last_insert_id`), so no `SELECT
-//! LAST_INSERT_ID()` follows. Names in the SQL are validated identifiers
-//! ([`crate::config`]) and numbers are formatted by us; nothing else is
-//! interpolated.
+//! A per-id sequence is one row, `tickets_<name> (stub 'a', id)`, whose
+//! `id` is the next id to hand out, advanced by `UPDATE … SET id =
+//! LAST_INSERT_ID(id) + increment` (see [`ticket_sql`]): one
+//! row lock, no gap lock, no delete, so eight or 32 clients on one server
+//! never deadlock, as Flickr's `REPLACE INTO` on InnoDB does (a delete and
+//! an insert under gap locks). Every statement is sent as text
+//! (`COM_QUERY`), a ticket's three in one round trip. Names in the SQL are
+//! validated identifiers ([`crate::config`]) and numbers are formatted by
+//! us; nothing else is interpolated.
 
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
@@ -29,10 +33,10 @@ const HW_INIT_ROW: &str = "('', '', 0)";
 pub(crate) struct MariaSession {
     server: String,
     conn: Conn,
-    /// `REPLACE INTO tickets_<name> (stub) VALUES ('a')`, per sequence,
-    /// `RETURNING` the id and the table's identity where the server has it.
-    replace: Vec<String>,
-    /// MariaDB 10.5 and later: `REPLACE … RETURNING`.
+    /// Per sequence, a ticket's one round trip (see [`ticket_sql`]).
+    tickets: Vec<String>,
+    /// MariaDB 10.5 and later: the tables' identities are read with every
+    /// answer (`INNODB_SYS_TABLES` or the creation time).
     returning: bool,
     /// How this session reads a table's identity.
     identity: Identity,
@@ -90,8 +94,8 @@ impl Identity {
 /// ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need the PROCESS privilege".
 const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
 
-/// Whether `version` (`SELECT VERSION()`) is a MariaDB with `REPLACE …
-/// RETURNING` (10.5 and later).
+/// Whether `version` (`SELECT VERSION()`) is a MariaDB of 10.5 or later,
+/// whose tables' identities every answer reads.
 fn has_returning(version: &str) -> bool {
     let mut numbers = version
         .split(['.', '-'])
@@ -100,36 +104,10 @@ fn has_returning(version: &str) -> bool {
     version.contains("MariaDB") && (major, minor) >= (10, 5)
 }
 
-/// Codes MariaDB answers when an `auto_increment` column is full:
-/// ER_AUTOINC_READ_FAILED, HA_ERR_AUTOINC_ERANGE, ER_WARN_DATA_OUT_OF_RANGE.
-const FULL_CODES: [u16; 3] = [1467, 167, 1264];
-
-/// ER_LOCK_DEADLOCK, and how often a deadlocked `REPLACE` runs again. With
-/// one server carrying every client (its peer down), deadlocks come in
-/// bursts: five tries were measured too few (a chaos run's per-id calls
-/// failed over to a dead peer and answered `unavailable`). The failover's
-/// attempt timeout bounds the retries in time.
-const DEADLOCK: u16 = 1213;
-const DEADLOCK_RETRIES: u32 = 100;
-
-fn is_deadlock(e: &mysql_async::Error) -> bool {
-    matches!(e, mysql_async::Error::Server(s) if s.code == DEADLOCK)
-}
-
-/// Whether a statement that failed with `e` on `conn` should run again:
-/// when InnoDB rolled it back as a deadlock's victim, up to
-/// [`DEADLOCK_RETRIES`] tries. Pauses first, apart from the sessions it
-/// collided with: a pause that differs per session and grows with the tries.
-async fn again_after_deadlock(e: &mysql_async::Error, conn: &Conn, attempts: u32) -> bool {
-    if !is_deadlock(e) || attempts >= DEADLOCK_RETRIES {
-        return false;
-    }
-    tracing::debug!(connection = conn.id(), attempts, "deadlocked; again");
-    let spread = u64::from(conn.id() % 7 + 1);
-    let pause = 50 * spread * u64::from(attempts.min(20));
-    tokio::time::sleep(std::time::Duration::from_micros(pause)).await;
-    true
-}
+/// Codes MariaDB answers when a counter is full: ER_AUTOINC_READ_FAILED,
+/// HA_ERR_AUTOINC_ERANGE, ER_WARN_DATA_OUT_OF_RANGE, ER_DATA_OUT_OF_RANGE
+/// (a per-id counter row past `bigint unsigned`).
+const FULL_CODES: [u16; 4] = [1467, 167, 1264, 1690];
 
 fn is_full(e: &mysql_async::Error) -> bool {
     matches!(e, mysql_async::Error::Server(s) if FULL_CODES.contains(&s.code))
@@ -177,28 +155,165 @@ impl MariaSession {
             .map_err(|e| TicketError::db(name, "read the version", e))?;
         let returning = has_returning(version.as_deref().unwrap_or(""));
         let identity = Identity::of_session(&mut conn, name).await?;
-        let replace = config
+        let tickets = config
             .sequences
             .iter()
-            .map(|q| {
-                let table = q.table();
-                let sql = format!("REPLACE INTO {table} (stub) VALUES ('a')");
-                if returning {
-                    format!("{sql} RETURNING id, ({})", identity.sql(&table))
-                } else {
-                    sql
-                }
-            })
+            .map(|q| ticket_sql(&q.table(), config.increment, returning.then_some(identity)))
             .collect();
         Ok(MariaSession {
             server: name.clone(),
             conn,
-            replace,
+            tickets,
             returning,
             identity,
             lattice: None,
         })
     }
+}
+
+/// A ticket's one round trip for per-id table `table`: the guard's proof
+/// cleared, the counter row advanced (`LAST_INSERT_ID(id)`: the id handed
+/// out is the row's value before), then what the client checks: the rows
+/// moved (1: the row is there), the id, the proof `…_ctr_u` set to it, and
+/// the table's identity (`identity`: where it is read with every answer).
+/// `LAST_INSERT_ID(expr)` in an `UPDATE` and the user variable last
+/// for the session, so the `SELECT` reads this statement's.
+fn ticket_sql(table: &str, increment: u64, identity: Option<Identity>) -> String {
+    let identity = match identity {
+        Some(identity) => format!("({})", identity.sql(table)),
+        None => "NULL".to_string(),
+    };
+    format!(
+        "SET {PROOF} = NULL; UPDATE {table} SET id = LAST_INSERT_ID(id) + {increment} WHERE stub = '{STUB}'; SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {identity}"
+    )
+}
+
+/// The session variable a per-id table's `…_ctr_u` trigger sets to the id
+/// its update hands out: the answer's proof that the guard ran.
+const PROOF: &str = "@shardflake_ticket";
+
+/// The one row of a per-id table (Flickr's stub).
+const STUB: &str = "a";
+
+/// What [`ticket_sql`]'s `SELECT` reads.
+struct TicketRow {
+    /// `ROW_COUNT()`: 1, or 0 where the table has no row.
+    moved: i64,
+    /// The id handed out.
+    id: u64,
+    /// What the guard's trigger set, if it ran.
+    proof: Option<u64>,
+    /// The table's identity ([`Stamped::table`]).
+    table: Option<i64>,
+}
+
+/// The two shapes of a per-id table `init` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PerIdForm {
+    /// `(id auto_increment PRIMARY KEY, stub UNIQUE)`, handed out by
+    /// `REPLACE INTO` (shardflake before the counter row, and Flickr):
+    /// `init` converts it.
+    Replace,
+    /// `(stub PRIMARY KEY, id)`: the counter row.
+    Counter,
+}
+
+/// The guard's triggers of the `REPLACE` form, which `init` drops when it
+/// converts a table (suffixes of the table's name).
+const REPLACE_FORM_TRIGGERS: [&str; 4] = ["_guard_i", "_guard_u", "_guard_d", "_guard_v"];
+
+impl MariaSession {
+    /// Runs sequence `index`'s [`ticket_sql`]; its `SELECT`'s row.
+    async fn take_ticket(&mut self, index: usize) -> Result<Option<TicketRow>, mysql_async::Error> {
+        let mut result = self.conn.query_iter(self.tickets[index].as_str()).await?;
+        let mut last = None;
+        while !result.is_empty() {
+            let rows: Vec<mysql_async::Row> = result.collect().await?;
+            if let Some(row) = rows.into_iter().next() {
+                last = Some(row);
+            }
+        }
+        let Some(row) = last else { return Ok(None) };
+        let (moved, id, proof, table) =
+            mysql_async::from_row_opt::<(i64, u64, Option<u64>, Option<i64>)>(row)
+                .map_err(|e| mysql_async::Error::Other(format!("{e:?}").into()))?;
+        Ok(Some(TicketRow {
+            moved,
+            id,
+            proof,
+            table,
+        }))
+    }
+
+    /// The shape of per-id table `table`; `None`: no such table.
+    async fn per_id_form(&mut self, table: &str) -> Result<Option<PerIdForm>, TicketError> {
+        let extra: Option<String> = self
+            .conn
+            .query_first(format!(
+                "SELECT EXTRA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}' AND COLUMN_NAME = 'id'"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the ticket table's shape", e))?;
+        Ok(extra.map(|extra| match extra.contains("auto_increment") {
+            true => PerIdForm::Replace,
+            false => PerIdForm::Counter,
+        }))
+    }
+
+    /// Converts per-id table `seq` of the `REPLACE` form to the counter
+    /// row, in place, with clients running. The counter form's guard is
+    /// already on it ([`guard_triggers`]: its insert trigger refuses every
+    /// `REPLACE`, so an older client is refused from then on, never handed
+    /// an id the counter row hands out too). Returns the next id above
+    /// every id the table handed out (its `AUTO_INCREMENT` and, read when
+    /// no `REPLACE` can run any more, its largest row). The table is
+    /// rebuilt: running clients see a new table (`recreated`) and are
+    /// raised past the marks.
+    async fn convert(&mut self, seq: &SequenceConfig) -> Result<u64, TicketError> {
+        let table = seq.table();
+        let err = |what: &str| {
+            let (server, what) = (
+                self.server.clone(),
+                format!("init: convert {table}: {what}"),
+            );
+            move |e| TicketError::db(&server, &what, e)
+        };
+        // AUTO_INCREMENT before the ALTER removes it; the largest row after
+        // it, when no REPLACE can run any more (one into a table still
+        // empty went through the insert guard meanwhile).
+        let counter: Option<u64> = self
+            .conn
+            .query_first(format!(
+                "SELECT COALESCE(AUTO_INCREMENT, 1) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'"
+            ))
+            .await
+            .map_err(err("read its AUTO_INCREMENT"))?;
+        self.conn
+            .query_drop(format!(
+                "ALTER TABLE {table} MODIFY id {COUNTER_COLUMN} NOT NULL, MODIFY stub char(1) NOT NULL, DROP PRIMARY KEY, DROP INDEX stub, ADD PRIMARY KEY (stub)"
+            ))
+            .await
+            .map_err(err("ALTER TABLE to the counter row"))?;
+        let row: Option<u64> = self
+            .conn
+            .query_first(format!("SELECT COALESCE(MAX(id), 0) + 1 FROM {table}"))
+            .await
+            .map_err(err("read its largest row"))?;
+        Ok(counter.unwrap_or(1).max(row.unwrap_or(1)))
+    }
+}
+
+/// The SQL type of a per-id counter row's `id`, the next id: `bigint
+/// unsigned` for 32 bits too, so that the row can pass 4,294,967,295 and
+/// that last id be handed out (the client refuses every id past a
+/// sequence's largest: `exhausted`).
+const COUNTER_COLUMN: &str = "bigint unsigned";
+
+/// The first id at or above `from` in a server's residue class (`≡ offset
+/// (mod increment)`, as MariaDB's `auto_increment_offset` means it).
+fn first_at_or_above(increment: u64, offset: u64, from: u64) -> u64 {
+    let up = (offset % increment + increment - from % increment) % increment;
+    from.saturating_add(up)
 }
 
 impl MariaSession {
@@ -220,50 +335,43 @@ impl Backend for MariaSession {
         Ok(())
     }
 
-    /// One per-id ticket: `REPLACE INTO`, the id and the table's identity
-    /// in the answer (`RETURNING`; without it, the id from the OK packet).
+    /// One per-id ticket: the counter row advanced, read back with its
+    /// guard's proof and the table's identity, in one round trip
+    /// ([`ticket_sql`]). An answer without the proof (the row moved, but
+    /// not through `…_ctr_u`: the guard dropped, or the table of before
+    /// `init` converted it) is refused, whatever its value.
     async fn next_ticket(
         &mut self,
         index: usize,
         seq: &SequenceConfig,
     ) -> Result<Stamped<u64>, TicketError> {
-        // REPLACE deletes and inserts the one row under a unique key: two
-        // sessions can deadlock on it. InnoDB rolls one back and the
-        // statement can simply run again; the server is fine.
-        let mut attempts = 0;
-        let answer = loop {
-            attempts += 1;
-            let answer = if self.returning {
-                self.conn
-                    .query_first::<(u64, Option<i64>), _>(&self.replace[index])
-                    .await
-                    .map(|row| row.map(|(value, table)| Stamped { value, table }))
-            } else {
-                self.conn.query_drop(&self.replace[index]).await.map(|()| {
-                    self.conn
-                        .last_insert_id()
-                        .map(|value| Stamped { value, table: None })
-                })
-            };
-            match answer {
-                Err(e) if again_after_deadlock(&e, &self.conn, attempts).await => {}
-                answer => break answer,
+        let answer = match self.take_ticket(index).await {
+            Ok(answer) => answer,
+            Err(e) if is_full(&e) => {
+                return Err(TicketError::Exhausted {
+                    sequence: seq.name.clone(),
+                    max: seq.max_id(),
+                });
             }
+            Err(e) if is_lattice_moved(&e) => return Err(lattice_moved(&self.server, &seq.name)),
+            Err(e) => return Err(TicketError::db(&self.server, "take a ticket", e)),
         };
-        match answer {
-            Ok(stamped) => stamped.ok_or_else(|| {
-                TicketError::misconfigured(
-                    &self.server,
-                    format!("{} has no auto_increment id", seq.table()),
-                )
-            }),
-            Err(e) if is_full(&e) => Err(TicketError::Exhausted {
-                sequence: seq.name.clone(),
-                max: seq.max_id(),
-            }),
-            Err(e) if is_lattice_moved(&e) => Err(lattice_moved(&self.server, &seq.name)),
-            Err(e) => Err(TicketError::db(&self.server, "REPLACE INTO", e)),
+        let Some(TicketRow {
+            moved,
+            id,
+            proof,
+            table,
+        }) = answer
+        else {
+            return Err(TicketError::db(&self.server, "take a ticket", "no answer"));
+        };
+        if moved != 1 {
+            return Err(not_initialised(&self.server, seq));
         }
+        if proof != Some(id) {
+            return Err(unguarded(&self.server, &seq.table()));
+        }
+        Ok(Stamped { value: id, table })
     }
 
     /// The identity of what sequence `seq` counts with: its table's (per
@@ -390,7 +498,9 @@ impl Backend for MariaSession {
     }
 
     /// The largest id the server's counter says it may have handed out: every
-    /// later id is above it. `None`: not initialised.
+    /// later id is above it. `None`: not initialised. A per-id table of the
+    /// counter form holds the next id; one of the `REPLACE` form (before
+    /// `init` converted it), its `AUTO_INCREMENT` and largest row.
     async fn counter(
         &mut self,
         config: &Config,
@@ -400,15 +510,21 @@ impl Backend for MariaSession {
         let lattice = Lattice::new(config, server);
         match seq.mode {
             Mode::PerId => {
-                let row: Option<Option<u64>> = self
+                let table = seq.table();
+                let row: Option<(Option<u64>, Option<u64>)> = self
                     .conn
                     .query_first(format!(
-                        "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{}'",
-                        seq.table()
+                        "SELECT AUTO_INCREMENT, (SELECT MAX(id) FROM {table} WHERE stub = '{STUB}') FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'"
                     ))
                     .await
-                    .map_err(|e| TicketError::db(&self.server, "read AUTO_INCREMENT", e))?;
-                Ok(row.map(|next| next.unwrap_or(1).saturating_sub(1)))
+                    .map_err(|e| {
+                        TicketError::db(&self.server, &format!("read the counter of {table}"), e)
+                    })?;
+                Ok(match row {
+                    None => None,
+                    Some((Some(next), id)) => Some(next.saturating_sub(1).max(id.unwrap_or(0))),
+                    Some((None, next)) => next.map(|next| next.saturating_sub(1)),
+                })
             }
             Mode::Segment => {
                 let row: Option<i64> = self
@@ -424,7 +540,9 @@ impl Backend for MariaSession {
         }
     }
 
-    /// Raises the counter so that every later id is above `past`.
+    /// Raises the counter so that every later id is above `past`: a per-id
+    /// row to the first id of the server's class above it (`GREATEST`:
+    /// never lowered, whatever clients took meanwhile).
     async fn raise(
         &mut self,
         config: &Config,
@@ -433,43 +551,27 @@ impl Backend for MariaSession {
         past: u64,
     ) -> Result<(), TicketError> {
         let lattice = Lattice::new(config, server);
-        // Every id is above 0; and an explicit id 0 is no id to MariaDB
-        // (the counter would assign one, a ticket nobody pinned).
-        if seq.mode == Mode::PerId && past == 0 {
-            return Ok(());
-        }
         let sql = match seq.mode {
-            // Not `ALTER TABLE … AUTO_INCREMENT`: it lowers the counter to
-            // the row's id + 1 when that is below (measured on 10.11: 101 to
-            // 60), and REPLACEs racing on the one row can leave an id below
-            // one already handed out; an explicit id only ever raises it.
-            Mode::PerId => format!(
-                "REPLACE INTO {} (id, stub) VALUES ({}, 'a')",
-                seq.table(),
-                past.min(seq.max_id())
-            ),
+            Mode::PerId => {
+                let next =
+                    first_at_or_above(config.increment, server.offset, past.min(seq.max_id()) + 1);
+                format!(
+                    "UPDATE {} SET id = GREATEST(id, {next}) WHERE stub = '{STUB}'",
+                    seq.table()
+                )
+            }
             Mode::Segment => raise_segment_sql(lattice, seq, past),
         };
-        // The per-id raise is a REPLACE on the one row too: it deadlocks
-        // with the clients' REPLACEs as theirs do with each other.
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            match self.conn.query_drop(&sql).await {
-                Err(e) if again_after_deadlock(&e, &self.conn, attempts).await => {}
-                // The guard refuses an explicit id below the table's
-                // largest: the counter is past `past` already.
-                Err(e) if seq.mode == Mode::PerId && is_guard_refusal(&e) => return Ok(()),
-                answer => {
-                    return answer.map_err(|e| {
-                        TicketError::db(&self.server, &format!("raise the counter ({sql})"), e)
-                    });
-                }
-            }
-        }
+        self.conn
+            .query_drop(&sql)
+            .await
+            .map_err(|e| TicketError::db(&self.server, &format!("raise the counter ({sql})"), e))
     }
 
-    /// The increment and offset are the session's: the counter is all.
+    /// The increment and offset are the client's: a per-id row is raised
+    /// onto the new class past `past` and every id it may have handed out
+    /// on the old one (no client takes one meanwhile: the reshape has
+    /// fenced them).
     async fn reshape(
         &mut self,
         config: &Config,
@@ -477,7 +579,11 @@ impl Backend for MariaSession {
         seq: &SequenceConfig,
         past: u64,
     ) -> Result<(), TicketError> {
-        self.raise(config, server, seq, past).await
+        let counter = match seq.mode {
+            Mode::PerId => self.counter(config, server, seq).await?.unwrap_or(0),
+            Mode::Segment => 0,
+        };
+        self.raise(config, server, seq, past.max(counter)).await
     }
 
     /// Raises (never lowers) high-water marks: `(server, sequence, id)`,
@@ -903,34 +1009,61 @@ impl Backend for MariaSession {
                     if row.is_some() {
                         return Err(mode_changed(&name, seq, "segment"));
                     }
-                    let column = if seq.bits == 32 {
-                        "int unsigned"
-                    } else {
-                        "bigint unsigned"
-                    };
-                    self.conn
-                        .query_drop(format!(
-                            "CREATE TABLE IF NOT EXISTS {} (id {column} NOT NULL auto_increment PRIMARY KEY, stub char(1) NOT NULL default '' UNIQUE) ENGINE=InnoDB",
-                            seq.table()
-                        ))
-                        .await
-                        .map_err(run(format!("CREATE TABLE {}", seq.table())))?;
-                    for (trigger, sql) in guard_triggers(&seq.table()) {
+                    let table = seq.table();
+                    let column = COUNTER_COLUMN;
+                    let form = self.per_id_form(&table).await?;
+                    if form.is_none() {
+                        self.conn
+                            .query_drop(format!(
+                                "CREATE TABLE IF NOT EXISTS {table} (stub char(1) NOT NULL PRIMARY KEY, id {column} NOT NULL) ENGINE=InnoDB"
+                            ))
+                            .await
+                            .map_err(run(format!("CREATE TABLE {table}")))?;
+                    }
+                    // The guard first: on a table of the REPLACE form, its
+                    // insert trigger refuses every REPLACE from here on.
+                    for (trigger, sql) in guard_triggers(&table) {
                         self.conn
                             .query_drop(sql)
                             .await
-                            .map_err(run(format!("CREATE TRIGGER {trigger} ON {}", seq.table())))?;
+                            .map_err(run(format!("CREATE TRIGGER {trigger} ON {table}")))?;
                     }
-                    let counter = self.counter(config, server, seq).await?.unwrap_or(0);
-                    if counter + 1 < seq.start {
-                        self.raise(config, server, seq, seq.start - 1).await?;
+                    let converted = match form {
+                        Some(PerIdForm::Replace) => Some(self.convert(seq).await?),
+                        _ => None,
+                    };
+                    for suffix in REPLACE_FORM_TRIGGERS {
+                        self.conn
+                            .query_drop(format!("DROP TRIGGER IF EXISTS {table}{suffix}"))
+                            .await
+                            .map_err(run(format!("DROP TRIGGER {table}{suffix}")))?;
                     }
-                    done.push(format!(
-                        "{}: table {} ({column}), ids from {} on",
-                        seq.name,
-                        seq.table(),
-                        (counter + 1).max(seq.start)
-                    ));
+                    // The row, where there is none (a new table, or one of
+                    // the REPLACE form never used), then raised: never
+                    // lowered, whatever clients take meanwhile.
+                    let first = first_at_or_above(
+                        config.increment,
+                        server.offset,
+                        seq.start.max(converted.unwrap_or(0)),
+                    );
+                    self.conn
+                        .query_drop(format!(
+                            "INSERT INTO {table} (stub, id) SELECT '{STUB}', {first} FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {table})"
+                        ))
+                        .await
+                        .map_err(run(format!("INSERT the counter row INTO {table}")))?;
+                    self.raise(config, server, seq, first - 1).await?;
+                    let next = self.counter(config, server, seq).await?.unwrap_or(0) + 1;
+                    done.push(match converted {
+                        Some(_) => format!(
+                            "{}: table {table} ({column}) converted to the counter row, ids from {next} on (clients of the REPLACE form are refused from now on)",
+                            seq.name
+                        ),
+                        None => format!(
+                            "{}: table {table} ({column}), ids from {next} on",
+                            seq.name
+                        ),
+                    });
                 }
                 Mode::Segment => {
                     if table_exists.is_some() {
@@ -998,8 +1131,17 @@ impl Backend for MariaSession {
             } else {
                 None
             };
+            let form = match seq.mode {
+                Mode::PerId => self.per_id_form(&seq.table()).await?,
+                Mode::Segment => None,
+            };
             let mut problem = None;
-            if counter.is_none() {
+            if form == Some(PerIdForm::Replace) {
+                problem = Some(format!(
+                    "{} is of the REPLACE form of older shardflake releases: run `shardflake tickets init` to convert it to the counter row (clients of older releases are refused from then on)",
+                    seq.table()
+                ));
+            } else if counter.is_none() {
                 problem = Some("not initialised (run `shardflake tickets init`)".to_string());
             } else if seq.mode == Mode::Segment {
                 if unguarded.iter().any(|t| t == SEGMENT_TABLE) {
@@ -1007,14 +1149,10 @@ impl Backend for MariaSession {
                 }
             } else if unguarded.contains(&seq.table()) {
                 problem = Some(format!("{}: {GUARD_MISSING}", seq.table()));
-            } else if let Some(column) = &column {
-                let want = if seq.bits == 32 { "int" } else { "bigint" };
-                if !column.starts_with(want) || !column.contains("unsigned") {
-                    problem = Some(format!(
-                        "column id is {column}, want {want} unsigned for {} bits",
-                        seq.bits
-                    ));
-                }
+            } else if let Some(column) = &column
+                && !(column.starts_with("bigint") && column.contains("unsigned"))
+            {
+                problem = Some(format!("column id is {column}, want {COUNTER_COLUMN}"));
             }
             sequences.push(SequenceState {
                 name: seq.name.clone(),
@@ -1039,85 +1177,68 @@ impl Backend for MariaSession {
 
 /// The guard's triggers on `table` ([`GUARD`]): `(name, CREATE
 /// statement)`, a refusal unless the session set `@shardflake_rewind` (a
-/// give-back, or an operator restoring with every client stopped).
-/// MariaDB names triggers per database: the segment table's are
-/// `GUARD_update`, `GUARD_insert`, `GUARD_delete` (a row set lower, a row
-/// inserted lower than the one it replaces, a row deleted to be inserted
-/// again lower); a per-id table `t`'s are `t_guard_i`, `t_guard_u`, `t_guard_d`, `t_guard_v`.
+/// give-back, `init`'s counter row, or an operator restoring with every
+/// client stopped). MariaDB names triggers per database: the segment
+/// table's are `GUARD_update`, `GUARD_insert`, `GUARD_delete` (a row set
+/// lower, a row inserted lower than the one it replaces, a row deleted to
+/// be inserted again lower).
 ///
-/// A per-id counter is InnoDB's `AUTO_INCREMENT`, which rows written never
-/// lower, but `ALTER TABLE … AUTO_INCREMENT = n` lowers it to the largest
-/// id + 1, unseen by running clients (the table keeps its identity): so
-/// no row may get an id below the largest (a data-only `--replace` load,
-/// an `UPDATE`). A ticket inserts id 0 (`NEW.id` is 0 until the counter
-/// assigns it), so the trigger costs it one comparison. A ticket's
-/// `…_guard_v` compares the session's `@shardflake_lattice` with the
-/// server's lattice version ([`VERSION_TABLE`]), whatever `@shardflake_rewind`
-/// says: a client still on the file of before a reshape is refused at its
-/// next ticket (a session that set none, of a shardflake from before the
-/// version, is let through: a rolling upgrade keeps working). Every
-/// `REPLACE` deletes the row it replaces, after its insert's triggers ran:
-/// `…_guard_v` marks the session's statement as an insert
-/// (`@shardflake_replacing`), and `…_guard_d` lets a delete through only
-/// then (and clears it) or after `@shardflake_rewind`: an operator's
-/// `DELETE` of the row, which would let `ALTER TABLE … AUTO_INCREMENT`
-/// lower the counter of the table left empty, is refused.
+/// A per-id table `t` is one counter row: `t_ctr_u` refuses it set lower
+/// (or its stub changed), `t_ctr_d` its deletion, `t_ctr_i` any row
+/// inserted beside it (so neither a data-only dump loaded into it, as
+/// `INSERT` or `REPLACE`, nor a `REPLACE INTO … (stub)` of an older client
+/// or of Flickr's clients goes in: the counter row and `AUTO_INCREMENT`
+/// would each hand out the same ids). Into the table left empty, which
+/// the delete guard leaves only to `TRUNCATE` (a new table id, seen by
+/// every client) or a table just made (`init`, a dump), a row goes in. `t_ctr_u` also compares the session's
+/// `@shardflake_lattice` with the server's lattice version
+/// ([`VERSION_TABLE`]), whatever `@shardflake_rewind` says: a client still
+/// on the file of before a reshape is refused at its next ticket (an
+/// operator's session, which set none, is not); and it sets
+/// [`PROOF`] to the id its update hands out, which the client reads in
+/// the same round trip: an answer that does not carry it (the trigger
+/// dropped under a running client) is refused. Suffixes of 6 characters:
+/// a table's name is at most 56, a trigger's 64.
 fn guard_triggers(table: &str) -> Vec<(String, String)> {
     let refusal = guard_refusal(table, "SET @shardflake_rewind = 1").replace('\'', "''");
     let rewind = "@shardflake_rewind IS NULL AND";
     let moved = format!("{LATTICE_MOVED}: restart the client with the file reshape was given");
-    let lower: Vec<(String, &str, String)> = if table == SEGMENT_TABLE {
-        vec![
-            (
-                format!("{GUARD}_update"),
+    let refuse = |event: &str, name: String, lower: String| {
+        let sql = format!(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW BEGIN IF {rewind} {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+        );
+        (name, sql)
+    };
+    if table == SEGMENT_TABLE {
+        return vec![
+            refuse(
                 "UPDATE",
+                format!("{GUARD}_update"),
                 "NEW.max_id < OLD.max_id".into(),
             ),
-            (
-                format!("{GUARD}_insert"),
+            refuse(
                 "INSERT",
+                format!("{GUARD}_insert"),
                 format!(
                     "NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name)"
                 ),
             ),
-            (format!("{GUARD}_delete"), "DELETE", "TRUE".into()),
-        ]
-    } else {
-        vec![
-            (
-                format!("{table}_guard_i"),
-                "INSERT",
-                format!("NEW.id <> 0 AND NEW.id < (SELECT MAX(t.id) FROM {table} t)"),
-            ),
-            (
-                format!("{table}_guard_u"),
-                "UPDATE",
-                "NEW.id < OLD.id".into(),
-            ),
-        ]
-    };
-    let mut triggers: Vec<(String, String)> = lower
-        .into_iter()
-        .map(|(name, event, lower)| {
-            let sql = format!(
-                "CREATE OR REPLACE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW BEGIN IF {rewind} {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
-            );
-            (name, sql)
-        })
-        .collect();
-    if table != SEGMENT_TABLE {
-        let name = format!("{table}_guard_d");
-        let sql = format!(
-            "CREATE OR REPLACE TRIGGER {name} BEFORE DELETE ON {table} FOR EACH ROW BEGIN IF {rewind} @shardflake_replacing IS NULL THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET @shardflake_replacing = NULL; END"
-        );
-        triggers.push((name, sql));
-        let name = format!("{table}_guard_v");
-        let sql = format!(
-            "CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF NEW.id = 0 AND @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET @shardflake_replacing = 1; END"
-        );
-        triggers.push((name, sql));
+            refuse("DELETE", format!("{GUARD}_delete"), "TRUE".into()),
+        ];
     }
-    triggers
+    let name = format!("{table}_ctr_u");
+    let update = format!(
+        "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {PROOF} = OLD.id; END"
+    );
+    vec![
+        refuse(
+            "INSERT",
+            format!("{table}_ctr_i"),
+            format!("EXISTS (SELECT 1 FROM {table})"),
+        ),
+        (name, update),
+        refuse("DELETE", format!("{table}_ctr_d"), "TRUE".into()),
+    ]
 }
 
 /// The names of the guard's triggers on `tables`, quoted for `IN (…)`.
@@ -1150,14 +1271,21 @@ fn is_lattice_moved(e: &mysql_async::Error) -> bool {
 /// ER_NO_SUCH_TABLE.
 const ER_NO_SUCH_TABLE: u16 = 1146;
 
-/// Whether `e` is the guard refusing a row below the table's largest.
-fn is_guard_refusal(e: &mysql_async::Error) -> bool {
-    matches!(e, mysql_async::Error::Server(s) if s.code == SIGNALLED && s.message.contains("never set back in place"))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::has_returning;
+    use super::{first_at_or_above, has_returning};
+
+    #[test]
+    fn a_counter_row_lands_on_the_servers_residue_class() {
+        assert_eq!(first_at_or_above(2, 1, 1), 1);
+        assert_eq!(first_at_or_above(2, 2, 1), 2);
+        assert_eq!(first_at_or_above(2, 1, 2), 3);
+        assert_eq!(first_at_or_above(2, 2, 4), 4);
+        // An offset equal to the increment is residue 0.
+        assert_eq!(first_at_or_above(3, 3, 1), 3);
+        assert_eq!(first_at_or_above(4, 3, 10), 11);
+        assert_eq!(first_at_or_above(2, 1, u64::MAX - 1), u64::MAX);
+    }
 
     #[test]
     fn returning_from_mariadb_10_5_on() {

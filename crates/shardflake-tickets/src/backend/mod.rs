@@ -325,7 +325,7 @@ pub(crate) fn holder_of(identity: String, generation: u64, superseded: &str) -> 
 /// The lattice's version on this server (one row): `reshape` raises it, and
 /// the database compares it with the version each client session was
 /// pinned to when it opened, in every ticket's and every block's own
-/// statement (MariaDB per id: the guard's `…_guard_v` trigger against the
+/// statement (MariaDB per id: the guard's `…_ctr_u` trigger against the
 /// session's `@shardflake_lattice`; segment rows and PostgreSQL: a
 /// condition of the statement). So a client still running on the file of
 /// before a reshape is refused at its next call on a pooled session, not
@@ -371,10 +371,11 @@ pub(crate) fn reshaping(server: &str) -> TicketError {
 
 /// The trigger (MariaDB: one per event, named after it and its table) that
 /// refuses to set a counter back in place: the segment table's rows, and
-/// the per-id ticket tables (MariaDB: no row's id below the largest, so
-/// that `ALTER TABLE … AUTO_INCREMENT` cannot lower the counter). A restore that keeps the table (an
-/// `UPDATE`, a `DELETE` and rows again, MariaDB's `REPLACE` of a data-only
-/// dump) keeps its identity, so a client whose last answer was below the
+/// the per-id ticket tables (MariaDB: the counter row is never set lower
+/// or deleted, and no row is inserted; every ticket's answer carries the
+/// proof that the update's trigger ran). A restore that keeps the table (an
+/// `UPDATE`, a `DELETE` and rows again, a data-only dump loaded as
+/// `REPLACE`) keeps its identity, so a client whose last answer was below the
 /// restored value could not see it and would hand out ids again; a table
 /// dropped and created again is seen (every answer carries its identity).
 /// A give-back sets the session's rewind flag for its statement.

@@ -76,7 +76,7 @@ async fn repair_is_bounded_on_a_locked_mariadb_server() {
     lock.query_drop("FLUSH TABLES WITH READ LOCK")
         .await
         .unwrap();
-    repair_refused(&config, &["raise the counter", "REPLACE INTO"]).await;
+    repair_refused(&config, &["raise the counter", "UPDATE tickets_photos"]).await;
     lock.query_drop("UNLOCK TABLES").await.unwrap();
 
     // A transaction reads the table; an ALTER waits for it to end, and
@@ -104,7 +104,8 @@ async fn repair_is_bounded_on_a_locked_mariadb_server() {
         assert!(Instant::now() < deadline, "the ALTER never waited");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    repair_refused(&config, &["raise the counter", "REPLACE INTO"]).await;
+    // The counter is the table's row: its read waits behind the ALTER.
+    repair_refused(&config, &["read the counter of tickets_photos"]).await;
     lock.query_drop("COMMIT").await.unwrap();
     altering.await.unwrap().unwrap();
 

@@ -120,13 +120,14 @@ fn refused_in_place(what: &str, answer: Result<(), String>) {
 }
 
 /// Item 3, MariaDB: every way to set a counter back in place with the
-/// tables kept is refused by their guard: a per-id row deleted (the table
-/// left empty would let `ALTER TABLE … AUTO_INCREMENT` lower the counter
-/// to anything) or set lower, a segment row set lower or deleted; the
-/// `ALTER` then cannot lower the counter below an id handed out, and the
-/// running client and a fresh one hand out no id twice. Before: the
-/// `DELETE` went through, and the `ALTER` set the counter from past 200
-/// to 11.
+/// tables kept is refused by their guard: the per-id counter row deleted
+/// or set lower, a row put in by a data-only dump of an older row (loaded
+/// as `REPLACE` or `INSERT`) or by a `REPLACE INTO … (stub)` of a client
+/// of the `REPLACE` form, a segment row set lower or deleted; `ALTER
+/// TABLE … AUTO_INCREMENT` changes nothing (the counter is the row); the
+/// running client and a fresh one hand out no id twice. Before the delete
+/// guard: the `DELETE` went through, and the `ALTER` set the counter from
+/// past 200 to 11.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_counter_goes_back_in_place_mariadb() {
     let (a, b) = (maria(2, 1), maria(2, 2));
@@ -139,18 +140,16 @@ async fn no_counter_goes_back_in_place_mariadb() {
     for statement in [
         "DELETE FROM tickets_photos",
         "UPDATE tickets_photos SET id = 1",
+        "REPLACE INTO tickets_photos (stub, id) VALUES ('a', 11)",
+        "INSERT INTO tickets_photos (stub, id) VALUES ('b', 11)",
+        "REPLACE INTO tickets_photos (stub) VALUES ('a')",
         "UPDATE shardflake_ticket_segments SET max_id = 0",
         "DELETE FROM shardflake_ticket_segments",
     ] {
         refused_in_place(statement, sql(statement));
     }
     sql("ALTER TABLE tickets_photos AUTO_INCREMENT = 11").unwrap();
-    let next: u64 = a
-        .sql("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'app' AND TABLE_NAME = 'tickets_photos'")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let next = counter_row(&a);
     let largest_of_a = photos.iter().filter(|id| *id % 2 == 1).max().copied();
     assert!(
         Some(next) > largest_of_a,
@@ -163,6 +162,16 @@ async fn no_counter_goes_back_in_place_mariadb() {
     }
     assert_unique(&photos);
     assert_unique(&blocks);
+}
+
+/// The next id `server`'s per-id counter row of `photos` holds.
+pub(super) fn counter_row(server: &shardflake_testkit::MariaDbServer) -> u64 {
+    let row = server
+        .sql("SELECT id FROM tickets_photos WHERE stub = 'a'")
+        .unwrap();
+    row.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("counter row {row:?}: {e}"))
 }
 
 /// An operator's session on `server`.
@@ -305,7 +314,8 @@ async fn a_reshape_counts_the_marks_in_etcd_of_a_server_it_removes() {
 /// A server without the lattice version (set up by an older shardflake,
 /// or the table dropped) is refused by every new session (`misconfigured`,
 /// naming `init`) and by `check`, until `init` records it again; a
-/// session of an older shardflake, which pins no version, is still served.
+/// per-id `REPLACE` of an older shardflake is refused by the counter row's
+/// guard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_without_the_lattice_version_is_refused_until_init() {
     let (a, b) = (maria(2, 1), maria(2, 2));
@@ -326,10 +336,16 @@ async fn a_server_without_the_lattice_version_is_refused_until_init() {
     ids.extend(client.next_n("photos", 400).await.unwrap());
     assert!(ids.iter().any(|id| id % 2 == 1), "a never served again");
     assert_unique(&ids);
-    // A client of an older shardflake pins no version and sets no flag:
-    // its ticket (a `REPLACE`, which deletes the row it replaces) goes on.
-    a.sql("REPLACE INTO tickets_photos (stub) VALUES ('a')")
-        .unwrap();
+    // A client of an older shardflake takes its ticket with a `REPLACE`,
+    // which the counter row's guard refuses: it would hand out the ids the
+    // row hands out too.
+    let e = a
+        .sql("REPLACE INTO tickets_photos (stub) VALUES ('a')")
+        .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("never set back in place"),
+        "{e:#}"
+    );
 }
 
 /// Item 4: an etcd the file names that cannot be reached is one place

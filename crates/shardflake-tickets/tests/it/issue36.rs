@@ -329,14 +329,10 @@ async fn a_per_id_counter_is_never_lowered_in_place_mariadb() {
         .expect_err("the dump was loaded in place")
         .to_string();
     assert!(said.contains("never set back in place"), "{said}");
+    // The counter is the row, which no AUTO_INCREMENT lowers.
     a.sql("ALTER TABLE tickets_photos AUTO_INCREMENT = 11")
         .unwrap();
-    let next: u64 = a
-        .sql("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'app' AND TABLE_NAME = 'tickets_photos'")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let next = super::fence::counter_row(&a);
     let largest_of_a = ids.iter().filter(|id| *id % 2 == 1).max().copied().unwrap();
     assert!(
         next > largest_of_a,

@@ -115,8 +115,10 @@ pub(crate) async fn bench_client(
 
 /// The bare loop the per-id mode is compared with: each task keeps one
 /// connection to one server (task `i` to server `i mod N`) and runs
-/// MariaDB's `REPLACE INTO … ('a')` reading the OK packet's id, or
-/// PostgreSQL's `nextval` (prepared), with no failover, checks or marks.
+/// MariaDB's counter-row `UPDATE … LAST_INSERT_ID(id) + increment` and
+/// `SELECT LAST_INSERT_ID()` (one round trip; the guard's trigger fires,
+/// its proof is not read), or PostgreSQL's `nextval` (prepared), with no
+/// failover, checks or marks.
 pub(crate) async fn bench_bare(
     config: &Config,
     sequence: &str,
@@ -144,22 +146,34 @@ pub(crate) async fn bench_bare(
                         .await
                         .with_context(|| format!("server {name}: connect"))?;
                     // Pinned to the lattice's version, as a client's
-                    // session is: the table's guard refuses a ticket of a
-                    // session that is not.
+                    // session is: the table's guard compares it.
                     conn.query_drop(format!(
-                        "SET SESSION auto_increment_increment = {increment}, auto_increment_offset = {}, @shardflake_lattice = (SELECT version FROM {VERSION_TABLE})",
-                        server.offset
+                        "SET @shardflake_lattice = (SELECT version FROM {VERSION_TABLE})"
                     ))
                     .await
-                    .with_context(|| format!("server {name}: set increment and offset"))?;
-                    let sql = format!("REPLACE INTO {table} (stub) VALUES ('a')");
+                    .with_context(|| format!("server {name}: pin the lattice version"))?;
+                    let sql = format!(
+                        "UPDATE {table} SET id = LAST_INSERT_ID(id) + {increment} WHERE stub = 'a'; SELECT LAST_INSERT_ID()"
+                    );
                     while start.elapsed() < duration {
                         let began = Instant::now();
-                        match conn.query_drop(&sql).await {
-                            Ok(()) if conn.last_insert_id().is_some() => {
-                                tally.ids.fetch_add(1, Ordering::Relaxed);
+                        let answered = match conn.query_iter(sql.as_str()).await {
+                            Ok(mut result) => {
+                                let mut id = None;
+                                while !result.is_empty() {
+                                    match result.collect::<mysql_async::Row>().await {
+                                        Ok(rows) => id = id.or(rows.into_iter().next()),
+                                        Err(_) => break,
+                                    }
+                                }
+                                id.is_some()
                             }
-                            _ => tally.error(start, began),
+                            Err(_) => false,
+                        };
+                        if answered {
+                            tally.ids.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            tally.error(start, began);
                         }
                     }
                 }

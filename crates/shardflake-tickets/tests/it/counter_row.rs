@@ -1,0 +1,168 @@
+//! MariaDB per-id tickets as one counter row advanced by `UPDATE … SET id
+//! = LAST_INSERT_ID(id) + increment` (issue 39 item 4), and its guard
+//! (issue 36): the guard proved in every answer, and a table of the
+//! `REPLACE` form converted in place by `init` while clients run. Each on
+//! real servers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use shardflake_tickets::mysql_async::{self, prelude::Queryable};
+use shardflake_tickets::{TicketClient, admin};
+
+use super::fence::counter_row;
+use super::repro::pair;
+use super::{assert_unique, init_ok, maria, state, wait_state};
+
+/// Every trigger on `tickets_photos` on `server`, dropped (whatever their
+/// names: the test reads the same on the code before the counter row).
+fn drop_photos_triggers(server: &shardflake_testkit::MariaDbServer) {
+    let names = server
+        .sql("SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = 'app' AND EVENT_OBJECT_TABLE = 'tickets_photos'")
+        .unwrap();
+    assert!(!names.trim().is_empty(), "no trigger on tickets_photos");
+    for name in names.split_whitespace() {
+        server.sql(&format!("DROP TRIGGER {name}")).unwrap();
+    }
+}
+
+/// Issue 36, review finding: the guard of a per-id table dropped under a
+/// running client (its sessions already checked). Its next answer from
+/// that server is refused (`misconfigured`, naming `init`): the answer
+/// carries the proof the guard's update trigger ran, in the same round
+/// trip. No id of `a` is handed out after the drop; `init` puts the guard
+/// back and the client takes `a` back on its own. Before: only a new
+/// session looked, and the client went on taking `a`'s ids unguarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_guard_dropped_under_a_running_client_refuses_its_next_answer_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 100).await.unwrap();
+    assert!(ids.iter().any(|id| id % 2 == 1), "a never served");
+    drop_photos_triggers(&a);
+    let mut after = Vec::new();
+    for _ in 0..20 {
+        after.extend(client.next_n("photos", 10).await.unwrap());
+    }
+    let of_a: Vec<_> = after.iter().filter(|id| *id % 2 == 1).collect();
+    assert!(of_a.is_empty(), "a handed out {of_a:?} without its guard");
+    assert_eq!(state(&client, "a"), "misconfigured");
+    ids.extend(after);
+    let report = admin::check(&config).await;
+    assert!(
+        !report.ok()
+            && report
+                .to_string()
+                .contains("no guard against setting it back"),
+        "{report}"
+    );
+    init_ok(&config).await;
+    wait_state(&client, "a", "up").await;
+    for _ in 0..20 {
+        ids.extend(client.next_n("photos", 10).await.unwrap());
+    }
+    assert!(
+        ids.iter().rev().take(200).any(|id| id % 2 == 1),
+        "a never served again"
+    );
+    assert_unique(&ids);
+}
+
+/// A server set up by an older shardflake: `tickets_photos` of the
+/// `REPLACE` form (`id auto_increment`, `stub UNIQUE`, its old guard),
+/// past 500, and a client of that release still taking `REPLACE`
+/// tickets on it while `init` runs, with a client of this release taking
+/// ids from the pair. `check` names the form and `init`; `init` converts
+/// the table in place: the old client is refused from then on, the row
+/// starts above every id the table handed out, a second `init` changes
+/// nothing, and no id is handed out twice across both clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_table_of_the_replace_form_is_converted_in_place_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    a.sql(
+        "DROP TABLE tickets_photos;
+         CREATE TABLE tickets_photos (id bigint unsigned NOT NULL auto_increment PRIMARY KEY, stub char(1) NOT NULL default '' UNIQUE) ENGINE=InnoDB;
+         CREATE TRIGGER tickets_photos_guard_v BEFORE INSERT ON tickets_photos FOR EACH ROW SET @shardflake_replacing = 1;
+         REPLACE INTO tickets_photos (id, stub) VALUES (501, 'a');",
+    )
+    .unwrap();
+    let report = admin::check(&config).await;
+    assert!(
+        !report.ok() && report.to_string().contains("REPLACE form"),
+        "{report}"
+    );
+
+    // The old client: REPLACE tickets on a, until refused.
+    let refused = Arc::new(AtomicBool::new(false));
+    let old = {
+        let (url, refused) = (a.url(), refused.clone());
+        tokio::spawn(async move {
+            let mut conn = mysql_async::Conn::from_url(url).await.unwrap();
+            conn.query_drop("SET SESSION auto_increment_increment = 2, auto_increment_offset = 1")
+                .await
+                .unwrap();
+            let mut ids = Vec::new();
+            loop {
+                match conn
+                    .query_drop("REPLACE INTO tickets_photos (stub) VALUES ('a')")
+                    .await
+                {
+                    Ok(()) => ids.push(conn.last_insert_id().unwrap()),
+                    Err(e) => {
+                        assert!(e.to_string().contains("never set back in place"), "{e}");
+                        refused.store(true, Ordering::Relaxed);
+                        return ids;
+                    }
+                }
+            }
+        })
+    };
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = Vec::new();
+    let new = {
+        let client = client.clone();
+        let refused = refused.clone();
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            while !refused.load(Ordering::Relaxed) {
+                ids.extend(client.next_n("photos", 5).await.unwrap());
+            }
+            ids
+        })
+    };
+    let done = admin::init(&config).await;
+    let said = format!("{:?}", done[0].result);
+    assert!(said.contains("converted to the counter row"), "{said}");
+    let old_ids = old.await.unwrap();
+    ids.extend(new.await.unwrap());
+    assert!(!old_ids.is_empty(), "the old client took no ticket");
+    let largest_old = *old_ids.iter().max().unwrap();
+    assert!(
+        counter_row(&a) > largest_old,
+        "{} <= {largest_old}",
+        counter_row(&a)
+    );
+
+    // a comes back (its table is new to the client: raised past the marks).
+    wait_state(&client, "a", "up").await;
+    for _ in 0..40 {
+        ids.extend(client.next_n("photos", 10).await.unwrap());
+    }
+    assert!(
+        ids.iter().any(|id| id % 2 == 1 && *id > largest_old),
+        "a never served after the conversion"
+    );
+    let row = counter_row(&a);
+    let again = admin::init(&config).await;
+    let said = format!("{:?}", again[0].result);
+    assert!(!said.contains("converted"), "{said}");
+    assert_eq!(counter_row(&a), row, "a second init moved the counter");
+    let report = admin::check(&config).await;
+    assert!(report.ok(), "{report}");
+    ids.extend(old_ids);
+    assert_unique(&ids);
+}
