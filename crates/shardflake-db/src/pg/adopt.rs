@@ -47,7 +47,8 @@ const ADOPTED_DDL: &str = "CREATE TABLE IF NOT EXISTS shardflake.adopted (
 /// `shardflake.decode_id(id, table)`: `decode_id(id)`, except for an id
 /// from before the table's adoption (at or below its floor), which has no
 /// time, shard or sequence: those are null, `before_adoption` true.
-const DECODE_DDL: &str = "CREATE OR REPLACE FUNCTION shardflake.decode_id(id bigint, of_table regclass,
+const DECODE_DDL: &str =
+    "CREATE OR REPLACE FUNCTION shardflake.decode_id(id bigint, of_table regclass,
   OUT unix_ms bigint, OUT ts timestamptz, OUT shard integer, OUT sequence integer,
   OUT before_adoption boolean)
 LANGUAGE sql STABLE AS $f$
@@ -230,6 +231,7 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
         });
     }
     let mut plans = Vec::new();
+    let mut matched = 0;
     for server in servers {
         let name = server.name.as_str();
         let d = |shard, problem| Drift {
@@ -237,6 +239,12 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
             shard,
             problem,
         };
+        let c = connect(server).await?;
+        let columns = columns(&c, name, topo, &opts.target, &opts.column).await?;
+        if columns.is_empty() {
+            continue;
+        }
+        matched += columns.len();
         let shard = match opts.shard {
             Some(s) if server.shards.contains(&s) => s,
             Some(s) if opts.server.is_some() || topo.servers().len() == 1 => {
@@ -250,12 +258,11 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
             _ => match server.shards.first() {
                 Some(&s) => s,
                 None => {
-                    problems.push(d(None, "holds no shard for its tables to draw from: move one there (pg move-shard N --to this server), or adopt on another server with --server".into()));
+                    problems.push(d(None, format!("holds tables to adopt ({}) but no shard for them to draw from: move one there first (shardflake pg move-shard N --to {name})", columns.iter().map(|c| c.table.as_str()).collect::<Vec<_>>().join(", "))));
                     continue;
                 }
             },
         };
-        let c = connect(server).await?;
         let view = catalog::read(&c, name, topo).await?;
         if view.state(shard) != Some(State::Live)
             || !relation_exists(&c, name, &sql::shard_sequence(&topo.schema(shard))).await?
@@ -272,16 +279,6 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
         {
             problems.push(d(Some(shard), p));
         }
-        let columns = columns(&c, name, topo, &opts.target, &opts.column).await?;
-        if columns.is_empty() {
-            problems.push(d(
-                None,
-                format!(
-                    "no table matches {:?} with a column {:?}",
-                    opts.target, opts.column
-                ),
-            ));
-        }
         let records = records(&c, name).await?;
         for col in columns {
             let record = records
@@ -293,6 +290,16 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
                 Err(p) => problems.push(d(Some(shard), p)),
             }
         }
+    }
+    if matched == 0 {
+        problems.push(Drift {
+            server: opts.server.clone().unwrap_or_else(|| "-".into()),
+            shard: None,
+            problem: format!(
+                "no table matches {:?} with a column {:?}",
+                opts.target, opts.column
+            ),
+        });
     }
     if !problems.is_empty() {
         return Err(refused("adopt", problems));
@@ -469,6 +476,19 @@ async fn plan(
 ) -> Result<Result<Option<Adopted>, String>, Error> {
     let column = opts.column.as_str();
     let explicit = matches!(opts.target, Target::Table(_));
+    // Without --shard, an adopted table keeps its shard (run again, it
+    // changes nothing); with it, the table moves onto that shard, its
+    // new ids still above every id it holds.
+    let shard = match (opts.shard, record) {
+        (None, Some(r)) => r.shard,
+        _ => shard,
+    };
+    if topo.server_of(shard)?.name != name {
+        return Ok(Err(format!(
+            "{}.{column} was adopted onto shard {shard}, which the file puts on another server: name a shard of {name} with --shard",
+            col.table
+        )));
+    }
     let call = sql::next_id_call(&topo.schema(shard));
     let t = &col.table;
     let mut out = Adopted {
@@ -481,14 +501,6 @@ async fn plan(
         unchanged: false,
         sql: Vec::new(),
     };
-    if let Some(r) = record
-        && r.shard != shard
-    {
-        return Ok(Err(format!(
-            "{t}.{column} was adopted onto shard {}, not {shard}: run pg adopt with --shard {}",
-            r.shard, r.shard
-        )));
-    }
     if col.default.as_deref() == Some(call.as_str()) {
         if let Some(r) = record {
             out.floor = r.floor;
@@ -710,7 +722,7 @@ async fn switch(topo: &Topology, server: &Server, mut p: Adopted) -> Result<Adop
     tx.execute(
         "INSERT INTO shardflake.adopted (tbl, col, shard, floor_id, first_new, old_default, old_sequence)
          VALUES ($1, $2, $3, $4, $5, $6, $7)
-         ON CONFLICT (tbl, col) DO UPDATE SET floor_id = EXCLUDED.floor_id,
+         ON CONFLICT (tbl, col) DO UPDATE SET shard = EXCLUDED.shard, floor_id = EXCLUDED.floor_id,
            old_sequence = coalesce(adopted.old_sequence, EXCLUDED.old_sequence), adopted_at = now()",
         &[
             &t,
@@ -741,6 +753,28 @@ pub async fn adopted(topo: &Topology) -> Result<Vec<AdoptedTable>, Error> {
         }
     }
     Ok(out)
+}
+
+/// Why `shard` cannot move off `server`, if adopted tables there draw
+/// from it: they stay behind, and dropping the old copy would drop their
+/// defaults with it (`DROP SCHEMA ... CASCADE`).
+pub(crate) async fn drawn_by_adopted(
+    c: &Client,
+    server: &str,
+    shard: u64,
+) -> Result<Option<String>, Error> {
+    let tables: Vec<String> = records(c, server)
+        .await?
+        .into_iter()
+        .filter(|r| r.shard == shard)
+        .map(|r| format!("{}.{}", r.table, r.column))
+        .collect();
+    Ok((!tables.is_empty()).then(|| {
+        format!(
+            "adopted tables on {server} draw their ids from shard {shard} ({}), and stay on {server}: move another shard, or first adopt them onto another shard of {server} (shardflake pg adopt --table T --shard N)",
+            tables.join(", ")
+        )
+    }))
 }
 
 /// What `pg check` reports of a server's adopted tables: a default that no

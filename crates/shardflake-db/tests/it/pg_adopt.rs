@@ -523,3 +523,79 @@ async fn a_default_changed_back_by_hand_is_reported_and_adopted_again() {
     let listed = pg::adopted(&topo).await.unwrap();
     assert!(listed[0].before_adoption(11) && !listed[0].before_adoption(12));
 }
+
+/// The shard adopted tables draw from stays with them: its move is
+/// refused (dropping the old copy would drop their defaults), another
+/// shard moves; adopted onto another shard of the server, it moves too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shard_adopted_tables_draw_from_stays_until_they_draw_from_another() {
+    use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let dir = std::env::temp_dir().join(format!("sf-adopt-move-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("topology.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "layout = \"instagram\"\nshards = 4\n[[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0-3\"\n\
+             [[servers]]\nname = \"b\"\nurl = \"{}\"\nshards = \"\"\n",
+            a.url(),
+            b.url()
+        ),
+    )
+    .unwrap();
+    let topo = Topology::load(&path).unwrap();
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.orders (body) VALUES ('old')",
+    )
+    .await
+    .unwrap();
+    pg::adopt(&topo, &table("public.orders", false))
+        .await
+        .unwrap();
+    let e = move_shard(&path, 0, "b", &MoveOptions::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("adopted tables on a draw their ids from shard 0 (public.orders.id)")
+            && e.contains("--shard N"),
+        "{e}"
+    );
+    move_shard(&path, 3, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    let topo = Topology::load(&path).unwrap();
+    let onto_1 = AdoptOptions {
+        shard: Some(1),
+        ..table("public.orders", false)
+    };
+    let done = pg::adopt(&topo, &onto_1).await.unwrap();
+    assert!(!done[0].unchanged && done[0].shard == 1, "{done:?}");
+    assert_eq!(done[0].floor, Some(1), "ids of shard 0 are not old ids");
+    // Run again without --shard: it keeps shard 1.
+    assert!(
+        pg::adopt(&topo, &table("public.orders", false))
+            .await
+            .unwrap()[0]
+            .unchanged
+    );
+    move_shard(&path, 0, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    let id: i64 = c
+        .query_one(
+            "INSERT INTO public.orders (body) VALUES ('new') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let topo = Topology::load(&path).unwrap();
+    assert_eq!(pg::route::shard_of_id(topo.layout(), id).unwrap(), 1);
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+    let _ = std::fs::remove_dir_all(&dir);
+}
