@@ -739,7 +739,7 @@ async fn switch(topo: &Topology, server: &Server, mut p: Adopted) -> Result<Adop
     tx.commit().await.map_err(ctx(name, "commit"))?;
     p.floor = floor;
     p.old_sequence = kept;
-    tracing::info!(server = name, table = t.as_str(), shard = p.shard, floor = ?floor, "adopted");
+    tracing::debug!(server = name, table = t.as_str(), shard = p.shard, floor = ?floor, "adopted");
     Ok(p)
 }
 
