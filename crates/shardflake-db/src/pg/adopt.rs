@@ -658,6 +658,49 @@ async fn switch(topo: &Topology, server: &Server, mut p: Adopted) -> Result<Adop
         name,
         &format!("locking {t} (nothing was changed; run pg adopt again when its long transactions have ended)"),
     ))?;
+    // Planned before these locks: another adopt (from another machine)
+    // may have switched it since, or someone changed it.
+    let now = tx
+        .query_one(
+            "SELECT a.attidentity <> '', pg_get_expr(d.adbin, d.adrelid)
+               FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+              WHERE a.attrelid = to_regclass($1) AND a.attname = $2",
+            &[&t, &p.column],
+        )
+        .await
+        .map_err(ctx(name, &format!("reading {t}.{}", p.column)))?;
+    let (identity, default): (bool, Option<String>) = (now.get(0), now.get(1));
+    let call = sql::next_id_call(&topo.schema(p.shard));
+    if default.as_deref() == Some(call.as_str()) {
+        p.unchanged = true;
+        p.sql.clear();
+        if let Some(r) = tx
+            .query_opt(
+                "SELECT floor_id, old_sequence FROM shardflake.adopted WHERE tbl = $1 AND col = $2",
+                &[&t, &p.column],
+            )
+            .await
+            .map_err(ctx(name, "reading the adopted table's record"))?
+        {
+            (p.floor, p.old_sequence) = (r.get(0), r.get(1));
+        }
+        return Ok(p);
+    }
+    let planned_identity = p.sql.iter().any(|s| s.ends_with("DROP IDENTITY"));
+    if identity != planned_identity {
+        return Err(refused(
+            "adopt",
+            vec![Drift {
+                server: name.into(),
+                shard: Some(p.shard),
+                problem: format!(
+                    "{t}.{} changed while adopt was planning (identity {}): nothing was changed; run pg adopt again",
+                    p.column,
+                    if identity { "added" } else { "dropped" }
+                ),
+            }],
+        ));
+    }
     tx.batch_execute(&format!("{ADOPTED_DDL};\n{DECODE_DDL}"))
         .await
         .map_err(ctx(name, "creating shardflake.adopted"))?;

@@ -617,3 +617,43 @@ async fn the_shard_adopted_tables_draw_from_stays_until_they_draw_from_another()
     assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Operator fault: adopt run from two machines at once, on an identity
+/// table and a bigserial one. Both succeed, one switches each table, the
+/// other finds it switched; the record and the kept sequence are whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopt_run_twice_at_once_switches_each_table_once() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.items (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body text);
+         CREATE TABLE public.orders (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.items (body) SELECT 'old' FROM generate_series(1, 100);
+         INSERT INTO public.orders (body) SELECT 'old' FROM generate_series(1, 100);",
+    )
+    .await
+    .unwrap();
+    let opts = AdoptOptions {
+        target: Target::Schema("public".into()),
+        ..table("", false)
+    };
+    let (one, two) = tokio::join!(pg::adopt(&topo, &opts), pg::adopt(&topo, &opts));
+    let (one, two) = (
+        one.unwrap_or_else(|e| panic!("first: {e}")),
+        two.unwrap_or_else(|e| panic!("second: {e}")),
+    );
+    for (x, y) in one.iter().zip(&two) {
+        assert_eq!(x.table, y.table);
+        assert_eq!(x.floor, Some(100), "{x:?}");
+        assert_eq!(y.floor, Some(100), "{y:?}");
+    }
+    let listed = pg::adopted(&topo).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(
+        listed[0].old_sequence.as_deref(),
+        Some("public.items_id_seq_before_shardflake")
+    );
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+}
