@@ -657,3 +657,89 @@ async fn adopt_run_twice_at_once_switches_each_table_once() {
     );
     assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
 }
+
+/// Operator fault: the table's dump taken before adoption restored over
+/// the adopted table (`pg_restore --clean`). Its old default and sequence
+/// come back: `pg check` says so, adopt again switches it, and the ids
+/// after that are above every id it ever handed out, those the restore
+/// threw away included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pre_adoption_dump_restored_over_an_adopted_table_is_adopted_again() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.orders (body) SELECT 'old' FROM generate_series(1, 100)",
+    )
+    .await
+    .unwrap();
+    let dir = std::env::temp_dir().join(format!("sf-adopt-pre-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dump = dir.join("orders.dump");
+    let port = a.port.to_string();
+    let conn = ["-h", "127.0.0.1", "-p", &port, "-U", "postgres"];
+    let out = Command::new(a.program("pg_dump").unwrap())
+        .args(conn)
+        .args(["-Fc", "-t", "public.orders", "-f"])
+        .arg(&dump)
+        .arg("postgres")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    pg::adopt(&topo, &table("public.orders", false))
+        .await
+        .unwrap();
+    let insert =
+        "INSERT INTO public.orders (body) SELECT 'x' FROM generate_series(1, 10) RETURNING id";
+    let handed: Vec<i64> = c
+        .query(insert, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let out = Command::new(a.program("pg_restore").unwrap())
+        .args(conn)
+        .args(["--clean", "-d", "postgres"])
+        .arg(&dump)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{out:?}");
+
+    let c = client(&a).await;
+    let after_restore: Vec<i64> = c
+        .query(insert, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        after_restore.first(),
+        Some(&101),
+        "the old sequence is back"
+    );
+    let said = problems(&pg::check(&topo).await.unwrap());
+    assert!(
+        said.contains("public.orders.id no longer draws from shard 0")
+            && said.contains("pg adopt --table public.orders"),
+        "{said}"
+    );
+    let done = pg::adopt(&topo, &table("public.orders", false))
+        .await
+        .unwrap();
+    assert_eq!(done[0].floor, Some(110), "{done:?}");
+    let new: Vec<i64> = c
+        .query(insert, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let most = *handed.iter().max().unwrap();
+    assert!(new.iter().all(|&id| id > most), "{new:?} vs {most}");
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+}
