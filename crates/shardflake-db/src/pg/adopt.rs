@@ -656,7 +656,7 @@ async fn switch(topo: &Topology, server: &Server, mut p: Adopted) -> Result<Adop
     .await
     .map_err(ctx(
         name,
-        &format!("locking {t} (nothing was changed; run pg adopt again when its long transactions have ended)"),
+        &format!("locking {t} ({t} was not changed; run pg adopt again when its long transactions have ended)"),
     ))?;
     // Planned before these locks: another adopt (from another machine)
     // may have switched it since, or someone changed it.

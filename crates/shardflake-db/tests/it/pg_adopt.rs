@@ -743,3 +743,50 @@ async fn the_pre_adoption_dump_restored_over_an_adopted_table_is_adopted_again()
     assert!(new.iter().all(|&id| id > most), "{new:?} vs {most}");
     assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
 }
+
+/// Operator fault: adopt stopped between tables (the second one held by a
+/// long transaction past the lock timeout, as a kill there would leave
+/// it). The first is adopted, the second untouched, and the refusal says
+/// to run it again; run again after the transaction ends, it adopts the
+/// second and leaves the first as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopt_stopped_between_tables_is_finished_by_running_it_again() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE SCHEMA app;
+         CREATE TABLE app.a_orders (id bigserial PRIMARY KEY, body text);
+         CREATE TABLE app.b_items (id bigserial PRIMARY KEY, body text);
+         INSERT INTO app.a_orders (body) VALUES ('old');
+         INSERT INTO app.b_items (body) VALUES ('old');",
+    )
+    .await
+    .unwrap();
+    let mut holder = client(&a).await;
+    let long = holder.transaction().await.unwrap();
+    long.batch_execute("INSERT INTO app.b_items (body) VALUES ('held')")
+        .await
+        .unwrap();
+    let opts = AdoptOptions {
+        target: Target::Schema("app".into()),
+        ..table("", false)
+    };
+    let e = pg::adopt(&topo, &opts).await.unwrap_err().to_string();
+    assert!(
+        e.contains("locking app.b_items") && e.contains("run pg adopt again"),
+        "{e}"
+    );
+    assert!(
+        default_of(&c, "app.a_orders")
+            .await
+            .starts_with("shard0.next_id(")
+    );
+    assert!(default_of(&c, "app.b_items").await.starts_with("nextval("));
+    long.commit().await.unwrap();
+    let done = pg::adopt(&topo, &opts).await.unwrap();
+    assert!(done[0].unchanged && !done[1].unchanged, "{done:?}");
+    assert_eq!(done[1].floor, Some(2));
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+}
