@@ -114,6 +114,34 @@ enum PgCommand {
         #[arg(long)]
         apply: bool,
     },
+    /// Switch existing tables' id column (bigserial, identity or DEFAULT
+    /// nextval) to a shard's next_id() while the application keeps
+    /// writing: every new id above every old one, the old sequence kept.
+    /// Running it again changes nothing.
+    Adopt {
+        /// One table (schema.table).
+        #[arg(long, group = "adopt_target")]
+        table: Option<String>,
+        /// Every table of this schema that has the column.
+        #[arg(long, group = "adopt_target")]
+        schema: Option<String>,
+        /// Every table whose schema.table matches this SQL LIKE pattern.
+        #[arg(long, group = "adopt_target")]
+        pattern: Option<String>,
+        /// The id column.
+        #[arg(long, default_value = "id")]
+        column: String,
+        /// Only this server of the file (default: every server).
+        #[arg(long)]
+        server: Option<String>,
+        /// The logical shard the tables draw from (default: each server's
+        /// lowest).
+        #[arg(long)]
+        shard: Option<u64>,
+        /// Print the plan and the SQL; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Print the generated SQL (deployment functions, and one shard's schema).
     Sql {
         /// Shard whose schema to print (default: the first).
@@ -149,8 +177,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         PgCommand::Check => {
             let topo = t.load()?;
+            let rt = runtime()?;
             super::warn_of_lifetime(topo.layout())?;
-            let drift = runtime()?.block_on(pg::check(&topo))?;
+            let drift = rt.block_on(pg::check(&topo))?;
+            for a in rt.block_on(pg::adopted(&topo))? {
+                println!(
+                    "adopted: {}: {}.{} draws from shard {}{}",
+                    a.server,
+                    a.table,
+                    a.column,
+                    a.shard,
+                    a.floor.map_or(String::new(), |f| format!(
+                        ", ids up to {f} from before adoption"
+                    ))
+                );
+            }
             if drift.is_empty() {
                 println!("ok: {topo}, deployed as in {}", t.topology.display());
                 return Ok(());
@@ -175,6 +216,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         PgCommand::Locate { id } => {
             let topo = topology.load()?;
+            // An adopted table's old ids carry no time or shard.
+            let old: Vec<_> = runtime()?
+                .block_on(pg::adopted(&topo))?
+                .into_iter()
+                .filter(|a| a.before_adoption(id))
+                .collect();
+            if !old.is_empty() {
+                let tables: Vec<String> = old
+                    .iter()
+                    .map(|a| format!("{}.{} on server {}", a.table, a.column, a.server))
+                    .collect();
+                println!(
+                    "id {id} is from before adoption in {} (at or below its largest old id): it has no time, shard or sequence",
+                    tables.join(", ")
+                );
+                return Ok(());
+            }
             let r = route::locate(&topo, id)?;
             let parts = Id(id as u64).decode(topo.layout())?;
             println!(
@@ -288,6 +346,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 runtime()?.block_on(partitions::apply_partitions(&topo, &table, &parts))?
             {
                 println!("{server}: {created} partitions created");
+            }
+            Ok(())
+        }
+        PgCommand::Adopt {
+            table,
+            schema,
+            pattern,
+            column,
+            server,
+            shard,
+            dry_run,
+        } => {
+            let topo = topology.load()?;
+            let target = match (table, schema, pattern) {
+                (Some(t), None, None) => pg::Target::Table(t),
+                (None, Some(s), None) => pg::Target::Schema(s),
+                (None, None, Some(p)) => pg::Target::Pattern(p),
+                _ => anyhow::bail!("name the tables to adopt: --table, --schema or --pattern"),
+            };
+            let opts = pg::AdoptOptions {
+                target,
+                column,
+                server,
+                shard,
+                dry_run,
+            };
+            let done = runtime()?.block_on(pg::adopt(&topo, &opts))?;
+            for a in &done {
+                if dry_run && !a.unchanged {
+                    println!("-- would adopt: {a}");
+                    print!("{}", a.script());
+                } else {
+                    println!("{a}");
+                }
+            }
+            let changed = done.iter().filter(|a| !a.unchanged).count();
+            if dry_run {
+                println!("dry run: {changed} table(s) to adopt, nothing changed");
+            } else {
+                println!("adopted {changed} table(s)");
             }
             Ok(())
         }

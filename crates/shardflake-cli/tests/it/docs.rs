@@ -225,6 +225,11 @@ fn guide_postgres() {
 }
 
 #[test]
+fn guide_adopting() {
+    run_page("docs/guide/adopting.md", Duration::from_secs(180));
+}
+
+#[test]
 fn guide_mariadb() {
     run_page("docs/guide/mariadb.md", Duration::from_secs(180));
 }
@@ -247,6 +252,7 @@ fn guide_operations() {
 /// The pages above; a new page with console examples must be added here.
 const PAGES: &[&str] = &[
     "README.md",
+    "docs/guide/adopting.md",
     "docs/guide/etcd.md",
     "docs/guide/mariadb.md",
     "docs/guide/operations.md",

@@ -126,6 +126,7 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 ));
             }
         }
+        drift.extend(super::adopt::drift(client, topo, server).await?);
         for &shard in &server.shards {
             let schema = topo.schema(shard);
             match view.state(shard) {

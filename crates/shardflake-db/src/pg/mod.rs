@@ -15,6 +15,8 @@
 //!   restore, a restart or a failover: `next_id` is vouched for one run
 //!   of its server, [`sql::ServerRun`]), each reading every server's
 //!   records first.
+//! - [`adopt`]: an existing table's id column switched to a shard's
+//!   `next_id()` while writes go on, recorded on its server.
 //! - [`move_shard`]: copies a logical shard to another server under a brief
 //!   write pause, switches the topology, verifies, then drops the old copy.
 //! - [`route`]: key → logical shard → server and schema; id → shard →
@@ -31,6 +33,7 @@ use tokio_postgres::{Client, GenericClient, NoTls};
 
 use crate::{Error, SQLSTATE_RESTARTED, SQLSTATE_RESTORED, pg_message};
 
+pub mod adopt;
 mod apply;
 pub mod catalog;
 mod check;
@@ -41,6 +44,7 @@ pub mod route;
 pub mod sql;
 pub mod topology;
 
+pub use adopt::{AdoptOptions, Adopted, AdoptedTable, Target, adopt, adopted};
 pub(crate) use apply::install_shard;
 pub use apply::{Applied, apply, apply_adding};
 pub use check::check;

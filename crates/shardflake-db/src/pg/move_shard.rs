@@ -381,6 +381,9 @@ pub async fn move_shard(
         )));
     }
     let s = dep.index(&from)?;
+    if let Some(problem) = super::adopt::drawn_by_adopted(&dep.clients[s], &from, shard).await? {
+        return Err(fail(problem));
+    }
     let resumed = w.moving.is_some() || w.incoming.is_some();
     if resumed {
         // Stopped before the fence: nothing was handed over; copy again.

@@ -8,6 +8,7 @@ mod mysql_failover;
 mod mysql_operator;
 mod mysql_shards;
 mod pg;
+mod pg_adopt;
 mod pg_dead_ends;
 mod pg_deployment_lock;
 mod pg_durability;
