@@ -15,10 +15,17 @@
 //! A fleet whose etcd was restored from a snapshot is moved only with a
 //! raise of at least the default `--max-resume-wait`: a record the restore
 //! rolled back, which no take at the old place believes, would be believed
-//! at the new one.
+//! at the new one. The new place holds the fleet's generation plus one:
+//! a node that ran there is refused at any place holding an older one (the
+//! old place brought back by a restore of a snapshot taken before).
+//!
+//! `shardflake fleet confirm` ([`confirm_place`]): after an etcd restore,
+//! the operator's word that a place is still its fleet's, so that nodes
+//! without a state file of it take ids there again.
 
 use super::{
-    FLEETS, RETIRED, check_registered, client, fleet_registry_key, parse_retired, read_high_water,
+    CONFIRMED, FLEETS, RETIRED, check_registered, client, fleet_registry_key, parse_retired,
+    parse_stamp, read_generation, read_high_water, stamp_text,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{Compare, EtcdError, Op};
@@ -44,7 +51,7 @@ pub enum MoveError {
     },
     /// A node of the fleet holds or waits for an id.
     #[error(
-        "a node of the fleet under {prefix} runs: {key} (held by {holder:?}); stop every node of the fleet, then run the move again"
+        "a node of the fleet under {prefix} runs: {key} (held by {holder:?}); stop every node of the fleet, then run the move again. After an etcd restore it may be a lease the restore brought back, its process gone: it ends with its TTL (`etcdctl lease timetolive`); run the move again after it"
     )]
     Running {
         /// The old prefix.
@@ -129,6 +136,8 @@ pub struct Moved {
     /// The new place already held the fleet (a move run again): nothing
     /// written there.
     pub already: bool,
+    /// The fleet's generation at the new place.
+    pub generation: u64,
 }
 
 /// Moves the fleet under `from`'s prefix to `to`'s endpoints and prefix;
@@ -277,7 +286,9 @@ pub async fn move_fleet(
         }
         tracing::warn!("retired {old} for {successor}: nodes started there are refused");
     }
+    let generation = read_generation(&kvs, old).saturating_add(1);
     let moved = Moved {
+        generation,
         fleet: String::from_utf8_lossy(&fleet).into_owned(),
         layout: String::from_utf8_lossy(&record).into_owned(),
         high_waters: high_waters.len(),
@@ -293,6 +304,11 @@ pub async fn move_fleet(
         Op::Put(
             format!("{new}/floor").into_bytes(),
             floor_ms.to_string().into_bytes(),
+            0,
+        ),
+        Op::Put(
+            format!("{new}/generation").into_bytes(),
+            generation.to_string().into_bytes(),
             0,
         ),
     ];
@@ -324,4 +340,66 @@ pub async fn move_fleet(
         });
     }
     Ok(moved)
+}
+
+/// What `shardflake fleet confirm` confirmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirmed {
+    /// The fleet id the place holds (`None`: no fleet yet).
+    pub fleet: Option<String>,
+    /// Its generation there.
+    pub generation: u64,
+    /// Whether etcd shows a restore (its revision past its raft index, or
+    /// `<prefix>/restored`).
+    pub restore_seen: bool,
+}
+
+/// Records the operator's word that the place of `cfg` is still its
+/// fleet's after an etcd restore: `<prefix>/confirmed` holds etcd's status
+/// now, and takes believe it while etcd's history descends from it (a
+/// later restore needs a confirmation of its own). Refused at a retired
+/// place. Uses [`MoveError`] for its failures (the same places, the same
+/// etcd).
+pub async fn confirm_place(cfg: &EtcdConfig) -> Result<Confirmed, MoveError> {
+    let prefix = &cfg.prefix;
+    let etcd = client(cfg)?;
+    let (kvs, _) = etcd
+        .range_prefix_header(format!("{prefix}/").as_bytes())
+        .await?;
+    let find = |name: &str| {
+        let key = format!("{prefix}/{name}");
+        kvs.iter().find(|kv| kv.key == key.as_bytes())
+    };
+    if let Some((successor, _)) = find("layout").and_then(|kv| parse_retired(&kv.value)) {
+        return Err(MoveError::Retired {
+            prefix: prefix.clone(),
+            successor,
+        });
+    }
+    let status = etcd.status().await?;
+    let recorded = find("restored").and_then(|kv| parse_stamp(&kv.value));
+    let mut ops = vec![Op::Put(
+        format!("{prefix}/{CONFIRMED}").into_bytes(),
+        stamp_text(&status).into_bytes(),
+        0,
+    )];
+    // A restore not recorded yet is recorded now, as a take would (its
+    // gap between revision and raft index fades with every lease grant).
+    if status.restored() && !recorded.is_some_and(|then| status.descends_from(&then)) {
+        ops.push(Op::Put(
+            format!("{prefix}/restored").into_bytes(),
+            stamp_text(&status).into_bytes(),
+            0,
+        ));
+    }
+    let restore_seen = find("restored").is_some() || status.restored();
+    etcd.txn(&[], &ops, &[]).await?;
+    tracing::warn!(
+        "{prefix}/{CONFIRMED} recorded: nodes without a state file of this place take ids here again"
+    );
+    Ok(Confirmed {
+        fleet: find("fleet").map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
+        generation: read_generation(&kvs, prefix),
+        restore_seen,
+    })
 }
