@@ -1232,15 +1232,17 @@ impl Place {
     }
 
     /// Whether an operator confirmed this place since the last restore:
-    /// etcd's history now descends from the confirmation's (no restore
-    /// since); without a status, the confirmation is at or after the
-    /// restore's record (`marker`).
+    /// the confirmation was written at or after the restore's record
+    /// (`marker`, rewritten by the first take that sees a later restore),
+    /// or etcd's history now descends from the confirmation's (no restore
+    /// since; a member that lags the one that answered the confirmation
+    /// may not show it yet).
     fn confirmed(&self, status: Option<Status>, marker: Option<i64>) -> bool {
-        match (&self.confirmed, status) {
-            (Some((Some(then), _)), Some(now)) => now.descends_from(then),
-            (Some((_, at)), None) => marker.is_some_and(|m| *at >= m),
-            _ => false,
-        }
+        let Some((stamp, at)) = &self.confirmed else {
+            return false;
+        };
+        marker.is_some_and(|m| *at >= m)
+            || matches!((stamp, status), (Some(then), Some(now)) if now.descends_from(then))
     }
 
     fn describe(&self) -> String {

@@ -25,7 +25,7 @@
 
 use super::{
     CONFIRMED, FLEETS, RETIRED, check_registered, client, fleet_registry_key, parse_retired,
-    parse_stamp, read_generation, read_high_water, stamp_text,
+    read_generation, read_high_water, stamp_text,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{Compare, EtcdError, Op};
@@ -377,21 +377,14 @@ pub async fn confirm_place(cfg: &EtcdConfig) -> Result<Confirmed, MoveError> {
         });
     }
     let status = etcd.status().await?;
-    let recorded = find("restored").and_then(|kv| parse_stamp(&kv.value));
-    let mut ops = vec![Op::Put(
+    // The restore itself is recorded by takes (registry/etcd.rs): a record
+    // written here, after a take's own, would make that take's stamp look
+    // older than the restore.
+    let ops = [Op::Put(
         format!("{prefix}/{CONFIRMED}").into_bytes(),
         stamp_text(&status).into_bytes(),
         0,
     )];
-    // A restore not recorded yet is recorded now, as a take would (its
-    // gap between revision and raft index fades with every lease grant).
-    if status.restored() && !recorded.is_some_and(|then| status.descends_from(&then)) {
-        ops.push(Op::Put(
-            format!("{prefix}/restored").into_bytes(),
-            stamp_text(&status).into_bytes(),
-            0,
-        ));
-    }
     let restore_seen = find("restored").is_some() || status.restored();
     etcd.txn(&[], &ops, &[]).await?;
     tracing::warn!(
