@@ -599,7 +599,9 @@ fn apply(
             std::thread::sleep(ttl + Duration::from_millis(300));
             start_slot(&mut cluster.slots[spare_index])?;
             let spare_http = cluster.slots[spare_index].spec.http;
-            let ready = rt.block_on(wait_ready(spare_http, Duration::from_secs(5)));
+            // A take of an id not recorded since an etcd restore waits
+            // window + --max-resume-wait (11 s here) before it is ready.
+            let ready = rt.block_on(wait_ready(spare_http, Duration::from_secs(15)));
             say(
                 start,
                 format!(
@@ -609,7 +611,7 @@ fn apply(
                     if ready.is_ok() {
                         "ready"
                     } else {
-                        "not ready in 5 s"
+                        "not ready in 15 s"
                     }
                 ),
             );
@@ -732,8 +734,21 @@ fn apply(
             // finds no fleet id and exits. Give them a few windows.
             std::thread::sleep(Duration::from_secs(3));
             if !fleet.is_empty() {
+                // As the refusal says: a floor past every id the fleet
+                // stamped (now, plus the window and the largest clock
+                // difference here: 1 s and the faked node's 5 s), then
+                // the fleet id.
+                let floor_key = format!("{}/floor", cluster.prefix);
+                let floor = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)?
+                    .as_millis()
+                    + 6_000;
+                etcd.etcdctl(&["put", &floor_key, &floor.to_string()])?;
                 etcd.etcdctl(&["put", &key, &fleet])?;
-                say(start, format!("{key} put back, as the refusal says"));
+                say(
+                    start,
+                    format!("{floor_key} then {key} put back, as the refusal says"),
+                );
             }
             let mut stopped = 0;
             for (i, slot) in cluster.slots.iter_mut().enumerate() {
@@ -762,12 +777,43 @@ fn apply(
             std::thread::sleep(Duration::from_secs(4));
             etcd.restore(&file)?;
             say(start, "etcd restored from the snapshot (every member)");
+            // The snapshot is newer than the fleet's last move and layout
+            // change (this run makes none): the operator says so, and new
+            // nodes (state-lost) may take ids there again.
+            confirm_place(cluster)?;
+            say(
+                start,
+                format!("shardflake fleet confirm --etcd-prefix {}", cluster.prefix),
+            );
+            // Raft entries that make no revision close the gap between
+            // revision and raft index a restore leaves: the restore must
+            // still be seen after them (the record the first take wrote).
+            let client = etcd.client();
+            let grants = 1_000;
+            rt.block_on(async {
+                for _ in 0..grants {
+                    client.grant(10).await?;
+                }
+                anyhow::Ok(())
+            })?;
+            say(start, format!("{grants} etcd leases granted"));
         }
         Fault::LayoutDeleted => {
             let key = format!("{}/layout", cluster.prefix);
             let etcd = cluster.etcd.as_ref().context("no etcd")?;
-            let value = etcd.etcdctl(&["get", "--print-value-only", &key])?;
-            let value = value.trim_end_matches('\n').to_string();
+            // Right after a fault that emptied the prefix, the record is
+            // written again by the nodes' next takes: wait for it (never
+            // put back a value not read).
+            let deadline = Instant::now() + Duration::from_secs(15);
+            let value = loop {
+                let value = etcd.etcdctl(&["get", "--print-value-only", &key])?;
+                let value = value.trim_end_matches('\n').to_string();
+                if !value.is_empty() {
+                    break value;
+                }
+                anyhow::ensure!(Instant::now() < deadline, "{key} was not written again");
+                std::thread::sleep(Duration::from_millis(200));
+            };
             etcd.etcdctl(&["del", &key])?;
             say(start, format!("etcdctl del {key}"));
             // Holders stop at their next record (window/3); each then
@@ -793,6 +839,53 @@ fn apply(
                 format!("{stopped} nodes had stopped for it; restarted"),
             );
         }
+        Fault::StateCopy => {
+            let slot = &cluster.slots[p.slot];
+            let name = format!("{}-copy", slot.spec.name);
+            let link = slot.spec.dir.join(format!("{name}.state"));
+            let _ = std::fs::remove_file(&link);
+            // Which link, from the seed (the schedule's jitter).
+            let hard = p.at.as_millis().is_multiple_of(2);
+            if hard {
+                std::fs::hard_link(&slot.spec.state_file, &link)?;
+            } else {
+                std::os::unix::fs::symlink(&slot.spec.state_file, &link)?;
+            }
+            let ip = slot.spec.http.ip();
+            let copy = NodeSpec {
+                name: name.clone(),
+                http: SocketAddr::new(ip, cluster::free_port()?),
+                grpc: SocketAddr::new(ip, cluster::free_port()?),
+                state_file: link.clone(),
+                faketime_file: None,
+                ..slot.spec.clone()
+            };
+            let mut proc = copy.spawn(0)?;
+            let kind = if hard { "hard link" } else { "symlink" };
+            if !proc.wait_exit(Duration::from_secs(10)) {
+                proc.signal(libc::SIGKILL)?;
+                bail!(
+                    "{name} ({kind} to node{}'s state file) was not refused",
+                    p.slot
+                );
+            }
+            let log =
+                std::fs::read_to_string(copy.dir.join(format!("{name}.0.log"))).unwrap_or_default();
+            let _ = std::fs::remove_file(&link);
+            anyhow::ensure!(
+                log.contains("in use by another shardflake process")
+                    || log.contains("is a copy or a link of another node's state file"),
+                "{name} exited, not refused for its state file: {}",
+                log.lines().last().unwrap_or("")
+            );
+            say(
+                start,
+                format!(
+                    "{name}: a second process on a {kind} to node{}'s state file, refused",
+                    p.slot
+                ),
+            );
+        }
         Fault::StateLost => {
             last_count(cluster, p.slot);
             let slot = &mut cluster.slots[p.slot];
@@ -816,5 +909,27 @@ fn apply(
         }
     }
     info!(fault = p.fault.name(), "done");
+    Ok(())
+}
+
+/// `shardflake fleet confirm` of the fleet's place, with the nodes' etcd
+/// login.
+fn confirm_place(cluster: &Cluster) -> anyhow::Result<()> {
+    let etcd = cluster.etcd.as_ref().context("no etcd")?;
+    let spec = &cluster.slots.first().context("no node")?.spec;
+    let mut cmd = std::process::Command::new(&spec.bin);
+    cmd.args(["fleet", "confirm", "--etcd", &etcd.urls()]);
+    cmd.args(["--etcd-prefix", &cluster.prefix]);
+    for flag in ["--etcd-user", "--etcd-password-file"] {
+        if let Some(i) = spec.args.iter().position(|a| a == flag) {
+            cmd.arg(flag).args(spec.args.get(i + 1));
+        }
+    }
+    let out = cmd.output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "shardflake fleet confirm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }

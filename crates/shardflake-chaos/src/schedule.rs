@@ -49,11 +49,14 @@ pub enum Fault {
     /// The faked node stopped, its state file removed, restarted with its
     /// clock 5 s back (then forward to the real time).
     StateLost,
+    /// A second process given a symlink or a hard link (drawn) to a
+    /// running node's state file, on ports of its own: it must be refused.
+    StateCopy,
 }
 
 impl Fault {
     /// Every kind, in a fixed order.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 13] = [
         Fault::Kill,
         Fault::Stop,
         Fault::Clock,
@@ -66,6 +69,7 @@ impl Fault {
         Fault::Restore,
         Fault::LayoutDeleted,
         Fault::StateLost,
+        Fault::StateCopy,
     ];
 
     /// The name printed in the schedule.
@@ -83,6 +87,7 @@ impl Fault {
             Fault::Restore => "etcd-snapshot-restore",
             Fault::LayoutDeleted => "layout-key-deleted",
             Fault::StateLost => "state-lost+clock-back",
+            Fault::StateCopy => "state-file-copy",
         }
     }
 }
