@@ -839,6 +839,50 @@ fn apply(
                 format!("{stopped} nodes had stopped for it; restarted"),
             );
         }
+        Fault::FleetMove => {
+            let nodes = cluster.slots.len() - 1;
+            for i in 0..nodes {
+                last_count(cluster, i);
+                term_slot(&mut cluster.slots[i])?;
+            }
+            let old = cluster.prefix.clone();
+            let new = format!("{old}-m{}", p.at.as_millis());
+            // The fleet's own --raise and --max-resume-wait (10 s): a move
+            // after a restore raises the records at least that.
+            let move_args = [
+                "move",
+                "--etcd-prefix",
+                &old,
+                "--to-prefix",
+                &new,
+                "--raise",
+                "10s",
+                "--max-resume-wait",
+                "10s",
+            ];
+            // A node key on a lease a restore brought back lasts its TTL.
+            let deadline = Instant::now() + ttl + Duration::from_secs(10);
+            let said = loop {
+                match fleet_cmd(cluster, &move_args)? {
+                    Ok(said) => break said,
+                    Err(e) if e.contains("a node of the fleet") && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                    Err(e) => bail!("shardflake fleet move: {e}"),
+                }
+            };
+            say(start, said.lines().next().unwrap_or("moved").to_string());
+            for slot in &mut cluster.slots {
+                for a in slot.spec.args.iter_mut().filter(|a| **a == old) {
+                    a.clone_from(&new);
+                }
+            }
+            cluster.prefix = new.clone();
+            for i in 0..nodes {
+                start_slot(&mut cluster.slots[i])?;
+            }
+            say(start, format!("{nodes} nodes started under {new}"));
+        }
         Fault::StateCopy => {
             let slot = &cluster.slots[p.slot];
             let name = format!("{}-copy", slot.spec.name);
@@ -912,24 +956,33 @@ fn apply(
     Ok(())
 }
 
-/// `shardflake fleet confirm` of the fleet's place, with the nodes' etcd
-/// login.
+/// `shardflake fleet confirm` of the fleet's place.
 fn confirm_place(cluster: &Cluster) -> anyhow::Result<()> {
+    let prefix = cluster.prefix.clone();
+    fleet_cmd(cluster, &["confirm", "--etcd-prefix", &prefix])?
+        .map_err(|e| anyhow::anyhow!("shardflake fleet confirm: {e}"))?;
+    Ok(())
+}
+
+/// `shardflake fleet <args>` on the run's etcd, with the nodes' etcd
+/// login: `Ok(stdout)`, or `Err(stderr)` when it failed.
+fn fleet_cmd(cluster: &Cluster, args: &[&str]) -> anyhow::Result<Result<String, String>> {
     let etcd = cluster.etcd.as_ref().context("no etcd")?;
     let spec = &cluster.slots.first().context("no node")?.spec;
     let mut cmd = std::process::Command::new(&spec.bin);
-    cmd.args(["fleet", "confirm", "--etcd", &etcd.urls()]);
-    cmd.args(["--etcd-prefix", &cluster.prefix]);
+    cmd.arg("fleet")
+        .args(args.first())
+        .args(["--etcd", &etcd.urls()]);
+    cmd.args(args.iter().skip(1));
     for flag in ["--etcd-user", "--etcd-password-file"] {
         if let Some(i) = spec.args.iter().position(|a| a == flag) {
             cmd.arg(flag).args(spec.args.get(i + 1));
         }
     }
     let out = cmd.output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "shardflake fleet confirm: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    Ok(if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    })
 }

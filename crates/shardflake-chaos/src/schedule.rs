@@ -52,11 +52,15 @@ pub enum Fault {
     /// A second process given a symlink or a hard link (drawn) to a
     /// running node's state file, on ports of its own: it must be refused.
     StateCopy,
+    /// Every node stopped, the fleet moved to a new prefix with
+    /// `shardflake fleet move`, every node started there on its state
+    /// file (the prefix change as the guide says).
+    FleetMove,
 }
 
 impl Fault {
     /// Every kind, in a fixed order.
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 14] = [
         Fault::Kill,
         Fault::Stop,
         Fault::Clock,
@@ -70,6 +74,7 @@ impl Fault {
         Fault::LayoutDeleted,
         Fault::StateLost,
         Fault::StateCopy,
+        Fault::FleetMove,
     ];
 
     /// The name printed in the schedule.
@@ -88,6 +93,7 @@ impl Fault {
             Fault::LayoutDeleted => "layout-key-deleted",
             Fault::StateLost => "state-lost+clock-back",
             Fault::StateCopy => "state-file-copy",
+            Fault::FleetMove => "fleet-move",
         }
     }
 }
@@ -107,9 +113,10 @@ impl fmt::Display for Planned {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let target = match self.fault {
             Fault::EtcdLeader => "etcd leader".to_string(),
-            Fault::AuthChange | Fault::RegistryDeleted | Fault::LayoutDeleted => {
-                "every node".to_string()
-            }
+            Fault::AuthChange
+            | Fault::RegistryDeleted
+            | Fault::LayoutDeleted
+            | Fault::FleetMove => "every node".to_string(),
             Fault::Restore => "etcd".to_string(),
             Fault::OtherPrefix => "half the nodes".to_string(),
             _ => format!("node{}", self.slot),
@@ -187,7 +194,8 @@ pub fn plan(seed: u64, shape: &Shape) -> Vec<Planned> {
             | Fault::OtherPrefix
             | Fault::RegistryDeleted
             | Fault::Restore
-            | Fault::LayoutDeleted => 0,
+            | Fault::LayoutDeleted
+            | Fault::FleetMove => 0,
             _ => rng.usize(0..shape.nodes.max(1)),
         };
         let jitter = Duration::from_millis(rng.u64(0..=1000));

@@ -78,6 +78,11 @@ struct MoveArgs {
     /// out [default: 5s].
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     raise: Duration,
+    /// The fleet's --max-resume-wait: where etcd was restored from a
+    /// snapshot, the least --raise (a record the restore rolled back may
+    /// be that far short of what its holder stamped).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    max_resume_wait: Duration,
     /// CA certificate (PEM) for https:// endpoints (both places).
     #[arg(long)]
     etcd_ca: Option<PathBuf>,
@@ -185,7 +190,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .as_millis() as u64;
     let raise_ms = a.raise.as_millis() as u64;
     let moved = runtime()?.block_on(shardflake_service::registry::move_fleet(
-        &from, &to, now_ms, raise_ms,
+        &from,
+        &to,
+        now_ms,
+        raise_ms,
+        a.max_resume_wait.as_millis() as u64,
     ))?;
     let what = if moved.already {
         "was already there"

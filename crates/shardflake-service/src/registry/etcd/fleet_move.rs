@@ -13,7 +13,7 @@
 //! take there resumes past, and the fleet's registration in that cluster.
 //! A move stopped between the two steps is finished by running it again.
 //! A fleet whose etcd was restored from a snapshot is moved only with a
-//! raise of at least the default `--max-resume-wait`: a record the restore
+//! raise of at least the fleet's `--max-resume-wait`: a record the restore
 //! rolled back, which no take at the old place believes, would be believed
 //! at the new one. The new place holds the fleet's generation plus one:
 //! a node that ran there is refused at any place holding an older one (the
@@ -30,10 +30,6 @@ use super::{
 use crate::config::EtcdConfig;
 use crate::etcd::{Compare, EtcdError, Op};
 use crate::registry::AcquireError;
-
-/// The least raise of a fleet whose etcd was restored: the default
-/// `--max-resume-wait`.
-const RESTORED_RAISE_MS: u64 = 60_000;
 
 /// Why a fleet was not moved.
 #[derive(Debug, thiserror::Error)]
@@ -107,12 +103,12 @@ pub enum MoveError {
     },
     /// The old place saw an etcd restore and the raise is short of it.
     #[error(
-        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that ({min_ms} ms by default)"
+        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that (the fleet's --max-resume-wait, given to the move: {min_ms} ms)"
     )]
     RestoreSeen {
         /// The old prefix.
         prefix: String,
-        /// The least raise that covers the default --max-resume-wait.
+        /// The least raise: the fleet's --max-resume-wait.
         min_ms: u64,
     },
     /// The destination cluster refuses the fleet (another fleet there
@@ -142,12 +138,14 @@ pub struct Moved {
 
 /// Moves the fleet under `from`'s prefix to `to`'s endpoints and prefix;
 /// `now_ms` is this host's clock, `raise_ms` how far past it (and past
-/// each record) the carried high-waters go.
+/// each record) the carried high-waters go; `max_resume_wait_ms` the
+/// fleet's `--max-resume-wait`, the least raise where etcd was restored.
 pub async fn move_fleet(
     from: &EtcdConfig,
     to: &EtcdConfig,
     now_ms: u64,
     raise_ms: u64,
+    max_resume_wait_ms: u64,
 ) -> Result<Moved, MoveError> {
     let (old, new) = (&from.prefix, &to.prefix);
     let src = client(from)?;
@@ -197,10 +195,10 @@ pub async fn move_fleet(
     // its lost holder may have stamped instead.
     let restored =
         find(format!("{old}/restored")).is_some() || src.status().await.is_ok_and(|s| s.restored());
-    if restored && raise_ms < RESTORED_RAISE_MS {
+    if restored && raise_ms < max_resume_wait_ms {
         return Err(MoveError::RestoreSeen {
             prefix: old.clone(),
-            min_ms: RESTORED_RAISE_MS,
+            min_ms: max_resume_wait_ms,
         });
     }
     let live = [format!("{old}/node/"), format!("{old}/queue/")];
