@@ -312,21 +312,24 @@ impl Registry for EtcdRegistry {
                         let fleet_missing = expected_fleet.is_some()
                             && place.fleet.is_none()
                             && claim.previous.is_none();
-                        let checked =
-                            if let Some(e) = place.behind(remembered, &expected_fleet, claim) {
-                                Err(e)
-                            } else if !matches!(trust, Trust::All)
-                                && !knows_place
-                                && !fleet_missing
-                                && !place.confirmed(status, marker)
-                            {
-                                Err(AcquireError::RestoreUnconfirmed {
-                                    prefix: self.prefix.clone(),
-                                    what: place.describe(),
-                                })
-                            } else {
-                                Ok(())
-                            };
+                        let checked = if let Some(e) = place.behind(
+                            remembered,
+                            &expected_fleet,
+                            claim.expected_registry.as_deref(),
+                        ) {
+                            Err(e)
+                        } else if !matches!(trust, Trust::All)
+                            && !knows_place
+                            && !fleet_missing
+                            && !place.confirmed(status, marker)
+                        {
+                            Err(AcquireError::RestoreUnconfirmed {
+                                prefix: self.prefix.clone(),
+                                what: place.describe(),
+                            })
+                        } else {
+                            Ok(())
+                        };
                         // A layout change: the new fleet's first takes (no
                         // layout record yet) check the previous fleet and
                         // retire it; later ones find the floor it left.
@@ -1211,7 +1214,7 @@ impl Place {
         &self,
         remembered: u64,
         expected: &Option<String>,
-        claim: &Claim,
+        last_place: Option<&str>,
     ) -> Option<AcquireError> {
         let fleet = self
             .fleet
@@ -1223,10 +1226,7 @@ impl Place {
                 fleet: fleet.clone(),
                 found: self.generation,
                 remembered,
-                last_place: claim
-                    .expected_registry
-                    .clone()
-                    .unwrap_or_else(|| "not recorded".into()),
+                last_place: last_place.unwrap_or("not recorded").to_string(),
             }))
         })
     }
@@ -1867,6 +1867,64 @@ mod tests {
             mod_revision: 1,
         };
         assert!(check(&[unreadable], "/a", None).is_err());
+    }
+
+    #[test]
+    fn a_place_older_than_remembered_is_refused_and_a_confirmation_lasts_until_a_restore() {
+        let kv = |name: &str, value: &str, revision: i64| Kv {
+            key: format!("/p/{name}").into_bytes(),
+            value: value.as_bytes().to_vec(),
+            lease: 0,
+            create_revision: revision,
+            mod_revision: revision,
+        };
+        let fleet = Some("F".to_string());
+        let moved = [kv("fleet", "F", 5), kv("generation", "1", 5)];
+        let old = Place::read("/p", &[kv("fleet", "F", 5)]);
+        assert_eq!(old.generation, 0);
+        let err = old.behind(1, &fleet, Some("etcd cluster=b prefix=/p"));
+        assert!(
+            err.is_some_and(|e| e.to_string().contains("holds generation 0 of fleet F")),
+            "an older generation of this fleet is refused"
+        );
+        assert!(old.behind(0, &fleet, None).is_none());
+        assert!(
+            old.behind(1, &Some("G".into()), None).is_none(),
+            "another fleet: FleetMismatch"
+        );
+        let new = Place::read("/p", &moved);
+        assert_eq!(new.generation, 1);
+        assert!(
+            new.behind(0, &fleet, None).is_none(),
+            "a moved fleet's node goes on"
+        );
+        let retired = Place::read(
+            "/p",
+            &[kv("fleet", "F", 5), kv("layout", "retired for /q: x", 6)],
+        );
+        assert!(
+            retired.behind(1, &fleet, None).is_none(),
+            "refused as retired"
+        );
+
+        // Confirmed at revision 40, status (40, 50); the restore recorded
+        // at 30: believed. A restore recorded after it (at 45): only while
+        // the history descends from the confirmation's status.
+        let stamp = "revision 40 raft_index 50";
+        let place = Place::read("/p", &[kv("confirmed", stamp, 40)]);
+        let same = Status {
+            revision: 60,
+            raft_index: 70,
+        };
+        let restored = Status {
+            revision: 60,
+            raft_index: 12,
+        };
+        assert!(place.confirmed(Some(restored), Some(30)));
+        assert!(place.confirmed(Some(same), Some(45)));
+        assert!(!place.confirmed(Some(restored), Some(45)));
+        assert!(!place.confirmed(None, Some(45)));
+        assert!(!Place::read("/p", &moved).confirmed(Some(same), Some(30)));
     }
 
     #[test]
