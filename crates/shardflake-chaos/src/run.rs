@@ -77,6 +77,9 @@ struct Slot {
 /// Everything started; stopped on drop, whatever happened.
 struct Cluster {
     etcd: Option<Etcd>,
+    /// A one-member etcd of another cluster (other-cluster-endpoint),
+    /// started the first time it is needed.
+    other_etcd: Option<Etcd>,
     netns: Option<Netns>,
     slots: Vec<Slot>,
     /// The fleet's etcd prefix.
@@ -93,6 +96,11 @@ impl Drop for Cluster {
                     warn!(node = %slot.spec.name, "did not stop on SIGTERM; killed");
                 }
             }
+        }
+        if let Some(e) = self.other_etcd.take()
+            && let Err(e) = e.stop()
+        {
+            warn!("other etcd stop: {e:#}");
         }
         if let Some(e) = self.etcd.take()
             && let Err(e) = e.stop()
@@ -151,6 +159,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         .build()?;
     let mut cluster = Cluster {
         etcd: None,
+        other_etcd: None,
         netns: None,
         slots: Vec::new(),
         prefix: String::new(),
@@ -839,6 +848,43 @@ fn apply(
                 format!("{stopped} nodes had stopped for it; restarted"),
             );
         }
+        Fault::ForeignEndpoint => {
+            if cluster.other_etcd.is_none() {
+                cluster.other_etcd = Some(Etcd::start(1)?);
+            }
+            let other = cluster
+                .other_etcd
+                .as_ref()
+                .map(|e| e.urls())
+                .context("no other etcd")?;
+            last_count(cluster, p.slot);
+            let slot = &mut cluster.slots[p.slot];
+            term_slot(slot)?;
+            let mut wrong = slot.spec.clone();
+            let at = wrong
+                .args
+                .iter()
+                .position(|a| a == "--etcd")
+                .context("no --etcd")?;
+            wrong.args[at + 1] = format!("{},{other}", wrong.args[at + 1]);
+            start_slot_as(slot, &wrong)?;
+            match exits_within(slot, Duration::from_secs(10)) {
+                Some(log) if log.contains("answer for different etcd clusters") => say(
+                    start,
+                    format!("node{} with a member of another cluster: refused", p.slot),
+                ),
+                Some(log) => bail!(
+                    "node{} with a member of another cluster exited, but not for it: {}",
+                    p.slot,
+                    log.lines().last().unwrap_or("")
+                ),
+                None => {
+                    term_slot(slot)?;
+                    bail!("node{} started with a member of another cluster", p.slot);
+                }
+            }
+            start_slot(slot)?;
+        }
         Fault::FleetMove => {
             let nodes = cluster.slots.len() - 1;
             for i in 0..nodes {
@@ -847,8 +893,11 @@ fn apply(
             }
             let old = cluster.prefix.clone();
             let new = format!("{old}-m{}", p.at.as_millis());
-            // The fleet's own --raise and --max-resume-wait (10 s): a move
-            // after a restore raises the records at least that.
+            // After a restore a move raises the records at least the
+            // --max-resume-wait it is given: 6 s, past the largest clock
+            // difference here (5 s). The fleet's own 10 s would put a record
+            // written a window ahead past what its nodes may wait (window +
+            // 10 s), and every take there would be refused.
             let move_args = [
                 "move",
                 "--etcd-prefix",
@@ -856,9 +905,9 @@ fn apply(
                 "--to-prefix",
                 &new,
                 "--raise",
-                "10s",
+                "6s",
                 "--max-resume-wait",
-                "10s",
+                "6s",
             ];
             // A node key on a lease a restore brought back lasts its TTL.
             let deadline = Instant::now() + ttl + Duration::from_secs(10);

@@ -56,11 +56,15 @@ pub enum Fault {
     /// `shardflake fleet move`, every node started there on its state
     /// file (the prefix change as the guide says).
     FleetMove,
+    /// node0 restarted with a member of another etcd cluster added to its
+    /// `--etcd` list: it must be refused (the members disagree), then it
+    /// is restarted as it was (runs without `--etcd-auth` only).
+    ForeignEndpoint,
 }
 
 impl Fault {
     /// Every kind, in a fixed order.
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 15] = [
         Fault::Kill,
         Fault::Stop,
         Fault::Clock,
@@ -75,6 +79,7 @@ impl Fault {
         Fault::StateLost,
         Fault::StateCopy,
         Fault::FleetMove,
+        Fault::ForeignEndpoint,
     ];
 
     /// The name printed in the schedule.
@@ -94,6 +99,7 @@ impl Fault {
             Fault::StateLost => "state-lost+clock-back",
             Fault::StateCopy => "state-file-copy",
             Fault::FleetMove => "fleet-move",
+            Fault::ForeignEndpoint => "other-cluster-endpoint",
         }
     }
 }
@@ -159,6 +165,9 @@ impl Shape {
             .filter(|f| match f {
                 Fault::CutFromEtcd => self.netns_slot.is_some(),
                 Fault::AuthChange => self.auth,
+                // The other cluster has no users: a node logging in is not
+                // answered there, and not refused.
+                Fault::ForeignEndpoint => !self.auth,
                 _ => true,
             })
             .collect()
@@ -195,7 +204,8 @@ pub fn plan(seed: u64, shape: &Shape) -> Vec<Planned> {
             | Fault::RegistryDeleted
             | Fault::Restore
             | Fault::LayoutDeleted
-            | Fault::FleetMove => 0,
+            | Fault::FleetMove
+            | Fault::ForeignEndpoint => 0,
             _ => rng.usize(0..shape.nodes.max(1)),
         };
         let jitter = Duration::from_millis(rng.u64(0..=1000));
@@ -396,10 +406,11 @@ mod tests {
 
     #[test]
     fn a_cycle_holds_every_fault_once_and_the_same_seed_the_same_plan() {
-        let p = plan(7, &shape(120));
-        assert_eq!(p, plan(7, &shape(120)));
-        assert_ne!(p, plan(8, &shape(120)));
-        let kinds = shape(120).faults();
+        // 14 kinds without auth, one every 8 s: a cycle needs 131 s.
+        let p = plan(7, &shape(140));
+        assert_eq!(p, plan(7, &shape(140)));
+        assert_ne!(p, plan(8, &shape(140)));
+        let kinds = shape(140).faults();
         for f in &kinds {
             let first_cycle = &p[..kinds.len()];
             assert_eq!(
@@ -410,7 +421,7 @@ mod tests {
         }
         let end = p.last().map(|x| x.at).unwrap_or_default();
         assert!(
-            end + Duration::from_secs(16) <= Duration::from_secs(121),
+            end + Duration::from_secs(16) <= Duration::from_secs(141),
             "{p:?}"
         );
         assert!(p.iter().all(|x| x.slot < 3));

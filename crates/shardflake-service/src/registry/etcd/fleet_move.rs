@@ -320,6 +320,15 @@ pub async fn move_fleet(
     if let Some(value) = registration {
         ops.push(Op::Put(fleet_registry_key(&fleet), value, 0));
     }
+    // The new place is the fleet's by this move: confirmed, should its
+    // cluster show a restore (its nodes' state files name the old place).
+    if let Ok(status) = dst.status().await {
+        ops.push(Op::Put(
+            format!("{new}/{CONFIRMED}").into_bytes(),
+            stamp_text(&status).into_bytes(),
+            0,
+        ));
+    }
     let answer = dst
         .txn(
             &[
