@@ -77,6 +77,9 @@ struct Slot {
 /// Everything started; stopped on drop, whatever happened.
 struct Cluster {
     etcd: Option<Etcd>,
+    /// A one-member etcd of another cluster (other-cluster-endpoint),
+    /// started the first time it is needed.
+    other_etcd: Option<Etcd>,
     netns: Option<Netns>,
     slots: Vec<Slot>,
     /// The fleet's etcd prefix.
@@ -93,6 +96,11 @@ impl Drop for Cluster {
                     warn!(node = %slot.spec.name, "did not stop on SIGTERM; killed");
                 }
             }
+        }
+        if let Some(e) = self.other_etcd.take()
+            && let Err(e) = e.stop()
+        {
+            warn!("other etcd stop: {e:#}");
         }
         if let Some(e) = self.etcd.take()
             && let Err(e) = e.stop()
@@ -151,6 +159,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         .build()?;
     let mut cluster = Cluster {
         etcd: None,
+        other_etcd: None,
         netns: None,
         slots: Vec::new(),
         prefix: String::new(),
@@ -599,7 +608,9 @@ fn apply(
             std::thread::sleep(ttl + Duration::from_millis(300));
             start_slot(&mut cluster.slots[spare_index])?;
             let spare_http = cluster.slots[spare_index].spec.http;
-            let ready = rt.block_on(wait_ready(spare_http, Duration::from_secs(5)));
+            // A take of an id not recorded since an etcd restore waits
+            // window + --max-resume-wait (11 s here) before it is ready.
+            let ready = rt.block_on(wait_ready(spare_http, Duration::from_secs(15)));
             say(
                 start,
                 format!(
@@ -609,7 +620,7 @@ fn apply(
                     if ready.is_ok() {
                         "ready"
                     } else {
-                        "not ready in 5 s"
+                        "not ready in 15 s"
                     }
                 ),
             );
@@ -732,8 +743,21 @@ fn apply(
             // finds no fleet id and exits. Give them a few windows.
             std::thread::sleep(Duration::from_secs(3));
             if !fleet.is_empty() {
+                // As the refusal says: a floor past every id the fleet
+                // stamped (now, plus the window and the largest clock
+                // difference here: 1 s and the faked node's 5 s), then
+                // the fleet id.
+                let floor_key = format!("{}/floor", cluster.prefix);
+                let floor = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)?
+                    .as_millis()
+                    + 6_000;
+                etcd.etcdctl(&["put", &floor_key, &floor.to_string()])?;
                 etcd.etcdctl(&["put", &key, &fleet])?;
-                say(start, format!("{key} put back, as the refusal says"));
+                say(
+                    start,
+                    format!("{floor_key} then {key} put back, as the refusal says"),
+                );
             }
             let mut stopped = 0;
             for (i, slot) in cluster.slots.iter_mut().enumerate() {
@@ -762,12 +786,43 @@ fn apply(
             std::thread::sleep(Duration::from_secs(4));
             etcd.restore(&file)?;
             say(start, "etcd restored from the snapshot (every member)");
+            // The snapshot is newer than the fleet's last move and layout
+            // change (this run makes none): the operator says so, and new
+            // nodes (state-lost) may take ids there again.
+            confirm_place(cluster)?;
+            say(
+                start,
+                format!("shardflake fleet confirm --etcd-prefix {}", cluster.prefix),
+            );
+            // Raft entries that make no revision close the gap between
+            // revision and raft index a restore leaves: the restore must
+            // still be seen after them (the record the first take wrote).
+            let client = etcd.client();
+            let grants = 1_000;
+            rt.block_on(async {
+                for _ in 0..grants {
+                    client.grant(10).await?;
+                }
+                anyhow::Ok(())
+            })?;
+            say(start, format!("{grants} etcd leases granted"));
         }
         Fault::LayoutDeleted => {
             let key = format!("{}/layout", cluster.prefix);
             let etcd = cluster.etcd.as_ref().context("no etcd")?;
-            let value = etcd.etcdctl(&["get", "--print-value-only", &key])?;
-            let value = value.trim_end_matches('\n').to_string();
+            // Right after a fault that emptied the prefix, the record is
+            // written again by the nodes' next takes: wait for it (never
+            // put back a value not read).
+            let deadline = Instant::now() + Duration::from_secs(15);
+            let value = loop {
+                let value = etcd.etcdctl(&["get", "--print-value-only", &key])?;
+                let value = value.trim_end_matches('\n').to_string();
+                if !value.is_empty() {
+                    break value;
+                }
+                anyhow::ensure!(Instant::now() < deadline, "{key} was not written again");
+                std::thread::sleep(Duration::from_millis(200));
+            };
             etcd.etcdctl(&["del", &key])?;
             say(start, format!("etcdctl del {key}"));
             // Holders stop at their next record (window/3); each then
@@ -791,6 +846,137 @@ fn apply(
             say(
                 start,
                 format!("{stopped} nodes had stopped for it; restarted"),
+            );
+        }
+        Fault::ForeignEndpoint => {
+            if cluster.other_etcd.is_none() {
+                cluster.other_etcd = Some(Etcd::start(1)?);
+            }
+            let other = cluster
+                .other_etcd
+                .as_ref()
+                .map(|e| e.urls())
+                .context("no other etcd")?;
+            last_count(cluster, p.slot);
+            let slot = &mut cluster.slots[p.slot];
+            term_slot(slot)?;
+            let mut wrong = slot.spec.clone();
+            let at = wrong
+                .args
+                .iter()
+                .position(|a| a == "--etcd")
+                .context("no --etcd")?;
+            wrong.args[at + 1] = format!("{},{other}", wrong.args[at + 1]);
+            start_slot_as(slot, &wrong)?;
+            match exits_within(slot, Duration::from_secs(10)) {
+                Some(log) if log.contains("answer for different etcd clusters") => say(
+                    start,
+                    format!("node{} with a member of another cluster: refused", p.slot),
+                ),
+                Some(log) => bail!(
+                    "node{} with a member of another cluster exited, but not for it: {}",
+                    p.slot,
+                    log.lines().last().unwrap_or("")
+                ),
+                None => {
+                    term_slot(slot)?;
+                    bail!("node{} started with a member of another cluster", p.slot);
+                }
+            }
+            start_slot(slot)?;
+        }
+        Fault::FleetMove => {
+            let nodes = cluster.slots.len() - 1;
+            for i in 0..nodes {
+                last_count(cluster, i);
+                term_slot(&mut cluster.slots[i])?;
+            }
+            let old = cluster.prefix.clone();
+            let new = format!("{old}-m{}", p.at.as_millis());
+            // After a restore a move raises the records at least the
+            // --max-resume-wait it is given: 6 s, past the largest clock
+            // difference here (5 s). The fleet's own 10 s would put a record
+            // written a window ahead past what its nodes may wait (window +
+            // 10 s), and every take there would be refused.
+            let move_args = [
+                "move",
+                "--etcd-prefix",
+                &old,
+                "--to-prefix",
+                &new,
+                "--raise",
+                "6s",
+                "--max-resume-wait",
+                "6s",
+            ];
+            // A node key on a lease a restore brought back lasts its TTL.
+            let deadline = Instant::now() + ttl + Duration::from_secs(10);
+            let said = loop {
+                match fleet_cmd(cluster, &move_args)? {
+                    Ok(said) => break said,
+                    Err(e) if e.contains("a node of the fleet") && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                    Err(e) => bail!("shardflake fleet move: {e}"),
+                }
+            };
+            say(start, said.lines().next().unwrap_or("moved").to_string());
+            for slot in &mut cluster.slots {
+                for a in slot.spec.args.iter_mut().filter(|a| **a == old) {
+                    a.clone_from(&new);
+                }
+            }
+            cluster.prefix = new.clone();
+            for i in 0..nodes {
+                start_slot(&mut cluster.slots[i])?;
+            }
+            say(start, format!("{nodes} nodes started under {new}"));
+        }
+        Fault::StateCopy => {
+            let slot = &cluster.slots[p.slot];
+            let name = format!("{}-copy", slot.spec.name);
+            let link = slot.spec.dir.join(format!("{name}.state"));
+            let _ = std::fs::remove_file(&link);
+            // Which link, from the seed (the schedule's jitter).
+            let hard = p.at.as_millis().is_multiple_of(2);
+            if hard {
+                std::fs::hard_link(&slot.spec.state_file, &link)?;
+            } else {
+                std::os::unix::fs::symlink(&slot.spec.state_file, &link)?;
+            }
+            let ip = slot.spec.http.ip();
+            let copy = NodeSpec {
+                name: name.clone(),
+                http: SocketAddr::new(ip, cluster::free_port()?),
+                grpc: SocketAddr::new(ip, cluster::free_port()?),
+                state_file: link.clone(),
+                faketime_file: None,
+                ..slot.spec.clone()
+            };
+            let mut proc = copy.spawn(0)?;
+            let kind = if hard { "hard link" } else { "symlink" };
+            if !proc.wait_exit(Duration::from_secs(10)) {
+                proc.signal(libc::SIGKILL)?;
+                bail!(
+                    "{name} ({kind} to node{}'s state file) was not refused",
+                    p.slot
+                );
+            }
+            let log =
+                std::fs::read_to_string(copy.dir.join(format!("{name}.0.log"))).unwrap_or_default();
+            let _ = std::fs::remove_file(&link);
+            anyhow::ensure!(
+                log.contains("in use by another shardflake process")
+                    || log.contains("is a copy or a link of another node's state file"),
+                "{name} exited, not refused for its state file: {}",
+                log.lines().last().unwrap_or("")
+            );
+            say(
+                start,
+                format!(
+                    "{name}: a second process on a {kind} to node{}'s state file, refused",
+                    p.slot
+                ),
             );
         }
         Fault::StateLost => {
@@ -817,4 +1003,35 @@ fn apply(
     }
     info!(fault = p.fault.name(), "done");
     Ok(())
+}
+
+/// `shardflake fleet confirm` of the fleet's place.
+fn confirm_place(cluster: &Cluster) -> anyhow::Result<()> {
+    let prefix = cluster.prefix.clone();
+    fleet_cmd(cluster, &["confirm", "--etcd-prefix", &prefix])?
+        .map_err(|e| anyhow::anyhow!("shardflake fleet confirm: {e}"))?;
+    Ok(())
+}
+
+/// `shardflake fleet <args>` on the run's etcd, with the nodes' etcd
+/// login: `Ok(stdout)`, or `Err(stderr)` when it failed.
+fn fleet_cmd(cluster: &Cluster, args: &[&str]) -> anyhow::Result<Result<String, String>> {
+    let etcd = cluster.etcd.as_ref().context("no etcd")?;
+    let spec = &cluster.slots.first().context("no node")?.spec;
+    let mut cmd = std::process::Command::new(&spec.bin);
+    cmd.arg("fleet")
+        .args(args.first())
+        .args(["--etcd", &etcd.urls()]);
+    cmd.args(args.iter().skip(1));
+    for flag in ["--etcd-user", "--etcd-password-file"] {
+        if let Some(i) = spec.args.iter().position(|a| a == flag) {
+            cmd.arg(flag).args(spec.args.get(i + 1));
+        }
+    }
+    let out = cmd.output()?;
+    Ok(if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    })
 }

@@ -49,11 +49,22 @@ pub enum Fault {
     /// The faked node stopped, its state file removed, restarted with its
     /// clock 5 s back (then forward to the real time).
     StateLost,
+    /// A second process given a symlink or a hard link (drawn) to a
+    /// running node's state file, on ports of its own: it must be refused.
+    StateCopy,
+    /// Every node stopped, the fleet moved to a new prefix with
+    /// `shardflake fleet move`, every node started there on its state
+    /// file (the prefix change as the guide says).
+    FleetMove,
+    /// node0 restarted with a member of another etcd cluster added to its
+    /// `--etcd` list: it must be refused (the members disagree), then it
+    /// is restarted as it was (runs without `--etcd-auth` only).
+    ForeignEndpoint,
 }
 
 impl Fault {
     /// Every kind, in a fixed order.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 15] = [
         Fault::Kill,
         Fault::Stop,
         Fault::Clock,
@@ -66,6 +77,9 @@ impl Fault {
         Fault::Restore,
         Fault::LayoutDeleted,
         Fault::StateLost,
+        Fault::StateCopy,
+        Fault::FleetMove,
+        Fault::ForeignEndpoint,
     ];
 
     /// The name printed in the schedule.
@@ -83,6 +97,9 @@ impl Fault {
             Fault::Restore => "etcd-snapshot-restore",
             Fault::LayoutDeleted => "layout-key-deleted",
             Fault::StateLost => "state-lost+clock-back",
+            Fault::StateCopy => "state-file-copy",
+            Fault::FleetMove => "fleet-move",
+            Fault::ForeignEndpoint => "other-cluster-endpoint",
         }
     }
 }
@@ -102,9 +119,10 @@ impl fmt::Display for Planned {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let target = match self.fault {
             Fault::EtcdLeader => "etcd leader".to_string(),
-            Fault::AuthChange | Fault::RegistryDeleted | Fault::LayoutDeleted => {
-                "every node".to_string()
-            }
+            Fault::AuthChange
+            | Fault::RegistryDeleted
+            | Fault::LayoutDeleted
+            | Fault::FleetMove => "every node".to_string(),
             Fault::Restore => "etcd".to_string(),
             Fault::OtherPrefix => "half the nodes".to_string(),
             _ => format!("node{}", self.slot),
@@ -147,6 +165,9 @@ impl Shape {
             .filter(|f| match f {
                 Fault::CutFromEtcd => self.netns_slot.is_some(),
                 Fault::AuthChange => self.auth,
+                // The other cluster has no users: a node logging in is not
+                // answered there, and not refused.
+                Fault::ForeignEndpoint => !self.auth,
                 _ => true,
             })
             .collect()
@@ -182,7 +203,9 @@ pub fn plan(seed: u64, shape: &Shape) -> Vec<Planned> {
             | Fault::OtherPrefix
             | Fault::RegistryDeleted
             | Fault::Restore
-            | Fault::LayoutDeleted => 0,
+            | Fault::LayoutDeleted
+            | Fault::FleetMove
+            | Fault::ForeignEndpoint => 0,
             _ => rng.usize(0..shape.nodes.max(1)),
         };
         let jitter = Duration::from_millis(rng.u64(0..=1000));
@@ -383,10 +406,11 @@ mod tests {
 
     #[test]
     fn a_cycle_holds_every_fault_once_and_the_same_seed_the_same_plan() {
-        let p = plan(7, &shape(120));
-        assert_eq!(p, plan(7, &shape(120)));
-        assert_ne!(p, plan(8, &shape(120)));
-        let kinds = shape(120).faults();
+        // 14 kinds without auth, one every 8 s: a cycle needs 131 s.
+        let p = plan(7, &shape(140));
+        assert_eq!(p, plan(7, &shape(140)));
+        assert_ne!(p, plan(8, &shape(140)));
+        let kinds = shape(140).faults();
         for f in &kinds {
             let first_cycle = &p[..kinds.len()];
             assert_eq!(
@@ -397,7 +421,7 @@ mod tests {
         }
         let end = p.last().map(|x| x.at).unwrap_or_default();
         assert!(
-            end + Duration::from_secs(16) <= Duration::from_secs(121),
+            end + Duration::from_secs(16) <= Duration::from_secs(141),
             "{p:?}"
         );
         assert!(p.iter().all(|x| x.slot < 3));

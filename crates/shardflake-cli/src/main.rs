@@ -55,7 +55,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Run the id service: HTTP and gRPC, node id static or leased from etcd.
     Serve(cmd::serve::Args),
-    /// A fleet of leased nodes: move it to another etcd prefix or cluster.
+    /// A fleet of leased nodes: move it to another etcd prefix or cluster;
+    /// confirm its place after an etcd restore.
     Fleet(cmd::fleet::Args),
     /// Ids made inside PostgreSQL per logical shard: apply, check, route, locate, move-shard, sql.
     Pg(cmd::pg::Args),

@@ -570,7 +570,8 @@ impl Keeper {
                     self.registry.remember_revision(r);
                 }
                 if let Some(fleet) = state.fleet {
-                    self.registry.expect_fleet(fleet);
+                    self.registry
+                        .expect_fleet(fleet, state.generation.unwrap_or(0));
                 }
                 self.claim.expected_registry = registry;
             }
@@ -602,6 +603,7 @@ impl Keeper {
             registry: self.registry.identity(),
             etcd_revision: self.registry.revision(),
             fleet: self.registry.fleet(),
+            generation: self.registry.generation(),
         };
         let lock = self.state_lock.clone();
         tokio::task::spawn_blocking(move || lock.write(&state))

@@ -39,7 +39,9 @@ mod etcd;
 mod memory;
 
 pub(crate) use etcd::client as etcd_client;
-pub use etcd::{EtcdRegistry, FLEETS, MoveError, Moved, may_share_ids, move_fleet};
+pub use etcd::{
+    Confirmed, EtcdRegistry, FLEETS, MoveError, Moved, confirm_place, may_share_ids, move_fleet,
+};
 pub use memory::MemoryRegistry;
 
 /// A lease's id in the store.
@@ -180,6 +182,26 @@ pub enum RecordError {
     /// The store failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+}
+
+/// A place holding an older generation of a node's fleet than its state
+/// file remembers: one the fleet left by a move or a layout change,
+/// brought back (an etcd restored from a snapshot taken before).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "etcd prefix {prefix} holds generation {found} of fleet {fleet}, but this node's state file remembers generation {remembered} (it last ran under [{last_place}]): this place is older than the fleet's last move or layout change (etcd restored from a snapshot taken before it?), and the fleet's ids are made where it went. Start this node where its state file says. If that place was lost too (restored with this one): stop every node of the fleet, then move it from here again, `shardflake fleet move --etcd URLS --etcd-prefix {prefix} --to-prefix NEW_PREFIX --raise 60s` (or start the new layout again with --previous-prefix {prefix}). If this place's records were deleted and put back by hand: etcdctl put {prefix}/generation {remembered}"
+)]
+pub struct GenerationBehind {
+    /// The place.
+    pub prefix: String,
+    /// The fleet id.
+    pub fleet: String,
+    /// The generation the place holds.
+    pub found: u64,
+    /// The generation the state file remembers.
+    pub remembered: u64,
+    /// The state file's registry line.
+    pub last_place: String,
 }
 
 /// A fleet registered in an etcd cluster that could make the ids of a
@@ -357,6 +379,21 @@ pub enum AcquireError {
     /// Another fleet registered in the cluster could make this fleet's ids.
     #[error(transparent)]
     FleetOverlaps(Box<FleetOverlap>),
+    /// The place holds an older generation of this node's fleet than its
+    /// state file remembers.
+    #[error(transparent)]
+    GenerationBehind(Box<GenerationBehind>),
+    /// etcd was restored from a snapshot, and this node cannot tell that
+    /// the place is still its fleet's (no state file of it).
+    #[error(
+        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index), and this node has no state file of this place ({what}) to tell that its fleet did not leave it after the snapshot was taken: a snapshot of before a `shardflake fleet move` or a layout change (--previous-prefix) brings back a place the fleet left, whose ids it makes elsewhere. If the snapshot is newer than the fleet's last move and layout change, or the fleet never had any: `shardflake fleet confirm --etcd URLS --etcd-prefix {prefix}`, then start this node again; otherwise start it where the fleet runs now"
+    )]
+    RestoreUnconfirmed {
+        /// The place.
+        prefix: String,
+        /// What the place holds: its fleet and generation, or no fleet.
+        what: String,
+    },
     /// The prefix was retired by a layout change: its fleet runs elsewhere.
     #[error(
         "etcd prefix {prefix} is retired: its fleet moved or changed its layout and runs under {successor} now; start this node there, with the fleet's layout (its ids here could repeat the fleet's)"
@@ -389,7 +426,7 @@ pub enum AcquireError {
     },
     /// A node of the previous fleet still holds an id (or is queued for one).
     #[error(
-        "--previous-prefix {previous} still has a node: {key} (held by {holder:?}); stop every node of the previous fleet first, then start this one"
+        "--previous-prefix {previous} still has a node: {key} (held by {holder:?}); stop every node of the previous fleet first, then start this one. After an etcd restore it may be a lease the restore brought back, its process gone: it ends with its TTL (`etcdctl lease timetolive`); start this one again after it"
     )]
     PreviousRunning {
         /// The previous prefix.
@@ -454,6 +491,8 @@ impl AcquireError {
             AcquireError::LayoutMismatch { .. }
                 | AcquireError::LayoutMissing { .. }
                 | AcquireError::Retired { .. }
+                | AcquireError::GenerationBehind(_)
+                | AcquireError::RestoreUnconfirmed { .. }
                 | AcquireError::FleetMismatch { .. }
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
@@ -531,9 +570,15 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
         None
     }
 
-    /// The fleet id this node belongs to (from the state file): a take
-    /// where another, or none, is recorded is refused.
-    fn expect_fleet(&self, _fleet: String) {}
+    /// The fleet's generation at the last take (etcd), for the state file.
+    fn generation(&self) -> Option<u64> {
+        None
+    }
+
+    /// The fleet id this node belongs to and the fleet's generation it
+    /// saw last (from the state file): a take where another fleet id, or
+    /// none, or an older generation is recorded is refused.
+    fn expect_fleet(&self, _fleet: String, _generation: u64) {}
 }
 
 /// The registry a configuration names: etcd, or a static node id. Fails

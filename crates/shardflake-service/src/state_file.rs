@@ -15,6 +15,7 @@
 //! registry static                 (or: etcd cluster=<hex id> prefix=/p)
 //! etcd_revision 1234              (leased: the highest etcd revision seen)
 //! fleet 3f…(32 hex digits)        (leased: the fleet id `<prefix>/fleet` holds)
+//! generation 1                    (leased: moves and layout changes of the fleet)
 //! ```
 //!
 //! Only `high_water_ms` is required: a line left out is not compared (an
@@ -57,6 +58,11 @@ pub struct State {
     /// The fleet id etcd recorded (`<prefix>/fleet`): a place holding
     /// another, or none, is not this node's fleet.
     pub fleet: Option<String>,
+    /// The fleet's generation (`<prefix>/generation`, absent 0): raised by
+    /// each `fleet move` and layout change. A place holding an older one
+    /// is one the fleet left (an etcd restored from a snapshot taken
+    /// before the move).
+    pub generation: Option<u64>,
 }
 
 /// One file holding one node's state (node id, layout, registry, high-water).
@@ -170,6 +176,9 @@ impl StateFile {
         if let Some(r) = state.etcd_revision {
             writeln!(f, "etcd_revision {r}")?;
         }
+        if let Some(g) = state.generation {
+            writeln!(f, "generation {g}")?;
+        }
         for (key, value) in [
             ("path", &state.path),
             ("layout", &state.layout),
@@ -261,6 +270,7 @@ fn parse(text: &str) -> Option<State> {
             "registry" => state.registry = Some(value.to_string()),
             "etcd_revision" => state.etcd_revision = Some(value.parse().ok()?),
             "fleet" => state.fleet = Some(value.to_string()),
+            "generation" => state.generation = Some(value.parse().ok()?),
             _ => return None,
         }
     }
@@ -288,6 +298,7 @@ mod tests {
             registry: Some("etcd cluster=ab prefix=/p".into()),
             etcd_revision: Some(12),
             fleet: Some("0123456789abcdef0123456789abcdef".into()),
+            generation: Some(2),
         };
         lock.write(&full).unwrap();
         assert_eq!(f.read().unwrap(), Some(full));

@@ -25,6 +25,38 @@ enum Command {
   shardflake fleet move --etcd http://old:2379 --etcd-prefix /shardflake/prod \\
       --to-etcd http://new:2379 --to-prefix /shardflake/prod")]
     Move(MoveArgs),
+    /// After restoring etcd from a snapshot: say that the place is still
+    /// its fleet's (the snapshot is newer than the fleet's last `fleet
+    /// move` and layout change), so that nodes without a state file of it
+    /// take ids there again.
+    #[command(after_help = "Example:
+  shardflake fleet confirm --etcd http://etcd:2379 --etcd-prefix /shardflake/prod")]
+    Confirm(ConfirmArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ConfirmArgs {
+    /// The etcd endpoints (comma-separated).
+    #[arg(long, required = true, value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// The fleet's prefix there.
+    #[arg(long)]
+    etcd_prefix: String,
+    /// CA certificate (PEM) for https:// endpoints.
+    #[arg(long)]
+    etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's mutual TLS.
+    #[arg(long)]
+    etcd_cert: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert.
+    #[arg(long)]
+    etcd_key: Option<PathBuf>,
+    /// etcd user, with --etcd-password-file.
+    #[arg(long)]
+    etcd_user: Option<String>,
+    /// File holding the etcd user's password.
+    #[arg(long)]
+    etcd_password_file: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -46,6 +78,11 @@ struct MoveArgs {
     /// out [default: 5s].
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     raise: Duration,
+    /// The fleet's --max-resume-wait: where etcd was restored from a
+    /// snapshot, the least --raise (a record the restore rolled back may
+    /// be that far short of what its holder stamped).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    max_resume_wait: Duration,
     /// CA certificate (PEM) for https:// endpoints (both places).
     #[arg(long)]
     etcd_ca: Option<PathBuf>,
@@ -66,10 +103,10 @@ struct MoveArgs {
 impl MoveArgs {
     /// The etcd settings of one place, checked as `serve` checks them.
     fn place(&self, endpoints: &[String], prefix: &str) -> anyhow::Result<EtcdConfig> {
-        let raw = RawConfig {
-            etcd: RawEtcd {
-                endpoints: Some(endpoints.to_vec()),
-                prefix: Some(prefix.to_string()),
+        etcd_place(
+            endpoints,
+            prefix,
+            RawEtcd {
                 ca_file: self.etcd_ca.clone(),
                 cert_file: self.etcd_cert.clone(),
                 key_file: self.etcd_key.clone(),
@@ -77,17 +114,69 @@ impl MoveArgs {
                 password_file: self.etcd_password_file.clone(),
                 ..RawEtcd::default()
             },
-            ..RawConfig::default()
-        };
-        match Config::load(raw)?.node {
-            NodeSource::Etcd(cfg) => Ok(cfg),
-            NodeSource::Static(_) => bail!("no etcd endpoints"),
-        }
+        )
     }
 }
 
+/// The etcd settings of one place (`files`: its TLS and login files),
+/// checked as `serve` checks them.
+fn etcd_place(endpoints: &[String], prefix: &str, files: RawEtcd) -> anyhow::Result<EtcdConfig> {
+    let raw = RawConfig {
+        etcd: RawEtcd {
+            endpoints: Some(endpoints.to_vec()),
+            prefix: Some(prefix.to_string()),
+            ..files
+        },
+        ..RawConfig::default()
+    };
+    match Config::load(raw)?.node {
+        NodeSource::Etcd(cfg) => Ok(cfg),
+        NodeSource::Static(_) => bail!("no etcd endpoints"),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn confirm(a: ConfirmArgs) -> anyhow::Result<()> {
+    let place = etcd_place(
+        &a.etcd,
+        &a.etcd_prefix,
+        RawEtcd {
+            ca_file: a.etcd_ca,
+            cert_file: a.etcd_cert,
+            key_file: a.etcd_key,
+            user: a.etcd_user,
+            password_file: a.etcd_password_file,
+            ..RawEtcd::default()
+        },
+    )?;
+    let done = runtime()?.block_on(shardflake_service::registry::confirm_place(&place))?;
+    let what = match &done.fleet {
+        Some(fleet) => format!("fleet {fleet}, generation {}", done.generation),
+        None => "no fleet yet".to_string(),
+    };
+    let seen = if done.restore_seen {
+        "etcd shows a restore"
+    } else {
+        "etcd shows no restore"
+    };
+    println!(
+        "confirmed {} ({what}; {seen}): nodes without a state file of it take ids there again until etcd is restored again",
+        place.prefix
+    );
+    Ok(())
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let Command::Move(a) = args.command;
+    let a = match args.command {
+        Command::Move(a) => a,
+        Command::Confirm(a) => return confirm(a),
+    };
     let from = a.place(&a.etcd, &a.etcd_prefix)?;
     let to_etcd = if a.to_etcd.is_empty() {
         &a.etcd
@@ -100,25 +189,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("this host's clock is before 1970")?
         .as_millis() as u64;
     let raise_ms = a.raise.as_millis() as u64;
-    let moved = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?
-        .block_on(shardflake_service::registry::move_fleet(
-            &from, &to, now_ms, raise_ms,
-        ))?;
+    let moved = runtime()?.block_on(shardflake_service::registry::move_fleet(
+        &from,
+        &to,
+        now_ms,
+        raise_ms,
+        a.max_resume_wait.as_millis() as u64,
+    ))?;
     let what = if moved.already {
         "was already there"
     } else {
         "moved"
     };
     println!(
-        "fleet {} {what}: {} -> {} (layout {:?}; {} high-waters; its nodes resume past {})",
+        "fleet {} {what}: {} -> {} (layout {:?}; {} high-waters; generation {}; its nodes resume past {})",
         moved.fleet,
         from.prefix,
         to.prefix,
         moved.layout,
         moved.high_waters,
+        moved.generation,
         shardflake::timestamp::rfc3339_ms(moved.floor_ms),
     );
     println!(

@@ -303,6 +303,27 @@ async fn a_lost_holder_whose_clock_ran_ahead_is_waited_out_after_a_restore() -> 
     let mut ids = load_for(&ahead, Duration::from_secs(1)).await?;
     stop_cleanly(&mut ahead).await?;
     tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+    // A node without a state file of the place is refused until the
+    // operator says the snapshot is newer than the fleet's last move.
+    let e = refused(
+        &d[1],
+        &[
+            "--etcd",
+            &urls,
+            "--etcd-prefix",
+            "/ahead",
+            "--lease-ttl",
+            "3s",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(
+        e.contains("restored from a snapshot") && e.contains("shardflake fleet confirm"),
+        "{e}"
+    );
+    let (ok, said) = fleet_cmd("confirm", &["--etcd", &urls, "--etcd-prefix", "/ahead"])?;
+    assert!(ok && said.contains("confirmed /ahead"), "{said}");
     let mut b = leased(&etcd, "/ahead", &d[1], &waits)?;
     let refused = started_or_refused(&mut b).await?;
     assert_eq!(refused, None);
@@ -355,6 +376,8 @@ async fn a_restore_is_still_seen_after_ten_thousand_lease_grants() -> anyhow::Re
     let mut ids = load_for(&ahead, Duration::from_secs(1)).await?;
     stop_cleanly(&mut ahead).await?;
     tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+    let (ok, said) = fleet_cmd("confirm", &["--etcd", &urls, "--etcd-prefix", "/fade"])?;
+    assert!(ok, "{said}");
 
     let looks = [
         "--node-id",
@@ -1084,8 +1107,14 @@ async fn an_endpoint_list_mixing_two_clusters_is_refused() -> anyhow::Result<()>
 
 /// `shardflake fleet move ARGS`: whether it succeeded, and what it said.
 fn fleet_move(args: &[&str]) -> anyhow::Result<(bool, String)> {
+    fleet_cmd("move", args)
+}
+
+/// `shardflake fleet <command> <args>`: whether it succeeded, and what it
+/// said.
+fn fleet_cmd(command: &str, args: &[&str]) -> anyhow::Result<(bool, String)> {
     let out = std::process::Command::new(shardflake_bin())
-        .args(["fleet", "move"])
+        .args(["fleet", command])
         .args(args)
         .output()?;
     let said = format!(
@@ -1535,5 +1564,122 @@ async fn a_deleted_prefix_started_again_as_told_never_reissues_a_fast_clocks_ids
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), total, "{} duplicates", total - ids.len());
+    Ok(())
+}
+
+/// Review e3: a fleet moved to another etcd cluster with `fleet move`, its
+/// nodes restarted there; the old cluster then restored from a snapshot
+/// taken before the move, so its place is back, unretired. A node of the
+/// moved fleet started there with its state file is refused for the
+/// generation it remembers, and a brand-new node is refused until an
+/// operator confirms the place (before: both took node ids there beside the
+/// moved nodes and issued the same ids).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_cluster_restored_from_before_a_move_is_refused() -> anyhow::Result<()> {
+    let one = Etcd::start(1)?;
+    let two = Etcd::start(1)?;
+    let d = dirs(4)?;
+    // Some history, so that the restore shows (revision past raft index).
+    for i in 0..20 {
+        one.etcdctl(&["put", &format!("/other/{i}"), "x"])?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    run_fleet(&one, "/e3", &d[..2], &stop, &mut loads).await?;
+    let snapshot = d[3].join("snapshot.db");
+    tokio::task::block_in_place(|| one.snapshot(&snapshot))?;
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &one.urls(),
+        "--etcd-prefix",
+        "/e3",
+        "--to-etcd",
+        &two.urls(),
+        "--to-prefix",
+        "/e3",
+    ])?;
+    assert!(ok, "{said}");
+    // Both nodes restart on the new cluster; node 1 then stops there.
+    let a = leased(&two, "/e3", &d[0], &[])?;
+    assert_eq!(a.ready(Duration::from_secs(30)).await?, 0);
+    let mut b = leased(&two, "/e3", &d[1], &[])?;
+    assert_eq!(b.ready(Duration::from_secs(30)).await?, 1);
+    stop_cleanly(&mut b).await?;
+    loads.push(ids_until(&a.http, &stop));
+    tokio::task::block_in_place(|| one.restore(&snapshot))?;
+    // Short waits: a node that wrongly starts issues beside a soon.
+    let waits = ["--window", "2s", "--max-resume-wait", "1s"];
+    let mut b = leased(&one, "/e3", &d[1], &waits)?;
+    let refused_b = run_beside(&mut b, &stop, &mut loads, Duration::from_secs(4)).await?;
+    b.kill();
+    let mut fresh = leased(&one, "/e3", &d[2], &waits)?;
+    let refused_fresh = run_beside(&mut fresh, &stop, &mut loads, Duration::from_secs(4)).await?;
+    fresh.kill();
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let refused_b = refused_b.ok_or_else(|| anyhow::anyhow!("node 1 started at the old place"))?;
+    assert!(
+        refused_b.contains("holds generation 0 of fleet")
+            && refused_b.contains("remembers generation 1"),
+        "{refused_b}"
+    );
+    let refused_fresh =
+        refused_fresh.ok_or_else(|| anyhow::anyhow!("a new node started at the old place"))?;
+    assert!(
+        refused_fresh.contains("restored from a snapshot")
+            && refused_fresh.contains("shardflake fleet confirm --etcd URLS --etcd-prefix /e3"),
+        "{refused_fresh}"
+    );
+    Ok(())
+}
+
+/// Review e4: a layout change (a new prefix, --previous-prefix, an epoch
+/// 10 s earlier: ids above the old fleet's), the new fleet issuing; etcd
+/// then restored from a snapshot taken before the change, so the old
+/// prefix is back unretired and the new one gone. A brand-new node of the
+/// old layout on the old prefix is refused until an operator confirms it
+/// (before: it waited the restore out, then made the ids the new fleet
+/// had made 10 s before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_layout_restored_from_before_a_layout_change_is_refused() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(4)?;
+    for i in 0..20 {
+        etcd.etcdctl(&["put", &format!("/other/{i}"), "x"])?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    run_fleet(&etcd, "/e4a", &d[..1], &stop, &mut loads).await?;
+    let snapshot = d[3].join("snapshot.db");
+    tokio::task::block_in_place(|| etcd.snapshot(&snapshot))?;
+    // snowflake's fields, the epoch 10 s earlier.
+    let layout = "time 41 | node 10 | sequence 12 (epoch 1288834964657)";
+    let mut new = leased(
+        &etcd,
+        "/e4b",
+        &d[1],
+        &["--layout", layout, "--previous-prefix", "/e4a"],
+    )?;
+    assert_eq!(new.ready(Duration::from_secs(30)).await?, 0);
+    loads.push(ids_until(&new.http, &stop));
+    // The new layout's ids of these 10 s are the old one's of 10 s later.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Stopped (a node of it restarted after the restore would make the
+    // layout change again, retiring the old prefix once more).
+    stop_cleanly(&mut new).await?;
+    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+    let waits = ["--window", "2s", "--max-resume-wait", "1s"];
+    let mut old = leased(&etcd, "/e4a", &d[2], &waits)?;
+    let refused_old = run_beside(&mut old, &stop, &mut loads, Duration::from_secs(6)).await?;
+    old.kill();
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let refused_old =
+        refused_old.ok_or_else(|| anyhow::anyhow!("a node of the old layout started"))?;
+    assert!(
+        refused_old.contains("restored from a snapshot")
+            && refused_old.contains("shardflake fleet confirm --etcd URLS --etcd-prefix /e4a"),
+        "{refused_old}"
+    );
     Ok(())
 }

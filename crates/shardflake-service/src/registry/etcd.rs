@@ -62,6 +62,19 @@
 //! however many entries came since. A later restore (a history the record
 //! does not descend from) is recorded again. A restore that no take sees
 //! before raft entries close its gap is not seen.
+//!
+//! A restore of a snapshot taken before a `fleet move` or a layout change
+//! brings back a place the fleet left, unretired, and nothing left in that
+//! cluster tells. So each move and layout change raises the fleet's
+//! generation (`<prefix>/generation`, written with the fleet id at the new
+//! place), every node's state file records it, and a place holding an
+//! older generation than a node remembers is refused
+//! ([`AcquireError::GenerationBehind`]). And in a cluster that shows a
+//! restore, a take is made only by a node whose state file names this
+//! place, its fleet and its generation, until an operator confirms the
+//! place (`shardflake fleet confirm`: `<prefix>/confirmed`, believed while
+//! etcd's history descends from it); any other node is refused
+//! ([`AcquireError::RestoreUnconfirmed`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -71,8 +84,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AcquireError, Claim, FleetOverlap, Holding, LeaseId, PreviousFleet, RecordError, Registry,
-    RegistryError, Renewal, keys, read_high_water,
+    AcquireError, Claim, FleetOverlap, GenerationBehind, Holding, LeaseId, PreviousFleet,
+    RecordError, Registry, RegistryError, Renewal, keys, read_high_water,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{
@@ -81,7 +94,7 @@ use crate::etcd::{
 use crate::layout_change::LayoutChange;
 
 mod fleet_move;
-pub use fleet_move::{MoveError, Moved, move_fleet};
+pub use fleet_move::{Confirmed, MoveError, Moved, confirm_place, move_fleet};
 
 /// Node ids leased from etcd under one prefix.
 #[derive(Debug)]
@@ -95,6 +108,9 @@ pub struct EtcdRegistry {
     cluster_id: Mutex<Option<u64>>,
     /// This node's fleet id: from its state file, else its first take.
     fleet: Mutex<Option<String>>,
+    /// The fleet's generation this node saw last (its state file, then
+    /// each take): a place holding an older one is one the fleet left.
+    generation: Mutex<u64>,
     /// With several endpoints, one client each: before its first take a
     /// node asks every member which cluster and fleet it answers for.
     members: Vec<(String, std::sync::Arc<Client>)>,
@@ -144,6 +160,7 @@ impl EtcdRegistry {
             held: Mutex::new(None),
             cluster_id: Mutex::new(None),
             fleet: Mutex::new(None),
+            generation: Mutex::new(0),
             seen_revision: AtomicI64::new(0),
             record_lock: tokio::sync::Mutex::new(()),
         })
@@ -282,30 +299,64 @@ impl Registry for EtcdRegistry {
                                 _ => Trust::All,
                             }
                         };
+                        let place = Place::read(&self.prefix, &kvs);
+                        let remembered = *lock(&self.generation);
+                        let knows_place = expected_fleet.is_some()
+                            && place.fleet == expected_fleet
+                            && place.generation == remembered
+                            && (!first_take
+                                || claim.expected_registry.as_deref() == Some(now.as_str()));
+                        // A node of a fleet on a place without it is
+                        // refused by the take (no fleet id), with the ways
+                        // out of that.
+                        let fleet_missing = expected_fleet.is_some()
+                            && place.fleet.is_none()
+                            && claim.previous.is_none();
+                        let checked = if let Some(e) = place.behind(
+                            remembered,
+                            &expected_fleet,
+                            claim.expected_registry.as_deref(),
+                        ) {
+                            Err(e)
+                        } else if !matches!(trust, Trust::All)
+                            && !knows_place
+                            && !fleet_missing
+                            && !place.confirmed(status, marker)
+                        {
+                            Err(AcquireError::RestoreUnconfirmed {
+                                prefix: self.prefix.clone(),
+                                what: place.describe(),
+                            })
+                        } else {
+                            Ok(())
+                        };
                         // A layout change: the new fleet's first takes (no
                         // layout record yet) check the previous fleet and
                         // retire it; later ones find the floor it left.
                         let layout_key = format!("{}/layout", self.prefix);
                         let moved_from = claim.previous.as_ref().map(|p| p.prefix.clone());
                         let registered_at = fleets_header.revision;
-                        let fleet = match &claim.previous {
-                            Some(previous)
+                        let fleet = match (checked, &claim.previous) {
+                            (Err(e), _) => Err(e),
+                            (Ok(()), Some(previous))
                                 if !kvs.iter().any(|kv| kv.key == layout_key.as_bytes()) =>
                             {
                                 retire_previous(&self.client, &self.prefix, previous, claim)
                                     .await
-                                    .map(|(floor, carried)| Fleet {
+                                    .map(|(floor, carried, generation)| Fleet {
                                         expected: expected_fleet,
                                         carried,
+                                        generation,
                                         floor: Some(floor),
                                         registered,
                                         registered_at,
                                         moved_from,
                                     })
                             }
-                            _ => Ok(Fleet {
+                            (Ok(()), _) => Ok(Fleet {
                                 expected: expected_fleet,
                                 carried: None,
+                                generation: place.generation,
                                 floor: None,
                                 registered,
                                 registered_at,
@@ -336,6 +387,7 @@ impl Registry for EtcdRegistry {
         match taken {
             Ok(taken) => {
                 *lock(&self.fleet) = Some(String::from_utf8_lossy(&taken.fleet).into_owned());
+                *lock(&self.generation) = taken.generation;
                 *lock(&self.held) = Some(Held {
                     lease,
                     layout: taken.layout,
@@ -427,8 +479,13 @@ impl Registry for EtcdRegistry {
         lock(&self.fleet).clone()
     }
 
-    fn expect_fleet(&self, fleet: String) {
+    fn generation(&self) -> Option<u64> {
+        lock(&self.fleet).as_ref().map(|_| *lock(&self.generation))
+    }
+
+    fn expect_fleet(&self, fleet: String, generation: u64) {
         *lock(&self.fleet) = Some(fleet);
+        *lock(&self.generation) = generation;
     }
 
     fn revision(&self) -> Option<i64> {
@@ -774,6 +831,8 @@ struct Taken {
     layout: Vec<u8>,
     /// `<prefix>/fleet` as the take compared or wrote it.
     fleet: Vec<u8>,
+    /// `<prefix>/generation` as the take compared or wrote it.
+    generation: u64,
 }
 
 /// A call that failed after etcd answered this take's first read: etcd is
@@ -874,7 +933,7 @@ async fn retire_previous(
     prefix: &str,
     previous: &PreviousFleet,
     claim: &Claim,
-) -> Result<(u64, Option<String>), AcquireError> {
+) -> Result<(u64, Option<String>, u64), AcquireError> {
     let old = &previous.prefix;
     let under = format!("{old}/");
     let (kvs, header) = client.range_prefix_header(under.as_bytes()).await?;
@@ -983,7 +1042,12 @@ async fn retire_previous(
         .iter()
         .find(|kv| kv.key == format!("{old}/fleet").as_bytes())
         .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
-    Ok((change.unsafe_until_ms.unwrap_or(until_ms), carried))
+    let generation = read_generation(&kvs, old).saturating_add(1);
+    Ok((
+        change.unsafe_until_ms.unwrap_or(until_ms),
+        carried,
+        generation,
+    ))
 }
 
 /// Where an etcd cluster's fleets are registered, one key per fleet id
@@ -1106,6 +1170,93 @@ fn check_registered(
     Ok((found.as_deref() != Some(&wanted[..])).then_some(wanted))
 }
 
+/// `<prefix>/generation` among `kvs` (absent, or not a number: 0).
+fn read_generation(kvs: &[Kv], prefix: &str) -> u64 {
+    let key = format!("{prefix}/generation");
+    kvs.iter()
+        .find(|kv| kv.key == key.as_bytes())
+        .and_then(|kv| std::str::from_utf8(&kv.value).ok())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// What a place holds of its fleet, from a take's first read.
+struct Place {
+    prefix: String,
+    fleet: Option<String>,
+    generation: u64,
+    retired: bool,
+    /// `<prefix>/confirmed`: the status of etcd when an operator confirmed
+    /// the place after a restore (`shardflake fleet confirm`), and the
+    /// revision it was written at.
+    confirmed: Option<(Option<Status>, i64)>,
+}
+
+impl Place {
+    fn read(prefix: &str, kvs: &[Kv]) -> Place {
+        let find = |name: &str| {
+            let key = format!("{prefix}/{name}");
+            kvs.iter().find(|kv| kv.key == key.as_bytes())
+        };
+        Place {
+            prefix: prefix.to_string(),
+            fleet: find("fleet").map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
+            generation: read_generation(kvs, prefix),
+            retired: find("layout").is_some_and(|kv| parse_retired(&kv.value).is_some()),
+            confirmed: find(CONFIRMED).map(|kv| (parse_stamp(&kv.value), kv.mod_revision)),
+        }
+    }
+
+    /// The refusal of a node whose state file remembers a later
+    /// generation of the fleet this place holds (a retired place is
+    /// refused by the take, naming where the fleet went).
+    fn behind(
+        &self,
+        remembered: u64,
+        expected: &Option<String>,
+        last_place: Option<&str>,
+    ) -> Option<AcquireError> {
+        let fleet = self
+            .fleet
+            .as_ref()
+            .filter(|f| Some(*f) == expected.as_ref())?;
+        (!self.retired && self.generation < remembered).then(|| {
+            AcquireError::GenerationBehind(Box::new(GenerationBehind {
+                prefix: self.prefix.clone(),
+                fleet: fleet.clone(),
+                found: self.generation,
+                remembered,
+                last_place: last_place.unwrap_or("not recorded").to_string(),
+            }))
+        })
+    }
+
+    /// Whether an operator confirmed this place since the last restore:
+    /// the confirmation was written at or after the restore's record
+    /// (`marker`, rewritten by the first take that sees a later restore),
+    /// or etcd's history now descends from the confirmation's (no restore
+    /// since; a member that lags the one that answered the confirmation
+    /// may not show it yet).
+    fn confirmed(&self, status: Option<Status>, marker: Option<i64>) -> bool {
+        let Some((stamp, at)) = &self.confirmed else {
+            return false;
+        };
+        marker.is_some_and(|m| *at >= m)
+            || matches!((stamp, status), (Some(then), Some(now)) if now.descends_from(then))
+    }
+
+    fn describe(&self) -> String {
+        match &self.fleet {
+            Some(f) => format!("it holds fleet {f}, generation {}", self.generation),
+            None => "it holds no fleet yet".into(),
+        }
+    }
+}
+
+/// `<prefix>/<CONFIRMED>`: an operator's word that a restored place is
+/// still its fleet's (`shardflake fleet confirm`).
+const CONFIRMED: &str = "confirmed";
+
 /// What a take knows of its fleet besides the claim.
 struct Fleet {
     /// The fleet id this node belongs to (its state file, or an earlier
@@ -1114,6 +1265,10 @@ struct Fleet {
     /// A fleet replacing another (`--previous-prefix`): the previous
     /// fleet's id, carried over.
     carried: Option<String>,
+    /// The fleet's generation at this place: as read, or, for a fleet
+    /// replacing another, the previous fleet's plus one (written with the
+    /// carried fleet id).
+    generation: u64,
     /// A fleet replacing another: no id of it at or before this Unix ms.
     floor: Option<u64>,
     /// The fleets registered in the cluster (the keys under [`FLEETS`]),
@@ -1201,6 +1356,7 @@ async fn take_lowest(
     };
     let mut floor_ms = floor.unwrap_or(0).max(read_floor(&kvs)?);
     let fleet_key = format!("{prefix}/fleet").into_bytes();
+    let generation_key = format!("{prefix}/generation").into_bytes();
     let read_fleet = |kvs: &[Kv]| {
         kvs.iter()
             .find(|kv| kv.key == fleet_key)
@@ -1454,6 +1610,15 @@ async fn take_lowest(
             None => {
                 compares.push(Compare::Absent(fleet_key.clone()));
                 success.push(Op::Put(fleet_key.clone(), new_fleet.clone(), 0));
+                // Written with the fleet id, never apart: a fleet carried
+                // here by a layout change is one generation on.
+                if fleet.generation > 0 {
+                    success.push(Op::Put(
+                        generation_key.clone(),
+                        fleet.generation.to_string().into_bytes(),
+                        0,
+                    ));
+                }
             }
         }
         // The cluster's fleets as read: none registered since, and this
@@ -1496,6 +1661,7 @@ async fn take_lowest(
             Op::Get(layout_key.clone()),
             Op::Get(floor_key.clone()),
             Op::Get(fleet_key.clone()),
+            Op::Get(generation_key.clone()),
             Op::Prefix(node_prefix.clone().into_bytes()),
             Op::Get(hw.clone().into_bytes()),
             Op::Get(stamp_key.clone().into_bytes()),
@@ -1512,6 +1678,7 @@ async fn take_lowest(
             hw_revision: answer.revision,
             layout: layout_present.clone().unwrap_or_else(|| layout.to_vec()),
             fleet: recorded_fleet.clone().unwrap_or_else(|| new_fleet.clone()),
+            generation: fleet.generation,
         };
         if answer.succeeded {
             // How many rounds a herd needed: each lost race is one more
@@ -1537,6 +1704,9 @@ async fn take_lowest(
         floor_ms = floor_ms.max(read_floor(&fresh)?);
         recorded_fleet = read_fleet(&fresh);
         check_fleet(&recorded_fleet)?;
+        if recorded_fleet.is_some() {
+            fleet.generation = read_generation(&fresh, prefix);
+        }
         fleet.registered = fresh
             .iter()
             .filter(|kv| kv.key.starts_with(FLEETS.as_bytes()))
@@ -1697,6 +1867,64 @@ mod tests {
             mod_revision: 1,
         };
         assert!(check(&[unreadable], "/a", None).is_err());
+    }
+
+    #[test]
+    fn a_place_older_than_remembered_is_refused_and_a_confirmation_lasts_until_a_restore() {
+        let kv = |name: &str, value: &str, revision: i64| Kv {
+            key: format!("/p/{name}").into_bytes(),
+            value: value.as_bytes().to_vec(),
+            lease: 0,
+            create_revision: revision,
+            mod_revision: revision,
+        };
+        let fleet = Some("F".to_string());
+        let moved = [kv("fleet", "F", 5), kv("generation", "1", 5)];
+        let old = Place::read("/p", &[kv("fleet", "F", 5)]);
+        assert_eq!(old.generation, 0);
+        let err = old.behind(1, &fleet, Some("etcd cluster=b prefix=/p"));
+        assert!(
+            err.is_some_and(|e| e.to_string().contains("holds generation 0 of fleet F")),
+            "an older generation of this fleet is refused"
+        );
+        assert!(old.behind(0, &fleet, None).is_none());
+        assert!(
+            old.behind(1, &Some("G".into()), None).is_none(),
+            "another fleet: FleetMismatch"
+        );
+        let new = Place::read("/p", &moved);
+        assert_eq!(new.generation, 1);
+        assert!(
+            new.behind(0, &fleet, None).is_none(),
+            "a moved fleet's node goes on"
+        );
+        let retired = Place::read(
+            "/p",
+            &[kv("fleet", "F", 5), kv("layout", "retired for /q: x", 6)],
+        );
+        assert!(
+            retired.behind(1, &fleet, None).is_none(),
+            "refused as retired"
+        );
+
+        // Confirmed at revision 40, status (40, 50); the restore recorded
+        // at 30: believed. A restore recorded after it (at 45): only while
+        // the history descends from the confirmation's status.
+        let stamp = "revision 40 raft_index 50";
+        let place = Place::read("/p", &[kv("confirmed", stamp, 40)]);
+        let same = Status {
+            revision: 60,
+            raft_index: 70,
+        };
+        let restored = Status {
+            revision: 60,
+            raft_index: 12,
+        };
+        assert!(place.confirmed(Some(restored), Some(30)));
+        assert!(place.confirmed(Some(same), Some(45)));
+        assert!(!place.confirmed(Some(restored), Some(45)));
+        assert!(!place.confirmed(None, Some(45)));
+        assert!(!Place::read("/p", &moved).confirmed(Some(same), Some(30)));
     }
 
     #[test]

@@ -13,20 +13,23 @@
 //! take there resumes past, and the fleet's registration in that cluster.
 //! A move stopped between the two steps is finished by running it again.
 //! A fleet whose etcd was restored from a snapshot is moved only with a
-//! raise of at least the default `--max-resume-wait`: a record the restore
+//! raise of at least the fleet's `--max-resume-wait`: a record the restore
 //! rolled back, which no take at the old place believes, would be believed
-//! at the new one.
+//! at the new one. The new place holds the fleet's generation plus one:
+//! a node that ran there is refused at any place holding an older one (the
+//! old place brought back by a restore of a snapshot taken before).
+//!
+//! `shardflake fleet confirm` ([`confirm_place`]): after an etcd restore,
+//! the operator's word that a place is still its fleet's, so that nodes
+//! without a state file of it take ids there again.
 
 use super::{
-    FLEETS, RETIRED, check_registered, client, fleet_registry_key, parse_retired, read_high_water,
+    CONFIRMED, FLEETS, RETIRED, check_registered, client, fleet_registry_key, parse_retired,
+    read_generation, read_high_water, stamp_text,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{Compare, EtcdError, Op};
 use crate::registry::AcquireError;
-
-/// The least raise of a fleet whose etcd was restored: the default
-/// `--max-resume-wait`.
-const RESTORED_RAISE_MS: u64 = 60_000;
 
 /// Why a fleet was not moved.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +47,7 @@ pub enum MoveError {
     },
     /// A node of the fleet holds or waits for an id.
     #[error(
-        "a node of the fleet under {prefix} runs: {key} (held by {holder:?}); stop every node of the fleet, then run the move again"
+        "a node of the fleet under {prefix} runs: {key} (held by {holder:?}); stop every node of the fleet, then run the move again. After an etcd restore it may be a lease the restore brought back, its process gone: it ends with its TTL (`etcdctl lease timetolive`); run the move again after it"
     )]
     Running {
         /// The old prefix.
@@ -100,12 +103,12 @@ pub enum MoveError {
     },
     /// The old place saw an etcd restore and the raise is short of it.
     #[error(
-        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that ({min_ms} ms by default)"
+        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that (the fleet's --max-resume-wait, given to the move: {min_ms} ms)"
     )]
     RestoreSeen {
         /// The old prefix.
         prefix: String,
-        /// The least raise that covers the default --max-resume-wait.
+        /// The least raise: the fleet's --max-resume-wait.
         min_ms: u64,
     },
     /// The destination cluster refuses the fleet (another fleet there
@@ -129,16 +132,20 @@ pub struct Moved {
     /// The new place already held the fleet (a move run again): nothing
     /// written there.
     pub already: bool,
+    /// The fleet's generation at the new place.
+    pub generation: u64,
 }
 
 /// Moves the fleet under `from`'s prefix to `to`'s endpoints and prefix;
 /// `now_ms` is this host's clock, `raise_ms` how far past it (and past
-/// each record) the carried high-waters go.
+/// each record) the carried high-waters go; `max_resume_wait_ms` the
+/// fleet's `--max-resume-wait`, the least raise where etcd was restored.
 pub async fn move_fleet(
     from: &EtcdConfig,
     to: &EtcdConfig,
     now_ms: u64,
     raise_ms: u64,
+    max_resume_wait_ms: u64,
 ) -> Result<Moved, MoveError> {
     let (old, new) = (&from.prefix, &to.prefix);
     let src = client(from)?;
@@ -188,10 +195,10 @@ pub async fn move_fleet(
     // its lost holder may have stamped instead.
     let restored =
         find(format!("{old}/restored")).is_some() || src.status().await.is_ok_and(|s| s.restored());
-    if restored && raise_ms < RESTORED_RAISE_MS {
+    if restored && raise_ms < max_resume_wait_ms {
         return Err(MoveError::RestoreSeen {
             prefix: old.clone(),
-            min_ms: RESTORED_RAISE_MS,
+            min_ms: max_resume_wait_ms,
         });
     }
     let live = [format!("{old}/node/"), format!("{old}/queue/")];
@@ -277,7 +284,9 @@ pub async fn move_fleet(
         }
         tracing::warn!("retired {old} for {successor}: nodes started there are refused");
     }
+    let generation = read_generation(&kvs, old).saturating_add(1);
     let moved = Moved {
+        generation,
         fleet: String::from_utf8_lossy(&fleet).into_owned(),
         layout: String::from_utf8_lossy(&record).into_owned(),
         high_waters: high_waters.len(),
@@ -295,6 +304,11 @@ pub async fn move_fleet(
             floor_ms.to_string().into_bytes(),
             0,
         ),
+        Op::Put(
+            format!("{new}/generation").into_bytes(),
+            generation.to_string().into_bytes(),
+            0,
+        ),
     ];
     for (id, ms) in &high_waters {
         ops.push(Op::Put(
@@ -305,6 +319,15 @@ pub async fn move_fleet(
     }
     if let Some(value) = registration {
         ops.push(Op::Put(fleet_registry_key(&fleet), value, 0));
+    }
+    // The new place is the fleet's by this move: confirmed, should its
+    // cluster show a restore (its nodes' state files name the old place).
+    if let Ok(status) = dst.status().await {
+        ops.push(Op::Put(
+            format!("{new}/{CONFIRMED}").into_bytes(),
+            stamp_text(&status).into_bytes(),
+            0,
+        ));
     }
     let answer = dst
         .txn(
@@ -324,4 +347,59 @@ pub async fn move_fleet(
         });
     }
     Ok(moved)
+}
+
+/// What `shardflake fleet confirm` confirmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirmed {
+    /// The fleet id the place holds (`None`: no fleet yet).
+    pub fleet: Option<String>,
+    /// Its generation there.
+    pub generation: u64,
+    /// Whether etcd shows a restore (its revision past its raft index, or
+    /// `<prefix>/restored`).
+    pub restore_seen: bool,
+}
+
+/// Records the operator's word that the place of `cfg` is still its
+/// fleet's after an etcd restore: `<prefix>/confirmed` holds etcd's status
+/// now, and takes believe it while etcd's history descends from it (a
+/// later restore needs a confirmation of its own). Refused at a retired
+/// place. Uses [`MoveError`] for its failures (the same places, the same
+/// etcd).
+pub async fn confirm_place(cfg: &EtcdConfig) -> Result<Confirmed, MoveError> {
+    let prefix = &cfg.prefix;
+    let etcd = client(cfg)?;
+    let (kvs, _) = etcd
+        .range_prefix_header(format!("{prefix}/").as_bytes())
+        .await?;
+    let find = |name: &str| {
+        let key = format!("{prefix}/{name}");
+        kvs.iter().find(|kv| kv.key == key.as_bytes())
+    };
+    if let Some((successor, _)) = find("layout").and_then(|kv| parse_retired(&kv.value)) {
+        return Err(MoveError::Retired {
+            prefix: prefix.clone(),
+            successor,
+        });
+    }
+    let status = etcd.status().await?;
+    // The restore itself is recorded by takes (registry/etcd.rs): a record
+    // written here, after a take's own, would make that take's stamp look
+    // older than the restore.
+    let ops = [Op::Put(
+        format!("{prefix}/{CONFIRMED}").into_bytes(),
+        stamp_text(&status).into_bytes(),
+        0,
+    )];
+    let restore_seen = find("restored").is_some() || status.restored();
+    etcd.txn(&[], &ops, &[]).await?;
+    tracing::warn!(
+        "{prefix}/{CONFIRMED} recorded: nodes without a state file of this place take ids here again"
+    );
+    Ok(Confirmed {
+        fleet: find("fleet").map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
+        generation: read_generation(&kvs, prefix),
+        restore_seen,
+    })
 }
