@@ -206,6 +206,51 @@ pub enum TimeRangeError {
     },
 }
 
+/// A row's time the backfill cannot give an id ([`crate::backfill::Backfill`]).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BackfillError {
+    /// A time in the present tick or later: live ids are made there.
+    #[error(
+        "time {unix_ms} ms is not in the past (now {now_ms} ms): a backfill takes times before the present tick; live ids are made from it on"
+    )]
+    NotInPast {
+        /// The row's time.
+        unix_ms: u64,
+        /// The present the backfill was made with.
+        now_ms: u64,
+    },
+    /// Every sequence value of the row's tick is used.
+    #[error(
+        "tick {tick} (time {unix_ms} ms) has no sequence value left: all {ids_per_tick} ids of the tick are used; spread these rows over more time or use a layout with a wider sequence"
+    )]
+    TickFull {
+        /// The row's time.
+        unix_ms: u64,
+        /// Its tick.
+        tick: u64,
+        /// Ids one tick holds.
+        ids_per_tick: u64,
+    },
+    /// A time before the epoch or after the end of life.
+    #[error(transparent)]
+    Time(#[from] TimeRangeError),
+    /// A counter taken back from an earlier run that the layout cannot
+    /// hold (a state of another layout).
+    #[error(
+        "counter of tick {tick} at {next} does not fit the layout (ticks 0..={max_tick}, {ids_per_tick} ids per tick); is the state of another layout?"
+    )]
+    BadCounter {
+        /// The tick.
+        tick: u64,
+        /// Its next sequence value.
+        next: u64,
+        /// The layout's last tick.
+        max_tick: u64,
+        /// Ids one tick holds.
+        ids_per_tick: u64,
+    },
+}
+
 /// Text that is not an id in the format asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ParseError {

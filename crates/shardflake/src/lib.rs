@@ -31,6 +31,8 @@
 //! - [`plan`]: capacity of a layout and a suggested layout for a need.
 //! - [`range`]: ids by time ([`Layout::id_range`], [`Layout::min_id_at`])
 //!   and the time a layout has left.
+//! - [`backfill`]: ids for rows from the past, at each row's own time
+//!   ([`Backfill`]).
 //! - [`uuid`], [`objectid`], [`kind`]: the other id kinds, and recognising
 //!   any of them in text.
 //! - [`wait`]: waits for the clock, left to the caller by the `try_` calls
@@ -46,6 +48,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod backfill;
 pub mod clock;
 pub mod error;
 pub mod format;
@@ -73,10 +76,11 @@ pub mod uuid;
 mod uuid_info;
 pub mod wait;
 
+pub use backfill::Backfill;
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::{
-    ConvertError, GenerateError, IdError, LayoutError, NodeIdError, ParseError, TimeRangeError,
-    UuidError,
+    BackfillError, ConvertError, GenerateError, IdError, LayoutError, NodeIdError, ParseError,
+    TimeRangeError, UuidError,
 };
 pub use format::Format;
 pub use generator::{

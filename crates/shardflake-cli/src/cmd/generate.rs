@@ -1,5 +1,6 @@
 //! `shardflake gen`: ids of a layout, UUIDs or ObjectIds, one per line.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -7,6 +8,7 @@ use shardflake::node::NodeIdSource;
 use shardflake::{Clock, Format, Generator, Kind, Layout, ObjectIdGenerator, SystemClock, uuid};
 use shardflake_host::HostInfo;
 
+use super::backfill::{self, Times};
 use super::{LayoutArg, with_stdout};
 
 /// Ids are made in runs of this many: one reservation each.
@@ -18,7 +20,16 @@ const RUN: u64 = 1 << 16;
   shardflake gen --layout twitter --datacenter 1 --worker 3
   shardflake gen --layout instagram --key 31341 --shards 2000
   shardflake gen --node-from host-ordinal        # ids-7 -> node 7
-  shardflake gen --kind uuidv5 --namespace dns --name example.com")]
+  shardflake gen --kind uuidv5 --namespace dns --name example.com
+  shardflake gen --node 1023 --at 2019-03-01T12:00:00Z     # a row from the past
+  shardflake gen --node 1023 --times times.txt             # one id per line of times
+
+Backfill (--at, --times): ids at the rows' own times, for importing
+historical rows. Give a node id no live node uses (reserved for backfills);
+it is required. Each tick's counter is kept in --backfill-state, so runs on
+one state file never repeat an id; two at once are refused. Times in the
+present tick or later, and a tick whose sequence is used up, are refused and
+nothing is issued.")]
 pub struct Args {
     #[command(flatten)]
     layout: LayoutArg,
@@ -26,6 +37,17 @@ pub struct Args {
     #[arg(short = 'n', long, default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
+    /// A row's time (RFC 3339, Unix ms, -7d, now-1h): ids at that time, on a
+    /// node id reserved for backfills, from the backfill state.
+    #[arg(long, allow_hyphen_values = true, conflicts_with = "times")]
+    at: Option<String>,
+    /// A file of rows' times, one per line (`-`: stdin): one id per line, in
+    /// the file's order, from the backfill state.
+    #[arg(long, value_name = "FILE", conflicts_with = "count")]
+    times: Option<PathBuf>,
+    /// Where --at and --times keep each tick's counter between runs.
+    #[arg(long, value_name = "FILE", default_value = "shardflake-backfill.state")]
+    backfill_state: PathBuf,
     /// Text form of layout ids.
     #[arg(short, long, default_value = "dec")]
     format: Format,
@@ -94,6 +116,12 @@ fn parse_source(text: &str) -> Result<NodeIdSource, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if (args.at.is_some() || args.times.is_some()) && args.kind != Kind::Layout {
+        bail!(
+            "--at and --times make layout ids; drop --kind {}",
+            args.kind
+        );
+    }
     match args.kind {
         Kind::Layout => layout_ids(&args),
         Kind::ObjectId => {
@@ -174,6 +202,9 @@ fn layout_ids(args: &Args) -> anyhow::Result<()> {
         bail!("--namespace and --name are for uuidv3 and uuidv5");
     }
     let values = node_values(args, &layout)?;
+    if args.at.is_some() || args.times.is_some() {
+        return backfill_ids(args, &layout, &values);
+    }
     let mut builder = Generator::builder(layout.clone()).clock(SystemClock);
     for (name, value) in &values {
         builder = builder.node(name, *value);
@@ -195,6 +226,56 @@ fn layout_ids(args: &Args) -> anyhow::Result<()> {
         Ok(())
     })?;
     outlive_last_tick(&generator)
+}
+
+/// `--at`/`--times`: the node values must be given, not defaulted: node 0
+/// is a live node's (`serve`'s default).
+fn backfill_ids(args: &Args, layout: &Layout, values: &[(String, u64)]) -> anyhow::Result<()> {
+    let given = given_fields(args);
+    if let Some(field) = layout
+        .node_fields()
+        .find(|f| !given.iter().any(|g| g == f.name()))
+    {
+        bail!(
+            "--at and --times need the backfill's node id given: add --{0} N (or --field {0}=N) with a value reserved for backfills, which no live node uses",
+            field.name()
+        );
+    }
+    let pairs: Vec<(&str, u64)> = values.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    let nodes = layout.nodes(&pairs)?;
+    let times = match (&args.at, &args.times) {
+        (Some(at), _) => Times::At(at, args.count),
+        (None, Some(file)) => Times::File(file),
+        (None, None) => unreachable!("called for --at or --times"),
+    };
+    backfill::run(layout, nodes, &args.backfill_state, times, args.format)
+}
+
+/// The node fields a flag names (not those defaulted to 0).
+fn given_fields(args: &Args) -> Vec<String> {
+    let named = [
+        ("node", args.node),
+        ("datacenter", args.datacenter),
+        ("worker", args.worker),
+        ("process", args.process),
+        ("machine", args.machine),
+        ("shard", args.shard.or(args.key)),
+    ];
+    let mut given: Vec<String> = named
+        .into_iter()
+        .filter(|(_, v)| v.is_some())
+        .map(|(n, _)| n.to_string())
+        .chain(args.field.iter().map(|(n, _)| n.clone()))
+        .collect();
+    if args.node_from.is_some() {
+        given.extend(
+            args.layout
+                .resolve()
+                .ok()
+                .and_then(|l| l.node_fields().next().map(|f| f.name().to_string())),
+        );
+    }
+    given
 }
 
 /// Returns once the clock has passed the last tick used, so that the next

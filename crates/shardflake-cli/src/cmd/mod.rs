@@ -1,5 +1,6 @@
 //! One module per subcommand, plus the options they share.
 
+pub mod backfill;
 pub mod bench;
 pub mod compare;
 pub mod completions;

@@ -3,6 +3,7 @@
 //! etcd member kills, restarts on one state file). Servers and clients come
 //! from `shardflake-testkit`.
 
+mod backfill;
 mod cli;
 mod client;
 mod docs;

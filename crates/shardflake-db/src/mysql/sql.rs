@@ -112,6 +112,12 @@ pub enum MysqlSqlError {
     /// Time and sequence do not fit a positive `BIGINT`.
     #[error("layout {0:?}: time + sequence bits exceed 62, too wide for a MariaDB sequence")]
     TooWide(String),
+    /// A layout with a random start, which the trigger and procedures do
+    /// not apply (every tick's sequence starts at 0 in the database).
+    #[error(
+        "layout {0:?} starts each tick's sequence at random, which the ids made in MariaDB do not; remove \"random start\" from --layout (it applies to the library and the service only)"
+    )]
+    RandomStart(String),
     /// A field other than time holds the sign bit.
     #[error(
         "layout {0:?}: a field other than time holds the sign bit, so some ids are negative from the start"
@@ -162,6 +168,9 @@ impl Plan {
         let seq = layout.sequence();
         if time.bits() + seq.bits() > 62 {
             return Err(MysqlSqlError::TooWide(name()));
+        }
+        if layout.random_start_bits() > 0 {
+            return Err(MysqlSqlError::RandomStart(name()));
         }
         // Ids are signed BIGINT: with all 64 bits used, the time's top bit
         // would make them negative, so that tick is the first one refused.
@@ -1347,6 +1356,13 @@ mod tests {
         ));
         let wide = preset::resolve("w: time 40 | shard 1 | sequence 23").unwrap();
         assert!(matches!(Plan::new(&wide), Err(MysqlSqlError::TooWide(_))));
+        let random = preset::resolve(
+            "r: time 42 | shard 10 | sequence 11 (epoch 1288834974657 ms, random start 4 bits)",
+        )
+        .unwrap();
+        let err = Plan::new(&random).unwrap_err();
+        assert_eq!(err, MysqlSqlError::RandomStart("r".into()));
+        assert!(err.to_string().contains("remove \"random start\""), "{err}");
         let insta = preset::by_name("instagram").unwrap();
         let p = Plan::new(&insta).unwrap();
         // all 64 bits: refuse from the first negative tick (2046-06-27)

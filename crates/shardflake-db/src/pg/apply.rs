@@ -46,6 +46,8 @@ pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
 /// the one holding them): [`catalog::unrecorded_servers`]. A named server
 /// that already records the deployment is applied as any other.
 pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Applied>, Error> {
+    // Before any connection: a layout the SQL cannot make changes nothing.
+    sql::check(topo.layout())?;
     for name in added {
         if topo.servers().iter().all(|s| &s.name != name) {
             return Err(TopologyError::UnknownServer(name.clone()).into());

@@ -169,6 +169,12 @@ pub enum SqlError {
     /// Time and sequence together do not fit a `bigint` sequence.
     #[error("layout {0:?}: time + sequence bits exceed 62, too wide for a PostgreSQL sequence")]
     TooWide(String),
+    /// A layout with a random start, which `next_id()` does not apply
+    /// (every tick's sequence starts at 0 in the database).
+    #[error(
+        "layout {0:?} starts each tick's sequence at random, which the ids made in PostgreSQL do not; remove \"random start\" from the layout in the topology file (it applies to the library and the service only)"
+    )]
+    RandomStart(String),
     /// A shard the layout cannot hold.
     #[error("shard {shard} does not fit layout {layout:?}")]
     Shard {
@@ -246,9 +252,13 @@ fn lit(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-fn check(layout: &Layout) -> Result<(), SqlError> {
+/// Whether the SQL can make the layout's ids as the library does.
+pub(crate) fn check(layout: &Layout) -> Result<(), SqlError> {
     if layout.time().bits() + layout.sequence().bits() > 62 {
         return Err(SqlError::TooWide(layout.name().to_string()));
+    }
+    if layout.random_start_bits() > 0 {
+        return Err(SqlError::RandomStart(layout.name().to_string()));
     }
     Ok(())
 }
@@ -689,6 +699,21 @@ $f$;
 mod tests {
     use super::*;
     use shardflake::preset;
+
+    #[test]
+    fn a_random_start_is_refused() {
+        let l = preset::resolve(
+            "r: time 41 | shard 13 | sequence 10 (epoch 1314220021721 ms, random start 4 bits)",
+        )
+        .unwrap();
+        let err = deployment_ddl(&l).unwrap_err();
+        assert!(matches!(err, SqlError::RandomStart(_)), "{err}");
+        assert!(err.to_string().contains("remove \"random start\""), "{err}");
+        assert!(matches!(
+            shard_ddl(&l, "shard1", 1, SignBit::Refuse, SeqOid::ByName),
+            Err(SqlError::RandomStart(_))
+        ));
+    }
 
     #[test]
     fn instagram_next_id_numbers() {

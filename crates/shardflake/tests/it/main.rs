@@ -3,6 +3,7 @@
 //! `shardflake-loom` (its `--cfg loom` build then needs none of the
 //! dependencies of these tests).
 
+mod backfill;
 mod clock_policies;
 mod concurrency;
 mod conversions;
