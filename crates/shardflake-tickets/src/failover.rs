@@ -101,6 +101,11 @@ pub(crate) struct Server {
     health: Mutex<Health>,
     /// The checks against the marks passed since its last failure.
     verified: AtomicBool,
+    /// Refused as superseded (another identity took its class over) and
+    /// not checked against a quorum of the places since: this client's
+    /// own marks never vouch for it again (the class's new holder hands
+    /// out ids above them).
+    superseded: AtomicBool,
     /// The server's start time (unix seconds) at the last check.
     started: AtomicI64,
     /// The server's identity (as the database reports it) at the last
@@ -148,6 +153,7 @@ impl Server {
             in_flight: AtomicUsize::new(0),
             health: Mutex::new(Health::Down(NOT_CONNECTED.into())),
             verified: AtomicBool::new(false),
+            superseded: AtomicBool::new(false),
             started: AtomicI64::new(i64::MIN),
             identity: Mutex::new(None),
             seen: config
@@ -210,6 +216,9 @@ impl Server {
 
     pub fn mark_failed(&self, error: &TicketError) {
         self.verified.store(false, Ordering::Relaxed);
+        if matches!(error, TicketError::Superseded(_)) {
+            self.superseded.store(true, Ordering::Relaxed);
+        }
         match error {
             TicketError::BehindHighWater { .. }
             | TicketError::Misconfigured { .. }
@@ -332,7 +341,10 @@ impl Server {
             Ok(()) => load_marks(store, &self.class, deadline).await,
         };
         let stored = match loaded {
-            Ok(marks) => marks,
+            Ok(marks) => {
+                self.superseded.store(false, Ordering::Relaxed);
+                marks
+            }
             Err(e) => {
                 // Own marks cover only this client's ids: they stand in
                 // only where no other server could serve instead (a peer
@@ -344,8 +356,10 @@ impl Server {
                 // copy or a standby, holds ids of other clients too).
                 let changed = self.changed_tables(config, &tables);
                 let same_server = self.identity().as_deref() == Some(identity);
+                let superseded = self.superseded.load(Ordering::Relaxed);
                 let own = alone
                     && same_server
+                    && !superseded
                     && changed.is_empty()
                     && (0..config.sequences.len()).any(|i| {
                         self.reserved[i].load(Ordering::Relaxed) > 0
@@ -360,6 +374,12 @@ impl Server {
                         true => reason,
                         false => format!(
                             "{reason}; it answers as {identity}, not as the server this client last checked: only the marks of every client vouch for it"
+                        ),
+                    };
+                    let reason = match superseded {
+                        false => reason,
+                        true => format!(
+                            "{reason}; another identity took its residue class over (superseded): only the marks of every client vouch for it"
                         ),
                     };
                     let reason = match changed.is_empty() {

@@ -1176,7 +1176,8 @@ impl Backend for MariaSession {
 }
 
 /// The guard's triggers on `table` ([`GUARD`]): `(name, CREATE
-/// statement)`, a refusal unless the session set `@shardflake_rewind` (a
+/// statement)`, a refusal unless the session set `@shardflake_rewind = 1`
+/// (any other value, 0 included, leaves the guard on) (a
 /// give-back, `init`'s counter row, or an operator restoring with every
 /// client stopped). MariaDB names triggers per database: the segment
 /// table's are `GUARD_update`, `GUARD_insert`, `GUARD_delete` (a row set
@@ -1201,7 +1202,7 @@ impl Backend for MariaSession {
 /// a table's name is at most 56, a trigger's 64.
 fn guard_triggers(table: &str) -> Vec<(String, String)> {
     let refusal = guard_refusal(table, "SET @shardflake_rewind = 1").replace('\'', "''");
-    let rewind = "@shardflake_rewind IS NULL AND";
+    let rewind = "NOT (@shardflake_rewind <=> 1) AND";
     let moved = format!("{LATTICE_MOVED}: restart the client with the file reshape was given");
     let refuse = |event: &str, name: String, lower: String| {
         let sql = format!(

@@ -145,6 +145,11 @@ async fn no_counter_goes_back_in_place_mariadb() {
         "REPLACE INTO tickets_photos (stub) VALUES ('a')",
         "UPDATE shardflake_ticket_segments SET max_id = 0",
         "DELETE FROM shardflake_ticket_segments",
+        // Only `@shardflake_rewind = 1` lets a row go back: an operator
+        // who "switches it off" with 0 has the guard on (an outside
+        // review: 5 ids twice when any value but NULL lifted it).
+        "SET @shardflake_rewind = 0; UPDATE tickets_photos SET id = 1",
+        "SET @shardflake_rewind = 0; UPDATE shardflake_ticket_segments SET max_id = 0",
     ] {
         refused_in_place(statement, sql(statement));
     }
