@@ -253,6 +253,16 @@ pub struct SequenceConfig {
     /// The smallest id `init` lets it hand out (default 1).
     #[serde(default = "default_start")]
     pub start: u64,
+    /// MariaDB per id: an existing Flickr ticket table to adopt (such as
+    /// `Tickets64`, `id` its `AUTO_INCREMENT` column) instead of
+    /// `tickets_<name>`. Its applications' own `REPLACE INTO` keeps
+    /// working: this client runs the same statement, so both draw from the
+    /// table's one `AUTO_INCREMENT` counter (see `backend::mariadb`).
+    #[serde(default)]
+    pub table: Option<String>,
+    /// The adopted table's stub value, `a` by default (Flickr's).
+    #[serde(default)]
+    pub stub: Option<String>,
 }
 
 fn default_bits() -> u32 {
@@ -269,9 +279,24 @@ impl SequenceConfig {
         if self.bits == 32 { MAX_32 } else { MAX_64 }
     }
 
-    /// Its per-id table (MariaDB, PostgreSQL table style) or sequence.
+    /// Its per-id table (MariaDB, PostgreSQL table style) or sequence:
+    /// the adopted table where the file names one.
     pub fn table(&self) -> String {
-        format!("tickets_{}", self.name)
+        match &self.table {
+            Some(table) => table.clone(),
+            None => format!("tickets_{}", self.name),
+        }
+    }
+
+    /// Whether it is an adopted Flickr table ([`SequenceConfig::table`]
+    /// named in the file), handed out by `REPLACE INTO`.
+    pub fn adopted(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// The stub value of its row: the file's, or Flickr's `a`.
+    pub fn stub(&self) -> &str {
+        self.stub.as_deref().unwrap_or("a")
     }
 }
 
@@ -443,6 +468,17 @@ pub struct Config {
     pub sequences: Vec<SequenceConfig>,
 }
 
+/// An adopted table's name as MariaDB spells it unquoted, at most 56
+/// characters (a trigger's name is the table's and 6 more, at most 64).
+fn valid_table(name: &str) -> bool {
+    let mut chars = name.chars();
+    (1..=56).contains(&name.len())
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 fn valid_name(name: &str) -> bool {
     let mut chars = name.chars();
     (1..=48).contains(&name.len())
@@ -546,6 +582,40 @@ impl Config {
                     start: q.start,
                     max: q.max_id(),
                 });
+            }
+            if let Some(table) = &q.table {
+                if !valid_table(table) {
+                    return Err(ConfigError::Bad(format!(
+                        "sequence {:?}: table {table:?} is not [A-Za-z_][A-Za-z0-9_]* (1 to 56 characters)",
+                        q.name
+                    )));
+                }
+                if q.mode != Mode::PerId || raw.servers.iter().any(|s| s.kind != Kind::Mariadb) {
+                    return Err(ConfigError::Bad(format!(
+                        "sequence {:?}: an adopted table ({table}) is per-id on MariaDB servers only; remove `table` to use tickets_{}",
+                        q.name, q.name
+                    )));
+                }
+                if let Some(other) = raw
+                    .sequences
+                    .iter()
+                    .find(|o| o.name != q.name && o.table() == *table)
+                {
+                    return Err(ConfigError::Bad(format!(
+                        "sequences {:?} and {:?} both use table {table}: they would hand out the same ids",
+                        other.name, q.name
+                    )));
+                }
+            }
+            if let Some(stub) = &q.stub
+                && (q.table.is_none()
+                    || !(1..=8).contains(&stub.len())
+                    || !stub.chars().all(|c| c.is_ascii_alphanumeric()))
+            {
+                return Err(ConfigError::Bad(format!(
+                    "sequence {:?}: stub {stub:?} must be 1 to 8 letters or digits, and only beside `table`",
+                    q.name
+                )));
             }
         }
         let seg = &raw.segment;
@@ -698,6 +768,53 @@ mod tests {
             }
         );
         assert!(e.to_string().contains("share offset 1"));
+    }
+
+    #[test]
+    fn an_adopted_table_is_per_id_on_mariadb_only() {
+        let maria = PAIR
+            .replace("kind = \"postgres\"", "kind = \"mariadb\"")
+            .replace(
+                "postgres://postgres@127.0.0.1:2/postgres",
+                "mysql://root@127.0.0.1:2/app",
+            );
+        let adopted = maria.replace(
+            "name = \"photos\"",
+            "name = \"photos\"\ntable = \"Tickets64\"\nstub = \"b\"",
+        );
+        let c = Config::parse(&adopted).unwrap();
+        assert_eq!(c.sequences[0].table(), "Tickets64");
+        assert_eq!(c.sequences[0].stub(), "b");
+        assert!(c.sequences[0].adopted() && !c.sequences[1].adopted());
+        assert_eq!(c.sequences[1].table(), "tickets_small");
+        for (from, to, says) in [
+            ("Tickets64", "Tickets-64", "is not [A-Za-z_]"),
+            ("stub = \"b\"", "stub = \"b c\"", "1 to 8 letters or digits"),
+            (
+                "\"small\"\n",
+                "\"small\"\ntable = \"Tickets64\"\n",
+                "both use table Tickets64",
+            ),
+            (
+                "\"small\"\n",
+                "\"small\"\ntable = \"Other\"\n",
+                "per-id on MariaDB",
+            ),
+        ] {
+            let e = Config::parse(&adopted.replace(from, to)).unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
+        }
+        let e =
+            Config::parse(&PAIR.replace("name = \"photos\"", "name = \"photos\"\ntable = \"T\""))
+                .unwrap_err();
+        assert!(
+            e.to_string().contains("per-id on MariaDB servers only"),
+            "{e}"
+        );
+        let e =
+            Config::parse(&maria.replace("name = \"photos\"", "name = \"photos\"\nstub = \"b\""))
+                .unwrap_err();
+        assert!(e.to_string().contains("only beside `table`"), "{e}");
     }
 
     #[test]

@@ -149,6 +149,19 @@ impl MariaSession {
                 ),
             ));
         }
+        // An adopted table's applications use the server's own increment
+        // and offset: off the lattice, they hand out another server's ids.
+        if config.sequences.iter().any(|q| q.adopted()) {
+            let global: Option<(u64, u64)> = conn
+                .query_first(
+                    "SELECT @@global.auto_increment_increment, @@global.auto_increment_offset",
+                )
+                .await
+                .map_err(|e| TicketError::db(name, "read global increment and offset", e))?;
+            if let Some(why) = globals_off_lattice(global, config, server) {
+                return Err(TicketError::misconfigured(name, why));
+            }
+        }
         let version: Option<String> = conn
             .query_first("SELECT VERSION()")
             .await
@@ -158,7 +171,13 @@ impl MariaSession {
         let tickets = config
             .sequences
             .iter()
-            .map(|q| ticket_sql(&q.table(), config.increment, returning.then_some(identity)))
+            .map(|q| {
+                let identity = returning.then_some(identity);
+                match q.adopted() {
+                    true => adopted_ticket_sql(&q.table(), q.stub(), identity),
+                    false => ticket_sql(&q.table(), config.increment, identity),
+                }
+            })
             .collect();
         Ok(MariaSession {
             server: name.clone(),
@@ -187,6 +206,34 @@ fn ticket_sql(table: &str, increment: u64, identity: Option<Identity>) -> String
         "SET {PROOF} = NULL; UPDATE {table} SET id = LAST_INSERT_ID(id) + {increment} WHERE stub = '{STUB}'; SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {identity}"
     )
 }
+
+/// A ticket's one round trip for an adopted Flickr table: the very
+/// statement its applications run (`REPLACE INTO T (stub) VALUES ('a')`),
+/// so that both kinds of client draw from the table's one `AUTO_INCREMENT`
+/// counter, which InnoDB never hands out twice on a running server (the
+/// session's increment and offset are the lattice's, and `init` checks
+/// the server's globals, which the applications' sessions use, are too).
+/// Then what [`ticket_sql`] reads: the rows moved, the id, the proof its
+/// `…_sf_i` trigger set, the table's identity.
+fn adopted_ticket_sql(table: &str, stub: &str, identity: Option<Identity>) -> String {
+    let identity = match identity {
+        Some(identity) => format!("({})", identity.sql(table)),
+        None => "NULL".to_string(),
+    };
+    format!(
+        "SET {PROOF} = NULL; REPLACE INTO {table} (stub) VALUES ('{stub}'); SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {identity}"
+    )
+}
+
+/// ER_LOCK_DEADLOCK: InnoDB rolled the statement back.
+const ER_LOCK_DEADLOCK: u16 = 1213;
+
+/// How many times an adopted table's `REPLACE` is run again after a
+/// deadlock: Flickr's `REPLACE` on InnoDB deadlocks under concurrency
+/// with or without our triggers (measured: 4 to 6 in 8,000 at 8
+/// connections with no trigger at all); the statement was rolled back,
+/// so running it again hands out nothing twice.
+const DEADLOCK_RETRIES: usize = 20;
 
 /// The session variable a per-id table's `…_ctr_u` trigger sets to the id
 /// its update hands out: the answer's proof that the guard ran.
@@ -303,6 +350,107 @@ impl MariaSession {
     }
 }
 
+/// Why a server's global `auto_increment_increment`/`offset` (`global`),
+/// which an adopted table's own applications draw with, cannot be used:
+/// `None` when they are the file's.
+fn globals_off_lattice(
+    global: Option<(u64, u64)>,
+    config: &Config,
+    server: &ServerConfig,
+) -> Option<String> {
+    let want = (config.increment, server.offset);
+    (global != Some(want)).then(|| {
+        let (gi, go) = global.unwrap_or((0, 0));
+        format!(
+            "the server's global auto_increment_increment/offset are {gi}/{go}, the file's increment/offset {}/{}: the applications' own REPLACE INTO on an adopted table would hand out ids of another server's class; set auto-increment-increment = {} and auto-increment-offset = {} in the server's configuration and with SET GLOBAL (or fix the file), then run `shardflake tickets init`",
+            want.0, want.1, want.0, want.1
+        )
+    })
+}
+
+impl MariaSession {
+    /// What makes adopted table `seq` unusable as a Flickr ticket table
+    /// both kinds of client share: not there, `id` not a `bigint`
+    /// `AUTO_INCREMENT`, no unique key on `stub` alone (each `REPLACE`
+    /// would add a row), or the server's globals off the lattice. `None`:
+    /// fine. `init` refuses it, `check` reports it.
+    async fn adopted_problem(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+    ) -> Result<Option<String>, TicketError> {
+        let table = seq.table();
+        let err = |e| TicketError::db(&self.server, &format!("read the shape of {table}"), e);
+        let id: Option<(String, String)> = self
+            .conn
+            .query_first(format!(
+                "SELECT COLUMN_TYPE, EXTRA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}' AND COLUMN_NAME = 'id'"
+            ))
+            .await
+            .map_err(err)?;
+        let Some((column, extra)) = id else {
+            return Ok(Some(format!(
+                "{table} has no column id (or is not there): `table` names an existing Flickr ticket table (id bigint AUTO_INCREMENT, stub with a unique key); remove `table` from sequence {} to have init create tickets_{}",
+                seq.name, seq.name
+            )));
+        };
+        if !column.starts_with("bigint") || !extra.contains("auto_increment") {
+            return Ok(Some(format!(
+                "{table}.id is {column} {extra}, not a bigint AUTO_INCREMENT: not a Flickr ticket table; ALTER TABLE {table} MODIFY id bigint unsigned NOT NULL AUTO_INCREMENT, then run `shardflake tickets init`"
+            )));
+        }
+        let keyed: Option<u64> = self
+            .conn
+            .query_first(format!(
+                "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}' AND NON_UNIQUE = 0 GROUP BY INDEX_NAME HAVING COUNT(*) = 1 AND MAX(COLUMN_NAME) = 'stub' LIMIT 1"
+            ))
+            .await
+            .map_err(err)?;
+        if keyed.is_none() {
+            return Ok(Some(format!(
+                "{table} has no unique key on stub alone: every REPLACE INTO would add a row rather than replace the one row; ALTER TABLE {table} ADD UNIQUE KEY stub (stub), then run `shardflake tickets init`"
+            )));
+        }
+        let global: Option<(u64, u64)> = self
+            .conn
+            .query_first("SELECT @@global.auto_increment_increment, @@global.auto_increment_offset")
+            .await
+            .map_err(err)?;
+        Ok(globals_off_lattice(global, config, server))
+    }
+
+    /// `init` of adopted table `seq`: refused where [`Self::adopted_problem`]
+    /// says; else its guard (no trigger that changes how `REPLACE` runs:
+    /// no delete trigger, which makes InnoDB run it as a real delete and
+    /// insert) and its `AUTO_INCREMENT` raised past `start`, never
+    /// lowered (InnoDB keeps it above every id the table handed out).
+    /// Idempotent.
+    async fn adopt(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+    ) -> Result<String, TicketError> {
+        if let Some(why) = self.adopted_problem(config, server, seq).await? {
+            return Err(TicketError::misconfigured(&self.server, why));
+        }
+        let table = seq.table();
+        for (trigger, sql) in adopted_guard_triggers(&table) {
+            self.conn.query_drop(sql).await.map_err(|e| {
+                TicketError::db(&self.server, &format!("init: CREATE TRIGGER {trigger}"), e)
+            })?;
+        }
+        self.raise(config, server, seq, seq.start - 1).await?;
+        let counter = self.counter(config, server, seq).await?.unwrap_or(0);
+        Ok(format!(
+            "{}: adopted table {table} (stub '{}'; its applications' own REPLACE INTO keeps working beside shardflake's clients), ids above {counter}",
+            seq.name,
+            seq.stub()
+        ))
+    }
+}
+
 /// The SQL type of a per-id counter row's `id`, the next id: `bigint
 /// unsigned` for 32 bits too, so that the row can pass 4,294,967,295 and
 /// that last id be handed out (the client refuses every id past a
@@ -345,7 +493,18 @@ impl Backend for MariaSession {
         index: usize,
         seq: &SequenceConfig,
     ) -> Result<Stamped<u64>, TicketError> {
-        let answer = match self.take_ticket(index).await {
+        let mut answer = self.take_ticket(index).await;
+        for _ in 0..DEADLOCK_RETRIES {
+            match &answer {
+                Err(mysql_async::Error::Server(e))
+                    if seq.adopted() && e.code == ER_LOCK_DEADLOCK =>
+                {
+                    answer = self.take_ticket(index).await;
+                }
+                _ => break,
+            }
+        }
+        let answer = match answer {
             Ok(answer) => answer,
             Err(e) if is_full(&e) => {
                 return Err(TicketError::Exhausted {
@@ -365,7 +524,8 @@ impl Backend for MariaSession {
         else {
             return Err(TicketError::db(&self.server, "take a ticket", "no answer"));
         };
-        if moved != 1 {
+        // A REPLACE moves 1 row (inserted) or 2 (the old one replaced).
+        if moved != 1 && !(seq.adopted() && moved == 2) {
             return Err(not_initialised(&self.server, seq));
         }
         if proof != Some(id) {
@@ -511,10 +671,16 @@ impl Backend for MariaSession {
         match seq.mode {
             Mode::PerId => {
                 let table = seq.table();
+                // An adopted table's rows of other stubs draw from the
+                // same AUTO_INCREMENT.
+                let stub = match seq.adopted() {
+                    true => String::new(),
+                    false => format!(" WHERE stub = '{STUB}'"),
+                };
                 let row: Option<(Option<u64>, Option<u64>)> = self
                     .conn
                     .query_first(format!(
-                        "SELECT AUTO_INCREMENT, (SELECT MAX(id) FROM {table} WHERE stub = '{STUB}') FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'"
+                        "SELECT AUTO_INCREMENT, (SELECT MAX(id) FROM {table}{stub}) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'"
                     ))
                     .await
                     .map_err(|e| {
@@ -552,6 +718,19 @@ impl Backend for MariaSession {
     ) -> Result<(), TicketError> {
         let lattice = Lattice::new(config, server);
         let sql = match seq.mode {
+            Mode::PerId if seq.adopted() => {
+                // InnoDB never sets AUTO_INCREMENT at or below the
+                // table's largest id, and the row holds the last id
+                // handed out: asked only to raise it, it never lowers
+                // below an id handed out, even when a REPLACE ran since
+                // the counter was read.
+                let next =
+                    first_at_or_above(config.increment, server.offset, past.min(seq.max_id()) + 1);
+                match self.counter(config, server, seq).await? {
+                    Some(counter) if counter >= next - 1 => return Ok(()),
+                    _ => format!("ALTER TABLE {} AUTO_INCREMENT = {next}", seq.table()),
+                }
+            }
             Mode::PerId => {
                 let next =
                     first_at_or_above(config.increment, server.offset, past.min(seq.max_id()) + 1);
@@ -769,18 +948,23 @@ impl Backend for MariaSession {
         if tables.is_empty() {
             return Ok(tables);
         }
+        let names = tables
+            .iter()
+            .flat_map(|t| guard_of(config, t))
+            .map(|(name, _)| format!("'{name}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let found: Vec<String> = self
             .conn
             .query(format!(
-                "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND TRIGGER_NAME IN ({})",
-                guard_names(&tables)
+                "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND TRIGGER_NAME IN ({names})"
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "read the triggers", e))?;
         Ok(tables
             .into_iter()
             .filter(|t| {
-                guard_triggers(t)
+                guard_of(config, t)
                     .iter()
                     .any(|(name, _)| !found.contains(name))
             })
@@ -1005,6 +1189,12 @@ impl Backend for MariaSession {
                 .await
                 .map_err(run("read the segment row".into()))?;
             match seq.mode {
+                Mode::PerId if seq.adopted() => {
+                    if row.is_some() {
+                        return Err(mode_changed(&name, seq, "segment"));
+                    }
+                    done.push(self.adopt(config, server, seq).await?);
+                }
                 Mode::PerId => {
                     if row.is_some() {
                         return Err(mode_changed(&name, seq, "segment"));
@@ -1136,7 +1326,12 @@ impl Backend for MariaSession {
                 Mode::Segment => None,
             };
             let mut problem = None;
-            if form == Some(PerIdForm::Replace) {
+            if seq.adopted() {
+                problem = self.adopted_problem(config, server, seq).await?;
+                if problem.is_none() && unguarded.contains(&seq.table()) {
+                    problem = Some(format!("{}: {GUARD_MISSING}", seq.table()));
+                }
+            } else if form == Some(PerIdForm::Replace) {
                 problem = Some(format!(
                     "{} is of the REPLACE form of older shardflake releases: run `shardflake tickets init` to convert it to the counter row (clients of older releases are refused from then on)",
                     seq.table()
@@ -1240,6 +1435,49 @@ fn guard_triggers(table: &str) -> Vec<(String, String)> {
         (name, update),
         refuse("DELETE", format!("{table}_ctr_d"), "TRUE".into()),
     ]
+}
+
+/// The guard of an adopted Flickr table `table`, which its applications'
+/// `REPLACE INTO` keeps using: `t_sf_u` refuses its row set lower (or its
+/// stub changed) by an `UPDATE`, and `t_sf_i`, after each insert (each
+/// `REPLACE`), refuses a session pinned to another lattice version and
+/// sets [`PROOF`] to the id inserted, which [`adopted_ticket_sql`] reads
+/// (`AFTER`: a `BEFORE INSERT` trigger sees 0 for the `AUTO_INCREMENT`
+/// id). No delete trigger: it makes InnoDB run each `REPLACE` as a real
+/// delete and insert. A row deleted is not refused; InnoDB keeps
+/// `AUTO_INCREMENT` where it was (persisted since MariaDB 10.2.4), and
+/// only an `ALTER TABLE … AUTO_INCREMENT` after it could set it back.
+fn adopted_guard_triggers(table: &str) -> Vec<(String, String)> {
+    let refusal = guard_refusal(table, "SET @shardflake_rewind = 1").replace('\'', "''");
+    let moved = format!("{LATTICE_MOVED}: restart the client with the file reshape was given");
+    let update = format!("{table}_sf_u");
+    let insert = format!("{table}_sf_i");
+    vec![
+        (
+            update.clone(),
+            format!(
+                "CREATE OR REPLACE TRIGGER {update} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF @shardflake_rewind IS NULL AND (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+            ),
+        ),
+        (
+            insert.clone(),
+            format!(
+                "CREATE OR REPLACE TRIGGER {insert} AFTER INSERT ON {table} FOR EACH ROW BEGIN IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {PROOF} = NEW.id; END"
+            ),
+        ),
+    ]
+}
+
+/// The guard of `table` under `config`: an adopted table's or ours.
+fn guard_of(config: &Config, table: &str) -> Vec<(String, String)> {
+    match config
+        .sequences
+        .iter()
+        .any(|q| q.adopted() && q.table() == table)
+    {
+        true => adopted_guard_triggers(table),
+        false => guard_triggers(table),
+    }
 }
 
 /// The names of the guard's triggers on `tables`, quoted for `IN (…)`.

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod admin_locks;
+mod adopt;
 mod classes;
 mod counter_row;
 mod fence;
