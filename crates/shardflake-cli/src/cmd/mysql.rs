@@ -417,7 +417,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 options: Options {
                     names: target.names()?,
                     cache,
-                    locked: false,
+                    locked: true,
                     seed: false,
                     shards,
                     peers: Vec::new(),

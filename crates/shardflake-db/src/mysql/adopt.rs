@@ -8,8 +8,8 @@
 //! ([`switch`]): inserts wait for the few statements that follow, no row
 //! can be added between the read of `max(id)` and the trigger, and the
 //! switch is refused unless `max(id)` is below the smallest id the trigger
-//! can make from now on (it refuses a draw more than [`sql::STALE_MS`]
-//! behind the clock). So every new id sorts after every old one. Old rows
+//! can make from now on (its sequence was set to the clock just before the
+//! lock, and never moves down). So every new id sorts after every old one. Old rows
 //! keep their ids. The column stays `AUTO_INCREMENT`, only so that the OK
 //! packet (`LAST_INSERT_ID()`) carries the trigger's id as before; its
 //! counter is parked and the guard column added, as `apply` does. The
@@ -90,6 +90,7 @@ pub fn switch_script(plan: &Plan, names: &Names) -> String {
     format!(
         "-- after the sequence, high-water, functions and clock event of shardflake mysql sql --table {t} (the event seen running):\n\
          SET SESSION lock_wait_timeout = {LOCK_WAIT_S};\n\
+         DO SETVAL(`{seq}`, <the server's packed clock>, 0);  -- every later draw is at or above it\n\
          LOCK TABLES `{t}` WRITE;  -- inserts wait until UNLOCK TABLES\n\
          SELECT MAX(id) FROM `{t}`;  -- refused unless below the first id the trigger can make now\n\
          {};\n\
@@ -97,12 +98,13 @@ pub fn switch_script(plan: &Plan, names: &Names) -> String {
          ALTER TABLE `{t}` AUTO_INCREMENT = {};  -- an insert without the trigger fails\n\
          {};\n\
          UNLOCK TABLES;\n\
-         REPLACE INTO `{}`.`adopted` ...;  -- the table, the largest old id, the first new id\n",
+         INSERT INTO `{}`.`adopted` ...;  -- the table, the largest old id, the first new id\n",
         sql::add_guard_sql(t),
         sql::trigger_sql(plan, names),
         sql::AUTO_INCREMENT_PARKED,
         sql::guard_default_sql(t),
         sql::HIGH_WATER_DB,
+        seq = names.sequence(),
     )
 }
 
@@ -280,11 +282,12 @@ pub async fn adopt(
     })
 }
 
-/// The smallest id the trigger can make from a server clock of `now`
-/// (packed): it refuses a draw more than [`sql::STALE_MS`] behind the
-/// clock, and the id grows with the draw; shard value 0.
+/// The smallest id the trigger can make once its sequence is set to a
+/// server clock of `now` (packed): `SETVAL` never moves a sequence down, so
+/// every later draw is at or above `now`, and the id grows with the draw;
+/// shard value 0.
 fn first_new_id(plan: &Plan, now: i64) -> i64 {
-    plan.id_of((now - plan.packed_ms(sql::STALE_MS)).max(0), 0)
+    plan.id_of(now.max(0), 0)
 }
 
 fn too_high(plan: &Plan, t: &str, max: i64, first_new: i64) -> String {
@@ -309,6 +312,12 @@ pub(super) async fn switch(
     conn.query_drop(format!("SET SESSION lock_wait_timeout = {LOCK_WAIT_S}"))
         .await
         .map_err(my("setting lock_wait_timeout"))?;
+    // Every draw from here on is at or above the clock now.
+    let now = server_packed_clock(conn, plan).await?;
+    conn.query_drop(format!("DO SETVAL(`{}`, {now}, 0)", names.sequence()))
+        .await
+        .map_err(my("setting the sequence to the clock"))?;
+    let first_new = first_new_id(plan, now);
     conn.query_drop(format!("LOCK TABLES `{t}` WRITE"))
         .await
         .map_err(|e| {
@@ -319,7 +328,7 @@ pub(super) async fn switch(
                 ),
             )
         })?;
-    let result = switch_locked(conn, plan, names, applied).await;
+    let result = switch_locked(conn, plan, names, first_new, applied).await;
     let unlocked = conn
         .query_drop("UNLOCK TABLES")
         .await
@@ -334,6 +343,7 @@ async fn switch_locked(
     conn: &mut Conn,
     plan: &Plan,
     names: &Names,
+    first_new: i64,
     applied: &mut apply::Applied,
 ) -> Result<(Option<i64>, i64), Error> {
     let t = &names.table;
@@ -342,7 +352,6 @@ async fn switch_locked(
         .await
         .map_err(my("reading the largest id under the lock"))?
         .flatten();
-    let first_new = first_new_id(plan, server_packed_clock(conn, plan).await?);
     if let Some(max) = floor.filter(|&m| m >= first_new) {
         return Err(other(
             "adopt",

@@ -248,7 +248,12 @@ async fn adopt_twice_changes_nothing_and_check_sees_the_switch_undone() {
     assert_eq!(recorded.len(), 1);
     assert_eq!(recorded[0].floor, Some(500));
 
-    // Undone by hand: the trigger dropped, the counter put back.
+    // An id made just now, then the switch undone by hand: the trigger
+    // dropped, the counter put back. Adopting again at once is not refused
+    // for that id (it is below every later draw of the sequence).
+    c.query_drop("INSERT INTO orders (user_id, body) VALUES (1023, 'just now')")
+        .await
+        .unwrap();
     c.query_drop("DROP TRIGGER orders_id").await.unwrap();
     c.query_drop("ALTER TABLE orders AUTO_INCREMENT = 1")
         .await
