@@ -281,6 +281,11 @@ pub(super) async fn apply_pinned(
         .await
         .map_err(my("catching the sequence up with the clock"))?;
     raise_floor(conn, plan, names).await?;
+    // The table (the seed's shape, if missing); adopt switches its own
+    // under a lock below.
+    if mode != Mode::Adopt {
+        install_table(conn, plan, names, &mut applied).await?;
+    }
     let refused = sql::refused_function_sql(plan, names);
     if routine_differs(conn, &names.refused_function(), "FUNCTION", &refused).await? {
         conn.query_drop(&refused)
@@ -310,7 +315,6 @@ pub(super) async fn apply_pinned(
         }
         applied.switched = Some(super::adopt::switch(conn, plan, names, &mut applied).await?);
     } else {
-        install_table(conn, plan, names, &mut applied).await?;
         install_guard_and_trigger(conn, plan, names, &mut applied).await?;
         install_event(conn, plan, names, &mut applied).await?;
     }

@@ -316,6 +316,13 @@ async fn an_adopted_tables_dump_keeps_inserting_in_a_fresh_server_after_repair()
     let fpool = mysql::pool(&fresh.url()).unwrap();
     let mut f = fpool.get_conn().await.unwrap();
     let names = opts("orders").options;
+    // The fresh server holds no high-water: refused until repair.
+    let refused = f
+        .query_drop("INSERT INTO orders (user_id, body) VALUES (1, 'before repair')")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("shardflake"), "{refused}");
     mysql::repair(&mut f, &layout(), &names).await.unwrap();
     // The scheduler starts the repaired clock event's loop within a second.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
