@@ -81,14 +81,20 @@ struct Target {
     #[arg(long, default_value = "user_id")]
     key: String,
     /// The procedure's name (the row-lock one is <name>_locked, the seed's
-    /// <name>_seed).
-    #[arg(long, default_value = "generate_post_id")]
-    procedure: String,
+    /// <name>_seed); default: generate_post_id for table posts,
+    /// generate_<table>_id for another.
+    #[arg(long)]
+    procedure: Option<String>,
 }
 
 impl Target {
     fn names(&self) -> anyhow::Result<Names> {
-        Ok(Names::new(&self.table, &self.key, &self.procedure)?)
+        let procedure = match &self.procedure {
+            Some(p) => p.clone(),
+            None if self.table == "posts" => "generate_post_id".to_string(),
+            None => format!("generate_{}_id", self.table),
+        };
+        Ok(Names::new(&self.table, &self.key, &procedure)?)
     }
 }
 
@@ -137,6 +143,25 @@ enum MysqlCommand {
         /// shard value it records too is refused.
         #[arg(long = "peer", value_name = "URL")]
         peers: Vec<String>,
+    },
+    /// Put an existing table's AUTO_INCREMENT id under the one-statement
+    /// ids while the application keeps writing: what apply installs, then
+    /// the trigger under LOCK TABLES, refused unless every old id is below
+    /// the first new one. Running it again changes nothing.
+    Adopt {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        layout: LayoutArg,
+        /// The sequence's CACHE (0 or 1: NOCACHE).
+        #[arg(long, default_value_t = sql::DEFAULT_CACHE)]
+        cache: u64,
+        /// The shard values this server makes ids for (as for apply).
+        #[arg(long, value_name = "LO-HI", value_parser = parse_shards)]
+        shards: Option<(u64, u64)>,
+        /// Print the plan and the switch's SQL; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Verify what apply installs and the settings the no-repeat argument
     /// needs (exit 1 on any difference). Draws one value of the sequence.
@@ -380,6 +405,50 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Ok(())
             })
         }
+        MysqlCommand::Adopt {
+            target,
+            layout,
+            cache,
+            shards,
+            dry_run,
+        } => {
+            let l = mysql_layout(&layout)?;
+            let opts = mysql::AdoptOptions {
+                options: Options {
+                    names: target.names()?,
+                    cache,
+                    locked: true,
+                    seed: false,
+                    shards,
+                    peers: Vec::new(),
+                },
+                dry_run,
+            };
+            conn.run(async |c| {
+                let a = mysql::adopt(c, &l, &opts).await?;
+                if dry_run {
+                    println!("plan ({l}): {a}");
+                    print!("{}", a.script);
+                    println!("dry run: nothing was changed");
+                    return Ok(());
+                }
+                println!("{a}");
+                if !a.unchanged {
+                    println!(
+                        "created or changed: {}",
+                        if a.installed.is_empty() {
+                            "nothing".to_string()
+                        } else {
+                            a.installed.join(", ")
+                        }
+                    );
+                }
+                for w in &a.warnings {
+                    eprintln!("warning: {w}");
+                }
+                Ok(())
+            })
+        }
         MysqlCommand::Check { target, layout } => {
             let l = mysql_layout(&layout)?;
             super::warn_of_lifetime(&l)?;
@@ -394,6 +463,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         "ok: {}.id and {} as installed for {l}",
                         opts.names.table, opts.names.procedure
                     );
+                    for a in mysql::adopted(c).await? {
+                        if a.table == opts.names.table {
+                            println!(
+                                "adopted: {}.id, ids below {} from before adoption{}",
+                                a.table,
+                                a.first_new,
+                                a.floor
+                                    .map_or(String::new(), |f| format!(" (the largest {f})"))
+                            );
+                        }
+                    }
                     return Ok(());
                 }
                 for p in &problems {

@@ -18,6 +18,24 @@ pub struct Applied {
     /// Whether the one-statement ids (trigger, sequence, clock event) are
     /// installed (not on a server without sequences).
     pub one_statement: bool,
+    /// `mysql adopt`: the largest old id (none in an empty table) and the
+    /// smallest id the trigger can make, read under the table's lock.
+    pub(super) switched: Option<(Option<i64>, i64)>,
+}
+
+/// Why [`install`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// `mysql apply`.
+    Apply,
+    /// `mysql repair`: also over objects installed for another
+    /// `server_id` (it has put the sequence past the old primary's ids
+    /// first).
+    Repair,
+    /// `mysql adopt`: the clock event first (running before any insert
+    /// meets the trigger), then the table switched under `LOCK TABLES`
+    /// ([`super::adopt`]).
+    Adopt,
 }
 
 /// Installs, idempotently, on the database the connection uses: the
@@ -40,17 +58,15 @@ pub struct Applied {
 /// installed on (its `@@server_id`): on a promoted replica every insert is
 /// refused until `mysql repair`, and `apply` refuses it too.
 pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Applied, Error> {
-    install(conn, layout, opts, false).await
+    install(conn, layout, opts, Mode::Apply).await
 }
 
-/// [`apply`]; `repairing`: also over objects installed for another
-/// `server_id` (`mysql repair` has put the sequence past the old
-/// primary's ids first).
+/// [`apply`], [`super::repair`]'s reinstall or [`super::adopt`]'s switch.
 pub(super) async fn install(
     conn: &mut Conn,
     layout: &Layout,
     opts: &Options,
-    repairing: bool,
+    mode: Mode,
 ) -> Result<Applied, Error> {
     let srv = server(conn).await?;
     let db = srv.named_database("apply")?;
@@ -78,7 +94,7 @@ pub(super) async fn install(
         ));
     }
     let plan = plan.serving(Some(serves));
-    if !repairing
+    if mode != Mode::Repair
         && let Some(installed) = installed_server_id(conn, &opts.names).await?
         && installed != srv.server_id
     {
@@ -95,7 +111,7 @@ pub(super) async fn install(
     conn.query_drop(format!("SET SESSION sql_mode = '{}'", sql::SQL_MODE))
         .await
         .map_err(my("setting sql_mode"))?;
-    let result = apply_pinned(conn, &plan, opts, &srv).await;
+    let result = apply_pinned(conn, &plan, opts, &srv, mode).await;
     if result.is_ok() && srv.has_sequences() {
         record_serves(conn, &db, &opts.names, serves).await?;
     }
@@ -154,6 +170,7 @@ pub(super) async fn apply_pinned(
     plan: &Plan,
     opts: &Options,
     srv: &Server,
+    mode: Mode,
 ) -> Result<Applied, Error> {
     let names = &opts.names;
     let mut applied = Applied {
@@ -264,53 +281,10 @@ pub(super) async fn apply_pinned(
         .await
         .map_err(my("catching the sequence up with the clock"))?;
     raise_floor(conn, plan, names).await?;
-    // The table (the seed's shape, if missing), the function and the trigger.
-    match id_column(conn, &names.table).await? {
-        None if table_exists(conn, &names.table).await? => {
-            return Err(other(
-                "apply",
-                format!("table {} has no id column", names.table),
-            ));
-        }
-        None => {
-            conn.query_drop(sql::table_sql(plan, names))
-                .await
-                .map_err(my("creating the table"))?;
-            applied.installed.push(format!("table {}", names.table));
-        }
-        Some(col) => {
-            col.usable(&names.table)?;
-            if col.auto_increment()
-                && auto_increment_counter(conn, &names.table).await? < sql::AUTO_INCREMENT_PARKED
-            {
-                // Instant (metadata only): rows inserted while the trigger
-                // is missing fail instead of taking ids ours repeat.
-                conn.query_drop(format!(
-                    "ALTER TABLE `{}` AUTO_INCREMENT = {}",
-                    names.table,
-                    sql::AUTO_INCREMENT_PARKED
-                ))
-                .await
-                .map_err(my("parking the AUTO_INCREMENT counter"))?;
-                applied.installed.push(format!(
-                    "AUTO_INCREMENT of {} parked at {}",
-                    names.table,
-                    sql::AUTO_INCREMENT_PARKED
-                ));
-            }
-            if !col.auto_increment() && col.default.is_none() {
-                // INSERT ... SELECT without an id needs a default in strict mode.
-                conn.query_drop(format!(
-                    "ALTER TABLE `{}` ALTER COLUMN id SET DEFAULT 0",
-                    names.table
-                ))
-                .await
-                .map_err(my("giving the id column a default"))?;
-                applied
-                    .installed
-                    .push(format!("default 0 of {}.id", names.table));
-            }
-        }
+    // The table (the seed's shape, if missing); adopt switches its own
+    // under a lock below.
+    if mode != Mode::Adopt {
+        install_table(conn, plan, names, &mut applied).await?;
     }
     let refused = sql::refused_function_sql(plan, names);
     if routine_differs(conn, &names.refused_function(), "FUNCTION", &refused).await? {
@@ -327,65 +301,28 @@ pub(super) async fn apply_pinned(
             applied.installed.push(name.to_string());
         }
     }
-    // The guard column the trigger sets, before the trigger that sets it.
-    if matches!(guard(conn, &names.table).await?, (None, _) | (_, false)) {
-        conn.query_drop(sql::add_guard_sql(&names.table))
-            .await
-            .map_err(my("adding the guard column"))?;
-        applied.installed.push(format!(
-            "column {}.{} and its check",
-            names.table,
-            sql::GUARD_COLUMN
-        ));
-    }
-    let trigger = sql::trigger_sql(plan, names);
-    if trigger_differs(conn, names, &trigger).await? {
-        conn.query_drop(&trigger)
-            .await
-            .map_err(my("creating the trigger"))?;
-        applied
-            .installed
-            .push(format!("trigger {}", names.trigger()));
-    }
-    if guard(conn, &names.table).await?.0.as_deref() != Some("0") {
-        // The trigger sets the column now: inserts without it fail.
-        conn.query_drop(sql::guard_default_sql(&names.table))
-            .await
-            .map_err(my("setting the guard column's default"))?;
-    }
-    // The clock event.
-    let event = names.event();
-    let current: Option<(Option<String>, Option<String>, String)> = conn
-        .exec_first(
-            "SELECT EVENT_DEFINITION, EVENT_COMMENT, STATUS FROM information_schema.EVENTS WHERE EVENT_SCHEMA = DATABASE() AND EVENT_NAME = ?",
-            (&event,),
-        )
-        .await
-        .map_err(my("looking up the clock event"))?;
-    let wanted = sql::event_sql(plan, names);
-    let same = current.as_ref().is_some_and(|(def, comment, status)| {
-        status == "ENABLED"
-            && def.as_deref().map(str::trim) == body_after(&wanted, "\nDO ")
-            && comment.as_deref() == comment_of(&wanted)
-    });
-    if !same {
-        // The loop of the old body, if one runs: taken before the CREATE,
-        // since the scheduler may start the new body at once, and killing
-        // that one would leave no loop for up to a second.
-        let old_loop = clock_holder(conn, names).await?;
-        conn.query_drop(&wanted)
-            .await
-            .map_err(my("creating the clock event"))?;
-        if let Some(id) = old_loop {
-            // End it; the scheduler starts the new body.
-            let _ = conn.query_drop(format!("KILL CONNECTION {id}")).await;
+    if mode == Mode::Adopt {
+        // Inserts meet the trigger only once its clock loop runs.
+        install_event(conn, plan, names, &mut applied).await?;
+        if !wait_clock(conn, names, Duration::from_secs(3)).await? {
+            return Err(other(
+                "adopt",
+                format!(
+                    "the clock event {} was not seen running within 3 s, so the trigger would refuse every insert; the table was not changed (is event_scheduler ON?); run shardflake mysql check",
+                    names.event()
+                ),
+            ));
         }
-        applied.installed.push(format!("event {event}"));
+        applied.switched = Some(super::adopt::switch(conn, plan, names, &mut applied).await?);
+    } else {
+        install_guard_and_trigger(conn, plan, names, &mut applied).await?;
+        install_event(conn, plan, names, &mut applied).await?;
     }
     applied.clock_running = wait_clock(conn, names, Duration::from_secs(3)).await?;
     if !applied.clock_running {
         applied.warnings.push(format!(
-            "the clock event {event} was not seen running within 3 s"
+            "the clock event {} was not seen running within 3 s",
+            names.event()
         ));
     }
     applied.one_statement = true;
@@ -560,4 +497,137 @@ pub(super) async fn raise_floor(conn: &mut Conn, plan: &Plan, names: &Names) -> 
     conn.query_drop(format!("DO SETVAL({hw}, {}, 0)", below.unwrap_or(0)))
         .await
         .map_err(my("raising the high-water"))
+}
+
+/// The table in the seed's shape if missing; an existing one's counter
+/// parked and its id given a default.
+async fn install_table(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    applied: &mut Applied,
+) -> Result<(), Error> {
+    match id_column(conn, &names.table).await? {
+        None if table_exists(conn, &names.table).await? => {
+            return Err(other(
+                "apply",
+                format!("table {} has no id column", names.table),
+            ));
+        }
+        None => {
+            conn.query_drop(sql::table_sql(plan, names))
+                .await
+                .map_err(my("creating the table"))?;
+            applied.installed.push(format!("table {}", names.table));
+        }
+        Some(col) => {
+            col.usable(&names.table)?;
+            if col.auto_increment()
+                && auto_increment_counter(conn, &names.table).await? < sql::AUTO_INCREMENT_PARKED
+            {
+                // Instant (metadata only): rows inserted while the trigger
+                // is missing fail instead of taking ids ours repeat.
+                conn.query_drop(format!(
+                    "ALTER TABLE `{}` AUTO_INCREMENT = {}",
+                    names.table,
+                    sql::AUTO_INCREMENT_PARKED
+                ))
+                .await
+                .map_err(my("parking the AUTO_INCREMENT counter"))?;
+                applied.installed.push(format!(
+                    "AUTO_INCREMENT of {} parked at {}",
+                    names.table,
+                    sql::AUTO_INCREMENT_PARKED
+                ));
+            }
+            if !col.auto_increment() && col.default.is_none() {
+                // INSERT ... SELECT without an id needs a default in strict mode.
+                conn.query_drop(format!(
+                    "ALTER TABLE `{}` ALTER COLUMN id SET DEFAULT 0",
+                    names.table
+                ))
+                .await
+                .map_err(my("giving the id column a default"))?;
+                applied
+                    .installed
+                    .push(format!("default 0 of {}.id", names.table));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The guard column, the trigger, then the guard's default 0.
+pub(super) async fn install_guard_and_trigger(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    applied: &mut Applied,
+) -> Result<(), Error> {
+    // The guard column the trigger sets, before the trigger that sets it.
+    if matches!(guard(conn, &names.table).await?, (None, _) | (_, false)) {
+        conn.query_drop(sql::add_guard_sql(&names.table))
+            .await
+            .map_err(my("adding the guard column"))?;
+        applied.installed.push(format!(
+            "column {}.{} and its check",
+            names.table,
+            sql::GUARD_COLUMN
+        ));
+    }
+    let trigger = sql::trigger_sql(plan, names);
+    if trigger_differs(conn, names, &trigger).await? {
+        conn.query_drop(&trigger)
+            .await
+            .map_err(my("creating the trigger"))?;
+        applied
+            .installed
+            .push(format!("trigger {}", names.trigger()));
+    }
+    if guard(conn, &names.table).await?.0.as_deref() != Some("0") {
+        // The trigger sets the column now: inserts without it fail.
+        conn.query_drop(sql::guard_default_sql(&names.table))
+            .await
+            .map_err(my("setting the guard column's default"))?;
+    }
+    Ok(())
+}
+
+/// The clock event, replaced only when it differs.
+async fn install_event(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    applied: &mut Applied,
+) -> Result<(), Error> {
+    // The clock event.
+    let event = names.event();
+    let current: Option<(Option<String>, Option<String>, String)> = conn
+        .exec_first(
+            "SELECT EVENT_DEFINITION, EVENT_COMMENT, STATUS FROM information_schema.EVENTS WHERE EVENT_SCHEMA = DATABASE() AND EVENT_NAME = ?",
+            (&event,),
+        )
+        .await
+        .map_err(my("looking up the clock event"))?;
+    let wanted = sql::event_sql(plan, names);
+    let same = current.as_ref().is_some_and(|(def, comment, status)| {
+        status == "ENABLED"
+            && def.as_deref().map(str::trim) == body_after(&wanted, "\nDO ")
+            && comment.as_deref() == comment_of(&wanted)
+    });
+    if !same {
+        // The loop of the old body, if one runs: taken before the CREATE,
+        // since the scheduler may start the new body at once, and killing
+        // that one would leave no loop for up to a second.
+        let old_loop = clock_holder(conn, names).await?;
+        conn.query_drop(&wanted)
+            .await
+            .map_err(my("creating the clock event"))?;
+        if let Some(id) = old_loop {
+            // End it; the scheduler starts the new body.
+            let _ = conn.query_drop(format!("KILL CONNECTION {id}")).await;
+        }
+        applied.installed.push(format!("event {event}"));
+    }
+    Ok(())
 }

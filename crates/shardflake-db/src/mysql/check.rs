@@ -183,7 +183,20 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
             sql::GUARD_COLUMN
         )),
     }
-    problems.extend(trigger_problem(conn, names, &sql::trigger_sql(&plan, names)).await?);
+    let trigger = trigger_problem(conn, names, &sql::trigger_sql(&plan, names)).await?;
+    let parked = auto_increment_counter(conn, &names.table).await? == sql::AUTO_INCREMENT_PARKED;
+    if let Some(a) = super::adopt::adopted(conn)
+        .await?
+        .into_iter()
+        .find(|a| a.table == names.table)
+        && (trigger.is_some() || !parked)
+    {
+        problems.push(format!(
+            "table {} was adopted (ids below {} are from before adoption), and its trigger or its parked AUTO_INCREMENT counter was changed back by hand: inserts no longer get ids from the sequence; run shardflake mysql adopt --table {} --key {} again (the ids made meanwhile count as old ones)",
+            names.table, a.first_new, names.table, names.key
+        ));
+    }
+    problems.extend(trigger);
     let event = names.event();
     let current: Option<(Option<String>, Option<String>, String, String)> = conn
         .exec_first(

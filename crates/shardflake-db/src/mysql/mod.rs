@@ -168,11 +168,13 @@ use crate::Error;
 
 pub mod sql;
 
+mod adopt;
 mod apply;
 mod check;
 mod installed;
 mod repair;
 
+pub use adopt::{AdoptOptions, Adopted, AdoptedTable, adopt, adopted};
 pub use apply::{Applied, apply};
 pub use check::check;
 pub use installed::clock_running;

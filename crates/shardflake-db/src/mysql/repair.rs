@@ -139,7 +139,7 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     if promoted {
         // The trigger and procedure for this server, and the clock event,
         // which a replica has disabled (SLAVESIDE_DISABLED) and ran none.
-        let applied = apply::install(conn, layout, opts, true).await?;
+        let applied = apply::install(conn, layout, opts, apply::Mode::Repair).await?;
         for warning in &applied.warnings {
             tracing::warn!("{warning}");
         }

@@ -3,6 +3,7 @@
 
 mod id_types;
 mod mysql;
+mod mysql_adopt;
 mod mysql_binlog;
 mod mysql_failover;
 mod mysql_operator;

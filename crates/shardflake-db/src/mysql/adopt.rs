@@ -1,0 +1,400 @@
+//! `mysql adopt`: an existing table's `AUTO_INCREMENT` id put under the
+//! one-statement ids while the application keeps writing.
+//!
+//! Everything `apply` installs for a table is installed for it (its
+//! sequence, high-water, refusal function, clock event, procedure), the
+//! clock event first, seen running before any insert can meet the
+//! trigger. Then the table is switched under `LOCK TABLES ... WRITE`
+//! ([`switch`]): inserts wait for the few statements that follow, no row
+//! can be added between the read of `max(id)` and the trigger, and the
+//! switch is refused unless `max(id)` is below the smallest id the trigger
+//! can make from now on (its sequence was set to the clock just before the
+//! lock, and never moves down). So every new id sorts after every old one. Old rows
+//! keep their ids. The column stays `AUTO_INCREMENT`, only so that the OK
+//! packet (`LAST_INSERT_ID()`) carries the trigger's id as before; its
+//! counter is parked and the guard column added, as `apply` does. The
+//! switch is recorded in `shardflake.adopted` (beside the high-water),
+//! which `mysql check` reports.
+
+use std::fmt;
+
+use super::apply::{self, Mode};
+use super::*;
+
+/// How long the switch waits for the table's lock (the application's
+/// inserts queue behind a waiting `LOCK TABLES`).
+pub const LOCK_WAIT_S: u32 = 5;
+
+const ADOPTED_DDL: &str = "CREATE TABLE IF NOT EXISTS `shardflake`.`adopted` (\
+    db VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, floor_id BIGINT NULL, first_new BIGINT NOT NULL, \
+    adopted_at DATETIME(3) NOT NULL, PRIMARY KEY (db, tbl)) ENGINE=InnoDB";
+
+/// What `mysql adopt` is asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct AdoptOptions {
+    /// The table, its shard-key column, the procedure; the sequence's
+    /// cache; the shard values (as for `apply`).
+    pub options: Options,
+    /// Plan and print the SQL; change nothing.
+    pub dry_run: bool,
+}
+
+/// What happened (or, in a dry run, would happen) to the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adopted {
+    /// The table.
+    pub table: String,
+    /// Its shard-key column.
+    pub key: String,
+    /// The largest old id (none in an empty table): ids at or below it
+    /// are from before adoption.
+    pub floor: Option<i64>,
+    /// The smallest id the trigger can make (when switched: read under the
+    /// lock; in a dry run: now).
+    pub first_new: i64,
+    /// Already adopted: nothing was (or would be) changed.
+    pub unchanged: bool,
+    /// What was installed (empty in a dry run).
+    pub installed: Vec<String>,
+    /// Settings to know about (as `apply` warns).
+    pub warnings: Vec<String>,
+    /// The switch's SQL (empty for a table already adopted).
+    pub script: String,
+}
+
+impl fmt::Display for Adopted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let floor = self
+            .floor
+            .map_or("no old ids".to_string(), |v| format!("old ids up to {v}"));
+        if self.unchanged {
+            write!(
+                f,
+                "{}.id already draws from the trigger ({floor}): unchanged",
+                self.table
+            )
+        } else {
+            write!(
+                f,
+                "{}.id draws from the trigger, shard = {} mod 2^shard_bits ({floor}; new ids from {})",
+                self.table, self.key, self.first_new
+            )
+        }
+    }
+}
+
+/// The switch as `--dry-run` prints it (what `apply` installs for the
+/// table beside it, `mysql sql --table T` prints).
+pub fn switch_script(plan: &Plan, names: &Names) -> String {
+    let t = &names.table;
+    format!(
+        "-- after the sequence, high-water, functions and clock event of shardflake mysql sql --table {t} (the event seen running):\n\
+         SET SESSION lock_wait_timeout = {LOCK_WAIT_S};\n\
+         DO SETVAL(`{seq}`, <the server's packed clock>, 0);  -- every later draw is at or above it\n\
+         LOCK TABLES `{t}` WRITE;  -- inserts wait until UNLOCK TABLES\n\
+         SELECT MAX(id) FROM `{t}`;  -- refused unless below the first id the trigger can make now\n\
+         {};\n\
+         {};\n\
+         ALTER TABLE `{t}` AUTO_INCREMENT = {};  -- an insert without the trigger fails\n\
+         {};\n\
+         UNLOCK TABLES;\n\
+         INSERT INTO `{}`.`adopted` ...;  -- the table, the largest old id, the first new id\n",
+        sql::add_guard_sql(t),
+        sql::trigger_sql(plan, names),
+        sql::AUTO_INCREMENT_PARKED,
+        sql::guard_default_sql(t),
+        sql::HIGH_WATER_DB,
+        seq = names.sequence(),
+    )
+}
+
+/// One adopted table as its server records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdoptedTable {
+    /// The table.
+    pub table: String,
+    /// Ids at or below it are from before adoption (none: the table was
+    /// empty, or the record was written after an interrupted run).
+    pub floor: Option<i64>,
+    /// The smallest id the trigger could make when it was switched.
+    pub first_new: i64,
+}
+
+/// The tables of the URL's database this server records as adopted.
+pub async fn adopted(conn: &mut Conn) -> Result<Vec<AdoptedTable>, Error> {
+    let rows: Result<Vec<(String, Option<i64>, i64)>, _> = conn
+        .query(
+            "SELECT tbl, floor_id, first_new FROM `shardflake`.`adopted` WHERE db = DATABASE() ORDER BY tbl",
+        )
+        .await;
+    match rows {
+        Ok(rows) => Ok(rows
+            .into_iter()
+            .map(|(table, floor, first_new)| AdoptedTable {
+                table,
+                floor,
+                first_new,
+            })
+            .collect()),
+        Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(Vec::new()),
+        Err(e) => Err(my("reading the adopted tables")(e)),
+    }
+}
+
+/// Adopts the table of `opts`: every refusal is gathered first (nothing
+/// changes if there is one), then `apply`'s objects are installed and the
+/// table switched under its lock, the floor checked there again. Running
+/// it again changes nothing.
+pub async fn adopt(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &AdoptOptions,
+) -> Result<Adopted, Error> {
+    let names = &opts.options.names;
+    let t = &names.table;
+    let srv = server(conn).await?;
+    let db = srv.named_database("adopt")?;
+    if !srv.has_sequences() {
+        return Err(other(
+            "adopt",
+            format!(
+                "{} has no sequences (MariaDB >= 10.3 has): the one-statement ids need them",
+                srv.version
+            ),
+        ));
+    }
+    let plan = plan_in(layout, &db, names)?.on_server(srv.server_id);
+    let Some(col) = id_column(conn, t).await? else {
+        let why = if table_exists(conn, t).await? {
+            format!("table {db}.{t} has no column id")
+        } else {
+            format!("no table {t} in database {db}: name it with --table")
+        };
+        return Err(other("adopt", why));
+    };
+    let mut problems = Vec::new();
+    let ty = col.column_type.to_ascii_lowercase();
+    if !ty.starts_with("bigint") || ty.contains("unsigned") {
+        problems.push(format!(
+            "{t}.id is {}, too narrow for the layout's ids (signed 64-bit): first run ALTER TABLE `{t}` MODIFY `id` BIGINT NOT NULL AUTO_INCREMENT (it copies the table; writes wait meanwhile), and change the columns that hold these ids elsewhere too",
+            col.column_type
+        ));
+    }
+    if !col.auto_increment() {
+        problems.push(format!(
+            "{t}.id is not AUTO_INCREMENT: mysql adopt takes over an AUTO_INCREMENT column; a table that gets its ids elsewhere is installed with shardflake mysql apply --table {t}"
+        ));
+    }
+    if !unique_on_id(conn, t).await? {
+        problems.push(format!(
+            "{t}.id has no primary key or unique index of its own, so nothing refuses an id stored twice: first run ALTER TABLE `{t}` ADD UNIQUE (`id`)"
+        ));
+    }
+    if !has_column(conn, t, &names.key).await? {
+        problems.push(format!(
+            "{t} has no column {key} to take the shard value from (key mod 2^shard_bits): name the shard-key column with --key",
+            key = names.key
+        ));
+    }
+    let floor: Option<i64> = conn
+        .query_first(format!("SELECT MAX(id) FROM `{t}`"))
+        .await
+        .map_err(my("reading the largest id"))?
+        .flatten();
+    let now = server_packed_clock(conn, &plan).await?;
+    let first_new = first_new_id(&plan, now);
+    let record = adopted(conn).await?.into_iter().find(|a| &a.table == t);
+    let serves = match opts.options.shards {
+        Some(s) => s,
+        None => recorded_serves(conn, &db, names)
+            .await?
+            .unwrap_or((0, plan.shard_max())),
+    };
+    let serving = plan.clone().serving(Some(serves));
+    let wanted = sql::trigger_sql(&serving, names);
+    let switched = trigger_problem(conn, names, &wanted).await?.is_none()
+        && guard(conn, t).await?.0.as_deref() == Some("0");
+    if switched && let Some(r) = &record {
+        return Ok(Adopted {
+            table: t.clone(),
+            key: names.key.clone(),
+            floor: r.floor,
+            first_new: r.first_new,
+            unchanged: true,
+            installed: Vec::new(),
+            warnings: Vec::new(),
+            script: String::new(),
+        });
+    }
+    if !switched && let Some(max) = floor.filter(|&m| m >= first_new) {
+        problems.push(too_high(&plan, t, max, first_new));
+    }
+    if !problems.is_empty() {
+        return Err(other(
+            "adopt",
+            format!("nothing was changed: {}", problems.join("; ")),
+        ));
+    }
+    if opts.dry_run {
+        return Ok(Adopted {
+            table: t.clone(),
+            key: names.key.clone(),
+            floor,
+            first_new,
+            unchanged: switched,
+            installed: Vec::new(),
+            warnings: Vec::new(),
+            script: if switched {
+                String::new()
+            } else {
+                switch_script(&serving, names)
+            },
+        });
+    }
+    let applied = apply::install(conn, layout, &opts.options, Mode::Adopt).await?;
+    let (floor, first_new) = applied.switched.unwrap_or((floor, first_new));
+    conn.query_drop(ADOPTED_DDL)
+        .await
+        .map_err(my("creating shardflake.adopted"))?;
+    // A run stopped after the switch and before its record: the trigger's
+    // ids are in the table now, so the floor is not known any more.
+    let floor = if switched && record.is_none() {
+        None
+    } else {
+        floor
+    };
+    conn.exec_drop(
+        "INSERT INTO `shardflake`.`adopted` VALUES (DATABASE(), ?, ?, ?, UTC_TIMESTAMP(3)) \
+         ON DUPLICATE KEY UPDATE floor_id = VALUES(floor_id), first_new = VALUES(first_new), adopted_at = VALUES(adopted_at)",
+        (t, floor, first_new),
+    )
+    .await
+    .map_err(my("recording the adopted table"))?;
+    Ok(Adopted {
+        table: t.clone(),
+        key: names.key.clone(),
+        floor,
+        first_new,
+        unchanged: false,
+        installed: applied.installed,
+        warnings: applied.warnings,
+        script: switch_script(&serving, names),
+    })
+}
+
+/// The smallest id the trigger can make once its sequence is set to a
+/// server clock of `now` (packed): `SETVAL` never moves a sequence down, so
+/// every later draw is at or above `now`, and the id grows with the draw;
+/// shard value 0.
+fn first_new_id(plan: &Plan, now: i64) -> i64 {
+    plan.id_of(now.max(0), 0)
+}
+
+fn too_high(plan: &Plan, t: &str, max: i64, first_new: i64) -> String {
+    format!(
+        "{t} holds ids up to {max}, at or above {first_new}, the first id layout {} can make now: new ids would not sort after the old ones and could meet them; adopt with a layout whose ids are larger now (--layout, a later epoch makes them smaller), or move the table's ids below it",
+        plan.layout().name()
+    )
+}
+
+/// Switches the table under `LOCK TABLES ... WRITE` (its clock event
+/// already running): the largest id read and checked below the first id
+/// the trigger can make, the guard column, the trigger, the parked
+/// counter, the guard's default. Returns the largest old id and the first
+/// new one.
+pub(super) async fn switch(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    applied: &mut apply::Applied,
+) -> Result<(Option<i64>, i64), Error> {
+    let t = &names.table;
+    conn.query_drop(format!("SET SESSION lock_wait_timeout = {LOCK_WAIT_S}"))
+        .await
+        .map_err(my("setting lock_wait_timeout"))?;
+    // Every draw from here on is at or above the clock now.
+    let now = server_packed_clock(conn, plan).await?;
+    conn.query_drop(format!("DO SETVAL(`{}`, {now}, 0)", names.sequence()))
+        .await
+        .map_err(my("setting the sequence to the clock"))?;
+    let first_new = first_new_id(plan, now);
+    conn.query_drop(format!("LOCK TABLES `{t}` WRITE"))
+        .await
+        .map_err(|e| {
+            other(
+                "adopt",
+                format!(
+                    "table {t} was not changed: its lock was not granted within {LOCK_WAIT_S} s ({e}); a long transaction holds it: run adopt again once it ends"
+                ),
+            )
+        })?;
+    let result = switch_locked(conn, plan, names, first_new, applied).await;
+    let unlocked = conn
+        .query_drop("UNLOCK TABLES")
+        .await
+        .map_err(my("unlocking the table"));
+    let switched = result?;
+    unlocked?;
+    tracing::debug!(table = %t, floor = ?switched.0, first_new = switched.1, "switched");
+    Ok(switched)
+}
+
+async fn switch_locked(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+    first_new: i64,
+    applied: &mut apply::Applied,
+) -> Result<(Option<i64>, i64), Error> {
+    let t = &names.table;
+    let floor: Option<i64> = conn
+        .query_first(format!("SELECT MAX(id) FROM `{t}`"))
+        .await
+        .map_err(my("reading the largest id under the lock"))?
+        .flatten();
+    if let Some(max) = floor.filter(|&m| m >= first_new) {
+        return Err(other(
+            "adopt",
+            format!("nothing was changed: {}", too_high(plan, t, max, first_new)),
+        ));
+    }
+    apply::install_guard_and_trigger(conn, plan, names, applied).await?;
+    if auto_increment_counter(conn, t).await? < sql::AUTO_INCREMENT_PARKED {
+        conn.query_drop(format!(
+            "ALTER TABLE `{t}` AUTO_INCREMENT = {}",
+            sql::AUTO_INCREMENT_PARKED
+        ))
+        .await
+        .map_err(my("parking the AUTO_INCREMENT counter"))?;
+        applied.installed.push(format!(
+            "AUTO_INCREMENT of {t} parked at {}",
+            sql::AUTO_INCREMENT_PARKED
+        ));
+    }
+    Ok((floor, first_new))
+}
+
+/// Whether a primary key or unique index has `id` as its only column.
+async fn unique_on_id(conn: &mut Conn, table: &str) -> Result<bool, Error> {
+    let n: Option<i64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM (SELECT INDEX_NAME FROM information_schema.STATISTICS \
+              WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND NON_UNIQUE = 0 \
+              GROUP BY INDEX_NAME HAVING COUNT(*) = 1 AND MAX(COLUMN_NAME) = 'id') u",
+            (table,),
+        )
+        .await
+        .map_err(my("looking up the id column's keys"))?;
+    Ok(n.unwrap_or(0) > 0)
+}
+
+async fn has_column(conn: &mut Conn, table: &str, column: &str) -> Result<bool, Error> {
+    let n: Option<i64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+            (table, column),
+        )
+        .await
+        .map_err(my("looking up the shard-key column"))?;
+    Ok(n.unwrap_or(0) > 0)
+}

@@ -1,0 +1,350 @@
+//! `mysql adopt` on real MariaDB (issue 39, item 2): an existing
+//! `AUTO_INCREMENT` table put under the one-statement ids while writers
+//! insert, its dump loaded into a fresh server, each refusal, a second
+//! run, and `mysql check` after the switch is undone by hand.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Pool};
+use shardflake::{Layout, preset};
+use shardflake_db::mysql::{self, AdoptOptions, Names, Options};
+use shardflake_testkit::MariaDbServer;
+
+fn layout() -> Layout {
+    preset::by_name("mysql-procedure").unwrap()
+}
+
+fn opts(table: &str) -> AdoptOptions {
+    AdoptOptions {
+        options: Options {
+            names: Names::new(table, "user_id", &format!("generate_{table}_id")).unwrap(),
+            locked: false,
+            ..Options::default()
+        },
+        dry_run: false,
+    }
+}
+
+/// `orders` as an application made it, with `rows` rows (ids 1..=rows).
+async fn orders(c: &mut Conn, rows: u64) {
+    c.query_drop(
+        "CREATE TABLE orders (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body TEXT)",
+    )
+    .await
+    .unwrap();
+    if rows > 0 {
+        c.query_drop(format!(
+            "INSERT INTO orders (user_id, body) SELECT seq, 'old' FROM seq_1_to_{rows}"
+        ))
+        .await
+        .unwrap();
+    }
+}
+
+async fn trigger_count(c: &mut Conn) -> i64 {
+    c.query_first("SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = 'orders'")
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// One writer: inserts as the application does (no id; the id from the
+/// OK packet) until `stop`, then `after` more; every id, in order, or the
+/// first error.
+async fn writer(
+    pool: Pool,
+    user: i64,
+    stop: Arc<AtomicBool>,
+    after: usize,
+) -> Result<Vec<i64>, String> {
+    let mut c = pool.get_conn().await.map_err(|e| e.to_string())?;
+    let mut ids = Vec::new();
+    let mut extra = 0;
+    while extra < after {
+        if stop.load(Ordering::Relaxed) {
+            extra += 1;
+        }
+        c.exec_drop(
+            "INSERT INTO orders (user_id, body) VALUES (?, 'new')",
+            (user,),
+        )
+        .await
+        .map_err(|e| format!("insert {}: {e}", ids.len()))?;
+        ids.push(c.last_insert_id().ok_or("no insert id")? as i64);
+    }
+    Ok(ids)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adopt_under_eight_writers_keeps_every_insert_and_sorts_new_after_old() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 20_000).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..8)
+        .map(|w| tokio::spawn(writer(pool.clone(), 1000 + w, stop.clone(), 300)))
+        .collect();
+    // Each writer has inserted before the switch.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let n: i64 = c
+            .query_first("SELECT COUNT(*) FROM orders WHERE body = 'new'")
+            .await
+            .unwrap()
+            .unwrap();
+        if n >= 800 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "writers too slow");
+        tokio::task::yield_now().await;
+    }
+    let a = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    assert!(!a.unchanged);
+    let floor = a.floor.unwrap();
+    assert!(floor >= 20_800, "{a:?}");
+    let mut all = HashSet::new();
+    let mut new = 0;
+    for w in writers {
+        let ids = w.await.unwrap().expect("no insert fails");
+        // Each writer's ids increase across the switch: its new ones sort
+        // after its old ones.
+        assert!(ids.windows(2).all(|p| p[0] < p[1]), "{ids:?}");
+        assert!(ids.last().unwrap() > &floor);
+        for id in ids {
+            assert!(all.insert(id), "id {id} twice");
+            if id > floor {
+                assert!(id >= a.first_new, "new id {id} below {}", a.first_new);
+                new += 1;
+            } else {
+                assert!(id < a.first_new);
+            }
+        }
+    }
+    assert!(new >= 8 * 300);
+    // Every row is there, none with an id twice; every new id above every
+    // old one.
+    let (rows, distinct, old_max, new_min): (i64, i64, i64, i64) = c
+        .query_first(format!(
+            "SELECT COUNT(*), COUNT(DISTINCT id), (SELECT MAX(id) FROM orders WHERE id <= {floor}), (SELECT MIN(id) FROM orders WHERE id > {floor}) FROM orders"
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rows, 20_000 + all.len() as i64);
+    assert_eq!(rows, distinct);
+    assert_eq!(old_max, floor);
+    assert!(new_min >= a.first_new);
+    assert!(
+        mysql::check(&mut c, &layout(), &opts("orders").options)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn adopt_refuses_an_int_column_a_non_unique_id_and_ids_too_high() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    let refusal = async |c: &mut Conn, ddl: &str| -> String {
+        c.query_drop("DROP TABLE IF EXISTS orders").await.unwrap();
+        c.query_drop(ddl).await.unwrap();
+        c.query_drop("INSERT INTO orders (user_id) VALUES (1), (2)")
+            .await
+            .unwrap();
+        let e = mysql::adopt(c, &layout(), &opts("orders"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(trigger_count(c).await, 0, "nothing changed: {e}");
+        e
+    };
+    let e = refusal(
+        &mut c,
+        "CREATE TABLE orders (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT)",
+    )
+    .await;
+    assert!(
+        e.contains("ALTER TABLE `orders` MODIFY `id` BIGINT NOT NULL AUTO_INCREMENT"),
+        "{e}"
+    );
+    let e = refusal(
+        &mut c,
+        "CREATE TABLE orders (id BIGINT NOT NULL AUTO_INCREMENT, user_id BIGINT, KEY (id))",
+    )
+    .await;
+    assert!(e.contains("ALTER TABLE `orders` ADD UNIQUE (`id`)"), "{e}");
+    c.query_drop("DROP TABLE orders").await.unwrap();
+    orders(&mut c, 2).await;
+    c.query_drop("INSERT INTO orders (id, user_id) VALUES (9223372036854775000, 3)")
+        .await
+        .unwrap();
+    let e = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("holds ids up to 9223372036854775000")
+            && e.contains("the first id layout mysql-procedure can make now"),
+        "{e}"
+    );
+    assert_eq!(trigger_count(&mut c).await, 0);
+    let mut wrong_key = opts("orders");
+    wrong_key.options.names = Names::new("orders", "account_id", "generate_orders_id").unwrap();
+    c.query_drop("DELETE FROM orders WHERE id > 100")
+        .await
+        .unwrap();
+    let e = mysql::adopt(&mut c, &layout(), &wrong_key)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no column account_id") && e.contains("--key"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn adopt_twice_changes_nothing_and_check_sees_the_switch_undone() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 500).await;
+    let mut dry = opts("orders");
+    dry.dry_run = true;
+    let plan = mysql::adopt(&mut c, &layout(), &dry).await.unwrap();
+    assert_eq!(plan.floor, Some(500));
+    assert!(
+        plan.script.contains("LOCK TABLES `orders` WRITE"),
+        "{}",
+        plan.script
+    );
+    assert_eq!(trigger_count(&mut c).await, 0, "a dry run changes nothing");
+    let first = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    assert!(!first.unchanged && first.floor == Some(500), "{first:?}");
+    let second = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    assert!(second.unchanged, "{second:?}");
+    assert_eq!(second.floor, Some(500));
+    assert_eq!(second.first_new, first.first_new);
+    let check = async |c: &mut Conn| {
+        mysql::check(c, &layout(), &opts("orders").options)
+            .await
+            .unwrap()
+    };
+    assert!(check(&mut c).await.is_empty());
+    let recorded = mysql::adopted(&mut c).await.unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].floor, Some(500));
+
+    // An id made just now, then the switch undone by hand: the trigger
+    // dropped, the counter put back. Adopting again at once is not refused
+    // for that id (it is below every later draw of the sequence).
+    c.query_drop("INSERT INTO orders (user_id, body) VALUES (1023, 'just now')")
+        .await
+        .unwrap();
+    c.query_drop("DROP TRIGGER orders_id").await.unwrap();
+    c.query_drop("ALTER TABLE orders AUTO_INCREMENT = 1")
+        .await
+        .unwrap();
+    let problems = check(&mut c).await;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("table orders was adopted")
+                && p.contains("shardflake mysql adopt --table orders")),
+        "{problems:?}"
+    );
+    // The way out check names.
+    let again = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    assert!(!again.unchanged);
+    assert!(check(&mut c).await.is_empty());
+    let id: i64 = c
+        .query_first("INSERT INTO orders (user_id, body) VALUES (5, 'x') RETURNING id")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(id >= again.first_new);
+}
+
+#[tokio::test]
+async fn an_adopted_tables_dump_keeps_inserting_in_a_fresh_server_after_repair() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 1_000).await;
+    mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    let mut before = Vec::new();
+    for u in 0..50 {
+        let id: i64 = c
+            .query_first(format!(
+                "INSERT INTO orders (user_id, body) VALUES ({u}, 'x') RETURNING id"
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        before.push(id);
+    }
+    let out = std::process::Command::new("mariadb-dump")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", server.port))
+        .args(["--triggers", "--routines", "--events", "app"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let file = std::env::temp_dir().join(format!("sf-myadopt-{}.sql", std::process::id()));
+    std::fs::write(&file, &out.stdout).unwrap();
+
+    let fresh = MariaDbServer::start_with("", None).unwrap();
+    fresh.load(&file).unwrap();
+    let _ = std::fs::remove_file(&file);
+    let fpool = mysql::pool(&fresh.url()).unwrap();
+    let mut f = fpool.get_conn().await.unwrap();
+    let names = opts("orders").options;
+    // The fresh server holds no high-water: refused until repair.
+    let refused = f
+        .query_drop("INSERT INTO orders (user_id, body) VALUES (1, 'before repair')")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("shardflake"), "{refused}");
+    mysql::repair(&mut f, &layout(), &names).await.unwrap();
+    // The scheduler starts the repaired clock event's loop within a second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !mysql::clock_running(&mut f, &names.names).await.unwrap() {
+        assert!(std::time::Instant::now() < deadline, "no clock loop");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let max_before = *before.iter().max().unwrap();
+    for u in 0..50 {
+        let id: i64 = f
+            .query_first(format!(
+                "INSERT INTO orders (user_id, body) VALUES ({u}, 'y') RETURNING id"
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(id > max_before, "{id} at or below {max_before}");
+    }
+    let (rows, distinct): (i64, i64) = f
+        .query_first("SELECT COUNT(*), COUNT(DISTINCT id) FROM orders")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((rows, distinct), (1_100, 1_100));
+}
