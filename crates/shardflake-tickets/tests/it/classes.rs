@@ -160,6 +160,49 @@ async fn take_some(client: &TicketClient, rounds: usize, ids: &mut Ids) {
     }
 }
 
+/// F8's setup on MariaDB: `b` moved to a fresh server `c` from its dump,
+/// `old` on the first file, `new` on the file pointing `b` at `c` (it
+/// takes `blocks` blocks of class 2 there), both asked until `old` refuses
+/// `b` as superseded.
+async fn f8_superseded(
+    tag: &str,
+    blocks: usize,
+) -> (
+    MariaDbServer,
+    MariaDbServer,
+    MariaDbServer,
+    Config,
+    TicketClient,
+    TicketClient,
+    Ids,
+) {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let mut ids = Ids::default();
+    let old = TicketClient::connect(config.clone()).await.unwrap();
+    take_from_offset_2(&old, 300, &mut ids).await;
+    let path = dump(&b, tag);
+    let c = maria(2, 2);
+    restore(&c, &path);
+    let _ = std::fs::remove_file(&path);
+    let moved = Config::parse(&format!(
+        "{}{}{FIXED}",
+        server_toml("b", "mariadb", &c.url(), 2),
+        server_toml("a", "mariadb", &a.url(), 1)
+    ))
+    .unwrap();
+    let new = TicketClient::connect(moved).await.unwrap();
+    take_from_offset_2(&new, blocks, &mut ids).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&old, "b") != "superseded" {
+        assert!(Instant::now() < deadline, "{:?}", old.metrics());
+        take_some(&old, 1, &mut ids).await;
+        take_some(&new, 1, &mut ids).await;
+    }
+    (a, b, c, config, old, new, ids)
+}
+
 /// F8 on MariaDB: server `b` moved to a new host from its backup (a dump
 /// loaded into a fresh server on another port), the file edited to point
 /// `b` there, the old host left running, one client on each file. The
@@ -172,31 +215,7 @@ async fn take_some(client: &TicketClient, rounds: usize, ids: &mut Ids) {
 /// Before: both answered for the class and handed out the same ids.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_copy_on_another_host_takes_the_class_over_and_the_old_one_is_refused_mariadb() {
-    let (a, b) = (maria(2, 1), maria(2, 2));
-    let config = pair(&a, &b, "");
-    init_ok(&config).await;
-    let mut ids = Ids::default();
-    let old = TicketClient::connect(config.clone()).await.unwrap();
-    take_from_offset_2(&old, 300, &mut ids).await;
-    let path = dump(&b, "f8");
-    let c = maria(2, 2);
-    restore(&c, &path);
-    let _ = std::fs::remove_file(&path);
-    let moved = Config::parse(&format!(
-        "{}{}{FIXED}",
-        server_toml("b", "mariadb", &c.url(), 2),
-        server_toml("a", "mariadb", &a.url(), 1)
-    ))
-    .unwrap();
-    let new = TicketClient::connect(moved.clone()).await.unwrap();
-    take_from_offset_2(&new, 3000, &mut ids).await;
-    // The old client goes on until its next mark write, then refuses b.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while state(&old, "b") != "superseded" {
-        assert!(Instant::now() < deadline, "{:?}", old.metrics());
-        take_some(&old, 1, &mut ids).await;
-        take_some(&new, 1, &mut ids).await;
-    }
+    let (_a, _b, _c, config, old, new, mut ids) = f8_superseded("f8", 3000).await;
     ids.assert_unique();
     // check with the old file: the takeover, and not `repair`.
     let report = admin::check(&config).await;
@@ -238,30 +257,7 @@ async fn a_copy_on_another_host_takes_the_class_over_and_the_old_one_is_refused_
 /// quorum of the places answers for it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_superseded_server_is_not_taken_back_on_own_marks_when_the_peer_is_down_mariadb() {
-    let (a, b) = (maria(2, 1), maria(2, 2));
-    let config = pair(&a, &b, "");
-    init_ok(&config).await;
-    let mut ids = Ids::default();
-    let old = TicketClient::connect(config.clone()).await.unwrap();
-    take_from_offset_2(&old, 300, &mut ids).await;
-    let path = dump(&b, "f8p");
-    let c = maria(2, 2);
-    restore(&c, &path);
-    let _ = std::fs::remove_file(&path);
-    let moved = Config::parse(&format!(
-        "{}{}{FIXED}",
-        server_toml("b", "mariadb", &c.url(), 2),
-        server_toml("a", "mariadb", &a.url(), 1)
-    ))
-    .unwrap();
-    let new = TicketClient::connect(moved).await.unwrap();
-    take_from_offset_2(&new, 300, &mut ids).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while state(&old, "b") != "superseded" {
-        assert!(Instant::now() < deadline, "{:?}", old.metrics());
-        take_some(&old, 1, &mut ids).await;
-        take_some(&new, 1, &mut ids).await;
-    }
+    let (a, _b, _c, _config, old, new, mut ids) = f8_superseded("f8p", 300).await;
     a.kill().unwrap();
     // Both clients keep asking (as services do) for 20 s: the old one
     // retries `b` on its calls; the new one goes on from the copy.
