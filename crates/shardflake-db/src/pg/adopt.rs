@@ -222,7 +222,10 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
         Some(name) => vec![topo.server(name)?],
         None => topo.servers().iter().collect(),
     };
-    let mut problems = Vec::new();
+    // The file checked against every server's records, as `pg apply`
+    // checks it: one older than a move (or otherwise contradicting them)
+    // is refused before anything is planned.
+    let mut problems = file_conflicts(topo).await?;
     if let Some(p) = negative_ids(topo) {
         problems.push(Drift {
             server: "-".into(),
@@ -313,6 +316,23 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
         out.push(switch(topo, server, p).await?);
     }
     Ok(out)
+}
+
+/// What [`catalog::conflicts`] finds between the file and every server's
+/// records, read under the deployment lock (`pg apply`'s check: a file
+/// older than a move is one).
+async fn file_conflicts(topo: &Topology) -> Result<Vec<Drift>, Error> {
+    let mut clients = connect_all(topo).await?;
+    let mut txs = Vec::new();
+    for (c, server) in clients.iter_mut().zip(topo.servers()) {
+        txs.push(c.transaction().await.map_err(ctx(&server.name, "begin"))?);
+    }
+    lock_deployment(&txs, &server_names(topo), Lock::Transaction).await?;
+    let mut views = Vec::new();
+    for (tx, server) in txs.iter().zip(topo.servers()) {
+        views.push(catalog::read(tx, &server.name, topo).await?);
+    }
+    Ok(catalog::conflicts(topo, &views, &[]))
 }
 
 /// Why `sign_bit = "allow"` breaks adoption, for a layout that uses the

@@ -790,3 +790,65 @@ async fn adopt_stopped_between_tables_is_finished_by_running_it_again() {
     assert_eq!(done[1].floor, Some(2));
     assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
 }
+
+/// Two servers, `a` holding shards 0-3 and `b` none, in a topology file
+/// of its own (moves write it); `pg apply` run.
+async fn two_servers(name: &str) -> (PgServer, PgServer, std::path::PathBuf) {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let dir = std::env::temp_dir().join(format!("sf-adopt-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("topology.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "layout = \"instagram\"\nshards = 4\n[[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0-3\"\n\
+             [[servers]]\nname = \"b\"\nurl = \"{}\"\nshards = \"\"\n",
+            a.url(),
+            b.url()
+        ),
+    )
+    .unwrap();
+    pg::apply(&Topology::load(&path).unwrap()).await.unwrap();
+    (a, b, path)
+}
+
+/// Operator fault (E-old): adopt run with the file from before a move
+/// (generation 0, the servers record 1) is refused as apply refuses it,
+/// naming the file to use, and the table is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopt_refuses_a_file_older_than_a_move() {
+    use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+    let (a, _b, path) = two_servers("old-file").await;
+    let old = Topology::load(&path).unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.orders (body) VALUES ('old')",
+    )
+    .await
+    .unwrap();
+    move_shard(&path, 3, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    let onto_1 = AdoptOptions {
+        shard: Some(1),
+        ..table("public.orders", false)
+    };
+    let e = pg::adopt(&old, &onto_1).await.unwrap_err().to_string();
+    assert!(
+        e.contains("the file is generation 0, but the servers record generation 1")
+            && e.contains("use the file of generation 1"),
+        "{e}"
+    );
+    assert!(
+        default_of(&c, "public.orders")
+            .await
+            .starts_with("nextval(")
+    );
+    // The file the move wrote adopts it.
+    let done = pg::adopt(&Topology::load(&path).unwrap(), &onto_1)
+        .await
+        .unwrap();
+    assert_eq!(done[0].shard, 1);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
