@@ -818,26 +818,82 @@ pub async fn adopted(topo: &Topology) -> Result<Vec<AdoptedTable>, Error> {
     Ok(out)
 }
 
-/// Why `shard` cannot move off `server`, if adopted tables there draw
-/// from it: they stay behind, and dropping the old copy would drop their
-/// defaults with it (`DROP SCHEMA ... CASCADE`).
-pub(crate) async fn drawn_by_adopted(
+/// Why `shard` cannot move off `server`: objects outside its schema
+/// depend on it (`pg_depend` on its functions, sequences, tables and
+/// types): adopted tables, a default set by hand to its `next_id`, a view,
+/// a foreign key to one of its tables. They stay on `server`, and
+/// dropping the old copy (`DROP SCHEMA ... CASCADE`) would drop them with
+/// it: the table's inserts would then fail.
+pub(crate) async fn shard_dependents(
     c: &Client,
     server: &str,
     shard: u64,
+    schema: &str,
 ) -> Result<Option<String>, Error> {
-    let tables: Vec<String> = records(c, server)
+    let adopted: Vec<String> = records(c, server)
         .await?
         .into_iter()
         .filter(|r| r.shard == shard)
         .map(|r| format!("{}.{}", r.table, r.column))
         .collect();
-    Ok((!tables.is_empty()).then(|| {
-        format!(
-            "adopted tables on {server} draw their ids from shard {shard} ({}), and stay on {server}: move another shard, or first adopt them onto another shard of {server} (shardflake pg adopt --table T --shard N)",
-            tables.join(", ")
+    // Each dependent object with the schema it lives in (a default, a
+    // view's rule, a constraint or a trigger: its table's), and, for a
+    // column's default, the column (an adopted table is named above).
+    let rows = c
+        .query(
+            "WITH s AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
+                  owned AS (
+                    SELECT 'pg_class'::regclass AS classid, c.oid FROM pg_class c, s WHERE c.relnamespace = s.oid
+                    UNION ALL SELECT 'pg_proc'::regclass, p.oid FROM pg_proc p, s WHERE p.pronamespace = s.oid
+                    UNION ALL SELECT 'pg_type'::regclass, t.oid FROM pg_type t, s WHERE t.typnamespace = s.oid),
+                  dep AS (
+                    SELECT DISTINCT d.classid, d.objid, d.objsubid
+                      FROM pg_depend d JOIN owned o ON d.refclassid = o.classid AND d.refobjid = o.oid
+                     WHERE d.deptype IN ('n', 'a'))
+             SELECT pg_describe_object(dep.classid, dep.objid, dep.objsubid),
+                    (SELECT format('%I.%I.%I', n.nspname, r.relname, a.attname)
+                       FROM pg_attrdef ad JOIN pg_class r ON r.oid = ad.adrelid
+                       JOIN pg_namespace n ON n.oid = r.relnamespace
+                       JOIN pg_attribute a ON a.attrelid = ad.adrelid AND a.attnum = ad.adnum
+                      WHERE dep.classid = 'pg_attrdef'::regclass AND ad.oid = dep.objid)
+               FROM dep, s
+              WHERE coalesce(CASE dep.classid
+                      WHEN 'pg_class'::regclass THEN (SELECT relnamespace FROM pg_class WHERE oid = dep.objid)
+                      WHEN 'pg_proc'::regclass THEN (SELECT pronamespace FROM pg_proc WHERE oid = dep.objid)
+                      WHEN 'pg_type'::regclass THEN (SELECT typnamespace FROM pg_type WHERE oid = dep.objid)
+                      WHEN 'pg_constraint'::regclass THEN (SELECT connamespace FROM pg_constraint WHERE oid = dep.objid)
+                      WHEN 'pg_attrdef'::regclass THEN (SELECT r.relnamespace FROM pg_attrdef x JOIN pg_class r ON r.oid = x.adrelid WHERE x.oid = dep.objid)
+                      WHEN 'pg_rewrite'::regclass THEN (SELECT r.relnamespace FROM pg_rewrite x JOIN pg_class r ON r.oid = x.ev_class WHERE x.oid = dep.objid)
+                      WHEN 'pg_trigger'::regclass THEN (SELECT r.relnamespace FROM pg_trigger x JOIN pg_class r ON r.oid = x.tgrelid WHERE x.oid = dep.objid)
+                      WHEN 'pg_policy'::regclass THEN (SELECT r.relnamespace FROM pg_policy x JOIN pg_class r ON r.oid = x.polrelid WHERE x.oid = dep.objid)
+                    END, 0) <> s.oid
+              ORDER BY 1",
+            &[&schema],
         )
-    }))
+        .await
+        .map_err(ctx(server, &format!("reading what depends on schema {schema}")))?;
+    let others: Vec<String> = rows
+        .iter()
+        .filter(|r| {
+            let column: Option<String> = r.get(1);
+            column.is_none_or(|col| !adopted.contains(&col))
+        })
+        .map(|r| r.get(0))
+        .collect();
+    let mut problems = Vec::new();
+    if !adopted.is_empty() {
+        problems.push(format!(
+            "adopted tables on {server} draw their ids from shard {shard} ({}), and stay on {server}: move another shard, or first adopt them onto another shard of {server} (shardflake pg adopt --table T --shard N)",
+            adopted.join(", ")
+        ));
+    }
+    if !others.is_empty() {
+        problems.push(format!(
+            "objects outside schema {schema} on {server} depend on shard {shard} ({}), and stay on {server}: moving it would drop them with its old copy; move another shard, or first make them use another shard of {server} (a default: shardflake pg adopt --table T --shard N, or change the default; a view or foreign key: drop or recreate it)",
+            others.join(", ")
+        ));
+    }
+    Ok((!problems.is_empty()).then(|| problems.join("; ")))
 }
 
 /// What `pg check` reports of a server's adopted tables: a default that no

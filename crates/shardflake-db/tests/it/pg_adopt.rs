@@ -580,7 +580,8 @@ async fn the_shard_adopted_tables_draw_from_stays_until_they_draw_from_another()
         .to_string();
     assert!(
         e.contains("adopted tables on a draw their ids from shard 0 (public.orders.id)")
-            && e.contains("--shard N"),
+            && e.contains("--shard N")
+            && !e.contains("objects outside"),
         "{e}"
     );
     move_shard(&path, 3, "b", &MoveOptions::default())
@@ -850,5 +851,45 @@ async fn adopt_refuses_a_file_older_than_a_move() {
         .await
         .unwrap();
     assert_eq!(done[0].shard, 1);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// Operator fault (E11b): a default set by hand to a shard's next_id (the
+/// ALTER that adopt --dry-run prints), and a view calling it, neither
+/// recorded as adopted: moving the shard would drop them with its old
+/// copy (`DROP SCHEMA ... CASCADE`). The move is refused, naming both and
+/// the way out; the shard beside it moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_shard_refuses_a_shard_that_objects_outside_it_depend_on() {
+    use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+    let (a, _b, path) = two_servers("depends").await;
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY DEFAULT shard2.next_id('shard2.id_seq'::regclass), body text);
+         CREATE VIEW public.next_on_2 AS SELECT shard2.next_id('shard2.id_seq'::regclass) AS id;",
+    )
+    .await
+    .unwrap();
+    let e = move_shard(&path, 2, "b", &MoveOptions::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("default value for column id of table orders")
+            && e.contains("view next_on_2")
+            && e.contains("shardflake pg adopt --table T --shard N"),
+        "{e}"
+    );
+    assert!(
+        default_of(&c, "public.orders")
+            .await
+            .starts_with("shard2.next_id(")
+    );
+    c.execute("INSERT INTO public.orders (body) VALUES ('after')", &[])
+        .await
+        .unwrap();
+    move_shard(&path, 3, "b", &MoveOptions::default())
+        .await
+        .unwrap();
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
