@@ -204,6 +204,13 @@ struct Column {
 /// (nothing changes if there is one), then each table is switched in its
 /// own short transaction, the floor checked again under its lock.
 /// Running it again changes nothing.
+///
+/// The whole run holds the deployment lock on every server of the file
+/// (a session lock: each table commits on the way), so a second adopt
+/// (or an apply, repair or move) waits for it to end, then plans from
+/// what it left. The file is checked against the servers' records first,
+/// as `pg apply` checks it: one older than a move is refused. A run that
+/// stops after switching some tables says which ([`Error::AdoptStopped`]).
 pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>, Error> {
     if !super::topology::is_ident(&opts.column) {
         return Err(refused(
@@ -218,14 +225,20 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
             }],
         ));
     }
-    let servers: Vec<&Server> = match &opts.server {
-        Some(name) => vec![topo.server(name)?],
-        None => topo.servers().iter().collect(),
+    let servers: Vec<usize> = match &opts.server {
+        Some(name) => match topo.servers().iter().position(|s| &s.name == name) {
+            Some(i) => vec![i],
+            None => return Err(TopologyError::UnknownServer(name.clone()).into()),
+        },
+        None => (0..topo.servers().len()).collect(),
     };
-    // The file checked against every server's records, as `pg apply`
-    // checks it: one older than a move (or otherwise contradicting them)
-    // is refused before anything is planned.
-    let mut problems = file_conflicts(topo).await?;
+    let mut clients = connect_all(topo).await?;
+    lock_deployment(&clients, &server_names(topo), Lock::Session).await?;
+    let mut views = Vec::new();
+    for (c, server) in clients.iter().zip(topo.servers()) {
+        views.push(catalog::read(c, &server.name, topo).await?);
+    }
+    let mut problems = catalog::conflicts(topo, &views, &[]);
     if let Some(p) = negative_ids(topo) {
         problems.push(Drift {
             server: "-".into(),
@@ -235,15 +248,15 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
     }
     let mut plans = Vec::new();
     let mut matched = 0;
-    for server in servers {
+    for i in servers {
+        let (server, c, view) = (&topo.servers()[i], &clients[i], &views[i]);
         let name = server.name.as_str();
         let d = |shard, problem| Drift {
             server: name.to_string(),
             shard,
             problem,
         };
-        let c = connect(server).await?;
-        let columns = columns(&c, name, topo, &opts.target, &opts.column).await?;
+        let columns = columns(c, name, topo, &opts.target, &opts.column).await?;
         if columns.is_empty() {
             continue;
         }
@@ -266,29 +279,28 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
                 }
             },
         };
-        let view = catalog::read(&c, name, topo).await?;
         if view.state(shard) != Some(State::Live)
-            || !relation_exists(&c, name, &sql::shard_sequence(&topo.schema(shard))).await?
+            || !relation_exists(c, name, &sql::shard_sequence(&topo.schema(shard))).await?
         {
             problems.push(d(Some(shard), format!("shard {shard} is not live on this server (run shardflake pg apply first: adopted tables draw from a shard's next_id())")));
             continue;
         }
         for p in [
-            restored(&c, topo, name, shard).await?,
-            restarted(&c, topo, name, shard).await?,
+            restored(c, topo, name, shard).await?,
+            restarted(c, topo, name, shard).await?,
         ]
         .into_iter()
         .flatten()
         {
             problems.push(d(Some(shard), p));
         }
-        let records = records(&c, name).await?;
+        let records = records(c, name).await?;
         for col in columns {
             let record = records
                 .iter()
                 .find(|r| r.table == col.table && r.column == opts.column);
-            match plan(&c, topo, name, shard, opts, &col, record).await? {
-                Ok(Some(p)) => plans.push((server, p)),
+            match plan(c, topo, name, shard, opts, &col, record).await? {
+                Ok(Some(p)) => plans.push((i, p)),
                 Ok(None) => {}
                 Err(p) => problems.push(d(Some(shard), p)),
             }
@@ -307,32 +319,40 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
     if !problems.is_empty() {
         return Err(refused("adopt", problems));
     }
-    let mut out = Vec::new();
-    for (server, p) in plans {
+    let mut out: Vec<Adopted> = Vec::new();
+    let mut plans = plans.into_iter();
+    while let Some((i, p)) = plans.next() {
         if opts.dry_run || p.unchanged {
             out.push(p);
             continue;
         }
-        out.push(switch(topo, server, p).await?);
+        let table = format!("{}: {}.{}", p.server, p.table, p.column);
+        match switch(topo, &mut clients[i], p).await {
+            Ok(done) => out.push(done),
+            // Tables switched before this one stay switched (each
+            // committed): say which, never "nothing was changed".
+            Err(error) if out.iter().any(|a| !a.unchanged) => {
+                return Err(Error::AdoptStopped {
+                    switched: out
+                        .iter()
+                        .filter(|a| !a.unchanged)
+                        .map(ToString::to_string)
+                        .collect(),
+                    stopped_at: table,
+                    not_reached: plans
+                        .filter(|(_, p)| !p.unchanged)
+                        .map(|(_, p)| format!("{}: {}.{}", p.server, p.table, p.column))
+                        .collect(),
+                    problem: match error {
+                        Error::Refused { problems, .. } => problems.join("; "),
+                        other => other.to_string(),
+                    },
+                });
+            }
+            Err(error) => return Err(error),
+        }
     }
     Ok(out)
-}
-
-/// What [`catalog::conflicts`] finds between the file and every server's
-/// records, read under the deployment lock (`pg apply`'s check: a file
-/// older than a move is one).
-async fn file_conflicts(topo: &Topology) -> Result<Vec<Drift>, Error> {
-    let mut clients = connect_all(topo).await?;
-    let mut txs = Vec::new();
-    for (c, server) in clients.iter_mut().zip(topo.servers()) {
-        txs.push(c.transaction().await.map_err(ctx(&server.name, "begin"))?);
-    }
-    lock_deployment(&txs, &server_names(topo), Lock::Transaction).await?;
-    let mut views = Vec::new();
-    for (tx, server) in txs.iter().zip(topo.servers()) {
-        views.push(catalog::read(tx, &server.name, topo).await?);
-    }
-    Ok(catalog::conflicts(topo, &views, &[]))
 }
 
 /// Why `sign_bit = "allow"` breaks adoption, for a layout that uses the
@@ -662,9 +682,13 @@ fn kept_identity_sequence(seq: &str) -> String {
 
 /// Switches one table: deployment lock, table lock (bounded), the floor
 /// checked again, the statements of the plan, the record; one transaction.
-async fn switch(topo: &Topology, server: &Server, mut p: Adopted) -> Result<Adopted, Error> {
-    let name = server.name.as_str();
-    let mut c = connect(server).await?;
+///
+/// `c` holds the deployment lock for the whole run (see [`adopt`]); the
+/// transaction takes it again (a no-op for its holder) so that the
+/// script `--dry-run` prints is whole on its own.
+async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopted, Error> {
+    let server = p.server.clone();
+    let name = server.as_str();
     let tx = c.transaction().await.map_err(ctx(name, "begin"))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DEPLOYMENT_LOCK])
         .await
@@ -714,7 +738,7 @@ async fn switch(topo: &Topology, server: &Server, mut p: Adopted) -> Result<Adop
                 server: name.into(),
                 shard: Some(p.shard),
                 problem: format!(
-                    "{t}.{} changed while adopt was planning (identity {}): nothing was changed; run pg adopt again",
+                    "{t}.{} changed while adopt was planning (identity {}): it was not changed; run pg adopt again",
                     p.column,
                     if identity { "added" } else { "dropped" }
                 ),

@@ -779,6 +779,13 @@ async fn adopt_stopped_between_tables_is_finished_by_running_it_again() {
         e.contains("locking app.b_items") && e.contains("run pg adopt again"),
         "{e}"
     );
+    // It says what it switched, and never that nothing was changed.
+    assert!(
+        e.contains("switched, and they stay switched:\n    a: app.a_orders.id draws from shard 0")
+            && e.contains("not changed: a: app.b_items.id")
+            && !e.contains("nothing was changed"),
+        "{e}"
+    );
     assert!(
         default_of(&c, "app.a_orders")
             .await
@@ -892,4 +899,80 @@ async fn move_shard_refuses_a_shard_that_objects_outside_it_depend_on() {
         .await
         .unwrap();
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// Operator fault (E14): two adopts with different --shard at once, on a
+/// bigserial and an identity table, the first table held by a writer's
+/// open transaction until both runs wait. Adopts are serialised: both
+/// succeed, and the one that ran second names the shard each table draws
+/// from now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_adopts_onto_different_shards_at_once_run_one_after_the_other() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.a_orders (id bigserial PRIMARY KEY, body text);
+         CREATE TABLE public.b_items (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body text);
+         INSERT INTO public.a_orders (body) SELECT 'old' FROM generate_series(1, 100);
+         INSERT INTO public.b_items (body) SELECT 'old' FROM generate_series(1, 100);",
+    )
+    .await
+    .unwrap();
+    let mut holder = client(&a).await;
+    let long = holder.transaction().await.unwrap();
+    long.batch_execute("INSERT INTO public.a_orders (body) VALUES ('held')")
+        .await
+        .unwrap();
+    let onto = |shard| AdoptOptions {
+        target: Target::Schema("public".into()),
+        shard: Some(shard),
+        ..table("", false)
+    };
+    let (o1, o2) = (onto(1), onto(2));
+    let runs = async { tokio::join!(pg::adopt(&topo, &o1), pg::adopt(&topo, &o2)) };
+    let release = async {
+        // Both runs wait: one for the table, the other for it or for the
+        // deployment lock. Bounded.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let n: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE application_name = 'shardflake' AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n >= 2 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the adopts never both waited");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        long.commit().await.unwrap();
+    };
+    let ((one, two), ()) = tokio::join!(runs, release);
+    let (one, two) = (
+        one.unwrap_or_else(|e| panic!("--shard 1: {e}")),
+        two.unwrap_or_else(|e| panic!("--shard 2: {e}")),
+    );
+    let mut now = Vec::new();
+    for t in ["public.a_orders", "public.b_items"] {
+        now.push(default_of(&c, t).await);
+    }
+    let names_now = |run: &[pg::Adopted]| {
+        run.len() == 2
+            && run
+                .iter()
+                .zip(&now)
+                .all(|(x, d)| d.starts_with(&format!("shard{}.next_id(", x.shard)))
+    };
+    assert!(
+        names_now(&one) || names_now(&two),
+        "neither run names what the tables draw from now ({now:?}): {one:?} {two:?}"
+    );
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
 }
