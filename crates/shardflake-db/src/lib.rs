@@ -113,6 +113,25 @@ pub enum Error {
         /// Each problem, naming its server and shard.
         problems: Vec<String>,
     },
+    /// `pg adopt` switched some tables, then stopped at one: those it
+    /// switched stay switched (each committed on its own); the one it
+    /// stopped at and those after it are unchanged. Running the same
+    /// adopt again finishes them.
+    #[error(
+        "pg adopt stopped at {stopped_at}: {problem}\n  switched, and they stay switched:\n    {}\n  not changed: {stopped_at}{}\n  run the same pg adopt again to finish",
+        switched.join("\n    "),
+        not_reached.iter().map(|t| format!(", {t}")).collect::<String>()
+    )]
+    AdoptStopped {
+        /// The tables switched, as `pg adopt` prints each.
+        switched: Vec<String>,
+        /// The table it stopped at (`server: schema.table.column`).
+        stopped_at: String,
+        /// Why.
+        problem: String,
+        /// The tables planned after it, not reached.
+        not_reached: Vec<String>,
+    },
     /// A shard move that could not be completed.
     #[error("moving shard {shard}: {message}")]
     Move {

@@ -204,6 +204,13 @@ struct Column {
 /// (nothing changes if there is one), then each table is switched in its
 /// own short transaction, the floor checked again under its lock.
 /// Running it again changes nothing.
+///
+/// The whole run holds the deployment lock on every server of the file
+/// (a session lock: each table commits on the way), so a second adopt
+/// (or an apply, repair or move) waits for it to end, then plans from
+/// what it left. The file is checked against the servers' records first,
+/// as `pg apply` checks it: one older than a move is refused. A run that
+/// stops after switching some tables says which ([`Error::AdoptStopped`]).
 pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>, Error> {
     if !super::topology::is_ident(&opts.column) {
         return Err(refused(
@@ -218,11 +225,20 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
             }],
         ));
     }
-    let servers: Vec<&Server> = match &opts.server {
-        Some(name) => vec![topo.server(name)?],
-        None => topo.servers().iter().collect(),
+    let servers: Vec<usize> = match &opts.server {
+        Some(name) => match topo.servers().iter().position(|s| &s.name == name) {
+            Some(i) => vec![i],
+            None => return Err(TopologyError::UnknownServer(name.clone()).into()),
+        },
+        None => (0..topo.servers().len()).collect(),
     };
-    let mut problems = Vec::new();
+    let mut clients = connect_all(topo).await?;
+    lock_deployment(&clients, &server_names(topo), Lock::Session).await?;
+    let mut views = Vec::new();
+    for (c, server) in clients.iter().zip(topo.servers()) {
+        views.push(catalog::read(c, &server.name, topo).await?);
+    }
+    let mut problems = catalog::conflicts(topo, &views, &[]);
     if let Some(p) = negative_ids(topo) {
         problems.push(Drift {
             server: "-".into(),
@@ -232,15 +248,15 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
     }
     let mut plans = Vec::new();
     let mut matched = 0;
-    for server in servers {
+    for i in servers {
+        let (server, c, view) = (&topo.servers()[i], &clients[i], &views[i]);
         let name = server.name.as_str();
         let d = |shard, problem| Drift {
             server: name.to_string(),
             shard,
             problem,
         };
-        let c = connect(server).await?;
-        let columns = columns(&c, name, topo, &opts.target, &opts.column).await?;
+        let columns = columns(c, name, topo, &opts.target, &opts.column).await?;
         if columns.is_empty() {
             continue;
         }
@@ -263,29 +279,28 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
                 }
             },
         };
-        let view = catalog::read(&c, name, topo).await?;
         if view.state(shard) != Some(State::Live)
-            || !relation_exists(&c, name, &sql::shard_sequence(&topo.schema(shard))).await?
+            || !relation_exists(c, name, &sql::shard_sequence(&topo.schema(shard))).await?
         {
             problems.push(d(Some(shard), format!("shard {shard} is not live on this server (run shardflake pg apply first: adopted tables draw from a shard's next_id())")));
             continue;
         }
         for p in [
-            restored(&c, topo, name, shard).await?,
-            restarted(&c, topo, name, shard).await?,
+            restored(c, topo, name, shard).await?,
+            restarted(c, topo, name, shard).await?,
         ]
         .into_iter()
         .flatten()
         {
             problems.push(d(Some(shard), p));
         }
-        let records = records(&c, name).await?;
+        let records = records(c, name).await?;
         for col in columns {
             let record = records
                 .iter()
                 .find(|r| r.table == col.table && r.column == opts.column);
-            match plan(&c, topo, name, shard, opts, &col, record).await? {
-                Ok(Some(p)) => plans.push((server, p)),
+            match plan(c, topo, name, shard, opts, &col, record).await? {
+                Ok(Some(p)) => plans.push((i, p)),
                 Ok(None) => {}
                 Err(p) => problems.push(d(Some(shard), p)),
             }
@@ -304,13 +319,38 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
     if !problems.is_empty() {
         return Err(refused("adopt", problems));
     }
-    let mut out = Vec::new();
-    for (server, p) in plans {
+    let mut out: Vec<Adopted> = Vec::new();
+    let mut plans = plans.into_iter();
+    while let Some((i, p)) = plans.next() {
         if opts.dry_run || p.unchanged {
             out.push(p);
             continue;
         }
-        out.push(switch(topo, server, p).await?);
+        let table = format!("{}: {}.{}", p.server, p.table, p.column);
+        match switch(topo, &mut clients[i], p).await {
+            Ok(done) => out.push(done),
+            // Tables switched before this one stay switched (each
+            // committed): say which, never "nothing was changed".
+            Err(error) if out.iter().any(|a| !a.unchanged) => {
+                return Err(Error::AdoptStopped {
+                    switched: out
+                        .iter()
+                        .filter(|a| !a.unchanged)
+                        .map(ToString::to_string)
+                        .collect(),
+                    stopped_at: table,
+                    not_reached: plans
+                        .filter(|(_, p)| !p.unchanged)
+                        .map(|(_, p)| format!("{}: {}.{}", p.server, p.table, p.column))
+                        .collect(),
+                    problem: match error {
+                        Error::Refused { problems, .. } => problems.join("; "),
+                        other => other.to_string(),
+                    },
+                });
+            }
+            Err(error) => return Err(error),
+        }
     }
     Ok(out)
 }
@@ -642,9 +682,13 @@ fn kept_identity_sequence(seq: &str) -> String {
 
 /// Switches one table: deployment lock, table lock (bounded), the floor
 /// checked again, the statements of the plan, the record; one transaction.
-async fn switch(topo: &Topology, server: &Server, mut p: Adopted) -> Result<Adopted, Error> {
-    let name = server.name.as_str();
-    let mut c = connect(server).await?;
+///
+/// `c` holds the deployment lock for the whole run (see [`adopt`]); the
+/// transaction takes it again (a no-op for its holder) so that the
+/// script `--dry-run` prints is whole on its own.
+async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopted, Error> {
+    let server = p.server.clone();
+    let name = server.as_str();
     let tx = c.transaction().await.map_err(ctx(name, "begin"))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DEPLOYMENT_LOCK])
         .await
@@ -694,7 +738,7 @@ async fn switch(topo: &Topology, server: &Server, mut p: Adopted) -> Result<Adop
                 server: name.into(),
                 shard: Some(p.shard),
                 problem: format!(
-                    "{t}.{} changed while adopt was planning (identity {}): nothing was changed; run pg adopt again",
+                    "{t}.{} changed while adopt was planning (identity {}): it was not changed; run pg adopt again",
                     p.column,
                     if identity { "added" } else { "dropped" }
                 ),
@@ -798,26 +842,82 @@ pub async fn adopted(topo: &Topology) -> Result<Vec<AdoptedTable>, Error> {
     Ok(out)
 }
 
-/// Why `shard` cannot move off `server`, if adopted tables there draw
-/// from it: they stay behind, and dropping the old copy would drop their
-/// defaults with it (`DROP SCHEMA ... CASCADE`).
-pub(crate) async fn drawn_by_adopted(
+/// Why `shard` cannot move off `server`: objects outside its schema
+/// depend on it (`pg_depend` on its functions, sequences, tables and
+/// types): adopted tables, a default set by hand to its `next_id`, a view,
+/// a foreign key to one of its tables. They stay on `server`, and
+/// dropping the old copy (`DROP SCHEMA ... CASCADE`) would drop them with
+/// it: the table's inserts would then fail.
+pub(crate) async fn shard_dependents(
     c: &Client,
     server: &str,
     shard: u64,
+    schema: &str,
 ) -> Result<Option<String>, Error> {
-    let tables: Vec<String> = records(c, server)
+    let adopted: Vec<String> = records(c, server)
         .await?
         .into_iter()
         .filter(|r| r.shard == shard)
         .map(|r| format!("{}.{}", r.table, r.column))
         .collect();
-    Ok((!tables.is_empty()).then(|| {
-        format!(
-            "adopted tables on {server} draw their ids from shard {shard} ({}), and stay on {server}: move another shard, or first adopt them onto another shard of {server} (shardflake pg adopt --table T --shard N)",
-            tables.join(", ")
+    // Each dependent object with the schema it lives in (a default, a
+    // view's rule, a constraint or a trigger: its table's), and, for a
+    // column's default, the column (an adopted table is named above).
+    let rows = c
+        .query(
+            "WITH s AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
+                  owned AS (
+                    SELECT 'pg_class'::regclass AS classid, c.oid FROM pg_class c, s WHERE c.relnamespace = s.oid
+                    UNION ALL SELECT 'pg_proc'::regclass, p.oid FROM pg_proc p, s WHERE p.pronamespace = s.oid
+                    UNION ALL SELECT 'pg_type'::regclass, t.oid FROM pg_type t, s WHERE t.typnamespace = s.oid),
+                  dep AS (
+                    SELECT DISTINCT d.classid, d.objid, d.objsubid
+                      FROM pg_depend d JOIN owned o ON d.refclassid = o.classid AND d.refobjid = o.oid
+                     WHERE d.deptype IN ('n', 'a'))
+             SELECT pg_describe_object(dep.classid, dep.objid, dep.objsubid),
+                    (SELECT format('%I.%I.%I', n.nspname, r.relname, a.attname)
+                       FROM pg_attrdef ad JOIN pg_class r ON r.oid = ad.adrelid
+                       JOIN pg_namespace n ON n.oid = r.relnamespace
+                       JOIN pg_attribute a ON a.attrelid = ad.adrelid AND a.attnum = ad.adnum
+                      WHERE dep.classid = 'pg_attrdef'::regclass AND ad.oid = dep.objid)
+               FROM dep, s
+              WHERE coalesce(CASE dep.classid
+                      WHEN 'pg_class'::regclass THEN (SELECT relnamespace FROM pg_class WHERE oid = dep.objid)
+                      WHEN 'pg_proc'::regclass THEN (SELECT pronamespace FROM pg_proc WHERE oid = dep.objid)
+                      WHEN 'pg_type'::regclass THEN (SELECT typnamespace FROM pg_type WHERE oid = dep.objid)
+                      WHEN 'pg_constraint'::regclass THEN (SELECT connamespace FROM pg_constraint WHERE oid = dep.objid)
+                      WHEN 'pg_attrdef'::regclass THEN (SELECT r.relnamespace FROM pg_attrdef x JOIN pg_class r ON r.oid = x.adrelid WHERE x.oid = dep.objid)
+                      WHEN 'pg_rewrite'::regclass THEN (SELECT r.relnamespace FROM pg_rewrite x JOIN pg_class r ON r.oid = x.ev_class WHERE x.oid = dep.objid)
+                      WHEN 'pg_trigger'::regclass THEN (SELECT r.relnamespace FROM pg_trigger x JOIN pg_class r ON r.oid = x.tgrelid WHERE x.oid = dep.objid)
+                      WHEN 'pg_policy'::regclass THEN (SELECT r.relnamespace FROM pg_policy x JOIN pg_class r ON r.oid = x.polrelid WHERE x.oid = dep.objid)
+                    END, 0) <> s.oid
+              ORDER BY 1",
+            &[&schema],
         )
-    }))
+        .await
+        .map_err(ctx(server, &format!("reading what depends on schema {schema}")))?;
+    let others: Vec<String> = rows
+        .iter()
+        .filter(|r| {
+            let column: Option<String> = r.get(1);
+            column.is_none_or(|col| !adopted.contains(&col))
+        })
+        .map(|r| r.get(0))
+        .collect();
+    let mut problems = Vec::new();
+    if !adopted.is_empty() {
+        problems.push(format!(
+            "adopted tables on {server} draw their ids from shard {shard} ({}), and stay on {server}: move another shard, or first adopt them onto another shard of {server} (shardflake pg adopt --table T --shard N)",
+            adopted.join(", ")
+        ));
+    }
+    if !others.is_empty() {
+        problems.push(format!(
+            "objects outside schema {schema} on {server} depend on shard {shard} ({}), and stay on {server}: moving it would drop them with its old copy; move another shard, or first make them use another shard of {server} (a default: shardflake pg adopt --table T --shard N, or change the default; a view or foreign key: drop or recreate it)",
+            others.join(", ")
+        ));
+    }
+    Ok((!problems.is_empty()).then(|| problems.join("; ")))
 }
 
 /// What `pg check` reports of a server's adopted tables: a default that no

@@ -75,7 +75,7 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         if view.deployment.is_none() && !recorded {
             drift.push(d(
                 None,
-                "holds no deployment record (schema shardflake): run pg apply".into(),
+                "holds no deployment record (schema shardflake): if this is a new deployment, run pg apply; if the server's url was changed, put back the url of the database that holds the records (pg apply would make a second deployment here, whose ids repeat the first one's)".into(),
             ));
         }
         let (offset, uncertainty) = clock_offset(client, name).await?;

@@ -381,7 +381,10 @@ pub async fn move_shard(
         )));
     }
     let s = dep.index(&from)?;
-    if let Some(problem) = super::adopt::drawn_by_adopted(&dep.clients[s], &from, shard).await? {
+    let schema = dep.topo.schema(shard);
+    if let Some(problem) =
+        super::adopt::shard_dependents(&dep.clients[s], &from, shard, &schema).await?
+    {
         return Err(fail(problem));
     }
     let resumed = w.moving.is_some() || w.incoming.is_some();

@@ -580,7 +580,8 @@ async fn the_shard_adopted_tables_draw_from_stays_until_they_draw_from_another()
         .to_string();
     assert!(
         e.contains("adopted tables on a draw their ids from shard 0 (public.orders.id)")
-            && e.contains("--shard N"),
+            && e.contains("--shard N")
+            && !e.contains("objects outside"),
         "{e}"
     );
     move_shard(&path, 3, "b", &MoveOptions::default())
@@ -778,6 +779,13 @@ async fn adopt_stopped_between_tables_is_finished_by_running_it_again() {
         e.contains("locking app.b_items") && e.contains("run pg adopt again"),
         "{e}"
     );
+    // It says what it switched, and never that nothing was changed.
+    assert!(
+        e.contains("switched, and they stay switched:\n    a: app.a_orders.id draws from shard 0")
+            && e.contains("not changed: a: app.b_items.id")
+            && !e.contains("nothing was changed"),
+        "{e}"
+    );
     assert!(
         default_of(&c, "app.a_orders")
             .await
@@ -788,5 +796,183 @@ async fn adopt_stopped_between_tables_is_finished_by_running_it_again() {
     let done = pg::adopt(&topo, &opts).await.unwrap();
     assert!(done[0].unchanged && !done[1].unchanged, "{done:?}");
     assert_eq!(done[1].floor, Some(2));
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+}
+
+/// Two servers, `a` holding shards 0-3 and `b` none, in a topology file
+/// of its own (moves write it); `pg apply` run.
+async fn two_servers(name: &str) -> (PgServer, PgServer, std::path::PathBuf) {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let dir = std::env::temp_dir().join(format!("sf-adopt-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("topology.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "layout = \"instagram\"\nshards = 4\n[[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0-3\"\n\
+             [[servers]]\nname = \"b\"\nurl = \"{}\"\nshards = \"\"\n",
+            a.url(),
+            b.url()
+        ),
+    )
+    .unwrap();
+    pg::apply(&Topology::load(&path).unwrap()).await.unwrap();
+    (a, b, path)
+}
+
+/// Operator fault (E-old): adopt run with the file from before a move
+/// (generation 0, the servers record 1) is refused as apply refuses it,
+/// naming the file to use, and the table is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopt_refuses_a_file_older_than_a_move() {
+    use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+    let (a, _b, path) = two_servers("old-file").await;
+    let old = Topology::load(&path).unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.orders (body) VALUES ('old')",
+    )
+    .await
+    .unwrap();
+    move_shard(&path, 3, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    let onto_1 = AdoptOptions {
+        shard: Some(1),
+        ..table("public.orders", false)
+    };
+    let e = pg::adopt(&old, &onto_1).await.unwrap_err().to_string();
+    assert!(
+        e.contains("the file is generation 0, but the servers record generation 1")
+            && e.contains("use the file of generation 1"),
+        "{e}"
+    );
+    assert!(
+        default_of(&c, "public.orders")
+            .await
+            .starts_with("nextval(")
+    );
+    // The file the move wrote adopts it.
+    let done = pg::adopt(&Topology::load(&path).unwrap(), &onto_1)
+        .await
+        .unwrap();
+    assert_eq!(done[0].shard, 1);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// Operator fault (E11b): a default set by hand to a shard's next_id (the
+/// ALTER that adopt --dry-run prints), and a view calling it, neither
+/// recorded as adopted: moving the shard would drop them with its old
+/// copy (`DROP SCHEMA ... CASCADE`). The move is refused, naming both and
+/// the way out; the shard beside it moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_shard_refuses_a_shard_that_objects_outside_it_depend_on() {
+    use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+    let (a, _b, path) = two_servers("depends").await;
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY DEFAULT shard2.next_id('shard2.id_seq'::regclass), body text);
+         CREATE VIEW public.next_on_2 AS SELECT shard2.next_id('shard2.id_seq'::regclass) AS id;",
+    )
+    .await
+    .unwrap();
+    let e = move_shard(&path, 2, "b", &MoveOptions::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("default value for column id of table orders")
+            && e.contains("view next_on_2")
+            && e.contains("shardflake pg adopt --table T --shard N"),
+        "{e}"
+    );
+    assert!(
+        default_of(&c, "public.orders")
+            .await
+            .starts_with("shard2.next_id(")
+    );
+    c.execute("INSERT INTO public.orders (body) VALUES ('after')", &[])
+        .await
+        .unwrap();
+    move_shard(&path, 3, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// Operator fault (E14): two adopts with different --shard at once, on a
+/// bigserial and an identity table, the first table held by a writer's
+/// open transaction until both runs wait. Adopts are serialised: both
+/// succeed, and the one that ran second names the shard each table draws
+/// from now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_adopts_onto_different_shards_at_once_run_one_after_the_other() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.a_orders (id bigserial PRIMARY KEY, body text);
+         CREATE TABLE public.b_items (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body text);
+         INSERT INTO public.a_orders (body) SELECT 'old' FROM generate_series(1, 100);
+         INSERT INTO public.b_items (body) SELECT 'old' FROM generate_series(1, 100);",
+    )
+    .await
+    .unwrap();
+    let mut holder = client(&a).await;
+    let long = holder.transaction().await.unwrap();
+    long.batch_execute("INSERT INTO public.a_orders (body) VALUES ('held')")
+        .await
+        .unwrap();
+    let onto = |shard| AdoptOptions {
+        target: Target::Schema("public".into()),
+        shard: Some(shard),
+        ..table("", false)
+    };
+    let (o1, o2) = (onto(1), onto(2));
+    let runs = async { tokio::join!(pg::adopt(&topo, &o1), pg::adopt(&topo, &o2)) };
+    let release = async {
+        // Both runs wait: one for the table, the other for it or for the
+        // deployment lock. Bounded.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let n: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE application_name = 'shardflake' AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n >= 2 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the adopts never both waited");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        long.commit().await.unwrap();
+    };
+    let ((one, two), ()) = tokio::join!(runs, release);
+    let (one, two) = (
+        one.unwrap_or_else(|e| panic!("--shard 1: {e}")),
+        two.unwrap_or_else(|e| panic!("--shard 2: {e}")),
+    );
+    let mut now = Vec::new();
+    for t in ["public.a_orders", "public.b_items"] {
+        now.push(default_of(&c, t).await);
+    }
+    let names_now = |run: &[pg::Adopted]| {
+        run.len() == 2
+            && run
+                .iter()
+                .zip(&now)
+                .all(|(x, d)| d.starts_with(&format!("shard{}.next_id(", x.shard)))
+    };
+    assert!(
+        names_now(&one) || names_now(&two),
+        "neither run names what the tables draw from now ({now:?}): {one:?} {two:?}"
+    );
     assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
 }

@@ -195,3 +195,29 @@ async fn owners_follow_a_move() {
     assert!(e.to_string().contains("records shards 5 on"), "{e}");
     assert!(!has_schema(&connect(&other).await, "shard5").await);
 }
+
+/// What the guides say of a one-server file whose URL now reaches another,
+/// empty, database: no server of the file holds the records, so nothing
+/// tells it from a new deployment's. `pg check` reports the server, with
+/// both readings and what `apply` would do; the database with the records
+/// is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_server_file_edited_to_an_empty_database_is_reported_by_check() {
+    let (a, empty) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    pg::apply(&Topology::parse(&topology(&[("a", &a.url(), "0-7")])).unwrap())
+        .await
+        .unwrap();
+    let edited = Topology::parse(&topology(&[("a", &empty.url(), "0-7")])).unwrap();
+    let said: Vec<String> = pg::check(&edited)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        said.iter().any(|d| d.contains("holds no deployment record")
+            && d.contains("put back the url of the database that holds the records")
+            && d.contains("second deployment")),
+        "{said:?}"
+    );
+}
