@@ -15,7 +15,7 @@
 //!   restore, a restart or a failover: `next_id` is vouched for one run
 //!   of its server, [`sql::ServerRun`]), each reading every server's
 //!   records first.
-//! - [`adopt`]: an existing table's id column switched to a shard's
+//! - [`adopt`](mod@adopt): an existing table's id column switched to a shard's
 //!   `next_id()` while writes go on, recorded on its server.
 //! - [`move_shard`]: copies a logical shard to another server under a brief
 //!   write pause, switches the topology, verifies, then drops the old copy.
