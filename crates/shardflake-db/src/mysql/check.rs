@@ -99,6 +99,11 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
                 }
                 _ => {}
             }
+            // The largest stored id first, then the draw: every row read
+            // was drawn before this draw, so a healthy sequence is above
+            // it; the other way round, writers' rows drawn after the
+            // draw looked like ids the sequence would repeat.
+            let stored = max_stored_packed(conn, &plan, names).await?;
             let drawn: Result<Option<i64>, _> = conn
                 .query_first(format!("SELECT NEXT VALUE FOR `{seq}`"))
                 .await;
@@ -110,7 +115,6 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
                 }
                 Err(e) => return Err(Error::mysql("drawing from the sequence")(e)),
             };
-            let stored = max_stored_packed(conn, &plan, names).await?;
             if drawn > plan.max_packed() {
                 problems.push(
                     super::repair::exhausted_text(conn, &plan, names, stored.unwrap_or(0), drawn)
