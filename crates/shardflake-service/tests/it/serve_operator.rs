@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use shardflake_service::config::{EtcdConfig, NodeSource, RawEtcd};
+use shardflake_service::{Config, RawConfig};
 use shardflake_testkit::{Etcd, Http, ids_until, no_duplicates};
 use tokio::task::JoinHandle;
 
@@ -22,6 +24,22 @@ async fn leased(etcd: &Etcd, prefix: &str, top: &str) -> anyhow::Result<Node> {
         etcd.endpoints
     ))
     .await
+}
+
+/// The etcd place `prefix` as `shardflake fleet confirm` names it.
+fn place(etcd: &Etcd, prefix: &str) -> anyhow::Result<EtcdConfig> {
+    let raw = RawConfig {
+        etcd: RawEtcd {
+            endpoints: Some(etcd.endpoints.clone()),
+            prefix: Some(prefix.to_string()),
+            ..RawEtcd::default()
+        },
+        ..RawConfig::default()
+    };
+    match Config::load(raw)?.node {
+        NodeSource::Etcd(cfg) => Ok(cfg),
+        NodeSource::Static(_) => anyhow::bail!("no etcd endpoints"),
+    }
 }
 
 /// Whether the node came up (`Ok(None)`) or exited refusing, with its
@@ -63,7 +81,8 @@ async fn run_beside(
 
 /// Reproduction 3, restored: etcd rolled back to a snapshot taken before
 /// a node took its id; the node kept issuing while a new node took the
-/// same id from the restored records.
+/// same id from the restored records. A new node without a state file is
+/// refused until `fleet confirm`, then issues beside the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_restored_from_a_snapshot_does_not_repeat_ids() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
@@ -71,6 +90,12 @@ async fn an_etcd_restored_from_a_snapshot_does_not_repeat_ids() -> anyhow::Resul
     // Takes after the restore wait out max_resume_wait for records not
     // taken since (each node's clock is this host's): 5 s, not a minute.
     let waits = "max_resume_wait = \"5s\"";
+    // Some history first: a restored cluster shows its revision past its
+    // raft index once the snapshot has more revisions than a new raft log
+    // has entries (a few), so the restore is always seen.
+    for i in 0..20 {
+        etcd.etcdctl(&["put", &format!("/other/{i}"), "x"])?;
+    }
     let a = leased(&etcd, "/rs", waits).await?;
     assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
     let snapshot = d[0].path().join("snapshot.db");
@@ -83,11 +108,23 @@ async fn an_etcd_restored_from_a_snapshot_does_not_repeat_ids() -> anyhow::Resul
     tokio::time::sleep(Duration::from_millis(500)).await;
     tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
     // A new node: id 1 is free in the restored etcd, and has no record.
+    // Without a state file of this place it cannot tell whether the
+    // snapshot predates a fleet move, so it refuses until an operator
+    // confirms the place.
+    let mut c = leased(&etcd, "/rs", waits).await?;
+    let refused = run_beside(&mut c, &stop, &mut loads, Duration::from_secs(3)).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("c took an id unconfirmed"))?;
+    assert!(
+        refused.contains("restored from a snapshot") && refused.contains("fleet confirm"),
+        "{refused}"
+    );
+    shardflake_service::registry::confirm_place(&place(&etcd, "/rs")?).await?;
+    // Confirmed: it takes an id beside a and b and repeats none of theirs.
     let mut c = leased(&etcd, "/rs", waits).await?;
     let refused = run_beside(&mut c, &stop, &mut loads, Duration::from_secs(3)).await?;
     stop.store(true, Ordering::Relaxed);
     no_duplicates(loads).await?;
-    assert!(refused.is_none(), "c refused: {refused:?}");
+    assert!(refused.is_none(), "c refused after confirm: {refused:?}");
     Ok(())
 }
 
