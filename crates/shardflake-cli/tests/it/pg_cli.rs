@@ -653,28 +653,3 @@ fn pg_check_warns_of_a_layout_ending_within_a_year() {
     assert!(!check(Some("90d")).contains("runs out"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
-
-/// `pg apply` refuses a layout with a random start before it connects:
-/// `next_id()` starts every tick at 0, so the layout's promise would be
-/// silently broken. (The URL reaches nothing; the refusal comes first.)
-#[test]
-fn pg_apply_refuses_a_random_start_before_connecting() {
-    let dir = std::env::temp_dir().join(format!("sf-pg-random-start-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let topology = dir.join("shardflake.toml");
-    std::fs::write(
-        &topology,
-        r#"layout = "r: time 41 | shard 13 | sequence 10 (epoch 1314220021721 ms, random start 4 bits)"
-shards = 1
-[[servers]]
-name = "pg1"
-url = "postgres://postgres@127.0.0.1:1/postgres"
-shards = "0"
-"#,
-    )
-    .unwrap();
-    let text = fails(&["pg", "-t", topology.to_str().unwrap(), "apply"]);
-    assert!(text.contains("remove \"random start\""), "{text}");
-    assert!(!text.contains("cannot connect"), "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
-}

@@ -115,7 +115,7 @@ pub enum MysqlSqlError {
     /// A layout with a random start, which the trigger and procedures do
     /// not apply (every tick's sequence starts at 0 in the database).
     #[error(
-        "layout {0:?} starts each tick's sequence at random, which the ids made in MariaDB do not; remove \"random start\" from --layout (it applies to the library and the service only)"
+        "layout {0:?} starts each tick's sequence at random, which the ids made in MariaDB do not; remove \"random start\" from --layout (it applies to the library, the service and PostgreSQL only)"
     )]
     RandomStart(String),
     /// A field other than time holds the sign bit.

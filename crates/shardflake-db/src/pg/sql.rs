@@ -169,12 +169,6 @@ pub enum SqlError {
     /// Time and sequence together do not fit a `bigint` sequence.
     #[error("layout {0:?}: time + sequence bits exceed 62, too wide for a PostgreSQL sequence")]
     TooWide(String),
-    /// A layout with a random start, which `next_id()` does not apply
-    /// (every tick's sequence starts at 0 in the database).
-    #[error(
-        "layout {0:?} starts each tick's sequence at random, which the ids made in PostgreSQL do not; remove \"random start\" from the layout in the topology file (it applies to the library and the service only)"
-    )]
-    RandomStart(String),
     /// A shard the layout cannot hold.
     #[error("shard {shard} does not fit layout {layout:?}")]
     Shard {
@@ -256,9 +250,6 @@ fn lit(s: &str) -> String {
 pub(crate) fn check(layout: &Layout) -> Result<(), SqlError> {
     if layout.time().bits() + layout.sequence().bits() > 62 {
         return Err(SqlError::TooWide(layout.name().to_string()));
-    }
-    if layout.random_start_bits() > 0 {
-        return Err(SqlError::RandomStart(layout.name().to_string()));
     }
     Ok(())
 }
@@ -395,6 +386,23 @@ impl ServerRun {
     }
 }
 
+/// The layout's random start in `next_id_slow`'s catch-up (empty without
+/// one): the tick caught up to starts its sequence at a random value below
+/// 2^bits instead of 0, so that `id % N` is not skewed at low rates. Only
+/// the catch-up starts a tick (a busy sequence runs on from the value it
+/// reached), and every value drawn before the `setval` is below `t` (see
+/// the module docs), so starting above `t` repeats none; the last ticks
+/// before `max` start lower rather than past it.
+fn random_start_sql(layout: &Layout, max: i64) -> String {
+    match layout.random_start_bits() {
+        0 => String::new(),
+        bits => format!(
+            "\n        -- The layout's random start: this tick's first value.\n        t := LEAST(t + floor(random() * {})::bigint, {max});",
+            1u64 << bits
+        ),
+    }
+}
+
 /// The `next_id(seq regclass)` function of one shard (see the module docs).
 pub fn next_id_function(
     layout: &Layout,
@@ -511,7 +519,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SF002', MESSAGE = {why_lit};
       END IF;
       w := nextval(seq);
-      IF w + {lag} + {gap} <= t THEN
+      IF w + {lag} + {gap} <= t THEN{random_start}
         PERFORM setval(seq, t);
         w := t;
       END IF;
@@ -577,6 +585,7 @@ $f$;
             "shard {shard}'s sequence runs more than {} ms ahead of the server clock: did the clock step back (or run ahead while ids were made)? ids resume once it is within {AHEAD_MS} ms; `shardflake pg check` says when",
             2 * AHEAD_MS
         )),
+        random_start = random_start_sql(layout, max),
         slow_part = part("w"),
         fast_part = part("currval(seq)"),
     )
@@ -701,18 +710,24 @@ mod tests {
     use shardflake::preset;
 
     #[test]
-    fn a_random_start_is_refused() {
+    fn a_random_start_starts_the_tick_caught_up_to() {
         let l = preset::resolve(
             "r: time 41 | shard 13 | sequence 10 (epoch 1314220021721 ms, random start 4 bits)",
         )
         .unwrap();
-        let err = deployment_ddl(&l).unwrap_err();
-        assert!(matches!(err, SqlError::RandomStart(_)), "{err}");
-        assert!(err.to_string().contains("remove \"random start\""), "{err}");
-        assert!(matches!(
-            shard_ddl(&l, "shard1", 1, SignBit::Refuse, SeqOid::ByName),
-            Err(SqlError::RandomStart(_))
-        ));
+        deployment_ddl(&l).unwrap();
+        let ddl = shard_ddl(&l, "shard1", 1, SignBit::Refuse, SeqOid::ByName).unwrap();
+        let max = sequence_max(&l, SignBit::Refuse);
+        assert!(
+            ddl.contains(&format!(
+                "t := LEAST(t + floor(random() * 16)::bigint, {max});"
+            )),
+            "{ddl}"
+        );
+        // Without one, the catch-up sets the tick's first value, 0.
+        let plain = preset::resolve("instagram").unwrap();
+        let ddl = shard_ddl(&plain, "shard1", 1, SignBit::Refuse, SeqOid::ByName).unwrap();
+        assert!(!ddl.contains("random()"), "{ddl}");
     }
 
     #[test]

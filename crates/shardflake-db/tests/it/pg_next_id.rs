@@ -176,3 +176,57 @@ async fn an_error_under_the_catch_up_lock_releases_it() {
         assert_eq!(advisory_locks(&c).await, 0, "the lock was released");
     }
 }
+
+/// A layout's random start (`id % N` without skew, issue #40): at a low
+/// rate every call catches the sequence up to a new tick, which without
+/// one starts at sequence 0, so every id would be 0 modulo 16. With a
+/// 4-bit random start the ticks start spread over 0..16, and no id
+/// repeats in a burst either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_random_start_spreads_ids_made_at_a_low_rate() {
+    let layout =
+        "r: time 41 | shard 13 | sequence 10 (epoch 1314220021721 ms, random start 4 bits)";
+    let (a, _topo, _key) = setup(layout).await;
+    let c = client(&a).await;
+    // One id every 6 ms: more than LAG + GAP (4.25 ms here) apart, so each
+    // is a catch-up to a tick of its own.
+    c.batch_execute(
+        "CREATE FUNCTION spaced(n int) RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+         BEGIN
+           FOR i IN 1..n LOOP
+             PERFORM pg_sleep(0.006);
+             RETURN NEXT shard0.next_id('shard0.id_seq'::regclass);
+           END LOOP;
+         END $$",
+    )
+    .await
+    .unwrap();
+    let slow: Vec<i64> = c
+        .query("SELECT spaced(200)", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let residues: std::collections::BTreeSet<i64> = slow.iter().map(|id| id % 16).collect();
+    // 200 draws of 16 values: fewer than 12 seen has odds below 1e-20.
+    assert!(residues.len() >= 12, "id % 16 took only {residues:?}");
+    let ticks: std::collections::BTreeSet<i64> = slow.iter().map(|id| id >> 23).collect();
+    assert!(ticks.len() >= 150, "only {} ticks", ticks.len());
+    // A burst runs on from the random start into later ticks: all distinct.
+    let burst: Vec<i64> = c
+        .query(
+            "SELECT shard0.next_id('shard0.id_seq'::regclass) FROM generate_series(1, 20000)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut all: Vec<i64> = slow.into_iter().chain(burst).collect();
+    let n = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), n, "an id repeated");
+}
