@@ -39,9 +39,31 @@ pub struct AdoptOptions {
     pub dry_run: bool,
 }
 
+/// Which tables `mysql adopt` takes beside `--table`: each one whose `id`
+/// column is `AUTO_INCREMENT` (a base table, not a view).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tables {
+    /// Every such table of a database (a schema, in MariaDB's words).
+    Schema(String),
+    /// Every such table whose `database.table` matches a SQL `LIKE`
+    /// pattern (the system databases and `shardflake` excluded).
+    Pattern(String),
+}
+
+impl fmt::Display for Tables {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tables::Schema(db) => write!(f, "--schema {db}"),
+            Tables::Pattern(p) => write!(f, "--pattern {p}"),
+        }
+    }
+}
+
 /// What happened (or, in a dry run, would happen) to the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Adopted {
+    /// The table's database.
+    pub database: String,
     /// The table.
     pub table: String,
     /// Its shard-key column.
@@ -216,6 +238,7 @@ pub async fn adopt(
         && guard(conn, t).await?.0.as_deref() == Some("0");
     if switched && let Some(r) = &record {
         return Ok(Adopted {
+            database: db.clone(),
             table: t.clone(),
             key: names.key.clone(),
             floor: r.floor,
@@ -237,6 +260,7 @@ pub async fn adopt(
     }
     if opts.dry_run {
         return Ok(Adopted {
+            database: db.clone(),
             table: t.clone(),
             key: names.key.clone(),
             floor,
@@ -271,6 +295,7 @@ pub async fn adopt(
     .await
     .map_err(my("recording the adopted table"))?;
     Ok(Adopted {
+        database: db.clone(),
         table: t.clone(),
         key: names.key.clone(),
         floor,
@@ -280,6 +305,232 @@ pub async fn adopt(
         warnings: applied.warnings,
         script: switch_script(&serving, names),
     })
+}
+
+/// The `(database, table)` pairs `which` selects, in order: base tables
+/// whose `id` column is `AUTO_INCREMENT`.
+pub async fn tables(conn: &mut Conn, which: &Tables) -> Result<Vec<(String, String)>, Error> {
+    let (filter, arg) = match which {
+        Tables::Schema(db) => ("c.TABLE_SCHEMA = ?", db),
+        Tables::Pattern(p) => (
+            "CONCAT(c.TABLE_SCHEMA, '.', c.TABLE_NAME) LIKE ? \
+             AND c.TABLE_SCHEMA NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys', 'shardflake')",
+            p,
+        ),
+    };
+    conn.exec(
+        format!(
+            "SELECT c.TABLE_SCHEMA, c.TABLE_NAME FROM information_schema.COLUMNS c \
+               JOIN information_schema.TABLES t ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME \
+              WHERE t.TABLE_TYPE = 'BASE TABLE' AND c.COLUMN_NAME = 'id' AND c.EXTRA LIKE '%auto_increment%' AND {filter} \
+              ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME"
+        ),
+        (arg,),
+    )
+    .await
+    .map_err(my("listing the AUTO_INCREMENT tables"))
+}
+
+/// [`adopt()`] for every table `which` selects, each with `opts`' shard-key
+/// column, cache and shard values and its own procedure
+/// ([`Names::default_procedure`]); the session moves to each table's
+/// database (and back). Every table is planned first: one refusal, and
+/// nothing is changed (each refusal named by its table). Then each is
+/// adopted in turn; one that fails after others were switched returns
+/// [`Error::AdoptStopped`], naming those (they stay switched). Tables
+/// already adopted are reported unchanged. A table whose id already comes
+/// from a trigger of ours that no adopt recorded (`mysql apply` made it)
+/// is left out.
+pub async fn adopt_tables(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &AdoptOptions,
+    which: &Tables,
+) -> Result<Vec<Adopted>, Error> {
+    let home: Option<String> = conn
+        .query_first("SELECT DATABASE()")
+        .await
+        .map_err(my("reading the session's database"))?
+        .flatten();
+    let result = adopt_each(conn, layout, opts, which).await;
+    if let Some(home) = home {
+        use_database(conn, &home).await?;
+    }
+    result
+}
+
+async fn adopt_each(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &AdoptOptions,
+    which: &Tables,
+) -> Result<Vec<Adopted>, Error> {
+    let found = tables(conn, which).await?;
+    if found.is_empty() {
+        return Err(other(
+            "adopt",
+            format!(
+                "nothing was changed: no table selected by {which} has an AUTO_INCREMENT column id"
+            ),
+        ));
+    }
+    let mut planned = Vec::new();
+    let mut problems = Vec::new();
+    for (db, t) in &found {
+        use_database(conn, db).await?;
+        let mut one = opts.clone();
+        one.dry_run = true;
+        one.options.names =
+            match Names::new(t, &opts.options.names.key, &Names::default_procedure(t)) {
+                Ok(n) => n,
+                Err(e) => {
+                    problems.push(format!(
+                        "{db}.{t}: {e}: adopt it alone with --table and a shorter --procedure"
+                    ));
+                    continue;
+                }
+            };
+        match adopt(conn, layout, &one).await {
+            Ok(p) => {
+                let recorded = adopted(conn).await?.iter().any(|a| &a.table == t);
+                if !p.unchanged || recorded {
+                    planned.push((one, p));
+                }
+            }
+            Err(Error::MysqlRefused { message, .. }) => problems.push(format!(
+                "{db}.{t}: {}",
+                message
+                    .strip_prefix("nothing was changed: ")
+                    .unwrap_or(&message)
+            )),
+            Err(e) => return Err(e),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(other(
+            "adopt",
+            format!("nothing was changed:\n  {}", problems.join("\n  ")),
+        ));
+    }
+    let mut out: Vec<Adopted> = Vec::new();
+    let mut rest = planned.into_iter();
+    while let Some((mut one, p)) = rest.next() {
+        if opts.dry_run || p.unchanged {
+            out.push(p);
+            continue;
+        }
+        one.dry_run = false;
+        use_database(conn, &p.database).await?;
+        match adopt(conn, layout, &one).await {
+            Ok(a) => out.push(a),
+            // Tables switched before this one stay switched: say which.
+            Err(e) if out.iter().any(|a| !a.unchanged) => {
+                return Err(Error::AdoptStopped {
+                    command: "mysql adopt",
+                    switched: out
+                        .iter()
+                        .filter(|a| !a.unchanged)
+                        .map(|a| format!("{}: {a}", a.database))
+                        .collect(),
+                    stopped_at: format!("{}.{}", p.database, p.table),
+                    problem: e.to_string(),
+                    not_reached: rest
+                        .filter(|(_, p)| !p.unchanged)
+                        .map(|(_, p)| format!("{}.{}", p.database, p.table))
+                        .collect(),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// One table of [`check_tables`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableCheck {
+    /// The table's database.
+    pub database: String,
+    /// The table.
+    pub table: String,
+    /// Its record, if adopted.
+    pub adopted: Option<AdoptedTable>,
+    /// What [`check()`](super::check()) finds (or that it is not adopted); empty: all is well.
+    pub problems: Vec<String>,
+}
+
+/// [`check()`](super::check()) of every table `which` selects, as [`adopt_tables`] names
+/// them. A table still taking its ids from `AUTO_INCREMENT` (no trigger of
+/// ours) is reported as not adopted, with the command that adopts it.
+pub async fn check_tables(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+    which: &Tables,
+) -> Result<Vec<TableCheck>, Error> {
+    let home: Option<String> = conn
+        .query_first("SELECT DATABASE()")
+        .await
+        .map_err(my("reading the session's database"))?
+        .flatten();
+    let mut out = Vec::new();
+    let mut result = Ok(());
+    for (db, t) in tables(conn, which).await? {
+        if let Err(e) = check_one(conn, layout, opts, which, &db, &t, &mut out).await {
+            result = Err(e);
+            break;
+        }
+    }
+    if let Some(home) = home {
+        use_database(conn, &home).await?;
+    }
+    result.map(|()| out)
+}
+
+async fn check_one(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+    which: &Tables,
+    db: &str,
+    t: &str,
+    out: &mut Vec<TableCheck>,
+) -> Result<(), Error> {
+    use_database(conn, db).await?;
+    let names = Names::new(t, &opts.names.key, &Names::default_procedure(t))
+        .map_err(|e| other("check", format!("{db}.{t}: {e}")))?;
+    let record = adopted(conn).await?.into_iter().find(|a| a.table == t);
+    let has_trigger: Option<i64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?",
+            (names.trigger(),),
+        )
+        .await
+        .map_err(my("looking up the trigger"))?;
+    let problems = if record.is_none() && has_trigger == Some(0) {
+        vec![format!(
+            "{db}.{t}.id is not adopted (it takes its ids from AUTO_INCREMENT): run shardflake mysql adopt {which}"
+        )]
+    } else {
+        let one = Options {
+            names,
+            ..opts.clone()
+        };
+        super::check(conn, layout, &one).await?
+    };
+    out.push(TableCheck {
+        database: db.to_string(),
+        table: t.to_string(),
+        adopted: record,
+        problems,
+    });
+    Ok(())
+}
+
+async fn use_database(conn: &mut Conn, db: &str) -> Result<(), Error> {
+    conn.query_drop(format!("USE `{}`", db.replace('`', "``")))
+        .await
+        .map_err(my("switching to the table's database"))
 }
 
 /// The smallest id the trigger can make once its sequence is set to a

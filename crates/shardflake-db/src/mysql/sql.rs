@@ -443,6 +443,15 @@ impl Names {
             procedure: procedure.into(),
         })
     }
+    /// The procedure of `table` when none is named: `generate_post_id`
+    /// for `posts` (the seed's name), `generate_<table>_id` for another.
+    pub fn default_procedure(table: &str) -> String {
+        if table == "posts" {
+            "generate_post_id".to_string()
+        } else {
+            format!("generate_{table}_id")
+        }
+    }
     /// `{table}_id_seq`.
     pub fn sequence(&self) -> String {
         format!("{}_id_seq", self.table)

@@ -333,6 +333,7 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
             // committed): say which, never "nothing was changed".
             Err(error) if out.iter().any(|a| !a.unchanged) => {
                 return Err(Error::AdoptStopped {
+                    command: "pg adopt",
                     switched: out
                         .iter()
                         .filter(|a| !a.unchanged)

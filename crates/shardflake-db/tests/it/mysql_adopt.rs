@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
 use shardflake::{Layout, preset};
-use shardflake_db::mysql::{self, AdoptOptions, Names, Options};
+use shardflake_db::mysql::{self, AdoptOptions, Names, Options, Tables};
 use shardflake_testkit::MariaDbServer;
 
 fn layout() -> Layout {
@@ -60,6 +60,17 @@ async fn writer(
     stop: Arc<AtomicBool>,
     after: usize,
 ) -> Result<Vec<i64>, String> {
+    writer_into(pool, "orders", user, stop, after).await
+}
+
+/// [`writer`] into `table`.
+async fn writer_into(
+    pool: Pool,
+    table: &'static str,
+    user: i64,
+    stop: Arc<AtomicBool>,
+    after: usize,
+) -> Result<Vec<i64>, String> {
     let mut c = pool.get_conn().await.map_err(|e| e.to_string())?;
     let mut ids = Vec::new();
     let mut extra = 0;
@@ -68,7 +79,7 @@ async fn writer(
             extra += 1;
         }
         c.exec_drop(
-            "INSERT INTO orders (user_id, body) VALUES (?, 'new')",
+            format!("INSERT INTO {table} (user_id, body) VALUES (?, 'new')"),
             (user,),
         )
         .await
@@ -376,4 +387,163 @@ async fn check_under_writers_sees_no_repeat_on_a_healthy_table() {
     for w in writers {
         w.await.unwrap().expect("no insert fails");
     }
+}
+
+async fn triggers_in(c: &mut Conn, table: &str) -> i64 {
+    c.exec_first(
+        "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = ?",
+        (table,),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+}
+
+/// `mysql adopt --schema` (and `--pattern`) while four writers insert into
+/// each of two tables: one table the schema cannot adopt (an INT id) and
+/// nothing changes; without it, both AUTO_INCREMENT tables are adopted
+/// (no failed insert, no id twice, each table's new ids above its old
+/// ones), the table without AUTO_INCREMENT is left alone, a second run
+/// changes nothing, and check reports each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adopt_a_schema_under_writers_adopts_each_auto_increment_table() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 5_000).await;
+    c.query_drop(
+        "CREATE TABLE items (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body TEXT);
+         INSERT INTO items (user_id, body) SELECT seq, 'old' FROM seq_1_to_1000;
+         CREATE TABLE notes (id BIGINT NOT NULL PRIMARY KEY, user_id BIGINT);
+         CREATE TABLE small (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT)",
+    )
+    .await
+    .unwrap();
+    let schema = Tables::Schema("app".into());
+    let mut all = opts("orders");
+    let e = mysql::adopt_tables(&mut c, &layout(), &all, &schema)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nothing was changed")
+            && e.contains("app.small: small.id is int(11)")
+            && e.contains("ALTER TABLE `small` MODIFY `id` BIGINT"),
+        "{e}"
+    );
+    for t in ["orders", "items", "small"] {
+        assert_eq!(triggers_in(&mut c, t).await, 0, "{t}: {e}");
+    }
+    c.query_drop("DROP TABLE small").await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let table = if w % 2 == 0 { "orders" } else { "items" };
+            (
+                table,
+                tokio::spawn(writer_into(
+                    pool.clone(),
+                    table,
+                    3000 + w,
+                    stop.clone(),
+                    100,
+                )),
+            )
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let n: i64 = c
+            .query_first("SELECT LEAST((SELECT COUNT(*) FROM orders WHERE body = 'new'), (SELECT COUNT(*) FROM items WHERE body = 'new'))")
+            .await
+            .unwrap()
+            .unwrap();
+        if n >= 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "writers too slow");
+        tokio::task::yield_now().await;
+    }
+    all.dry_run = true;
+    let plans = mysql::adopt_tables(&mut c, &layout(), &all, &schema)
+        .await
+        .unwrap();
+    let planned: Vec<&str> = plans.iter().map(|a| a.table.as_str()).collect();
+    assert_eq!(planned, ["items", "orders"], "{plans:?}");
+    assert!(plans.iter().all(|a| a.script.contains("LOCK TABLES")));
+    assert_eq!(
+        triggers_in(&mut c, "orders").await,
+        0,
+        "a dry run changes nothing"
+    );
+    all.dry_run = false;
+    let done = mysql::adopt_tables(&mut c, &layout(), &all, &schema)
+        .await
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert!(
+        done.iter().all(|a| !a.unchanged && a.database == "app"),
+        "{done:?}"
+    );
+    let mut seen = HashSet::new();
+    for (table, w) in writers {
+        let a = done.iter().find(|a| a.table == table).unwrap();
+        let floor = a.floor.unwrap();
+        let ids = w.await.unwrap().expect("no insert fails");
+        assert!(ids.windows(2).all(|p| p[0] < p[1]), "{table}: {ids:?}");
+        assert!(*ids.last().unwrap() >= a.first_new, "{table}: {ids:?}");
+        for id in ids {
+            assert!(seen.insert((table, id)), "{table}: id {id} twice");
+            assert!(id <= floor || id >= a.first_new, "{table}: {id}");
+        }
+    }
+    for t in ["orders", "items"] {
+        let (rows, distinct): (i64, i64) = c
+            .query_first(format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM {t}"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(rows, distinct, "{t}");
+    }
+    assert_eq!(triggers_in(&mut c, "notes").await, 0);
+
+    let again = mysql::adopt_tables(&mut c, &layout(), &all, &schema)
+        .await
+        .unwrap();
+    assert!(again.iter().all(|a| a.unchanged), "{again:?}");
+    let checked = mysql::check_tables(&mut c, &layout(), &all.options, &schema)
+        .await
+        .unwrap();
+    assert_eq!(checked.len(), 2, "{checked:?}");
+    for t in &checked {
+        assert!(t.problems.is_empty(), "{t:?}");
+        let a = done.iter().find(|a| a.table == t.table).unwrap();
+        assert_eq!(t.adopted.as_ref().map(|r| r.floor), Some(a.floor), "{t:?}");
+    }
+    // A pattern selects by database.table; the session stays in app.
+    let items = mysql::adopt_tables(&mut c, &layout(), &all, &Tables::Pattern("app.i%".into()))
+        .await
+        .unwrap();
+    assert_eq!(items.len(), 1);
+    assert!(items[0].table == "items" && items[0].unchanged, "{items:?}");
+    let db: String = c.query_first("SELECT DATABASE()").await.unwrap().unwrap();
+    assert_eq!(db, "app");
+    // A table added later is reported as not adopted, with the command.
+    c.query_drop(
+        "CREATE TABLE later (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT)",
+    )
+    .await
+    .unwrap();
+    let checked = mysql::check_tables(&mut c, &layout(), &all.options, &schema)
+        .await
+        .unwrap();
+    let later = checked.iter().find(|t| t.table == "later").unwrap();
+    assert_eq!(
+        later.problems,
+        [
+            "app.later.id is not adopted (it takes its ids from AUTO_INCREMENT): run shardflake mysql adopt --schema app"
+        ]
+    );
 }
