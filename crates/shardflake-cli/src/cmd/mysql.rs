@@ -206,6 +206,16 @@ enum MysqlCommand {
         #[command(flatten)]
         layout: LayoutArg,
     },
+    /// Decode an id of the URL's database: its time, shard and sequence,
+    /// or that it is from before an adopted table's adoption (such an id
+    /// has none). In SQL: SELECT decode_id(id, 'table').
+    Locate {
+        /// Id as stored (signed BIGINT).
+        #[arg(allow_hyphen_values = true)]
+        id: i64,
+        #[command(flatten)]
+        layout: LayoutArg,
+    },
     /// INSERT rows in one statement (INSERT ... RETURNING id); print the ids
     /// and decode them.
     Insert {
@@ -564,6 +574,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     opts.names.sequence(),
                     r.to,
                     r.from
+                );
+                Ok(())
+            })
+        }
+        MysqlCommand::Locate { id, layout } => {
+            let l = mysql_layout(&layout)?;
+            conn.run(async |c| {
+                // An adopted table's old ids carry no time or shard.
+                let old: Vec<String> = mysql::adopted(c)
+                    .await?
+                    .into_iter()
+                    .filter(|a| a.before_adoption(id))
+                    .map(|a| a.table)
+                    .collect();
+                if old.is_empty() {
+                    return print_id(&l, id);
+                }
+                println!(
+                    "id {id} is from before adoption in {} (at or below its largest old id): it has no time, shard or sequence",
+                    old.join(", ")
                 );
                 Ok(())
             })

@@ -14,7 +14,9 @@
 //! packet (`LAST_INSERT_ID()`) carries the trigger's id as before; its
 //! counter is parked and the guard column added, as `apply` does. The
 //! switch is recorded in `shardflake.adopted` (beside the high-water),
-//! which `mysql check` reports.
+//! which `mysql check` reports, under the same lock and before the
+//! trigger: a run killed at any step leaves either no trigger, or the
+//! trigger and the record of the floor it was switched above.
 
 use std::fmt;
 
@@ -113,19 +115,19 @@ pub fn switch_script(plan: &Plan, names: &Names) -> String {
         "-- after the sequence, high-water, functions and clock event of shardflake mysql sql --table {t} (the event seen running):\n\
          SET SESSION lock_wait_timeout = {LOCK_WAIT_S};\n\
          DO SETVAL(`{seq}`, <the server's packed clock>, 0);  -- every later draw is at or above it\n\
-         LOCK TABLES `{t}` WRITE;  -- inserts wait until UNLOCK TABLES\n\
+         LOCK TABLES `{t}` WRITE, `{hw}`.`adopted` WRITE;  -- inserts wait until UNLOCK TABLES\n\
          SELECT MAX(id) FROM `{t}`;  -- refused unless below the first id the trigger can make now\n\
+         INSERT INTO `{hw}`.`adopted` ...;  -- the table, the largest old id, the first new id\n\
          {};\n\
          {};\n\
          ALTER TABLE `{t}` AUTO_INCREMENT = {};  -- an insert without the trigger fails\n\
          {};\n\
-         UNLOCK TABLES;\n\
-         INSERT INTO `{}`.`adopted` ...;  -- the table, the largest old id, the first new id\n",
+         UNLOCK TABLES;\n",
         sql::add_guard_sql(t),
         sql::trigger_sql(plan, names),
         sql::AUTO_INCREMENT_PARKED,
         sql::guard_default_sql(t),
-        sql::HIGH_WATER_DB,
+        hw = sql::HIGH_WATER_DB,
         seq = names.sequence(),
     )
 }
@@ -140,6 +142,14 @@ pub struct AdoptedTable {
     pub floor: Option<i64>,
     /// The smallest id the trigger could make when it was switched.
     pub first_new: i64,
+}
+
+impl AdoptedTable {
+    /// Whether `id` was made before the table was adopted (at or below its
+    /// floor): it has no time, shard or sequence.
+    pub fn before_adoption(&self, id: i64) -> bool {
+        self.floor.is_some_and(|f| id <= f)
+    }
 }
 
 /// The tables of the URL's database this server records as adopted.
@@ -275,25 +285,19 @@ pub async fn adopt(
             },
         });
     }
-    let applied = apply::install(conn, layout, &opts.options, Mode::Adopt).await?;
-    let (floor, first_new) = applied.switched.unwrap_or((floor, first_new));
+    // The switch locks the record's table with the table and writes the
+    // record there, before the trigger.
+    conn.query_drop(format!(
+        "CREATE DATABASE IF NOT EXISTS `{}`",
+        sql::HIGH_WATER_DB
+    ))
+    .await
+    .map_err(my("creating database shardflake"))?;
     conn.query_drop(ADOPTED_DDL)
         .await
         .map_err(my("creating shardflake.adopted"))?;
-    // A run stopped after the switch and before its record: the trigger's
-    // ids are in the table now, so the floor is not known any more.
-    let floor = if switched && record.is_none() {
-        None
-    } else {
-        floor
-    };
-    conn.exec_drop(
-        "INSERT INTO `shardflake`.`adopted` VALUES (DATABASE(), ?, ?, ?, UTC_TIMESTAMP(3)) \
-         ON DUPLICATE KEY UPDATE floor_id = VALUES(floor_id), first_new = VALUES(first_new), adopted_at = VALUES(adopted_at)",
-        (t, floor, first_new),
-    )
-    .await
-    .map_err(my("recording the adopted table"))?;
+    let applied = apply::install(conn, layout, &opts.options, Mode::Adopt).await?;
+    let (floor, first_new) = applied.switched.unwrap_or((floor, first_new));
     Ok(Adopted {
         database: db.clone(),
         table: t.clone(),
@@ -548,11 +552,12 @@ fn too_high(plan: &Plan, t: &str, max: i64, first_new: i64) -> String {
     )
 }
 
-/// Switches the table under `LOCK TABLES ... WRITE` (its clock event
-/// already running): the largest id read and checked below the first id
-/// the trigger can make, the guard column, the trigger, the parked
-/// counter, the guard's default. Returns the largest old id and the first
-/// new one.
+/// Switches the table under `LOCK TABLES ... WRITE` of the table and of
+/// `shardflake.adopted` (its clock event already running): the largest id
+/// read and checked below the first id the trigger can make, the record,
+/// then the guard column, the trigger, the parked counter, the guard's
+/// default. Returns the largest old id and the first new one, as
+/// recorded.
 pub(super) async fn switch(
     conn: &mut Conn,
     plan: &Plan,
@@ -569,7 +574,10 @@ pub(super) async fn switch(
         .await
         .map_err(my("setting the sequence to the clock"))?;
     let first_new = first_new_id(plan, now);
-    conn.query_drop(format!("LOCK TABLES `{t}` WRITE"))
+    conn.query_drop(format!(
+        "LOCK TABLES `{t}` WRITE, `{}`.`adopted` WRITE",
+        sql::HIGH_WATER_DB
+    ))
         .await
         .map_err(|e| {
             other(
@@ -598,16 +606,44 @@ async fn switch_locked(
     applied: &mut apply::Applied,
 ) -> Result<(Option<i64>, i64), Error> {
     let t = &names.table;
-    let floor: Option<i64> = conn
+    let max: Option<i64> = conn
         .query_first(format!("SELECT MAX(id) FROM `{t}`"))
         .await
         .map_err(my("reading the largest id under the lock"))?
         .flatten();
-    if let Some(max) = floor.filter(|&m| m >= first_new) {
-        return Err(other(
-            "adopt",
-            format!("nothing was changed: {}", too_high(plan, t, max, first_new)),
-        ));
+    let recorded: Option<(Option<i64>, i64)> = conn
+        .exec_first(
+            "SELECT floor_id, first_new FROM `shardflake`.`adopted` WHERE db = DATABASE() AND tbl = ?",
+            (t,),
+        )
+        .await
+        .map_err(my("reading the table's record"))?;
+    // The trigger already in place (a run stopped before the guard's
+    // default or the parked counter): every id since came from the
+    // sequence, so the recorded floor stands; without a record (a version
+    // that recorded after the switch), the floor is not known.
+    let trigger_in_place = !trigger_differs(conn, names, &sql::trigger_sql(plan, names)).await?;
+    let (floor, first_new) = match (trigger_in_place, recorded) {
+        (true, Some(r)) => r,
+        (true, None) => (None, first_new),
+        (false, _) => {
+            if let Some(max) = max.filter(|&m| m >= first_new) {
+                return Err(other(
+                    "adopt",
+                    format!("nothing was changed: {}", too_high(plan, t, max, first_new)),
+                ));
+            }
+            (max, first_new)
+        }
+    };
+    if !(trigger_in_place && recorded.is_some()) {
+        conn.exec_drop(
+            "INSERT INTO `shardflake`.`adopted` VALUES (DATABASE(), ?, ?, ?, UTC_TIMESTAMP(3)) \
+             ON DUPLICATE KEY UPDATE floor_id = VALUES(floor_id), first_new = VALUES(first_new), adopted_at = VALUES(adopted_at)",
+            (t, floor, first_new),
+        )
+        .await
+        .map_err(my("recording the adopted table"))?;
     }
     apply::install_guard_and_trigger(conn, plan, names, applied).await?;
     if auto_increment_counter(conn, t).await? < sql::AUTO_INCREMENT_PARKED {

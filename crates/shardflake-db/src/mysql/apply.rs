@@ -293,7 +293,10 @@ pub(super) async fn apply_pinned(
             .map_err(my("creating the refusal function"))?;
         applied.installed.push(names.refused_function());
     }
-    for (name, create) in sql::time_functions_sql(plan) {
+    for (name, create) in sql::time_functions_sql(plan)
+        .into_iter()
+        .chain([sql::decode_function_sql(plan)])
+    {
         if routine_differs(conn, name, "FUNCTION", &create).await? {
             conn.query_drop(&create)
                 .await

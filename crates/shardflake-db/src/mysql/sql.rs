@@ -827,6 +827,37 @@ END",
     ]
 }
 
+/// `decode_id(id, table)`, as `(name, CREATE)`: the id's parts as JSON,
+/// `{"before_adoption": false, "time": "<UTC DATETIME(3)>", "shard": ..,
+/// "sequence": ..}`, except for an id from before `table`'s adoption (at
+/// or below the floor `mysql adopt` recorded in `shardflake.adopted`),
+/// which has no time, shard or sequence: those are null,
+/// `before_adoption` true (and false for every id while no table of the
+/// server was adopted: the handler of error 1146, no such table).
+/// Installed beside [`time_functions_sql`]'s.
+pub fn decode_function_sql(plan: &Plan) -> (&'static str, String) {
+    let mask = |bits: u32| (1u64 << bits) - 1;
+    let create = format!(
+        "CREATE OR REPLACE FUNCTION `decode_id`(v BIGINT, of_table VARCHAR(64)) RETURNS LONGTEXT NOT DETERMINISTIC READS SQL DATA
+COMMENT {comment}
+BEGIN
+  DECLARE old BOOLEAN DEFAULT FALSE;
+  DECLARE CONTINUE HANDLER FOR 1146 SET old = FALSE;
+  SELECT COALESCE(MAX(v <= floor_id), FALSE) INTO old FROM `{HIGH_WATER_DB}`.`adopted` WHERE db = DATABASE() AND tbl = of_table;
+  IF old THEN
+    RETURN JSON_OBJECT('before_adoption', TRUE, 'time', NULL, 'shard', NULL, 'sequence', NULL);
+  END IF;
+  RETURN JSON_OBJECT('before_adoption', FALSE, 'time', CAST(id_time(v) AS CHAR), 'shard', (v >> {shard_shift}) & {shard_mask}, 'sequence', (v >> {seq_shift}) & {seq_mask});
+END",
+        comment = lit(&plan.marker()),
+        shard_shift = plan.shard_shift,
+        shard_mask = mask(plan.shard_bits),
+        seq_shift = plan.seq_shift,
+        seq_mask = mask(plan.seq_bits),
+    );
+    ("decode_id", create)
+}
+
 /// The server's UTC time now, as a `DATETIME(6)` expression: `SYSDATE(6)`
 /// (the time it runs, not the statement's start as `UTC_TIMESTAMP`) moved
 /// from the session's time zone to UTC by the statement's own offset.

@@ -547,3 +547,178 @@ async fn adopt_a_schema_under_writers_adopts_each_auto_increment_table() {
         ]
     );
 }
+
+/// An adopted table's old ids have no time, shard or sequence: the SQL
+/// `decode_id(id, table)` and the record say they are from before
+/// adoption rather than decode them; a new id decodes, and an id of a
+/// table that was not adopted decodes.
+#[tokio::test]
+async fn decode_id_says_an_old_id_is_from_before_adoption() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 500).await;
+    let a = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    assert_eq!(a.floor, Some(500));
+    let new: i64 = c
+        .query_first("INSERT INTO orders (user_id, body) VALUES (1801, 'new') RETURNING id")
+        .await
+        .unwrap()
+        .unwrap();
+    let decode = async |c: &mut Conn, id: i64, table: &str| -> String {
+        c.exec_first("SELECT decode_id(?, ?)", (id, table))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    for old in [1, 250, 500] {
+        assert_eq!(
+            decode(&mut c, old, "orders").await,
+            r#"{"before_adoption": true, "time": null, "shard": null, "sequence": null}"#
+        );
+    }
+    let parts = shardflake::Id(new as u64).decode(&layout()).unwrap();
+    let time: String = c
+        .exec_first("SELECT CAST(id_time(?) AS CHAR)", (new,))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        decode(&mut c, new, "orders").await,
+        format!(
+            r#"{{"before_adoption": false, "time": "{time}", "shard": {}, "sequence": {}}}"#,
+            1801 & 1023,
+            parts.sequence
+        )
+    );
+    assert_eq!(parts.field("shard"), Some(1801 & 1023));
+    // The same small id of a table that was not adopted decodes.
+    assert!(
+        decode(&mut c, 250, "items")
+            .await
+            .starts_with(r#"{"before_adoption": false, "time": "2023-01-01 00:00:00.000""#)
+    );
+    let record = mysql::adopted(&mut c).await.unwrap();
+    assert!(record[0].before_adoption(500) && !record[0].before_adoption(new));
+}
+
+/// Waits until connection `id` waits on a table lock (bounded), then
+/// kills it.
+async fn kill_when_waiting(c: &mut Conn, id: u32) {
+    // adopt installs its sequence and clock event first (up to 3 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let waiting: Option<String> = c
+            .exec_first(
+                "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = ? AND STATE LIKE 'Waiting for table%'",
+                (id,),
+            )
+            .await
+            .unwrap();
+        if waiting.is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "adopt never waited on a lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    c.query_drop(format!("KILL CONNECTION {id}")).await.unwrap();
+}
+
+/// Operator fault: `mysql adopt` killed while it waits on a lock, at each
+/// step where one is held (the table, held by a transaction; the record's
+/// table, held by another session), four writers inserting throughout,
+/// then run again: no insert fails, no id twice, and the record's floor
+/// is the largest id from before adoption (a run killed between the
+/// switch and its record left the floor unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adopt_killed_at_each_lock_and_run_again_records_the_floor() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 1_000).await;
+    // Another table adopted first: shardflake.adopted exists, to be held.
+    c.query_drop(
+        "CREATE TABLE items (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body TEXT)",
+    )
+    .await
+    .unwrap();
+    mysql::adopt(&mut c, &layout(), &opts("items"))
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| tokio::spawn(writer(pool.clone(), 4000 + w, stop.clone(), 50)))
+        .collect();
+    let mut holder = pool.get_conn().await.unwrap();
+    for hold in [
+        "START TRANSACTION; SELECT COUNT(*) FROM orders",
+        "LOCK TABLES shardflake.adopted READ",
+    ] {
+        holder.query_drop(hold).await.unwrap();
+        let mut run = pool.get_conn().await.unwrap();
+        let id = run.id();
+        let adopt = tokio::spawn(async move {
+            mysql::adopt(&mut run, &layout(), &opts("orders"))
+                .await
+                .map_err(|e| e.to_string())
+        });
+        kill_when_waiting(&mut c, id).await;
+        let e = adopt.await.unwrap().unwrap_err();
+        holder.query_drop("COMMIT; UNLOCK TABLES").await.unwrap();
+        // Killed before the switch, or after it with the record written:
+        // either way the table's state and its record agree.
+        let switched = triggers_in(&mut c, "orders").await == 1;
+        let recorded = mysql::adopted(&mut c)
+            .await
+            .unwrap()
+            .into_iter()
+            .any(|a| a.table == "orders");
+        assert!(!switched || recorded, "{hold}: switched, not recorded: {e}");
+    }
+    let a = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let mut all = HashSet::new();
+    for w in writers {
+        for id in w.await.unwrap().expect("no insert fails") {
+            assert!(all.insert(id), "id {id} twice");
+        }
+    }
+    let record = mysql::adopted(&mut c)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.table == "orders")
+        .unwrap();
+    let old_max: i64 = c
+        .query_first(format!(
+            "SELECT MAX(id) FROM orders WHERE id < {}",
+            a.first_new
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.floor, Some(old_max), "{record:?} {a:?}");
+    let min_new: i64 = c
+        .query_first(format!("SELECT MIN(id) FROM orders WHERE id > {old_max}"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(min_new >= record.first_new, "{min_new} {record:?}");
+    let again = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    assert!(again.unchanged && again.floor == Some(old_max), "{again:?}");
+    assert!(
+        mysql::check(&mut c, &layout(), &opts("orders").options)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
