@@ -236,16 +236,29 @@ pub async fn adopt(
     let now = server_packed_clock(conn, &plan).await?;
     let first_new = first_new_id(&plan, now);
     let record = adopted(conn).await?.into_iter().find(|a| &a.table == t);
-    let serves = match opts.options.shards {
-        Some(s) => s,
-        None => recorded_serves(conn, &db, names)
-            .await?
-            .unwrap_or((0, plan.shard_max())),
-    };
+    let recorded_serves = recorded_serves(conn, &db, names).await?;
+    let serves = opts
+        .options
+        .shards
+        .or(recorded_serves)
+        .unwrap_or((0, plan.shard_max()));
     let serving = plan.clone().serving(Some(serves));
     let wanted = sql::trigger_sql(&serving, names);
-    let switched = trigger_problem(conn, names, &wanted).await?.is_none()
-        && guard(conn, t).await?.0.as_deref() == Some("0");
+    let trigger_in_place = trigger_problem(conn, names, &wanted).await?.is_none();
+    // Switched, and every step after the trigger done too (a run killed
+    // after the trigger and before the parked counter or the record of
+    // the shard values is finished by the next one).
+    let switched = trigger_in_place
+        && guard(conn, t).await?.0.as_deref() == Some("0")
+        && auto_increment_counter(conn, t).await? == sql::AUTO_INCREMENT_PARKED
+        && recorded_serves.is_some()
+        && !routine_differs(
+            conn,
+            &names.procedure,
+            "PROCEDURE",
+            &sql::procedure_sql(&serving, names),
+        )
+        .await?;
     if switched && let Some(r) = &record {
         return Ok(Adopted {
             database: db.clone(),
@@ -259,7 +272,8 @@ pub async fn adopt(
             script: String::new(),
         });
     }
-    if !switched && let Some(max) = floor.filter(|&m| m >= first_new) {
+    // With the trigger in place, ids above the clock are its own.
+    if !trigger_in_place && let Some(max) = floor.filter(|&m| m >= first_new) {
         problems.push(too_high(&plan, t, max, first_new));
     }
     if !problems.is_empty() {

@@ -604,15 +604,15 @@ async fn decode_id_says_an_old_id_is_from_before_adoption() {
     assert!(record[0].before_adoption(500) && !record[0].before_adoption(new));
 }
 
-/// Waits until connection `id` waits on a table lock (bounded), then
-/// kills it.
+/// Waits until connection `id` waits on a lock (a table's, a routine's;
+/// bounded), then kills it.
 async fn kill_when_waiting(c: &mut Conn, id: u32) {
     // adopt installs its sequence and clock event first (up to 3 s).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
         let waiting: Option<String> = c
             .exec_first(
-                "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = ? AND STATE LIKE 'Waiting for table%'",
+                "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = ? AND STATE LIKE 'Waiting for %metadata lock'",
                 (id,),
             )
             .await
@@ -631,9 +631,10 @@ async fn kill_when_waiting(c: &mut Conn, id: u32) {
 
 /// Operator fault: `mysql adopt` killed while it waits on a lock, at each
 /// step where one is held (the table, held by a transaction; the record's
-/// table, held by another session), four writers inserting throughout,
-/// then run again: no insert fails, no id twice, and the record's floor
-/// is the largest id from before adoption (a run killed between the
+/// table, held by another session), then at moments spread over a run,
+/// four writers inserting throughout, then run again: no insert fails, no
+/// id twice, a switched table always has its record, and the record's
+/// floor is the largest id from before adoption (a run killed between the
 /// switch and its record left the floor unknown).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adopt_killed_at_each_lock_and_run_again_records_the_floor() {
@@ -680,6 +681,30 @@ async fn adopt_killed_at_each_lock_and_run_again_records_the_floor() {
             .any(|a| a.table == "orders");
         assert!(!switched || recorded, "{hold}: switched, not recorded: {e}");
     }
+    // Then killed at moments spread over its run (installing, waiting
+    // for the clock event, switching), whatever step each falls in.
+    for ms in [0, 20, 50, 100, 200, 400, 700, 1000, 1500] {
+        let mut run = pool.get_conn().await.unwrap();
+        let id = run.id();
+        let adopt = tokio::spawn(async move {
+            mysql::adopt(&mut run, &layout(), &opts("orders"))
+                .await
+                .map_err(|e| e.to_string())
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        let _ = c.query_drop(format!("KILL CONNECTION {id}")).await;
+        let _ = adopt.await.unwrap();
+        let switched = triggers_in(&mut c, "orders").await == 1;
+        let record = mysql::adopted(&mut c)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|a| a.table == "orders");
+        assert!(
+            !switched || record.as_ref().is_some_and(|r| r.floor.is_some()),
+            "killed after {ms} ms: switched, record {record:?}"
+        );
+    }
     let a = mysql::adopt(&mut c, &layout(), &opts("orders"))
         .await
         .unwrap();
@@ -715,10 +740,8 @@ async fn adopt_killed_at_each_lock_and_run_again_records_the_floor() {
         .await
         .unwrap();
     assert!(again.unchanged && again.floor == Some(old_max), "{again:?}");
-    assert!(
-        mysql::check(&mut c, &layout(), &opts("orders").options)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    let problems = mysql::check(&mut c, &layout(), &opts("orders").options)
+        .await
+        .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
 }
