@@ -37,11 +37,26 @@
 #   scripts/bench-db.sh [ROUNDS]        results in markdown on stdout
 #   scripts/bench-db.sh 0               only the per-backend CPU measure (PostgreSQL)
 #   ONLY=mariadb scripts/bench-db.sh 3  only MariaDB (ONLY=pg: only PostgreSQL)
+#   ONLY=adopt SF=target/debug/shardflake scripts/bench-db.sh 3
+#                                       only the adopted table (no build)
+#
+# After PostgreSQL, an adopted table against its own bigserial before
+# adoption, in the same run (scripts/bench-adopt.sh, on a server of its
+# own, at low settings: ADOPT_PRE_ROWS rows before, default 200,000;
+# ADOPT_ROWS_PER_CLIENT inserts per client per round, default 5,000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
 ROWS_PER_CLIENT=${ROWS_PER_CLIENT:-125000}
 CLIENTS=8
+adopted_table() {
+  PRE_ROWS=${ADOPT_PRE_ROWS:-200000} ROWS_PER_CLIENT=${ADOPT_ROWS_PER_CLIENT:-5000} \
+    CLIENTS=$CLIENTS scripts/bench-adopt.sh "$ROUNDS"
+}
+if [[ ${ONLY:-} == adopt ]]; then
+  adopted_table
+  exit 0
+fi
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 # Release: `mysql bench` runs its clients in this binary (PROFILE=dev for a
 # quick look; figures in docs/BENCHMARKS.md say which profile made them).
@@ -199,6 +214,10 @@ if [[ -r /proc/self/schedstat ]]; then
   done
 fi
 scripts/pg.sh stop "$pgdir" >/dev/null
+if [[ $ROUNDS -gt 0 ]]; then
+  echo
+  SF=$SF adopted_table
+fi
 fi
 [[ $ROUNDS -gt 0 && ${ONLY:-} != pg ]] || exit 0
 

@@ -172,14 +172,14 @@ fn schedule(o: &DbOptions, kinds: &[Fault]) -> Vec<Step> {
 }
 
 /// A PostgreSQL server of `scripts/pg.sh`, stopped on drop.
-struct Server {
+pub(crate) struct Server {
     script: PathBuf,
     dir: String,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Server {
-    fn start(script: &Path) -> anyhow::Result<Server> {
+    pub(crate) fn start(script: &Path) -> anyhow::Result<Server> {
         let out = Command::new("bash")
             .arg(script)
             .args(["start", "1"])
@@ -243,7 +243,7 @@ struct Shared {
     bin: PathBuf,
 }
 
-fn cli(bin: &Path, args: &[&str]) -> anyhow::Result<Output> {
+pub(crate) fn cli(bin: &Path, args: &[&str]) -> anyhow::Result<Output> {
     Command::new(bin)
         .args(args)
         .env_remove("SHARDFLAKE_TOPOLOGY")
@@ -252,7 +252,7 @@ fn cli(bin: &Path, args: &[&str]) -> anyhow::Result<Output> {
         .with_context(|| format!("running shardflake {args:?}"))
 }
 
-fn text(o: &Output) -> String {
+pub(crate) fn text(o: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -275,7 +275,7 @@ fn route(shared: &Shared, shard: u64) -> anyhow::Result<String> {
 }
 
 /// A short code for a failed statement or connect.
-fn error_code(e: &tokio_postgres::Error) -> String {
+pub(crate) fn error_code(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(d) => format!("pg:{}", d.code().code()),
         None => "pg:io".into(),

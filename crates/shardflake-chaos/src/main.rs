@@ -22,6 +22,7 @@
 mod check;
 mod cluster;
 mod db;
+mod db_adopt;
 mod db_pg;
 mod load;
 mod record;
@@ -62,6 +63,12 @@ enum Command {
     /// dump (writers stopped or live) then repaired, repair during a move,
     /// two moves at once, a crash; every id checked.
     DbPg(PgArgs),
+    /// `shardflake pg adopt` of a populated bigserial table under writers
+    /// and an operator's faults drawn from the seed: adopt SIGKILLed and
+    /// run again, the dump from before adoption restored over the adopted
+    /// table, the default changed back by hand; every id checked, and
+    /// every stored id read back.
+    DbAdopt(AdoptArgs),
     /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
     /// ticket clients asking for ids under crashes and an operator's
     /// faults drawn at random from the seed (restores, counters lowered,
@@ -144,6 +151,26 @@ struct PgArgs {
     /// restore-live, repair-during-move, two-moves, crash].
     #[arg(long, value_delimiter = ',', value_parser = parse_pg_fault)]
     kinds: Vec<db_pg::Fault>,
+}
+
+#[derive(clap::Args, Clone)]
+struct AdoptArgs {
+    #[command(flatten)]
+    common: ServerArgs,
+    /// The PostgreSQL launcher script.
+    #[arg(long, default_value = "scripts/pg.sh")]
+    pg_script: PathBuf,
+    /// The kinds of fault to draw from, comma-separated [default: every
+    /// kind: adopt-killed, restore-predump, default-back].
+    #[arg(long, value_delimiter = ',', value_parser = parse_adopt_fault)]
+    kinds: Vec<db_adopt::Fault>,
+}
+
+fn parse_adopt_fault(name: &str) -> Result<db_adopt::Fault, String> {
+    db_adopt::Fault::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = db_adopt::Fault::ALL.iter().map(|k| k.name()).collect();
+        format!("no such kind; the kinds: {}", names.join(", "))
+    })
 }
 
 fn parse_pg_fault(name: &str) -> Result<db_pg::Fault, String> {
@@ -315,6 +342,19 @@ fn main() -> ExitCode {
                 a.kinds
             };
             exit(db_pg::run(&o, &a.pg_script, &kinds))
+        }
+        Command::DbAdopt(a) => {
+            let o = a.common.options();
+            println!(
+                "shardflake-chaos db-adopt --seconds {} --clients {} --seed {}",
+                o.seconds, o.clients, o.seed
+            );
+            let kinds = if a.kinds.is_empty() {
+                db_adopt::Fault::ALL.to_vec()
+            } else {
+                a.kinds
+            };
+            exit(db_adopt::run(&o, &a.pg_script, &kinds))
         }
         Command::Run(a) => {
             let o = a.options();

@@ -113,16 +113,18 @@ pub enum Error {
         /// Each problem, naming its server and shard.
         problems: Vec<String>,
     },
-    /// `pg adopt` switched some tables, then stopped at one: those it
-    /// switched stay switched (each committed on its own); the one it
-    /// stopped at and those after it are unchanged. Running the same
-    /// adopt again finishes them.
+    /// `pg adopt` or `mysql adopt` switched some tables, then stopped at
+    /// one: those it switched stay switched (each committed on its own);
+    /// the one it stopped at and those after it are unchanged. Running the
+    /// same adopt again finishes them.
     #[error(
-        "pg adopt stopped at {stopped_at}: {problem}\n  switched, and they stay switched:\n    {}\n  not changed: {stopped_at}{}\n  run the same pg adopt again to finish",
+        "{command} stopped at {stopped_at}: {problem}\n  switched, and they stay switched:\n    {}\n  not changed: {stopped_at}{}\n  run the same {command} again to finish",
         switched.join("\n    "),
         not_reached.iter().map(|t| format!(", {t}")).collect::<String>()
     )]
     AdoptStopped {
+        /// `pg adopt` or `mysql adopt`.
+        command: &'static str,
         /// The tables switched, as `pg adopt` prints each.
         switched: Vec<String>,
         /// The table it stopped at (`server: schema.table.column`).

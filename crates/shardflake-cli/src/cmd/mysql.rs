@@ -89,12 +89,33 @@ struct Target {
 
 impl Target {
     fn names(&self) -> anyhow::Result<Names> {
-        let procedure = match &self.procedure {
-            Some(p) => p.clone(),
-            None if self.table == "posts" => "generate_post_id".to_string(),
-            None => format!("generate_{}_id", self.table),
-        };
+        let procedure = self
+            .procedure
+            .clone()
+            .unwrap_or_else(|| Names::default_procedure(&self.table));
         Ok(Names::new(&self.table, &self.key, &procedure)?)
+    }
+}
+
+/// Many tables at once, instead of `--table`: each keeps its own
+/// procedure, generate_<table>_id.
+#[derive(Debug, Clone, clap::Args)]
+struct Selection {
+    /// Every table of this database whose id is AUTO_INCREMENT.
+    #[arg(long, conflicts_with_all = ["table", "procedure", "pattern"])]
+    schema: Option<String>,
+    /// Every table whose database.table matches this SQL LIKE pattern
+    /// (e.g. 'app.order%') and whose id is AUTO_INCREMENT.
+    #[arg(long, conflicts_with_all = ["table", "procedure"])]
+    pattern: Option<String>,
+}
+
+impl Selection {
+    fn tables(&self) -> Option<mysql::Tables> {
+        self.schema
+            .clone()
+            .map(mysql::Tables::Schema)
+            .or_else(|| self.pattern.clone().map(mysql::Tables::Pattern))
     }
 }
 
@@ -152,6 +173,8 @@ enum MysqlCommand {
         #[command(flatten)]
         target: Target,
         #[command(flatten)]
+        selection: Selection,
+        #[command(flatten)]
         layout: LayoutArg,
         /// The sequence's CACHE (0 or 1: NOCACHE).
         #[arg(long, default_value_t = sql::DEFAULT_CACHE)]
@@ -165,9 +188,12 @@ enum MysqlCommand {
     },
     /// Verify what apply installs and the settings the no-repeat argument
     /// needs (exit 1 on any difference). Draws one value of the sequence.
+    /// With --schema or --pattern: every table adopt selects, each one.
     Check {
         #[command(flatten)]
         target: Target,
+        #[command(flatten)]
+        selection: Selection,
         #[command(flatten)]
         layout: LayoutArg,
     },
@@ -177,6 +203,16 @@ enum MysqlCommand {
     Repair {
         #[command(flatten)]
         target: Target,
+        #[command(flatten)]
+        layout: LayoutArg,
+    },
+    /// Decode an id of the URL's database: its time, shard and sequence,
+    /// or that it is from before an adopted table's adoption (such an id
+    /// has none). In SQL: SELECT decode_id(id, 'table').
+    Locate {
+        /// Id as stored (signed BIGINT).
+        #[arg(allow_hyphen_values = true)]
+        id: i64,
         #[command(flatten)]
         layout: LayoutArg,
     },
@@ -407,6 +443,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         MysqlCommand::Adopt {
             target,
+            selection,
             layout,
             cache,
             shards,
@@ -424,6 +461,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 },
                 dry_run,
             };
+            if let Some(which) = selection.tables() {
+                return conn.run(async |c| {
+                    for a in mysql::adopt_tables(c, &l, &opts, &which).await? {
+                        if dry_run {
+                            println!("plan ({l}): {}: {a}", a.database);
+                            print!("{}", a.script);
+                        } else {
+                            println!("{}: {a}", a.database);
+                        }
+                        for w in &a.warnings {
+                            eprintln!("warning: {}: {w}", a.database);
+                        }
+                    }
+                    if dry_run {
+                        println!("dry run: nothing was changed");
+                    }
+                    Ok(())
+                });
+            }
             conn.run(async |c| {
                 let a = mysql::adopt(c, &l, &opts).await?;
                 if dry_run {
@@ -449,13 +505,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Ok(())
             })
         }
-        MysqlCommand::Check { target, layout } => {
+        MysqlCommand::Check {
+            target,
+            selection,
+            layout,
+        } => {
             let l = mysql_layout(&layout)?;
             super::warn_of_lifetime(&l)?;
             let opts = Options {
                 names: target.names()?,
                 ..Options::default()
             };
+            if let Some(which) = selection.tables() {
+                return conn.run(async |c| {
+                    let checked = mysql::check_tables(c, &l, &opts, &which).await?;
+                    anyhow::ensure!(
+                        !checked.is_empty(),
+                        "no table selected by {which} has an AUTO_INCREMENT column id"
+                    );
+                    let mut problems = 0;
+                    for t in &checked {
+                        let name = format!("{}.{}", t.database, t.table);
+                        for p in &t.problems {
+                            println!("{name}: {p}");
+                        }
+                        problems += t.problems.len();
+                        if t.problems.is_empty() {
+                            println!("ok: {name}.id as installed for {l}");
+                        }
+                        if let Some(a) = &t.adopted {
+                            println!("adopted: {name}.id, {}", before_adoption(a));
+                        }
+                    }
+                    anyhow::ensure!(problems == 0, "{problems} problem(s)");
+                    Ok(())
+                });
+            }
             conn.run(async |c| {
                 let problems = mysql::check(c, &l, &opts).await?;
                 if problems.is_empty() {
@@ -465,13 +550,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     );
                     for a in mysql::adopted(c).await? {
                         if a.table == opts.names.table {
-                            println!(
-                                "adopted: {}.id, ids below {} from before adoption{}",
-                                a.table,
-                                a.first_new,
-                                a.floor
-                                    .map_or(String::new(), |f| format!(" (the largest {f})"))
-                            );
+                            println!("adopted: {}.id, {}", a.table, before_adoption(&a));
                         }
                     }
                     return Ok(());
@@ -495,6 +574,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     opts.names.sequence(),
                     r.to,
                     r.from
+                );
+                Ok(())
+            })
+        }
+        MysqlCommand::Locate { id, layout } => {
+            let l = mysql_layout(&layout)?;
+            conn.run(async |c| {
+                // An adopted table's old ids carry no time or shard.
+                let old: Vec<String> = mysql::adopted(c)
+                    .await?
+                    .into_iter()
+                    .filter(|a| a.before_adoption(id))
+                    .map(|a| a.table)
+                    .collect();
+                if old.is_empty() {
+                    return print_id(&l, id);
+                }
+                println!(
+                    "id {id} is from before adoption in {} (at or below its largest old id): it has no time, shard or sequence",
+                    old.join(", ")
                 );
                 Ok(())
             })
@@ -651,6 +750,16 @@ fn print_report(report: &mysql_bench::BenchReport, opts: &BenchOptions) {
             );
         }
     }
+}
+
+/// What `mysql check` says of an adopted table's old ids.
+fn before_adoption(a: &mysql::AdoptedTable) -> String {
+    format!(
+        "ids below {} from before adoption{}",
+        a.first_new,
+        a.floor
+            .map_or(String::new(), |f| format!(" (the largest {f})"))
+    )
 }
 
 /// `LO-HI` or one value: the shard values `mysql apply --shards` takes.

@@ -14,7 +14,9 @@
 //! packet (`LAST_INSERT_ID()`) carries the trigger's id as before; its
 //! counter is parked and the guard column added, as `apply` does. The
 //! switch is recorded in `shardflake.adopted` (beside the high-water),
-//! which `mysql check` reports.
+//! which `mysql check` reports, under the same lock and before the
+//! trigger: a run killed at any step leaves either no trigger, or the
+//! trigger and the record of the floor it was switched above.
 
 use std::fmt;
 
@@ -39,9 +41,31 @@ pub struct AdoptOptions {
     pub dry_run: bool,
 }
 
+/// Which tables `mysql adopt` takes beside `--table`: each one whose `id`
+/// column is `AUTO_INCREMENT` (a base table, not a view).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tables {
+    /// Every such table of a database (a schema, in MariaDB's words).
+    Schema(String),
+    /// Every such table whose `database.table` matches a SQL `LIKE`
+    /// pattern (the system databases and `shardflake` excluded).
+    Pattern(String),
+}
+
+impl fmt::Display for Tables {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tables::Schema(db) => write!(f, "--schema {db}"),
+            Tables::Pattern(p) => write!(f, "--pattern {p}"),
+        }
+    }
+}
+
 /// What happened (or, in a dry run, would happen) to the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Adopted {
+    /// The table's database.
+    pub database: String,
     /// The table.
     pub table: String,
     /// Its shard-key column.
@@ -91,19 +115,19 @@ pub fn switch_script(plan: &Plan, names: &Names) -> String {
         "-- after the sequence, high-water, functions and clock event of shardflake mysql sql --table {t} (the event seen running):\n\
          SET SESSION lock_wait_timeout = {LOCK_WAIT_S};\n\
          DO SETVAL(`{seq}`, <the server's packed clock>, 0);  -- every later draw is at or above it\n\
-         LOCK TABLES `{t}` WRITE;  -- inserts wait until UNLOCK TABLES\n\
+         LOCK TABLES `{t}` WRITE, `{hw}`.`adopted` WRITE;  -- inserts wait until UNLOCK TABLES\n\
          SELECT MAX(id) FROM `{t}`;  -- refused unless below the first id the trigger can make now\n\
+         INSERT INTO `{hw}`.`adopted` ...;  -- the table, the largest old id, the first new id\n\
          {};\n\
          {};\n\
          ALTER TABLE `{t}` AUTO_INCREMENT = {};  -- an insert without the trigger fails\n\
          {};\n\
-         UNLOCK TABLES;\n\
-         INSERT INTO `{}`.`adopted` ...;  -- the table, the largest old id, the first new id\n",
+         UNLOCK TABLES;\n",
         sql::add_guard_sql(t),
         sql::trigger_sql(plan, names),
         sql::AUTO_INCREMENT_PARKED,
         sql::guard_default_sql(t),
-        sql::HIGH_WATER_DB,
+        hw = sql::HIGH_WATER_DB,
         seq = names.sequence(),
     )
 }
@@ -118,6 +142,14 @@ pub struct AdoptedTable {
     pub floor: Option<i64>,
     /// The smallest id the trigger could make when it was switched.
     pub first_new: i64,
+}
+
+impl AdoptedTable {
+    /// Whether `id` was made before the table was adopted (at or below its
+    /// floor): it has no time, shard or sequence.
+    pub fn before_adoption(&self, id: i64) -> bool {
+        self.floor.is_some_and(|f| id <= f)
+    }
 }
 
 /// The tables of the URL's database this server records as adopted.
@@ -204,18 +236,32 @@ pub async fn adopt(
     let now = server_packed_clock(conn, &plan).await?;
     let first_new = first_new_id(&plan, now);
     let record = adopted(conn).await?.into_iter().find(|a| &a.table == t);
-    let serves = match opts.options.shards {
-        Some(s) => s,
-        None => recorded_serves(conn, &db, names)
-            .await?
-            .unwrap_or((0, plan.shard_max())),
-    };
+    let recorded_serves = recorded_serves(conn, &db, names).await?;
+    let serves = opts
+        .options
+        .shards
+        .or(recorded_serves)
+        .unwrap_or((0, plan.shard_max()));
     let serving = plan.clone().serving(Some(serves));
     let wanted = sql::trigger_sql(&serving, names);
-    let switched = trigger_problem(conn, names, &wanted).await?.is_none()
-        && guard(conn, t).await?.0.as_deref() == Some("0");
+    let trigger_in_place = trigger_problem(conn, names, &wanted).await?.is_none();
+    // Switched, and every step after the trigger done too (a run killed
+    // after the trigger and before the parked counter or the record of
+    // the shard values is finished by the next one).
+    let switched = trigger_in_place
+        && guard(conn, t).await?.0.as_deref() == Some("0")
+        && auto_increment_counter(conn, t).await? == sql::AUTO_INCREMENT_PARKED
+        && recorded_serves.is_some()
+        && !routine_differs(
+            conn,
+            &names.procedure,
+            "PROCEDURE",
+            &sql::procedure_sql(&serving, names),
+        )
+        .await?;
     if switched && let Some(r) = &record {
         return Ok(Adopted {
+            database: db.clone(),
             table: t.clone(),
             key: names.key.clone(),
             floor: r.floor,
@@ -226,7 +272,8 @@ pub async fn adopt(
             script: String::new(),
         });
     }
-    if !switched && let Some(max) = floor.filter(|&m| m >= first_new) {
+    // With the trigger in place, ids above the clock are its own.
+    if !trigger_in_place && let Some(max) = floor.filter(|&m| m >= first_new) {
         problems.push(too_high(&plan, t, max, first_new));
     }
     if !problems.is_empty() {
@@ -237,6 +284,7 @@ pub async fn adopt(
     }
     if opts.dry_run {
         return Ok(Adopted {
+            database: db.clone(),
             table: t.clone(),
             key: names.key.clone(),
             floor,
@@ -251,26 +299,21 @@ pub async fn adopt(
             },
         });
     }
-    let applied = apply::install(conn, layout, &opts.options, Mode::Adopt).await?;
-    let (floor, first_new) = applied.switched.unwrap_or((floor, first_new));
+    // The switch locks the record's table with the table and writes the
+    // record there, before the trigger.
+    conn.query_drop(format!(
+        "CREATE DATABASE IF NOT EXISTS `{}`",
+        sql::HIGH_WATER_DB
+    ))
+    .await
+    .map_err(my("creating database shardflake"))?;
     conn.query_drop(ADOPTED_DDL)
         .await
         .map_err(my("creating shardflake.adopted"))?;
-    // A run stopped after the switch and before its record: the trigger's
-    // ids are in the table now, so the floor is not known any more.
-    let floor = if switched && record.is_none() {
-        None
-    } else {
-        floor
-    };
-    conn.exec_drop(
-        "INSERT INTO `shardflake`.`adopted` VALUES (DATABASE(), ?, ?, ?, UTC_TIMESTAMP(3)) \
-         ON DUPLICATE KEY UPDATE floor_id = VALUES(floor_id), first_new = VALUES(first_new), adopted_at = VALUES(adopted_at)",
-        (t, floor, first_new),
-    )
-    .await
-    .map_err(my("recording the adopted table"))?;
+    let applied = apply::install(conn, layout, &opts.options, Mode::Adopt).await?;
+    let (floor, first_new) = applied.switched.unwrap_or((floor, first_new));
     Ok(Adopted {
+        database: db.clone(),
         table: t.clone(),
         key: names.key.clone(),
         floor,
@@ -280,6 +323,232 @@ pub async fn adopt(
         warnings: applied.warnings,
         script: switch_script(&serving, names),
     })
+}
+
+/// The `(database, table)` pairs `which` selects, in order: base tables
+/// whose `id` column is `AUTO_INCREMENT`.
+pub async fn tables(conn: &mut Conn, which: &Tables) -> Result<Vec<(String, String)>, Error> {
+    let (filter, arg) = match which {
+        Tables::Schema(db) => ("c.TABLE_SCHEMA = ?", db),
+        Tables::Pattern(p) => (
+            "CONCAT(c.TABLE_SCHEMA, '.', c.TABLE_NAME) LIKE ? \
+             AND c.TABLE_SCHEMA NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys', 'shardflake')",
+            p,
+        ),
+    };
+    conn.exec(
+        format!(
+            "SELECT c.TABLE_SCHEMA, c.TABLE_NAME FROM information_schema.COLUMNS c \
+               JOIN information_schema.TABLES t ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME \
+              WHERE t.TABLE_TYPE = 'BASE TABLE' AND c.COLUMN_NAME = 'id' AND c.EXTRA LIKE '%auto_increment%' AND {filter} \
+              ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME"
+        ),
+        (arg,),
+    )
+    .await
+    .map_err(my("listing the AUTO_INCREMENT tables"))
+}
+
+/// [`adopt()`] for every table `which` selects, each with `opts`' shard-key
+/// column, cache and shard values and its own procedure
+/// ([`Names::default_procedure`]); the session moves to each table's
+/// database (and back). Every table is planned first: one refusal, and
+/// nothing is changed (each refusal named by its table). Then each is
+/// adopted in turn; one that fails after others were switched returns
+/// [`Error::AdoptStopped`], naming those (they stay switched). Tables
+/// already adopted are reported unchanged. A table whose id already comes
+/// from a trigger of ours that no adopt recorded (`mysql apply` made it)
+/// is left out.
+pub async fn adopt_tables(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &AdoptOptions,
+    which: &Tables,
+) -> Result<Vec<Adopted>, Error> {
+    let home: Option<String> = conn
+        .query_first("SELECT DATABASE()")
+        .await
+        .map_err(my("reading the session's database"))?
+        .flatten();
+    let result = adopt_each(conn, layout, opts, which).await;
+    if let Some(home) = home {
+        use_database(conn, &home).await?;
+    }
+    result
+}
+
+async fn adopt_each(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &AdoptOptions,
+    which: &Tables,
+) -> Result<Vec<Adopted>, Error> {
+    let found = tables(conn, which).await?;
+    if found.is_empty() {
+        return Err(other(
+            "adopt",
+            format!(
+                "nothing was changed: no table selected by {which} has an AUTO_INCREMENT column id"
+            ),
+        ));
+    }
+    let mut planned = Vec::new();
+    let mut problems = Vec::new();
+    for (db, t) in &found {
+        use_database(conn, db).await?;
+        let mut one = opts.clone();
+        one.dry_run = true;
+        one.options.names =
+            match Names::new(t, &opts.options.names.key, &Names::default_procedure(t)) {
+                Ok(n) => n,
+                Err(e) => {
+                    problems.push(format!(
+                        "{db}.{t}: {e}: adopt it alone with --table and a shorter --procedure"
+                    ));
+                    continue;
+                }
+            };
+        match adopt(conn, layout, &one).await {
+            Ok(p) => {
+                let recorded = adopted(conn).await?.iter().any(|a| &a.table == t);
+                if !p.unchanged || recorded {
+                    planned.push((one, p));
+                }
+            }
+            Err(Error::MysqlRefused { message, .. }) => problems.push(format!(
+                "{db}.{t}: {}",
+                message
+                    .strip_prefix("nothing was changed: ")
+                    .unwrap_or(&message)
+            )),
+            Err(e) => return Err(e),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(other(
+            "adopt",
+            format!("nothing was changed:\n  {}", problems.join("\n  ")),
+        ));
+    }
+    let mut out: Vec<Adopted> = Vec::new();
+    let mut rest = planned.into_iter();
+    while let Some((mut one, p)) = rest.next() {
+        if opts.dry_run || p.unchanged {
+            out.push(p);
+            continue;
+        }
+        one.dry_run = false;
+        use_database(conn, &p.database).await?;
+        match adopt(conn, layout, &one).await {
+            Ok(a) => out.push(a),
+            // Tables switched before this one stay switched: say which.
+            Err(e) if out.iter().any(|a| !a.unchanged) => {
+                return Err(Error::AdoptStopped {
+                    command: "mysql adopt",
+                    switched: out
+                        .iter()
+                        .filter(|a| !a.unchanged)
+                        .map(|a| format!("{}: {a}", a.database))
+                        .collect(),
+                    stopped_at: format!("{}.{}", p.database, p.table),
+                    problem: e.to_string(),
+                    not_reached: rest
+                        .filter(|(_, p)| !p.unchanged)
+                        .map(|(_, p)| format!("{}.{}", p.database, p.table))
+                        .collect(),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// One table of [`check_tables`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableCheck {
+    /// The table's database.
+    pub database: String,
+    /// The table.
+    pub table: String,
+    /// Its record, if adopted.
+    pub adopted: Option<AdoptedTable>,
+    /// What [`check()`](super::check()) finds (or that it is not adopted); empty: all is well.
+    pub problems: Vec<String>,
+}
+
+/// [`check()`](super::check()) of every table `which` selects, as [`adopt_tables`] names
+/// them. A table still taking its ids from `AUTO_INCREMENT` (no trigger of
+/// ours) is reported as not adopted, with the command that adopts it.
+pub async fn check_tables(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+    which: &Tables,
+) -> Result<Vec<TableCheck>, Error> {
+    let home: Option<String> = conn
+        .query_first("SELECT DATABASE()")
+        .await
+        .map_err(my("reading the session's database"))?
+        .flatten();
+    let mut out = Vec::new();
+    let mut result = Ok(());
+    for (db, t) in tables(conn, which).await? {
+        if let Err(e) = check_one(conn, layout, opts, which, &db, &t, &mut out).await {
+            result = Err(e);
+            break;
+        }
+    }
+    if let Some(home) = home {
+        use_database(conn, &home).await?;
+    }
+    result.map(|()| out)
+}
+
+async fn check_one(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+    which: &Tables,
+    db: &str,
+    t: &str,
+    out: &mut Vec<TableCheck>,
+) -> Result<(), Error> {
+    use_database(conn, db).await?;
+    let names = Names::new(t, &opts.names.key, &Names::default_procedure(t))
+        .map_err(|e| other("check", format!("{db}.{t}: {e}")))?;
+    let record = adopted(conn).await?.into_iter().find(|a| a.table == t);
+    let has_trigger: Option<i64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?",
+            (names.trigger(),),
+        )
+        .await
+        .map_err(my("looking up the trigger"))?;
+    let problems = if record.is_none() && has_trigger == Some(0) {
+        vec![format!(
+            "{db}.{t}.id is not adopted (it takes its ids from AUTO_INCREMENT): run shardflake mysql adopt {which}"
+        )]
+    } else {
+        let one = Options {
+            names,
+            ..opts.clone()
+        };
+        super::check(conn, layout, &one).await?
+    };
+    out.push(TableCheck {
+        database: db.to_string(),
+        table: t.to_string(),
+        adopted: record,
+        problems,
+    });
+    Ok(())
+}
+
+async fn use_database(conn: &mut Conn, db: &str) -> Result<(), Error> {
+    conn.query_drop(format!("USE `{}`", db.replace('`', "``")))
+        .await
+        .map_err(my("switching to the table's database"))
 }
 
 /// The smallest id the trigger can make once its sequence is set to a
@@ -297,11 +566,12 @@ fn too_high(plan: &Plan, t: &str, max: i64, first_new: i64) -> String {
     )
 }
 
-/// Switches the table under `LOCK TABLES ... WRITE` (its clock event
-/// already running): the largest id read and checked below the first id
-/// the trigger can make, the guard column, the trigger, the parked
-/// counter, the guard's default. Returns the largest old id and the first
-/// new one.
+/// Switches the table under `LOCK TABLES ... WRITE` of the table and of
+/// `shardflake.adopted` (its clock event already running): the largest id
+/// read and checked below the first id the trigger can make, the record,
+/// then the guard column, the trigger, the parked counter, the guard's
+/// default. Returns the largest old id and the first new one, as
+/// recorded.
 pub(super) async fn switch(
     conn: &mut Conn,
     plan: &Plan,
@@ -318,7 +588,10 @@ pub(super) async fn switch(
         .await
         .map_err(my("setting the sequence to the clock"))?;
     let first_new = first_new_id(plan, now);
-    conn.query_drop(format!("LOCK TABLES `{t}` WRITE"))
+    conn.query_drop(format!(
+        "LOCK TABLES `{t}` WRITE, `{}`.`adopted` WRITE",
+        sql::HIGH_WATER_DB
+    ))
         .await
         .map_err(|e| {
             other(
@@ -347,16 +620,44 @@ async fn switch_locked(
     applied: &mut apply::Applied,
 ) -> Result<(Option<i64>, i64), Error> {
     let t = &names.table;
-    let floor: Option<i64> = conn
+    let max: Option<i64> = conn
         .query_first(format!("SELECT MAX(id) FROM `{t}`"))
         .await
         .map_err(my("reading the largest id under the lock"))?
         .flatten();
-    if let Some(max) = floor.filter(|&m| m >= first_new) {
-        return Err(other(
-            "adopt",
-            format!("nothing was changed: {}", too_high(plan, t, max, first_new)),
-        ));
+    let recorded: Option<(Option<i64>, i64)> = conn
+        .exec_first(
+            "SELECT floor_id, first_new FROM `shardflake`.`adopted` WHERE db = DATABASE() AND tbl = ?",
+            (t,),
+        )
+        .await
+        .map_err(my("reading the table's record"))?;
+    // The trigger already in place (a run stopped before the guard's
+    // default or the parked counter): every id since came from the
+    // sequence, so the recorded floor stands; without a record (a version
+    // that recorded after the switch), the floor is not known.
+    let trigger_in_place = !trigger_differs(conn, names, &sql::trigger_sql(plan, names)).await?;
+    let (floor, first_new) = match (trigger_in_place, recorded) {
+        (true, Some(r)) => r,
+        (true, None) => (None, first_new),
+        (false, _) => {
+            if let Some(max) = max.filter(|&m| m >= first_new) {
+                return Err(other(
+                    "adopt",
+                    format!("nothing was changed: {}", too_high(plan, t, max, first_new)),
+                ));
+            }
+            (max, first_new)
+        }
+    };
+    if !(trigger_in_place && recorded.is_some()) {
+        conn.exec_drop(
+            "INSERT INTO `shardflake`.`adopted` VALUES (DATABASE(), ?, ?, ?, UTC_TIMESTAMP(3)) \
+             ON DUPLICATE KEY UPDATE floor_id = VALUES(floor_id), first_new = VALUES(first_new), adopted_at = VALUES(adopted_at)",
+            (t, floor, first_new),
+        )
+        .await
+        .map_err(my("recording the adopted table"))?;
     }
     apply::install_guard_and_trigger(conn, plan, names, applied).await?;
     if auto_increment_counter(conn, t).await? < sql::AUTO_INCREMENT_PARKED {

@@ -293,7 +293,10 @@ pub(super) async fn apply_pinned(
             .map_err(my("creating the refusal function"))?;
         applied.installed.push(names.refused_function());
     }
-    for (name, create) in sql::time_functions_sql(plan) {
+    for (name, create) in sql::time_functions_sql(plan)
+        .into_iter()
+        .chain([sql::decode_function_sql(plan)])
+    {
         if routine_differs(conn, name, "FUNCTION", &create).await? {
             conn.query_drop(&create)
                 .await
@@ -313,6 +316,9 @@ pub(super) async fn apply_pinned(
                 ),
             ));
         }
+        // The procedures before the switch: a run stopped after it has
+        // nothing left to install but the parked counter.
+        install_procedures(conn, plan, opts, &mut applied).await?;
         applied.switched = Some(super::adopt::switch(conn, plan, names, &mut applied).await?);
     } else {
         install_guard_and_trigger(conn, plan, names, &mut applied).await?;
@@ -327,7 +333,21 @@ pub(super) async fn apply_pinned(
     }
     applied.one_statement = true;
     applied.procedure = names.procedure.clone();
-    // The procedures.
+    if mode != Mode::Adopt {
+        install_procedures(conn, plan, opts, &mut applied).await?;
+    }
+    Ok(applied)
+}
+
+/// The procedures: `generate_post_id` (or its name), with
+/// [`Options::locked`] the row-lock one, with [`Options::seed`] the seed's.
+async fn install_procedures(
+    conn: &mut Conn,
+    plan: &Plan,
+    opts: &Options,
+    applied: &mut Applied,
+) -> Result<(), Error> {
+    let names = &opts.names;
     if replace_procedure(
         conn,
         &names.procedure,
@@ -344,7 +364,7 @@ pub(super) async fn apply_pinned(
     if opts.seed && install_seed(conn, names, true).await? {
         applied.installed.push(names.seed_procedure());
     }
-    Ok(applied)
+    Ok(())
 }
 
 /// An `ALTER SEQUENCE` giving the options the argument needs, if any

@@ -176,7 +176,10 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
         )
         .await?,
     );
-    for (name, create) in sql::time_functions_sql(&plan) {
+    for (name, create) in sql::time_functions_sql(&plan)
+        .into_iter()
+        .chain([sql::decode_function_sql(&plan)])
+    {
         problems.extend(routine_problem(conn, name, "FUNCTION", &create).await?);
     }
     match guard(conn, &names.table).await? {

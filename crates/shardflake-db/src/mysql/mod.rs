@@ -174,7 +174,10 @@ mod check;
 mod installed;
 mod repair;
 
-pub use adopt::{AdoptOptions, Adopted, AdoptedTable, adopt, adopted};
+pub use adopt::{
+    AdoptOptions, Adopted, AdoptedTable, TableCheck, Tables, adopt, adopt_tables, adopted,
+    check_tables, tables,
+};
 pub use apply::{Applied, apply};
 pub use check::check;
 pub use installed::clock_running;

@@ -443,6 +443,15 @@ impl Names {
             procedure: procedure.into(),
         })
     }
+    /// The procedure of `table` when none is named: `generate_post_id`
+    /// for `posts` (the seed's name), `generate_<table>_id` for another.
+    pub fn default_procedure(table: &str) -> String {
+        if table == "posts" {
+            "generate_post_id".to_string()
+        } else {
+            format!("generate_{table}_id")
+        }
+    }
     /// `{table}_id_seq`.
     pub fn sequence(&self) -> String {
         format!("{}_id_seq", self.table)
@@ -816,6 +825,37 @@ END",
         ("id_range", id_range),
         ("id_time", id_time),
     ]
+}
+
+/// `decode_id(id, table)`, as `(name, CREATE)`: the id's parts as JSON,
+/// `{"before_adoption": false, "time": "<UTC DATETIME(3)>", "shard": ..,
+/// "sequence": ..}`, except for an id from before `table`'s adoption (at
+/// or below the floor `mysql adopt` recorded in `shardflake.adopted`),
+/// which has no time, shard or sequence: those are null,
+/// `before_adoption` true (and false for every id while no table of the
+/// server was adopted: the handler of error 1146, no such table).
+/// Installed beside [`time_functions_sql`]'s.
+pub fn decode_function_sql(plan: &Plan) -> (&'static str, String) {
+    let mask = |bits: u32| (1u64 << bits) - 1;
+    let create = format!(
+        "CREATE OR REPLACE FUNCTION `decode_id`(v BIGINT, of_table VARCHAR(64)) RETURNS LONGTEXT NOT DETERMINISTIC READS SQL DATA
+COMMENT {comment}
+BEGIN
+  DECLARE old BOOLEAN DEFAULT FALSE;
+  DECLARE CONTINUE HANDLER FOR 1146 SET old = FALSE;
+  SELECT COALESCE(MAX(v <= floor_id), FALSE) INTO old FROM `{HIGH_WATER_DB}`.`adopted` WHERE db = DATABASE() AND tbl = of_table;
+  IF old THEN
+    RETURN JSON_OBJECT('before_adoption', TRUE, 'time', NULL, 'shard', NULL, 'sequence', NULL);
+  END IF;
+  RETURN JSON_OBJECT('before_adoption', FALSE, 'time', CAST(id_time(v) AS CHAR), 'shard', (v >> {shard_shift}) & {shard_mask}, 'sequence', (v >> {seq_shift}) & {seq_mask});
+END",
+        comment = lit(&plan.marker()),
+        shard_shift = plan.shard_shift,
+        shard_mask = mask(plan.shard_bits),
+        seq_shift = plan.seq_shift,
+        seq_mask = mask(plan.seq_bits),
+    );
+    ("decode_id", create)
 }
 
 /// The server's UTC time now, as a `DATETIME(6)` expression: `SYSDATE(6)`

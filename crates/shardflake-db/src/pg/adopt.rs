@@ -333,6 +333,7 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
             // committed): say which, never "nothing was changed".
             Err(error) if out.iter().any(|a| !a.unchanged) => {
                 return Err(Error::AdoptStopped {
+                    command: "pg adopt",
                     switched: out
                         .iter()
                         .filter(|a| !a.unchanged)
@@ -756,17 +757,17 @@ async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopt
         .get(0);
     // Adopted before, and changed back by hand since: the ids drawn from
     // the old sequence meanwhile are old ids too, the new ones are not.
-    let recorded: Option<i64> = tx
+    let recorded: Option<(i64, Option<i64>)> = tx
         .query_opt(
-            "SELECT first_new FROM shardflake.adopted WHERE tbl = $1 AND col = $2",
+            "SELECT first_new, floor_id FROM shardflake.adopted WHERE tbl = $1 AND col = $2",
             &[&t, col],
         )
         .await
         .map_err(ctx(name, "reading the adopted table's record"))?
-        .map(|r| r.get(0));
+        .map(|r| (r.get(0), r.get(1)));
     let floor: Option<i64> = match recorded {
         None => max,
-        Some(first) => tx
+        Some((first, _)) => tx
             .query_one(
                 &format!("SELECT max({col}) FROM {t} WHERE {col} < $1"),
                 &[&first],
@@ -775,6 +776,10 @@ async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopt
             .map_err(ctx(name, &format!("reading the old ids of {t}")))?
             .get(0),
     };
+    // The record of an earlier adoption remembers old ids that a restore
+    // of the table alone (its dump from before adoption) threw away: they
+    // stay old ids, and the kept sequence is moved past them below.
+    let floor = floor.max(recorded.and_then(|(_, f)| f));
     let first = first_new_id(&tx, topo, name, p.shard).await?;
     if let Some(problem) = too_high(topo, &t, &p.column, max, first) {
         return Err(refused(
@@ -806,6 +811,17 @@ async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopt
     } else {
         p.old_sequence.clone()
     };
+    // The kept sequence past every old id: a default put back on it by
+    // hand (which pg check reports) then hands out none of them again,
+    // not even those a restore of the table set it back below.
+    if let (Some(seq), Some(floor)) = (&kept, floor) {
+        tx.execute(
+            "SELECT setval($1::text::regclass, $2) WHERE $2 > coalesce(pg_sequence_last_value($1::text::regclass), 0)",
+            &[seq, &floor],
+        )
+        .await
+        .map_err(ctx(name, &format!("moving {seq} past the old ids")))?;
+    }
     tx.execute(
         "INSERT INTO shardflake.adopted (tbl, col, shard, floor_id, first_new, old_default, old_sequence)
          VALUES ($1, $2, $3, $4, $5, $6, $7)

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
 use shardflake::{Layout, preset};
-use shardflake_db::mysql::{self, AdoptOptions, Names, Options};
+use shardflake_db::mysql::{self, AdoptOptions, Names, Options, Tables};
 use shardflake_testkit::MariaDbServer;
 
 fn layout() -> Layout {
@@ -60,6 +60,17 @@ async fn writer(
     stop: Arc<AtomicBool>,
     after: usize,
 ) -> Result<Vec<i64>, String> {
+    writer_into(pool, "orders", user, stop, after).await
+}
+
+/// [`writer`] into `table`.
+async fn writer_into(
+    pool: Pool,
+    table: &'static str,
+    user: i64,
+    stop: Arc<AtomicBool>,
+    after: usize,
+) -> Result<Vec<i64>, String> {
     let mut c = pool.get_conn().await.map_err(|e| e.to_string())?;
     let mut ids = Vec::new();
     let mut extra = 0;
@@ -68,7 +79,7 @@ async fn writer(
             extra += 1;
         }
         c.exec_drop(
-            "INSERT INTO orders (user_id, body) VALUES (?, 'new')",
+            format!("INSERT INTO {table} (user_id, body) VALUES (?, 'new')"),
             (user,),
         )
         .await
@@ -376,4 +387,361 @@ async fn check_under_writers_sees_no_repeat_on_a_healthy_table() {
     for w in writers {
         w.await.unwrap().expect("no insert fails");
     }
+}
+
+async fn triggers_in(c: &mut Conn, table: &str) -> i64 {
+    c.exec_first(
+        "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = ?",
+        (table,),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+}
+
+/// `mysql adopt --schema` (and `--pattern`) while four writers insert into
+/// each of two tables: one table the schema cannot adopt (an INT id) and
+/// nothing changes; without it, both AUTO_INCREMENT tables are adopted
+/// (no failed insert, no id twice, each table's new ids above its old
+/// ones), the table without AUTO_INCREMENT is left alone, a second run
+/// changes nothing, and check reports each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adopt_a_schema_under_writers_adopts_each_auto_increment_table() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 5_000).await;
+    c.query_drop(
+        "CREATE TABLE items (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body TEXT);
+         INSERT INTO items (user_id, body) SELECT seq, 'old' FROM seq_1_to_1000;
+         CREATE TABLE notes (id BIGINT NOT NULL PRIMARY KEY, user_id BIGINT);
+         CREATE TABLE small (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT)",
+    )
+    .await
+    .unwrap();
+    let schema = Tables::Schema("app".into());
+    let mut all = opts("orders");
+    let e = mysql::adopt_tables(&mut c, &layout(), &all, &schema)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nothing was changed")
+            && e.contains("app.small: small.id is int(11)")
+            && e.contains("ALTER TABLE `small` MODIFY `id` BIGINT"),
+        "{e}"
+    );
+    for t in ["orders", "items", "small"] {
+        assert_eq!(triggers_in(&mut c, t).await, 0, "{t}: {e}");
+    }
+    c.query_drop("DROP TABLE small").await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let table = if w % 2 == 0 { "orders" } else { "items" };
+            (
+                table,
+                tokio::spawn(writer_into(
+                    pool.clone(),
+                    table,
+                    3000 + w,
+                    stop.clone(),
+                    100,
+                )),
+            )
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let n: i64 = c
+            .query_first("SELECT LEAST((SELECT COUNT(*) FROM orders WHERE body = 'new'), (SELECT COUNT(*) FROM items WHERE body = 'new'))")
+            .await
+            .unwrap()
+            .unwrap();
+        if n >= 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "writers too slow");
+        tokio::task::yield_now().await;
+    }
+    all.dry_run = true;
+    let plans = mysql::adopt_tables(&mut c, &layout(), &all, &schema)
+        .await
+        .unwrap();
+    let planned: Vec<&str> = plans.iter().map(|a| a.table.as_str()).collect();
+    assert_eq!(planned, ["items", "orders"], "{plans:?}");
+    assert!(plans.iter().all(|a| a.script.contains("LOCK TABLES")));
+    assert_eq!(
+        triggers_in(&mut c, "orders").await,
+        0,
+        "a dry run changes nothing"
+    );
+    all.dry_run = false;
+    let done = mysql::adopt_tables(&mut c, &layout(), &all, &schema)
+        .await
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert!(
+        done.iter().all(|a| !a.unchanged && a.database == "app"),
+        "{done:?}"
+    );
+    let mut seen = HashSet::new();
+    for (table, w) in writers {
+        let a = done.iter().find(|a| a.table == table).unwrap();
+        let floor = a.floor.unwrap();
+        let ids = w.await.unwrap().expect("no insert fails");
+        assert!(ids.windows(2).all(|p| p[0] < p[1]), "{table}: {ids:?}");
+        assert!(*ids.last().unwrap() >= a.first_new, "{table}: {ids:?}");
+        for id in ids {
+            assert!(seen.insert((table, id)), "{table}: id {id} twice");
+            assert!(id <= floor || id >= a.first_new, "{table}: {id}");
+        }
+    }
+    for t in ["orders", "items"] {
+        let (rows, distinct): (i64, i64) = c
+            .query_first(format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM {t}"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(rows, distinct, "{t}");
+    }
+    assert_eq!(triggers_in(&mut c, "notes").await, 0);
+
+    let again = mysql::adopt_tables(&mut c, &layout(), &all, &schema)
+        .await
+        .unwrap();
+    assert!(again.iter().all(|a| a.unchanged), "{again:?}");
+    let checked = mysql::check_tables(&mut c, &layout(), &all.options, &schema)
+        .await
+        .unwrap();
+    assert_eq!(checked.len(), 2, "{checked:?}");
+    for t in &checked {
+        assert!(t.problems.is_empty(), "{t:?}");
+        let a = done.iter().find(|a| a.table == t.table).unwrap();
+        assert_eq!(t.adopted.as_ref().map(|r| r.floor), Some(a.floor), "{t:?}");
+    }
+    // A pattern selects by database.table; the session stays in app.
+    let items = mysql::adopt_tables(&mut c, &layout(), &all, &Tables::Pattern("app.i%".into()))
+        .await
+        .unwrap();
+    assert_eq!(items.len(), 1);
+    assert!(items[0].table == "items" && items[0].unchanged, "{items:?}");
+    let db: String = c.query_first("SELECT DATABASE()").await.unwrap().unwrap();
+    assert_eq!(db, "app");
+    // A table added later is reported as not adopted, with the command.
+    c.query_drop(
+        "CREATE TABLE later (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT)",
+    )
+    .await
+    .unwrap();
+    let checked = mysql::check_tables(&mut c, &layout(), &all.options, &schema)
+        .await
+        .unwrap();
+    let later = checked.iter().find(|t| t.table == "later").unwrap();
+    assert_eq!(
+        later.problems,
+        [
+            "app.later.id is not adopted (it takes its ids from AUTO_INCREMENT): run shardflake mysql adopt --schema app"
+        ]
+    );
+}
+
+/// An adopted table's old ids have no time, shard or sequence: the SQL
+/// `decode_id(id, table)` and the record say they are from before
+/// adoption rather than decode them; a new id decodes, and an id of a
+/// table that was not adopted decodes.
+#[tokio::test]
+async fn decode_id_says_an_old_id_is_from_before_adoption() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 500).await;
+    let a = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    assert_eq!(a.floor, Some(500));
+    let new: i64 = c
+        .query_first("INSERT INTO orders (user_id, body) VALUES (1801, 'new') RETURNING id")
+        .await
+        .unwrap()
+        .unwrap();
+    let decode = async |c: &mut Conn, id: i64, table: &str| -> String {
+        c.exec_first("SELECT decode_id(?, ?)", (id, table))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    for old in [1, 250, 500] {
+        assert_eq!(
+            decode(&mut c, old, "orders").await,
+            r#"{"before_adoption": true, "time": null, "shard": null, "sequence": null}"#
+        );
+    }
+    let parts = shardflake::Id(new as u64).decode(&layout()).unwrap();
+    let time: String = c
+        .exec_first("SELECT CAST(id_time(?) AS CHAR)", (new,))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        decode(&mut c, new, "orders").await,
+        format!(
+            r#"{{"before_adoption": false, "time": "{time}", "shard": {}, "sequence": {}}}"#,
+            1801 & 1023,
+            parts.sequence
+        )
+    );
+    assert_eq!(parts.field("shard"), Some(1801 & 1023));
+    // The same small id of a table that was not adopted decodes.
+    assert!(
+        decode(&mut c, 250, "items")
+            .await
+            .starts_with(r#"{"before_adoption": false, "time": "2023-01-01 00:00:00.000""#)
+    );
+    let record = mysql::adopted(&mut c).await.unwrap();
+    assert!(record[0].before_adoption(500) && !record[0].before_adoption(new));
+}
+
+/// Waits until connection `id` waits on a lock (a table's, a routine's;
+/// bounded), then kills it.
+async fn kill_when_waiting(c: &mut Conn, id: u32) {
+    // adopt installs its sequence and clock event first (up to 3 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let waiting: Option<String> = c
+            .exec_first(
+                "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = ? AND STATE LIKE 'Waiting for %metadata lock'",
+                (id,),
+            )
+            .await
+            .unwrap();
+        if waiting.is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "adopt never waited on a lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    c.query_drop(format!("KILL CONNECTION {id}")).await.unwrap();
+}
+
+/// Operator fault: `mysql adopt` killed while it waits on a lock, at each
+/// step where one is held (the table, held by a transaction; the record's
+/// table, held by another session), then at moments spread over a run,
+/// four writers inserting throughout, then run again: no insert fails, no
+/// id twice, a switched table always has its record, and the record's
+/// floor is the largest id from before adoption (a run killed between the
+/// switch and its record left the floor unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adopt_killed_at_each_lock_and_run_again_records_the_floor() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 1_000).await;
+    // Another table adopted first: shardflake.adopted exists, to be held.
+    c.query_drop(
+        "CREATE TABLE items (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body TEXT)",
+    )
+    .await
+    .unwrap();
+    mysql::adopt(&mut c, &layout(), &opts("items"))
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| tokio::spawn(writer(pool.clone(), 4000 + w, stop.clone(), 50)))
+        .collect();
+    let mut holder = pool.get_conn().await.unwrap();
+    for hold in [
+        "START TRANSACTION; SELECT COUNT(*) FROM orders",
+        "LOCK TABLES shardflake.adopted READ",
+    ] {
+        holder.query_drop(hold).await.unwrap();
+        let mut run = pool.get_conn().await.unwrap();
+        let id = run.id();
+        let adopt = tokio::spawn(async move {
+            mysql::adopt(&mut run, &layout(), &opts("orders"))
+                .await
+                .map_err(|e| e.to_string())
+        });
+        kill_when_waiting(&mut c, id).await;
+        let e = adopt.await.unwrap().unwrap_err();
+        holder.query_drop("COMMIT; UNLOCK TABLES").await.unwrap();
+        // Killed before the switch, or after it with the record written:
+        // either way the table's state and its record agree.
+        let switched = triggers_in(&mut c, "orders").await == 1;
+        let recorded = mysql::adopted(&mut c)
+            .await
+            .unwrap()
+            .into_iter()
+            .any(|a| a.table == "orders");
+        assert!(!switched || recorded, "{hold}: switched, not recorded: {e}");
+    }
+    // Then killed at moments spread over its run (installing, waiting
+    // for the clock event, switching), whatever step each falls in.
+    for ms in [0, 20, 50, 100, 200, 400, 700, 1000, 1500] {
+        let mut run = pool.get_conn().await.unwrap();
+        let id = run.id();
+        let adopt = tokio::spawn(async move {
+            mysql::adopt(&mut run, &layout(), &opts("orders"))
+                .await
+                .map_err(|e| e.to_string())
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        let _ = c.query_drop(format!("KILL CONNECTION {id}")).await;
+        let _ = adopt.await.unwrap();
+        let switched = triggers_in(&mut c, "orders").await == 1;
+        let record = mysql::adopted(&mut c)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|a| a.table == "orders");
+        assert!(
+            !switched || record.as_ref().is_some_and(|r| r.floor.is_some()),
+            "killed after {ms} ms: switched, record {record:?}"
+        );
+    }
+    let a = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let mut all = HashSet::new();
+    for w in writers {
+        for id in w.await.unwrap().expect("no insert fails") {
+            assert!(all.insert(id), "id {id} twice");
+        }
+    }
+    let record = mysql::adopted(&mut c)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.table == "orders")
+        .unwrap();
+    let old_max: i64 = c
+        .query_first(format!(
+            "SELECT MAX(id) FROM orders WHERE id < {}",
+            a.first_new
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.floor, Some(old_max), "{record:?} {a:?}");
+    let min_new: i64 = c
+        .query_first(format!("SELECT MIN(id) FROM orders WHERE id > {old_max}"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(min_new >= record.first_new, "{min_new} {record:?}");
+    let again = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    assert!(again.unchanged && again.floor == Some(old_max), "{again:?}");
+    let problems = mysql::check(&mut c, &layout(), &opts("orders").options)
+        .await
+        .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
 }
