@@ -351,6 +351,19 @@ pub enum AcquireError {
         /// This node's fleet id.
         expected: String,
     },
+    /// The prefix records no fleet id, but the cluster registers a fleet
+    /// under it since before this take read the prefix: the prefix's
+    /// records were deleted (`etcdctl del --prefix`), its high-waters with
+    /// them, and a new fleet here would make that fleet's ids again.
+    #[error(
+        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (/shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. Stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor $(( $(date +%s%3N) + 60000 )) (now plus --max-resume-wait, or plus the window and the largest clock difference between its hosts), then etcdctl put {prefix}/fleet {fleet}, and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del /shardflake.fleets/{fleet}"
+    )]
+    FleetDeleted {
+        /// The key prefix.
+        prefix: String,
+        /// The fleet registered under it.
+        fleet: String,
+    },
     /// The prefix records no fleet id, and this node's state file names a
     /// registry on another etcd cluster: the fleet's ids were made there.
     #[error(
@@ -496,6 +509,7 @@ impl AcquireError {
                 | AcquireError::FleetMismatch { .. }
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
+                | AcquireError::FleetDeleted { .. }
                 | AcquireError::FleetOnAnotherCluster { .. }
                 | AcquireError::FleetElsewhere { .. }
                 | AcquireError::FleetOverlaps(_)

@@ -237,27 +237,129 @@ async fn static_nodes_move_to_etcd_while_both_kinds_issue() -> anyhow::Result<()
     Ok(())
 }
 
-/// Reproduction 3: `etcdctl del --prefix` under load, then a new node: it
-/// took node 0 at once while the old holder went on issuing.
+/// Reproduction 3 and review E13/E14: `etcdctl del --prefix` under load,
+/// the holder's clock 8 s ahead, then a node without a state file. Before,
+/// it started a new fleet at once, took node 0 one window past its own
+/// clock and made the holder's ids again. The cluster still registers the
+/// fleet under the prefix: the new node is refused, told to put back a
+/// floor and the fleet id, and issues nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_deleted_under_load_are_not_trusted() -> anyhow::Result<()> {
+async fn a_fresh_node_on_a_deleted_prefix_is_refused() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
     let d = dirs(2)?;
-    let a = leased(&etcd, "/del", &d[0], &[])?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+8s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/del",
+        "--lease-ttl",
+        "3s",
+        "--window",
+        "1s",
+        "--etcd-timeout",
+        "300ms",
+    ];
+    let a = serve_in(&d[0], &args, &ahead)?;
     assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = vec![ids_until(&a.http, &stop)];
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let fleet = etcd
+        .get("/del/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
     etcd.etcdctl(&["del", "--prefix", "/del"])?;
-    let mut b = leased(&etcd, "/del", &d[1], &[])?;
-    // Whatever b does, it must not issue a's ids.
-    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_secs(2)).await?;
+    // Whatever b does, it must not issue a's ids: it would reach the
+    // times a stamped (8 s ahead) within 9 s.
+    let mut b = serve_in(&d[1], &args, &[])?;
+    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_secs(9)).await?;
+    b.kill();
     stop.store(true, Ordering::Relaxed);
     let total = no_duplicates(loads).await?;
-    assert!(refused.is_none(), "b refused: {refused:?}");
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("a fresh node started on /del"))?;
+    assert!(
+        refused.contains("etcd prefix /del holds no fleet id")
+            && refused.contains(&format!("fleet {fleet} is registered"))
+            && refused.contains("etcdctl put /del/floor")
+            && refused.contains(&format!("etcdctl put /del/fleet {fleet}")),
+        "{refused}"
+    );
     // The old holder noticed its records were gone.
     assert!(a.stderr().contains("node id withdrawn"), "{}", a.stderr());
     eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
+/// The refusal above must not refuse a fleet's first nodes: fresh nodes
+/// started together on an empty prefix read it before any of them
+/// registered the fleet, and the fleet registered by the winner of the
+/// race may be newer than another's read of the prefix. Every one comes
+/// up, each with its own node id, in one fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_nodes_started_together_on_an_empty_prefix_all_come_up() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    for round in 0..3 {
+        let prefix = format!("/herd{round}");
+        let d = dirs(4)?;
+        // Spawned without waiting for each to start, so that their first
+        // reads of the empty prefix meet.
+        let starting: Vec<_> = d
+            .iter()
+            .map(|dir| {
+                let (urls, prefix, dir) = (etcd.urls(), prefix.clone(), dir.clone());
+                // A fleet of its own per round: a fixed field tells them apart.
+                let datacenter = format!("datacenter={round}");
+                std::thread::spawn(move || {
+                    let args = [
+                        "--workers",
+                        "1",
+                        "--etcd",
+                        &urls,
+                        "--etcd-prefix",
+                        &prefix,
+                        "--lease-ttl",
+                        "3s",
+                        "--layout",
+                        "twitter",
+                        "--node-field",
+                        "worker",
+                        "--field",
+                        &datacenter,
+                    ];
+                    let opts = ServeOpts {
+                        args: args.iter().map(|s| s.to_string()).collect(),
+                        dir: Some(dir),
+                        ..ServeOpts::default()
+                    };
+                    Serve::start(shardflake_bin(), opts)
+                })
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for t in starting {
+            let s = tokio::task::block_in_place(|| t.join())
+                .map_err(|_| anyhow::anyhow!("start panicked"))??;
+            nodes.push(s);
+        }
+        let mut ids = std::collections::HashSet::new();
+        for s in &mut nodes {
+            let refused = started_or_refused(s).await?;
+            assert!(refused.is_none(), "{prefix}: refused: {refused:?}");
+            anyhow::ensure!(ids.insert(s.ready(Duration::from_secs(20)).await?));
+        }
+        for s in &mut nodes {
+            stop_cleanly(s).await?;
+        }
+    }
+    let fleets = etcd.keys("/shardflake.fleets/").await?;
+    assert_eq!(fleets.len(), 3, "one fleet per prefix: {fleets:?}");
     Ok(())
 }
 

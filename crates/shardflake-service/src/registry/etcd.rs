@@ -350,6 +350,7 @@ impl Registry for EtcdRegistry {
                                         floor: Some(floor),
                                         registered,
                                         registered_at,
+                                        read_at: header.revision,
                                         moved_from,
                                     })
                             }
@@ -360,6 +361,7 @@ impl Registry for EtcdRegistry {
                                 floor: None,
                                 registered,
                                 registered_at,
+                                read_at: header.revision,
                                 moved_from,
                             }),
                         };
@@ -1170,6 +1172,27 @@ fn check_registered(
     Ok((found.as_deref() != Some(&wanted[..])).then_some(wanted))
 }
 
+/// The fleet registered under `prefix` (its id, and the revision its
+/// registration was last written at; the earliest, if several), among the
+/// registrations `registered`.
+///
+/// A registration is written in the same transaction as the fleet id it
+/// names, and rewritten only by a take that compares that fleet id, so
+/// where a read of the prefix at a revision at or after the registration's
+/// finds no fleet id, the fleet id was deleted since. A registration newer
+/// than that read may be a fleet another node has just started here.
+fn registered_under(registered: &[Kv], prefix: &str) -> Option<(String, i64)> {
+    registered
+        .iter()
+        .filter_map(|kv| {
+            let id = kv.key.strip_prefix(FLEETS.as_bytes())?;
+            let (their_prefix, _) = parse_registration(&kv.value)?;
+            (their_prefix == prefix)
+                .then(|| (String::from_utf8_lossy(id).into_owned(), kv.mod_revision))
+        })
+        .min_by_key(|(_, at)| *at)
+}
+
 /// `<prefix>/generation` among `kvs` (absent, or not a number: 0).
 fn read_generation(kvs: &[Kv], prefix: &str) -> u64 {
     let key = format!("{prefix}/generation");
@@ -1275,6 +1298,9 @@ struct Fleet {
     /// read at this revision.
     registered: Vec<Kv>,
     registered_at: i64,
+    /// The revision the take's view of the prefix (its fleet id) was
+    /// read at: the first read's, then each failed take's.
+    read_at: i64,
     /// The prefix of the fleet this one replaces (`--previous-prefix`).
     moved_from: Option<String>,
 }
@@ -1485,6 +1511,30 @@ async fn take_lowest(
     let mut first_too_far: Option<AcquireError> = None;
     // Each lost race means another node took an id: bounded by the id count.
     for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
+        // A take that would start a new fleet where the cluster registers
+        // one: refused when the prefix was read after the registration (its
+        // fleet id deleted since); otherwise the take compares the
+        // registrations unchanged since that read, and a failed one reads
+        // both again in one transaction.
+        let mut registrations_at = fleet.registered_at;
+        if recorded_fleet.is_none()
+            && fleet.carried.is_none()
+            && let Some((registered, at)) = registered_under(&fleet.registered, prefix)
+        {
+            if at <= fleet.read_at {
+                tracing::warn!(
+                    fleet = %registered,
+                    registered_at = at,
+                    read_at = fleet.read_at,
+                    "{prefix} holds no fleet id, and its fleet was registered before the prefix was read: deleted"
+                );
+                return Err(AcquireError::FleetDeleted {
+                    prefix: prefix.to_string(),
+                    fleet: registered,
+                });
+            }
+            registrations_at = fleet.read_at;
+        }
         let held = ids_under(&kvs, &node_prefix);
         let candidate = match claim.pinned {
             Some(id) => match held.get(&id) {
@@ -1635,7 +1685,7 @@ async fn take_lowest(
         )?;
         compares.push(Compare::NoneWrittenAfter(
             FLEETS.as_bytes().to_vec(),
-            fleet.registered_at,
+            registrations_at,
         ));
         if let Some(value) = registration {
             success.push(Op::Put(fleet_registry_key(fleet_id), value, 0));
@@ -1713,6 +1763,7 @@ async fn take_lowest(
             .cloned()
             .collect();
         fleet.registered_at = answer.revision;
+        fleet.read_at = answer.revision;
         match fresh.iter().find(|kv| kv.key == hw.as_bytes()) {
             Some(kv) => high_waters.insert(candidate, kv.value.clone()),
             None => high_waters.remove(&candidate),
@@ -1867,6 +1918,31 @@ mod tests {
             mod_revision: 1,
         };
         assert!(check(&[unreadable], "/a", None).is_err());
+    }
+
+    /// The fleet registered under a prefix, and when: a fresh take refuses
+    /// it only where its read of the prefix is at or after that revision.
+    #[test]
+    fn a_fleet_registered_under_a_prefix_is_found_with_its_revision() {
+        let reg = |fleet: &str, prefix: &str, revision: i64| Kv {
+            key: fleet_registry_key(fleet.as_bytes()),
+            value: registration(prefix, b"L; node id in field node"),
+            lease: 0,
+            create_revision: revision,
+            mod_revision: revision,
+        };
+        let registered = [reg("F", "/a", 7), reg("G", "/b", 3), reg("H", "/a", 9)];
+        assert_eq!(
+            registered_under(&registered, "/a"),
+            Some(("F".to_string(), 7))
+        );
+        assert_eq!(registered_under(&registered, "/b"), Some(("G".into(), 3)));
+        assert_eq!(registered_under(&registered, "/c"), None);
+        assert_eq!(
+            registered_under(&registered, "/a/x"),
+            None,
+            "another prefix"
+        );
     }
 
     #[test]
