@@ -1034,6 +1034,63 @@ async fn a_layout_change_never_reissues_an_id() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Review E5: a layout change the take refused after it had retired the
+/// previous prefix stranded the fleet: its old prefix refused its own
+/// nodes (retired) and the new one refused every node. Two fleets, one
+/// per datacenter (twitter, `--field datacenter=N`); dc1 changed to an
+/// earlier epoch, whose ids dc2's registered fleet could make: refused,
+/// and now before anything is retired, so dc1's node starts again where
+/// it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_layout_change_leaves_the_previous_fleet_where_it_was() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mut a = leased(&etcd, "/e5dc1", &d[0], &dc("datacenter=1"))?;
+    a.ready(Duration::from_secs(20)).await?;
+    let mut b = leased(&etcd, "/e5dc2", &d[1], &dc("datacenter=2"))?;
+    b.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut a).await?;
+    let recorded = etcd.get("/e5dc1/layout").await?.unwrap_or_default();
+    let earlier = format!(
+        "twitter: time 41 | datacenter 5 | worker 5 | sequence 12 (epoch {} ms)",
+        1_288_834_974_657_i64 - 15_000
+    );
+    let urls = etcd.urls();
+    let e = refused(
+        &d[2],
+        &[
+            "--etcd",
+            &urls,
+            "--etcd-prefix",
+            "/e5new",
+            "--lease-ttl",
+            "3s",
+            "--layout",
+            &earlier,
+            "--node-field",
+            "worker",
+            "--field",
+            "datacenter=1",
+            "--previous-prefix",
+            "/e5dc1",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(
+        e.contains("etcd prefix /e5new") && e.contains("would share ids with fleet"),
+        "{e}"
+    );
+    let after = etcd.get("/e5dc1/layout").await?.unwrap_or_default();
+    assert_eq!(after, recorded, "the previous prefix was retired");
+    let mut again = leased(&etcd, "/e5dc1", &d[0], &dc("datacenter=1"))?;
+    let refused = started_or_refused(&mut again).await?;
+    assert!(refused.is_none(), "dc1's node refused: {refused:?}");
+    stop_cleanly(&mut again).await?;
+    stop_cleanly(&mut b).await?;
+    Ok(())
+}
+
 /// Deletes the `registry …` line of a state file (what the guide once said
 /// to do to move a fleet to another prefix).
 fn drop_registry_line(dir: &Path) -> anyhow::Result<()> {

@@ -341,7 +341,11 @@ impl Registry for EtcdRegistry {
                             (Ok(()), Some(previous))
                                 if !kvs.iter().any(|kv| kv.key == layout_key.as_bytes()) =>
                             {
-                                retire_previous(&self.client, &self.prefix, previous, claim)
+                                let before = BeforeRetiring {
+                                    registered: &registered,
+                                    expected: expected_fleet.as_deref(),
+                                };
+                                retire_previous(&self.client, &self.prefix, previous, claim, before)
                                     .await
                                     .map(|(floor, carried, generation)| Fleet {
                                         expected: expected_fleet,
@@ -935,6 +939,7 @@ async fn retire_previous(
     prefix: &str,
     previous: &PreviousFleet,
     claim: &Claim,
+    before: BeforeRetiring<'_>,
 ) -> Result<(u64, Option<String>, u64), AcquireError> {
     let old = &previous.prefix;
     let under = format!("{old}/");
@@ -1017,6 +1022,15 @@ async fn retire_previous(
             ),
         });
     }
+    let carried = kvs
+        .iter()
+        .find(|kv| kv.key == format!("{old}/fleet").as_bytes())
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    let floor = change.unsafe_until_ms.unwrap_or(until_ms);
+    // What the new fleet's take would refuse, refused before the previous
+    // fleet is retired: refused after, the fleet had no place to run
+    // (review E5).
+    before.check(prefix, old, carried.as_deref(), floor, claim)?;
     if !retired {
         let value = format!("{RETIRED}{prefix}: {old_record}").into_bytes();
         let answer = client
@@ -1040,16 +1054,55 @@ async fn retire_previous(
             "retired the previous fleet's prefix {old}: its nodes are refused there from now on"
         );
     }
-    let carried = kvs
-        .iter()
-        .find(|kv| kv.key == format!("{old}/fleet").as_bytes())
-        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
     let generation = read_generation(&kvs, old).saturating_add(1);
-    Ok((
-        change.unsafe_until_ms.unwrap_or(until_ms),
-        carried,
-        generation,
-    ))
+    Ok((floor, carried, generation))
+}
+
+/// What a layout change's first take checks before it retires the
+/// previous fleet: whatever the take that follows would refuse.
+struct BeforeRetiring<'a> {
+    /// The fleets registered in the cluster, as the take read them.
+    registered: &'a [Kv],
+    /// The fleet id of this node's state file.
+    expected: Option<&'a str>,
+}
+
+impl BeforeRetiring<'_> {
+    /// Refuses the change (under `prefix`, from `old`) as the take would:
+    /// a state file of another fleet than the one carried, a registered
+    /// fleet whose ids the new one could make, a floor further ahead of
+    /// this clock than the node may wait.
+    fn check(
+        &self,
+        prefix: &str,
+        old: &str,
+        carried: Option<&str>,
+        floor: u64,
+        claim: &Claim,
+    ) -> Result<(), AcquireError> {
+        if let Some(expected) = self.expected
+            && carried != Some(expected)
+        {
+            return Err(AcquireError::FleetMissing {
+                prefix: prefix.to_string(),
+                expected: expected.to_string(),
+            });
+        }
+        // A fleet that carries no id (an earlier version's) mints one,
+        // which no registration names.
+        let fleet = carried.unwrap_or_default().as_bytes();
+        check_registered(self.registered, prefix, fleet, &claim.layout, Some(old))?;
+        let ahead_ms = floor.saturating_sub(claim.now_ms);
+        if ahead_ms > claim.max_ahead_ms {
+            return Err(AcquireError::HighWaterAhead {
+                whose: format!("of the layout change from {old} (its fleet's highest high-water)"),
+                high_water_ms: floor,
+                ahead: Duration::from_millis(ahead_ms),
+                limit: Duration::from_millis(claim.max_ahead_ms),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Where an etcd cluster's fleets are registered, one key per fleet id
