@@ -25,7 +25,7 @@
 //! nodes, see `registry/etcd.rs`), `<prefix>/taken/<id>` the etcd status
 //! each take read, and `<prefix>/restored` the last snapshot restore a
 //! take saw (both judge records after a restore, see `registry/etcd.rs`).
-//! Outside every prefix, `/shardflake.fleets/<fleet id>` registers each
+//! Outside every prefix, `shardflake.fleets/<fleet id>` registers each
 //! fleet of the cluster (its prefix and layout record): a take refuses a
 //! fleet whose ids another registered fleet could make ([`FLEETS`]).
 //! `shardflake fleet move` carries a stopped fleet's records to another
@@ -356,7 +356,7 @@ pub enum AcquireError {
     /// records were deleted (`etcdctl del --prefix`), its high-waters with
     /// them, and a new fleet here would make that fleet's ids again.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (/shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. Stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor $(( $(date +%s%3N) + 60000 )) (now plus --max-resume-wait, or plus the window and the largest clock difference between its hosts), then etcdctl put {prefix}/fleet {fleet}, and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del /shardflake.fleets/{fleet}"
+        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. Stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor $(( $(date +%s%3N) + 60000 )) (now plus --max-resume-wait, or plus the window and the largest clock difference between its hosts), then etcdctl put {prefix}/fleet {fleet}, and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}, then etcdctl del /shardflake.fleets/{fleet} (where an earlier version registered it)"
     )]
     FleetDeleted {
         /// The key prefix.
@@ -379,7 +379,7 @@ pub enum AcquireError {
     },
     /// This fleet is registered in the cluster under another prefix.
     #[error(
-        "fleet {fleet} is registered in this etcd cluster under {registered} (/shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. Start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
+        "fleet {fleet} is registered in this etcd cluster under {registered} (shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. Start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
     )]
     FleetElsewhere {
         /// This node's fleet id.

@@ -297,6 +297,60 @@ async fn a_fresh_node_on_a_deleted_prefix_is_refused() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Review E11: `etcdctl del --prefix /shardflake` beside a fleet on
+/// /shardflake/prod also deleted the fleets' registry, then at
+/// /shardflake.fleets/ (etcd prefixes are bytes), so a fresh node started
+/// a new fleet there. The registry is now at shardflake.fleets/, which no
+/// `/…` string begins: the registration stays and the node is refused.
+/// An earlier version's registration (/shardflake.fleets/) is read too,
+/// and written where this version reads it by the fleet's next take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_string_a_prefix_begins_with_keeps_the_fleets_registered() -> anyhow::Result<()>
+{
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mut a = leased(&etcd, "/shardflake/prod", &d[0], &[])?;
+    a.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut a).await?;
+    let fleet = etcd
+        .get("/shardflake/prod/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "--prefix", "/shardflake"])?;
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/shardflake/prod",
+        "--lease-ttl",
+        "3s",
+    ];
+    let e = refused(&d[1], &args, &[]).await?;
+    assert!(e.contains(&format!("fleet {fleet} is registered")), "{e}");
+
+    // An earlier version registered its fleets at /shardflake.fleets/.
+    let record = etcd.get(&format!("shardflake.fleets/{fleet}")).await?;
+    let record = record.ok_or_else(|| anyhow::anyhow!("not registered"))?;
+    etcd.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    etcd.put(&format!("/shardflake.fleets/{fleet}"), &record)
+        .await?;
+    let e = refused(&d[1], &args, &[]).await?;
+    assert!(e.contains(&format!("fleet {fleet} is registered")), "{e}");
+    // Put back as told, the fleet's node registers it here again.
+    etcd.put("/shardflake/prod/floor", &now_ms()?.to_string())
+        .await?;
+    etcd.put("/shardflake/prod/fleet", &fleet).await?;
+    let mut again = leased(&etcd, "/shardflake/prod", &d[0], &[])?;
+    again.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut again).await?;
+    assert_eq!(
+        etcd.get(&format!("shardflake.fleets/{fleet}")).await?,
+        Some(record)
+    );
+    Ok(())
+}
+
 /// The refusal above must not refuse a fleet's first nodes: fresh nodes
 /// started together on an empty prefix read it before any of them
 /// registered the fleet, and the fleet registered by the winner of the
@@ -358,7 +412,7 @@ async fn fresh_nodes_started_together_on_an_empty_prefix_all_come_up() -> anyhow
             stop_cleanly(s).await?;
         }
     }
-    let fleets = etcd.keys("/shardflake.fleets/").await?;
+    let fleets = etcd.keys("shardflake.fleets/").await?;
     assert_eq!(fleets.len(), 3, "one fleet per prefix: {fleets:?}");
     Ok(())
 }
@@ -1300,7 +1354,7 @@ fn dc(n: &'static str) -> [&'static str; 6] {
 /// Issue 38 item 1: an outside reviewer started nodes on another prefix of
 /// the same etcd with the same layout: they took the same node ids and
 /// issued 41,000 of 100,000 ids twice. Each fleet is registered in the
-/// cluster (/shardflake.fleets/<fleet id>, with its prefix and layout): a
+/// cluster (shardflake.fleets/<fleet id>, with its prefix and layout): a
 /// new fleet whose ids a registered one could make is refused, naming it
 /// and the ways out; a fleet told apart by a fixed field starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1358,7 +1412,7 @@ async fn two_fleets_on_one_etcd_never_share_ids() -> anyhow::Result<()> {
             && refused.contains("shardflake fleet move"),
         "{refused}"
     );
-    let fleets = etcd.keys("/shardflake.fleets/").await?;
+    let fleets = etcd.keys("shardflake.fleets/").await?;
     assert_eq!(fleets.len(), 2, "{fleets:?}");
     Ok(())
 }

@@ -203,10 +203,7 @@ impl Registry for EtcdRegistry {
         // older than the prefix's would fail it for nothing.
         let reads = async {
             let prefix = read_cluster(&self.client, &self.prefix).await;
-            let fleets = self
-                .client
-                .range_prefix_local_header(FLEETS.as_bytes())
-                .await;
+            let fleets = read_registrations(&self.client, true).await;
             (prefix, fleets)
         };
         let (granted, (read, fleets), status) = tokio::join!(
@@ -221,7 +218,7 @@ impl Registry for EtcdRegistry {
             })
             .ok();
         let taken = match read.and_then(|read| Ok((read, fleets?))) {
-            Ok(((kvs, header), (registered, fleets_header))) => {
+            Ok(((kvs, header), (registered, registered_at))) => {
                 // The cluster of this process's first take is its cluster
                 // for life: another one (a member of another cluster among
                 // the endpoints, failed over to) knows nothing of its ids.
@@ -335,7 +332,6 @@ impl Registry for EtcdRegistry {
                         // retire it; later ones find the floor it left.
                         let layout_key = format!("{}/layout", self.prefix);
                         let moved_from = claim.previous.as_ref().map(|p| p.prefix.clone());
-                        let registered_at = fleets_header.revision;
                         let fleet = match (checked, &claim.previous) {
                             (Err(e), _) => Err(e),
                             (Ok(()), Some(previous))
@@ -1111,13 +1107,64 @@ impl BeforeRetiring<'_> {
 /// a registered fleet under another prefix could make too (two fleets of
 /// one layout on one cluster took the same node ids and issued the same
 /// ids). Outside every prefix, so a user needs readwrite here as well.
-pub const FLEETS: &str = "/shardflake.fleets/";
+///
+/// No leading `/`: every prefix starts with one, so no `etcdctl del
+/// --prefix` of a prefix, or of a string a prefix begins with, deletes the
+/// registrations ([`OLD_FLEETS`] began with `/shardflake`).
+pub const FLEETS: &str = "shardflake.fleets/";
+
+/// Where earlier versions registered fleets. Still read, and where it
+/// holds a fleet its entry is kept in step (their nodes read only this).
+pub const OLD_FLEETS: &str = "/shardflake.fleets/";
 
 /// `<FLEETS><fleet id>`.
 pub fn fleet_registry_key(fleet: &[u8]) -> Vec<u8> {
-    let mut key = FLEETS.as_bytes().to_vec();
-    key.extend_from_slice(fleet);
-    key
+    [FLEETS.as_bytes(), fleet].concat()
+}
+
+/// The fleet id a registration's key names, in either place.
+fn registration_id(key: &[u8]) -> Option<&[u8]> {
+    key.strip_prefix(FLEETS.as_bytes())
+        .or_else(|| key.strip_prefix(OLD_FLEETS.as_bytes()))
+}
+
+/// The registrations in both places (`local`: served by the member asked,
+/// possibly stale), and a revision both reads are at or after: what a
+/// write compares none written after ([`registrations_unchanged`]).
+async fn read_registrations(client: &Client, local: bool) -> Result<(Vec<Kv>, i64), EtcdError> {
+    let read = |place: &'static str| async move {
+        if local {
+            client.range_prefix_local_header(place.as_bytes()).await
+        } else {
+            client.range_prefix_header(place.as_bytes()).await
+        }
+    };
+    let (new, old) = tokio::join!(read(FLEETS), read(OLD_FLEETS));
+    let ((mut kvs, a), (old, b)) = (new?, old?);
+    kvs.extend(old);
+    Ok((kvs, a.revision.min(b.revision)))
+}
+
+/// No registration written, in either place, after `revision`.
+fn registrations_unchanged(revision: i64) -> [Compare; 2] {
+    [FLEETS, OLD_FLEETS].map(|place| Compare::NoneWrittenAfter(place.as_bytes().to_vec(), revision))
+}
+
+/// Each fleet's registration: of the two places, the one written last.
+fn latest_registrations(registered: &[Kv]) -> Vec<(&[u8], &Kv)> {
+    let mut latest: HashMap<&[u8], &Kv> = HashMap::new();
+    for kv in registered {
+        let Some(id) = registration_id(&kv.key) else {
+            continue;
+        };
+        let entry = latest.entry(id).or_insert(kv);
+        if kv.mod_revision > entry.mod_revision {
+            *entry = kv;
+        }
+    }
+    let mut latest: Vec<_> = latest.into_iter().collect();
+    latest.sort_by_key(|(id, _)| *id);
+    latest
 }
 
 /// A registration's value.
@@ -1169,9 +1216,10 @@ pub fn may_share_ids(a: &str, b: &str) -> bool {
 }
 
 /// Checks fleet `fleet` with `layout` under `prefix` against the fleets
-/// registered in the cluster (`registered`: the keys under [`FLEETS`]);
-/// returns the registration to write when the cluster does not hold it as
-/// it is. `moved_from`: the prefix a move or layout change carries this
+/// registered in the cluster (`registered`: the keys under [`FLEETS`] and
+/// [`OLD_FLEETS`]); returns the registrations to write (key, value): under
+/// [`FLEETS`] where it does not hold it as it is, and under
+/// [`OLD_FLEETS`] where an earlier version's entry for it differs. `moved_from`: the prefix a move or layout change carries this
 /// fleet from, whose registration it takes over.
 ///
 /// Refused: this fleet registered under another prefix (one fleet, one
@@ -1179,20 +1227,17 @@ pub fn may_share_ids(a: &str, b: &str) -> bool {
 /// could make. Another fleet registered under this prefix was here
 /// before (the prefix's keys deleted, or this read older than its fleet
 /// key): the take compares the fleet key, as for any take on a prefix.
+#[allow(clippy::type_complexity)] // (key, value) pairs, read at once
 fn check_registered(
     registered: &[Kv],
     prefix: &str,
     fleet: &[u8],
     layout: &[u8],
     moved_from: Option<&str>,
-) -> Result<Option<Vec<u8>>, AcquireError> {
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>, AcquireError> {
     let ours = String::from_utf8_lossy(fleet).into_owned();
     let layout_text = String::from_utf8_lossy(layout).into_owned();
-    let mut found = None;
-    for kv in registered {
-        let Some(id) = kv.key.strip_prefix(FLEETS.as_bytes()) else {
-            continue;
-        };
+    for (id, kv) in latest_registrations(registered) {
         let (their_prefix, their_layout) = parse_registration(&kv.value).unwrap_or_else(|| {
             (
                 "(unreadable)".to_string(),
@@ -1207,7 +1252,6 @@ fn check_registered(
                     prefix: prefix.to_string(),
                 });
             }
-            found = Some(kv.value.clone());
         } else if their_prefix != prefix
             && moved_from != Some(their_prefix.as_str())
             && may_share_ids(&layout_text, &their_layout)
@@ -1222,7 +1266,22 @@ fn check_registered(
         }
     }
     let wanted = registration(prefix, layout);
-    Ok((found.as_deref() != Some(&wanted[..])).then_some(wanted))
+    let holds = |key: &[u8]| {
+        registered
+            .iter()
+            .find(|kv| kv.key == key)
+            .map(|kv| kv.value.as_slice())
+    };
+    let mut writes = Vec::new();
+    let key = fleet_registry_key(fleet);
+    if holds(&key) != Some(&wanted[..]) {
+        writes.push((key, wanted.clone()));
+    }
+    let old_key = [OLD_FLEETS.as_bytes(), fleet].concat();
+    if holds(&old_key).is_some_and(|v| v != wanted) {
+        writes.push((old_key, wanted));
+    }
+    Ok(writes)
 }
 
 /// The fleet registered under `prefix` (its id, and the revision its
@@ -1235,10 +1294,9 @@ fn check_registered(
 /// finds no fleet id, the fleet id was deleted since. A registration newer
 /// than that read may be a fleet another node has just started here.
 fn registered_under(registered: &[Kv], prefix: &str) -> Option<(String, i64)> {
-    registered
-        .iter()
-        .filter_map(|kv| {
-            let id = kv.key.strip_prefix(FLEETS.as_bytes())?;
+    latest_registrations(registered)
+        .into_iter()
+        .filter_map(|(id, kv)| {
             let (their_prefix, _) = parse_registration(&kv.value)?;
             (their_prefix == prefix)
                 .then(|| (String::from_utf8_lossy(id).into_owned(), kv.mod_revision))
@@ -1347,8 +1405,8 @@ struct Fleet {
     generation: u64,
     /// A fleet replacing another: no id of it at or before this Unix ms.
     floor: Option<u64>,
-    /// The fleets registered in the cluster (the keys under [`FLEETS`]),
-    /// read at this revision.
+    /// The fleets registered in the cluster (the keys under [`FLEETS`] and
+    /// [`OLD_FLEETS`]), read at or after this revision.
     registered: Vec<Kv>,
     registered_at: i64,
     /// The revision the take's view of the prefix (its fleet id) was
@@ -1736,12 +1794,9 @@ async fn take_lowest(
             layout_recorded,
             fleet.moved_from.as_deref(),
         )?;
-        compares.push(Compare::NoneWrittenAfter(
-            FLEETS.as_bytes().to_vec(),
-            registrations_at,
-        ));
-        if let Some(value) = registration {
-            success.push(Op::Put(fleet_registry_key(fleet_id), value, 0));
+        compares.extend(registrations_unchanged(registrations_at));
+        for (key, value) in registration {
+            success.push(Op::Put(key, value, 0));
         }
         let mut failure = match queued_at {
             // Queued: a take leaves the queue; a loss counts who is ahead.
@@ -1769,6 +1824,7 @@ async fn take_lowest(
             Op::Get(hw.clone().into_bytes()),
             Op::Get(stamp_key.clone().into_bytes()),
             Op::Prefix(FLEETS.as_bytes().to_vec()),
+            Op::Prefix(OLD_FLEETS.as_bytes().to_vec()),
         ]);
         let answer = client
             .txn(&compares, &success, &failure)
@@ -1812,7 +1868,7 @@ async fn take_lowest(
         }
         fleet.registered = fresh
             .iter()
-            .filter(|kv| kv.key.starts_with(FLEETS.as_bytes()))
+            .filter(|kv| registration_id(&kv.key).is_some())
             .cloned()
             .collect();
         fleet.registered_at = answer.revision;
@@ -1946,16 +2002,56 @@ mod tests {
         // Not registered yet: registered with the take; then nothing to write.
         assert_eq!(
             check(&[], "/a", None).unwrap(),
-            Some(registration("/a", ours.as_bytes()))
+            vec![(
+                fleet_registry_key(b"F"),
+                registration("/a", ours.as_bytes())
+            )]
         );
-        assert_eq!(check(&[reg("F", "/a", &ours)], "/a", None).unwrap(), None);
+        assert_eq!(check(&[reg("F", "/a", &ours)], "/a", None).unwrap(), vec![]);
+        // An earlier version's registration: read, written where this
+        // version reads it, and kept in step where it differs.
+        let old = |fleet: &str, prefix: &str, layout: &str, revision: i64| Kv {
+            key: [OLD_FLEETS.as_bytes(), fleet.as_bytes()].concat(),
+            mod_revision: revision,
+            ..reg(fleet, prefix, layout)
+        };
+        assert_eq!(
+            check(&[old("F", "/a", &ours, 1)], "/a", None).unwrap(),
+            vec![(
+                fleet_registry_key(b"F"),
+                registration("/a", ours.as_bytes())
+            )]
+        );
+        assert!(matches!(
+            check(&[old("G", "/b", &ours, 1)], "/a", None),
+            Err(AcquireError::FleetOverlaps(_))
+        ));
+        let moved = check(&[old("F", "/old", &ours, 1)], "/a", Some("/old")).unwrap();
+        assert_eq!(moved.len(), 2, "both places: {moved:?}");
+        // Of the two places, the one written last.
+        assert!(matches!(
+            check(
+                &[old("F", "/b", &ours, 5), reg("F", "/a", &ours)],
+                "/a",
+                None
+            ),
+            Err(AcquireError::FleetElsewhere { .. })
+        ));
+        assert!(
+            check(
+                &[old("F", "/b", &ours, 0), reg("F", "/a", &ours)],
+                "/a",
+                None
+            )
+            .is_ok()
+        );
         // Registered under another prefix: refused unless moved from it.
         let elsewhere = [reg("F", "/old", &ours)];
         assert!(matches!(
             check(&elsewhere, "/a", None),
             Err(AcquireError::FleetElsewhere { .. })
         ));
-        assert!(check(&elsewhere, "/a", Some("/old")).unwrap().is_some());
+        assert!(!check(&elsewhere, "/a", Some("/old")).unwrap().is_empty());
         // Another fleet: refused where it may share ids, under another prefix.
         assert!(matches!(
             check(&[reg("G", "/b", &ours)], "/a", None),
