@@ -343,26 +343,32 @@ pub enum AcquireError {
     },
     /// The prefix records no fleet id, where this node expects its own.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet (its high-water records with it): stop every node of it, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor $(( $(date +%s%3N) + 60000 )) (now plus --max-resume-wait, or plus the window and the largest clock difference between its hosts), then etcdctl put {prefix}/fleet {expected}; the fleet id alone is not enough: a node would resume one window past its own clock, under another node's id"
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet (its high-water records with it): stop every node of it, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {expected}; the fleet id alone is not enough: a node would resume one window past its own clock, under another node's id"
     )]
     FleetMissing {
         /// The key prefix.
         prefix: String,
         /// This node's fleet id.
         expected: String,
+        /// The floor to put back, should the prefix have been deleted:
+        /// this clock plus window and max_resume_wait (Unix ms).
+        floor_ms: u64,
     },
     /// The prefix records no fleet id, but the cluster registers a fleet
     /// under it since before this take read the prefix: the prefix's
     /// records were deleted (`etcdctl del --prefix`), its high-waters with
     /// them, and a new fleet here would make that fleet's ids again.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. Stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor $(( $(date +%s%3N) + 60000 )) (now plus --max-resume-wait, or plus the window and the largest clock difference between its hosts), then etcdctl put {prefix}/fleet {fleet}, and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}, then etcdctl del /shardflake.fleets/{fleet} (where an earlier version registered it)"
+        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. Stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {fleet}, and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}, then etcdctl del /shardflake.fleets/{fleet} (where an earlier version registered it)"
     )]
     FleetDeleted {
         /// The key prefix.
         prefix: String,
         /// The fleet registered under it.
         fleet: String,
+        /// The floor to put back: this clock plus window and
+        /// max_resume_wait (Unix ms).
+        floor_ms: u64,
     },
     /// The prefix records no fleet id, and this node's state file names a
     /// registry on another etcd cluster: the fleet's ids were made there.

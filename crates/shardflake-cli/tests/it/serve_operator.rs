@@ -351,6 +351,70 @@ async fn deleting_a_string_a_prefix_begins_with_keeps_the_fleets_registered() ->
     Ok(())
 }
 
+/// The floor a refusal on a deleted prefix tells to put back, as Unix ms
+/// (the command's argument, evaluated by bash as the operator would).
+fn advised_floor(refusal: &str, prefix: &str) -> anyhow::Result<u64> {
+    let command = format!("etcdctl put {prefix}/floor ");
+    let at = refusal
+        .find(&command)
+        .ok_or_else(|| anyhow::anyhow!("no floor advised: {refusal}"))?;
+    let rest = &refusal[at + command.len()..];
+    let value = rest.split(" (").next().unwrap_or(rest);
+    let out = std::process::Command::new("bash")
+        .args(["-c", &format!("echo {value}")])
+        .output()?;
+    Ok(String::from_utf8(out.stdout)?.trim().parse()?)
+}
+
+/// Review E3b: the floor advised after a delete was now + 60 s, whatever
+/// the fleet allows: a node 90 s ahead (the fleet's --max-resume-wait
+/// 100 s) had stamped past it, and a node resuming there made 904 of its
+/// ids again. The advised floor is now this clock plus window and
+/// --max-resume-wait: past every id of that node, for the node refused
+/// with its state file and for one without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_advised_after_a_delete_is_past_a_fast_clocks_ids() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+90s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/e3b",
+        "--lease-ttl",
+        "3s",
+        "--max-resume-wait",
+        "100s",
+    ];
+    let mut sound = serve_in(&d[0], &args, &[])?;
+    assert_eq!(sound.ready(Duration::from_secs(20)).await?, 0);
+    let mut fast = serve_in(&d[1], &args, &ahead)?;
+    assert_eq!(fast.ready(Duration::from_secs(20)).await?, 1);
+    let ids = load_for(&fast, Duration::from_millis(500)).await?;
+    let last = ids.iter().max().ok_or_else(|| anyhow::anyhow!("no id"))?;
+    // snowflake: 22 bits below the time, epoch 1288834974657 ms.
+    let stamped = (last >> 22) + 1_288_834_974_657;
+    stop_cleanly(&mut fast).await?;
+    stop_cleanly(&mut sound).await?;
+    etcd.etcdctl(&["del", "--prefix", "/e3b"])?;
+    for dir in [&d[0], &d[2]] {
+        let e = refused(dir, &args, &[]).await?;
+        let floor = advised_floor(&e, "/e3b")?;
+        assert!(
+            floor > stamped,
+            "advised floor {floor} at or before {stamped}, stamped by the fast node: {e}"
+        );
+    }
+    Ok(())
+}
+
 /// The refusal above must not refuse a fleet's first nodes: fresh nodes
 /// started together on an empty prefix read it before any of them
 /// registered the fleet, and the fleet registered by the winner of the

@@ -1082,6 +1082,7 @@ impl BeforeRetiring<'_> {
             return Err(AcquireError::FleetMissing {
                 prefix: prefix.to_string(),
                 expected: expected.to_string(),
+                floor_ms: claim.now_ms.saturating_add(claim.max_ahead_ms),
             });
         }
         // A fleet that carries no id (an earlier version's) mints one,
@@ -1525,6 +1526,7 @@ async fn take_lowest(
             None => Err(AcquireError::FleetMissing {
                 prefix: prefix.to_string(),
                 expected: expected.clone(),
+                floor_ms: claim.now_ms.saturating_add(claim.max_ahead_ms),
             }),
         }
     };
@@ -1642,6 +1644,7 @@ async fn take_lowest(
                 return Err(AcquireError::FleetDeleted {
                     prefix: prefix.to_string(),
                     fleet: registered,
+                    floor_ms: claim.now_ms.saturating_add(claim.max_ahead_ms),
                 });
             }
             registrations_at = fleet.read_at;
