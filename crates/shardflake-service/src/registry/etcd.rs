@@ -1220,8 +1220,9 @@ pub fn may_share_ids(a: &str, b: &str) -> bool {
 /// registered in the cluster (`registered`: the keys under [`FLEETS`] and
 /// [`OLD_FLEETS`]); returns the registrations to write (key, value): under
 /// [`FLEETS`] where it does not hold it as it is, and under
-/// [`OLD_FLEETS`] where an earlier version's entry for it differs. `moved_from`: the prefix a move or layout change carries this
-/// fleet from, whose registration it takes over.
+/// [`OLD_FLEETS`] where an earlier version's entry for it differs.
+/// `moved_from`: the prefix a move or layout change carries this fleet
+/// from, whose registration it takes over.
 ///
 /// Refused: this fleet registered under another prefix (one fleet, one
 /// place), and any other fleet under another prefix whose ids this one
