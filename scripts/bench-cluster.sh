@@ -86,7 +86,7 @@ wait_ready() {
 
 # `stop_nodes`: SIGTERM to every node in `pids` (they give their leases
 # back), and waits for them. Each trial is a new fleet on its own prefix of
-# one cluster, which registers every fleet (/shardflake.fleets/) and
+# one cluster, which registers every fleet (shardflake.fleets/) and
 # refuses a second of the same layout: the stopped fleet's registration
 # goes with it.
 stop_nodes() {
@@ -98,6 +98,9 @@ stop_nodes() {
 
 # `forget_fleets`: deletes every fleet's registration in the cluster.
 forget_fleets() {
-    ETCDCTL_API=3 etcdctl --endpoints="$endpoints" --command-timeout=5s \
-        del --prefix /shardflake.fleets/ >/dev/null
+    local place
+    for place in shardflake.fleets/ /shardflake.fleets/; do
+        ETCDCTL_API=3 etcdctl --endpoints="$endpoints" --command-timeout=5s \
+            del --prefix "$place" >/dev/null
+    done
 }

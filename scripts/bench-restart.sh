@@ -32,8 +32,11 @@ for ((r = 1; r <= rounds; r++)); do
     printf '%-34s %6s %14s %14s\n' "$bin" "$r" "$(start_ready "$bin" "$d" static)" "$(start_ready "$bin" "$e" etcd)"
     rm -rf "$d" "$e"
     # Each round's etcd node is a new fleet on a prefix of its own: the
-    # cluster registers fleets (/shardflake.fleets/) and would refuse the
+    # cluster registers fleets (shardflake.fleets/) and would refuse the
     # next round's as one that shares this one's ids.
-    ETCDCTL_API=3 etcdctl --endpoints="$endpoints" del --prefix /shardflake.fleets/ >/dev/null
+    # (Both places: an earlier build under comparison registers at the old one.)
+    for place in shardflake.fleets/ /shardflake.fleets/; do
+      ETCDCTL_API=3 etcdctl --endpoints="$endpoints" del --prefix "$place" >/dev/null
+    done
   done
 done

@@ -743,6 +743,11 @@ fn apply(
             // finds no fleet id and exits. Give them a few windows.
             std::thread::sleep(Duration::from_secs(3));
             if !fleet.is_empty() {
+                fresh_node_refused(cluster, p.at)?;
+                say(
+                    start,
+                    "a node without a state file on the deleted prefix: refused (its fleet is registered there)",
+                );
                 // As the refusal says: a floor past every id the fleet
                 // stamped (now, plus the window and the largest clock
                 // difference here: 1 s and the faked node's 5 s), then
@@ -1002,6 +1007,46 @@ fn apply(
         }
     }
     info!(fault = p.fault.name(), "done");
+    Ok(())
+}
+
+/// A node without a state file started on the fleet's deleted prefix
+/// (review E13): it must be refused, for the cluster registers the fleet
+/// there; started, it would make a new fleet's ids with no floor. It runs
+/// as the spare, on ports and a state file of its own.
+fn fresh_node_refused(cluster: &Cluster, at: Duration) -> anyhow::Result<()> {
+    let spare = &cluster.slots.last().context("no spare")?.spec;
+    let name = "fresh".to_string();
+    let state_file = spare.dir.join(format!("fresh-{}.state", at.as_millis()));
+    let ip = spare.http.ip();
+    let fresh = NodeSpec {
+        name: name.clone(),
+        http: SocketAddr::new(ip, cluster::free_port()?),
+        grpc: SocketAddr::new(ip, cluster::free_port()?),
+        state_file: state_file.clone(),
+        faketime_file: None,
+        ..spare.clone()
+    };
+    let mut proc = fresh.spawn(0)?;
+    if !proc.wait_exit(Duration::from_secs(10)) {
+        proc.signal(libc::SIGKILL)?;
+        bail!(
+            "a node without a state file started on the deleted prefix {}",
+            cluster.prefix
+        );
+    }
+    let log = std::fs::read_to_string(fresh.dir.join(format!("{name}.0.log"))).unwrap_or_default();
+    for path in [state_file.clone(), state_file.with_extension("state.lock")] {
+        let _ = std::fs::remove_file(path);
+    }
+    // After an etcd restore the deleted `<prefix>/confirmed` refuses it
+    // first; confirmed again, the registration would.
+    anyhow::ensure!(
+        log.contains("is registered in this etcd cluster under it")
+            || log.contains("was restored from a snapshot"),
+        "the node without a state file exited, not refused for the registered fleet: {}",
+        log.lines().last().unwrap_or("")
+    );
     Ok(())
 }
 

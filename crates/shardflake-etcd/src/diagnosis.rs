@@ -87,7 +87,7 @@ pub(crate) fn classify(status: &Status, authenticated: bool, hint: &TlsHint) -> 
         // A role that does not cover the prefix: a node reads the whole
         // prefix and writes node, high-water, layout and queue keys under it.
         Code::PermissionDenied => Failure::Fatal(EtcdError::Auth(format!(
-            "{msg} (the user's role must allow readwrite on the whole --etcd-prefix and on the fleets' registry /shardflake.fleets/: etcdctl role grant-permission ROLE readwrite PREFIX/ --prefix=true, and the same for /shardflake.fleets/)"
+            "{msg} (the user's role must allow readwrite on the whole --etcd-prefix and on the fleets' registry, shardflake.fleets/ and, where earlier versions registered fleets, /shardflake.fleets/: etcdctl role grant-permission ROLE readwrite PREFIX/ --prefix=true, and the same for shardflake.fleets/ and /shardflake.fleets/)"
         ))),
         Code::Unauthenticated => Failure::Fatal(EtcdError::Auth(msg.to_string())),
         _ if msg.contains("authentication failed")

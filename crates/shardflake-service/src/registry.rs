@@ -25,7 +25,7 @@
 //! nodes, see `registry/etcd.rs`), `<prefix>/taken/<id>` the etcd status
 //! each take read, and `<prefix>/restored` the last snapshot restore a
 //! take saw (both judge records after a restore, see `registry/etcd.rs`).
-//! Outside every prefix, `/shardflake.fleets/<fleet id>` registers each
+//! Outside every prefix, `shardflake.fleets/<fleet id>` registers each
 //! fleet of the cluster (its prefix and layout record): a take refuses a
 //! fleet whose ids another registered fleet could make ([`FLEETS`]).
 //! `shardflake fleet move` carries a stopped fleet's records to another
@@ -343,13 +343,32 @@ pub enum AcquireError {
     },
     /// The prefix records no fleet id, where this node expects its own.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet (its high-water records with it): stop every node of it, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor $(( $(date +%s%3N) + 60000 )) (now plus --max-resume-wait, or plus the window and the largest clock difference between its hosts), then etcdctl put {prefix}/fleet {expected}; the fleet id alone is not enough: a node would resume one window past its own clock, under another node's id"
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet (its high-water records with it): stop every node of it, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {expected}; the fleet id alone is not enough: a node would resume one window past its own clock, under another node's id"
     )]
     FleetMissing {
         /// The key prefix.
         prefix: String,
         /// This node's fleet id.
         expected: String,
+        /// The floor to put back, should the prefix have been deleted:
+        /// this clock plus window and max_resume_wait (Unix ms).
+        floor_ms: u64,
+    },
+    /// The prefix records no fleet id, but the cluster registers a fleet
+    /// under it since before this take read the prefix: the prefix's
+    /// records were deleted (`etcdctl del --prefix`), its high-waters with
+    /// them, and a new fleet here would make that fleet's ids again.
+    #[error(
+        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. Stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {fleet}, and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}, then etcdctl del /shardflake.fleets/{fleet} (where an earlier version registered it)"
+    )]
+    FleetDeleted {
+        /// The key prefix.
+        prefix: String,
+        /// The fleet registered under it.
+        fleet: String,
+        /// The floor to put back: this clock plus window and
+        /// max_resume_wait (Unix ms).
+        floor_ms: u64,
     },
     /// The prefix records no fleet id, and this node's state file names a
     /// registry on another etcd cluster: the fleet's ids were made there.
@@ -366,7 +385,7 @@ pub enum AcquireError {
     },
     /// This fleet is registered in the cluster under another prefix.
     #[error(
-        "fleet {fleet} is registered in this etcd cluster under {registered} (/shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. Start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
+        "fleet {fleet} is registered in this etcd cluster under {registered} (shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. Start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
     )]
     FleetElsewhere {
         /// This node's fleet id.
@@ -496,6 +515,7 @@ impl AcquireError {
                 | AcquireError::FleetMismatch { .. }
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
+                | AcquireError::FleetDeleted { .. }
                 | AcquireError::FleetOnAnotherCluster { .. }
                 | AcquireError::FleetElsewhere { .. }
                 | AcquireError::FleetOverlaps(_)

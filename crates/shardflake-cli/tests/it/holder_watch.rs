@@ -150,8 +150,21 @@ async fn a_holder_whose_records_are_deleted_stops_at_once() -> anyhow::Result<()
     let stop = Arc::new(AtomicBool::new(false));
     let a_load = load(&a, &stop);
     just_recorded(&etcd, "/watch/hw/0").await?;
+    let fleet = etcd
+        .get("/watch/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
     tokio::task::block_in_place(|| etcd.etcdctl(&["del", "--prefix", "/watch"]))?;
     let deleted = Instant::now();
+    // A node without a state file is refused on a deleted prefix while
+    // the cluster registers its fleet: as the refusal says, a floor past
+    // what the holder may stamp before it stops, then the fleet id.
+    let floor = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis()
+        + BOUND.as_millis();
+    etcd.put("/watch/floor", &floor.to_string()).await?;
+    etcd.put("/watch/fleet", &fleet).await?;
     // A new node takes a free id (node 0 again, or 1 if the old holder
     // took 0 back first) and issues beside the old holder.
     let b = holder(&etcd, "/watch", &tempdir()?, WINDOW)?;

@@ -237,27 +237,247 @@ async fn static_nodes_move_to_etcd_while_both_kinds_issue() -> anyhow::Result<()
     Ok(())
 }
 
-/// Reproduction 3: `etcdctl del --prefix` under load, then a new node: it
-/// took node 0 at once while the old holder went on issuing.
+/// Reproduction 3 and review E13/E14: `etcdctl del --prefix` under load,
+/// the holder's clock 8 s ahead, then a node without a state file. Before,
+/// it started a new fleet at once, took node 0 one window past its own
+/// clock and made the holder's ids again. The cluster still registers the
+/// fleet under the prefix: the new node is refused, told to put back a
+/// floor and the fleet id, and issues nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_deleted_under_load_are_not_trusted() -> anyhow::Result<()> {
+async fn a_fresh_node_on_a_deleted_prefix_is_refused() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
     let d = dirs(2)?;
-    let a = leased(&etcd, "/del", &d[0], &[])?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+8s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/del",
+        "--lease-ttl",
+        "3s",
+        "--window",
+        "1s",
+        "--etcd-timeout",
+        "300ms",
+    ];
+    let a = serve_in(&d[0], &args, &ahead)?;
     assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = vec![ids_until(&a.http, &stop)];
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let fleet = etcd
+        .get("/del/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
     etcd.etcdctl(&["del", "--prefix", "/del"])?;
-    let mut b = leased(&etcd, "/del", &d[1], &[])?;
-    // Whatever b does, it must not issue a's ids.
-    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_secs(2)).await?;
+    // Whatever b does, it must not issue a's ids: it would reach the
+    // times a stamped (8 s ahead) within 9 s.
+    let mut b = serve_in(&d[1], &args, &[])?;
+    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_secs(9)).await?;
+    b.kill();
     stop.store(true, Ordering::Relaxed);
     let total = no_duplicates(loads).await?;
-    assert!(refused.is_none(), "b refused: {refused:?}");
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("a fresh node started on /del"))?;
+    assert!(
+        refused.contains("etcd prefix /del holds no fleet id")
+            && refused.contains(&format!("fleet {fleet} is registered"))
+            && refused.contains("etcdctl put /del/floor")
+            && refused.contains(&format!("etcdctl put /del/fleet {fleet}")),
+        "{refused}"
+    );
     // The old holder noticed its records were gone.
     assert!(a.stderr().contains("node id withdrawn"), "{}", a.stderr());
     eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
+/// Review E11: `etcdctl del --prefix /shardflake` beside a fleet on
+/// /shardflake/prod also deleted the fleets' registry, then at
+/// /shardflake.fleets/ (etcd prefixes are bytes), so a fresh node started
+/// a new fleet there. The registry is now at shardflake.fleets/, which no
+/// `/…` string begins: the registration stays and the node is refused.
+/// An earlier version's registration (/shardflake.fleets/) is read too,
+/// and written where this version reads it by the fleet's next take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_string_a_prefix_begins_with_keeps_the_fleets_registered() -> anyhow::Result<()>
+{
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mut a = leased(&etcd, "/shardflake/prod", &d[0], &[])?;
+    a.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut a).await?;
+    let fleet = etcd
+        .get("/shardflake/prod/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "--prefix", "/shardflake"])?;
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/shardflake/prod",
+        "--lease-ttl",
+        "3s",
+    ];
+    let e = refused(&d[1], &args, &[]).await?;
+    assert!(e.contains(&format!("fleet {fleet} is registered")), "{e}");
+
+    // An earlier version registered its fleets at /shardflake.fleets/.
+    let record = etcd.get(&format!("shardflake.fleets/{fleet}")).await?;
+    let record = record.ok_or_else(|| anyhow::anyhow!("not registered"))?;
+    etcd.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    etcd.put(&format!("/shardflake.fleets/{fleet}"), &record)
+        .await?;
+    let e = refused(&d[1], &args, &[]).await?;
+    assert!(e.contains(&format!("fleet {fleet} is registered")), "{e}");
+    // Put back as told, the fleet's node registers it here again.
+    etcd.put("/shardflake/prod/floor", &now_ms()?.to_string())
+        .await?;
+    etcd.put("/shardflake/prod/fleet", &fleet).await?;
+    let mut again = leased(&etcd, "/shardflake/prod", &d[0], &[])?;
+    again.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut again).await?;
+    assert_eq!(
+        etcd.get(&format!("shardflake.fleets/{fleet}")).await?,
+        Some(record)
+    );
+    Ok(())
+}
+
+/// The floor a refusal on a deleted prefix tells to put back, as Unix ms
+/// (the command's argument, evaluated by bash as the operator would).
+fn advised_floor(refusal: &str, prefix: &str) -> anyhow::Result<u64> {
+    let command = format!("etcdctl put {prefix}/floor ");
+    let at = refusal
+        .find(&command)
+        .ok_or_else(|| anyhow::anyhow!("no floor advised: {refusal}"))?;
+    let rest = &refusal[at + command.len()..];
+    let value = rest.split(" (").next().unwrap_or(rest);
+    let out = std::process::Command::new("bash")
+        .args(["-c", &format!("echo {value}")])
+        .output()?;
+    Ok(String::from_utf8(out.stdout)?.trim().parse()?)
+}
+
+/// Review E3b: the floor advised after a delete was now + 60 s, whatever
+/// the fleet allows: a node 90 s ahead (the fleet's --max-resume-wait
+/// 100 s) had stamped past it, and a node resuming there made 904 of its
+/// ids again. The advised floor is now this clock plus window and
+/// --max-resume-wait: past every id of that node, for the node refused
+/// with its state file and for one without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_advised_after_a_delete_is_past_a_fast_clocks_ids() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+90s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/e3b",
+        "--lease-ttl",
+        "3s",
+        "--max-resume-wait",
+        "100s",
+    ];
+    let mut sound = serve_in(&d[0], &args, &[])?;
+    assert_eq!(sound.ready(Duration::from_secs(20)).await?, 0);
+    let mut fast = serve_in(&d[1], &args, &ahead)?;
+    assert_eq!(fast.ready(Duration::from_secs(20)).await?, 1);
+    let ids = load_for(&fast, Duration::from_millis(500)).await?;
+    let last = ids.iter().max().ok_or_else(|| anyhow::anyhow!("no id"))?;
+    // snowflake: 22 bits below the time, epoch 1288834974657 ms.
+    let stamped = (last >> 22) + 1_288_834_974_657;
+    stop_cleanly(&mut fast).await?;
+    stop_cleanly(&mut sound).await?;
+    etcd.etcdctl(&["del", "--prefix", "/e3b"])?;
+    for dir in [&d[0], &d[2]] {
+        let e = refused(dir, &args, &[]).await?;
+        let floor = advised_floor(&e, "/e3b")?;
+        assert!(
+            floor > stamped,
+            "advised floor {floor} at or before {stamped}, stamped by the fast node: {e}"
+        );
+    }
+    Ok(())
+}
+
+/// The refusal above must not refuse a fleet's first nodes: fresh nodes
+/// started together on an empty prefix read it before any of them
+/// registered the fleet, and the fleet registered by the winner of the
+/// race may be newer than another's read of the prefix. Every one comes
+/// up, each with its own node id, in one fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_nodes_started_together_on_an_empty_prefix_all_come_up() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    for round in 0..3 {
+        let prefix = format!("/herd{round}");
+        let d = dirs(4)?;
+        // Spawned without waiting for each to start, so that their first
+        // reads of the empty prefix meet.
+        let starting: Vec<_> = d
+            .iter()
+            .map(|dir| {
+                let (urls, prefix, dir) = (etcd.urls(), prefix.clone(), dir.clone());
+                // A fleet of its own per round: a fixed field tells them apart.
+                let datacenter = format!("datacenter={round}");
+                std::thread::spawn(move || {
+                    let args = [
+                        "--workers",
+                        "1",
+                        "--etcd",
+                        &urls,
+                        "--etcd-prefix",
+                        &prefix,
+                        "--lease-ttl",
+                        "3s",
+                        "--layout",
+                        "twitter",
+                        "--node-field",
+                        "worker",
+                        "--field",
+                        &datacenter,
+                    ];
+                    let opts = ServeOpts {
+                        args: args.iter().map(|s| s.to_string()).collect(),
+                        dir: Some(dir),
+                        ..ServeOpts::default()
+                    };
+                    Serve::start(shardflake_bin(), opts)
+                })
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for t in starting {
+            let s = tokio::task::block_in_place(|| t.join())
+                .map_err(|_| anyhow::anyhow!("start panicked"))??;
+            nodes.push(s);
+        }
+        let mut ids = std::collections::HashSet::new();
+        for s in &mut nodes {
+            let refused = started_or_refused(s).await?;
+            assert!(refused.is_none(), "{prefix}: refused: {refused:?}");
+            anyhow::ensure!(ids.insert(s.ready(Duration::from_secs(20)).await?));
+        }
+        for s in &mut nodes {
+            stop_cleanly(s).await?;
+        }
+    }
+    let fleets = etcd.keys("shardflake.fleets/").await?;
+    assert_eq!(fleets.len(), 3, "one fleet per prefix: {fleets:?}");
     Ok(())
 }
 
@@ -932,6 +1152,63 @@ async fn a_layout_change_never_reissues_an_id() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Review E5: a layout change the take refused after it had retired the
+/// previous prefix stranded the fleet: its old prefix refused its own
+/// nodes (retired) and the new one refused every node. Two fleets, one
+/// per datacenter (twitter, `--field datacenter=N`); dc1 changed to an
+/// earlier epoch, whose ids dc2's registered fleet could make: refused,
+/// and now before anything is retired, so dc1's node starts again where
+/// it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_layout_change_leaves_the_previous_fleet_where_it_was() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mut a = leased(&etcd, "/e5dc1", &d[0], &dc("datacenter=1"))?;
+    a.ready(Duration::from_secs(20)).await?;
+    let mut b = leased(&etcd, "/e5dc2", &d[1], &dc("datacenter=2"))?;
+    b.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut a).await?;
+    let recorded = etcd.get("/e5dc1/layout").await?.unwrap_or_default();
+    let earlier = format!(
+        "twitter: time 41 | datacenter 5 | worker 5 | sequence 12 (epoch {} ms)",
+        1_288_834_974_657_i64 - 15_000
+    );
+    let urls = etcd.urls();
+    let e = refused(
+        &d[2],
+        &[
+            "--etcd",
+            &urls,
+            "--etcd-prefix",
+            "/e5new",
+            "--lease-ttl",
+            "3s",
+            "--layout",
+            &earlier,
+            "--node-field",
+            "worker",
+            "--field",
+            "datacenter=1",
+            "--previous-prefix",
+            "/e5dc1",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(
+        e.contains("etcd prefix /e5new") && e.contains("would share ids with fleet"),
+        "{e}"
+    );
+    let after = etcd.get("/e5dc1/layout").await?.unwrap_or_default();
+    assert_eq!(after, recorded, "the previous prefix was retired");
+    let mut again = leased(&etcd, "/e5dc1", &d[0], &dc("datacenter=1"))?;
+    let refused = started_or_refused(&mut again).await?;
+    assert!(refused.is_none(), "dc1's node refused: {refused:?}");
+    stop_cleanly(&mut again).await?;
+    stop_cleanly(&mut b).await?;
+    Ok(())
+}
+
 /// Deletes the `registry …` line of a state file (what the guide once said
 /// to do to move a fleet to another prefix).
 fn drop_registry_line(dir: &Path) -> anyhow::Result<()> {
@@ -1141,7 +1418,7 @@ fn dc(n: &'static str) -> [&'static str; 6] {
 /// Issue 38 item 1: an outside reviewer started nodes on another prefix of
 /// the same etcd with the same layout: they took the same node ids and
 /// issued 41,000 of 100,000 ids twice. Each fleet is registered in the
-/// cluster (/shardflake.fleets/<fleet id>, with its prefix and layout): a
+/// cluster (shardflake.fleets/<fleet id>, with its prefix and layout): a
 /// new fleet whose ids a registered one could make is refused, naming it
 /// and the ways out; a fleet told apart by a fixed field starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1199,7 +1476,7 @@ async fn two_fleets_on_one_etcd_never_share_ids() -> anyhow::Result<()> {
             && refused.contains("shardflake fleet move"),
         "{refused}"
     );
-    let fleets = etcd.keys("/shardflake.fleets/").await?;
+    let fleets = etcd.keys("shardflake.fleets/").await?;
     assert_eq!(fleets.len(), 2, "{fleets:?}");
     Ok(())
 }

@@ -203,10 +203,7 @@ impl Registry for EtcdRegistry {
         // older than the prefix's would fail it for nothing.
         let reads = async {
             let prefix = read_cluster(&self.client, &self.prefix).await;
-            let fleets = self
-                .client
-                .range_prefix_local_header(FLEETS.as_bytes())
-                .await;
+            let fleets = read_registrations(&self.client, true).await;
             (prefix, fleets)
         };
         let (granted, (read, fleets), status) = tokio::join!(
@@ -221,7 +218,7 @@ impl Registry for EtcdRegistry {
             })
             .ok();
         let taken = match read.and_then(|read| Ok((read, fleets?))) {
-            Ok(((kvs, header), (registered, fleets_header))) => {
+            Ok(((kvs, header), (registered, registered_at))) => {
                 // The cluster of this process's first take is its cluster
                 // for life: another one (a member of another cluster among
                 // the endpoints, failed over to) knows nothing of its ids.
@@ -335,13 +332,16 @@ impl Registry for EtcdRegistry {
                         // retire it; later ones find the floor it left.
                         let layout_key = format!("{}/layout", self.prefix);
                         let moved_from = claim.previous.as_ref().map(|p| p.prefix.clone());
-                        let registered_at = fleets_header.revision;
                         let fleet = match (checked, &claim.previous) {
                             (Err(e), _) => Err(e),
                             (Ok(()), Some(previous))
                                 if !kvs.iter().any(|kv| kv.key == layout_key.as_bytes()) =>
                             {
-                                retire_previous(&self.client, &self.prefix, previous, claim)
+                                let before = BeforeRetiring {
+                                    registered: &registered,
+                                    expected: expected_fleet.as_deref(),
+                                };
+                                retire_previous(&self.client, &self.prefix, previous, claim, before)
                                     .await
                                     .map(|(floor, carried, generation)| Fleet {
                                         expected: expected_fleet,
@@ -350,6 +350,7 @@ impl Registry for EtcdRegistry {
                                         floor: Some(floor),
                                         registered,
                                         registered_at,
+                                        read_at: header.revision,
                                         moved_from,
                                     })
                             }
@@ -360,6 +361,7 @@ impl Registry for EtcdRegistry {
                                 floor: None,
                                 registered,
                                 registered_at,
+                                read_at: header.revision,
                                 moved_from,
                             }),
                         };
@@ -933,6 +935,7 @@ async fn retire_previous(
     prefix: &str,
     previous: &PreviousFleet,
     claim: &Claim,
+    before: BeforeRetiring<'_>,
 ) -> Result<(u64, Option<String>, u64), AcquireError> {
     let old = &previous.prefix;
     let under = format!("{old}/");
@@ -1015,6 +1018,15 @@ async fn retire_previous(
             ),
         });
     }
+    let carried = kvs
+        .iter()
+        .find(|kv| kv.key == format!("{old}/fleet").as_bytes())
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    let floor = change.unsafe_until_ms.unwrap_or(until_ms);
+    // What the new fleet's take would refuse, refused before the previous
+    // fleet is retired: refused after, the fleet had no place to run
+    // (review E5).
+    before.check(prefix, old, carried.as_deref(), floor, claim)?;
     if !retired {
         let value = format!("{RETIRED}{prefix}: {old_record}").into_bytes();
         let answer = client
@@ -1038,16 +1050,56 @@ async fn retire_previous(
             "retired the previous fleet's prefix {old}: its nodes are refused there from now on"
         );
     }
-    let carried = kvs
-        .iter()
-        .find(|kv| kv.key == format!("{old}/fleet").as_bytes())
-        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
     let generation = read_generation(&kvs, old).saturating_add(1);
-    Ok((
-        change.unsafe_until_ms.unwrap_or(until_ms),
-        carried,
-        generation,
-    ))
+    Ok((floor, carried, generation))
+}
+
+/// What a layout change's first take checks before it retires the
+/// previous fleet: whatever the take that follows would refuse.
+struct BeforeRetiring<'a> {
+    /// The fleets registered in the cluster, as the take read them.
+    registered: &'a [Kv],
+    /// The fleet id of this node's state file.
+    expected: Option<&'a str>,
+}
+
+impl BeforeRetiring<'_> {
+    /// Refuses the change (under `prefix`, from `old`) as the take would:
+    /// a state file of another fleet than the one carried, a registered
+    /// fleet whose ids the new one could make, a floor further ahead of
+    /// this clock than the node may wait.
+    fn check(
+        &self,
+        prefix: &str,
+        old: &str,
+        carried: Option<&str>,
+        floor: u64,
+        claim: &Claim,
+    ) -> Result<(), AcquireError> {
+        if let Some(expected) = self.expected
+            && carried != Some(expected)
+        {
+            return Err(AcquireError::FleetMissing {
+                prefix: prefix.to_string(),
+                expected: expected.to_string(),
+                floor_ms: claim.now_ms.saturating_add(claim.max_ahead_ms),
+            });
+        }
+        // A fleet that carries no id (an earlier version's) mints one,
+        // which no registration names.
+        let fleet = carried.unwrap_or_default().as_bytes();
+        check_registered(self.registered, prefix, fleet, &claim.layout, Some(old))?;
+        let ahead_ms = floor.saturating_sub(claim.now_ms);
+        if ahead_ms > claim.max_ahead_ms {
+            return Err(AcquireError::HighWaterAhead {
+                whose: format!("of the layout change from {old} (its fleet's highest high-water)"),
+                high_water_ms: floor,
+                ahead: Duration::from_millis(ahead_ms),
+                limit: Duration::from_millis(claim.max_ahead_ms),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Where an etcd cluster's fleets are registered, one key per fleet id
@@ -1056,13 +1108,64 @@ async fn retire_previous(
 /// a registered fleet under another prefix could make too (two fleets of
 /// one layout on one cluster took the same node ids and issued the same
 /// ids). Outside every prefix, so a user needs readwrite here as well.
-pub const FLEETS: &str = "/shardflake.fleets/";
+///
+/// No leading `/`: every prefix starts with one, so no `etcdctl del
+/// --prefix` of a prefix, or of a string a prefix begins with, deletes the
+/// registrations ([`OLD_FLEETS`] began with `/shardflake`).
+pub const FLEETS: &str = "shardflake.fleets/";
+
+/// Where earlier versions registered fleets. Still read, and where it
+/// holds a fleet its entry is kept in step (their nodes read only this).
+pub const OLD_FLEETS: &str = "/shardflake.fleets/";
 
 /// `<FLEETS><fleet id>`.
 pub fn fleet_registry_key(fleet: &[u8]) -> Vec<u8> {
-    let mut key = FLEETS.as_bytes().to_vec();
-    key.extend_from_slice(fleet);
-    key
+    [FLEETS.as_bytes(), fleet].concat()
+}
+
+/// The fleet id a registration's key names, in either place.
+fn registration_id(key: &[u8]) -> Option<&[u8]> {
+    key.strip_prefix(FLEETS.as_bytes())
+        .or_else(|| key.strip_prefix(OLD_FLEETS.as_bytes()))
+}
+
+/// The registrations in both places (`local`: served by the member asked,
+/// possibly stale), and a revision both reads are at or after: what a
+/// write compares none written after ([`registrations_unchanged`]).
+async fn read_registrations(client: &Client, local: bool) -> Result<(Vec<Kv>, i64), EtcdError> {
+    let read = |place: &'static str| async move {
+        if local {
+            client.range_prefix_local_header(place.as_bytes()).await
+        } else {
+            client.range_prefix_header(place.as_bytes()).await
+        }
+    };
+    let (new, old) = tokio::join!(read(FLEETS), read(OLD_FLEETS));
+    let ((mut kvs, a), (old, b)) = (new?, old?);
+    kvs.extend(old);
+    Ok((kvs, a.revision.min(b.revision)))
+}
+
+/// No registration written, in either place, after `revision`.
+fn registrations_unchanged(revision: i64) -> [Compare; 2] {
+    [FLEETS, OLD_FLEETS].map(|place| Compare::NoneWrittenAfter(place.as_bytes().to_vec(), revision))
+}
+
+/// Each fleet's registration: of the two places, the one written last.
+fn latest_registrations(registered: &[Kv]) -> Vec<(&[u8], &Kv)> {
+    let mut latest: HashMap<&[u8], &Kv> = HashMap::new();
+    for kv in registered {
+        let Some(id) = registration_id(&kv.key) else {
+            continue;
+        };
+        let entry = latest.entry(id).or_insert(kv);
+        if kv.mod_revision > entry.mod_revision {
+            *entry = kv;
+        }
+    }
+    let mut latest: Vec<_> = latest.into_iter().collect();
+    latest.sort_by_key(|(id, _)| *id);
+    latest
 }
 
 /// A registration's value.
@@ -1114,30 +1217,29 @@ pub fn may_share_ids(a: &str, b: &str) -> bool {
 }
 
 /// Checks fleet `fleet` with `layout` under `prefix` against the fleets
-/// registered in the cluster (`registered`: the keys under [`FLEETS`]);
-/// returns the registration to write when the cluster does not hold it as
-/// it is. `moved_from`: the prefix a move or layout change carries this
-/// fleet from, whose registration it takes over.
+/// registered in the cluster (`registered`: the keys under [`FLEETS`] and
+/// [`OLD_FLEETS`]); returns the registrations to write (key, value): under
+/// [`FLEETS`] where it does not hold it as it is, and under
+/// [`OLD_FLEETS`] where an earlier version's entry for it differs.
+/// `moved_from`: the prefix a move or layout change carries this fleet
+/// from, whose registration it takes over.
 ///
 /// Refused: this fleet registered under another prefix (one fleet, one
 /// place), and any other fleet under another prefix whose ids this one
 /// could make. Another fleet registered under this prefix was here
 /// before (the prefix's keys deleted, or this read older than its fleet
 /// key): the take compares the fleet key, as for any take on a prefix.
+#[allow(clippy::type_complexity)] // (key, value) pairs, read at once
 fn check_registered(
     registered: &[Kv],
     prefix: &str,
     fleet: &[u8],
     layout: &[u8],
     moved_from: Option<&str>,
-) -> Result<Option<Vec<u8>>, AcquireError> {
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>, AcquireError> {
     let ours = String::from_utf8_lossy(fleet).into_owned();
     let layout_text = String::from_utf8_lossy(layout).into_owned();
-    let mut found = None;
-    for kv in registered {
-        let Some(id) = kv.key.strip_prefix(FLEETS.as_bytes()) else {
-            continue;
-        };
+    for (id, kv) in latest_registrations(registered) {
         let (their_prefix, their_layout) = parse_registration(&kv.value).unwrap_or_else(|| {
             (
                 "(unreadable)".to_string(),
@@ -1152,7 +1254,6 @@ fn check_registered(
                     prefix: prefix.to_string(),
                 });
             }
-            found = Some(kv.value.clone());
         } else if their_prefix != prefix
             && moved_from != Some(their_prefix.as_str())
             && may_share_ids(&layout_text, &their_layout)
@@ -1167,7 +1268,42 @@ fn check_registered(
         }
     }
     let wanted = registration(prefix, layout);
-    Ok((found.as_deref() != Some(&wanted[..])).then_some(wanted))
+    let holds = |key: &[u8]| {
+        registered
+            .iter()
+            .find(|kv| kv.key == key)
+            .map(|kv| kv.value.as_slice())
+    };
+    let mut writes = Vec::new();
+    let key = fleet_registry_key(fleet);
+    if holds(&key) != Some(&wanted[..]) {
+        writes.push((key, wanted.clone()));
+    }
+    let old_key = [OLD_FLEETS.as_bytes(), fleet].concat();
+    if holds(&old_key).is_some_and(|v| v != wanted) {
+        writes.push((old_key, wanted));
+    }
+    Ok(writes)
+}
+
+/// The fleet registered under `prefix` (its id, and the revision its
+/// registration was last written at; the earliest, if several), among the
+/// registrations `registered`.
+///
+/// A registration is written in the same transaction as the fleet id it
+/// names, and rewritten only by a take that compares that fleet id, so
+/// where a read of the prefix at a revision at or after the registration's
+/// finds no fleet id, the fleet id was deleted since. A registration newer
+/// than that read may be a fleet another node has just started here.
+fn registered_under(registered: &[Kv], prefix: &str) -> Option<(String, i64)> {
+    latest_registrations(registered)
+        .into_iter()
+        .filter_map(|(id, kv)| {
+            let (their_prefix, _) = parse_registration(&kv.value)?;
+            (their_prefix == prefix)
+                .then(|| (String::from_utf8_lossy(id).into_owned(), kv.mod_revision))
+        })
+        .min_by_key(|(_, at)| *at)
 }
 
 /// `<prefix>/generation` among `kvs` (absent, or not a number: 0).
@@ -1271,10 +1407,13 @@ struct Fleet {
     generation: u64,
     /// A fleet replacing another: no id of it at or before this Unix ms.
     floor: Option<u64>,
-    /// The fleets registered in the cluster (the keys under [`FLEETS`]),
-    /// read at this revision.
+    /// The fleets registered in the cluster (the keys under [`FLEETS`] and
+    /// [`OLD_FLEETS`]), read at or after this revision.
     registered: Vec<Kv>,
     registered_at: i64,
+    /// The revision the take's view of the prefix (its fleet id) was
+    /// read at: the first read's, then each failed take's.
+    read_at: i64,
     /// The prefix of the fleet this one replaces (`--previous-prefix`).
     moved_from: Option<String>,
 }
@@ -1388,6 +1527,7 @@ async fn take_lowest(
             None => Err(AcquireError::FleetMissing {
                 prefix: prefix.to_string(),
                 expected: expected.clone(),
+                floor_ms: claim.now_ms.saturating_add(claim.max_ahead_ms),
             }),
         }
     };
@@ -1485,6 +1625,31 @@ async fn take_lowest(
     let mut first_too_far: Option<AcquireError> = None;
     // Each lost race means another node took an id: bounded by the id count.
     for losses in 0..=max_id.saturating_mul(2).min(1 << 20) as u32 {
+        // A take that would start a new fleet where the cluster registers
+        // one: refused when the prefix was read after the registration (its
+        // fleet id deleted since); otherwise the take compares the
+        // registrations unchanged since that read, and a failed one reads
+        // both again in one transaction.
+        let mut registrations_at = fleet.registered_at;
+        if recorded_fleet.is_none()
+            && fleet.carried.is_none()
+            && let Some((registered, at)) = registered_under(&fleet.registered, prefix)
+        {
+            if at <= fleet.read_at {
+                tracing::warn!(
+                    fleet = %registered,
+                    registered_at = at,
+                    read_at = fleet.read_at,
+                    "{prefix} holds no fleet id, and its fleet was registered before the prefix was read: deleted"
+                );
+                return Err(AcquireError::FleetDeleted {
+                    prefix: prefix.to_string(),
+                    fleet: registered,
+                    floor_ms: claim.now_ms.saturating_add(claim.max_ahead_ms),
+                });
+            }
+            registrations_at = fleet.read_at;
+        }
         let held = ids_under(&kvs, &node_prefix);
         let candidate = match claim.pinned {
             Some(id) => match held.get(&id) {
@@ -1633,12 +1798,9 @@ async fn take_lowest(
             layout_recorded,
             fleet.moved_from.as_deref(),
         )?;
-        compares.push(Compare::NoneWrittenAfter(
-            FLEETS.as_bytes().to_vec(),
-            fleet.registered_at,
-        ));
-        if let Some(value) = registration {
-            success.push(Op::Put(fleet_registry_key(fleet_id), value, 0));
+        compares.extend(registrations_unchanged(registrations_at));
+        for (key, value) in registration {
+            success.push(Op::Put(key, value, 0));
         }
         let mut failure = match queued_at {
             // Queued: a take leaves the queue; a loss counts who is ahead.
@@ -1666,6 +1828,7 @@ async fn take_lowest(
             Op::Get(hw.clone().into_bytes()),
             Op::Get(stamp_key.clone().into_bytes()),
             Op::Prefix(FLEETS.as_bytes().to_vec()),
+            Op::Prefix(OLD_FLEETS.as_bytes().to_vec()),
         ]);
         let answer = client
             .txn(&compares, &success, &failure)
@@ -1709,10 +1872,11 @@ async fn take_lowest(
         }
         fleet.registered = fresh
             .iter()
-            .filter(|kv| kv.key.starts_with(FLEETS.as_bytes()))
+            .filter(|kv| registration_id(&kv.key).is_some())
             .cloned()
             .collect();
         fleet.registered_at = answer.revision;
+        fleet.read_at = answer.revision;
         match fresh.iter().find(|kv| kv.key == hw.as_bytes()) {
             Some(kv) => high_waters.insert(candidate, kv.value.clone()),
             None => high_waters.remove(&candidate),
@@ -1842,16 +2006,56 @@ mod tests {
         // Not registered yet: registered with the take; then nothing to write.
         assert_eq!(
             check(&[], "/a", None).unwrap(),
-            Some(registration("/a", ours.as_bytes()))
+            vec![(
+                fleet_registry_key(b"F"),
+                registration("/a", ours.as_bytes())
+            )]
         );
-        assert_eq!(check(&[reg("F", "/a", &ours)], "/a", None).unwrap(), None);
+        assert_eq!(check(&[reg("F", "/a", &ours)], "/a", None).unwrap(), vec![]);
+        // An earlier version's registration: read, written where this
+        // version reads it, and kept in step where it differs.
+        let old = |fleet: &str, prefix: &str, layout: &str, revision: i64| Kv {
+            key: [OLD_FLEETS.as_bytes(), fleet.as_bytes()].concat(),
+            mod_revision: revision,
+            ..reg(fleet, prefix, layout)
+        };
+        assert_eq!(
+            check(&[old("F", "/a", &ours, 1)], "/a", None).unwrap(),
+            vec![(
+                fleet_registry_key(b"F"),
+                registration("/a", ours.as_bytes())
+            )]
+        );
+        assert!(matches!(
+            check(&[old("G", "/b", &ours, 1)], "/a", None),
+            Err(AcquireError::FleetOverlaps(_))
+        ));
+        let moved = check(&[old("F", "/old", &ours, 1)], "/a", Some("/old")).unwrap();
+        assert_eq!(moved.len(), 2, "both places: {moved:?}");
+        // Of the two places, the one written last.
+        assert!(matches!(
+            check(
+                &[old("F", "/b", &ours, 5), reg("F", "/a", &ours)],
+                "/a",
+                None
+            ),
+            Err(AcquireError::FleetElsewhere { .. })
+        ));
+        assert!(
+            check(
+                &[old("F", "/b", &ours, 0), reg("F", "/a", &ours)],
+                "/a",
+                None
+            )
+            .is_ok()
+        );
         // Registered under another prefix: refused unless moved from it.
         let elsewhere = [reg("F", "/old", &ours)];
         assert!(matches!(
             check(&elsewhere, "/a", None),
             Err(AcquireError::FleetElsewhere { .. })
         ));
-        assert!(check(&elsewhere, "/a", Some("/old")).unwrap().is_some());
+        assert!(!check(&elsewhere, "/a", Some("/old")).unwrap().is_empty());
         // Another fleet: refused where it may share ids, under another prefix.
         assert!(matches!(
             check(&[reg("G", "/b", &ours)], "/a", None),
@@ -1867,6 +2071,31 @@ mod tests {
             mod_revision: 1,
         };
         assert!(check(&[unreadable], "/a", None).is_err());
+    }
+
+    /// The fleet registered under a prefix, and when: a fresh take refuses
+    /// it only where its read of the prefix is at or after that revision.
+    #[test]
+    fn a_fleet_registered_under_a_prefix_is_found_with_its_revision() {
+        let reg = |fleet: &str, prefix: &str, revision: i64| Kv {
+            key: fleet_registry_key(fleet.as_bytes()),
+            value: registration(prefix, b"L; node id in field node"),
+            lease: 0,
+            create_revision: revision,
+            mod_revision: revision,
+        };
+        let registered = [reg("F", "/a", 7), reg("G", "/b", 3), reg("H", "/a", 9)];
+        assert_eq!(
+            registered_under(&registered, "/a"),
+            Some(("F".to_string(), 7))
+        );
+        assert_eq!(registered_under(&registered, "/b"), Some(("G".into(), 3)));
+        assert_eq!(registered_under(&registered, "/c"), None);
+        assert_eq!(
+            registered_under(&registered, "/a/x"),
+            None,
+            "another prefix"
+        );
     }
 
     #[test]

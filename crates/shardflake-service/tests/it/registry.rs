@@ -202,6 +202,7 @@ async fn a_user_allowed_only_the_prefix_takes_ids_there() -> anyhow::Result<()> 
         "user add node --interactive=false --new-user-password=node-pw",
         "role add shardflake",
         "role grant-permission shardflake readwrite /least/ --prefix=true",
+        "role grant-permission shardflake readwrite shardflake.fleets/ --prefix=true",
         "role grant-permission shardflake readwrite /shardflake.fleets/ --prefix=true",
         "user grant-role node shardflake",
     ] {

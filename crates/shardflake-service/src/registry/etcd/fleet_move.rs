@@ -24,8 +24,8 @@
 //! without a state file of it take ids there again.
 
 use super::{
-    CONFIRMED, FLEETS, RETIRED, check_registered, client, fleet_registry_key, parse_retired,
-    read_generation, read_high_water, stamp_text,
+    CONFIRMED, RETIRED, check_registered, client, parse_retired, read_generation, read_high_water,
+    read_registrations, registrations_unchanged, stamp_text,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{Compare, EtcdError, Op};
@@ -255,7 +255,7 @@ pub async fn move_fleet(
         }
     }
     let already = !dkvs.is_empty();
-    let (registered, rheader) = dst.range_prefix_header(FLEETS.as_bytes()).await?;
+    let (registered, registered_at) = read_registrations(&dst, false).await?;
     let registration = check_registered(
         &registered,
         new,
@@ -317,8 +317,8 @@ pub async fn move_fleet(
             0,
         ));
     }
-    if let Some(value) = registration {
-        ops.push(Op::Put(fleet_registry_key(&fleet), value, 0));
+    for (key, value) in registration {
+        ops.push(Op::Put(key, value, 0));
     }
     // The new place is the fleet's by this move: confirmed, should its
     // cluster show a restore (its nodes' state files name the old place).
@@ -332,11 +332,15 @@ pub async fn move_fleet(
     let answer = dst
         .txn(
             &[
-                Compare::NoneWrittenAfter(format!("{new}/").into_bytes(), dheader.revision),
-                Compare::Absent(new_fleet_key),
-                Compare::Absent(new_layout_key),
-                Compare::NoneWrittenAfter(FLEETS.as_bytes().to_vec(), rheader.revision),
-            ],
+                [
+                    Compare::NoneWrittenAfter(format!("{new}/").into_bytes(), dheader.revision),
+                    Compare::Absent(new_fleet_key),
+                    Compare::Absent(new_layout_key),
+                ]
+                .as_slice(),
+                &registrations_unchanged(registered_at),
+            ]
+            .concat(),
             &ops,
             &[],
         )
