@@ -86,7 +86,15 @@ pub(super) async fn install(
             ),
         ));
     }
-    let overlaps = overlapping_peers(conn, &opts.peers, &opts.names, serves).await?;
+    let mut overlaps = overlapping_peers(conn, &opts.peers, &opts.names, serves).await?;
+    // A first install in this database: the same table making ids in
+    // another database of this server is likely the one a changed URL
+    // named before (a repair reinstalls what is there).
+    if mode != Mode::Repair && recorded.is_none() && !opts.new_deployment {
+        overlaps.extend(
+            databases_making_ids(conn, &db, &opts.names, serves, (0, plan.shard_max())).await?,
+        );
+    }
     if !overlaps.is_empty() {
         return Err(other(
             "apply",

@@ -446,6 +446,42 @@ async fn overlapping_peers(
     Ok(problems)
 }
 
+/// The other databases of this server whose table of `names.table`'s name
+/// has our trigger, each with the shard values it makes ids for (recorded
+/// in `shardflake.serves`, or all where none are: installed before they
+/// were recorded), as refusals where they meet `lo..=hi`. A database whose
+/// table was dropped, whose record stays, makes no ids and is not one.
+async fn databases_making_ids(
+    conn: &mut Conn,
+    db: &str,
+    names: &Names,
+    (lo, hi): (u64, u64),
+    all: (u64, u64),
+) -> Result<Vec<String>, Error> {
+    let others: Vec<String> = conn
+        .exec(
+            "SELECT TRIGGER_SCHEMA FROM information_schema.TRIGGERS
+              WHERE TRIGGER_NAME = ? AND EVENT_OBJECT_TABLE = ? AND TRIGGER_SCHEMA <> ?
+              ORDER BY 1",
+            (names.trigger(), &names.table, db),
+        )
+        .await
+        .map_err(my(
+            "looking for the table's ids in the server's other databases",
+        ))?;
+    let mut problems = Vec::new();
+    for other in others {
+        let (olo, ohi) = recorded_serves(conn, &other, names).await?.unwrap_or(all);
+        if olo <= hi && lo <= ohi {
+            problems.push(format!(
+                "database {other} of this server makes ids of {other}.{table} for shard values {olo}-{ohi}, which meets {lo}-{hi}, and {db}.{table} has none yet: the URL now names another database than the one making them? two databases making ids for one shard value make the same ids; put back the URL of database {other}. If {db}.{table} is a separate table, whose ids may equal those of {other}.{table}, run shardflake mysql apply --new-deployment; to make ids for one table from both, give each --shards of its own",
+                table = names.table
+            ));
+        }
+    }
+    Ok(problems)
+}
+
 /// What a server other than the one the ids were installed on is told.
 fn other_server_text(names: &Names, installed: u32, here: u32) -> String {
     format!(
@@ -485,6 +521,12 @@ pub struct Options {
     /// `apply`: the URLs of the deployment's other servers; a shard value
     /// that one of them records too is refused.
     pub peers: Vec<String>,
+    /// `apply` in a database with no ids of this table yet: the table is
+    /// separate from the same-named one another database of this server
+    /// makes ids for (their ids may be equal). Without it such an apply is
+    /// refused, for shard values both would make ids for, as a URL changed
+    /// to another database ([`databases_making_ids`]).
+    pub new_deployment: bool,
 }
 
 impl Default for Options {
@@ -496,6 +538,7 @@ impl Default for Options {
             seed: false,
             shards: None,
             peers: Vec::new(),
+            new_deployment: false,
         }
     }
 }
