@@ -312,7 +312,7 @@ pub(super) async fn apply_pinned(
     if mode == Mode::Adopt {
         // Inserts meet the trigger only once its clock loop runs.
         install_event(conn, plan, names, &mut applied).await?;
-        if !wait_clock(conn, names, Duration::from_secs(3)).await? {
+        if !wait_clock(conn, names, Duration::from_secs(5)).await? {
             return Err(other(
                 "adopt",
                 format!(
@@ -326,7 +326,7 @@ pub(super) async fn apply_pinned(
         install_guard_and_trigger(conn, plan, names, &mut applied).await?;
         install_event(conn, plan, names, &mut applied).await?;
     }
-    applied.clock_running = wait_clock(conn, names, Duration::from_secs(3)).await?;
+    applied.clock_running = wait_clock(conn, names, Duration::from_secs(5)).await?;
     if !applied.clock_running {
         applied.warnings.push(format!(
             "the clock event {} was not seen running within 3 s",

@@ -228,10 +228,11 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
             }
         }
     }
-    // The scheduler starts the loop within a second of the event's creation
-    // or of a loop's end: give it that before calling it stopped.
+    // The scheduler fires the event within a second of its creation or of
+    // a loop's end, and a loop starts [`sql::START_WAIT_MS`] later: give it
+    // that before calling it stopped.
     let mut running = clock_loop(conn, names).await?;
-    if running.is_none() && super::apply::wait_clock(conn, names, Duration::from_secs(2)).await? {
+    if running.is_none() && super::apply::wait_clock(conn, names, Duration::from_secs(3)).await? {
         running = clock_loop(conn, names).await?;
     }
     match running {

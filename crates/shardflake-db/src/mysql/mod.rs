@@ -131,9 +131,12 @@
 //! is `NULL` or negative, a server clock before the layout's epoch or past
 //! its end, and a sequence more than [`sql::STALE_MS`] behind the clock (the
 //! event is not running). A used-up sequence fails with MariaDB's own
-//! "Sequence 'db.posts_id_seq' has run out". After a restart, inserts are
-//! refused until the event's first run, within a second of the start ("the
-//! clock event ... is not running").
+//! "Sequence 'db.posts_id_seq' has run out". After a restart (or with the
+//! scheduler turned on again), inserts are refused until the event's loop
+//! runs, within about two seconds ("the clock event ... is not running"):
+//! a starting loop waits [`sql::START_WAIT_MS`] and catches the sequence up
+//! with the clock before any id is made, so a dump taken while the last
+//! loop ran and restored before this one started repeats no id.
 //!
 //! Clock steps: backwards by up to [`sql::AHEAD_MS`], ids keep coming from
 //! the sequence (dated ahead of the clock until it catches up); by up to
