@@ -111,6 +111,21 @@ pub(super) async fn install(
             other_server_text(&opts.names, installed, srv.server_id),
         ));
     }
+    // A record made on another server: this one may be a copy of it, and
+    // which values it makes ids for is the operator's word (`--shards`).
+    // (`repair`, the step after a promotion or a restore, records it.)
+    if mode != Mode::Repair
+        && opts.shards.is_none()
+        && let Some((was, here)) = recorded_elsewhere(conn, &db, &opts.names).await?
+    {
+        return Err(other(
+            "apply",
+            format!(
+                "nothing was changed: {}",
+                copy_text(&db, &opts.names, serves, &was, &here)
+            ),
+        ));
+    }
     let old_mode: String = conn
         .query_first("SELECT @@SESSION.sql_mode")
         .await

@@ -34,6 +34,11 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
     {
         problems.push(other_server_text(names, installed, srv.server_id));
     }
+    if let (Some(serves), Some((was, here))) =
+        (recorded, recorded_elsewhere(conn, &db, names).await?)
+    {
+        problems.push(copy_text(&db, names, serves, &was, &here));
+    }
     let (offset, uncertainty) = clock_offset(conn).await?;
     problems.extend(crate::clock_problem(offset, uncertainty, "mysql repair"));
     if !srv.has_sequences() {

@@ -370,6 +370,38 @@ async fn recorded_serves(
     }
 }
 
+/// The server `shardflake.serves` records as making the ids of
+/// `names.table` of `db` (as [`SERVER_SQL`] read it), when it is another
+/// than this one: the row came with a copy of the server (its dump or
+/// backup restored here, a replica) or the server moved. `(recorded, this)`.
+async fn recorded_elsewhere(
+    conn: &mut Conn,
+    db: &str,
+    names: &Names,
+) -> Result<Option<(String, String)>, Error> {
+    let row: Result<Option<(String, String)>, _> = conn
+        .exec_first(
+            format!(
+                "SELECT server, {SERVER_SQL} FROM `shardflake`.`serves` WHERE db = ? AND tbl = ?"
+            ),
+            (db, &names.table),
+        )
+        .await;
+    match row {
+        Ok(row) => Ok(row.filter(|(recorded, here)| recorded != here)),
+        Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(None),
+        Err(e) => Err(my("reading which server makes the ids")(e)),
+    }
+}
+
+/// What a server whose record names another is told ([`recorded_elsewhere`]).
+fn copy_text(db: &str, names: &Names, (lo, hi): (u64, u64), recorded: &str, here: &str) -> String {
+    format!(
+        "shardflake.serves records that server {recorded} makes the ids of {db}.{table} for shard values {lo}-{hi}, and this is {here}: a copy of that server (its dump or backup restored here, a promoted replica) or the server moved. Two servers making ids for one shard value make the same ids: if that server or another copy still makes ids of {table}, give this one shard values of its own, none of theirs (shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER) before it takes writes; if none does, record this server with shardflake mysql apply --shards {lo}-{hi}",
+        table = names.table
+    )
+}
+
 /// Records the shard values this server makes ids for.
 async fn record_serves(
     conn: &mut Conn,
