@@ -119,14 +119,14 @@ struct DbArgs {
     /// The kinds of fault to draw from, comma-separated; a kind named
     /// twice is drawn twice as often [default:
     /// kill,kill,clock-back,restore-stopped,restore-live,restore-no-loop,
-    /// restore-after-stop].
+    /// restore-after-stop,restore-restart].
     #[arg(long, value_delimiter = ',', value_parser = parse_db_fault)]
     kinds: Vec<db::Fault>,
 }
 
 fn parse_db_fault(name: &str) -> Result<db::Fault, String> {
     db::Fault::parse(name).ok_or_else(|| {
-        "no such kind; the kinds: kill, clock-back, restore-stopped, restore-live, restore-no-loop, restore-after-stop"
+        "no such kind; the kinds: kill, clock-back, restore-stopped, restore-live, restore-no-loop, restore-after-stop, restore-restart"
             .to_string()
     })
 }
