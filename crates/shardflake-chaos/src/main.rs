@@ -60,7 +60,8 @@ enum Command {
     /// random from the seed: move-shard stopped at each step or SIGKILLed,
     /// apply from an older or edited topology file, a shard restored from a
     /// dump (writers stopped or live) then repaired, repair during a move,
-    /// two moves at once, a crash; every id checked.
+    /// two moves at once, a crash, a failover to a standby with the old
+    /// primary restarted beside it; every id checked.
     DbPg(PgArgs),
     /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
     /// ticket clients asking for ids under crashes and an operator's
@@ -141,7 +142,7 @@ struct PgArgs {
     /// The kinds of fault to draw from, comma-separated [default: every
     /// kind: move-stopped, move-killed, older-file-apply, edit-owner,
     /// edit-prefix, edit-count, edit-epoch, edit-url, restore-stopped,
-    /// restore-live, repair-during-move, two-moves, crash].
+    /// restore-live, repair-during-move, two-moves, crash, failover].
     #[arg(long, value_delimiter = ',', value_parser = parse_pg_fault)]
     kinds: Vec<db_pg::Fault>,
 }
