@@ -96,11 +96,18 @@ pub enum Fault {
     /// while it is off can lose acknowledged ids, which check refuses
     /// rather than makes safe.
     Crash,
+    /// The shard's server fails over: a standby of it (`pg_basebackup
+    /// -R`), left to lag for a moment, the primary SIGKILLed, the standby
+    /// promoted, the file pointed at it and `pg repair` (as the guide
+    /// says); then the old primary restarted beside it, whose inserts and
+    /// a repair or apply through a file still reaching it are refused.
+    /// Once per server (a promoted standby is not failed over again).
+    Failover,
 }
 
 impl Fault {
     /// Every kind.
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 14] = [
         Fault::MoveStopped,
         Fault::MoveKilled,
         Fault::StaleApply,
@@ -114,6 +121,7 @@ impl Fault {
         Fault::RepairDuringMove,
         Fault::TwoMoves,
         Fault::Crash,
+        Fault::Failover,
     ];
 
     /// The name `--kinds` takes.
@@ -132,6 +140,7 @@ impl Fault {
             Fault::RepairDuringMove => "repair-during-move",
             Fault::TwoMoves => "two-moves",
             Fault::Crash => "crash",
+            Fault::Failover => "failover",
         }
     }
 
@@ -241,6 +250,37 @@ struct Shared {
     sequence_mask: u64,
     topology: PathBuf,
     bin: PathBuf,
+    /// `scripts/pg.sh`, and each first server's URL and its directory.
+    script: PathBuf,
+    primaries: Vec<(String, String)>,
+    /// Data directories of the standbys a failover started (stopped at
+    /// the end).
+    standbys: Mutex<Vec<PathBuf>>,
+}
+
+/// `program` run as user postgres when this runs as root (PostgreSQL
+/// refuses root), as `scripts/pg.sh` does.
+fn as_postgres(program: &Path) -> Command {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if root {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+/// Runs `cmd`; an error with its output unless it succeeds.
+fn run_ok(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!("{what}: {}", text(&out));
+    }
+    Ok(())
 }
 
 pub(crate) fn cli(bin: &Path, args: &[&str]) -> anyhow::Result<Output> {
@@ -414,6 +454,12 @@ fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyho
         sequence_mask: seq.max() << seq.shift(),
         topology: path.clone(),
         bin: o.bin.clone(),
+        script: pg_script.to_path_buf(),
+        primaries: vec![
+            (a.url.clone(), a.dir.clone()),
+            (b.url.clone(), b.dir.clone()),
+        ],
+        standbys: Mutex::new(Vec::new()),
     });
     let load_start_unix_ms = check::unix_ms_now();
     let clients: Vec<_> = (0..o.clients)
@@ -462,6 +508,13 @@ fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyho
         all.merge(rt.block_on(c)?);
     }
     let checked = cli(&o.bin, &["pg", "check", "-t", &t])?;
+    for data in shared.standbys.lock().unwrap().iter() {
+        let _ = as_postgres(&bindir.join("pg_ctl"))
+            .arg("-D")
+            .arg(data)
+            .args(["-m", "immediate", "stop"])
+            .output();
+    }
     if !checked.status.success() {
         incidents.push(format!("the final pg check failed: {}", text(&checked)));
     }
@@ -533,6 +586,90 @@ fn fault_once(
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     match fault {
+        Fault::Failover => {
+            let Some((_, pgdir)) = shared.primaries.iter().find(|(url, _)| *url == owner_url)
+            else {
+                println!("  failover: {owner_url} is a promoted standby already; skipped");
+                return Ok(());
+            };
+            let n = shared.standbys.lock().unwrap().len();
+            // Under pg.sh's directory, which user postgres may enter.
+            let data = PathBuf::from(format!("{pgdir}/standby{n}"));
+            let data_s = data.to_string_lossy().to_string();
+            let port = crate::cluster::free_port()?;
+            run_ok(
+                as_postgres(&bindir.join("pg_basebackup")).args([
+                    "-d", &owner_url, "-D", &data_s, "-R", "-X", "stream", "-c", "fast",
+                ]),
+                "pg_basebackup",
+            )?;
+            run_ok(
+                as_postgres(&bindir.join("pg_ctl")).args([
+                    "-D",
+                    &data_s,
+                    "-l",
+                    &format!("{data_s}.log"),
+                    "-w",
+                    "-t",
+                    "60",
+                    "-o",
+                    &format!(
+                        "-p {port} -k {data_s} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=on -c full_page_writes=off -c max_connections=200"
+                    ),
+                    "start",
+                ]),
+                "starting the standby",
+            )?;
+            shared.standbys.lock().unwrap().push(data.clone());
+            // However far it lags: the repair is what must cover it.
+            std::thread::sleep(Duration::from_millis(300) + step.pause);
+            run_ok(
+                Command::new("bash")
+                    .arg(&shared.script)
+                    .args(["kill", pgdir]),
+                "pg.sh kill (the primary dies)",
+            )?;
+            run_ok(
+                as_postgres(&bindir.join("pg_ctl")).args(["-D", &data_s, "-w", "promote"]),
+                "pg_ctl promote",
+            )?;
+            let promoted = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+            // The operator points the file at it, then repairs.
+            let old_file = dir.join("before-failover.toml");
+            std::fs::write(&old_file, &current)?;
+            std::fs::write(
+                &shared.topology,
+                current.replace(
+                    &format!("url = \"{owner_url}\""),
+                    &format!("url = \"{promoted}\""),
+                ),
+            )?;
+            let repaired = cli(&o.bin, &["pg", "repair", "-t", &t])?;
+            if !repaired.status.success() {
+                bail!("pg repair after the promotion: {}", text(&repaired));
+            }
+            // The old primary restarted beside it (split brain).
+            run_ok(
+                Command::new("bash")
+                    .arg(&shared.script)
+                    .args(["restart", pgdir]),
+                "pg.sh restart (the old primary back)",
+            )?;
+            if let Ok(id) = psql(&format!(
+                "INSERT INTO shard{shard}.posts (user_id) VALUES ({shard}) RETURNING id"
+            )) {
+                bail!("the old primary, restarted, made id {id}");
+            }
+            let f = old_file.to_string_lossy().to_string();
+            refused(
+                &["pg", "repair", "-t", &f],
+                "repair through a file reaching the old primary",
+            )?;
+            refused(
+                &["pg", "apply", "-t", &f],
+                "apply through a file reaching the old primary",
+            )
+        }
         Fault::Crash => {
             if step.variant == 1 {
                 // The database's setting: the server's command line sets

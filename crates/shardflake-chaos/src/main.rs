@@ -61,7 +61,8 @@ enum Command {
     /// random from the seed: move-shard stopped at each step or SIGKILLed,
     /// apply from an older or edited topology file, a shard restored from a
     /// dump (writers stopped or live) then repaired, repair during a move,
-    /// two moves at once, a crash; every id checked.
+    /// two moves at once, a crash, a failover to a standby with the old
+    /// primary restarted beside it; every id checked.
     DbPg(PgArgs),
     /// `shardflake pg adopt` of a populated bigserial table under writers
     /// and an operator's faults drawn from the seed: adopt SIGKILLed and
@@ -126,14 +127,14 @@ struct DbArgs {
     /// The kinds of fault to draw from, comma-separated; a kind named
     /// twice is drawn twice as often [default:
     /// kill,kill,clock-back,restore-stopped,restore-live,restore-no-loop,
-    /// restore-after-stop].
+    /// restore-after-stop,restore-restart].
     #[arg(long, value_delimiter = ',', value_parser = parse_db_fault)]
     kinds: Vec<db::Fault>,
 }
 
 fn parse_db_fault(name: &str) -> Result<db::Fault, String> {
     db::Fault::parse(name).ok_or_else(|| {
-        "no such kind; the kinds: kill, clock-back, restore-stopped, restore-live, restore-no-loop, restore-after-stop"
+        "no such kind; the kinds: kill, clock-back, restore-stopped, restore-live, restore-no-loop, restore-after-stop, restore-restart"
             .to_string()
     })
 }
@@ -148,7 +149,7 @@ struct PgArgs {
     /// The kinds of fault to draw from, comma-separated [default: every
     /// kind: move-stopped, move-killed, older-file-apply, edit-owner,
     /// edit-prefix, edit-count, edit-epoch, edit-url, restore-stopped,
-    /// restore-live, repair-during-move, two-moves, crash].
+    /// restore-live, repair-during-move, two-moves, crash, failover].
     #[arg(long, value_delimiter = ',', value_parser = parse_pg_fault)]
     kinds: Vec<db_pg::Fault>,
 }

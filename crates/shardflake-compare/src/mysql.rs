@@ -293,6 +293,8 @@ async fn install(
     let install = db_mysql::Options {
         seed: true,
         locked: false,
+        // The sandbox's table, dropped at the end: not the application's.
+        new_deployment: true,
         ..db_mysql::Options::default()
     };
     let applied = bounded(

@@ -164,6 +164,12 @@ enum MysqlCommand {
         /// shard value it records too is refused.
         #[arg(long = "peer", value_name = "URL")]
         peers: Vec<String>,
+        /// The table is separate from the same-named one another database
+        /// of this server makes ids for (their ids may be equal): without
+        /// it, a first apply meeting that table's shard values is refused
+        /// as a url changed to another database.
+        #[arg(long = "new-deployment")]
+        new_deployment: bool,
     },
     /// Put an existing table's AUTO_INCREMENT id under the one-statement
     /// ids while the application keeps writing: what apply installs, then
@@ -405,6 +411,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seed,
             shards,
             peers,
+            new_deployment,
         } => {
             let l = mysql_layout(&layout)?;
             let opts = Options {
@@ -414,6 +421,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 seed,
                 shards,
                 peers,
+                new_deployment,
             };
             conn.run(async |c| {
                 let applied = mysql::apply(c, &l, &opts).await?;
@@ -458,6 +466,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     seed: false,
                     shards,
                     peers: Vec::new(),
+                    new_deployment: false,
                 },
                 dry_run,
             };

@@ -275,6 +275,8 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
             cache: sql::DEFAULT_CACHE,
             locked: true,
             seed: true,
+            // Bench tables, not a deployment's.
+            new_deployment: true,
             ..Options::default()
         },
     )
@@ -287,6 +289,7 @@ async fn setup(conn: &mut Conn, layout: &Layout) -> Result<Plan, Error> {
             cache: 0,
             locked: false,
             seed: false,
+            new_deployment: true,
             ..Options::default()
         },
     )

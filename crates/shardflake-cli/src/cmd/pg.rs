@@ -53,6 +53,12 @@ enum PgCommand {
         /// edited url never recreates its shards on another database.
         #[arg(long = "new-server", value_name = "NAME")]
         new_servers: Vec<String>,
+        /// The file is a new deployment, separate from one that another
+        /// database of a server's cluster records under a server of the
+        /// same name (their ids may be equal): without it, that first
+        /// apply is refused as a url changed to another database.
+        #[arg(long = "new-deployment")]
+        new_deployment: bool,
     },
     /// Report drift between the servers and the topology (exit 1 if any).
     Check,
@@ -168,9 +174,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let t = args.topology;
     let topology = &t;
     match args.command {
-        PgCommand::Apply { new_servers } => {
+        PgCommand::Apply {
+            new_servers,
+            new_deployment,
+        } => {
             let topo = t.load()?;
-            for applied in runtime()?.block_on(pg::apply_adding(&topo, &new_servers))? {
+            let opts = pg::ApplyOptions {
+                new_servers,
+                new_deployment,
+            };
+            for applied in runtime()?.block_on(pg::apply_with(&topo, &opts))? {
                 println!("{applied}");
             }
             Ok(())

@@ -653,3 +653,56 @@ fn pg_check_warns_of_a_layout_ending_within_a_year() {
     assert!(!check(Some("90d")).contains("runs out"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A file's URL changed to another database of the same server: `pg
+/// apply` and `mysql apply` refuse it, naming `--new-deployment`, which
+/// makes a separate deployment there.
+#[test]
+fn apply_names_new_deployment_for_another_database_of_the_server() {
+    let pg = PgServer::start().unwrap();
+    let dir = std::env::temp_dir().join(format!("sf-pg-cli-newdep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, url: &str| {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "layout = \"instagram\"\nshards = 2\n[[servers]]\nname = \"a\"\nurl = \"{url}\"\nshards = \"0-1\"\n"
+            ),
+        )
+        .unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    ok(&["pg", "apply", "-t", &file("first", &pg.url())]);
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(shardflake_db::pg::execute(
+            "a",
+            &pg.url(),
+            "CREATE DATABASE other",
+        ))
+        .unwrap();
+    let base = pg.url();
+    let base = base.strip_suffix("/postgres").unwrap();
+    let other = file("other", &format!("{base}/other"));
+    let e = fails(&["pg", "apply", "-t", &other]);
+    assert!(
+        e.contains("of the same PostgreSQL cluster")
+            && e.contains("shardflake pg apply --new-deployment"),
+        "{e}"
+    );
+    ok(&["pg", "apply", "--new-deployment", "-t", &other]);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let maria = MariaDbServer::start().unwrap();
+    ok(&["mysql", "apply", "--url", &maria.url()]);
+    maria.sql("CREATE DATABASE app2").unwrap();
+    let url2 = maria.url().replace("/app", "/app2");
+    let e = fails(&["mysql", "apply", "--url", &url2]);
+    assert!(
+        e.contains("database app of this server makes ids of app.posts")
+            && e.contains("--new-deployment"),
+        "{e}"
+    );
+    ok(&["mysql", "apply", "--new-deployment", "--url", &url2]);
+}

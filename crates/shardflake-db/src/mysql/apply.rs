@@ -86,7 +86,15 @@ pub(super) async fn install(
             ),
         ));
     }
-    let overlaps = overlapping_peers(conn, &opts.peers, &opts.names, serves).await?;
+    let mut overlaps = overlapping_peers(conn, &opts.peers, &opts.names, serves).await?;
+    // A first install in this database: the same table making ids in
+    // another database of this server is likely the one a changed URL
+    // named before (a repair reinstalls what is there).
+    if mode != Mode::Repair && recorded.is_none() && !opts.new_deployment {
+        overlaps.extend(
+            databases_making_ids(conn, &db, &opts.names, serves, (0, plan.shard_max())).await?,
+        );
+    }
     if !overlaps.is_empty() {
         return Err(other(
             "apply",
@@ -101,6 +109,21 @@ pub(super) async fn install(
         return Err(other(
             "apply",
             other_server_text(&opts.names, installed, srv.server_id),
+        ));
+    }
+    // A record made on another server: this one may be a copy of it, and
+    // which values it makes ids for is the operator's word (`--shards`).
+    // (`repair`, the step after a promotion or a restore, records it.)
+    if mode != Mode::Repair
+        && opts.shards.is_none()
+        && let Some((was, here)) = recorded_elsewhere(conn, &db, &opts.names).await?
+    {
+        return Err(other(
+            "apply",
+            format!(
+                "nothing was changed: {}",
+                copy_text(&db, &opts.names, serves, &was, &here)
+            ),
         ));
     }
     let old_mode: String = conn
@@ -307,7 +330,7 @@ pub(super) async fn apply_pinned(
     if mode == Mode::Adopt {
         // Inserts meet the trigger only once its clock loop runs.
         install_event(conn, plan, names, &mut applied).await?;
-        if !wait_clock(conn, names, Duration::from_secs(3)).await? {
+        if !wait_clock(conn, names, Duration::from_secs(5)).await? {
             return Err(other(
                 "adopt",
                 format!(
@@ -324,7 +347,7 @@ pub(super) async fn apply_pinned(
         install_guard_and_trigger(conn, plan, names, &mut applied).await?;
         install_event(conn, plan, names, &mut applied).await?;
     }
-    applied.clock_running = wait_clock(conn, names, Duration::from_secs(3)).await?;
+    applied.clock_running = wait_clock(conn, names, Duration::from_secs(5)).await?;
     if !applied.clock_running {
         applied.warnings.push(format!(
             "the clock event {} was not seen running within 3 s",

@@ -34,6 +34,11 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
     {
         problems.push(other_server_text(names, installed, srv.server_id));
     }
+    if let (Some(serves), Some((was, here))) =
+        (recorded, recorded_elsewhere(conn, &db, names).await?)
+    {
+        problems.push(copy_text(&db, names, serves, &was, &here));
+    }
     let (offset, uncertainty) = clock_offset(conn).await?;
     problems.extend(crate::clock_problem(offset, uncertainty, "mysql repair"));
     if !srv.has_sequences() {
@@ -231,10 +236,11 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
             }
         }
     }
-    // The scheduler starts the loop within a second of the event's creation
-    // or of a loop's end: give it that before calling it stopped.
+    // The scheduler fires the event within a second of its creation or of
+    // a loop's end, and a loop starts [`sql::START_WAIT_MS`] later: give it
+    // that before calling it stopped.
     let mut running = clock_loop(conn, names).await?;
-    if running.is_none() && super::apply::wait_clock(conn, names, Duration::from_secs(2)).await? {
+    if running.is_none() && super::apply::wait_clock(conn, names, Duration::from_secs(3)).await? {
         running = clock_loop(conn, names).await?;
     }
     match running {

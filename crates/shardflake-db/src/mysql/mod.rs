@@ -131,9 +131,12 @@
 //! is `NULL` or negative, a server clock before the layout's epoch or past
 //! its end, and a sequence more than [`sql::STALE_MS`] behind the clock (the
 //! event is not running). A used-up sequence fails with MariaDB's own
-//! "Sequence 'db.posts_id_seq' has run out". After a restart, inserts are
-//! refused until the event's first run, within a second of the start ("the
-//! clock event ... is not running").
+//! "Sequence 'db.posts_id_seq' has run out". After a restart (or with the
+//! scheduler turned on again), inserts are refused until the event's loop
+//! runs, within about two seconds ("the clock event ... is not running"):
+//! a starting loop waits [`sql::START_WAIT_MS`] and catches the sequence up
+//! with the clock before any id is made, so a dump taken while the last
+//! loop ran and restored before this one started repeats no id.
 //!
 //! Clock steps: backwards by up to [`sql::AHEAD_MS`], ids keep coming from
 //! the sequence (dated ahead of the clock until it catches up); by up to
@@ -370,6 +373,38 @@ async fn recorded_serves(
     }
 }
 
+/// The server `shardflake.serves` records as making the ids of
+/// `names.table` of `db` (as [`SERVER_SQL`] read it), when it is another
+/// than this one: the row came with a copy of the server (its dump or
+/// backup restored here, a replica) or the server moved. `(recorded, this)`.
+async fn recorded_elsewhere(
+    conn: &mut Conn,
+    db: &str,
+    names: &Names,
+) -> Result<Option<(String, String)>, Error> {
+    let row: Result<Option<(String, String)>, _> = conn
+        .exec_first(
+            format!(
+                "SELECT server, {SERVER_SQL} FROM `shardflake`.`serves` WHERE db = ? AND tbl = ?"
+            ),
+            (db, &names.table),
+        )
+        .await;
+    match row {
+        Ok(row) => Ok(row.filter(|(recorded, here)| recorded != here)),
+        Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(None),
+        Err(e) => Err(my("reading which server makes the ids")(e)),
+    }
+}
+
+/// What a server whose record names another is told ([`recorded_elsewhere`]).
+fn copy_text(db: &str, names: &Names, (lo, hi): (u64, u64), recorded: &str, here: &str) -> String {
+    format!(
+        "shardflake.serves records that server {recorded} makes the ids of {db}.{table} for shard values {lo}-{hi}, and this is {here}: a copy of that server (its dump or backup restored here, a promoted replica) or the server moved. Two servers making ids for one shard value make the same ids: if that server or another copy still makes ids of {table}, give this one shard values of its own, none of theirs (shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER) before it takes writes; if none does, record this server with shardflake mysql apply --shards {lo}-{hi}",
+        table = names.table
+    )
+}
+
 /// Records the shard values this server makes ids for.
 async fn record_serves(
     conn: &mut Conn,
@@ -449,6 +484,42 @@ async fn overlapping_peers(
     Ok(problems)
 }
 
+/// The other databases of this server whose table of `names.table`'s name
+/// has our trigger, each with the shard values it makes ids for (recorded
+/// in `shardflake.serves`, or all where none are: installed before they
+/// were recorded), as refusals where they meet `lo..=hi`. A database whose
+/// table was dropped, whose record stays, makes no ids and is not one.
+async fn databases_making_ids(
+    conn: &mut Conn,
+    db: &str,
+    names: &Names,
+    (lo, hi): (u64, u64),
+    all: (u64, u64),
+) -> Result<Vec<String>, Error> {
+    let others: Vec<String> = conn
+        .exec(
+            "SELECT TRIGGER_SCHEMA FROM information_schema.TRIGGERS
+              WHERE TRIGGER_NAME = ? AND EVENT_OBJECT_TABLE = ? AND TRIGGER_SCHEMA <> ?
+              ORDER BY 1",
+            (names.trigger(), &names.table, db),
+        )
+        .await
+        .map_err(my(
+            "looking for the table's ids in the server's other databases",
+        ))?;
+    let mut problems = Vec::new();
+    for other in others {
+        let (olo, ohi) = recorded_serves(conn, &other, names).await?.unwrap_or(all);
+        if olo <= hi && lo <= ohi {
+            problems.push(format!(
+                "database {other} of this server makes ids of {other}.{table} for shard values {olo}-{ohi}, which meets {lo}-{hi}, and {db}.{table} has none yet: the URL now names another database than the one making them? two databases making ids for one shard value make the same ids; put back the URL of database {other}. If {db}.{table} is a separate table, whose ids may equal those of {other}.{table}, run shardflake mysql apply --new-deployment; to make ids for one table from both, give each --shards of its own",
+                table = names.table
+            ));
+        }
+    }
+    Ok(problems)
+}
+
 /// What a server other than the one the ids were installed on is told.
 fn other_server_text(names: &Names, installed: u32, here: u32) -> String {
     format!(
@@ -488,6 +559,12 @@ pub struct Options {
     /// `apply`: the URLs of the deployment's other servers; a shard value
     /// that one of them records too is refused.
     pub peers: Vec<String>,
+    /// `apply` in a database with no ids of this table yet: the table is
+    /// separate from the same-named one another database of this server
+    /// makes ids for (their ids may be equal). Without it such an apply is
+    /// refused, for shard values both would make ids for, as a URL changed
+    /// to another database ([`databases_making_ids`]).
+    pub new_deployment: bool,
 }
 
 impl Default for Options {
@@ -499,6 +576,7 @@ impl Default for Options {
             seed: false,
             shards: None,
             peers: Vec::new(),
+            new_deployment: false,
         }
     }
 }

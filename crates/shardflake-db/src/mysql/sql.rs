@@ -37,6 +37,14 @@ pub const STALE_MS: u64 = 1_000;
 /// the band around the clock with one `ABS`.
 pub const AHEAD_MS: u64 = STALE_MS;
 
+/// How long a clock loop that starts waits before it makes ids possible:
+/// past [`AHEAD_MS`], so that the clock has passed every value handed out
+/// before, while the last loop ran (a draw runs at most `AHEAD_MS` ahead,
+/// and none is made while no loop runs), and catching the sequence up to
+/// the clock puts it past them, whatever a dump restored meanwhile set it
+/// back to.
+pub const START_WAIT_MS: u64 = AHEAD_MS + 10;
+
 /// How far past the highest reservation it has seen the clock event puts a
 /// sequence it finds set back (a dump restored into the running server):
 /// values drawn since its last look (a few ms) stay below it unless more
@@ -492,6 +500,14 @@ impl Names {
             lit(&self.sequence())
         )
     }
+    /// SQL for the name of the user-level lock a starting clock loop takes
+    /// first, and holds while it runs: one loop starts at a time.
+    pub fn clock_start_lock_sql(&self) -> String {
+        format!(
+            "CONCAT('shardflake start ', MD5(CONCAT(DATABASE(), '.', {})))",
+            lit(&self.sequence())
+        )
+    }
 }
 
 /// `CREATE SEQUENCE IF NOT EXISTS` for the ids: packed values from `start`
@@ -898,8 +914,15 @@ pub fn table_sql(plan: &Plan, names: &Names) -> String {
     )
 }
 
-/// The clock event: fires every second; the firing that gets the lock
-/// ([`Names::clock_lock_sql`]) loops for good, moving the sequence up to the
+/// The clock event: fires every second; the firing that gets the start
+/// lock ([`Names::clock_start_lock_sql`]) waits [`START_WAIT_MS`], catches
+/// the sequence up with the clock, and only then takes the lock the
+/// trigger tests ([`Names::clock_lock_sql`]) and loops for good. Every
+/// value handed out before it started was made while an earlier loop ran,
+/// at most [`AHEAD_MS`] ahead of the clock: after the wait the clock is
+/// past them all, so a dump taken while that loop ran and restored before
+/// this one started (whose sequence a recorded high-water, raised a step
+/// behind, may not catch) hands out none of them again. The loop moving the sequence up to the
 /// packed clock whenever its reserved values (`next_not_cached_value`, at or
 /// above every value handed out) lag it by more than [`LAG_MS`], and
 /// otherwise sleeping until they could (at least 1 ms, at most
@@ -931,6 +954,7 @@ pub fn event_sql(plan: &Plan, names: &Names) -> String {
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
     let hw = plan.high_water(names);
     let hw_name = hw.clone().unwrap_or_default();
+    let start_wait = format!("{}.{:03}", START_WAIT_MS / 1000, START_WAIT_MS % 1000);
     format!(
         "CREATE OR REPLACE EVENT `{event}` ON SCHEDULE EVERY 1 SECOND ON COMPLETION PRESERVE ENABLE
 COMMENT {comment}
@@ -942,7 +966,18 @@ DO BEGIN
   DECLARE pause_ms BIGINT;
   DECLARE failed INT DEFAULT 0;{declare_floor}
   DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET failed = 1;
-  IF GET_LOCK({lock}, 0) = 1 THEN
+  IF GET_LOCK({start_lock}, 0) = 1 THEN
+    DO SLEEP({start_wait});
+    SET us = {us};
+    IF us >= 0 THEN
+      SET t = {clock};
+      SET r = (SELECT next_not_cached_value FROM `{seq}`);{start_floor}
+      IF {start_above}t <= {max} AND r < t THEN
+        EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
+      END IF;
+    END IF;
+  END IF;
+  IF failed = 0 AND IS_USED_LOCK({start_lock}) = CONNECTION_ID() AND GET_LOCK({lock}, 0) = 1 THEN
     LOOP
       SET failed = 0;
       SET r = NULL;
@@ -972,8 +1007,24 @@ DO BEGIN
 END",
         event = names.event(),
         // (event comments hold 64 characters: the body carries the layout's numbers)
-        comment = lit(&format!("shardflake v{VERSION} clock event, loop v3")),
+        comment = lit(&format!("shardflake v{VERSION} clock event, loop v4")),
         lock = names.clock_lock_sql(),
+        start_lock = names.clock_start_lock_sql(),
+        start_wait = start_wait,
+        // A sequence below its recorded high-water is left to the loop,
+        // which refuses it until `mysql repair`.
+        start_floor = if hw.is_some() {
+            format!(
+                "\n      SET f = NULL;\n      SET f = (SELECT next_not_cached_value FROM {hw_name});"
+            )
+        } else {
+            String::new()
+        },
+        start_above = if hw.is_some() {
+            "r >= COALESCE(f, 0) AND "
+        } else {
+            ""
+        },
         clock = plan.packed_sql("us"),
         max = plan.max_packed(),
         seq = names.sequence(),

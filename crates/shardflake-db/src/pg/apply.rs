@@ -46,6 +46,33 @@ pub async fn apply(topo: &Topology) -> Result<Vec<Applied>, Error> {
 /// the one holding them): [`catalog::unrecorded_servers`]. A named server
 /// that already records the deployment is applied as any other.
 pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Applied>, Error> {
+    apply_with(
+        topo,
+        &ApplyOptions {
+            new_servers: added.to_vec(),
+            new_deployment: false,
+        },
+    )
+    .await
+}
+
+/// What the operator says is new to `pg apply`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApplyOptions {
+    /// Servers added to the file, with no records yet (`--new-server`):
+    /// see [`apply_adding`].
+    pub new_servers: Vec<String>,
+    /// The file is a new deployment, separate from one that another
+    /// database of a server's PostgreSQL cluster records under a server of
+    /// the same name (`--new-deployment`): without it, such a first apply
+    /// is refused as a URL changed to another database
+    /// ([`catalog::edited_urls`]).
+    pub new_deployment: bool,
+}
+
+/// [`apply`] with what the operator says is new.
+pub async fn apply_with(topo: &Topology, opts: &ApplyOptions) -> Result<Vec<Applied>, Error> {
+    let added = &opts.new_servers[..];
     // Before any connection: a layout the SQL cannot make changes nothing.
     sql::check(topo.layout())?;
     for name in added {
@@ -89,6 +116,16 @@ pub async fn apply_adding(topo: &Topology, added: &[String]) -> Result<Vec<Appli
         }
     }
     problems.extend(catalog::conflicts(topo, &views, added));
+    // No server of the file records a deployment: look for one in the
+    // other databases of each server's cluster (a URL changed to another
+    // database of the same cluster), unless the operator says it is new.
+    if catalog::deployment_id(&views).is_none() && !opts.new_deployment {
+        let mut siblings = Vec::new();
+        for (tx, server) in txs.iter().zip(topo.servers()) {
+            siblings.push(catalog::siblings(tx, &server.name, &server.url).await?);
+        }
+        problems.extend(catalog::edited_urls(topo, &views, &siblings));
+    }
     let (timelines, recorded) = timelines(&txs, topo).await?;
     problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
     let timelines: Vec<_> = views.iter().map(|v| v.identity).zip(timelines).collect();

@@ -522,6 +522,158 @@ pub fn unrecorded_servers(topo: &Topology, views: &[ServerView], added: &[String
     out
 }
 
+/// A deployment recorded in another database of the cluster a server of
+/// the file reaches ([`siblings`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sibling {
+    /// That database's name.
+    pub database: String,
+    /// The deployment it records.
+    pub deployment: String,
+    /// The name of the server it records itself as.
+    pub server: String,
+    /// Its schema prefix.
+    pub schema_prefix: String,
+    /// The shards it serves (live or moving).
+    pub shards: Vec<u64>,
+}
+
+/// The deployments recorded in the other databases of the PostgreSQL
+/// cluster that `c` (server `name`, at `url`) is connected to: each
+/// database this user may connect to is read on a connection of its own.
+/// A database that refuses the connection is logged and skipped (its
+/// records cannot be seen). Run only while no server of the file records
+/// a deployment: it is what tells a one-server file whose URL was changed
+/// to another database of the same cluster from a new deployment's.
+pub async fn siblings(
+    c: &impl GenericClient,
+    name: &str,
+    url: &str,
+) -> Result<Vec<Sibling>, Error> {
+    let databases: Vec<String> = c
+        .query(
+            "SELECT datname FROM pg_database
+              WHERE datallowconn AND NOT datistemplate AND datname <> current_database()
+                AND has_database_privilege(datname, 'CONNECT')
+              ORDER BY 1",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "listing the cluster's databases"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut out = Vec::new();
+    for database in databases {
+        let other = match super::connect_database(name, url, Some(&database)).await {
+            Ok(other) => other,
+            Err(e) => {
+                tracing::warn!(
+                    server = name,
+                    database = database.as_str(),
+                    "cannot read database {database:?} of the same cluster for a deployment's records: {e}"
+                );
+                continue;
+            }
+        };
+        let has: bool = other
+            .query_one(
+                "SELECT to_regclass('shardflake.deployment') IS NOT NULL
+                    AND to_regclass('shardflake.shards') IS NOT NULL",
+                &[],
+            )
+            .await
+            .map_err(ctx(name, "looking up another database's records"))?
+            .get(0);
+        if !has {
+            continue;
+        }
+        let Some(d) = other
+            .query_opt(
+                "SELECT deployment, server, schema_prefix FROM shardflake.deployment",
+                &[],
+            )
+            .await
+            .map_err(ctx(name, "reading another database's deployment record"))?
+        else {
+            continue;
+        };
+        let shards = other
+            .query(
+                "SELECT shard FROM shardflake.shards WHERE state IN ('live', 'moving') ORDER BY 1",
+                &[],
+            )
+            .await
+            .map_err(ctx(name, "reading another database's shard records"))?
+            .iter()
+            .map(|r| r.get::<_, i64>(0) as u64)
+            .collect();
+        out.push(Sibling {
+            database,
+            deployment: d.get(0),
+            server: d.get(1),
+            schema_prefix: d.get(2),
+            shards,
+        });
+    }
+    Ok(out)
+}
+
+/// Shards as ranges: `0-3, 5`.
+fn ranges(shards: &[u64]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < shards.len() {
+        let mut j = i;
+        while j + 1 < shards.len() && shards[j + 1] == shards[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            shards[i].to_string()
+        } else {
+            format!("{}-{}", shards[i], shards[j])
+        });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
+/// While no server of the file records a deployment (a first apply, or a
+/// file all of whose URLs were changed): each server whose cluster holds,
+/// in another database, a deployment's server of the same name and schema
+/// prefix. Its URL was likely changed from that database to this one, and
+/// `apply` would create its shards here a second time, their ids made
+/// again. `siblings[i]` are [`siblings`] of `views[i]`'s server; the
+/// operator's way past it, for a separate deployment, is `pg apply
+/// --new-deployment`.
+pub fn edited_urls(topo: &Topology, views: &[ServerView], siblings: &[Vec<Sibling>]) -> Vec<Drift> {
+    if deployment_id(views).is_some() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (view, sibs) in views.iter().zip(siblings) {
+        for s in sibs
+            .iter()
+            .filter(|s| s.server == view.name && s.schema_prefix == topo.schema_prefix())
+        {
+            let shards = if s.shards.is_empty() {
+                "no shard".to_string()
+            } else {
+                format!("shards {}", ranges(&s.shards))
+            };
+            out.push(Drift {
+                server: view.name.clone(),
+                shard: None,
+                problem: format!(
+                    "this URL reaches a database ({}) with no deployment records, but database {:?} of the same PostgreSQL cluster records deployment {}'s server {:?}, serving {shards}: this URL now reaches another database than the one holding them? apply would create them here a second time and make their ids again; put back the url of database {:?}. If this is a separate deployment, whose ids may equal that one's, run `shardflake pg apply --new-deployment`",
+                    view.identity, s.database, s.deployment, s.server, s.database
+                ),
+            });
+        }
+    }
+    out
+}
+
 /// A file older than the generation its servers record: written before a
 /// move it has not seen, it may put a shard where it no longer lives, or
 /// leave out the server that now holds it (which no other rule can see).

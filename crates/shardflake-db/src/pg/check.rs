@@ -73,10 +73,21 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
             tracing::warn!(server = name, "{warning}");
         }
         if view.deployment.is_none() && !recorded {
-            drift.push(d(
-                None,
-                "holds no deployment record (schema shardflake): if this is a new deployment, run pg apply; if the server's url was changed, put back the url of the database that holds the records (pg apply would make a second deployment here, whose ids repeat the first one's)".into(),
-            ));
+            // Another database of its cluster recording this server's
+            // deployment says more than the record missing here.
+            let siblings = catalog::siblings(client, name, &server.url).await?;
+            let edited = catalog::edited_urls(
+                topo,
+                std::slice::from_ref(view),
+                std::slice::from_ref(&siblings),
+            );
+            if edited.is_empty() {
+                drift.push(d(
+                    None,
+                    "holds no deployment record (schema shardflake): if this is a new deployment, run pg apply; if the server's url was changed, put back the url of the database that holds the records (pg apply would make a second deployment here, whose ids repeat the first one's)".into(),
+                ));
+            }
+            drift.extend(edited);
         }
         let (offset, uncertainty) = clock_offset(client, name).await?;
         if let Some(problem) = clock_problem(offset, uncertainty) {

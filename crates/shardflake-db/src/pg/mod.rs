@@ -46,7 +46,7 @@ pub mod topology;
 
 pub use adopt::{AdoptOptions, Adopted, AdoptedTable, Target, adopt, adopted};
 pub(crate) use apply::install_shard;
-pub use apply::{Applied, apply, apply_adding};
+pub use apply::{Applied, ApplyOptions, apply, apply_adding, apply_with};
 pub use check::check;
 pub use repair::{Repaired, repair};
 pub use route::{Route, Router};
@@ -60,12 +60,25 @@ pub async fn connect(server: &Server) -> Result<Client, Error> {
 
 /// Connects to a URL, naming the server in errors.
 pub async fn connect_url(name: &str, url: &str) -> Result<Client, Error> {
+    connect_database(name, url, None).await
+}
+
+/// Connects to a URL, or to another database of the same server
+/// (`database`), naming the server in errors.
+pub(crate) async fn connect_database(
+    name: &str,
+    url: &str,
+    database: Option<&str>,
+) -> Result<Client, Error> {
     let err = |source| Error::Connect {
         server: name.to_string(),
         url: url.to_string(),
         source,
     };
     let mut config: tokio_postgres::Config = url.parse().map_err(err)?;
+    if let Some(database) = database {
+        config.dbname(database);
+    }
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }

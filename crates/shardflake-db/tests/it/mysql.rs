@@ -552,7 +552,12 @@ async fn clock_moves_before_the_epoch_back_forward_and_past_2038() {
         .unwrap();
     let url2 = server.url().replace("/app", "/app2");
     let pool2 = mysql::pool(&url2).unwrap();
-    applied(&pool2, &layout, &Options::default()).await;
+    // A separate table of the same name: the operator says so.
+    let separate = Options {
+        new_deployment: true,
+        ..Options::default()
+    };
+    applied(&pool2, &layout, &separate).await;
     for db in ["app", "app2"] {
         let modes: Vec<String> = c
             .exec(

@@ -93,3 +93,170 @@ async fn two_servers_never_make_ids_for_one_shard_value() {
         .to_string();
     assert!(e.contains("not a range within 0-1023"), "{e}");
 }
+
+/// E9 on MariaDB: the URL's database changed from `app` to `app2` on the
+/// same server. Before, `apply` installed a second sequence and trigger
+/// there for every shard value, and with writers on both databases the
+/// two tables made the same ids. Now a first apply meeting the shard
+/// values another database of the server makes ids of the same table for
+/// is refused before anything changes; `--new-deployment` (a separate
+/// table) or shard values of its own go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_changed_to_another_database_of_the_server_is_refused() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let mut app = conn(&server.url()).await;
+    mysql::apply(&mut app, &layout, &Options::default())
+        .await
+        .unwrap();
+    server.sql("CREATE DATABASE app2").unwrap();
+    let url2 = server.url().replace("/app", "/app2");
+    let mut app2 = conn(&url2).await;
+    let refused = mysql::apply(&mut app2, &layout, &Options::default()).await;
+    let installed: String = server
+        .sql("SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = 'app2'")
+        .unwrap();
+    if installed != "0" {
+        // What the old code let happen: both databases make ids.
+        let names = Options::default().names;
+        let mut same = 0;
+        for user in 0..2000 {
+            let x = mysql::insert(&mut app, &names, user, "x").await.unwrap();
+            let y = mysql::insert(&mut app2, &names, user, "x").await.unwrap();
+            same += usize::from(x == y);
+        }
+        panic!("apply installed the ids in app2 too ({same} of 2000 pairs of ids equal)");
+    }
+    let e = refused
+        .expect_err("a second database of the server took the table's ids")
+        .to_string();
+    assert!(
+        e.contains("nothing was changed")
+            && e.contains(
+                "database app of this server makes ids of app.posts for shard values 0-1023"
+            )
+            && e.contains("shardflake mysql apply --new-deployment"),
+        "{e}"
+    );
+    // Shard values of its own: no id of app's can be made there.
+    mysql::apply(
+        &mut app,
+        &layout,
+        &Options {
+            shards: Some((0, 511)),
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    mysql::apply(
+        &mut app2,
+        &layout,
+        &Options {
+            shards: Some((512, 1023)),
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    // A separate table in a third database: the operator's word.
+    server.sql("CREATE DATABASE app3").unwrap();
+    let mut app3 = conn(&server.url().replace("/app", "/app3")).await;
+    let e = mysql::apply(&mut app3, &layout, &Options::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("database app2 of this server"), "{e}");
+    let separate = Options {
+        new_deployment: true,
+        ..Options::default()
+    };
+    mysql::apply(&mut app3, &layout, &separate).await.unwrap();
+    // Recorded now: a later apply there needs no flag.
+    mysql::apply(&mut app3, &layout, &Options::default())
+        .await
+        .unwrap();
+}
+
+/// M3: one server's dump (its database and shardflake's records) restored
+/// onto a second server with the same `server_id` (1, MariaDB's default):
+/// the trigger's `@@server_id` test passes on both, so both made ids for
+/// every shard value (236 common ids in the review). Nothing in a logical
+/// copy tells the servers apart at insert time; what does is the record
+/// of which server makes the ids (`@@hostname:@@port:@@datadir`): `check`
+/// on the copy now names it, and `apply` there is refused until the
+/// operator says which shard values it makes ids for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_restored_from_a_servers_dump_is_named_until_given_its_values() {
+    let (x, y) = (
+        MariaDbServer::start_with("", None).unwrap(),
+        MariaDbServer::start_with("", None).unwrap(),
+    );
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Options::default().names;
+    let mut cx = conn(&x.url()).await;
+    mysql::apply(&mut cx, &layout, &Options::default())
+        .await
+        .unwrap();
+    for user in 0..100 {
+        mysql::insert(&mut cx, &names, user, "x").await.unwrap();
+    }
+    let out = std::process::Command::new("mariadb-dump")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", x.port))
+        .args(["--triggers", "--routines", "--events"])
+        .args(["--databases", "app", "shardflake"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let file = std::env::temp_dir().join(format!("sf-m3-{}.sql", std::process::id()));
+    std::fs::write(&file, &out.stdout).unwrap();
+    y.load(&file).unwrap();
+    let _ = std::fs::remove_file(&file);
+    let mut cy = conn(&y.url()).await;
+    let problems = mysql::check(&mut cy, &layout, &Options::default())
+        .await
+        .unwrap();
+    assert!(
+        problems.iter().any(|p| p.contains("a copy of that server")
+            && p.contains("shardflake mysql apply --shards LO-HI --peer")),
+        "{problems:?}"
+    );
+    assert_eq!(
+        mysql::check(&mut cx, &layout, &Options::default())
+            .await
+            .unwrap(),
+        Vec::<String>::new()
+    );
+    let e = mysql::apply(&mut cy, &layout, &Options::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nothing was changed") && e.contains("a copy of that server"),
+        "{e}"
+    );
+    // The operator splits the values: x keeps 0-511, the copy takes the rest.
+    let with = |shards, peers: Vec<String>| Options {
+        shards: Some(shards),
+        peers,
+        ..Options::default()
+    };
+    mysql::apply(&mut cx, &layout, &with((0, 511), Vec::new()))
+        .await
+        .unwrap();
+    mysql::apply(&mut cy, &layout, &with((512, 1023), vec![x.url()]))
+        .await
+        .unwrap();
+    assert_eq!(
+        mysql::check(&mut cy, &layout, &Options::default())
+            .await
+            .unwrap(),
+        Vec::<String>::new()
+    );
+    let e = mysql::insert(&mut cy, &names, 5, "y")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shard value 5"), "{e}");
+}

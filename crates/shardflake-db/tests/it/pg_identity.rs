@@ -221,3 +221,74 @@ async fn a_one_server_file_edited_to_an_empty_database_is_reported_by_check() {
         "{said:?}"
     );
 }
+
+/// E9: a one-server file whose URL was changed to another, empty,
+/// database of the same PostgreSQL cluster. No server of the file holds
+/// the records, so before, `apply` made a second deployment there and its
+/// shards made the first one's ids again. The other databases of the
+/// cluster are read: the deployment recorded in `postgres` under the same
+/// server name refuses the apply, and `check` names that database; the
+/// operator's `--new-deployment` makes a separate one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_server_file_edited_to_another_database_of_its_cluster_is_refused() {
+    let a = PgServer::start().unwrap();
+    pg::apply(&Topology::parse(&topology(&[("a", &a.url(), "0-7")])).unwrap())
+        .await
+        .unwrap();
+    let first = insert(&connect(&a.url()).await, "shard5", 200).await;
+
+    let other = empty_database(&a, "other").await;
+    let edited = Topology::parse(&topology(&[("a", &other, "0-7")])).unwrap();
+    let refused = pg::apply(&edited).await;
+    let c_other = connect(&other).await;
+    if has_schema(&c_other, "shard5").await {
+        let again: HashSet<i64> = insert(&c_other, "shard5", 200).await.into_iter().collect();
+        let repeated = first.iter().filter(|id| again.contains(id)).count();
+        panic!(
+            "apply made a second deployment on the other database ({repeated} of 200 ids of shard 5 repeat the first one's in this draw)"
+        );
+    }
+    let e = refused
+        .expect_err("apply took another database of the cluster for a new deployment")
+        .to_string();
+    assert!(
+        e.contains("database \"postgres\" of the same PostgreSQL cluster")
+            && e.contains("shards 0-7")
+            && e.contains("shardflake pg apply --new-deployment"),
+        "{e}"
+    );
+    let said: Vec<String> = pg::check(&edited)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        said.iter()
+            .any(|d| d.contains("database \"postgres\" of the same PostgreSQL cluster")),
+        "{said:?}"
+    );
+    // A separate deployment under another server name or prefix is not
+    // taken for it; with the same name it takes the operator's word.
+    let renamed = Topology::parse(&topology(&[("b", &other, "0-7")])).unwrap();
+    assert!(
+        pg::check(&renamed)
+            .await
+            .unwrap()
+            .iter()
+            .all(|d| !d.problem.contains("of the same PostgreSQL cluster"))
+    );
+    pg::apply_with(
+        &edited,
+        &pg::ApplyOptions {
+            new_deployment: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(has_schema(&c_other, "shard5").await);
+    // Once it records its own deployment, later runs need no flag.
+    pg::apply(&edited).await.unwrap();
+    assert!(pg::check(&edited).await.unwrap().is_empty());
+}
