@@ -16,9 +16,10 @@ use mysql_async::{Conn, Opts};
 
 use super::{
     Backend, GUARD, GUARD_MISSING, HOLDERS_TABLE, HW_TABLE, Holder, LATTICE_MOVED, LATTICE_TABLE,
-    LatticeRecord, LatticeVersion, SEGMENT_TABLE, SequenceState, ServerIdentity, ServerSettings,
-    Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables, holder_fence, holder_of,
-    lattice_moved, mode_changed, not_initialised, raise_segment_sql, unguarded,
+    LatticeRecord, LatticeVersion, MARKS_AT_TABLE, SEGMENT_TABLE, SequenceState, ServerIdentity,
+    ServerSettings, Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables,
+    holder_fence, holder_of, lattice_moved, mode_changed, not_initialised, raise_segment_sql,
+    unguarded,
 };
 use crate::config::{Config, Kind, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -1021,6 +1022,39 @@ impl Backend for MariaSession {
             Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(None),
             Err(e) => Err(TicketError::db(&self.server, "read the lattice version", e)),
         }
+    }
+
+    async fn read_marks_at(&mut self) -> Result<Option<String>, TicketError> {
+        let read = self
+            .conn
+            .query_first::<String, _>(format!("SELECT places FROM {MARKS_AT_TABLE}"))
+            .await;
+        match read {
+            Ok(places) => Ok(places),
+            Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(None),
+            Err(e) => Err(TicketError::db(
+                &self.server,
+                "read where the marks are kept",
+                e,
+            )),
+        }
+    }
+
+    async fn write_marks_at(&mut self, places: &str, replace: bool) -> Result<(), TicketError> {
+        let verb = if replace { "REPLACE" } else { "INSERT IGNORE" };
+        self.conn
+            .query_drop(format!(
+                "CREATE TABLE IF NOT EXISTS {MARKS_AT_TABLE} (one tinyint NOT NULL DEFAULT 1 PRIMARY KEY CHECK (one = 1), places varchar(4096) NOT NULL) ENGINE=InnoDB"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, &format!("CREATE TABLE {MARKS_AT_TABLE}"), e))?;
+        self.conn
+            .exec_drop(
+                format!("{verb} INTO {MARKS_AT_TABLE} (one, places) VALUES (1, ?)"),
+                (places,),
+            )
+            .await
+            .map_err(|e| TicketError::db(&self.server, &format!("{verb} INTO {MARKS_AT_TABLE}"), e))
     }
 
     /// `@shardflake_lattice`, which the per-id tables' guard compares.
