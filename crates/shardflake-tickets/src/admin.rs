@@ -144,7 +144,85 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
             result,
         });
     }
+    // Once every server has its marks table: adopted tables past their
+    // class's marks.
+    let store = admin_store(config);
+    for (server, init) in config.servers.iter().zip(&mut out) {
+        if let Ok(done) = &mut init.result
+            && let Err(e) = raise_adopted(config, &*store, server, done).await
+        {
+            init.result = Err(e);
+        }
+    }
     out
+}
+
+/// Raises each adopted table of `server` past its residue class's marks
+/// (a line in `done` for each it moved). Their applications' own
+/// `REPLACE` reads no marks, so a server restored or replaced by a fresh
+/// one would otherwise hand them out the ids shardflake's clients got from
+/// the one before; shardflake's own clients raise it at their first
+/// session, but the applications may come first. Only ever upwards: the
+/// second `init` finds the counter past the marks and changes nothing.
+async fn raise_adopted(
+    config: &Config,
+    store: &dyn HighWaterStore,
+    server: &ServerConfig,
+    done: &mut Vec<String>,
+) -> Result<(), TicketError> {
+    let adopted: Vec<_> = config.sequences.iter().filter(|q| q.adopted()).collect();
+    if adopted.is_empty() {
+        return Ok(());
+    }
+    let class = ResidueClass::of(config, server);
+    let marks = store.load(&class).await.map_err(|e| {
+        TicketError::misconfigured(
+            &server.name,
+            format!(
+                "init: the marks of residue class {} could not be read ({e}): an adopted table is raised past them before its applications' REPLACE, which reads none, can hand out an id again; bring the places back and run `shardflake tickets init` again",
+                class.key
+            ),
+        )
+    })?;
+    let mut session = admin_session(config, server).await?;
+    for seq in adopted {
+        let Some(mark) = marks.get(&seq.name).copied() else {
+            continue;
+        };
+        let counter = bounded(
+            config,
+            server,
+            "init: read the counter",
+            session.counter(config, server, seq),
+        )
+        .await?
+        .unwrap_or(0);
+        if counter < mark {
+            bounded(
+                config,
+                server,
+                "init: raise the counter past the marks",
+                session.raise(config, server, seq, mark),
+            )
+            .await?;
+            // Below the marks by more than they are written ahead: it went
+            // back (a restore, a fresh server).
+            let span = config.failover.mark_ahead.saturating_mul(config.increment);
+            let went_back = counter.saturating_add(span) < mark;
+            tracing::info!(server = %server.name, sequence = %seq.name, counter, mark, went_back, "adopted table raised past its class's marks");
+            done.push(match went_back {
+                false => format!(
+                    "{}: raised past the marks written ahead of it, ids above {mark}",
+                    seq.name
+                ),
+                true => format!(
+                    "{}: WENT BACK (restored, or a fresh server): raised from {counter} past its residue class's marks, ids above {mark}; ids its applications took above the last mark are not covered: raise it by hand past the largest id they stored before letting them back",
+                    seq.name
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One server in a [`CheckReport`].

@@ -1473,7 +1473,8 @@ fn guard_triggers(table: &str) -> Vec<(String, String)> {
 
 /// The guard of an adopted Flickr table `table`, which its applications'
 /// `REPLACE INTO` keeps using: `t_sf_u` refuses its row set lower (or its
-/// stub changed) by an `UPDATE`, and `t_sf_i`, after each insert (each
+/// stub changed) by an `UPDATE` (unless the session set
+/// `@shardflake_rewind = 1`, as for every guard), and `t_sf_i`, after each insert (each
 /// `REPLACE`), refuses a session pinned to another lattice version and
 /// sets [`PROOF`] to the id inserted, which [`adopted_ticket_sql`] reads
 /// (`AFTER`: a `BEFORE INSERT` trigger sees 0 for the `AUTO_INCREMENT`
@@ -1490,7 +1491,7 @@ fn adopted_guard_triggers(table: &str) -> Vec<(String, String)> {
         (
             update.clone(),
             format!(
-                "CREATE OR REPLACE TRIGGER {update} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF @shardflake_rewind IS NULL AND (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+                "CREATE OR REPLACE TRIGGER {update} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF NOT (@shardflake_rewind <=> 1) AND (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
             ),
         ),
         (
