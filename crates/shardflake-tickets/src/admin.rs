@@ -128,11 +128,15 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
     for server in &config.servers {
         let result = async {
             let mut session = admin_session(config, server).await?;
-            // Recorded first, and read back: of two inits with different
+            // Recorded first where none is (written only then: init again
+            // changes nothing), and read back: of two inits with different
             // files at once, one is refused here.
             bounded(config, server, "init", async {
-                session.write_marks_at(&places, false).await?;
-                let recorded = session.read_marks_at().await?;
+                let mut recorded = session.read_marks_at().await?;
+                if recorded.is_none() {
+                    session.write_marks_at(&places, false).await?;
+                    recorded = session.read_marks_at().await?;
+                }
                 check_marks_at(config, &server.name, recorded.as_deref())
             })
             .await?;
