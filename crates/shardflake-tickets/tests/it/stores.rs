@@ -69,7 +69,9 @@ async fn take(
 /// file's clients serve and the first's are refused. Before: `init` and
 /// `check` passed with the second file and its client handed out ids of
 /// the first's again (257 of 1,100 per-id ids twice on MariaDB, 249 on
-/// PostgreSQL).
+/// PostgreSQL); and a reshape that read the marks under the new prefix
+/// and on the servers only (not under `/one`) let the second file's
+/// client hand out 204 (MariaDB) and 200 (PostgreSQL) of them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_file_naming_another_etcd_prefix_is_refused_until_reshape_moves_the_marks_mariadb() {
     let etcd = Etcd::start(1).unwrap();
