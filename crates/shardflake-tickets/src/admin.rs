@@ -33,9 +33,12 @@
 use std::fmt;
 use std::future::Future;
 
-use crate::backend::{Backend, LatticeRecord, ServerSettings, check_lattice, reshaping};
-use crate::config::{Config, Kind, Mode, ServerConfig};
+use crate::backend::{
+    Backend, LatticeRecord, ServerSettings, check_lattice, check_marks_at, reshaping,
+};
+use crate::config::{Config, Kind, MarksConfig, Mode, ServerConfig};
 use crate::error::TicketError;
+use crate::etcd_marks::EtcdHighWater;
 use crate::high_water::{HighWaterStore, PeersStore, ResidueClass};
 use crate::segment::Lattice;
 use crate::session::Session;
@@ -90,12 +93,53 @@ pub struct ServerInit {
     pub result: Result<Vec<String>, TicketError>,
 }
 
-/// Creates the schema on every server (idempotent). One entry per server.
+/// Creates the schema on every server (idempotent) and records where the
+/// file's `[marks]` keeps the marks. One entry per server. A server that
+/// records another place for its marks (`init` with a file whose `[marks]`
+/// differs) refuses the whole run before any server is changed.
 pub async fn init(config: &Config) -> Vec<ServerInit> {
+    let places = config.marks.places();
+    let mut elsewhere = None;
+    for server in &config.servers {
+        // Unreachable here: its own init below says so.
+        let recorded = async {
+            let mut session = admin_session(config, server).await?;
+            bounded(config, server, "init", session.read_marks_at()).await
+        }
+        .await;
+        if let Ok(Some(at)) = recorded
+            && let Err(e) = check_marks_at(config, &server.name, Some(&at))
+        {
+            elsewhere = Some(e);
+            break;
+        }
+    }
+    if let Some(e) = elsewhere {
+        return config
+            .servers
+            .iter()
+            .map(|server| ServerInit {
+                server: server.name.clone(),
+                result: Err(e.clone()),
+            })
+            .collect();
+    }
     let mut out = Vec::new();
     for server in &config.servers {
         let result = async {
             let mut session = admin_session(config, server).await?;
+            // Recorded first where none is (written only then: init again
+            // changes nothing), and read back: of two inits with different
+            // files at once, one is refused here.
+            bounded(config, server, "init", async {
+                let mut recorded = session.read_marks_at().await?;
+                if recorded.is_none() {
+                    session.write_marks_at(&places, false).await?;
+                    recorded = session.read_marks_at().await?;
+                }
+                check_marks_at(config, &server.name, recorded.as_deref())
+            })
+            .await?;
             bounded(config, server, "init", session.init(config, server)).await
         }
         .await;
@@ -104,7 +148,85 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
             result,
         });
     }
+    // Once every server has its marks table: adopted tables past their
+    // class's marks.
+    let store = admin_store(config);
+    for (server, init) in config.servers.iter().zip(&mut out) {
+        if let Ok(done) = &mut init.result
+            && let Err(e) = raise_adopted(config, &*store, server, done).await
+        {
+            init.result = Err(e);
+        }
+    }
     out
+}
+
+/// Raises each adopted table of `server` past its residue class's marks
+/// (a line in `done` for each it moved). Their applications' own
+/// `REPLACE` reads no marks, so a server restored or replaced by a fresh
+/// one would otherwise hand them out the ids shardflake's clients got from
+/// the one before; shardflake's own clients raise it at their first
+/// session, but the applications may come first. Only ever upwards: the
+/// second `init` finds the counter past the marks and changes nothing.
+async fn raise_adopted(
+    config: &Config,
+    store: &dyn HighWaterStore,
+    server: &ServerConfig,
+    done: &mut Vec<String>,
+) -> Result<(), TicketError> {
+    let adopted: Vec<_> = config.sequences.iter().filter(|q| q.adopted()).collect();
+    if adopted.is_empty() {
+        return Ok(());
+    }
+    let class = ResidueClass::of(config, server);
+    let marks = store.load(&class).await.map_err(|e| {
+        TicketError::misconfigured(
+            &server.name,
+            format!(
+                "init: the marks of residue class {} could not be read ({e}): an adopted table is raised past them before its applications' REPLACE, which reads none, can hand out an id again; bring the places back and run `shardflake tickets init` again",
+                class.key
+            ),
+        )
+    })?;
+    let mut session = admin_session(config, server).await?;
+    for seq in adopted {
+        let Some(mark) = marks.get(&seq.name).copied() else {
+            continue;
+        };
+        let counter = bounded(
+            config,
+            server,
+            "init: read the counter",
+            session.counter(config, server, seq),
+        )
+        .await?
+        .unwrap_or(0);
+        if counter < mark {
+            bounded(
+                config,
+                server,
+                "init: raise the counter past the marks",
+                session.raise(config, server, seq, mark),
+            )
+            .await?;
+            // Below the marks by more than they are written ahead: it went
+            // back (a restore, a fresh server).
+            let span = config.failover.mark_ahead.saturating_mul(config.increment);
+            let went_back = counter.saturating_add(span) < mark;
+            tracing::info!(server = %server.name, sequence = %seq.name, counter, mark, went_back, "adopted table raised past its class's marks");
+            done.push(match went_back {
+                false => format!(
+                    "{}: raised past the marks written ahead of it, ids above {mark}",
+                    seq.name
+                ),
+                true => format!(
+                    "{}: WENT BACK (restored, or a fresh server): raised from {counter} past its residue class's marks, ids above {mark}; ids its applications took above the last mark are not covered: raise it by hand past the largest id they stored before letting them back",
+                    seq.name
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One server in a [`CheckReport`].
@@ -231,6 +353,12 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
                 _ => {}
             }
             // Every session refuses these too.
+            let marks_at = bounded(config, server, "check", session.read_marks_at()).await?;
+            if initialised
+                && let Err(e) = check_marks_at(config, &server.name, marks_at.as_deref())
+            {
+                problems.push(e.to_string());
+            }
             match version {
                 Some(v) if v.reshaping => problems.push(reshaping(&server.name).to_string()),
                 None if initialised => problems.push(format!(
@@ -516,6 +644,13 @@ pub struct Reshaped {
 /// answer; one that fails midway stays refused until `reshape` is run
 /// again. A block an old client reserved before is still handed out by it
 /// (it is below every new id). The mode and the bits cannot change this way.
+///
+/// A file whose `[marks]` names other places than the servers record (a
+/// new etcd prefix or cluster) moves the marks there the same way: every
+/// sequence is raised past every mark and counter and that mark written
+/// to the file's places, which the servers record before the reshape
+/// ends. The old places need not answer: a mark write succeeds only with
+/// the server's own copy, which every server's table read here holds.
 pub async fn reshape(
     config: &Config,
     store: &dyn HighWaterStore,
@@ -565,6 +700,12 @@ pub async fn reshape(
     }
     // A reshape left unfinished is finished by this one, changed or not.
     let mut unfinished = false;
+    // Marks kept elsewhere than the file says (another etcd prefix or
+    // cluster) move to the file's places: every sequence is raised past
+    // every mark and counter, as for a new lattice, and recorded there.
+    let places = config.marks.places();
+    let mut moved = false;
+    let mut old_places = Vec::new();
     for (server, session) in config.servers.iter().zip(&mut sessions) {
         let version = bounded(
             config,
@@ -574,7 +715,25 @@ pub async fn reshape(
         )
         .await?;
         unfinished |= version.is_some_and(|v| v.reshaping);
+        let at = bounded(
+            config,
+            server,
+            "reshape: read where the marks are kept",
+            session.read_marks_at(),
+        )
+        .await?;
+        moved |= at.as_deref() != Some(places.as_str());
+        if let Some(at) = at
+            && at != places
+            && !old_places.contains(&at)
+        {
+            old_places.push(at);
+        }
     }
+    let changed = match moved {
+        true => config.sequences.iter().collect(),
+        false => changed,
+    };
     if changed.is_empty() && !unfinished {
         return Ok(Vec::new());
     }
@@ -617,6 +776,27 @@ pub async fn reshape(
     let mut stored = Vec::new();
     for name in &names {
         stored.push(store.load(&ResidueClass::named(config, name)).await?);
+    }
+    // Marks moving from another etcd place: read there too (a server
+    // restored since holds fewer than that place).
+    for old in old_places
+        .iter()
+        .filter_map(|at| MarksConfig::etcd_of_places(at))
+    {
+        let etcd = EtcdHighWater::from_file(&old, config.failover.admin_timeout());
+        for name in &names {
+            let marks = etcd.load(&ResidueClass::named(config, name)).await.map_err(|e| {
+                TicketError::misconfigured(
+                    name,
+                    format!(
+                        "the marks kept so far in etcd {} at {} could not be read ({e}); no session starts until a reshape ends: make that etcd answer and run `shardflake tickets reshape --config FILE` again",
+                        old.etcd_prefix,
+                        old.etcd.join(",")
+                    ),
+                )
+            })?;
+            stored.push(marks);
+        }
     }
     let mut done = Vec::new();
     for seq in changed {
@@ -684,6 +864,13 @@ pub async fn reshape(
         });
     }
     for (server, session) in config.servers.iter().zip(&mut sessions) {
+        bounded(
+            config,
+            server,
+            "reshape: record where the marks are kept",
+            session.write_marks_at(&places, true),
+        )
+        .await?;
         bounded(
             config,
             server,

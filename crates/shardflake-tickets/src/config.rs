@@ -431,6 +431,37 @@ impl Default for MarksConfig {
     }
 }
 
+impl MarksConfig {
+    /// Where the marks are kept, as `init` records it on every server and
+    /// every session compares: `peers`, or `peers + etcd <prefix> at
+    /// <endpoints>` (sorted, so their order in the file does not matter).
+    /// Two files that differ here keep their marks apart, so neither's
+    /// clients see the other's: one of them is refused.
+    pub fn places(&self) -> String {
+        if self.etcd.is_empty() {
+            return "peers".into();
+        }
+        let mut endpoints: Vec<&str> = self.etcd.iter().map(|e| e.trim_end_matches('/')).collect();
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        format!(
+            "peers + etcd {} at {}",
+            self.etcd_prefix,
+            endpoints.join(",")
+        )
+    }
+
+    /// The etcd that [`MarksConfig::places`] wrote `places` for (`None`: the
+    /// peers only, or not such a text).
+    pub fn etcd_of_places(places: &str) -> Option<MarksConfig> {
+        let (prefix, endpoints) = places.strip_prefix("peers + etcd ")?.rsplit_once(" at ")?;
+        Some(MarksConfig {
+            etcd: endpoints.split(',').map(str::to_string).collect(),
+            etcd_prefix: prefix.to_string(),
+        })
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -858,6 +889,38 @@ mod tests {
         .unwrap();
         assert_eq!(c.marks.etcd, ["http://e:2379"]);
         assert_eq!(c.marks.etcd_prefix, "/p");
+    }
+
+    #[test]
+    fn the_places_of_the_marks_ignore_only_the_order_of_endpoints() {
+        let places = |marks: &str| {
+            Config::parse(&format!("{marks}{PAIR}"))
+                .unwrap()
+                .marks
+                .places()
+        };
+        assert_eq!(places(""), "peers");
+        let one = places("[marks]\netcd = [\"http://b:2379\", \"http://a:2379/\"]\n");
+        assert_eq!(
+            one,
+            "peers + etcd /shardflake/default at http://a:2379,http://b:2379"
+        );
+        assert_eq!(
+            one,
+            places("[marks]\netcd = [\"http://a:2379\", \"http://b:2379\"]\n")
+        );
+        assert_ne!(
+            one,
+            places(
+                "[marks]\netcd = [\"http://a:2379\", \"http://b:2379\"]\netcd_prefix = \"/p\"\n"
+            )
+        );
+        assert_ne!(one, places("[marks]\netcd = [\"http://a:2379\"]\n"));
+        let back = MarksConfig::etcd_of_places(&one).unwrap();
+        assert_eq!(back.etcd, ["http://a:2379", "http://b:2379"]);
+        assert_eq!(back.etcd_prefix, "/shardflake/default");
+        assert_eq!(back.places(), one);
+        assert_eq!(MarksConfig::etcd_of_places("peers"), None);
     }
 
     #[test]

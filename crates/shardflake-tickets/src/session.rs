@@ -7,7 +7,7 @@ use crate::backend::mariadb::MariaSession;
 use crate::backend::postgres::PgSession;
 use crate::backend::{
     Backend, Holder, LatticeRecord, LatticeVersion, ServerIdentity, ServerSettings, Stamped,
-    check_lattice, reshaping, unguarded,
+    check_lattice, check_marks_at, reshaping, unguarded,
 };
 use crate::config::{Config, Kind, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -22,8 +22,9 @@ impl Session {
     /// A session for handing out ids: increment and offset set (MariaDB),
     /// sequences verified and statements prepared (PostgreSQL), every
     /// sequence's recorded lattice as in the file, no reshape under way,
-    /// every table the guard watches guarded, and the session pinned to
-    /// the lattice's version.
+    /// every table the guard watches guarded, the marks kept where the
+    /// file's `[marks]` says, and the session pinned to the lattice's
+    /// version.
     pub async fn connect(server: &ServerConfig, config: &Config) -> Result<Session, TicketError> {
         let mut session = Session::connect_admin(server, config).await?;
         // The version before the lattice: a reshape that begins between the
@@ -41,6 +42,13 @@ impl Session {
         if version.reshaping {
             return Err(reshaping(&server.name));
         }
+        // A client keeping its marks elsewhere than the others would never
+        // see theirs.
+        check_marks_at(
+            config,
+            &server.name,
+            session.read_marks_at().await?.as_deref(),
+        )?;
         session.pin_lattice(version.version).await?;
         session.prepare(server, config).await?;
         if let Some(table) = session.unguarded(config).await?.first() {
@@ -198,6 +206,14 @@ impl Backend for Session {
 
     async fn lattice_version(&mut self) -> Result<Option<LatticeVersion>, TicketError> {
         delegate!(self, b => b.lattice_version().await)
+    }
+
+    async fn read_marks_at(&mut self) -> Result<Option<String>, TicketError> {
+        delegate!(self, b => b.read_marks_at().await)
+    }
+
+    async fn write_marks_at(&mut self, places: &str, replace: bool) -> Result<(), TicketError> {
+        delegate!(self, b => b.write_marks_at(places, replace).await)
     }
 
     async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {

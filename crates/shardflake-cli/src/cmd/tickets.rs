@@ -81,8 +81,9 @@ impl MarksArg {
 #[derive(Debug, Subcommand)]
 enum TicketsCommand {
     /// Create the ticket tables or sequences, segment rows and high-water
-    /// table on every server and record each sequence's lattice
-    /// (idempotent; a changed lattice is refused: see `reshape`).
+    /// table on every server and record each sequence's lattice and where
+    /// the marks are kept (idempotent; a changed lattice or other places
+    /// for the marks are refused: see `reshape`).
     Init,
     /// Report each server's increment and offset (global, per session,
     /// per sequence) and high-water; fail on any problem.
@@ -108,11 +109,12 @@ enum TicketsCommand {
         marks: MarksArg,
     },
     /// Move the sequences whose recorded increment, offsets or chunk differ
-    /// from this file to the file's: the servers first refuse every client
-    /// still on the old file (at its next call), then every server of the
-    /// file is raised past every mark and counter it holds, then the new
-    /// lattice recorded. Restart the old clients with this file; every
-    /// server must answer.
+    /// from this file to the file's, and the marks to the places its
+    /// `[marks]` names where the servers record others: the servers first
+    /// refuse every client still on the old file (at its next call), then
+    /// every server of the file is raised past every mark and counter it
+    /// holds, then the new lattice and places recorded. Restart the old
+    /// clients with this file; every server must answer.
     Reshape {
         #[command(flatten)]
         marks: MarksArg,

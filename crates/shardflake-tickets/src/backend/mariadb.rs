@@ -16,9 +16,10 @@ use mysql_async::{Conn, Opts};
 
 use super::{
     Backend, GUARD, GUARD_MISSING, HOLDERS_TABLE, HW_TABLE, Holder, LATTICE_MOVED, LATTICE_TABLE,
-    LatticeRecord, LatticeVersion, SEGMENT_TABLE, SequenceState, ServerIdentity, ServerSettings,
-    Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables, holder_fence, holder_of,
-    lattice_moved, mode_changed, not_initialised, raise_segment_sql, unguarded,
+    LatticeRecord, LatticeVersion, MARKS_AT_TABLE, SEGMENT_TABLE, SequenceState, ServerIdentity,
+    ServerSettings, Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables,
+    holder_fence, holder_of, lattice_moved, mode_changed, not_initialised, raise_segment_sql,
+    unguarded,
 };
 use crate::config::{Config, Kind, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -1023,6 +1024,39 @@ impl Backend for MariaSession {
         }
     }
 
+    async fn read_marks_at(&mut self) -> Result<Option<String>, TicketError> {
+        let read = self
+            .conn
+            .query_first::<String, _>(format!("SELECT places FROM {MARKS_AT_TABLE}"))
+            .await;
+        match read {
+            Ok(places) => Ok(places),
+            Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(None),
+            Err(e) => Err(TicketError::db(
+                &self.server,
+                "read where the marks are kept",
+                e,
+            )),
+        }
+    }
+
+    async fn write_marks_at(&mut self, places: &str, replace: bool) -> Result<(), TicketError> {
+        let verb = if replace { "REPLACE" } else { "INSERT IGNORE" };
+        self.conn
+            .query_drop(format!(
+                "CREATE TABLE IF NOT EXISTS {MARKS_AT_TABLE} (one tinyint NOT NULL DEFAULT 1 PRIMARY KEY CHECK (one = 1), places varchar(4096) NOT NULL) ENGINE=InnoDB"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, &format!("CREATE TABLE {MARKS_AT_TABLE}"), e))?;
+        self.conn
+            .exec_drop(
+                format!("{verb} INTO {MARKS_AT_TABLE} (one, places) VALUES (1, ?)"),
+                (places,),
+            )
+            .await
+            .map_err(|e| TicketError::db(&self.server, &format!("{verb} INTO {MARKS_AT_TABLE}"), e))
+    }
+
     /// `@shardflake_lattice`, which the per-id tables' guard compares.
     async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {
         self.conn
@@ -1439,7 +1473,8 @@ fn guard_triggers(table: &str) -> Vec<(String, String)> {
 
 /// The guard of an adopted Flickr table `table`, which its applications'
 /// `REPLACE INTO` keeps using: `t_sf_u` refuses its row set lower (or its
-/// stub changed) by an `UPDATE`, and `t_sf_i`, after each insert (each
+/// stub changed) by an `UPDATE` (unless the session set
+/// `@shardflake_rewind = 1`, as for every guard), and `t_sf_i`, after each insert (each
 /// `REPLACE`), refuses a session pinned to another lattice version and
 /// sets [`PROOF`] to the id inserted, which [`adopted_ticket_sql`] reads
 /// (`AFTER`: a `BEFORE INSERT` trigger sees 0 for the `AUTO_INCREMENT`
@@ -1456,7 +1491,7 @@ fn adopted_guard_triggers(table: &str) -> Vec<(String, String)> {
         (
             update.clone(),
             format!(
-                "CREATE OR REPLACE TRIGGER {update} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF @shardflake_rewind IS NULL AND (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+                "CREATE OR REPLACE TRIGGER {update} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF NOT (@shardflake_rewind <=> 1) AND (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
             ),
         ),
         (

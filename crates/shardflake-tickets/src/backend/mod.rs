@@ -147,6 +147,15 @@ pub(crate) trait Backend {
     /// way (or was interrupted); `None` before `init`.
     async fn lattice_version(&mut self) -> Result<Option<LatticeVersion>, TicketError>;
 
+    /// Where the marks of this server's clients are kept, as `init`
+    /// recorded it ([`MARKS_AT_TABLE`]; `None`: not recorded).
+    async fn read_marks_at(&mut self) -> Result<Option<String>, TicketError>;
+
+    /// Records where the marks are kept ([`crate::config::MarksConfig::places`]):
+    /// only where none is recorded yet, or, with `replace` (`reshape`),
+    /// over what is. Creates the table if needed.
+    async fn write_marks_at(&mut self, places: &str, replace: bool) -> Result<(), TicketError>;
+
     /// Pins this session to lattice `version` (read before the lattice was
     /// checked): from then on the database refuses its every ticket and
     /// block once the server's version is another ([`VERSION_TABLE`]).
@@ -331,6 +340,38 @@ pub(crate) fn holder_of(identity: String, generation: u64, superseded: &str) -> 
 /// before a reshape is refused at its next call on a pooled session, not
 /// only at its next session.
 pub const VERSION_TABLE: &str = "shardflake_ticket_lattice_version";
+
+/// Where the marks of a server's clients are kept (one row, `places`:
+/// [`crate::config::MarksConfig::places`]), recorded by `init` and moved
+/// only by `reshape`. Every session compares it with its file's
+/// (`check_marks_at`): two files whose `[marks]` differ keep their marks
+/// apart (another etcd prefix or cluster), so a client of one would never
+/// see the marks of the other's clients and would hand out their ids again.
+pub const MARKS_AT_TABLE: &str = "shardflake_ticket_marks_at";
+
+/// Compares where the server records its marks are kept (`recorded`) with
+/// the file's `[marks]`: a session, `init` and `check` refuse another
+/// place, and a server with none recorded (`init` of an older shardflake).
+pub(crate) fn check_marks_at(
+    config: &Config,
+    server: &str,
+    recorded: Option<&str>,
+) -> Result<(), TicketError> {
+    let file = config.marks.places();
+    match recorded {
+        Some(at) if at == file => Ok(()),
+        Some(at) => Err(TicketError::misconfigured(
+            server,
+            format!(
+                "this server's clients keep their marks in {at} (recorded by `shardflake tickets init`), but this file's [marks] names {file}: a client of this file would not see their marks and would hand out their ids again; use the file the servers were initialised with, or, to keep the marks where this file says, run `shardflake tickets reshape --config FILE` with this file (clients of the other file are refused from then on)"
+            ),
+        )),
+        None => Err(TicketError::misconfigured(
+            server,
+            "no record of where its clients keep their marks (initialised by an older shardflake): run `shardflake tickets init`",
+        )),
+    }
+}
 
 /// The lattice version `init` records (both backends write 1); every
 /// `reshape` raises it.

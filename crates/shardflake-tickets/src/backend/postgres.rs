@@ -15,8 +15,8 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
     Backend, GUARD, GUARD_MISSING, HOLDERS_TABLE, HW_TABLE, Holder, LATTICE_TABLE, LatticeRecord,
-    LatticeVersion, SEGMENT_TABLE, SequenceState, ServerIdentity, ServerSettings, Stamped,
-    VERSION_TABLE, clean_identity, guard_refusal, guarded_tables, holder_fence, holder_of,
+    LatticeVersion, MARKS_AT_TABLE, SEGMENT_TABLE, SequenceState, ServerIdentity, ServerSettings,
+    Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables, holder_fence, holder_of,
     lattice_moved, mode_changed, not_initialised, raise_segment_sql, unguarded,
 };
 use crate::config::{
@@ -696,6 +696,42 @@ impl Backend for PgSession {
             version: r.get(0),
             reshaping: r.get(1),
         }))
+    }
+
+    async fn read_marks_at(&mut self) -> Result<Option<String>, TicketError> {
+        if !self.relation_exists(MARKS_AT_TABLE).await? {
+            return Ok(None);
+        }
+        let row = self
+            .client
+            .query_opt(&format!("SELECT places FROM {MARKS_AT_TABLE}"), &[])
+            .await
+            .map_err(pg_err(&self.server, "read where the marks are kept"))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn write_marks_at(&mut self, places: &str, replace: bool) -> Result<(), TicketError> {
+        let conflict = if replace {
+            "DO UPDATE SET places = EXCLUDED.places"
+        } else {
+            "DO NOTHING"
+        };
+        self.client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {MARKS_AT_TABLE} (one boolean PRIMARY KEY DEFAULT true CHECK (one), places text NOT NULL)"
+            ))
+            .await
+            .map_err(pg_err(&self.server, "CREATE TABLE shardflake_ticket_marks_at"))?;
+        self.client
+            .execute(
+                &format!(
+                    "INSERT INTO {MARKS_AT_TABLE} (one, places) VALUES (true, $1) ON CONFLICT (one) {conflict}"
+                ),
+                &[&places],
+            )
+            .await
+            .map_err(pg_err(&self.server, "record where the marks are kept"))?;
+        Ok(())
     }
 
     /// Kept for [`Backend::prepare`], which builds it into every statement.

@@ -125,6 +125,9 @@ async fn a_flickr_pair_is_adopted_with_its_clients_running_mariadb() {
     assert_unique(&ids);
 
     client.shutdown().await;
+    // init raises each table past its class's marks (written ahead of the
+    // client's ids); a second init changes nothing.
+    init_ok(&config).await;
     let before = (auto_increment(&a), auto_increment(&b));
     init_ok(&config).await;
     assert_eq!((auto_increment(&a), auto_increment(&b)), before);
@@ -217,4 +220,69 @@ async fn a_restore_is_repaired_before_the_applications_are_let_back_mariadb() {
     assert!(again.iter().all(|id| *id > largest_of_a));
     ids.extend(again);
     assert_unique(&ids);
+}
+
+/// A server of an adopted pair replaced by a fresh one (its `Tickets64`
+/// made again as the applications' schema has it, its counter far below
+/// the ids the old one handed out), then `init`, as the guide says before
+/// the applications are let back: `init` raises the new table past every
+/// mark of the server's residue class, so the applications' own `REPLACE`
+/// hands out no id shardflake's clients got from the old server. Before:
+/// `init` raised it only past the file's `start`, and the legacy client
+/// handed out 100 of 100 ids again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn init_raises_a_replaced_server_past_its_class_marks_mariadb() {
+    let (a, b) = flickr_pair(1000);
+    let config = adopted(&a, &b, (1, 2));
+    init_ok(&config).await;
+    // The applications first, then shardflake's clients: every legacy id
+    // is below the first answer after it, which the marks are ahead of.
+    let mut ids = flickr_client(b.url(), 20).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    for _ in 0..20 {
+        ids.extend(client.next_n("photos", 10).await.unwrap());
+    }
+    client.shutdown().await;
+    drop(client);
+    let largest_of_b = *ids.iter().filter(|id| *id % 2 == 0).max().unwrap();
+    assert!(largest_of_b > 1100, "b served too little: {largest_of_b}");
+
+    drop(b);
+    let fresh = maria(2, 2);
+    fresh
+        .sql(&format!(
+            "{TICKETS64}; INSERT INTO Tickets64 (id, stub) VALUES (1002, 'a')"
+        ))
+        .unwrap();
+    let config = adopted(&a, &fresh, (1, 2));
+    init_ok(&config).await;
+    assert!(
+        auto_increment(&fresh) > largest_of_b,
+        "init left the new table at {} (ids up to {largest_of_b} handed out)",
+        auto_increment(&fresh)
+    );
+    ids.extend(flickr_client(fresh.url(), 100).await);
+    assert_unique(&ids);
+}
+
+/// The adopted table's guard is lifted only by `@shardflake_rewind = 1`,
+/// as every other guard: an operator who switches it "off" with 0 (or any
+/// other value) is still refused a row set lower. Before: any non-NULL
+/// value lifted it, 0 included, and the row went from 1,001 to 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_adopted_guard_is_lifted_only_by_rewind_one_mariadb() {
+    let (a, b) = flickr_pair(1000);
+    let config = adopted(&a, &b, (1, 2));
+    init_ok(&config).await;
+    for value in ["0", "2", "''"] {
+        let e = a
+            .sql(&format!(
+                "SET @shardflake_rewind = {value}; UPDATE Tickets64 SET id = 5 WHERE stub = 'a'"
+            ))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is never set back in place"), "{value}: {e}");
+    }
+    let row = a.sql("SELECT id FROM Tickets64").unwrap();
+    assert_eq!(row.trim(), "1001");
 }

@@ -166,3 +166,62 @@ async fn a_table_of_the_replace_form_is_converted_in_place_mariadb() {
     ids.extend(old_ids);
     assert_unique(&ids);
 }
+
+/// The limit the guide states: the delete guard (`…_ctr_d`) dropped alone
+/// while the update guard stays. The per-ticket proof comes from the update
+/// trigger, so a running client's open sessions go on (no per-ticket
+/// statement can see a trigger that does not fire); a row set lower by an
+/// `UPDATE` is still refused; every new session refuses the server, and
+/// `check` reports it. A row deleted and inserted again lower (what the
+/// dropped trigger refused) reaches a running client as an answer at or
+/// below its last one from that server: refused (`went_back`), never
+/// handed out. (A client whose last answer from it was below the row put
+/// back would take it: hence "never drop a guard while clients run".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_delete_guard_dropped_alone_is_seen_by_new_sessions_and_check_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 100).await.unwrap();
+    a.sql("DROP TRIGGER tickets_photos_ctr_d").unwrap();
+
+    // Open sessions go on: the update guard's proof is there.
+    let after = client.next_n("photos", 100).await.unwrap();
+    assert!(after.iter().any(|id| id % 2 == 1), "a stopped serving");
+    assert_eq!(state(&client, "a"), "up");
+    ids.extend(after);
+    let e = a
+        .sql("UPDATE tickets_photos SET id = 1 WHERE stub = 'a'")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is never set back in place"), "{e}");
+
+    // Every new session and check see the guard incomplete.
+    let report = admin::check(&config).await;
+    assert!(
+        !report.ok()
+            && report
+                .to_string()
+                .contains("no guard against setting it back"),
+        "{report}"
+    );
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    assert_eq!(state(&fresh, "a"), "misconfigured");
+    fresh.shutdown().await;
+
+    // Deleted and inserted again lower: the running client's next answers
+    // from `a` are at or below its last one from it, refused.
+    let last_of_a = *ids.iter().filter(|id| *id % 2 == 1).max().unwrap();
+    a.sql(&format!(
+        "DELETE FROM tickets_photos; INSERT INTO tickets_photos (stub, id) VALUES ('a', {})",
+        last_of_a - 40
+    ))
+    .unwrap();
+    for _ in 0..10 {
+        ids.extend(client.next_n("photos", 10).await.unwrap());
+    }
+    assert_ne!(state(&client, "a"), "up");
+    client.shutdown().await;
+    assert_unique(&ids);
+}

@@ -19,6 +19,7 @@ mod live_restore;
 mod quorum;
 mod reply_order;
 mod repro;
+mod stores;
 
 use shardflake_testkit::{MariaDbServer, PgServer};
 use shardflake_tickets::{
