@@ -277,6 +277,12 @@ async fn a_restarted_or_crashed_server_makes_ids_again_after_repair() {
 
     // One backend killed: PostgreSQL restarts every process and replays
     // WAL (a crash, though the postmaster stays): refused until repair.
+    // The run is what next_id compares: a session that connects before
+    // the postmaster has reaped the killed backend is still on the old
+    // run (and may make ids), so wait for the new one.
+    let run_sql = "SELECT pg_postmaster_start_time()::text || ' ' || \
+                   coalesce(pg_last_wal_replay_lsn()::text, '-')";
+    let old_run: String = c.query_one(run_sql, &[]).await.unwrap().get(0);
     let pid: i32 = c
         .query_one("SELECT pg_backend_pid()", &[])
         .await
@@ -287,7 +293,8 @@ async fn a_restarted_or_crashed_server_makes_ids_again_after_repair() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let c = loop {
         if let Ok(c) = pg::connect_url("a", &a.url()).await
-            && c.query_one("SELECT 1", &[]).await.is_ok()
+            && let Ok(row) = c.query_one(run_sql, &[]).await
+            && row.get::<_, String>(0) != old_run
         {
             break c;
         }
