@@ -120,12 +120,6 @@ pub enum MysqlSqlError {
     /// Time and sequence do not fit a positive `BIGINT`.
     #[error("layout {0:?}: time + sequence bits exceed 62, too wide for a MariaDB sequence")]
     TooWide(String),
-    /// A layout with a random start, which the trigger and procedures do
-    /// not apply (every tick's sequence starts at 0 in the database).
-    #[error(
-        "layout {0:?} starts each tick's sequence at random, which the ids made in MariaDB do not; remove \"random start\" from --layout (it applies to the library, the service and PostgreSQL only)"
-    )]
-    RandomStart(String),
     /// A field other than time holds the sign bit.
     #[error(
         "layout {0:?}: a field other than time holds the sign bit, so some ids are negative from the start"
@@ -176,9 +170,6 @@ impl Plan {
         let seq = layout.sequence();
         if time.bits() + seq.bits() > 62 {
             return Err(MysqlSqlError::TooWide(name()));
-        }
-        if layout.random_start_bits() > 0 {
-            return Err(MysqlSqlError::RandomStart(name()));
         }
         // Ids are signed BIGINT: with all 64 bits used, the time's top bit
         // would make them negative, so that tick is the first one refused.
@@ -298,6 +289,25 @@ impl Plan {
     /// bits) the first whose ids would be negative.
     pub fn limit_tick(&self) -> u64 {
         self.limit_tick
+    }
+
+    /// The value a catch-up sets the sequence to for the packed clock `t`
+    /// (an SQL expression): `t`, or with the layout's random start, `t`
+    /// plus a value below 2^bits taken from a hash of `t` (deterministic,
+    /// so replication by statement replays it), capped at
+    /// [`Plan::max_packed`]. A catch-up only ever moves the sequence up,
+    /// past every value handed out, so starting the tick higher repeats
+    /// none; it spreads `id % N` at low rates, where every id would
+    /// otherwise be its tick's first, sequence 0.
+    pub fn tick_start_sql(&self, t: &str) -> String {
+        match self.layout.random_start_bits() {
+            0 => t.to_string(),
+            bits => format!(
+                "LEAST({t} + (CRC32({t}) & {}), {})",
+                (1u64 << bits) - 1,
+                self.max_packed()
+            ),
+        }
     }
 
     /// The largest packed value (`tick << sequence_bits | sequence`) handed
@@ -973,7 +983,7 @@ DO BEGIN
       SET t = {clock};
       SET r = (SELECT next_not_cached_value FROM `{seq}`);{start_floor}
       IF {start_above}t <= {max} AND r < t THEN
-        EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
+        EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', {tick_start}, ', 0)');
       END IF;
     END IF;
   END IF;
@@ -990,7 +1000,7 @@ DO BEGIN
           SET r = GREATEST(hw + {headroom}, t + {ahead} + 1);
           EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', r, ', 0)');{floor_arm}
         ELSEIF t <= {max} AND r + {lag} < t THEN
-          EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', t, ', 0)');
+          EXECUTE IMMEDIATE CONCAT('DO SETVAL(`{seq}`, ', {tick_start}, ', 0)');
         ELSE
           SET pause_ms = LEAST(GREATEST(((r + {lag} - t) DIV {per_tick}) * {tick}, 1), {lag_ms});
         END IF;
@@ -1008,6 +1018,7 @@ END",
         event = names.event(),
         // (event comments hold 64 characters: the body carries the layout's numbers)
         comment = lit(&format!("shardflake v{VERSION} clock event, loop v4")),
+        tick_start = plan.tick_start_sql("t"),
         lock = names.clock_lock_sql(),
         start_lock = names.clock_start_lock_sql(),
         start_wait = start_wait,
@@ -1143,7 +1154,7 @@ BEGIN
       END IF;
       SET w = PREVIOUS VALUE FOR {seq};
       IF w + {lag} < t THEN
-        EXECUTE IMMEDIATE CONCAT('DO SETVAL({seq}, ', t, ', 0)');
+        EXECUTE IMMEDIATE CONCAT('DO SETVAL({seq}, ', {tick_start}, ', 0)');
         SET w = NEXT VALUE FOR {seq};
       END IF;
       SET id = IF(w - t > {ahead}, `{refused}`({key}), {id});
@@ -1152,6 +1163,7 @@ BEGIN
 END",
         comment = lit(&plan.marker()),
         run_out = ER_SEQUENCE_RUN_OUT,
+        tick_start = plan.tick_start_sql("t"),
         seq_name = names.sequence(),
         layout = plan.layout().name(),
         end = plan.limit_text(),
@@ -1439,6 +1451,23 @@ mod tests {
     }
 
     #[test]
+    fn a_random_start_starts_each_caught_up_tick() {
+        let random = preset::resolve(
+            "r: time 42 | shard 10 | sequence 11 (epoch 1288834974657 ms, random start 4 bits)",
+        )
+        .unwrap();
+        let p = Plan::new(&random).unwrap();
+        let start = format!("LEAST(t + (CRC32(t) & 15), {})", p.max_packed());
+        assert_eq!(p.tick_start_sql("t"), start);
+        let n = Names::default();
+        let e = event_sql(&p, &n);
+        assert_eq!(e.matches(&format!("', {start}, ', 0)")).count(), 2, "{e}");
+        let insta = Plan::new(&preset::by_name("instagram").unwrap()).unwrap();
+        assert_eq!(insta.tick_start_sql("t"), "t");
+        assert!(!event_sql(&insta, &n).contains("CRC32"));
+    }
+
+    #[test]
     fn refused_layouts_and_names() {
         let no_shard = preset::by_name("snowflake").unwrap();
         assert!(matches!(
@@ -1447,13 +1476,6 @@ mod tests {
         ));
         let wide = preset::resolve("w: time 40 | shard 1 | sequence 23").unwrap();
         assert!(matches!(Plan::new(&wide), Err(MysqlSqlError::TooWide(_))));
-        let random = preset::resolve(
-            "r: time 42 | shard 10 | sequence 11 (epoch 1288834974657 ms, random start 4 bits)",
-        )
-        .unwrap();
-        let err = Plan::new(&random).unwrap_err();
-        assert_eq!(err, MysqlSqlError::RandomStart("r".into()));
-        assert!(err.to_string().contains("remove \"random start\""), "{err}");
         let insta = preset::by_name("instagram").unwrap();
         let p = Plan::new(&insta).unwrap();
         // all 64 bits: refuse from the first negative tick (2046-06-27)

@@ -949,3 +949,38 @@ async fn a_dump_restored_into_the_running_server_repeats_no_id() {
         "{problems:?} ({refused} inserts refused)"
     );
 }
+
+/// A layout's random start (`id % N` without skew, issue #40): at a low
+/// rate each insert draws the first value of a tick the clock event caught
+/// up to, sequence 0 without a random start, so every id would be 0 modulo
+/// 16. With 4 bits the ticks start spread over 0..16; a burst from one
+/// statement repeats no id either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_random_start_spreads_ids_made_at_a_low_rate() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let spec = "r: time 42 | shard 10 | sequence 11 (epoch 1288834974657 ms, random start 4 bits)";
+    let layout = preset::resolve(spec).unwrap();
+    let start = now_ms();
+    applied(&pool, &layout, &Options::default()).await;
+    let mut c = pool.get_conn().await.unwrap();
+    let names = Names::default();
+    let mut ids = Vec::new();
+    // One insert every 6 ms: the event catches the sequence up every 4 ms
+    // when idle, so each draw starts a tick of its own.
+    for _ in 0..200 {
+        ids.push(mysql::insert(&mut c, &names, 7, "slow").await.unwrap());
+        tokio::time::sleep(Duration::from_millis(6)).await;
+    }
+    let residues: HashSet<i64> = ids.iter().map(|id| id % 16).collect();
+    // 200 draws of 16 values: fewer than 12 seen has odds below 1e-20.
+    assert!(residues.len() >= 12, "id % 16 took only {residues:?}");
+    let burst: Vec<i64> = c
+        .query(
+            "INSERT INTO posts (user_id, body) SELECT 7, 'burst' FROM seq_1_to_20000 RETURNING id",
+        )
+        .await
+        .unwrap();
+    ids.extend(burst);
+    verify(&layout, &ids, 7, start, now_ms() + 2 * sql::AHEAD_MS);
+}
