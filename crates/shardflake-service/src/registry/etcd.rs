@@ -1111,7 +1111,7 @@ impl BeforeRetiring<'_> {
 ///
 /// No leading `/`: every prefix starts with one, so no `etcdctl del
 /// --prefix` of a prefix, or of a string a prefix begins with, deletes the
-/// registrations ([`OLD_FLEETS`] began with `/shardflake`).
+/// registrations (`OLD_FLEETS` began with `/shardflake`).
 pub const FLEETS: &str = "shardflake.fleets/";
 
 /// Where earlier versions registered fleets. Still read, and where it
