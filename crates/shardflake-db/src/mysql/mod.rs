@@ -563,7 +563,7 @@ pub struct Options {
     /// separate from the same-named one another database of this server
     /// makes ids for (their ids may be equal). Without it such an apply is
     /// refused, for shard values both would make ids for, as a URL changed
-    /// to another database ([`databases_making_ids`]).
+    /// to another database (`databases_making_ids`).
     pub new_deployment: bool,
 }
 
