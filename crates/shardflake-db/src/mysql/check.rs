@@ -23,7 +23,11 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
     let plan = plan_in(layout, &db, names)?
         .on_server(srv.server_id)
         .serving(recorded);
-    if recorded.is_none() && srv.has_sequences() {
+    // A copy of another database of this server: that is the problem to
+    // name (its shard values are the original's, not its own).
+    if let Some(installed) = installed_for_another_database(conn, &db, names).await? {
+        problems.push(other_database_text(&db, names, &installed));
+    } else if recorded.is_none() && srv.has_sequences() {
         problems.push(format!(
             "the shard values this server makes ids of {}.{} for are not recorded (in shardflake.serves): run shardflake mysql apply, with --shards LO-HI where other servers make ids for the same table",
             db, names.table

@@ -344,6 +344,41 @@ async fn installed_server_id(conn: &mut Conn, names: &Names) -> Result<Option<u3
     }))
 }
 
+/// The database the installed trigger was made for, when it names one
+/// other than `db` (the high-water it reads, `` `shardflake`.`DB.SEQ` ``):
+/// `db` is a copy of that database on this server, loaded from its dump.
+async fn installed_for_another_database(
+    conn: &mut Conn,
+    db: &str,
+    names: &Names,
+) -> Result<Option<String>, Error> {
+    let body: Option<String> = conn
+        .exec_first(
+            "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?",
+            (names.trigger(),),
+        )
+        .await
+        .map_err(my("reading the trigger"))?;
+    let prefix = format!("`{}`.`", sql::HIGH_WATER_DB);
+    let suffix = format!(".{}`", names.sequence());
+    Ok(body.and_then(|b| {
+        let rest = b.split_once(&prefix)?.1;
+        let end = rest.find(&suffix)?;
+        let installed = rest[..end].replace("``", "`");
+        (installed != db).then_some(installed)
+    }))
+}
+
+/// What a copy of database `installed` in `db`, on the same server, is
+/// and the ways out.
+fn other_database_text(db: &str, names: &Names, installed: &str) -> String {
+    format!(
+        "the trigger {trigger} of {db}.{table} was installed for database {installed}: {db} is a copy of it (loaded from its dump?), whose objects name the high-water and clock loop of {installed}, and every insert into {db}.{table} is refused; drop database {db}, or, for a separate table whose ids may equal those of {installed}.{table}, run shardflake mysql apply --new-deployment on {db}",
+        trigger = names.trigger(),
+        table = names.table,
+    )
+}
+
 /// Where each server records the shard values it makes ids for, per
 /// database and table (kept with the high-water, outside the application's
 /// database), and which server it is.

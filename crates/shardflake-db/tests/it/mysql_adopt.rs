@@ -334,6 +334,20 @@ async fn an_adopted_tables_dump_keeps_inserting_in_a_fresh_server_after_repair()
         .unwrap_err()
         .to_string();
     assert!(refused.contains("shardflake"), "{refused}");
+    // Nor does it record which shard values it makes ids for: the
+    // server the dump came from may still make ids for all of them.
+    let e = mysql::repair(&mut f, &layout(), &names)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("records no shard values") && e.contains("repair --shards 0-1023"),
+        "{e}"
+    );
+    let names = Options {
+        shards: Some((0, 1023)),
+        ..names
+    };
     mysql::repair(&mut f, &layout(), &names).await.unwrap();
     // The scheduler starts the repaired clock event's loop within a second.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
