@@ -379,6 +379,16 @@ fn other_database_text(db: &str, names: &Names, installed: &str) -> String {
     )
 }
 
+/// Why `command` (`apply` or `repair`) refuses a database whose ids are
+/// installed but whose server records no shard values for its table, and
+/// the ways out.
+fn no_record_text(db: &str, names: &Names, command: &str, max: u64) -> String {
+    format!(
+        "nothing was changed: this server records no shard values it makes ids of {db}.{table} for (shardflake.serves), though they are installed: the database alone restored from another server's dump? that server may still make ids for every shard value, and two servers making ids for one make the same ids. Give this one values of its own, none of the other's (shardflake mysql {command} --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER, after shardflake mysql apply --shards with the rest on the other); if no other server makes ids of {table} any more, record them all: shardflake mysql {command} --shards 0-{max}",
+        table = names.table
+    )
+}
+
 /// Where each server records the shard values it makes ids for, per
 /// database and table (kept with the high-water, outside the application's
 /// database), and which server it is.

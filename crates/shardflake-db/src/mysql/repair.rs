@@ -44,15 +44,6 @@ pub(super) async fn exhausted_text(
     ))
 }
 
-/// Why `repair` refuses a database whose server records no shard values
-/// for its table, and the ways out.
-fn no_record_text(db: &str, names: &Names, max: u64) -> String {
-    format!(
-        "nothing was changed: this server records no shard values it makes ids of {db}.{table} for (shardflake.serves): the database alone restored from another server's dump? that server may still make ids for every shard value, and two servers making ids for one make the same ids. Give this one values of its own, none of the other's (shardflake mysql repair --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER, after shardflake mysql apply --shards with the rest on the other); if no other server makes ids of {table} any more, record them all: shardflake mysql repair --shards 0-{max}",
-        table = names.table
-    )
-}
-
 /// After a restore (of the database from a dump, or of the whole server),
 /// or a sequence recreated or set back: moves the id sequence past every
 /// value it can have handed out and records that as the high-water
@@ -114,7 +105,7 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
         let Some(serves) = opts.shards else {
             return Err(other(
                 "repair",
-                no_record_text(&db, names, plan.shard_max()),
+                no_record_text(&db, names, "repair", plan.shard_max()),
             ));
         };
         let mut overlaps = overlapping_peers(conn, &opts.peers, names, serves).await?;

@@ -415,6 +415,16 @@ async fn the_database_alone_on_another_server_is_repaired_only_with_its_values()
             && e.contains("shardflake mysql repair --shards LO-HI --peer"),
         "{e}"
     );
+    // apply there without --shards would record every value too.
+    let e = mysql::apply(&mut cy, &layout, &Options::default())
+        .await
+        .expect_err("apply made the copy a server for every shard value")
+        .to_string();
+    assert!(
+        e.contains("records no shard values")
+            && e.contains("shardflake mysql apply --shards LO-HI --peer"),
+        "{e}"
+    );
     let with = |shards, peers: Vec<String>| Options {
         shards: Some(shards),
         peers,
