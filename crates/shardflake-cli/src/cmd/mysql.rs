@@ -211,6 +211,15 @@ enum MysqlCommand {
         target: Target,
         #[command(flatten)]
         layout: LayoutArg,
+        /// Where the server records no shard values for the table (the
+        /// database alone copied from another server), the ones it makes
+        /// ids for: LO-HI or one value; recorded. Refused without it there.
+        #[arg(long, value_name = "LO-HI", value_parser = parse_shards)]
+        shards: Option<(u64, u64)>,
+        /// Another server making ids for the same table (repeatable): a
+        /// shard value it records too is refused.
+        #[arg(long = "peer", value_name = "URL")]
+        peers: Vec<String>,
     },
     /// Decode an id of the URL's database: its time, shard and sequence,
     /// or that it is from before an adopted table's adoption (such an id
@@ -570,10 +579,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 anyhow::bail!("{} problem(s)", problems.len())
             })
         }
-        MysqlCommand::Repair { target, layout } => {
+        MysqlCommand::Repair {
+            target,
+            layout,
+            shards,
+            peers,
+        } => {
             let l = mysql_layout(&layout)?;
             let opts = Options {
                 names: target.names()?,
+                shards,
+                peers,
                 ..Options::default()
             };
             conn.run(async |c| {

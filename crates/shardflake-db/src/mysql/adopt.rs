@@ -318,7 +318,9 @@ pub async fn adopt(
         key: names.key.clone(),
         floor,
         first_new,
-        unchanged: false,
+        // Another run (adopt from two machines at once) switched it
+        // between this one's look and its lock.
+        unchanged: applied.switched_before,
         installed: applied.installed,
         warnings: applied.warnings,
         script: switch_script(&serving, names),
@@ -398,16 +400,37 @@ async fn adopt_each(
         use_database(conn, db).await?;
         let mut one = opts.clone();
         one.dry_run = true;
-        one.options.names =
-            match Names::new(t, &opts.options.names.key, &Names::default_procedure(t)) {
-                Ok(n) => n,
-                Err(e) => {
-                    problems.push(format!(
-                        "{db}.{t}: {e}: adopt it alone with --table and a shorter --procedure"
+        one.options.names = match Names::new(
+            t,
+            &opts.options.names.key,
+            &Names::default_procedure(t),
+        ) {
+            Ok(n) => n,
+            // Its objects are named after the table (T_id, T_id_seq,
+            // T_id_clock, T_id_refused): a shorter procedure name helps
+            // only when the table's own name fits.
+            Err(e @ MysqlSqlError::Name { what: "table", .. }) => {
+                problems.push(format!(
+                        "{db}.{t}: {e}: the trigger, sequence, event and function adopt makes for a table are named after it; rename the table (RENAME TABLE `{db}`.`{t}` TO `{db}`.`SHORTER_NAME`, and the application's statements with it) and adopt it under that name, or leave it out of the selection (--pattern)"
                     ));
-                    continue;
-                }
-            };
+                continue;
+            }
+            Err(
+                e @ MysqlSqlError::Name {
+                    what: "procedure", ..
+                },
+            ) => {
+                problems.push(format!(
+                        "{db}.{t}: {e}: adopt it alone with a shorter procedure name: shardflake mysql adopt --table {t} --procedure gen_{short}_id",
+                        short = t.chars().take(40).collect::<String>()
+                    ));
+                continue;
+            }
+            Err(e) => {
+                problems.push(format!("{db}.{t}: {e}"));
+                continue;
+            }
+        };
         match adopt(conn, layout, &one).await {
             Ok(p) => {
                 let recorded = adopted(conn).await?.iter().any(|a| &a.table == t);
@@ -650,6 +673,7 @@ async fn switch_locked(
             (max, first_new)
         }
     };
+    let changes_before = applied.installed.len();
     if !(trigger_in_place && recorded.is_some()) {
         conn.exec_drop(
             "INSERT INTO `shardflake`.`adopted` VALUES (DATABASE(), ?, ?, ?, UTC_TIMESTAMP(3)) \
@@ -672,6 +696,8 @@ async fn switch_locked(
             sql::AUTO_INCREMENT_PARKED
         ));
     }
+    applied.switched_before =
+        trigger_in_place && recorded.is_some() && applied.installed.len() == changes_before;
     Ok((floor, first_new))
 }
 

@@ -21,6 +21,9 @@ pub struct Applied {
     /// `mysql adopt`: the largest old id (none in an empty table) and the
     /// smallest id the trigger can make, read under the table's lock.
     pub(super) switched: Option<(Option<i64>, i64)>,
+    /// `mysql adopt`: the switch found the table already switched, with
+    /// its record (another run adopted it meanwhile), and changed nothing.
+    pub(super) switched_before: bool,
 }
 
 /// Why [`install`] runs.
@@ -99,6 +102,20 @@ pub(super) async fn install(
         return Err(other(
             "apply",
             format!("nothing was changed: {}", overlaps.join("; ")),
+        ));
+    }
+    // Installed here, yet no record of its shard values: the database
+    // alone copied from another server, which may still make ids for all
+    // of them. Which ones this server takes is the operator's word.
+    if mode == Mode::Apply
+        && recorded.is_none()
+        && opts.shards.is_none()
+        && !opts.new_deployment
+        && installed_server_id(conn, &opts.names).await?.is_some()
+    {
+        return Err(other(
+            "apply",
+            no_record_text(&db, &opts.names, "apply", plan.shard_max()),
         ));
     }
     let plan = plan.serving(Some(serves));

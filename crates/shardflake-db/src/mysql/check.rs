@@ -11,7 +11,35 @@ use super::*;
 /// below a stored id, lags the clock by more than [`sql::STALE_MS`] or runs
 /// ahead of it by more than twice [`sql::AHEAD_MS`]. Draws
 /// one value from the sequence. An empty list: all is well.
+///
+/// For an adopted table the fix of every problem is `mysql adopt` again
+/// (it reinstalls what apply would, then switches the table back under
+/// the trigger), so that is the one command named.
 pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Vec<String>, Error> {
+    let mut problems = check_installed(conn, layout, opts).await?;
+    let names = &opts.names;
+    if !problems.is_empty()
+        && super::adopt::adopted(conn)
+            .await?
+            .iter()
+            .any(|a| a.table == names.table)
+    {
+        let again = format!(
+            "run shardflake mysql adopt --table {} --key {} again",
+            names.table, names.key
+        );
+        for p in &mut problems {
+            *p = p.replace("re-run apply", &again);
+        }
+    }
+    Ok(problems)
+}
+
+async fn check_installed(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+) -> Result<Vec<String>, Error> {
     let srv = server(conn).await?;
     let names = &opts.names;
     let mut problems = Vec::new();
@@ -23,7 +51,11 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
     let plan = plan_in(layout, &db, names)?
         .on_server(srv.server_id)
         .serving(recorded);
-    if recorded.is_none() && srv.has_sequences() {
+    // A copy of another database of this server: that is the problem to
+    // name (its shard values are the original's, not its own).
+    if let Some(installed) = installed_for_another_database(conn, &db, names).await? {
+        problems.push(other_database_text(&db, names, &installed));
+    } else if recorded.is_none() && srv.has_sequences() {
         problems.push(format!(
             "the shard values this server makes ids of {}.{} for are not recorded (in shardflake.serves): run shardflake mysql apply, with --shards LO-HI where other servers make ids for the same table",
             db, names.table

@@ -464,7 +464,7 @@ mod tests {
         assert_eq!(layout_of("hello"), None);
         let e = sql::event_sql(&p, &Names::default());
         assert!(body_after(&e, "\nDO ").unwrap().starts_with("BEGIN"));
-        assert_eq!(comment_of(&e), Some("shardflake v2 clock event, loop v4"));
+        assert_eq!(comment_of(&e), Some("shardflake v2 clock event, loop v5"));
         assert!(same_modes(
             "NO_ENGINE_SUBSTITUTION,STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO",
             sql::SQL_MODE

@@ -344,6 +344,51 @@ async fn installed_server_id(conn: &mut Conn, names: &Names) -> Result<Option<u3
     }))
 }
 
+/// The database the installed trigger was made for, when it names one
+/// other than `db` (the high-water it reads, `` `shardflake`.`DB.SEQ` ``):
+/// `db` is a copy of that database on this server, loaded from its dump.
+async fn installed_for_another_database(
+    conn: &mut Conn,
+    db: &str,
+    names: &Names,
+) -> Result<Option<String>, Error> {
+    let body: Option<String> = conn
+        .exec_first(
+            "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?",
+            (names.trigger(),),
+        )
+        .await
+        .map_err(my("reading the trigger"))?;
+    let prefix = format!("`{}`.`", sql::HIGH_WATER_DB);
+    let suffix = format!(".{}`", names.sequence());
+    Ok(body.and_then(|b| {
+        let rest = b.split_once(&prefix)?.1;
+        let end = rest.find(&suffix)?;
+        let installed = rest[..end].replace("``", "`");
+        (installed != db).then_some(installed)
+    }))
+}
+
+/// What a copy of database `installed` in `db`, on the same server, is
+/// and the ways out.
+fn other_database_text(db: &str, names: &Names, installed: &str) -> String {
+    format!(
+        "the trigger {trigger} of {db}.{table} was installed for database {installed}: {db} is a copy of it (loaded from its dump?), whose objects name the high-water and clock loop of {installed}, and every insert into {db}.{table} is refused; drop database {db}, or, for a separate table whose ids may equal those of {installed}.{table}, run shardflake mysql apply --new-deployment on {db}",
+        trigger = names.trigger(),
+        table = names.table,
+    )
+}
+
+/// Why `command` (`apply` or `repair`) refuses a database whose ids are
+/// installed but whose server records no shard values for its table, and
+/// the ways out.
+fn no_record_text(db: &str, names: &Names, command: &str, max: u64) -> String {
+    format!(
+        "nothing was changed: this server records no shard values it makes ids of {db}.{table} for (shardflake.serves), though they are installed: the database alone restored from another server's dump? that server may still make ids for every shard value, and two servers making ids for one make the same ids. Give this one values of its own, none of the other's (shardflake mysql {command} --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER, after shardflake mysql apply --shards with the rest on the other); if no other server makes ids of {table} any more, record them all: shardflake mysql {command} --shards 0-{max}",
+        table = names.table
+    )
+}
+
 /// Where each server records the shard values it makes ids for, per
 /// database and table (kept with the high-water, outside the application's
 /// database), and which server it is.

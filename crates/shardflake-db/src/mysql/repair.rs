@@ -57,7 +57,13 @@ pub(super) async fn exhausted_text(
 /// another `server_id`) it goes that bound and the measured clock
 /// difference further, for ids its old primary made after the last change
 /// it received, then reinstalls the trigger, the procedures and the clock
-/// event there (a replica's is `SLAVESIDE_DISABLED`).
+/// event there (a replica's is `SLAVESIDE_DISABLED`). Where the server
+/// records no shard values for the table (the database alone copied from
+/// another server), it refuses unless [`Options::shards`] names them,
+/// none that a `--peer` or another database of this server records, then
+/// records them and reinstalls the objects for them; a database whose
+/// objects were made for another database of this server (a copy loaded
+/// from its dump) is refused.
 pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Repaired, Error> {
     let srv = server(conn).await?;
     let db = srv.named_database("repair")?;
@@ -66,6 +72,52 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     let plan = plan_in(layout, &db, names)?
         .on_server(srv.server_id)
         .serving(recorded);
+    if let Some(installed) = installed_for_another_database(conn, &db, names).await? {
+        return Err(other(
+            "repair",
+            format!(
+                "nothing was changed: {}",
+                other_database_text(&db, names, &installed)
+            ),
+        ));
+    }
+    if let Some(shards) = opts.shards
+        && recorded.is_some_and(|r| r != shards)
+    {
+        return Err(other(
+            "repair",
+            format!(
+                "nothing was changed: this server records shard values {}-{} for {db}.{}; to change them, run shardflake mysql apply --shards {}-{} (with --peer URL of each other server)",
+                plan.serves().0,
+                plan.serves().1,
+                names.table,
+                shards.0,
+                shards.1
+            ),
+        ));
+    }
+    // No record of which shard values this server makes ids for: the
+    // database alone copied from another server's dump (that server may
+    // still make ids for every value), or restored where its server's
+    // records were lost. Which values it takes is the operator's word.
+    let records = recorded.is_none();
+    if records {
+        let Some(serves) = opts.shards else {
+            return Err(other(
+                "repair",
+                no_record_text(&db, names, "repair", plan.shard_max()),
+            ));
+        };
+        let mut overlaps = overlapping_peers(conn, &opts.peers, names, serves).await?;
+        overlaps
+            .extend(databases_making_ids(conn, &db, names, serves, (0, plan.shard_max())).await?);
+        if !overlaps.is_empty() {
+            return Err(other(
+                "repair",
+                format!("nothing was changed: {}", overlaps.join("; ")),
+            ));
+        }
+    }
     // A promoted replica (the trigger made for another server_id) may be
     // behind ids its old primary made after the last change it received:
     // each at most that server's clock plus AHEAD_MS, within
@@ -136,9 +188,10 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
             .map_err(my("recording the high-water"))?;
     }
     tracing::info!(sequence = %seq, from, to = past, "mysql repair moved the sequence");
-    if promoted {
-        // The trigger and procedure for this server, and the clock event,
-        // which a replica has disabled (SLAVESIDE_DISABLED) and ran none.
+    if promoted || records {
+        // The trigger and procedure for this server and the shard values
+        // now recorded, and the clock event, which a replica has disabled
+        // (SLAVESIDE_DISABLED) and ran none.
         let applied = apply::install(conn, layout, opts, apply::Mode::Repair).await?;
         for warning in &applied.warnings {
             tracing::warn!("{warning}");

@@ -554,14 +554,22 @@ pub fn high_water_sql(plan: &Plan, names: &Names) -> Option<String> {
     ))
 }
 
-/// SQL that is true on the server the objects were made for (empty
-/// without [`Plan::on_server`]): `@@server_id` is read for the cost of a
-/// variable.
+/// SQL that is true on the server and in the database the objects were
+/// made for (empty without [`Plan::on_server`] and [`Plan::in_database`]):
+/// `@@server_id` is read for the cost of a variable. A copy of the
+/// database on the same server (`mariadb-dump app | mariadb app2`) has
+/// objects that name the original's high-water and clock loop: its ids
+/// would be the original's, and its loop would take the original's
+/// high-water for its own.
 fn on_this_server(plan: &Plan) -> String {
-    match plan.server_id {
-        Some(id) => format!(" AND @@server_id = {id}"),
-        None => String::new(),
+    let mut sql = String::new();
+    if let Some(db) = &plan.database {
+        sql.push_str(&format!(" AND DATABASE() = {}", lit(db)));
     }
+    if let Some(id) = plan.server_id {
+        sql.push_str(&format!(" AND @@server_id = {id}"));
+    }
+    sql
 }
 
 /// SQL that is true when key `key` has a shard value this server makes
@@ -590,15 +598,29 @@ fn out_of_range(plan: &Plan, who: &str, key: &str, keyword: &str, set: &str) -> 
 /// An `IF`/`ELSEIF` arm (`keyword`) naming a server other than the one the
 /// objects were made for: a promoted replica, whose sequence may be behind
 /// ids its old primary made, or a copy (empty without [`Plan::on_server`]).
+/// Before it, an arm naming a database other than the one they were made
+/// for: a copy of it on this server (empty without [`Plan::in_database`]).
 fn on_another_server(plan: &Plan, who: &str, keyword: &str, set: &str) -> String {
-    let Some(id) = plan.server_id else {
-        return String::new();
-    };
-    format!(
-        "\n  {keyword} @@server_id <> {id} THEN\n    \
-         {set}CONCAT('{who}: installed for server_id {id}, this is server_id ', @@server_id, \
-         ' (a promoted replica, or a copy of the server): its sequence may be behind ids the old primary made; run shardflake mysql repair before writing');"
-    )
+    let mut arms = String::new();
+    let mut keyword = keyword;
+    if let Some(db) = &plan.database {
+        let quoted = lit(db);
+        let text = &quoted[1..quoted.len() - 1];
+        arms.push_str(&format!(
+            "\n  {keyword} DATABASE() <> {quoted} THEN\n    \
+             {set}CONCAT('{who}: installed for database {text}, this is database ', DATABASE(), \
+             ' (a copy of {text}, loaded from its dump?): its objects name the high-water and clock loop of {text}, whose ids it would make again; drop it, or, for a separate table whose ids may equal those of {text}, run shardflake mysql apply --new-deployment on it');"
+        ));
+        keyword = "ELSEIF";
+    }
+    if let Some(id) = plan.server_id {
+        arms.push_str(&format!(
+            "\n  {keyword} @@server_id <> {id} THEN\n    \
+             {set}CONCAT('{who}: installed for server_id {id}, this is server_id ', @@server_id, \
+             ' (a promoted replica, or a copy of the server): its sequence may be behind ids the old primary made; run shardflake mysql repair before writing');"
+        ));
+    }
+    arms
 }
 
 /// SQL that is true while the clock event's loop runs (empty without
@@ -976,7 +998,7 @@ DO BEGIN
   DECLARE pause_ms BIGINT;
   DECLARE failed INT DEFAULT 0;{declare_floor}
   DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET failed = 1;
-  IF GET_LOCK({start_lock}, 0) = 1 THEN
+  IF {in_db}GET_LOCK({start_lock}, 0) = 1 THEN
     DO SLEEP({start_wait});
     SET us = {us};
     IF us >= 0 THEN
@@ -987,7 +1009,7 @@ DO BEGIN
       END IF;
     END IF;
   END IF;
-  IF failed = 0 AND IS_USED_LOCK({start_lock}) = CONNECTION_ID() AND GET_LOCK({lock}, 0) = 1 THEN
+  IF {in_db}failed = 0 AND IS_USED_LOCK({start_lock}) = CONNECTION_ID() AND GET_LOCK({lock}, 0) = 1 THEN
     LOOP
       SET failed = 0;
       SET r = NULL;
@@ -1017,7 +1039,14 @@ DO BEGIN
 END",
         event = names.event(),
         // (event comments hold 64 characters: the body carries the layout's numbers)
-        comment = lit(&format!("shardflake v{VERSION} clock event, loop v4")),
+        comment = lit(&format!("shardflake v{VERSION} clock event, loop v5")),
+        // A copy of the database on this server (its dump loaded into
+        // another) runs no loop: its event names the original's
+        // high-water, which it would raise past the original's sequence.
+        in_db = match &plan.database {
+            Some(db) => format!("DATABASE() = {} AND ", lit(db)),
+            None => String::new(),
+        },
         tick_start = plan.tick_start_sql("t"),
         lock = names.clock_lock_sql(),
         start_lock = names.clock_start_lock_sql(),

@@ -334,6 +334,20 @@ async fn an_adopted_tables_dump_keeps_inserting_in_a_fresh_server_after_repair()
         .unwrap_err()
         .to_string();
     assert!(refused.contains("shardflake"), "{refused}");
+    // Nor does it record which shard values it makes ids for: the
+    // server the dump came from may still make ids for all of them.
+    let e = mysql::repair(&mut f, &layout(), &names)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("records no shard values") && e.contains("repair --shards 0-1023"),
+        "{e}"
+    );
+    let names = Options {
+        shards: Some((0, 1023)),
+        ..names
+    };
     mysql::repair(&mut f, &layout(), &names).await.unwrap();
     // The scheduler starts the repaired clock event's loop within a second.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -744,4 +758,132 @@ async fn adopt_killed_at_each_lock_and_run_again_records_the_floor() {
         .await
         .unwrap();
     assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// M10: a dump from before adoption loaded over an adopted table brings
+/// it back without its guard column, trigger and parked counter. `mysql
+/// check` said "re-run apply" on two lines and "run shardflake mysql
+/// adopt ... again" on another; apply does not switch the table back. For
+/// an adopted table every line now names the adopt command.
+#[tokio::test]
+async fn a_pre_adoption_dump_over_an_adopted_table_is_checked_with_adopt_only() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 500).await;
+    let out = std::process::Command::new("mariadb-dump")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", server.port))
+        .args(["--triggers", "--routines", "--events", "app"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let file = std::env::temp_dir().join(format!("sf-m10-{}.sql", std::process::id()));
+    std::fs::write(&file, &out.stdout).unwrap();
+    mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    server.load(&file).unwrap();
+    let _ = std::fs::remove_file(&file);
+    let o = opts("orders").options;
+    let problems = mysql::check(&mut c, &layout(), &o).await.unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("shardflake mysql adopt --table orders --key user_id again")),
+        "{problems:?}"
+    );
+    assert!(
+        !problems.iter().any(|p| p.contains("apply")),
+        "an adopted table's check names apply: {problems:?}"
+    );
+    let again = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    assert!(!again.unchanged);
+    assert_eq!(
+        mysql::check(&mut c, &layout(), &o).await.unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+/// M5: three `mysql adopt` runs at once all printed "draws from the
+/// trigger"; the table was switched once. The runs that found it
+/// switched under the lock now report it unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_adopts_at_once_switch_the_table_once() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 500).await;
+    let run = || {
+        let pool = pool.clone();
+        async move {
+            let mut c = pool.get_conn().await.unwrap();
+            mysql::adopt(&mut c, &layout(), &opts("orders")).await
+        }
+    };
+    let (a, b, d) = tokio::join!(run(), run(), run());
+    let runs = [a.unwrap(), b.unwrap(), d.unwrap()];
+    let switched = runs.iter().filter(|r| !r.unchanged).count();
+    assert_eq!(switched, 1, "{runs:?}");
+    assert!(runs.iter().all(|r| r.floor == Some(500)), "{runs:?}");
+}
+
+/// M12: `adopt --schema` over a table whose own name is too long for the
+/// objects named after it advised a shorter --procedure, which cannot
+/// help. Now that table gets advice that works (rename it, or leave it
+/// out); one whose default procedure name alone is too long gets the
+/// command with a shorter one.
+#[tokio::test]
+async fn adopt_schema_advises_what_works_for_long_table_names() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    let long = "t".repeat(50);
+    let medium = "m".repeat(40);
+    for t in [&long, &medium] {
+        c.query_drop(format!(
+            "CREATE TABLE {t} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL)"
+        ))
+        .await
+        .unwrap();
+    }
+    let e = mysql::adopt_tables(
+        &mut c,
+        &layout(),
+        &opts("orders"),
+        &Tables::Schema("app".into()),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    let line = |t: &str| {
+        e.lines()
+            .find(|l| l.contains(&format!("app.{t}:")))
+            .unwrap_or_else(|| panic!("no line for {t}: {e}"))
+            .to_string()
+    };
+    let l = line(&long);
+    assert!(
+        l.contains("rename the table") && !l.contains("--procedure"),
+        "{l}"
+    );
+    let m = line(&medium);
+    assert!(
+        m.contains(&format!(
+            "shardflake mysql adopt --table {medium} --procedure gen_{medium}_id"
+        )),
+        "{m}"
+    );
+    // The advice works: that command adopts it.
+    let alone = AdoptOptions {
+        options: Options {
+            names: Names::new(&medium, "user_id", &format!("gen_{medium}_id")).unwrap(),
+            locked: false,
+            ..Options::default()
+        },
+        dry_run: false,
+    };
+    mysql::adopt(&mut c, &layout(), &alone).await.unwrap();
 }

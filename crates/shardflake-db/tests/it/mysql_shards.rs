@@ -5,6 +5,8 @@
 //! `apply` refuses values another server of the deployment records, and
 //! the trigger and `generate_post_id` refuse a key outside them.
 
+use std::time::{Duration, Instant};
+
 use mysql_async::{Conn, Opts};
 use shardflake::preset;
 use shardflake_db::mysql::{self, Options};
@@ -12,6 +14,21 @@ use shardflake_testkit::MariaDbServer;
 
 async fn conn(url: &str) -> Conn {
     Conn::new(Opts::from_url(url).unwrap()).await.unwrap()
+}
+
+/// `mariadb-dump` of database `db` of `server`, with its triggers,
+/// routines and events, into a file (its path).
+fn dump(server: &MariaDbServer, db: &str, tag: &str) -> std::path::PathBuf {
+    let out = std::process::Command::new("mariadb-dump")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", server.port))
+        .args(["--triggers", "--routines", "--events", db])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let file = std::env::temp_dir().join(format!("sf-{tag}-{}.sql", std::process::id()));
+    std::fs::write(&file, &out.stdout).unwrap();
+    file
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,4 +276,191 @@ async fn a_copy_restored_from_a_servers_dump_is_named_until_given_its_values() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("shard value 5"), "{e}");
+}
+
+/// M11: a copy of a database within one server (`mariadb-dump app |
+/// mariadb app9`). The copy's objects name the original's high-water
+/// (`shardflake`.`app.posts_id_seq`): its clock event found its own
+/// sequence below that high-water and moved it to the mark that refuses
+/// every draw, so the original refused every insert ("below its
+/// high-water ... run shardflake mysql repair"), again after each repair,
+/// while the copy's event ran. Now the copy's event runs no loop and its
+/// trigger, repair and check name the copy and its ways out; the
+/// original keeps making ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_the_database_on_its_server_leaves_the_original_making_ids() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Options::default().names;
+    let mut app = conn(&server.url()).await;
+    mysql::apply(&mut app, &layout, &Options::default())
+        .await
+        .unwrap();
+    for user in 0..100 {
+        mysql::insert(&mut app, &names, user, "x").await.unwrap();
+    }
+    let file = dump(&server, "app", "m11");
+    server.sql("CREATE DATABASE app9").unwrap();
+    let loaded = std::process::Command::new("mariadb")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+        .arg(format!("-P{}", server.port))
+        .arg("app9")
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(loaded.status.success(), "{loaded:?}");
+    // The copy's event has fired; its start waits about a second, then a
+    // loop would look at the high-water every millisecond or so.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let fired: String = server
+            .sql("SELECT COUNT(*) FROM information_schema.EVENTS WHERE EVENT_SCHEMA = 'app9' AND LAST_EXECUTED IS NOT NULL")
+            .unwrap();
+        if fired == "1" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the copy's clock event never fired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut made = 0;
+    while Instant::now() < until {
+        if let Err(e) = mysql::insert(&mut app, &names, made % 1024, "after the copy").await {
+            panic!("the original refused an insert after {made} while its copy's event ran: {e}");
+        }
+        made += 1;
+    }
+    let url9 = server.url().replace("/app", "/app9");
+    let mut app9 = conn(&url9).await;
+    let e = mysql::insert(&mut app9, &names, 1, "copy")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("installed for database app, this is database app9")
+            && e.contains("mysql apply --new-deployment"),
+        "{e}"
+    );
+    let problems = mysql::check(&mut app9, &layout, &Options::default())
+        .await
+        .unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("was installed for database app: app9 is a copy of it")),
+        "{problems:?}"
+    );
+    let e = mysql::repair(&mut app9, &layout, &Options::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nothing was changed") && e.contains("app9 is a copy of it"),
+        "{e}"
+    );
+    assert_eq!(
+        mysql::check(&mut app, &layout, &Options::default())
+            .await
+            .unwrap(),
+        Vec::<String>::new()
+    );
+    // A separate table: the operator's word, and the copy makes ids.
+    let separate = Options {
+        new_deployment: true,
+        ..Options::default()
+    };
+    mysql::apply(&mut app9, &layout, &separate).await.unwrap();
+    mysql::insert(&mut app9, &names, 1, "copy").await.unwrap();
+    mysql::insert(&mut app, &names, 1, "original")
+        .await
+        .unwrap();
+}
+
+/// M9: the application's database alone (`mariadb-dump app`) loaded into
+/// another server: no high-water and no record of the shard values it
+/// makes ids for. `mysql repair` made it insert for every shard value,
+/// recording none (4,811 ids in common with the original in the review).
+/// Now repair refuses there until given values (`--shards`), none a
+/// `--peer` records, records them and reinstalls the trigger for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_alone_on_another_server_is_repaired_only_with_its_values() {
+    let (x, y) = (
+        MariaDbServer::start_with("", None).unwrap(),
+        MariaDbServer::start_with("", None).unwrap(),
+    );
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Options::default().names;
+    let mut cx = conn(&x.url()).await;
+    mysql::apply(&mut cx, &layout, &Options::default())
+        .await
+        .unwrap();
+    for user in 0..100 {
+        mysql::insert(&mut cx, &names, user, "x").await.unwrap();
+    }
+    let file = dump(&x, "app", "m9");
+    y.load(&file).unwrap();
+    let _ = std::fs::remove_file(&file);
+    let mut cy = conn(&y.url()).await;
+    assert!(mysql::insert(&mut cy, &names, 1, "y").await.is_err());
+    let e = mysql::repair(&mut cy, &layout, &Options::default())
+        .await
+        .expect_err("repair made the copy a server for every shard value, recording none")
+        .to_string();
+    assert!(
+        e.contains("records no shard values")
+            && e.contains("shardflake mysql repair --shards LO-HI --peer"),
+        "{e}"
+    );
+    // apply there without --shards would record every value too.
+    let e = mysql::apply(&mut cy, &layout, &Options::default())
+        .await
+        .expect_err("apply made the copy a server for every shard value")
+        .to_string();
+    assert!(
+        e.contains("records no shard values")
+            && e.contains("shardflake mysql apply --shards LO-HI --peer"),
+        "{e}"
+    );
+    let with = |shards, peers: Vec<String>| Options {
+        shards: Some(shards),
+        peers,
+        ..Options::default()
+    };
+    // x still makes ids for all of them.
+    let e = mysql::repair(&mut cy, &layout, &with((512, 1023), vec![x.url()]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shard values 0-1023, which meets"), "{e}");
+    mysql::apply(&mut cx, &layout, &with((0, 511), Vec::new()))
+        .await
+        .unwrap();
+    mysql::repair(&mut cy, &layout, &with((512, 1023), vec![x.url()]))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mysql::clock_running(&mut cy, &names).await.unwrap() {
+        assert!(Instant::now() < deadline, "no clock loop on the copy");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        mysql::check(&mut cy, &layout, &Options::default())
+            .await
+            .unwrap(),
+        Vec::<String>::new()
+    );
+    let e = mysql::insert(&mut cy, &names, 5, "y")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shard value 5"), "{e}");
+    mysql::insert(&mut cy, &names, 600, "y").await.unwrap();
+    let recorded: String = y
+        .sql("SELECT CONCAT(lo, '-', hi) FROM shardflake.serves WHERE db = 'app'")
+        .unwrap();
+    assert_eq!(recorded, "512-1023");
 }
