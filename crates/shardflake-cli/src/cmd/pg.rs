@@ -141,7 +141,7 @@ enum PgCommand {
         #[arg(long)]
         server: Option<String>,
         /// The logical shard the tables draw from (default: each server's
-        /// lowest).
+        /// lowest); refused for tables on a server that does not hold it.
         #[arg(long)]
         shard: Option<u64>,
         /// Print the plan and the SQL; change nothing.
