@@ -352,6 +352,19 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
     let mut out: Vec<Adopted> = Vec::new();
     let mut plans = plans.into_iter();
     while let Some((i, p)) = plans.next() {
+        if p.unchanged
+            && !opts.dry_run
+            && let Some(seq) = &p.old_sequence
+        {
+            // Adopted by a version that left the kept sequence unfenced.
+            let name = p.server.clone();
+            let tx = clients[i]
+                .transaction()
+                .await
+                .map_err(ctx(&name, "begin"))?;
+            fence(&tx, &name, seq).await?;
+            tx.commit().await.map_err(ctx(&name, "commit"))?;
+        }
         if opts.dry_run || p.unchanged {
             out.push(p);
             continue;
@@ -573,6 +586,8 @@ async fn plan(
         sql: Vec::new(),
     };
     if col.default.as_deref() == Some(call.as_str()) {
+        // A default set by hand, not recorded: no sequence of its was kept.
+        out.old_sequence = None;
         if let Some(r) = record {
             out.floor = r.floor;
             out.old_sequence = r.old_sequence.clone();
@@ -926,11 +941,20 @@ async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopt
 /// sequence shared by tables): fencing it would fail that table's
 /// inserts; adopting that table too fences it.
 async fn fence(tx: &impl GenericClient, name: &str, seq: &str) -> Result<(), Error> {
+    // Dropped by the operator: nothing left to fence.
+    let exists: bool = tx
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&seq])
+        .await
+        .map_err(ctx(name, &format!("looking up {seq}")))?
+        .get(0);
+    if !exists {
+        return Ok(());
+    }
     let users: Vec<String> = tx
         .query(
             "SELECT pg_describe_object(classid, objid, objsubid) FROM pg_depend
               WHERE classid = 'pg_attrdef'::regclass AND refclassid = 'pg_class'::regclass
-                AND refobjid = $1::text::regclass ORDER BY 1",
+                AND refobjid = to_regclass($1) ORDER BY 1",
             &[&seq],
         )
         .await
@@ -948,17 +972,24 @@ async fn fence(tx: &impl GenericClient, name: &str, seq: &str) -> Result<(), Err
     }
     // MINVALUE must stay below MAXVALUE (a sequence never drawn from is
     // at its MINVALUE).
-    let row = tx
-        .query_one(
+    let Some(row) = tx
+        .query_opt(
             &format!(
-                "SELECT greatest(s.last_value, q.seqmin), least(q.seqmin, greatest(s.last_value, q.seqmin) - 1)
-                   FROM {seq} s, pg_sequence q WHERE q.seqrelid = $1::text::regclass"
+                "SELECT greatest(s.last_value, q.seqmin), least(q.seqmin, greatest(s.last_value, q.seqmin) - 1),
+                        s.is_called AND q.seqmax <= s.last_value
+                   FROM {seq} s, pg_sequence q WHERE q.seqrelid = to_regclass($1)"
             ),
             &[&seq],
         )
         .await
-        .map_err(ctx(name, &format!("reading {seq}")))?;
-    let (value, min): (i64, i64) = (row.get(0), row.get(1));
+        .map_err(ctx(name, &format!("reading {seq}")))?
+    else {
+        return Ok(());
+    };
+    let (value, min, fenced): (i64, i64, bool) = (row.get(0), row.get(1), row.get(2));
+    if fenced {
+        return Ok(());
+    }
     tx.batch_execute(&format!(
         "ALTER SEQUENCE {seq} MINVALUE {min} MAXVALUE {value}"
     ))

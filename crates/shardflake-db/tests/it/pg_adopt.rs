@@ -1262,3 +1262,50 @@ async fn an_id_column_without_a_unique_index_is_refused_and_reported() {
         "{said}"
     );
 }
+
+/// A table adopted by a version that left the kept sequence unfenced (as
+/// `NO MAXVALUE` puts it back): adopt, run again, reports it unchanged and
+/// fences it; a default put back then draws no id. A kept sequence the
+/// operator dropped is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopt_run_again_fences_a_kept_sequence_left_unfenced() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.orders (body) SELECT 'old' FROM generate_series(1, 10);
+         CREATE TABLE public.items (id bigserial PRIMARY KEY, body text);",
+    )
+    .await
+    .unwrap();
+    for t in ["public.orders", "public.items"] {
+        pg::adopt(&topo, &table(t, false)).await.unwrap();
+    }
+    c.batch_execute(
+        "ALTER SEQUENCE public.orders_id_seq NO MAXVALUE;
+         ALTER TABLE public.items ALTER COLUMN id DROP DEFAULT;
+         DROP SEQUENCE public.items_id_seq;
+         ALTER TABLE public.items ALTER COLUMN id SET DEFAULT shard0.next_id('shard0.id_seq'::regclass);",
+    )
+    .await
+    .unwrap();
+    for t in ["public.orders", "public.items"] {
+        let done = pg::adopt(&topo, &table(t, false)).await.unwrap();
+        assert!(done[0].unchanged, "{done:?}");
+    }
+    c.batch_execute(
+        "ALTER TABLE public.orders ALTER COLUMN id SET DEFAULT nextval('public.orders_id_seq'::regclass)",
+    )
+    .await
+    .unwrap();
+    let e = c
+        .execute("INSERT INTO public.orders (body) VALUES ('by hand')", &[])
+        .await
+        .expect_err("the kept sequence handed out an id");
+    assert!(
+        shardflake_db::pg_message(&e).contains("reached maximum value"),
+        "{e}"
+    );
+}
