@@ -941,6 +941,32 @@ async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopt
 /// sequence shared by tables): fencing it would fail that table's
 /// inserts; adopting that table too fences it.
 async fn fence(tx: &impl GenericClient, name: &str, seq: &str) -> Result<(), Error> {
+    let Some((value, min)) = to_fence(tx, name, seq, true).await? else {
+        return Ok(());
+    };
+    tx.batch_execute(&format!(
+        "ALTER SEQUENCE {seq} MINVALUE {min} MAXVALUE {value}"
+    ))
+    .await
+    .map_err(ctx(name, &format!("fencing {seq} at {value}")))?;
+    tx.execute(
+        "SELECT setval($1::text::regclass, $2, true)",
+        &[&seq, &value],
+    )
+    .await
+    .map_err(ctx(name, &format!("fencing {seq} at {value}")))?;
+    Ok(())
+}
+
+/// The `(MAXVALUE, MINVALUE)` that [`fence`] would give the kept sequence
+/// `seq`; none when it is gone, already fenced, or still drawn from by
+/// another column's default (logged when `warn`).
+async fn to_fence(
+    tx: &impl GenericClient,
+    name: &str,
+    seq: &str,
+    warn: bool,
+) -> Result<Option<(i64, i64)>, Error> {
     // Dropped by the operator: nothing left to fence.
     let exists: bool = tx
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&seq])
@@ -948,7 +974,7 @@ async fn fence(tx: &impl GenericClient, name: &str, seq: &str) -> Result<(), Err
         .map_err(ctx(name, &format!("looking up {seq}")))?
         .get(0);
     if !exists {
-        return Ok(());
+        return Ok(None);
     }
     let users: Vec<String> = tx
         .query(
@@ -963,12 +989,14 @@ async fn fence(tx: &impl GenericClient, name: &str, seq: &str) -> Result<(), Err
         .map(|r| r.get(0))
         .collect();
     if !users.is_empty() {
-        tracing::warn!(
-            server = name,
-            "{seq} is left unfenced: {} still draw(s) from it; adopt those tables too",
-            users.join(", ")
-        );
-        return Ok(());
+        if warn {
+            tracing::warn!(
+                server = name,
+                "{seq} is left unfenced: {} still draw(s) from it; adopt those tables too",
+                users.join(", ")
+            );
+        }
+        return Ok(None);
     }
     // MINVALUE must stay below MAXVALUE (a sequence never drawn from is
     // at its MINVALUE).
@@ -984,24 +1012,10 @@ async fn fence(tx: &impl GenericClient, name: &str, seq: &str) -> Result<(), Err
         .await
         .map_err(ctx(name, &format!("reading {seq}")))?
     else {
-        return Ok(());
+        return Ok(None);
     };
     let (value, min, fenced): (i64, i64, bool) = (row.get(0), row.get(1), row.get(2));
-    if fenced {
-        return Ok(());
-    }
-    tx.batch_execute(&format!(
-        "ALTER SEQUENCE {seq} MINVALUE {min} MAXVALUE {value}"
-    ))
-    .await
-    .map_err(ctx(name, &format!("fencing {seq} at {value}")))?;
-    tx.execute(
-        "SELECT setval($1::text::regclass, $2, true)",
-        &[&seq, &value],
-    )
-    .await
-    .map_err(ctx(name, &format!("fencing {seq} at {value}")))?;
-    Ok(())
+    Ok((!fenced).then_some((value, min)))
 }
 
 /// The adopted tables of every server of the file (unreachable servers
@@ -1132,6 +1146,13 @@ pub(crate) async fn drift(
             )));
         } else if let Some(p) = no_unique_index(c, &server.name, &r.table, &r.column).await? {
             out.push(d(format!("adopted table {p}")));
+        } else if let Some(seq) = &r.old_sequence
+            && to_fence(c, &server.name, seq, false).await?.is_some()
+        {
+            out.push(d(format!(
+                "the sequence {seq} kept for adopted table {}.{} is not fenced (adopted by an earlier version): a default put back on it would hand out ids again; run shardflake pg adopt --table {} --shard {} (it fences it)",
+                r.table, r.column, r.table, r.shard
+            )));
         }
     }
     Ok(out)

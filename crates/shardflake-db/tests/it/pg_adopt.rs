@@ -1291,10 +1291,17 @@ async fn adopt_run_again_fences_a_kept_sequence_left_unfenced() {
     )
     .await
     .unwrap();
+    let said = problems(&pg::check(&topo).await.unwrap());
+    assert!(
+        said.contains("the sequence public.orders_id_seq kept for adopted table public.orders.id is not fenced")
+            && said.contains("run shardflake pg adopt --table public.orders --shard 0"),
+        "{said}"
+    );
     for t in ["public.orders", "public.items"] {
         let done = pg::adopt(&topo, &table(t, false)).await.unwrap();
         assert!(done[0].unchanged, "{done:?}");
     }
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
     c.batch_execute(
         "ALTER TABLE public.orders ALTER COLUMN id SET DEFAULT nextval('public.orders_id_seq'::regclass)",
     )
