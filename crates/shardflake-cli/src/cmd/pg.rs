@@ -53,10 +53,10 @@ enum PgCommand {
         /// edited url never recreates its shards on another database.
         #[arg(long = "new-server", value_name = "NAME")]
         new_servers: Vec<String>,
-        /// The file is a new deployment, separate from one that another
-        /// database of a server's cluster records under a server of the
-        /// same name (their ids may be equal): without it, that first
-        /// apply is refused as a url changed to another database.
+        /// The file is a new deployment, separate from any that another
+        /// database of a server's cluster records (their ids may be
+        /// equal): without it, that first apply is refused as a url
+        /// changed to another database.
         #[arg(long = "new-deployment")]
         new_deployment: bool,
     },
@@ -141,7 +141,7 @@ enum PgCommand {
         #[arg(long)]
         server: Option<String>,
         /// The logical shard the tables draw from (default: each server's
-        /// lowest).
+        /// lowest); refused for tables on a server that does not hold it.
         #[arg(long)]
         shard: Option<u64>,
         /// Print the plan and the SQL; change nothing.

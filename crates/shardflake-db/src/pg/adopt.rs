@@ -18,9 +18,13 @@
 //! the switch is refused unless `max(id)` is below the first id the shard
 //! can make from now on. So every new id sorts after every old one.
 //! Old ids stay as they are; the old sequence is kept (an identity's is
-//! copied first: dropping the identity drops its sequence), and recorded
-//! with the largest old id (the floor) in `shardflake.adopted` on the
-//! server, which `pg check` compares with each column's default.
+//! copied first: dropping the identity drops its sequence), fenced at its
+//! value so that a default put back on it fails rather than hands out
+//! ids ([`fence`]), and recorded with the largest old id (the floor) in
+//! `shardflake.adopted` on the server, which `pg check` compares with
+//! each column's default. Only an id column with a primary key or a
+//! unique index of its own is adopted: nothing else refuses an id
+//! stored twice.
 
 use super::catalog::{self, State};
 use super::topology::shard_field;
@@ -84,7 +88,8 @@ pub struct AdoptOptions {
     /// Only this server of the file (default: every server).
     pub server: Option<String>,
     /// The logical shard whose sequence the tables draw from (default:
-    /// the lowest shard of each server).
+    /// the lowest shard of each server); tables on a server the file does
+    /// not put it on are refused.
     pub shard: Option<u64>,
     /// Plan and print the SQL; change nothing.
     pub dry_run: bool,
@@ -155,6 +160,16 @@ impl Adopted {
         for stmt in &self.sql {
             s.push_str(stmt);
             s.push_str(";\n");
+        }
+        if let Some(seq) = &self.old_sequence {
+            let kept = if self.sql.iter().any(|s| s.ends_with("DROP IDENTITY")) {
+                kept_identity_sequence(seq)
+            } else {
+                seq.clone()
+            };
+            s.push_str(&format!(
+                "ALTER SEQUENCE {kept} MAXVALUE ...;  -- fenced at its value: a default put back on it fails\n"
+            ));
         }
         s.push_str(&format!(
             "INSERT INTO {ADOPTED_TABLE} ... ;  -- the table, its shard, the largest old id, the old sequence\nCOMMIT;\n"
@@ -263,15 +278,30 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
         matched += columns.len();
         let shard = match opts.shard {
             Some(s) if server.shards.contains(&s) => s,
-            Some(s) if opts.server.is_some() || topo.servers().len() == 1 => {
-                problems.push(d(
-                    Some(s),
-                    format!("the file puts shard {s} on another server; name one of this server's shards ({}) with --shard", super::topology::format_shard_list(&server.shards)),
-                ));
+            // A table draws from a shard of its own server: never another
+            // shard than the one asked for.
+            Some(s) => {
+                let tables = columns
+                    .iter()
+                    .map(|c| c.table.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let holder = match topo.server_of(s) {
+                    Ok(holder) => format!(
+                        "the file puts shard {s} on server {0}, not on {name}, which holds {tables}: name one of {name}'s shards ({1}) with --shard, or, for tables on {0}, run shardflake pg adopt --server {0} --shard {s}",
+                        holder.name,
+                        super::topology::format_shard_list(&server.shards)
+                    ),
+                    Err(_) => format!(
+                        "the file has no shard {s}; {name}, which holds {tables}, holds shards {}: name one with --shard",
+                        super::topology::format_shard_list(&server.shards)
+                    ),
+                };
+                problems.push(d(Some(s), holder));
                 continue;
             }
-            // Every server of the file: each draws from its own lowest.
-            _ => match server.shards.first() {
+            // No shard asked for: each server draws from its own lowest.
+            None => match server.shards.first() {
                 Some(&s) => s,
                 None => {
                     problems.push(d(None, format!("holds tables to adopt ({}) but no shard for them to draw from: move one there first (shardflake pg move-shard N --to {name})", columns.iter().map(|c| c.table.as_str()).collect::<Vec<_>>().join(", "))));
@@ -322,6 +352,19 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
     let mut out: Vec<Adopted> = Vec::new();
     let mut plans = plans.into_iter();
     while let Some((i, p)) = plans.next() {
+        if p.unchanged
+            && !opts.dry_run
+            && let Some(seq) = &p.old_sequence
+        {
+            // Adopted by a version that left the kept sequence unfenced.
+            let name = p.server.clone();
+            let tx = clients[i]
+                .transaction()
+                .await
+                .map_err(ctx(&name, "begin"))?;
+            fence(&tx, &name, seq).await?;
+            tx.commit().await.map_err(ctx(&name, "commit"))?;
+        }
         if opts.dry_run || p.unchanged {
             out.push(p);
             continue;
@@ -543,6 +586,8 @@ async fn plan(
         sql: Vec::new(),
     };
     if col.default.as_deref() == Some(call.as_str()) {
+        // A default set by hand, not recorded: no sequence of its was kept.
+        out.old_sequence = None;
         if let Some(r) = record {
             out.floor = r.floor;
             out.old_sequence = r.old_sequence.clone();
@@ -559,6 +604,9 @@ async fn plan(
             "{t}.{column} has no sequence default (default: {}): pg adopt switches only a bigserial, identity or DEFAULT nextval(...) column",
             col.default.as_deref().unwrap_or("none")
         )));
+    }
+    if let Some(p) = no_unique_index(c, name, &col.table, column).await? {
+        return Ok(Err(p));
     }
     if col.ty != "bigint" {
         return Ok(Err(format!(
@@ -632,6 +680,34 @@ async fn plan(
     out.floor = max;
     out.sql = switch_sql(topo, shard, t, column, col);
     Ok(Ok(Some(out)))
+}
+
+/// Why an id column without a primary key or a unique index on it alone
+/// cannot be adopted: nothing refuses an id stored twice (a restore of a
+/// dump from before adoption under writers adds the dump's rows to those
+/// still there, and its key's build then fails), and neither adopt nor
+/// check could tell. A partial or invalid index does not count.
+async fn no_unique_index(
+    c: &Client,
+    name: &str,
+    table: &str,
+    column: &str,
+) -> Result<Option<String>, Error> {
+    let unique: bool = c
+        .query_one(
+            "SELECT EXISTS (
+               SELECT 1 FROM pg_index i
+                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1
+                  AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)",
+            &[&table, &column],
+        )
+        .await
+        .map_err(ctx(name, &format!("reading the unique indexes of {table}")))?
+        .get(0);
+    Ok((!unique).then(|| format!(
+        "{table}.{column} has no primary key or unique index, so nothing refuses an id stored twice (a restore under writers adds a dump's rows to the rows there): add one, then run pg adopt again: ALTER TABLE {table} ADD PRIMARY KEY ({column}) (it fails, naming a value, while ids are stored twice: delete or renumber those rows first)"
+    )))
 }
 
 /// Why old ids block adoption: some are at or above the first id the
@@ -811,9 +887,14 @@ async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopt
     } else {
         p.old_sequence.clone()
     };
-    // The kept sequence past every old id: a default put back on it by
-    // hand (which pg check reports) then hands out none of them again,
-    // not even those a restore of the table set it back below.
+    // The kept sequence past every old id, not even those a restore of
+    // the table set it back below handed out again. Unfenced first: old
+    // ids may have been stored past an earlier fence by hand.
+    if let Some(seq) = &kept {
+        tx.batch_execute(&format!("ALTER SEQUENCE {seq} NO MAXVALUE"))
+            .await
+            .map_err(ctx(name, &format!("unfencing {seq}")))?;
+    }
     if let (Some(seq), Some(floor)) = (&kept, floor) {
         tx.execute(
             "SELECT setval($1::text::regclass, $2) WHERE $2 > coalesce(pg_sequence_last_value($1::text::regclass), 0)",
@@ -821,6 +902,9 @@ async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopt
         )
         .await
         .map_err(ctx(name, &format!("moving {seq} past the old ids")))?;
+    }
+    if let Some(seq) = &kept {
+        fence(&tx, name, seq).await?;
     }
     tx.execute(
         "INSERT INTO shardflake.adopted (tbl, col, shard, floor_id, first_new, old_default, old_sequence)
@@ -844,6 +928,94 @@ async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopt
     p.old_sequence = kept;
     tracing::debug!(server = name, table = t.as_str(), shard = p.shard, floor = ?floor, "adopted");
     Ok(p)
+}
+
+/// Fences the kept sequence `seq` at its value (`MAXVALUE`, marked
+/// called): a default put back on it by hand (which `pg check` reports)
+/// then fails ("reached maximum value") instead of handing out ids that
+/// sort before the new ones, or, once a restore of the table threw rows
+/// away without adopt seeing them, ids handed out before. A restore of
+/// the table's dump from before adoption brings the sequence back
+/// unfenced; adopt, run again, fences it again. Left unfenced, with a
+/// warning, while another column's default still draws from it (a
+/// sequence shared by tables): fencing it would fail that table's
+/// inserts; adopting that table too fences it.
+async fn fence(tx: &impl GenericClient, name: &str, seq: &str) -> Result<(), Error> {
+    let Some((value, min)) = to_fence(tx, name, seq, true).await? else {
+        return Ok(());
+    };
+    tx.batch_execute(&format!(
+        "ALTER SEQUENCE {seq} MINVALUE {min} MAXVALUE {value}"
+    ))
+    .await
+    .map_err(ctx(name, &format!("fencing {seq} at {value}")))?;
+    tx.execute(
+        "SELECT setval($1::text::regclass, $2, true)",
+        &[&seq, &value],
+    )
+    .await
+    .map_err(ctx(name, &format!("fencing {seq} at {value}")))?;
+    Ok(())
+}
+
+/// The `(MAXVALUE, MINVALUE)` that [`fence`] would give the kept sequence
+/// `seq`; none when it is gone, already fenced, or still drawn from by
+/// another column's default (logged when `warn`).
+async fn to_fence(
+    tx: &impl GenericClient,
+    name: &str,
+    seq: &str,
+    warn: bool,
+) -> Result<Option<(i64, i64)>, Error> {
+    // Dropped by the operator: nothing left to fence.
+    let exists: bool = tx
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&seq])
+        .await
+        .map_err(ctx(name, &format!("looking up {seq}")))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let users: Vec<String> = tx
+        .query(
+            "SELECT pg_describe_object(classid, objid, objsubid) FROM pg_depend
+              WHERE classid = 'pg_attrdef'::regclass AND refclassid = 'pg_class'::regclass
+                AND refobjid = to_regclass($1) ORDER BY 1",
+            &[&seq],
+        )
+        .await
+        .map_err(ctx(name, &format!("reading what draws from {seq}")))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !users.is_empty() {
+        if warn {
+            tracing::warn!(
+                server = name,
+                "{seq} is left unfenced: {} still draw(s) from it; adopt those tables too",
+                users.join(", ")
+            );
+        }
+        return Ok(None);
+    }
+    // MINVALUE must stay below MAXVALUE (a sequence never drawn from is
+    // at its MINVALUE).
+    let Some(row) = tx
+        .query_opt(
+            &format!(
+                "SELECT greatest(s.last_value, q.seqmin), least(q.seqmin, greatest(s.last_value, q.seqmin) - 1),
+                        s.is_called AND q.seqmax <= s.last_value
+                   FROM {seq} s, pg_sequence q WHERE q.seqrelid = to_regclass($1)"
+            ),
+            &[&seq],
+        )
+        .await
+        .map_err(ctx(name, &format!("reading {seq}")))?
+    else {
+        return Ok(None);
+    };
+    let (value, min, fenced): (i64, i64, bool) = (row.get(0), row.get(1), row.get(2));
+    Ok((!fenced).then_some((value, min)))
 }
 
 /// The adopted tables of every server of the file (unreachable servers
@@ -964,13 +1136,22 @@ pub(crate) async fn drift(
             )));
         } else if r.default.as_deref() != Some(call.as_str()) {
             out.push(d(format!(
-                "adopted table {}.{} no longer draws from shard {} (its default is {}; changed back by hand?): its new ids may not sort after the old ones, or repeat ids of the old sequence; run shardflake pg adopt --table {} --shard {} again",
+                "adopted table {}.{} no longer draws from shard {} (its default is {}; changed back by hand?): its inserts fail on the kept sequence, fenced at adoption, or, after a restore of the table, draw from a sequence that repeats ids; run shardflake pg adopt --table {} --shard {} again",
                 r.table,
                 r.column,
                 r.shard,
                 r.default.as_deref().unwrap_or("none"),
                 r.table,
                 r.shard
+            )));
+        } else if let Some(p) = no_unique_index(c, &server.name, &r.table, &r.column).await? {
+            out.push(d(format!("adopted table {p}")));
+        } else if let Some(seq) = &r.old_sequence
+            && to_fence(c, &server.name, seq, false).await?.is_some()
+        {
+            out.push(d(format!(
+                "the sequence {seq} kept for adopted table {}.{} is not fenced (adopted by an earlier version): a default put back on it would hand out ids again; run shardflake pg adopt --table {} --shard {} (it fences it)",
+                r.table, r.column, r.table, r.shard
             )));
         }
     }

@@ -62,11 +62,10 @@ pub struct ApplyOptions {
     /// Servers added to the file, with no records yet (`--new-server`):
     /// see [`apply_adding`].
     pub new_servers: Vec<String>,
-    /// The file is a new deployment, separate from one that another
-    /// database of a server's PostgreSQL cluster records under a server of
-    /// the same name (`--new-deployment`): without it, such a first apply
-    /// is refused as a URL changed to another database
-    /// ([`catalog::edited_urls`]).
+    /// The file is a new deployment, separate from any that another
+    /// database of a server's PostgreSQL cluster records
+    /// (`--new-deployment`): without it, such a first apply is refused as a
+    /// URL changed to another database ([`catalog::edited_urls`]).
     pub new_deployment: bool,
 }
 
@@ -124,7 +123,7 @@ pub async fn apply_with(topo: &Topology, opts: &ApplyOptions) -> Result<Vec<Appl
         for (tx, server) in txs.iter().zip(topo.servers()) {
             siblings.push(catalog::siblings(tx, &server.name, &server.url).await?);
         }
-        problems.extend(catalog::edited_urls(topo, &views, &siblings));
+        problems.extend(catalog::edited_urls(&views, &siblings));
     }
     let (timelines, recorded) = timelines(&txs, topo).await?;
     problems.extend(catalog::older_timelines(&views, &timelines, &recorded));

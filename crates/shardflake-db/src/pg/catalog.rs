@@ -640,22 +640,20 @@ fn ranges(shards: &[u64]) -> String {
 
 /// While no server of the file records a deployment (a first apply, or a
 /// file all of whose URLs were changed): each server whose cluster holds,
-/// in another database, a deployment's server of the same name and schema
-/// prefix. Its URL was likely changed from that database to this one, and
-/// `apply` would create its shards here a second time, their ids made
-/// again. `siblings[i]` are [`siblings`] of `views[i]`'s server; the
-/// operator's way past it, for a separate deployment, is `pg apply
-/// --new-deployment`.
-pub fn edited_urls(topo: &Topology, views: &[ServerView], siblings: &[Vec<Sibling>]) -> Vec<Drift> {
+/// in another database, any deployment's records. Its URL was likely
+/// changed from that database to this one (the server's name in the file
+/// perhaps too), and `apply` would create its shards here a second time,
+/// their ids made again. Neither a server's name nor a schema prefix
+/// keeps two deployments' ids apart, so every one counts.
+/// `siblings[i]` are [`siblings`] of `views[i]`'s server; the operator's
+/// way past it, for a separate deployment, is `pg apply --new-deployment`.
+pub fn edited_urls(views: &[ServerView], siblings: &[Vec<Sibling>]) -> Vec<Drift> {
     if deployment_id(views).is_some() {
         return Vec::new();
     }
     let mut out = Vec::new();
     for (view, sibs) in views.iter().zip(siblings) {
-        for s in sibs
-            .iter()
-            .filter(|s| s.server == view.name && s.schema_prefix == topo.schema_prefix())
-        {
+        for s in sibs {
             let shards = if s.shards.is_empty() {
                 "no shard".to_string()
             } else {
@@ -665,8 +663,8 @@ pub fn edited_urls(topo: &Topology, views: &[ServerView], siblings: &[Vec<Siblin
                 server: view.name.clone(),
                 shard: None,
                 problem: format!(
-                    "this URL reaches a database ({}) with no deployment records, but database {:?} of the same PostgreSQL cluster records deployment {}'s server {:?}, serving {shards}: this URL now reaches another database than the one holding them? apply would create them here a second time and make their ids again; put back the url of database {:?}. If this is a separate deployment, whose ids may equal that one's, run `shardflake pg apply --new-deployment`",
-                    view.identity, s.database, s.deployment, s.server, s.database
+                    "this URL reaches a database ({}) with no deployment records, but database {:?} of the same PostgreSQL cluster records deployment {}'s server {:?} (schema prefix {:?}), serving {shards}: this URL now reaches another database than the one holding them (whatever the file now calls the server)? apply would create shards here a second time and make their ids again; put back the url of database {:?} and the server's name {:?}. If this is a separate deployment, whose ids may equal that one's, run `shardflake pg apply --new-deployment`",
+                    view.identity, s.database, s.deployment, s.server, s.schema_prefix, s.database, s.server
                 ),
             });
         }

@@ -76,11 +76,8 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
             // Another database of its cluster recording this server's
             // deployment says more than the record missing here.
             let siblings = catalog::siblings(client, name, &server.url).await?;
-            let edited = catalog::edited_urls(
-                topo,
-                std::slice::from_ref(view),
-                std::slice::from_ref(&siblings),
-            );
+            let edited =
+                catalog::edited_urls(std::slice::from_ref(view), std::slice::from_ref(&siblings));
             if edited.is_empty() {
                 drift.push(d(
                     None,

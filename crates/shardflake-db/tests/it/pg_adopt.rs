@@ -522,11 +522,19 @@ async fn a_default_changed_back_by_hand_is_reported_and_adopted_again() {
         .unwrap();
     c.batch_execute(
         "INSERT INTO public.orders (body) VALUES ('new');
-         ALTER TABLE public.orders ALTER COLUMN id SET DEFAULT nextval('public.orders_id_seq'::regclass);
-         INSERT INTO public.orders (body) VALUES ('by hand');",
+         ALTER TABLE public.orders ALTER COLUMN id SET DEFAULT nextval('public.orders_id_seq'::regclass);",
     )
     .await
     .unwrap();
+    // The kept sequence is fenced at its value: it hands out no id.
+    let e = c
+        .execute("INSERT INTO public.orders (body) VALUES ('by hand')", &[])
+        .await
+        .expect_err("the kept sequence handed out an id");
+    assert!(
+        shardflake_db::pg_message(&e).contains("reached maximum value"),
+        "{e}"
+    );
     let said = problems(&pg::check(&topo).await.unwrap());
     assert!(
         said.contains("public.orders.id no longer draws from shard 0")
@@ -536,10 +544,10 @@ async fn a_default_changed_back_by_hand_is_reported_and_adopted_again() {
     let done = pg::adopt(&topo, &table("public.orders", false))
         .await
         .unwrap();
-    assert_eq!(done[0].floor, Some(11), "{done:?}");
+    assert_eq!(done[0].floor, Some(10), "{done:?}");
     assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
     let listed = pg::adopted(&topo).await.unwrap();
-    assert!(listed[0].before_adoption(11) && !listed[0].before_adoption(12));
+    assert!(listed[0].before_adoption(10) && !listed[0].before_adoption(11));
 }
 
 /// The shard adopted tables draw from stays with them: its move is
@@ -1046,14 +1054,265 @@ async fn a_default_put_back_after_a_pre_adoption_restore_repeats_no_id() {
     ))
     .await
     .unwrap();
-    let again = ids(&c).await;
-    let most = *handed.iter().max().unwrap();
-    assert!(
-        again.iter().all(|id| !handed.contains(id)),
-        "handed out again: {again:?}"
-    );
-    assert!(again.iter().all(|&id| id > 120 && id < most), "{again:?}");
+    // Fenced past 120: it hands out none of the ids the restore threw
+    // away, nor any other.
+    match c.query(insert, &[]).await {
+        Ok(rows) => {
+            let again: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+            let repeated: Vec<&i64> = again.iter().filter(|id| handed.contains(id)).collect();
+            panic!("the kept sequence handed out {again:?} (again: {repeated:?})");
+        }
+        Err(e) => assert!(
+            shardflake_db::pg_message(&e).contains("reached maximum value"),
+            "{e}"
+        ),
+    }
     assert!(
         problems(&pg::check(&topo).await.unwrap()).contains("public.orders.id no longer draws")
+    );
+}
+
+/// `pg_dump -Fc -t table` of `s`'s `postgres` database into `dump`, or
+/// `pg_restore --clean` of it.
+fn dump_or_restore(s: &PgServer, restore: bool, dump: &std::path::Path) {
+    let port = s.port.to_string();
+    let conn = ["-h", "127.0.0.1", "-p", &port, "-U", "postgres"];
+    let out = if restore {
+        Command::new(s.program("pg_restore").unwrap())
+            .args(conn)
+            .args(["--clean", "-d", "postgres"])
+            .arg(dump)
+            .output()
+            .unwrap()
+    } else {
+        Command::new(s.program("pg_dump").unwrap())
+            .args(conn)
+            .args(["-Fc", "-t", "public.orders", "-f"])
+            .arg(dump)
+            .arg("postgres")
+            .output()
+            .unwrap()
+    };
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// P4: after adoption the default set back on the kept sequence by hand,
+/// then the dump from before adoption restored (`pg_restore --clean`) and
+/// adopt run again, then the default set back again. Before, the first
+/// hand-set default handed out ids past the old ones (1001-1500 in the
+/// review), the restore threw those rows away and set the sequence back
+/// to 1000, adopt recorded 1000 as the largest old id, and the second
+/// hand-set default handed out 1001-1500 again. The kept sequence is now
+/// fenced at adoption (`MAXVALUE` at its value): a default put back on it
+/// fails instead of handing out ids, each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_put_back_by_hand_draws_no_id_from_the_fenced_sequence() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.orders (body) SELECT 'old' FROM generate_series(1, 1000)",
+    )
+    .await
+    .unwrap();
+    let dir = std::env::temp_dir().join(format!("sf-adopt-fence-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dump = dir.join("orders.dump");
+    dump_or_restore(&a, false, &dump);
+    let by_hand = "INSERT INTO public.orders (body) SELECT 'by hand' FROM generate_series(1, 500) RETURNING id";
+    let put_back = "ALTER TABLE public.orders ALTER COLUMN id SET DEFAULT nextval('public.orders_id_seq'::regclass)";
+    let mut handed: Vec<i64> = Vec::new();
+    for round in 0..2 {
+        if round == 1 {
+            dump_or_restore(&a, true, &dump);
+        }
+        let c = client(&a).await;
+        let done = pg::adopt(&topo, &table("public.orders", false))
+            .await
+            .unwrap();
+        assert_eq!(done[0].floor, Some(1000), "{done:?}");
+        c.batch_execute(put_back).await.unwrap();
+        match c.query(by_hand, &[]).await {
+            Ok(rows) => handed.extend(rows.iter().map(|r| r.get::<_, i64>(0))),
+            Err(e) => assert!(
+                shardflake_db::pg_message(&e).contains("reached maximum value"),
+                "{e}"
+            ),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let distinct: HashSet<i64> = handed.iter().copied().collect();
+    assert!(
+        handed.is_empty(),
+        "the kept sequence handed out {} ids by hand, {} of them twice",
+        handed.len(),
+        handed.len() - distinct.len()
+    );
+    let said = problems(&pg::check(&topo).await.unwrap());
+    assert!(said.contains("public.orders.id no longer draws"), "{said}");
+}
+
+/// P13: `--shard 3` without `--server`, shard 3 on server `b`, the table
+/// on `a`. Before, each server drew from its own lowest shard when the
+/// one asked for was not its own: the table was adopted onto shard 0 of
+/// `a` without a word (`--dry-run` showed it too). Refused now, naming the
+/// server that holds shard 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_the_tables_server_does_not_hold_is_refused() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let topo = Topology::parse(&format!(
+        "layout = \"instagram\"\nshards = 4\n[[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"0-1\"\n\
+         [[servers]]\nname = \"b\"\nurl = \"{}\"\nshards = \"2-3\"\n",
+        a.url(),
+        b.url()
+    ))
+    .unwrap();
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.orders (body) VALUES ('old')",
+    )
+    .await
+    .unwrap();
+    for dry_run in [true, false] {
+        let onto_3 = AdoptOptions {
+            shard: Some(3),
+            ..table("public.orders", dry_run)
+        };
+        match pg::adopt(&topo, &onto_3).await {
+            Ok(done) => panic!("--shard 3 adopted (dry run {dry_run}): {done:?}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("the file puts shard 3 on server b")
+                        && e.contains("(0-1) with --shard")
+                        && e.contains("--server b"),
+                    "{e}"
+                );
+            }
+        }
+    }
+    assert!(
+        default_of(&c, "public.orders")
+            .await
+            .starts_with("nextval(")
+    );
+    // One of its own shards: adopted.
+    let onto_1 = AdoptOptions {
+        shard: Some(1),
+        ..table("public.orders", false)
+    };
+    assert_eq!(pg::adopt(&topo, &onto_1).await.unwrap()[0].shard, 1);
+}
+
+/// P5/P6: an id column with no primary key or unique index. Before, it
+/// was adopted, and after the pre-adoption dump restored under writers
+/// (the primary key's build failed on the rows stored twice) `pg adopt`
+/// and `pg check` accepted the table. Adopt now refuses it with the
+/// `ADD PRIMARY KEY` fix, and `check` reports an adopted table that lost
+/// its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_column_without_a_unique_index_is_refused_and_reported() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigserial, body text);
+         INSERT INTO public.orders (body) VALUES ('old');
+         CREATE UNIQUE INDEX orders_id_partial ON public.orders (id) WHERE id > 100;",
+    )
+    .await
+    .unwrap();
+    match pg::adopt(&topo, &table("public.orders", false)).await {
+        Ok(done) => panic!("a column without a unique index adopted: {done:?}"),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("public.orders.id has no primary key or unique index")
+                    && e.contains("ALTER TABLE public.orders ADD PRIMARY KEY (id)"),
+                "{e}"
+            );
+        }
+    }
+    assert!(
+        default_of(&c, "public.orders")
+            .await
+            .starts_with("nextval(")
+    );
+    // The fix it names works.
+    c.batch_execute("ALTER TABLE public.orders ADD PRIMARY KEY (id)")
+        .await
+        .unwrap();
+    pg::adopt(&topo, &table("public.orders", false))
+        .await
+        .unwrap();
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+    // The key lost (a restore whose key build failed): reported.
+    c.batch_execute("ALTER TABLE public.orders DROP CONSTRAINT orders_pkey")
+        .await
+        .unwrap();
+    let said = problems(&pg::check(&topo).await.unwrap());
+    assert!(
+        said.contains("public.orders.id has no primary key or unique index")
+            && said.contains("ALTER TABLE public.orders ADD PRIMARY KEY (id)"),
+        "{said}"
+    );
+}
+
+/// A table adopted by a version that left the kept sequence unfenced (as
+/// `NO MAXVALUE` puts it back): adopt, run again, reports it unchanged and
+/// fences it; a default put back then draws no id. A kept sequence the
+/// operator dropped is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopt_run_again_fences_a_kept_sequence_left_unfenced() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE TABLE public.orders (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.orders (body) SELECT 'old' FROM generate_series(1, 10);
+         CREATE TABLE public.items (id bigserial PRIMARY KEY, body text);",
+    )
+    .await
+    .unwrap();
+    for t in ["public.orders", "public.items"] {
+        pg::adopt(&topo, &table(t, false)).await.unwrap();
+    }
+    c.batch_execute(
+        "ALTER SEQUENCE public.orders_id_seq NO MAXVALUE;
+         ALTER TABLE public.items ALTER COLUMN id DROP DEFAULT;
+         DROP SEQUENCE public.items_id_seq;
+         ALTER TABLE public.items ALTER COLUMN id SET DEFAULT shard0.next_id('shard0.id_seq'::regclass);",
+    )
+    .await
+    .unwrap();
+    let said = problems(&pg::check(&topo).await.unwrap());
+    assert!(
+        said.contains("the sequence public.orders_id_seq kept for adopted table public.orders.id is not fenced")
+            && said.contains("run shardflake pg adopt --table public.orders --shard 0"),
+        "{said}"
+    );
+    for t in ["public.orders", "public.items"] {
+        let done = pg::adopt(&topo, &table(t, false)).await.unwrap();
+        assert!(done[0].unchanged, "{done:?}");
+    }
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+    c.batch_execute(
+        "ALTER TABLE public.orders ALTER COLUMN id SET DEFAULT nextval('public.orders_id_seq'::regclass)",
+    )
+    .await
+    .unwrap();
+    let e = c
+        .execute("INSERT INTO public.orders (body) VALUES ('by hand')", &[])
+        .await
+        .expect_err("the kept sequence handed out an id");
+    assert!(
+        shardflake_db::pg_message(&e).contains("reached maximum value"),
+        "{e}"
     );
 }

@@ -268,15 +268,15 @@ async fn a_one_server_file_edited_to_another_database_of_its_cluster_is_refused(
             .any(|d| d.contains("database \"postgres\" of the same PostgreSQL cluster")),
         "{said:?}"
     );
-    // A separate deployment under another server name or prefix is not
-    // taken for it; with the same name it takes the operator's word.
+    // Renamed too, it is reported the same; the operator's word makes a
+    // separate deployment.
     let renamed = Topology::parse(&topology(&[("b", &other, "0-7")])).unwrap();
     assert!(
         pg::check(&renamed)
             .await
             .unwrap()
             .iter()
-            .all(|d| !d.problem.contains("of the same PostgreSQL cluster"))
+            .any(|d| d.problem.contains("of the same PostgreSQL cluster"))
     );
     pg::apply_with(
         &edited,
@@ -291,4 +291,52 @@ async fn a_one_server_file_edited_to_another_database_of_its_cluster_is_refused(
     // Once it records its own deployment, later runs need no flag.
     pg::apply(&edited).await.unwrap();
     assert!(pg::check(&edited).await.unwrap().is_empty());
+}
+
+/// P1b: the same as E9, the server renamed in the file too (`a` to `db1`).
+/// Before, only a deployment's server of the same name was looked for:
+/// `check` said "holds no deployment record", `apply` made a second
+/// deployment, and its shards made the first one's ids again (1,278 in
+/// the review). Any deployment recorded in another database of the
+/// cluster now refuses a first apply, whatever the server is called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_one_server_file_in_another_database_of_its_cluster_is_refused() {
+    let a = PgServer::start().unwrap();
+    pg::apply(&Topology::parse(&topology(&[("a", &a.url(), "0-7")])).unwrap())
+        .await
+        .unwrap();
+    let first = insert(&connect(&a.url()).await, "shard0", 200).await;
+
+    let other = empty_database(&a, "other").await;
+    let renamed = Topology::parse(&topology(&[("db1", &other, "0-7")])).unwrap();
+    let said: Vec<String> = pg::check(&renamed)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let refused = pg::apply(&renamed).await;
+    let c_other = connect(&other).await;
+    if has_schema(&c_other, "shard0").await {
+        let again: HashSet<i64> = insert(&c_other, "shard0", 200).await.into_iter().collect();
+        let repeated = first.iter().filter(|id| again.contains(id)).count();
+        panic!(
+            "apply made a second deployment on the other database ({repeated} of 200 ids of shard 0 repeat the first one's in this draw); check said {said:?}"
+        );
+    }
+    let e = refused
+        .expect_err("apply took another database of the cluster for a new deployment")
+        .to_string();
+    assert!(
+        e.contains("database \"postgres\" of the same PostgreSQL cluster")
+            && e.contains("server \"a\"")
+            && e.contains("shards 0-7")
+            && e.contains("shardflake pg apply --new-deployment"),
+        "{e}"
+    );
+    assert!(
+        said.iter()
+            .any(|d| d.contains("database \"postgres\" of the same PostgreSQL cluster")),
+        "{said:?}"
+    );
 }
