@@ -1975,3 +1975,47 @@ async fn an_old_layout_restored_from_before_a_layout_change_is_refused() -> anyh
     );
     Ok(())
 }
+
+/// Review: `etcdctl del --prefix shardflake` (no leading `/`) deleted the
+/// fleets' registry under a running fleet, whose nodes never wrote it
+/// back (only takes did): a second fleet of the same layout on another
+/// prefix was accepted beside it (1,808,352 ids twice). A running node
+/// now puts its fleet's registration back with its next high-water
+/// record, and the second fleet is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_deleted_under_a_running_fleet_is_written_back() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let a = leased(&etcd, "/reg-a", &d[0], &[])?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&a.http, &stop)];
+    let fleet = etcd
+        .get("/reg-a/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "--prefix", "shardflake"])?;
+    // Written back by the running node (it records every window or so).
+    let key = format!("shardflake.fleets/{fleet}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while etcd.get(&key).await?.is_none() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{key} not written back by the running node in 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut b = leased(&etcd, "/reg-b", &d[1], &[])?;
+    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_millis(1500)).await?;
+    b.kill();
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("a second fleet started beside /reg-a"))?;
+    assert!(
+        refused.contains(&format!("would share ids with fleet {fleet}"))
+            && refused.contains("under /reg-a"),
+        "{refused}"
+    );
+    Ok(())
+}
+

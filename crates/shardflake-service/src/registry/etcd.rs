@@ -428,13 +428,20 @@ impl Registry for EtcdRegistry {
         let Some(mut held) = self.sent(holding.lease, &value) else {
             return Err(RecordError::NotHolder);
         };
+        // The fleet's registration is read in the same round trip: one
+        // deleted under the running fleet is put back (see
+        // `Self::register_again`).
+        let registration_key = fleet_registry_key(&held.fleet);
         // A second try only after adopting an earlier record of ours.
         for _ in 0..2 {
             let answer = self
                 .client
                 .txn(
                     &self.unchanged(holding, &held),
-                    &[Op::Put(hw.clone().into_bytes(), value.clone(), 0)],
+                    &[
+                        Op::Put(hw.clone().into_bytes(), value.clone(), 0),
+                        Op::Get(registration_key.clone()),
+                    ],
                     &self.records_read(holding),
                 )
                 .await
@@ -449,6 +456,9 @@ impl Registry for EtcdRegistry {
                 }
                 self.seen_revision
                     .fetch_max(answer.revision, Ordering::Relaxed);
+                if !answer.kvs.iter().any(|kv| kv.key == registration_key) {
+                    self.register_again(holding, &held).await;
+                }
                 return Ok(());
             }
             // What moved may be a record of ours whose answer was lost:
@@ -529,6 +539,37 @@ impl EtcdRegistry {
             Compare::ValueIs(self.layout_key().into_bytes(), held.layout.clone()),
             Compare::ValueIs(self.fleet_key().into_bytes(), held.fleet.clone()),
         ]
+    }
+
+    /// Puts this fleet's registration back where it is missing: deleted
+    /// under the running fleet (`etcdctl del --prefix shardflake`), it
+    /// would let another fleet whose ids this one makes start beside it,
+    /// and only takes write it. Created only if still absent and while
+    /// this holder's node key and the fleet id are as it holds them; a
+    /// failure is logged and the next record tries again.
+    async fn register_again(&self, holding: &Holding, held: &Held) {
+        let key = fleet_registry_key(&held.fleet);
+        let node = keys(&self.prefix, holding.node_id).0;
+        let compares = [
+            Compare::Absent(key.clone()),
+            Compare::LeaseIs(node.into_bytes(), holding.lease),
+            Compare::ValueIs(self.fleet_key().into_bytes(), held.fleet.clone()),
+        ];
+        let put = [Op::Put(
+            key.clone(),
+            registration(&self.prefix, &held.layout),
+            0,
+        )];
+        let shown = String::from_utf8_lossy(&key).into_owned();
+        match self.client.txn(&compares, &put, &[]).await {
+            Ok(answer) if answer.succeeded => tracing::warn!(
+                "{shown} was missing (deleted under the running fleet?): written back, so that a fleet whose ids this one makes is refused again"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "writing back the missing {shown} (the next record tries again)")
+            }
+        }
     }
 
     /// Before the first take: every member that answers must answer for
