@@ -383,6 +383,20 @@ pub enum AcquireError {
         /// `state file: <registry>, here: <registry>`.
         clusters: String,
     },
+    /// The prefix records no fleet id, and the cluster registers the
+    /// fleet that ran under it as moved to another cluster (`fleet move
+    /// --to-etcd`): its ids are made there now.
+    #[error(
+        "etcd prefix {prefix} holds no fleet id, and fleet {fleet}, which ran under it, moved to {to} (shardflake.fleets/{fleet}, written by `shardflake fleet move`): its ids are made there now, and a fleet started here again would make them twice; start nodes there. Only if that fleet is gone for good and no id it made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}"
+    )]
+    FleetMovedAway {
+        /// The key prefix.
+        prefix: String,
+        /// The fleet that moved.
+        fleet: String,
+        /// Where it went: the prefix and the cluster.
+        to: String,
+    },
     /// This fleet is registered in the cluster under another prefix.
     #[error(
         "fleet {fleet} is registered in this etcd cluster under {registered} (shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. Start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
@@ -516,6 +530,7 @@ impl AcquireError {
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
                 | AcquireError::FleetDeleted { .. }
+                | AcquireError::FleetMovedAway { .. }
                 | AcquireError::FleetOnAnotherCluster { .. }
                 | AcquireError::FleetElsewhere { .. }
                 | AcquireError::FleetOverlaps(_)

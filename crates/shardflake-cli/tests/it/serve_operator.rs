@@ -2019,3 +2019,55 @@ async fn a_registration_deleted_under_a_running_fleet_is_written_back() -> anyho
     Ok(())
 }
 
+/// Review: after `fleet move` to another cluster, the old place cleaned
+/// (`etcdctl del --prefix`), a fresh node there was refused with the
+/// floor-and-fleet advice, which brought the fleet alive on both clusters
+/// (1,086,592 ids twice). The move marks the fleet's registration in the
+/// old cluster as moved, which outlives the delete: the fresh node is
+/// told where the fleet went, and no floor to put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_moved_to_another_cluster_is_not_started_again_where_it_was() -> anyhow::Result<()>
+{
+    let one = Etcd::start(1)?;
+    let two = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    run_fleet(&one, "/gone", &d[..1], &stop, &mut loads).await?;
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &one.urls(),
+        "--etcd-prefix",
+        "/gone",
+        "--to-etcd",
+        &two.urls(),
+        "--to-prefix",
+        "/gone",
+    ])?;
+    assert!(ok && said.contains("moved: /gone -> /gone"), "{said}");
+    one.etcdctl(&["del", "--prefix", "/gone"])?;
+    let e = refused(
+        &d[1],
+        &[
+            "--etcd",
+            &one.urls(),
+            "--etcd-prefix",
+            "/gone",
+            "--lease-ttl",
+            "3s",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(
+        e.contains("moved to /gone on etcd cluster=")
+            && e.contains("start nodes there")
+            && !e.contains("etcdctl put /gone/floor"),
+        "{e}"
+    );
+    // The fleet runs where it went.
+    run_fleet(&two, "/gone", &d[..1], &stop, &mut loads).await?;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    Ok(())
+}

@@ -1220,12 +1220,32 @@ fn registration(prefix: &str, layout: &[u8]) -> Vec<u8> {
 
 /// A registration's prefix and layout record (`None`: it does not read).
 fn parse_registration(value: &[u8]) -> Option<(String, String)> {
-    let text = std::str::from_utf8(value).ok()?;
-    let (prefix, layout) = text.split_once('\n')?;
-    Some((
-        prefix.strip_prefix("prefix ")?.to_string(),
-        layout.strip_prefix("layout ")?.to_string(),
-    ))
+    let mut lines = std::str::from_utf8(value).ok()?.lines();
+    let prefix = lines.next()?.strip_prefix("prefix ")?;
+    let layout = lines.next()?.strip_prefix("layout ")?;
+    Some((prefix.to_string(), layout.to_string()))
+}
+
+/// How the third line of a registration `fleet move --to-etcd` leaves in
+/// the cluster the fleet left begins: `moved to <prefix> on etcd
+/// cluster=<id> (<endpoints>)`. It outlives a delete of the old prefix,
+/// so a node started there is told where the fleet went.
+const MOVED_TO: &str = "moved to ";
+
+/// A registration marked as moved to `to` (another cluster).
+fn moved_registration(prefix: &str, layout: &[u8], to: &str) -> Vec<u8> {
+    let mut value = registration(prefix, layout);
+    value.extend_from_slice(format!("\n{MOVED_TO}{to}").as_bytes());
+    value
+}
+
+/// Where a registration says its fleet moved (`None`: it did not).
+fn registration_moved_to(value: &[u8]) -> Option<String> {
+    std::str::from_utf8(value)
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix(MOVED_TO))
+        .map(str::to_string)
 }
 
 /// Whether fleets with these two layout records may make one id. Only the
@@ -1327,8 +1347,9 @@ fn check_registered(
     Ok(writes)
 }
 
-/// The fleet registered under `prefix` (its id, and the revision its
-/// registration was last written at; the earliest, if several), among the
+/// The fleet registered under `prefix` (its id, the revision its
+/// registration was last written at, and where it moved to another
+/// cluster, if it did; the earliest, if several), among the
 /// registrations `registered`.
 ///
 /// A registration is written in the same transaction as the fleet id it
@@ -1336,15 +1357,20 @@ fn check_registered(
 /// where a read of the prefix at a revision at or after the registration's
 /// finds no fleet id, the fleet id was deleted since. A registration newer
 /// than that read may be a fleet another node has just started here.
-fn registered_under(registered: &[Kv], prefix: &str) -> Option<(String, i64)> {
+fn registered_under(registered: &[Kv], prefix: &str) -> Option<(String, i64, Option<String>)> {
     latest_registrations(registered)
         .into_iter()
         .filter_map(|(id, kv)| {
             let (their_prefix, _) = parse_registration(&kv.value)?;
-            (their_prefix == prefix)
-                .then(|| (String::from_utf8_lossy(id).into_owned(), kv.mod_revision))
+            (their_prefix == prefix).then(|| {
+                (
+                    String::from_utf8_lossy(id).into_owned(),
+                    kv.mod_revision,
+                    registration_moved_to(&kv.value),
+                )
+            })
         })
-        .min_by_key(|(_, at)| *at)
+        .min_by_key(|(_, at, _)| *at)
 }
 
 /// `<prefix>/generation` among `kvs` (absent, or not a number: 0).
@@ -1572,6 +1598,19 @@ async fn take_lowest(
             }),
         }
     };
+    // A place its fleet left for another cluster (`fleet move --to-etcd`
+    // marks its registration here): whatever was deleted since, its ids
+    // are made there, with or without a state file.
+    if recorded_fleet.is_none()
+        && fleet.carried.is_none()
+        && let Some((moved, _, Some(to))) = registered_under(&fleet.registered, prefix)
+    {
+        return Err(AcquireError::FleetMovedAway {
+            prefix: prefix.to_string(),
+            fleet: moved,
+            to,
+        });
+    }
     check_fleet(&recorded_fleet)?;
     // Whether a layout record has been seen; once one has, its absence
     // means it was deleted since, a mismatch like another layout.
@@ -1674,7 +1713,7 @@ async fn take_lowest(
         let mut registrations_at = fleet.registered_at;
         if recorded_fleet.is_none()
             && fleet.carried.is_none()
-            && let Some((registered, at)) = registered_under(&fleet.registered, prefix)
+            && let Some((registered, at, _)) = registered_under(&fleet.registered, prefix)
         {
             if at <= fleet.read_at {
                 tracing::warn!(
@@ -2128,9 +2167,24 @@ mod tests {
         let registered = [reg("F", "/a", 7), reg("G", "/b", 3), reg("H", "/a", 9)];
         assert_eq!(
             registered_under(&registered, "/a"),
-            Some(("F".to_string(), 7))
+            Some(("F".to_string(), 7, None))
         );
-        assert_eq!(registered_under(&registered, "/b"), Some(("G".into(), 3)));
+        assert_eq!(
+            registered_under(&registered, "/b"),
+            Some(("G".into(), 3, None))
+        );
+        let moved = Kv {
+            value: moved_registration("/b", b"L; node id in field node", "/b on etcd cluster=2"),
+            ..reg("G", "/b", 3)
+        };
+        assert_eq!(
+            registered_under(std::slice::from_ref(&moved), "/b"),
+            Some(("G".into(), 3, Some("/b on etcd cluster=2".into())))
+        );
+        assert_eq!(
+            parse_registration(&moved.value),
+            Some(("/b".into(), "L; node id in field node".into()))
+        );
         assert_eq!(registered_under(&registered, "/c"), None);
         assert_eq!(
             registered_under(&registered, "/a/x"),
