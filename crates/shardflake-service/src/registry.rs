@@ -208,7 +208,7 @@ pub struct GenerationBehind {
 /// fleet starting under another prefix there.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: etcdctl put {other_prefix}/fleet {other}). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. A fleet of its own: the same layout with another value of a fixed field (--field NAME=VALUE)"
+    "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: start a node on {other_prefix}: its refusal says what to put back, the floor first; the fleet id alone is not safe). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. A fleet of its own: the same layout with another value of a fixed field (--field NAME=VALUE)"
 )]
 pub struct FleetOverlap {
     /// The prefix of this start.
@@ -383,6 +383,20 @@ pub enum AcquireError {
         /// `state file: <registry>, here: <registry>`.
         clusters: String,
     },
+    /// The prefix records no fleet id, and the cluster registers the
+    /// fleet that ran under it as moved to another cluster (`fleet move
+    /// --to-etcd`): its ids are made there now.
+    #[error(
+        "etcd prefix {prefix} holds no fleet id, and fleet {fleet}, which ran under it, moved to {to} (shardflake.fleets/{fleet}, written by `shardflake fleet move`): its ids are made there now, and a fleet started here again would make them twice; start nodes there. Only if that fleet is gone for good and no id it made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}"
+    )]
+    FleetMovedAway {
+        /// The key prefix.
+        prefix: String,
+        /// The fleet that moved.
+        fleet: String,
+        /// Where it went: the prefix and the cluster.
+        to: String,
+    },
     /// This fleet is registered in the cluster under another prefix.
     #[error(
         "fleet {fleet} is registered in this etcd cluster under {registered} (shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. Start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
@@ -405,7 +419,7 @@ pub enum AcquireError {
     /// etcd was restored from a snapshot, and this node cannot tell that
     /// the place is still its fleet's (no state file of it).
     #[error(
-        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index), and this node has no state file of this place ({what}) to tell that its fleet did not leave it after the snapshot was taken: a snapshot of before a `shardflake fleet move` or a layout change (--previous-prefix) brings back a place the fleet left, whose ids it makes elsewhere. If the snapshot is newer than the fleet's last move and layout change, or the fleet never had any: `shardflake fleet confirm --etcd URLS --etcd-prefix {prefix}`, then start this node again; otherwise start it where the fleet runs now"
+        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index), and this node has no state file of this place ({what}) to tell that its fleet did not leave it after the snapshot was taken: a snapshot of before a `shardflake fleet move` or a layout change (--previous-prefix) brings back a place the fleet left, whose ids it makes elsewhere. If the snapshot is newer than the fleet's last move and layout change, or the fleet never had any: `shardflake fleet confirm --etcd URLS --etcd-prefix {prefix}`, then start this node again; otherwise start it where the fleet runs now. If this cluster is a copy (a snapshot restored into a second cluster): never confirm a copy while the cluster it was copied from runs, for both would hand out the fleet's ids; to move a fleet to another cluster use `shardflake fleet move`"
     )]
     RestoreUnconfirmed {
         /// The place.
@@ -516,6 +530,7 @@ impl AcquireError {
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
                 | AcquireError::FleetDeleted { .. }
+                | AcquireError::FleetMovedAway { .. }
                 | AcquireError::FleetOnAnotherCluster { .. }
                 | AcquireError::FleetElsewhere { .. }
                 | AcquireError::FleetOverlaps(_)

@@ -542,6 +542,13 @@ async fn a_lost_holder_whose_clock_ran_ahead_is_waited_out_after_a_restore() -> 
         e.contains("restored from a snapshot") && e.contains("shardflake fleet confirm"),
         "{e}"
     );
+    // Review: a snapshot restored into a second cluster, confirmed while
+    // the first ran, made 1,468,096 ids twice.
+    assert!(
+        e.contains("never confirm a copy while the cluster it was copied from runs")
+            && e.contains("shardflake fleet move"),
+        "{e}"
+    );
     let (ok, said) = fleet_cmd("confirm", &["--etcd", &urls, "--etcd-prefix", "/ahead"])?;
     assert!(ok && said.contains("confirmed /ahead"), "{said}");
     let mut b = leased(&etcd, "/ahead", &d[1], &waits)?;
@@ -1476,6 +1483,14 @@ async fn two_fleets_on_one_etcd_never_share_ids() -> anyhow::Result<()> {
             && refused.contains("shardflake fleet move"),
         "{refused}"
     );
+    // Review: putting back only the fleet id is not safe (a fresh node on
+    // /fleet-a resumes one window past its own clock); the way back is
+    // the refusal on /fleet-a, the floor first.
+    assert!(
+        refused.contains("start a node on /fleet-a: its refusal says what to put back")
+            && !refused.contains("etcdctl put /fleet-a/fleet"),
+        "{refused}"
+    );
     let fleets = etcd.keys("shardflake.fleets/").await?;
     assert_eq!(fleets.len(), 2, "{fleets:?}");
     Ok(())
@@ -1958,5 +1973,101 @@ async fn an_old_layout_restored_from_before_a_layout_change_is_refused() -> anyh
             && refused_old.contains("shardflake fleet confirm --etcd URLS --etcd-prefix /e4a"),
         "{refused_old}"
     );
+    Ok(())
+}
+
+/// Review: `etcdctl del --prefix shardflake` (no leading `/`) deleted the
+/// fleets' registry under a running fleet, whose nodes never wrote it
+/// back (only takes did): a second fleet of the same layout on another
+/// prefix was accepted beside it (1,808,352 ids twice). A running node
+/// now puts its fleet's registration back with its next high-water
+/// record, and the second fleet is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_deleted_under_a_running_fleet_is_written_back() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let a = leased(&etcd, "/reg-a", &d[0], &[])?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&a.http, &stop)];
+    let fleet = etcd
+        .get("/reg-a/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "--prefix", "shardflake"])?;
+    // Written back by the running node (it records every window or so).
+    let key = format!("shardflake.fleets/{fleet}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while etcd.get(&key).await?.is_none() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{key} not written back by the running node in 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut b = leased(&etcd, "/reg-b", &d[1], &[])?;
+    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_millis(1500)).await?;
+    b.kill();
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("a second fleet started beside /reg-a"))?;
+    assert!(
+        refused.contains(&format!("would share ids with fleet {fleet}"))
+            && refused.contains("under /reg-a"),
+        "{refused}"
+    );
+    Ok(())
+}
+
+/// Review: after `fleet move` to another cluster, the old place cleaned
+/// (`etcdctl del --prefix`), a fresh node there was refused with the
+/// floor-and-fleet advice, which brought the fleet alive on both clusters
+/// (1,086,592 ids twice). The move marks the fleet's registration in the
+/// old cluster as moved, which outlives the delete: the fresh node is
+/// told where the fleet went, and no floor to put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_moved_to_another_cluster_is_not_started_again_where_it_was() -> anyhow::Result<()>
+{
+    let one = Etcd::start(1)?;
+    let two = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    run_fleet(&one, "/gone", &d[..1], &stop, &mut loads).await?;
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &one.urls(),
+        "--etcd-prefix",
+        "/gone",
+        "--to-etcd",
+        &two.urls(),
+        "--to-prefix",
+        "/gone",
+    ])?;
+    assert!(ok && said.contains("moved: /gone -> /gone"), "{said}");
+    one.etcdctl(&["del", "--prefix", "/gone"])?;
+    let e = refused(
+        &d[1],
+        &[
+            "--etcd",
+            &one.urls(),
+            "--etcd-prefix",
+            "/gone",
+            "--lease-ttl",
+            "3s",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(
+        e.contains("moved to /gone on etcd cluster=")
+            && e.contains("start nodes there")
+            && !e.contains("etcdctl put /gone/floor"),
+        "{e}"
+    );
+    // The fleet runs where it went.
+    run_fleet(&two, "/gone", &d[..1], &stop, &mut loads).await?;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
     Ok(())
 }

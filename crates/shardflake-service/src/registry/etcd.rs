@@ -428,13 +428,20 @@ impl Registry for EtcdRegistry {
         let Some(mut held) = self.sent(holding.lease, &value) else {
             return Err(RecordError::NotHolder);
         };
+        // The fleet's registration is read in the same round trip: one
+        // deleted under the running fleet is put back (see
+        // `Self::register_again`).
+        let registration_key = fleet_registry_key(&held.fleet);
         // A second try only after adopting an earlier record of ours.
         for _ in 0..2 {
             let answer = self
                 .client
                 .txn(
                     &self.unchanged(holding, &held),
-                    &[Op::Put(hw.clone().into_bytes(), value.clone(), 0)],
+                    &[
+                        Op::Put(hw.clone().into_bytes(), value.clone(), 0),
+                        Op::Get(registration_key.clone()),
+                    ],
                     &self.records_read(holding),
                 )
                 .await
@@ -449,6 +456,9 @@ impl Registry for EtcdRegistry {
                 }
                 self.seen_revision
                     .fetch_max(answer.revision, Ordering::Relaxed);
+                if !answer.kvs.iter().any(|kv| kv.key == registration_key) {
+                    self.register_again(holding, &held).await;
+                }
                 return Ok(());
             }
             // What moved may be a record of ours whose answer was lost:
@@ -529,6 +539,37 @@ impl EtcdRegistry {
             Compare::ValueIs(self.layout_key().into_bytes(), held.layout.clone()),
             Compare::ValueIs(self.fleet_key().into_bytes(), held.fleet.clone()),
         ]
+    }
+
+    /// Puts this fleet's registration back where it is missing: deleted
+    /// under the running fleet (`etcdctl del --prefix shardflake`), it
+    /// would let another fleet whose ids this one makes start beside it,
+    /// and only takes write it. Created only if still absent and while
+    /// this holder's node key and the fleet id are as it holds them; a
+    /// failure is logged and the next record tries again.
+    async fn register_again(&self, holding: &Holding, held: &Held) {
+        let key = fleet_registry_key(&held.fleet);
+        let node = keys(&self.prefix, holding.node_id).0;
+        let compares = [
+            Compare::Absent(key.clone()),
+            Compare::LeaseIs(node.into_bytes(), holding.lease),
+            Compare::ValueIs(self.fleet_key().into_bytes(), held.fleet.clone()),
+        ];
+        let put = [Op::Put(
+            key.clone(),
+            registration(&self.prefix, &held.layout),
+            0,
+        )];
+        let shown = String::from_utf8_lossy(&key).into_owned();
+        match self.client.txn(&compares, &put, &[]).await {
+            Ok(answer) if answer.succeeded => tracing::warn!(
+                "{shown} was missing (deleted under the running fleet?): written back, so that a fleet whose ids this one makes is refused again"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "writing back the missing {shown} (the next record tries again)")
+            }
+        }
     }
 
     /// Before the first take: every member that answers must answer for
@@ -1179,12 +1220,32 @@ fn registration(prefix: &str, layout: &[u8]) -> Vec<u8> {
 
 /// A registration's prefix and layout record (`None`: it does not read).
 fn parse_registration(value: &[u8]) -> Option<(String, String)> {
-    let text = std::str::from_utf8(value).ok()?;
-    let (prefix, layout) = text.split_once('\n')?;
-    Some((
-        prefix.strip_prefix("prefix ")?.to_string(),
-        layout.strip_prefix("layout ")?.to_string(),
-    ))
+    let mut lines = std::str::from_utf8(value).ok()?.lines();
+    let prefix = lines.next()?.strip_prefix("prefix ")?;
+    let layout = lines.next()?.strip_prefix("layout ")?;
+    Some((prefix.to_string(), layout.to_string()))
+}
+
+/// How the third line of a registration `fleet move --to-etcd` leaves in
+/// the cluster the fleet left begins: `moved to <prefix> on etcd
+/// cluster=<id> (<endpoints>)`. It outlives a delete of the old prefix,
+/// so a node started there is told where the fleet went.
+const MOVED_TO: &str = "moved to ";
+
+/// A registration marked as moved to `to` (another cluster).
+fn moved_registration(prefix: &str, layout: &[u8], to: &str) -> Vec<u8> {
+    let mut value = registration(prefix, layout);
+    value.extend_from_slice(format!("\n{MOVED_TO}{to}").as_bytes());
+    value
+}
+
+/// Where a registration says its fleet moved (`None`: it did not).
+fn registration_moved_to(value: &[u8]) -> Option<String> {
+    std::str::from_utf8(value)
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix(MOVED_TO))
+        .map(str::to_string)
 }
 
 /// Whether fleets with these two layout records may make one id. Only the
@@ -1286,8 +1347,9 @@ fn check_registered(
     Ok(writes)
 }
 
-/// The fleet registered under `prefix` (its id, and the revision its
-/// registration was last written at; the earliest, if several), among the
+/// The fleet registered under `prefix` (its id, the revision its
+/// registration was last written at, and where it moved to another
+/// cluster, if it did; the earliest, if several), among the
 /// registrations `registered`.
 ///
 /// A registration is written in the same transaction as the fleet id it
@@ -1295,15 +1357,20 @@ fn check_registered(
 /// where a read of the prefix at a revision at or after the registration's
 /// finds no fleet id, the fleet id was deleted since. A registration newer
 /// than that read may be a fleet another node has just started here.
-fn registered_under(registered: &[Kv], prefix: &str) -> Option<(String, i64)> {
+fn registered_under(registered: &[Kv], prefix: &str) -> Option<(String, i64, Option<String>)> {
     latest_registrations(registered)
         .into_iter()
         .filter_map(|(id, kv)| {
             let (their_prefix, _) = parse_registration(&kv.value)?;
-            (their_prefix == prefix)
-                .then(|| (String::from_utf8_lossy(id).into_owned(), kv.mod_revision))
+            (their_prefix == prefix).then(|| {
+                (
+                    String::from_utf8_lossy(id).into_owned(),
+                    kv.mod_revision,
+                    registration_moved_to(&kv.value),
+                )
+            })
         })
-        .min_by_key(|(_, at)| *at)
+        .min_by_key(|(_, at, _)| *at)
 }
 
 /// `<prefix>/generation` among `kvs` (absent, or not a number: 0).
@@ -1531,6 +1598,19 @@ async fn take_lowest(
             }),
         }
     };
+    // A place its fleet left for another cluster (`fleet move --to-etcd`
+    // marks its registration here): whatever was deleted since, its ids
+    // are made there, with or without a state file.
+    if recorded_fleet.is_none()
+        && fleet.carried.is_none()
+        && let Some((moved, _, Some(to))) = registered_under(&fleet.registered, prefix)
+    {
+        return Err(AcquireError::FleetMovedAway {
+            prefix: prefix.to_string(),
+            fleet: moved,
+            to,
+        });
+    }
     check_fleet(&recorded_fleet)?;
     // Whether a layout record has been seen; once one has, its absence
     // means it was deleted since, a mismatch like another layout.
@@ -1633,7 +1713,7 @@ async fn take_lowest(
         let mut registrations_at = fleet.registered_at;
         if recorded_fleet.is_none()
             && fleet.carried.is_none()
-            && let Some((registered, at)) = registered_under(&fleet.registered, prefix)
+            && let Some((registered, at, _)) = registered_under(&fleet.registered, prefix)
         {
             if at <= fleet.read_at {
                 tracing::warn!(
@@ -2087,9 +2167,24 @@ mod tests {
         let registered = [reg("F", "/a", 7), reg("G", "/b", 3), reg("H", "/a", 9)];
         assert_eq!(
             registered_under(&registered, "/a"),
-            Some(("F".to_string(), 7))
+            Some(("F".to_string(), 7, None))
         );
-        assert_eq!(registered_under(&registered, "/b"), Some(("G".into(), 3)));
+        assert_eq!(
+            registered_under(&registered, "/b"),
+            Some(("G".into(), 3, None))
+        );
+        let moved = Kv {
+            value: moved_registration("/b", b"L; node id in field node", "/b on etcd cluster=2"),
+            ..reg("G", "/b", 3)
+        };
+        assert_eq!(
+            registered_under(std::slice::from_ref(&moved), "/b"),
+            Some(("G".into(), 3, Some("/b on etcd cluster=2".into())))
+        );
+        assert_eq!(
+            parse_registration(&moved.value),
+            Some(("/b".into(), "L; node id in field node".into()))
+        );
         assert_eq!(registered_under(&registered, "/c"), None);
         assert_eq!(
             registered_under(&registered, "/a/x"),

@@ -15,7 +15,10 @@
 //! A fleet whose etcd was restored from a snapshot is moved only with a
 //! raise of at least the fleet's `--max-resume-wait`: a record the restore
 //! rolled back, which no take at the old place believes, would be believed
-//! at the new one. The new place holds the fleet's generation plus one:
+//! at the new one. A move to another cluster also marks the fleet's
+//! registration in the old one as moved there (it outlives a delete of
+//! the old prefix: a node started there is refused, told where the fleet
+//! went). The new place holds the fleet's generation plus one:
 //! a node that ran there is refused at any place holding an older one (the
 //! old place brought back by a restore of a snapshot taken before).
 //!
@@ -24,8 +27,9 @@
 //! without a state file of it take ids there again.
 
 use super::{
-    CONFIRMED, RETIRED, check_registered, client, parse_retired, read_generation, read_high_water,
-    read_registrations, registrations_unchanged, stamp_text,
+    CONFIRMED, RETIRED, check_registered, client, fleet_registry_key, moved_registration,
+    parse_retired, read_generation, read_high_water, read_registrations, registrations_unchanged,
+    stamp_text,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{Compare, EtcdError, Op};
@@ -264,16 +268,28 @@ pub async fn move_fleet(
         same_cluster.then_some(old.as_str()),
     )
     .map_err(MoveError::Refused)?;
+    // Moved to another cluster: the fleet's registration in the old one
+    // says where it went, which a delete of the old prefix leaves (a
+    // fresh node there is told, not advised to put records back).
+    let mark_moved = (!same_cluster).then(|| {
+        Op::Put(
+            fleet_registry_key(&fleet),
+            moved_registration(old, &record, &successor),
+            0,
+        )
+    });
     // The fleet's lock: from here on, no node takes an id at the old place.
     if !retired {
         let value = format!("{RETIRED}{successor}: {}", String::from_utf8_lossy(&record));
+        let mut ops = vec![Op::Put(layout_kv.key.clone(), value.into_bytes(), 0)];
+        ops.extend(mark_moved);
         let answer = src
             .txn(
                 &[
                     Compare::ValueIs(layout_kv.key.clone(), layout_kv.value.clone()),
                     Compare::NoneWrittenAfter(format!("{old}/").into_bytes(), header.revision),
                 ],
-                &[Op::Put(layout_kv.key.clone(), value.into_bytes(), 0)],
+                &ops,
                 &[],
             )
             .await?;
@@ -283,6 +299,10 @@ pub async fn move_fleet(
             });
         }
         tracing::warn!("retired {old} for {successor}: nodes started there are refused");
+    } else if let Some(mark) = mark_moved {
+        // A move run again after it retired the old place (or one of an
+        // earlier version, which marked nothing).
+        src.txn(&[], &[mark], &[]).await?;
     }
     let generation = read_generation(&kvs, old).saturating_add(1);
     let moved = Moved {
