@@ -235,7 +235,12 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             }
         }
         TicketsCommand::Next { sequence, count } => {
-            let client = TicketClient::connect(config.load()?).await?;
+            let config = config.load()?;
+            // Bad input is refused before any server is asked.
+            if let Some(e) = refused_request(&config, &sequence, count) {
+                return Err(e.into());
+            }
+            let client = TicketClient::connect(config).await?;
             let (ids, failed) = next_in_chunks(&client, &sequence, count).await;
             client.shutdown().await;
             // The ids it got were handed out: printed, whatever failed after.
@@ -345,6 +350,20 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// Why `count` ids of `sequence` cannot be asked for, if they cannot.
+fn refused_request(config: &Config, sequence: &str, count: usize) -> Option<TicketError> {
+    if count == 0 || count > MAX_COUNT {
+        return Some(TicketError::BadCount {
+            count,
+            max: MAX_COUNT,
+        });
+    }
+    config
+        .sequence(sequence)
+        .is_none()
+        .then(|| TicketError::UnknownSequence(sequence.into()))
+}
+
 /// `count` ids of `sequence` (1 to [`MAX_COUNT`]), asked in chunks of the
 /// sequence's own limit (lower for a per-id sequence: a round trip per id):
 /// the ids it got, and the error that stopped it.
@@ -353,11 +372,7 @@ async fn next_in_chunks(
     sequence: &str,
     count: usize,
 ) -> (Vec<u64>, Option<TicketError>) {
-    if count == 0 || count > MAX_COUNT {
-        let e = TicketError::BadCount {
-            count,
-            max: MAX_COUNT,
-        };
+    if let Some(e) = refused_request(client.config(), sequence, count) {
         return (Vec::new(), Some(e));
     }
     let Some((_, seq)) = client.config().sequence(sequence) else {
