@@ -971,7 +971,29 @@ fn parse_retired(record: &[u8]) -> Option<(String, String)> {
 /// The retirement rewrites the previous layout record, compared unchanged
 /// along with every key under the previous prefix, so a node of the
 /// previous fleet that started meanwhile fails it.
+///
+/// Nodes of the new fleet started together race to retire it: the one
+/// whose write fails reads again, finds it retired for this prefix (or a
+/// node of the previous fleet running: refused) and goes on. Bounded: a
+/// prefix still changing after a few reads is refused.
 async fn retire_previous(
+    client: &Client,
+    prefix: &str,
+    previous: &PreviousFleet,
+    claim: &Claim,
+    before: BeforeRetiring<'_>,
+) -> Result<(u64, Option<String>, u64), AcquireError> {
+    let mut reads = 1;
+    loop {
+        match retire_previous_once(client, prefix, previous, claim, before).await {
+            Err(AcquireError::PreviousChanged { .. }) if reads < 3 => reads += 1,
+            done => return done,
+        }
+    }
+}
+
+/// One read, checks and conditional retirement of [`retire_previous`].
+async fn retire_previous_once(
     client: &Client,
     prefix: &str,
     previous: &PreviousFleet,
@@ -1097,6 +1119,7 @@ async fn retire_previous(
 
 /// What a layout change's first take checks before it retires the
 /// previous fleet: whatever the take that follows would refuse.
+#[derive(Clone, Copy)]
 struct BeforeRetiring<'a> {
     /// The fleets registered in the cluster, as the take read them.
     registered: &'a [Kv],
