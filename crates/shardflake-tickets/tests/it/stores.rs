@@ -283,3 +283,42 @@ async fn a_place_reshape_moved_away_from_is_refused_after_both_servers_are_resto
     assert_unique(&photos);
     assert_unique(&blocks);
 }
+
+/// The same, with the client of `pa` left running from before the
+/// reshape, idle through it and the restore (its pooled sessions are
+/// pinned to the lattice version the restore brings back): at its next
+/// calls it hands out no id `pb`'s client got, refused at its next marks
+/// read or write at `/pa`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_left_running_on_a_place_moved_away_from_hands_out_nothing_twice_mariadb() {
+    let etcd = Etcd::start(1).unwrap();
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let (pa, pb) = (
+        pair("mariadb", &a.url(), &b.url(), &etcd, "/pa"),
+        pair("mariadb", &a.url(), &b.url(), &etcd, "/pb"),
+    );
+    init_ok(&pa).await;
+    let (mut photos, mut blocks) = (Vec::new(), Vec::new());
+    let old = fresh(&pa).await;
+    assert_eq!(take(&old, 2, &mut photos, &mut blocks).await, None);
+    let nights = [dump(&a, "left-a"), dump(&b, "left-b")];
+
+    let store = admin::admin_store(&pb);
+    admin::reshape(&pb, &*store).await.unwrap();
+    let new = fresh(&pb).await;
+    assert_eq!(take(&new, 4, &mut photos, &mut blocks).await, None);
+    new.shutdown().await;
+    drop(new);
+
+    restore(&a, &nights[0]);
+    restore(&b, &nights[1]);
+    for night in &nights {
+        let _ = std::fs::remove_file(night);
+    }
+    let error = take(&old, 4, &mut photos, &mut blocks).await;
+    old.shutdown().await;
+    assert_unique(&photos);
+    assert_unique(&blocks);
+    let error = error.expect("the client left running was refused");
+    assert!(error.contains("tickets reshape --config"), "{error}");
+}
