@@ -322,3 +322,32 @@ async fn a_client_left_running_on_a_place_moved_away_from_hands_out_nothing_twic
     let error = error.expect("the client left running was refused");
     assert!(error.contains("tickets reshape --config"), "{error}");
 }
+
+/// A reshape back to a place moved away from makes it vouch again, and
+/// the place it leaves is refused from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reshape_back_to_a_place_moved_away_from_serves_from_it_again_mariadb() {
+    let etcd = Etcd::start(1).unwrap();
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let (pa, pb) = (
+        pair("mariadb", &a.url(), &b.url(), &etcd, "/pa"),
+        pair("mariadb", &a.url(), &b.url(), &etcd, "/pb"),
+    );
+    init_ok(&pa).await;
+    let (mut photos, mut blocks) = (Vec::new(), Vec::new());
+    for (to, from) in [(&pb, &pa), (&pa, &pb)] {
+        let store = admin::admin_store(to);
+        admin::reshape(to, &*store).await.unwrap();
+        let client = fresh(to).await;
+        assert_eq!(take(&client, 2, &mut photos, &mut blocks).await, None);
+        client.shutdown().await;
+        drop(client);
+        let report = admin::check(to).await;
+        assert!(report.ok(), "{report}");
+        let refused = fresh(from).await;
+        assert!(take(&refused, 1, &mut photos, &mut blocks).await.is_some());
+        refused.shutdown().await;
+    }
+    assert_unique(&photos);
+    assert_unique(&blocks);
+}
