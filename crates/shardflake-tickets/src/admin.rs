@@ -649,8 +649,11 @@ pub struct Reshaped {
 /// new etcd prefix or cluster) moves the marks there the same way: every
 /// sequence is raised past every mark and counter and that mark written
 /// to the file's places, which the servers record before the reshape
-/// ends. The old places need not answer: a mark write succeeds only with
-/// the server's own copy, which every server's table read here holds.
+/// ends. An old etcd place must answer: its marks are read and it is told
+/// where the marks moved (`<prefix>/tickets/moved_to`, before any server
+/// records the new place), so its clients are refused ever after, even
+/// once every server is restored from before the move. A move away from
+/// peers only leaves no such record: nothing outside the servers holds it.
 pub async fn reshape(
     config: &Config,
     store: &dyn HighWaterStore,
@@ -774,29 +777,46 @@ pub async fn reshape(
     names.sort();
     names.dedup();
     let mut stored = Vec::new();
-    for name in &names {
-        stored.push(store.load(&ResidueClass::named(config, name)).await?);
-    }
     // Marks moving from another etcd place: read there too (a server
-    // restored since holds fewer than that place).
+    // restored since holds fewer than that place), then that place told
+    // where they moved, before any server records it: a later restore of
+    // every server from before this reshape brings the old place back on
+    // the servers, never in etcd, so the old file's clients stay refused.
     for old in old_places
         .iter()
         .filter_map(|at| MarksConfig::etcd_of_places(at))
     {
         let etcd = EtcdHighWater::from_file(&old, config.failover.admin_timeout());
+        let unread = |name: &str, e: TicketError| {
+            TicketError::misconfigured(
+                name,
+                format!(
+                    "the marks kept so far in etcd {} at {} could not be read or marked moved ({e}); no session starts until a reshape ends: make that etcd answer and run `shardflake tickets reshape --config FILE` again",
+                    old.etcd_prefix,
+                    old.etcd.join(",")
+                ),
+            )
+        };
         for name in &names {
-            let marks = etcd.load(&ResidueClass::named(config, name)).await.map_err(|e| {
-                TicketError::misconfigured(
-                    name,
-                    format!(
-                        "the marks kept so far in etcd {} at {} could not be read ({e}); no session starts until a reshape ends: make that etcd answer and run `shardflake tickets reshape --config FILE` again",
-                        old.etcd_prefix,
-                        old.etcd.join(",")
-                    ),
-                )
-            })?;
+            let marks = etcd
+                .load_even_if_moved(&ResidueClass::named(config, name))
+                .await
+                .map_err(|e| unread(name, e))?;
             stored.push(marks);
         }
+        etcd.mark_moved(&places)
+            .await
+            .map_err(|e| unread(&old.etcd_prefix, e))?;
+    }
+    // A place the marks were moved away from before vouches again once
+    // they move back to it (only after the old places were told).
+    if moved && !config.marks.etcd.is_empty() {
+        EtcdHighWater::from_file(&config.marks, config.failover.admin_timeout())
+            .clear_moved()
+            .await?;
+    }
+    for name in &names {
+        stored.push(store.load(&ResidueClass::named(config, name)).await?);
     }
     let mut done = Vec::new();
     for seq in changed {

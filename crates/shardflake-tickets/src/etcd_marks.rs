@@ -33,6 +33,12 @@ use crate::high_water::{
 /// same mod revision in the transaction that raises the mark, so a
 /// takeover and a write by the identity it took the class from never both
 /// succeed.
+///
+/// `<prefix>/tickets/moved_to` = the place `reshape` moved the marks to
+/// ([`MarksConfig::places`]), written before the servers record it: a
+/// server dump cannot roll it back, so every load and mark write here is
+/// refused from then on ([`moved_away`]), read in the same transaction as
+/// the marks. A reshape back to this place deletes it.
 pub struct EtcdHighWater {
     client: Client,
     prefix: String,
@@ -58,6 +64,80 @@ impl EtcdHighWater {
     /// marks of older releases).
     fn holder_prefix(&self, holder: &str) -> String {
         format!("{}/tickets/hw/{holder}/", self.prefix)
+    }
+
+    /// The key `reshape` writes when the marks move away from this place.
+    fn moved_key(&self) -> Vec<u8> {
+        format!("{}/tickets/moved_to", self.prefix).into_bytes()
+    }
+
+    /// Records that the marks moved from this place to `to` (`reshape`,
+    /// before any server records `to`): this place vouches no more.
+    pub(crate) async fn mark_moved(&self, to: &str) -> Result<(), TicketError> {
+        let put = [Op::Put(self.moved_key(), to.as_bytes().to_vec(), 0)];
+        self.client
+            .txn(&[], &put, &[])
+            .await
+            .map_err(|e| etcd_failed("reshape", e))?;
+        Ok(())
+    }
+
+    /// Makes this place vouch again (`reshape` moving the marks here).
+    pub(crate) async fn clear_moved(&self) -> Result<(), TicketError> {
+        self.client
+            .txn(&[], &[Op::Delete(self.moved_key())], &[])
+            .await
+            .map_err(|e| etcd_failed("reshape", e))?;
+        Ok(())
+    }
+
+    /// `class`'s marks here, even where the marks moved away (`reshape`
+    /// reads the place it moves them from).
+    pub(crate) async fn load_even_if_moved(
+        &self,
+        class: &ResidueClass,
+    ) -> Result<HashMap<String, u64>, TicketError> {
+        self.load_marks(class, false).await
+    }
+
+    /// `class`'s marks (under its class key and, for older releases, its
+    /// server's name) and, in the same read, whether the marks moved away
+    /// from here: refused then where `heed_moved`.
+    async fn load_marks(
+        &self,
+        class: &ResidueClass,
+        heed_moved: bool,
+    ) -> Result<HashMap<String, u64>, TicketError> {
+        let server = &class.server;
+        let prefixes = [self.holder_prefix(&class.key), self.holder_prefix(server)];
+        let moved_key = self.moved_key();
+        let reads = [
+            Op::Prefix(prefixes[0].clone().into_bytes()),
+            Op::Prefix(prefixes[1].clone().into_bytes()),
+            Op::Get(moved_key.clone()),
+        ];
+        let answer = self
+            .client
+            .txn(&[], &reads, &[])
+            .await
+            .map_err(|e| etcd_failed(server, e))?;
+        let mut marks = HashMap::new();
+        for kv in answer.kvs {
+            if kv.key == moved_key {
+                if heed_moved {
+                    return Err(moved_away(server, &self.prefix, &kv.value));
+                }
+                continue;
+            }
+            let Some(prefix) = prefixes.iter().find(|p| kv.key.starts_with(p.as_bytes())) else {
+                continue;
+            };
+            let sequence = String::from_utf8_lossy(&kv.key[prefix.len()..]).into_owned();
+            let mark = parse_mark(server, &kv.key, &kv.value)?;
+            let held = marks.entry(sequence).or_insert(0);
+            *held = mark.max(*held);
+        }
+        Ok(marks)
     }
 
     /// The key of `class`'s holder.
@@ -138,6 +218,7 @@ impl EtcdHighWater {
     ) -> Result<(), TicketError> {
         let server = class.server.as_str();
         let holder_key = self.holder_key(class);
+        let moved_key = self.moved_key();
         let new = value.to_string().into_bytes();
         let mut seen: Option<Vec<u8>> = None;
         for _ in 0..RAISE_TRIES {
@@ -148,8 +229,15 @@ impl EtcdHighWater {
             if let Some((_, revision)) = fence {
                 compare.push(Compare::ModRevisionIs(holder_key.clone(), *revision));
             }
+            // A place the marks moved away from takes no mark (a client of
+            // it running since before the move is stopped here).
+            compare.push(Compare::Absent(moved_key.clone()));
             let put = [Op::Put(key.clone(), new.clone(), 0)];
-            let failure = [Op::Get(key.clone()), Op::Get(holder_key.clone())];
+            let failure = [
+                Op::Get(key.clone()),
+                Op::Get(holder_key.clone()),
+                Op::Get(moved_key.clone()),
+            ];
             let answer = self
                 .client
                 .txn(&compare, &put, &failure)
@@ -157,6 +245,9 @@ impl EtcdHighWater {
                 .map_err(|e| etcd_failed(server, e))?;
             if answer.succeeded {
                 return Ok(());
+            }
+            if let Some(kv) = answer.kvs.iter().find(|kv| kv.key == moved_key) {
+                return Err(moved_away(server, &self.prefix, &kv.value));
             }
             if let Some((identity, revision)) = fence {
                 let (holder, now) = holder_in(server, &holder_key, &answer.kvs)?;
@@ -197,6 +288,19 @@ fn taken_meanwhile(class: &ResidueClass) -> TicketError {
             class.key
         ),
     )
+}
+
+/// A load or mark write at `prefix`, a place `reshape` moved the marks
+/// away from (to `to`): the servers' record of it may be a restore's.
+fn moved_away(server: &str, prefix: &str, to: &[u8]) -> TicketError {
+    TicketError::LatticeChanged {
+        server: server.to_string(),
+        sequence: String::new(),
+        change: format!(
+            "this file keeps the marks under etcd prefix {prefix}, but the marks moved to {} (`shardflake tickets reshape`), so a client of this file would not see the marks written since and would hand out ids again; use the file naming that place, or, if the servers were restored from before the move (they record this file's place again), run `shardflake tickets reshape --config THAT_FILE`",
+            String::from_utf8_lossy(to)
+        ),
+    }
 }
 
 fn etcd_failed(server: &str, e: impl ToString) -> TicketError {
@@ -329,25 +433,7 @@ impl HighWaterStore for EtcdHighWater {
         &'a self,
         class: &'a ResidueClass,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>> {
-        Box::pin(async move {
-            let server = &class.server;
-            let mut marks = HashMap::new();
-            for holder in [&class.key, server] {
-                let prefix = self.holder_prefix(holder);
-                let kvs = self
-                    .client
-                    .range_prefix(prefix.as_bytes())
-                    .await
-                    .map_err(|e| etcd_failed(server, e))?;
-                for kv in kvs {
-                    let sequence = String::from_utf8_lossy(&kv.key[prefix.len()..]).into_owned();
-                    let mark = parse_mark(server, &kv.key, &kv.value)?;
-                    let held = marks.entry(sequence).or_insert(0);
-                    *held = mark.max(*held);
-                }
-            }
-            Ok(marks)
-        })
+        Box::pin(self.load_marks(class, true))
     }
 }
 
@@ -491,6 +577,13 @@ impl HighWaterStore for EtcdAndPeers {
             let quorum = self.quorum();
             let (etcd, (mut marks, mut tally)) =
                 tokio::join!(self.etcd.load(class), self.peers.load_tally(class, quorum));
+            // The marks moved away from this etcd place: the peers' marks
+            // (perhaps restored from before) cannot vouch either.
+            if let Err(e) = &etcd
+                && e.is_refusal()
+            {
+                return Err(e.clone());
+            }
             let etcd = etcd.map(|found| merge(&mut marks, found));
             self.add_etcd(&mut tally, class, etcd);
             tally.read(quorum, class)?;

@@ -338,7 +338,12 @@ impl Server {
         let loaded = match claim_class(store, &self.class, identity, deadline).await {
             Err(e) if e.is_refusal() => return Err(e),
             Err(e) => Err(e),
-            Ok(()) => load_marks(store, &self.class, deadline).await,
+            // The marks moved away from the file's place: no other place,
+            // and no memory, vouches for the server.
+            Ok(()) => match load_marks(store, &self.class, deadline).await {
+                Err(e) if e.is_refusal() => return Err(e),
+                loaded => loaded,
+            },
         };
         let stored = match loaded {
             Ok(marks) => {
@@ -1025,7 +1030,7 @@ async fn load_marks(
     loop {
         match store.load(class).await {
             Ok(marks) => return Ok(marks),
-            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(e) if e.is_refusal() || Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
         }
     }

@@ -363,7 +363,7 @@ pub(crate) fn check_marks_at(
         Some(at) => Err(TicketError::misconfigured(
             server,
             format!(
-                "this server's clients keep their marks in {at} (recorded by `shardflake tickets init`), but this file's [marks] names {file}: a client of this file would not see their marks and would hand out their ids again; use the file the servers were initialised with, or, to keep the marks where this file says, run `shardflake tickets reshape --config FILE` with this file (clients of the other file are refused from then on)"
+                "this server's clients keep their marks in {at} (recorded by `shardflake tickets init`), but this file's [marks] names {file}: a client of this file would not see their marks and would hand out their ids again; use a file naming {at} (if the marks were moved away from there by `shardflake tickets reshape`, its clients are refused and name where they moved), or, to keep the marks where this file says, run `shardflake tickets reshape --config FILE` with this file (clients of the other file are refused from then on)"
             ),
         )),
         None => Err(TicketError::misconfigured(
