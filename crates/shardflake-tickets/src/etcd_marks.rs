@@ -37,7 +37,7 @@ use crate::high_water::{
 /// `<prefix>/tickets/moved_to` = the place `reshape` moved the marks to
 /// ([`MarksConfig::places`]), written before the servers record it: a
 /// server dump cannot roll it back, so every load and mark write here is
-/// refused from then on ([`moved_away`]), read in the same transaction as
+/// refused from then on (`moved_away`), read in the same transaction as
 /// the marks. A reshape back to this place deletes it.
 pub struct EtcdHighWater {
     client: Client,

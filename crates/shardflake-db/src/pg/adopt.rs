@@ -20,7 +20,7 @@
 //! Old ids stay as they are; the old sequence is kept (an identity's is
 //! copied first: dropping the identity drops its sequence), fenced at its
 //! value so that a default put back on it fails rather than hands out
-//! ids ([`fence`]), and recorded with the largest old id (the floor) in
+//! ids (`fence`), and recorded with the largest old id (the floor) in
 //! `shardflake.adopted` on the server, which `pg check` compares with
 //! each column's default. Only an id column with a primary key or a
 //! unique index of its own is adopted: nothing else refuses an id
