@@ -782,10 +782,16 @@ pub async fn reshape(
     // where they moved, before any server records it: a later restore of
     // every server from before this reshape brings the old place back on
     // the servers, never in etcd, so the old file's clients stay refused.
-    for old in old_places
-        .iter()
-        .filter_map(|at| MarksConfig::etcd_of_places(at))
-    {
+    // A place an earlier reshape moved the marks away from names where
+    // they went: that place is read and told too (servers restored from
+    // before that reshape record the first place only), and so on along
+    // the chain; each place once.
+    let mut next = 0;
+    while let Some(at) = old_places.get(next).cloned() {
+        next += 1;
+        let Some(old) = MarksConfig::etcd_of_places(&at) else {
+            continue;
+        };
         let etcd = EtcdHighWater::from_file(&old, config.failover.admin_timeout());
         let unread = |name: &str, e: TicketError| {
             TicketError::misconfigured(
@@ -797,6 +803,15 @@ pub async fn reshape(
                 ),
             )
         };
+        if let Some(went) = etcd
+            .moved_to()
+            .await
+            .map_err(|e| unread(&old.etcd_prefix, e))?
+            && went != places
+            && !old_places.contains(&went)
+        {
+            old_places.push(went);
+        }
         for name in &names {
             let marks = etcd
                 .load_even_if_moved(&ResidueClass::named(config, name))

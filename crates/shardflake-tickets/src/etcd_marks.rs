@@ -82,6 +82,20 @@ impl EtcdHighWater {
         Ok(())
     }
 
+    /// Where `reshape` moved the marks from here, if it did.
+    pub(crate) async fn moved_to(&self) -> Result<Option<String>, TicketError> {
+        let answer = self
+            .client
+            .txn(&[], &[Op::Get(self.moved_key())], &[])
+            .await
+            .map_err(|e| etcd_failed("reshape", e))?;
+        Ok(answer
+            .kvs
+            .into_iter()
+            .find(|kv| kv.key == self.moved_key())
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
+    }
+
     /// Makes this place vouch again (`reshape` moving the marks here).
     pub(crate) async fn clear_moved(&self) -> Result<(), TicketError> {
         self.client

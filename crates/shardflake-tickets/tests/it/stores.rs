@@ -351,3 +351,54 @@ async fn a_reshape_back_to_a_place_moved_away_from_serves_from_it_again_mariadb(
     assert_unique(&photos);
     assert_unique(&blocks);
 }
+
+/// The marks moved `/pa` → `/pb`, both servers restored from before that
+/// reshape (they record `/pa`), then reshaped to a third place `/pc` (what
+/// the refusal offers a client of any other file): the reshape follows
+/// `/pa`'s record of where the marks went and reads `/pb` too, so `/pc`'s
+/// clients hand out none of `/pb`'s ids (a review found 50 of 50 again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reshape_after_a_restore_follows_the_marks_to_where_they_moved_mariadb() {
+    let etcd = Etcd::start(1).unwrap();
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let [pa, pb, pc] = ["/pa", "/pb", "/pc"].map(|p| pair("mariadb", &a.url(), &b.url(), &etcd, p));
+    init_ok(&pa).await;
+    let (mut photos, mut blocks) = (Vec::new(), Vec::new());
+    let first = fresh(&pa).await;
+    assert_eq!(take(&first, 2, &mut photos, &mut blocks).await, None);
+    first.shutdown().await;
+    drop(first);
+    let nights = [dump(&a, "chain-a"), dump(&b, "chain-b")];
+
+    admin::reshape(&pb, &*admin::admin_store(&pb))
+        .await
+        .unwrap();
+    let second = fresh(&pb).await;
+    assert_eq!(take(&second, 8, &mut photos, &mut blocks).await, None);
+    second.shutdown().await;
+    drop(second);
+
+    restore(&a, &nights[0]);
+    restore(&b, &nights[1]);
+    for night in &nights {
+        let _ = std::fs::remove_file(night);
+    }
+    admin::reshape(&pc, &*admin::admin_store(&pc))
+        .await
+        .unwrap();
+    let third = fresh(&pc).await;
+    assert_eq!(take(&third, 4, &mut photos, &mut blocks).await, None);
+    third.shutdown().await;
+    drop(third);
+    assert_unique(&photos);
+    assert_unique(&blocks);
+    // `/pb` was told too: its clients are refused from now on.
+    let stale = fresh(&pb).await;
+    let error = take(&stale, 1, &mut photos, &mut blocks).await;
+    stale.shutdown().await;
+    assert_unique(&photos);
+    assert!(
+        error.is_some(),
+        "a client of /pb was served after the marks left it"
+    );
+}
