@@ -88,6 +88,7 @@ fn run_page(relative: &str, timeout: Duration) {
         writeln!(script, "{}\nprintf '\\n{MARK}\\n'", example.command).unwrap();
     }
     let dir = tempfile_dir(relative);
+    wait_for_default_ports();
     let bin = Path::new(crate::shardflake_bin())
         .parent()
         .unwrap()
@@ -142,6 +143,22 @@ fn run_page(relative: &str, timeout: Duration) {
         }
     }
     assert!(failures.is_empty(), "{failures}{logs}");
+}
+
+/// Waits (bounded) until the service's default ports can be bound: pages
+/// start `shardflake serve` on 8080 and 50051 as a reader would, and 50051
+/// lies in Linux's ephemeral range, where another test's listener on port 0
+/// may sit for a while. Pages that start several nodes use ports below that
+/// range.
+fn wait_for_default_ports() {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ["127.0.0.1:8080", "127.0.0.1:50051"]
+        .iter()
+        .any(|addr| std::net::TcpListener::bind(addr).is_err())
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The last lines of each `*.log` the page wrote in its scratch directory
