@@ -19,8 +19,10 @@
 //!   adopted table (`pg_restore --clean`, or the dump loaded with the
 //!   `mariadb` client; writers stopped), check must report it, then adopt
 //!   again and the writers back, as docs/guide/adopting.md says;
-//! - `default-back`: the same put back by hand under the writers, left a
-//!   while, check must report it, then adopt again.
+//! - `default-back`: the same put back by hand under the writers (on
+//!   MariaDB the guard's `CHECK` dropped too, so the writers' inserts take
+//!   `AUTO_INCREMENT` ids again), left a while, check must report it, then
+//!   adopt again.
 //!
 //! A change of the default ends each connection's log (the writers pause
 //! for it): its ids go down there by design. Every id answered goes to the
@@ -480,8 +482,10 @@ impl Ops {
     /// The old way of making ids put back by hand: on PostgreSQL the
     /// default on the kept sequence (fenced by adopt: inserts fail); on
     /// MariaDB the trigger dropped and `AUTO_INCREMENT` set back (the
-    /// guard column refuses inserts without the trigger).
-    fn put_back(&self) -> anyhow::Result<()> {
+    /// guard column refuses inserts without the trigger), and with
+    /// `whole_way` the guard's `CHECK` dropped too: inserts take
+    /// `AUTO_INCREMENT` ids again.
+    fn put_back(&self, whole_way: bool) -> anyhow::Result<()> {
         match self {
             Ops::Postgres(p) => {
                 let seq = p.old_sequence()?;
@@ -490,12 +494,20 @@ impl Ops {
                 ))
                 .map(drop)
             }
-            Ops::MariaDb(m) => m
-                .server
-                .sql(&format!(
-                    "DROP TRIGGER IF EXISTS {MARIADB_TABLE}_id; ALTER TABLE {MARIADB_TABLE} AUTO_INCREMENT = 1"
-                ))
-                .map(drop),
+            Ops::MariaDb(m) => {
+                let check = if whole_way {
+                    format!(
+                        "ALTER TABLE {MARIADB_TABLE} DROP CONSTRAINT IF EXISTS id_made_by_trigger; "
+                    )
+                } else {
+                    String::new()
+                };
+                m.server
+                    .sql(&format!(
+                        "DROP TRIGGER IF EXISTS {MARIADB_TABLE}_id; {check}ALTER TABLE {MARIADB_TABLE} AUTO_INCREMENT = 1"
+                    ))
+                    .map(drop)
+            }
         }
     }
 
@@ -526,10 +538,10 @@ impl Ops {
 
 /// Puts the old way back with the writers paused (their connections'
 /// logs end there).
-fn put_back(ops: &Ops, writers: &Writers) -> anyhow::Result<()> {
+fn put_back(ops: &Ops, writers: &Writers, whole_way: bool) -> anyhow::Result<()> {
     writers.pause(LANE, 2 * TIMEOUT);
     writers.next_generation();
-    let r = ops.put_back();
+    let r = ops.put_back(whole_way);
     writers.resume(LANE);
     r
 }
@@ -538,7 +550,7 @@ fn put_back(ops: &Ops, writers: &Writers) -> anyhow::Result<()> {
 fn fault_once(ops: &Ops, writers: &Writers, step: &Drawn<Fault>) -> anyhow::Result<()> {
     match step.kind {
         Fault::AdoptKilled => {
-            put_back(ops, writers)?;
+            put_back(ops, writers, false)?;
             let mut child = Command::new(ops.bin())
                 .args(ops.adopt_args())
                 .stdout(std::process::Stdio::null())
@@ -563,7 +575,7 @@ fn fault_once(ops: &Ops, writers: &Writers, step: &Drawn<Fault>) -> anyhow::Resu
             adopted
         }
         Fault::DefaultBack => {
-            put_back(ops, writers)?;
+            put_back(ops, writers, true)?;
             // The application writes a while with the old way back.
             std::thread::sleep(Duration::from_millis(300));
             let seen = ops.check_reports_it("the default changed back");
