@@ -1362,22 +1362,27 @@ async fn a_function_drawing_from_the_kept_sequence_gets_no_old_id() {
     }
     assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
 
-    // Made to cycle again by hand: reported, and fenced by adopt again.
-    c.batch_execute("ALTER SEQUENCE public.orders_seq CYCLE")
-        .await
-        .unwrap();
-    let said = problems(&pg::check(&topo).await.unwrap());
-    assert!(
-        said.contains("kept for adopted table public.orders.id is not fenced"),
-        "{said}"
-    );
-    pg::adopt(&topo, &table("public.orders", false))
-        .await
-        .unwrap();
-    let e = drawn("next_order_id").await.unwrap_err();
-    assert!(
-        shardflake_db::pg_message(&e).contains("reached maximum value"),
-        "{e}"
-    );
-    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+    // Changed by hand so that it hands out values again (made to cycle,
+    // set back, its MAXVALUE raised): reported, and fenced by adopt again.
+    for by_hand in [
+        "ALTER SEQUENCE public.orders_seq CYCLE",
+        "SELECT setval('public.orders_seq', 1, false)",
+        "ALTER SEQUENCE public.orders_seq MAXVALUE 1000000",
+    ] {
+        c.batch_execute(by_hand).await.unwrap();
+        let said = problems(&pg::check(&topo).await.unwrap());
+        assert!(
+            said.contains("kept for adopted table public.orders.id is not fenced"),
+            "{by_hand}: {said}"
+        );
+        pg::adopt(&topo, &table("public.orders", false))
+            .await
+            .unwrap();
+        let e = drawn("next_order_id").await.unwrap_err();
+        assert!(
+            shardflake_db::pg_message(&e).contains("reached maximum value"),
+            "{by_hand}: {e}"
+        );
+        assert_eq!(problems(&pg::check(&topo).await.unwrap()), "", "{by_hand}");
+    }
 }
