@@ -79,10 +79,14 @@ step "chaos run on PostgreSQL in-database ids (30 s: two moves at once, move-sha
 pg_kinds=move-stopped,move-killed,older-file-apply,edit-owner,edit-prefix,edit-count,edit-epoch,edit-url,restore-stopped,restore-live,repair-during-move,two-moves,crash
 $chaos db-pg --seconds 30 --seed 77 --spacing 3 --clients 4 --kinds $pg_kinds --bin $bin
 
-step "chaos run on adoption (20 s: pg adopt of a populated table under writers; adopt killed, the pre-adoption dump restored, the default put back by hand)"
+step "chaos runs on adoption (20 s each: pg adopt and mysql adopt of a populated table under writers; adopt killed, the pre-adoption dump restored, the default put back by hand)"
 # Every kind the tool draws, named so that a kind added later does not
 # change this draw; seed 3 draws the default put back and the restore.
 $chaos db-adopt --seconds 20 --seed 3 --clients 4 --spacing 4 --kinds adopt-killed,restore-predump,default-back --bin $bin
+# The same on MariaDB (mysql adopt of an AUTO_INCREMENT table); seed 1 at
+# spacing 3 draws each kind once: the trigger dropped and AUTO_INCREMENT
+# set back, adopt SIGKILLed 1.7 s in and run again, the restore.
+$chaos db-adopt --backend mariadb --seconds 20 --seed 1 --clients 4 --spacing 3 --kinds adopt-killed,restore-predump,default-back --bin $bin
 
 step "chaos runs on ticket servers (20 s each: a MariaDB pair under an operator's faults drawn at random)"
 # Every kind the tool draws, named in its order so that a kind added later

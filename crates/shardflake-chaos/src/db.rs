@@ -21,24 +21,19 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use mysql_async::prelude::Queryable as _;
 
 use crate::check;
-use crate::load::Answers;
-use crate::record::{ConnLog, Protocol, ms_since};
+use crate::db_load::{Backend, Lane, Mix, Slots, Writers, writer};
 use crate::verdict::{ClientLog, Outcome, ServerRun, in_dir};
 
 /// The layout `shardflake mysql apply` installs by default.
 const LAYOUT: &str = "mysql-procedure";
 /// Longest a connect or a statement may take before the connection is given up.
 const TIMEOUT: Duration = Duration::from_secs(3);
-/// Pause after a failed connect, so a server that is down is not spun on.
-const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// How far back a clock fault steps the server's clock.
 const CLOCK_STEP: &str = "-3s";
 
@@ -251,7 +246,7 @@ impl Server {
     }
 
     /// Dumps the database (or one table or sequence of it) into `dir`.
-    fn dump(&self, dir: &Path, only: Option<&str>) -> anyhow::Result<PathBuf> {
+    pub(crate) fn dump(&self, dir: &Path, only: Option<&str>) -> anyhow::Result<PathBuf> {
         let port = self.port()?;
         let mut cmd = Command::new("mariadb-dump");
         cmd.args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
@@ -273,7 +268,7 @@ impl Server {
     }
 
     /// Runs a dump into the database, as `mariadb app < dump` does.
-    fn restore(&self, dump: &Path) -> anyhow::Result<()> {
+    pub(crate) fn restore(&self, dump: &Path) -> anyhow::Result<()> {
         self.load(&std::fs::read(dump)?).context("restoring")
     }
 
@@ -367,98 +362,6 @@ impl Drop for Server {
     }
 }
 
-/// What the clients share with the fault thread.
-struct Shared {
-    start: Instant,
-    stop: AtomicBool,
-    /// The server process now running; bumped once the old one is dead and
-    /// before the new one starts.
-    generation: AtomicU32,
-    answers: Mutex<Answers>,
-    sequence_mask: u64,
-    /// Writers wait while set (a restore with the writers stopped).
-    paused: AtomicBool,
-}
-
-/// A short code for a failed statement or connect.
-pub fn error_code(e: &mysql_async::Error) -> String {
-    match e {
-        mysql_async::Error::Server(s) => format!("mariadb:server_{}", s.code),
-        mysql_async::Error::Io(_) => "mariadb:io".into(),
-        mysql_async::Error::Driver(_) => "mariadb:driver".into(),
-        _ => "mariadb:other".into(),
-    }
-}
-
-/// One client: a connection at a time (a broken one is closed and a new one
-/// opened, so one connection's log is one server process's answers),
-/// single-row inserts and bursts of 2..=200 rows in a seeded mix.
-async fn client(url: String, shared: Arc<Shared>, seed: u64) -> ClientLog {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut out = ClientLog::default();
-    while !shared.stop.load(Ordering::Relaxed) {
-        // A connection is labelled with the process it reached: the
-        // generation read before and after connecting must agree.
-        let before = shared.generation.load(Ordering::SeqCst);
-        let conn = tokio::time::timeout(TIMEOUT, mysql_async::Conn::from_url(url.as_str())).await;
-        let after = shared.generation.load(Ordering::SeqCst);
-        let mut conn = match conn {
-            Ok(Ok(c)) if before == after => c,
-            Ok(Ok(c)) => {
-                drop(c);
-                continue;
-            }
-            Ok(Err(e)) => {
-                out.error(format!("{} (connect)", error_code(&e)));
-                tokio::time::sleep(RETRY_PAUSE).await;
-                continue;
-            }
-            Err(_) => {
-                out.error("mariadb:connect_timeout".into());
-                continue;
-            }
-        };
-        let mut log = ConnLog::new(0, after, Protocol::MariaDb, shared.sequence_mask);
-        while !shared.stop.load(Ordering::Relaxed) {
-            if shared.paused.load(Ordering::SeqCst) {
-                tokio::time::sleep(RETRY_PAUSE).await;
-                continue;
-            }
-            let rows = if rng.f64() < 0.6 { 1 } else { rng.u32(2..=200) };
-            let sql = if rows == 1 {
-                "INSERT INTO posts (user_id, body) VALUES (?, 'chaos') RETURNING id".to_string()
-            } else {
-                format!(
-                    "INSERT INTO posts (user_id, body) SELECT ?, 'chaos' FROM seq_1_to_{rows} RETURNING id"
-                )
-            };
-            let answer =
-                tokio::time::timeout(TIMEOUT, conn.exec::<u64, _, _>(sql, (1801u64,))).await;
-            match answer {
-                Ok(Ok(ids)) => {
-                    let at = ms_since(shared.start);
-                    log.record(&ids, at);
-                    shared
-                        .answers
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .answered(u64::from(at));
-                }
-                Ok(Err(e)) => {
-                    out.error(error_code(&e));
-                    break;
-                }
-                Err(_) => {
-                    out.error("mariadb:timeout".into());
-                    break;
-                }
-            }
-        }
-        out.logs.push(log);
-    }
-    out
-}
-
 /// Every id in the table at the end.
 async fn ids_in_table(url: &str) -> anyhow::Result<HashSet<u64>> {
     let mut c = mysql_async::Conn::from_url(url).await?;
@@ -496,20 +399,27 @@ fn run_in(o: &DbOptions, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
         .build()?;
     let seq = layout.sequence();
     let sequence_mask = seq.max() << seq.shift();
-    let shared = Arc::new(Shared {
-        start: Instant::now(),
-        stop: AtomicBool::new(false),
-        generation: AtomicU32::new(0),
-        answers: Mutex::new(Answers::default()),
-        sequence_mask,
-        paused: AtomicBool::new(false),
-    });
+    let writers = Writers::new(1, false);
     let load_start_unix_ms = check::unix_ms_now();
     let clients: Vec<_> = (0..o.clients)
         .map(|i| {
-            rt.spawn(client(
-                server.url.clone(),
-                shared.clone(),
+            let url = server.url.clone();
+            let lane = Lane {
+                lane: 0,
+                backend: Backend::MariaDb,
+                table: "posts".into(),
+                url: Box::new(move || Ok(url.clone())),
+                slots: Slots::Incarnation(0),
+                sequence_mask,
+                mix: Mix {
+                    max_rows: 200,
+                    pause: Duration::ZERO,
+                    timeout: TIMEOUT,
+                },
+            };
+            rt.spawn(writer(
+                writers.clone(),
+                lane,
                 o.seed.wrapping_add(i as u64 + 1),
             ))
         })
@@ -520,12 +430,12 @@ fn run_in(o: &DbOptions, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
     // Rows answered before a whole-database restore are gone with it.
     let mut restored_ms = 0u32;
     for (at, fault) in &plan {
-        sleep_until(shared.start + *at);
+        sleep_until(writers.start + *at);
         let result = match fault {
             Fault::Kill => (|| {
                 server.kill()?;
                 // The old process is dead: connections from now on reach the next.
-                shared.generation.fetch_add(1, Ordering::SeqCst);
+                writers.next_generation();
                 kills += 1;
                 server.restart()
             })(),
@@ -540,25 +450,25 @@ fn run_in(o: &DbOptions, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
                 // An earlier dump: older than the trigger's 1 s tolerance.
                 std::thread::sleep((o.spacing / 4).max(Duration::from_millis(1300)));
                 if whole {
-                    shared.paused.store(true, Ordering::SeqCst);
+                    writers.pause(0, 2 * TIMEOUT);
                 }
                 let restored = server.restore(&dump);
                 if whole {
-                    restored_ms = ms_since(shared.start);
+                    restored_ms = writers.now_ms();
                 }
-                shared.paused.store(false, Ordering::SeqCst);
+                writers.resume(0);
                 restored
             })(),
             Fault::RestoreNoLoop => (|| {
                 let dump = server.dump(dir, None)?;
                 std::thread::sleep((o.spacing / 4).max(Duration::from_millis(1300)));
-                shared.paused.store(true, Ordering::SeqCst);
+                writers.pause(0, 2 * TIMEOUT);
                 let restored = server
                     .stop_clock_loop()
                     .and_then(|()| server.restore(&dump))
                     .and_then(|()| server.sql("SET GLOBAL event_scheduler = ON").map(drop));
-                restored_ms = ms_since(shared.start);
-                shared.paused.store(false, Ordering::SeqCst);
+                restored_ms = writers.now_ms();
+                writers.resume(0);
                 restored?;
                 // The writers are refused until the operator repairs.
                 std::thread::sleep(o.spacing / 4);
@@ -587,7 +497,7 @@ fn run_in(o: &DbOptions, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
                         std::thread::sleep(after);
                         server.restore(&dump)
                     });
-                restored_ms = ms_since(shared.start);
+                restored_ms = writers.now_ms();
                 let on = server.sql("SET GLOBAL event_scheduler = ON");
                 restored?;
                 on.map(drop)
@@ -623,16 +533,16 @@ fn run_in(o: &DbOptions, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
                 Ok(())
             })(),
         };
-        let when = ms_since(shared.start);
+        let when = writers.now_ms();
         match result {
             Ok(()) => println!("+{:.1} s {fault:?} done", f64::from(when) / 1000.0),
             Err(e) => incidents.push(format!("{fault:?} at +{when} ms: {e:#}")),
         }
     }
-    let faults_over_ms = u64::from(ms_since(shared.start));
-    sleep_until(shared.start + Duration::from_secs(o.seconds));
-    shared.stop.store(true, Ordering::SeqCst);
-    let end_ms = u64::from(ms_since(shared.start));
+    let faults_over_ms = u64::from(writers.now_ms());
+    sleep_until(writers.start + Duration::from_secs(o.seconds));
+    writers.stop();
+    let end_ms = u64::from(writers.now_ms());
     let mut all = ClientLog::default();
     for c in clients {
         all.merge(rt.block_on(c)?);
@@ -664,7 +574,7 @@ fn run_in(o: &DbOptions, kinds: &[Fault], dir: &Path) -> anyhow::Result<bool> {
         processes: kills + 1,
         clients: all,
         incidents,
-        answers: &shared.answers,
+        answers: &writers.answers,
         load_start_unix_ms,
         faults_over_ms,
         end_ms,

@@ -33,7 +33,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,8 +40,7 @@ use anyhow::{Context as _, bail};
 
 use crate::check;
 use crate::db::{DbOptions, sleep_until};
-use crate::load::Answers;
-use crate::record::{ConnLog, Protocol, ms_since};
+use crate::db_load::{Backend, Lane, Mix, Slots, Writers, writer};
 use crate::schedule::{self, Drawn, Kind, Ranges};
 use crate::verdict::{ClientLog, Outcome, in_dir};
 
@@ -237,17 +235,12 @@ fn topology(a: &Server, b: &Server, epoch_ms: u64) -> String {
 /// that an edit can move its epoch.
 const EPOCH_MS: u64 = 1_314_220_021_721;
 
-/// What the clients share with the fault thread.
+/// What the fault thread needs.
 struct Shared {
-    start: Instant,
-    stop: AtomicBool,
-    /// Shards whose writers wait (a restore with writers stopped).
-    paused: [AtomicBool; SHARDS as usize],
-    /// Bumped at each restore: a connection's log is one incarnation of
-    /// its shard (a restore and repair jumps its ids ahead).
-    generation: AtomicU32,
-    answers: Mutex<Answers>,
-    sequence_mask: u64,
+    /// The writers; a lane per shard (a restore with writers stopped
+    /// pauses its shard's), a generation per restore (a restore and repair
+    /// jumps a shard's ids ahead).
+    writers: Arc<Writers>,
     topology: PathBuf,
     bin: PathBuf,
     /// `scripts/pg.sh`, and each first server's URL and its directory.
@@ -304,101 +297,14 @@ pub(crate) fn text(o: &Output) -> String {
 
 /// The URL of the server the file puts `shard` on (`pg route`: keys are
 /// routed by key mod shards).
-fn route(shared: &Shared, shard: u64) -> anyhow::Result<String> {
-    let t = shared.topology.to_string_lossy().to_string();
-    let out = cli(&shared.bin, &["pg", "route", &shard.to_string(), "-t", &t])?;
+fn route(bin: &Path, topology: &Path, shard: u64) -> anyhow::Result<String> {
+    let t = topology.to_string_lossy().to_string();
+    let out = cli(bin, &["pg", "route", &shard.to_string(), "-t", &t])?;
     let s = String::from_utf8_lossy(&out.stdout);
     s.rsplit_once('(')
         .and_then(|(_, rest)| rest.split(')').next())
         .map(str::to_string)
         .with_context(|| format!("pg route printed {:?}", text(&out)))
-}
-
-/// A short code for a failed statement or connect.
-pub(crate) fn error_code(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => format!("pg:{}", d.code().code()),
-        None => "pg:io".into(),
-    }
-}
-
-/// One client on one shard: a connection at a time to the shard's server;
-/// on `SF001` (moved) or a broken connection it routes again.
-async fn client(shared: Arc<Shared>, shard: u64, seed: u64) -> ClientLog {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut out = ClientLog::default();
-    let i = shard as usize;
-    while !shared.stop.load(Ordering::Relaxed) {
-        if shared.paused[i].load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        }
-        let url = match route(&shared, shard) {
-            Ok(u) => u,
-            Err(_) => {
-                out.error("pg:route".into());
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let generation = shared.generation.load(Ordering::SeqCst);
-        let conn = tokio::time::timeout(
-            TIMEOUT,
-            tokio_postgres::connect(&url, tokio_postgres::NoTls),
-        )
-        .await;
-        let client = match conn {
-            Ok(Ok((c, connection))) => {
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                c
-            }
-            _ => {
-                out.error("pg:connect".into());
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let mut log = ConnLog::new(i, generation, Protocol::Postgres, shared.sequence_mask);
-        while !shared.stop.load(Ordering::Relaxed)
-            && !shared.paused[i].load(Ordering::SeqCst)
-            && shared.generation.load(Ordering::SeqCst) == generation
-        {
-            // Small bursts and a short pause: the shards grow slowly enough
-            // that moves and dumps of them keep to the schedule.
-            let rows: i64 = if rng.f64() < 0.6 { 1 } else { rng.i64(2..=20) };
-            tokio::time::sleep(STATEMENT_PAUSE).await;
-            let sql = format!(
-                "INSERT INTO shard{shard}.posts (user_id, body) SELECT g, 'chaos' FROM generate_series(1, $1::bigint) g RETURNING id"
-            );
-            match tokio::time::timeout(TIMEOUT, client.query(&sql, &[&rows])).await {
-                Ok(Ok(r)) => {
-                    let ids: Vec<u64> = r.iter().map(|r| r.get::<_, i64>(0) as u64).collect();
-                    let at = ms_since(shared.start);
-                    log.record(&ids, at);
-                    shared
-                        .answers
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .answered(u64::from(at));
-                }
-                Ok(Err(e)) => {
-                    out.error(error_code(&e));
-                    // Refused for a while (restored, not yet repaired;
-                    // paused by a move): wait a little on this server.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    break;
-                }
-                Err(_) => {
-                    out.error("pg:timeout".into());
-                    break;
-                }
-            }
-        }
-        out.logs.push(log);
-    }
-    out
 }
 
 /// One run; `Ok(true)` when every check passed.
@@ -445,13 +351,9 @@ fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyho
         .enable_all()
         .build()?;
     let seq = layout.sequence();
-    let shared = Arc::new(Shared {
-        start: Instant::now(),
-        stop: AtomicBool::new(false),
-        paused: Default::default(),
-        generation: AtomicU32::new(0),
-        answers: Mutex::new(Answers::default()),
-        sequence_mask: seq.max() << seq.shift(),
+    let writers = Writers::new(SHARDS as usize, false);
+    let shared = Shared {
+        writers: writers.clone(),
         topology: path.clone(),
         bin: o.bin.clone(),
         script: pg_script.to_path_buf(),
@@ -460,13 +362,32 @@ fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyho
             (b.url.clone(), b.dir.clone()),
         ],
         standbys: Mutex::new(Vec::new()),
-    });
+    };
     let load_start_unix_ms = check::unix_ms_now();
     let clients: Vec<_> = (0..o.clients)
         .map(|i| {
-            rt.spawn(client(
-                shared.clone(),
-                i as u64 % SHARDS,
+            let shard = i as u64 % SHARDS;
+            let (bin, topology) = (o.bin.clone(), path.clone());
+            let lane = Lane {
+                lane: shard as usize,
+                backend: Backend::Postgres,
+                table: format!("shard{shard}.posts"),
+                // Routed again for each connection: on SF001 (moved) or a
+                // broken connection the writer follows the file.
+                url: Box::new(move || route(&bin, &topology, shard)),
+                slots: Slots::Incarnation(shard as usize),
+                sequence_mask: seq.max() << seq.shift(),
+                // Small bursts and a short pause: the shards grow slowly
+                // enough that moves and dumps of them keep to the schedule.
+                mix: Mix {
+                    max_rows: 20,
+                    pause: STATEMENT_PAUSE,
+                    timeout: TIMEOUT,
+                },
+            };
+            rt.spawn(writer(
+                writers.clone(),
+                lane,
                 o.seed.wrapping_add(i as u64 + 1),
             ))
         })
@@ -475,7 +396,7 @@ fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyho
     let mut incidents = Vec::new();
     let mut restores = 0u32;
     for step in &plan {
-        sleep_until(shared.start + step.at);
+        sleep_until(writers.start + step.at);
         let (fault, shard) = (step.kind, step.target as u64 % SHARDS);
         let current = std::fs::read_to_string(&path)?;
         if versions.front() != Some(&current) {
@@ -486,7 +407,7 @@ fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyho
         let older = &versions[(step.backup + 1).min(versions.len() - 1)];
         std::fs::write(&stale, older)?;
         let result = fault_once(o, &shared, &bindir, dir, step, &stale);
-        let when = ms_since(shared.start);
+        let when = writers.now_ms();
         match result {
             Ok(()) => println!(
                 "+{:.1} s {fault:?} {} (shard {shard}) done",
@@ -499,10 +420,10 @@ fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyho
             restores += 1;
         }
     }
-    let faults_over_ms = u64::from(ms_since(shared.start));
-    sleep_until(shared.start + Duration::from_secs(o.seconds));
-    shared.stop.store(true, Ordering::SeqCst);
-    let end_ms = u64::from(ms_since(shared.start));
+    let faults_over_ms = u64::from(writers.now_ms());
+    sleep_until(writers.start + Duration::from_secs(o.seconds));
+    writers.stop();
+    let end_ms = u64::from(writers.now_ms());
     let mut all = ClientLog::default();
     for c in clients {
         all.merge(rt.block_on(c)?);
@@ -527,7 +448,7 @@ fn run_in(o: &DbOptions, pg_script: &Path, kinds: &[Fault], dir: &Path) -> anyho
         processes: 2,
         clients: all,
         incidents,
-        answers: &shared.answers,
+        answers: &writers.answers,
         load_start_unix_ms,
         faults_over_ms,
         end_ms,
@@ -829,7 +750,7 @@ fn fault_once(
             let (base, _) = owner_url
                 .rsplit_once('/')
                 .context("a server url without a database")?;
-            let database = format!("chaos_empty_{}", shared.generation.load(Ordering::SeqCst));
+            let database = format!("chaos_empty_{}", shared.writers.generation());
             let out = Command::new(bindir.join("psql"))
                 .args([
                     "-d",
@@ -880,13 +801,13 @@ fn fault_once(
             std::thread::sleep(o.spacing / 4);
             let stopped = fault == Fault::RestoreStopped;
             if stopped {
-                shared.paused[shard as usize].store(true, Ordering::SeqCst);
+                shared.writers.pause(shard as usize, 2 * TIMEOUT);
             }
             let restored = pg("pg_restore", &["--clean", "-d", &owner_url, &d]);
-            shared.generation.fetch_add(1, Ordering::SeqCst);
+            shared.writers.restored();
             let seen = cli(&o.bin, &["pg", "check", "-t", &t])?;
             let repaired = cli(&o.bin, &["pg", "repair", "--shard", &s, "-t", &t])?;
-            shared.paused[shard as usize].store(false, Ordering::SeqCst);
+            shared.writers.resume(shard as usize);
             restored?;
             if seen.status.success() {
                 bail!("check after a restore said ok: {}", text(&seen));
@@ -902,7 +823,7 @@ fn fault_once(
 /// The url of the server the file puts `shard` on, and the name of the
 /// other server (`a` or `b`).
 fn owner_and_other(shared: &Shared, shard: u64) -> anyhow::Result<(String, &'static str)> {
-    let owner_url = route(shared, shard)?;
+    let owner_url = route(&shared.bin, &shared.topology, shard)?;
     let current = std::fs::read_to_string(&shared.topology)?;
     if !current.contains(&format!("url = \"{owner_url}\"\nshards")) {
         bail!("the file names no server with url {owner_url}")

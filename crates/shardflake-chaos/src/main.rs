@@ -13,6 +13,9 @@
 //! | `record` | every id, as runs of consecutive ids, per connection |
 //! | `check` | the checker and its table |
 //! | `db` | `db`: in-database ids (MariaDB) under server SIGKILLs and clock steps |
+//! | `db_pg` | `db-pg`: PostgreSQL's in-database ids under an operator's drawn faults |
+//! | `db_adopt` | `db-adopt`: `pg adopt` or `mysql adopt` of a populated table under writers and faults |
+//! | `db_load` | the writers the three db modes share: inserts, pauses, generations |
 //! | `tickets` | `tickets`: MariaDB ticket servers under crashes and an operator's drawn faults |
 //! | `verdict` | what `db` and `tickets` share: run directory, logs gathered, the judging |
 //!
@@ -23,6 +26,7 @@ mod check;
 mod cluster;
 mod db;
 mod db_adopt;
+mod db_load;
 mod db_pg;
 mod load;
 mod record;
@@ -64,11 +68,12 @@ enum Command {
     /// two moves at once, a crash, a failover to a standby with the old
     /// primary restarted beside it; every id checked.
     DbPg(PgArgs),
-    /// `shardflake pg adopt` of a populated bigserial table under writers
-    /// and an operator's faults drawn from the seed: adopt SIGKILLed and
-    /// run again, the dump from before adoption restored over the adopted
-    /// table, the default changed back by hand; every id checked, and
-    /// every stored id read back.
+    /// `shardflake pg adopt` of a populated bigserial table (or, with
+    /// `--backend mariadb`, `shardflake mysql adopt` of an AUTO_INCREMENT
+    /// one) under writers and an operator's faults drawn from the seed:
+    /// adopt SIGKILLed and run again, the dump from before adoption
+    /// restored over the adopted table, the default changed back by hand;
+    /// every id checked, and every stored id read back.
     DbAdopt(AdoptArgs),
     /// Ticket servers: a MariaDB odd/even pair (`shardflake tickets init`),
     /// ticket clients asking for ids under crashes and an operator's
@@ -158,6 +163,10 @@ struct PgArgs {
 struct AdoptArgs {
     #[command(flatten)]
     common: ServerArgs,
+    /// The server the table is on: `postgresql` (`pg adopt` of a
+    /// bigserial) or `mariadb` (`mysql adopt` of an AUTO_INCREMENT).
+    #[arg(long, default_value = "postgresql", value_parser = ["postgresql", "mariadb"])]
+    backend: String,
     /// The PostgreSQL launcher script.
     #[arg(long, default_value = "scripts/pg.sh")]
     pg_script: PathBuf,
@@ -347,15 +356,20 @@ fn main() -> ExitCode {
         Command::DbAdopt(a) => {
             let o = a.common.options();
             println!(
-                "shardflake-chaos db-adopt --seconds {} --clients {} --seed {}",
-                o.seconds, o.clients, o.seed
+                "shardflake-chaos db-adopt --backend {} --seconds {} --clients {} --seed {}",
+                a.backend, o.seconds, o.clients, o.seed
             );
+            let backend = if a.backend == "mariadb" {
+                db_load::Backend::MariaDb
+            } else {
+                db_load::Backend::Postgres
+            };
             let kinds = if a.kinds.is_empty() {
                 db_adopt::Fault::ALL.to_vec()
             } else {
                 a.kinds
             };
-            exit(db_adopt::run(&o, &a.pg_script, &kinds))
+            exit(db_adopt::run(&o, backend, &a.pg_script, &kinds))
         }
         Command::Run(a) => {
             let o = a.options();

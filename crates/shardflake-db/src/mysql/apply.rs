@@ -625,7 +625,18 @@ pub(super) async fn install_guard_and_trigger(
     applied: &mut Applied,
 ) -> Result<(), Error> {
     // The guard column the trigger sets, before the trigger that sets it.
-    if matches!(guard(conn, &names.table).await?, (None, _) | (_, false)) {
+    let (column, checked) = guard(conn, &names.table).await?;
+    if column.is_some() && !checked {
+        // Its CHECK dropped by hand: rows inserted since (without the
+        // trigger) hold the default 0, which the CHECK added back would
+        // refuse. They were made without the trigger whatever happens
+        // (adopt counts them as old ids). A scan of the table, only on
+        // this way back.
+        conn.query_drop(sql::mark_guard_rows_sql(&names.table))
+            .await
+            .map_err(my("marking the rows inserted without the guard"))?;
+    }
+    if column.is_none() || !checked {
         conn.query_drop(sql::add_guard_sql(&names.table))
             .await
             .map_err(my("adding the guard column"))?;

@@ -396,8 +396,35 @@ const SERVES_DDL: &str = "CREATE TABLE IF NOT EXISTS `shardflake`.`serves` (\
     db VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, lo BIGINT NOT NULL, hi BIGINT NOT NULL, \
     server VARCHAR(600) NOT NULL, PRIMARY KEY (db, tbl)) ENGINE=InnoDB";
 
-/// Which server a connection reaches, as `serves` records it.
-const SERVER_SQL: &str = "CONCAT(@@hostname, ':', @@port, ':', @@datadir)";
+/// Which server a connection reaches, as `serves` records it:
+/// `HOST:PORT:DATADIR (server_uid UID)`. MariaDB's `server_uid` is a hash
+/// of the port and the machine's MAC address: a renamed host keeps it, a
+/// copy on another machine has another ([`same_server`]). Read from
+/// `information_schema` so a server without the variable records none.
+const SERVER_SQL: &str = "CONCAT(@@hostname, ':', @@port, ':', @@datadir, IFNULL(CONCAT(' (server_uid ', \
+    (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE VARIABLE_NAME = 'SERVER_UID'), ')'), ''))";
+
+/// Whether two readings of [`SERVER_SQL`] are one server: the same port
+/// and data directory, and the same hostname or, where both carry one,
+/// the same `server_uid` (a hostname change alone is not another
+/// server). A record written before it carried a `server_uid` is the same
+/// server only under the same hostname.
+fn same_server(recorded: &str, here: &str) -> bool {
+    fn parts(s: &str) -> (Option<&str>, Option<&str>, Option<&str>, Option<&str>) {
+        let (place, uid) = match s
+            .strip_suffix(')')
+            .and_then(|s| s.rsplit_once(" (server_uid "))
+        {
+            Some((place, uid)) => (place, Some(uid)),
+            None => (s, None),
+        };
+        let mut it = place.splitn(3, ':');
+        (it.next(), it.next(), it.next(), uid)
+    }
+    let (host_a, port_a, dir_a, uid_a) = parts(recorded);
+    let (host_b, port_b, dir_b, uid_b) = parts(here);
+    port_a == port_b && dir_a == dir_b && (host_a == host_b || (uid_a.is_some() && uid_a == uid_b))
+}
 
 /// The shard values this server records for `names.table` of `db`.
 async fn recorded_serves(
@@ -436,7 +463,7 @@ async fn recorded_elsewhere(
         )
         .await;
     match row {
-        Ok(row) => Ok(row.filter(|(recorded, here)| recorded != here)),
+        Ok(row) => Ok(row.filter(|(recorded, here)| !same_server(recorded, here))),
         Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(None),
         Err(e) => Err(my("reading which server makes the ids")(e)),
     }
@@ -694,5 +721,35 @@ pub fn explained(e: mysql_async::Error, context: &str) -> Error {
             context.to_string()
         },
         source: e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_server;
+
+    #[test]
+    fn a_server_is_its_port_and_datadir_with_its_hostname_or_server_uid() {
+        let here = "vm:3306:/var/lib/mysql/ (server_uid Abc=)";
+        assert!(same_server(here, here));
+        assert!(same_server(
+            "old:3306:/var/lib/mysql/ (server_uid Abc=)",
+            here
+        ));
+        assert!(same_server("vm:3306:/var/lib/mysql/", here));
+        assert!(!same_server("old:3306:/var/lib/mysql/", here));
+        assert!(!same_server(
+            "old:3306:/var/lib/mysql/ (server_uid Xyz=)",
+            here
+        ));
+        assert!(!same_server(
+            "vm:3307:/var/lib/mysql/ (server_uid Abc=)",
+            here
+        ));
+        assert!(!same_server("vm:3306:/srv/mysql/ (server_uid Abc=)", here));
+        assert!(!same_server(
+            "old:3306:/var/lib/mysql/",
+            "vm:3306:/var/lib/mysql/"
+        ));
     }
 }

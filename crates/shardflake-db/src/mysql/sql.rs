@@ -100,6 +100,13 @@ pub fn add_guard_sql(table: &str) -> String {
     )
 }
 
+/// Marks the rows that hold the guard's default 0 (inserted while its
+/// `CHECK` was dropped by hand), so that [`add_guard_sql`] can add the
+/// `CHECK` back.
+pub fn mark_guard_rows_sql(table: &str) -> String {
+    format!("UPDATE `{table}` SET `{GUARD_COLUMN}` = 1 WHERE `{GUARD_COLUMN}` <> 1")
+}
+
 /// The guard's default once the trigger sets the column: 0, which the
 /// `CHECK` refuses (an instant change).
 pub fn guard_default_sql(table: &str) -> String {

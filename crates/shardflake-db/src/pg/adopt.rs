@@ -168,7 +168,7 @@ impl Adopted {
                 seq.clone()
             };
             s.push_str(&format!(
-                "ALTER SEQUENCE {kept} MAXVALUE ...;  -- fenced at its value: a default put back on it fails\n"
+                "ALTER SEQUENCE {kept} NO CYCLE MAXVALUE ...;  -- fenced at its value: every nextval() on it fails\n"
             ));
         }
         s.push_str(&format!(
@@ -931,10 +931,13 @@ async fn switch(topo: &Topology, c: &mut Client, mut p: Adopted) -> Result<Adopt
 }
 
 /// Fences the kept sequence `seq` at its value (`MAXVALUE`, marked
-/// called): a default put back on it by hand (which `pg check` reports)
-/// then fails ("reached maximum value") instead of handing out ids that
-/// sort before the new ones, or, once a restore of the table threw rows
-/// away without adopt seeing them, ids handed out before. A restore of
+/// called, `NO CYCLE`: a cycling sequence at its `MAXVALUE` starts again
+/// at its `MINVALUE`, old id 1): every `nextval()` on it (a default put
+/// back by hand, which `pg check` reports, a function, a trigger, the
+/// application's own) then fails ("reached maximum value") instead of
+/// handing out ids that sort before the new ones, or, once a restore of
+/// the table threw rows away without adopt seeing them, ids handed out
+/// before. A restore of
 /// the table's dump from before adoption brings the sequence back
 /// unfenced; adopt, run again, fences it again. Left unfenced, with a
 /// warning, while another column's default still draws from it (a
@@ -945,7 +948,7 @@ async fn fence(tx: &impl GenericClient, name: &str, seq: &str) -> Result<(), Err
         return Ok(());
     };
     tx.batch_execute(&format!(
-        "ALTER SEQUENCE {seq} MINVALUE {min} MAXVALUE {value}"
+        "ALTER SEQUENCE {seq} NO CYCLE MINVALUE {min} MAXVALUE {value}"
     ))
     .await
     .map_err(ctx(name, &format!("fencing {seq} at {value}")))?;
@@ -1004,7 +1007,7 @@ async fn to_fence(
         .query_opt(
             &format!(
                 "SELECT greatest(s.last_value, q.seqmin), least(q.seqmin, greatest(s.last_value, q.seqmin) - 1),
-                        s.is_called AND q.seqmax <= s.last_value
+                        s.is_called AND q.seqmax <= s.last_value AND NOT q.seqcycle
                    FROM {seq} s, pg_sequence q WHERE q.seqrelid = to_regclass($1)"
             ),
             &[&seq],
@@ -1150,7 +1153,7 @@ pub(crate) async fn drift(
             && to_fence(c, &server.name, seq, false).await?.is_some()
         {
             out.push(d(format!(
-                "the sequence {seq} kept for adopted table {}.{} is not fenced (adopted by an earlier version): a default put back on it would hand out ids again; run shardflake pg adopt --table {} --shard {} (it fences it)",
+                "the sequence {seq} kept for adopted table {}.{} is not fenced (adopted by an earlier version, or changed by hand since): a default or a function drawing from it would hand out ids again; run shardflake pg adopt --table {} --shard {} (it fences it)",
                 r.table, r.column, r.table, r.shard
             )));
         }

@@ -887,3 +887,66 @@ async fn adopt_schema_advises_what_works_for_long_table_names() {
     };
     mysql::adopt(&mut c, &layout(), &alone).await.unwrap();
 }
+
+/// Issue 39, the switch undone by hand the whole way: the trigger
+/// dropped, the guard's `CHECK` dropped too (so the application's inserts
+/// go through again), `AUTO_INCREMENT` set back, rows inserted. `mysql
+/// check` names `mysql adopt`; before, adopt failed every time
+/// ("adding the guard column: CONSTRAINT `id_made_by_trigger` failed": the
+/// rows inserted meanwhile have the guard's default 0), a dead end. Adopt
+/// now marks those rows, which count as old ones, before it adds the
+/// `CHECK` back.
+#[tokio::test]
+async fn adopt_again_after_the_guard_was_dropped_by_hand_switches_the_table() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 100).await;
+    let first = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    c.query_drop(
+        "DROP TRIGGER orders_id; ALTER TABLE orders DROP CONSTRAINT id_made_by_trigger; \
+         ALTER TABLE orders AUTO_INCREMENT = 1",
+    )
+    .await
+    .unwrap();
+    let by_hand: Vec<i64> = c
+        .query(
+            "INSERT INTO orders (user_id, body) SELECT seq, 'by hand' FROM seq_1_to_5 RETURNING id",
+        )
+        .await
+        .unwrap();
+    assert_eq!(by_hand.len(), 5);
+    let o = opts("orders").options;
+    let problems = mysql::check(&mut c, &layout(), &o).await.unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("shardflake mysql adopt --table orders")),
+        "{problems:?}"
+    );
+    let again = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap_or_else(|e| panic!("the adopt that check names failed: {e}"));
+    assert!(!again.unchanged, "{again:?}");
+    assert_eq!(again.floor, by_hand.iter().max().copied());
+    assert!(again.first_new >= first.first_new);
+    assert_eq!(
+        mysql::check(&mut c, &layout(), &o).await.unwrap(),
+        Vec::<String>::new()
+    );
+    let id: i64 = c
+        .query_first("INSERT INTO orders (user_id, body) VALUES (5, 'new') RETURNING id")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(id >= again.first_new, "{id} < {}", again.first_new);
+    // An insert without the trigger fails again.
+    c.query_drop("DROP TRIGGER orders_id").await.unwrap();
+    assert!(
+        c.query_drop("INSERT INTO orders (user_id, body) VALUES (5, 'no trigger')")
+            .await
+            .is_err()
+    );
+}

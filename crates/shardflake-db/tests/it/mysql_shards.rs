@@ -464,3 +464,69 @@ async fn the_database_alone_on_another_server_is_repaired_only_with_its_values()
         .unwrap();
     assert_eq!(recorded, "512-1023");
 }
+
+/// Issue 37: the record of which server makes the ids named the server by
+/// `@@hostname:@@port:@@datadir`, so a healthy server whose hostname
+/// changed (a renamed host, a container given a new name) failed `mysql
+/// check` as "a copy of that server", and `mysql apply` there was refused.
+/// The record now carries MariaDB's `server_uid` (a hash of the port and
+/// the machine's MAC address) too: the same port and data directory with
+/// the same `server_uid` is the same server, whatever its hostname. A
+/// record of another machine (another hostname and `server_uid`), and one
+/// written before it carried a `server_uid` under another hostname, are
+/// still named. The hostname is changed in the record, as a record
+/// written before the rename reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_host_is_the_same_server_and_another_machine_is_named() {
+    let x = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let mut c = conn(&x.url()).await;
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    let check = async |c: &mut Conn| mysql::check(c, &layout, &Options::default()).await.unwrap();
+    assert_eq!(check(&mut c).await, Vec::<String>::new());
+    let recorded = x
+        .sql("SELECT server FROM shardflake.serves WHERE tbl = 'posts'")
+        .unwrap();
+    let host = x.sql("SELECT @@hostname").unwrap();
+    let rest = recorded
+        .strip_prefix(&format!("{host}:"))
+        .unwrap_or_else(|| panic!("{recorded:?} does not start with {host:?}"));
+    let record = |server: &str| {
+        x.sql(&format!(
+            "UPDATE shardflake.serves SET server = '{server}' WHERE tbl = 'posts'"
+        ))
+        .unwrap();
+    };
+
+    // Written before the host was renamed: the same server.
+    record(&format!("old-name-of-this-host:{rest}"));
+    assert_eq!(
+        check(&mut c).await,
+        Vec::<String>::new(),
+        "a hostname change alone made check fail"
+    );
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+
+    // Another machine, same port and data directory: named.
+    let (place, _) = rest
+        .rsplit_once(" (server_uid ")
+        .unwrap_or_else(|| panic!("{rest:?} carries no server_uid"));
+    for other in [
+        format!("another-machine:{place} (server_uid AnotherMachinesUid=)"),
+        // Written before records carried a server_uid.
+        format!("another-machine:{place}"),
+    ] {
+        record(&other);
+        let problems = check(&mut c).await;
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("a copy of that server") && p.contains("another-machine")),
+            "{other}: {problems:?}"
+        );
+    }
+}

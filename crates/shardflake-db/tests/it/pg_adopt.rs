@@ -1316,3 +1316,73 @@ async fn adopt_run_again_fences_a_kept_sequence_left_unfenced() {
         "{e}"
     );
 }
+
+/// Issue 39, the fence seen from a function body: after adopt, every
+/// `nextval()` on the kept sequence fails, whoever calls it. Before, a
+/// kept sequence made `CYCLE` (legal for an application's own sequence)
+/// was fenced at `MAXVALUE` only, so its next `nextval()` wrapped round to
+/// `MINVALUE`: a function handed out old id 1 again. The fence now sets
+/// `NO CYCLE` too, and a kept sequence made to cycle again by hand is
+/// reported by `pg check` and fenced by adopt run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_drawing_from_the_kept_sequence_gets_no_old_id() {
+    let a = PgServer::start().unwrap();
+    let topo = topology(&a.url(), "");
+    pg::apply(&topo).await.unwrap();
+    let c = client(&a).await;
+    c.batch_execute(
+        "CREATE SEQUENCE public.orders_seq CYCLE;
+         CREATE TABLE public.orders (id bigint PRIMARY KEY DEFAULT nextval('public.orders_seq'), body text);
+         INSERT INTO public.orders (body) SELECT 'old' FROM generate_series(1, 1000);
+         CREATE FUNCTION public.next_order_id() RETURNS bigint LANGUAGE plpgsql
+           AS $$ BEGIN RETURN nextval('public.orders_seq'); END $$;
+         CREATE TABLE public.items (id bigserial PRIMARY KEY, body text);
+         INSERT INTO public.items (body) SELECT 'old' FROM generate_series(1, 10);
+         CREATE FUNCTION public.next_item_id() RETURNS bigint LANGUAGE sql
+           AS $$ SELECT nextval('public.items_id_seq') $$;",
+    )
+    .await
+    .unwrap();
+    let mut opts = table("public.orders", false);
+    opts.target = Target::Schema("public".into());
+    let done = pg::adopt(&topo, &opts).await.unwrap();
+    assert_eq!(done.len(), 2, "{done:?}");
+    let drawn = async |f: &str| c.query_one(&format!("SELECT public.{f}()"), &[]).await;
+    for f in ["next_order_id", "next_item_id"] {
+        match drawn(f).await {
+            Ok(row) => panic!(
+                "{f}() drew {} from the kept sequence after adopt",
+                row.get::<_, i64>(0)
+            ),
+            Err(e) => assert!(
+                shardflake_db::pg_message(&e).contains("reached maximum value"),
+                "{f}(): {e}"
+            ),
+        }
+    }
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+
+    // Changed by hand so that it hands out values again (made to cycle,
+    // set back, its MAXVALUE raised): reported, and fenced by adopt again.
+    for by_hand in [
+        "ALTER SEQUENCE public.orders_seq CYCLE",
+        "SELECT setval('public.orders_seq', 1, false)",
+        "ALTER SEQUENCE public.orders_seq MAXVALUE 1000000",
+    ] {
+        c.batch_execute(by_hand).await.unwrap();
+        let said = problems(&pg::check(&topo).await.unwrap());
+        assert!(
+            said.contains("kept for adopted table public.orders.id is not fenced"),
+            "{by_hand}: {said}"
+        );
+        pg::adopt(&topo, &table("public.orders", false))
+            .await
+            .unwrap();
+        let e = drawn("next_order_id").await.unwrap_err();
+        assert!(
+            shardflake_db::pg_message(&e).contains("reached maximum value"),
+            "{by_hand}: {e}"
+        );
+        assert_eq!(problems(&pg::check(&topo).await.unwrap()), "", "{by_hand}");
+    }
+}
