@@ -297,6 +297,72 @@ async fn a_fresh_node_on_a_deleted_prefix_is_refused() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Outside review: `etcdctl del --prefix <prefix>/hw/` (the high-water
+/// records only) after a holder whose clock ran ahead was killed; a fresh
+/// node took its id one window past its own clock and made its ids again
+/// (5,140,704 ids twice with the holder +30 s). Every take stamps the id
+/// at `<prefix>/taken/<id>`, which that delete leaves: an id taken before
+/// with no high-water record is waited out `--max-resume-wait` past the
+/// clock. Here the holder runs 8 s ahead, the wait is 12 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_never_reissues_ids_of_a_holder_whose_high_water_was_deleted() -> anyhow::Result<()>
+{
+    let etcd = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+8s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/hwdel",
+        "--lease-ttl",
+        "3s",
+        "--window",
+        "1s",
+        "--etcd-timeout",
+        "300ms",
+        "--max-resume-wait",
+        "12s",
+    ];
+    let mut a = serve_in(&d[0], &args, &ahead)?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&a.http, &stop)];
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Killed: its lease, and so its node key, lasts until its TTL.
+    a.kill();
+    etcd.etcdctl(&["del", "--prefix", "/hwdel/hw/"])?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while etcd.get("/hwdel/node/0").await?.is_some() {
+        anyhow::ensure!(Instant::now() < deadline, "node 0's lease never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Before, b resumed one window past its clock and reached the times
+    // a stamped (8 s ahead) within 9 s.
+    let mut b = serve_in(&d[1], &args, &[])?;
+    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_secs(9)).await?;
+    let took = b.ready(Duration::from_secs(1)).await;
+    b.kill();
+    stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(loads).await?;
+    assert!(refused.is_none(), "{refused:?}");
+    assert_eq!(took?, 0);
+    assert!(
+        b.stderr()
+            .contains("/hwdel/hw/0 is missing, but node id 0 was taken before"),
+        "{}",
+        b.stderr()
+    );
+    eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
 /// Review E11: `etcdctl del --prefix /shardflake` beside a fleet on
 /// /shardflake/prod also deleted the fleets' registry, then at
 /// /shardflake.fleets/ (etcd prefixes are bytes), so a fresh node started

@@ -32,7 +32,11 @@
 //! What a take does not trust: an id with no high-water record may have had
 //! a holder whose record was deleted (`etcdctl del --prefix`), so the take
 //! resumes one window past its clock, past anything such a holder (stopped
-//! by its failing record) could have stamped; node records without a layout
+//! by its failing record) could have stamped; an id taken before (its
+//! `<prefix>/taken/<id>` stamp, written by every take, outside `hw/`) with
+//! no high-water record had one deleted by hand, and its holder, killed
+//! meanwhile, may have stamped as far ahead as its clock ran: the take
+//! waits `max_resume_wait` past its clock, as after a restore; node records without a layout
 //! record are refused (the layout was deleted); an id whose previous holder
 //! recorded a high-water further ahead than this node may wait is skipped,
 //! before anything is written; the etcd cluster id and prefix must match the
@@ -925,6 +929,10 @@ fn stamp_text(status: &Status) -> String {
     )
 }
 
+/// The stamp of a take that could not read etcd's status: believed by no
+/// restore check, and still a mark that the id was taken.
+const UNKNOWN_STAMP: &str = "taken (etcd status unknown)";
+
 /// A stamp's status (`None`: absent, or not one).
 fn parse_stamp(value: &[u8]) -> Option<Status> {
     let text = std::str::from_utf8(value).ok()?;
@@ -1786,7 +1794,19 @@ async fn take_lowest(
         let seen = high_waters.get(&candidate);
         let stamp = stamps.get(&candidate).and_then(|v| parse_stamp(v));
         let recorded = read_high_water(candidate, &hw, seen.map(Vec::as_slice))?;
-        let previous_ms = if !trust.believes(stamp.as_ref()) {
+        // Taken before (every take stamps the id, outside `hw/`) and no
+        // high-water record: deleted by hand (`etcdctl del --prefix
+        // <prefix>/hw/`). Its last holder, killed, or stopped by its
+        // failing record, may have stamped as far ahead as its clock ran.
+        let hw_deleted = seen.is_none() && stamps.contains_key(&candidate);
+        let previous_ms = if hw_deleted {
+            let skew_ms = claim.max_ahead_ms.saturating_sub(claim.window_ms);
+            tracing::warn!(
+                node_id = candidate,
+                "{hw} is missing, but node id {candidate} was taken before ({stamp_key}): its record was deleted, and its last holder may have stamped up to max_resume_wait ({skew_ms} ms) past this clock; waiting that out"
+            );
+            claim.now_ms.saturating_add(skew_ms)
+        } else if !trust.believes(stamp.as_ref()) {
             // etcd was restored: the record (or its absence) may be older
             // than what a lost holder stamped since, with its own clock:
             // up to `max_resume_wait` past ours.
@@ -1847,14 +1867,18 @@ async fn take_lowest(
             ),
         ];
         // The take's stamp: this record is believed after a later restore
-        // only while etcd's history still descends from this status.
-        if let Some(status) = &status {
-            success.push(Op::Put(
-                stamp_key.clone().into_bytes(),
-                stamp_text(status).into_bytes(),
-                0,
-            ));
-        }
+        // only while etcd's history still descends from this status. Written
+        // by every take (with no status when etcd did not tell it): it says
+        // the id was held, so a high-water record deleted later is not read
+        // as an id never used.
+        success.push(Op::Put(
+            stamp_key.clone().into_bytes(),
+            status.as_ref().map_or_else(
+                || UNKNOWN_STAMP.to_string().into_bytes(),
+                |s| stamp_text(s).into_bytes(),
+            ),
+            0,
+        ));
         match &layout_present {
             Some(recorded) => {
                 compares.push(Compare::ValueIs(layout_key.clone(), recorded.clone()));
