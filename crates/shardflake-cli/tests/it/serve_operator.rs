@@ -900,7 +900,14 @@ async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Resul
         &state,
         format!("shardflake-state 1\nhigh_water_ms {ahead}\nnode_id 7\n"),
     )?;
-    let s = serve_in(&d[0], &["--node-id", "7"], &[])?;
+    // Written by hand, so no path line: taken as node 7's own only on the
+    // operator's --resume-after.
+    let ahead_text = ahead.to_string();
+    let s = serve_in(
+        &d[0],
+        &["--node-id", "7", "--resume-after", &ahead_text],
+        &[],
+    )?;
     let mut http = Http::new(&s.http);
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut codes = Vec::new();
@@ -953,9 +960,8 @@ async fn refused(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Res
 async fn a_state_file_is_held_by_one_process_and_a_lost_one_is_refused() -> anyhow::Result<()> {
     let d = dirs(2)?;
     let state = d[0].join("shardflake.state");
-    // The first start of a static node is an explicit act: its file.
-    std::fs::write(&state, "shardflake-state 1\nhigh_water_ms 0\n")?;
-    let mut five = serve_in(&d[0], &["--node-id", "5"], &[])?;
+    // The first start of a static node is an explicit act.
+    let mut five = serve_in(&d[0], &["--node-id", "5", "--resume-after", "now"], &[])?;
     five.ready(Duration::from_secs(20)).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = vec![ids_until(&five.http, &stop)];
@@ -1002,6 +1008,42 @@ async fn a_state_file_is_held_by_one_process_and_a_lost_one_is_refused() -> anyh
     }
     let e = refused(&d[1], &via_hard_link, &[]).await?;
     assert!(e.contains("written for"), "{e}");
+    // Its way out for a moved file is not to delete the path line.
+    let hard_link_refusal = e;
+    // #17: a copy of the running node's file with its `path` line deleted
+    // (what an earlier refusal advised for a moved file): before, it ran
+    // beside node 5 as a second node 5 (904 ids twice in a review).
+    let copied = d[1].join("copy.state");
+    let without_path: String = std::fs::read_to_string(&state)?
+        .lines()
+        .filter(|l| !l.starts_with("path "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&copied, without_path)?;
+    let via_copy = ["--node-id", "5", "--state-file", "copy.state"];
+    let mut copy = serve_in(&d[1], &via_copy, &[]);
+    if let Ok(s) = &mut copy
+        && started_or_refused(s).await?.is_none()
+    {
+        loads.push(ids_until(&s.http, &stop));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        s.kill();
+        stop.store(true, Ordering::Relaxed);
+        let checked = no_duplicates(loads).await;
+        anyhow::bail!("a copy of node 5's file without its path line ran: {checked:?}");
+    }
+    let e = match copy {
+        Err(e) => e.to_string(),
+        Ok(s) => s.stderr(),
+    };
+    assert!(
+        e.contains("records no line \"path ...\"") && e.contains("--resume-after"),
+        "{e}"
+    );
+    assert!(
+        !hard_link_refusal.contains("delete its line"),
+        "{hard_link_refusal}"
+    );
     stop.store(true, Ordering::Relaxed);
     let mut issued: Vec<u64> = Vec::new();
     for l in loads {
