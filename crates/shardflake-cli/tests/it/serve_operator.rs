@@ -1497,6 +1497,51 @@ async fn an_endpoint_list_mixing_two_clusters_is_refused() -> anyhow::Result<()>
     Ok(())
 }
 
+/// #16: a member that did not answer the endpoint check was not counted:
+/// a fresh node given one member of each of two clusters, started while
+/// the fleet's cluster was down, took the fleet's node id 0 in the other
+/// (3,767,680 ids twice in a review). Now a majority of the endpoints must
+/// answer (and agree) before the first take: the node waits, and is
+/// refused once the silent member answers for another cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_silent_at_start_is_checked_before_the_first_take() -> anyhow::Result<()> {
+    let a = Etcd::start(1)?;
+    let b = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let quick = ["--window", "1s", "--etcd-timeout", "300ms"];
+    let fleet = leased(&a, "/silent", &d[0], &quick)?;
+    assert_eq!(fleet.ready(Duration::from_secs(20)).await?, 0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&fleet.http, &stop)];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(|| a.kill(0))?;
+    let mixed = format!("{},{}", a.urls(), b.urls());
+    let mut args = vec![
+        "--etcd",
+        &mixed,
+        "--etcd-prefix",
+        "/silent",
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(quick);
+    let mut fresh = serve_in(&d[1], &args, &[])?;
+    // The fleet's cluster answers again while the fresh node starts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| a.restart(0))?;
+    let refused = run_beside(&mut fresh, &stop, &mut loads, Duration::from_secs(6)).await?;
+    fresh.kill();
+    stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(loads).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("started on a mixed endpoint list"))?;
+    assert!(
+        refused.contains("answer for different etcd clusters or fleets"),
+        "{refused}"
+    );
+    eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
 /// `shardflake fleet move ARGS`: whether it succeeded, and what it said.
 fn fleet_move(args: &[&str]) -> anyhow::Result<(bool, String)> {
     fleet_cmd("move", args)

@@ -197,9 +197,13 @@ impl From<EtcdError> for AcquireError {
 #[async_trait]
 impl Registry for EtcdRegistry {
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
-        if lock(&self.cluster_id).is_none() {
-            self.check_members().await?;
-        }
+        // Before the first take: the cluster a majority of the endpoints
+        // answer for, which the take's own answers must come from.
+        let verified = if lock(&self.cluster_id).is_none() {
+            self.check_members().await?
+        } else {
+            None
+        };
         // The grant and the first read do not depend on each other: one
         // round trip for both.
         // The prefix, then the fleets registered: the take compares that
@@ -221,6 +225,14 @@ impl Registry for EtcdRegistry {
                 tracing::warn!(error = %e, "etcd did not tell its raft index (Maintenance.Status): a restore from a snapshot is seen only by the revision this node remembers");
             })
             .ok();
+        // A member that did not answer the check may answer the take: one
+        // of another cluster is refused, as in the check.
+        let read = read.and_then(|(kvs, header)| match verified {
+            Some(cluster) if cluster != header.cluster_id => {
+                Err(another_cluster_answered(cluster, header.cluster_id))
+            }
+            _ => Ok((kvs, header)),
+        });
         let taken = match read.and_then(|read| Ok((read, fleets?))) {
             Ok(((kvs, header), (registered, registered_at))) => {
                 // The cluster of this process's first take is its cluster
@@ -348,6 +360,7 @@ impl Registry for EtcdRegistry {
                                 retire_previous(&self.client, &self.prefix, previous, claim, before)
                                     .await
                                     .map(|(floor, carried, generation)| Fleet {
+                                        cluster_id: header.cluster_id,
                                         expected: expected_fleet,
                                         carried,
                                         generation,
@@ -359,6 +372,7 @@ impl Registry for EtcdRegistry {
                                     })
                             }
                             (Ok(()), _) => Ok(Fleet {
+                                cluster_id: header.cluster_id,
                                 expected: expected_fleet,
                                 carried: None,
                                 generation: place.generation,
@@ -576,13 +590,18 @@ impl EtcdRegistry {
         }
     }
 
-    /// Before the first take: every member that answers must answer for
-    /// one cluster and one fleet (an endpoint list mixing two clusters
-    /// would let nodes of one fleet take ids in both). Members that do not
-    /// answer are not counted.
-    async fn check_members(&self) -> Result<(), AcquireError> {
+    /// Before the first take: a majority of the endpoints must answer,
+    /// and every member that answers must answer for one cluster and one
+    /// fleet (an endpoint list mixing two clusters would let nodes of one
+    /// fleet take ids in both). Returns that cluster (`None`: one
+    /// endpoint). A majority, because any two majorities of one list share
+    /// a member: two nodes given one list, started while different members
+    /// were down, were both checked by one member, so they never start in
+    /// two clusters. Fewer answering is retried (unreachable) until start's
+    /// deadline.
+    async fn check_members(&self) -> Result<Option<u64>, AcquireError> {
         if self.members.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let key = format!("{}/fleet", self.prefix);
         let mut asked = tokio::task::JoinSet::new();
@@ -594,6 +613,7 @@ impl EtcdRegistry {
             });
         }
         let mut answers = Vec::new();
+        let mut silent = Vec::new();
         while let Some(joined) = asked.join_next().await {
             let Ok((endpoint, answer)) = joined else {
                 continue;
@@ -607,11 +627,13 @@ impl EtcdRegistry {
                     answers.push((endpoint, header.cluster_id, fleet));
                 }
                 Err(e) => {
-                    tracing::warn!(endpoint, error = %e, "etcd member did not answer which cluster it belongs to; not counted")
+                    tracing::warn!(endpoint, error = %e, "etcd member did not answer which cluster it belongs to");
+                    silent.push(endpoint);
                 }
             }
         }
         answers.sort();
+        silent.sort();
         let said = |(endpoint, cluster, fleet): &(String, u64, Option<String>)| {
             format!(
                 "{endpoint} (etcd cluster={cluster:x}, fleet {})",
@@ -629,7 +651,18 @@ impl EtcdRegistry {
                 }
             }
         }
-        Ok(())
+        let listed = self.members.len();
+        if answers.len() * 2 <= listed {
+            return Err(AcquireError::Registry(RegistryError::Unreachable(
+                format!(
+                    "only {} of the {listed} --etcd endpoints answered which etcd cluster and fleet they belong to (silent: {}): a node takes its first id once a majority of them answered and agree, so that no endpoint of another cluster among them goes unseen. Start it again once they answer, or list only the members of its cluster",
+                    answers.len(),
+                    silent.join(", ")
+                )
+                .into(),
+            )));
+        }
+        Ok(answers.first().map(|a| a.1))
     }
 
     fn layout_key(&self) -> String {
@@ -857,6 +890,15 @@ fn not_ours(e: &Event, held: &Held, [node, hw, layout]: [&String; 3]) -> Option<
         (!same).then(|| format!("{layout} was {what}"))
     } else {
         None
+    }
+}
+
+/// A first take answered by another cluster than the one the endpoints
+/// answered the check for.
+fn another_cluster_answered(checked: u64, answered: u64) -> AcquireError {
+    AcquireError::MembersDisagree {
+        one: format!("the members that answered the check (etcd cluster={checked:x})"),
+        other: format!("a member that answered the take (etcd cluster={answered:x})"),
     }
 }
 
@@ -1493,6 +1535,10 @@ const CONFIRMED: &str = "confirmed";
 
 /// What a take knows of its fleet besides the claim.
 struct Fleet {
+    /// The cluster the take's first read was answered by: a take
+    /// answered by another (an endpoint of another cluster, failed over
+    /// to) is refused.
+    cluster_id: u64,
     /// The fleet id this node belongs to (its state file, or an earlier
     /// take of this process).
     expected: Option<String>,
@@ -1961,6 +2007,12 @@ async fn take_lowest(
             .txn(&compares, &success, &failure)
             .await
             .map_err(after_an_answer)?;
+        if answer.cluster_id != 0 && answer.cluster_id != fleet.cluster_id {
+            return Err(another_cluster_answered(
+                fleet.cluster_id,
+                answer.cluster_id,
+            ));
+        }
         let taken = Taken {
             node_id: candidate,
             previous_ms,
