@@ -208,9 +208,7 @@ pub struct GenerationBehind {
 /// A fleet registered in an etcd cluster that could make the ids of a
 /// fleet starting under another prefix there.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: start a node on {other_prefix}: its refusal says what to put back, the floor first; the fleet id alone is not safe). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. A fleet of its own: the same layout with another value of a fixed field (--field NAME=VALUE)"
-)]
+#[error("{}", self.describe())]
 pub struct FleetOverlap {
     /// The prefix of this start.
     pub prefix: String,
@@ -222,6 +220,31 @@ pub struct FleetOverlap {
     pub other_prefix: String,
     /// Its layout record.
     pub other_layout: String,
+    /// Where the registered fleet moved with `fleet move --to-etcd` (its
+    /// registration's mark): it makes its ids there, not here.
+    pub moved_to: Option<String>,
+}
+
+impl FleetOverlap {
+    fn describe(&self) -> String {
+        let FleetOverlap {
+            prefix,
+            layout,
+            other,
+            other_prefix,
+            other_layout,
+            moved_to,
+        } = self;
+        let own = "A fleet of its own: the same layout with another value of a fixed field (--field NAME=VALUE)";
+        match moved_to {
+            Some(to) => format!(
+                "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other}, which ran in this etcd cluster under {other_prefix} (layout {other_layout:?}) and moved to {to}: it makes its ids there, and nothing in this cluster sees its nodes, so a fleet here whose ids meet its layout's would make them again. A node of that fleet: start it there. {own}. Only if that fleet is gone for good (no node of it runs anywhere, and none will): etcdctl del shardflake.fleets/{other} (and /shardflake.fleets/{other}, where an earlier version registered it)"
+            ),
+            None => format!(
+                "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: start a node on {other_prefix}: its refusal says what to put back, the floor first; the fleet id alone is not safe). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. {own}"
+            ),
+        }
+    }
 }
 
 /// Why no node id could be taken.

@@ -2183,7 +2183,7 @@ async fn a_fleet_moved_to_another_cluster_is_not_started_again_where_it_was() ->
 {
     let one = Etcd::start(1)?;
     let two = Etcd::start(1)?;
-    let d = dirs(2)?;
+    let d = dirs(3)?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = Vec::new();
     run_fleet(&one, "/gone", &d[..1], &stop, &mut loads).await?;
@@ -2216,6 +2216,32 @@ async fn a_fleet_moved_to_another_cluster_is_not_started_again_where_it_was() ->
         e.contains("moved to /gone on etcd cluster=")
             && e.contains("start nodes there")
             && !e.contains("etcdctl put /gone/floor"),
+        "{e}"
+    );
+    // A new fleet of its layout on another prefix there would make the
+    // moved fleet's ids: refused, with advice that fits a fleet gone to
+    // another cluster (before: "use --etcd-prefix /gone", a move from
+    // /gone and --previous-prefix /gone, each refused there now).
+    let e = refused(
+        &d[2],
+        &[
+            "--etcd",
+            &one.urls(),
+            "--etcd-prefix",
+            "/beside",
+            "--lease-ttl",
+            "3s",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(
+        e.contains("would share ids with fleet")
+            && e.contains("and moved to /gone on etcd cluster=")
+            && e.contains("A node of that fleet: start it there")
+            && e.contains("etcdctl del shardflake.fleets/")
+            && !e.contains("--etcd-prefix /gone")
+            && !e.contains("--previous-prefix /gone"),
         "{e}"
     );
     // The fleet runs where it went.

@@ -1398,6 +1398,7 @@ fn check_registered(
                 other: String::from_utf8_lossy(id).into_owned(),
                 other_prefix: their_prefix,
                 other_layout: their_layout,
+                moved_to: registration_moved_to(&kv.value),
             })));
         }
     }
