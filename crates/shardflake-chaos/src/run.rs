@@ -747,6 +747,11 @@ fn apply(
             let etcd = cluster.etcd.as_ref().context("no etcd")?;
             let fleet = etcd.etcdctl(&["get", "--print-value-only", &key])?;
             let fleet = fleet.trim_end_matches('\n').to_string();
+            // The generation the nodes' state files record (a move or a
+            // layout change raised it): the refusal asks for it back too.
+            let generation_key = format!("{}/generation", cluster.prefix);
+            let generation = etcd.etcdctl(&["get", "--print-value-only", &generation_key])?;
+            let generation = generation.trim_end_matches('\n').to_string();
             etcd.etcdctl(&["del", "--prefix", &format!("{}/", cluster.prefix)])?;
             say(start, format!("etcdctl del --prefix {}/", cluster.prefix));
             // Holders stop at once (they watch their records); each then
@@ -768,10 +773,20 @@ fn apply(
                     .as_millis()
                     + 6_000;
                 etcd.etcdctl(&["put", &floor_key, &floor.to_string()])?;
+                if !generation.is_empty() {
+                    etcd.etcdctl(&["put", &generation_key, &generation])?;
+                }
                 etcd.etcdctl(&["put", &key, &fleet])?;
                 say(
                     start,
-                    format!("{floor_key} then {key} put back, as the refusal says"),
+                    format!(
+                        "{floor_key}, {generation_key} ({}) then {key} put back, as the refusal says",
+                        if generation.is_empty() {
+                            "none"
+                        } else {
+                            generation.as_str()
+                        }
+                    ),
                 );
             }
             let mut stopped = 0;
