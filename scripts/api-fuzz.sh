@@ -79,9 +79,9 @@ EOF
     exit 2
     ;;
 esac
-# A static node's first start: its state file, written by hand.
-printf 'shardflake-state 1\nhigh_water_ms 0\n' >"$dir/state"
-"$bin" serve --http 127.0.0.1:0 --grpc 127.0.0.1:0 --node-id 1 \
+# A static node's first start: --resume-after now (a state file written by
+# hand, without the path line a node writes, is refused).
+"$bin" serve --http 127.0.0.1:0 --grpc 127.0.0.1:0 --node-id 1 --resume-after now \
     --layout "orders: time 41 | node 6 | shard 6 | sequence 10 (epoch 1735689600000 ms)" \
     --shards 40 --max-batch 1000 --state-file "$dir/state" "${tickets[@]}" "$@" \
     >"$dir/out" 2>"$dir/log" </dev/null &

@@ -22,9 +22,9 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2
 trap cleanup EXIT
 http=() grpc=()
 for n in 1 2; do
-    # A static node's first start: its state file, written by hand.
-    printf 'shardflake-state 1\nhigh_water_ms 0\n' >"$dir/state$n"
-    "$target/release/shardflake" serve --node-id "$n" --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
+    # A static node's first start: --resume-after now.
+    "$target/release/shardflake" serve --node-id "$n" --resume-after now \
+        --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
         --state-file "$dir/state$n" >"$dir/out$n" 2>"$dir/err$n" &
     pids+=($!)
 done

@@ -58,8 +58,8 @@ etcd_cpu_ms() {
 start_node() {
     local bin=$1 mode=$2 i=$3 dir=$4 prefix=$5
     local -a args=(--node-id "$i")
-    # A static node's first start: its state file, written by hand.
-    [[ $mode == static && ! -s $dir/state.$i ]] && printf 'shardflake-state 1\nhigh_water_ms 0\n' >"$dir/state.$i"
+    # A static node's first start: --resume-after now.
+    [[ $mode == static && ! -s $dir/state.$i ]] && args+=(--resume-after now)
     [[ $mode == etcd ]] && args=(--etcd "$endpoints" --etcd-prefix "$prefix" --lease-ttl 10s
                                  --etcd-timeout 2s --window 6s)
     RUST_LOG=info,shardflake_service::registry=debug "$bin" serve --http 127.0.0.1:0 \

@@ -13,8 +13,8 @@ now_ms() { date +%s%3N; }
 start_ready() {  # bin dir mode -> ms to ready
   local bin=$1 dir=$2 mode=$3 t0 pid
   local -a args=(--node-id 5)
-  # A static node's first start: its state file, written by hand.
-  [[ $mode == static && ! -s $dir/state ]] && printf 'shardflake-state 1\nhigh_water_ms 0\n' >"$dir/state"
+  # A static node's first start: --resume-after now.
+  [[ $mode == static && ! -s $dir/state ]] && args+=(--resume-after now)
   [[ $mode == etcd ]] && args=(--etcd "$endpoints" --etcd-prefix "/restart/$(basename "$dir")" --lease-ttl 10s --etcd-timeout 2s --window 6s)
   : >"$dir/log"
   t0=$(now_ms)

@@ -61,6 +61,10 @@ pub struct RunFacts {
     /// (slot, process) started without its state file (the state-lost
     /// fault): the order across restarts starts over there.
     pub fresh_state: std::collections::BTreeSet<(usize, u32)>,
+    /// From (slot, process) on, the slot runs a later layout whose epoch is
+    /// this many ms earlier (the layout-change fault): its ids' time, read
+    /// with the run's first layout, is that much past the id's own.
+    pub epoch_earlier_ms: BTreeMap<(usize, u32), i64>,
 }
 
 /// One node slot's facts.
@@ -175,6 +179,12 @@ pub fn check(
         *r.ids_by_protocol.entry(log.protocol.name()).or_default() += log.ids;
         *r.collected.entry((log.slot, log.incarnation)).or_default() += log.ids;
         let mut previous: Option<u64> = None;
+        let earlier_ms = facts
+            .epoch_earlier_ms
+            .range(..=(log.slot, log.incarnation))
+            .next_back()
+            .filter(|((slot, _), _)| *slot == log.slot)
+            .map_or(0, |(_, ms)| *ms);
         for run in &log.runs {
             if let Some(p) = previous.filter(|&p| run.start <= p) {
                 r.order_violations += 1;
@@ -191,7 +201,8 @@ pub fn check(
             }
             previous = Some(run.last());
             // Every id of a run is in the same tick.
-            let lead = id_ms(run.start).map(|ms| ms - (start_ms + i64::from(run.received_ms)));
+            let lead = id_ms(run.start)
+                .map(|ms| ms - earlier_ms - (start_ms + i64::from(run.received_ms)));
             if let Some(lead) = lead {
                 r.max_lead_ms = r.max_lead_ms.max(lead);
             }

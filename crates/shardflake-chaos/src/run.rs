@@ -84,6 +84,11 @@ struct Cluster {
     slots: Vec<Slot>,
     /// The fleet's etcd prefix.
     prefix: String,
+    /// The fleet's layout spec (`/v1/info`), changed by layout-change.
+    layout: String,
+    /// From (slot, process) on, how much earlier the slot's layout's epoch
+    /// is than the run's first (for the checker's lead).
+    epoch_earlier_ms: BTreeMap<(usize, u32), i64>,
 }
 
 impl Drop for Cluster {
@@ -163,6 +168,8 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         netns: None,
         slots: Vec::new(),
         prefix: String::new(),
+        layout: String::new(),
+        epoch_earlier_ms: BTreeMap::new(),
     };
     let (etcd, login) = cluster::start_etcd(&o.etcd_script, &dir.join("etcd"), 3, o.etcd_auth)?;
     let endpoints = etcd.endpoints.join(",");
@@ -295,6 +302,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         .to_string();
     let node_field = info["node_field"].as_str().unwrap_or("node").to_string();
     let layout = shardflake::preset::resolve(&spec).with_context(|| format!("layout {spec:?}"))?;
+    cluster.layout = spec.clone();
     let seq = layout.sequence();
     println!("layout: {spec}; node field {node_field}");
     for s in &cluster.slots {
@@ -403,6 +411,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
     for s in slots.iter().filter(|s| !s.spare && !s.came_back) {
         incidents.push(format!("{} never answered after the last fault", s.name));
     }
+    let epoch_earlier_ms = std::mem::take(&mut cluster.epoch_earlier_ms);
     drop(cluster);
     let facts = RunFacts {
         load_start_unix_ms,
@@ -412,6 +421,7 @@ fn run_in(o: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
         issued,
         incidents,
         fresh_state,
+        epoch_earlier_ms,
     };
     let sorting = Instant::now();
     let report = check::check(&logs, Some(&layout), &node_field, &facts);
@@ -737,6 +747,11 @@ fn apply(
             let etcd = cluster.etcd.as_ref().context("no etcd")?;
             let fleet = etcd.etcdctl(&["get", "--print-value-only", &key])?;
             let fleet = fleet.trim_end_matches('\n').to_string();
+            // The generation the nodes' state files record (a move or a
+            // layout change raised it): the refusal asks for it back too.
+            let generation_key = format!("{}/generation", cluster.prefix);
+            let generation = etcd.etcdctl(&["get", "--print-value-only", &generation_key])?;
+            let generation = generation.trim_end_matches('\n').to_string();
             etcd.etcdctl(&["del", "--prefix", &format!("{}/", cluster.prefix)])?;
             say(start, format!("etcdctl del --prefix {}/", cluster.prefix));
             // Holders stop at once (they watch their records); each then
@@ -758,10 +773,20 @@ fn apply(
                     .as_millis()
                     + 6_000;
                 etcd.etcdctl(&["put", &floor_key, &floor.to_string()])?;
+                if !generation.is_empty() {
+                    etcd.etcdctl(&["put", &generation_key, &generation])?;
+                }
                 etcd.etcdctl(&["put", &key, &fleet])?;
                 say(
                     start,
-                    format!("{floor_key} then {key} put back, as the refusal says"),
+                    format!(
+                        "{floor_key}, {generation_key} ({}) then {key} put back, as the refusal says",
+                        if generation.is_empty() {
+                            "none"
+                        } else {
+                            generation.as_str()
+                        }
+                    ),
                 );
             }
             let mut stopped = 0;
@@ -937,6 +962,18 @@ fn apply(
             }
             say(start, format!("{nodes} nodes started under {new}"));
         }
+        Fault::LayoutChange => {
+            if let Err(e) = layout_change(cluster, p, start, ttl, &mut last_count) {
+                // The run goes on with the fleet where it was.
+                let nodes = cluster.slots.len() - 1;
+                for slot in cluster.slots.iter_mut().take(nodes) {
+                    if slot.proc.is_none() {
+                        start_slot(slot)?;
+                    }
+                }
+                return Err(e);
+            }
+        }
         Fault::StateCopy => {
             let slot = &cluster.slots[p.slot];
             let name = format!("{}-copy", slot.spec.name);
@@ -1008,6 +1045,175 @@ fn apply(
     }
     info!(fault = p.fault.name(), "done");
     Ok(())
+}
+
+/// The layout-change fault: every node stopped, then started on a new
+/// prefix with `--previous-prefix`, the changed layout and new state files,
+/// as the guide says. An epoch moved later (drawn) must be refused by
+/// every node, which then restarts as it was; an epoch a minute earlier
+/// (and the random start switched) is allowed, and the fleet runs there
+/// (the checker reads its ids' time a minute late: `epoch_earlier_ms`).
+fn layout_change(
+    cluster: &mut Cluster,
+    p: &Planned,
+    start: Instant,
+    ttl: Duration,
+    last_count: &mut impl FnMut(&Cluster, usize),
+) -> anyhow::Result<()> {
+    let nodes = cluster.slots.len() - 1;
+    for i in 0..nodes {
+        last_count(cluster, i);
+        term_slot(&mut cluster.slots[i])?;
+    }
+    let old = cluster.prefix.clone();
+    let tag = p.at.as_millis();
+    let new = format!("{old}-l{tag}");
+    // From the schedule's jitter: which change, and how much later.
+    let later_ms = if tag % 2 == 1 {
+        5_000 + (tag as i64 * 7919) % 25_000
+    } else {
+        -EARLIER_EPOCH_MS
+    };
+    let layout = changed_layout(&cluster.layout, later_ms)?;
+    let specs: Vec<NodeSpec> = cluster.slots[..nodes]
+        .iter()
+        .map(|slot| {
+            let mut spec = slot.spec.clone();
+            for a in spec.args.iter_mut().filter(|a| **a == old) {
+                a.clone_from(&new);
+            }
+            set_flag(&mut spec.args, "--layout", &layout);
+            set_flag(&mut spec.args, "--previous-prefix", &old);
+            spec.state_file = spec.dir.join(format!("{}-l{tag}.state", spec.name));
+            spec
+        })
+        .collect();
+    say(
+        start,
+        format!("{nodes} nodes stopped; the new fleet under {new}: {layout}"),
+    );
+    // After an etcd restore a node without a state file of the new place
+    // is refused until it is confirmed, and a node key on a lease the
+    // restore brought back holds the old prefix until its TTL, as the
+    // refusals say.
+    let mut confirmed = false;
+    let mut refusals = Vec::new();
+    let deadline = Instant::now() + ttl + Duration::from_secs(10);
+    let mut i = 0;
+    while i < nodes {
+        let slot = &mut cluster.slots[i];
+        start_slot_as(slot, &specs[i])?;
+        match exits_within(slot, Duration::from_secs(if later_ms > 0 { 20 } else { 3 })) {
+            Some(log) if log.contains("was restored from a snapshot") && !confirmed => {
+                fleet_cmd(cluster, &["confirm", "--etcd-prefix", &new])?
+                    .map_err(|e| anyhow::anyhow!("shardflake fleet confirm {new}: {e}"))?;
+                say(start, format!("{new} confirmed after the etcd restore"));
+                confirmed = true;
+                continue;
+            }
+            Some(log) if log.contains("still has a node") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(500));
+                continue;
+            }
+            Some(log) if later_ms > 0 && log.contains("are not above every id the fleet under") => {
+                refusals.push(i);
+            }
+            Some(log) => bail!(
+                "node{i} of the new layout exited: {}",
+                log.lines().last().unwrap_or("")
+            ),
+            None if later_ms > 0 => {
+                term_slot(&mut cluster.slots[i])?;
+                bail!("node{i} started with an epoch {later_ms} ms later than the fleet's");
+            }
+            None => {}
+        }
+        i += 1;
+    }
+    if later_ms > 0 {
+        say(
+            start,
+            format!(
+                "the epoch {later_ms} ms later: refused by nodes {refusals:?}; restarted as they were"
+            ),
+        );
+        for i in 0..nodes {
+            start_slot(&mut cluster.slots[i])?;
+        }
+        return Ok(());
+    }
+    // Allowed: the fleet runs under the new prefix and layout, and later
+    // restarts are plain ones there.
+    for (slot, mut spec) in cluster.slots[..nodes].iter_mut().zip(specs) {
+        if let Some(at) = spec.args.iter().position(|a| a == "--previous-prefix") {
+            spec.args.drain(at..at + 2);
+        }
+        slot.spec = spec;
+    }
+    let spare = &mut cluster.slots[nodes].spec;
+    for a in spare.args.iter_mut().filter(|a| **a == old) {
+        a.clone_from(&new);
+    }
+    set_flag(&mut spare.args, "--layout", &layout);
+    spare.state_file = spare.dir.join(format!("spare-l{tag}.state"));
+    cluster.prefix = new.clone();
+    cluster.layout = layout;
+    for (i, slot) in cluster.slots.iter().enumerate() {
+        // The node's process running now, or the spare's next one.
+        let from = if i < nodes {
+            slot.processes.saturating_sub(1)
+        } else {
+            slot.processes
+        };
+        let before = cluster
+            .epoch_earlier_ms
+            .range(..=(i, from))
+            .next_back()
+            .filter(|((s, _), _)| *s == i)
+            .map_or(0, |(_, ms)| *ms);
+        cluster
+            .epoch_earlier_ms
+            .insert((i, from), before + EARLIER_EPOCH_MS);
+    }
+    say(start, format!("{nodes} nodes started under {new}"));
+    Ok(())
+}
+
+/// How much earlier the layout-change fault's allowed layout puts the
+/// epoch: past the old fleet's high-water records (a window ahead, or a
+/// floor put back after a delete), so that every id of the new layout from
+/// now on is above every id of the old.
+const EARLIER_EPOCH_MS: i64 = 60_000;
+
+/// `args` with `flag`'s value set to `value` (appended where absent).
+fn set_flag(args: &mut Vec<String>, flag: &str, value: &str) {
+    match args.iter().position(|a| a == flag) {
+        Some(at) if at + 1 < args.len() => args[at + 1] = value.to_string(),
+        _ => args.extend([flag.to_string(), value.to_string()]),
+    }
+}
+
+/// `spec` with its epoch `later_ms` later (negative: earlier); an earlier
+/// one also switches a random start of 4 bits on (or off).
+fn changed_layout(spec: &str, later_ms: i64) -> anyhow::Result<String> {
+    let old = shardflake::preset::resolve(spec).with_context(|| format!("layout {spec:?}"))?;
+    let random_start = match (later_ms < 0, old.random_start_bits()) {
+        (true, 0) => 4,
+        (true, _) => 0,
+        (false, bits) => bits,
+    };
+    let epoch = old
+        .epoch_ms()
+        .checked_add_signed(later_ms)
+        .context("epoch out of range")?;
+    let mut builder = shardflake::Layout::builder(old.name())
+        .epoch_ms(epoch)
+        .tick_ms(old.tick_ms())
+        .random_start(random_start);
+    for f in old.fields() {
+        builder = builder.field(f.name(), f.kind(), f.bits());
+    }
+    Ok(builder.build()?.to_string())
 }
 
 /// A node without a state file started on the fleet's deleted prefix

@@ -60,11 +60,18 @@ pub enum Fault {
     /// `--etcd` list: it must be refused (the members disagree), then it
     /// is restarted as it was (runs without `--etcd-auth` only).
     ForeignEndpoint,
+    /// A layout change as the guide says: every node stopped, the fleet
+    /// started on a new prefix with `--previous-prefix`, a changed layout
+    /// and new state files. Drawn from the schedule's jitter: an epoch a
+    /// minute earlier with a random start switched (allowed: the fleet
+    /// runs there), or an epoch 5-30 s later (its ids would repeat the old
+    /// ones': every node must be refused, then restarts as it was).
+    LayoutChange,
 }
 
 impl Fault {
     /// Every kind, in a fixed order.
-    pub const ALL: [Fault; 15] = [
+    pub const ALL: [Fault; 16] = [
         Fault::Kill,
         Fault::Stop,
         Fault::Clock,
@@ -80,6 +87,7 @@ impl Fault {
         Fault::StateCopy,
         Fault::FleetMove,
         Fault::ForeignEndpoint,
+        Fault::LayoutChange,
     ];
 
     /// The name printed in the schedule.
@@ -100,6 +108,7 @@ impl Fault {
             Fault::StateCopy => "state-file-copy",
             Fault::FleetMove => "fleet-move",
             Fault::ForeignEndpoint => "other-cluster-endpoint",
+            Fault::LayoutChange => "layout-change",
         }
     }
 }
@@ -122,7 +131,8 @@ impl fmt::Display for Planned {
             Fault::AuthChange
             | Fault::RegistryDeleted
             | Fault::LayoutDeleted
-            | Fault::FleetMove => "every node".to_string(),
+            | Fault::FleetMove
+            | Fault::LayoutChange => "every node".to_string(),
             Fault::Restore => "etcd".to_string(),
             Fault::OtherPrefix => "half the nodes".to_string(),
             _ => format!("node{}", self.slot),
@@ -205,6 +215,7 @@ pub fn plan(seed: u64, shape: &Shape) -> Vec<Planned> {
             | Fault::Restore
             | Fault::LayoutDeleted
             | Fault::FleetMove
+            | Fault::LayoutChange
             | Fault::ForeignEndpoint => 0,
             _ => rng.usize(0..shape.nodes.max(1)),
         };
@@ -406,7 +417,7 @@ mod tests {
 
     #[test]
     fn a_cycle_holds_every_fault_once_and_the_same_seed_the_same_plan() {
-        // 14 kinds without auth, one every 8 s: a cycle needs 131 s.
+        // 15 kinds without auth, one every 8 s: a cycle needs 123 s.
         let p = plan(7, &shape(140));
         assert_eq!(p, plan(7, &shape(140)));
         assert_ne!(p, plan(8, &shape(140)));

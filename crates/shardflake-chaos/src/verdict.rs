@@ -121,6 +121,7 @@ impl Outcome<'_> {
             }],
             errors: self.clients.errors,
             issued: BTreeMap::new(),
+            epoch_earlier_ms: BTreeMap::new(),
             incidents: self.incidents,
             fresh_state: Default::default(),
         };

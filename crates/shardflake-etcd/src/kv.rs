@@ -79,6 +79,8 @@ pub struct TxnAnswer {
     /// The cluster's revision after the transaction (a put that ran was
     /// written at it).
     pub revision: i64,
+    /// The id of the cluster that ran it.
+    pub cluster_id: u64,
 }
 
 impl Client {
@@ -266,6 +268,7 @@ impl Client {
         let mut out = TxnAnswer {
             succeeded: answer.succeeded,
             revision: answer.header.as_ref().map_or(0, |h| h.revision),
+            cluster_id: answer.header.as_ref().map_or(0, |h| h.cluster_id),
             ..TxnAnswer::default()
         };
         for (op, r) in ran.iter().zip(answer.responses) {

@@ -99,7 +99,7 @@ pub enum KeeperError {
     /// The state file records another path: a copy, or a hard link made
     /// before its node replaced it, of another node's state file.
     #[error(
-        "state file {} was written for {written_for}: it is a copy or a link of another node's state file, and two nodes with one history issue the same ids. Give each node its own state file; if you moved this file, delete its line \"path ...\"",
+        "state file {} was written for {written_for}: it is a copy or a link of another node's state file, and two nodes with one history issue the same ids. Give each node its own state file; {way_out}",
         path.display()
     )]
     StateCopied {
@@ -107,6 +107,23 @@ pub enum KeeperError {
         path: PathBuf,
         /// The path its `path` line records.
         written_for: String,
+        /// What to do where the file was moved on purpose.
+        way_out: String,
+    },
+    /// A static node's state file without its `path` line (every write
+    /// records it): a copy of another node's file with that line deleted
+    /// would give two nodes one history.
+    #[error(
+        "state file {} records no line \"path ...\" (every write of a node records it): it may be another node's state file copied with that line deleted, and two nodes with one history issue the same ids. If it is this node's own (written by hand, or by an earlier version) and no other process runs as static node {node_id}: start this node once with --resume-after {high_water_ms} (its high_water_ms, or later); the file is then this node's, and its next write records its path",
+        path.display()
+    )]
+    StateUnowned {
+        /// The state file.
+        path: PathBuf,
+        /// This node's static id.
+        node_id: u64,
+        /// What the file records.
+        high_water_ms: u64,
     },
     /// The state file was written by another node id or layout.
     #[error(
@@ -577,12 +594,52 @@ impl Keeper {
             }
         }
         // Last: a file copied from another node is named for what differs
-        // first (its node id, layout or registry).
-        if let Some(written_for) = state
-            .path
-            .filter(|p| *p != self.state_lock.canonical_path())
-        {
-            return Err(KeeperError::StateCopied { path, written_for });
+        // first (its node id, layout or registry). A static node's file
+        // must name this path: nothing else keeps two static nodes from
+        // sharing one history, and a line can be deleted. Only the
+        // operator's --resume-after takes such a file as this node's.
+        let own = state.path.as_deref() == Some(self.state_lock.canonical_path().as_str());
+        match (&config.node, state.path) {
+            _ if own => {}
+            (NodeSource::Static(_), written_for) if config.resume_after.is_some() => {
+                let resume = state.high_water_ms.max(floor);
+                tracing::warn!(
+                    path = %path.display(),
+                    written_for = written_for.as_deref().unwrap_or("(no path line)"),
+                    resume_after_ms = resume,
+                    "the state file is taken as this node's on --resume-after; its next write records its path"
+                );
+                return Ok(resume);
+            }
+            (NodeSource::Static(id), None) => {
+                return Err(KeeperError::StateUnowned {
+                    path,
+                    node_id: *id,
+                    high_water_ms: state.high_water_ms,
+                });
+            }
+            (NodeSource::Static(id), Some(written_for)) => {
+                let way_out = format!(
+                    "if you moved this file here and no process runs as static node {id} on {written_for}: start this node once with --resume-after {} (its high_water_ms, or later)",
+                    state.high_water_ms
+                );
+                return Err(KeeperError::StateCopied {
+                    path,
+                    written_for,
+                    way_out,
+                });
+            }
+            // A leased node: etcd keeps the ids of two nodes apart; the
+            // line catches a copy, and deleting it accepts a move.
+            (NodeSource::Etcd(_), Some(written_for)) => {
+                let way_out = "if you moved this file, delete its line \"path ...\"".into();
+                return Err(KeeperError::StateCopied {
+                    path,
+                    written_for,
+                    way_out,
+                });
+            }
+            (NodeSource::Etcd(_), None) => {}
         }
         if config.resume_after.is_some() {
             tracing::info!(

@@ -23,7 +23,8 @@
 //! prefix would compose equal ids from different node ids, or from one). On etcd, `<prefix>/queue/<lease>` marks a node that
 //! lost a race for an id and is still trying (leased; it only orders racing
 //! nodes, see `registry/etcd.rs`), `<prefix>/taken/<id>` the etcd status
-//! each take read, and `<prefix>/restored` the last snapshot restore a
+//! each take read (every take writes it: an id taken before whose
+//! high-water record is gone had it deleted, and is waited out), and `<prefix>/restored` the last snapshot restore a
 //! take saw (both judge records after a restore, see `registry/etcd.rs`).
 //! Outside every prefix, `shardflake.fleets/<fleet id>` registers each
 //! fleet of the cluster (its prefix and layout record): a take refuses a
@@ -207,9 +208,7 @@ pub struct GenerationBehind {
 /// A fleet registered in an etcd cluster that could make the ids of a
 /// fleet starting under another prefix there.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: start a node on {other_prefix}: its refusal says what to put back, the floor first; the fleet id alone is not safe). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. A fleet of its own: the same layout with another value of a fixed field (--field NAME=VALUE)"
-)]
+#[error("{}", self.describe())]
 pub struct FleetOverlap {
     /// The prefix of this start.
     pub prefix: String,
@@ -221,6 +220,31 @@ pub struct FleetOverlap {
     pub other_prefix: String,
     /// Its layout record.
     pub other_layout: String,
+    /// Where the registered fleet moved with `fleet move --to-etcd` (its
+    /// registration's mark): it makes its ids there, not here.
+    pub moved_to: Option<String>,
+}
+
+impl FleetOverlap {
+    fn describe(&self) -> String {
+        let FleetOverlap {
+            prefix,
+            layout,
+            other,
+            other_prefix,
+            other_layout,
+            moved_to,
+        } = self;
+        let own = "A fleet of its own: the same layout with another value of a fixed field (--field NAME=VALUE)";
+        match moved_to {
+            Some(to) => format!(
+                "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other}, which ran in this etcd cluster under {other_prefix} (layout {other_layout:?}) and moved to {to}: it makes its ids there, and nothing in this cluster sees its nodes, so a fleet here whose ids meet its layout's would make them again. A node of that fleet: start it there. {own}. Only if that fleet is gone for good (no node of it runs anywhere, and none will): etcdctl del shardflake.fleets/{other} (and /shardflake.fleets/{other}, where an earlier version registered it)"
+            ),
+            None => format!(
+                "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: start a node on {other_prefix}: its refusal says what to put back, the floor first; the fleet id alone is not safe). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. {own}"
+            ),
+        }
+    }
 }
 
 /// Why no node id could be taken.
@@ -343,7 +367,7 @@ pub enum AcquireError {
     },
     /// The prefix records no fleet id, where this node expects its own.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet (its high-water records with it): stop every node of it, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {expected}; the fleet id alone is not enough: a node would resume one window past its own clock, under another node's id"
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet (its high-water records with it): stop every node of it, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {expected} (after a `fleet move` or a layout change, with the generation the fleet's state files record, `generation N`: etcdctl put {prefix}/generation N; its nodes are refused by a lower one); the fleet id alone is not enough: a node would resume one window past its own clock, under another node's id"
     )]
     FleetMissing {
         /// The key prefix.
@@ -359,7 +383,7 @@ pub enum AcquireError {
     /// records were deleted (`etcdctl del --prefix`), its high-waters with
     /// them, and a new fleet here would make that fleet's ids again.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. Stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {fleet}, and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}, then etcdctl del /shardflake.fleets/{fleet} (where an earlier version registered it)"
+        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. Stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {fleet} (after a `fleet move` or a layout change, with the generation the fleet's state files record, `generation N`: etcdctl put {prefix}/generation N; its nodes are refused by a lower one), and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}, then etcdctl del /shardflake.fleets/{fleet} (where an earlier version registered it)"
     )]
     FleetDeleted {
         /// The key prefix.

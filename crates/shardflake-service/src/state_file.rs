@@ -19,7 +19,10 @@
 //! ```
 //!
 //! Only `high_water_ms` is required: a line left out is not compared (an
-//! operator may write a file by hand, or drop a line to accept a change).
+//! operator may write a file by hand, or drop a line to accept a change),
+//! but for a static node's `path` line: the keeper refuses a static node's
+//! file without it unless `--resume-after` is given (a copy with the line
+//! deleted would give two static nodes one history).
 //! The first format, one line `shardflake-high-water-ms <ms>`, still reads.
 //! An empty file reads as no file (the lock creates one).
 //!
@@ -29,7 +32,8 @@
 //! and each write locks the new file before it replaces the old one, so
 //! the file at the path is always locked. A hard link made before a write
 //! names the replaced file, its own inode: the `path` line catches it (and
-//! a copy), as a file written for another path. Two processes sharing a
+//! a copy), as a file written for another path; a static node's file must
+//! have one. Two processes sharing a
 //! file would share a node id's history, and one could resume below what
 //! the other issued.
 

@@ -107,7 +107,9 @@ pub struct ServeArgs {
     pub state_file: Option<PathBuf>,
     /// A static node without a state file resumes after this time: `now`
     /// for its first start, else a time after every id it issued (Unix ms
-    /// or RFC 3339). Without it such a node refuses to start.
+    /// or RFC 3339). Without it such a node refuses to start; so does one
+    /// whose state file does not name its own path (moved, or written by
+    /// hand), which this takes as its own.
     #[arg(long, env = "SHARDFLAKE_RESUME_AFTER")]
     pub resume_after: Option<String>,
     /// Largest batch one request may ask for [default: 1000000].

@@ -297,6 +297,72 @@ async fn a_fresh_node_on_a_deleted_prefix_is_refused() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Outside review: `etcdctl del --prefix <prefix>/hw/` (the high-water
+/// records only) after a holder whose clock ran ahead was killed; a fresh
+/// node took its id one window past its own clock and made its ids again
+/// (5,140,704 ids twice with the holder +30 s). Every take stamps the id
+/// at `<prefix>/taken/<id>`, which that delete leaves: an id taken before
+/// with no high-water record is waited out `--max-resume-wait` past the
+/// clock. Here the holder runs 8 s ahead, the wait is 12 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_never_reissues_ids_of_a_holder_whose_high_water_was_deleted() -> anyhow::Result<()>
+{
+    let etcd = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+8s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let urls = etcd.urls();
+    let args = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/hwdel",
+        "--lease-ttl",
+        "3s",
+        "--window",
+        "1s",
+        "--etcd-timeout",
+        "300ms",
+        "--max-resume-wait",
+        "12s",
+    ];
+    let mut a = serve_in(&d[0], &args, &ahead)?;
+    assert_eq!(a.ready(Duration::from_secs(20)).await?, 0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&a.http, &stop)];
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Killed: its lease, and so its node key, lasts until its TTL.
+    a.kill();
+    etcd.etcdctl(&["del", "--prefix", "/hwdel/hw/"])?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while etcd.get("/hwdel/node/0").await?.is_some() {
+        anyhow::ensure!(Instant::now() < deadline, "node 0's lease never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Before, b resumed one window past its clock and reached the times
+    // a stamped (8 s ahead) within 9 s.
+    let mut b = serve_in(&d[1], &args, &[])?;
+    let refused = run_beside(&mut b, &stop, &mut loads, Duration::from_secs(9)).await?;
+    let took = b.ready(Duration::from_secs(1)).await;
+    b.kill();
+    stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(loads).await?;
+    assert!(refused.is_none(), "{refused:?}");
+    assert_eq!(took?, 0);
+    assert!(
+        b.stderr()
+            .contains("/hwdel/hw/0 is missing, but node id 0 was taken before"),
+        "{}",
+        b.stderr()
+    );
+    eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
 /// Review E11: `etcdctl del --prefix /shardflake` beside a fleet on
 /// /shardflake/prod also deleted the fleets' registry, then at
 /// /shardflake.fleets/ (etcd prefixes are bytes), so a fresh node started
@@ -834,7 +900,14 @@ async fn a_static_node_restarted_as_something_else_is_refused() -> anyhow::Resul
         &state,
         format!("shardflake-state 1\nhigh_water_ms {ahead}\nnode_id 7\n"),
     )?;
-    let s = serve_in(&d[0], &["--node-id", "7"], &[])?;
+    // Written by hand, so no path line: taken as node 7's own only on the
+    // operator's --resume-after.
+    let ahead_text = ahead.to_string();
+    let s = serve_in(
+        &d[0],
+        &["--node-id", "7", "--resume-after", &ahead_text],
+        &[],
+    )?;
     let mut http = Http::new(&s.http);
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut codes = Vec::new();
@@ -887,9 +960,8 @@ async fn refused(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Res
 async fn a_state_file_is_held_by_one_process_and_a_lost_one_is_refused() -> anyhow::Result<()> {
     let d = dirs(2)?;
     let state = d[0].join("shardflake.state");
-    // The first start of a static node is an explicit act: its file.
-    std::fs::write(&state, "shardflake-state 1\nhigh_water_ms 0\n")?;
-    let mut five = serve_in(&d[0], &["--node-id", "5"], &[])?;
+    // The first start of a static node is an explicit act.
+    let mut five = serve_in(&d[0], &["--node-id", "5", "--resume-after", "now"], &[])?;
     five.ready(Duration::from_secs(20)).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = vec![ids_until(&five.http, &stop)];
@@ -936,6 +1008,42 @@ async fn a_state_file_is_held_by_one_process_and_a_lost_one_is_refused() -> anyh
     }
     let e = refused(&d[1], &via_hard_link, &[]).await?;
     assert!(e.contains("written for"), "{e}");
+    // Its way out for a moved file is not to delete the path line.
+    let hard_link_refusal = e;
+    // #17: a copy of the running node's file with its `path` line deleted
+    // (what an earlier refusal advised for a moved file): before, it ran
+    // beside node 5 as a second node 5 (904 ids twice in a review).
+    let copied = d[1].join("copy.state");
+    let without_path: String = std::fs::read_to_string(&state)?
+        .lines()
+        .filter(|l| !l.starts_with("path "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&copied, without_path)?;
+    let via_copy = ["--node-id", "5", "--state-file", "copy.state"];
+    let mut copy = serve_in(&d[1], &via_copy, &[]);
+    if let Ok(s) = &mut copy
+        && started_or_refused(s).await?.is_none()
+    {
+        loads.push(ids_until(&s.http, &stop));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        s.kill();
+        stop.store(true, Ordering::Relaxed);
+        let checked = no_duplicates(loads).await;
+        anyhow::bail!("a copy of node 5's file without its path line ran: {checked:?}");
+    }
+    let e = match copy {
+        Err(e) => e.to_string(),
+        Ok(s) => s.stderr(),
+    };
+    assert!(
+        e.contains("records no line \"path ...\"") && e.contains("--resume-after"),
+        "{e}"
+    );
+    assert!(
+        !hard_link_refusal.contains("delete its line"),
+        "{hard_link_refusal}"
+    );
     stop.store(true, Ordering::Relaxed);
     let mut issued: Vec<u64> = Vec::new();
     for l in loads {
@@ -1386,6 +1494,51 @@ async fn an_endpoint_list_mixing_two_clusters_is_refused() -> anyhow::Result<()>
     // One cluster's members only: starts.
     let one = leased(&a, "/mixed", &d[2], &[])?;
     assert_eq!(one.ready(Duration::from_secs(20)).await?, 0);
+    Ok(())
+}
+
+/// #16: a member that did not answer the endpoint check was not counted:
+/// a fresh node given one member of each of two clusters, started while
+/// the fleet's cluster was down, took the fleet's node id 0 in the other
+/// (3,767,680 ids twice in a review). Now a majority of the endpoints must
+/// answer (and agree) before the first take: the node waits, and is
+/// refused once the silent member answers for another cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_silent_at_start_is_checked_before_the_first_take() -> anyhow::Result<()> {
+    let a = Etcd::start(1)?;
+    let b = Etcd::start(1)?;
+    let d = dirs(2)?;
+    let quick = ["--window", "1s", "--etcd-timeout", "300ms"];
+    let fleet = leased(&a, "/silent", &d[0], &quick)?;
+    assert_eq!(fleet.ready(Duration::from_secs(20)).await?, 0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&fleet.http, &stop)];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(|| a.kill(0))?;
+    let mixed = format!("{},{}", a.urls(), b.urls());
+    let mut args = vec![
+        "--etcd",
+        &mixed,
+        "--etcd-prefix",
+        "/silent",
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(quick);
+    let mut fresh = serve_in(&d[1], &args, &[])?;
+    // The fleet's cluster answers again while the fresh node starts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| a.restart(0))?;
+    let refused = run_beside(&mut fresh, &stop, &mut loads, Duration::from_secs(6)).await?;
+    fresh.kill();
+    stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(loads).await?;
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("started on a mixed endpoint list"))?;
+    assert!(
+        refused.contains("answer for different etcd clusters or fleets"),
+        "{refused}"
+    );
+    eprintln!("{total} ids, no duplicate");
     Ok(())
 }
 
@@ -2030,7 +2183,7 @@ async fn a_fleet_moved_to_another_cluster_is_not_started_again_where_it_was() ->
 {
     let one = Etcd::start(1)?;
     let two = Etcd::start(1)?;
-    let d = dirs(2)?;
+    let d = dirs(3)?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = Vec::new();
     run_fleet(&one, "/gone", &d[..1], &stop, &mut loads).await?;
@@ -2063,6 +2216,32 @@ async fn a_fleet_moved_to_another_cluster_is_not_started_again_where_it_was() ->
         e.contains("moved to /gone on etcd cluster=")
             && e.contains("start nodes there")
             && !e.contains("etcdctl put /gone/floor"),
+        "{e}"
+    );
+    // A new fleet of its layout on another prefix there would make the
+    // moved fleet's ids: refused, with advice that fits a fleet gone to
+    // another cluster (before: "use --etcd-prefix /gone", a move from
+    // /gone and --previous-prefix /gone, each refused there now).
+    let e = refused(
+        &d[2],
+        &[
+            "--etcd",
+            &one.urls(),
+            "--etcd-prefix",
+            "/beside",
+            "--lease-ttl",
+            "3s",
+        ],
+        &[],
+    )
+    .await?;
+    assert!(
+        e.contains("would share ids with fleet")
+            && e.contains("and moved to /gone on etcd cluster=")
+            && e.contains("A node of that fleet: start it there")
+            && e.contains("etcdctl del shardflake.fleets/")
+            && !e.contains("--etcd-prefix /gone")
+            && !e.contains("--previous-prefix /gone"),
         "{e}"
     );
     // The fleet runs where it went.

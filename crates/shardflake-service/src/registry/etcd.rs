@@ -32,7 +32,11 @@
 //! What a take does not trust: an id with no high-water record may have had
 //! a holder whose record was deleted (`etcdctl del --prefix`), so the take
 //! resumes one window past its clock, past anything such a holder (stopped
-//! by its failing record) could have stamped; node records without a layout
+//! by its failing record) could have stamped; an id taken before (its
+//! `<prefix>/taken/<id>` stamp, written by every take, outside `hw/`) with
+//! no high-water record had one deleted by hand, and its holder, killed
+//! meanwhile, may have stamped as far ahead as its clock ran: the take
+//! waits `max_resume_wait` past its clock, as after a restore; node records without a layout
 //! record are refused (the layout was deleted); an id whose previous holder
 //! recorded a high-water further ahead than this node may wait is skipped,
 //! before anything is written; the etcd cluster id and prefix must match the
@@ -193,9 +197,13 @@ impl From<EtcdError> for AcquireError {
 #[async_trait]
 impl Registry for EtcdRegistry {
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
-        if lock(&self.cluster_id).is_none() {
-            self.check_members().await?;
-        }
+        // Before the first take: the cluster a majority of the endpoints
+        // answer for, which the take's own answers must come from.
+        let verified = if lock(&self.cluster_id).is_none() {
+            self.check_members().await?
+        } else {
+            None
+        };
         // The grant and the first read do not depend on each other: one
         // round trip for both.
         // The prefix, then the fleets registered: the take compares that
@@ -217,6 +225,14 @@ impl Registry for EtcdRegistry {
                 tracing::warn!(error = %e, "etcd did not tell its raft index (Maintenance.Status): a restore from a snapshot is seen only by the revision this node remembers");
             })
             .ok();
+        // A member that did not answer the check may answer the take: one
+        // of another cluster is refused, as in the check.
+        let read = read.and_then(|(kvs, header)| match verified {
+            Some(cluster) if cluster != header.cluster_id => {
+                Err(another_cluster_answered(cluster, header.cluster_id))
+            }
+            _ => Ok((kvs, header)),
+        });
         let taken = match read.and_then(|read| Ok((read, fleets?))) {
             Ok(((kvs, header), (registered, registered_at))) => {
                 // The cluster of this process's first take is its cluster
@@ -344,6 +360,7 @@ impl Registry for EtcdRegistry {
                                 retire_previous(&self.client, &self.prefix, previous, claim, before)
                                     .await
                                     .map(|(floor, carried, generation)| Fleet {
+                                        cluster_id: header.cluster_id,
                                         expected: expected_fleet,
                                         carried,
                                         generation,
@@ -355,6 +372,7 @@ impl Registry for EtcdRegistry {
                                     })
                             }
                             (Ok(()), _) => Ok(Fleet {
+                                cluster_id: header.cluster_id,
                                 expected: expected_fleet,
                                 carried: None,
                                 generation: place.generation,
@@ -572,13 +590,18 @@ impl EtcdRegistry {
         }
     }
 
-    /// Before the first take: every member that answers must answer for
-    /// one cluster and one fleet (an endpoint list mixing two clusters
-    /// would let nodes of one fleet take ids in both). Members that do not
-    /// answer are not counted.
-    async fn check_members(&self) -> Result<(), AcquireError> {
+    /// Before the first take: a majority of the endpoints must answer,
+    /// and every member that answers must answer for one cluster and one
+    /// fleet (an endpoint list mixing two clusters would let nodes of one
+    /// fleet take ids in both). Returns that cluster (`None`: one
+    /// endpoint). A majority, because any two majorities of one list share
+    /// a member: two nodes given one list, started while different members
+    /// were down, were both checked by one member, so they never start in
+    /// two clusters. Fewer answering is retried (unreachable) until start's
+    /// deadline.
+    async fn check_members(&self) -> Result<Option<u64>, AcquireError> {
         if self.members.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let key = format!("{}/fleet", self.prefix);
         let mut asked = tokio::task::JoinSet::new();
@@ -590,6 +613,7 @@ impl EtcdRegistry {
             });
         }
         let mut answers = Vec::new();
+        let mut silent = Vec::new();
         while let Some(joined) = asked.join_next().await {
             let Ok((endpoint, answer)) = joined else {
                 continue;
@@ -603,11 +627,13 @@ impl EtcdRegistry {
                     answers.push((endpoint, header.cluster_id, fleet));
                 }
                 Err(e) => {
-                    tracing::warn!(endpoint, error = %e, "etcd member did not answer which cluster it belongs to; not counted")
+                    tracing::warn!(endpoint, error = %e, "etcd member did not answer which cluster it belongs to");
+                    silent.push(endpoint);
                 }
             }
         }
         answers.sort();
+        silent.sort();
         let said = |(endpoint, cluster, fleet): &(String, u64, Option<String>)| {
             format!(
                 "{endpoint} (etcd cluster={cluster:x}, fleet {})",
@@ -625,7 +651,18 @@ impl EtcdRegistry {
                 }
             }
         }
-        Ok(())
+        let listed = self.members.len();
+        if answers.len() * 2 <= listed {
+            return Err(AcquireError::Registry(RegistryError::Unreachable(
+                format!(
+                    "only {} of the {listed} --etcd endpoints answered which etcd cluster and fleet they belong to (silent: {}): a node takes its first id once a majority of them answered and agree, so that no endpoint of another cluster among them goes unseen. Start it again once they answer, or list only the members of its cluster",
+                    answers.len(),
+                    silent.join(", ")
+                )
+                .into(),
+            )));
+        }
+        Ok(answers.first().map(|a| a.1))
     }
 
     fn layout_key(&self) -> String {
@@ -856,6 +893,15 @@ fn not_ours(e: &Event, held: &Held, [node, hw, layout]: [&String; 3]) -> Option<
     }
 }
 
+/// A first take answered by another cluster than the one the endpoints
+/// answered the check for.
+fn another_cluster_answered(checked: u64, answered: u64) -> AcquireError {
+    AcquireError::MembersDisagree {
+        one: format!("the members that answered the check (etcd cluster={checked:x})"),
+        other: format!("a member that answered the take (etcd cluster={answered:x})"),
+    }
+}
+
 /// The mutex's value; a panic elsewhere while it was held leaves a value
 /// that is still whole (every write is one assignment).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -924,6 +970,10 @@ fn stamp_text(status: &Status) -> String {
         status.revision, status.raft_index
     )
 }
+
+/// The stamp of a take that could not read etcd's status: believed by no
+/// restore check, and still a mark that the id was taken.
+const UNKNOWN_STAMP: &str = "taken (etcd status unknown)";
 
 /// A stamp's status (`None`: absent, or not one).
 fn parse_stamp(value: &[u8]) -> Option<Status> {
@@ -1348,6 +1398,7 @@ fn check_registered(
                 other: String::from_utf8_lossy(id).into_owned(),
                 other_prefix: their_prefix,
                 other_layout: their_layout,
+                moved_to: registration_moved_to(&kv.value),
             })));
         }
     }
@@ -1485,6 +1536,10 @@ const CONFIRMED: &str = "confirmed";
 
 /// What a take knows of its fleet besides the claim.
 struct Fleet {
+    /// The cluster the take's first read was answered by: a take
+    /// answered by another (an endpoint of another cluster, failed over
+    /// to) is refused.
+    cluster_id: u64,
     /// The fleet id this node belongs to (its state file, or an earlier
     /// take of this process).
     expected: Option<String>,
@@ -1786,7 +1841,19 @@ async fn take_lowest(
         let seen = high_waters.get(&candidate);
         let stamp = stamps.get(&candidate).and_then(|v| parse_stamp(v));
         let recorded = read_high_water(candidate, &hw, seen.map(Vec::as_slice))?;
-        let previous_ms = if !trust.believes(stamp.as_ref()) {
+        // Taken before (every take stamps the id, outside `hw/`) and no
+        // high-water record: deleted by hand (`etcdctl del --prefix
+        // <prefix>/hw/`). Its last holder, killed, or stopped by its
+        // failing record, may have stamped as far ahead as its clock ran.
+        let hw_deleted = seen.is_none() && stamps.contains_key(&candidate);
+        let previous_ms = if hw_deleted {
+            let skew_ms = claim.max_ahead_ms.saturating_sub(claim.window_ms);
+            tracing::warn!(
+                node_id = candidate,
+                "{hw} is missing, but node id {candidate} was taken before ({stamp_key}): its record was deleted, and its last holder may have stamped up to max_resume_wait ({skew_ms} ms) past this clock; waiting that out"
+            );
+            claim.now_ms.saturating_add(skew_ms)
+        } else if !trust.believes(stamp.as_ref()) {
             // etcd was restored: the record (or its absence) may be older
             // than what a lost holder stamped since, with its own clock:
             // up to `max_resume_wait` past ours.
@@ -1847,14 +1914,18 @@ async fn take_lowest(
             ),
         ];
         // The take's stamp: this record is believed after a later restore
-        // only while etcd's history still descends from this status.
-        if let Some(status) = &status {
-            success.push(Op::Put(
-                stamp_key.clone().into_bytes(),
-                stamp_text(status).into_bytes(),
-                0,
-            ));
-        }
+        // only while etcd's history still descends from this status. Written
+        // by every take (with no status when etcd did not tell it): it says
+        // the id was held, so a high-water record deleted later is not read
+        // as an id never used.
+        success.push(Op::Put(
+            stamp_key.clone().into_bytes(),
+            status.as_ref().map_or_else(
+                || UNKNOWN_STAMP.to_string().into_bytes(),
+                |s| stamp_text(s).into_bytes(),
+            ),
+            0,
+        ));
         match &layout_present {
             Some(recorded) => {
                 compares.push(Compare::ValueIs(layout_key.clone(), recorded.clone()));
@@ -1937,6 +2008,12 @@ async fn take_lowest(
             .txn(&compares, &success, &failure)
             .await
             .map_err(after_an_answer)?;
+        if answer.cluster_id != 0 && answer.cluster_id != fleet.cluster_id {
+            return Err(another_cluster_answered(
+                fleet.cluster_id,
+                answer.cluster_id,
+            ));
+        }
         let taken = Taken {
             node_id: candidate,
             previous_ms,

@@ -431,10 +431,15 @@ async fn etcd_leader_killed_under_load_service_continues_without_duplicates() ->
 /// of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_fails_over_to_another_cluster_stops() -> anyhow::Result<()> {
-    let (one, two) = (Etcd::start(1)?, Etcd::start(1)?);
-    let endpoints = [one.endpoints[0].clone(), two.endpoints[0].clone()];
+    let (one, two) = (Etcd::start(2)?, Etcd::start(1)?);
+    let endpoints = [
+        one.endpoints[0].clone(),
+        one.endpoints[1].clone(),
+        two.endpoints[0].clone(),
+    ];
     // Both answering, the list is refused at start (the members disagree);
-    // the second cluster down then, the node starts on the first.
+    // the second cluster down then, the node starts on the first (a
+    // majority of the endpoints answered the check).
     two.kill(0)?;
     let mut a = Node::start(&format!(
         "[etcd]\nendpoints = {endpoints:?}\nprefix = \"/t/two\"\nlease_ttl = \"3s\""
@@ -444,6 +449,7 @@ async fn a_node_that_fails_over_to_another_cluster_stops() -> anyhow::Result<()>
     two.restart(0)?;
     let (gone, other) = (&one, &two);
     gone.kill(0)?;
+    gone.kill(1)?;
     let exit = a.exit(Duration::from_secs(20)).await;
     let taken_there = other.keys("/t/two/node/").await?;
     assert!(
