@@ -93,7 +93,8 @@ enum TicketsCommand {
         #[command(flatten)]
         marks: MarksArg,
         /// How long to watch the counters for their rate (read again after
-        /// it; 0s: not at all, no lifetime warning).
+        /// it, when every server answered; 0s: not at all, no lifetime
+        /// warning).
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         rate_window: Duration,
         /// Warn of a counter that runs out sooner than this [default: 365d,
@@ -208,7 +209,10 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             let store = marks.store(&config)?;
             let report = admin::check_with_store(&config, &*store).await;
             print!("{report}");
-            if !rate_window.is_zero() {
+            // Not where a server did not answer: the second read would
+            // wait its timeout again.
+            let answered = report.servers.iter().all(|c| c.settings.is_ok());
+            if answered && !rate_window.is_zero() {
                 let read = std::time::Instant::now();
                 tokio::time::sleep(rate_window).await;
                 let later = admin::check_with_store(&config, &*store).await;
