@@ -91,7 +91,13 @@ impl MonotonicClock {
                 .spawn(move || {
                     loop {
                         std::thread::sleep(Duration::from_micros(100));
-                        ticker.now.store(ticker.precise(), Ordering::Relaxed);
+                        // A store, even of the same value, takes the cache
+                        // line from every core reading it: write only a new
+                        // millisecond.
+                        let now = ticker.precise();
+                        if now != ticker.now.load(Ordering::Relaxed) {
+                            ticker.now.store(now, Ordering::Relaxed);
+                        }
                     }
                 })
                 .map_err(|_| ticker.now.store(u64::MAX, Ordering::Relaxed));

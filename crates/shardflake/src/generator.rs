@@ -184,9 +184,15 @@ impl<C: Clock> GeneratorBuilder<C> {
             epoch_ms: self.layout.epoch_ms(),
             tick_ms: self.layout.tick_ms(),
             seq_bits,
+            seq_mask: mask(seq_bits),
             time_shift: self.layout.time().shift(),
             seq_shift: self.layout.sequence().shift(),
-            max_tick: self.layout.max_tick(),
+            max_tick,
+            fast_ticks: if self.layout.tick_ms() == 1 {
+                max_tick.saturating_add(1)
+            } else {
+                0
+            },
             start_mask: mask(self.layout.random_start_bits()),
             start_key: if self.layout.random_start_bits() > 0 {
                 random_key()
@@ -238,9 +244,13 @@ pub struct Generator<C = MonotonicClock> {
     epoch_ms: u64,
     tick_ms: u64,
     seq_bits: u32,
+    seq_mask: u64,
     time_shift: u32,
     seq_shift: u32,
     max_tick: u64,
+    /// Ticks the fast path of `next_id` serves, `max_tick + 1`; 0 (none)
+    /// unless the tick is 1 ms.
+    fast_ticks: u64,
     /// The layout's random start: each tick's first sequence value is a
     /// keyed hash of the tick, masked by `start_mask` (0: off).
     start_mask: u64,
@@ -398,31 +408,48 @@ impl<C: Clock> Generator<C> {
     /// The next id.
     #[inline]
     pub fn next_id(&self) -> Result<Id, GenerateError> {
-        // Fast path for the common case: a 1 ms tick, the clock past the
-        // epoch and not behind the last id, and the next value no later than
-        // now. Anything else, a lost race included, takes the full path.
-        let cur = self.state.0.load(Ordering::Acquire);
-        let now_ms = self.clock.now_ms();
-        if self.tick_ms == 1 && now_ms >= self.epoch_ms {
-            let now = now_ms - self.epoch_ms;
-            let tick_start = now << self.seq_bits;
-            let next = if cur >= tick_start {
-                cur.wrapping_add(1)
-            } else {
-                tick_start | self.random_start(now)
-            };
-            if next > cur
-                && next >> self.seq_bits <= now
-                && now <= self.max_tick
-                && self
-                    .state
-                    .0
-                    .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return Ok(self.id(next));
-            }
+        // Small enough to inline into every caller, across crates: the
+        // common case in registers, everything else out of line.
+        match self.next_fast() {
+            Some(packed) => Ok(self.id(packed)),
+            None => self.next_id_slow(),
         }
+    }
+
+    /// The common case of [`Generator::next_id`], or `None`: a 1 ms tick,
+    /// the clock within the layout's life, the next value of the clock's
+    /// tick free, and the swap won. Anything else, a lost race included,
+    /// takes the full path.
+    #[inline(always)]
+    fn next_fast(&self) -> Option<u64> {
+        let cur = self.state.0.load(Ordering::Acquire);
+        // Before the epoch the subtraction wraps past `fast_ticks`, which is
+        // 0 unless the tick is 1 ms: one comparison for all three guards.
+        let now = self.clock.now_ms().wrapping_sub(self.epoch_ms);
+        if now >= self.fast_ticks {
+            return None;
+        }
+        let tick_start = now << self.seq_bits;
+        let next = if cur >= tick_start {
+            // The tick's last value taken (or a later tick's): full path.
+            if cur >= tick_start | self.seq_mask {
+                return None;
+            }
+            cur + 1
+        } else {
+            tick_start | self.random_start(now)
+        };
+        self.state
+            .0
+            .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|_| next)
+    }
+
+    /// [`Generator::next_id`]'s full path: claims, waits and refusals.
+    #[cold]
+    #[inline(never)]
+    fn next_id_slow(&self) -> Result<Id, GenerateError> {
         let (start, _) = block_on(|a| self.try_reserve(1, false, a))?;
         Ok(self.id(start))
     }
@@ -508,7 +535,7 @@ impl<C: Clock> Generator<C> {
     #[inline]
     fn id(&self, packed: u64) -> Id {
         let tick = packed >> self.seq_bits;
-        let seq = packed & mask(self.seq_bits);
+        let seq = packed & self.seq_mask;
         Id((tick << self.time_shift) | (seq << self.seq_shift) | self.node_bits.get())
     }
 

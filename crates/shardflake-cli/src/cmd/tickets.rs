@@ -86,10 +86,21 @@ enum TicketsCommand {
     /// for the marks are refused: see `reshape`).
     Init,
     /// Report each server's increment and offset (global, per session,
-    /// per sequence) and high-water; fail on any problem.
+    /// per sequence) and high-water; fail on any problem. Warn of a
+    /// counter that reaches its column's end within the lifetime warning
+    /// at the rate it moved while check watched it.
     Check {
         #[command(flatten)]
         marks: MarksArg,
+        /// How long to watch the counters for their rate (read again after
+        /// it, when every server answered; 0s: not at all, no lifetime
+        /// warning).
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        rate_window: Duration,
+        /// Warn of a counter that runs out sooner than this [default: 365d,
+        /// or SHARDFLAKE_LIFETIME_WARNING].
+        #[arg(long, value_parser = humantime::parse_duration)]
+        lifetime_warning: Option<Duration>,
     },
     /// Raise every counter that is behind its high-water past it (marks
     /// are written ahead of every id: past everything any client could
@@ -185,11 +196,31 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
                 bail!("init failed on {failed} server(s)");
             }
         }
-        TicketsCommand::Check { marks } => {
+        TicketsCommand::Check {
+            marks,
+            rate_window,
+            lifetime_warning,
+        } => {
             let config = config.load()?;
+            let threshold = match lifetime_warning {
+                Some(d) => d,
+                None => super::lifetime_warning()?,
+            };
             let store = marks.store(&config)?;
             let report = admin::check_with_store(&config, &*store).await;
             print!("{report}");
+            // Not where a server did not answer: the second read would
+            // wait its timeout again.
+            let answered = report.servers.iter().all(|c| c.settings.is_ok());
+            if answered && !rate_window.is_zero() {
+                let read = std::time::Instant::now();
+                tokio::time::sleep(rate_window).await;
+                let later = admin::check_with_store(&config, &*store).await;
+                let now_ms = shardflake::Clock::now_ms(&shardflake::SystemClock);
+                for end in counter_ends(&config, &report, &later, read.elapsed()) {
+                    end.warn_within(threshold, now_ms);
+                }
+            }
             if !report.ok() {
                 bail!("check found {} problem(s)", report.problems.len());
             }
@@ -341,6 +372,102 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
 }
 
 /// The median of sorted, non-empty `values`.
+/// One counter's end at the rate it moved between two checks.
+#[derive(Debug, Clone, PartialEq)]
+struct CounterEnd {
+    server: String,
+    sequence: String,
+    bits: u32,
+    counter: u64,
+    max: u64,
+    per_second: f64,
+    /// Seconds until the counter reaches `max` at `per_second`.
+    left_s: f64,
+}
+
+/// The counters that moved between `before` and `after`, `elapsed` apart,
+/// and when each reaches its column's end at that rate. A ticket counter
+/// is not a clock: how long it lasts depends on the rate only, so the rate
+/// is what check watched (a counter that did not move is left out).
+fn counter_ends(
+    config: &Config,
+    before: &admin::CheckReport,
+    after: &admin::CheckReport,
+    elapsed: Duration,
+) -> Vec<CounterEnd> {
+    let counters = |report: &admin::CheckReport| {
+        report
+            .servers
+            .iter()
+            .filter_map(|c| Some((c.server.name.clone(), c.settings.as_ref().ok()?)))
+            .flat_map(|(server, settings)| {
+                settings
+                    .sequences
+                    .iter()
+                    .filter_map(move |q| Some(((server.clone(), q.name.clone()), q.counter?)))
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let earlier = counters(before);
+    counters(after)
+        .into_iter()
+        .filter_map(|((server, sequence), counter)| {
+            let seq = config.sequences.iter().find(|q| q.name == sequence)?;
+            let moved = counter.checked_sub(*earlier.get(&(server.clone(), sequence.clone()))?)?;
+            let per_second = ids_per_second(moved, elapsed)?;
+            Some(CounterEnd {
+                left_s: seq.max_id().saturating_sub(counter) as f64 / per_second,
+                server,
+                sequence,
+                bits: seq.bits,
+                counter,
+                max: seq.max_id(),
+                per_second,
+            })
+        })
+        .collect()
+}
+
+/// `moved` counter values over `elapsed`, or `None` for none.
+fn ids_per_second(moved: u64, elapsed: Duration) -> Option<f64> {
+    (moved > 0 && !elapsed.is_zero()).then(|| moved as f64 / elapsed.as_secs_f64())
+}
+
+impl CounterEnd {
+    /// Logs a warning when the counter ends sooner than `threshold`.
+    fn warn_within(&self, threshold: Duration, now_ms: u64) -> bool {
+        if self.left_s >= threshold.as_secs_f64() {
+            return false;
+        }
+        let ends = shardflake::timestamp::rfc3339_ms(
+            now_ms.saturating_add((self.left_s * 1000.0).min(u64::MAX as f64) as u64),
+        );
+        let way_out = if self.bits == 32 {
+            format!(
+                "add a sequence with bits = 64 and start = {} (above every id of this one) to the file, run shardflake tickets init and move its callers to it",
+                self.max + 1
+            )
+        } else {
+            "add a sequence with a start above this one's last id to the file, run shardflake tickets init and move its callers to it".to_string()
+        };
+        tracing::warn!(
+            server = %self.server,
+            sequence = %self.sequence,
+            counter = self.counter,
+            max = self.max,
+            per_second = self.per_second,
+            "server {} sequence {}: counter {} of {} moved {:.0} ids/s while check watched; at that rate it reaches its column's end in {:.1} days ({ends}): {way_out}",
+            self.server,
+            self.sequence,
+            self.counter,
+            self.max,
+            self.per_second,
+            self.left_s / 86_400.0,
+        );
+        true
+    }
+}
+
 fn median(values: &[f64]) -> f64 {
     let mid = values.len() / 2;
     if values.len().is_multiple_of(2) {
@@ -413,4 +540,77 @@ async fn next_in_chunks(
         }
     }
     (ids, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardflake_tickets::{SequenceState, ServerSettings};
+
+    const FILE: &str = r#"
+[[servers]]
+name = "t1"
+kind = "mariadb"
+url = "mysql://root@127.0.0.1:3306/app"
+offset = 1
+
+[[sequences]]
+name = "photos"
+bits = 32
+"#;
+
+    fn report(config: &Config, counter: Option<u64>) -> admin::CheckReport {
+        admin::CheckReport {
+            increment: 1,
+            servers: vec![admin::ServerCheck {
+                server: config.servers[0].clone(),
+                settings: Ok(ServerSettings {
+                    global: None,
+                    session: None,
+                    warnings: Vec::new(),
+                    sequences: vec![SequenceState {
+                        name: "photos".into(),
+                        detail: String::new(),
+                        counter,
+                        high_water: None,
+                        problem: None,
+                    }],
+                }),
+                holder: String::new(),
+            }],
+            problems: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_counter_ends_at_the_rate_check_watched() {
+        let config = Config::parse(FILE).unwrap();
+        let max = u64::from(u32::MAX);
+        // 1,000 ids in 2 s, 10,000,000 left: 20,000 s.
+        let ends = counter_ends(
+            &config,
+            &report(&config, Some(max - 10_001_000)),
+            &report(&config, Some(max - 10_000_000)),
+            Duration::from_secs(2),
+        );
+        assert_eq!(ends.len(), 1);
+        assert_eq!(ends[0].per_second, 500.0);
+        assert_eq!(ends[0].left_s, 20_000.0);
+        assert!(ends[0].warn_within(Duration::from_secs(365 * 86_400), 0));
+        assert!(!ends[0].warn_within(Duration::from_secs(20_000), 0));
+    }
+
+    #[test]
+    fn a_counter_that_did_not_move_or_was_not_read_has_no_end() {
+        let config = Config::parse(FILE).unwrap();
+        let still = report(&config, Some(7));
+        let none = report(&config, None);
+        let second = Duration::from_secs(1);
+        assert!(counter_ends(&config, &still, &still, second).is_empty());
+        assert!(counter_ends(&config, &none, &still, second).is_empty());
+        assert!(counter_ends(&config, &still, &none, second).is_empty());
+        // A counter set back (a restore) between the reads: no rate.
+        assert!(counter_ends(&config, &report(&config, Some(9)), &still, second).is_empty());
+        assert_eq!(ids_per_second(5, Duration::ZERO), None);
+    }
 }

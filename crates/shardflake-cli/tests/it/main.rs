@@ -15,6 +15,7 @@ mod serve_clock;
 mod serve_etcd;
 mod serve_operator;
 mod serve_uniqueness;
+mod tickets_lifetime;
 mod tickets_stores;
 
 /// The `shardflake` binary cargo built for these tests.
