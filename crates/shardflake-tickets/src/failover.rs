@@ -345,6 +345,9 @@ impl Server {
                 loaded => loaded,
             },
         };
+        // Only the marks of every client vouch for a per-id row (MariaDB's
+        // guard answers without its proof until then).
+        let vouching = loaded.is_ok() || config.failover.allow_without_marks;
         let stored = match loaded {
             Ok(marks) => {
                 self.superseded.store(false, Ordering::Relaxed);
@@ -443,6 +446,9 @@ impl Server {
                         "counter behind the high-water marks (restored from a backup?): raised past them");
                 }
                 after = mark;
+            }
+            if vouching {
+                session.vouch(config, &self.config, seq, mark).await?;
             }
             // What the store holds, this client knows is written.
             self.reserved[i].fetch_max(stored, Ordering::Relaxed);

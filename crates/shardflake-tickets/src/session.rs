@@ -135,6 +135,16 @@ impl Backend for Session {
         delegate!(self, b => b.raise(config, server, seq, past).await)
     }
 
+    async fn vouch(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        delegate!(self, b => b.vouch(config, server, seq, past).await)
+    }
+
     async fn reshape(
         &mut self,
         config: &Config,

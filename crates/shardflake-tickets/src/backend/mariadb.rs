@@ -195,7 +195,9 @@ impl MariaSession {
 /// cleared, the counter row advanced (`LAST_INSERT_ID(id)`: the id handed
 /// out is the row's value before), then what the client checks: the rows
 /// moved (1: the row is there), the id, the proof `…_ctr_u` set to it, and
-/// the table's identity (`identity`: where it is read with every answer).
+/// the table's identity (`identity`: where it is read with every answer),
+/// and whether the guard ran at all ([`GUARD_RAN`]: a proof missing while
+/// it ran is a row its guard does not vouch for, [`guard_triggers`]).
 /// `LAST_INSERT_ID(expr)` in an `UPDATE` and the user variable last
 /// for the session, so the `SELECT` reads this statement's.
 fn ticket_sql(table: &str, increment: u64, identity: Option<Identity>) -> String {
@@ -204,7 +206,7 @@ fn ticket_sql(table: &str, increment: u64, identity: Option<Identity>) -> String
         None => "NULL".to_string(),
     };
     format!(
-        "SET {PROOF} = NULL; UPDATE {table} SET id = LAST_INSERT_ID(id) + {increment} WHERE stub = '{STUB}'; SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {identity}"
+        "SET {PROOF} = NULL, {GUARD_RAN} = NULL; UPDATE {table} SET id = LAST_INSERT_ID(id) + {increment} WHERE stub = '{STUB}'; SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {GUARD_RAN} IS NOT NULL, {identity}"
     )
 }
 
@@ -222,7 +224,7 @@ fn adopted_ticket_sql(table: &str, stub: &str, identity: Option<Identity>) -> St
         None => "NULL".to_string(),
     };
     format!(
-        "SET {PROOF} = NULL; REPLACE INTO {table} (stub) VALUES ('{stub}'); SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {identity}"
+        "SET {PROOF} = NULL; REPLACE INTO {table} (stub) VALUES ('{stub}'); SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {PROOF} IS NOT NULL, {identity}"
     )
 }
 
@@ -240,6 +242,20 @@ const DEADLOCK_RETRIES: usize = 20;
 /// its update hands out: the answer's proof that the guard ran.
 const PROOF: &str = "@shardflake_ticket";
 
+/// The session variable a per-id table's `…_ctr_u` trigger sets whenever
+/// it runs, vouching or not.
+const GUARD_RAN: &str = "@shardflake_guard";
+
+/// The session variable a client sets to 1 around its raise of a per-id
+/// row past the marks it read from the store (and only then): the row
+/// the guard vouches for from then on ([`guard_triggers`]).
+const VOUCH: &str = "@shardflake_vouch";
+
+/// The column of a per-id counter row that says what its guard vouches
+/// for: `<token>:<id>`, the guard's token (new each time `init` makes
+/// the guard anew) and the id the guard last left the row at.
+const VOUCHED: &str = "vouched";
+
 /// The one row of a per-id table (Flickr's stub).
 const STUB: &str = "a";
 
@@ -249,8 +265,10 @@ struct TicketRow {
     moved: i64,
     /// The id handed out.
     id: u64,
-    /// What the guard's trigger set, if it ran.
+    /// What the guard's trigger set, if it ran and vouches for the row.
     proof: Option<u64>,
+    /// Whether the guard's update trigger ran.
+    guarded: bool,
     /// The table's identity ([`Stamped::table`]).
     table: Option<i64>,
 }
@@ -282,13 +300,14 @@ impl MariaSession {
             }
         }
         let Some(row) = last else { return Ok(None) };
-        let (moved, id, proof, table) =
-            mysql_async::from_row_opt::<(i64, u64, Option<u64>, Option<i64>)>(row)
+        let (moved, id, proof, guarded, table) =
+            mysql_async::from_row_opt::<(i64, u64, Option<u64>, bool, Option<i64>)>(row)
                 .map_err(|e| mysql_async::Error::Other(format!("{e:?}").into()))?;
         Ok(Some(TicketRow {
             moved,
             id,
             proof,
+            guarded,
             table,
         }))
     }
@@ -350,6 +369,71 @@ impl MariaSession {
         Ok(counter.unwrap_or(1).max(row.unwrap_or(1)))
     }
 }
+
+impl MariaSession {
+    /// The [`VOUCHED`] column added to per-id table `table` of an older
+    /// release (a nullable column: instant, rows written meanwhile go in;
+    /// the row is vouched for by no guard until a client raises it).
+    async fn add_vouched(&mut self, table: &str) -> Result<(), TicketError> {
+        let has: Option<u64> = self
+            .conn
+            .query_first(format!(
+                "SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}' AND COLUMN_NAME = '{VOUCHED}'"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "init: read the ticket table's columns", e))?;
+        if has.is_some() {
+            return Ok(());
+        }
+        self.conn
+            .query_drop(format!(
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {VOUCHED} varchar(64) NULL"
+            ))
+            .await
+            .map_err(|e| {
+                TicketError::db(
+                    &self.server,
+                    &format!("init: ALTER TABLE {table} ADD COLUMN {VOUCHED}"),
+                    e,
+                )
+            })
+    }
+
+    /// The token of the guard of per-id table `table`: the one its update
+    /// trigger carries where every trigger of the guard is there, so that
+    /// `init` again changes nothing; else a new one. A guard made anew
+    /// (one of its triggers was missing: dropped, a restore without
+    /// triggers) vouches for no row until a client raises it past the
+    /// marks ([`guard_triggers`]).
+    async fn guard_token(&mut self, table: &str) -> Result<String, TicketError> {
+        let names = guard_names(&[table.to_string()]);
+        let err = |e| TicketError::db(&self.server, "init: read the guard's token", e);
+        let found: Option<(u64, Option<String>)> = self
+            .conn
+            .query_first(format!(
+                "SELECT COUNT(*), MAX(REGEXP_SUBSTR(IF(TRIGGER_NAME = '{table}_ctr_u', ACTION_STATEMENT, ''), '{TOKEN_PREFIX}[0-9a-f]{{16}}')) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{table}' AND TRIGGER_NAME IN ({names})"
+            ))
+            .await
+            .map_err(err)?;
+        if let Some((count, Some(token))) = found
+            && count == guard_triggers(table, "").len() as u64
+            && !token.is_empty()
+        {
+            return Ok(token);
+        }
+        let token: Option<String> = self
+            .conn
+            .query_first(format!(
+                "SELECT CONCAT('{TOKEN_PREFIX}', LEFT(MD5(CONCAT(UUID(), RAND())), 16))"
+            ))
+            .await
+            .map_err(err)?;
+        token.ok_or_else(|| TicketError::db(&self.server, "init: make the guard's token", "no row"))
+    }
+}
+
+/// What a guard's token starts with (then 16 hex digits).
+const TOKEN_PREFIX: &str = "sfg";
 
 /// Why a server's global `auto_increment_increment`/`offset` (`global`),
 /// which an adopted table's own applications draw with, cannot be used:
@@ -486,9 +570,12 @@ impl Backend for MariaSession {
 
     /// One per-id ticket: the counter row advanced, read back with its
     /// guard's proof and the table's identity, in one round trip
-    /// ([`ticket_sql`]). An answer without the proof (the row moved, but
-    /// not through `…_ctr_u`: the guard dropped, or the table of before
-    /// `init` converted it) is refused, whatever its value.
+    /// ([`ticket_sql`]). An answer without the proof is refused, whatever
+    /// its value: where the guard did not run (dropped, or the table of
+    /// before `init` converted it), as a table without its guard; where
+    /// it ran but does not vouch for the row (moved outside it, or the
+    /// guard made anew: [`guard_triggers`]), as `recreated`, checked
+    /// against the marks again.
     async fn next_ticket(
         &mut self,
         index: usize,
@@ -520,6 +607,7 @@ impl Backend for MariaSession {
             moved,
             id,
             proof,
+            guarded,
             table,
         }) = answer
         else {
@@ -530,6 +618,15 @@ impl Backend for MariaSession {
             return Err(not_initialised(&self.server, seq));
         }
         if proof != Some(id) {
+            // The guard ran but does not vouch for the row: it was moved
+            // outside the guard, or the guard was made anew. Like a table
+            // recreated: checked against the marks again.
+            if guarded && proof.is_none() {
+                return Err(TicketError::Recreated {
+                    server: self.server.clone(),
+                    sequence: seq.name.clone(),
+                });
+            }
             return Err(unguarded(&self.server, &seq.table()));
         }
         Ok(Stamped { value: id, table })
@@ -623,7 +720,7 @@ impl Backend for MariaSession {
             .await
             .map_err(|e| TicketError::db(&self.server, "read the table's identity", e))?
             .ok_or_else(|| TicketError::db(&self.server, "read the table's identity", "no row"))?;
-        if guards != guard_triggers(SEGMENT_TABLE).len() as u64 {
+        if guards != guard_triggers(SEGMENT_TABLE, "").len() as u64 {
             return Err(unguarded(&self.server, SEGMENT_TABLE));
         }
         Ok(Stamped { value, table })
@@ -746,6 +843,36 @@ impl Backend for MariaSession {
             .query_drop(&sql)
             .await
             .map_err(|e| TicketError::db(&self.server, &format!("raise the counter ({sql})"), e))
+    }
+
+    /// A per-id counter row (not an adopted table's) raised past `past`
+    /// with [`VOUCH`] set: its guard vouches for the row from now on.
+    async fn vouch(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        if seq.mode != Mode::PerId || seq.adopted() {
+            return Ok(());
+        }
+        let err = |e| TicketError::db(&self.server, "vouch for the counter row", e);
+        let next = first_at_or_above(config.increment, server.offset, past.min(seq.max_id()) + 1);
+        self.conn
+            .query_drop(format!("SET {VOUCH} = 1"))
+            .await
+            .map_err(err)?;
+        let vouched = self
+            .conn
+            .query_drop(format!(
+                "UPDATE {} SET id = GREATEST(id, {next}) WHERE stub = '{STUB}'",
+                seq.table()
+            ))
+            .await;
+        let reset = self.conn.query_drop(format!("SET {VOUCH} = NULL")).await;
+        vouched.map_err(err)?;
+        reset.map_err(err)
     }
 
     /// The increment and offset are the client's: a per-id row is raised
@@ -1198,7 +1325,7 @@ impl Backend for MariaSession {
             ))
             .await
             .map_err(run(format!("CREATE TABLE {SEGMENT_TABLE}")))?;
-        for (trigger, sql) in guard_triggers(SEGMENT_TABLE) {
+        for (trigger, sql) in guard_triggers(SEGMENT_TABLE, "") {
             self.conn
                 .query_drop(sql)
                 .await
@@ -1239,14 +1366,17 @@ impl Backend for MariaSession {
                     if form.is_none() {
                         self.conn
                             .query_drop(format!(
-                                "CREATE TABLE IF NOT EXISTS {table} (stub char(1) NOT NULL PRIMARY KEY, id {column} NOT NULL) ENGINE=InnoDB"
+                                "CREATE TABLE IF NOT EXISTS {table} (stub char(1) NOT NULL PRIMARY KEY, id {column} NOT NULL, {VOUCHED} varchar(64) NULL) ENGINE=InnoDB"
                             ))
                             .await
                             .map_err(run(format!("CREATE TABLE {table}")))?;
+                    } else {
+                        self.add_vouched(&table).await?;
                     }
                     // The guard first: on a table of the REPLACE form, its
                     // insert trigger refuses every REPLACE from here on.
-                    for (trigger, sql) in guard_triggers(&table) {
+                    let token = self.guard_token(&table).await?;
+                    for (trigger, sql) in guard_triggers(&table, &token) {
                         self.conn
                             .query_drop(sql)
                             .await
@@ -1429,7 +1559,20 @@ impl Backend for MariaSession {
 /// the same round trip: an answer that does not carry it (the trigger
 /// dropped under a running client) is refused. Suffixes of 6 characters:
 /// a table's name is at most 56, a trigger's 64.
-fn guard_triggers(table: &str) -> Vec<(String, String)> {
+///
+/// The proof is given only for a row the guard vouches for: its
+/// [`VOUCHED`] column is `<token>:<id>`, `token` this guard's (new each
+/// time `init` makes the guard anew, [`MariaSession::guard_token`]). A
+/// client's raise past the marks it read from the store ([`VOUCH`] = 1)
+/// vouches for the row; each ticket of a vouched row keeps it vouched;
+/// a row inserted (`t_ctr_i`: a dump's row, a `TRUNCATE` and insert), set
+/// with `@shardflake_rewind = 1`, changed while the guard was dropped, or
+/// vouched under another guard (dropped and made anew by `init`) is not,
+/// and every ticket of it is answered without the proof (the guard ran:
+/// [`GUARD_RAN`]) until a client raises it past the marks again: each
+/// client refuses such an answer (`recreated`) and checks the server
+/// against the marks. Cheap: no read beyond the row the `UPDATE` locks.
+fn guard_triggers(table: &str, token: &str) -> Vec<(String, String)> {
     let refusal = guard_refusal(table, "SET @shardflake_rewind = 1").replace('\'', "''");
     let rewind = "NOT (@shardflake_rewind <=> 1) AND";
     let moved = format!("{LATTICE_MOVED}: restart the client with the file reshape was given");
@@ -1457,15 +1600,17 @@ fn guard_triggers(table: &str) -> Vec<(String, String)> {
         ];
     }
     let name = format!("{table}_ctr_u");
+    let vouched = |id: &str| format!("CONCAT('{token}:', {id})");
     let update = format!(
-        "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {PROOF} = OLD.id; END"
+        "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {GUARD_RAN} = 1; IF {VOUCH} <=> 1 THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {PROOF} = OLD.id; ELSE SET NEW.{VOUCHED} = NULL; END IF; END",
+        new = vouched("NEW.id"),
+        old = vouched("OLD.id"),
+    );
+    let insert = format!(
+        "CREATE OR REPLACE TRIGGER {table}_ctr_i BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF {rewind} EXISTS (SELECT 1 FROM {table}) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET NEW.{VOUCHED} = NULL; END"
     );
     vec![
-        refuse(
-            "INSERT",
-            format!("{table}_ctr_i"),
-            format!("EXISTS (SELECT 1 FROM {table})"),
-        ),
+        (format!("{table}_ctr_i"), insert),
         (name, update),
         refuse("DELETE", format!("{table}_ctr_d"), "TRUE".into()),
     ]
@@ -1511,7 +1656,7 @@ fn guard_of(config: &Config, table: &str) -> Vec<(String, String)> {
         .any(|q| q.adopted() && q.table() == table)
     {
         true => adopted_guard_triggers(table),
-        false => guard_triggers(table),
+        false => guard_triggers(table, ""),
     }
 }
 
@@ -1519,7 +1664,7 @@ fn guard_of(config: &Config, table: &str) -> Vec<(String, String)> {
 fn guard_names(tables: &[String]) -> String {
     tables
         .iter()
-        .flat_map(|t| guard_triggers(t))
+        .flat_map(|t| guard_triggers(t, ""))
         .map(|(name, _)| format!("'{name}'"))
         .collect::<Vec<_>>()
         .join(", ")

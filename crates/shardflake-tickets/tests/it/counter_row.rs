@@ -225,3 +225,65 @@ async fn the_delete_guard_dropped_alone_is_seen_by_new_sessions_and_check_mariad
     client.shutdown().await;
     assert_unique(&ids);
 }
+
+/// The `CREATE TRIGGER` statements of every trigger on `tickets_photos`
+/// on `server`, as an operator copies them before dropping them.
+async fn photos_trigger_text(conn: &mut mysql_async::Conn) -> Vec<String> {
+    conn.query(
+        "SELECT CONCAT('CREATE TRIGGER ', TRIGGER_NAME, ' ', ACTION_TIMING, ' ', EVENT_MANIPULATION, ' ON tickets_photos FOR EACH ROW ', ACTION_STATEMENT) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = 'app' AND EVENT_OBJECT_TABLE = 'tickets_photos'",
+    )
+    .await
+    .unwrap()
+}
+
+/// Review finding E5: between two answers of an idle running client, an
+/// operator drops the counter row's whole guard, sets the row back (above
+/// that client's last answer from the server, below ids another client
+/// took since), and puts the guard back: once with `init`, once from the
+/// triggers' own text. The idle client's pooled sessions open no new
+/// checked session, so only what its next answer carries can show it.
+/// Before: the guard's proof was there again and the table was the same,
+/// and the idle client handed out the other client's ids again. Now the
+/// row carries what its guard last vouched for; a row moved outside the
+/// guard (or under a guard made anew) gives no proof until a client
+/// raises it past the marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_guard_replaced_between_two_answers_hands_out_nothing_twice_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let idle = TicketClient::connect(config.clone()).await.unwrap();
+    let busy = TicketClient::connect(config.clone()).await.unwrap();
+    let mut admin_conn = mysql_async::Conn::from_url(a.url()).await.unwrap();
+    let mut ids = Vec::new();
+    for by_hand in [false, true] {
+        let mine = idle.next_n("photos", 20).await.unwrap();
+        let last_of_a = *mine
+            .iter()
+            .filter(|id| *id % 2 == 1)
+            .max()
+            .expect("a never served");
+        ids.extend(mine);
+        ids.extend(busy.next_n("photos", 400).await.unwrap());
+        assert!(counter_row(&a) > last_of_a + 100, "busy took no id of a");
+        let text = photos_trigger_text(&mut admin_conn).await;
+        drop_photos_triggers(&a);
+        a.sql(&format!(
+            "UPDATE tickets_photos SET id = {} WHERE stub = 'a'",
+            last_of_a + 2
+        ))
+        .unwrap();
+        match by_hand {
+            false => init_ok(&config).await,
+            true => {
+                for sql in text {
+                    admin_conn.query_drop(sql).await.unwrap();
+                }
+            }
+        }
+        for _ in 0..20 {
+            ids.extend(idle.next_n("photos", 10).await.unwrap());
+        }
+    }
+    assert_unique(&ids);
+}
