@@ -167,8 +167,9 @@ pub struct Quorum {
 }
 
 impl Quorum {
-    /// A mark write: a majority of the places, the server's own copy among
-    /// them. With two places or fewer, one: a majority of two is both, and
+    /// A mark write: a majority of the places, whichever (the server's own
+    /// copy need not be among them: a read counts only the others, enough
+    /// of them to meet every majority). With two places or fewer, one: a majority of two is both, and
     /// one server down would stop its peer (the limit this leaves, a pair's
     /// peer vouching after it missed marks, is in the tickets guide).
     pub fn write(self) -> usize {
