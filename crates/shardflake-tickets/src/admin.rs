@@ -337,6 +337,20 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
         let span = config.failover.mark_ahead.saturating_mul(config.increment);
         let mut holder = String::new();
         let mut settings = async {
+            // The marks before the counters: a mark read first is never
+            // ahead of a counter read after it unless the counter went back
+            // (a block's mark is written after its row moved; a per-id
+            // mark at most `mark_ahead` ids ahead of the counter it was
+            // written from). Read the other way round, a client's block
+            // reserved between the two reads looked like a restore.
+            let class = ResidueClass::of(config, server);
+            let marks = match store.load(&class).await {
+                Ok(marks) => marks,
+                Err(e) => {
+                    problems.push(format!("server {}: {e}", server.name));
+                    Default::default()
+                }
+            };
             let mut session = admin_session(config, server).await?;
             let mut settings =
                 bounded(config, server, "check", session.settings(config, server)).await?;
@@ -367,14 +381,6 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
                 )),
                 _ => {}
             }
-            let class = ResidueClass::of(config, server);
-            let marks = match store.load(&class).await {
-                Ok(marks) => marks,
-                Err(e) => {
-                    problems.push(format!("server {}: {e}", server.name));
-                    Default::default()
-                }
-            };
             // A server answering with an identity its class was taken
             // from (an old primary beside its promoted standby) is not
             // behind: it must not be repaired, but retired.
