@@ -263,6 +263,16 @@ async fn a_place_reshape_moved_away_from_is_refused_after_both_servers_are_resto
         "{error}"
     );
     assert!(error.contains("tickets reshape --config"), "{error}");
+    // `init` with `pa`'s file is refused as its clients are, naming the
+    // reshape (before: "ok", "ids from N on", and its clients refused).
+    for s in admin::init(&pa).await {
+        let e = s
+            .result
+            .expect_err("init with the file moved away from")
+            .to_string();
+        assert!(e.contains("the marks moved to peers + etcd /pb"), "{e}");
+        assert!(e.contains("tickets reshape --config"), "{e}");
+    }
     // `pb`'s clients are refused by the restored servers, without being
     // sent back to `pa`'s file.
     let refused = fresh(&pb).await;
