@@ -138,7 +138,9 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
             .collect();
     }
     let mut out = Vec::new();
+    let mut wrote = Vec::new();
     for server in &config.servers {
+        let mut recorded_here = false;
         let result = async {
             let mut session = admin_session(config, server).await?;
             // Recorded first where none is (written only then: init again
@@ -148,6 +150,7 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
                 let mut recorded = session.read_marks_at().await?;
                 if recorded.is_none() {
                     session.write_marks_at(&places, false).await?;
+                    recorded_here = true;
                     recorded = session.read_marks_at().await?;
                 }
                 check_marks_at(config, &server.name, recorded.as_deref())
@@ -156,10 +159,17 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
             bounded(config, server, "init", session.init(config, server)).await
         }
         .await;
+        wrote.push(recorded_here);
         out.push(ServerInit {
             server: server.name.clone(),
             result,
         });
+    }
+    if let Some(e) = take_back_a_split(config, &places, &wrote).await {
+        for init in &mut out {
+            init.result = Err(e.clone());
+        }
+        return out;
     }
     // Once every server has its marks table: adopted tables past their
     // class's marks.
@@ -172,6 +182,54 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
         }
     }
     out
+}
+
+/// Two inits at once with files naming different places each record
+/// their own on the servers they reach first, then find the other's on
+/// the rest: both refused, the servers split between two places, and each
+/// file's clients served by a part of them. So, once this run has been
+/// over every server: where a server that answers records another place
+/// (or none, the other run having taken its own back), this run takes
+/// back the record it wrote (`wrote`, per server of the file) and is
+/// refused. Of two such runs neither leaves its place behind, and `init`
+/// again with the file meant makes the servers whole. `None`: every
+/// server that answers records this file's place.
+async fn take_back_a_split(config: &Config, places: &str, wrote: &[bool]) -> Option<TicketError> {
+    let mut other = None;
+    for server in &config.servers {
+        let recorded = async {
+            let mut session = admin_session(config, server).await?;
+            bounded(config, server, "init", session.read_marks_at()).await
+        }
+        .await;
+        match recorded {
+            Ok(Some(at)) if at == places => {}
+            Ok(at) => {
+                other = Some((server.name.clone(), at));
+                break;
+            }
+            // Down: its own init said so; it records nothing new.
+            Err(_) => {}
+        }
+    }
+    let (name, at) = other?;
+    for (server, _) in config.servers.iter().zip(wrote).filter(|(_, w)| **w) {
+        let taken = async {
+            let mut session = admin_session(config, server).await?;
+            bounded(config, server, "init", session.forget_marks_at(places)).await
+        }
+        .await;
+        if let Err(e) = taken {
+            tracing::warn!(server = %server.name, error = %e, "init: the record of where the marks are kept was not taken back");
+        }
+    }
+    let at = at.unwrap_or_else(|| "no place".to_string());
+    Some(TicketError::misconfigured(
+        &name,
+        format!(
+            "it records {at} as where its clients keep their marks while this file names {places}: another `shardflake tickets init` with another file ran at the same time; this run took back what it recorded, so that no two servers name different places; run `shardflake tickets init --config FILE` again, once, with the file you mean"
+        ),
+    ))
 }
 
 /// Raises each adopted table of `server` past its residue class's marks

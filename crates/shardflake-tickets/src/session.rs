@@ -226,6 +226,10 @@ impl Backend for Session {
         delegate!(self, b => b.write_marks_at(places, replace).await)
     }
 
+    async fn forget_marks_at(&mut self, places: &str) -> Result<(), TicketError> {
+        delegate!(self, b => b.forget_marks_at(places).await)
+    }
+
     async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {
         delegate!(self, b => b.pin_lattice(version).await)
     }

@@ -1184,6 +1184,16 @@ impl Backend for MariaSession {
             .map_err(|e| TicketError::db(&self.server, &format!("{verb} INTO {MARKS_AT_TABLE}"), e))
     }
 
+    async fn forget_marks_at(&mut self, places: &str) -> Result<(), TicketError> {
+        self.conn
+            .exec_drop(
+                format!("DELETE FROM {MARKS_AT_TABLE} WHERE places = ?"),
+                (places,),
+            )
+            .await
+            .map_err(|e| TicketError::db(&self.server, &format!("DELETE FROM {MARKS_AT_TABLE}"), e))
+    }
+
     /// `@shardflake_lattice`, which the per-id tables' guard compares.
     async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {
         self.conn

@@ -170,6 +170,10 @@ pub(crate) trait Backend {
     /// over what is. Creates the table if needed.
     async fn write_marks_at(&mut self, places: &str, replace: bool) -> Result<(), TicketError>;
 
+    /// Deletes the record of where the marks are kept where it is
+    /// `places` (an `init` taking back what it wrote).
+    async fn forget_marks_at(&mut self, places: &str) -> Result<(), TicketError>;
+
     /// Pins this session to lattice `version` (read before the lattice was
     /// checked): from then on the database refuses its every ticket and
     /// block once the server's version is another ([`VERSION_TABLE`]).
