@@ -444,13 +444,29 @@ fn globals_off_lattice(
     server: &ServerConfig,
 ) -> Option<String> {
     let want = (config.increment, server.offset);
-    (global != Some(want)).then(|| {
-        let (gi, go) = global.unwrap_or((0, 0));
-        format!(
-            "the server's global auto_increment_increment/offset are {gi}/{go}, the file's increment/offset {}/{}: the applications' own REPLACE INTO on an adopted table would hand out ids of another server's class; set auto-increment-increment = {} and auto-increment-offset = {} in the server's configuration and with SET GLOBAL (or fix the file), then run `shardflake tickets init`",
-            want.0, want.1, want.0, want.1
-        )
-    })
+    let (gi, go) = global.unwrap_or((0, 0));
+    if (gi, go) == want {
+        return None;
+    }
+    let off = format!(
+        "the server's global auto_increment_increment/offset are {gi}/{go}, the file's increment/offset {}/{}: the applications' own REPLACE INTO on an adopted table would hand out ids of another server's class",
+        want.0, want.1
+    );
+    // A server already on the file's increment at another offset (offsets
+    // swapped in the file): its applications already draw that class, so
+    // the file follows the server. A SET GLOBAL under running applications
+    // splits it: their open connections keep the offset they connected
+    // with, and two servers then hand out one class.
+    if gi == config.increment && (1..=gi).contains(&go) {
+        return Some(format!(
+            "{off}; its applications already draw ids of offset {go}: set `offset = {go}` for server {} in the file (and give any other server of the file its own server's global offset), then run `shardflake tickets init`; do not SET GLOBAL another offset while applications run: their open connections keep the one they connected with, and two servers would hand out the same ids",
+            server.name
+        ));
+    }
+    Some(format!(
+        "{off}; with every application of the server stopped (their open connections keep the values they connected with), set auto-increment-increment = {} and auto-increment-offset = {} in the server's configuration and with SET GLOBAL, then run `shardflake tickets init` before they start again",
+        want.0, want.1
+    ))
 }
 
 impl MariaSession {
