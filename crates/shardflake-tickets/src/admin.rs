@@ -139,8 +139,13 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
     }
     let mut out = Vec::new();
     let mut wrote = Vec::new();
+    // Per server: it recorded a place (this file's or another's) when this
+    // run read it; one that did not, and records none now, failed for a
+    // reason of its own, not because another run took its record back.
+    let mut seen = Vec::new();
     for server in &config.servers {
         let mut recorded_here = false;
+        let mut seen_here = false;
         let result = async {
             let mut session = admin_session(config, server).await?;
             // Recorded first where none is (written only then: init again
@@ -153,6 +158,7 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
                     recorded_here = true;
                     recorded = session.read_marks_at().await?;
                 }
+                seen_here = recorded.is_some();
                 check_marks_at(config, &server.name, recorded.as_deref())
             })
             .await?;
@@ -160,12 +166,13 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
         }
         .await;
         wrote.push(recorded_here);
+        seen.push(seen_here);
         out.push(ServerInit {
             server: server.name.clone(),
             result,
         });
     }
-    if let Some(e) = take_back_a_split(config, &places, &wrote).await {
+    if let Some(e) = take_back_a_split(config, &places, &wrote, &seen).await {
         for init in &mut out {
             init.result = Err(e.clone());
         }
@@ -188,15 +195,22 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
 /// their own on the servers they reach first, then find the other's on
 /// the rest: both refused, the servers split between two places, and each
 /// file's clients served by a part of them. So, once this run has been
-/// over every server: where a server that answers records another place
-/// (or none, the other run having taken its own back), this run takes
-/// back the record it wrote (`wrote`, per server of the file) and is
-/// refused. Of two such runs neither leaves its place behind, and `init`
-/// again with the file meant makes the servers whole. `None`: every
-/// server that answers records this file's place.
-async fn take_back_a_split(config: &Config, places: &str, wrote: &[bool]) -> Option<TicketError> {
+/// over every server: where a server that answers records another place,
+/// or none where this run read a record (the other run took its own
+/// back), this run takes back the record it wrote (`wrote`, per
+/// server of the file) and is refused. Of two such runs neither leaves
+/// its place behind, and `init` again with the file meant makes the
+/// servers whole. A server on which this run read no record (`seen`:
+/// per server; unreachable, or its write failed) may record none for
+/// that reason alone. `None`: no split.
+async fn take_back_a_split(
+    config: &Config,
+    places: &str,
+    wrote: &[bool],
+    seen: &[bool],
+) -> Option<TicketError> {
     let mut other = None;
-    for server in &config.servers {
+    for (server, seen) in config.servers.iter().zip(seen) {
         let recorded = async {
             let mut session = admin_session(config, server).await?;
             bounded(config, server, "init", session.read_marks_at()).await
@@ -204,6 +218,7 @@ async fn take_back_a_split(config: &Config, places: &str, wrote: &[bool]) -> Opt
         .await;
         match recorded {
             Ok(Some(at)) if at == places => {}
+            Ok(None) if !seen => {}
             Ok(at) => {
                 other = Some((server.name.clone(), at));
                 break;
