@@ -103,11 +103,17 @@ pub enum Fault {
     /// 0), the target left out (1), a server added (2), the target renamed
     /// (3), the increment raised (4).
     EditedFile,
+    /// Per id: the counter row's whole guard dropped, the row set back
+    /// (about halved, in its residue class), the guard put back by
+    /// `tickets init`, between two answers of the running clients. In
+    /// segment mode nothing (segment rows are not vouched for: a stated
+    /// limit).
+    GuardReplaced,
 }
 
 impl Fault {
     /// Every kind.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 13] = [
         Fault::Kill,
         Fault::Stop,
         Fault::RestoreLive,
@@ -120,6 +126,7 @@ impl Fault {
         Fault::Reshape,
         Fault::Failover,
         Fault::EditedFile,
+        Fault::GuardReplaced,
     ];
 
     /// The name `--kinds` takes.
@@ -137,6 +144,7 @@ impl Fault {
             Fault::Reshape => "reshape",
             Fault::Failover => "failover",
             Fault::EditedFile => "edited-file",
+            Fault::GuardReplaced => "guard-replaced",
         }
     }
 
@@ -183,6 +191,9 @@ impl Fault {
             (Fault::EditedFile, 2) => "a client on the file with a server added",
             (Fault::EditedFile, 3) => "a client on the file with this server renamed",
             (Fault::EditedFile, _) => "a client on the file with the increment raised",
+            (Fault::GuardReplaced, _) => {
+                "per id: the guard dropped, the row set back, the guard put back by tickets init"
+            }
         }
     }
 }
@@ -664,6 +675,7 @@ impl Fleet<'_> {
                 format!("{name} killed, restarted, {said} loaded: {done}")
             }
             Fault::Lowered => self.lowered(t, step)?,
+            Fault::GuardReplaced => self.guard_replaced(t)?,
             Fault::SkipTriggers => {
                 let s = &self.members[t].server;
                 let tables = counter_tables(s)?;
@@ -813,6 +825,41 @@ impl Fleet<'_> {
                 )
             }
         })
+    }
+
+    /// [`Fault::GuardReplaced`] on member `t`.
+    fn guard_replaced(&mut self, t: usize) -> anyhow::Result<String> {
+        let name = self.members[t].name.clone();
+        if self.o.segment {
+            return Ok(format!(
+                "{name}: nothing (segment rows are not vouched for by their guard)"
+            ));
+        }
+        let table = format!("tickets_{SEQUENCE}");
+        let increment = self.increment();
+        let s = &self.members[t].server;
+        let triggers = sql(
+            s,
+            &format!(
+                "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{table}'"
+            ),
+        )?;
+        for trigger in triggers.split_whitespace() {
+            sql(s, &format!("DROP TRIGGER {trigger}"))?;
+        }
+        // About halved, in the server's residue class.
+        let row = sql(
+            s,
+            &format!(
+                "UPDATE {table} SET id = id - {increment} * (id DIV {}) WHERE stub = 'a'; SELECT id FROM {table}",
+                2 * increment
+            ),
+        )?;
+        let init = self.tool("init", &self.file.clone())?;
+        Ok(format!(
+            "{name}: the guard of {table} dropped, its row set back to {row}, tickets init: {}",
+            init.as_deref().unwrap_or("ok")
+        ))
     }
 
     /// [`Fault::ReplacedNewName`] on member `t`.
