@@ -251,6 +251,16 @@ const GUARD_RAN: &str = "@shardflake_guard";
 /// the guard vouches for from then on ([`guard_triggers`]).
 const VOUCH: &str = "@shardflake_vouch";
 
+/// The session variable a segment row's update trigger sets to the row
+/// it leaves where its guard vouches for the row it reserved from: a
+/// block's proof, read with the table's identity.
+const BLOCK_PROOF: &str = "@shardflake_block";
+
+/// The session variable a client sets to 1 around its give-back of a
+/// segment tail: a row vouched for stays vouched for (the row is the
+/// client's own block's end, compared in the statement).
+const GIVE_BACK: &str = "@shardflake_give_back";
+
 /// The column of a per-id counter row that says what its guard vouches
 /// for: `<token>:<id>`, the guard's token (new each time `init` makes
 /// the guard anew) and the id the guard last left the row at.
@@ -371,7 +381,8 @@ impl MariaSession {
 }
 
 impl MariaSession {
-    /// The [`VOUCHED`] column added to per-id table `table` of an older
+    /// The [`VOUCHED`] column added to per-id table `table` (or the
+    /// segment table) of an older
     /// release (a nullable column: instant, rows written meanwhile go in;
     /// the row is vouched for by no guard until a client raises it).
     async fn add_vouched(&mut self, table: &str) -> Result<(), TicketError> {
@@ -399,7 +410,8 @@ impl MariaSession {
             })
     }
 
-    /// The token of the guard of per-id table `table`: the one its update
+    /// The token of the guard of per-id table `table` (or the segment
+    /// table): the one its update
     /// trigger carries where every trigger of the guard is there, so that
     /// `init` again changes nothing; else a new one. A guard made anew
     /// (one of its triggers was missing: dropped, a restore without
@@ -407,11 +419,15 @@ impl MariaSession {
     /// marks ([`guard_triggers`]).
     async fn guard_token(&mut self, table: &str) -> Result<String, TicketError> {
         let names = guard_names(&[table.to_string()]);
+        let update = match table == SEGMENT_TABLE {
+            true => format!("{GUARD}_update"),
+            false => format!("{table}_ctr_u"),
+        };
         let err = |e| TicketError::db(&self.server, "init: read the guard's token", e);
         let found: Option<(u64, Option<String>)> = self
             .conn
             .query_first(format!(
-                "SELECT COUNT(*), MAX(REGEXP_SUBSTR(IF(TRIGGER_NAME = '{table}_ctr_u', ACTION_STATEMENT, ''), '{TOKEN_PREFIX}[0-9a-f]{{16}}')) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{table}' AND TRIGGER_NAME IN ({names})"
+                "SELECT COUNT(*), MAX(REGEXP_SUBSTR(IF(TRIGGER_NAME = '{update}', ACTION_STATEMENT, ''), '{TOKEN_PREFIX}[0-9a-f]{{16}}')) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{table}' AND TRIGGER_NAME IN ({names})"
             ))
             .await
             .map_err(err)?;
@@ -730,14 +746,29 @@ impl Backend for MariaSession {
             true => format!("({})", self.identity.sql(SEGMENT_TABLE)),
             false => "NULL".to_string(),
         };
-        let (table, guards): (Option<i64>, u64) = self
+        let (table, guards, proof): (Option<i64>, u64, Option<i64>) = self
             .conn
-            .query_first(format!("SELECT {identity}, ({})", guard_count_sql()))
+            .query_first(format!(
+                "SELECT {identity}, ({}), {BLOCK_PROOF}",
+                guard_count_sql()
+            ))
             .await
             .map_err(|e| TicketError::db(&self.server, "read the table's identity", e))?
             .ok_or_else(|| TicketError::db(&self.server, "read the table's identity", "no row"))?;
         if guards != guard_triggers(SEGMENT_TABLE, "").len() as u64 {
             return Err(unguarded(&self.server, SEGMENT_TABLE));
+        }
+        // A block reserved from a row its guard does not vouch for (moved
+        // outside the guard, or the guard made anew): not used, the
+        // server checked against the marks again. (The proof of an
+        // earlier block is another row: a reservation moves the row.)
+        if let Ok(max) = value
+            && proof != Some(max)
+        {
+            return Err(TicketError::Recreated {
+                server: self.server.clone(),
+                sequence: seq.name.clone(),
+            });
         }
         Ok(Stamped { value, table })
     }
@@ -754,7 +785,7 @@ impl Backend for MariaSession {
         let version = self.pinned()?;
         // The one statement that sets the row back: past the guard.
         self.conn
-            .query_drop("SET @shardflake_rewind = 1")
+            .query_drop(format!("SET @shardflake_rewind = 1, {GIVE_BACK} = 1"))
             .await
             .map_err(err)?;
         let given = self
@@ -765,7 +796,10 @@ impl Backend for MariaSession {
             ))
             .await
             .map(|()| self.conn.affected_rows() == 1);
-        let reset = self.conn.query_drop("SET @shardflake_rewind = NULL").await;
+        let reset = self
+            .conn
+            .query_drop(format!("SET @shardflake_rewind = NULL, {GIVE_BACK} = NULL"))
+            .await;
         let given = given.map_err(err)?;
         reset.map_err(err)?;
         Ok(given)
@@ -861,8 +895,9 @@ impl Backend for MariaSession {
             .map_err(|e| TicketError::db(&self.server, &format!("raise the counter ({sql})"), e))
     }
 
-    /// A per-id counter row (not an adopted table's) raised past `past`
-    /// with [`VOUCH`] set: its guard vouches for the row from now on.
+    /// A per-id counter row (not an adopted table's) or a segment row
+    /// raised past `past` with [`VOUCH`] set: its guard vouches for the row
+    /// from now on.
     async fn vouch(
         &mut self,
         config: &Config,
@@ -870,22 +905,26 @@ impl Backend for MariaSession {
         seq: &SequenceConfig,
         past: u64,
     ) -> Result<(), TicketError> {
-        if seq.mode != Mode::PerId || seq.adopted() {
+        if seq.adopted() {
             return Ok(());
         }
         let err = |e| TicketError::db(&self.server, "vouch for the counter row", e);
-        let next = first_at_or_above(config.increment, server.offset, past.min(seq.max_id()) + 1);
+        let sql = match seq.mode {
+            Mode::PerId => {
+                let next =
+                    first_at_or_above(config.increment, server.offset, past.min(seq.max_id()) + 1);
+                format!(
+                    "UPDATE {} SET id = GREATEST(id, {next}) WHERE stub = '{STUB}'",
+                    seq.table()
+                )
+            }
+            Mode::Segment => raise_segment_sql(Lattice::new(config, server), seq, past),
+        };
         self.conn
             .query_drop(format!("SET {VOUCH} = 1"))
             .await
             .map_err(err)?;
-        let vouched = self
-            .conn
-            .query_drop(format!(
-                "UPDATE {} SET id = GREATEST(id, {next}) WHERE stub = '{STUB}'",
-                seq.table()
-            ))
-            .await;
+        let vouched = self.conn.query_drop(sql).await;
         let reset = self.conn.query_drop(format!("SET {VOUCH} = NULL")).await;
         vouched.map_err(err)?;
         reset.map_err(err)
@@ -1347,11 +1386,13 @@ impl Backend for MariaSession {
             .map_err(run(format!("INSERT the init row INTO {HOLDERS_TABLE}")))?;
         self.conn
             .query_drop(format!(
-                "CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, max_id bigint NOT NULL) ENGINE=InnoDB"
+                "CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, max_id bigint NOT NULL, {VOUCHED} varchar(64) NULL) ENGINE=InnoDB"
             ))
             .await
             .map_err(run(format!("CREATE TABLE {SEGMENT_TABLE}")))?;
-        for (trigger, sql) in guard_triggers(SEGMENT_TABLE, "") {
+        self.add_vouched(SEGMENT_TABLE).await?;
+        let token = self.guard_token(SEGMENT_TABLE).await?;
+        for (trigger, sql) in guard_triggers(SEGMENT_TABLE, &token) {
             self.conn
                 .query_drop(sql)
                 .await
@@ -1608,25 +1649,26 @@ fn guard_triggers(table: &str, token: &str) -> Vec<(String, String)> {
         );
         (name, sql)
     };
+    let vouched = |id: &str| format!("CONCAT('{token}:', {id})");
     if table == SEGMENT_TABLE {
+        // As a per-id row's (below), per row: a reservation of a row its
+        // guard vouches for sets [`BLOCK_PROOF`]; a give-back keeps a
+        // vouched row vouched.
+        let update = format!(
+            "CREATE OR REPLACE TRIGGER {GUARD}_update BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} NEW.max_id < OLD.max_id THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF {VOUCH} <=> 1 OR ({GIVE_BACK} <=> 1 AND OLD.{VOUCHED} <=> {old}) THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {BLOCK_PROOF} = NEW.max_id; ELSE SET NEW.{VOUCHED} = NULL; END IF; END",
+            new = vouched("NEW.max_id"),
+            old = vouched("OLD.max_id"),
+        );
+        let insert = format!(
+            "CREATE OR REPLACE TRIGGER {GUARD}_insert BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF {rewind} NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET NEW.{VOUCHED} = NULL; END"
+        );
         return vec![
-            refuse(
-                "UPDATE",
-                format!("{GUARD}_update"),
-                "NEW.max_id < OLD.max_id".into(),
-            ),
-            refuse(
-                "INSERT",
-                format!("{GUARD}_insert"),
-                format!(
-                    "NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name)"
-                ),
-            ),
+            (format!("{GUARD}_update"), update),
+            (format!("{GUARD}_insert"), insert),
             refuse("DELETE", format!("{GUARD}_delete"), "TRUE".into()),
         ];
     }
     let name = format!("{table}_ctr_u");
-    let vouched = |id: &str| format!("CONCAT('{token}:', {id})");
     let update = format!(
         "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {GUARD_RAN} = 1; IF {VOUCH} <=> 1 THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {PROOF} = OLD.id; ELSE SET NEW.{VOUCHED} = NULL; END IF; END",
         new = vouched("NEW.id"),

@@ -287,3 +287,49 @@ async fn a_guard_replaced_between_two_answers_hands_out_nothing_twice_mariadb() 
     }
     assert_unique(&ids);
 }
+
+/// E5 in segment mode: the segment table's whole guard dropped, `a`'s row
+/// set back to where it was when an idle client last reserved from it
+/// (below blocks another client reserved since), and the guard put back
+/// by `init`, between two reservations of the idle client. Its next
+/// block from `a` is reserved from a row the guard does not vouch for:
+/// refused (`recreated`), the server raised past the marks; no id is
+/// handed out twice. Before: the block was taken, and the busy client's
+/// ids went out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_segment_guard_replaced_between_two_blocks_hands_out_nothing_twice_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let row_of_a = || {
+        a.sql("SELECT max_id FROM shardflake_ticket_segments WHERE sequence_name = 'blocks'")
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let idle = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = idle.next_n("blocks", 3000).await.unwrap();
+    let then = row_of_a();
+    let busy = TicketClient::connect(config.clone()).await.unwrap();
+    for _ in 0..20 {
+        ids.extend(busy.next_n("blocks", 1000).await.unwrap());
+    }
+    assert_ne!(row_of_a(), then, "busy reserved nothing from a");
+    let names = a
+        .sql("SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = 'app' AND EVENT_OBJECT_TABLE = 'shardflake_ticket_segments'")
+        .unwrap();
+    for name in names.split_whitespace() {
+        a.sql(&format!("DROP TRIGGER {name}")).unwrap();
+    }
+    a.sql(&format!(
+        "UPDATE shardflake_ticket_segments SET max_id = {then} WHERE sequence_name = 'blocks'"
+    ))
+    .unwrap();
+    init_ok(&config).await;
+    for _ in 0..20 {
+        ids.extend(idle.next_n("blocks", 1000).await.unwrap());
+    }
+    idle.shutdown().await;
+    busy.shutdown().await;
+    assert_unique(&ids);
+}
