@@ -103,11 +103,10 @@ pub enum Fault {
     /// 0), the target left out (1), a server added (2), the target renamed
     /// (3), the increment raised (4).
     EditedFile,
-    /// Per id: the counter row's whole guard dropped, the row set back
-    /// (about halved, in its residue class), the guard put back by
-    /// `tickets init`, between two answers of the running clients. In
-    /// segment mode nothing (segment rows are not vouched for: a stated
-    /// limit).
+    /// The counter's whole guard dropped, its row set back (per id: about
+    /// halved, in its residue class; segment: to where it was the pause
+    /// before), the guard put back by `tickets init`, between two answers
+    /// of the running clients.
     GuardReplaced,
 }
 
@@ -192,7 +191,7 @@ impl Fault {
             (Fault::EditedFile, 3) => "a client on the file with this server renamed",
             (Fault::EditedFile, _) => "a client on the file with the increment raised",
             (Fault::GuardReplaced, _) => {
-                "per id: the guard dropped, the row set back, the guard put back by tickets init"
+                "the guard dropped, the row set back, the guard put back by tickets init"
             }
         }
     }
@@ -675,7 +674,7 @@ impl Fleet<'_> {
                 format!("{name} killed, restarted, {said} loaded: {done}")
             }
             Fault::Lowered => self.lowered(t, step)?,
-            Fault::GuardReplaced => self.guard_replaced(t)?,
+            Fault::GuardReplaced => self.guard_replaced(t, step.pause)?,
             Fault::SkipTriggers => {
                 let s = &self.members[t].server;
                 let tables = counter_tables(s)?;
@@ -827,17 +826,28 @@ impl Fleet<'_> {
         })
     }
 
-    /// [`Fault::GuardReplaced`] on member `t`.
-    fn guard_replaced(&mut self, t: usize) -> anyhow::Result<String> {
+    /// [`Fault::GuardReplaced`] on member `t`, the row set back to where
+    /// it was `pause` before (segment) or about halved (per id).
+    fn guard_replaced(&mut self, t: usize, pause: Duration) -> anyhow::Result<String> {
         let name = self.members[t].name.clone();
-        if self.o.segment {
-            return Ok(format!(
-                "{name}: nothing (segment rows are not vouched for by their guard)"
-            ));
-        }
-        let table = format!("tickets_{SEQUENCE}");
+        let (table, row, column, key) = match self.o.segment {
+            true => (
+                "shardflake_ticket_segments".to_string(),
+                "max_id",
+                "max_id",
+                format!("sequence_name = '{SEQUENCE}'"),
+            ),
+            false => (
+                format!("tickets_{SEQUENCE}"),
+                "id",
+                "id",
+                "stub = 'a'".to_string(),
+            ),
+        };
         let increment = self.increment();
         let s = &self.members[t].server;
+        let before = sql(s, &format!("SELECT {row} FROM {table} WHERE {key}"))?;
+        std::thread::sleep(pause);
         let triggers = sql(
             s,
             &format!(
@@ -847,17 +857,21 @@ impl Fleet<'_> {
         for trigger in triggers.split_whitespace() {
             sql(s, &format!("DROP TRIGGER {trigger}"))?;
         }
-        // About halved, in the server's residue class.
-        let row = sql(
+        let set = match self.o.segment {
+            // Where it was: on the server's lattice.
+            true => before,
+            // About halved, in the server's residue class.
+            false => format!("{column} - {increment} * ({column} DIV {})", 2 * increment),
+        };
+        let now = sql(
             s,
             &format!(
-                "UPDATE {table} SET id = id - {increment} * (id DIV {}) WHERE stub = 'a'; SELECT id FROM {table}",
-                2 * increment
+                "UPDATE {table} SET {column} = {set} WHERE {key}; SELECT {row} FROM {table} WHERE {key}"
             ),
         )?;
         let init = self.tool("init", &self.file.clone())?;
         Ok(format!(
-            "{name}: the guard of {table} dropped, its row set back to {row}, tickets init: {}",
+            "{name}: the guard of {table} dropped, its row set back to {now}, tickets init: {}",
             init.as_deref().unwrap_or("ok")
         ))
     }
