@@ -173,10 +173,10 @@ async fn a_table_of_the_replace_form_is_converted_in_place_mariadb() {
 /// statement can see a trigger that does not fire); a row set lower by an
 /// `UPDATE` is still refused; every new session refuses the server, and
 /// `check` reports it. A row deleted and inserted again lower (what the
-/// dropped trigger refused) reaches a running client as an answer at or
-/// below its last one from that server: refused (`went_back`), never
-/// handed out. (A client whose last answer from it was below the row put
-/// back would take it: hence "never drop a guard while clients run".)
+/// dropped trigger refused) goes in through the insert trigger, which
+/// leaves it vouched for by no guard: the running client's next answers
+/// from `a` are refused (`recreated`, then `a` is refused for its missing
+/// guard), never handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_delete_guard_dropped_alone_is_seen_by_new_sessions_and_check_mariadb() {
     let (a, b) = (maria(2, 1), maria(2, 2));
@@ -211,7 +211,7 @@ async fn the_delete_guard_dropped_alone_is_seen_by_new_sessions_and_check_mariad
     fresh.shutdown().await;
 
     // Deleted and inserted again lower: the running client's next answers
-    // from `a` are at or below its last one from it, refused.
+    // from `a` are refused.
     let last_of_a = *ids.iter().filter(|id| *id % 2 == 1).max().unwrap();
     a.sql(&format!(
         "DELETE FROM tickets_photos; INSERT INTO tickets_photos (stub, id) VALUES ('a', {})",
