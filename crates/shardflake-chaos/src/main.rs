@@ -200,7 +200,7 @@ struct TicketsArgs {
     /// The kinds of fault to draw from, comma-separated [default: every
     /// kind: kill, stop, restore-live, restore-stopped, lowered,
     /// skip-triggers, peer-down, peer-backup, replaced-new-name, reshape,
-    /// failover, edited-file].
+    /// failover, edited-file, guard-replaced].
     #[arg(long, value_delimiter = ',', value_parser = parse_ticket_fault)]
     kinds: Vec<tickets::Fault>,
 }

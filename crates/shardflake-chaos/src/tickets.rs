@@ -103,11 +103,16 @@ pub enum Fault {
     /// 0), the target left out (1), a server added (2), the target renamed
     /// (3), the increment raised (4).
     EditedFile,
+    /// The counter's whole guard dropped, its row set back (per id: about
+    /// halved, in its residue class; segment: to where it was the pause
+    /// before), the guard put back by `tickets init`, between two answers
+    /// of the running clients.
+    GuardReplaced,
 }
 
 impl Fault {
     /// Every kind.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 13] = [
         Fault::Kill,
         Fault::Stop,
         Fault::RestoreLive,
@@ -120,6 +125,7 @@ impl Fault {
         Fault::Reshape,
         Fault::Failover,
         Fault::EditedFile,
+        Fault::GuardReplaced,
     ];
 
     /// The name `--kinds` takes.
@@ -137,6 +143,7 @@ impl Fault {
             Fault::Reshape => "reshape",
             Fault::Failover => "failover",
             Fault::EditedFile => "edited-file",
+            Fault::GuardReplaced => "guard-replaced",
         }
     }
 
@@ -183,6 +190,9 @@ impl Fault {
             (Fault::EditedFile, 2) => "a client on the file with a server added",
             (Fault::EditedFile, 3) => "a client on the file with this server renamed",
             (Fault::EditedFile, _) => "a client on the file with the increment raised",
+            (Fault::GuardReplaced, _) => {
+                "the guard dropped, the row set back, the guard put back by tickets init"
+            }
         }
     }
 }
@@ -664,6 +674,7 @@ impl Fleet<'_> {
                 format!("{name} killed, restarted, {said} loaded: {done}")
             }
             Fault::Lowered => self.lowered(t, step)?,
+            Fault::GuardReplaced => self.guard_replaced(t, step.pause)?,
             Fault::SkipTriggers => {
                 let s = &self.members[t].server;
                 let tables = counter_tables(s)?;
@@ -813,6 +824,56 @@ impl Fleet<'_> {
                 )
             }
         })
+    }
+
+    /// [`Fault::GuardReplaced`] on member `t`, the row set back to where
+    /// it was `pause` before (segment) or about halved (per id).
+    fn guard_replaced(&mut self, t: usize, pause: Duration) -> anyhow::Result<String> {
+        let name = self.members[t].name.clone();
+        let (table, row, column, key) = match self.o.segment {
+            true => (
+                "shardflake_ticket_segments".to_string(),
+                "max_id",
+                "max_id",
+                format!("sequence_name = '{SEQUENCE}'"),
+            ),
+            false => (
+                format!("tickets_{SEQUENCE}"),
+                "id",
+                "id",
+                "stub = 'a'".to_string(),
+            ),
+        };
+        let increment = self.increment();
+        let s = &self.members[t].server;
+        let before = sql(s, &format!("SELECT {row} FROM {table} WHERE {key}"))?;
+        std::thread::sleep(pause);
+        let triggers = sql(
+            s,
+            &format!(
+                "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{table}'"
+            ),
+        )?;
+        for trigger in triggers.split_whitespace() {
+            sql(s, &format!("DROP TRIGGER {trigger}"))?;
+        }
+        let set = match self.o.segment {
+            // Where it was: on the server's lattice.
+            true => before,
+            // About halved, in the server's residue class.
+            false => format!("{column} - {increment} * ({column} DIV {})", 2 * increment),
+        };
+        let now = sql(
+            s,
+            &format!(
+                "UPDATE {table} SET {column} = {set} WHERE {key}; SELECT {row} FROM {table} WHERE {key}"
+            ),
+        )?;
+        let init = self.tool("init", &self.file.clone())?;
+        Ok(format!(
+            "{name}: the guard of {table} dropped, its row set back to {now}, tickets init: {}",
+            init.as_deref().unwrap_or("ok")
+        ))
     }
 
     /// [`Fault::ReplacedNewName`] on member `t`.

@@ -114,6 +114,19 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
             break;
         }
     }
+    // A place `reshape` moved the marks away from is refused by every
+    // client of this file: so is init, naming the reshape.
+    if elsewhere.is_none() && !config.marks.etcd.is_empty() {
+        let etcd = EtcdHighWater::from_file(&config.marks, config.failover.admin_timeout());
+        // Unreachable: init goes on with the servers, as for a place down.
+        if let Ok(Some(to)) = etcd.moved_to().await {
+            elsewhere = Some(crate::etcd_marks::moved_away(
+                "init",
+                &config.marks.etcd_prefix,
+                to.as_bytes(),
+            ));
+        }
+    }
     if let Some(e) = elsewhere {
         return config
             .servers
@@ -125,7 +138,14 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
             .collect();
     }
     let mut out = Vec::new();
+    let mut wrote = Vec::new();
+    // Per server: it recorded a place (this file's or another's) when this
+    // run read it; one that did not, and records none now, failed for a
+    // reason of its own, not because another run took its record back.
+    let mut seen = Vec::new();
     for server in &config.servers {
+        let mut recorded_here = false;
+        let mut seen_here = false;
         let result = async {
             let mut session = admin_session(config, server).await?;
             // Recorded first where none is (written only then: init again
@@ -135,18 +155,28 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
                 let mut recorded = session.read_marks_at().await?;
                 if recorded.is_none() {
                     session.write_marks_at(&places, false).await?;
+                    recorded_here = true;
                     recorded = session.read_marks_at().await?;
                 }
+                seen_here = recorded.is_some();
                 check_marks_at(config, &server.name, recorded.as_deref())
             })
             .await?;
             bounded(config, server, "init", session.init(config, server)).await
         }
         .await;
+        wrote.push(recorded_here);
+        seen.push(seen_here);
         out.push(ServerInit {
             server: server.name.clone(),
             result,
         });
+    }
+    if let Some(e) = take_back_a_split(config, &places, &wrote, &seen).await {
+        for init in &mut out {
+            init.result = Err(e.clone());
+        }
+        return out;
     }
     // Once every server has its marks table: adopted tables past their
     // class's marks.
@@ -159,6 +189,62 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
         }
     }
     out
+}
+
+/// Two inits at once with files naming different places each record
+/// their own on the servers they reach first, then find the other's on
+/// the rest: both refused, the servers split between two places, and each
+/// file's clients served by a part of them. So, once this run has been
+/// over every server: where a server that answers records another place,
+/// or none where this run read a record (the other run took its own
+/// back), this run takes back the record it wrote (`wrote`, per
+/// server of the file) and is refused. Of two such runs neither leaves
+/// its place behind, and `init` again with the file meant makes the
+/// servers whole. A server on which this run read no record (`seen`:
+/// per server; unreachable, or its write failed) may record none for
+/// that reason alone. `None`: no split.
+async fn take_back_a_split(
+    config: &Config,
+    places: &str,
+    wrote: &[bool],
+    seen: &[bool],
+) -> Option<TicketError> {
+    let mut other = None;
+    for (server, seen) in config.servers.iter().zip(seen) {
+        let recorded = async {
+            let mut session = admin_session(config, server).await?;
+            bounded(config, server, "init", session.read_marks_at()).await
+        }
+        .await;
+        match recorded {
+            Ok(Some(at)) if at == places => {}
+            Ok(None) if !seen => {}
+            Ok(at) => {
+                other = Some((server.name.clone(), at));
+                break;
+            }
+            // Down: its own init said so; it records nothing new.
+            Err(_) => {}
+        }
+    }
+    let (name, at) = other?;
+    for (server, _) in config.servers.iter().zip(wrote).filter(|(_, w)| **w) {
+        let taken = async {
+            let mut session = admin_session(config, server).await?;
+            bounded(config, server, "init", session.forget_marks_at(places)).await
+        }
+        .await;
+        if let Err(e) = taken {
+            tracing::warn!(server = %server.name, error = %e, "init: the record of where the marks are kept was not taken back");
+        }
+    }
+    let at = at.unwrap_or_else(|| "no place".to_string());
+    Some(TicketError::misconfigured(
+        &name,
+        format!(
+            "it records {at} as where its clients keep their marks while this file names {places}: another `shardflake tickets init` with another file ran at the same time; this run took back what it recorded, so that no two servers name different places; run `shardflake tickets init --config FILE` again, once, with the file you mean"
+        ),
+    ))
 }
 
 /// Raises each adopted table of `server` past its residue class's marks
@@ -337,6 +423,20 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
         let span = config.failover.mark_ahead.saturating_mul(config.increment);
         let mut holder = String::new();
         let mut settings = async {
+            // The marks before the counters: a mark read first is never
+            // ahead of a counter read after it unless the counter went back
+            // (a block's mark is written after its row moved; a per-id
+            // mark at most `mark_ahead` ids ahead of the counter it was
+            // written from). Read the other way round, a client's block
+            // reserved between the two reads looked like a restore.
+            let class = ResidueClass::of(config, server);
+            let marks = match store.load(&class).await {
+                Ok(marks) => marks,
+                Err(e) => {
+                    problems.push(format!("server {}: {e}", server.name));
+                    Default::default()
+                }
+            };
             let mut session = admin_session(config, server).await?;
             let mut settings =
                 bounded(config, server, "check", session.settings(config, server)).await?;
@@ -367,14 +467,6 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
                 )),
                 _ => {}
             }
-            let class = ResidueClass::of(config, server);
-            let marks = match store.load(&class).await {
-                Ok(marks) => marks,
-                Err(e) => {
-                    problems.push(format!("server {}: {e}", server.name));
-                    Default::default()
-                }
-            };
             // A server answering with an identity its class was taken
             // from (an old primary beside its promoted standby) is not
             // behind: it must not be repaired, but retired.

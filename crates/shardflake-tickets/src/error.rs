@@ -81,12 +81,14 @@ pub enum TicketError {
     },
     /// The table or sequence a server counts a sequence with was recreated
     /// since the client last checked it against the marks (a dump loaded
-    /// into the running server drops and creates it): its counter may be
+    /// into the running server drops and creates it), or its counter row
+    /// is one its guard does not vouch for (moved while the guard was
+    /// dropped, or the guard made anew): its counter may be
     /// behind ids other clients handed out. The answer is never handed
     /// out; the server is checked against the marks again (and raised past
     /// them) before it is used.
     #[error(
-        "server {server:?}: the table or sequence of {sequence:?} was recreated since it was last checked (a dump loaded into the running server?); its answer is not used, and the server is checked against its high-water marks again"
+        "server {server:?}: the table or sequence of {sequence:?} was recreated or changed outside its guard since it was last checked (a dump loaded into the running server, the guard dropped and made again?); its answer is not used, and the server is checked against its high-water marks again"
     )]
     Recreated {
         /// The server.

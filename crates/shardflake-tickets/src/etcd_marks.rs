@@ -306,7 +306,7 @@ fn taken_meanwhile(class: &ResidueClass) -> TicketError {
 
 /// A load or mark write at `prefix`, a place `reshape` moved the marks
 /// away from (to `to`): the servers' record of it may be a restore's.
-fn moved_away(server: &str, prefix: &str, to: &[u8]) -> TicketError {
+pub(crate) fn moved_away(server: &str, prefix: &str, to: &[u8]) -> TicketError {
     TicketError::LatticeChanged {
         server: server.to_string(),
         sequence: String::new(),
@@ -575,11 +575,12 @@ impl HighWaterStore for EtcdAndPeers {
         to: u64,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
+            // Every place, as for the peers alone.
             let (etcd, peers) = tokio::join!(
                 self.etcd.give_back(class, sequence, expected, to),
                 self.peers.give_back(class, sequence, expected, to)
             );
-            either(&class.server, [etcd, peers]).map(drop)
+            etcd.and(peers)
         })
     }
 

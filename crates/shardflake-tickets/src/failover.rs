@@ -345,6 +345,9 @@ impl Server {
                 loaded => loaded,
             },
         };
+        // Only the marks of every client vouch for a per-id row (MariaDB's
+        // guard answers without its proof until then).
+        let vouching = loaded.is_ok() || config.failover.allow_without_marks;
         let stored = match loaded {
             Ok(marks) => {
                 self.superseded.store(false, Ordering::Relaxed);
@@ -443,6 +446,9 @@ impl Server {
                         "counter behind the high-water marks (restored from a backup?): raised past them");
                 }
                 after = mark;
+            }
+            if vouching {
+                session.vouch(config, &self.config, seq, mark).await?;
             }
             // What the store holds, this client knows is written.
             self.reserved[i].fetch_max(stored, Ordering::Relaxed);
@@ -952,13 +958,42 @@ impl Pool {
     }
 
     /// Gives the unused tail of `block` (of sequence `index`) back to its
-    /// server: the row by compare-and-set, then its mark the same way.
-    /// Whether the row took it.
+    /// server: its mark first, at every place, then the row, each by
+    /// compare-and-set. Whether the row took it.
+    ///
+    /// Marks first: a mark lowered to the tail still covers every id
+    /// handed out (the tail's ids were not), and a block reserved
+    /// meanwhile writes its own mark above it; the row is lowered only
+    /// once every place took the lower mark, so no place keeps a mark
+    /// above the row (which `check` and every checked session would take
+    /// for a counter gone back). A place that does not answer keeps the
+    /// tail's ids skipped.
     pub async fn give_back_block(&self, index: usize, block: &Block) -> bool {
         let server = &self.servers[block.server];
         let (expected, to) = (block.row, block.give_back_to());
         let timeout = self.config.failover.attempt_timeout();
-        let given_back = matches!(
+        let name = &self.config.sequences[index].name;
+        let (from, lowered_to) = (
+            server.lattice.counter_of_row(expected),
+            server.lattice.counter_of_row(to),
+        );
+        let lowered = tokio::time::timeout(
+            timeout,
+            self.store.give_back(&server.class, name, from, lowered_to),
+        )
+        .await;
+        if !matches!(lowered, Ok(Ok(()))) {
+            tracing::debug!(server = %server.config.name, "a mark was not given back at every place: the tail's ids are skipped");
+            return false;
+        }
+        // Not written again at the end of the shutdown.
+        let _ = server.reserved[index].compare_exchange(
+            from,
+            lowered_to,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        matches!(
             tokio::time::timeout(
                 timeout,
                 server.run(
@@ -972,30 +1007,7 @@ impl Pool {
             )
             .await,
             Ok(Ok(true))
-        );
-        if given_back {
-            // The mark follows the row, under the same compare-and-set.
-            let name = &self.config.sequences[index].name;
-            let (from, to) = (
-                server.lattice.counter_of_row(block.row),
-                server.lattice.counter_of_row(block.give_back_to()),
-            );
-            let lowered =
-                tokio::time::timeout(timeout, self.store.give_back(&server.class, name, from, to))
-                    .await;
-            if matches!(lowered, Ok(Ok(()))) {
-                // Not written again at the end of the shutdown.
-                let _ = server.reserved[index].compare_exchange(
-                    from,
-                    to,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                );
-            } else {
-                tracing::debug!(server = %server.config.name, "a mark was not given back: its ids are skipped");
-            }
-        }
-        given_back
+        )
     }
 }
 

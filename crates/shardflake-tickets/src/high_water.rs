@@ -142,8 +142,9 @@ pub trait HighWaterStore: Send + Sync {
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>>;
 
     /// Lowers `class`'s mark of `sequence` to `to` where it still is
-    /// `expected` (a segment tail given back). The default keeps the mark:
-    /// the ids are then skipped, never handed out twice.
+    /// `expected` (a segment tail given back): `Ok` only when every place
+    /// answered (the row is lowered only then). The default keeps the
+    /// mark and says so: the ids are then skipped, never handed out twice.
     fn give_back<'a>(
         &'a self,
         class: &'a ResidueClass,
@@ -151,8 +152,14 @@ pub trait HighWaterStore: Send + Sync {
         expected: u64,
         to: u64,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
-        let _ = (class, sequence, expected, to);
-        Box::pin(async { Ok(()) })
+        let _ = (sequence, expected, to);
+        Box::pin(async move {
+            Err(TicketError::db(
+                &class.server,
+                "give a mark back",
+                "this store keeps its marks",
+            ))
+        })
     }
 }
 
@@ -167,8 +174,9 @@ pub struct Quorum {
 }
 
 impl Quorum {
-    /// A mark write: a majority of the places, the server's own copy among
-    /// them. With two places or fewer, one: a majority of two is both, and
+    /// A mark write: a majority of the places, whichever (the server's own
+    /// copy need not be among them: a read counts only the others, enough
+    /// of them to meet every majority). With two places or fewer, one: a majority of two is both, and
     /// one server down would stop its peer (the limit this leaves, a pair's
     /// peer vouching after it missed marks, is in the tickets guide).
     pub fn write(self) -> usize {
@@ -606,14 +614,16 @@ impl HighWaterStore for PeersStore {
         to: u64,
     ) -> BoxFuture<'a, Result<(), TicketError>> {
         Box::pin(async move {
-            // A place that misses this keeps the higher mark: ids skipped.
+            // A place that misses this keeps the higher mark: the row is
+            // then kept too, and the ids skipped.
             let key = class.key.as_str();
             self.on_all(|_, mut s| async move {
                 let r = s.give_back_high_water(key, sequence, expected, to).await;
                 (s, r)
             })
-            .await;
-            Ok(())
+            .await
+            .into_iter()
+            .collect()
         })
     }
 }

@@ -135,6 +135,16 @@ impl Backend for Session {
         delegate!(self, b => b.raise(config, server, seq, past).await)
     }
 
+    async fn vouch(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        delegate!(self, b => b.vouch(config, server, seq, past).await)
+    }
+
     async fn reshape(
         &mut self,
         config: &Config,
@@ -214,6 +224,10 @@ impl Backend for Session {
 
     async fn write_marks_at(&mut self, places: &str, replace: bool) -> Result<(), TicketError> {
         delegate!(self, b => b.write_marks_at(places, replace).await)
+    }
+
+    async fn forget_marks_at(&mut self, places: &str) -> Result<(), TicketError> {
+        delegate!(self, b => b.forget_marks_at(places).await)
     }
 
     async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {

@@ -195,7 +195,9 @@ impl MariaSession {
 /// cleared, the counter row advanced (`LAST_INSERT_ID(id)`: the id handed
 /// out is the row's value before), then what the client checks: the rows
 /// moved (1: the row is there), the id, the proof `…_ctr_u` set to it, and
-/// the table's identity (`identity`: where it is read with every answer).
+/// the table's identity (`identity`: where it is read with every answer),
+/// and whether the guard ran at all ([`GUARD_RAN`]: a proof missing while
+/// it ran is a row its guard does not vouch for, [`guard_triggers`]).
 /// `LAST_INSERT_ID(expr)` in an `UPDATE` and the user variable last
 /// for the session, so the `SELECT` reads this statement's.
 fn ticket_sql(table: &str, increment: u64, identity: Option<Identity>) -> String {
@@ -204,7 +206,7 @@ fn ticket_sql(table: &str, increment: u64, identity: Option<Identity>) -> String
         None => "NULL".to_string(),
     };
     format!(
-        "SET {PROOF} = NULL; UPDATE {table} SET id = LAST_INSERT_ID(id) + {increment} WHERE stub = '{STUB}'; SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {identity}"
+        "SET {PROOF} = NULL, {GUARD_RAN} = NULL; UPDATE {table} SET id = LAST_INSERT_ID(id) + {increment} WHERE stub = '{STUB}'; SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {GUARD_RAN} IS NOT NULL, {identity}"
     )
 }
 
@@ -222,7 +224,7 @@ fn adopted_ticket_sql(table: &str, stub: &str, identity: Option<Identity>) -> St
         None => "NULL".to_string(),
     };
     format!(
-        "SET {PROOF} = NULL; REPLACE INTO {table} (stub) VALUES ('{stub}'); SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {identity}"
+        "SET {PROOF} = NULL; REPLACE INTO {table} (stub) VALUES ('{stub}'); SELECT ROW_COUNT(), LAST_INSERT_ID(), {PROOF}, {PROOF} IS NOT NULL, {identity}"
     )
 }
 
@@ -240,6 +242,30 @@ const DEADLOCK_RETRIES: usize = 20;
 /// its update hands out: the answer's proof that the guard ran.
 const PROOF: &str = "@shardflake_ticket";
 
+/// The session variable a per-id table's `…_ctr_u` trigger sets whenever
+/// it runs, vouching or not.
+const GUARD_RAN: &str = "@shardflake_guard";
+
+/// The session variable a client sets to 1 around its raise of a per-id
+/// row past the marks it read from the store (and only then): the row
+/// the guard vouches for from then on ([`guard_triggers`]).
+const VOUCH: &str = "@shardflake_vouch";
+
+/// The session variable a segment row's update trigger sets to the row
+/// it leaves where its guard vouches for the row it reserved from: a
+/// block's proof, read with the table's identity.
+const BLOCK_PROOF: &str = "@shardflake_block";
+
+/// The session variable a client sets to 1 around its give-back of a
+/// segment tail: a row vouched for stays vouched for (the row is the
+/// client's own block's end, compared in the statement).
+const GIVE_BACK: &str = "@shardflake_give_back";
+
+/// The column of a per-id counter row that says what its guard vouches
+/// for: `<token>:<id>`, the guard's token (new each time `init` makes
+/// the guard anew) and the id the guard last left the row at.
+const VOUCHED: &str = "vouched";
+
 /// The one row of a per-id table (Flickr's stub).
 const STUB: &str = "a";
 
@@ -249,8 +275,10 @@ struct TicketRow {
     moved: i64,
     /// The id handed out.
     id: u64,
-    /// What the guard's trigger set, if it ran.
+    /// What the guard's trigger set, if it ran and vouches for the row.
     proof: Option<u64>,
+    /// Whether the guard's update trigger ran.
+    guarded: bool,
     /// The table's identity ([`Stamped::table`]).
     table: Option<i64>,
 }
@@ -282,13 +310,14 @@ impl MariaSession {
             }
         }
         let Some(row) = last else { return Ok(None) };
-        let (moved, id, proof, table) =
-            mysql_async::from_row_opt::<(i64, u64, Option<u64>, Option<i64>)>(row)
+        let (moved, id, proof, guarded, table) =
+            mysql_async::from_row_opt::<(i64, u64, Option<u64>, bool, Option<i64>)>(row)
                 .map_err(|e| mysql_async::Error::Other(format!("{e:?}").into()))?;
         Ok(Some(TicketRow {
             moved,
             id,
             proof,
+            guarded,
             table,
         }))
     }
@@ -351,6 +380,77 @@ impl MariaSession {
     }
 }
 
+impl MariaSession {
+    /// The [`VOUCHED`] column added to per-id table `table` (or the
+    /// segment table) of an older
+    /// release (a nullable column: instant, rows written meanwhile go in;
+    /// the row is vouched for by no guard until a client raises it).
+    async fn add_vouched(&mut self, table: &str) -> Result<(), TicketError> {
+        let has: Option<u64> = self
+            .conn
+            .query_first(format!(
+                "SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}' AND COLUMN_NAME = '{VOUCHED}'"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "init: read the ticket table's columns", e))?;
+        if has.is_some() {
+            return Ok(());
+        }
+        self.conn
+            .query_drop(format!(
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {VOUCHED} varchar(64) NULL"
+            ))
+            .await
+            .map_err(|e| {
+                TicketError::db(
+                    &self.server,
+                    &format!("init: ALTER TABLE {table} ADD COLUMN {VOUCHED}"),
+                    e,
+                )
+            })
+    }
+
+    /// The token of the guard of per-id table `table` (or the segment
+    /// table): the one its update
+    /// trigger carries where every trigger of the guard is there, so that
+    /// `init` again changes nothing; else a new one. A guard made anew
+    /// (one of its triggers was missing: dropped, a restore without
+    /// triggers) vouches for no row until a client raises it past the
+    /// marks ([`guard_triggers`]).
+    async fn guard_token(&mut self, table: &str) -> Result<String, TicketError> {
+        let names = guard_names(&[table.to_string()]);
+        let update = match table == SEGMENT_TABLE {
+            true => format!("{GUARD}_update"),
+            false => format!("{table}_ctr_u"),
+        };
+        let err = |e| TicketError::db(&self.server, "init: read the guard's token", e);
+        let found: Option<(u64, Option<String>)> = self
+            .conn
+            .query_first(format!(
+                "SELECT COUNT(*), MAX(REGEXP_SUBSTR(IF(TRIGGER_NAME = '{update}', ACTION_STATEMENT, ''), '{TOKEN_PREFIX}[0-9a-f]{{16}}')) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{table}' AND TRIGGER_NAME IN ({names})"
+            ))
+            .await
+            .map_err(err)?;
+        if let Some((count, Some(token))) = found
+            && count == guard_triggers(table, "").len() as u64
+            && !token.is_empty()
+        {
+            return Ok(token);
+        }
+        let token: Option<String> = self
+            .conn
+            .query_first(format!(
+                "SELECT CONCAT('{TOKEN_PREFIX}', LEFT(MD5(CONCAT(UUID(), RAND())), 16))"
+            ))
+            .await
+            .map_err(err)?;
+        token.ok_or_else(|| TicketError::db(&self.server, "init: make the guard's token", "no row"))
+    }
+}
+
+/// What a guard's token starts with (then 16 hex digits).
+const TOKEN_PREFIX: &str = "sfg";
+
 /// Why a server's global `auto_increment_increment`/`offset` (`global`),
 /// which an adopted table's own applications draw with, cannot be used:
 /// `None` when they are the file's.
@@ -360,13 +460,29 @@ fn globals_off_lattice(
     server: &ServerConfig,
 ) -> Option<String> {
     let want = (config.increment, server.offset);
-    (global != Some(want)).then(|| {
-        let (gi, go) = global.unwrap_or((0, 0));
-        format!(
-            "the server's global auto_increment_increment/offset are {gi}/{go}, the file's increment/offset {}/{}: the applications' own REPLACE INTO on an adopted table would hand out ids of another server's class; set auto-increment-increment = {} and auto-increment-offset = {} in the server's configuration and with SET GLOBAL (or fix the file), then run `shardflake tickets init`",
-            want.0, want.1, want.0, want.1
-        )
-    })
+    let (gi, go) = global.unwrap_or((0, 0));
+    if (gi, go) == want {
+        return None;
+    }
+    let off = format!(
+        "the server's global auto_increment_increment/offset are {gi}/{go}, the file's increment/offset {}/{}: the applications' own REPLACE INTO on an adopted table would hand out ids of another server's class",
+        want.0, want.1
+    );
+    // A server already on the file's increment at another offset (offsets
+    // swapped in the file): its applications already draw that class, so
+    // the file follows the server. A SET GLOBAL under running applications
+    // splits it: their open connections keep the offset they connected
+    // with, and two servers then hand out one class.
+    if gi == config.increment && (1..=gi).contains(&go) {
+        return Some(format!(
+            "{off}; its applications already draw ids of offset {go}: set `offset = {go}` for server {} in the file (and give any other server of the file its own server's global offset), then run `shardflake tickets init`; do not SET GLOBAL another offset while applications run: their open connections keep the one they connected with, and two servers would hand out the same ids",
+            server.name
+        ));
+    }
+    Some(format!(
+        "{off}; with every application of the server stopped (their open connections keep the values they connected with), set auto-increment-increment = {} and auto-increment-offset = {} in the server's configuration and with SET GLOBAL, then run `shardflake tickets init` before they start again",
+        want.0, want.1
+    ))
 }
 
 impl MariaSession {
@@ -486,9 +602,12 @@ impl Backend for MariaSession {
 
     /// One per-id ticket: the counter row advanced, read back with its
     /// guard's proof and the table's identity, in one round trip
-    /// ([`ticket_sql`]). An answer without the proof (the row moved, but
-    /// not through `…_ctr_u`: the guard dropped, or the table of before
-    /// `init` converted it) is refused, whatever its value.
+    /// ([`ticket_sql`]). An answer without the proof is refused, whatever
+    /// its value: where the guard did not run (dropped, or the table of
+    /// before `init` converted it), as a table without its guard; where
+    /// it ran but does not vouch for the row (moved outside it, or the
+    /// guard made anew: [`guard_triggers`]), as `recreated`, checked
+    /// against the marks again.
     async fn next_ticket(
         &mut self,
         index: usize,
@@ -520,6 +639,7 @@ impl Backend for MariaSession {
             moved,
             id,
             proof,
+            guarded,
             table,
         }) = answer
         else {
@@ -530,6 +650,15 @@ impl Backend for MariaSession {
             return Err(not_initialised(&self.server, seq));
         }
         if proof != Some(id) {
+            // The guard ran but does not vouch for the row: it was moved
+            // outside the guard, or the guard was made anew. Like a table
+            // recreated: checked against the marks again.
+            if guarded && proof.is_none() {
+                return Err(TicketError::Recreated {
+                    server: self.server.clone(),
+                    sequence: seq.name.clone(),
+                });
+            }
             return Err(unguarded(&self.server, &seq.table()));
         }
         Ok(Stamped { value: id, table })
@@ -617,14 +746,29 @@ impl Backend for MariaSession {
             true => format!("({})", self.identity.sql(SEGMENT_TABLE)),
             false => "NULL".to_string(),
         };
-        let (table, guards): (Option<i64>, u64) = self
+        let (table, guards, proof): (Option<i64>, u64, Option<i64>) = self
             .conn
-            .query_first(format!("SELECT {identity}, ({})", guard_count_sql()))
+            .query_first(format!(
+                "SELECT {identity}, ({}), {BLOCK_PROOF}",
+                guard_count_sql()
+            ))
             .await
             .map_err(|e| TicketError::db(&self.server, "read the table's identity", e))?
             .ok_or_else(|| TicketError::db(&self.server, "read the table's identity", "no row"))?;
-        if guards != guard_triggers(SEGMENT_TABLE).len() as u64 {
+        if guards != guard_triggers(SEGMENT_TABLE, "").len() as u64 {
             return Err(unguarded(&self.server, SEGMENT_TABLE));
+        }
+        // A block reserved from a row its guard does not vouch for (moved
+        // outside the guard, or the guard made anew): not used, the
+        // server checked against the marks again. (The proof of an
+        // earlier block is another row: a reservation moves the row.)
+        if let Ok(max) = value
+            && proof != Some(max)
+        {
+            return Err(TicketError::Recreated {
+                server: self.server.clone(),
+                sequence: seq.name.clone(),
+            });
         }
         Ok(Stamped { value, table })
     }
@@ -641,7 +785,7 @@ impl Backend for MariaSession {
         let version = self.pinned()?;
         // The one statement that sets the row back: past the guard.
         self.conn
-            .query_drop("SET @shardflake_rewind = 1")
+            .query_drop(format!("SET @shardflake_rewind = 1, {GIVE_BACK} = 1"))
             .await
             .map_err(err)?;
         let given = self
@@ -652,7 +796,10 @@ impl Backend for MariaSession {
             ))
             .await
             .map(|()| self.conn.affected_rows() == 1);
-        let reset = self.conn.query_drop("SET @shardflake_rewind = NULL").await;
+        let reset = self
+            .conn
+            .query_drop(format!("SET @shardflake_rewind = NULL, {GIVE_BACK} = NULL"))
+            .await;
         let given = given.map_err(err)?;
         reset.map_err(err)?;
         Ok(given)
@@ -746,6 +893,41 @@ impl Backend for MariaSession {
             .query_drop(&sql)
             .await
             .map_err(|e| TicketError::db(&self.server, &format!("raise the counter ({sql})"), e))
+    }
+
+    /// A per-id counter row (not an adopted table's) or a segment row
+    /// raised past `past` with [`VOUCH`] set: its guard vouches for the row
+    /// from now on.
+    async fn vouch(
+        &mut self,
+        config: &Config,
+        server: &ServerConfig,
+        seq: &SequenceConfig,
+        past: u64,
+    ) -> Result<(), TicketError> {
+        if seq.adopted() {
+            return Ok(());
+        }
+        let err = |e| TicketError::db(&self.server, "vouch for the counter row", e);
+        let sql = match seq.mode {
+            Mode::PerId => {
+                let next =
+                    first_at_or_above(config.increment, server.offset, past.min(seq.max_id()) + 1);
+                format!(
+                    "UPDATE {} SET id = GREATEST(id, {next}) WHERE stub = '{STUB}'",
+                    seq.table()
+                )
+            }
+            Mode::Segment => raise_segment_sql(Lattice::new(config, server), seq, past),
+        };
+        self.conn
+            .query_drop(format!("SET {VOUCH} = 1"))
+            .await
+            .map_err(err)?;
+        let vouched = self.conn.query_drop(sql).await;
+        let reset = self.conn.query_drop(format!("SET {VOUCH} = NULL")).await;
+        vouched.map_err(err)?;
+        reset.map_err(err)
     }
 
     /// The increment and offset are the client's: a per-id row is raised
@@ -1057,6 +1239,16 @@ impl Backend for MariaSession {
             .map_err(|e| TicketError::db(&self.server, &format!("{verb} INTO {MARKS_AT_TABLE}"), e))
     }
 
+    async fn forget_marks_at(&mut self, places: &str) -> Result<(), TicketError> {
+        self.conn
+            .exec_drop(
+                format!("DELETE FROM {MARKS_AT_TABLE} WHERE places = ?"),
+                (places,),
+            )
+            .await
+            .map_err(|e| TicketError::db(&self.server, &format!("DELETE FROM {MARKS_AT_TABLE}"), e))
+    }
+
     /// `@shardflake_lattice`, which the per-id tables' guard compares.
     async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {
         self.conn
@@ -1194,11 +1386,13 @@ impl Backend for MariaSession {
             .map_err(run(format!("INSERT the init row INTO {HOLDERS_TABLE}")))?;
         self.conn
             .query_drop(format!(
-                "CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, max_id bigint NOT NULL) ENGINE=InnoDB"
+                "CREATE TABLE IF NOT EXISTS {SEGMENT_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, max_id bigint NOT NULL, {VOUCHED} varchar(64) NULL) ENGINE=InnoDB"
             ))
             .await
             .map_err(run(format!("CREATE TABLE {SEGMENT_TABLE}")))?;
-        for (trigger, sql) in guard_triggers(SEGMENT_TABLE) {
+        self.add_vouched(SEGMENT_TABLE).await?;
+        let token = self.guard_token(SEGMENT_TABLE).await?;
+        for (trigger, sql) in guard_triggers(SEGMENT_TABLE, &token) {
             self.conn
                 .query_drop(sql)
                 .await
@@ -1239,14 +1433,17 @@ impl Backend for MariaSession {
                     if form.is_none() {
                         self.conn
                             .query_drop(format!(
-                                "CREATE TABLE IF NOT EXISTS {table} (stub char(1) NOT NULL PRIMARY KEY, id {column} NOT NULL) ENGINE=InnoDB"
+                                "CREATE TABLE IF NOT EXISTS {table} (stub char(1) NOT NULL PRIMARY KEY, id {column} NOT NULL, {VOUCHED} varchar(64) NULL) ENGINE=InnoDB"
                             ))
                             .await
                             .map_err(run(format!("CREATE TABLE {table}")))?;
+                    } else {
+                        self.add_vouched(&table).await?;
                     }
                     // The guard first: on a table of the REPLACE form, its
                     // insert trigger refuses every REPLACE from here on.
-                    for (trigger, sql) in guard_triggers(&table) {
+                    let token = self.guard_token(&table).await?;
+                    for (trigger, sql) in guard_triggers(&table, &token) {
                         self.conn
                             .query_drop(sql)
                             .await
@@ -1429,7 +1626,20 @@ impl Backend for MariaSession {
 /// the same round trip: an answer that does not carry it (the trigger
 /// dropped under a running client) is refused. Suffixes of 6 characters:
 /// a table's name is at most 56, a trigger's 64.
-fn guard_triggers(table: &str) -> Vec<(String, String)> {
+///
+/// The proof is given only for a row the guard vouches for: its
+/// [`VOUCHED`] column is `<token>:<id>`, `token` this guard's (new each
+/// time `init` makes the guard anew, [`MariaSession::guard_token`]). A
+/// client's raise past the marks it read from the store ([`VOUCH`] = 1)
+/// vouches for the row; each ticket of a vouched row keeps it vouched;
+/// a row inserted (`t_ctr_i`: a dump's row, a `TRUNCATE` and insert), set
+/// with `@shardflake_rewind = 1`, changed while the guard was dropped, or
+/// vouched under another guard (dropped and made anew by `init`) is not,
+/// and every ticket of it is answered without the proof (the guard ran:
+/// [`GUARD_RAN`]) until a client raises it past the marks again: each
+/// client refuses such an answer (`recreated`) and checks the server
+/// against the marks. Cheap: no read beyond the row the `UPDATE` locks.
+fn guard_triggers(table: &str, token: &str) -> Vec<(String, String)> {
     let refusal = guard_refusal(table, "SET @shardflake_rewind = 1").replace('\'', "''");
     let rewind = "NOT (@shardflake_rewind <=> 1) AND";
     let moved = format!("{LATTICE_MOVED}: restart the client with the file reshape was given");
@@ -1439,33 +1649,36 @@ fn guard_triggers(table: &str) -> Vec<(String, String)> {
         );
         (name, sql)
     };
+    let vouched = |id: &str| format!("CONCAT('{token}:', {id})");
     if table == SEGMENT_TABLE {
+        // As a per-id row's (below), per row: a reservation of a row its
+        // guard vouches for sets [`BLOCK_PROOF`]; a give-back keeps a
+        // vouched row vouched.
+        let update = format!(
+            "CREATE OR REPLACE TRIGGER {GUARD}_update BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} NEW.max_id < OLD.max_id THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF {VOUCH} <=> 1 OR ({GIVE_BACK} <=> 1 AND OLD.{VOUCHED} <=> {old}) THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {BLOCK_PROOF} = NEW.max_id; ELSE SET NEW.{VOUCHED} = NULL; END IF; END",
+            new = vouched("NEW.max_id"),
+            old = vouched("OLD.max_id"),
+        );
+        let insert = format!(
+            "CREATE OR REPLACE TRIGGER {GUARD}_insert BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF {rewind} NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET NEW.{VOUCHED} = NULL; END"
+        );
         return vec![
-            refuse(
-                "UPDATE",
-                format!("{GUARD}_update"),
-                "NEW.max_id < OLD.max_id".into(),
-            ),
-            refuse(
-                "INSERT",
-                format!("{GUARD}_insert"),
-                format!(
-                    "NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name)"
-                ),
-            ),
+            (format!("{GUARD}_update"), update),
+            (format!("{GUARD}_insert"), insert),
             refuse("DELETE", format!("{GUARD}_delete"), "TRUE".into()),
         ];
     }
     let name = format!("{table}_ctr_u");
     let update = format!(
-        "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {PROOF} = OLD.id; END"
+        "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {GUARD_RAN} = 1; IF {VOUCH} <=> 1 THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {PROOF} = OLD.id; ELSE SET NEW.{VOUCHED} = NULL; END IF; END",
+        new = vouched("NEW.id"),
+        old = vouched("OLD.id"),
+    );
+    let insert = format!(
+        "CREATE OR REPLACE TRIGGER {table}_ctr_i BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF {rewind} EXISTS (SELECT 1 FROM {table}) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET NEW.{VOUCHED} = NULL; END"
     );
     vec![
-        refuse(
-            "INSERT",
-            format!("{table}_ctr_i"),
-            format!("EXISTS (SELECT 1 FROM {table})"),
-        ),
+        (format!("{table}_ctr_i"), insert),
         (name, update),
         refuse("DELETE", format!("{table}_ctr_d"), "TRUE".into()),
     ]
@@ -1511,7 +1724,7 @@ fn guard_of(config: &Config, table: &str) -> Vec<(String, String)> {
         .any(|q| q.adopted() && q.table() == table)
     {
         true => adopted_guard_triggers(table),
-        false => guard_triggers(table),
+        false => guard_triggers(table, ""),
     }
 }
 
@@ -1519,7 +1732,7 @@ fn guard_of(config: &Config, table: &str) -> Vec<(String, String)> {
 fn guard_names(tables: &[String]) -> String {
     tables
         .iter()
-        .flat_map(|t| guard_triggers(t))
+        .flat_map(|t| guard_triggers(t, ""))
         .map(|(name, _)| format!("'{name}'"))
         .collect::<Vec<_>>()
         .join(", ")

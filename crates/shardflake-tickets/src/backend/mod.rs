@@ -74,6 +74,20 @@ pub(crate) trait Backend {
         past: u64,
     ) -> Result<(), TicketError>;
 
+    /// Raises the counter past `past`, as [`Backend::raise`], and vouches
+    /// for it: called only by a client that read the marks of every
+    /// client (MariaDB's per-id guard gives its proof only for a row
+    /// vouched for, `mariadb::guard_triggers`). Nothing to do elsewhere.
+    async fn vouch(
+        &mut self,
+        _config: &Config,
+        _server: &ServerConfig,
+        _seq: &SequenceConfig,
+        _past: u64,
+    ) -> Result<(), TicketError> {
+        Ok(())
+    }
+
     /// Moves `seq` to the file's lattice, every later id above `past`.
     async fn reshape(
         &mut self,
@@ -155,6 +169,10 @@ pub(crate) trait Backend {
     /// only where none is recorded yet, or, with `replace` (`reshape`),
     /// over what is. Creates the table if needed.
     async fn write_marks_at(&mut self, places: &str, replace: bool) -> Result<(), TicketError>;
+
+    /// Deletes the record of where the marks are kept where it is
+    /// `places` (an `init` taking back what it wrote).
+    async fn forget_marks_at(&mut self, places: &str) -> Result<(), TicketError>;
 
     /// Pins this session to lattice `version` (read before the lattice was
     /// checked): from then on the database refuses its every ticket and

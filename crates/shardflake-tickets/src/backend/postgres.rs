@@ -734,6 +734,17 @@ impl Backend for PgSession {
         Ok(())
     }
 
+    async fn forget_marks_at(&mut self, places: &str) -> Result<(), TicketError> {
+        self.client
+            .execute(
+                &format!("DELETE FROM {MARKS_AT_TABLE} WHERE places = $1"),
+                &[&places],
+            )
+            .await
+            .map_err(pg_err(&self.server, "take back where the marks are kept"))?;
+        Ok(())
+    }
+
     /// Kept for [`Backend::prepare`], which builds it into every statement.
     async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError> {
         self.lattice = Some(version);

@@ -173,10 +173,10 @@ async fn a_table_of_the_replace_form_is_converted_in_place_mariadb() {
 /// statement can see a trigger that does not fire); a row set lower by an
 /// `UPDATE` is still refused; every new session refuses the server, and
 /// `check` reports it. A row deleted and inserted again lower (what the
-/// dropped trigger refused) reaches a running client as an answer at or
-/// below its last one from that server: refused (`went_back`), never
-/// handed out. (A client whose last answer from it was below the row put
-/// back would take it: hence "never drop a guard while clients run".)
+/// dropped trigger refused) goes in through the insert trigger, which
+/// leaves it vouched for by no guard: the running client's next answers
+/// from `a` are refused (`recreated`, then `a` is refused for its missing
+/// guard), never handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_delete_guard_dropped_alone_is_seen_by_new_sessions_and_check_mariadb() {
     let (a, b) = (maria(2, 1), maria(2, 2));
@@ -211,7 +211,7 @@ async fn the_delete_guard_dropped_alone_is_seen_by_new_sessions_and_check_mariad
     fresh.shutdown().await;
 
     // Deleted and inserted again lower: the running client's next answers
-    // from `a` are at or below its last one from it, refused.
+    // from `a` are refused.
     let last_of_a = *ids.iter().filter(|id| *id % 2 == 1).max().unwrap();
     a.sql(&format!(
         "DELETE FROM tickets_photos; INSERT INTO tickets_photos (stub, id) VALUES ('a', {})",
@@ -223,5 +223,113 @@ async fn the_delete_guard_dropped_alone_is_seen_by_new_sessions_and_check_mariad
     }
     assert_ne!(state(&client, "a"), "up");
     client.shutdown().await;
+    assert_unique(&ids);
+}
+
+/// The `CREATE TRIGGER` statements of every trigger on `tickets_photos`
+/// on `server`, as an operator copies them before dropping them.
+async fn photos_trigger_text(conn: &mut mysql_async::Conn) -> Vec<String> {
+    conn.query(
+        "SELECT CONCAT('CREATE TRIGGER ', TRIGGER_NAME, ' ', ACTION_TIMING, ' ', EVENT_MANIPULATION, ' ON tickets_photos FOR EACH ROW ', ACTION_STATEMENT) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = 'app' AND EVENT_OBJECT_TABLE = 'tickets_photos'",
+    )
+    .await
+    .unwrap()
+}
+
+/// Review finding E5: between two answers of an idle running client, an
+/// operator drops the counter row's whole guard, sets the row back (above
+/// that client's last answer from the server, below ids another client
+/// took since), and puts the guard back: once with `init`, once from the
+/// triggers' own text. The idle client's pooled sessions open no new
+/// checked session, so only what its next answer carries can show it.
+/// Before: the guard's proof was there again and the table was the same,
+/// and the idle client handed out the other client's ids again. Now the
+/// row carries what its guard last vouched for; a row moved outside the
+/// guard (or under a guard made anew) gives no proof until a client
+/// raises it past the marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_guard_replaced_between_two_answers_hands_out_nothing_twice_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let idle = TicketClient::connect(config.clone()).await.unwrap();
+    let busy = TicketClient::connect(config.clone()).await.unwrap();
+    let mut admin_conn = mysql_async::Conn::from_url(a.url()).await.unwrap();
+    let mut ids = Vec::new();
+    for by_hand in [false, true] {
+        let mine = idle.next_n("photos", 20).await.unwrap();
+        let last_of_a = *mine
+            .iter()
+            .filter(|id| *id % 2 == 1)
+            .max()
+            .expect("a never served");
+        ids.extend(mine);
+        ids.extend(busy.next_n("photos", 400).await.unwrap());
+        assert!(counter_row(&a) > last_of_a + 100, "busy took no id of a");
+        let text = photos_trigger_text(&mut admin_conn).await;
+        drop_photos_triggers(&a);
+        a.sql(&format!(
+            "UPDATE tickets_photos SET id = {} WHERE stub = 'a'",
+            last_of_a + 2
+        ))
+        .unwrap();
+        match by_hand {
+            false => init_ok(&config).await,
+            true => {
+                for sql in text {
+                    admin_conn.query_drop(sql).await.unwrap();
+                }
+            }
+        }
+        for _ in 0..20 {
+            ids.extend(idle.next_n("photos", 10).await.unwrap());
+        }
+    }
+    assert_unique(&ids);
+}
+
+/// E5 in segment mode: the segment table's whole guard dropped, `a`'s row
+/// set back to where it was when an idle client last reserved from it
+/// (below blocks another client reserved since), and the guard put back
+/// by `init`, between two reservations of the idle client. Its next
+/// block from `a` is reserved from a row the guard does not vouch for:
+/// refused (`recreated`), the server raised past the marks; no id is
+/// handed out twice. Before: the block was taken, and the busy client's
+/// ids went out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_segment_guard_replaced_between_two_blocks_hands_out_nothing_twice_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let row_of_a = || {
+        a.sql("SELECT max_id FROM shardflake_ticket_segments WHERE sequence_name = 'blocks'")
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let idle = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = idle.next_n("blocks", 3000).await.unwrap();
+    let then = row_of_a();
+    let busy = TicketClient::connect(config.clone()).await.unwrap();
+    for _ in 0..20 {
+        ids.extend(busy.next_n("blocks", 1000).await.unwrap());
+    }
+    assert_ne!(row_of_a(), then, "busy reserved nothing from a");
+    let names = a
+        .sql("SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = 'app' AND EVENT_OBJECT_TABLE = 'shardflake_ticket_segments'")
+        .unwrap();
+    for name in names.split_whitespace() {
+        a.sql(&format!("DROP TRIGGER {name}")).unwrap();
+    }
+    a.sql(&format!(
+        "UPDATE shardflake_ticket_segments SET max_id = {then} WHERE sequence_name = 'blocks'"
+    ))
+    .unwrap();
+    init_ok(&config).await;
+    for _ in 0..20 {
+        ids.extend(idle.next_n("blocks", 1000).await.unwrap());
+    }
+    idle.shutdown().await;
+    busy.shutdown().await;
     assert_unique(&ids);
 }

@@ -18,17 +18,21 @@ use super::{assert_unique, etcd_marks, init_ok, maria, server_toml};
 /// place given 2 s: an etcd slow under load is not what this is about),
 /// per-id marks 10 ids ahead (so the ids handed out go past them).
 fn pair(kind: &str, a: &str, b: &str, etcd: &Etcd, prefix: &str) -> Config {
+    let servers = format!(
+        "{}{}",
+        server_toml("a", kind, a, 1),
+        server_toml("b", kind, b, 2)
+    );
+    pair_of(&servers, etcd, prefix)
+}
+
+/// [`pair`] with `servers` (their `[[servers]]` tables, in any order).
+fn pair_of(servers: &str, etcd: &Etcd, prefix: &str) -> Config {
     let fixed = FIXED.replace(
         "attempt_timeout_ms = 1000\n",
         "attempt_timeout_ms = 3000\nmarks_timeout_ms = 2000\nmark_ahead = 10\n",
     );
-    Config::parse(&format!(
-        "{}{}{fixed}{}",
-        server_toml("a", kind, a, 1),
-        server_toml("b", kind, b, 2),
-        etcd_marks(etcd, prefix)
-    ))
-    .unwrap()
+    Config::parse(&format!("{servers}{fixed}{}", etcd_marks(etcd, prefix))).unwrap()
 }
 
 /// A fresh client of `config`, whatever it can use.
@@ -263,6 +267,16 @@ async fn a_place_reshape_moved_away_from_is_refused_after_both_servers_are_resto
         "{error}"
     );
     assert!(error.contains("tickets reshape --config"), "{error}");
+    // `init` with `pa`'s file is refused as its clients are, naming the
+    // reshape (before: "ok", "ids from N on", and its clients refused).
+    for s in admin::init(&pa).await {
+        let e = s
+            .result
+            .expect_err("init with the file moved away from")
+            .to_string();
+        assert!(e.contains("the marks moved to peers + etcd /pb"), "{e}");
+        assert!(e.contains("tickets reshape --config"), "{e}");
+    }
     // `pb`'s clients are refused by the restored servers, without being
     // sent back to `pa`'s file.
     let refused = fresh(&pb).await;
@@ -401,4 +415,68 @@ async fn a_reshape_after_a_restore_follows_the_marks_to_where_they_moved_mariadb
         error.is_some(),
         "a client of /pb was served after the marks left it"
     );
+}
+
+/// Where `server` records that its clients keep their marks ("" for no
+/// record).
+fn marks_at(server: &MariaDbServer) -> String {
+    server
+        .sql("SELECT places FROM shardflake_ticket_marks_at")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Review finding E6: two `init`s run at once with files naming different
+/// mark places (`/pa`, `/pb`), each listing the servers in another order,
+/// so each records its place on its first server before it reads the
+/// other's record on its second. Before: both were refused but left `a`
+/// recording `/pa` and `b` `/pb`, and each file's clients then handed out
+/// ids from one of the servers. Now a run that finds a server recording
+/// another place after its own writes takes back what it recorded: no
+/// two servers record different places, the clients of neither file are
+/// served by a part of the pair, and `init` again with the file meant
+/// makes the pair whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_inits_at_once_with_different_mark_places_leave_no_split_mariadb() {
+    let etcd = Etcd::start(1).unwrap();
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let pa = pair("mariadb", &a.url(), &b.url(), &etcd, "/pa");
+    let b_first = format!(
+        "{}{}",
+        server_toml("b", "mariadb", &b.url(), 2),
+        server_toml("a", "mariadb", &a.url(), 1)
+    );
+    let pb = pair_of(&b_first, &etcd, "/pb");
+    let (ia, ib) = tokio::join!(admin::init(&pa), admin::init(&pb));
+    let refused = |run: &[admin::ServerInit]| run.iter().any(|s| s.result.is_err());
+    assert!(refused(&ia) || refused(&ib), "both inits passed");
+    let (at_a, at_b) = (marks_at(&a), marks_at(&b));
+    assert!(
+        at_a.is_empty() || at_b.is_empty() || at_a == at_b,
+        "the servers record different places: a {at_a:?}, b {at_b:?}"
+    );
+    for (run, said) in [(&ia, "pa"), (&ib, "pb")] {
+        for s in run.iter().filter_map(|s| s.result.as_ref().err()) {
+            let e = s.to_string();
+            assert!(
+                e.contains("tickets init") || e.contains("tickets reshape"),
+                "{said}: {e}"
+            );
+        }
+    }
+    // The file meant, again: both servers record its place and serve.
+    init_ok(&pa).await;
+    assert_eq!(marks_at(&a), marks_at(&b));
+    let (mut photos, mut blocks) = (Vec::new(), Vec::new());
+    let client = fresh(&pa).await;
+    assert_eq!(take(&client, 2, &mut photos, &mut blocks).await, None);
+    client.shutdown().await;
+    assert!(photos.iter().any(|id| id % 2 == 1) && photos.iter().any(|id| id % 2 == 0));
+    let other = fresh(&pb).await;
+    let error = take(&other, 1, &mut photos, &mut blocks).await;
+    other.shutdown().await;
+    assert!(error.is_some(), "a client of the other file was served");
+    assert_unique(&photos);
+    assert_unique(&blocks);
 }
