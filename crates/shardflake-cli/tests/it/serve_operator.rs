@@ -1777,6 +1777,102 @@ async fn a_fleet_moved_with_the_move_command_restarts_there_and_nowhere_else() -
     Ok(())
 }
 
+/// `fleet move` after a prefix deleted and its floor put back (chaos,
+/// seed 7): a node stopped while it waited out the floor left its
+/// high-water a window past the floor, ahead of the clock. The move added
+/// `--raise` on top of that record and made the floor past it, and every
+/// node at the new place was refused as too far ahead (window +
+/// `--max-resume-wait`): the fleet had nowhere to run. Now `--raise` goes
+/// past the clock and a record further ahead is carried as it is: the node
+/// starts there, past the old record. A `--raise` past `--max-resume-wait`
+/// is refused before anything is written, naming the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let urls = etcd.urls();
+    let d = dirs(1)?;
+    // Nodes wait at most window + --max-resume-wait: 10 s.
+    let wait = ["--window", "2s", "--max-resume-wait", "8s"];
+    let mut s = leased(&etcd, "/st", &d[0], &wait)?;
+    s.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut s).await?;
+    let fleet = etcd
+        .get("/st/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "--prefix", "/st/"])?;
+    // As the refusal says: a floor, then the fleet id.
+    let floor = now_ms()? + 8_000;
+    etcd.put("/st/floor", &floor.to_string()).await?;
+    etcd.put("/st/fleet", &fleet).await?;
+    // Restarted, the node takes its id past the floor and waits it out;
+    // stopped while it waits, its record stays a window past the floor.
+    let mut s = leased(&etcd, "/st", &d[0], &wait)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let recorded: u64 = loop {
+        if let Some(v) = etcd.get("/st/hw/0").await? {
+            break v.parse()?;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no take: {}", s.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(recorded > floor, "recorded {recorded}, floor {floor}");
+    s.signal(libc::SIGTERM);
+    s.exit(Duration::from_secs(15)).await?;
+    let to = |from: &str, to: &str, raise: &str| -> anyhow::Result<(bool, String)> {
+        let args = [
+            "--etcd",
+            &urls,
+            "--etcd-prefix",
+            from,
+            "--to-prefix",
+            to,
+            "--raise",
+            raise,
+            "--max-resume-wait",
+            "8s",
+        ];
+        // Its lease is revoked as it stops; bounded by the lease's TTL.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (ok, said) = fleet_move(&args)?;
+            if ok || !said.contains("a node of the fleet") || Instant::now() > deadline {
+                return Ok((ok, said));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let (ok, said) = to("/st", "/st2", "8s")?;
+    assert!(ok && said.contains("moved: /st -> /st2"), "{said}");
+    let carried: u64 = etcd.get("/st2/hw/0").await?.unwrap_or_default().parse()?;
+    assert!(
+        carried >= recorded,
+        "carried {carried}, recorded {recorded}"
+    );
+    let mut s = leased(&etcd, "/st2", &d[0], &wait)?;
+    if let Some(e) = started_or_refused(&mut s).await? {
+        anyhow::bail!("refused after the move: {e}");
+    }
+    let ids = load_for(&s, Duration::from_millis(300)).await?;
+    // snowflake: 22 bits below the time, epoch 1288834974657 ms.
+    let first = ids.iter().min().ok_or_else(|| anyhow::anyhow!("no id"))?;
+    let stamped = (first >> 22) + 1_288_834_974_657;
+    assert!(stamped > recorded, "stamped {stamped}, recorded {recorded}");
+    stop_cleanly(&mut s).await?;
+    // A raise past the fleet's --max-resume-wait: refused, nothing written.
+    let (ok, said) = to("/st2", "/st3", "9s")?;
+    assert!(
+        !ok && said.contains("more than the fleet's --max-resume-wait")
+            && said.contains("Nothing was changed")
+            && said.contains("Run the move again with --raise 8000ms or less"),
+        "{said}"
+    );
+    let layout = etcd.get("/st2/layout").await?.unwrap_or_default();
+    assert!(!layout.starts_with("retired"), "{layout}");
+    assert!(etcd.keys("/st3/").await?.is_empty());
+    Ok(())
+}
+
 /// Issue 38, F16: a second cluster built with the same member names, peer
 /// URLs and token has the same cluster id (etcd derives it from those
 /// alone); another application's writes took its revision past the one
