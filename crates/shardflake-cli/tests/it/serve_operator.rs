@@ -2225,6 +2225,72 @@ async fn an_old_layout_restored_from_before_a_layout_change_is_refused() -> anyh
     Ok(())
 }
 
+/// A layout change (`/l1` to `/l2`), then etcd restored from a snapshot
+/// taken after it: a new node without a state file on the new prefix
+/// (`--previous-prefix` as the guide says, or without) cannot tell that
+/// the fleet did not leave `/l2` after the snapshot, and is refused, told
+/// `shardflake fleet confirm` for `/l2`; once confirmed, it starts there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_node_on_a_changed_layouts_prefix_after_a_restore_waits_for_confirm()
+-> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(4)?;
+    // A snapshot with some history: restored, its revision is past its
+    // raft index.
+    for i in 0..20 {
+        etcd.etcdctl(&["put", &format!("/other/{i}"), "x"])?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    run_fleet(&etcd, "/l1", &d[..1], &stop, &mut loads).await?;
+    // snowflake's fields, the epoch 10 s earlier: ids above the old ones.
+    let layout = "time 41 | node 10 | sequence 12 (epoch 1288834964657)";
+    let new_fleet = [
+        "--layout",
+        layout,
+        "--previous-prefix",
+        "/l1",
+        "--window",
+        "2s",
+        "--max-resume-wait",
+        "1s",
+    ];
+    let mut s = leased(&etcd, "/l2", &d[1], &new_fleet)?;
+    s.ready(Duration::from_secs(30)).await?;
+    loads.push(ids_until(&s.http, &stop));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_cleanly(&mut s).await?;
+    let snapshot = d[3].join("snapshot.db");
+    tokio::task::block_in_place(|| etcd.snapshot(&snapshot))?;
+    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+    let urls = etcd.urls();
+    let mut with_previous = vec!["--etcd", &urls, "--etcd-prefix", "/l2", "--lease-ttl", "3s"];
+    with_previous.extend(new_fleet);
+    let e = refused(&d[2], &with_previous, &[]).await?;
+    assert!(
+        e.contains("restored from a snapshot")
+            && e.contains("shardflake fleet confirm --etcd URLS --etcd-prefix /l2"),
+        "{e}"
+    );
+    let e = refused(&d[2], &with_previous[..with_previous.len() - 6], &[]).await?;
+    assert!(
+        e.contains("shardflake fleet confirm --etcd URLS --etcd-prefix /l2"),
+        "{e}"
+    );
+    let (ok, said) = fleet_cmd("confirm", &["--etcd", &urls, "--etcd-prefix", "/l2"])?;
+    assert!(ok && said.contains("confirmed /l2"), "{said}");
+    let mut s = leased(&etcd, "/l2", &d[2], &new_fleet)?;
+    if let Some(e) = started_or_refused(&mut s).await? {
+        anyhow::bail!("refused after fleet confirm: {e}");
+    }
+    loads.push(ids_until(&s.http, &stop));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    stop_cleanly(&mut s).await?;
+    Ok(())
+}
+
 /// Review: `etcdctl del --prefix shardflake` (no leading `/`) deleted the
 /// fleets' registry under a running fleet, whose nodes never wrote it
 /// back (only takes did): a second fleet of the same layout on another
