@@ -2225,6 +2225,48 @@ async fn an_old_layout_restored_from_before_a_layout_change_is_refused() -> anyh
     Ok(())
 }
 
+/// An id's high-water deleted by hand (`etcdctl del <prefix>/hw/0`), its
+/// `taken/0` stamp left: a take at the old place waits `--max-resume-wait`
+/// past its clock for it (its holder may have stamped as far ahead as its
+/// clock ran). `fleet move` carried no record for it and no stamp, so a
+/// take at the new place waited only `--raise`. Now the move writes the
+/// id's record `--max-resume-wait` past the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_carries_the_wait_for_an_id_whose_record_was_deleted() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let urls = etcd.urls();
+    let d = dirs(1)?;
+    let mut s = leased(&etcd, "/tk", &d[0], &[])?;
+    s.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut s).await?;
+    anyhow::ensure!(etcd.get("/tk/taken/0").await?.is_some(), "no stamp");
+    etcd.etcdctl(&["del", "/tk/hw/0"])?;
+    let before = now_ms()?;
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/tk",
+        "--to-prefix",
+        "/tk2",
+        "--raise",
+        "2s",
+        "--max-resume-wait",
+        "7s",
+    ])?;
+    assert!(ok && said.contains("1 high-waters"), "{said}");
+    let carried: u64 = etcd
+        .get("/tk2/hw/0")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no record carried for node id 0"))?
+        .parse()?;
+    assert!(
+        carried >= before + 7_000,
+        "carried {carried}, moved at {before}"
+    );
+    Ok(())
+}
+
 /// A layout change (`/l1` to `/l2`), then etcd restored from a snapshot
 /// taken after it: a new node without a state file on the new prefix
 /// (`--previous-prefix` as the guide says, or without) cannot tell that

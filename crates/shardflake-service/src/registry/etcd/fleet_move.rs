@@ -12,12 +12,15 @@
 //! stamped, and `raise` covers a holder whose record an etcd restore lost,
 //! its clock ahead of ours), a floor every take there resumes past (the
 //! clock now plus `raise`, or the old place's floor), and the fleet's
-//! registration in that cluster. `raise` is added to the clock, never on
-//! top of a record: a record already ahead (a node stopped while it waited
-//! out a floor put back after a delete) plus `raise` could be further ahead
-//! than the fleet's nodes wait, and every take there would be refused. A
-//! floor further ahead than the fleet's `--max-resume-wait` is refused
-//! before anything is written, for the same reason.
+//! registration in that cluster. An id taken before whose record was
+//! deleted by hand gets a record `--max-resume-wait` past the clock, the
+//! wait a take at the old place makes for it. `raise` is added to the
+//! clock, never on top of a record: a record already ahead (a node stopped
+//! while it waited out a floor put back after a delete) plus `raise` could
+//! be further ahead than the fleet's nodes wait, and every take there
+//! would be refused. A floor further ahead than the fleet's
+//! `--max-resume-wait` is refused before anything is written, for the same
+//! reason.
 //! A move stopped between the two steps is finished by running it again.
 //! A fleet whose etcd was restored from a snapshot is moved only with a
 //! raise of at least the fleet's `--max-resume-wait`: a record the restore
@@ -272,6 +275,27 @@ pub async fn move_fleet(
         // it is past the raised clock (a record further ahead than the
         // nodes wait is skipped by their takes, as at the old place).
         high_waters.push((id, ms.max(raised_clock)));
+    }
+    // An id taken before (`taken/<id>`) whose record was deleted by hand:
+    // its holder, stopped by its failing record, may have stamped as far
+    // ahead as its clock ran. A take at the old place waits
+    // `--max-resume-wait` past its clock for it; the new place holds no
+    // stamp to tell, so the move writes that wait as the id's record.
+    let stamp_prefix = format!("{old}/taken/");
+    let lost_holder = now_ms.saturating_add(max_resume_wait_ms.max(raise_ms));
+    for id in kvs.iter().filter_map(|kv| {
+        std::str::from_utf8(kv.key.strip_prefix(stamp_prefix.as_bytes())?)
+            .ok()?
+            .parse::<u64>()
+            .ok()
+    }) {
+        if !high_waters.iter().any(|&(carried, _)| carried == id) {
+            tracing::warn!(
+                node_id = id,
+                "{old}/hw/{id} is missing, but node id {id} was taken before ({stamp_prefix}{id}): carried as --max-resume-wait past this clock"
+            );
+            high_waters.push((id, lost_holder));
+        }
     }
     // The floor covers the ids without a record; an old floor (put back
     // after a delete) is carried as it is.
