@@ -1819,7 +1819,7 @@ async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyho
     assert!(recorded > floor, "recorded {recorded}, floor {floor}");
     s.signal(libc::SIGTERM);
     s.exit(Duration::from_secs(15)).await?;
-    let to = |from: &str, to: &str, raise: &str| -> anyhow::Result<(bool, String)> {
+    let to = |from: &str, to: &str, raise: &str, wait: &str| -> anyhow::Result<(bool, String)> {
         let args = [
             "--etcd",
             &urls,
@@ -1830,7 +1830,7 @@ async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyho
             "--raise",
             raise,
             "--max-resume-wait",
-            "8s",
+            wait,
         ];
         // Its lease is revoked as it stops; bounded by the lease's TTL.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -1842,7 +1842,17 @@ async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyho
             std::thread::sleep(Duration::from_millis(200));
         }
     };
-    let (ok, said) = to("/st", "/st2", "8s")?;
+    // That floor is further ahead than a --max-resume-wait of 1 s: a move
+    // now is refused with nothing written, told when to run it again.
+    let (ok, said) = to("/st", "/st0", "1s", "1s")?;
+    assert!(
+        !ok && said.contains("the old place's /st/floor")
+            && said.contains("Nothing was changed")
+            && said.contains("Run the move again after"),
+        "{said}"
+    );
+    assert!(etcd.keys("/st0/").await?.is_empty());
+    let (ok, said) = to("/st", "/st2", "8s", "8s")?;
     assert!(ok && said.contains("moved: /st -> /st2"), "{said}");
     let carried: u64 = etcd.get("/st2/hw/0").await?.unwrap_or_default().parse()?;
     assert!(
@@ -1860,7 +1870,7 @@ async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyho
     assert!(stamped > recorded, "stamped {stamped}, recorded {recorded}");
     stop_cleanly(&mut s).await?;
     // A raise past the fleet's --max-resume-wait: refused, nothing written.
-    let (ok, said) = to("/st2", "/st3", "9s")?;
+    let (ok, said) = to("/st2", "/st3", "9s", "8s")?;
     assert!(
         !ok && said.contains("more than the fleet's --max-resume-wait")
             && said.contains("Nothing was changed")
