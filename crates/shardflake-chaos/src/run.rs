@@ -925,9 +925,9 @@ fn apply(
             let new = format!("{old}-m{}", p.at.as_millis());
             // After a restore a move raises the records at least the
             // --max-resume-wait it is given: 6 s, past the largest clock
-            // difference here (5 s). The fleet's own 10 s would put a record
-            // written a window ahead past what its nodes may wait (window +
-            // 10 s), and every take there would be refused.
+            // difference here (5 s), so the moved nodes wait less than the
+            // fleet's own 10 s would make them (the raise goes past the
+            // clock, never on top of a record already ahead of it).
             let move_args = [
                 "move",
                 "--etcd-prefix",

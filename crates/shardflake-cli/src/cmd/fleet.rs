@@ -73,14 +73,17 @@ struct MoveArgs {
     /// The prefix to move it to [default: --etcd-prefix].
     #[arg(long)]
     to_prefix: Option<String>,
-    /// How far past each recorded high-water, and past this host's clock,
-    /// the carried high-waters go; the fleet's first takes there wait it
-    /// out [default: 5s].
+    /// How far past this host's clock the carried high-waters and the
+    /// floor go at least (a record further ahead is carried as it is); the
+    /// fleet's first takes there wait it out. At most --max-resume-wait
+    /// [default: 5s].
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     raise: Duration,
     /// The fleet's --max-resume-wait: where etcd was restored from a
     /// snapshot, the least --raise (a record the restore rolled back may
-    /// be that far short of what its holder stamped).
+    /// be that far short of what its holder stamped); the furthest ahead
+    /// of this host's clock the new place's floor may go (its nodes wait
+    /// at most window + --max-resume-wait).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     max_resume_wait: Duration,
     /// CA certificate (PEM) for https:// endpoints (both places).

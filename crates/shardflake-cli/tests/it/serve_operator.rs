@@ -1777,6 +1777,112 @@ async fn a_fleet_moved_with_the_move_command_restarts_there_and_nowhere_else() -
     Ok(())
 }
 
+/// `fleet move` after a prefix deleted and its floor put back (chaos,
+/// seed 7): a node stopped while it waited out the floor left its
+/// high-water a window past the floor, ahead of the clock. The move added
+/// `--raise` on top of that record and made the floor past it, and every
+/// node at the new place was refused as too far ahead (window +
+/// `--max-resume-wait`): the fleet had nowhere to run. Now `--raise` goes
+/// past the clock and a record further ahead is carried as it is: the node
+/// starts there, past the old record. A `--raise` past `--max-resume-wait`
+/// is refused before anything is written, naming the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let urls = etcd.urls();
+    let d = dirs(1)?;
+    // Nodes wait at most window + --max-resume-wait: 10 s.
+    let wait = ["--window", "2s", "--max-resume-wait", "8s"];
+    let mut s = leased(&etcd, "/st", &d[0], &wait)?;
+    s.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut s).await?;
+    let fleet = etcd
+        .get("/st/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "--prefix", "/st/"])?;
+    // As the refusal says: a floor, then the fleet id.
+    let floor = now_ms()? + 8_000;
+    etcd.put("/st/floor", &floor.to_string()).await?;
+    etcd.put("/st/fleet", &fleet).await?;
+    // Restarted, the node takes its id past the floor and waits it out;
+    // stopped while it waits, its record stays a window past the floor.
+    let mut s = leased(&etcd, "/st", &d[0], &wait)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let recorded: u64 = loop {
+        if let Some(v) = etcd.get("/st/hw/0").await? {
+            break v.parse()?;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no take: {}", s.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(recorded > floor, "recorded {recorded}, floor {floor}");
+    s.signal(libc::SIGTERM);
+    s.exit(Duration::from_secs(15)).await?;
+    let to = |from: &str, to: &str, raise: &str, wait: &str| -> anyhow::Result<(bool, String)> {
+        let args = [
+            "--etcd",
+            &urls,
+            "--etcd-prefix",
+            from,
+            "--to-prefix",
+            to,
+            "--raise",
+            raise,
+            "--max-resume-wait",
+            wait,
+        ];
+        // Its lease is revoked as it stops; bounded by the lease's TTL.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (ok, said) = fleet_move(&args)?;
+            if ok || !said.contains("a node of the fleet") || Instant::now() > deadline {
+                return Ok((ok, said));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    // That floor is further ahead than a --max-resume-wait of 1 s: a move
+    // now is refused with nothing written, told when to run it again.
+    let (ok, said) = to("/st", "/st0", "1s", "1s")?;
+    assert!(
+        !ok && said.contains("the old place's /st/floor")
+            && said.contains("Nothing was changed")
+            && said.contains("Run the move again after"),
+        "{said}"
+    );
+    assert!(etcd.keys("/st0/").await?.is_empty());
+    let (ok, said) = to("/st", "/st2", "8s", "8s")?;
+    assert!(ok && said.contains("moved: /st -> /st2"), "{said}");
+    let carried: u64 = etcd.get("/st2/hw/0").await?.unwrap_or_default().parse()?;
+    assert!(
+        carried >= recorded,
+        "carried {carried}, recorded {recorded}"
+    );
+    let mut s = leased(&etcd, "/st2", &d[0], &wait)?;
+    if let Some(e) = started_or_refused(&mut s).await? {
+        anyhow::bail!("refused after the move: {e}");
+    }
+    let ids = load_for(&s, Duration::from_millis(300)).await?;
+    // snowflake: 22 bits below the time, epoch 1288834974657 ms.
+    let first = ids.iter().min().ok_or_else(|| anyhow::anyhow!("no id"))?;
+    let stamped = (first >> 22) + 1_288_834_974_657;
+    assert!(stamped > recorded, "stamped {stamped}, recorded {recorded}");
+    stop_cleanly(&mut s).await?;
+    // A raise past the fleet's --max-resume-wait: refused, nothing written.
+    let (ok, said) = to("/st2", "/st3", "9s", "8s")?;
+    assert!(
+        !ok && said.contains("more than the fleet's --max-resume-wait")
+            && said.contains("Nothing was changed")
+            && said.contains("Run the move again with --raise 8000ms or less"),
+        "{said}"
+    );
+    let layout = etcd.get("/st2/layout").await?.unwrap_or_default();
+    assert!(!layout.starts_with("retired"), "{layout}");
+    assert!(etcd.keys("/st3/").await?.is_empty());
+    Ok(())
+}
+
 /// Issue 38, F16: a second cluster built with the same member names, peer
 /// URLs and token has the same cluster id (etcd derives it from those
 /// alone); another application's writes took its revision past the one
@@ -2126,6 +2232,114 @@ async fn an_old_layout_restored_from_before_a_layout_change_is_refused() -> anyh
             && refused_old.contains("shardflake fleet confirm --etcd URLS --etcd-prefix /e4a"),
         "{refused_old}"
     );
+    Ok(())
+}
+
+/// An id's high-water deleted by hand (`etcdctl del <prefix>/hw/0`), its
+/// `taken/0` stamp left: a take at the old place waits `--max-resume-wait`
+/// past its clock for it (its holder may have stamped as far ahead as its
+/// clock ran). `fleet move` carried no record for it and no stamp, so a
+/// take at the new place waited only `--raise`. Now the move writes the
+/// id's record `--max-resume-wait` past the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_carries_the_wait_for_an_id_whose_record_was_deleted() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let urls = etcd.urls();
+    let d = dirs(1)?;
+    let mut s = leased(&etcd, "/tk", &d[0], &[])?;
+    s.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut s).await?;
+    anyhow::ensure!(etcd.get("/tk/taken/0").await?.is_some(), "no stamp");
+    etcd.etcdctl(&["del", "/tk/hw/0"])?;
+    let before = now_ms()?;
+    let (ok, said) = fleet_move(&[
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/tk",
+        "--to-prefix",
+        "/tk2",
+        "--raise",
+        "2s",
+        "--max-resume-wait",
+        "7s",
+    ])?;
+    assert!(ok && said.contains("1 high-waters"), "{said}");
+    let carried: u64 = etcd
+        .get("/tk2/hw/0")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no record carried for node id 0"))?
+        .parse()?;
+    assert!(
+        carried >= before + 7_000,
+        "carried {carried}, moved at {before}"
+    );
+    Ok(())
+}
+
+/// A layout change (`/l1` to `/l2`), then etcd restored from a snapshot
+/// taken after it: a new node without a state file on the new prefix
+/// (`--previous-prefix` as the guide says, or without) cannot tell that
+/// the fleet did not leave `/l2` after the snapshot, and is refused, told
+/// `shardflake fleet confirm` for `/l2`; once confirmed, it starts there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_node_on_a_changed_layouts_prefix_after_a_restore_waits_for_confirm()
+-> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(4)?;
+    // A snapshot with some history: restored, its revision is past its
+    // raft index.
+    for i in 0..20 {
+        etcd.etcdctl(&["put", &format!("/other/{i}"), "x"])?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    run_fleet(&etcd, "/l1", &d[..1], &stop, &mut loads).await?;
+    // snowflake's fields, the epoch 10 s earlier: ids above the old ones.
+    let layout = "time 41 | node 10 | sequence 12 (epoch 1288834964657)";
+    let new_fleet = [
+        "--layout",
+        layout,
+        "--previous-prefix",
+        "/l1",
+        "--window",
+        "2s",
+        "--max-resume-wait",
+        "1s",
+    ];
+    let mut s = leased(&etcd, "/l2", &d[1], &new_fleet)?;
+    s.ready(Duration::from_secs(30)).await?;
+    loads.push(ids_until(&s.http, &stop));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_cleanly(&mut s).await?;
+    let snapshot = d[3].join("snapshot.db");
+    tokio::task::block_in_place(|| etcd.snapshot(&snapshot))?;
+    tokio::task::block_in_place(|| etcd.restore(&snapshot))?;
+    let urls = etcd.urls();
+    let mut with_previous = vec!["--etcd", &urls, "--etcd-prefix", "/l2", "--lease-ttl", "3s"];
+    with_previous.extend(new_fleet);
+    let e = refused(&d[2], &with_previous, &[]).await?;
+    assert!(
+        e.contains("restored from a snapshot")
+            && e.contains("shardflake fleet confirm --etcd URLS --etcd-prefix /l2"),
+        "{e}"
+    );
+    let e = refused(&d[2], &with_previous[..with_previous.len() - 6], &[]).await?;
+    assert!(
+        e.contains("shardflake fleet confirm --etcd URLS --etcd-prefix /l2"),
+        "{e}"
+    );
+    let (ok, said) = fleet_cmd("confirm", &["--etcd", &urls, "--etcd-prefix", "/l2"])?;
+    assert!(ok && said.contains("confirmed /l2"), "{said}");
+    let mut s = leased(&etcd, "/l2", &d[2], &new_fleet)?;
+    if let Some(e) = started_or_refused(&mut s).await? {
+        anyhow::bail!("refused after fleet confirm: {e}");
+    }
+    loads.push(ids_until(&s.http, &stop));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    no_duplicates(loads).await?;
+    stop_cleanly(&mut s).await?;
     Ok(())
 }
 

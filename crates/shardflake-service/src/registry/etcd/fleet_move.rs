@@ -7,10 +7,20 @@
 //! prefix was written since it was read (no node holds or waits for an id
 //! there), so every node started at the old place is refused from then on.
 //! Then the new place, compared empty, gets in one transaction the fleet
-//! id, the layout record, every id's high-water raised past anything a
-//! holder could have stamped (its record, or the clock now, plus `raise`:
-//! a clock that ran ahead, a record an etcd restore lost), a floor every
-//! take there resumes past, and the fleet's registration in that cluster.
+//! id, the layout record, every id's high-water (its record, or the clock
+//! now plus `raise` where that is later: a holder's record bounds what it
+//! stamped, and `raise` covers a holder whose record an etcd restore lost,
+//! its clock ahead of ours), a floor every take there resumes past (the
+//! clock now plus `raise`, or the old place's floor), and the fleet's
+//! registration in that cluster. An id taken before whose record was
+//! deleted by hand gets a record `--max-resume-wait` past the clock, the
+//! wait a take at the old place makes for it. `raise` is added to the
+//! clock, never on top of a record: a record already ahead (a node stopped
+//! while it waited out a floor put back after a delete) plus `raise` could
+//! be further ahead than the fleet's nodes wait, and every take there
+//! would be refused. A floor further ahead than the fleet's
+//! `--max-resume-wait` is refused before anything is written, for the same
+//! reason.
 //! A move stopped between the two steps is finished by running it again.
 //! A fleet whose etcd was restored from a snapshot is moved only with a
 //! raise of at least the fleet's `--max-resume-wait`: a record the restore
@@ -115,6 +125,27 @@ pub enum MoveError {
         /// The least raise: the fleet's --max-resume-wait.
         min_ms: u64,
     },
+    /// The new place's floor would be further ahead of this clock than the
+    /// fleet's nodes wait: every take there would be refused.
+    #[error(
+        "the move would write {floor_ms} ({floor_at}) as {to_prefix}/floor, {what}: {ahead_ms} ms ahead of this host's clock, more than the fleet's --max-resume-wait ({limit_ms} ms); every node started there would be refused as too far ahead (window + --max-resume-wait). Nothing was changed. {way_out}"
+    )]
+    FloorAhead {
+        /// The new prefix.
+        to_prefix: String,
+        /// The floor the move would write (Unix ms).
+        floor_ms: u64,
+        /// The same, RFC 3339.
+        floor_at: String,
+        /// Where it comes from: `--raise` or the old place's floor record.
+        what: String,
+        /// How far ahead of this host's clock.
+        ahead_ms: u64,
+        /// The fleet's --max-resume-wait, as given to the move.
+        limit_ms: u64,
+        /// The command that gets out.
+        way_out: String,
+    },
     /// The destination cluster refuses the fleet (another fleet there
     /// could make its ids, or it is registered elsewhere there).
     #[error("{0}")]
@@ -141,9 +172,11 @@ pub struct Moved {
 }
 
 /// Moves the fleet under `from`'s prefix to `to`'s endpoints and prefix;
-/// `now_ms` is this host's clock, `raise_ms` how far past it (and past
-/// each record) the carried high-waters go; `max_resume_wait_ms` the
-/// fleet's `--max-resume-wait`, the least raise where etcd was restored.
+/// `now_ms` is this host's clock, `raise_ms` how far past it the carried
+/// high-waters and the floor go at least (a record further ahead is
+/// carried as it is); `max_resume_wait_ms` the fleet's
+/// `--max-resume-wait`: the least raise where etcd was restored, and the
+/// furthest ahead of this clock the floor may go.
 pub async fn move_fleet(
     from: &EtcdConfig,
     to: &EtcdConfig,
@@ -223,7 +256,9 @@ pub async fn move_fleet(
         key: String::from_utf8_lossy(key).into_owned(),
         value: String::from_utf8_lossy(value).into_owned(),
     };
-    let mut floor_ms = now_ms.saturating_add(raise_ms);
+    // Past this clock by `raise`: what a holder whose record a restore
+    // lost may have stamped (its clock up to that far ahead of ours).
+    let raised_clock = now_ms.saturating_add(raise_ms);
     for kv in &kvs {
         let Some(id) = kv
             .key
@@ -236,14 +271,69 @@ pub async fn move_fleet(
         let key = String::from_utf8_lossy(&kv.key).into_owned();
         let ms = read_high_water(id, &key, Some(&kv.value))
             .map_err(|_| unreadable(&kv.key, &kv.value))?;
-        let raised = ms.max(now_ms).saturating_add(raise_ms);
-        floor_ms = floor_ms.max(raised);
-        high_waters.push((id, raised));
+        // A record bounds what its holder stamped: carried as it is where
+        // it is past the raised clock (a record further ahead than the
+        // nodes wait is skipped by their takes, as at the old place).
+        high_waters.push((id, ms.max(raised_clock)));
     }
-    if let Some(kv) = find(format!("{old}/floor")) {
-        let ms =
-            read_high_water(0, "", Some(&kv.value)).map_err(|_| unreadable(&kv.key, &kv.value))?;
-        floor_ms = floor_ms.max(ms);
+    // An id taken before (`taken/<id>`) whose record was deleted by hand:
+    // its holder, stopped by its failing record, may have stamped as far
+    // ahead as its clock ran. A take at the old place waits
+    // `--max-resume-wait` past its clock for it; the new place holds no
+    // stamp to tell, so the move writes that wait as the id's record.
+    let stamp_prefix = format!("{old}/taken/");
+    let lost_holder = now_ms.saturating_add(max_resume_wait_ms.max(raise_ms));
+    for id in kvs.iter().filter_map(|kv| {
+        std::str::from_utf8(kv.key.strip_prefix(stamp_prefix.as_bytes())?)
+            .ok()?
+            .parse::<u64>()
+            .ok()
+    }) {
+        if !high_waters.iter().any(|&(carried, _)| carried == id) {
+            tracing::warn!(
+                node_id = id,
+                "{old}/hw/{id} is missing, but node id {id} was taken before ({stamp_prefix}{id}): carried as --max-resume-wait past this clock"
+            );
+            high_waters.push((id, lost_holder));
+        }
+    }
+    // The floor covers the ids without a record; an old floor (put back
+    // after a delete) is carried as it is.
+    let old_floor = match find(format!("{old}/floor")) {
+        Some(kv) => {
+            read_high_water(0, "", Some(&kv.value)).map_err(|_| unreadable(&kv.key, &kv.value))?
+        }
+        None => 0,
+    };
+    let floor_ms = raised_clock.max(old_floor);
+    let ahead_ms = floor_ms.saturating_sub(now_ms);
+    if ahead_ms > max_resume_wait_ms {
+        let (what, way_out) = if old_floor > raised_clock {
+            let ready = old_floor.saturating_sub(max_resume_wait_ms);
+            (
+                format!("the old place's {old}/floor"),
+                format!(
+                    "Run the move again after {} (this clock within --max-resume-wait of that floor), or give it the fleet's own --max-resume-wait if it waits longer",
+                    shardflake::timestamp::rfc3339_ms(ready)
+                ),
+            )
+        } else {
+            (
+                format!("this host's clock plus --raise {raise_ms} ms"),
+                format!(
+                    "Run the move again with --raise {max_resume_wait_ms}ms or less (and --max-resume-wait the fleet's own)"
+                ),
+            )
+        };
+        return Err(MoveError::FloorAhead {
+            to_prefix: new.clone(),
+            floor_ms,
+            floor_at: shardflake::timestamp::rfc3339_ms(floor_ms),
+            what,
+            ahead_ms,
+            limit_ms: max_resume_wait_ms,
+            way_out,
+        });
     }
     // The new place: empty, or this fleet already moved there.
     let new_fleet_key = format!("{new}/fleet").into_bytes();
