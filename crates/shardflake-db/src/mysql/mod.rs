@@ -77,7 +77,12 @@
 //!    of the application's database cannot set it back, raised by the loop
 //!    and never lowered: the trigger and `generate_post_id` refuse a draw
 //!    below it, naming `shardflake mysql repair` ([`repair`]), and a loop
-//!    started afterwards leaves such a sequence alone. Reading it costs the
+//!    started afterwards leaves such a sequence alone. They read the
+//!    high-water *before* the draw: the loop records the reservation less
+//!    the cache, below every value drawn after it read them, so only a
+//!    sequence set back is refused (read after the draw, a high-water
+//!    raised while the row's thread waited for a CPU refused a draw made
+//!    before it). Reading it costs the
 //!    trigger about 4.5 µs of server CPU per row (`docs/BENCHMARKS.md`).
 //!    Only the loop sees a restore and records the high-water, so the
 //!    trigger and `generate_post_id` make no id while it is not running

@@ -659,16 +659,16 @@ fn clock_loop_stopped(plan: &Plan, names: &Names, who: &str, keyword: &str, set:
     )
 }
 
-/// SQL that is true when this session's last draw from the id sequence is
-/// at or above the recorded high-water (empty without one).
-fn above_high_water(plan: &Plan, names: &Names) -> String {
-    match plan.high_water(names) {
-        Some(hw) => format!(
-            " AND (PREVIOUS VALUE FOR `{}`) >= (SELECT next_not_cached_value FROM {hw})",
-            names.sequence()
-        ),
-        None => String::new(),
-    }
+/// The recorded high-water as an SQL expression that is never `NULL`
+/// (without one, a value above every draw: a missing high-water refuses),
+/// `None` without [`Plan::in_database`].
+fn high_water_now(plan: &Plan, names: &Names) -> Option<String> {
+    plan.high_water(names).map(|hw| {
+        format!(
+            "COALESCE((SELECT next_not_cached_value FROM {hw}), {})",
+            plan.max_packed() + 2
+        )
+    })
 }
 
 /// SQL for the id of a new row whose shard key is `key` (an SQL
@@ -676,31 +676,44 @@ fn above_high_water(plan: &Plan, names: &Names) -> String {
 /// check the key and the clock, make the id.
 ///
 /// ```sql
-/// CASE WHEN ABS((NEXT VALUE FOR seq) - clock) <= STALE AND us >= 0 AND key >= 0
+/// CASE WHEN high_water > (NEXT VALUE FOR seq) THEN <table>_id_refused(key, TRUE)
+///      WHEN ABS((PREVIOUS VALUE FOR seq) - clock) <= STALE AND us >= 0 AND key >= 0
 ///      THEN id(PREVIOUS VALUE FOR seq, key)
-///      ELSE <table>_id_refused(key)  -- waits for the clock, or SIGNALs why
+///      ELSE <table>_id_refused(key, FALSE)  -- waits for the clock, or SIGNALs why
 /// END
 /// ```
 ///
-/// `AND` evaluates left to right, so every row draws exactly once, first;
-/// `PREVIOUS VALUE FOR` is that draw (it is per session). The clock
-/// (`UTC_TIMESTAMP(6)`, the statement's start) only decides between an id,
-/// a wait ([`refused_function_sql`]) and an error: the id is a function of
-/// the draw alone.
+/// The high-water is read *before* the draw (a comparison evaluates its
+/// left side first; the value is never `NULL`, so the draw is always
+/// made): every value drawn after the clock event read the reservation
+/// it records is at or above it, so a draw is refused only when the
+/// sequence was set back (a restore). Read after the draw, a high-water
+/// raised meanwhile (the row's thread paused while catch-ups move the
+/// sequence on) refused a draw made legitimately before it. Without a
+/// high-water the first arm is left out. `PREVIOUS VALUE FOR` is this
+/// session's draw. The clock (`UTC_TIMESTAMP(6)`, the statement's start)
+/// only decides between an id, a wait ([`refused_function_sql`]) and an
+/// error: the id is a function of the draw alone.
 pub fn id_expression_sql(plan: &Plan, names: &Names, key: &str) -> String {
     let seq = format!("`{}`", names.sequence());
     let us = plan.micros_sql("UTC_TIMESTAMP(6)");
+    let refused = names.refused_function();
+    let (below, draw) = match high_water_now(plan, names) {
+        Some(hw) => (
+            format!("WHEN {hw} > (NEXT VALUE FOR {seq}) THEN `{refused}`({key}, TRUE) "),
+            format!("(PREVIOUS VALUE FOR {seq})"),
+        ),
+        None => (String::new(), format!("(NEXT VALUE FOR {seq})")),
+    };
     format!(
-        "CASE WHEN ABS((NEXT VALUE FOR {seq}) - {clock}) <= {stale} AND {us} >= 0 AND {key} >= 0{above}{server}{range}{running} \
-         THEN {id} ELSE `{refused}`({key}) END",
-        above = above_high_water(plan, names),
+        "CASE {below}WHEN ABS({draw} - {clock}) <= {stale} AND {us} >= 0 AND {key} >= 0{server}{range}{running} \
+         THEN {id} ELSE `{refused}`({key}, FALSE) END",
         running = clock_loop_runs(plan, names),
         server = on_this_server(plan),
         range = in_range(plan, key),
         stale = plan.packed_ms(STALE_MS),
         clock = plan.packed_sql(&us),
         id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), key),
-        refused = names.refused_function(),
     )
 }
 
@@ -743,7 +756,7 @@ pub fn refused_function_sql(plan: &Plan, names: &Names) -> String {
     let layout = plan.layout().name();
     let ahead = plan.packed_ms(AHEAD_MS);
     format!(
-        "CREATE OR REPLACE FUNCTION `{f}`(k BIGINT) RETURNS BIGINT NOT DETERMINISTIC READS SQL DATA
+        "CREATE OR REPLACE FUNCTION `{f}`(k BIGINT, below BOOLEAN) RETURNS BIGINT NOT DETERMINISTIC READS SQL DATA
 COMMENT {comment}
 BEGIN
   DECLARE us BIGINT DEFAULT {us};
@@ -796,7 +809,7 @@ END",
         tick = plan.layout().tick_ms(),
         event = names.event(),
         id = plan.id_sql("w", "k"),
-        below = below_high_water(plan, names, &format!("shardflake: {}.id", names.table), "ELSEIF", "SET msg = "),
+        below = below_high_water(plan, names, "below", &format!("shardflake: {}.id", names.table), "ELSEIF", "SET msg = "),
         stopped = clock_loop_stopped(plan, names, &format!("shardflake: {}.id", names.table), "ELSEIF", "SET msg = "),
         // A server other than the one installed on is named first: no
         // other arm may hand out an id there.
@@ -921,17 +934,25 @@ const REAL_UTC: &str =
 
 /// An `ELSEIF`/`IF` arm naming a sequence set back below its recorded
 /// high-water (a restore) and the command that repairs it (empty without
-/// a high-water).
-fn below_high_water(plan: &Plan, names: &Names, who: &str, keyword: &str, set: &str) -> String {
+/// a high-water). `below` is the SQL condition: the draw was below the
+/// high-water as read before it (see [`id_expression_sql`]); the message
+/// reads it again only to show it.
+fn below_high_water(
+    plan: &Plan,
+    names: &Names,
+    below: &str,
+    who: &str,
+    keyword: &str,
+    set: &str,
+) -> String {
     let Some(hw) = plan.high_water(names) else {
         return String::new();
     };
     let seq = names.sequence();
     format!(
-        "\n  {keyword} COALESCE(PREVIOUS VALUE FOR `{seq}`, -1) < COALESCE((SELECT next_not_cached_value FROM {hw}), {max}) THEN\n    \
+        "\n  {keyword} {below} THEN\n    \
          {set}CONCAT('{who}: sequence {seq} is at ', COALESCE(PREVIOUS VALUE FOR `{seq}`, 'NULL'), ', below its high-water ', \
          COALESCE((SELECT next_not_cached_value FROM {hw}), 'NULL'), ' kept in {hw_text}: the database was restored from a dump, or the sequence recreated or set back; run shardflake mysql repair before writing');",
-        max = plan.max_packed() + 2,
         hw_text = hw.replace('`', "").replace('\'', "''"),
     )
 }
@@ -1174,10 +1195,10 @@ pub fn procedure_sql(plan: &Plan, names: &Names) -> String {
     format!(
         "CREATE PROCEDURE `{name}`(IN {key} BIGINT, OUT id BIGINT)
 COMMENT {comment}
-BEGIN
+BEGIN{declare_high_water}
   DECLARE EXIT HANDLER FOR {run_out}
     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{name}: sequence {seq_name} has run out: the ids of layout {layout} end at {end}';
-  SET id = CASE WHEN (NEXT VALUE FOR {seq}) + {lag} >= {clock_now} AND (PREVIOUS VALUE FOR {seq}) <= {clock_now} + {ahead} AND {us} >= 0 AND {key} >= 0{above}{server}{range}{running} THEN {fast_id} END;
+  SET id = CASE WHEN {draw} + {lag} >= {clock_now} AND (PREVIOUS VALUE FOR {seq}) <= {clock_now} + {ahead} AND {us} >= 0 AND {key} >= 0{server}{range}{running} THEN {fast_id} END;
   IF id IS NULL THEN
     BEGIN
       DECLARE us BIGINT;
@@ -1193,7 +1214,7 @@ BEGIN
         EXECUTE IMMEDIATE CONCAT('DO SETVAL({seq}, ', {tick_start}, ', 0)');
         SET w = NEXT VALUE FOR {seq};
       END IF;
-      SET id = IF(w - t > {ahead}, `{refused}`({key}), {id});
+      SET id = IF(w - t > {ahead}, `{refused}`({key}, FALSE), {id});
     END;
   END IF;
 END",
@@ -1208,9 +1229,19 @@ END",
         fast_id = plan.id_sql(&format!("(PREVIOUS VALUE FOR {seq})"), key),
         ahead = plan.packed_ms(AHEAD_MS),
         refused = names.refused_function(),
-        above = above_high_water(plan, names),
+        // The high-water is read before the draw, as in the trigger
+        // (see `id_expression_sql`).
+        declare_high_water = match high_water_now(plan, names) {
+            Some(hw) => format!("\n  DECLARE h BIGINT DEFAULT {hw};"),
+            None => String::new(),
+        },
+        draw = match plan.high_water(names) {
+            Some(_) => format!("(NEXT VALUE FOR {seq}) >= h AND (PREVIOUS VALUE FOR {seq})"),
+            None => format!("(NEXT VALUE FOR {seq})"),
+        },
         below = {
-            let arm = below_high_water(plan, names, name, "IF", "SET msg = ");
+            let below = format!("COALESCE(PREVIOUS VALUE FOR {seq}, -1) < h");
+            let arm = below_high_water(plan, names, &below, name, "IF", "SET msg = ");
             if arm.is_empty() {
                 arm
             } else {
@@ -1384,7 +1415,7 @@ mod tests {
             t.starts_with("CREATE OR REPLACE TRIGGER `posts_id` BEFORE INSERT ON `posts` FOR EACH ROW\nSET NEW.id = IF(NEW.id <> 0, NEW.id, CASE WHEN ABS((NEXT VALUE FOR `posts_id_seq`) - ((TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00.000', UTC_TIMESTAMP(6)) DIV 1000) * 1024)) <= 1024000 AND "),
             "{t}"
         );
-        assert!(t.contains("THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((NEW.`user_id` & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) ELSE `posts_id_refused`(NEW.`user_id`) END)"), "{t}");
+        assert!(t.contains("THEN (((PREVIOUS VALUE FOR `posts_id_seq`) >> 10) << 20) | ((NEW.`user_id` & 1023) << 10) | ((PREVIOUS VALUE FOR `posts_id_seq`) & 1023) ELSE `posts_id_refused`(NEW.`user_id`, FALSE) END)"), "{t}");
         assert_eq!(t.matches("NEXT VALUE FOR").count(), 1, "{t}");
         let f = refused_function_sql(&p, &n);
         assert!(
@@ -1407,6 +1438,51 @@ mod tests {
             table_sql(&p, &n).contains(
                 "id BIGINT NOT NULL AUTO_INCREMENT COMMENT 'shardflake v2: mysql-procedure"
             )
+        );
+    }
+
+    /// A draw is tested against the high-water as read before it: every
+    /// value drawn after the clock event read the reservation it records
+    /// is at or above it. Read after the draw, a high-water raised
+    /// meanwhile refused a draw made legitimately before it (no restore).
+    #[test]
+    fn the_high_water_is_read_before_the_draw() {
+        let p = plan().in_database("app");
+        let n = Names::default();
+        let hw = format!(
+            "COALESCE((SELECT next_not_cached_value FROM `shardflake`.`app.posts_id_seq`), {})",
+            p.max_packed() + 2
+        );
+        let t = trigger_sql(&p, &n);
+        let first = format!(
+            "CASE WHEN {hw} > (NEXT VALUE FOR `posts_id_seq`) THEN `posts_id_refused`(NEW.`user_id`, TRUE) WHEN ABS((PREVIOUS VALUE FOR `posts_id_seq`) - "
+        );
+        assert!(t.contains(&first), "{t}");
+        assert_eq!(t.matches("NEXT VALUE FOR").count(), 1, "{t}");
+        assert_eq!(t.matches("shardflake`.`app.posts_id_seq").count(), 1, "{t}");
+        assert!(
+            t.contains("ELSE `posts_id_refused`(NEW.`user_id`, FALSE) END"),
+            "{t}"
+        );
+        // The function refuses as below the high-water only on the
+        // trigger's word, never on a reading taken after the draw.
+        let f = refused_function_sql(&p, &n);
+        assert!(f.contains("(k BIGINT, below BOOLEAN)"), "{f}");
+        assert!(f.contains("\n  ELSEIF below THEN\n    SET msg = CONCAT('shardflake: posts.id: sequence posts_id_seq is at '"), "{f}");
+        assert!(
+            !f.contains("< COALESCE((SELECT next_not_cached_value"),
+            "{f}"
+        );
+        let proc_ = procedure_sql(&p, &n);
+        let declare = proc_
+            .find(&format!("DECLARE h BIGINT DEFAULT {hw};"))
+            .expect(&proc_);
+        let draw = proc_.find("NEXT VALUE FOR").unwrap();
+        assert!(declare < draw, "{proc_}");
+        assert!(proc_.contains("SET id = CASE WHEN (NEXT VALUE FOR `posts_id_seq`) >= h AND (PREVIOUS VALUE FOR `posts_id_seq`) + 4096 >= "), "{proc_}");
+        assert!(
+            proc_.contains("IF COALESCE(PREVIOUS VALUE FOR `posts_id_seq`, -1) < h THEN"),
+            "{proc_}"
         );
     }
 
@@ -1453,7 +1529,7 @@ mod tests {
             "{proc_}"
         );
         assert!(
-            proc_.contains("SET id = IF(w - t > 1024000, `posts_id_refused`(user_id), ((w >> 10) << 20) | ((user_id & 1023) << 10) | (w & 1023));"),
+            proc_.contains("SET id = IF(w - t > 1024000, `posts_id_refused`(user_id, FALSE), ((w >> 10) << 20) | ((user_id & 1023) << 10) | (w & 1023));"),
             "{proc_}"
         );
         let locked = locked_procedure_sql(&p, &n);

@@ -985,3 +985,100 @@ async fn a_random_start_spreads_ids_made_at_a_low_rate() {
     ids.extend(burst);
     verify(&layout, &ids, 7, start, now_ms() + 2 * sql::AHEAD_MS);
 }
+
+/// A burst on a random-start layout was refused after idle with no
+/// restore ("sequence ... is at N, below its high-water M ... run
+/// shardflake mysql repair", M - N = 481): the high-water was read after
+/// the row's draw, and the clock event may raise it past that draw
+/// meanwhile, legitimately (every value still to come is above it), while
+/// the row's thread waits for a CPU. Here the pause is made by hand: a
+/// row's draw in one session; from another, what a catch-up and the clock
+/// event do while it waits (the sequence moved on, the high-water raised
+/// to the reservation less the cache, above the draw); then the row's
+/// test as the trigger's last arm makes it (every row of an `INSERT ...
+/// SELECT` after its first second goes there: its clock is the
+/// statement's start). The draw was made before the raise: it gets its
+/// id. A sequence set back below the high-water is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draw_made_before_the_high_water_was_raised_is_not_refused() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let spec = "r: time 43 | shard 14 | sequence 6 (epoch 1672531200000 ms, random start 4 bits)";
+    let layout = preset::resolve(spec).unwrap();
+    applied(&pool, &layout, &Options::default()).await;
+    let names = names_default();
+    let plan = Plan::new(&layout).unwrap().in_database("app");
+    let hw = plan.high_water(&names).unwrap();
+    let mut row = pool.get_conn().await.unwrap();
+    let mut other = pool.get_conn().await.unwrap();
+    caught_up(&mut row, &plan, &names).await;
+    mysql::insert(&mut row, &names, 7, "first").await.unwrap();
+
+    // The row's draw.
+    let w: i64 = row
+        .query_first("SELECT NEXT VALUE FOR posts_id_seq")
+        .await
+        .unwrap()
+        .unwrap();
+    // While it waits: a catch-up moves the sequence on, and the clock
+    // event records the reservation less the cache, above the draw.
+    other
+        .query_drop(format!("DO SETVAL(posts_id_seq, {}, 0)", w + 3000))
+        .await
+        .unwrap();
+    let raised: i64 = other
+        .query_first("SELECT next_not_cached_value - cache_size FROM posts_id_seq")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(raised > w, "the raise {raised} is not above the draw {w}");
+    other
+        .query_drop(format!("DO SETVAL({hw}, {raised}, 0)"))
+        .await
+        .unwrap();
+    // The row's test of its draw (PREVIOUS VALUE FOR is this session's).
+    let refused = names.refused_function();
+    let arity: i64 = row
+        .query_first(format!(
+            "SELECT COUNT(*) FROM information_schema.PARAMETERS WHERE SPECIFIC_SCHEMA = DATABASE() \
+             AND SPECIFIC_NAME = '{refused}' AND PARAMETER_MODE IS NOT NULL"
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    // One argument: the function of the build that read the high-water
+    // after the draw, which the trigger's last arm called with the key.
+    let args = if arity == 1 { "7" } else { "7, FALSE" };
+    let got: Result<Option<(i64, i64)>, _> = row
+        .query_first(format!(
+            "SELECT PREVIOUS VALUE FOR posts_id_seq, `{refused}`({args})"
+        ))
+        .await;
+    let (prev, id) = got
+        .expect("a draw made before the high-water was raised was refused")
+        .unwrap();
+    assert_eq!(prev, w);
+    assert_eq!(id, plan.id_of(w, 7));
+    // Rows go on, above the raise.
+    let next = mysql::insert(&mut row, &names, 7, "after").await.unwrap();
+    assert!(next > id, "{next} <= {id}");
+
+    // Set back below the high-water (as a restore does): refused.
+    let reserved: i64 = other
+        .query_first("SELECT next_not_cached_value FROM posts_id_seq")
+        .await
+        .unwrap()
+        .unwrap();
+    other
+        .query_drop(format!(
+            "DO SETVAL({hw}, {}, 0)",
+            reserved + plan.packed_ms(5_000)
+        ))
+        .await
+        .unwrap();
+    let e = err_text(mysql::insert(&mut row, &names, 7, "set back").await);
+    assert!(
+        e.contains("below its high-water") && e.contains("run shardflake mysql repair"),
+        "{e}"
+    );
+}
