@@ -556,6 +556,58 @@ async fn overlapping_peers(
     Ok(problems)
 }
 
+/// The highest reservation of `names.table`'s sequence on any peer (in
+/// each database its `shardflake.serves` records), with that peer's URL.
+/// Every id a peer made of the table, for any shard value, came from a
+/// value below it. Read once no peer records the values this server takes
+/// ([`overlapping_peers`] found none): a peer has let them go, and makes
+/// no id for them after this reading.
+async fn peers_reservation(
+    peers: &[String],
+    names: &Names,
+) -> Result<Option<(i64, String)>, Error> {
+    let mut highest: Option<(i64, String)> = None;
+    for url in peers {
+        let opts = Opts::from_url(url).map_err(|e| other("apply", format!("peer {url}: {e}")))?;
+        let mut peer = Conn::new(opts)
+            .await
+            .map_err(|e| other("apply", format!("peer {url} does not answer: {e}")))?;
+        let dbs: Result<Vec<String>, _> = peer
+            .exec(
+                "SELECT db FROM `shardflake`.`serves` WHERE tbl = ?",
+                (&names.table,),
+            )
+            .await;
+        let dbs = match dbs {
+            Ok(dbs) => dbs,
+            Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Vec::new(),
+            Err(e) => return Err(my("reading a peer's shard values")(e)),
+        };
+        for db in dbs {
+            let reserved: Result<Option<i64>, _> = peer
+                .query_first(format!(
+                    "SELECT next_not_cached_value FROM `{}`.`{}`",
+                    db.replace('`', "``"),
+                    names.sequence()
+                ))
+                .await;
+            let reserved = match reserved {
+                Ok(r) => r,
+                // Recorded, but its table's ids since dropped: none to pass.
+                Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => None,
+                Err(e) => return Err(my("reading a peer's sequence")(e)),
+            };
+            if let Some(r) = reserved
+                && highest.as_ref().is_none_or(|(h, _)| r > *h)
+            {
+                highest = Some((r, url.clone()));
+            }
+        }
+        let _ = peer.disconnect().await;
+    }
+    Ok(highest)
+}
+
 /// The other databases of this server whose table of `names.table`'s name
 /// has our trigger, each with the shard values it makes ids for (recorded
 /// in `shardflake.serves`, or all where none are: installed before they
@@ -629,7 +681,8 @@ pub struct Options {
     /// makes ids for, `lo..=hi`; `None`: those it records, or all.
     pub shards: Option<(u64, u64)>,
     /// `apply`: the URLs of the deployment's other servers; a shard value
-    /// that one of them records too is refused.
+    /// that one of them records too is refused, and the sequence is put
+    /// past each one's (values taken from a peer get ids after its ids).
     pub peers: Vec<String>,
     /// `apply` in a database with no ids of this table yet: the table is
     /// separate from the same-named one another database of this server
