@@ -384,7 +384,7 @@ fn other_database_text(db: &str, names: &Names, installed: &str) -> String {
 /// the ways out.
 fn no_record_text(db: &str, names: &Names, command: &str, max: u64) -> String {
     format!(
-        "nothing was changed: this server records no shard values it makes ids of {db}.{table} for (shardflake.serves), though they are installed: the database alone restored from another server's dump? that server may still make ids for every shard value, and two servers making ids for one make the same ids. Give this one values of its own, none of the other's (shardflake mysql {command} --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER, after shardflake mysql apply --shards with the rest on the other); if no other server makes ids of {table} any more, record them all: shardflake mysql {command} --shards 0-{max}",
+        "nothing was changed: this server records no shard values it makes ids of {db}.{table} for (shardflake.serves), though they are installed. If a shardflake mysql adopt or apply of {table} is running at this moment (it records them as it ends), run this command again once it has finished. Otherwise: the database alone restored from another server's dump? that server may still make ids for every shard value, and two servers making ids for one make the same ids. Give this one values of its own, none of the other's (shardflake mysql {command} --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER, after shardflake mysql apply --shards with the rest on the other); if no other server makes ids of {table} any more, record them all: shardflake mysql {command} --shards 0-{max}",
         table = names.table
     )
 }
@@ -473,6 +473,22 @@ async fn recorded_elsewhere(
 fn copy_text(db: &str, names: &Names, (lo, hi): (u64, u64), recorded: &str, here: &str) -> String {
     format!(
         "shardflake.serves records that server {recorded} makes the ids of {db}.{table} for shard values {lo}-{hi}, and this is {here}: a copy of that server (its dump or backup restored here, a promoted replica) or the server moved. Two servers making ids for one shard value make the same ids: if that server or another copy still makes ids of {table}, give this one shard values of its own, none of theirs (shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER) before it takes writes; if none does, record this server with shardflake mysql apply --shards {lo}-{hi}",
+        table = names.table
+    )
+}
+
+/// [`copy_text`] for a server whose trigger was made for another
+/// `server_id` (a promoted replica, or a copy of the server): there
+/// `apply` is refused and `repair` is the way out.
+fn promoted_copy_text(
+    db: &str,
+    names: &Names,
+    (lo, hi): (u64, u64),
+    recorded: &str,
+    here: &str,
+) -> String {
+    format!(
+        "shardflake.serves records that server {recorded} makes the ids of {db}.{table} for shard values {lo}-{hi}, and this is {here}: a promoted replica or a copy of that server. If no other server makes ids of {table} any more (a promotion), shardflake mysql repair records this one; if that server or another copy still does, give it shard values of its own (shardflake mysql apply --shards LO-HI there) and this one the rest: shardflake mysql repair --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER",
         table = names.table
     )
 }
@@ -647,7 +663,7 @@ async fn databases_making_ids(
 /// What a server other than the one the ids were installed on is told.
 fn other_server_text(names: &Names, installed: u32, here: u32) -> String {
     format!(
-        "the trigger {} was installed for server_id {installed}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until `shardflake mysql repair` (not mysql apply), which refuses a clock more than {} ms from this host's",
+        "the trigger {} was installed for server_id {installed}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until shardflake mysql repair (apply refuses it; repair reinstalls everything for this server), which refuses a clock more than {} ms from this host's",
         names.trigger(),
         crate::CLOCK_BOUND_MS
     )

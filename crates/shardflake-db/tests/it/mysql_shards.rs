@@ -416,6 +416,12 @@ async fn the_database_alone_on_another_server_is_repaired_only_with_its_values()
             && e.contains("shardflake mysql repair --shards LO-HI --peer"),
         "{e}"
     );
+    // The same state is what a repair racing an adopt or apply that has
+    // not recorded them yet sees: the message says so, and to rerun.
+    assert!(
+        e.contains("is running at this moment") && e.contains("run this command again"),
+        "{e}"
+    );
     // apply there without --shards would record every value too.
     let e = mysql::apply(&mut cy, &layout, &Options::default())
         .await
