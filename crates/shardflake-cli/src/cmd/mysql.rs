@@ -161,7 +161,9 @@ enum MysqlCommand {
         #[arg(long, value_name = "LO-HI", value_parser = parse_shards)]
         shards: Option<(u64, u64)>,
         /// Another server making ids for the same table (repeatable): a
-        /// shard value it records too is refused.
+        /// shard value it records too is refused, and this server's
+        /// sequence is put past the peer's (values taken from it get ids
+        /// after its ids).
         #[arg(long = "peer", value_name = "URL")]
         peers: Vec<String>,
         /// The table is separate from the same-named one another database
@@ -212,8 +214,10 @@ enum MysqlCommand {
         #[command(flatten)]
         layout: LayoutArg,
         /// Where the server records no shard values for the table (the
-        /// database alone copied from another server), the ones it makes
-        /// ids for: LO-HI or one value; recorded. Refused without it there.
+        /// database alone copied from another server), or on a promoted
+        /// replica or a copy of the server, the ones it makes ids for:
+        /// LO-HI or one value; recorded. Refused without it where none
+        /// are recorded.
         #[arg(long, value_name = "LO-HI", value_parser = parse_shards)]
         shards: Option<(u64, u64)>,
         /// Another server making ids for the same table (repeatable): a

@@ -116,7 +116,7 @@ pub fn switch_script(plan: &Plan, names: &Names) -> String {
          SET SESSION lock_wait_timeout = {LOCK_WAIT_S};\n\
          DO SETVAL(`{seq}`, <the server's packed clock>, 0);  -- every later draw is at or above it\n\
          LOCK TABLES `{t}` WRITE, `{hw}`.`adopted` WRITE;  -- inserts wait until UNLOCK TABLES\n\
-         SELECT MAX(id) FROM `{t}`;  -- refused unless below the first id the trigger can make now\n\
+         SELECT MAX(id) FROM `{t}` WHERE id < {parked};  -- refused unless below the first id the trigger can make now\n\
          INSERT INTO `{hw}`.`adopted` ...;  -- the table, the largest old id, the first new id\n\
          {};\n\
          {};\n\
@@ -129,6 +129,7 @@ pub fn switch_script(plan: &Plan, names: &Names) -> String {
         sql::guard_default_sql(t),
         hw = sql::HIGH_WATER_DB,
         seq = names.sequence(),
+        parked = sql::AUTO_INCREMENT_PARKED,
     )
 }
 
@@ -229,7 +230,7 @@ pub async fn adopt(
         ));
     }
     let floor: Option<i64> = conn
-        .query_first(format!("SELECT MAX(id) FROM `{t}`"))
+        .query_first(max_old_id_sql(t))
         .await
         .map_err(my("reading the largest id"))?
         .flatten();
@@ -582,6 +583,19 @@ fn first_new_id(plan: &Plan, now: i64) -> i64 {
     plan.id_of(now.max(0), 0)
 }
 
+/// The largest old id of `t`, leaving out the parked counter's value
+/// ([`sql::AUTO_INCREMENT_PARKED`]), as `check` and `repair` do: an
+/// insert made while the trigger and the guard's `CHECK` were dropped by
+/// hand takes it once, and ours makes that id only at the layout's very
+/// last tick, for the last shard value; counting it would refuse adopt,
+/// the way back `check` names, for good.
+fn max_old_id_sql(t: &str) -> String {
+    format!(
+        "SELECT MAX(id) FROM `{t}` WHERE id < {}",
+        sql::AUTO_INCREMENT_PARKED
+    )
+}
+
 fn too_high(plan: &Plan, t: &str, max: i64, first_new: i64) -> String {
     format!(
         "{t} holds ids up to {max}, at or above {first_new}, the first id layout {} can make now: new ids would not sort after the old ones and could meet them; adopt with a layout whose ids are larger now (--layout, a later epoch makes them smaller), or move the table's ids below it",
@@ -644,7 +658,7 @@ async fn switch_locked(
 ) -> Result<(Option<i64>, i64), Error> {
     let t = &names.table;
     let max: Option<i64> = conn
-        .query_first(format!("SELECT MAX(id) FROM `{t}`"))
+        .query_first(max_old_id_sql(t))
         .await
         .map_err(my("reading the largest id under the lock"))?
         .flatten();

@@ -54,8 +54,12 @@ pub(super) enum Mode {
 /// seed's. Without sequences (MySQL) it installs only the row-lock
 /// procedure. Refuses a server clock outside the layout, a sequence made
 /// for another layout or already past it, an `id` column that is not a
-/// signed `BIGINT`, and an event scheduler it cannot turn on; warns about
-/// `innodb_flush_log_at_trx_commit = 0`.
+/// signed `BIGINT`, an event scheduler it cannot turn on, and a server
+/// clock more than [`crate::CLOCK_BOUND_MS`] from this host's; warns
+/// about `innodb_flush_log_at_trx_commit = 0`. With [`Options::peers`],
+/// the sequence goes past every peer's (so ids of shard values taken from
+/// a peer sort after those it made), refusing a peer's further ahead of
+/// this server's clock than a draw may run.
 ///
 /// The trigger and the procedure make ids only on the server they were
 /// installed on (its `@@server_id`): on a promoted replica every insert is
@@ -143,6 +147,36 @@ pub(super) async fn install(
             ),
         ));
     }
+    if mode != Mode::Repair {
+        // Where its clock is off, ids of shard values it takes from a peer
+        // or after a failover cannot be put past the others' (repair
+        // checks for itself).
+        let (offset, uncertainty) = clock_offset(conn).await?;
+        if let Some(problem) = crate::clock_problem(offset, uncertainty, "mysql apply") {
+            return Err(other("apply", format!("nothing was changed: {problem}")));
+        }
+    }
+    // Shard values taken from a peer: the peer made ids for them up to its
+    // sequence, by its own clock; this server's ids for them must sort
+    // after those, whatever its clock. So its sequence goes past every
+    // peer's reservation, which must be within a draw's lead of its clock
+    // (a draw further ahead waits, or is refused).
+    let peers_past = peers_reservation(&opts.peers, &opts.names).await?;
+    if let Some((past, url)) = &peers_past {
+        let now = server_packed_clock(conn, &plan).await?;
+        if *past - now > plan.packed_ms(sql::AHEAD_MS) {
+            let ahead_ms = (*past - now) / plan.per_tick() * layout.tick_ms() as i64;
+            return Err(other(
+                "apply",
+                format!(
+                    "nothing was changed: peer {url} has handed out values of {seq} up to {:.3} s ahead of this server's clock, more than the {} ms a draw may run ahead: the ids this server makes for shard values the peer made ids for must sort after the peer's, and would be refused or wait; correct the clock (NTP) of whichever server is wrong (shardflake mysql check on each names it), then run shardflake mysql apply again",
+                    ahead_ms as f64 / 1000.0,
+                    sql::AHEAD_MS,
+                    seq = opts.names.sequence()
+                ),
+            ));
+        }
+    }
     let old_mode: String = conn
         .query_first("SELECT @@SESSION.sql_mode")
         .await
@@ -151,7 +185,7 @@ pub(super) async fn install(
     conn.query_drop(format!("SET SESSION sql_mode = '{}'", sql::SQL_MODE))
         .await
         .map_err(my("setting sql_mode"))?;
-    let result = apply_pinned(conn, &plan, opts, &srv, mode).await;
+    let result = apply_pinned(conn, &plan, opts, &srv, mode, peers_past.map(|p| p.0)).await;
     if result.is_ok() && srv.has_sequences() {
         record_serves(conn, &db, &opts.names, serves).await?;
     }
@@ -211,6 +245,7 @@ pub(super) async fn apply_pinned(
     opts: &Options,
     srv: &Server,
     mode: Mode,
+    peers_past: Option<i64>,
 ) -> Result<Applied, Error> {
     let names = &opts.names;
     let mut applied = Applied {
@@ -320,6 +355,13 @@ pub(super) async fn apply_pinned(
     conn.query_drop(format!("DO SETVAL(`{seq}`, {now}, 0)"))
         .await
         .map_err(my("catching the sequence up with the clock"))?;
+    // Past every value a peer handed out, before the trigger takes the
+    // peer's shard values.
+    if let Some(past) = peers_past {
+        conn.query_drop(format!("DO SETVAL(`{seq}`, {past}, 0)"))
+            .await
+            .map_err(my("moving the sequence past the peers'"))?;
+    }
     raise_floor(conn, plan, names).await?;
     // The table (the seed's shape, if missing); adopt switches its own
     // under a lock below.

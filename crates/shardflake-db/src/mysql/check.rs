@@ -18,7 +18,17 @@ use super::*;
 pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Vec<String>, Error> {
     let mut problems = check_installed(conn, layout, opts).await?;
     let names = &opts.names;
-    if !problems.is_empty()
+    let here = server(conn).await?.server_id;
+    if installed_server_id(conn, names)
+        .await?
+        .is_some_and(|id| id != here)
+    {
+        // A promoted replica or a copy: apply refuses it, and repair
+        // reinstalls everything for this server.
+        for p in &mut problems {
+            *p = p.replace("re-run apply", "run shardflake mysql repair");
+        }
+    } else if !problems.is_empty()
         && super::adopt::adopted(conn)
             .await?
             .iter()
@@ -61,15 +71,19 @@ async fn check_installed(
             db, names.table
         ));
     }
-    if let Some(installed) = installed_server_id(conn, names).await?
-        && installed != srv.server_id
-    {
+    let promoted = installed_server_id(conn, names).await?;
+    let promoted = promoted.filter(|&installed| installed != srv.server_id);
+    if let Some(installed) = promoted {
         problems.push(other_server_text(names, installed, srv.server_id));
     }
     if let (Some(serves), Some((was, here))) =
         (recorded, recorded_elsewhere(conn, &db, names).await?)
     {
-        problems.push(copy_text(&db, names, serves, &was, &here));
+        problems.push(if promoted.is_some() {
+            promoted_copy_text(&db, names, serves, &was, &here)
+        } else {
+            copy_text(&db, names, serves, &was, &here)
+        });
     }
     let (offset, uncertainty) = clock_offset(conn).await?;
     problems.extend(crate::clock_problem(offset, uncertainty, "mysql repair"));

@@ -389,7 +389,7 @@ fn other_database_text(db: &str, names: &Names, installed: &str) -> String {
 /// the ways out.
 fn no_record_text(db: &str, names: &Names, command: &str, max: u64) -> String {
     format!(
-        "nothing was changed: this server records no shard values it makes ids of {db}.{table} for (shardflake.serves), though they are installed: the database alone restored from another server's dump? that server may still make ids for every shard value, and two servers making ids for one make the same ids. Give this one values of its own, none of the other's (shardflake mysql {command} --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER, after shardflake mysql apply --shards with the rest on the other); if no other server makes ids of {table} any more, record them all: shardflake mysql {command} --shards 0-{max}",
+        "nothing was changed: this server records no shard values it makes ids of {db}.{table} for (shardflake.serves), though they are installed. If a shardflake mysql adopt or apply of {table} is running at this moment (it records them as it ends), run this command again once it has finished. Otherwise: the database alone restored from another server's dump? that server may still make ids for every shard value, and two servers making ids for one make the same ids. Give this one values of its own, none of the other's (shardflake mysql {command} --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER, after shardflake mysql apply --shards with the rest on the other); if no other server makes ids of {table} any more, record them all: shardflake mysql {command} --shards 0-{max}",
         table = names.table
     )
 }
@@ -482,6 +482,22 @@ fn copy_text(db: &str, names: &Names, (lo, hi): (u64, u64), recorded: &str, here
     )
 }
 
+/// [`copy_text`] for a server whose trigger was made for another
+/// `server_id` (a promoted replica, or a copy of the server): there
+/// `apply` is refused and `repair` is the way out.
+fn promoted_copy_text(
+    db: &str,
+    names: &Names,
+    (lo, hi): (u64, u64),
+    recorded: &str,
+    here: &str,
+) -> String {
+    format!(
+        "shardflake.serves records that server {recorded} makes the ids of {db}.{table} for shard values {lo}-{hi}, and this is {here}: a promoted replica or a copy of that server. If no other server makes ids of {table} any more (a promotion), shardflake mysql repair records this one; if that server or another copy still does, give it shard values of its own (shardflake mysql apply --shards LO-HI there) and this one the rest: shardflake mysql repair --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER",
+        table = names.table
+    )
+}
+
 /// Records the shard values this server makes ids for.
 async fn record_serves(
     conn: &mut Conn,
@@ -561,6 +577,58 @@ async fn overlapping_peers(
     Ok(problems)
 }
 
+/// The highest reservation of `names.table`'s sequence on any peer (in
+/// each database its `shardflake.serves` records), with that peer's URL.
+/// Every id a peer made of the table, for any shard value, came from a
+/// value below it. Read once no peer records the values this server takes
+/// ([`overlapping_peers`] found none): a peer has let them go, and makes
+/// no id for them after this reading.
+async fn peers_reservation(
+    peers: &[String],
+    names: &Names,
+) -> Result<Option<(i64, String)>, Error> {
+    let mut highest: Option<(i64, String)> = None;
+    for url in peers {
+        let opts = Opts::from_url(url).map_err(|e| other("apply", format!("peer {url}: {e}")))?;
+        let mut peer = Conn::new(opts)
+            .await
+            .map_err(|e| other("apply", format!("peer {url} does not answer: {e}")))?;
+        let dbs: Result<Vec<String>, _> = peer
+            .exec(
+                "SELECT db FROM `shardflake`.`serves` WHERE tbl = ?",
+                (&names.table,),
+            )
+            .await;
+        let dbs = match dbs {
+            Ok(dbs) => dbs,
+            Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Vec::new(),
+            Err(e) => return Err(my("reading a peer's shard values")(e)),
+        };
+        for db in dbs {
+            let reserved: Result<Option<i64>, _> = peer
+                .query_first(format!(
+                    "SELECT next_not_cached_value FROM `{}`.`{}`",
+                    db.replace('`', "``"),
+                    names.sequence()
+                ))
+                .await;
+            let reserved = match reserved {
+                Ok(r) => r,
+                // Recorded, but its table's ids since dropped: none to pass.
+                Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => None,
+                Err(e) => return Err(my("reading a peer's sequence")(e)),
+            };
+            if let Some(r) = reserved
+                && highest.as_ref().is_none_or(|(h, _)| r > *h)
+            {
+                highest = Some((r, url.clone()));
+            }
+        }
+        let _ = peer.disconnect().await;
+    }
+    Ok(highest)
+}
+
 /// The other databases of this server whose table of `names.table`'s name
 /// has our trigger, each with the shard values it makes ids for (recorded
 /// in `shardflake.serves`, or all where none are: installed before they
@@ -600,7 +668,7 @@ async fn databases_making_ids(
 /// What a server other than the one the ids were installed on is told.
 fn other_server_text(names: &Names, installed: u32, here: u32) -> String {
     format!(
-        "the trigger {} was installed for server_id {installed}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until `shardflake mysql repair` (not mysql apply), which refuses a clock more than {} ms from this host's",
+        "the trigger {} was installed for server_id {installed}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until shardflake mysql repair (apply refuses it; repair reinstalls everything for this server), which refuses a clock more than {} ms from this host's",
         names.trigger(),
         crate::CLOCK_BOUND_MS
     )
@@ -634,7 +702,8 @@ pub struct Options {
     /// makes ids for, `lo..=hi`; `None`: those it records, or all.
     pub shards: Option<(u64, u64)>,
     /// `apply`: the URLs of the deployment's other servers; a shard value
-    /// that one of them records too is refused.
+    /// that one of them records too is refused, and the sequence is put
+    /// past each one's (values taken from a peer get ids after its ids).
     pub peers: Vec<String>,
     /// `apply` in a database with no ids of this table yet: the table is
     /// separate from the same-named one another database of this server

@@ -81,8 +81,15 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
             ),
         ));
     }
+    // A promoted replica or a copy of the server (its trigger made for
+    // another server_id) may take other values than the record it came
+    // with, where the server it copies still makes ids.
+    let promoted = installed_server_id(conn, names)
+        .await?
+        .is_some_and(|id| id != srv.server_id);
     if let Some(shards) = opts.shards
         && recorded.is_some_and(|r| r != shards)
+        && !promoted
     {
         return Err(other(
             "repair",
@@ -100,7 +107,7 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     // database alone copied from another server's dump (that server may
     // still make ids for every value), or restored where its server's
     // records were lost. Which values it takes is the operator's word.
-    let records = recorded.is_none();
+    let records = recorded.is_none() || (promoted && opts.shards.is_some());
     if records {
         let Some(serves) = opts.shards else {
             return Err(other(
@@ -128,9 +135,6 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     if let Some(problem) = crate::clock_problem(offset, uncertainty, "mysql repair") {
         return Err(other("repair", problem));
     }
-    let promoted = installed_server_id(conn, names)
-        .await?
-        .is_some_and(|id| id != srv.server_id);
     let margin_ms = if promoted {
         offset.unsigned_abs() + uncertainty.unsigned_abs() + crate::CLOCK_BOUND_MS
     } else {
@@ -140,6 +144,17 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     match sequence_kind(conn, &seq).await? {
         Some((kind, _, comment))
             if kind == "SEQUENCE" && layout_of(&comment) == Some(layout.to_string()) => {}
+        Some((kind, _, comment)) if kind == "SEQUENCE" && layout_of(&comment).is_some() => {
+            // apply refuses another layout on this sequence: name the one
+            // that works.
+            let made = layout_of(&comment).unwrap_or_default();
+            return Err(other(
+                "repair",
+                format!(
+                    "nothing was changed: sequence {seq} in {db} was made for layout {made}, not {layout}: its values mean that layout's times; run shardflake mysql repair --layout '{made}'"
+                ),
+            ));
+        }
         _ => {
             return Err(other(
                 "repair",

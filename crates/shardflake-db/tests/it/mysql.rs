@@ -826,6 +826,14 @@ async fn apply_and_check_refuse_what_breaks_the_argument() {
         .unwrap();
     let e = err_text(mysql::apply(&mut c, &other, &opts).await);
     assert!(e.contains("was made for another layout"), "{e}");
+    // repair names the layout that works on it (before: "run shardflake
+    // mysql apply", which refuses that layout).
+    let e = err_text(mysql::repair(&mut c, &other, &opts).await);
+    assert!(
+        e.contains(&format!("run shardflake mysql repair --layout '{layout}'")),
+        "{e}"
+    );
+    assert_eq!(preset::resolve(&layout.to_string()).unwrap(), layout);
     // The sequence runs out at the layout's last value: a clear error (the
     //    two values before it are refused as far ahead of the clock).
     let max = Plan::new(&layout).unwrap().max_packed();

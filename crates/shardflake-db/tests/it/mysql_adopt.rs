@@ -950,3 +950,72 @@ async fn adopt_again_after_the_guard_was_dropped_by_hand_switches_the_table() {
             .is_err()
     );
 }
+
+/// Review 2b/2c: the trigger and the guard's `CHECK` dropped by hand,
+/// the counter left parked: the first insert without the trigger takes
+/// 2^63-1 (acknowledged), later ones fail ("Out of range"). `mysql check`
+/// names `mysql adopt`, which refused ("holds ids up to
+/// 9223372036854775807, at or above ..."), a dead end only `mysql apply`
+/// got out of. Adopt now leaves that one row out of the old ids, as
+/// `check` and `repair` do (ours makes that id only at the layout's very
+/// last tick, for the last shard value), and switches the table back.
+#[tokio::test]
+async fn adopt_again_after_an_unguarded_insert_took_the_parked_id_switches_the_table() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let pool = mysql::pool(&server.url()).unwrap();
+    let mut c = pool.get_conn().await.unwrap();
+    orders(&mut c, 100).await;
+    mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap();
+    let made: i64 = c
+        .query_first("INSERT INTO orders (user_id, body) VALUES (7, 'new') RETURNING id")
+        .await
+        .unwrap()
+        .unwrap();
+    c.query_drop("DROP TRIGGER orders_id; ALTER TABLE orders DROP CONSTRAINT id_made_by_trigger")
+        .await
+        .unwrap();
+    let parked: i64 = c
+        .query_first("INSERT INTO orders (user_id, body) VALUES (7, 'unguarded') RETURNING id")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(parked, i64::MAX);
+    let e = c
+        .query_drop("INSERT INTO orders (user_id, body) VALUES (7, 'unguarded')")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Out of range"), "{e}");
+    let o = opts("orders").options;
+    let problems = mysql::check(&mut c, &layout(), &o).await.unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("shardflake mysql adopt --table orders")),
+        "{problems:?}"
+    );
+    let again = mysql::adopt(&mut c, &layout(), &opts("orders"))
+        .await
+        .unwrap_or_else(|e| panic!("the adopt that check names failed: {e}"));
+    assert!(!again.unchanged, "{again:?}");
+    assert_eq!(again.floor, Some(made));
+    assert_eq!(
+        mysql::check(&mut c, &layout(), &o).await.unwrap(),
+        Vec::<String>::new()
+    );
+    let id: i64 = c
+        .query_first("INSERT INTO orders (user_id, body) VALUES (7, 'new') RETURNING id")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(id > made && id >= again.first_new, "{id}");
+    // An insert without the trigger fails again.
+    c.query_drop("DROP TRIGGER orders_id").await.unwrap();
+    assert!(
+        c.query_drop("INSERT INTO orders (user_id, body) VALUES (7, 'no trigger')")
+            .await
+            .is_err()
+    );
+}

@@ -140,3 +140,57 @@ async fn a_replica_promoted_with_a_clock_behind_makes_no_id_the_old_primary_made
     );
     let _ = std::fs::remove_file(&clock);
 }
+
+/// Review 3: `mysql check` on a promoted server named `mysql repair (not
+/// mysql apply)`, then "re-run apply" for the trigger made for the old
+/// `server_id` (apply is refused there). Now every line names repair,
+/// and repair with values of its own (`--shards`, where the server it
+/// copies still makes ids) records them. The promotion is a
+/// `server_id` changed under the installed trigger, as a replica's is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_server_is_told_one_way_out_and_it_works() {
+    let server = MariaDbServer::start_with("--server-id=1", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let opts = Options::default();
+    let mut c = conn(&server.url()).await;
+    mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    server.sql("SET GLOBAL server_id = 2").unwrap();
+    // A session keeps the server_id it started with.
+    drop(c);
+    let mut c = conn(&server.url()).await;
+    let problems = mysql::check(&mut c, &layout, &opts)
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(problems.contains("shardflake mysql repair"), "{problems}");
+    for misleading in [
+        "re-run apply",
+        "record this server with shardflake mysql apply",
+    ] {
+        assert!(!problems.contains(misleading), "{misleading}: {problems}");
+    }
+    let e = mysql::apply(&mut c, &layout, &opts).await.unwrap_err();
+    assert!(e.to_string().contains("mysql repair"), "{e}");
+    let own = Options {
+        shards: Some((0, 511)),
+        ..Options::default()
+    };
+    mysql::repair(&mut c, &layout, &own).await.unwrap();
+    assert_eq!(
+        server
+            .sql("SELECT CONCAT(lo, '-', hi) FROM shardflake.serves WHERE db = 'app'")
+            .unwrap(),
+        "0-511"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mysql::clock_running(&mut c, &opts.names).await.unwrap() {
+        assert!(Instant::now() < deadline, "no clock loop after repair");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        mysql::check(&mut c, &layout, &opts).await.unwrap(),
+        Vec::<String>::new()
+    );
+    assert!(mysql::insert(&mut c, &opts.names, 5, "x").await.is_ok());
+    assert!(mysql::insert(&mut c, &opts.names, 600, "x").await.is_err());
+}

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts};
 use shardflake::preset;
 use shardflake_db::mysql::{self, Options};
@@ -415,6 +416,12 @@ async fn the_database_alone_on_another_server_is_repaired_only_with_its_values()
             && e.contains("shardflake mysql repair --shards LO-HI --peer"),
         "{e}"
     );
+    // The same state is what a repair racing an adopt or apply that has
+    // not recorded them yet sees: the message says so, and to rerun.
+    assert!(
+        e.contains("is running at this moment") && e.contains("run this command again"),
+        "{e}"
+    );
     // apply there without --shards would record every value too.
     let e = mysql::apply(&mut cy, &layout, &Options::default())
         .await
@@ -528,5 +535,109 @@ async fn a_renamed_host_is_the_same_server_and_another_machine_is_named() {
                 .any(|p| p.contains("a copy of that server") && p.contains("another-machine")),
             "{other}: {problems:?}"
         );
+    }
+}
+
+/// Review 4a/4b/4d: shard values handed from a live server to one whose
+/// clock is behind. The giver made ids for them up to its own clock; the
+/// taker, its clock up to the bound behind the host's and the giver's
+/// ahead, made ids from its own clock: the same ids for the same key
+/// (158 of 24,886 at −0.45 s). Now `apply --peer` puts the taker's
+/// sequence past the giver's (read after the giver let the values go),
+/// refuses a giver further ahead than a draw may run, and refuses a
+/// taker's clock past the bound, as `check` and `repair` do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_taken_from_a_live_peer_get_ids_above_the_peers_whatever_the_clocks() {
+    let clock = |tag: &str, offset: &str| {
+        let file = std::env::temp_dir().join(format!("sf-hand-{tag}-{}", std::process::id()));
+        std::fs::write(&file, offset).unwrap();
+        file
+    };
+    // Both inside the 0.5 s bound of this host, 0.8 s apart.
+    let (giver_clock, taker_clock) = (clock("giver", "+0.4"), clock("taker", "-0.4"));
+    let giver = MariaDbServer::start_with("", Some(&giver_clock)).unwrap();
+    let taker = MariaDbServer::start_with("", Some(&taker_clock)).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Options::default().names;
+    let with = |shards, peers: &[&MariaDbServer]| Options {
+        shards: Some(shards),
+        peers: peers.iter().map(|s| s.url()).collect(),
+        ..Options::default()
+    };
+    let (mut cg, mut ct) = (conn(&giver.url()).await, conn(&taker.url()).await);
+    mysql::apply(&mut cg, &layout, &with((512, 1023), &[]))
+        .await
+        .unwrap();
+    mysql::apply(&mut ct, &layout, &with((0, 511), &[&giver]))
+        .await
+        .unwrap();
+    // Key 600 (shard value 600) on the giver, up to the hand-over.
+    let mut given = Vec::new();
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        given.push(mysql::insert(&mut cg, &names, 600, "g").await.unwrap());
+    }
+    mysql::apply(&mut cg, &layout, &with((768, 1023), &[]))
+        .await
+        .unwrap();
+    mysql::apply(&mut ct, &layout, &with((0, 767), &[&giver]))
+        .await
+        .unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..2000 {
+        taken.push(mysql::insert(&mut ct, &names, 600, "t").await.unwrap());
+    }
+    let last_given = *given.iter().max().unwrap();
+    let seen: std::collections::HashSet<i64> = given.iter().copied().collect();
+    assert!(
+        taken.iter().all(|&id| id > last_given),
+        "{} of {} ids of the taker at or below the giver's last, {} made twice",
+        taken.iter().filter(|&&id| id <= last_given).count(),
+        taken.len(),
+        taken.iter().filter(|id| seen.contains(id)).count()
+    );
+
+    // A giver whose sequence ran further ahead of the taker's clock than
+    // a draw may (its own clock ahead, or a burst borrowing time): the
+    // taker would wait or refuse; apply refuses, changing nothing.
+    mysql::apply(&mut ct, &layout, &with((0, 511), &[&giver]))
+        .await
+        .unwrap();
+    let ahead: i64 = cg
+        .query_first("SELECT next_not_cached_value + (3000 << 10) FROM posts_id_seq")
+        .await
+        .unwrap()
+        .unwrap();
+    cg.query_drop(format!("DO SETVAL(posts_id_seq, {ahead}, 0)"))
+        .await
+        .unwrap();
+    let e = mysql::apply(&mut ct, &layout, &with((0, 767), &[&giver]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nothing was changed") && e.contains("ahead of this server's clock"),
+        "{e}"
+    );
+    assert!(
+        mysql::insert(&mut ct, &names, 600, "t").await.is_err(),
+        "a refused apply keeps the values it had"
+    );
+
+    // The taker's clock 3 s behind this host's: apply refuses it, as
+    // check names it.
+    std::fs::write(&taker_clock, "-3").unwrap();
+    let problems = mysql::check(&mut ct, &layout, &Options::default())
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(problems.contains("behind this host's"), "{problems}");
+    let e = mysql::apply(&mut ct, &layout, &with((0, 767), &[]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("behind this host's"), "{e}");
+    for file in [giver_clock, taker_clock] {
+        let _ = std::fs::remove_file(file);
     }
 }
