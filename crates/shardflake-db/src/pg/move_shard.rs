@@ -114,7 +114,7 @@ use tokio_postgres::{Client, GenericClient};
 
 use super::catalog::{self, Deployment, ServerView, State};
 use super::topology::{Topology, TopologyError};
-use super::{Lock, ctx, lock_deployment, server_names, sql};
+use super::{Drift, Lock, ctx, lock_deployment, server_names, sql};
 use crate::{Error, SQLSTATE_MOVED, pg};
 
 /// Options of a move.
@@ -211,6 +211,36 @@ struct Whereabouts {
     fenced: Option<(String, String)>,
 }
 
+/// Why a server's copy of `shard` must be repaired before a move copies it
+/// or makes it live: its server's WAL timeline changed, its sequence was
+/// restored, or its server restarted since its ids were vouched for.
+async fn needs_repair(
+    c: &Client,
+    topo: &Topology,
+    name: &str,
+    shard: u64,
+) -> Result<Vec<Drift>, Error> {
+    let d = |shard, problem| Drift {
+        server: name.to_string(),
+        shard,
+        problem,
+    };
+    let mut out = Vec::new();
+    if let Some((recorded, current)) = catalog::timeline_changed(c, name).await? {
+        out.push(d(
+            None,
+            format!(
+                "is on WAL timeline {current}, not {recorded} as at the last apply or repair (a promoted standby, or a restore from a physical backup): its sequences may be behind ids already handed out; run `shardflake pg repair` before moving a shard from it"
+            ),
+        ));
+    } else if let Some(p) = pg::restored(c, topo, name, shard).await? {
+        out.push(d(Some(shard), p));
+    } else if let Some(p) = pg::restarted(c, topo, name, shard).await? {
+        out.push(d(Some(shard), p));
+    }
+    Ok(out)
+}
+
 fn whereabouts(views: &[ServerView], shard: u64) -> Whereabouts {
     let mut w = Whereabouts {
         serving: None,
@@ -290,6 +320,19 @@ impl Deployed {
             if !own {
                 problems.insert(0, older);
             }
+        }
+        // A copy that needs repair (restored, restarted, a promoted standby)
+        // may be behind ids it handed out: a move would carry its sequence
+        // on, and making it live again (`--abort`) would lift the refusal,
+        // without the margin repair adds.
+        for ((c, server), view) in clients.iter().zip(topo.servers()).zip(&views) {
+            if !matches!(
+                view.state(shard),
+                Some(State::Live | State::Moving | State::Fenced)
+            ) {
+                continue;
+            }
+            problems.extend(needs_repair(c, &topo, &server.name, shard).await?);
         }
         if !problems.is_empty() {
             return Err(pg::refused("move", problems));

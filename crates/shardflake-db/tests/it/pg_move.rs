@@ -4,7 +4,7 @@
 //! move by statements that touch no shard table, a deadlock with the pause,
 //! the old copy given back after a late failure, the fence's quoting; the
 //! destination's copy refusing writes until it is live, rows written to it
-//! anyway never dropped.
+//! anyway never dropped; a copy that needs repair never moved.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -768,4 +768,41 @@ async fn a_move_never_drops_rows_written_to_its_copy_directly() {
         .await
         .unwrap();
     assert_eq!(rows(&cb).await.len(), 100);
+}
+
+/// A copy that needs `pg repair` (here its server restarted: `next_id`
+/// refuses with SF005; a promoted standby the same) is not moved: the move
+/// would carry its sequence on without repair's margin and lift the
+/// refusal. The refusal names `pg repair`; after it the move goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_from_a_copy_that_needs_repair_is_refused_naming_pg_repair() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new("move-repair", &topology(&a, &b));
+    let topo = Topology::load(&file.0).unwrap();
+    pg::apply(&topo).await.unwrap();
+    insert3(&client(&a).await, 10).await;
+    a.restart().unwrap();
+    let e = move_shard(&file.0, 3, "b", &MoveOptions::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shardflake pg repair"), "{e}");
+    assert_eq!(
+        Topology::load(&file.0).unwrap().server_of(3).unwrap().name,
+        "a"
+    );
+    let on_b: i64 = client(&b)
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'shard3'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(on_b, 0, "the move copied a shard that needs repair");
+    pg::repair(&topo, None).await.unwrap();
+    move_shard(&file.0, 3, "b", &MoveOptions::default())
+        .await
+        .unwrap();
 }
