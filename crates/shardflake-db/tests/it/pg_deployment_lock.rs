@@ -140,6 +140,12 @@ async fn a_file_older_than_a_move_is_refused_by_every_command() {
             .any(|d| d.problem.contains("servers record generation 1")),
         "{drift:#?}"
     );
+    // Not also "schema shard1 is missing (run pg apply)": that file's apply
+    // is refused.
+    assert!(
+        !drift.iter().any(|d| d.problem.contains("is missing")),
+        "{drift:#?}"
+    );
     // The file the move wrote is the one to use.
     pg::apply(&file.load()).await.unwrap();
     assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
