@@ -313,9 +313,13 @@ pub(crate) async fn restarted(
     }
     // On a new timeline this server is the promoted standby (or a physical
     // restore): repair is its step. On the same one it restarted, and may
-    // be the old primary of a standby promoted elsewhere.
+    // be the old primary of a standby promoted elsewhere. (In recovery it
+    // has no timeline of its own to read yet.)
     let timeline_table: bool = c
-        .query_one("SELECT to_regclass('shardflake.timeline') IS NOT NULL", &[])
+        .query_one(
+            "SELECT to_regclass('shardflake.timeline') IS NOT NULL AND NOT pg_is_in_recovery()",
+            &[],
+        )
         .await
         .map_err(ctx(name, "looking up the recorded timeline"))?
         .get(0);
