@@ -37,6 +37,7 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         views.push(catalog::read(c, &server.name, topo).await?);
     }
     drift.extend(catalog::conflicts(topo, &views, &[]));
+    drift.extend(catalog::replaced_copies(&views, &[]));
     // A file older than the servers' generation is refused: where it puts
     // shards is no guide to what is missing (its `pg apply` is refused too).
     let older_file = catalog::older_file(topo, &views).is_some();

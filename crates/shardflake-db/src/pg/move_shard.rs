@@ -307,6 +307,7 @@ impl Deployed {
             .into_iter()
             .filter(|d| d.shard.is_none())
             .collect();
+        problems.extend(catalog::replaced_copies(&views, &[]));
         let (timelines, recorded) = pg::timelines(&clients, &topo).await?;
         problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
         // A file one generation behind is this shard's own move, recorded
