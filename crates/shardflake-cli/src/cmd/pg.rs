@@ -69,6 +69,12 @@ enum PgCommand {
         /// Only this logical shard.
         #[arg(long)]
         shard: Option<u64>,
+        /// This server of the file replaces the database the deployment
+        /// records its shards on (a dump of it restored into another
+        /// cluster, the old one gone for good): record the database its
+        /// URL reaches now as theirs on every server.
+        #[arg(long, value_name = "SERVER")]
+        replaces: Vec<String>,
     },
     /// Which logical shard, schema and server a sharding key lives on.
     Route {
@@ -259,9 +265,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        PgCommand::Repair { shard } => {
+        PgCommand::Repair { shard, replaces } => {
             let topo = topology.load()?;
-            let repaired = runtime()?.block_on(pg::repair(&topo, shard))?;
+            let repaired = runtime()?.block_on(pg::repair_replacing(&topo, shard, &replaces))?;
             for r in &repaired {
                 println!("{r}");
             }

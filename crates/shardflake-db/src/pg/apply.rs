@@ -115,6 +115,7 @@ pub async fn apply_with(topo: &Topology, opts: &ApplyOptions) -> Result<Vec<Appl
         }
     }
     problems.extend(catalog::conflicts(topo, &views, added));
+    problems.extend(catalog::replaced_copies(&views, &[]));
     // No server of the file records a deployment: look for one in the
     // other databases of each server's cluster (a URL changed to another
     // database of the same cluster), unless the operator says it is new.

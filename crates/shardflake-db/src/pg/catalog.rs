@@ -420,6 +420,49 @@ pub fn recorded_owners(views: &[ServerView]) -> BTreeMap<u64, Owner> {
         .unwrap_or_default()
 }
 
+/// Servers of the file holding records whose database is not the one the
+/// deployment records their shards on: another copy of it (a dump
+/// restored into another cluster, a clone), or the old copy of one that
+/// `pg repair --replaces` replaced. Both copies would hand out the same
+/// ids; refused until the operator says which is the server
+/// (`replaces`: the names `pg repair --replaces` was given, not reported).
+pub fn replaced_copies(views: &[ServerView], replaces: &[String]) -> Vec<Drift> {
+    let mut out = Vec::new();
+    for v in views.iter().filter(|v| v.deployment.is_some()) {
+        if replaces.contains(&v.name) {
+            continue;
+        }
+        // Recorded identity → (shards, servers recording it).
+        let mut other: BTreeMap<Identity, (BTreeSet<u64>, BTreeSet<&str>)> = BTreeMap::new();
+        for w in views {
+            for (&shard, o) in &w.owners {
+                if o.server == v.name && o.identity != v.identity {
+                    let e = other.entry(o.identity).or_default();
+                    e.0.insert(shard);
+                    e.1.insert(w.name.as_str());
+                }
+            }
+        }
+        for (was, (shards, by)) in other {
+            let shards: Vec<String> = shards.iter().map(u64::to_string).collect();
+            let by: Vec<&str> = by.into_iter().collect();
+            out.push(Drift {
+                server: v.name.clone(),
+                shard: None,
+                problem: format!(
+                    "this URL reaches {}, but {} record shards {} of {} on {was}: this is another copy of that database (a dump restored into another cluster, a clone), or the copy another server replaced; two copies would hand out the same ids. If this one replaces the recorded one for good (that one is gone), run `shardflake pg repair --replaces {}`, which records it on every server of the file; otherwise put back the url of the recorded one",
+                    v.identity,
+                    by.join(", "),
+                    shards.join(", "),
+                    v.name,
+                    v.name
+                ),
+            });
+        }
+    }
+    out
+}
+
 /// Servers of the file with no records in a deployment that exists.
 /// Each is refused unless the operator named it new (`added`); one named
 /// for shards the deployment records on another database is refused even

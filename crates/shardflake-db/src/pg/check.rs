@@ -37,6 +37,10 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         views.push(catalog::read(c, &server.name, topo).await?);
     }
     drift.extend(catalog::conflicts(topo, &views, &[]));
+    drift.extend(catalog::replaced_copies(&views, &[]));
+    // A file older than the servers' generation is refused: where it puts
+    // shards is no guide to what is missing (its `pg apply` is refused too).
+    let older_file = catalog::older_file(topo, &views).is_some();
     let (mut current, mut recorded) = (Vec::new(), Vec::new());
     for (server, c) in &clients {
         let in_recovery: bool = c
@@ -150,7 +154,7 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 Some(State::Live) => {}
                 // Reported by the conflicts above.
                 Some(_) => continue,
-                None if views.iter().any(|v| v.state(shard).is_some()) => continue,
+                None if older_file || views.iter().any(|v| v.state(shard).is_some()) => continue,
                 None => {
                     drift.push(d(
                         Some(shard),

@@ -48,7 +48,7 @@ pub use adopt::{AdoptOptions, Adopted, AdoptedTable, Target, adopt, adopted};
 pub(crate) use apply::install_shard;
 pub use apply::{Applied, ApplyOptions, apply, apply_adding, apply_with};
 pub use check::check;
-pub use repair::{Repaired, repair};
+pub use repair::{Repaired, repair, repair_replacing};
 pub use route::{Route, Router};
 pub use topology::{Server, SignBit, Topology, TopologyError};
 
@@ -311,9 +311,28 @@ pub(crate) async fn restarted(
     if body.contains(&server_run(c, name).await?.changed_sql()) {
         return Ok(None);
     }
-    Ok(Some(format!(
-        "the server restarted or replayed WAL (a crash, a promoted standby, a restore from a base backup) since its ids were last vouched for: {schema}.next_id() refuses every id (SQLSTATE {SQLSTATE_RESTARTED}) until `shardflake pg repair`. If a standby was promoted in place of this server, this is the old primary: do not repair it, retire it or rebuild it as a standby (pg_rewind)"
-    )))
+    // On a new timeline this server is the promoted standby (or a physical
+    // restore): repair is its step. On the same one it restarted, and may
+    // be the old primary of a standby promoted elsewhere. (In recovery it
+    // has no timeline of its own to read yet.)
+    let timeline_table: bool = c
+        .query_one(
+            "SELECT to_regclass('shardflake.timeline') IS NOT NULL AND NOT pg_is_in_recovery()",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "looking up the recorded timeline"))?
+        .get(0);
+    let new_timeline = timeline_table && catalog::timeline_changed(c, name).await?.is_some();
+    Ok(Some(if new_timeline {
+        format!(
+            "the server replayed WAL onto a new timeline (a promoted standby, or a restore from a base backup) since its ids were last vouched for: {schema}.next_id() refuses every id (SQLSTATE {SQLSTATE_RESTARTED}) until `shardflake pg repair`"
+        )
+    } else {
+        format!(
+            "the server restarted or replayed WAL (a crash, a restart, a restore from a base backup) since its ids were last vouched for: {schema}.next_id() refuses every id (SQLSTATE {SQLSTATE_RESTARTED}) until `shardflake pg repair`. If a standby was promoted in place of this server, this is the old primary: do not repair it, retire it or rebuild it as a standby (pg_rewind)"
+        )
+    }))
 }
 
 pub use crate::CLOCK_BOUND_MS;

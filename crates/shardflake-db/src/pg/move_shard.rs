@@ -10,6 +10,10 @@
 //!    that snapshot (row count, id sum, a sum of hashes of each row's text;
 //!    both sessions with the same `TimeZone`, `DateStyle`, ... so the text
 //!    is comparable) before the pause, so the pause hashes only what changed.
+//!    Until step 3 the destination's copy is fenced as a moved-away copy
+//!    is ([`incoming_fence_sql`]: every write and `next_id()` raise
+//!    `SF001`), so nothing but the move writes there; the move lifts that
+//!    fence only inside its own copying transactions.
 //! 2. **Pause** (writes and ids of this shard only): lock the source tables
 //!    `IN EXCLUSIVE MODE` (reads go on), then the shard's sequence against
 //!    `nextval` (see [below](#no-id-twice-across-a-move)), read its last
@@ -43,7 +47,10 @@
 //!
 //! Sharded tables must have a unique `id bigint` column (the delta and the
 //! verification use it). If anything fails before the fence, the
-//! destination copy is dropped: the shard stays where it was. A move
+//! destination copy is dropped: the shard stays where it was. A copy that
+//! is not live is never dropped nor overwritten while it holds rows the move
+//! did not copy there (its fence dropped by hand, or a copy made before
+//! there was one): the move keeps it and names them. A move
 //! stopped at any point (the command killed, a server down) is finished by
 //! running `move-shard` again with the same destination (before the fence
 //! it copies again; after it, it copies the frozen source again, verifies
@@ -107,7 +114,7 @@ use tokio_postgres::{Client, GenericClient};
 
 use super::catalog::{self, Deployment, ServerView, State};
 use super::topology::{Topology, TopologyError};
-use super::{Lock, ctx, lock_deployment, server_names, sql};
+use super::{Drift, Lock, ctx, lock_deployment, server_names, sql};
 use crate::{Error, SQLSTATE_MOVED, pg};
 
 /// Options of a move.
@@ -204,6 +211,36 @@ struct Whereabouts {
     fenced: Option<(String, String)>,
 }
 
+/// Why a server's copy of `shard` must be repaired before a move copies it
+/// or makes it live: its server's WAL timeline changed, its sequence was
+/// restored, or its server restarted since its ids were vouched for.
+async fn needs_repair(
+    c: &Client,
+    topo: &Topology,
+    name: &str,
+    shard: u64,
+) -> Result<Vec<Drift>, Error> {
+    let d = |shard, problem| Drift {
+        server: name.to_string(),
+        shard,
+        problem,
+    };
+    let mut out = Vec::new();
+    if let Some((recorded, current)) = catalog::timeline_changed(c, name).await? {
+        out.push(d(
+            None,
+            format!(
+                "is on WAL timeline {current}, not {recorded} as at the last apply or repair (a promoted standby, or a restore from a physical backup): its sequences may be behind ids already handed out; run `shardflake pg repair` before moving a shard from it"
+            ),
+        ));
+    } else if let Some(p) = pg::restored(c, topo, name, shard).await? {
+        out.push(d(Some(shard), p));
+    } else if let Some(p) = pg::restarted(c, topo, name, shard).await? {
+        out.push(d(Some(shard), p));
+    }
+    Ok(out)
+}
+
 fn whereabouts(views: &[ServerView], shard: u64) -> Whereabouts {
     let mut w = Whereabouts {
         serving: None,
@@ -270,6 +307,7 @@ impl Deployed {
             .into_iter()
             .filter(|d| d.shard.is_none())
             .collect();
+        problems.extend(catalog::replaced_copies(&views, &[]));
         let (timelines, recorded) = pg::timelines(&clients, &topo).await?;
         problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
         // A file one generation behind is this shard's own move, recorded
@@ -283,6 +321,19 @@ impl Deployed {
             if !own {
                 problems.insert(0, older);
             }
+        }
+        // A copy that needs repair (restored, restarted, a promoted standby)
+        // may be behind ids it handed out: a move would carry its sequence
+        // on, and making it live again (`--abort`) would lift the refusal,
+        // without the margin repair adds.
+        for ((c, server), view) in clients.iter().zip(topo.servers()).zip(&views) {
+            if !matches!(
+                view.state(shard),
+                Some(State::Live | State::Moving | State::Fenced)
+            ) {
+                continue;
+            }
+            problems.extend(needs_repair(c, &topo, &server.name, shard).await?);
         }
         if !problems.is_empty() {
             return Err(pg::refused("move", problems));
@@ -422,7 +473,7 @@ pub async fn abort_move(path: &Path, shard: u64) -> Result<String, Error> {
         }
         let topo = dep.topo.clone();
         let (src, dst) = dep.pair(s, d);
-        drop_copy(dst, peer, &topo.schema(shard), shard).await?;
+        discard_copy((&*src, at), (&*dst, peer), &topo, shard).await?;
         let src_tx = src.transaction().await.map_err(ctx(at, "begin"))?;
         unfence(&src_tx, &topo, at, shard).await?;
         catalog::record_shard(&src_tx, at, shard, State::Live, None).await?;
@@ -450,13 +501,13 @@ pub async fn abort_move(path: &Path, shard: u64) -> Result<String, Error> {
 /// Before the fence: drop the destination's copy and record, and the
 /// source's `moving`.
 async fn undo_copy(dep: &mut Deployed, shard: u64, (s, d): (usize, usize)) -> Result<(), Error> {
-    let schema = dep.topo.schema(shard);
+    let topo = dep.topo.clone();
     let (sn, dn) = (
-        dep.topo.servers()[s].name.clone(),
-        dep.topo.servers()[d].name.clone(),
+        topo.servers()[s].name.clone(),
+        topo.servers()[d].name.clone(),
     );
     let (src, dst) = dep.pair(s, d);
-    drop_copy(dst, &dn, &schema, shard).await?;
+    discard_copy((&*src, &sn), (&*dst, &dn), &topo, shard).await?;
     if has_records(src, &sn).await? {
         catalog::record_shard(&*src, &sn, shard, State::Live, None).await?;
     }
@@ -479,6 +530,114 @@ async fn has_records(c: &Client, name: &str) -> Result<bool, Error> {
             .map_err(ctx(name, "looking up the records"))?
             .get(0),
     )
+}
+
+/// Rows of `dname`'s copy of `shard` (not live) that the move did not copy
+/// there, as "N rows of table (ids ...)": the rows of each table without
+/// its fence trigger firing always ([`incoming_fence_sql`]: with it,
+/// nothing but the move wrote there) whose id `sname` does not hold. A
+/// copy made before the fence, or whose fence was dropped or disabled, may
+/// hold rows written there directly, acknowledged to whoever wrote them.
+async fn rows_not_copied(
+    (src, sname): (&Client, &str),
+    (dst, dname): (&Client, &str),
+    topo: &Topology,
+    shard: u64,
+) -> Result<Vec<String>, Error> {
+    let schema = topo.schema(shard);
+    let mut found = Vec::new();
+    for t in topo.tables() {
+        let rel = format!("{schema}.{}", t.name);
+        let fenced: Option<bool> = dst
+            .query_one(
+                "SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE EXISTS (
+                        SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1)
+                           AND tgname = 'shardflake_moved' AND tgenabled = 'A') END",
+                &[&rel],
+            )
+            .await
+            .map_err(ctx(dname, "reading the copy's fence"))?
+            .get(0);
+        if fenced != Some(false) {
+            continue;
+        }
+        let ids: Vec<i64> = dst
+            .query(&format!("SELECT id FROM {rel}"), &[])
+            .await
+            .map_err(ctx(dname, "listing the copy's ids"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let source_has = pg::relation_exists(src, sname, &rel).await?;
+        let only: Vec<i64> = if source_has {
+            src.query(
+                &format!(
+                    "SELECT i FROM unnest($1::bigint[]) i EXCEPT SELECT id FROM {rel} ORDER BY 1"
+                ),
+                &[&ids],
+            )
+            .await
+            .map_err(ctx(sname, "comparing the copy's ids"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        } else {
+            ids
+        };
+        if !only.is_empty() {
+            found.push(format!(
+                "{} rows of {rel} (ids {})",
+                only.len(),
+                id_list(&only)
+            ));
+        }
+    }
+    Ok(found)
+}
+
+/// Up to ten ids, then how many more.
+fn id_list(ids: &[i64]) -> String {
+    let mut text: Vec<String> = ids.iter().take(10).map(i64::to_string).collect();
+    if ids.len() > 10 {
+        text.push(format!("and {} more", ids.len() - 10));
+    }
+    text.join(", ")
+}
+
+/// Refuses to drop or overwrite `dname`'s copy of `shard` while it holds
+/// rows the move did not copy ([`rows_not_copied`]), naming them.
+async fn refuse_rows_not_copied(
+    (src, sname): (&Client, &str),
+    (dst, dname): (&Client, &str),
+    topo: &Topology,
+    shard: u64,
+) -> Result<(), Error> {
+    let kept = rows_not_copied((src, sname), (dst, dname), topo, shard).await?;
+    if kept.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Move {
+        shard,
+        message: format!(
+            "{dname}'s copy of shard {shard}, not live, holds rows that {sname} does not: {}. They were written to the copy directly (its fence dropped or disabled, or the copy made before there was one), or deleted on {sname} since the copy; the copy is kept. Move those rows to {sname} (or delete them on {dname} if they are deleted rows), then run `shardflake pg move-shard {shard} --to {dname}` again, or `--abort`",
+            kept.join("; ")
+        ),
+    })
+}
+
+/// Drops `dname`'s copy of `shard` (not live) and its record, unless it
+/// holds rows the move did not copy there ([`refuse_rows_not_copied`]).
+async fn discard_copy(
+    (src, sname): (&Client, &str),
+    (dst, dname): (&Client, &str),
+    topo: &Topology,
+    shard: u64,
+) -> Result<(), Error> {
+    refuse_rows_not_copied((src, sname), (dst, dname), topo, shard).await?;
+    drop_copy(dst, dname, &topo.schema(shard), shard).await
 }
 
 /// Drops a destination's copy of a shard and its record.
@@ -654,7 +813,11 @@ async fn fresh_move(
     let snapshot = match bulk {
         Ok(s) => s,
         Err(e) => {
-            let _ = drop_copy(dst, dname, &schema, shard).await;
+            if let Err(kept @ Error::Move { .. }) =
+                discard_copy((&*src, sname), (&*dst, dname), &topo, shard).await
+            {
+                return Err(fail(format!("{e}; {kept}")));
+            }
             let _ = catalog::record_shard(&*src, sname, shard, State::Live, None).await;
             return Err(e);
         }
@@ -676,7 +839,11 @@ async fn fresh_move(
     let (delta_rows, last_values) = match pause_and_copy(src, dst, &pause, (sname, dname)).await {
         Ok(r) => r,
         Err(e) => {
-            let _ = drop_copy(dst, dname, &schema, shard).await;
+            if let Err(kept @ Error::Move { .. }) =
+                discard_copy((&*src, sname), (&*dst, dname), &topo, shard).await
+            {
+                return Err(fail(format!("{e}; {kept}")));
+            }
             let _ = catalog::record_shard(&*src, sname, shard, State::Live, None).await;
             return Err(e);
         }
@@ -684,7 +851,7 @@ async fn fresh_move(
     stop(opts, MoveStep::Fenced, shard)?;
 
     // 3..5.
-    let rows = go_live(dst, dname, &schema, &tables, &last_values, shard).await?;
+    let rows = go_live(dst, &topo, dname, &tables, &last_values, shard).await?;
     stop(opts, MoveStep::Live, shard)?;
     switch(dep, path, shard, dname).await?;
     let paused = paused_at.elapsed();
@@ -707,16 +874,22 @@ async fn fresh_move(
 }
 
 /// Step 3: the destination continues where the fenced source stopped, and
-/// serves.
+/// serves: its fence lifted and `next_id` rebuilt, in the transaction that
+/// records it live.
 async fn go_live(
     dst: &mut Client,
+    topo: &Topology,
     dname: &str,
-    schema: &str,
     tables: &[String],
     last_values: &[(String, i64)],
     shard: u64,
 ) -> Result<Vec<(String, i64)>, Error> {
+    let schema = &topo.schema(shard);
     let tx = dst.transaction().await.map_err(ctx(dname, "begin"))?;
+    tx.batch_execute(&lift_fence_triggers_sql(schema, tables))
+        .await
+        .map_err(ctx(dname, "lifting the copy's fence"))?;
+    pg::install_shard(&tx, topo, dname, shard).await?;
     for (seq, v) in last_values {
         tx.execute(
             &format!("SELECT setval('{seq}', greatest($1, (SELECT last_value FROM {seq})))"),
@@ -769,6 +942,7 @@ async fn resume_fenced(
     if dest_live {
         rows = Vec::new();
     } else {
+        refuse_rows_not_copied((&*src, sname), (&*dst, dname), &topo, shard).await?;
         let seq = sql::shard_sequence(&schema);
         let last: i64 = src
             .query_one(&format!("SELECT last_value FROM {seq}"), &[])
@@ -783,7 +957,7 @@ async fn resume_fenced(
             stx.commit().await.map_err(ctx(sname, "end"))?;
         }
         stop(opts, MoveStep::Copied, shard)?;
-        rows = go_live(dst, dname, &schema, &tables, &[(seq, last)], shard).await?;
+        rows = go_live(dst, &topo, dname, &tables, &[(seq, last)], shard).await?;
         stop(opts, MoveStep::Live, shard)?;
     }
     switch(dep, path, shard, dname).await?;
@@ -852,16 +1026,67 @@ async fn verify(
         let x: (i64, String, String) = (ra.get(0), ra.get(1), ra.get(2));
         let y: (i64, String, String) = (rb.get(0), rb.get(1), rb.get(2));
         if x != y {
+            // What differs, row by row (a failure is rare: the cost is fine).
+            let rel = format!("{schema}.{t}");
+            let (hs, hd) = (row_hashes(a, s, &rel).await?, row_hashes(b, d, &rel).await?);
             return Err(Error::Move {
                 shard,
                 message: format!(
-                    "verification failed for {schema}.{t}: source {} rows (id sum {}, row hash sum {}), destination {} rows (id sum {}, row hash sum {})",
-                    x.0, x.1, x.2, y.0, y.1, y.2
+                    "verification failed for {rel}: source {s} {} rows, destination {d} {} rows: {}",
+                    x.0,
+                    y.0,
+                    describe_differences(&hs, &hd)
                 ),
             });
         }
     }
     Ok(())
+}
+
+/// Each row's id and the hash of its text.
+async fn row_hashes(
+    c: &impl GenericClient,
+    name: &str,
+    rel: &str,
+) -> Result<BTreeMap<i64, i64>, Error> {
+    Ok(c.query(
+        &format!("SELECT id, hashtextextended(shardflake_row::text, 0) FROM {rel} shardflake_row"),
+        &[],
+    )
+    .await
+    .map_err(ctx(name, "listing rows that differ"))?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect())
+}
+
+/// The rows that differ between a source's and a destination's table
+/// (id → hash of the row's text), in words.
+fn describe_differences(src: &BTreeMap<i64, i64>, dst: &BTreeMap<i64, i64>) -> String {
+    let only = |a: &BTreeMap<i64, i64>, b: &BTreeMap<i64, i64>| -> Vec<i64> {
+        a.keys().filter(|id| !b.contains_key(id)).copied().collect()
+    };
+    let (only_dst, only_src) = (only(dst, src), only(src, dst));
+    let changed: Vec<i64> = src
+        .iter()
+        .filter(|(id, h)| dst.get(id).is_some_and(|g| g != *h))
+        .map(|(id, _)| *id)
+        .collect();
+    let mut parts = Vec::new();
+    for (ids, what) in [
+        (&only_dst, "only on the destination"),
+        (&only_src, "only on the source"),
+        (&changed, "on both with different contents"),
+    ] {
+        if !ids.is_empty() {
+            parts.push(format!("{} rows {what} (ids {})", ids.len(), id_list(ids)));
+        }
+    }
+    if parts.is_empty() {
+        "no row differs when read again (the rows changed while they were compared)".to_string()
+    } else {
+        parts.join("; ")
+    }
 }
 
 /// What the pause works on.
@@ -906,6 +1131,9 @@ async fn pause_and_copy(
         }
     };
     let dtx = dst.transaction().await.map_err(ctx(d, "begin delta"))?;
+    dtx.batch_execute(&lift_fence_triggers_sql(schema, tables))
+        .await
+        .map_err(ctx(d, "lifting the copy's fence to copy into it"))?;
     let mut delta = 0;
     let mut touched = Vec::new();
     // Row versions written by the snapshot's oldest running transaction or
@@ -971,6 +1199,9 @@ async fn pause_and_copy(
     // The bulk copy was verified against its snapshot: what changed since,
     // and the counts, are all that is left to compare.
     verify(&stx, &dtx, schema, tables, Some(&touched), (s, d), shard).await?;
+    dtx.batch_execute(&incoming_fence_sql(schema, tables, shard, s))
+        .await
+        .map_err(ctx(d, "fencing the copy until it goes live"))?;
     dtx.commit().await.map_err(ctx(d, "commit delta"))?;
     let mut fence = fence_sql(schema, tables, shard, p.to);
     fence.push_str(&fence_sequences_sql(&last_values));
@@ -1082,8 +1313,48 @@ async fn foreign_objects(
 /// quotes and backslashes, inside a dollar quote whose tag it cannot contain
 /// (topologies also refuse such server names).
 pub fn fence_sql(schema: &str, tables: &[String], shard: u64, to: &str) -> String {
-    let msg = format!("shard {shard} ({schema}) has moved to server {to}; reload the topology");
-    let msg = format!("E'{}'", msg.replace('\\', "\\\\").replace('\'', "''"));
+    fence_with(
+        schema,
+        tables,
+        &format!("shard {shard} ({schema}) has moved to server {to}; reload the topology"),
+    )
+}
+
+/// SQL that makes a destination's copy refuse writes and ids with SQLSTATE
+/// SF001, the refusal of a moved-away copy, until the move makes it live:
+/// a row written there would be no row of the shard (the source serves),
+/// and the move would drop or overwrite it. The triggers fire `ALWAYS`,
+/// also in a session with `session_replication_role = replica`. The move's
+/// own copying lifts them inside its transactions
+/// ([`lift_fence_triggers_sql`]).
+pub fn incoming_fence_sql(schema: &str, tables: &[String], shard: u64, from: &str) -> String {
+    let mut out = lift_fence_triggers_sql(schema, tables);
+    out.push_str(&fence_with(
+        schema,
+        tables,
+        &format!(
+            "shard {shard} ({schema}) is being moved here from server {from} and is not live here yet: write to {from}; reload the topology"
+        ),
+    ));
+    for t in tables {
+        out.push_str(&format!(
+            "ALTER TABLE {schema}.{t} ENABLE ALWAYS TRIGGER shardflake_moved;\n"
+        ));
+    }
+    out
+}
+
+/// SQL that drops the fence's triggers (if there) from the shard's tables.
+pub fn lift_fence_triggers_sql(schema: &str, tables: &[String]) -> String {
+    tables
+        .iter()
+        .map(|t| format!("DROP TRIGGER IF EXISTS shardflake_moved ON {schema}.{t};\n"))
+        .collect()
+}
+
+/// The fence's functions and triggers, raising `message`.
+fn fence_with(schema: &str, tables: &[String], message: &str) -> String {
+    let msg = format!("E'{}'", message.replace('\\', "\\\\").replace('\'', "''"));
     let body = dollar_quote(&format!(
         "\nBEGIN RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_MOVED}', MESSAGE = {msg}; END "
     ));
@@ -1156,7 +1427,8 @@ async fn drop_schema(c: &Client, name: &str, schema: &str) -> Result<(), Error> 
 /// tables: [`pg::install_shard`]) hold exactly what the source transaction
 /// `stx` sees, and verifies it whole: the bulk copy of a fresh move, and the
 /// copy again of a fenced source when a move is resumed (any rows an
-/// interrupted copy left are emptied first). The rows copied.
+/// interrupted copy left are emptied first). The copy is left fenced
+/// ([`incoming_fence_sql`]) until it goes live. The rows copied.
 async fn copy_shard(
     stx: &tokio_postgres::Transaction<'_>,
     dtx: &tokio_postgres::Transaction<'_>,
@@ -1167,6 +1439,9 @@ async fn copy_shard(
 ) -> Result<u64, Error> {
     let schema = topo.schema(shard);
     pg::install_shard(dtx, topo, d, shard).await?;
+    dtx.batch_execute(&lift_fence_triggers_sql(&schema, tables))
+        .await
+        .map_err(ctx(d, "lifting the copy's fence to copy into it"))?;
     let mut rows = 0;
     for t in tables {
         let rel = format!("{schema}.{t}");
@@ -1176,6 +1451,9 @@ async fn copy_shard(
         rows += copy(stx, dtx, &format!("SELECT * FROM {rel}"), &rel, (s, d)).await?;
     }
     verify(stx, dtx, &schema, tables, None, (s, d), shard).await?;
+    dtx.batch_execute(&incoming_fence_sql(&schema, tables, shard, s))
+        .await
+        .map_err(ctx(d, "fencing the copy until it goes live"))?;
     Ok(rows)
 }
 
@@ -1201,4 +1479,36 @@ async fn copy(
         sink.send(chunk).await.map_err(ctx(d, "COPY in"))?;
     }
     sink.as_mut().finish().await.map_err(ctx(d, "COPY in"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reviewer's case: two rows written to the destination directly,
+    /// the sums over the rows the pause touched equal: the message names
+    /// the extra rows, never "same sums".
+    #[test]
+    fn a_failed_verification_names_the_rows_that_differ() {
+        let src = BTreeMap::from([(1, 10), (2, 20), (3, 30)]);
+        let mut dst = src.clone();
+        dst.insert(7, 70);
+        dst.insert(8, 80);
+        assert_eq!(
+            describe_differences(&src, &dst),
+            "2 rows only on the destination (ids 7, 8)"
+        );
+        dst.remove(&1);
+        dst.insert(2, 21);
+        assert_eq!(
+            describe_differences(&src, &dst),
+            "2 rows only on the destination (ids 7, 8); 1 rows only on the source (ids 1); 1 rows on both with different contents (ids 2)"
+        );
+        let many: BTreeMap<i64, i64> = (0..12).map(|i| (i, i)).collect();
+        assert_eq!(
+            describe_differences(&BTreeMap::new(), &many),
+            "12 rows only on the destination (ids 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, and 2 more)"
+        );
+        assert!(describe_differences(&src, &src).contains("no row differs"));
+    }
 }

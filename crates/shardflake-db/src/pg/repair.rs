@@ -40,6 +40,26 @@ impl fmt::Display for Repaired {
 /// `AHEAD_MS` (and that margin) ahead: new draws wait until the clock is
 /// within `AHEAD_MS` of them.
 pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>, Error> {
+    repair_replacing(topo, only, &[]).await
+}
+
+/// [`repair`], with the servers in `replaces` taken as replacing the
+/// database the deployment records their shards on (`--replaces`: a dump
+/// of it restored into another cluster, the old one gone for good): the
+/// database each such URL reaches now is recorded as theirs on every
+/// server of the file, so the old copy, if it comes back, is refused as a
+/// replaced one ([`catalog::replaced_copies`]). Without it such a server
+/// is refused.
+pub async fn repair_replacing(
+    topo: &Topology,
+    only: Option<u64>,
+    replaces: &[String],
+) -> Result<Vec<Repaired>, Error> {
+    for name in replaces {
+        if topo.servers().iter().all(|s| &s.name != name) {
+            return Err(TopologyError::UnknownServer(name.clone()).into());
+        }
+    }
     if let Some(shard) = only {
         topo.server_of(shard)?;
     }
@@ -72,6 +92,7 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
         );
     }
     let mut problems = catalog::conflicts(topo, &views, &[]);
+    problems.extend(catalog::replaced_copies(&views, replaces));
     let (timelines, recorded) = timelines(&txs, topo).await?;
     problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
     let timelines: Vec<_> = views.iter().map(|v| v.identity).zip(timelines).collect();
@@ -134,6 +155,21 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
             // Every shard here is past what it handed out: the timeline is
             // the one a later physical restore is told apart from.
             catalog::record_timeline(tx, name, true).await?;
+        }
+        // A replacing server's database becomes its shards' owner on every
+        // server: the old copy is then refused wherever a file reaches it.
+        if !replaces.is_empty() {
+            let mut owners = view.owners.clone();
+            for o in owners.values_mut() {
+                if let Some(i) = replaces
+                    .iter()
+                    .filter(|r| **r == o.server)
+                    .find_map(|r| topo.servers().iter().position(|s| &s.name == r))
+                {
+                    o.identity = views[i].identity;
+                }
+            }
+            catalog::record_owners(tx, name, &owners).await?;
         }
         // Every server learns each database's timeline: the old primary
         // of a promoted standby is then refused wherever a file reaches it.

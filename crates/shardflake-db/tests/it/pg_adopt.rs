@@ -345,7 +345,12 @@ async fn an_adopted_database_restored_into_a_fresh_server_keeps_inserting() {
         shardflake_db::pg_message(&e)
     );
     let moved = topology(&b.url(), "");
-    pg::repair(&moved, None).await.unwrap();
+    // b is another database than the one the records name: said so.
+    let e = pg::repair(&moved, None).await.unwrap_err().to_string();
+    assert!(e.contains("pg repair --replaces a"), "{e}");
+    pg::repair_replacing(&moved, None, &["a".to_string()])
+        .await
+        .unwrap();
     let after: Vec<i64> = cb
         .query(insert, &[])
         .await

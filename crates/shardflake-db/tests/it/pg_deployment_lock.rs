@@ -140,6 +140,12 @@ async fn a_file_older_than_a_move_is_refused_by_every_command() {
             .any(|d| d.problem.contains("servers record generation 1")),
         "{drift:#?}"
     );
+    // Not also "schema shard1 is missing (run pg apply)": that file's apply
+    // is refused.
+    assert!(
+        !drift.iter().any(|d| d.problem.contains("is missing")),
+        "{drift:#?}"
+    );
     // The file the move wrote is the one to use.
     pg::apply(&file.load()).await.unwrap();
     assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
@@ -219,6 +225,41 @@ async fn repair_during_a_move_never_reopens_the_fenced_copy() {
         .expect_err("the fenced copy made an id after repair");
     assert!(shardflake_db::is_moved(&e), "{e}");
     assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
+}
+
+/// A `pg repair` started beside a move on the same file waits for the move,
+/// which switches the file to the next generation: the repair read the
+/// file before it waited, so it is refused, naming the new generation (what
+/// operations-db.md says); run again, it reads the file the move wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn repair_waiting_behind_a_move_is_refused_naming_the_new_generation() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new(
+        "move-then-repair",
+        &topology(&[("a", &a, "0-3"), ("b", &b, "")]),
+    );
+    pg::apply(&file.load()).await.unwrap();
+    let (ca, cb) = (client(&a).await, client(&b).await);
+    cb.execute("SELECT pg_advisory_lock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    let path = file.0.clone();
+    let mover =
+        tokio::spawn(async move { move_shard(&path, 1, "b", &MoveOptions::default()).await });
+    wait_for_waiters(&[&ca, &cb], 1).await;
+    let topo = file.load();
+    let repair = tokio::spawn(async move { pg::repair(&topo, None).await });
+    wait_for_waiters(&[&ca, &cb], 2).await;
+    cb.execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    mover.await.unwrap().unwrap();
+    let e = repair.await.unwrap().unwrap_err().to_string();
+    assert!(
+        e.contains("the file is generation 0, but the servers record generation 1"),
+        "{e}"
+    );
+    pg::repair(&file.load(), None).await.unwrap();
 }
 
 /// `pg check` shares the deployment lock: while a command that changes the

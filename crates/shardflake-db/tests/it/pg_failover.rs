@@ -210,6 +210,12 @@ async fn a_standby_promoted_with_a_clock_behind_makes_no_id_the_old_primary_made
     for what in ["replayed WAL", "timeline", "behind this host's"] {
         assert!(drift.iter().any(|d| d.contains(what)), "{what}: {drift:?}");
     }
+    // On the promoted server itself: repair it, never "this is the old
+    // primary: do not repair it" (the text for a restart on the old timeline).
+    assert!(
+        !drift.iter().any(|d| d.contains("this is the old primary")),
+        "{drift:#?}"
+    );
     // Its clock is 4 s behind: repair refuses, naming the clock; apply
     // refuses the clock and the restart.
     let err = pg::repair(&topo_s, None).await.unwrap_err().to_string();

@@ -5,6 +5,7 @@
 //! time.
 
 use std::collections::HashSet;
+use std::process::Command;
 
 use shardflake_db::pg::{self, Topology};
 use shardflake_testkit::PgServer;
@@ -338,5 +339,115 @@ async fn a_renamed_one_server_file_in_another_database_of_its_cluster_is_refused
         said.iter()
             .any(|d| d.contains("database \"postgres\" of the same PostgreSQL cluster")),
         "{said:?}"
+    );
+}
+
+/// `pg_dump -Fc` of `from`'s `postgres` database restored into `to`'s.
+fn dump_into(from: &PgServer, to: &PgServer) {
+    let dump = std::env::temp_dir().join(format!("sf-replaced-{}.dump", std::process::id()));
+    let port = from.port.to_string();
+    let out = Command::new(from.program("pg_dump").unwrap())
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "postgres",
+            "-Fc",
+            "-f",
+        ])
+        .arg(&dump)
+        .arg("postgres")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let port = to.port.to_string();
+    let out = Command::new(to.program("pg_restore").unwrap())
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "postgres",
+            "--exit-on-error",
+            "-d",
+            "postgres",
+        ])
+        .arg(&dump)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&dump);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// 4e: a dump of a restored into a new cluster c, a halted, a file with
+/// a's url pointing at c repaired, a restarted, the original file
+/// repaired: both made the same ids. The records name a's database for
+/// its shards; c's differs: repair through c is refused until
+/// `--replaces a`, which records c on every server, and then a is refused
+/// by repair and check as the replaced copy (and its ids stay refused:
+/// restarted, it needs a repair nothing lets through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_restored_into_another_cluster_is_a_replacement_only_when_said() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let original =
+        Topology::parse(&topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    pg::apply(&original).await.unwrap();
+    let made = insert(&connect(&a.url()).await, "shard0", 100).await;
+    dump_into(&a, &c);
+    a.stop();
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    let e = pg::repair(&onto_c, None).await.unwrap_err().to_string();
+    assert!(e.contains("pg repair --replaces a"), "{e}");
+    let drift: Vec<String> = pg::check(&onto_c)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift.iter().any(|d| d.contains("--replaces a")),
+        "{drift:#?}"
+    );
+    pg::repair_replacing(&onto_c, None, &["a".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(pg::check(&onto_c).await.unwrap(), Vec::new());
+    let after = insert(&connect(&c.url()).await, "shard0", 100).await;
+    assert!(after.iter().min() > made.iter().max());
+
+    // The old server back, the original file: refused as the replaced copy.
+    a.restart().unwrap();
+    let e = pg::repair(&original, None).await.unwrap_err().to_string();
+    assert!(e.contains("the copy another server replaced"), "{e}");
+    let drift: Vec<String> = pg::check(&original)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.contains("the copy another server replaced")),
+        "{drift:#?}"
+    );
+    pg::apply(&original).await.unwrap_err();
+    let e = connect(&a.url())
+        .await
+        .query_one("SELECT shard0.next_id()", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_db_error().map(|d| d.code().code()),
+        Some("SF005"),
+        "{e}"
     );
 }
