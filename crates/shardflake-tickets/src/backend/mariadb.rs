@@ -773,38 +773,6 @@ impl Backend for MariaSession {
         Ok(Stamped { value, table })
     }
 
-    /// Sets the row back to `to` if it still is `expected`.
-    async fn give_back(
-        &mut self,
-        seq: &SequenceConfig,
-        expected: i64,
-        to: i64,
-    ) -> Result<bool, TicketError> {
-        let err = |e| TicketError::db(&self.server, "give back a block's tail", e);
-        // Not after a reshape: the row is on another lattice then.
-        let version = self.pinned()?;
-        // The one statement that sets the row back: past the guard.
-        self.conn
-            .query_drop(format!("SET @shardflake_rewind = 1, {GIVE_BACK} = 1"))
-            .await
-            .map_err(err)?;
-        let given = self
-            .conn
-            .query_drop(format!(
-                "UPDATE {SEGMENT_TABLE} SET max_id = {to} WHERE sequence_name = '{}' AND max_id = {expected} AND (SELECT version FROM {VERSION_TABLE}) = {version}",
-                seq.name
-            ))
-            .await
-            .map(|()| self.conn.affected_rows() == 1);
-        let reset = self
-            .conn
-            .query_drop(format!("SET @shardflake_rewind = NULL, {GIVE_BACK} = NULL"))
-            .await;
-        let given = given.map_err(err)?;
-        reset.map_err(err)?;
-        Ok(given)
-    }
-
     /// The largest id the server's counter says it may have handed out: every
     /// later id is above it. `None`: not initialised. A per-id table of the
     /// counter form holds the next id; one of the `REPLACE` form (before
@@ -1076,22 +1044,6 @@ impl Backend for MariaSession {
             Some(1) => Ok(false),
             _ => Err(super::holders_empty(&self.server)),
         }
-    }
-
-    /// Lowers `holder`'s mark of `sequence` to `to` where it still is `expected`.
-    async fn give_back_high_water(
-        &mut self,
-        holder: &str,
-        sequence: &str,
-        expected: u64,
-        to: u64,
-    ) -> Result<(), TicketError> {
-        self.conn
-            .query_drop(format!(
-                "UPDATE {HW_TABLE} SET high_water = {to} WHERE server_name = '{holder}' AND sequence_name = '{sequence}' AND high_water = {expected}"
-            ))
-            .await
-            .map_err(|e| TicketError::db(&self.server, "give back a high-water mark", e))
     }
 
     /// The largest mark this server holds for `sequence`, of any server.
