@@ -256,9 +256,10 @@ const VOUCH: &str = "@shardflake_vouch";
 /// block's proof, read with the table's identity.
 const BLOCK_PROOF: &str = "@shardflake_block";
 
-/// The session variable a client sets to 1 around its give-back of a
-/// segment tail: a row vouched for stays vouched for (the row is the
-/// client's own block's end, compared in the statement).
+/// The session variable clients of earlier releases set to 1 around a
+/// give-back of a segment tail (a row vouched for stayed vouched for).
+/// Tails are skipped now; the guard still reads it so that its text, and
+/// the token `init` keeps for it, stay the same.
 const GIVE_BACK: &str = "@shardflake_give_back";
 
 /// The column of a per-id counter row that says what its guard vouches
@@ -1555,9 +1556,8 @@ impl Backend for MariaSession {
 
 /// The guard's triggers on `table` ([`GUARD`]): `(name, CREATE
 /// statement)`, a refusal unless the session set `@shardflake_rewind = 1`
-/// (any other value, 0 included, leaves the guard on) (a
-/// give-back, `init`'s counter row, or an operator restoring with every
-/// client stopped). MariaDB names triggers per database: the segment
+/// (any other value, 0 included, leaves the guard on) (`init`'s counter
+/// row, or an operator restoring with every client stopped). MariaDB names triggers per database: the segment
 /// table's are `GUARD_update`, `GUARD_insert`, `GUARD_delete` (a row set
 /// lower, a row inserted lower than the one it replaces, a row deleted to
 /// be inserted again lower).
@@ -1604,7 +1604,7 @@ fn guard_triggers(table: &str, token: &str) -> Vec<(String, String)> {
     let vouched = |id: &str| format!("CONCAT('{token}:', {id})");
     if table == SEGMENT_TABLE {
         // As a per-id row's (below), per row: a reservation of a row its
-        // guard vouches for sets [`BLOCK_PROOF`]; a give-back keeps a
+        // guard vouches for sets [`BLOCK_PROOF`]; [`GIVE_BACK`] keeps a
         // vouched row vouched.
         let update = format!(
             "CREATE OR REPLACE TRIGGER {GUARD}_update BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} NEW.max_id < OLD.max_id THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF {VOUCH} <=> 1 OR ({GIVE_BACK} <=> 1 AND OLD.{VOUCHED} <=> {old}) THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {BLOCK_PROOF} = NEW.max_id; ELSE SET NEW.{VOUCHED} = NULL; END IF; END",

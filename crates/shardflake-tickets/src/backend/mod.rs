@@ -418,7 +418,6 @@ pub(crate) fn reshaping(server: &str) -> TicketError {
 /// `REPLACE`) keeps its identity, so a client whose last answer was below the
 /// restored value could not see it and would hand out ids again; a table
 /// dropped and created again is seen (every answer carries its identity).
-/// A give-back sets the session's rewind flag for its statement.
 pub const GUARD: &str = "shardflake_ticket_guard";
 
 /// What the guard says, for `table` and the way `flag` is set.

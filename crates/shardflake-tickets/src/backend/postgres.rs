@@ -937,7 +937,8 @@ impl Backend for PgSession {
 
 /// The guard's function ([`GUARD`]): refuses a row set lower in
 /// `TG_ARGV[0]`, or deleted, unless the transaction set
-/// `shardflake.rewind` (a give-back), then its trigger on `table`.
+/// `shardflake.rewind` (an operator, every client stopped), then its
+/// trigger on `table`.
 fn guard_sql(table: &str, column: &str) -> String {
     let refusal = guard_refusal("%I", "SET LOCAL shardflake.rewind = on").replace('\'', "''");
     format!(
