@@ -219,7 +219,7 @@ fn render_tickets(out: &mut String, servers: &[ServerMetrics]) {
     family(
         "skipped_ids_total",
         "counter",
-        "Ids reserved from the server and never handed out nor given back.",
+        "Ids reserved from the server and never handed out (a tail is skipped, never given back).",
         &|s| (String::new(), s.skipped_ids as f64),
     );
 }

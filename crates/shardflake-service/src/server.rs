@@ -430,11 +430,7 @@ fn log_node_origin(config: &Config) {
 async fn give_back_tickets(issuer: &Issuer) {
     if let Some(tickets) = issuer.tickets() {
         let report = tickets.shutdown().await;
-        tracing::info!(
-            returned_ids = report.returned_ids,
-            skipped_ids = report.skipped_ids,
-            "ticket segments given back"
-        );
+        tracing::info!(skipped_ids = report.skipped_ids, "ticket segments closed");
     }
 }
 

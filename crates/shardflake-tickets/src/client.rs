@@ -60,9 +60,8 @@ impl std::fmt::Debug for TicketClient {
 /// What [`TicketClient::shutdown`] did with the segment blocks it held.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
-    /// Ids given back to their server (compare-and-set succeeded).
-    pub returned_ids: u64,
-    /// Ids reserved and never handed out nor returned.
+    /// Ids reserved and never handed out (a tail is never given back:
+    /// see [`crate::segment`]).
     pub skipped_ids: u64,
 }
 
@@ -208,15 +207,13 @@ impl TicketClient {
         self.pool.record(true).await
     }
 
-    /// Gives back the unused tails of the segment blocks (compare-and-set),
-    /// writes the high-water marks, and stops fetching. Later segment calls
-    /// fail with `unavailable`.
+    /// Stops fetching (the unused tails of the segment blocks are skipped,
+    /// never given back) and writes the high-water marks. Later segment
+    /// calls fail with `unavailable`.
     pub async fn shutdown(&self) -> ShutdownReport {
         let mut report = ShutdownReport::default();
         for segment in self.segments.iter().flatten() {
-            let (returned, skipped) = segment.close().await;
-            report.returned_ids += returned;
-            report.skipped_ids += skipped;
+            report.skipped_ids += segment.close().await;
         }
         if let Err(e) = self.pool.record(true).await {
             tracing::warn!(error = %e, "could not write the high-water marks at shutdown");

@@ -382,8 +382,8 @@ impl FailoverConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SegmentConfig {
-    /// Ids per chunk: the unit of the residue classes and of a give-back
-    /// (default 100). Never change it on a deployment that has handed out ids.
+    /// Ids per chunk: the unit of the residue classes (default 100).
+    /// Never change it on a deployment that has handed out ids.
     pub chunk: u64,
     /// Smallest block, in ids (a multiple of `chunk`; default 1000).
     pub min_step: u64,

@@ -372,29 +372,6 @@ fn parse_mark(server: &str, key: &[u8], value: &[u8]) -> Result<u64, TicketError
 }
 
 impl HighWaterStore for EtcdHighWater {
-    /// A compare-and-set: the mark is lowered only while it still holds
-    /// `expected` (written as `EtcdHighWater::raise` writes it); a mark
-    /// another writer moved is kept, its ids skipped.
-    fn give_back<'a>(
-        &'a self,
-        class: &'a ResidueClass,
-        sequence: &'a str,
-        expected: u64,
-        to: u64,
-    ) -> BoxFuture<'a, Result<(), TicketError>> {
-        Box::pin(async move {
-            let server = &class.server;
-            let key = format!("{}{sequence}", self.holder_prefix(&class.key)).into_bytes();
-            let compare = Compare::ValueIs(key.clone(), expected.to_string().into_bytes());
-            let put = [Op::Put(key, to.to_string().into_bytes(), 0)];
-            self.client
-                .txn(&[compare], &put, &[])
-                .await
-                .map_err(|e| etcd_failed(server, e))?;
-            Ok(())
-        })
-    }
-
     /// With `identity`: fenced by the class's holder in etcd (none, or
     /// that identity), compared in each mark's own transaction.
     fn record<'a>(
@@ -562,25 +539,6 @@ impl HighWaterStore for EtcdAndPeers {
             let (etcd, peers) = tokio::join!(self.etcd.holder(class), self.peers.holder(class));
             let found = either(&class.server, [etcd, peers])?;
             Ok(found.into_iter().flatten().max_by_key(|h| h.generation))
-        })
-    }
-
-    /// Lowered in both, each by its own compare-and-set: a place that
-    /// keeps the higher mark makes the ids skipped, never repeated.
-    fn give_back<'a>(
-        &'a self,
-        class: &'a ResidueClass,
-        sequence: &'a str,
-        expected: u64,
-        to: u64,
-    ) -> BoxFuture<'a, Result<(), TicketError>> {
-        Box::pin(async move {
-            // Every place, as for the peers alone.
-            let (etcd, peers) = tokio::join!(
-                self.etcd.give_back(class, sequence, expected, to),
-                self.peers.give_back(class, sequence, expected, to)
-            );
-            etcd.and(peers)
         })
     }
 

@@ -1,6 +1,6 @@
 //! The ticket servers as a client sees them. `Pool`: every server of
 //! the file and the marks store; the failover loop each call runs
-//! through (a per-id ticket, a block, a block given back), and the marks
+//! through (a per-id ticket, a block), and the marks
 //! written ahead of the ids. `Server`: one server, with a few sessions,
 //! a circuit breaker (up, down, refused), the high-water marks it is known
 //! to have reached, its metrics, and the checks of every session and
@@ -955,59 +955,6 @@ impl Pool {
             return Err(e);
         }
         Ok(block)
-    }
-
-    /// Gives the unused tail of `block` (of sequence `index`) back to its
-    /// server: its mark first, at every place, then the row, each by
-    /// compare-and-set. Whether the row took it.
-    ///
-    /// Marks first: a mark lowered to the tail still covers every id
-    /// handed out (the tail's ids were not), and a block reserved
-    /// meanwhile writes its own mark above it; the row is lowered only
-    /// once every place took the lower mark, so no place keeps a mark
-    /// above the row (which `check` and every checked session would take
-    /// for a counter gone back). A place that does not answer keeps the
-    /// tail's ids skipped.
-    pub async fn give_back_block(&self, index: usize, block: &Block) -> bool {
-        let server = &self.servers[block.server];
-        let (expected, to) = (block.row, block.give_back_to());
-        let timeout = self.config.failover.attempt_timeout();
-        let name = &self.config.sequences[index].name;
-        let (from, lowered_to) = (
-            server.lattice.counter_of_row(expected),
-            server.lattice.counter_of_row(to),
-        );
-        let lowered = tokio::time::timeout(
-            timeout,
-            self.store.give_back(&server.class, name, from, lowered_to),
-        )
-        .await;
-        if !matches!(lowered, Ok(Ok(()))) {
-            tracing::debug!(server = %server.config.name, "a mark was not given back at every place: the tail's ids are skipped");
-            return false;
-        }
-        // Not written again at the end of the shutdown.
-        let _ = server.reserved[index].compare_exchange(
-            from,
-            lowered_to,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-        matches!(
-            tokio::time::timeout(
-                timeout,
-                server.run(
-                    &self.config,
-                    &*self.store,
-                    alone(&self.servers, server.index),
-                    move |_, config, session| {
-                        Box::pin(session.give_back(&config.sequences[index], expected, to))
-                    },
-                )
-            )
-            .await,
-            Ok(Ok(true))
-        )
     }
 }
 

@@ -17,9 +17,8 @@
 //! `mark_ahead` ids past the last id it saw before it hands out any id above
 //! its last mark; a segment client writes the end of every block it reserves
 //! (prefetched ones included) before the block's first id is handed out.
-//! Marks only go up (`GREATEST`), except by [`HighWaterStore::give_back`]:
-//! a compare-and-set that lowers a mark only while it is still the one the
-//! giver wrote.
+//! Marks only go up (`GREATEST`): a segment tail is skipped, never given
+//! back, so every mark read stays a floor.
 //!
 //! [`HighWaterStore`] is the small seam: [`PeersStore`] keeps each server's
 //! marks in a `shardflake_ticket_hw` table on every server; a tickets file
@@ -140,27 +139,6 @@ pub trait HighWaterStore: Send + Sync {
         &'a self,
         class: &'a ResidueClass,
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, TicketError>>;
-
-    /// Lowers `class`'s mark of `sequence` to `to` where it still is
-    /// `expected` (a segment tail given back): `Ok` only when every place
-    /// answered (the row is lowered only then). The default keeps the
-    /// mark and says so: the ids are then skipped, never handed out twice.
-    fn give_back<'a>(
-        &'a self,
-        class: &'a ResidueClass,
-        sequence: &'a str,
-        expected: u64,
-        to: u64,
-    ) -> BoxFuture<'a, Result<(), TicketError>> {
-        let _ = (sequence, expected, to);
-        Box::pin(async move {
-            Err(TicketError::db(
-                &class.server,
-                "give a mark back",
-                "this store keeps its marks",
-            ))
-        })
-    }
 }
 
 /// How many places keep a class's marks (each server of the file, and etcd
@@ -603,27 +581,6 @@ impl HighWaterStore for PeersStore {
             let (marks, tally) = self.load_tally(class, quorum).await;
             tally.read(quorum, class)?;
             Ok(marks)
-        })
-    }
-
-    fn give_back<'a>(
-        &'a self,
-        class: &'a ResidueClass,
-        sequence: &'a str,
-        expected: u64,
-        to: u64,
-    ) -> BoxFuture<'a, Result<(), TicketError>> {
-        Box::pin(async move {
-            // A place that misses this keeps the higher mark: the row is
-            // then kept too, and the ids skipped.
-            let key = class.key.as_str();
-            self.on_all(|_, mut s| async move {
-                let r = s.give_back_high_water(key, sequence, expected, to).await;
-                (s, r)
-            })
-            .await
-            .into_iter()
-            .collect()
         })
     }
 }

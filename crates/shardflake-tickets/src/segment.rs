@@ -33,15 +33,14 @@
 //! that lags is pushed forward (its skipped chunks are never used: the cost
 //! is ids, never uniqueness).
 //!
-//! # Nothing wasted that can be returned
+//! # Rows and marks only go up
 //!
-//! On [`crate::TicketClient::shutdown`] the unused tail of each block goes back
-//! by compare-and-set (`SET max_id = to WHERE max_id = <our row>`), which
-//! succeeds only when no one reserved from that server since. `to` is the
-//! end of the chunk of the last id handed out, so the rest of that chunk is
-//! skipped; skipped ids are counted per server ([`crate::ServerMetrics`]).
-//! The high-water of a server in segment mode is the end of the last chunk
-//! the client entered: never above where a give-back leaves the row.
+//! On [`crate::TicketClient::shutdown`] the unused tail of each block is
+//! skipped, never given back: every read of a row or mark (a checked
+//! session, `check`) then stays a floor, so only a restore can put a row
+//! below one (see `SegmentSequence::close`). Skipped ids are counted per server
+//! ([`crate::ServerMetrics`]). The high-water of a server in segment mode
+//! is the end of the last chunk the client entered.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -72,7 +71,7 @@ impl Lattice {
     }
 
     /// Whether `row` is on this lattice (`≡ o·C (mod N·C)`): every row this
-    /// server's reservations, raises and give-backs leave is; another
+    /// server's reservations and raises leave is; another
     /// server's row is not (its table loaded from a peer's backup).
     pub fn holds(&self, row: i64) -> bool {
         (row as i128 - self.offset * self.chunk).rem_euclid(self.n * self.chunk) == 0
@@ -221,22 +220,6 @@ impl Block {
     pub fn used_share(&self) -> f64 {
         self.taken as f64 / self.size as f64
     }
-
-    /// Ids neither handed out nor returnable, once the row is set back to
-    /// [`Block::give_back_to`].
-    pub fn lost_on_give_back(&self) -> u64 {
-        match self.last_used_chunk_end {
-            Some(end) if self.next_id <= end => (end - self.next_id + 1) as u64,
-            _ => 0,
-        }
-    }
-
-    /// Where a give-back sets the row: the end of the chunk of the last id
-    /// handed out, or where it was before the reservation.
-    pub fn give_back_to(&self) -> i64 {
-        self.last_used_chunk_end
-            .unwrap_or(self.row - self.chunks * self.stride)
-    }
 }
 
 /// The double buffer of one segment sequence.
@@ -381,11 +364,18 @@ impl SegmentSequence {
         });
     }
 
-    /// Stops fetching (later takes fail with `unavailable`) and gives the
-    /// unused tails of the blocks held back to their servers: `(returned,
-    /// skipped)` ids.
-    pub async fn close(&self) -> (u64, u64) {
-        // A fetch under way lands in `next` first, to be given back too.
+    /// Stops fetching (later takes fail with `unavailable`): the ids of the
+    /// blocks held back that were never handed out, skipped.
+    ///
+    /// A tail is never given back. Lowering a row takes it below what
+    /// another client may have read meanwhile (its checked session reads
+    /// every row and mark): that client holds the read as a floor and
+    /// writes it again as a mark, and its next reservation and `check`
+    /// then say the server went back, with nothing restored. Rows and
+    /// marks only going up, any read of them stays a floor, and a real
+    /// restore is still told apart.
+    pub async fn close(&self) -> u64 {
+        // A fetch under way lands in `next` first, to be counted too.
         let deadline = Instant::now() + self.pool.config.failover.timeout();
         let (current, next) = loop {
             let fetched = self.fetched.notified();
@@ -401,23 +391,15 @@ impl SegmentSequence {
             let left = deadline.saturating_duration_since(Instant::now());
             let _ = tokio::time::timeout(left, fetched).await;
         };
-        let (mut returned, mut skipped) = (0, 0);
-        // The later block first: if both came from one server, the
-        // earlier one's compare-and-set then finds its own row again.
+        let mut skipped = 0;
         for block in [next, current].into_iter().flatten() {
             let unused = block.size - block.taken;
-            let lost = if self.pool.give_back_block(self.index, &block).await {
-                block.lost_on_give_back()
-            } else {
-                unused
-            };
-            returned += unused - lost;
-            skipped += lost;
+            skipped += unused;
             self.pool.servers[block.server]
                 .skipped
-                .fetch_add(lost, Ordering::Relaxed);
+                .fetch_add(unused, Ordering::Relaxed);
         }
-        (returned, skipped)
+        skipped
     }
 }
 
@@ -503,20 +485,6 @@ mod tests {
         let ids = drain(&mut block);
         assert_eq!(ids, (4_294_967_291..=4_294_967_295).collect::<Vec<_>>());
         assert_eq!(block.take(), Take::Exhausted);
-    }
-
-    #[test]
-    fn give_back_keeps_every_id_handed_out() {
-        let l = lattice(2, 2, 10);
-        let mut block = Block::new(1, 60, 3, l, u64::MAX); // chunks 11-20, 31-40, 51-60
-        assert_eq!(block.give_back_to(), 0);
-        assert_eq!(block.take(), Take::Id(11, Some(20)));
-        for _ in 0..10 {
-            block.take();
-        }
-        // Handed out 11..=20 and 31; the row goes back to 40.
-        assert_eq!(block.give_back_to(), 40);
-        assert_eq!(block.lost_on_give_back(), 9);
     }
 
     #[test]

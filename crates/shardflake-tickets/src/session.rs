@@ -107,15 +107,6 @@ impl Backend for Session {
         delegate!(self, b => b.reserve(seq, floor, step, seen).await)
     }
 
-    async fn give_back(
-        &mut self,
-        seq: &SequenceConfig,
-        expected: i64,
-        to: i64,
-    ) -> Result<bool, TicketError> {
-        delegate!(self, b => b.give_back(seq, expected, to).await)
-    }
-
     async fn counter(
         &mut self,
         config: &Config,
@@ -175,16 +166,6 @@ impl Backend for Session {
         from: Option<&Holder>,
     ) -> Result<bool, TicketError> {
         delegate!(self, b => b.claim(class, identity, server, from).await)
-    }
-
-    async fn give_back_high_water(
-        &mut self,
-        holder: &str,
-        sequence: &str,
-        expected: u64,
-        to: u64,
-    ) -> Result<(), TicketError> {
-        delegate!(self, b => b.give_back_high_water(holder, sequence, expected, to).await)
     }
 
     async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError> {

@@ -352,10 +352,7 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
                     m.reason.map(|r| format!(" ({r})")).unwrap_or_default()
                 );
             }
-            println!(
-                "  shutdown: {} ids given back, {} skipped",
-                shutdown.returned_ids, shutdown.skipped_ids
-            );
+            println!("  shutdown: {} ids skipped", shutdown.skipped_ids);
             if ratios.len() > 1 {
                 ratios.sort_by(f64::total_cmp);
                 let list: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();

@@ -400,10 +400,11 @@ async fn without_tickets_the_route_is_a_404_that_says_why() -> anyhow::Result<()
     Ok(())
 }
 
-/// At the drain the service gives a segment's unused tail back: the next
-/// client starts right after the last id the service handed out.
+/// At the drain the service skips a segment's unused tails, never gives
+/// them back (a row lowered below what another client read was taken for
+/// a restore): the next client starts past every block the service held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_drain_gives_the_segment_tail_back() -> anyhow::Result<()> {
+async fn the_drain_skips_the_segment_tail() -> anyhow::Result<()> {
     let pg = PgServer::start()?;
     let dir = tempfile::tempdir()?;
     let text = format!(
@@ -417,10 +418,9 @@ async fn the_drain_gives_the_segment_tail_back() -> anyhow::Result<()> {
     assert_eq!(status, 200, "{body}");
     assert_eq!(ids_of(&body)?, (1..=250).collect::<Vec<_>>());
     s.stop().await?;
-    // The rest of the chunk in use (251..=300) is skipped, the block's
-    // remainder given back.
+    // 251..=1000 skipped, and 1001..=2000, fetched ahead at a tenth used.
     let next = TicketClient::connect(tickets).await?;
-    assert_eq!(next.next("solo").await?, 301);
+    assert_eq!(next.next("solo").await?, 2001);
     Ok(())
 }
 
@@ -496,12 +496,11 @@ async fn etcd_marks_raise_a_lone_server_restored_behind() -> anyhow::Result<()> 
     s.stop().await
 }
 
-/// With `--etcd` the drain's give-back lowers the mark in etcd too
-/// (compare-and-set), so the next client starts right after the last id
-/// handed out, as without etcd. Before: etcd kept the end of the blocks
-/// the service held (2,000 here), and the next client was raised past it.
+/// With `--etcd` the mark in etcd is the end of the blocks the service
+/// held (2,000 here), never lowered, and the next client through etcd
+/// starts past it, as without etcd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_drain_gives_the_segment_tail_back_through_etcd() -> anyhow::Result<()> {
+async fn the_drain_skips_the_segment_tail_through_etcd() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
     let pg = PgServer::start()?;
     let dir = tempfile::tempdir()?;
@@ -523,11 +522,11 @@ async fn the_drain_gives_the_segment_tail_back_through_etcd() -> anyhow::Result<
     let mark = etcd
         .get(&format!("/t/tickets/hw/{}/solo", class_key(&tickets, "a")))
         .await?;
-    assert_eq!(mark.as_deref(), Some("300"), "the mark in etcd");
+    assert_eq!(mark.as_deref(), Some("2000"), "the mark in etcd");
     let server_config = config(&dir, &serve_toml)?;
     let store = shardflake_service::tickets::high_water_store(&tickets, &server_config.node)?;
     let next = TicketClient::connect_with_store(tickets, store).await?;
-    assert_eq!(next.next("solo").await?, 301);
+    assert_eq!(next.next("solo").await?, 2001);
     Ok(())
 }
 

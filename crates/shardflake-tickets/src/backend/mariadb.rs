@@ -256,9 +256,10 @@ const VOUCH: &str = "@shardflake_vouch";
 /// block's proof, read with the table's identity.
 const BLOCK_PROOF: &str = "@shardflake_block";
 
-/// The session variable a client sets to 1 around its give-back of a
-/// segment tail: a row vouched for stays vouched for (the row is the
-/// client's own block's end, compared in the statement).
+/// The session variable clients of earlier releases set to 1 around a
+/// give-back of a segment tail (a row vouched for stayed vouched for).
+/// Tails are skipped now; the guard still reads it so that its text, and
+/// the token `init` keeps for it, stay the same.
 const GIVE_BACK: &str = "@shardflake_give_back";
 
 /// The column of a per-id counter row that says what its guard vouches
@@ -773,38 +774,6 @@ impl Backend for MariaSession {
         Ok(Stamped { value, table })
     }
 
-    /// Sets the row back to `to` if it still is `expected`.
-    async fn give_back(
-        &mut self,
-        seq: &SequenceConfig,
-        expected: i64,
-        to: i64,
-    ) -> Result<bool, TicketError> {
-        let err = |e| TicketError::db(&self.server, "give back a block's tail", e);
-        // Not after a reshape: the row is on another lattice then.
-        let version = self.pinned()?;
-        // The one statement that sets the row back: past the guard.
-        self.conn
-            .query_drop(format!("SET @shardflake_rewind = 1, {GIVE_BACK} = 1"))
-            .await
-            .map_err(err)?;
-        let given = self
-            .conn
-            .query_drop(format!(
-                "UPDATE {SEGMENT_TABLE} SET max_id = {to} WHERE sequence_name = '{}' AND max_id = {expected} AND (SELECT version FROM {VERSION_TABLE}) = {version}",
-                seq.name
-            ))
-            .await
-            .map(|()| self.conn.affected_rows() == 1);
-        let reset = self
-            .conn
-            .query_drop(format!("SET @shardflake_rewind = NULL, {GIVE_BACK} = NULL"))
-            .await;
-        let given = given.map_err(err)?;
-        reset.map_err(err)?;
-        Ok(given)
-    }
-
     /// The largest id the server's counter says it may have handed out: every
     /// later id is above it. `None`: not initialised. A per-id table of the
     /// counter form holds the next id; one of the `REPLACE` form (before
@@ -1076,22 +1045,6 @@ impl Backend for MariaSession {
             Some(1) => Ok(false),
             _ => Err(super::holders_empty(&self.server)),
         }
-    }
-
-    /// Lowers `holder`'s mark of `sequence` to `to` where it still is `expected`.
-    async fn give_back_high_water(
-        &mut self,
-        holder: &str,
-        sequence: &str,
-        expected: u64,
-        to: u64,
-    ) -> Result<(), TicketError> {
-        self.conn
-            .query_drop(format!(
-                "UPDATE {HW_TABLE} SET high_water = {to} WHERE server_name = '{holder}' AND sequence_name = '{sequence}' AND high_water = {expected}"
-            ))
-            .await
-            .map_err(|e| TicketError::db(&self.server, "give back a high-water mark", e))
     }
 
     /// The largest mark this server holds for `sequence`, of any server.
@@ -1603,9 +1556,8 @@ impl Backend for MariaSession {
 
 /// The guard's triggers on `table` ([`GUARD`]): `(name, CREATE
 /// statement)`, a refusal unless the session set `@shardflake_rewind = 1`
-/// (any other value, 0 included, leaves the guard on) (a
-/// give-back, `init`'s counter row, or an operator restoring with every
-/// client stopped). MariaDB names triggers per database: the segment
+/// (any other value, 0 included, leaves the guard on) (`init`'s counter
+/// row, or an operator restoring with every client stopped). MariaDB names triggers per database: the segment
 /// table's are `GUARD_update`, `GUARD_insert`, `GUARD_delete` (a row set
 /// lower, a row inserted lower than the one it replaces, a row deleted to
 /// be inserted again lower).
@@ -1652,7 +1604,7 @@ fn guard_triggers(table: &str, token: &str) -> Vec<(String, String)> {
     let vouched = |id: &str| format!("CONCAT('{token}:', {id})");
     if table == SEGMENT_TABLE {
         // As a per-id row's (below), per row: a reservation of a row its
-        // guard vouches for sets [`BLOCK_PROOF`]; a give-back keeps a
+        // guard vouches for sets [`BLOCK_PROOF`]; [`GIVE_BACK`] keeps a
         // vouched row vouched.
         let update = format!(
             "CREATE OR REPLACE TRIGGER {GUARD}_update BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} NEW.max_id < OLD.max_id THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF {VOUCH} <=> 1 OR ({GIVE_BACK} <=> 1 AND OLD.{VOUCHED} <=> {old}) THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {BLOCK_PROOF} = NEW.max_id; ELSE SET NEW.{VOUCHED} = NULL; END IF; END",

@@ -46,15 +46,6 @@ pub(crate) trait Backend {
         seen: i64,
     ) -> Result<Stamped<Result<i64, i64>>, TicketError>;
 
-    /// Sets the segment row back to `to` if it still is `expected` (past
-    /// the guard): whether it was.
-    async fn give_back(
-        &mut self,
-        seq: &SequenceConfig,
-        expected: i64,
-        to: i64,
-    ) -> Result<bool, TicketError>;
-
     /// The largest id the counter says may have been handed out: every
     /// later id is above it. `None`: not initialised.
     async fn counter(
@@ -123,16 +114,6 @@ pub(crate) trait Backend {
         server: &str,
         from: Option<&Holder>,
     ) -> Result<bool, TicketError>;
-
-    /// Lowers the mark of `holder` (a class key) for `sequence` to `to`
-    /// where it still is `expected`.
-    async fn give_back_high_water(
-        &mut self,
-        holder: &str,
-        sequence: &str,
-        expected: u64,
-        to: u64,
-    ) -> Result<(), TicketError>;
 
     /// The largest mark this server holds for `sequence`, of any class.
     async fn read_marks_of_sequence(&mut self, sequence: &str) -> Result<u64, TicketError>;
@@ -437,7 +418,6 @@ pub(crate) fn reshaping(server: &str) -> TicketError {
 /// `REPLACE`) keeps its identity, so a client whose last answer was below the
 /// restored value could not see it and would hand out ids again; a table
 /// dropped and created again is seen (every answer carries its identity).
-/// A give-back sets the session's rewind flag for its statement.
 pub const GUARD: &str = "shardflake_ticket_guard";
 
 /// What the guard says, for `table` and the way `flag` is set.

@@ -340,35 +340,6 @@ impl Backend for PgSession {
         }
     }
 
-    /// Sets the row back to `to` if it still is `expected`.
-    async fn give_back(
-        &mut self,
-        seq: &SequenceConfig,
-        expected: i64,
-        to: i64,
-    ) -> Result<bool, TicketError> {
-        let server = self.server.clone();
-        let err = || pg_err(&server, "give back a block's tail");
-        // Not after a reshape: the row is on another lattice then.
-        let version = self.lattice.ok_or_else(|| {
-            TicketError::misconfigured(&server, "a session used before its lattice was checked")
-        })?;
-        // The one statement that sets the row back: past the guard.
-        let tx = self.client.transaction().await.map_err(err())?;
-        tx.batch_execute("SET LOCAL shardflake.rewind = on")
-            .await
-            .map_err(err())?;
-        let n = tx
-            .execute(
-                &format!("UPDATE {SEGMENT_TABLE} SET max_id = $1 WHERE sequence_name = $2 AND max_id = $3 AND (SELECT version FROM {VERSION_TABLE}) = {version}"),
-                &[&to, &seq.name, &expected],
-            )
-            .await
-            .map_err(err())?;
-        tx.commit().await.map_err(err())?;
-        Ok(n == 1)
-    }
-
     /// The largest id the counter says may have been handed out. `None`: not initialised.
     async fn counter(
         &mut self,
@@ -581,24 +552,6 @@ impl Backend for PgSession {
             (_, true) => Ok(false),
             _ => Err(super::holders_empty(&name)),
         }
-    }
-
-    /// Lowers `holder`'s mark of `sequence` to `to` where it still is `expected`.
-    async fn give_back_high_water(
-        &mut self,
-        holder: &str,
-        sequence: &str,
-        expected: u64,
-        to: u64,
-    ) -> Result<(), TicketError> {
-        self.client
-            .execute(
-                &format!("UPDATE {HW_TABLE} SET high_water = $1 WHERE server_name = $2 AND sequence_name = $3 AND high_water = $4"),
-                &[&(to as i64), &holder, &sequence, &(expected as i64)],
-            )
-            .await
-            .map_err(pg_err(&self.server, "give back a high-water mark"))?;
-        Ok(())
     }
 
     /// The largest mark this server holds for `sequence`, of any server.
@@ -984,7 +937,8 @@ impl Backend for PgSession {
 
 /// The guard's function ([`GUARD`]): refuses a row set lower in
 /// `TG_ARGV[0]`, or deleted, unless the transaction set
-/// `shardflake.rewind` (a give-back), then its trigger on `table`.
+/// `shardflake.rewind` (an operator, every client stopped), then its
+/// trigger on `table`.
 fn guard_sql(table: &str, column: &str) -> String {
     let refusal = guard_refusal("%I", "SET LOCAL shardflake.rewind = on").replace('\'', "''");
     format!(

@@ -259,8 +259,9 @@ async fn a_reshape_to_more_servers_leaves_every_row_on_its_lattice() {
 async fn reshape_one_to_two(kind: &str, a: &str, b: &str) {
     let one = Config::parse(&format!("{}{FIXED}", server_toml("a", kind, a, 1))).unwrap();
     init_ok(&one).await;
-    // Two blocks used up: the row is given back to 2000, a row of the
-    // second server's new lattice (≡ 0 mod 200), not the first's.
+    // Two blocks used up and a third fetched ahead: the row is left at
+    // 3000, a row of the second server's new lattice (≡ 0 mod 200), not the
+    // first's.
     let alone = TicketClient::connect(one.clone()).await.unwrap();
     let mut ids = alone.next_n("blocks", 2000).await.unwrap();
     alone.shutdown().await;

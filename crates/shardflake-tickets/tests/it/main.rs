@@ -520,18 +520,19 @@ async fn postgres_pair_per_id_and_segment() {
         assert_eq!(all.len(), 8 * 300 * 7);
         assert_unique(&all);
         let report = client.shutdown().await;
-        assert!(report.returned_ids > 0, "{report:?}");
-        // Tails given back are handed out again, never an id twice.
+        assert!(report.skipped_ids > 0, "{report:?}");
+        // Tails are skipped: the next client's ids are past them.
         let next = TicketClient::connect(config).await.unwrap();
         all.extend(next.next_n("blocks", 20_000).await.unwrap());
         assert_unique(&all);
     }
 }
 
-/// With one server the tail given back at shutdown is where the next
-/// client starts (less the rest of the last chunk used).
+/// A tail is skipped at shutdown, never given back: the next client
+/// starts past every block the last one held (the one it used and the one
+/// it fetched ahead).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_segment_tail_given_back_is_used_next() {
+async fn a_segment_tail_is_skipped_at_shutdown() {
     let pg = PgServer::start().unwrap();
     let config = Config::parse(&format!(
         "{}[[sequences]]\nname = \"solo\"\nmode = \"segment\"\n[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n",
@@ -543,12 +544,11 @@ async fn a_segment_tail_given_back_is_used_next() {
     let ids = client.next_n("solo", 250).await.unwrap();
     assert_eq!(ids, (1..=250).collect::<Vec<_>>());
     let report = client.shutdown().await;
-    // Kept 251..=300 (the rest of the chunk), gave back the others.
-    assert_eq!(report.skipped_ids, 50, "{report:?}");
-    assert!(report.returned_ids >= 700, "{report:?}");
+    // 251..=1000, and 1001..=2000 fetched ahead (at a tenth used).
+    assert_eq!(report.skipped_ids, 1750, "{report:?}");
     assert_eq!(client.next("solo").await.unwrap_err().code(), "unavailable");
     let next = TicketClient::connect(config).await.unwrap();
-    assert_eq!(next.next("solo").await.unwrap(), 301);
+    assert_eq!(next.next("solo").await.unwrap(), 2001);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -757,8 +757,7 @@ async fn eight_clients_on_one_server_are_all_answered_without_a_deadlock() {
 
 /// A table without its guard against being set back in place (a server
 /// set up by an older shardflake) is reported by `check` until `init`
-/// adds it, on both databases; a segment client still gives its tail back
-/// past the guard.
+/// adds it, on both databases; a segment client hands out ids again after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_table_without_its_guard_is_reported_until_init() {
     let (ma, mb) = (maria(2, 1), maria(2, 2));
@@ -797,11 +796,9 @@ async fn a_table_without_its_guard_is_reported_until_init() {
         init_ok(config).await;
         let report = admin::check(config).await;
         assert!(report.ok(), "{report}");
-        // The tail of a block goes back past the guard.
         let client = TicketClient::connect(config.clone()).await.unwrap();
         let ids = client.next_n("blocks", 10).await.unwrap();
-        let back = client.shutdown().await;
-        assert!(back.returned_ids > 0, "{back:?}");
+        client.shutdown().await;
         let again = TicketClient::connect(config.clone()).await.unwrap();
         let next = again.next_n("blocks", 10).await.unwrap();
         assert!(next[0] > ids[9], "{ids:?} then {next:?}");
@@ -876,13 +873,11 @@ async fn check_finds_no_counter_behind_while_a_client_reserves_blocks_mariadb() 
 }
 
 /// The same warning after a segment tail given back while a peer was
-/// down: the row was lowered first, then each place's mark by
-/// compare-and-set, and the peer that missed it kept the block's mark
-/// above the row; every later `check` (and every client's checked
-/// session) then said the server went back. The marks are given back
-/// first now, and the row only once every place took them (else the tail
-/// is skipped). Here a client's block on `a` is given back at its
-/// shutdown while `b`, which took the block's mark, is down.
+/// down: the row was lowered, and the peer that missed the lowered mark
+/// kept the block's mark above the row; every later `check` (and every
+/// client's checked session) then said the server went back. Tails are
+/// skipped now, never given back. Here a client holding a block on `a`
+/// shuts down while `b`, which took the block's mark, is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tail_given_back_while_a_peer_is_down_leaves_no_counter_behind_mariadb() {
     let (a, b) = (maria(2, 1), maria(2, 2));
@@ -906,4 +901,36 @@ async fn a_tail_given_back_while_a_peer_is_down_leaves_no_counter_behind_mariadb
     }
     again.shutdown().await;
     assert_unique(&ids);
+}
+
+/// A segment tail given back lowered a row other clients had already
+/// read: a client that checked the server (a session opened for another
+/// sequence) while a second client held a block took that block's mark as
+/// one it knew written, and wrote it again at its shutdown, above the row
+/// the second client had given its tail back to. `check` then said the
+/// counter went back (an outside review: 21 of 483 runs, the gap always
+/// one block's tail), with nothing restored. Tails are skipped now, never
+/// given back: a row and its marks only go up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tail_left_by_one_client_is_no_counter_behind_for_another_mariadb() {
+    let m = maria(1, 1);
+    let config = Config::parse(&format!(
+        "{}[[sequences]]\nname = \"photos\"\n[[sequences]]\nname = \"events\"\nmode = \"segment\"\n[segment]\nchunk = 100\nmin_step = 1000\nmax_step = 1000\n",
+        server_toml("a", "mariadb", &m.url(), 1)
+    ))
+    .unwrap();
+    init_ok(&config).await;
+    let holder = TicketClient::connect(config.clone()).await.unwrap();
+    let mut events = holder.next_n("events", 3).await.unwrap();
+    // Checks the server, every sequence, while `holder` holds its block.
+    let other = TicketClient::connect(config.clone()).await.unwrap();
+    other.next_n("photos", 3).await.unwrap();
+    holder.shutdown().await;
+    other.shutdown().await;
+    let report = admin::check(&config).await;
+    assert!(report.ok(), "{report}");
+    let again = TicketClient::connect(config.clone()).await.unwrap();
+    events.extend(again.next_n("events", 3).await.unwrap());
+    again.shutdown().await;
+    assert_unique(&events);
 }
