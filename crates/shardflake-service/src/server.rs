@@ -297,13 +297,13 @@ pub async fn serve(
             shutdown.trigger();
             let _ = tokio::time::timeout(DRAIN, http_server).await;
             let _ = tokio::time::timeout(DRAIN, grpc_server).await;
-            give_back_tickets(&issuer).await;
+            close_tickets(&issuer).await;
             return Err(ServeError::Keeper(e));
         }
         Ok(None) => {
             let _ = tokio::time::timeout(DRAIN, http_server).await;
             let _ = tokio::time::timeout(DRAIN, grpc_server).await;
-            give_back_tickets(&issuer).await;
+            close_tickets(&issuer).await;
             return Ok(());
         }
     };
@@ -336,7 +336,7 @@ pub async fn serve(
         let deadline = tokio::time::Instant::now() + DRAIN;
         let _ = tokio::time::timeout_at(deadline, http_server).await;
         let _ = tokio::time::timeout_at(deadline, grpc_server).await;
-        give_back_tickets(&issuer).await;
+        close_tickets(&issuer).await;
         keeper.stop().await;
         result?;
         return Ok(());
@@ -344,7 +344,7 @@ pub async fn serve(
     let deadline = tokio::time::Instant::now() + DRAIN;
     let http_result = tokio::time::timeout_at(deadline, http_server).await;
     let grpc_result = tokio::time::timeout_at(deadline, grpc_server).await;
-    give_back_tickets(&issuer).await;
+    close_tickets(&issuer).await;
     drained.trigger();
     let (mut keeper, result) = keeper_task.await.map_err(|error| ServeError::Task {
         task: "lease keeper",
@@ -427,7 +427,7 @@ fn log_node_origin(config: &Config) {
     }
 }
 
-async fn give_back_tickets(issuer: &Issuer) {
+async fn close_tickets(issuer: &Issuer) {
     if let Some(tickets) = issuer.tickets() {
         let report = tickets.shutdown().await;
         tracing::info!(skipped_ids = report.skipped_ids, "ticket segments closed");
