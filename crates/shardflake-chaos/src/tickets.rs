@@ -44,6 +44,9 @@ use crate::verdict::{ClientLog, Outcome, ServerRun, in_dir};
 const SEQUENCE: &str = "chaos";
 /// Backups kept per server: a fault loads one of the last this many.
 pub const KEPT: usize = 4;
+/// How long a client waits after a failed call before the next one.
+const ERROR_BACKOFF: Duration = Duration::from_millis(10);
+
 /// At most this many servers at once (the fleet grows by reshapes).
 const MAX_SERVERS: usize = 3;
 
@@ -460,6 +463,9 @@ async fn client(
             Err(e) => {
                 tracing::warn!(error = %e, "a ticket call failed");
                 out.error(e.code().to_string());
+                // A caller backs off before it asks again; a refusal comes
+                // back at once, and the loop would only spin and log.
+                tokio::time::sleep(ERROR_BACKOFF).await;
             }
         }
     }
@@ -493,6 +499,9 @@ struct Fleet<'a> {
     processes: u32,
     /// Clients started (their seeds).
     started: u64,
+    /// When the last `tickets reshape` succeeded (ms from the start; 0:
+    /// none yet). A backup taken before it brings the old lattice back.
+    reshaped_ms: u32,
 }
 
 impl Fleet<'_> {
@@ -629,8 +638,36 @@ impl Fleet<'_> {
         failed
     }
 
-    /// Does `step` to the fleet: what happened, in words.
+    /// Does `step` to the fleet: what happened, in words. A server given
+    /// back its own backup of before the last reshape records the old
+    /// lattice again and refuses every client of the current file: the
+    /// operator then runs that reshape again with the current file, as
+    /// tickets-restores.md says.
     fn fault(&mut self, step: &Step) -> anyhow::Result<String> {
+        let restores_own_backup = match step.kind {
+            Fault::RestoreLive | Fault::RestoreStopped | Fault::PeerDown => true,
+            Fault::Failover => step.variant == 0,
+            _ => false,
+        };
+        let before_reshape = restores_own_backup && {
+            let name = &self.members[step.target % self.members.len()].name;
+            self.backup(name, step.backup)
+                .is_ok_and(|(b, _)| b.taken_ms < self.reshaped_ms)
+        };
+        let said = self.fault_only(step)?;
+        if !before_reshape {
+            return Ok(said);
+        }
+        let again = self.tool("reshape", &self.file.clone())?;
+        Ok(format!(
+            "{said}; the backup predates the reshape at +{:.1} s: tickets reshape with the current file: {}",
+            f64::from(self.reshaped_ms) / 1000.0,
+            again.as_deref().unwrap_or("ok")
+        ))
+    }
+
+    /// [`Self::fault`] without the operator's step after it.
+    fn fault_only(&mut self, step: &Step) -> anyhow::Result<String> {
         let t = step.target % self.members.len();
         let name = self.members[t].name.clone();
         let peer = (t + 1) % self.members.len();
@@ -957,6 +994,7 @@ impl Fleet<'_> {
         for (m, x) in self.members.iter_mut().zip(&e) {
             m.offset = x.offset;
         }
+        self.reshaped_ms = ms_since(self.shared.start);
         let old_group = self.switch(file);
         std::thread::sleep(step.pause);
         old_group.store(true, Ordering::SeqCst);
@@ -1068,6 +1106,7 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
         named: 2,
         processes: 2,
         started: 0,
+        reshaped_ms: 0,
     };
     let file = toml(&fleet.entries(), 2, o.segment);
     if let Some(why) = fleet.tool("init", &file)? {
