@@ -114,7 +114,11 @@ fn list(ids: &BTreeSet<Identity>) -> String {
 }
 
 /// Why an old copy reached may not be fenced as the one `server`'s
-/// database replaces: `old` is its view, `views` the file's servers'.
+/// database replaces: `old` is its view, `views` the file's servers'. It
+/// must be the database the deployment records `server`'s shards on, or
+/// a copy that serves them itself (one that replaced that database
+/// before); never one already replaced by another than the new copy
+/// (that other one may be making ids: it is the one to fence).
 pub(crate) fn problems(
     topo: &Topology,
     views: &[ServerView],
@@ -144,7 +148,12 @@ pub(crate) fn problems(
                 view.identity,
                 list(&recorded)
             )
-        } else if recorded.contains(&view.identity) {
+        } else if let Some(by) = view.replaced_by.filter(|by| *by != new.identity) {
+            format!(
+                "--old-url reaches {}, which {by} already replaced (`shardflake pg repair --replaces {server}`) and fenced: that database holds {server}'s shards now and may be making ids; give its url as --old-url, so that it is fenced in turn",
+                view.identity
+            )
+        } else if recorded.contains(&view.identity) || serves_itself(view, server) {
             continue;
         } else if recorded.contains(&new.identity) {
             format!(
@@ -169,6 +178,21 @@ pub(crate) fn problems(
         });
     }
     out
+}
+
+/// Whether a copy records itself as the server `server` of the
+/// deployment, holding all of that server's shards: a live copy (another
+/// restore of the same dump that replaced the recorded one), which a
+/// replacement fences as it does the recorded one.
+fn serves_itself(view: &ServerView, server: &str) -> bool {
+    let mut own = view
+        .owners
+        .values()
+        .filter(|o| o.server == server)
+        .peekable();
+    view.deployment.as_ref().is_some_and(|d| d.server == server)
+        && own.peek().is_some()
+        && own.all(|o| o.identity == view.identity)
 }
 
 /// `owners` with every shard of a server in `replaces` recorded on the

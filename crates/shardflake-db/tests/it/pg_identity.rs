@@ -644,3 +644,53 @@ async fn a_one_server_replacement_is_recorded_on_the_copy_it_replaces() {
     assert_eq!(drift.len(), 1, "{drift:#?}");
     assert!(drift[0].contains("fenced for good"), "{drift:#?}");
 }
+
+/// One server's dump restored twice, into c1 and c2: c1 replaced a (its
+/// `--old-url` fenced a), then c2 is to replace "a" too, its own records
+/// (from the dump) naming a's database. Fencing a again would leave c1
+/// live beside c2: refused, naming the database that replaced a; its url
+/// as `--old-url` fences c1, and c2's ids come after c1's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_of_one_server_must_fence_the_copy_that_replaced_it() {
+    let (a, c1, c2) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let one = |url: &str| Topology::parse(&topology(&[("a", url, "0-7")])).unwrap();
+    pg::apply(&one(&a.url())).await.unwrap();
+    let mut made = insert(&connect(&a.url()).await, "shard3", 100).await;
+    dump_into(&a, &c1);
+    dump_into(&a, &c2);
+    let replacing = |old: &str| {
+        vec![pg::Replacement {
+            server: "a".to_string(),
+            old: pg::OldCopy::Url(old.to_string()),
+        }]
+    };
+    pg::repair_replacing(&one(&c1.url()), None, &replacing(&a.url()))
+        .await
+        .unwrap();
+    let cc1 = connect(&c1.url()).await;
+    made.extend(insert(&cc1, "shard3", 100).await);
+
+    let e = pg::repair_replacing(&one(&c2.url()), None, &replacing(&a.url()))
+        .await
+        .expect_err("c2 replaced a, which c1 had replaced: c1 still live")
+        .to_string();
+    assert!(
+        e.contains("already replaced") && e.contains("give its url as --old-url"),
+        "{e}"
+    );
+    pg::repair_replacing(&one(&c2.url()), None, &replacing(&c1.url()))
+        .await
+        .unwrap();
+    let e = try_insert(&cc1, "shard3", 1).await.unwrap_err();
+    assert_eq!(
+        e.as_db_error().map(|d| d.code().code()),
+        Some("SF001"),
+        "{e}"
+    );
+    let on_c2 = insert(&connect(&c2.url()).await, "shard3", 100).await;
+    assert!(on_c2.iter().min() > made.iter().max());
+}
