@@ -534,6 +534,12 @@ async fn a_replacement_fences_the_copy_it_replaces_while_that_one_runs() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("the database that b's url reaches"), "{e}");
+    let unrelated = empty_database(&c, "unrelated").await;
+    let e = pg::repair_replacing(&onto_c, None, &replaces(pg::OldCopy::Url(unrelated)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("holds no records of this deployment"), "{e}");
     assert!(
         !writer.is_finished(),
         "the old copy stopped making ids before the replacement"
@@ -605,7 +611,32 @@ async fn a_replacement_fences_the_copy_it_replaces_while_that_one_runs() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("fenced for good"), "{e}");
-    pg::apply(&original).await.unwrap_err();
+    let e = pg::apply(&original).await.unwrap_err().to_string();
+    assert!(e.contains("fenced for good"), "{e}");
+    let e = pg::adopt(
+        &original,
+        &pg::AdoptOptions {
+            target: pg::Target::Table("public.orders".into()),
+            column: "id".into(),
+            server: None,
+            shard: None,
+            dry_run: true,
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("fenced for good"), "{e}");
+    let dir = std::env::temp_dir().join(format!("sf-replaced-move-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("old.toml");
+    std::fs::write(&file, original.to_toml()).unwrap();
+    let e = pg::move_shard::move_shard(&file, 4, "a", &Default::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(e.contains("fenced for good"), "{e}");
 }
 
 /// The one-server case: nothing but the old copy itself can record its
