@@ -52,12 +52,14 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
 /// reaches now is recorded as theirs on every server of the file, so the
 /// old copy, if it comes back, is refused as a replaced one
 /// ([`catalog::replaced_copies`]). Without it such a server is refused.
-/// An old copy given by URL ([`replace::OldCopy::Url`]) is reached, checked to be
-/// the recorded database, and fenced for good under the same deployment
-/// lock, committed before anything else: it makes no id from then on, and
-/// the replacement's sequences go past its last values; one that does
-/// not answer refuses the repair. [`replace::OldCopy::Gone`] reaches nothing: it
-/// trusts the operator that the old copy never takes writes again.
+/// An old copy given by URL ([`replace::OldCopy::Url`]) is reached,
+/// checked to be the recorded database, and fenced for good under the
+/// same deployment lock, committed before anything else: it makes no id
+/// from then on, and the replacement's sequences go past its last values;
+/// one that does not answer refuses the repair.
+/// [`replace::OldCopy::Gone`] reaches nothing: it trusts the operator that
+/// the old copy never takes writes again. A replacement repairs every
+/// shard of its server: `only` with `replaces` is refused.
 pub async fn repair_replacing(
     topo: &Topology,
     only: Option<u64>,
@@ -84,6 +86,16 @@ pub async fn repair_replacing(
     let names: Vec<String> = replaces.iter().map(|r| r.server.clone()).collect();
     if let Some(shard) = only {
         topo.server_of(shard)?;
+        if !names.is_empty() {
+            return Err(refused(
+                "repair",
+                vec![Drift {
+                    server: names.join(", "),
+                    shard: Some(shard),
+                    problem: "--shard with --replaces: a replacement repairs every shard of its server, past the old copy's last values; run it without --shard".to_string(),
+                }],
+            ));
+        }
     }
     let mut clients = connect_all(topo).await?;
     let n = clients.len();

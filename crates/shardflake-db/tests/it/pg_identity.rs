@@ -515,6 +515,22 @@ async fn a_replacement_fences_the_copy_it_replaces_while_that_one_runs() {
             old,
         }]
     };
+    // Bad input: refused, nothing changed.
+    let e = pg::repair_replacing(&onto_c, Some(0), &replaces(pg::OldCopy::Url(a.url())))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--shard with --replaces"), "{e}");
+    let twice = [
+        replaces(pg::OldCopy::Url(a.url())),
+        replaces(pg::OldCopy::Gone),
+    ]
+    .concat();
+    let e = pg::repair_replacing(&onto_c, None, &twice)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--replaces a is given twice"), "{e}");
     // Where the old copy cannot be reached, or is not the recorded one:
     // refused, nothing changed.
     let nowhere = format!(
