@@ -71,10 +71,24 @@ enum PgCommand {
         shard: Option<u64>,
         /// This server of the file replaces the database the deployment
         /// records its shards on (a dump of it restored into another
-        /// cluster, the old one gone for good): record the database its
-        /// URL reaches now as theirs on every server.
+        /// cluster): record the database its URL reaches now as theirs on
+        /// every server, after fencing the old copy for good (--old-url,
+        /// or --old-copy-gone).
         #[arg(long, value_name = "SERVER")]
         replaces: Vec<String>,
+        /// The URL that reaches the copy --replaces replaces (the server's
+        /// url before), one per --replaces, in the same order: repair
+        /// checks it is the recorded database and fences its shards for
+        /// good before the replacement serves; refused if it does not
+        /// answer.
+        #[arg(long, value_name = "URL", requires = "replaces")]
+        old_url: Vec<String>,
+        /// The copies --replaces replaces are gone for good (the database
+        /// destroyed, or its server stopped never to take writes again):
+        /// repair reaches none of them, on your word. One still running
+        /// would make the replacement's ids too.
+        #[arg(long, requires = "replaces", conflicts_with = "old_url")]
+        old_copy_gone: bool,
     },
     /// Which logical shard, schema and server a sharding key lives on.
     Route {
@@ -265,9 +279,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        PgCommand::Repair { shard, replaces } => {
+        PgCommand::Repair {
+            shard,
+            replaces,
+            old_url,
+            old_copy_gone,
+        } => {
             let topo = topology.load()?;
+            let replaces = replacements(replaces, old_url, old_copy_gone)?;
             let repaired = runtime()?.block_on(pg::repair_replacing(&topo, shard, &replaces))?;
+            for r in &replaces {
+                match &r.old {
+                    pg::OldCopy::Url(_) => println!(
+                        "{}: the copy it replaces (--old-url) is fenced for good: it makes no id",
+                        r.server
+                    ),
+                    pg::OldCopy::Gone => println!(
+                        "{}: the copy it replaces was not reached (--old-copy-gone): it must never take writes again",
+                        r.server
+                    ),
+                }
+            }
             for r in &repaired {
                 println!("{r}");
             }
@@ -439,4 +471,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Pairs each `--replaces` with its `--old-url`, in order, or with
+/// `--old-copy-gone`: a replacement names where the copy it replaces is.
+fn replacements(
+    servers: Vec<String>,
+    old_urls: Vec<String>,
+    gone: bool,
+) -> anyhow::Result<Vec<pg::Replacement>> {
+    if gone {
+        return Ok(servers
+            .into_iter()
+            .map(|server| pg::Replacement {
+                server,
+                old: pg::OldCopy::Gone,
+            })
+            .collect());
+    }
+    if old_urls.len() != servers.len() {
+        let names = servers.join(", ");
+        anyhow::bail!(
+            "pg repair --replaces {names}: {} --old-url for {} --replaces. The replacement fences the copy it replaces, so that the two never both make ids: give the url that reaches each old copy (the url its server had before) with --old-url URL, one per --replaces, in the same order; only if the old copies are destroyed or their servers stopped for good, --old-copy-gone instead",
+            old_urls.len(),
+            servers.len()
+        );
+    }
+    Ok(servers
+        .into_iter()
+        .zip(old_urls)
+        .map(|(server, url)| pg::Replacement {
+            server,
+            old: pg::OldCopy::Url(url),
+        })
+        .collect())
 }

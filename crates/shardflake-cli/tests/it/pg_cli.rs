@@ -706,3 +706,78 @@ fn apply_names_new_deployment_for_another_database_of_the_server() {
     );
     ok(&["mysql", "apply", "--new-deployment", "--url", &url2]);
 }
+
+/// `pg_dump -Fc` of `from`'s `postgres` database restored into `to`'s.
+fn dump_into(from: &PgServer, to: &PgServer, dir: &Path) {
+    let dump = dir.join("a.dump");
+    let out = Command::new(from.program("pg_dump").unwrap())
+        .args(["-h", "127.0.0.1", "-p", &from.port.to_string()])
+        .args(["-U", "postgres", "-Fc", "-f"])
+        .arg(&dump)
+        .arg("postgres")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = Command::new(to.program("pg_restore").unwrap())
+        .args(["-h", "127.0.0.1", "-p", &to.port.to_string()])
+        .args(["-U", "postgres", "--exit-on-error", "-d", "postgres"])
+        .arg(&dump)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// `pg repair --replaces a` through the binary: without saying where the
+/// old copy is, refused naming `--old-url` and `--old-copy-gone`; with
+/// `--old-url`, the old copy (still running) is fenced and says so, and
+/// the old file is then reported by `pg check`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_repair_replaces_fences_the_old_copy() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let dir = std::env::temp_dir().join(format!("sf-pg-cli-replaces-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let old_file = dir.join("old.toml");
+    write_topology(&old_file, &a, &b, "0-1", "2-3");
+    let old_file = old_file.to_string_lossy().into_owned();
+    ok(&["pg", "apply", "-t", &old_file]);
+    let insert = "INSERT INTO shard0.posts (user_id) VALUES (1) RETURNING id";
+    psql(&a, insert).await;
+    dump_into(&a, &c, &dir);
+    let new_file = dir.join("new.toml");
+    write_topology(&new_file, &c, &b, "0-1", "2-3");
+    let new_file = new_file.to_string_lossy().into_owned();
+
+    let e = fails(&["pg", "repair", "-t", &new_file]);
+    assert!(e.contains("--replaces a --old-url"), "{e}");
+    let e = fails(&["pg", "repair", "--replaces", "a", "-t", &new_file]);
+    assert!(
+        e.contains("give the url that reaches each old copy") && e.contains("--old-copy-gone"),
+        "{e}"
+    );
+    let out = ok(&[
+        "pg",
+        "repair",
+        "--replaces",
+        "a",
+        "--old-url",
+        &a.url(),
+        "-t",
+        &new_file,
+    ]);
+    assert!(
+        out.contains("a: the copy it replaces (--old-url) is fenced for good"),
+        "{out}"
+    );
+    let ca = shardflake_db::pg::connect_url("a", &a.url()).await.unwrap();
+    let e = ca.query(insert, &[]).await.unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("SF001"), "{e}");
+    psql(&c, insert).await;
+    ok(&["pg", "check", "-t", &new_file]);
+    let e = fails(&["pg", "check", "-t", &old_file]);
+    assert!(e.contains("fenced for good"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -254,6 +254,7 @@ pub async fn adopt(topo: &Topology, opts: &AdoptOptions) -> Result<Vec<Adopted>,
         views.push(catalog::read(c, &server.name, topo).await?);
     }
     let mut problems = catalog::conflicts(topo, &views, &[]);
+    problems.extend(catalog::replaced_copies(&views, &[]));
     if let Some(p) = negative_ids(topo) {
         problems.push(Drift {
             server: "-".into(),

@@ -17,7 +17,9 @@
 //! - `owners`, a row per logical shard of the deployment, the same on every
 //!   server: the server that holds it, by name and by [`Identity`] (which
 //!   database that name reached when `apply` or the last move recorded it).
-//!   The `deployment` row also holds this server's own identity.
+//!   The `deployment` row also holds this server's own identity, and,
+//!   on a copy that `pg repair --replaces` fenced for good, the identity
+//!   of the database that replaced it ([`ServerView::replaced_by`]).
 //!
 //! A server is new only when the operator says so (`pg apply
 //! --new-server NAME`): a database with no records in a deployment that
@@ -77,6 +79,9 @@ CREATE TABLE IF NOT EXISTS shardflake.owners (
 CREATE TABLE IF NOT EXISTS shardflake.timeline (
   singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
   timeline bigint NOT NULL);
+ALTER TABLE shardflake.deployment
+  ADD COLUMN IF NOT EXISTS replaced_by_system bigint,
+  ADD COLUMN IF NOT EXISTS replaced_by_database bigint;
 CREATE TABLE IF NOT EXISTS shardflake.timelines (
   system_identifier bigint NOT NULL,
   database_oid bigint NOT NULL,
@@ -242,6 +247,9 @@ pub struct ServerView {
     pub foreign: Vec<String>,
     /// Shards recorded here whose schema is gone.
     pub schemaless: BTreeSet<u64>,
+    /// The database that replaced this one (`pg repair --replaces` with
+    /// `--old-url`), which fenced every shard here for good.
+    pub replaced_by: Option<Identity>,
 }
 
 impl ServerView {
@@ -278,6 +286,7 @@ pub async fn read(
         shards: BTreeMap::new(),
         foreign: Vec::new(),
         schemaless: BTreeSet::new(),
+        replaced_by: None,
     };
     if has {
         if let Some(r) = c
@@ -286,7 +295,9 @@ pub async fn read(
                 // lacks read as absent (to_jsonb), not as an error.
                 "SELECT deployment, server, layout, schema_prefix, shards, sign_bit,
                         coalesce((to_jsonb(d) ->> 'generation')::bigint, 0),
-                        (to_jsonb(d) ->> 'last_move')::bigint, to_jsonb(d) ->> 'file'
+                        (to_jsonb(d) ->> 'last_move')::bigint, to_jsonb(d) ->> 'file',
+                        (to_jsonb(d) ->> 'replaced_by_system')::bigint,
+                        (to_jsonb(d) ->> 'replaced_by_database')::bigint
                    FROM shardflake.deployment d",
                 &[],
             )
@@ -304,6 +315,9 @@ pub async fn read(
                 last_move: r.get::<_, Option<i64>>(7).map(|s| s as u64),
                 file: r.get(8),
             });
+            if let (Some(system), Some(database)) = (r.get(9), r.get(10)) {
+                view.replaced_by = Some(Identity { system, database });
+            }
         }
         for r in c
             .query("SELECT shard, state, peer FROM shardflake.shards", &[])
@@ -426,9 +440,22 @@ pub fn recorded_owners(views: &[ServerView]) -> BTreeMap<u64, Owner> {
 /// `pg repair --replaces` replaced. Both copies would hand out the same
 /// ids; refused until the operator says which is the server
 /// (`replaces`: the names `pg repair --replaces` was given, not reported).
+/// A copy that a replacement fenced ([`ServerView::replaced_by`]) is
+/// reported even when named there: it never serves again.
 pub fn replaced_copies(views: &[ServerView], replaces: &[String]) -> Vec<Drift> {
     let mut out = Vec::new();
     for v in views.iter().filter(|v| v.deployment.is_some()) {
+        if let Some(by) = v.replaced_by {
+            out.push(Drift {
+                server: v.name.clone(),
+                shard: None,
+                problem: format!(
+                    "this URL reaches {}, the copy that `shardflake pg repair --replaces {}` replaced with {by} and fenced for good: its shards make no id (SQLSTATE SF001) and no command makes them serve again; point the url of {} at the database that replaced it (the file that repair ran with), and retire this one",
+                    v.identity, v.name, v.name
+                ),
+            });
+            continue;
+        }
         if replaces.contains(&v.name) {
             continue;
         }
@@ -450,10 +477,11 @@ pub fn replaced_copies(views: &[ServerView], replaces: &[String]) -> Vec<Drift> 
                 server: v.name.clone(),
                 shard: None,
                 problem: format!(
-                    "this URL reaches {}, but {} record shards {} of {} on {was}: this is another copy of that database (a dump restored into another cluster, a clone), or the copy another server replaced; two copies would hand out the same ids. If this one replaces the recorded one for good (that one is gone), run `shardflake pg repair --replaces {}`, which records it on every server of the file; otherwise put back the url of the recorded one",
+                    "this URL reaches {}, but {} record shards {} of {} on {was}: this is another copy of that database (a dump restored into another cluster, a clone), or the copy another server replaced; two copies would hand out the same ids. If this one is to replace the recorded one, run `shardflake pg repair --replaces {} --old-url URL`, URL reaching the recorded one (the url {} had before): it fences that copy and records this one on every server of the file; `--old-copy-gone` instead of `--old-url` only if that database is destroyed or its server stopped for good. Otherwise put back the url of the recorded one",
                     v.identity,
                     by.join(", "),
                     shards.join(", "),
+                    v.name,
                     v.name,
                     v.name
                 ),
@@ -461,6 +489,49 @@ pub fn replaced_copies(views: &[ServerView], replaces: &[String]) -> Vec<Drift> 
         }
     }
     out
+}
+
+/// The databases the servers of the file other than `server` record
+/// `server`'s shards on (empty in a one-server file, or where no other
+/// server records any of them): what a replacement of `server` replaces.
+/// A copy restored from a dump records what the dump held, so the other
+/// servers' records come first; `server`'s own are the fallback.
+pub fn recorded_identities(views: &[ServerView], server: &str) -> BTreeSet<Identity> {
+    let of = |v: &ServerView| -> BTreeSet<Identity> {
+        v.owners
+            .values()
+            .filter(|o| o.server == server)
+            .map(|o| o.identity)
+            .collect()
+    };
+    let others: BTreeSet<Identity> = views
+        .iter()
+        .filter(|v| v.name != server)
+        .flat_map(of)
+        .collect();
+    if !others.is_empty() {
+        return others;
+    }
+    views
+        .iter()
+        .filter(|v| v.name == server)
+        .flat_map(of)
+        .collect()
+}
+
+/// Records on a copy that a replacement fenced which database replaced it.
+pub async fn record_replaced(
+    c: &impl GenericClient,
+    server: &str,
+    by: Identity,
+) -> Result<(), Error> {
+    c.execute(
+        "UPDATE shardflake.deployment SET replaced_by_system = $1, replaced_by_database = $2",
+        &[&by.system, &by.database],
+    )
+    .await
+    .map_err(ctx(server, "recording the database that replaced it"))?;
+    Ok(())
 }
 
 /// Servers of the file with no records in a deployment that exists.

@@ -14,7 +14,8 @@
 //!   `check` (drift between servers and topology) and `repair` (after a
 //!   restore, a restart or a failover: `next_id` is vouched for one run
 //!   of its server, [`sql::ServerRun`]), each reading every server's
-//!   records first.
+//!   records first; [`replace`]: what `repair --replaces` does to the
+//!   copy it replaces (reached, checked, fenced for good).
 //! - [`adopt`](mod@adopt): an existing table's id column switched to a shard's
 //!   `next_id()` while writes go on, recorded on its server.
 //! - [`move_shard`]: copies a logical shard to another server under a brief
@@ -40,6 +41,7 @@ mod check;
 pub mod move_shard;
 pub mod partitions;
 mod repair;
+pub mod replace;
 pub mod route;
 pub mod sql;
 pub mod topology;
@@ -49,6 +51,7 @@ pub(crate) use apply::install_shard;
 pub use apply::{Applied, ApplyOptions, apply, apply_adding, apply_with};
 pub use check::check;
 pub use repair::{Repaired, repair, repair_replacing};
+pub use replace::{OldCopy, Replacement};
 pub use route::{Route, Router};
 pub use topology::{Server, SignBit, Topology, TopologyError};
 

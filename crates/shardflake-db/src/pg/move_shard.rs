@@ -1344,6 +1344,37 @@ pub fn incoming_fence_sql(schema: &str, tables: &[String], shard: u64, from: &st
     out
 }
 
+/// SQL that fences for good a live copy that `pg repair --replaces`
+/// replaced (`by`: the database that replaced it): the move's fence
+/// (`SF001` from every write and `next_id()`, triggers firing `ALWAYS`)
+/// and its sequence capped at `last`, its last value read under the
+/// sequence's lock, so a statement planned before the fence draws nothing
+/// either (`2200H`).
+pub(crate) fn replaced_fence_sql(
+    schema: &str,
+    tables: &[String],
+    shard: u64,
+    server: &str,
+    by: &str,
+    (seq, last): (&str, i64),
+) -> String {
+    let mut out = lift_fence_triggers_sql(schema, tables);
+    out.push_str(&fence_with(
+        schema,
+        tables,
+        &format!(
+            "shard {shard} ({schema}): this copy of server {server} was replaced by another database ({by}, `shardflake pg repair --replaces {server}`) and makes no id; reload the topology"
+        ),
+    ));
+    for t in tables {
+        out.push_str(&format!(
+            "ALTER TABLE {schema}.{t} ENABLE ALWAYS TRIGGER shardflake_moved;\n"
+        ));
+    }
+    out.push_str(&fence_sequences_sql(&[(seq.to_string(), last)]));
+    out
+}
+
 /// SQL that drops the fence's triggers (if there) from the shard's tables.
 pub fn lift_fence_triggers_sql(schema: &str, tables: &[String]) -> String {
     tables

@@ -1,7 +1,10 @@
 //! `pg repair`: after a restore, move each shard's sequence past what it
 //! handed out and rebuild its functions for the restored sequence.
 
+use std::collections::BTreeMap;
+
 use super::catalog::{self, State};
+use super::replace::{self, Replacement};
 use super::*;
 
 /// What `repair` did to one shard.
@@ -45,35 +48,80 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
 
 /// [`repair`], with the servers in `replaces` taken as replacing the
 /// database the deployment records their shards on (`--replaces`: a dump
-/// of it restored into another cluster, the old one gone for good): the
-/// database each such URL reaches now is recorded as theirs on every
-/// server of the file, so the old copy, if it comes back, is refused as a
-/// replaced one ([`catalog::replaced_copies`]). Without it such a server
-/// is refused.
+/// of it restored into another cluster): the database each such URL
+/// reaches now is recorded as theirs on every server of the file, so the
+/// old copy, if it comes back, is refused as a replaced one
+/// ([`catalog::replaced_copies`]). Without it such a server is refused.
+/// An old copy given by URL ([`replace::OldCopy::Url`]) is reached,
+/// checked to be the recorded database, and fenced for good under the
+/// same deployment lock, committed before anything else: it makes no id
+/// from then on, and the replacement's sequences go past its last values;
+/// one that does not answer refuses the repair.
+/// [`replace::OldCopy::Gone`] reaches nothing: it trusts the operator that
+/// the old copy never takes writes again. A replacement repairs every
+/// shard of its server: `only` with `replaces` is refused.
 pub async fn repair_replacing(
     topo: &Topology,
     only: Option<u64>,
-    replaces: &[String],
+    replaces: &[Replacement],
 ) -> Result<Vec<Repaired>, Error> {
-    for name in replaces {
-        if topo.servers().iter().all(|s| &s.name != name) {
-            return Err(TopologyError::UnknownServer(name.clone()).into());
+    for (i, r) in replaces.iter().enumerate() {
+        if topo.servers().iter().all(|s| s.name != r.server) {
+            return Err(TopologyError::UnknownServer(r.server.clone()).into());
+        }
+        if replaces[..i].iter().any(|o| o.server == r.server) {
+            return Err(refused(
+                "repair",
+                vec![Drift {
+                    server: r.server.clone(),
+                    shard: None,
+                    problem: format!(
+                        "--replaces {} is given twice: name each server once",
+                        r.server
+                    ),
+                }],
+            ));
         }
     }
+    let names: Vec<String> = replaces.iter().map(|r| r.server.clone()).collect();
     if let Some(shard) = only {
         topo.server_of(shard)?;
+        if !names.is_empty() {
+            return Err(refused(
+                "repair",
+                vec![Drift {
+                    server: names.join(", "),
+                    shard: Some(shard),
+                    problem: "--shard with --replaces: a replacement repairs every shard of its server, past the old copy's last values; run it without --shard".to_string(),
+                }],
+            ));
+        }
     }
     let mut clients = connect_all(topo).await?;
+    let n = clients.len();
+    // The old copies given by URL come after the file's servers: under
+    // the same name, each is locked after the replacing one.
+    let mut lock_names = server_names(topo);
+    let old = replace::connect(replaces).await?;
+    replace::distinct(topo, &clients, &old).await?;
+    let old_names: Vec<String> = old.iter().map(|(name, _)| name.clone()).collect();
+    lock_names.extend(old_names.iter().map(String::as_str));
+    clients.extend(old.into_iter().map(|(_, c)| c));
     let mut txs = Vec::new();
-    for (c, server) in clients.iter_mut().zip(topo.servers()) {
-        txs.push(c.transaction().await.map_err(ctx(&server.name, "begin"))?);
+    for (c, name) in clients.iter_mut().zip(&lock_names) {
+        txs.push(c.transaction().await.map_err(ctx(name, "begin"))?);
     }
     // The lock first, on every server: records read before it can be
     // changed by a move under way (which fences the copy read as live).
-    lock_deployment(&txs, &server_names(topo), Lock::Transaction).await?;
+    lock_deployment(&txs, &lock_names, Lock::Transaction).await?;
+    let old_txs = txs.split_off(n);
     let mut views = Vec::new();
     for (tx, server) in txs.iter().zip(topo.servers()) {
         views.push(catalog::read(tx, &server.name, topo).await?);
+    }
+    let mut old_views = Vec::new();
+    for (tx, name) in old_txs.iter().zip(&old_names) {
+        old_views.push((name.clone(), catalog::read(tx, name, topo).await?));
     }
     // Records of a copy that moved away and came back with a restore, its
     // schema dropped since (what `pg check` says to do): no copy, no ids.
@@ -92,7 +140,8 @@ pub async fn repair_replacing(
         );
     }
     let mut problems = catalog::conflicts(topo, &views, &[]);
-    problems.extend(catalog::replaced_copies(&views, replaces));
+    problems.extend(catalog::replaced_copies(&views, &names));
+    problems.extend(replace::problems(topo, &views, &old_views));
     let (timelines, recorded) = timelines(&txs, topo).await?;
     problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
     let timelines: Vec<_> = views.iter().map(|v| v.identity).zip(timelines).collect();
@@ -122,6 +171,18 @@ pub async fn repair_replacing(
     if !problems.is_empty() {
         return Err(refused("repair", problems));
     }
+    // Each old copy fenced, its last values read under the sequences'
+    // locks: the replacement's sequences go past them.
+    let mut past: BTreeMap<(String, u64), i64> = BTreeMap::new();
+    for (tx, (name, view)) in old_txs.iter().zip(&old_views) {
+        let Some(i) = topo.servers().iter().position(|s| &s.name == name) else {
+            continue;
+        };
+        let owners = replace::replaced_owners(topo, &views, &view.owners, replaces);
+        for (shard, last) in replace::fence(tx, topo, view, views[i].identity, &owners).await? {
+            past.insert((name.clone(), shard), last);
+        }
+    }
     let mut out = Vec::new();
     for ((tx, (server, view)), &margin_ms) in txs
         .iter()
@@ -142,7 +203,15 @@ pub async fn repair_replacing(
             ))
             .await
             .map_err(ctx(name, &format!("locking {seq}")))?;
-            let (from, to) = bump_past_clock(tx, topo, name, &seq, margin_ms).await?;
+            let (from, mut to) = bump_past_clock(tx, topo, name, &seq, margin_ms).await?;
+            if let Some(&last) = past.get(&(name.to_string(), shard))
+                && last > to
+            {
+                tx.execute(&format!("SELECT setval('{seq}', $1)"), &[&last])
+                    .await
+                    .map_err(ctx(name, &format!("setting {seq}")))?;
+                to = last;
+            }
             install_shard(tx, topo, name, shard).await?;
             out.push(Repaired {
                 server: name.to_string(),
@@ -159,16 +228,7 @@ pub async fn repair_replacing(
         // A replacing server's database becomes its shards' owner on every
         // server: the old copy is then refused wherever a file reaches it.
         if !replaces.is_empty() {
-            let mut owners = view.owners.clone();
-            for o in owners.values_mut() {
-                if let Some(i) = replaces
-                    .iter()
-                    .filter(|r| **r == o.server)
-                    .find_map(|r| topo.servers().iter().position(|s| &s.name == r))
-                {
-                    o.identity = views[i].identity;
-                }
-            }
+            let owners = replace::replaced_owners(topo, &views, &view.owners, replaces);
             catalog::record_owners(tx, name, &owners).await?;
         }
         // Every server learns each database's timeline: the old primary
@@ -178,8 +238,15 @@ pub async fn repair_replacing(
             .map_err(ctx(name, "creating the deployment records"))?;
         catalog::record_timelines(tx, name, &timelines).await?;
     }
-    // Each server's repair stands alone (no id is repeated by a commit
-    // that fails after another's): a re-run finishes the rest.
+    // The old copies' fences first: a replacement never serves while the
+    // copy it replaces still can. Each server's repair stands alone (no
+    // id is repeated by a commit that fails after another's): a re-run
+    // finishes the rest.
+    for (tx, name) in old_txs.into_iter().zip(&old_names) {
+        tx.commit()
+            .await
+            .map_err(ctx(&replace::old_name(name), "commit"))?;
+    }
     for (tx, server) in txs.into_iter().zip(topo.servers()) {
         tx.commit().await.map_err(ctx(&server.name, "commit"))?;
     }

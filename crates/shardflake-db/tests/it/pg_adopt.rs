@@ -348,9 +348,17 @@ async fn an_adopted_database_restored_into_a_fresh_server_keeps_inserting() {
     // b is another database than the one the records name: said so.
     let e = pg::repair(&moved, None).await.unwrap_err().to_string();
     assert!(e.contains("pg repair --replaces a"), "{e}");
-    pg::repair_replacing(&moved, None, &["a".to_string()])
-        .await
-        .unwrap();
+    // a was stopped for good: the operator's word.
+    pg::repair_replacing(
+        &moved,
+        None,
+        &[pg::Replacement {
+            server: "a".to_string(),
+            old: pg::OldCopy::Gone,
+        }],
+    )
+    .await
+    .unwrap();
     let after: Vec<i64> = cb
         .query(insert, &[])
         .await

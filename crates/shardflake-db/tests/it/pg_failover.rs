@@ -388,3 +388,66 @@ async fn the_old_primary_is_refused_wherever_a_file_still_reaches_it() {
     let e = insert(&ca, 1).await.unwrap_err();
     assert_eq!(sqlstate(&e), "SF005", "{e}");
 }
+
+/// A move from a promoted standby before `pg repair` is refused, naming
+/// it (tested before only through a restart): the move would carry on a
+/// sequence that may be behind the old primary's last ids, without the
+/// margin repair adds after a timeline change. After the repair the same
+/// move goes through, and the shard makes ids on its new server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_from_a_promoted_standby_is_refused_until_repair() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    pg::apply(&two_servers(&a.url(), &b.url())).await.unwrap();
+    let standby = Standby::start(&a, "+0");
+    let cs = pg::connect_url("standby", &standby.url()).await.unwrap();
+    let ca = pg::connect_url("a", &a.url()).await.unwrap();
+    let made = insert(&ca, 100).await.unwrap();
+    let lsn: String = ca
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    wait_for(
+        &cs,
+        &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
+        "replayed",
+    )
+    .await;
+    drop(ca);
+    a.kill().unwrap();
+    standby.promote();
+    wait_for(&cs, "SELECT NOT pg_is_in_recovery()", "promoted").await;
+
+    let promoted = two_servers(&standby.url(), &b.url());
+    let dir = std::env::temp_dir().join(format!("s37-move-promoted-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shardflake.toml");
+    std::fs::write(&file, promoted.to_toml()).unwrap();
+    let e = pg::move_shard::move_shard(&file, 0, "b", &Default::default())
+        .await
+        .expect_err("a shard moved from a promoted standby before its repair")
+        .to_string();
+    assert!(
+        e.contains("WAL timeline") && e.contains("run `shardflake pg repair`"),
+        "{e}"
+    );
+    let cb = pg::connect_url("b", &b.url()).await.unwrap();
+    let on_b: bool = cb
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'shard0')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!on_b, "the refused move left a copy of shard 0 on b");
+
+    pg::repair(&promoted, None).await.unwrap();
+    pg::move_shard::move_shard(&file, 0, "b", &Default::default())
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let after = insert(&cb, 100).await.unwrap();
+    let max = *made.iter().max().unwrap();
+    assert!(after.iter().all(|&id| id > max));
+}

@@ -416,9 +416,16 @@ async fn a_dump_restored_into_another_cluster_is_a_replacement_only_when_said() 
         drift.iter().any(|d| d.contains("--replaces a")),
         "{drift:#?}"
     );
-    pg::repair_replacing(&onto_c, None, &["a".to_string()])
-        .await
-        .unwrap();
+    pg::repair_replacing(
+        &onto_c,
+        None,
+        &[pg::Replacement {
+            server: "a".to_string(),
+            old: pg::OldCopy::Gone,
+        }],
+    )
+    .await
+    .unwrap();
     assert_eq!(pg::check(&onto_c).await.unwrap(), Vec::new());
     let after = insert(&connect(&c.url()).await, "shard0", 100).await;
     assert!(after.iter().min() > made.iter().max());
@@ -450,4 +457,287 @@ async fn a_dump_restored_into_another_cluster_is_a_replacement_only_when_said() 
         Some("SF005"),
         "{e}"
     );
+}
+
+/// `n` ids drawn from `schema`'s `posts`, or the server's refusal.
+async fn try_insert(c: &Client, schema: &str, n: i64) -> Result<Vec<i64>, tokio_postgres::Error> {
+    Ok(c
+        .query(
+            &format!(
+                "INSERT INTO {schema}.posts (user_id) SELECT g FROM generate_series(1, $1::bigint) g RETURNING id"
+            ),
+            &[&n],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// The last outside review: a dump of a restored into a new cluster c,
+/// the file's a pointed at c, `pg repair --replaces a` while a was never
+/// stopped nor restarted: both copies took inserts (16,950 ids made by
+/// both). The replacement now reaches the old copy (`--old-url`),
+/// checks it is the database the deployment records for a, and fences
+/// it in the same deployment-lock section: a writer on it, running
+/// through the repair, gets no id from it afterwards (SF001), and c's
+/// ids come after every id a made, also those made after the dump.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_fences_the_copy_it_replaces_while_that_one_runs() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let original =
+        Topology::parse(&topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    pg::apply(&original).await.unwrap();
+    let ca = connect(&a.url()).await;
+    let mut made = insert(&ca, "shard0", 100).await;
+    dump_into(&a, &c);
+    // The old copy goes on taking inserts the dump does not hold, through
+    // the repair, until it refuses.
+    made.extend(insert(&ca, "shard0", 100).await);
+    let writer = tokio::spawn(async move {
+        let mut ids = Vec::new();
+        loop {
+            match try_insert(&ca, "shard0", 50).await {
+                Ok(more) => ids.extend(more),
+                Err(e) => return (ids, e, ca),
+            }
+        }
+    });
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    let replaces = |old: pg::OldCopy| {
+        vec![pg::Replacement {
+            server: "a".to_string(),
+            old,
+        }]
+    };
+    // Bad input: refused, nothing changed.
+    let e = pg::repair_replacing(&onto_c, Some(0), &replaces(pg::OldCopy::Url(a.url())))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--shard with --replaces"), "{e}");
+    let twice = [
+        replaces(pg::OldCopy::Url(a.url())),
+        replaces(pg::OldCopy::Gone),
+    ]
+    .concat();
+    let e = pg::repair_replacing(&onto_c, None, &twice)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--replaces a is given twice"), "{e}");
+    // Where the old copy cannot be reached, or is not the recorded one:
+    // refused, nothing changed.
+    let nowhere = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        shardflake_testkit::free_port().unwrap()
+    );
+    let e = pg::repair_replacing(&onto_c, None, &replaces(pg::OldCopy::Url(nowhere)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cannot reach the copy") && e.contains("--old-copy-gone"),
+        "{e}"
+    );
+    let e = pg::repair_replacing(&onto_c, None, &replaces(pg::OldCopy::Url(b.url())))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the database that b's url reaches"), "{e}");
+    let unrelated = empty_database(&c, "unrelated").await;
+    let e = pg::repair_replacing(&onto_c, None, &replaces(pg::OldCopy::Url(unrelated)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("holds no records of this deployment"), "{e}");
+    assert!(
+        !writer.is_finished(),
+        "the old copy stopped making ids before the replacement"
+    );
+
+    pg::repair_replacing(&onto_c, None, &replaces(pg::OldCopy::Url(a.url())))
+        .await
+        .unwrap();
+    let (after, e, ca) = tokio::time::timeout(std::time::Duration::from_secs(30), writer)
+        .await
+        .expect("the replaced copy still makes ids 30 s after the replacement")
+        .unwrap();
+    // The fence (SF001), or, for a statement planned before it, the
+    // sequence capped at its last value (2200H).
+    assert!(
+        matches!(
+            e.as_db_error().map(|d| d.code().code()),
+            Some("SF001" | "2200H")
+        ),
+        "{e}"
+    );
+    made.extend(after);
+    // A statement after the fence, and a new session: refused too.
+    match try_insert(&ca, "shard0", 100).await {
+        Ok(ids) => panic!(
+            "the replaced copy made {} ids after the replacement",
+            ids.len()
+        ),
+        Err(e) => assert_eq!(
+            e.as_db_error().map(|d| d.code().code()),
+            Some("SF001"),
+            "{e}"
+        ),
+    }
+    let e = connect(&a.url())
+        .await
+        .query_one("SELECT shard0.next_id()", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_db_error().map(|d| d.code().code()),
+        Some("SF001"),
+        "{e}"
+    );
+    assert_eq!(pg::check(&onto_c).await.unwrap(), Vec::new());
+    let on_c = insert(&connect(&c.url()).await, "shard0", 100).await;
+    assert!(on_c.iter().min() > made.iter().max());
+
+    // Run again: nothing left to replace.
+    let e = pg::repair_replacing(&onto_c, None, &replaces(pg::OldCopy::Url(a.url())))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("there is nothing to replace"), "{e}");
+    // The old file reaches the fenced copy: refused, even when it is
+    // named as the replacement of c.
+    let drift: Vec<String> = pg::check(&original)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift.iter().any(|d| d.contains("fenced for good")),
+        "{drift:#?}"
+    );
+    let e = pg::repair_replacing(&original, None, &replaces(pg::OldCopy::Url(c.url())))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fenced for good"), "{e}");
+    let e = pg::apply(&original).await.unwrap_err().to_string();
+    assert!(e.contains("fenced for good"), "{e}");
+    let e = pg::adopt(
+        &original,
+        &pg::AdoptOptions {
+            target: pg::Target::Table("public.orders".into()),
+            column: "id".into(),
+            server: None,
+            shard: None,
+            dry_run: true,
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("fenced for good"), "{e}");
+    let dir = std::env::temp_dir().join(format!("sf-replaced-move-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("old.toml");
+    std::fs::write(&file, original.to_toml()).unwrap();
+    let e = pg::move_shard::move_shard(&file, 4, "a", &Default::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(e.contains("fenced for good"), "{e}");
+}
+
+/// The one-server case: nothing but the old copy itself can record its
+/// replacement, and `--old-url` does: a file that still reaches only the
+/// old copy is refused by repair and reported by check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_server_replacement_is_recorded_on_the_copy_it_replaces() {
+    let (a, c) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let original = Topology::parse(&topology(&[("a", &a.url(), "0-7")])).unwrap();
+    pg::apply(&original).await.unwrap();
+    let made = insert(&connect(&a.url()).await, "shard3", 100).await;
+    dump_into(&a, &c);
+    let onto_c = Topology::parse(&topology(&[("a", &c.url(), "0-7")])).unwrap();
+    let e = pg::repair(&onto_c, None).await.unwrap_err().to_string();
+    assert!(e.contains("--replaces a --old-url"), "{e}");
+    pg::repair_replacing(
+        &onto_c,
+        None,
+        &[pg::Replacement {
+            server: "a".to_string(),
+            old: pg::OldCopy::Url(a.url()),
+        }],
+    )
+    .await
+    .unwrap();
+    let on_c = insert(&connect(&c.url()).await, "shard3", 100).await;
+    assert!(on_c.iter().min() > made.iter().max());
+    let e = pg::repair(&original, None).await.unwrap_err().to_string();
+    assert!(e.contains("fenced for good"), "{e}");
+    let drift: Vec<String> = pg::check(&original)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(drift.len(), 1, "{drift:#?}");
+    assert!(drift[0].contains("fenced for good"), "{drift:#?}");
+}
+
+/// One server's dump restored twice, into c1 and c2: c1 replaced a (its
+/// `--old-url` fenced a), then c2 is to replace "a" too, its own records
+/// (from the dump) naming a's database. Fencing a again would leave c1
+/// live beside c2: refused, naming the database that replaced a; its url
+/// as `--old-url` fences c1, and c2's ids come after c1's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_of_one_server_must_fence_the_copy_that_replaced_it() {
+    let (a, c1, c2) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let one = |url: &str| Topology::parse(&topology(&[("a", url, "0-7")])).unwrap();
+    pg::apply(&one(&a.url())).await.unwrap();
+    let mut made = insert(&connect(&a.url()).await, "shard3", 100).await;
+    dump_into(&a, &c1);
+    dump_into(&a, &c2);
+    let replacing = |old: &str| {
+        vec![pg::Replacement {
+            server: "a".to_string(),
+            old: pg::OldCopy::Url(old.to_string()),
+        }]
+    };
+    pg::repair_replacing(&one(&c1.url()), None, &replacing(&a.url()))
+        .await
+        .unwrap();
+    let cc1 = connect(&c1.url()).await;
+    made.extend(insert(&cc1, "shard3", 100).await);
+
+    let e = pg::repair_replacing(&one(&c2.url()), None, &replacing(&a.url()))
+        .await
+        .expect_err("c2 replaced a, which c1 had replaced: c1 still live")
+        .to_string();
+    assert!(
+        e.contains("already replaced") && e.contains("give its url as --old-url"),
+        "{e}"
+    );
+    pg::repair_replacing(&one(&c2.url()), None, &replacing(&c1.url()))
+        .await
+        .unwrap();
+    let e = try_insert(&cc1, "shard3", 1).await.unwrap_err();
+    assert_eq!(
+        e.as_db_error().map(|d| d.code().code()),
+        Some("SF001"),
+        "{e}"
+    );
+    let on_c2 = insert(&connect(&c2.url()).await, "shard3", 100).await;
+    assert!(on_c2.iter().min() > made.iter().max());
 }

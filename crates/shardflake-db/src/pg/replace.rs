@@ -1,0 +1,286 @@
+//! `pg repair --replaces NAME`: a database restored into another
+//! cluster takes the place of the one the deployment records NAME's
+//! shards on. The copy it replaces may still be running and taking
+//! inserts, and the file no longer reaches it; so the repair reaches it
+//! too (`--old-url`), checks that it is the database the deployment
+//! records for NAME, and fences it for good in the same deployment-lock
+//! section, before the replacement serves and past its last values: two
+//! copies never both make ids while both can be reached. Only the
+//! operator's word (`--old-copy-gone`) lets a repair replace a copy it
+//! does not reach.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tokio_postgres::{Client, GenericClient};
+
+use super::catalog::{self, Identity, Owner, ServerView, State};
+use super::move_shard::replaced_fence_sql;
+use super::topology::Topology;
+use super::{Drift, ctx, relation_exists, sql};
+use crate::Error;
+
+/// A server of the file whose URL reaches a database that replaces the
+/// one the deployment records its shards on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replacement {
+    /// The server's name in the file.
+    pub server: String,
+    /// The copy it replaces.
+    pub old: OldCopy,
+}
+
+/// Where the replaced copy is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OldCopy {
+    /// Reached at this URL (the one the server had before): checked to be
+    /// the recorded database, then fenced.
+    Url(String),
+    /// Not reached: the operator says it is gone for good (the database
+    /// destroyed, or its server stopped never to take writes again).
+    Gone,
+}
+
+/// The name an old copy goes by in messages.
+pub(crate) fn old_name(server: &str) -> String {
+    format!("{server} (old copy)")
+}
+
+/// Connects to each replaced copy given by URL: `(server, client)`. One
+/// that does not answer refuses the repair: it may still make ids.
+pub(crate) async fn connect(replaces: &[Replacement]) -> Result<Vec<(String, Client)>, Error> {
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for r in replaces {
+        let OldCopy::Url(url) = &r.old else { continue };
+        match super::connect_url(&old_name(&r.server), url).await {
+            Ok(c) => out.push((r.server.clone(), c)),
+            Err(e) => problems.push(Drift {
+                server: old_name(&r.server),
+                shard: None,
+                problem: format!(
+                    "cannot reach the copy that --old-url gives for {0}: {e}. It may still be running and making ids, which the replacement would make again: reach it (start its server if it is stopped: after a restart it makes no id until a repair, SQLSTATE SF005, and the repair then fences it). Only if that database is destroyed or its server is stopped for good, run again with --old-copy-gone instead of --old-url",
+                    r.server
+                ),
+            }),
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(super::refused("repair", problems))
+    }
+}
+
+/// Refuses an old copy's URL that reaches a database a server of the
+/// file reaches (`clients[i]` is the file's `i`-th server), or another old
+/// copy's: it is not the copy being replaced, and the deployment lock,
+/// taken there twice, would wait on itself. Read before the lock: which
+/// database a URL reaches does not change under it.
+pub(crate) async fn distinct(
+    topo: &Topology,
+    clients: &[Client],
+    old: &[(String, Client)],
+) -> Result<(), Error> {
+    let mut seen = Vec::new();
+    for (c, s) in clients.iter().zip(topo.servers()) {
+        seen.push((catalog::identity(c, &s.name).await?, s.name.clone()));
+    }
+    let mut problems = Vec::new();
+    for (server, c) in old {
+        let identity = catalog::identity(c, &old_name(server)).await?;
+        if let Some((_, by)) = seen.iter().find(|(i, _)| *i == identity) {
+            problems.push(Drift {
+                server: old_name(server),
+                shard: None,
+                problem: format!(
+                    "--old-url reaches {identity}, the database that {by}'s url reaches: give the url that reaches the copy {server} replaces (the url {server} had before)"
+                ),
+            });
+        }
+        seen.push((identity, old_name(server)));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(super::refused("repair", problems))
+    }
+}
+
+fn list(ids: &BTreeSet<Identity>) -> String {
+    ids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Why an old copy reached may not be fenced as the one `server`'s
+/// database replaces: `old` is its view, `views` the file's servers'. It
+/// must be the database the deployment records `server`'s shards on, or
+/// a copy that serves them itself (one that replaced that database
+/// before); never one already replaced by another than the new copy
+/// (that other one may be making ids: it is the one to fence).
+pub(crate) fn problems(
+    topo: &Topology,
+    views: &[ServerView],
+    old: &[(String, ServerView)],
+) -> Vec<Drift> {
+    let mut out = Vec::new();
+    for (server, view) in old {
+        let Some(new) = topo
+            .servers()
+            .iter()
+            .position(|s| &s.name == server)
+            .map(|i| &views[i])
+        else {
+            continue;
+        };
+        let recorded = catalog::recorded_identities(views, server);
+        let id = catalog::deployment_id(views);
+        let problem = if view.deployment.as_ref().map(|d| d.id.as_str()) != id || id.is_none() {
+            format!(
+                "--old-url reaches {}, which holds no records of this deployment: it is not a copy of {server}; give the url that reaches the database the deployment records {server}'s shards on ({})",
+                view.identity,
+                list(&recorded)
+            )
+        } else if view.identity == new.identity {
+            format!(
+                "--old-url reaches the database {server}'s url reaches ({}): give the url that reaches the copy being replaced ({})",
+                view.identity,
+                list(&recorded)
+            )
+        } else if let Some(by) = view.replaced_by.filter(|by| *by != new.identity) {
+            format!(
+                "--old-url reaches {}, which {by} already replaced (`shardflake pg repair --replaces {server}`) and fenced: that database holds {server}'s shards now and may be making ids; give its url as --old-url, so that it is fenced in turn",
+                view.identity
+            )
+        } else if recorded.contains(&view.identity) || serves_itself(view, server) {
+            continue;
+        } else if recorded.contains(&new.identity) {
+            format!(
+                "the deployment already records {server}'s shards on the database its url reaches ({}): there is nothing to replace; run `shardflake pg repair` without --replaces",
+                new.identity
+            )
+        } else {
+            format!(
+                "--old-url reaches {}, but the deployment records {server}'s shards on {}: it is not the copy this replaces; give the url that reaches that one (or --old-copy-gone if it is destroyed or its server stopped for good)",
+                view.identity,
+                if recorded.is_empty() {
+                    "no database".to_string()
+                } else {
+                    list(&recorded)
+                }
+            )
+        };
+        out.push(Drift {
+            server: old_name(server),
+            shard: None,
+            problem,
+        });
+    }
+    out
+}
+
+/// Whether a copy records itself as the server `server` of the
+/// deployment, holding all of that server's shards: a live copy (another
+/// restore of the same dump that replaced the recorded one), which a
+/// replacement fences as it does the recorded one.
+fn serves_itself(view: &ServerView, server: &str) -> bool {
+    let mut own = view
+        .owners
+        .values()
+        .filter(|o| o.server == server)
+        .peekable();
+    view.deployment.as_ref().is_some_and(|d| d.server == server)
+        && own.peek().is_some()
+        && own.all(|o| o.identity == view.identity)
+}
+
+/// `owners` with every shard of a server in `replaces` recorded on the
+/// database that server's URL reaches now (`views[i]` is the file's
+/// `i`-th server).
+pub(crate) fn replaced_owners(
+    topo: &Topology,
+    views: &[ServerView],
+    owners: &BTreeMap<u64, Owner>,
+    replaces: &[Replacement],
+) -> BTreeMap<u64, Owner> {
+    let mut owners = owners.clone();
+    for o in owners.values_mut() {
+        if let Some(i) = replaces
+            .iter()
+            .filter(|r| r.server == o.server)
+            .find_map(|r| topo.servers().iter().position(|s| s.name == r.server))
+        {
+            o.identity = views[i].identity;
+        }
+    }
+    owners
+}
+
+/// Fences for good every serving shard of an old copy (`view`, read under
+/// the deployment lock `tx` holds), records on it the database that
+/// replaced it (`by`) and the shards' owners: its last value per shard,
+/// which the replacement's sequences are set past. Each shard's tables,
+/// then its sequence, are locked first (as a move's pause does): every
+/// transaction that drew from it has ended, and no draw passes until the
+/// fence commits.
+pub(crate) async fn fence(
+    tx: &impl GenericClient,
+    topo: &Topology,
+    view: &ServerView,
+    by: Identity,
+    owners: &BTreeMap<u64, Owner>,
+) -> Result<BTreeMap<u64, i64>, Error> {
+    let who = old_name(&view.name);
+    tx.batch_execute(catalog::CATALOG_DDL)
+        .await
+        .map_err(ctx(&who, "creating the deployment records"))?;
+    let mut last = BTreeMap::new();
+    for (&shard, &(state, _)) in &view.shards {
+        if !matches!(state, State::Live | State::Moving) {
+            continue;
+        }
+        let schema = topo.schema(shard);
+        let seq = sql::shard_sequence(&schema);
+        if !relation_exists(tx, &who, &seq).await? {
+            continue;
+        }
+        let mut tables = Vec::new();
+        for t in topo.tables() {
+            if relation_exists(tx, &who, &format!("{schema}.{}", t.name)).await? {
+                tables.push(t.name.clone());
+            }
+        }
+        // The tables before the sequence, as a move's pause: a writer
+        // holding a table while it waits for the sequence would deadlock
+        // with the fence's triggers. Then a no-op that takes the lock
+        // every draw conflicts with.
+        for t in &tables {
+            tx.batch_execute(&format!("LOCK TABLE {schema}.{t} IN EXCLUSIVE MODE"))
+                .await
+                .map_err(ctx(&who, &format!("locking {schema}.{t}")))?;
+        }
+        tx.batch_execute(&format!("ALTER SEQUENCE {seq} INCREMENT BY 1"))
+            .await
+            .map_err(ctx(&who, &format!("locking {seq}")))?;
+        let value: i64 = tx
+            .query_one(&format!("SELECT last_value FROM {seq}"), &[])
+            .await
+            .map_err(ctx(&who, &format!("reading {seq}")))?
+            .get(0);
+        tx.batch_execute(&replaced_fence_sql(
+            &schema,
+            &tables,
+            shard,
+            &view.name,
+            &by.to_string(),
+            (&seq, value),
+        ))
+        .await
+        .map_err(ctx(&who, &format!("fencing shard {shard}")))?;
+        last.insert(shard, value);
+    }
+    catalog::record_owners(tx, &who, owners).await?;
+    catalog::record_replaced(tx, &who, by).await?;
+    Ok(last)
+}
