@@ -304,7 +304,11 @@ impl SegmentSequence {
                                 }
                             }
                         }
-                        let prefetch = block.used_share() >= config.segment.prefetch_at;
+                        // Ahead only while the block has ids left: a block
+                        // used up is fetched for below, and `prefetch_at`
+                        // 1 fetches none ahead.
+                        let used = block.used_share();
+                        let prefetch = used >= config.segment.prefetch_at && used < 1.0;
                         if prefetch && b.next.is_none() && !b.fetching {
                             self.start_fetch(&mut b);
                         }
