@@ -507,22 +507,29 @@ impl MariaSession {
         }))
     }
 
-    /// The tables among `tables` with a trigger of another guard version
-    /// than this release's (an older shardflake's; `init` puts this
-    /// release's in, and clients of this release use either meanwhile).
-    async fn older_guards(&mut self, tables: &[String]) -> Result<Vec<String>, TicketError> {
+    /// The tables among `tables` with a guard trigger of another guard
+    /// version than this release's (an older shardflake's; `init` puts
+    /// this release's in, and clients of this release use either
+    /// meanwhile). Other triggers (an application's own, on an adopted
+    /// table) are not looked at.
+    async fn older_guards(
+        &mut self,
+        config: &Config,
+        tables: &[String],
+    ) -> Result<Vec<String>, TicketError> {
         if tables.is_empty() {
             return Ok(Vec::new());
         }
-        let list = tables
+        let names = tables
             .iter()
-            .map(|t| format!("'{t}'"))
+            .flat_map(|t| guard_of(config, t))
+            .map(|(name, _)| format!("'{name}'"))
             .collect::<Vec<_>>()
             .join(", ");
         let label = guard_label();
         self.conn
             .query(format!(
-                "SELECT DISTINCT EVENT_OBJECT_TABLE FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE IN ({list}) AND LEFT(ACTION_STATEMENT, {}) <> '{label}' ORDER BY 1",
+                "SELECT DISTINCT EVENT_OBJECT_TABLE FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND TRIGGER_NAME IN ({names}) AND LEFT(ACTION_STATEMENT, {}) <> '{label}' ORDER BY 1",
                 label.len()
             ))
             .await
@@ -1571,7 +1578,7 @@ impl Backend for MariaSession {
             .into_iter()
             .filter(|t| !unguarded.contains(t))
             .collect();
-        for table in self.older_guards(&guarded).await? {
+        for table in self.older_guards(config, &guarded).await? {
             warnings.push(format!(
                 "{table}: its guard is of another shardflake release than this one's (guard version {GUARD_VERSION}); clients of this release use either: run `shardflake tickets init` to put this release's in"
             ));
