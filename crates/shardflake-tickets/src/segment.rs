@@ -304,11 +304,10 @@ impl SegmentSequence {
                                 }
                             }
                         }
-                        // Ahead only while the block has ids left: a block
-                        // used up is fetched for below, and `prefetch_at`
-                        // 1 fetches none ahead.
-                        let used = block.used_share();
-                        let prefetch = used >= config.segment.prefetch_at && used < 1.0;
+                        // `prefetch_at` 1 ([`Config::for_one_shot`]): none
+                        // ahead, a block is fetched once one is used up.
+                        let at = config.segment.prefetch_at;
+                        let prefetch = at < 1.0 && block.used_share() >= at;
                         if prefetch && b.next.is_none() && !b.fetching {
                             self.start_fetch(&mut b);
                         }
