@@ -210,9 +210,10 @@ async fn say_where_ids_start(
     let per_id: Vec<_> = config
         .sequences
         .iter()
-        .filter(|q| q.mode == Mode::PerId && !q.adopted() && server.kind == Kind::Mariadb)
+        .filter(|q| q.mode == Mode::PerId && !q.adopted())
         .collect();
-    if per_id.is_empty() {
+    // Only MariaDB's init line says where ids start.
+    if server.kind != Kind::Mariadb || per_id.is_empty() {
         return;
     }
     let class = ResidueClass::of(config, server);

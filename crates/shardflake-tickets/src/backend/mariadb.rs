@@ -502,7 +502,7 @@ impl MariaSession {
         }
         Ok(other_version.then(|| {
             format!(
-                "{table}: guard of another shardflake release replaced by guard version {GUARD_VERSION} (its token kept: what it vouched for stays vouched for)"
+                "{table}: guard of another shardflake release replaced by guard version {GUARD_VERSION} (running clients go on: what it vouched for stays vouched for)"
             )
         }))
     }
