@@ -108,7 +108,7 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
         }
         .await;
         if let Ok(Some(at)) = recorded
-            && let Err(e) = check_marks_at(config, &server.name, Some(&at))
+            && let Err(e) = check_marks_at(config, &server.name, Some(&at), None)
         {
             elsewhere = Some(e);
             break;
@@ -159,7 +159,7 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
                     recorded = session.read_marks_at().await?;
                 }
                 seen_here = recorded.is_some();
-                check_marks_at(config, &server.name, recorded.as_deref())
+                check_marks_at(config, &server.name, recorded.as_deref(), None)
             })
             .await?;
             bounded(config, server, "init", session.init(config, server)).await
@@ -187,8 +187,75 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
         {
             init.result = Err(e);
         }
+        if let Ok(done) = &mut init.result {
+            say_where_ids_start(config, &*store, server, done).await;
+        }
     }
     out
+}
+
+/// Rewrites `init`'s "ids from N on" of each MariaDB per-id counter of
+/// `server` that is behind its residue class's marks by more than they are
+/// written ahead (a fresh server put in for one that handed out ids, or a
+/// restore): its first id is not N, since a client's first session on it
+/// raises it past the marks before any id. The line says the counter, the
+/// marks and where ids will start. Marks not read (a place down): the line
+/// stays as the counter says, and the clients raise it all the same.
+async fn say_where_ids_start(
+    config: &Config,
+    store: &dyn HighWaterStore,
+    server: &ServerConfig,
+    done: &mut [String],
+) {
+    let per_id: Vec<_> = config
+        .sequences
+        .iter()
+        .filter(|q| q.mode == Mode::PerId && !q.adopted())
+        .collect();
+    // Only MariaDB's init line says where ids start.
+    if server.kind != Kind::Mariadb || per_id.is_empty() {
+        return;
+    }
+    let class = ResidueClass::of(config, server);
+    let Ok(marks) = store.load(&class).await else {
+        return;
+    };
+    let Ok(mut session) = admin_session(config, server).await else {
+        return;
+    };
+    let span = config.failover.mark_ahead.saturating_mul(config.increment);
+    for seq in per_id {
+        let Some(&mark) = marks.get(&seq.name) else {
+            continue;
+        };
+        let Ok(Some(counter)) = bounded(
+            config,
+            server,
+            "init: read the counter",
+            session.counter(config, server, seq),
+        )
+        .await
+        else {
+            continue;
+        };
+        if counter.saturating_add(span) >= mark {
+            continue;
+        }
+        let said = format!(", ids from {} on", counter + 1);
+        for line in done
+            .iter_mut()
+            .filter(|l| l.starts_with(&format!("{}: ", seq.name)))
+        {
+            *line = line.replace(
+                &said,
+                &format!(
+                    ", counter at {}, behind the marks of its residue class {} (ids up to {mark} were handed out: by the server this one replaces, or before a restore): the first client session on it raises it past them, so ids from above {mark} on",
+                    counter + 1,
+                    class.key
+                ),
+            );
+        }
+    }
 }
 
 /// Two inits at once with files naming different places each record
@@ -455,7 +522,12 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
             // Every session refuses these too.
             let marks_at = bounded(config, server, "check", session.read_marks_at()).await?;
             if initialised
-                && let Err(e) = check_marks_at(config, &server.name, marks_at.as_deref())
+                && let Err(e) = check_marks_at(
+                    config,
+                    &server.name,
+                    marks_at.as_deref(),
+                    version.map(|v| v.version),
+                )
             {
                 problems.push(e.to_string());
             }

@@ -389,7 +389,9 @@ pub struct SegmentConfig {
     pub min_step: u64,
     /// Largest block, in ids (a multiple of `chunk`; default 1,000,000).
     pub max_step: u64,
-    /// Share of the current block used when the next is fetched (default 0.1, as Leaf).
+    /// Share of the current block used when the next is fetched (default
+    /// 0.1, as Leaf); a file's is in (0, 1). 1 ([`Config::for_one_shot`]):
+    /// never ahead, the next block is reserved once one is used up.
     pub prefetch_at: f64,
     /// The step doubles when a block lasted less than half this, halves when
     /// it lasted more than twice this, in ms (default 10,000).
@@ -520,6 +522,27 @@ fn valid_name(name: &str) -> bool {
 }
 
 impl Config {
+    /// These settings for a process that takes `count` ids and stops
+    /// (`shardflake tickets next`): each segment sequence's blocks hold
+    /// `count` ids rounded up to a chunk (at most the file's `max_step`),
+    /// always, and none is fetched ahead. A client that stops skips the
+    /// unused rest of the blocks it holds (rows only go up): with the
+    /// default blocks (1,000 ids, the next fetched once a tenth of one is
+    /// used) up to about 2,000 ids a run, here less than a chunk (and,
+    /// for `count` above `max_step`, the rest of the last block).
+    pub fn for_one_shot(mut self, count: u64) -> Config {
+        let seg = &mut self.segment;
+        let step = count
+            .max(1)
+            .div_ceil(seg.chunk)
+            .saturating_mul(seg.chunk)
+            .min(seg.max_step);
+        seg.min_step = step;
+        seg.max_step = step;
+        seg.prefetch_at = 1.0;
+        self
+    }
+
     /// Reads and validates a file.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();

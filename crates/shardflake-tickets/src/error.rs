@@ -249,19 +249,23 @@ impl TicketError {
     }
 
     /// The lattice `recorded` on the server was recorded by `tickets
-    /// reshape` (its version raised), and the client's `file` differs: the
-    /// client runs on a file of before that reshape, whoever ran it.
+    /// reshape` (its version raised to `version`), and the client's `file`
+    /// differs: the client runs on a file of before that reshape, whoever
+    /// ran it. The way out is the reshape's file, never a reshape back:
+    /// two operators each reshaping to their own file would undo each
+    /// other's, every time the other's clients were refused.
     pub(crate) fn lattice_reshaped(
         server: &str,
         sequence: &str,
         recorded: &dyn std::fmt::Display,
         file: &dyn std::fmt::Display,
+        version: i64,
     ) -> TicketError {
         TicketError::LatticeChanged {
             server: server.to_string(),
             sequence: sequence.to_string(),
             change: format!(
-                "the servers' lattice was changed by `shardflake tickets reshape` to {recorded}, and this client's file says {file}: it runs on a file of before that reshape (or one edited since), and would hand out ids twice. Run it with the file the reshape was given; to make this file's lattice the servers' instead, run `shardflake tickets reshape --config THIS_FILE`"
+                "the servers' lattice was changed by `shardflake tickets reshape` to {recorded} (lattice version {version}, the current one), and this client's file says {file}: it runs on a file of before that reshape (or one edited since), and would hand out ids twice. Run it with the file that reshape was given, whose lattice is {recorded}. Do not reshape back to this file to get past this refusal: that undoes the reshape of version {version}, and its clients are then refused in turn; a reshape is a planned change, made once every client's file says its lattice"
             ),
         }
     }

@@ -304,7 +304,10 @@ impl SegmentSequence {
                                 }
                             }
                         }
-                        let prefetch = block.used_share() >= config.segment.prefetch_at;
+                        // `prefetch_at` 1 ([`Config::for_one_shot`]): none
+                        // ahead, a block is fetched once one is used up.
+                        let at = config.segment.prefetch_at;
+                        let prefetch = at < 1.0 && block.used_share() >= at;
                         if prefetch && b.next.is_none() && !b.fetching {
                             self.start_fetch(&mut b);
                         }

@@ -48,6 +48,7 @@ impl Session {
             config,
             &server.name,
             session.read_marks_at().await?.as_deref(),
+            Some(version.version),
         )?;
         session.pin_lattice(version.version).await?;
         session.prepare(server, config).await?;

@@ -271,7 +271,9 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             if let Some(e) = refused_request(&config, &sequence, count) {
                 return Err(e.into());
             }
-            let client = TicketClient::connect(config).await?;
+            // A process that stops once it has its ids: blocks of what it
+            // asks for, so that it skips less than a chunk at exit.
+            let client = TicketClient::connect(config.for_one_shot(count as u64)).await?;
             let (ids, failed) = next_in_chunks(&client, &sequence, count).await;
             client.shutdown().await;
             // The ids it got were handed out: printed, whatever failed after.

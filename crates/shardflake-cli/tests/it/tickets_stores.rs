@@ -201,3 +201,48 @@ async fn tickets(http: &mut Http, sequence: &str, n: u64) -> Vec<u64> {
         .map(|id| id.as_u64().unwrap())
         .collect()
 }
+
+/// `tickets next` takes its ids and stops, and a client that stops skips
+/// the unused rest of its blocks (rows only go up). Its blocks hold what
+/// it asks for, rounded up to a chunk (100 here), none fetched ahead: six
+/// runs of `-n 5` on a pair use the first chunks of each server. Before:
+/// blocks of 1,000 and one fetched ahead, up to ~2,000 ids skipped a run,
+/// the third run's ids above 2,000.
+#[test]
+fn one_shot_next_skips_less_than_a_chunk_a_run() {
+    let a = MariaDbServer::start_with(
+        "--auto-increment-increment=2 --auto-increment-offset=1",
+        None,
+    )
+    .unwrap();
+    let b = MariaDbServer::start_with(
+        "--auto-increment-increment=2 --auto-increment-offset=2",
+        None,
+    )
+    .unwrap();
+    let dir = shardflake_testkit::tempdir().unwrap();
+    let file = dir.join("tickets.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[servers]]\nname = \"a\"\nkind = \"mariadb\"\nurl = {:?}\noffset = 1\n\n\
+             [[servers]]\nname = \"b\"\nkind = \"mariadb\"\nurl = {:?}\noffset = 2\n\n\
+             [[sequences]]\nname = \"blocks\"\nmode = \"segment\"\n",
+            a.url(),
+            b.url()
+        ),
+    )
+    .unwrap();
+    ok(&["tickets", "--config", file.to_str().unwrap(), "init"]);
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.extend(next(&file, "blocks", 5));
+    }
+    assert_unique("blocks", &ids);
+    assert_eq!(ids.len(), 30);
+    // Six blocks of one chunk each, however the runs fall on the two
+    // servers: within the first 12 chunks. With blocks of 1,000, some
+    // server serves twice, its second block from id 2,001 on.
+    let top = ids.iter().max().unwrap();
+    assert!(*top <= 1200, "ids up to {top}: {ids:?}");
+}

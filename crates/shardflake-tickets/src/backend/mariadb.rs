@@ -256,11 +256,28 @@ const VOUCH: &str = "@shardflake_vouch";
 /// block's proof, read with the table's identity.
 const BLOCK_PROOF: &str = "@shardflake_block";
 
-/// The session variable clients of earlier releases set to 1 around a
-/// give-back of a segment tail (a row vouched for stayed vouched for).
-/// Tails are skipped now; the guard still reads it so that its text, and
-/// the token `init` keeps for it, stay the same.
-const GIVE_BACK: &str = "@shardflake_give_back";
+/// The version of the guard's text ([`guard_triggers`]), the label of
+/// every trigger's body: `init` puts this release's text in where a
+/// trigger's differs (keeping its token, so rows stay vouched for), and
+/// `check` warns of a guard of another version. 2: the give-back branch
+/// of the segment guard (`@shardflake_give_back`, which no client sets
+/// since segment tails are skipped) is gone; version 1 had no label.
+const GUARD_VERSION: u32 = 2;
+
+/// A trigger's body under the guard's version label (`statements`: what
+/// goes between `BEGIN` and `END`). MariaDB keeps the body as written, so
+/// `ACTION_STATEMENT` reads it back the same.
+fn guard_body(statements: &str) -> String {
+    format!(
+        "{} BEGIN {statements} END shardflake_guard_v{GUARD_VERSION}",
+        guard_label()
+    )
+}
+
+/// What every guard trigger's body of this release starts with.
+fn guard_label() -> String {
+    format!("shardflake_guard_v{GUARD_VERSION}:")
+}
 
 /// The column of a per-id counter row that says what its guard vouches
 /// for: `<token>:<id>`, the guard's token (new each time `init` makes
@@ -449,6 +466,77 @@ impl MariaSession {
     }
 }
 
+impl MariaSession {
+    /// Puts the guard `triggers` (`(name, CREATE OR REPLACE …)`) on
+    /// `table`: each trigger missing or whose text differs (another
+    /// version, another token) is made, one already as wanted is left as
+    /// it is (`init` again takes no lock on a table clients use). Says so
+    /// where it replaced a trigger of another guard version.
+    async fn install_guard(
+        &mut self,
+        table: &str,
+        triggers: Vec<(String, String)>,
+    ) -> Result<Option<String>, TicketError> {
+        let installed: Vec<(String, String)> = self
+            .conn
+            .query(format!(
+                "SELECT TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = '{table}'"
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "init: read the guard's triggers", e))?;
+        let mut other_version = false;
+        for (trigger, sql) in triggers {
+            let body = sql.split_once(" FOR EACH ROW ").map_or("", |(_, b)| b);
+            match installed.iter().find(|(name, _)| *name == trigger) {
+                Some((_, now)) if now == body => continue,
+                Some((_, now)) => other_version |= !now.starts_with(&guard_label()),
+                None => {}
+            }
+            self.conn.query_drop(sql).await.map_err(|e| {
+                TicketError::db(
+                    &self.server,
+                    &format!("init: CREATE TRIGGER {trigger} ON {table}"),
+                    e,
+                )
+            })?;
+        }
+        Ok(other_version.then(|| {
+            format!(
+                "{table}: guard of another shardflake release replaced by guard version {GUARD_VERSION} (running clients go on: what it vouched for stays vouched for)"
+            )
+        }))
+    }
+
+    /// The tables among `tables` with a guard trigger of another guard
+    /// version than this release's (an older shardflake's; `init` puts
+    /// this release's in, and clients of this release use either
+    /// meanwhile). Other triggers (an application's own, on an adopted
+    /// table) are not looked at.
+    async fn older_guards(
+        &mut self,
+        config: &Config,
+        tables: &[String],
+    ) -> Result<Vec<String>, TicketError> {
+        if tables.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names = tables
+            .iter()
+            .flat_map(|t| guard_of(config, t))
+            .map(|(name, _)| format!("'{name}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let label = guard_label();
+        self.conn
+            .query(format!(
+                "SELECT DISTINCT EVENT_OBJECT_TABLE FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND TRIGGER_NAME IN ({names}) AND LEFT(ACTION_STATEMENT, {}) <> '{label}' ORDER BY 1",
+                label.len()
+            ))
+            .await
+            .map_err(|e| TicketError::db(&self.server, "read the guard's version", e))
+    }
+}
+
 /// What a guard's token starts with (then 16 hex digits).
 const TOKEN_PREFIX: &str = "sfg";
 
@@ -554,17 +642,16 @@ impl MariaSession {
             return Err(TicketError::misconfigured(&self.server, why));
         }
         let table = seq.table();
-        for (trigger, sql) in adopted_guard_triggers(&table) {
-            self.conn.query_drop(sql).await.map_err(|e| {
-                TicketError::db(&self.server, &format!("init: CREATE TRIGGER {trigger}"), e)
-            })?;
-        }
+        let upgraded = self
+            .install_guard(&table, adopted_guard_triggers(&table))
+            .await?;
         self.raise(config, server, seq, seq.start - 1).await?;
         let counter = self.counter(config, server, seq).await?.unwrap_or(0);
         Ok(format!(
-            "{}: adopted table {table} (stub '{}'; its applications' own REPLACE INTO keeps working beside shardflake's clients), ids above {counter}",
+            "{}: adopted table {table} (stub '{}'; its applications' own REPLACE INTO keeps working beside shardflake's clients), ids above {counter}{}",
             seq.name,
-            seq.stub()
+            seq.stub(),
+            upgraded.map(|u| format!("; {u}")).unwrap_or_default()
         ))
     }
 }
@@ -1345,12 +1432,10 @@ impl Backend for MariaSession {
             .map_err(run(format!("CREATE TABLE {SEGMENT_TABLE}")))?;
         self.add_vouched(SEGMENT_TABLE).await?;
         let token = self.guard_token(SEGMENT_TABLE).await?;
-        for (trigger, sql) in guard_triggers(SEGMENT_TABLE, &token) {
-            self.conn
-                .query_drop(sql)
-                .await
-                .map_err(run(format!("CREATE TRIGGER {trigger} ON {SEGMENT_TABLE}")))?;
-        }
+        done.extend(
+            self.install_guard(SEGMENT_TABLE, guard_triggers(SEGMENT_TABLE, &token))
+                .await?,
+        );
         for seq in &config.sequences {
             let lattice = Lattice::new(config, server);
             let table_exists: Option<u64> = self
@@ -1396,12 +1481,10 @@ impl Backend for MariaSession {
                     // The guard first: on a table of the REPLACE form, its
                     // insert trigger refuses every REPLACE from here on.
                     let token = self.guard_token(&table).await?;
-                    for (trigger, sql) in guard_triggers(&table, &token) {
-                        self.conn
-                            .query_drop(sql)
-                            .await
-                            .map_err(run(format!("CREATE TRIGGER {trigger} ON {table}")))?;
-                    }
+                    done.extend(
+                        self.install_guard(&table, guard_triggers(&table, &token))
+                            .await?,
+                    );
                     let converted = match form {
                         Some(PerIdForm::Replace) => Some(self.convert(seq).await?),
                         _ => None,
@@ -1491,6 +1574,15 @@ impl Backend for MariaSession {
             );
         }
         let unguarded = self.unguarded(config).await?;
+        let guarded: Vec<String> = guarded_tables(config, Kind::Mariadb)
+            .into_iter()
+            .filter(|t| !unguarded.contains(t))
+            .collect();
+        for table in self.older_guards(config, &guarded).await? {
+            warnings.push(format!(
+                "{table}: its guard is of another shardflake release than this one's (guard version {GUARD_VERSION}); clients of this release use either: run `shardflake tickets init` to put this release's in"
+            ));
+        }
         let mut sequences = Vec::new();
         for seq in &config.sequences {
             let counter = self.counter(config, server, seq).await?;
@@ -1597,22 +1689,30 @@ fn guard_triggers(table: &str, token: &str) -> Vec<(String, String)> {
     let moved = format!("{LATTICE_MOVED}: restart the client with the file reshape was given");
     let refuse = |event: &str, name: String, lower: String| {
         let sql = format!(
-            "CREATE OR REPLACE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW BEGIN IF {rewind} {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+            "CREATE OR REPLACE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW {}",
+            guard_body(&format!(
+                "IF {rewind} {lower} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF;"
+            ))
         );
         (name, sql)
     };
     let vouched = |id: &str| format!("CONCAT('{token}:', {id})");
     if table == SEGMENT_TABLE {
         // As a per-id row's (below), per row: a reservation of a row its
-        // guard vouches for sets [`BLOCK_PROOF`]; [`GIVE_BACK`] keeps a
-        // vouched row vouched.
+        // guard vouches for sets [`BLOCK_PROOF`].
         let update = format!(
-            "CREATE OR REPLACE TRIGGER {GUARD}_update BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} NEW.max_id < OLD.max_id THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF {VOUCH} <=> 1 OR ({GIVE_BACK} <=> 1 AND OLD.{VOUCHED} <=> {old}) THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {BLOCK_PROOF} = NEW.max_id; ELSE SET NEW.{VOUCHED} = NULL; END IF; END",
-            new = vouched("NEW.max_id"),
-            old = vouched("OLD.max_id"),
+            "CREATE OR REPLACE TRIGGER {GUARD}_update BEFORE UPDATE ON {table} FOR EACH ROW {}",
+            guard_body(&format!(
+                "IF {rewind} NEW.max_id < OLD.max_id THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF {VOUCH} <=> 1 THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {BLOCK_PROOF} = NEW.max_id; ELSE SET NEW.{VOUCHED} = NULL; END IF;",
+                new = vouched("NEW.max_id"),
+                old = vouched("OLD.max_id"),
+            ))
         );
         let insert = format!(
-            "CREATE OR REPLACE TRIGGER {GUARD}_insert BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF {rewind} NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET NEW.{VOUCHED} = NULL; END"
+            "CREATE OR REPLACE TRIGGER {GUARD}_insert BEFORE INSERT ON {table} FOR EACH ROW {}",
+            guard_body(&format!(
+                "IF {rewind} NEW.max_id < (SELECT s.max_id FROM {SEGMENT_TABLE} s WHERE s.sequence_name = NEW.sequence_name) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET NEW.{VOUCHED} = NULL;"
+            ))
         );
         return vec![
             (format!("{GUARD}_update"), update),
@@ -1622,12 +1722,18 @@ fn guard_triggers(table: &str, token: &str) -> Vec<(String, String)> {
     }
     let name = format!("{table}_ctr_u");
     let update = format!(
-        "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF {rewind} (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {GUARD_RAN} = 1; IF {VOUCH} <=> 1 THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {PROOF} = OLD.id; ELSE SET NEW.{VOUCHED} = NULL; END IF; END",
-        new = vouched("NEW.id"),
-        old = vouched("OLD.id"),
+        "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW {}",
+        guard_body(&format!(
+            "IF {rewind} (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {GUARD_RAN} = 1; IF {VOUCH} <=> 1 THEN SET NEW.{VOUCHED} = {new}; ELSEIF OLD.{VOUCHED} <=> {old} AND NOT (@shardflake_rewind <=> 1) THEN SET NEW.{VOUCHED} = {new}; SET {PROOF} = OLD.id; ELSE SET NEW.{VOUCHED} = NULL; END IF;",
+            new = vouched("NEW.id"),
+            old = vouched("OLD.id"),
+        ))
     );
     let insert = format!(
-        "CREATE OR REPLACE TRIGGER {table}_ctr_i BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF {rewind} EXISTS (SELECT 1 FROM {table}) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET NEW.{VOUCHED} = NULL; END"
+        "CREATE OR REPLACE TRIGGER {table}_ctr_i BEFORE INSERT ON {table} FOR EACH ROW {}",
+        guard_body(&format!(
+            "IF {rewind} EXISTS (SELECT 1 FROM {table}) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; SET NEW.{VOUCHED} = NULL;"
+        ))
     );
     vec![
         (format!("{table}_ctr_i"), insert),
@@ -1656,13 +1762,19 @@ fn adopted_guard_triggers(table: &str) -> Vec<(String, String)> {
         (
             update.clone(),
             format!(
-                "CREATE OR REPLACE TRIGGER {update} BEFORE UPDATE ON {table} FOR EACH ROW BEGIN IF NOT (@shardflake_rewind <=> 1) AND (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF; END"
+                "CREATE OR REPLACE TRIGGER {update} BEFORE UPDATE ON {table} FOR EACH ROW {}",
+                guard_body(&format!(
+                    "IF NOT (@shardflake_rewind <=> 1) AND (NEW.id < OLD.id OR NEW.stub <> OLD.stub) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; END IF;"
+                ))
             ),
         ),
         (
             insert.clone(),
             format!(
-                "CREATE OR REPLACE TRIGGER {insert} AFTER INSERT ON {table} FOR EACH ROW BEGIN IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {PROOF} = NEW.id; END"
+                "CREATE OR REPLACE TRIGGER {insert} AFTER INSERT ON {table} FOR EACH ROW {}",
+                guard_body(&format!(
+                    "IF @shardflake_lattice IS NOT NULL AND NOT (@shardflake_lattice <=> (SELECT version FROM {VERSION_TABLE})) THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{moved}'; END IF; SET {PROOF} = NEW.id;"
+                ))
             ),
         ),
     ]

@@ -350,24 +350,33 @@ pub const MARKS_AT_TABLE: &str = "shardflake_ticket_marks_at";
 
 /// Compares where the server records its marks are kept (`recorded`) with
 /// the file's `[marks]`: a session, `init` and `check` refuse another
-/// place, and a server with none recorded (`init` of an older shardflake).
+/// place, and a server with none recorded (no `init` completed there: two
+/// at once with different places took theirs back, or an older
+/// shardflake's). `version`: the server's lattice version, where read.
+/// The way out named is the recorded place's file, never a reshape to
+/// this file's place: two operators each following that would move the
+/// marks back and forth, each move refusing the other's clients.
 pub(crate) fn check_marks_at(
     config: &Config,
     server: &str,
     recorded: Option<&str>,
+    version: Option<i64>,
 ) -> Result<(), TicketError> {
     let file = config.marks.places();
+    let version = version
+        .map(|v| format!(" (lattice version {v})"))
+        .unwrap_or_default();
     match recorded {
         Some(at) if at == file => Ok(()),
         Some(at) => Err(TicketError::misconfigured(
             server,
             format!(
-                "this server's clients keep their marks in {at} (recorded by `shardflake tickets init`), but this file's [marks] names {file}: a client of this file would not see their marks and would hand out their ids again; use a file naming {at} (if the marks were moved away from there by `shardflake tickets reshape`, its clients are refused and name where they moved), or, to keep the marks where this file says, run `shardflake tickets reshape --config FILE` with this file (clients of the other file are refused from then on)"
+                "this server's clients keep their marks in {at}, the current place{version} (recorded by the last `shardflake tickets init` or `reshape`), but this file's [marks] names {file}: a client of this file would not see their marks and would hand out their ids again; use the file naming {at} (if the marks were moved away from there by `shardflake tickets reshape`, its clients are refused and name where they moved). Do not reshape to this file's place to get past this refusal: that moves the marks from under the clients of the file naming {at}, which are then refused in turn; move them with `shardflake tickets reshape --config NEW_FILE` only as a planned change, once every client's file names the new place"
             ),
         )),
         None => Err(TicketError::misconfigured(
             server,
-            "no record of where its clients keep their marks (initialised by an older shardflake): run `shardflake tickets init`",
+            "no record of where its clients keep their marks: no `shardflake tickets init` has completed on it (two inits run at once with files naming different places each take back what they recorded; a server set up by a shardflake from before the record has none either): run `shardflake tickets init --config FILE` once, with the file every client uses",
         )),
     }
 }
@@ -553,6 +562,7 @@ pub(crate) fn check_lattice(
                     &seq.name,
                     r,
                     &file,
+                    version.map_or(INITIAL_VERSION, |v| v.version),
                 ));
             }
             Some((_, r)) if *r != file => {
@@ -666,6 +676,51 @@ mod tests {
         assert_eq!(
             clean_identity("mariadb:vm:3306:/var/lib/my sql/:1:app'; --"),
             "mariadb:vm:3306:/var/lib/my_sql/:1:app___--"
+        );
+    }
+
+    /// Two operators, each on a file naming another place for the marks,
+    /// each following the refusal: it names the place recorded as the
+    /// current one and its file, and no longer tells them to reshape to
+    /// their own file (each would move the marks back from under the
+    /// other's clients). Before: "… or, to keep the marks where this file
+    /// says, run `shardflake tickets reshape --config FILE` with this file".
+    #[test]
+    fn a_file_naming_another_marks_place_is_sent_to_the_current_one() {
+        let config = Config::parse(
+            r#"
+            [[servers]]
+            name = "a"
+            kind = "mariadb"
+            url = "mysql://root@127.0.0.1:1/app"
+            offset = 1
+            [[sequences]]
+            name = "photos"
+            [marks]
+            etcd = ["http://127.0.0.1:2379"]
+            etcd_prefix = "/b"
+            "#,
+        )
+        .unwrap();
+        let at = "peers + etcd /a at http://127.0.0.1:2379";
+        let e = check_marks_at(&config, "a", Some(at), Some(3))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "keep their marks in {at}, the current place (lattice version 3)"
+            )) && e.contains(&format!("use the file naming {at}"))
+                && e.contains("Do not reshape to this file's place to get past this refusal")
+                && !e.contains("with this file"),
+            "{e}"
+        );
+        let e = check_marks_at(&config, "a", None, Some(1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no `shardflake tickets init` has completed on it")
+                && !e.contains("initialised by an older shardflake"),
+            "{e}"
         );
     }
 

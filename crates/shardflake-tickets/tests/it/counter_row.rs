@@ -333,3 +333,141 @@ async fn a_segment_guard_replaced_between_two_blocks_hands_out_nothing_twice_mar
     busy.shutdown().await;
     assert_unique(&ids);
 }
+
+/// The guard's triggers on `a` made again with the text of guard version
+/// 1 (the release before): no version label, and the segment guard's
+/// give-back branch (`@shardflake_give_back`), token kept. Returns the
+/// token of the segment guard.
+async fn put_guard_version_1(conn: &mut mysql_async::Conn) -> String {
+    let rows: Vec<(String, String, String, String, String)> = conn
+        .query(
+            "SELECT TRIGGER_NAME, ACTION_TIMING, EVENT_MANIPULATION, EVENT_OBJECT_TABLE, ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = 'app' AND EVENT_OBJECT_TABLE IN ('tickets_photos', 'shardflake_ticket_segments')",
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    let mut token = String::new();
+    for (name, timing, event, table, body) in rows {
+        // Unlabelled already where this runs on the code of version 1.
+        let mut old = body
+            .strip_prefix("shardflake_guard_v2: ")
+            .and_then(|b| b.strip_suffix(" shardflake_guard_v2"))
+            .unwrap_or(&body)
+            .to_string();
+        if name == "shardflake_ticket_guard_update" {
+            let at = old.find("CONCAT('sfg").unwrap() + "CONCAT('".len();
+            token = old[at..at + 19].to_string();
+            let vouch = "IF @shardflake_vouch <=> 1 THEN";
+            assert!(
+                old.contains(vouch) || old.contains("@shardflake_give_back"),
+                "{old}"
+            );
+            old = old.replace(
+                vouch,
+                &format!("IF @shardflake_vouch <=> 1 OR (@shardflake_give_back <=> 1 AND OLD.vouched <=> CONCAT('{token}:', OLD.max_id)) THEN"),
+            );
+        }
+        conn.query_drop(format!(
+            "CREATE OR REPLACE TRIGGER {name} {timing} {event} ON {table} FOR EACH ROW {old}"
+        ))
+        .await
+        .unwrap();
+    }
+    token
+}
+
+/// The bodies and creation times of the guard's triggers on the segment
+/// table and `tickets_photos`, by name.
+async fn guard_text(conn: &mut mysql_async::Conn) -> Vec<(String, String, String)> {
+    conn.query(
+        "SELECT TRIGGER_NAME, ACTION_STATEMENT, CAST(CREATED AS CHAR) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = 'app' AND EVENT_OBJECT_TABLE IN ('tickets_photos', 'shardflake_ticket_segments') ORDER BY 1",
+    )
+    .await
+    .unwrap()
+}
+
+/// Guard version 2 drops the segment guard's give-back branch (segment
+/// tails are skipped, no client sets `@shardflake_give_back`). A server
+/// still holding the guard of version 1: clients of this release use it
+/// (they look for the guard's triggers, not their text), `check` warns
+/// and names `init`, and `init` puts version 2 in over it, keeping its
+/// token, so the rows it vouched for stay vouched for and running
+/// clients go on; `init` again leaves the triggers as they are (their
+/// creation time unchanged). Before: `init` kept the give-back branch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn init_puts_this_releases_guard_over_an_older_one_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let mut conn = mysql_async::Conn::from_url(a.url()).await.unwrap();
+    let token = put_guard_version_1(&mut conn).await;
+    let old = guard_text(&mut conn).await;
+    assert!(
+        old.iter()
+            .any(|(_, body, _)| body.contains("@shardflake_give_back")),
+        "{old:?}"
+    );
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut blocks = client.next_n("blocks", 3000).await.unwrap();
+    let mut photos = client.next_n("photos", 100).await.unwrap();
+    let report = admin::check(&config).await;
+    let text = report.to_string();
+    assert!(report.ok(), "{text}");
+    for table in ["tickets_photos", "shardflake_ticket_segments"] {
+        assert!(
+            text.contains(&format!(
+                "warning: {table}: its guard is of another shardflake release"
+            )),
+            "{text}"
+        );
+    }
+    let said: Vec<String> = admin::init(&config)
+        .await
+        .into_iter()
+        .flat_map(|s| {
+            s.result
+                .unwrap_or_else(|e| panic!("init {}: {e}", s.server))
+        })
+        .collect();
+    let said = said.join("\n");
+    assert!(
+        said.contains(
+            "shardflake_ticket_segments: guard of another shardflake release replaced by guard version 2"
+        ) && said.contains("tickets_photos: guard of another shardflake release replaced"),
+        "{said}"
+    );
+    let new = guard_text(&mut conn).await;
+    for (name, body, _) in &new {
+        assert!(
+            body.starts_with("shardflake_guard_v2: ") && !body.contains("give_back"),
+            "{name}: {body}"
+        );
+    }
+    assert!(
+        new.iter()
+            .any(|(n, body, _)| n == "shardflake_ticket_guard_update"
+                && body.contains(&format!("'{token}:'"))),
+        "token {token} not kept: {new:?}"
+    );
+    // Vouched rows stay vouched: the running client goes on on a.
+    for _ in 0..5 {
+        blocks.extend(client.next_n("blocks", 1000).await.unwrap());
+        photos.extend(client.next_n("photos", 20).await.unwrap());
+    }
+    assert_eq!(state(&client, "a"), "up");
+    assert!(admin::check(&config).await.ok());
+    assert!(
+        !admin::check(&config).await.to_string().contains("warning"),
+        "a warning is left"
+    );
+    init_ok(&config).await;
+    assert_eq!(
+        guard_text(&mut conn).await,
+        new,
+        "init again made a trigger anew"
+    );
+    photos.extend(client.next_n("photos", 20).await.unwrap());
+    client.shutdown().await;
+    assert_unique(&blocks);
+    assert_unique(&photos);
+}

@@ -88,6 +88,16 @@ async fn an_old_client_is_refused_at_its_next_call(kind: &str, style: &str, a: &
         text.contains(reshaped) && !text.contains("initialised with"),
         "{text}"
     );
+    // It names the reshape's lattice version as the current one and sends
+    // the operator to that reshape's file, never to a reshape back (two
+    // operators would undo each other's).
+    assert!(
+        text.contains("(lattice version 2, the current one)")
+            && text.contains("Run it with the file that reshape was given")
+            && text.contains("Do not reshape back to this file")
+            && !text.contains("--config THIS_FILE"),
+        "{text}"
+    );
     let report = admin::check(&before).await.to_string();
     assert!(report.contains(reshaped), "{report}");
 }

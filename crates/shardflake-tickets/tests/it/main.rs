@@ -16,6 +16,7 @@ mod counter_row;
 mod fence;
 mod issue36;
 mod live_restore;
+mod messages;
 mod quorum;
 mod reply_order;
 mod repro;
