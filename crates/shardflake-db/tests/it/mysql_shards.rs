@@ -803,35 +803,10 @@ async fn two_applies_started_together_never_record_one_value_twice() {
     }
     let lock = "SELECT GET_LOCK('shardflake ops posts', 0)";
 
-    // Another operator's command holds the lock on s1: refused in time,
-    // naming its session, before anything changed.
-    let mut holder = conn(&s1.url()).await;
-    let held: Option<i64> = holder.query_first(lock).await.unwrap();
-    assert_eq!(held, Some(1));
-    let started = Instant::now();
-    let mut c2 = conn(&s2.url()).await;
-    let e = mysql::apply(&mut c2, &layout, &with((512, 767), &[&s1, &s3]))
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(started.elapsed() < Duration::from_secs(30), "{e}");
-    for part in [
-        "mysql: apply: nothing was changed: another shardflake mysql apply, repair or adopt of table posts is running",
-        &format!("(connection {} of root@", holder.id()),
-        "run shardflake mysql apply again; if none runs, end that session there: KILL ",
-    ] {
-        assert!(e.contains(part), "{part}: {e}");
-    }
-    assert_eq!(
-        s2.sql("SELECT CONCAT(lo, '-', hi) FROM shardflake.serves")
-            .unwrap(),
-        "512-639"
-    );
-
     // The race: every server's lock held while both start, so both wait
     // at their first; released at once.
-    let mut holders = vec![holder];
-    for s in [&s2, &s3] {
+    let mut holders = Vec::new();
+    for s in [&s1, &s2, &s3] {
         let mut h = conn(&s.url()).await;
         let held: Option<i64> = h.query_first(lock).await.unwrap();
         assert_eq!(held, Some(1));
@@ -876,6 +851,36 @@ async fn two_applies_started_together_never_record_one_value_twice() {
     };
     let ((lo2, hi2), (lo3, hi3)) = (record(&s2), record(&s3));
     assert!(hi2 < lo3 || hi3 < lo2, "s2 {lo2}-{hi2}, s3 {lo3}-{hi3}");
+
+    // Another operator's command holds the lock on s1: refused in time,
+    // naming its session, before anything changed.
+    let recorded = s2
+        .sql("SELECT CONCAT(lo, '-', hi) FROM shardflake.serves")
+        .unwrap();
+    let mut holder = conn(&s1.url()).await;
+    let held: Option<i64> = holder.query_first(lock).await.unwrap();
+    assert_eq!(held, Some(1));
+    let started = Instant::now();
+    let mut c2 = conn(&s2.url()).await;
+    let e = mysql::apply(&mut c2, &layout, &with((512, 767), &[&s1, &s3]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(started.elapsed() < Duration::from_secs(30), "{e}");
+    for part in [
+        "mysql: apply: nothing was changed: another shardflake mysql apply, repair or adopt of table posts is running",
+        &format!("(connection {} of root@", holder.id()),
+        "run shardflake mysql apply again; if none runs, end that session there: KILL ",
+    ] {
+        assert!(e.contains(part), "{part}: {e}");
+    }
+    assert_eq!(
+        s2.sql("SELECT CONCAT(lo, '-', hi) FROM shardflake.serves")
+            .unwrap(),
+        recorded,
+        "a refused apply changed the record"
+    );
+    holder.disconnect().await.unwrap();
 
     // check --peer: nothing to report, then values two servers record
     // (written by hand, as an older release's race left them).
