@@ -664,13 +664,15 @@ fn on_another_server(plan: &Plan, who: &str, keyword: &str, set: &str) -> String
         ));
         keyword = "ELSEIF";
     }
+    // (Cut to 512 characters, what `msg` and a SIGNAL's text hold: a data
+    // directory's path has no bound.)
     if let Some((port, dir)) = &plan.place {
         let quoted = lit(dir);
         let text = &quoted[1..quoted.len() - 1];
         arms.push_str(&format!(
             "\n  {keyword} @@port <> {port} OR @@datadir <> {quoted} THEN\n    \
-             {set}CONCAT('{who}: installed for the server on port {port}, data directory {text}; this is port ', @@port, ', ', @@datadir, \
-             ': a copy of that server started beside it, or the server moved. A copy: give it shard values of its own, none of the original''s (shardflake mysql apply --shards LO-HI --peer URL_OF_THE_ORIGINAL); the server moved: shardflake mysql repair');"
+             {set}LEFT(CONCAT('{who}: installed for the server on port {port}, data directory {text}; this is port ', @@port, ', ', @@datadir, \
+             ': a copy of that server started beside it, or the server moved. A copy: give it shard values of its own, none of the original''s (shardflake mysql apply --shards LO-HI --peer URL_OF_THE_ORIGINAL); the server moved: shardflake mysql repair'), 512);"
         ));
     }
     arms
