@@ -204,6 +204,10 @@ enum MysqlCommand {
         selection: Selection,
         #[command(flatten)]
         layout: LayoutArg,
+        /// Another server making ids for the same table (repeatable): a
+        /// shard value it records too is reported (both make the same ids).
+        #[arg(long = "peer", value_name = "URL")]
+        peers: Vec<String>,
     },
     /// After a restore (a dump of the database, or of the whole server), or
     /// a sequence recreated or set back, which inserts refuse: move the
@@ -531,11 +535,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             target,
             selection,
             layout,
+            peers,
         } => {
             let l = mysql_layout(&layout)?;
             super::warn_of_lifetime(&l)?;
             let opts = Options {
                 names: target.names()?,
+                peers,
                 ..Options::default()
             };
             if let Some(which) = selection.tables() {

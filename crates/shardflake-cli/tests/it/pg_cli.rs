@@ -781,3 +781,30 @@ async fn pg_repair_replaces_fences_the_old_copy() {
     assert!(e.contains("fenced for good"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Review A2: `mysql check --peer URL` (repeatable) reports a shard value
+/// this server and a peer both record, and exits 1; without the overlap
+/// it passes.
+#[test]
+fn mysql_check_with_peers_reports_values_two_servers_record() {
+    let (a, b) = (
+        MariaDbServer::start_with("", None).unwrap(),
+        MariaDbServer::start_with("", None).unwrap(),
+    );
+    let (ua, ub) = (a.url(), b.url());
+    ok(&["mysql", "apply", "--url", &ua, "--shards", "0-511"]);
+    ok(&[
+        "mysql", "apply", "--url", &ub, "--shards", "512-1023", "--peer", &ua,
+    ]);
+    assert!(ok(&["mysql", "check", "--url", &ub, "--peer", &ua]).starts_with("ok: "));
+    // As an older release's race left them: both record 512-600.
+    a.sql("UPDATE shardflake.serves SET hi = 600 WHERE tbl = 'posts'")
+        .unwrap();
+    let e = fails(&["mysql", "check", "--url", &ub, "--peer", &ua]);
+    assert!(
+        e.contains(&format!(
+            "peer {ua} makes ids of app.posts for shard values 0-600, which meets 512-1023"
+        )),
+        "{e}"
+    );
+}

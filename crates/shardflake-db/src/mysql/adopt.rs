@@ -196,7 +196,9 @@ pub async fn adopt(
             ),
         ));
     }
-    let plan = plan_in(layout, &db, names)?.on_server(srv.server_id);
+    let plan = plan_in(layout, &db, names)?
+        .on_server(srv.server_id)
+        .at(srv.port, &srv.datadir);
     let Some(col) = id_column(conn, t).await? else {
         let why = if table_exists(conn, t).await? {
             format!("table {db}.{t} has no column id")

@@ -68,21 +68,57 @@ pub async fn apply(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<A
     install(conn, layout, opts, Mode::Apply).await
 }
 
-/// [`apply`], [`super::repair`]'s reinstall or [`super::adopt`]'s switch.
+impl Mode {
+    /// The command, as its refusals name it.
+    pub(super) fn command(self) -> &'static str {
+        match self {
+            Mode::Apply => "apply",
+            Mode::Repair => "repair",
+            Mode::Adopt => "adopt",
+        }
+    }
+}
+
+/// [`apply`], [`super::repair`]'s reinstall or [`super::adopt`]'s switch,
+/// under the table's deployment lock on this server and every peer
+/// ([`DeploymentLock`]; `repair` holds it already).
 pub(super) async fn install(
     conn: &mut Conn,
     layout: &Layout,
     opts: &Options,
     mode: Mode,
 ) -> Result<Applied, Error> {
+    if mode == Mode::Repair {
+        return install_locked_deployment(conn, layout, opts, mode).await;
+    }
+    let lock = DeploymentLock::take(conn, &opts.peers, &opts.names, mode.command()).await?;
+    let result = install_locked_deployment(conn, layout, opts, mode).await;
+    lock.release(conn).await;
+    result
+}
+
+async fn install_locked_deployment(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+    mode: Mode,
+) -> Result<Applied, Error> {
+    let cmd = mode.command();
     let srv = server(conn).await?;
-    let db = srv.named_database("apply")?;
+    let db = srv.named_database(cmd)?;
     let recorded = recorded_serves(conn, &db, &opts.names).await?;
-    let plan = plan_in(layout, &db, &opts.names)?.on_server(srv.server_id);
+    let plan = plan_in(layout, &db, &opts.names)?
+        .on_server(srv.server_id)
+        .at(srv.port, &srv.datadir);
+    let plan = if srv.has_sequences() {
+        plan
+    } else {
+        plan.without_clock_loop()
+    };
     let serves = opts.shards.or(recorded).unwrap_or((0, plan.shard_max()));
     if serves.0 > serves.1 || serves.1 > plan.shard_max() {
         return Err(other(
-            "apply",
+            cmd,
             format!(
                 "shard values {}-{} are not a range within 0-{} (the key mod {} of layout {})",
                 serves.0,
@@ -93,7 +129,7 @@ pub(super) async fn install(
             ),
         ));
     }
-    let mut overlaps = overlapping_peers(conn, &opts.peers, &opts.names, serves).await?;
+    let mut overlaps = overlapping_peers(conn, cmd, &opts.peers, &opts.names, serves).await?;
     // A first install in this database: the same table making ids in
     // another database of this server is likely the one a changed URL
     // named before (a repair reinstalls what is there).
@@ -104,7 +140,7 @@ pub(super) async fn install(
     }
     if !overlaps.is_empty() {
         return Err(other(
-            "apply",
+            cmd,
             format!("nothing was changed: {}", overlaps.join("; ")),
         ));
     }
@@ -118,7 +154,7 @@ pub(super) async fn install(
         && installed_server_id(conn, &opts.names).await?.is_some()
     {
         return Err(other(
-            "apply",
+            cmd,
             no_record_text(&db, &opts.names, "apply", plan.shard_max()),
         ));
     }
@@ -128,7 +164,7 @@ pub(super) async fn install(
         && installed != srv.server_id
     {
         return Err(other(
-            "apply",
+            cmd,
             other_server_text(&opts.names, installed, srv.server_id),
         ));
     }
@@ -140,7 +176,7 @@ pub(super) async fn install(
         && let Some((was, here)) = recorded_elsewhere(conn, &db, &opts.names).await?
     {
         return Err(other(
-            "apply",
+            cmd,
             format!(
                 "nothing was changed: {}",
                 copy_text(&db, &opts.names, serves, &was, &here)
@@ -153,7 +189,7 @@ pub(super) async fn install(
         // checks for itself).
         let (offset, uncertainty) = clock_offset(conn).await?;
         if let Some(problem) = crate::clock_problem(offset, uncertainty, "mysql apply") {
-            return Err(other("apply", format!("nothing was changed: {problem}")));
+            return Err(other(cmd, format!("nothing was changed: {problem}")));
         }
     }
     // Shard values taken from a peer: the peer made ids for them up to its
@@ -161,15 +197,15 @@ pub(super) async fn install(
     // after those, whatever its clock. So its sequence goes past every
     // peer's reservation, which must be within a draw's lead of its clock
     // (a draw further ahead waits, or is refused).
-    let peers_past = peers_reservation(&opts.peers, &opts.names).await?;
+    let peers_past = peers_reservation(cmd, &opts.peers, &opts.names).await?;
     if let Some((past, url)) = &peers_past {
         let now = server_packed_clock(conn, &plan).await?;
         if *past - now > plan.packed_ms(sql::AHEAD_MS) {
             let ahead_ms = (*past - now) / plan.per_tick() * layout.tick_ms() as i64;
             return Err(other(
-                "apply",
+                cmd,
                 format!(
-                    "nothing was changed: peer {url} has handed out values of {seq} up to {:.3} s ahead of this server's clock, more than the {} ms a draw may run ahead: the ids this server makes for shard values the peer made ids for must sort after the peer's, and would be refused or wait; correct the clock (NTP) of whichever server is wrong (shardflake mysql check on each names it), then run shardflake mysql apply again",
+                    "nothing was changed: peer {url} has handed out values of {seq} up to {:.3} s ahead of this server's clock, more than the {} ms a draw may run ahead: the ids this server makes for shard values the peer made ids for must sort after the peer's, and would be refused or wait; correct the clock (NTP) of whichever server is wrong (shardflake mysql check on each names it), then run shardflake mysql {cmd} again",
                     ahead_ms as f64 / 1000.0,
                     sql::AHEAD_MS,
                     seq = opts.names.sequence()
@@ -177,21 +213,61 @@ pub(super) async fn install(
             ));
         }
     }
+    // The same for the row-lock procedure's counter: past every peer's,
+    // before its procedure takes the peer's values.
+    if (opts.locked || !srv.has_sequences())
+        && let Some(past) = peers_locked_counter(cmd, &opts.peers, &opts.names).await?
+    {
+        conn.query_drop(sql::sequences_sql(&opts.names.locked_row()))
+            .await
+            .map_err(my("creating sequences"))?;
+        conn.exec_drop(
+            "UPDATE sequences SET next_val = GREATEST(next_val, ?) WHERE name = ?",
+            (past, opts.names.locked_row()),
+        )
+        .await
+        .map_err(my("moving the row-lock counter past the peers'"))?;
+    }
     let old_mode: String = conn
         .query_first("SELECT @@SESSION.sql_mode")
         .await
         .map_err(my("reading sql_mode"))?
         .unwrap_or_default();
-    conn.query_drop(format!("SET SESSION sql_mode = '{}'", sql::SQL_MODE))
+    // A change to the table or its trigger waits for every open
+    // transaction that used the table, and every insert into it waits
+    // behind that change: the wait is bounded, and named when it runs out.
+    let old_wait: Option<u64> = conn
+        .query_first("SELECT @@SESSION.lock_wait_timeout")
         .await
-        .map_err(my("setting sql_mode"))?;
-    let result = apply_pinned(conn, &plan, opts, &srv, mode, peers_past.map(|p| p.0)).await;
+        .map_err(my("reading lock_wait_timeout"))?;
+    conn.query_drop(format!(
+        "SET SESSION sql_mode = '{}', SESSION lock_wait_timeout = {TABLE_LOCK_WAIT_S}",
+        sql::SQL_MODE
+    ))
+    .await
+    .map_err(my("setting sql_mode"))?;
+    let mut result = apply_pinned(conn, &plan, opts, &srv, mode, peers_past.map(|p| p.0)).await;
     if result.is_ok() && srv.has_sequences() {
         record_serves(conn, &db, &opts.names, serves).await?;
     }
-    conn.exec_drop("SET SESSION sql_mode = ?", (old_mode,))
-        .await
-        .map_err(my("restoring sql_mode"))?;
+    if let Err(e) = &result
+        && lock_wait_ran_out(e)
+    {
+        let changed = format!(
+            "stopped before changing table {} (what it changed before that is kept, and the command run again goes on from there)",
+            opts.names.table
+        );
+        result = Err(other(
+            cmd,
+            open_transactions_text(conn, &opts.names.table, cmd, &changed).await,
+        ));
+    }
+    conn.exec_drop(
+        "SET SESSION sql_mode = ?, SESSION lock_wait_timeout = ?",
+        (old_mode, old_wait.unwrap_or(31_536_000)),
+    )
+    .await
+    .map_err(my("restoring sql_mode"))?;
     result
 }
 
@@ -267,7 +343,7 @@ pub(super) async fn apply_pinned(
         return Ok(applied);
     }
     if let Some(why) = binlog_refusal(conn, plan, names).await? {
-        return Err(other("apply", why));
+        return Err(other(mode.command(), why));
     }
     if srv.flush_log_at_trx_commit == 0 {
         applied.warnings.push(FLUSH_0.to_string());
@@ -276,7 +352,7 @@ pub(super) async fn apply_pinned(
         "ON" => {}
         "DISABLED" => {
             return Err(other(
-                "apply",
+                mode.command(),
                 "event_scheduler is DISABLED (set at server start): the clock event cannot run; start the server with event_scheduler=ON",
             ));
         }
@@ -307,13 +383,13 @@ pub(super) async fn apply_pinned(
         Some((kind, engine, comment)) => {
             if kind != "SEQUENCE" {
                 return Err(other(
-                    "apply",
+                    mode.command(),
                     format!("{seq} exists and is a {kind}, not a sequence"),
                 ));
             }
             if !engine.eq_ignore_ascii_case("InnoDB") {
                 return Err(other(
-                    "apply",
+                    mode.command(),
                     format!(
                         "sequence {seq} uses engine {engine}; the crash argument needs InnoDB (its reservations go to InnoDB's log)"
                     ),
@@ -321,7 +397,7 @@ pub(super) async fn apply_pinned(
             }
             if layout_of(&comment) != Some(plan.layout().to_string()) {
                 return Err(other(
-                    "apply",
+                    mode.command(),
                     format!(
                         "sequence {seq} was made for another layout ({comment:?}); its values mean other times: refusing to reuse it for {}",
                         plan.layout()
@@ -338,7 +414,7 @@ pub(super) async fn apply_pinned(
             if let (r, Some(floor)) = reservation_and_floor(conn, plan, names).await?
                 && r < floor
             {
-                return Err(other("apply", set_back_text(names, plan, r, floor)));
+                return Err(other(mode.command(), set_back_text(names, plan, r, floor)));
             }
             if comment != plan.marker() {
                 conn.query_drop(format!(

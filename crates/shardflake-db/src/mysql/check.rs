@@ -9,7 +9,8 @@ use super::*;
 /// the clock event not running, a sequence that is not InnoDB, cycles,
 /// increments by other than 1, ends past the layout, draws a value at or
 /// below a stored id, lags the clock by more than [`sql::STALE_MS`] or runs
-/// ahead of it by more than twice [`sql::AHEAD_MS`]. Draws
+/// ahead of it by more than twice [`sql::AHEAD_MS`], and with
+/// [`Options::peers`] each shard value a peer records too. Draws
 /// one value from the sequence. An empty list: all is well.
 ///
 /// For an adopted table the fix of every problem is `mysql adopt` again
@@ -60,7 +61,13 @@ async fn check_installed(
     let recorded = recorded_serves(conn, &db, names).await?;
     let plan = plan_in(layout, &db, names)?
         .on_server(srv.server_id)
+        .at(srv.port, &srv.datadir)
         .serving(recorded);
+    let plan = if srv.has_sequences() {
+        plan
+    } else {
+        plan.without_clock_loop()
+    };
     // A copy of another database of this server: that is the problem to
     // name (its shard values are the original's, not its own).
     if let Some(installed) = installed_for_another_database(conn, &db, names).await? {
@@ -85,6 +92,9 @@ async fn check_installed(
             copy_text(&db, names, serves, &was, &here)
         });
     }
+    // Values recorded by this server and a peer too (`--peer`): both make
+    // the same ids for them.
+    problems.extend(overlapping_peers(conn, "check", &opts.peers, names, plan.serves()).await?);
     let (offset, uncertainty) = clock_offset(conn).await?;
     problems.extend(crate::clock_problem(offset, uncertainty, "mysql repair"));
     if !srv.has_sequences() {

@@ -160,7 +160,22 @@
 //! clock event's loop runs. `generate_post_id_locked`
 //! ([`sql::locked_procedure_sql`]) is the row-lock design for servers
 //! without sequences; `generate_post_id_seed` is the seed's, verbatim, kept
-//! to show its duplicates. All routines, the trigger, the event and the
+//! to show its duplicates (installed only on request). The trigger and
+//! every other procedure apply the same guards before any id: the
+//! database, `@@server_id`, `@@port` and `@@datadir` they were installed
+//! for (a promoted replica, a copy of the database or of the server's
+//! data directory started beside it, refuses), the shard values the
+//! server records, and the clock event's loop (with sequences).
+//!
+//! # Commands across servers
+//!
+//! `apply`, `repair` and `adopt` take the table's deployment lock
+//! (`DeploymentLock`, a user-level lock) on the server and every
+//! `--peer`, in one order, before reading any server's records of shard
+//! values, and hold it until this server's record and trigger are
+//! written: two commands on servers that name each other run one after
+//! the other. A change to the table waits at most [`TABLE_LOCK_WAIT_S`]
+//! for the transactions that used it. All routines, the trigger, the event and the
 //! table are created with `sql_mode` [`sql::SQL_MODE`] (a routine keeps the
 //! mode it was created with); every range check comes before any write.
 //!
@@ -282,6 +297,12 @@ pub struct Server {
     pub event_scheduler: String,
     /// `@@server_id`: a replica's differs from its primary's.
     pub server_id: u32,
+    /// `@@port` and `@@datadir`: a copy of the server started beside it
+    /// (its data directory copied) has the same `server_id` from the same
+    /// configuration, and another port or data directory.
+    pub port: u16,
+    /// `@@datadir`.
+    pub datadir: String,
 }
 
 impl Server {
@@ -307,13 +328,15 @@ impl Server {
 
 /// Reads [`Server`].
 pub async fn server(conn: &mut Conn) -> Result<Server, Error> {
-    let row: Option<(String, Option<String>, i64, String, u32)> = conn
+    /// VERSION(), DATABASE(), the two settings, @@server_id, @@port, @@datadir.
+    type Settings = (String, Option<String>, i64, String, u32, u16, String);
+    let row: Option<Settings> = conn
         .query_first(
-            "SELECT VERSION(), DATABASE(), @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.event_scheduler, @@server_id",
+            "SELECT VERSION(), DATABASE(), @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.event_scheduler, @@server_id, @@port, @@datadir",
         )
         .await
         .map_err(my("reading the server's settings"))?;
-    let (version, database, flush, scheduler, server_id) =
+    let (version, database, flush, scheduler, server_id, port, datadir) =
         row.ok_or_else(|| other("reading the server's settings", "no row"))?;
     let mut nums = version
         .split(|c: char| !c.is_ascii_digit())
@@ -327,6 +350,8 @@ pub async fn server(conn: &mut Conn) -> Result<Server, Error> {
         flush_log_at_trx_commit: flush,
         event_scheduler: scheduler.to_ascii_uppercase(),
         server_id,
+        port,
+        datadir,
     })
 }
 
@@ -347,6 +372,26 @@ async fn installed_server_id(conn: &mut Conn, names: &Names) -> Result<Option<u3
             .parse()
             .ok()
     }))
+}
+
+/// Whether the installed trigger was made for another port or data
+/// directory than `srv`'s ([`Plan::at`]): a copy of the server started
+/// beside it, or the server moved. A trigger installed before it named
+/// them is not.
+async fn installed_at_another_place(
+    conn: &mut Conn,
+    names: &Names,
+    srv: &Server,
+) -> Result<bool, Error> {
+    let body: Option<String> = conn
+        .exec_first(
+            "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?",
+            (names.trigger(),),
+        )
+        .await
+        .map_err(my("reading the trigger"))?;
+    let here = sql::Plan::place_sql(srv.port, &srv.datadir);
+    Ok(body.is_some_and(|b| b.contains(" AND @@port = ") && !b.contains(&here)))
 }
 
 /// The database the installed trigger was made for, when it names one
@@ -526,6 +571,7 @@ async fn record_serves(
 /// `lo..=hi` (or records none: it may make ids for any), as a problem.
 async fn overlapping_peers(
     conn: &mut Conn,
+    command: &str,
     peers: &[String],
     names: &Names,
     (lo, hi): (u64, u64),
@@ -536,10 +582,10 @@ async fn overlapping_peers(
         .map_err(my("reading which server this is"))?;
     let mut problems = Vec::new();
     for url in peers {
-        let opts = Opts::from_url(url).map_err(|e| other("apply", format!("peer {url}: {e}")))?;
+        let opts = Opts::from_url(url).map_err(|e| other(command, format!("peer {url}: {e}")))?;
         let mut peer = Conn::new(opts)
             .await
-            .map_err(|e| other("apply", format!("peer {url} does not answer: {e}")))?;
+            .map_err(|e| other(command, format!("peer {url} does not answer: {e}")))?;
         let them: Option<String> = peer
             .query_first(format!("SELECT {SERVER_SQL}"))
             .await
@@ -567,7 +613,7 @@ async fn overlapping_peers(
         for (db, plo, phi) in rows {
             if plo <= hi && lo <= phi {
                 problems.push(format!(
-                    "peer {url} makes ids of {db}.{} for shard values {plo}-{phi}, which meets {lo}-{hi}: two servers making ids for one shard value make the same ids; give each server shard values of its own",
+                    "peer {url} makes ids of {db}.{} for shard values {plo}-{phi}, which meets {lo}-{hi}: two servers making ids for one shard value make the same ids; give each server shard values of its own (shardflake mysql apply --shards LO-HI on the one that lets values go, then shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER on the one that takes them)",
                     names.table
                 ));
             }
@@ -584,15 +630,16 @@ async fn overlapping_peers(
 /// ([`overlapping_peers`] found none): a peer has let them go, and makes
 /// no id for them after this reading.
 async fn peers_reservation(
+    command: &str,
     peers: &[String],
     names: &Names,
 ) -> Result<Option<(i64, String)>, Error> {
     let mut highest: Option<(i64, String)> = None;
     for url in peers {
-        let opts = Opts::from_url(url).map_err(|e| other("apply", format!("peer {url}: {e}")))?;
+        let opts = Opts::from_url(url).map_err(|e| other(command, format!("peer {url}: {e}")))?;
         let mut peer = Conn::new(opts)
             .await
-            .map_err(|e| other("apply", format!("peer {url} does not answer: {e}")))?;
+            .map_err(|e| other(command, format!("peer {url} does not answer: {e}")))?;
         let dbs: Result<Vec<String>, _> = peer
             .exec(
                 "SELECT db FROM `shardflake`.`serves` WHERE tbl = ?",
@@ -623,6 +670,55 @@ async fn peers_reservation(
             {
                 highest = Some((r, url.clone()));
             }
+        }
+        let _ = peer.disconnect().await;
+    }
+    Ok(highest)
+}
+
+/// The highest value of the row-lock procedure's counter (the
+/// `sequences` row [`Names::locked_row`]) on any peer, in each database
+/// its `shardflake.serves` records: every id a peer's
+/// `generate_post_id_locked` made came from a value at or below it.
+async fn peers_locked_counter(
+    command: &str,
+    peers: &[String],
+    names: &Names,
+) -> Result<Option<i64>, Error> {
+    let mut highest: Option<i64> = None;
+    for url in peers {
+        let opts = Opts::from_url(url).map_err(|e| other(command, format!("peer {url}: {e}")))?;
+        let mut peer = Conn::new(opts)
+            .await
+            .map_err(|e| other(command, format!("peer {url} does not answer: {e}")))?;
+        let dbs: Result<Vec<String>, _> = peer
+            .exec(
+                "SELECT db FROM `shardflake`.`serves` WHERE tbl = ?",
+                (&names.table,),
+            )
+            .await;
+        let dbs = match dbs {
+            Ok(dbs) => dbs,
+            Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Vec::new(),
+            Err(e) => return Err(my("reading a peer's shard values")(e)),
+        };
+        for db in dbs {
+            let counter: Result<Option<Option<i64>>, _> = peer
+                .exec_first(
+                    format!(
+                        "SELECT MAX(next_val) FROM `{}`.sequences WHERE name = ?",
+                        db.replace('`', "``")
+                    ),
+                    (names.locked_row(),),
+                )
+                .await;
+            let counter = match counter {
+                Ok(c) => c.flatten(),
+                // No row-lock procedure there.
+                Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => None,
+                Err(e) => return Err(my("reading a peer's row-lock counter")(e)),
+            };
+            highest = highest.max(counter);
         }
         let _ = peer.disconnect().await;
     }
@@ -663,6 +759,206 @@ async fn databases_making_ids(
         }
     }
     Ok(problems)
+}
+
+/// How long, in seconds, `apply`, `repair` and `adopt` wait for a
+/// table's deployment lock on each server (`DeploymentLock`): another
+/// operator's command of the same table holds it.
+pub const DEPLOYMENT_LOCK_WAIT_S: u64 = 10;
+
+/// How long, in seconds, `apply`, `repair` and `adopt` wait for a table's
+/// metadata lock (`lock_wait_timeout`) before a change to the table or
+/// its trigger: an open transaction that used the table holds it, and
+/// every insert into the table waits behind the change meanwhile.
+pub const TABLE_LOCK_WAIT_S: u64 = 2;
+
+/// MariaDB's "Lock wait timeout exceeded".
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+
+/// The user-level lock of a table's deployment, one name on every server
+/// (at most 63 characters: a table's name has at most 48).
+fn deployment_lock_name(names: &Names) -> String {
+    format!("shardflake ops {}", names.table)
+}
+
+/// A table's deployment lock ([`deployment_lock_name`]), held on this
+/// server by the command's own connection and on each `--peer` by a
+/// connection of its own, from before the command reads any server's
+/// records of shard values until this server's record and trigger are
+/// written. Taken in one order on every server, sorted by the servers'
+/// identities ([`SERVER_SQL`]), so two commands never wait on each other
+/// (issue 37, A2: two `apply --peer` started together each read the
+/// other's old record, and both recorded overlapping values).
+pub(super) struct DeploymentLock {
+    name: String,
+    peers: Vec<Conn>,
+}
+
+impl DeploymentLock {
+    /// Takes the lock of `names.table` on this server and each peer,
+    /// waiting up to [`DEPLOYMENT_LOCK_WAIT_S`] on each; `command`
+    /// (`apply`, `repair`, `adopt`) names the refusal.
+    pub(super) async fn take(
+        conn: &mut Conn,
+        peers: &[String],
+        names: &Names,
+        command: &str,
+    ) -> Result<DeploymentLock, Error> {
+        let name = deployment_lock_name(names);
+        let here = identity(conn).await?;
+        // (identity, the peer's connection; None: this server's own)
+        let mut servers: Vec<(String, Option<Conn>)> = vec![(here, None)];
+        for url in peers {
+            let opts =
+                Opts::from_url(url).map_err(|e| other(command, format!("peer {url}: {e}")))?;
+            let mut peer = Conn::new(opts)
+                .await
+                .map_err(|e| other(command, format!("peer {url} does not answer: {e}")))?;
+            let id = identity(&mut peer).await?;
+            if servers.iter().any(|(known, _)| *known == id) {
+                let _ = peer.disconnect().await;
+                continue;
+            }
+            servers.push((id, Some(peer)));
+        }
+        servers.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut lock = DeploymentLock {
+            name,
+            peers: Vec::new(),
+        };
+        let mut failed = None;
+        for (server, peer) in servers {
+            let taken = match peer {
+                None => get_lock(conn, &lock.name, &server, names, command).await,
+                Some(mut peer) => {
+                    let taken = get_lock(&mut peer, &lock.name, &server, names, command).await;
+                    lock.peers.push(peer);
+                    taken
+                }
+            };
+            if let Err(e) = taken {
+                failed = Some(e);
+                break;
+            }
+        }
+        match failed {
+            None => Ok(lock),
+            Some(e) => {
+                lock.release(conn).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases the lock on every server.
+    pub(super) async fn release(self, conn: &mut Conn) {
+        let _ = conn.exec_drop("DO RELEASE_LOCK(?)", (&self.name,)).await;
+        for peer in self.peers {
+            let _ = peer.disconnect().await;
+        }
+    }
+}
+
+/// Which server a connection reaches ([`SERVER_SQL`]).
+async fn identity(conn: &mut Conn) -> Result<String, Error> {
+    let id: Option<String> = conn
+        .query_first(format!("SELECT {SERVER_SQL}"))
+        .await
+        .map_err(my("reading which server this is"))?;
+    id.ok_or_else(|| other("reading which server this is", "no row"))
+}
+
+/// Takes the user-level lock `name` on `server`, waiting (and saying so)
+/// up to [`DEPLOYMENT_LOCK_WAIT_S`]; refuses naming the session holding it.
+async fn get_lock(
+    c: &mut Conn,
+    name: &str,
+    server: &str,
+    names: &Names,
+    command: &str,
+) -> Result<(), Error> {
+    let try_lock = async |c: &mut Conn, wait: u64| -> Result<bool, Error> {
+        let got: Option<Option<i64>> = c
+            .exec_first("SELECT GET_LOCK(?, ?)", (name, wait))
+            .await
+            .map_err(my("taking the table's deployment lock"))?;
+        Ok(got.flatten() == Some(1))
+    };
+    if try_lock(c, 0).await? {
+        return Ok(());
+    }
+    tracing::info!(
+        server,
+        lock = name,
+        "waiting up to {DEPLOYMENT_LOCK_WAIT_S} s for the deployment lock of table {}: another shardflake mysql apply, repair or adopt of it is running",
+        names.table
+    );
+    if try_lock(c, DEPLOYMENT_LOCK_WAIT_S).await? {
+        return Ok(());
+    }
+    let holder: Option<(u64, String, String)> = c
+        .exec_first(
+            "SELECT ID, USER, HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(?)",
+            (name,),
+        )
+        .await
+        .map_err(my("reading who holds the table's deployment lock"))?;
+    let (by, kill) = match holder {
+        Some((id, user, host)) => (
+            format!(" (connection {id} of {user}@{host})"),
+            format!("; if none runs, end that session there: KILL {id}"),
+        ),
+        None => (String::new(), String::new()),
+    };
+    Err(other(
+        command,
+        format!(
+            "nothing was changed: another shardflake mysql apply, repair or adopt of table {table} is running: it holds the table's deployment lock '{name}' on server {server}{by}, and {command} waited {DEPLOYMENT_LOCK_WAIT_S} s for it. Wait for that command to end, then run shardflake mysql {command} again{kill}",
+            table = names.table
+        ),
+    ))
+}
+
+/// What an open transaction holding `table`'s metadata lock is told
+/// (`apply`'s change to the table waited [`TABLE_LOCK_WAIT_S`] for it):
+/// each open transaction of the server, its session and its age.
+async fn open_transactions_text(
+    conn: &mut Conn,
+    table: &str,
+    command: &str,
+    changed: &str,
+) -> String {
+    let open: Vec<(u64, String, String, u64, Option<String>)> = conn
+        .query(
+            "SELECT p.ID, p.USER, p.HOST, TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.INFO
+               FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+              WHERE p.ID <> CONNECTION_ID() ORDER BY t.trx_started",
+        )
+        .await
+        .unwrap_or_default();
+    let open = if open.is_empty() {
+        "none is open now (it has ended: run the command again)".to_string()
+    } else {
+        open.iter()
+            .map(|(id, user, host, secs, info)| {
+                format!(
+                    "connection {id} of {user}@{host}, open {secs} s{}",
+                    info.as_deref()
+                        .map(|i| format!(", running {i:.80}"))
+                        .unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    format!(
+        "{changed}: table {table} is held by an open transaction that used it (its metadata lock), and {command} waited {TABLE_LOCK_WAIT_S} s to change the table or its trigger (inserts into {table} waited behind it meanwhile, then went on). Open transactions: {open}. End it (COMMIT or ROLLBACK, or KILL its connection), then run shardflake mysql {command} again"
+    )
+}
+
+/// Whether `e` is a lock wait that ran out (`lock_wait_timeout`).
+fn lock_wait_ran_out(e: &Error) -> bool {
+    matches!(e, Error::Mysql { source: mysql_async::Error::Server(s), .. } if s.code == ER_LOCK_WAIT_TIMEOUT)
 }
 
 /// What a server other than the one the ids were installed on is told.

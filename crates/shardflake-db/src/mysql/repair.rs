@@ -64,13 +64,28 @@ pub(super) async fn exhausted_text(
 /// records them and reinstalls the objects for them; a database whose
 /// objects were made for another database of this server (a copy loaded
 /// from its dump) is refused.
+///
+/// It runs under the table's deployment lock on this server and every
+/// `--peer` (`DeploymentLock`), and every refusal comes before any change.
 pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Repaired, Error> {
+    let lock = DeploymentLock::take(conn, &opts.peers, &opts.names, "repair").await?;
+    let result = repair_locked(conn, layout, opts).await;
+    lock.release(conn).await;
+    result
+}
+
+async fn repair_locked(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+) -> Result<Repaired, Error> {
     let srv = server(conn).await?;
     let db = srv.named_database("repair")?;
     let names = &opts.names;
     let recorded = recorded_serves(conn, &db, names).await?;
     let plan = plan_in(layout, &db, names)?
         .on_server(srv.server_id)
+        .at(srv.port, &srv.datadir)
         .serving(recorded);
     if let Some(installed) = installed_for_another_database(conn, &db, names).await? {
         return Err(other(
@@ -87,6 +102,9 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     let promoted = installed_server_id(conn, names)
         .await?
         .is_some_and(|id| id != srv.server_id);
+    // The trigger made for another port or data directory: the server
+    // moved (or a copy beside it, which `apply --shards --peer` serves).
+    let moved = installed_at_another_place(conn, names, &srv).await?;
     if let Some(shards) = opts.shards
         && recorded.is_some_and(|r| r != shards)
         && !promoted
@@ -108,16 +126,22 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
     // still make ids for every value), or restored where its server's
     // records were lost. Which values it takes is the operator's word.
     let records = recorded.is_none() || (promoted && opts.shards.is_some());
-    if records {
-        let Some(serves) = opts.shards else {
-            return Err(other(
-                "repair",
-                no_record_text(&db, names, "repair", plan.shard_max()),
-            ));
-        };
-        let mut overlaps = overlapping_peers(conn, &opts.peers, names, serves).await?;
-        overlaps
-            .extend(databases_making_ids(conn, &db, names, serves, (0, plan.shard_max())).await?);
+    if records && opts.shards.is_none() {
+        return Err(other(
+            "repair",
+            no_record_text(&db, names, "repair", plan.shard_max()),
+        ));
+    }
+    // The values it will make ids for, against every peer's, before any
+    // change (the reinstall below checks them again, after the move).
+    let serves = opts.shards.filter(|_| records).unwrap_or(plan.serves());
+    if records || !opts.peers.is_empty() {
+        let mut overlaps = overlapping_peers(conn, "repair", &opts.peers, names, serves).await?;
+        if records {
+            overlaps.extend(
+                databases_making_ids(conn, &db, names, serves, (0, plan.shard_max())).await?,
+            );
+        }
         if !overlaps.is_empty() {
             return Err(other(
                 "repair",
@@ -203,11 +227,23 @@ pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<
             .map_err(my("recording the high-water"))?;
     }
     tracing::info!(sequence = %seq, from, to = past, "mysql repair moved the sequence");
-    if promoted || records {
+    if promoted || moved || records {
         // The trigger and procedure for this server and the shard values
         // now recorded, and the clock event, which a replica has disabled
         // (SLAVESIDE_DISABLED) and ran none.
-        let applied = apply::install(conn, layout, opts, apply::Mode::Repair).await?;
+        let applied = apply::install(conn, layout, opts, apply::Mode::Repair)
+            .await
+            .map_err(|e| {
+                other(
+                    "repair",
+                    format!(
+                        "moved sequence {seq} from {from} to {past} and recorded that as its high-water, then stopped before installing the trigger, the procedures and the clock event for this server (inserts are still refused): {}",
+                        e.to_string()
+                            .replace("mysql: repair: ", "")
+                            .replace("nothing was changed: ", "")
+                    ),
+                )
+            })?;
         for warning in &applied.warnings {
             tracing::warn!("{warning}");
         }

@@ -160,7 +160,9 @@ pub struct Plan {
     epoch_datetime: String,
     database: Option<String>,
     server_id: Option<u32>,
+    place: Option<(u16, String)>,
     serves: Option<(u64, u64)>,
+    clock_loop: bool,
 }
 
 impl Plan {
@@ -205,7 +207,9 @@ impl Plan {
             epoch_datetime,
             database: None,
             server_id: None,
+            place: None,
             serves: None,
+            clock_loop: true,
         })
     }
 
@@ -228,12 +232,40 @@ impl Plan {
         self
     }
 
+    /// The plan for the objects of the server listening on `port` with
+    /// data directory `datadir` (`@@port`, `@@datadir`): the trigger and
+    /// the procedures then refuse every id on a copy of the server started
+    /// beside it (its data directory copied, the same `server_id` from the
+    /// same configuration), and on the server moved to another port or
+    /// data directory, until `mysql apply --shards ... --peer` gives the
+    /// copy values of its own, or `mysql repair` reinstalls them. Two
+    /// variable reads per row, as `@@server_id`. What `mysql apply`
+    /// installs.
+    pub fn at(mut self, port: u16, datadir: &str) -> Plan {
+        self.place = Some((port, datadir.to_string()));
+        self
+    }
+
+    /// The test of [`Plan::at`] in the trigger and the procedures:
+    /// `` AND @@port = PORT AND @@datadir = 'DIR'``.
+    pub fn place_sql(port: u16, datadir: &str) -> String {
+        format!(" AND @@port = {port} AND @@datadir = {}", lit(datadir))
+    }
+
     /// The plan for a server that makes ids for the shard values `lo..=hi`
     /// only (the shard value is the key mod 2^shard_bits): the trigger and
     /// the procedure refuse any other key. The whole range, or `None`,
     /// tests nothing.
     pub fn serving(mut self, range: Option<(u64, u64)>) -> Plan {
         self.serves = range.filter(|&(lo, hi)| lo > 0 || hi < self.shard_max());
+        self
+    }
+
+    /// The plan for a server without sequences (MySQL): no clock event is
+    /// installed there, so the row-lock procedure does not wait for its
+    /// loop ([`Plan::clock_lock`] is `None`).
+    pub fn without_clock_loop(mut self) -> Plan {
+        self.clock_loop = false;
         self
     }
 
@@ -274,7 +306,8 @@ impl Plan {
     /// computing it per row.
     pub fn clock_lock(&self, names: &Names) -> Option<String> {
         use md5::{Digest, Md5};
-        self.database.as_ref().map(|db| {
+        let db = self.database.as_ref().filter(|_| self.clock_loop);
+        db.map(|db| {
             format!(
                 "shardflake {:x}",
                 Md5::digest(format!("{db}.{}", names.sequence()))
@@ -576,6 +609,9 @@ fn on_this_server(plan: &Plan) -> String {
     if let Some(id) = plan.server_id {
         sql.push_str(&format!(" AND @@server_id = {id}"));
     }
+    if let Some((port, dir)) = &plan.place {
+        sql.push_str(&Plan::place_sql(*port, dir));
+    }
     sql
 }
 
@@ -625,6 +661,18 @@ fn on_another_server(plan: &Plan, who: &str, keyword: &str, set: &str) -> String
             "\n  {keyword} @@server_id <> {id} THEN\n    \
              {set}CONCAT('{who}: installed for server_id {id}, this is server_id ', @@server_id, \
              ' (a promoted replica, or a copy of the server): its sequence may be behind ids the old primary made; run shardflake mysql repair before writing');"
+        ));
+        keyword = "ELSEIF";
+    }
+    // (Cut to 512 characters, what `msg` and a SIGNAL's text hold: a data
+    // directory's path has no bound.)
+    if let Some((port, dir)) = &plan.place {
+        let quoted = lit(dir);
+        let text = &quoted[1..quoted.len() - 1];
+        arms.push_str(&format!(
+            "\n  {keyword} @@port <> {port} OR @@datadir <> {quoted} THEN\n    \
+             {set}LEFT(CONCAT('{who}: installed for the server on port {port}, data directory {text}; this is port ', @@port, ', ', @@datadir, \
+             ': a copy of that server started beside it, or the server moved. A copy: give it shard values of its own, none of the original''s (shardflake mysql apply --shards LO-HI --peer URL_OF_THE_ORIGINAL); the server moved: shardflake mysql repair'), 512);"
         ));
     }
     arms
@@ -1204,7 +1252,7 @@ BEGIN{declare_high_water}
       DECLARE us BIGINT;
       DECLARE t BIGINT;
       DECLARE w BIGINT;
-      DECLARE msg VARCHAR(512);{below}{other_server}{stopped}
+      DECLARE msg VARCHAR(512);{below}{guards}
 {checks}      SET t = {clock};
       IF t > {max} THEN
         {past_end}
@@ -1254,35 +1302,10 @@ END",
         server = on_this_server(plan),
         range = in_range(plan, key),
         running = clock_loop_runs(plan, names),
-        stopped = {
-            let arm = clock_loop_stopped(plan, names, name, "IF", "SET msg = ");
-            if arm.is_empty() {
-                arm
-            } else {
-                format!(
-                    "{}\n        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;\n      END IF;",
-                    arm.replace("\n  ", "\n      ")
-                )
-            }
-        },
-        other_server = {
-            let arm = match format!(
-                "{}{}",
-                on_another_server(plan, name, "IF", "SET msg = "),
-                out_of_range(plan, name, key, "ELSEIF", "SET msg = ")
-            ) {
-                arm if arm.starts_with("\n  ELSEIF") => format!("\n  IF{}", &arm["\n  ELSEIF".len()..]),
-                arm => arm,
-            };
-            if arm.is_empty() {
-                arm
-            } else {
-                format!(
-                    "{}\n        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;\n      END IF;",
-                    arm.replace("\n  ", "\n      ")
-                )
-            }
-        },
+        // Every guard's arm SIGNALs (before, only the last arm of the
+        // chain did: a copy or a promoted replica recording a range got
+        // ids from the slow path).
+        guards = guards_sql(plan, names, name, key).replace("\n  ", "\n      "),
         checks = clock_checks(plan, name, key).replace("\n  ", "\n      ").replacen("  IF", "      IF", 1),
         clock = plan.packed_sql("us"),
         max = plan.max_packed(),
@@ -1314,6 +1337,13 @@ pub fn sequences_sql(row: &str) -> String {
 /// repeat. Every check comes **before** the write: the clock against the
 /// epoch (no negative shift) and the layout's end, the row against `MAX`.
 /// The row stays locked until the caller's transaction ends.
+///
+/// Before all that, the guards the trigger and `generate_post_id` apply
+/// ([`guards_sql`]): the database and server it was installed for, the
+/// shard values the server records, and (with sequences) the clock
+/// event's loop. Without them a server that gave shard values away still
+/// made ids for them here (issue 37, A7: 314 of 18,539 ids twice after a
+/// hand-over).
 pub fn locked_procedure_sql(plan: &Plan, names: &Names) -> String {
     let name = names.locked_procedure();
     let key = &names.key;
@@ -1324,7 +1354,7 @@ COMMENT {comment}
 BEGIN
   DECLARE us BIGINT;
   DECLARE now_packed BIGINT;
-  DECLARE msg VARCHAR(255);
+  DECLARE msg VARCHAR(512);{guards}
 {checks}  SET now_packed = {clock};
   IF now_packed > {max} THEN
     {past_end}
@@ -1340,6 +1370,7 @@ BEGIN
   SET id = {id};
 END",
         comment = lit(&plan.marker()),
+        guards = guards_sql(plan, names, &name, key),
         checks = clock_checks(plan, &name, key),
         clock = plan.packed_sql("us"),
         max = plan.max_packed(),
@@ -1349,6 +1380,26 @@ END",
         end = plan.limit_text(),
         id = plan.id_sql("LAST_INSERT_ID()", key),
     )
+}
+
+/// The guards every way of making an id applies, as one `IF` that
+/// `SIGNAL`s the first that fails (empty when there are none): a
+/// database or server other than the one the objects were installed for,
+/// a key whose shard value this server does not record, the clock
+/// event's loop not running. `who` names the routine, `key` its shard key.
+fn guards_sql(plan: &Plan, names: &Names, who: &str, key: &str) -> String {
+    let arms = format!(
+        "{}{}{}",
+        on_another_server(plan, who, "ELSEIF", "SET msg = "),
+        out_of_range(plan, who, key, "ELSEIF", "SET msg = "),
+        clock_loop_stopped(plan, names, who, "ELSEIF", "SET msg = "),
+    );
+    match arms.strip_prefix("\n  ELSEIF") {
+        None => String::new(),
+        Some(rest) => format!(
+            "\n  IF{rest}\n  END IF;\n  IF msg IS NOT NULL THEN\n    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;\n  END IF;"
+        ),
+    }
 }
 
 /// The seed's procedure, verbatim except for its name and row (kept to show
@@ -1543,6 +1594,55 @@ mod tests {
         assert!(!locked.contains("UNIX_TIMESTAMP"), "{locked}");
         assert!(!proc_.contains("UNIX_TIMESTAMP"));
         assert!(seed_procedure_sql("s", "r").contains("SELECT next_val % 1024 FROM sequences"));
+    }
+
+    /// Issue 37, A7: the row-lock procedure applies the trigger's guards.
+    #[test]
+    fn the_locked_procedure_has_the_triggers_guards() {
+        let n = Names::default();
+        let p = plan()
+            .in_database("app")
+            .on_server(7)
+            .serving(Some((0, 511)));
+        let locked = locked_procedure_sql(&p, &n);
+        for guard in [
+            "IF DATABASE() <> 'app' THEN",
+            "ELSEIF @@server_id <> 7 THEN",
+            "ELSEIF (user_id & 1023) NOT BETWEEN 0 AND 511 THEN",
+            "IS_USED_LOCK('shardflake ",
+            "IF msg IS NOT NULL THEN\n    SIGNAL",
+        ] {
+            assert!(locked.contains(guard), "{guard}: {locked}");
+        }
+        // every guard before the write
+        assert!(locked.find("IS_USED_LOCK").unwrap() < locked.find("UPDATE sequences").unwrap());
+        // MySQL runs no clock event: no wait for its loop there
+        let mysql = locked_procedure_sql(&p.clone().without_clock_loop(), &n);
+        assert!(!mysql.contains("IS_USED_LOCK"), "{mysql}");
+        assert!(mysql.contains("ELSEIF @@server_id <> 7 THEN"), "{mysql}");
+        // generate_post_id refuses at every guard, not at the last one only
+        let proc_ = procedure_sql(&p, &n);
+        assert!(
+            proc_.contains("\n      ELSEIF @@server_id <> 7 THEN"),
+            "{proc_}"
+        );
+        assert!(
+            proc_.contains("\n      IF msg IS NOT NULL THEN\n        SIGNAL"),
+            "{proc_}"
+        );
+        // a copy beside the server, or the server moved
+        let placed = locked_procedure_sql(&p.clone().at(3306, "/var/lib/mysql/"), &n);
+        assert!(
+            placed.contains("ELSEIF @@port <> 3306 OR @@datadir <> '/var/lib/mysql/' THEN"),
+            "{placed}"
+        );
+        let t = trigger_sql(&p.clone().at(3306, "/var/lib/mysql/"), &n);
+        assert!(
+            t.contains(" AND @@server_id = 7 AND @@port = 3306 AND @@datadir = '/var/lib/mysql/'"),
+            "{t}"
+        );
+        // `mysql sql`'s printout: no guard
+        assert!(!locked_procedure_sql(&plan(), &n).contains("msg IS NOT NULL"));
     }
 
     #[test]

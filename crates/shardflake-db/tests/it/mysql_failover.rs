@@ -194,3 +194,77 @@ async fn a_promoted_server_is_told_one_way_out_and_it_works() {
     assert!(mysql::insert(&mut c, &opts.names, 5, "x").await.is_ok());
     assert!(mysql::insert(&mut c, &opts.names, 600, "x").await.is_err());
 }
+
+/// How far, in ms, `server`'s id sequence runs ahead of its clock.
+fn sequence_lead_ms(server: &MariaDbServer) -> i64 {
+    server
+        .sql("SELECT (next_not_cached_value DIV 1024) - (TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'2023-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000) FROM app.posts_id_seq")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Review A8c: `mysql repair --peer P` (no `--shards`) on a promoted
+/// server whose record meets P's logged that it moved the sequence, then
+/// failed with "apply: nothing was changed: peer ... meets": it was
+/// `repair`, and the sequence and high-water had moved. Now it is
+/// refused before any change, as `repair`, and `--shards` of its own is
+/// the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_with_a_peer_meeting_its_values_is_refused_before_any_change() {
+    let (r, p) = (
+        MariaDbServer::start_with("--server-id=1", None).unwrap(),
+        MariaDbServer::start_with("--server-id=7", None).unwrap(),
+    );
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let mut cr = conn(&r.url()).await;
+    mysql::apply(&mut cr, &layout, &Options::default())
+        .await
+        .unwrap();
+    let mut cp = conn(&p.url()).await;
+    let own = Options {
+        shards: Some((0, 383)),
+        ..Options::default()
+    };
+    mysql::apply(&mut cp, &layout, &own).await.unwrap();
+    // r promoted: its trigger was made for server_id 1.
+    r.sql("SET GLOBAL server_id = 2").unwrap();
+    drop(cr);
+    let mut cr = conn(&r.url()).await;
+    let with_peer = Options {
+        peers: vec![p.url()],
+        ..Options::default()
+    };
+    let e = mysql::repair(&mut cr, &layout, &with_peer)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "mysql: repair: nothing was changed: peer {} makes ids of app.posts for shard values 0-383, which meets 0-1023",
+            p.url()
+        )),
+        "{e}"
+    );
+    // Nothing moved: repair would have put it past the clock + 1.5 s.
+    assert!(sequence_lead_ms(&r) < 500, "{}", sequence_lead_ms(&r));
+    let e = mysql::insert(&mut cr, &own.names, 400, "x")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("installed for server_id 1"), "{e}");
+    // The way out it names: values of its own.
+    let rest = Options {
+        shards: Some((384, 1023)),
+        peers: vec![p.url()],
+        ..Options::default()
+    };
+    mysql::repair(&mut cr, &layout, &rest).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mysql::clock_running(&mut cr, &rest.names).await.unwrap() {
+        assert!(Instant::now() < deadline, "no clock loop after repair");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(mysql::insert(&mut cr, &rest.names, 400, "x").await.is_ok());
+    assert!(mysql::insert(&mut cr, &rest.names, 5, "x").await.is_err());
+}

@@ -610,3 +610,64 @@ async fn a_dump_taken_while_the_loop_ran_and_restored_as_it_restarts_repeats_no_
         "no round turned the scheduler on within 1 s of its dump"
     );
 }
+
+/// Review A5: `mysql apply` on a server where another session holds an
+/// open transaction on the table waited silently and without bound (the
+/// table's metadata lock), every insert stalling behind it. Now it waits
+/// [`mysql::TABLE_LOCK_WAIT_S`] and is refused naming the open
+/// transaction; once that ends, the same command goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_behind_an_open_transaction_is_refused_naming_it() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let mut c = mysql::pool(&server.url())
+        .unwrap()
+        .get_conn()
+        .await
+        .unwrap();
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    let mut open = mysql::pool(&server.url())
+        .unwrap()
+        .get_conn()
+        .await
+        .unwrap();
+    open.query_drop("BEGIN").await.unwrap();
+    open.query_drop("SELECT COUNT(*) FROM posts").await.unwrap();
+    // Other values: the trigger changes, which needs the table.
+    let narrower = Options {
+        shards: Some((0, 511)),
+        ..Options::default()
+    };
+    let started = Instant::now();
+    let e = tokio::time::timeout(
+        Duration::from_secs(30),
+        mysql::apply(&mut c, &layout, &narrower),
+    )
+    .await
+    .expect("apply waited 30 s for the open transaction")
+    .unwrap_err()
+    .to_string();
+    assert!(started.elapsed() < Duration::from_secs(20), "{e}");
+    for part in [
+        "mysql: apply: stopped before changing table posts",
+        "is held by an open transaction that used it",
+        &format!("connection {} of root@", open.id()),
+        "then run shardflake mysql apply again",
+    ] {
+        assert!(e.contains(part), "{part}: {e}");
+    }
+    open.query_drop("COMMIT").await.unwrap();
+    mysql::apply(&mut c, &layout, &narrower).await.unwrap();
+    assert!(
+        mysql::insert(&mut c, &Names::default(), 700, "x")
+            .await
+            .is_err()
+    );
+    assert!(
+        mysql::insert(&mut c, &Names::default(), 7, "x")
+            .await
+            .is_ok()
+    );
+}
