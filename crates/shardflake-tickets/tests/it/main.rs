@@ -20,6 +20,7 @@ mod quorum;
 mod reply_order;
 mod repro;
 mod stores;
+mod write_ahead;
 
 use shardflake_testkit::{MariaDbServer, PgServer};
 use shardflake_tickets::{
@@ -142,6 +143,18 @@ fn etcd_marks(etcd: &shardflake_testkit::Etcd, prefix: &str) -> String {
         "\n[marks]\netcd = [{}]\netcd_prefix = \"{prefix}\"\n",
         endpoints.join(", ")
     )
+}
+
+/// With two servers a mark counts only once the peer holds it: while one
+/// is down, the other's clients hand out the ids already marked, then are
+/// refused for want of marks (`no_high_water`, or `unavailable` /
+/// `timeout` when a call's time ran out meanwhile). Any other error fails.
+fn assert_only_marks_refusals(what: &str, errors: &[TicketError]) {
+    let other: Vec<_> = errors
+        .iter()
+        .filter(|e| !matches!(e.code(), "no_high_water" | "unavailable" | "timeout"))
+        .collect();
+    assert!(other.is_empty(), "{what}: callers saw errors: {other:?}");
 }
 
 fn assert_unique(ids: &[u64]) {
@@ -277,7 +290,8 @@ async fn a_pair_at_mariadbs_default_globals_checks_ok_with_a_warning() {
     );
 }
 
-/// 8 callers on both sequences while server `a` is SIGKILLed and restarted.
+/// 8 callers on both sequences while server `a` is SIGKILLed and restarted:
+/// `b` carries the load while its marks last (a mark needs `a` too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_pair_survives_a_kill_under_load_without_a_duplicate() {
     let (a, b) = (maria(2, 1), maria(2, 2));
@@ -317,7 +331,7 @@ async fn mariadb_pair_survives_a_kill_under_load_without_a_duplicate() {
     let (mut photos, mut blocks) = (Vec::new(), Vec::new());
     for t in tasks {
         let (sequence, ids, errors) = t.await.unwrap();
-        assert!(errors.is_empty(), "callers saw errors: {errors:?}");
+        assert_only_marks_refusals(sequence, &errors);
         if sequence == "photos" {
             photos.extend(ids);
         } else {
@@ -404,7 +418,7 @@ async fn postgres_pair_survives_a_kill_under_load_without_a_duplicate() {
         let (mut photos, mut blocks) = (Vec::new(), Vec::new());
         for t in tasks {
             let (sequence, ids, errors) = t.await.unwrap();
-            assert!(errors.is_empty(), "{style}: callers saw errors: {errors:?}");
+            assert_only_marks_refusals(style, &errors);
             if sequence == "photos" {
                 photos.extend(ids);
             } else {

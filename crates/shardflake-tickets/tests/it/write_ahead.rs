@@ -1,0 +1,67 @@
+//! The marks written ahead of the ids, from an outside review of a pair of
+//! MariaDB ticket servers (run r1): a block handed out while its mark sat
+//! only on its own server (B4, B6), per-id counters raised by clients that
+//! never asked for them, and what a client says while a dump is loaded.
+//! Each on real servers; each failed on the code before (see the note on
+//! each).
+
+use std::time::{Duration, Instant};
+
+use shardflake_tickets::TicketClient;
+
+use super::repro::{calls, dump, pair, restore};
+use super::{assert_unique, init_ok, maria};
+
+/// Takes ids of `blocks` 100 at a time until `server` answered `blocks`
+/// reservations (bounded).
+async fn take_from(client: &TicketClient, server: &str, blocks: u64, ids: &mut Vec<u64>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while calls(client, server) < blocks {
+        assert!(
+            Instant::now() < deadline,
+            "{server} never reserved {blocks}"
+        );
+        ids.extend(client.next_n("blocks", 100).await.unwrap());
+    }
+}
+
+/// B4: a short-lived client (`tickets next`) checks both servers, then its
+/// block is reserved from `a` just as `a`'s only peer `b` dies, so the
+/// block's mark can reach `a`'s own copy only. `a` is then restored from
+/// an older dump (its copy of the marks rolled back with it), `b` comes
+/// back without the mark, and a fresh client takes `a` back against `b`'s
+/// marks. No id of that block may be handed out: a mark counts only once
+/// a place other than its server holds it (with two places, the peer).
+/// Before: the block's mark on `a` alone was enough, its ids went out,
+/// and the fresh client handed them out again (the review: 5 of 10,705).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_block_whose_mark_only_its_own_server_took_is_never_handed_out_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let mut ids = Vec::new();
+    let earlier = TicketClient::connect(config.clone()).await.unwrap();
+    take_from(&earlier, "a", 1, &mut ids).await;
+    earlier.shutdown().await;
+    drop(earlier);
+    let path = dump(&a, "b4");
+    let next = TicketClient::connect(config.clone()).await.unwrap();
+    b.kill().unwrap();
+    let taken = next.next_n("blocks", 5).await;
+    if let Ok(got) = &taken {
+        ids.extend(got);
+    }
+    next.shutdown().await;
+    drop(next);
+    restore(&a, &path);
+    b.restart().unwrap();
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    take_from(&fresh, "a", 3, &mut ids).await;
+    fresh.shutdown().await;
+    let _ = std::fs::remove_file(path);
+    assert_unique(&ids);
+    assert!(
+        taken.is_err(),
+        "ids of a block whose mark only its own server took went out: {taken:?}"
+    );
+}
