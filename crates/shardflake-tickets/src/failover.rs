@@ -312,7 +312,10 @@ impl Server {
     /// from it: the marks in the store, this client's own, its answers. A
     /// counter below (restored, or ids reserved ahead and not yet used) is
     /// raised past them; the ids between are skipped, never handed out
-    /// twice. Then the per-id marks are written ahead of the counter.
+    /// twice. No mark is written ahead here: a per-id mark is written by
+    /// the first id of the sequence this client hands out (`Pool::cover`),
+    /// so a client that never asks for a sequence leaves its counter where
+    /// the marks are (each client's marks ahead raised it once more).
     ///
     /// First the server's identity takes its residue class over where
     /// another held it (every place that answers), then the class's marks
@@ -408,7 +411,6 @@ impl Server {
             }
         };
         let span = config.failover.mark_ahead.saturating_mul(config.increment);
-        let mut ahead = Vec::new();
         for (i, seq) in config.sequences.iter().enumerate() {
             let counter = session
                 .counter(config, &self.config, seq)
@@ -456,21 +458,10 @@ impl Server {
                 Mode::PerId => {
                     // Every later id is above the counter.
                     self.seen[i].fetch_max(after.min(i64::MAX as u64) as i64, Ordering::Relaxed);
-                    let want = after.saturating_add(span).min(seq.max_id());
-                    self.wanted[i].fetch_max(want, Ordering::Relaxed);
-                    ahead.push((seq.name.clone(), want));
                 }
                 Mode::Segment => {
                     let row = self.lattice.row_of_counter(after);
                     self.seen[i].fetch_max(row, Ordering::Relaxed);
-                }
-            }
-        }
-        if !ahead.is_empty() {
-            store.record(&self.class, Some(identity), &ahead).await?;
-            for (i, seq) in config.sequences.iter().enumerate() {
-                if let Some((_, want)) = ahead.iter().find(|(q, _)| *q == seq.name) {
-                    self.reserved[i].fetch_max(*want, Ordering::Relaxed);
                 }
             }
         }
