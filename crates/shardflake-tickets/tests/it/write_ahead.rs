@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use shardflake_testkit::MariaDbServer;
-use shardflake_tickets::TicketClient;
+use shardflake_tickets::{HighWaterStore, PeersStore, ResidueClass, TicketClient, TicketError};
 
 use super::repro::{calls, dump, pair, restore};
 use super::{assert_unique, init_ok, maria};
@@ -109,4 +109,57 @@ async fn clients_that_never_ask_for_a_per_id_sequence_leave_its_counter_alone_ma
     user.shutdown().await;
     assert_unique(&photos);
     assert_unique(&blocks);
+}
+
+/// While a dump is loaded into `a`, each of its tables is recreated empty
+/// before its rows go in: here its lattice version, as the dump leaves it
+/// for a moment. A client's refusal names a restore under way (and `init`
+/// only if it stays), and a mark of `b`'s class is merely not taken by
+/// `a`, not refused as if a `reshape` had changed `a`'s lattice. Before:
+/// "made by an older shardflake: run `shardflake tickets init`", and the
+/// mark write of `b` failed with `lattice_changed` ("restart it with the
+/// file reshape was given"), which refuses `b` itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dump_being_loaded_is_named_and_refuses_no_peer_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = pair(&a, &b, "");
+    init_ok(&config).await;
+    let client = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = client.next_n("photos", 10).await.unwrap();
+    client.shutdown().await;
+    drop(client);
+    a.sql("DELETE FROM shardflake_ticket_lattice_version")
+        .unwrap();
+    let store = PeersStore::new(config.clone());
+    let class = ResidueClass::named(&config, "b");
+    let holder = store.holder(&class).await.unwrap().expect("b's holder");
+    let written = store
+        .record(
+            &class,
+            Some(&holder.identity),
+            &[("photos".into(), 1 << 40)],
+        )
+        .await;
+    let e = written.expect_err("a took a mark with no lattice version");
+    assert!(
+        !matches!(e, TicketError::LatticeChanged { .. }) && !e.to_string().contains("reshape"),
+        "{e}"
+    );
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    let reason = fresh
+        .metrics()
+        .into_iter()
+        .find(|m| m.name == "a")
+        .and_then(|m| m.reason)
+        .unwrap_or_default();
+    assert!(
+        reason.contains("a restore in progress") && reason.contains("if it stays"),
+        "{reason}"
+    );
+    a.sql("INSERT INTO shardflake_ticket_lattice_version (one, version, reshaping) VALUES (1, 1, FALSE)")
+        .unwrap();
+    super::wait_state(&fresh, "a", "up").await;
+    ids.extend(fresh.next_n("photos", 10).await.unwrap());
+    fresh.shutdown().await;
+    assert_unique(&ids);
 }
