@@ -830,7 +830,19 @@ impl Pool {
             return Ok(());
         }
         let mark = s.wanted[index].load(Ordering::Relaxed);
-        self.write_marks(s, &[(seq.name.clone(), mark)]).await
+        self.write_ahead(s, &[(seq.name.clone(), mark)]).await
+    }
+
+    /// [`Pool::write_marks`] ahead of ids: a server whose marks the places
+    /// did not take is refused (or down) until a checked session finds
+    /// them answering again, so calls go elsewhere or fail at once rather
+    /// than each taking an id or a block that is never handed out.
+    async fn write_ahead(&self, s: &Server, marks: &[(String, u64)]) -> Result<(), TicketError> {
+        let written = self.write_marks(s, marks).await;
+        if let Err(e) = &written {
+            s.mark_failed(e);
+        }
+        written
     }
 
     /// Runs `call` on the servers in [`call_order`] until one answers,
@@ -941,7 +953,7 @@ impl Pool {
         let s = &self.servers[server];
         let block = Block::new(server, row, chunks, s.lattice, seq.max_id());
         let mark = s.lattice.counter_of_row(row);
-        if let Err(e) = self.write_marks(s, &[(seq.name.clone(), mark)]).await {
+        if let Err(e) = self.write_ahead(s, &[(seq.name.clone(), mark)]).await {
             s.skipped.fetch_add(block.size, Ordering::Relaxed);
             return Err(e);
         }
