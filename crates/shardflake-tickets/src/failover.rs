@@ -416,13 +416,7 @@ impl Server {
                 .counter(config, &self.config, seq)
                 .await?
                 .ok_or_else(|| {
-                    TicketError::misconfigured(
-                        name,
-                        format!(
-                            "sequence {:?} is not initialised (run `shardflake tickets init`)",
-                            seq.name
-                        ),
-                    )
+                    TicketError::missing_record(name, &format!("the counter of {:?}", seq.name))
                 })?;
             if seq.mode == Mode::Segment {
                 // Raised past the marks, a row off the lattice would land

@@ -640,13 +640,7 @@ pub struct SequenceState {
 }
 
 pub(crate) fn not_initialised(server: &str, seq: &SequenceConfig) -> TicketError {
-    TicketError::misconfigured(
-        server,
-        format!(
-            "sequence {:?} is not initialised (run `shardflake tickets init`)",
-            seq.name
-        ),
-    )
+    TicketError::missing_record(server, &format!("the counter of sequence {:?}", seq.name))
 }
 
 /// A sequence `init` finds in the other mode on this server.
