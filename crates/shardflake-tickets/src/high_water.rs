@@ -91,7 +91,8 @@ impl ResidueClass {
 /// Where high-water marks live.
 pub trait HighWaterStore: Send + Sync {
     /// Raises (never lowers) `class`'s marks: `(sequence, mark)`. `Ok` once
-    /// a write's majority of the places holds them ([`Quorum::write`];
+    /// a write's majority of the places holds them, enough of them other
+    /// than the class's server ([`Quorum::write`], [`Quorum::write_others`];
     /// else [`TicketError::NoHighWater`]). With `identity` (the server whose
     /// ids they cover), a place that records another identity as the
     /// class's holder refuses them, and so does the whole write

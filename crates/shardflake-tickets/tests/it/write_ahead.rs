@@ -67,6 +67,44 @@ async fn a_block_whose_mark_only_its_own_server_took_is_never_handed_out_mariadb
     );
 }
 
+/// B4 per id: a running client goes on with `a`'s per-id ids after `a`'s
+/// only peer `b` died, past the last mark `b` took. `a` is then restored
+/// from an older dump, `b` comes back, and a fresh client takes `a` back
+/// against `b`'s marks. No id past the marks `b` holds may have gone out.
+/// Before: the running client's marks reached `a`'s own copy only, its
+/// ids went out, and the fresh client handed them out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_per_id_id_past_the_marks_only_its_own_server_took_is_never_handed_out_mariadb() {
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let config = shardflake_tickets::Config::parse(&format!(
+        "{}{}{}",
+        super::server_toml("a", "mariadb", &a.url(), 1),
+        super::server_toml("b", "mariadb", &b.url(), 2),
+        super::repro::FIXED.replace("[failover]\n", "[failover]\nmark_ahead = 10\n")
+    ))
+    .unwrap();
+    assert_eq!(config.failover.mark_ahead, 10);
+    init_ok(&config).await;
+    let path = dump(&a, "b4-per-id");
+    let running = TicketClient::connect(config.clone()).await.unwrap();
+    let mut ids = running.next_n("photos", 20).await.unwrap();
+    b.kill().unwrap();
+    for _ in 0..100 {
+        if let Ok(id) = running.next("photos").await {
+            ids.push(id);
+        }
+    }
+    running.shutdown().await;
+    drop(running);
+    restore(&a, &path);
+    b.restart().unwrap();
+    let fresh = TicketClient::connect(config.clone()).await.unwrap();
+    ids.extend(fresh.next_n("photos", 200).await.unwrap());
+    fresh.shutdown().await;
+    let _ = std::fs::remove_file(path);
+    assert_unique(&ids);
+}
+
 /// The per-id counter of `photos` on `m`.
 fn photos_counter(m: &MariaDbServer) -> u64 {
     m.sql("SELECT MAX(id) FROM tickets_photos")
