@@ -270,6 +270,20 @@ impl TicketError {
         }
     }
 
+    /// A record `init` writes (`what`) is not on `server`. While a dump
+    /// is loaded each table is recreated empty before its rows, so this is
+    /// most often a restore under way and clears by itself: the message
+    /// says so before it names `init`, which only a server never
+    /// initialised, or initialised by an older shardflake, needs.
+    pub(crate) fn missing_record(server: &str, what: &str) -> TicketError {
+        TicketError::misconfigured(
+            server,
+            format!(
+                "{what} missing: a restore in progress (a dump recreates each table empty before its rows), or not recorded by `init` (never run, or run by an older shardflake); if it stays, run `shardflake tickets init`"
+            ),
+        )
+    }
+
     pub(crate) fn misconfigured(server: &str, message: impl Into<String>) -> TicketError {
         TicketError::Misconfigured {
             server: server.to_string(),

@@ -452,9 +452,10 @@ impl EtcdAndPeers {
 
     fn quorum(&self) -> Quorum {
         let servers = self.peers.quorum().places;
-        Quorum {
-            places: servers + usize::from(self.etcd_counts()),
-        }
+        Quorum::of(
+            self.peers.config(),
+            servers + usize::from(self.etcd_counts()),
+        )
     }
 
     /// etcd's answer added to the peers' `tally` where etcd counts; logged

@@ -312,7 +312,10 @@ impl Server {
     /// from it: the marks in the store, this client's own, its answers. A
     /// counter below (restored, or ids reserved ahead and not yet used) is
     /// raised past them; the ids between are skipped, never handed out
-    /// twice. Then the per-id marks are written ahead of the counter.
+    /// twice. No mark is written ahead here: a per-id mark is written by
+    /// the first id of the sequence this client hands out (`Pool::cover`),
+    /// so a client that never asks for a sequence leaves its counter where
+    /// the marks are (each client's marks ahead raised it once more).
     ///
     /// First the server's identity takes its residue class over where
     /// another held it (every place that answers), then the class's marks
@@ -408,19 +411,12 @@ impl Server {
             }
         };
         let span = config.failover.mark_ahead.saturating_mul(config.increment);
-        let mut ahead = Vec::new();
         for (i, seq) in config.sequences.iter().enumerate() {
             let counter = session
                 .counter(config, &self.config, seq)
                 .await?
                 .ok_or_else(|| {
-                    TicketError::misconfigured(
-                        name,
-                        format!(
-                            "sequence {:?} is not initialised (run `shardflake tickets init`)",
-                            seq.name
-                        ),
-                    )
+                    TicketError::missing_record(name, &format!("the counter of {:?}", seq.name))
                 })?;
             if seq.mode == Mode::Segment {
                 // Raised past the marks, a row off the lattice would land
@@ -456,21 +452,10 @@ impl Server {
                 Mode::PerId => {
                     // Every later id is above the counter.
                     self.seen[i].fetch_max(after.min(i64::MAX as u64) as i64, Ordering::Relaxed);
-                    let want = after.saturating_add(span).min(seq.max_id());
-                    self.wanted[i].fetch_max(want, Ordering::Relaxed);
-                    ahead.push((seq.name.clone(), want));
                 }
                 Mode::Segment => {
                     let row = self.lattice.row_of_counter(after);
                     self.seen[i].fetch_max(row, Ordering::Relaxed);
-                }
-            }
-        }
-        if !ahead.is_empty() {
-            store.record(&self.class, Some(identity), &ahead).await?;
-            for (i, seq) in config.sequences.iter().enumerate() {
-                if let Some((_, want)) = ahead.iter().find(|(q, _)| *q == seq.name) {
-                    self.reserved[i].fetch_max(*want, Ordering::Relaxed);
                 }
             }
         }
@@ -839,7 +824,19 @@ impl Pool {
             return Ok(());
         }
         let mark = s.wanted[index].load(Ordering::Relaxed);
-        self.write_marks(s, &[(seq.name.clone(), mark)]).await
+        self.write_ahead(s, &[(seq.name.clone(), mark)]).await
+    }
+
+    /// [`Pool::write_marks`] ahead of ids: a server whose marks the places
+    /// did not take is refused (or down) until a checked session finds
+    /// them answering again, so calls go elsewhere or fail at once rather
+    /// than each taking an id or a block that is never handed out.
+    async fn write_ahead(&self, s: &Server, marks: &[(String, u64)]) -> Result<(), TicketError> {
+        let written = self.write_marks(s, marks).await;
+        if let Err(e) = &written {
+            s.mark_failed(e);
+        }
+        written
     }
 
     /// Runs `call` on the servers in [`call_order`] until one answers,
@@ -950,7 +947,7 @@ impl Pool {
         let s = &self.servers[server];
         let block = Block::new(server, row, chunks, s.lattice, seq.max_id());
         let mark = s.lattice.counter_of_row(row);
-        if let Err(e) = self.write_marks(s, &[(seq.name.clone(), mark)]).await {
+        if let Err(e) = self.write_ahead(s, &[(seq.name.clone(), mark)]).await {
             s.skipped.fetch_add(block.size, Ordering::Relaxed);
             return Err(e);
         }

@@ -27,11 +27,13 @@
 //! once, each within `marks_timeout_ms`.
 //!
 //! The places are a read/write [`Quorum`]: a mark write succeeds only when
-//! a majority of the places took it, and a load vouches for a server only
-//! when enough places *other than that server* answered that the read meets
-//! every such majority there (the server's own copy is rolled back with
-//! it). So a peer that missed marks while it was down never vouches alone:
-//! with three servers, one down while marks were written, then the
+//! a majority of the places took it, enough of them *other than the
+//! class's server* that every read meets it there, and a load vouches for
+//! a server only when enough places other than that server answered (the
+//! server's own copy is rolled back with it). So no id leaves a client on
+//! a mark only its own server holds (with two places, the peer must take
+//! it), and a peer that missed marks while it was down never vouches
+//! alone: with three servers, one down while marks were written, then the
 //! up-to-date one down, the stale one is not enough.
 
 use std::collections::HashMap;
@@ -89,7 +91,8 @@ impl ResidueClass {
 /// Where high-water marks live.
 pub trait HighWaterStore: Send + Sync {
     /// Raises (never lowers) `class`'s marks: `(sequence, mark)`. `Ok` once
-    /// a write's majority of the places holds them ([`Quorum::write`];
+    /// a write's majority of the places holds them, enough of them other
+    /// than the class's server ([`Quorum::write`], [`Quorum::write_others`];
     /// else [`TicketError::NoHighWater`]). With `identity` (the server whose
     /// ids they cover), a place that records another identity as the
     /// class's holder refuses them, and so does the whole write
@@ -149,19 +152,41 @@ pub trait HighWaterStore: Send + Sync {
 pub struct Quorum {
     /// The places.
     pub places: usize,
+    /// `[failover] allow_without_marks`: a write the class's own server
+    /// alone took counts too (availability over safety: a restore of that
+    /// server loses the marks, and its ids can be handed out again).
+    pub own_copy_counts: bool,
 }
 
 impl Quorum {
-    /// A mark write: a majority of the places, whichever (the server's own
-    /// copy need not be among them: a read counts only the others, enough
-    /// of them to meet every majority). With two places or fewer, one: a majority of two is both, and
-    /// one server down would stop its peer (the limit this leaves, a pair's
-    /// peer vouching after it missed marks, is in the tickets guide).
+    /// The quorum of `places` under `config`'s `[failover]`.
+    pub fn of(config: &Config, places: usize) -> Quorum {
+        Quorum {
+            places,
+            own_copy_counts: config.failover.allow_without_marks,
+        }
+    }
+
+    /// A mark write: a majority of the places, of which at least
+    /// [`Quorum::write_others`] other than the class's server. With two
+    /// places or fewer, one: a majority of two is both, and one place down
+    /// would stop every server.
     pub fn write(self) -> usize {
         match self.places {
             0..=2 => 1,
             n => n / 2 + 1,
         }
+    }
+
+    /// Of a mark write's places, how many must be other than the class's
+    /// server (the only place when it is alone): enough to meet every
+    /// read ([`Quorum::read`] of them) there, since its own copy goes back
+    /// with a restore of it. With two places, the other one: a server
+    /// whose only peer is down writes no new mark, so its clients hand
+    /// out only the ids already marked, then refuse (`no_high_water`).
+    /// From three places on, a write's majority holds that many already.
+    pub fn write_others(self) -> usize {
+        self.places.saturating_sub(1).saturating_sub(self.read()) + 1
     }
 
     /// A read: answers from places other than the class's server, enough
@@ -205,18 +230,22 @@ impl Tally {
         }
     }
 
-    /// `Ok` when a write's majority took it, else `no_high_water` naming
-    /// the count and each place's reason.
+    /// `Ok` when a write's majority took it, with enough places other than
+    /// the class's server among them ([`Quorum::write_others`]), else
+    /// `no_high_water` naming the counts and each place's reason.
     pub fn written(self, quorum: Quorum, class: &ResidueClass) -> Result<(), TicketError> {
-        match self.took >= quorum.write() {
+        let others = quorum.own_copy_counts || self.others >= quorum.write_others();
+        match self.took >= quorum.write() && others {
             true => Ok(()),
             false => Err(TicketError::NoHighWater {
                 server: class.server.clone(),
                 reason: format!(
-                    "{} of {} places took the marks, {} needed: {}",
+                    "{} of {} places took the marks, {} needed, {} of them other than the server ({} needed: its own copy goes back with a restore of it): {}",
                     self.took,
                     quorum.places,
                     quorum.write(),
+                    self.others,
+                    quorum.write_others(),
                     reasons(&self.errors)
                 ),
             }),
@@ -290,9 +319,7 @@ impl PeersStore {
 
     /// The quorum of the servers alone (a file that names no etcd).
     pub(crate) fn quorum(&self) -> Quorum {
-        Quorum {
-            places: self.config.servers.len(),
-        }
+        Quorum::of(&self.config, self.config.servers.len())
     }
 
     /// Runs `op` on every server at once, each within the timeout.
@@ -582,5 +609,68 @@ impl HighWaterStore for PeersStore {
             tally.read(quorum, class)?;
             Ok(marks)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quorum(places: usize) -> Quorum {
+        Quorum {
+            places,
+            own_copy_counts: false,
+        }
+    }
+
+    fn tally(own: bool, others: usize) -> Tally {
+        let mut tally = Tally::default();
+        tally.add(
+            false,
+            if own {
+                Ok(())
+            } else {
+                Err(TicketError::db("a", "x", "down"))
+            },
+        );
+        for _ in 0..others {
+            tally.add(true, Ok(()));
+        }
+        tally
+    }
+
+    #[test]
+    fn a_write_needs_enough_places_other_than_the_server_to_meet_every_read() {
+        for places in 2..=7 {
+            let q = quorum(places);
+            // Every write meets every read outside the server.
+            assert!(q.write_others() + q.read() > places - 1, "{places}");
+            assert!(q.write_others() <= q.write(), "{places}");
+        }
+        assert_eq!(quorum(1).write_others(), 1);
+        assert_eq!(quorum(2).write_others(), 1);
+        assert_eq!(quorum(3).write_others(), 1);
+        assert_eq!(quorum(4).write_others(), 2);
+    }
+
+    #[test]
+    fn the_servers_own_copy_alone_is_no_write_unless_availability_wins() {
+        let class = ResidueClass {
+            key: "@1of2".into(),
+            server: "a".into(),
+        };
+        let e = tally(true, 0).written(quorum(2), &class).unwrap_err();
+        assert!(
+            e.to_string().contains("0 of them other than the server"),
+            "{e}"
+        );
+        tally(false, 1).written(quorum(2), &class).unwrap();
+        tally(true, 1).written(quorum(3), &class).unwrap();
+        assert!(tally(true, 0).written(quorum(3), &class).is_err());
+        let lenient = Quorum {
+            places: 2,
+            own_copy_counts: true,
+        };
+        tally(true, 0).written(lenient, &class).unwrap();
     }
 }

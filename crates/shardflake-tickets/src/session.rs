@@ -33,12 +33,8 @@ impl Session {
         let version = session.lattice_version().await?;
         let recorded = session.read_lattice().await?;
         check_lattice(config, server, &recorded, version.as_ref())?;
-        let version = version.ok_or_else(|| {
-            TicketError::misconfigured(
-                &server.name,
-                "no lattice version recorded (made by an older shardflake): run `shardflake tickets init`",
-            )
-        })?;
+        let version = version
+            .ok_or_else(|| TicketError::missing_record(&server.name, "the lattice version"))?;
         if version.reshaping {
             return Err(reshaping(&server.name));
         }

@@ -1053,13 +1053,15 @@ impl Backend for MariaSession {
             {
                 return Ok(false);
             }
-            let refused: Option<u64> = self
+            let refused: Option<i32> = self
                 .conn
                 .query_first(super::lattice_fence_refuses(class, marks))
                 .await
                 .map_err(|e| TicketError::db(&self.server, context, e))?;
-            if refused == Some(1) {
-                return Err(super::lattice_fenced(&self.server, class));
+            match refused {
+                Some(1) => return Err(super::lattice_fenced(&self.server, class)),
+                Some(super::NO_VERSION) => return Err(super::no_version(&self.server)),
+                _ => {}
             }
         }
         let any: Option<u64> = self

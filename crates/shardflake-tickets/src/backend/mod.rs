@@ -286,11 +286,27 @@ pub(crate) fn lattice_fence(class: &str, marks: &[(String, String, u64)], lock: 
     sql
 }
 
-/// The SQL that says whether [`lattice_fence`] refuses (1) or not (0).
+/// The SQL that says whether [`lattice_fence`] refuses (1) or not (0), or
+/// finds no lattice version ([`NO_VERSION`]).
 pub(crate) fn lattice_fence_refuses(class: &str, marks: &[(String, String, u64)]) -> String {
     format!(
-        "SELECT CASE WHEN {} THEN 0 ELSE 1 END",
+        "SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM {VERSION_TABLE}) THEN {NO_VERSION} WHEN {} THEN 0 ELSE 1 END",
         lattice_fence(class, marks, "")
+    )
+}
+
+/// [`lattice_fence_refuses`]: the place records no lattice version, as
+/// while a dump recreates its table. No reshape refuses the mark: the
+/// place just does not take it (as when it is down), so the write stands
+/// or falls by the other places, and the class's server is not refused.
+pub(crate) const NO_VERSION: i32 = 2;
+
+/// A mark not taken by `server`, which records no lattice version.
+pub(crate) fn no_version(server: &str) -> TicketError {
+    TicketError::db(
+        server,
+        "write high-water marks",
+        "it takes no mark while it records no lattice version: a restore in progress (a dump recreates each table empty before its rows), or initialised by an older shardflake; if it stays, run `shardflake tickets init`",
     )
 }
 
@@ -374,9 +390,9 @@ pub(crate) fn check_marks_at(
                 "this server's clients keep their marks in {at}, the current place{version} (recorded by the last `shardflake tickets init` or `reshape`), but this file's [marks] names {file}: a client of this file would not see their marks and would hand out their ids again; use the file naming {at} (if the marks were moved away from there by `shardflake tickets reshape`, its clients are refused and name where they moved). Do not reshape to this file's place to get past this refusal: that moves the marks from under the clients of the file naming {at}, which are then refused in turn; move them with `shardflake tickets reshape --config NEW_FILE` only as a planned change, once every client's file names the new place"
             ),
         )),
-        None => Err(TicketError::misconfigured(
+        None => Err(TicketError::missing_record(
             server,
-            "no record of where its clients keep their marks: no `shardflake tickets init` has completed on it (two inits run at once with files naming different places each take back what they recorded; a server set up by a shardflake from before the record has none either): run `shardflake tickets init --config FILE` once, with the file every client uses",
+            "the record of where its clients keep their marks (no `shardflake tickets init` has completed on it: two inits run at once with files naming different places each take back what they recorded; a server set up by a shardflake from before the record has none either; then run `shardflake tickets init --config FILE` once, with the file every client uses)",
         )),
     }
 }
@@ -548,12 +564,9 @@ pub(crate) fn check_lattice(
         let file = LatticeRecord::of(config, server, seq);
         match recorded.iter().find(|(name, _)| *name == seq.name) {
             None => {
-                return Err(TicketError::misconfigured(
+                return Err(TicketError::missing_record(
                     &server.name,
-                    format!(
-                        "sequence {:?} has no recorded lattice (run `shardflake tickets init`)",
-                        seq.name
-                    ),
+                    &format!("the lattice record of sequence {:?}", seq.name),
                 ));
             }
             Some((_, r)) if *r != file && reshaped => {
@@ -637,13 +650,7 @@ pub struct SequenceState {
 }
 
 pub(crate) fn not_initialised(server: &str, seq: &SequenceConfig) -> TicketError {
-    TicketError::misconfigured(
-        server,
-        format!(
-            "sequence {:?} is not initialised (run `shardflake tickets init`)",
-            seq.name
-        ),
-    )
+    TicketError::missing_record(server, &format!("the counter of sequence {:?}", seq.name))
 }
 
 /// A sequence `init` finds in the other mode on this server.

@@ -487,8 +487,10 @@ impl Backend for PgSession {
                 .await
                 .map_err(pg_err(&self.server, "write high-water marks"))?
                 .get(0);
-            if refused == 1 {
-                return Err(super::lattice_fenced(&self.server, class));
+            match refused {
+                1 => return Err(super::lattice_fenced(&self.server, class)),
+                super::NO_VERSION => return Err(super::no_version(&self.server)),
+                _ => {}
             }
         }
         Ok(written)

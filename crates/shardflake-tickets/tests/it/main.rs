@@ -21,6 +21,7 @@ mod quorum;
 mod reply_order;
 mod repro;
 mod stores;
+mod write_ahead;
 
 use shardflake_testkit::{MariaDbServer, PgServer};
 use shardflake_tickets::{
@@ -143,6 +144,18 @@ fn etcd_marks(etcd: &shardflake_testkit::Etcd, prefix: &str) -> String {
         "\n[marks]\netcd = [{}]\netcd_prefix = \"{prefix}\"\n",
         endpoints.join(", ")
     )
+}
+
+/// With two servers a mark counts only once the peer holds it: while one
+/// is down, the other's clients hand out the ids already marked, then are
+/// refused for want of marks (`no_high_water`, or `unavailable` /
+/// `timeout` when a call's time ran out meanwhile). Any other error fails.
+fn assert_only_marks_refusals(what: &str, errors: &[TicketError]) {
+    let other: Vec<_> = errors
+        .iter()
+        .filter(|e| !matches!(e.code(), "no_high_water" | "unavailable" | "timeout"))
+        .collect();
+    assert!(other.is_empty(), "{what}: callers saw errors: {other:?}");
 }
 
 fn assert_unique(ids: &[u64]) {
@@ -278,7 +291,9 @@ async fn a_pair_at_mariadbs_default_globals_checks_ok_with_a_warning() {
     );
 }
 
-/// 8 callers on both sequences while server `a` is SIGKILLed and restarted.
+/// 8 callers on both sequences while server `a` is SIGKILLed and restarted:
+/// `b` serves while its marks last (a mark needs `a` too), then is
+/// refused until `a` is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_pair_survives_a_kill_under_load_without_a_duplicate() {
     let (a, b) = (maria(2, 1), maria(2, 2));
@@ -303,13 +318,10 @@ async fn mariadb_pair_survives_a_kill_under_load_without_a_duplicate() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     a.kill().unwrap();
-    let b_before = calls(&client, "b");
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // b goes on through the ids already marked, then takes no mark a
+    // does not hold too.
+    wait_state(&client, "b", "no_high_water").await;
     assert_eq!(state(&client, "a"), "down");
-    assert!(
-        calls(&client, "b") > b_before + 50,
-        "b did not carry the load"
-    );
     a.restart().unwrap();
     wait_state(&client, "a", "up").await;
     let a_back = calls(&client, "a");
@@ -318,7 +330,7 @@ async fn mariadb_pair_survives_a_kill_under_load_without_a_duplicate() {
     let (mut photos, mut blocks) = (Vec::new(), Vec::new());
     for t in tasks {
         let (sequence, ids, errors) = t.await.unwrap();
-        assert!(errors.is_empty(), "callers saw errors: {errors:?}");
+        assert_only_marks_refusals(sequence, &errors);
         if sequence == "photos" {
             photos.extend(ids);
         } else {
@@ -382,11 +394,9 @@ async fn postgres_pair_survives_a_kill_under_load_without_a_duplicate() {
 
         a.kill().unwrap();
         wait_state(&client, "a", "down").await;
-        let (b_down, ids_down) = (calls(&client, "b"), count());
-        wait_for(&client, "b carrying the load while a is down", || {
-            calls(&client, "b") > b_down + 200 && count() > ids_down + 200
-        })
-        .await;
+        // b goes on through the ids already marked, then takes no mark a
+        // does not hold too.
+        wait_state(&client, "b", "no_high_water").await;
         assert_eq!(
             state(&client, "a"),
             "down",
@@ -405,7 +415,7 @@ async fn postgres_pair_survives_a_kill_under_load_without_a_duplicate() {
         let (mut photos, mut blocks) = (Vec::new(), Vec::new());
         for t in tasks {
             let (sequence, ids, errors) = t.await.unwrap();
-            assert!(errors.is_empty(), "{style}: callers saw errors: {errors:?}");
+            assert_only_marks_refusals(style, &errors);
             if sequence == "photos" {
                 photos.extend(ids);
             } else {
@@ -459,12 +469,12 @@ async fn a_mariadb_server_restored_from_a_dump_is_raised_past_its_marks() {
         "{report}"
     );
     // The running client's next session on it is checked against the marks
-    // and raises it past them; so does a new client's, and `repair`.
+    // and raises it past them; so does a new client's. `repair` then finds
+    // nothing behind (a checked session writes no mark ahead).
     ids.extend(client.next_n("photos", 50).await.unwrap());
     let fresh = TicketClient::connect(config.clone()).await.unwrap();
     assert_eq!(state(&fresh, "a"), "up");
-    let repaired = admin::repair(&config).await.unwrap();
-    assert!(repaired.iter().any(|r| r.server == "a"), "{repaired:?}");
+    admin::repair(&config).await.unwrap();
     assert!(admin::check(&config).await.ok());
     wait_state(&client, "a", "up").await;
     ids.extend(client.next_n("photos", 200).await.unwrap());
