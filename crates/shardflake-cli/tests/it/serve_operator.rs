@@ -1542,6 +1542,73 @@ async fn a_member_silent_at_start_is_checked_before_the_first_take() -> anyhow::
     Ok(())
 }
 
+/// 3b (outside review): a fresh node's list named another cluster's one
+/// member twice, as `127.0.0.1:P` and `localhost:P`, and the fleet's
+/// member once; started while the fleet's member was down, the two URLs
+/// of one member counted as 2 of 3 and the node took node id 0 in the
+/// other cluster beside the fleet's node 0 (855,500 ids twice). Now the
+/// majority counts members (etcd's member id in each answer): one member
+/// against one silent endpoint is no majority, so the node waits and is
+/// refused once the fleet's member answers; one member listed twice, and
+/// nothing else, still starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_listed_twice_counts_once_for_the_majority() -> anyhow::Result<()> {
+    let a = Etcd::start(1)?;
+    let b = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let quick = ["--window", "1s", "--etcd-timeout", "300ms"];
+    let fleet = leased(&a, "/twice", &d[0], &quick)?;
+    assert_eq!(fleet.ready(Duration::from_secs(20)).await?, 0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&fleet.http, &stop)];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(|| a.kill(0))?;
+    let b_by_name = b.urls().replace("127.0.0.1", "localhost");
+    anyhow::ensure!(b_by_name != b.urls(), "{}", b.urls());
+    let list = format!("{},{b_by_name},{}", b.urls(), a.urls());
+    let mut args = vec![
+        "--etcd",
+        &list,
+        "--etcd-prefix",
+        "/twice",
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(quick);
+    let mut fresh = serve_in(&d[1], &args, &[])?;
+    // The fleet's member answers again while the fresh node starts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| a.restart(0))?;
+    let refused = run_beside(&mut fresh, &stop, &mut loads, Duration::from_secs(6)).await?;
+    fresh.kill();
+    stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(loads).await?;
+    let refused = refused.ok_or_else(|| {
+        anyhow::anyhow!("started with one member listed twice and the fleet's member silent")
+    })?;
+    assert!(
+        refused.contains("answer for different etcd clusters or fleets")
+            && refused.contains(&a.urls()),
+        "{refused}"
+    );
+    eprintln!("{total} ids, no duplicate");
+    // One member under two names, nothing else: one member, none silent.
+    let a_by_name = a.urls().replace("127.0.0.1", "localhost");
+    let own = format!("{},{a_by_name}", a.urls());
+    let mut args = vec![
+        "--etcd",
+        &own,
+        "--etcd-prefix",
+        "/twice",
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(quick);
+    let again = serve_in(&d[2], &args, &[])?;
+    again.ready(Duration::from_secs(20)).await?;
+    Ok(())
+}
+
 /// `shardflake fleet move ARGS`: whether it succeeded, and what it said.
 fn fleet_move(args: &[&str]) -> anyhow::Result<(bool, String)> {
     fleet_cmd("move", args)

@@ -139,6 +139,28 @@ struct Held {
     unconfirmed: Vec<Vec<u8>>,
 }
 
+/// What one `--etcd` endpoint answered before the first take.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct MemberAnswer {
+    endpoint: String,
+    cluster: u64,
+    member: u64,
+    fleet: Option<String>,
+}
+
+impl std::fmt::Display for MemberAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (etcd cluster={:x}, member={:x}, fleet {})",
+            self.endpoint,
+            self.cluster,
+            self.member,
+            self.fleet.as_deref().unwrap_or("none")
+        )
+    }
+}
+
 impl EtcdRegistry {
     /// A registry on the endpoints and prefix of `cfg`, with its TLS files
     /// and credentials read and checked (nothing is sent yet).
@@ -197,7 +219,7 @@ impl From<EtcdError> for AcquireError {
 #[async_trait]
 impl Registry for EtcdRegistry {
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
-        // Before the first take: the cluster a majority of the endpoints
+        // Before the first take: the cluster a majority of the listed members
         // answer for, which the take's own answers must come from.
         let verified = if lock(&self.cluster_id).is_none() {
             self.check_members().await?
@@ -590,15 +612,21 @@ impl EtcdRegistry {
         }
     }
 
-    /// Before the first take: a majority of the endpoints must answer,
-    /// and every member that answers must answer for one cluster and one
-    /// fleet (an endpoint list mixing two clusters would let nodes of one
-    /// fleet take ids in both). Returns that cluster (`None`: one
-    /// endpoint). A majority, because any two majorities of one list share
-    /// a member: two nodes given one list, started while different members
-    /// were down, were both checked by one member, so they never start in
-    /// two clusters. Fewer answering is retried (unreachable) until start's
-    /// deadline.
+    /// Before the first take: a majority of the members the endpoints
+    /// name must answer, and every member that answers must answer for one
+    /// cluster and one fleet (an endpoint list mixing two clusters would
+    /// let nodes of one fleet take ids in both). Returns that cluster
+    /// (`None`: one endpoint).
+    ///
+    /// The majority is counted over members, not URLs: each answer names
+    /// its member (etcd's response header), so one member listed twice
+    /// (`127.0.0.1:P` and `localhost:P`) counts once, and it must
+    /// outnumber the endpoints that did not answer, each of which may be a
+    /// member of its own. Then the members that answered are more than half
+    /// of the members the list names, whichever members were down, so two
+    /// nodes given one list were both checked by one member: they never
+    /// start in two clusters. Fewer answering is retried (unreachable)
+    /// until start's deadline.
     async fn check_members(&self) -> Result<Option<u64>, AcquireError> {
         if self.members.is_empty() {
             return Ok(None);
@@ -624,7 +652,12 @@ impl EtcdRegistry {
                         .iter()
                         .find(|kv| kv.key == key.as_bytes())
                         .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
-                    answers.push((endpoint, header.cluster_id, fleet));
+                    answers.push(MemberAnswer {
+                        endpoint,
+                        cluster: header.cluster_id,
+                        member: header.member_id,
+                        fleet,
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(endpoint, error = %e, "etcd member did not answer which cluster it belongs to");
@@ -634,35 +667,41 @@ impl EtcdRegistry {
         }
         answers.sort();
         silent.sort();
-        let said = |(endpoint, cluster, fleet): &(String, u64, Option<String>)| {
-            format!(
-                "{endpoint} (etcd cluster={cluster:x}, fleet {})",
-                fleet.as_deref().unwrap_or("none")
-            )
-        };
         for (i, a) in answers.iter().enumerate() {
             for b in &answers[i + 1..] {
-                let fleets_differ = matches!((&a.2, &b.2), (Some(x), Some(y)) if x != y);
-                if a.1 != b.1 || fleets_differ {
+                let fleets_differ = matches!((&a.fleet, &b.fleet), (Some(x), Some(y)) if x != y);
+                if a.cluster != b.cluster || fleets_differ {
                     return Err(AcquireError::MembersDisagree {
-                        one: said(a),
-                        other: said(b),
+                        one: a.to_string(),
+                        other: b.to_string(),
                     });
                 }
             }
         }
-        let listed = self.members.len();
-        if answers.len() * 2 <= listed {
+        let mut names: HashMap<u64, Vec<&str>> = HashMap::new();
+        for a in &answers {
+            names.entry(a.member).or_default().push(&a.endpoint);
+        }
+        for (member, endpoints) in names.iter().filter(|(_, e)| e.len() > 1) {
+            tracing::info!(
+                member = format!("{member:x}"),
+                endpoints = endpoints.join(", "),
+                "one etcd member is listed under several --etcd endpoints: it counts once"
+            );
+        }
+        if names.len() <= silent.len() {
             return Err(AcquireError::Registry(RegistryError::Unreachable(
                 format!(
-                    "only {} of the {listed} --etcd endpoints answered which etcd cluster and fleet they belong to (silent: {}): a node takes its first id once a majority of them answered and agree, so that no endpoint of another cluster among them goes unseen. Start it again once they answer, or list only the members of its cluster",
+                    "etcd members that answered which etcd cluster and fleet they belong to: {}, through {} of the {} --etcd endpoints (silent: {}): a node takes its first id once the members that answered outnumber the endpoints that did not (one member listed under two names counts once), so that no endpoint of another cluster among them goes unseen. Start it again once they answer, or list only the members of its cluster, each once",
+                    names.len(),
                     answers.len(),
+                    self.members.len(),
                     silent.join(", ")
                 )
                 .into(),
             )));
         }
-        Ok(answers.first().map(|a| a.1))
+        Ok(answers.first().map(|a| a.cluster))
     }
 
     fn layout_key(&self) -> String {
