@@ -1844,6 +1844,78 @@ async fn a_fleet_moved_with_the_move_command_restarts_there_and_nowhere_else() -
     Ok(())
 }
 
+/// The move refused a floor further ahead of its clock than the fleet's
+/// `--max-resume-wait`, while a take at the new place waits window +
+/// `--max-resume-wait`: a `--raise` between the two was refused though
+/// every node would have waited it out. Now the move compares with the
+/// take's own limit (`--window`, 3 s by default, as `serve`'s): such a
+/// move goes through and the node starts past the floor; a `--raise`
+/// past the limit is refused, nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_raises_as_far_as_its_nodes_wait_and_no_further() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let urls = etcd.urls();
+    let d = dirs(1)?;
+    // Nodes wait at most window (3 s, the default) + 3 s.
+    let wait = ["--max-resume-wait", "3s"];
+    let mut s = leased(&etcd, "/rw", &d[0], &wait)?;
+    s.ready(Duration::from_secs(20)).await?;
+    stop_cleanly(&mut s).await?;
+    let to = |from: &str, to: &str, raise: &str| -> anyhow::Result<(bool, String)> {
+        let args = [
+            "--etcd",
+            &urls,
+            "--etcd-prefix",
+            from,
+            "--to-prefix",
+            to,
+            "--raise",
+            raise,
+            "--max-resume-wait",
+            "3s",
+        ];
+        // Its lease is revoked as it stops; bounded by the lease's TTL.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (ok, said) = fleet_move(&args)?;
+            if ok || !said.contains("a node of the fleet") || Instant::now() > deadline {
+                return Ok((ok, said));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    // 5 s: past --max-resume-wait, within window + --max-resume-wait.
+    let (ok, said) = to("/rw", "/rw2", "5s")?;
+    assert!(ok && said.contains("moved: /rw -> /rw2"), "{said}");
+    let floor: u64 = etcd
+        .get("/rw2/floor")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no floor at /rw2"))?
+        .parse()?;
+    let mut s = leased(&etcd, "/rw2", &d[0], &wait)?;
+    if let Some(e) = started_or_refused(&mut s).await? {
+        anyhow::bail!("refused after the move: {e}");
+    }
+    let ids = load_for(&s, Duration::from_millis(300)).await?;
+    // snowflake: 22 bits below the time, epoch 1288834974657 ms.
+    let first = ids.iter().min().ok_or_else(|| anyhow::anyhow!("no id"))?;
+    let stamped = (first >> 22) + 1_288_834_974_657;
+    assert!(stamped > floor, "stamped {stamped}, floor {floor}");
+    stop_cleanly(&mut s).await?;
+    // 7 s: past window + --max-resume-wait, refused, nothing written.
+    let (ok, said) = to("/rw2", "/rw3", "7s")?;
+    assert!(
+        !ok && said.contains("more than the fleet's window + --max-resume-wait (6000 ms)")
+            && said.contains("Nothing was changed")
+            && said.contains("Run the move again with --raise 6000ms or less"),
+        "{said}"
+    );
+    let layout = etcd.get("/rw2/layout").await?.unwrap_or_default();
+    assert!(!layout.starts_with("retired"), "{layout}");
+    assert!(etcd.keys("/rw3/").await?.is_empty());
+    Ok(())
+}
+
 /// `fleet move` after a prefix deleted and its floor put back (chaos,
 /// seed 7): a node stopped while it waited out the floor left its
 /// high-water a window past the floor, ahead of the clock. The move added
@@ -1851,8 +1923,9 @@ async fn a_fleet_moved_with_the_move_command_restarts_there_and_nowhere_else() -
 /// node at the new place was refused as too far ahead (window +
 /// `--max-resume-wait`): the fleet had nowhere to run. Now `--raise` goes
 /// past the clock and a record further ahead is carried as it is: the node
-/// starts there, past the old record. A `--raise` past `--max-resume-wait`
-/// is refused before anything is written, naming the way out.
+/// starts there, past the old record. A `--raise` past window +
+/// `--max-resume-wait` is refused before anything is written, naming the
+/// way out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyhow::Result<()> {
     let etcd = Etcd::start(1)?;
@@ -1886,7 +1959,12 @@ async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyho
     assert!(recorded > floor, "recorded {recorded}, floor {floor}");
     s.signal(libc::SIGTERM);
     s.exit(Duration::from_secs(15)).await?;
-    let to = |from: &str, to: &str, raise: &str, wait: &str| -> anyhow::Result<(bool, String)> {
+    let to = |from: &str,
+              to: &str,
+              raise: &str,
+              wait: &str,
+              window: &str|
+     -> anyhow::Result<(bool, String)> {
         let args = [
             "--etcd",
             &urls,
@@ -1898,6 +1976,8 @@ async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyho
             raise,
             "--max-resume-wait",
             wait,
+            "--window",
+            window,
         ];
         // Its lease is revoked as it stops; bounded by the lease's TTL.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -1909,9 +1989,10 @@ async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyho
             std::thread::sleep(Duration::from_millis(200));
         }
     };
-    // That floor is further ahead than a --max-resume-wait of 1 s: a move
-    // now is refused with nothing written, told when to run it again.
-    let (ok, said) = to("/st", "/st0", "1s", "1s")?;
+    // That floor is further ahead than a window of 100 ms and a
+    // --max-resume-wait of 1 s: a move now is refused with nothing
+    // written, told when to run it again.
+    let (ok, said) = to("/st", "/st0", "1s", "1s", "100ms")?;
     assert!(
         !ok && said.contains("the old place's /st/floor")
             && said.contains("Nothing was changed")
@@ -1919,7 +2000,7 @@ async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyho
         "{said}"
     );
     assert!(etcd.keys("/st0/").await?.is_empty());
-    let (ok, said) = to("/st", "/st2", "8s", "8s")?;
+    let (ok, said) = to("/st", "/st2", "8s", "8s", "2s")?;
     assert!(ok && said.contains("moved: /st -> /st2"), "{said}");
     let carried: u64 = etcd.get("/st2/hw/0").await?.unwrap_or_default().parse()?;
     assert!(
@@ -1936,12 +2017,13 @@ async fn a_move_after_a_floor_put_back_leaves_the_fleet_able_to_start() -> anyho
     let stamped = (first >> 22) + 1_288_834_974_657;
     assert!(stamped > recorded, "stamped {stamped}, recorded {recorded}");
     stop_cleanly(&mut s).await?;
-    // A raise past the fleet's --max-resume-wait: refused, nothing written.
-    let (ok, said) = to("/st2", "/st3", "9s", "8s")?;
+    // A raise past the fleet's window + --max-resume-wait: refused,
+    // nothing written.
+    let (ok, said) = to("/st2", "/st3", "11s", "8s", "2s")?;
     assert!(
-        !ok && said.contains("more than the fleet's --max-resume-wait")
+        !ok && said.contains("more than the fleet's window + --max-resume-wait")
             && said.contains("Nothing was changed")
-            && said.contains("Run the move again with --raise 8000ms or less"),
+            && said.contains("Run the move again with --raise 10000ms or less"),
         "{said}"
     );
     let layout = etcd.get("/st2/layout").await?.unwrap_or_default();

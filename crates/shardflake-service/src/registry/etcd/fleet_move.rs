@@ -126,9 +126,10 @@ pub enum MoveError {
         min_ms: u64,
     },
     /// The new place's floor would be further ahead of this clock than the
-    /// fleet's nodes wait: every take there would be refused.
+    /// fleet's nodes wait (window + --max-resume-wait): every take there
+    /// would be refused.
     #[error(
-        "the move would write {floor_ms} ({floor_at}) as {to_prefix}/floor, {what}: {ahead_ms} ms ahead of this host's clock, more than the fleet's --max-resume-wait ({limit_ms} ms); every node started there would be refused as too far ahead (window + --max-resume-wait). Nothing was changed. {way_out}"
+        "the move would write {floor_ms} ({floor_at}) as {to_prefix}/floor, {what}: {ahead_ms} ms ahead of this host's clock, more than the fleet's window + --max-resume-wait ({limit_ms} ms), the furthest a node started there waits: each would be refused as too far ahead. Nothing was changed. {way_out}"
     )]
     FloorAhead {
         /// The new prefix.
@@ -141,7 +142,7 @@ pub enum MoveError {
         what: String,
         /// How far ahead of this host's clock.
         ahead_ms: u64,
-        /// The fleet's --max-resume-wait, as given to the move.
+        /// The fleet's window + --max-resume-wait, as given to the move.
         limit_ms: u64,
         /// The command that gets out.
         way_out: String,
@@ -175,14 +176,16 @@ pub struct Moved {
 /// `now_ms` is this host's clock, `raise_ms` how far past it the carried
 /// high-waters and the floor go at least (a record further ahead is
 /// carried as it is); `max_resume_wait_ms` the fleet's
-/// `--max-resume-wait`: the least raise where etcd was restored, and the
-/// furthest ahead of this clock the floor may go.
+/// `--max-resume-wait`: the least raise where etcd was restored;
+/// `window_ms` the fleet's `--window`: the floor may go as far ahead of
+/// this clock as a take there waits, window + max_resume_wait.
 pub async fn move_fleet(
     from: &EtcdConfig,
     to: &EtcdConfig,
     now_ms: u64,
     raise_ms: u64,
     max_resume_wait_ms: u64,
+    window_ms: u64,
 ) -> Result<Moved, MoveError> {
     let (old, new) = (&from.prefix, &to.prefix);
     let src = client(from)?;
@@ -307,13 +310,16 @@ pub async fn move_fleet(
     };
     let floor_ms = raised_clock.max(old_floor);
     let ahead_ms = floor_ms.saturating_sub(now_ms);
-    if ahead_ms > max_resume_wait_ms {
+    // The take's own limit (`Claim::max_ahead_ms`): a floor no further
+    // ahead than it is waited out by every node there.
+    let limit_ms = window_ms.saturating_add(max_resume_wait_ms);
+    if ahead_ms > limit_ms {
         let (what, way_out) = if old_floor > raised_clock {
-            let ready = old_floor.saturating_sub(max_resume_wait_ms);
+            let ready = old_floor.saturating_sub(limit_ms);
             (
                 format!("the old place's {old}/floor"),
                 format!(
-                    "Run the move again after {} (this clock within --max-resume-wait of that floor), or give it the fleet's own --max-resume-wait if it waits longer",
+                    "Run the move again after {} (this clock within window + --max-resume-wait of that floor), or give it the fleet's own --window and --max-resume-wait if they are longer",
                     shardflake::timestamp::rfc3339_ms(ready)
                 ),
             )
@@ -321,7 +327,7 @@ pub async fn move_fleet(
             (
                 format!("this host's clock plus --raise {raise_ms} ms"),
                 format!(
-                    "Run the move again with --raise {max_resume_wait_ms}ms or less (and --max-resume-wait the fleet's own)"
+                    "Run the move again with --raise {limit_ms}ms or less (and --window and --max-resume-wait the fleet's own)"
                 ),
             )
         };
@@ -331,7 +337,7 @@ pub async fn move_fleet(
             floor_at: shardflake::timestamp::rfc3339_ms(floor_ms),
             what,
             ahead_ms,
-            limit_ms: max_resume_wait_ms,
+            limit_ms,
             way_out,
         });
     }
