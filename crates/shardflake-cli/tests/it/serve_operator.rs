@@ -148,6 +148,88 @@ async fn a_node_restarted_under_another_prefix_or_cluster_is_refused() -> anyhow
     Ok(())
 }
 
+/// Nodes given different endpoint lists: the fleet's nodes list cluster
+/// X's members, another node only cluster Y's. A node whose state file was
+/// written on X is refused on Y (the test above), but a fresh node with a
+/// fresh state file finds an empty prefix on Y and starts a fleet of its
+/// own there, on node id 0 beside the fleet's node 0: nothing in Y knows
+/// of X, and nothing in the node knew of its fleet. Given the fleet's id
+/// (`--fleet`, `SHARDFLAKE_FLEET`), a node takes an id only where etcd
+/// holds it: refused on Y without advice to put anything there, started
+/// on X; a `--fleet` other than its state file's is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_node_given_another_clusters_endpoints_is_refused_by_its_fleet_id()
+-> anyhow::Result<()> {
+    let x = Etcd::start(1)?;
+    let y = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let quick = ["--window", "1s", "--etcd-timeout", "300ms"];
+    let first = leased(&x, "/apart", &d[0], &quick)?;
+    assert_eq!(first.ready(Duration::from_secs(20)).await?, 0);
+    let fleet = x
+        .get("/apart/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id on X"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![ids_until(&first.http, &stop)];
+    // Y's endpoints, the fleet's id, a fresh state file.
+    let y_urls = y.urls();
+    let mut args = vec![
+        "--etcd",
+        &y_urls,
+        "--etcd-prefix",
+        "/apart",
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(quick);
+    let mut on_y = serve_in(&d[1], &args, &[("SHARDFLAKE_FLEET", &fleet)])?;
+    let refused_y = run_beside(&mut on_y, &stop, &mut loads, Duration::from_secs(2)).await?;
+    on_y.kill();
+    // X's endpoints and the fleet's id: it joins the fleet.
+    let mut with_fleet = quick.to_vec();
+    with_fleet.extend(["--fleet", &fleet]);
+    let mut second = leased(&x, "/apart", &d[2], &with_fleet)?;
+    let refused_x = run_beside(&mut second, &stop, &mut loads, Duration::from_millis(500)).await?;
+    stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(loads).await?;
+    let refused_y = refused_y
+        .ok_or_else(|| anyhow::anyhow!("a node given the fleet's id started on another cluster"))?;
+    assert!(
+        refused_y.contains("holds no fleet id, and this node was started with --fleet")
+            && refused_y.contains(&fleet)
+            && !refused_y.contains("etcdctl put"),
+        "{refused_y}"
+    );
+    assert_eq!(y.get("/apart/fleet").await?, None);
+    if let Some(e) = refused_x {
+        anyhow::bail!("refused on its fleet's cluster: {e}");
+    }
+    eprintln!("{total} ids, no duplicate");
+    // Its state file now names the fleet: another --fleet is refused.
+    stop_cleanly(&mut second).await?;
+    let other = "0123456789abcdef0123456789abcdef";
+    let mut wrong = quick.to_vec();
+    wrong.extend(["--fleet", other]);
+    let urls = x.urls();
+    let mut args = vec![
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/apart",
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend(wrong);
+    let said = refused(&d[2], &args, &[]).await?;
+    assert!(
+        said.contains(&format!("--fleet {other}, but the state file"))
+            && said.contains(&format!("records fleet {fleet}")),
+        "{said}"
+    );
+    Ok(())
+}
+
 /// Reproduction 2: static nodes 0, 1, 2; node 2 restarted with --etcd
 /// took etcd node 0. Then the migration the docs give, both kinds issuing
 /// throughout: each static node restarted with its --node-id and --etcd

@@ -110,8 +110,13 @@ pub struct EtcdRegistry {
     held: Mutex<Option<Held>>,
     /// The cluster id etcd answered the last take with.
     cluster_id: Mutex<Option<u64>>,
-    /// This node's fleet id: from its state file, else its first take.
+    /// This node's fleet id: from its state file, else `--fleet`, else its
+    /// first take.
     fleet: Mutex<Option<String>>,
+    /// Whether the fleet id expected came from the state file or a take
+    /// (else `--fleet` alone: a place without it says nothing of where the
+    /// fleet's ids were made).
+    fleet_known: std::sync::atomic::AtomicBool,
     /// The fleet's generation this node saw last (its state file, then
     /// each take): a place holding an older one is one the fleet left.
     generation: Mutex<u64>,
@@ -185,7 +190,8 @@ impl EtcdRegistry {
             prefix: cfg.prefix.clone(),
             held: Mutex::new(None),
             cluster_id: Mutex::new(None),
-            fleet: Mutex::new(None),
+            fleet: Mutex::new(cfg.fleet.clone()),
+            fleet_known: std::sync::atomic::AtomicBool::new(false),
             generation: Mutex::new(0),
             seen_revision: AtomicI64::new(0),
             record_lock: tokio::sync::Mutex::new(()),
@@ -428,6 +434,7 @@ impl Registry for EtcdRegistry {
         };
         match taken {
             Ok(taken) => {
+                self.fleet_known.store(true, Ordering::Relaxed);
                 *lock(&self.fleet) = Some(String::from_utf8_lossy(&taken.fleet).into_owned());
                 *lock(&self.generation) = taken.generation;
                 *lock(&self.held) = Some(Held {
@@ -447,7 +454,18 @@ impl Registry for EtcdRegistry {
             }
             Err(e) => {
                 let _ = self.client.revoke(lease).await;
-                Err(e)
+                // Expected by `--fleet` alone: nothing says the fleet ever
+                // ran here, so no floor to put back is advised.
+                Err(match e {
+                    AcquireError::FleetMissing {
+                        prefix, expected, ..
+                    } if !self.fleet_known.load(Ordering::Relaxed) => AcquireError::FleetNotHere {
+                        prefix,
+                        expected,
+                        here: self.identity().unwrap_or_default(),
+                    },
+                    e => e,
+                })
             }
         }
     }
@@ -536,6 +554,7 @@ impl Registry for EtcdRegistry {
     }
 
     fn expect_fleet(&self, fleet: String, generation: u64) {
+        self.fleet_known.store(true, Ordering::Relaxed);
         *lock(&self.fleet) = Some(fleet);
         *lock(&self.generation) = generation;
     }
