@@ -379,6 +379,20 @@ pub enum AcquireError {
         /// The fleet id given with `--fleet`.
         expected: String,
     },
+    /// The prefix's records were written in another etcd cluster: a copy
+    /// (a snapshot restored into this cluster), whose fleet may run where
+    /// it was copied from.
+    #[error(
+        "etcd prefix {prefix} holds records written in etcd cluster={recorded} (its {prefix}/cluster), but this is etcd cluster={here}: a copy of that cluster (a snapshot restored into another cluster), and the fleet may still run there, making the ids a node here would make. Start the fleet's nodes on the cluster the records name. Only if that cluster no longer runs the fleet, for good: stop every node of the fleet, then `shardflake fleet move --etcd URLS --etcd-prefix {prefix} --to-prefix NEW_PREFIX --raise R --max-resume-wait R` here, R at least the fleet's --max-resume-wait (the copy's records may be far behind what its nodes stamped there), and start the nodes on NEW_PREFIX"
+    )]
+    FleetCopied {
+        /// The key prefix.
+        prefix: String,
+        /// The cluster id the records name.
+        recorded: String,
+        /// This cluster's id.
+        here: String,
+    },
     /// `--fleet` names another fleet than the node's state file.
     #[error(
         "--fleet {given}, but the state file {path} records fleet {recorded}: it is the file of another fleet's node. Give this node its own state file, or the --fleet its fleet runs with"
@@ -580,6 +594,7 @@ impl AcquireError {
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
                 | AcquireError::FleetNotHere { .. }
+                | AcquireError::FleetCopied { .. }
                 | AcquireError::FleetFlagDiffers { .. }
                 | AcquireError::FleetDeleted { .. }
                 | AcquireError::FleetMovedAway { .. }

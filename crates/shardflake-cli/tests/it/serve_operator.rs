@@ -230,6 +230,89 @@ async fn a_fresh_node_given_another_clusters_endpoints_is_refused_by_its_fleet_i
     Ok(())
 }
 
+/// A snapshot of a fleet's first seconds, restored into a second etcd
+/// cluster (its own name, peer URL and token: another cluster id) while
+/// the fleet runs on the first. Such a young snapshot holds fewer
+/// revisions than the restored cluster's new raft log has entries, so the
+/// copy does not look restored: a fresh node there took node id 1 beside
+/// the fleet's node 1 (936,000 of 12,002,000 ids twice). Now the fleet's
+/// records name the cluster they were written in (`<prefix>/cluster`), and
+/// a take in another is refused as a copy; the way out the refusal names,
+/// a move on the copy raised as after a restore, works once the first
+/// cluster no longer runs the fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_fleets_first_seconds_in_another_cluster_issues_no_id_twice()
+-> anyhow::Result<()> {
+    let x = Etcd::start(1)?;
+    let y = Etcd::start(1)?;
+    let d = dirs(4)?;
+    let first = leased(&x, "/young", &d[0], &[])?;
+    assert_eq!(first.ready(Duration::from_secs(20)).await?, 0);
+    let snapshot = d[3].join("snapshot.db");
+    x.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    let second = leased(&x, "/young", &d[1], &[])?;
+    assert_eq!(second.ready(Duration::from_secs(20)).await?, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = vec![
+        ids_until(&first.http, &stop),
+        ids_until(&second.http, &stop),
+    ];
+    tokio::task::block_in_place(|| y.restore(&snapshot))?;
+    let x_id = x.client().range_header(b"/").await?.cluster_id;
+    let y_id = y.client().range_header(b"/").await?.cluster_id;
+    anyhow::ensure!(x_id != y_id, "the copy has the first cluster's id");
+    let mut fresh = leased(&y, "/young", &d[2], &[])?;
+    let refused = run_beside(&mut fresh, &stop, &mut loads, Duration::from_secs(4)).await?;
+    fresh.kill();
+    stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(loads).await?;
+    eprintln!("{total} ids, no duplicate; refused: {refused:?}");
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("a fresh node started on the copy"))?;
+    assert!(
+        refused.contains(&format!(
+            "holds records written in etcd cluster={x_id:x} (its /young/cluster), but this is etcd cluster={y_id:x}: a copy"
+        )) && !refused.contains("fleet confirm"),
+        "{refused}"
+    );
+    // The way out the refusal names, once the first cluster no longer
+    // runs the fleet: a move on the copy, raised as after a restore.
+    let (mut first, mut second) = (first, second);
+    first.kill();
+    second.kill();
+    let y_urls = y.urls();
+    let mv = |raise: &str| -> anyhow::Result<(bool, String)> {
+        let args = [
+            "--etcd",
+            &y_urls,
+            "--etcd-prefix",
+            "/young",
+            "--to-prefix",
+            "/young2",
+            "--raise",
+            raise,
+            "--max-resume-wait",
+            "3s",
+        ];
+        // The node key the copy brought back lasts its lease's TTL.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (ok, said) = fleet_move(&args)?;
+            if ok || !said.contains("a node of the fleet") || Instant::now() > deadline {
+                return Ok((ok, said));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let (ok, said) = mv("2s")?;
+    assert!(!ok && said.contains("--raise at least"), "{said}");
+    let (ok, said) = mv("3s")?;
+    assert!(ok, "{said}");
+    assert_eq!(y.get("/young2/cluster").await?, Some(format!("{y_id:x}")));
+    let moved = leased(&y, "/young2", &d[2], &["--max-resume-wait", "3s"])?;
+    moved.ready(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
 /// Reproduction 2: static nodes 0, 1, 2; node 2 restarted with --etcd
 /// took etcd node 0. Then the migration the docs give, both kinds issuing
 /// throughout: each static node restarted with its --node-id and --etcd

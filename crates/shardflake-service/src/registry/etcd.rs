@@ -40,7 +40,9 @@
 //! record are refused (the layout was deleted); an id whose previous holder
 //! recorded a high-water further ahead than this node may wait is skipped,
 //! before anything is written; the etcd cluster id and prefix must match the
-//! node's state file.
+//! node's state file; the records must have been written in this etcd
+//! cluster (`<prefix>/cluster`, see [`CLUSTER`]: a snapshot restored into
+//! another cluster is a copy, refused however young).
 //!
 //! **Restores.** An etcd restored from a snapshot hands back the records of
 //! the snapshot: a holder that took an id or recorded a high-water after it
@@ -353,7 +355,16 @@ impl Registry for EtcdRegistry {
                         let fleet_missing = expected_fleet.is_some()
                             && place.fleet.is_none()
                             && claim.previous.is_none();
-                        let checked = if let Some(e) = place.behind(
+                        let here_hex = format!("{:x}", header.cluster_id);
+                        let checked = if let Some(recorded) =
+                            place.cluster.as_ref().filter(|c| **c != here_hex)
+                        {
+                            Err(AcquireError::FleetCopied {
+                                prefix: self.prefix.clone(),
+                                recorded: recorded.clone(),
+                                here: here_hex,
+                            })
+                        } else if let Some(e) = place.behind(
                             remembered,
                             &expected_fleet,
                             claim.expected_registry.as_deref(),
@@ -1521,6 +1532,10 @@ struct Place {
     fleet: Option<String>,
     generation: u64,
     retired: bool,
+    /// `<prefix>/cluster`: the etcd cluster id (hex) the fleet's records
+    /// were written in (its first take, or the `fleet move` that brought
+    /// it); absent for a fleet of an earlier version until its next take.
+    cluster: Option<String>,
     /// `<prefix>/confirmed`: the status of etcd when an operator confirmed
     /// the place after a restore (`shardflake fleet confirm`), and the
     /// revision it was written at.
@@ -1538,6 +1553,7 @@ impl Place {
             fleet: find("fleet").map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
             generation: read_generation(kvs, prefix),
             retired: find("layout").is_some_and(|kv| parse_retired(&kv.value).is_some()),
+            cluster: find(CLUSTER).map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
             confirmed: find(CONFIRMED).map(|kv| (parse_stamp(&kv.value), kv.mod_revision)),
         }
     }
@@ -1591,6 +1607,16 @@ impl Place {
 /// `<prefix>/<CONFIRMED>`: an operator's word that a restored place is
 /// still its fleet's (`shardflake fleet confirm`).
 const CONFIRMED: &str = "confirmed";
+
+/// `<prefix>/<CLUSTER>`: the etcd cluster id (hex) the fleet's records
+/// were written in. A take in another cluster is refused
+/// ([`AcquireError::FleetCopied`]): the records are a copy (a snapshot
+/// restored into another cluster), and the fleet may run where they were
+/// copied from. A copy of a fleet's first seconds holds fewer revisions
+/// than the copy's new raft log has entries, so [`Status::restored`]
+/// cannot see it; this record can. Written by a take that finds none, and
+/// by `fleet move` at the new place.
+pub(crate) const CLUSTER: &str = "cluster";
 
 /// What a take knows of its fleet besides the claim.
 struct Fleet {
@@ -1699,6 +1725,7 @@ async fn take_lowest(
     let mut floor_ms = floor.unwrap_or(0).max(read_floor(&kvs)?);
     let fleet_key = format!("{prefix}/fleet").into_bytes();
     let generation_key = format!("{prefix}/generation").into_bytes();
+    let cluster_key = format!("{prefix}/{CLUSTER}").into_bytes();
     let read_fleet = |kvs: &[Kv]| {
         kvs.iter()
             .find(|kv| kv.key == fleet_key)
@@ -2017,6 +2044,15 @@ async fn take_lowest(
                     ));
                 }
             }
+        }
+        // The cluster the fleet's records are in, once (a copy of them in
+        // another cluster is then refused).
+        if !kvs.iter().any(|kv| kv.key == cluster_key) {
+            success.push(Op::Put(
+                cluster_key.clone(),
+                format!("{:x}", fleet.cluster_id).into_bytes(),
+                0,
+            ));
         }
         // The cluster's fleets as read: none registered since, and this
         // one registered (or its registration brought up to date) with

@@ -18,11 +18,12 @@
 //! clock, never on top of a record: a record already ahead (a node stopped
 //! while it waited out a floor put back after a delete) plus `raise` could
 //! be further ahead than the fleet's nodes wait, and every take there
-//! would be refused. A floor further ahead than the fleet's
+//! would be refused. A floor further ahead than the fleet's window +
 //! `--max-resume-wait` is refused before anything is written, for the same
 //! reason.
 //! A move stopped between the two steps is finished by running it again.
-//! A fleet whose etcd was restored from a snapshot is moved only with a
+//! A fleet whose etcd was restored from a snapshot (or whose records are a
+//! copy from another cluster, `<prefix>/cluster`) is moved only with a
 //! raise of at least the fleet's `--max-resume-wait`: a record the restore
 //! rolled back, which no take at the old place believes, would be believed
 //! at the new one. A move to another cluster also marks the fleet's
@@ -37,7 +38,7 @@
 //! without a state file of it take ids there again.
 
 use super::{
-    CONFIRMED, RETIRED, check_registered, client, fleet_registry_key, moved_registration,
+    CLUSTER, CONFIRMED, RETIRED, check_registered, client, fleet_registry_key, moved_registration,
     parse_retired, read_generation, read_high_water, read_registrations, registrations_unchanged,
     stamp_text,
 };
@@ -117,7 +118,7 @@ pub enum MoveError {
     },
     /// The old place saw an etcd restore and the raise is short of it.
     #[error(
-        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that (the fleet's --max-resume-wait, given to the move: {min_ms} ms)"
+        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index, or {prefix}/cluster naming another cluster: a copy): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that (the fleet's --max-resume-wait, given to the move: {min_ms} ms)"
     )]
     RestoreSeen {
         /// The old prefix.
@@ -233,8 +234,12 @@ pub async fn move_fleet(
     // A record a restore rolled back is believed by no take there (see
     // registry/etcd.rs); carried elsewhere, it would be: raised past what
     // its lost holder may have stamped instead.
-    let restored =
-        find(format!("{old}/restored")).is_some() || src.status().await.is_ok_and(|s| s.restored());
+    // So is a copy of another cluster's records (see `CLUSTER`).
+    let copied = find(format!("{old}/{CLUSTER}"))
+        .is_some_and(|kv| kv.value != format!("{:x}", header.cluster_id).into_bytes());
+    let restored = copied
+        || find(format!("{old}/restored")).is_some()
+        || src.status().await.is_ok_and(|s| s.restored());
     if restored && raise_ms < max_resume_wait_ms {
         return Err(MoveError::RestoreSeen {
             prefix: old.clone(),
@@ -423,6 +428,11 @@ pub async fn move_fleet(
         Op::Put(
             format!("{new}/generation").into_bytes(),
             generation.to_string().into_bytes(),
+            0,
+        ),
+        Op::Put(
+            format!("{new}/{CLUSTER}").into_bytes(),
+            format!("{:x}", dheader.cluster_id).into_bytes(),
             0,
         ),
     ];
