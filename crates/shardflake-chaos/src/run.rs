@@ -896,12 +896,24 @@ fn apply(
                 .iter()
                 .position(|a| a == "--etcd")
                 .context("no --etcd")?;
+            // Drawn for an even node slot, the list names that member
+            // twice, as 127.0.0.1 and localhost: one member, counted once.
+            let twice = p.slot.is_multiple_of(2);
+            let other = if twice {
+                format!("{other},{}", other.replace("127.0.0.1", "localhost"))
+            } else {
+                other
+            };
             wrong.args[at + 1] = format!("{},{other}", wrong.args[at + 1]);
             start_slot_as(slot, &wrong)?;
+            let how = if twice { " (listed twice)" } else { "" };
             match exits_within(slot, Duration::from_secs(10)) {
                 Some(log) if log.contains("answer for different etcd clusters") => say(
                     start,
-                    format!("node{} with a member of another cluster: refused", p.slot),
+                    format!(
+                        "node{} with a member of another cluster{how}: refused",
+                        p.slot
+                    ),
                 ),
                 Some(log) => bail!(
                     "node{} with a member of another cluster exited, but not for it: {}",
