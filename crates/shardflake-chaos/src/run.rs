@@ -752,6 +752,12 @@ fn apply(
             let generation_key = format!("{}/generation", cluster.prefix);
             let generation = etcd.etcdctl(&["get", "--print-value-only", &generation_key])?;
             let generation = generation.trim_end_matches('\n').to_string();
+            // A confirmation after a restore goes with the delete.
+            let confirmed = etcd.etcdctl(&[
+                "get",
+                "--print-value-only",
+                &format!("{}/confirmed", cluster.prefix),
+            ])?;
             etcd.etcdctl(&["del", "--prefix", &format!("{}/", cluster.prefix)])?;
             say(start, format!("etcdctl del --prefix {}/", cluster.prefix));
             // Holders stop at once (they watch their records); each then
@@ -788,6 +794,19 @@ fn apply(
                         }
                     ),
                 );
+                // After a restore, a node without a state file of the
+                // place is refused until the operator confirms it again
+                // (the fleet never left it).
+                if !confirmed.trim().is_empty() {
+                    confirm_place(cluster)?;
+                    say(
+                        start,
+                        format!(
+                            "shardflake fleet confirm --etcd-prefix {} again",
+                            cluster.prefix
+                        ),
+                    );
+                }
             }
             let mut stopped = 0;
             for (i, slot) in cluster.slots.iter_mut().enumerate() {
@@ -896,9 +915,10 @@ fn apply(
                 .iter()
                 .position(|a| a == "--etcd")
                 .context("no --etcd")?;
-            // Drawn for an even node slot, the list names that member
-            // twice, as 127.0.0.1 and localhost: one member, counted once.
-            let twice = p.slot.is_multiple_of(2);
+            // Drawn at an even millisecond (the schedule's random jitter),
+            // the list names that member twice, as 127.0.0.1 and
+            // localhost: one member, counted once.
+            let twice = p.at.as_millis().is_multiple_of(2);
             let other = if twice {
                 format!("{other},{}", other.replace("127.0.0.1", "localhost"))
             } else {
