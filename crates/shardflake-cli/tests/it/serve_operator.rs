@@ -202,6 +202,13 @@ async fn a_fresh_node_given_another_clusters_endpoints_is_refused_by_its_fleet_i
         "{refused_y}"
     );
     assert_eq!(y.get("/apart/fleet").await?, None);
+    // Started there again, it is refused the same way: the refusal left
+    // no state file that would name the fleet as run there.
+    let again = refused(&d[1], &args, &[("SHARDFLAKE_FLEET", &fleet)]).await?;
+    assert!(
+        again.contains("holds no fleet id, and this node was started with --fleet"),
+        "{again}"
+    );
     if let Some(e) = refused_x {
         anyhow::bail!("refused on its fleet's cluster: {e}");
     }
