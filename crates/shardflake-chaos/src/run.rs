@@ -752,6 +752,12 @@ fn apply(
             let generation_key = format!("{}/generation", cluster.prefix);
             let generation = etcd.etcdctl(&["get", "--print-value-only", &generation_key])?;
             let generation = generation.trim_end_matches('\n').to_string();
+            // A confirmation after a restore goes with the delete.
+            let confirmed = etcd.etcdctl(&[
+                "get",
+                "--print-value-only",
+                &format!("{}/confirmed", cluster.prefix),
+            ])?;
             etcd.etcdctl(&["del", "--prefix", &format!("{}/", cluster.prefix)])?;
             say(start, format!("etcdctl del --prefix {}/", cluster.prefix));
             // Holders stop at once (they watch their records); each then
@@ -788,6 +794,19 @@ fn apply(
                         }
                     ),
                 );
+                // After a restore, a node without a state file of the
+                // place is refused until the operator confirms it again
+                // (the fleet never left it).
+                if !confirmed.trim().is_empty() {
+                    confirm_place(cluster)?;
+                    say(
+                        start,
+                        format!(
+                            "shardflake fleet confirm --etcd-prefix {} again",
+                            cluster.prefix
+                        ),
+                    );
+                }
             }
             let mut stopped = 0;
             for (i, slot) in cluster.slots.iter_mut().enumerate() {
@@ -896,12 +915,25 @@ fn apply(
                 .iter()
                 .position(|a| a == "--etcd")
                 .context("no --etcd")?;
+            // Drawn at an even millisecond (the schedule's random jitter),
+            // the list names that member twice, as 127.0.0.1 and
+            // localhost: one member, counted once.
+            let twice = p.at.as_millis().is_multiple_of(2);
+            let other = if twice {
+                format!("{other},{}", other.replace("127.0.0.1", "localhost"))
+            } else {
+                other
+            };
             wrong.args[at + 1] = format!("{},{other}", wrong.args[at + 1]);
             start_slot_as(slot, &wrong)?;
+            let how = if twice { " (listed twice)" } else { "" };
             match exits_within(slot, Duration::from_secs(10)) {
                 Some(log) if log.contains("answer for different etcd clusters") => say(
                     start,
-                    format!("node{} with a member of another cluster: refused", p.slot),
+                    format!(
+                        "node{} with a member of another cluster{how}: refused",
+                        p.slot
+                    ),
                 ),
                 Some(log) => bail!(
                     "node{} with a member of another cluster exited, but not for it: {}",

@@ -22,12 +22,15 @@ pub struct Kv {
     pub mod_revision: i64,
 }
 
-/// Which cluster answered a read, and at what revision.
+/// Which cluster and member answered a read, and at what revision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Header {
     /// The cluster's id (a new cluster, or one restored from a snapshot
     /// with other member settings, has another).
     pub cluster_id: u64,
+    /// The id of the member that answered: one member reached under two
+    /// names (`127.0.0.1:P`, `localhost:P`) answers with one id.
+    pub member_id: u64,
     /// The cluster's revision when it answered.
     pub revision: i64,
 }
@@ -116,6 +119,7 @@ impl Client {
             .into_inner();
         Ok(answer.header.map_or(Header::default(), |h| Header {
             cluster_id: h.cluster_id,
+            member_id: h.member_id,
             revision: h.revision,
         }))
     }
@@ -153,6 +157,7 @@ impl Client {
             .into_inner();
         let header = answer.header.map_or(Header::default(), |h| Header {
             cluster_id: h.cluster_id,
+            member_id: h.member_id,
             revision: h.revision,
         });
         Ok((answer.kvs.into_iter().map(kv).collect(), header))

@@ -580,7 +580,16 @@ impl Keeper {
                     }
                 }
             }
-            (NodeSource::Etcd(_), registry) => {
+            (NodeSource::Etcd(e), registry) => {
+                if let (Some(given), Some(recorded)) = (&e.fleet, &state.fleet)
+                    && given != recorded
+                {
+                    return Err(KeeperError::Acquire(AcquireError::FleetFlagDiffers {
+                        given: given.clone(),
+                        recorded: recorded.clone(),
+                        path: path.display().to_string(),
+                    }));
+                }
                 if registry.is_some()
                     && let Some(r) = state.etcd_revision
                 {

@@ -345,7 +345,7 @@ pub enum AcquireError {
     },
     /// The prefix records another fleet id than this node's.
     #[error(
-        "etcd prefix {prefix} holds fleet {found}, this node belongs to fleet {expected} (its state file): another fleet's place, or another etcd cluster; check --etcd and --etcd-prefix"
+        "etcd prefix {prefix} holds fleet {found}, this node belongs to fleet {expected} (its state file, or --fleet): another fleet's place, or another etcd cluster; check --etcd and --etcd-prefix"
     )]
     FleetMismatch {
         /// The key prefix.
@@ -364,6 +364,46 @@ pub enum AcquireError {
         one: String,
         /// Another that disagreed.
         other: String,
+    },
+    /// The prefix records no fleet id, and this node expects its own by
+    /// `--fleet` alone (no state file of the fleet): a place the fleet
+    /// never ran at, as far as anything here tells.
+    #[error(
+        "etcd prefix {prefix} ({here}) holds no fleet id, and this node was started with --fleet {expected} and no state file of that fleet: the fleet's nodes run on another etcd cluster or prefix, and nothing here knows the ids they made. Give this node the --etcd and --etcd-prefix the fleet's nodes run with (a fleet's first node starts without --fleet and mints its id). Do not put the fleet id here by hand; to move the fleet here, stop its nodes, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`; if this is where the fleet ran and its records were deleted, start one of its nodes with its state file: its refusal says what to put back"
+    )]
+    FleetNotHere {
+        /// The key prefix.
+        prefix: String,
+        /// The etcd cluster and prefix that answered.
+        here: String,
+        /// The fleet id given with `--fleet`.
+        expected: String,
+    },
+    /// The prefix's records were written in another etcd cluster: a copy
+    /// (a snapshot restored into this cluster), whose fleet may run where
+    /// it was copied from.
+    #[error(
+        "etcd prefix {prefix} holds records written in etcd cluster={recorded} (its {prefix}/cluster), but this is etcd cluster={here}: a copy of that cluster (a snapshot restored into another cluster), and the fleet may still run there, making the ids a node here would make. Start the fleet's nodes on the cluster the records name. Only if that cluster no longer runs the fleet, for good: stop every node of the fleet, then `shardflake fleet move --etcd URLS --etcd-prefix {prefix} --to-prefix NEW_PREFIX --raise R --max-resume-wait R` here, R at least the fleet's --max-resume-wait (the copy's records may be far behind what its nodes stamped there), and start the nodes on NEW_PREFIX"
+    )]
+    FleetCopied {
+        /// The key prefix.
+        prefix: String,
+        /// The cluster id the records name.
+        recorded: String,
+        /// This cluster's id.
+        here: String,
+    },
+    /// `--fleet` names another fleet than the node's state file.
+    #[error(
+        "--fleet {given}, but the state file {path} records fleet {recorded}: it is the file of another fleet's node. Give this node its own state file, or the --fleet its fleet runs with"
+    )]
+    FleetFlagDiffers {
+        /// The fleet id given with `--fleet`.
+        given: String,
+        /// The fleet id the state file records.
+        recorded: String,
+        /// The state file.
+        path: String,
     },
     /// The prefix records no fleet id, where this node expects its own.
     #[error(
@@ -553,6 +593,9 @@ impl AcquireError {
                 | AcquireError::FleetMismatch { .. }
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
+                | AcquireError::FleetNotHere { .. }
+                | AcquireError::FleetCopied { .. }
+                | AcquireError::FleetFlagDiffers { .. }
                 | AcquireError::FleetDeleted { .. }
                 | AcquireError::FleetMovedAway { .. }
                 | AcquireError::FleetOnAnotherCluster { .. }

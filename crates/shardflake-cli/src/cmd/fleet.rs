@@ -75,17 +75,20 @@ struct MoveArgs {
     to_prefix: Option<String>,
     /// How far past this host's clock the carried high-waters and the
     /// floor go at least (a record further ahead is carried as it is); the
-    /// fleet's first takes there wait it out. At most --max-resume-wait
-    /// [default: 5s].
+    /// fleet's first takes there wait it out. At most --window +
+    /// --max-resume-wait [default: 5s].
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     raise: Duration,
     /// The fleet's --max-resume-wait: where etcd was restored from a
     /// snapshot, the least --raise (a record the restore rolled back may
-    /// be that far short of what its holder stamped); the furthest ahead
-    /// of this host's clock the new place's floor may go (its nodes wait
-    /// at most window + --max-resume-wait).
+    /// be that far short of what its holder stamped). With --window, how
+    /// far ahead of this host's clock the new place's floor may go (its
+    /// nodes wait at most window + --max-resume-wait).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     max_resume_wait: Duration,
+    /// The fleet's --window (see --max-resume-wait).
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    window: Duration,
     /// CA certificate (PEM) for https:// endpoints (both places).
     #[arg(long)]
     etcd_ca: Option<PathBuf>,
@@ -198,6 +201,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         now_ms,
         raise_ms,
         a.max_resume_wait.as_millis() as u64,
+        a.window.as_millis() as u64,
     ))?;
     let what = if moved.already {
         "was already there"

@@ -67,6 +67,12 @@ pub struct ServeArgs {
     /// layout's ids are above every id it made, and retires it.
     #[arg(long, env = "SHARDFLAKE_PREVIOUS_PREFIX")]
     pub previous_prefix: Option<String>,
+    /// The fleet id this node belongs to (`etcdctl get <prefix>/fleet`):
+    /// it takes a node id only where etcd holds it, so a node given
+    /// another cluster's endpoints or another prefix is refused. Not for a
+    /// fleet's first node, which mints the id.
+    #[arg(long, env = "SHARDFLAKE_FLEET")]
+    pub fleet: Option<String>,
     /// Lease TTL [default: 10s].
     #[arg(long, env = "SHARDFLAKE_LEASE_TTL", value_parser = humantime::parse_duration)]
     pub lease_ttl: Option<Duration>,
@@ -202,6 +208,7 @@ impl From<ServeArgs> for RawConfig {
                 endpoints: some_if(a.etcd),
                 prefix: a.etcd_prefix,
                 previous_prefix: a.previous_prefix,
+                fleet: a.fleet,
                 lease_ttl: a.lease_ttl,
                 safety_margin: a.safety_margin,
                 timeout: a.etcd_timeout,

@@ -129,6 +129,11 @@ pub enum ConfigError {
         "--previous-prefix {0} is this fleet's own --etcd-prefix: a layout change starts the new fleet on a new prefix and names the old one as previous"
     )]
     PreviousPrefixSame(String),
+    /// A `--fleet` that is no fleet id.
+    #[error(
+        "--fleet {0:?} is not a fleet id (32 hex digits, as `etcdctl get <prefix>/fleet` or the fleet line of a node's state file shows it)"
+    )]
+    FleetId(String),
     /// An etcd prefix without its leading `/`.
     #[error(
         "etcd prefix {0:?} must start with /: without it, it names another namespace than \"/{0}\" (nodes under both would hand out one node id twice); use --etcd-prefix /{0}"

@@ -36,6 +36,7 @@
 //! [etcd]
 //! endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
 //! prefix = "/shardflake/prod"
+//! # fleet = "<32 hex digits>"  # the fleet's id (etcdctl get /shardflake/prod/fleet); not on its first node
 //! lease_ttl = "10s"
 //! safety_margin = "2s"
 //! # TLS (https:// endpoints) and user/password authentication, all optional:
@@ -92,6 +93,10 @@ pub struct EtcdConfig {
     /// it is stopped and that the new ids are above every id it made, and
     /// retires it.
     pub previous_prefix: Option<String>,
+    /// The fleet id this node belongs to (`--fleet`): it takes an id, with
+    /// or without a state file, only where `<prefix>/fleet` holds it, so a
+    /// node given another cluster's endpoints is refused there.
+    pub fleet: Option<String>,
     /// Lease TTL.
     pub lease_ttl: Duration,
     /// Issuing stops this long before the lease could expire.

@@ -82,6 +82,9 @@ pub struct RawEtcd {
     pub prefix: Option<String>,
     /// Key prefix of the fleet this one replaces with another layout.
     pub previous_prefix: Option<String>,
+    /// The fleet id the node belongs to: it takes an id only where etcd
+    /// holds it.
+    pub fleet: Option<String>,
     /// Lease TTL.
     #[serde(default, deserialize_with = "duration_text")]
     pub lease_ttl: Option<Duration>,
@@ -194,6 +197,7 @@ impl RawEtcd {
             endpoints: over.endpoints.or(self.endpoints),
             prefix: over.prefix.or(self.prefix),
             previous_prefix: over.previous_prefix.or(self.previous_prefix),
+            fleet: over.fleet.or(self.fleet),
             lease_ttl: over.lease_ttl.or(self.lease_ttl),
             safety_margin: over.safety_margin.or(self.safety_margin),
             timeout: over.timeout.or(self.timeout),

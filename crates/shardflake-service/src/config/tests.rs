@@ -122,6 +122,27 @@ fn etcd_section() {
         slashless.unwrap_err(),
         ConfigError::EtcdPrefixSlash("x".into())
     );
+    // A fleet id as a fleet's first node mints it, or refused.
+    let fleet = |id: &str| {
+        load(
+            RawConfig::default(),
+            &format!("[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\nfleet = \"{id}\""),
+        )
+    };
+    let Ok(Config {
+        node: NodeSource::Etcd(e),
+        ..
+    }) = fleet("0123456789ABCDEF0123456789abcdef")
+    else {
+        panic!("a fleet id refused")
+    };
+    assert_eq!(e.fleet.as_deref(), Some("0123456789abcdef0123456789abcdef"));
+    assert_eq!(
+        fleet("prod").unwrap_err(),
+        ConfigError::FleetId("prod".into())
+    );
+    // Without endpoints it would be ignored: refused.
+    assert!(err(RawConfig::default(), "[etcd]\nfleet = \"prod\"").contains("fleet id"));
 }
 
 #[test]

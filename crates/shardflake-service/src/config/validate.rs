@@ -116,6 +116,7 @@ impl Config {
             let given: Vec<&str> = [
                 (e.prefix.is_some(), "etcd prefix"),
                 (e.previous_prefix.is_some(), "previous etcd prefix"),
+                (e.fleet.is_some(), "fleet id"),
                 (e.lease_ttl.is_some(), "lease TTL"),
                 (e.safety_margin.is_some(), "safety margin"),
                 (e.timeout.is_some(), "etcd timeout"),
@@ -329,11 +330,20 @@ fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, Con
             Some(p)
         }
     };
+    // A fleet id as its first node mints it: 32 hex digits.
+    let fleet = match raw.fleet {
+        Some(f) if f.len() == 32 && f.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Some(f.to_ascii_lowercase())
+        }
+        Some(f) => return Err(ConfigError::FleetId(f)),
+        None => None,
+    };
     Ok(EtcdConfig {
         endpoints,
         pinned_node_id: None,
         prefix,
         previous_prefix,
+        fleet,
         lease_ttl,
         safety_margin,
         timeout,

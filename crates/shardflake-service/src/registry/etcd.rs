@@ -40,7 +40,9 @@
 //! record are refused (the layout was deleted); an id whose previous holder
 //! recorded a high-water further ahead than this node may wait is skipped,
 //! before anything is written; the etcd cluster id and prefix must match the
-//! node's state file.
+//! node's state file; the records must have been written in this etcd
+//! cluster (`<prefix>/cluster`, see [`CLUSTER`]: a snapshot restored into
+//! another cluster is a copy, refused however young).
 //!
 //! **Restores.** An etcd restored from a snapshot hands back the records of
 //! the snapshot: a holder that took an id or recorded a high-water after it
@@ -110,8 +112,13 @@ pub struct EtcdRegistry {
     held: Mutex<Option<Held>>,
     /// The cluster id etcd answered the last take with.
     cluster_id: Mutex<Option<u64>>,
-    /// This node's fleet id: from its state file, else its first take.
+    /// This node's fleet id: from its state file, else `--fleet`, else its
+    /// first take.
     fleet: Mutex<Option<String>>,
+    /// Whether the fleet id expected came from the state file or a take
+    /// (else `--fleet` alone: a place without it says nothing of where the
+    /// fleet's ids were made).
+    fleet_known: std::sync::atomic::AtomicBool,
     /// The fleet's generation this node saw last (its state file, then
     /// each take): a place holding an older one is one the fleet left.
     generation: Mutex<u64>,
@@ -139,6 +146,28 @@ struct Held {
     unconfirmed: Vec<Vec<u8>>,
 }
 
+/// What one `--etcd` endpoint answered before the first take.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct MemberAnswer {
+    endpoint: String,
+    cluster: u64,
+    member: u64,
+    fleet: Option<String>,
+}
+
+impl std::fmt::Display for MemberAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (etcd cluster={:x}, member={:x}, fleet {})",
+            self.endpoint,
+            self.cluster,
+            self.member,
+            self.fleet.as_deref().unwrap_or("none")
+        )
+    }
+}
+
 impl EtcdRegistry {
     /// A registry on the endpoints and prefix of `cfg`, with its TLS files
     /// and credentials read and checked (nothing is sent yet).
@@ -163,7 +192,8 @@ impl EtcdRegistry {
             prefix: cfg.prefix.clone(),
             held: Mutex::new(None),
             cluster_id: Mutex::new(None),
-            fleet: Mutex::new(None),
+            fleet: Mutex::new(cfg.fleet.clone()),
+            fleet_known: std::sync::atomic::AtomicBool::new(false),
             generation: Mutex::new(0),
             seen_revision: AtomicI64::new(0),
             record_lock: tokio::sync::Mutex::new(()),
@@ -197,7 +227,7 @@ impl From<EtcdError> for AcquireError {
 #[async_trait]
 impl Registry for EtcdRegistry {
     async fn acquire(&self, claim: &Claim) -> Result<Holding, AcquireError> {
-        // Before the first take: the cluster a majority of the endpoints
+        // Before the first take: the cluster a majority of the listed members
         // answer for, which the take's own answers must come from.
         let verified = if lock(&self.cluster_id).is_none() {
             self.check_members().await?
@@ -325,7 +355,16 @@ impl Registry for EtcdRegistry {
                         let fleet_missing = expected_fleet.is_some()
                             && place.fleet.is_none()
                             && claim.previous.is_none();
-                        let checked = if let Some(e) = place.behind(
+                        let here_hex = format!("{:x}", header.cluster_id);
+                        let checked = if let Some(recorded) =
+                            place.cluster.as_ref().filter(|c| **c != here_hex)
+                        {
+                            Err(AcquireError::FleetCopied {
+                                prefix: self.prefix.clone(),
+                                recorded: recorded.clone(),
+                                here: here_hex,
+                            })
+                        } else if let Some(e) = place.behind(
                             remembered,
                             &expected_fleet,
                             claim.expected_registry.as_deref(),
@@ -406,6 +445,7 @@ impl Registry for EtcdRegistry {
         };
         match taken {
             Ok(taken) => {
+                self.fleet_known.store(true, Ordering::Relaxed);
                 *lock(&self.fleet) = Some(String::from_utf8_lossy(&taken.fleet).into_owned());
                 *lock(&self.generation) = taken.generation;
                 *lock(&self.held) = Some(Held {
@@ -425,7 +465,18 @@ impl Registry for EtcdRegistry {
             }
             Err(e) => {
                 let _ = self.client.revoke(lease).await;
-                Err(e)
+                // Expected by `--fleet` alone: nothing says the fleet ever
+                // ran here, so no floor to put back is advised.
+                Err(match e {
+                    AcquireError::FleetMissing {
+                        prefix, expected, ..
+                    } if !self.fleet_known.load(Ordering::Relaxed) => AcquireError::FleetNotHere {
+                        prefix,
+                        expected,
+                        here: self.identity().unwrap_or_default(),
+                    },
+                    e => e,
+                })
             }
         }
     }
@@ -514,6 +565,7 @@ impl Registry for EtcdRegistry {
     }
 
     fn expect_fleet(&self, fleet: String, generation: u64) {
+        self.fleet_known.store(true, Ordering::Relaxed);
         *lock(&self.fleet) = Some(fleet);
         *lock(&self.generation) = generation;
     }
@@ -590,15 +642,21 @@ impl EtcdRegistry {
         }
     }
 
-    /// Before the first take: a majority of the endpoints must answer,
-    /// and every member that answers must answer for one cluster and one
-    /// fleet (an endpoint list mixing two clusters would let nodes of one
-    /// fleet take ids in both). Returns that cluster (`None`: one
-    /// endpoint). A majority, because any two majorities of one list share
-    /// a member: two nodes given one list, started while different members
-    /// were down, were both checked by one member, so they never start in
-    /// two clusters. Fewer answering is retried (unreachable) until start's
-    /// deadline.
+    /// Before the first take: a majority of the members the endpoints
+    /// name must answer, and every member that answers must answer for one
+    /// cluster and one fleet (an endpoint list mixing two clusters would
+    /// let nodes of one fleet take ids in both). Returns that cluster
+    /// (`None`: one endpoint).
+    ///
+    /// The majority is counted over members, not URLs: each answer names
+    /// its member (etcd's response header), so one member listed twice
+    /// (`127.0.0.1:P` and `localhost:P`) counts once, and it must
+    /// outnumber the endpoints that did not answer, each of which may be a
+    /// member of its own. Then the members that answered are more than half
+    /// of the members the list names, whichever members were down, so two
+    /// nodes given one list were both checked by one member: they never
+    /// start in two clusters. Fewer answering is retried (unreachable)
+    /// until start's deadline.
     async fn check_members(&self) -> Result<Option<u64>, AcquireError> {
         if self.members.is_empty() {
             return Ok(None);
@@ -624,7 +682,12 @@ impl EtcdRegistry {
                         .iter()
                         .find(|kv| kv.key == key.as_bytes())
                         .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
-                    answers.push((endpoint, header.cluster_id, fleet));
+                    answers.push(MemberAnswer {
+                        endpoint,
+                        cluster: header.cluster_id,
+                        member: header.member_id,
+                        fleet,
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(endpoint, error = %e, "etcd member did not answer which cluster it belongs to");
@@ -634,35 +697,41 @@ impl EtcdRegistry {
         }
         answers.sort();
         silent.sort();
-        let said = |(endpoint, cluster, fleet): &(String, u64, Option<String>)| {
-            format!(
-                "{endpoint} (etcd cluster={cluster:x}, fleet {})",
-                fleet.as_deref().unwrap_or("none")
-            )
-        };
         for (i, a) in answers.iter().enumerate() {
             for b in &answers[i + 1..] {
-                let fleets_differ = matches!((&a.2, &b.2), (Some(x), Some(y)) if x != y);
-                if a.1 != b.1 || fleets_differ {
+                let fleets_differ = matches!((&a.fleet, &b.fleet), (Some(x), Some(y)) if x != y);
+                if a.cluster != b.cluster || fleets_differ {
                     return Err(AcquireError::MembersDisagree {
-                        one: said(a),
-                        other: said(b),
+                        one: a.to_string(),
+                        other: b.to_string(),
                     });
                 }
             }
         }
-        let listed = self.members.len();
-        if answers.len() * 2 <= listed {
+        let mut names: HashMap<u64, Vec<&str>> = HashMap::new();
+        for a in &answers {
+            names.entry(a.member).or_default().push(&a.endpoint);
+        }
+        for (member, endpoints) in names.iter().filter(|(_, e)| e.len() > 1) {
+            tracing::info!(
+                member = format!("{member:x}"),
+                endpoints = endpoints.join(", "),
+                "one etcd member is listed under several --etcd endpoints: it counts once"
+            );
+        }
+        if names.len() <= silent.len() {
             return Err(AcquireError::Registry(RegistryError::Unreachable(
                 format!(
-                    "only {} of the {listed} --etcd endpoints answered which etcd cluster and fleet they belong to (silent: {}): a node takes its first id once a majority of them answered and agree, so that no endpoint of another cluster among them goes unseen. Start it again once they answer, or list only the members of its cluster",
+                    "etcd members that answered which etcd cluster and fleet they belong to: {}, through {} of the {} --etcd endpoints (silent: {}): a node takes its first id once the members that answered outnumber the endpoints that did not (one member listed under two names counts once), so that no endpoint of another cluster among them goes unseen. Start it again once they answer, or list only the members of its cluster, each once",
+                    names.len(),
                     answers.len(),
+                    self.members.len(),
                     silent.join(", ")
                 )
                 .into(),
             )));
         }
-        Ok(answers.first().map(|a| a.1))
+        Ok(answers.first().map(|a| a.cluster))
     }
 
     fn layout_key(&self) -> String {
@@ -1463,6 +1532,10 @@ struct Place {
     fleet: Option<String>,
     generation: u64,
     retired: bool,
+    /// `<prefix>/cluster`: the etcd cluster id (hex) the fleet's records
+    /// were written in (its first take, or the `fleet move` that brought
+    /// it); absent for a fleet of an earlier version until its next take.
+    cluster: Option<String>,
     /// `<prefix>/confirmed`: the status of etcd when an operator confirmed
     /// the place after a restore (`shardflake fleet confirm`), and the
     /// revision it was written at.
@@ -1480,6 +1553,7 @@ impl Place {
             fleet: find("fleet").map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
             generation: read_generation(kvs, prefix),
             retired: find("layout").is_some_and(|kv| parse_retired(&kv.value).is_some()),
+            cluster: find(CLUSTER).map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
             confirmed: find(CONFIRMED).map(|kv| (parse_stamp(&kv.value), kv.mod_revision)),
         }
     }
@@ -1533,6 +1607,16 @@ impl Place {
 /// `<prefix>/<CONFIRMED>`: an operator's word that a restored place is
 /// still its fleet's (`shardflake fleet confirm`).
 const CONFIRMED: &str = "confirmed";
+
+/// `<prefix>/<CLUSTER>`: the etcd cluster id (hex) the fleet's records
+/// were written in. A take in another cluster is refused
+/// ([`AcquireError::FleetCopied`]): the records are a copy (a snapshot
+/// restored into another cluster), and the fleet may run where they were
+/// copied from. A copy of a fleet's first seconds holds fewer revisions
+/// than the copy's new raft log has entries, so [`Status::restored`]
+/// cannot see it; this record can. Written by a take that finds none, and
+/// by `fleet move` at the new place.
+pub(crate) const CLUSTER: &str = "cluster";
 
 /// What a take knows of its fleet besides the claim.
 struct Fleet {
@@ -1641,6 +1725,7 @@ async fn take_lowest(
     let mut floor_ms = floor.unwrap_or(0).max(read_floor(&kvs)?);
     let fleet_key = format!("{prefix}/fleet").into_bytes();
     let generation_key = format!("{prefix}/generation").into_bytes();
+    let cluster_key = format!("{prefix}/{CLUSTER}").into_bytes();
     let read_fleet = |kvs: &[Kv]| {
         kvs.iter()
             .find(|kv| kv.key == fleet_key)
@@ -1959,6 +2044,15 @@ async fn take_lowest(
                     ));
                 }
             }
+        }
+        // The cluster the fleet's records are in, once (a copy of them in
+        // another cluster is then refused).
+        if !kvs.iter().any(|kv| kv.key == cluster_key) {
+            success.push(Op::Put(
+                cluster_key.clone(),
+                format!("{:x}", fleet.cluster_id).into_bytes(),
+                0,
+            ));
         }
         // The cluster's fleets as read: none registered since, and this
         // one registered (or its registration brought up to date) with

@@ -18,11 +18,12 @@
 //! clock, never on top of a record: a record already ahead (a node stopped
 //! while it waited out a floor put back after a delete) plus `raise` could
 //! be further ahead than the fleet's nodes wait, and every take there
-//! would be refused. A floor further ahead than the fleet's
+//! would be refused. A floor further ahead than the fleet's window +
 //! `--max-resume-wait` is refused before anything is written, for the same
 //! reason.
 //! A move stopped between the two steps is finished by running it again.
-//! A fleet whose etcd was restored from a snapshot is moved only with a
+//! A fleet whose etcd was restored from a snapshot (or whose records are a
+//! copy from another cluster, `<prefix>/cluster`) is moved only with a
 //! raise of at least the fleet's `--max-resume-wait`: a record the restore
 //! rolled back, which no take at the old place believes, would be believed
 //! at the new one. A move to another cluster also marks the fleet's
@@ -37,7 +38,7 @@
 //! without a state file of it take ids there again.
 
 use super::{
-    CONFIRMED, RETIRED, check_registered, client, fleet_registry_key, moved_registration,
+    CLUSTER, CONFIRMED, RETIRED, check_registered, client, fleet_registry_key, moved_registration,
     parse_retired, read_generation, read_high_water, read_registrations, registrations_unchanged,
     stamp_text,
 };
@@ -117,7 +118,7 @@ pub enum MoveError {
     },
     /// The old place saw an etcd restore and the raise is short of it.
     #[error(
-        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that (the fleet's --max-resume-wait, given to the move: {min_ms} ms)"
+        "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index, or {prefix}/cluster naming another cluster: a copy): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that (the fleet's --max-resume-wait, given to the move: {min_ms} ms)"
     )]
     RestoreSeen {
         /// The old prefix.
@@ -126,9 +127,10 @@ pub enum MoveError {
         min_ms: u64,
     },
     /// The new place's floor would be further ahead of this clock than the
-    /// fleet's nodes wait: every take there would be refused.
+    /// fleet's nodes wait (window + --max-resume-wait): every take there
+    /// would be refused.
     #[error(
-        "the move would write {floor_ms} ({floor_at}) as {to_prefix}/floor, {what}: {ahead_ms} ms ahead of this host's clock, more than the fleet's --max-resume-wait ({limit_ms} ms); every node started there would be refused as too far ahead (window + --max-resume-wait). Nothing was changed. {way_out}"
+        "the move would write {floor_ms} ({floor_at}) as {to_prefix}/floor, {what}: {ahead_ms} ms ahead of this host's clock, more than the fleet's window + --max-resume-wait ({limit_ms} ms), the furthest a node started there waits: each would be refused as too far ahead. Nothing was changed. {way_out}"
     )]
     FloorAhead {
         /// The new prefix.
@@ -141,7 +143,7 @@ pub enum MoveError {
         what: String,
         /// How far ahead of this host's clock.
         ahead_ms: u64,
-        /// The fleet's --max-resume-wait, as given to the move.
+        /// The fleet's window + --max-resume-wait, as given to the move.
         limit_ms: u64,
         /// The command that gets out.
         way_out: String,
@@ -175,14 +177,16 @@ pub struct Moved {
 /// `now_ms` is this host's clock, `raise_ms` how far past it the carried
 /// high-waters and the floor go at least (a record further ahead is
 /// carried as it is); `max_resume_wait_ms` the fleet's
-/// `--max-resume-wait`: the least raise where etcd was restored, and the
-/// furthest ahead of this clock the floor may go.
+/// `--max-resume-wait`: the least raise where etcd was restored;
+/// `window_ms` the fleet's `--window`: the floor may go as far ahead of
+/// this clock as a take there waits, window + max_resume_wait.
 pub async fn move_fleet(
     from: &EtcdConfig,
     to: &EtcdConfig,
     now_ms: u64,
     raise_ms: u64,
     max_resume_wait_ms: u64,
+    window_ms: u64,
 ) -> Result<Moved, MoveError> {
     let (old, new) = (&from.prefix, &to.prefix);
     let src = client(from)?;
@@ -230,8 +234,12 @@ pub async fn move_fleet(
     // A record a restore rolled back is believed by no take there (see
     // registry/etcd.rs); carried elsewhere, it would be: raised past what
     // its lost holder may have stamped instead.
-    let restored =
-        find(format!("{old}/restored")).is_some() || src.status().await.is_ok_and(|s| s.restored());
+    // So is a copy of another cluster's records (see `CLUSTER`).
+    let copied = find(format!("{old}/{CLUSTER}"))
+        .is_some_and(|kv| kv.value != format!("{:x}", header.cluster_id).into_bytes());
+    let restored = copied
+        || find(format!("{old}/restored")).is_some()
+        || src.status().await.is_ok_and(|s| s.restored());
     if restored && raise_ms < max_resume_wait_ms {
         return Err(MoveError::RestoreSeen {
             prefix: old.clone(),
@@ -307,13 +315,16 @@ pub async fn move_fleet(
     };
     let floor_ms = raised_clock.max(old_floor);
     let ahead_ms = floor_ms.saturating_sub(now_ms);
-    if ahead_ms > max_resume_wait_ms {
+    // The take's own limit (`Claim::max_ahead_ms`): a floor no further
+    // ahead than it is waited out by every node there.
+    let limit_ms = window_ms.saturating_add(max_resume_wait_ms);
+    if ahead_ms > limit_ms {
         let (what, way_out) = if old_floor > raised_clock {
-            let ready = old_floor.saturating_sub(max_resume_wait_ms);
+            let ready = old_floor.saturating_sub(limit_ms);
             (
                 format!("the old place's {old}/floor"),
                 format!(
-                    "Run the move again after {} (this clock within --max-resume-wait of that floor), or give it the fleet's own --max-resume-wait if it waits longer",
+                    "Run the move again after {} (this clock within window + --max-resume-wait of that floor), or give it the fleet's own --window and --max-resume-wait if they are longer",
                     shardflake::timestamp::rfc3339_ms(ready)
                 ),
             )
@@ -321,7 +332,7 @@ pub async fn move_fleet(
             (
                 format!("this host's clock plus --raise {raise_ms} ms"),
                 format!(
-                    "Run the move again with --raise {max_resume_wait_ms}ms or less (and --max-resume-wait the fleet's own)"
+                    "Run the move again with --raise {limit_ms}ms or less (and --window and --max-resume-wait the fleet's own)"
                 ),
             )
         };
@@ -331,7 +342,7 @@ pub async fn move_fleet(
             floor_at: shardflake::timestamp::rfc3339_ms(floor_ms),
             what,
             ahead_ms,
-            limit_ms: max_resume_wait_ms,
+            limit_ms,
             way_out,
         });
     }
@@ -417,6 +428,11 @@ pub async fn move_fleet(
         Op::Put(
             format!("{new}/generation").into_bytes(),
             generation.to_string().into_bytes(),
+            0,
+        ),
+        Op::Put(
+            format!("{new}/{CLUSTER}").into_bytes(),
+            format!("{:x}", dheader.cluster_id).into_bytes(),
             0,
         ),
     ];
