@@ -172,16 +172,38 @@ pub async fn repair_replacing(
         return Err(refused("repair", problems));
     }
     // Each old copy fenced, its last values read under the sequences'
-    // locks: the replacement's sequences go past them.
+    // locks: the replacement's sequences go past them. A copy whose ids
+    // are not vouched for its run (a physical clone, a restart) is fenced
+    // too, but it is not the one that made the ids: then the replacement
+    // is refused, the fences alone committed.
     let mut past: BTreeMap<(String, u64), i64> = BTreeMap::new();
+    let mut not_the_old = Vec::new();
     for (tx, (name, view)) in old_txs.iter().zip(&old_views) {
         let Some(i) = topo.servers().iter().position(|s| &s.name == name) else {
             continue;
         };
+        if let Some(problem) = replace::unvouched(tx, topo, name, view, views[i].identity).await? {
+            not_the_old.push(problem);
+        }
         let owners = replace::replaced_owners(topo, &views, &view.owners, replaces);
         for (shard, last) in replace::fence(tx, topo, view, views[i].identity, &owners).await? {
             past.insert((name.clone(), shard), last);
         }
+    }
+    if !not_the_old.is_empty() {
+        for (tx, name) in old_txs.into_iter().zip(&old_names) {
+            tx.commit()
+                .await
+                .map_err(ctx(&replace::old_name(name), "commit"))?;
+        }
+        return Err(Error::Conflict {
+            server: not_the_old[0].server.clone(),
+            message: not_the_old
+                .iter()
+                .map(|d| d.problem.as_str())
+                .collect::<Vec<_>>()
+                .join("\n  "),
+        });
     }
     let mut out = Vec::new();
     for ((tx, (server, view)), &margin_ms) in txs

@@ -14,7 +14,7 @@ use tokio_postgres::Client;
 const POSTS: &str = "[[tables]]\nname = \"posts\"\nsql = \"CREATE TABLE {schema}.posts (id bigint PRIMARY KEY DEFAULT {next_id}, user_id bigint NOT NULL, body text)\"\n";
 
 /// Eight shards on `servers` (name, url, shard list), in that order.
-fn topology(servers: &[(&str, &str, &str)]) -> String {
+pub(crate) fn topology(servers: &[(&str, &str, &str)]) -> String {
     let mut t = "layout = \"instagram\"\nshards = 8\n".to_string();
     for (name, url, list) in servers {
         t.push_str(&format!(
@@ -25,12 +25,12 @@ fn topology(servers: &[(&str, &str, &str)]) -> String {
     t
 }
 
-async fn connect(url: &str) -> Client {
+pub(crate) async fn connect(url: &str) -> Client {
     pg::connect_url("test", url).await.unwrap()
 }
 
 /// `n` ids drawn from `schema`'s `posts`.
-async fn insert(c: &Client, schema: &str, n: i64) -> Vec<i64> {
+pub(crate) async fn insert(c: &Client, schema: &str, n: i64) -> Vec<i64> {
     c.query(
         &format!(
             "INSERT INTO {schema}.posts (user_id) SELECT g FROM generate_series(1, $1::bigint) g RETURNING id"
@@ -343,7 +343,7 @@ async fn a_renamed_one_server_file_in_another_database_of_its_cluster_is_refused
 }
 
 /// `pg_dump -Fc` of `from`'s `postgres` database restored into `to`'s.
-fn dump_into(from: &PgServer, to: &PgServer) {
+pub(crate) fn dump_into(from: &PgServer, to: &PgServer) {
     let dump = std::env::temp_dir().join(format!("sf-replaced-{}.dump", std::process::id()));
     let port = from.port.to_string();
     let out = Command::new(from.program("pg_dump").unwrap())
@@ -460,7 +460,11 @@ async fn a_dump_restored_into_another_cluster_is_a_replacement_only_when_said() 
 }
 
 /// `n` ids drawn from `schema`'s `posts`, or the server's refusal.
-async fn try_insert(c: &Client, schema: &str, n: i64) -> Result<Vec<i64>, tokio_postgres::Error> {
+pub(crate) async fn try_insert(
+    c: &Client,
+    schema: &str,
+    n: i64,
+) -> Result<Vec<i64>, tokio_postgres::Error> {
     Ok(c
         .query(
             &format!(
