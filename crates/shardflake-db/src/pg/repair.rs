@@ -58,7 +58,8 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
 /// from then on, and the replacement's sequences go past its last values;
 /// one that does not answer refuses the repair.
 /// [`replace::OldCopy::Gone`] reaches nothing: it trusts the operator that
-/// the old copy never takes writes again. A replacement repairs every
+/// each database it names never takes writes again, and must name every
+/// one the deployment records the server's shards on. A replacement repairs every
 /// shard of its server: `only` with `replaces` is refused.
 pub async fn repair_replacing(
     topo: &Topology,
@@ -142,6 +143,7 @@ pub async fn repair_replacing(
     let mut problems = catalog::conflicts(topo, &views, &[]);
     problems.extend(catalog::replaced_copies(&views, &names));
     problems.extend(replace::problems(topo, &views, &old_views));
+    problems.extend(replace::gone_problems(topo, &views, replaces));
     let (timelines, recorded) = timelines(&txs, topo).await?;
     problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
     let timelines: Vec<_> = views.iter().map(|v| v.identity).zip(timelines).collect();

@@ -40,8 +40,12 @@ pub enum OldCopy {
     /// the recorded database, then fenced.
     Url(String),
     /// Not reached: the operator says it is gone for good (the database
-    /// destroyed, or its server stopped never to take writes again).
-    Gone,
+    /// destroyed, or its server stopped never to take writes again). It
+    /// names the system identifier of every database the deployment
+    /// records the server's shards on (`--old-copy-gone SYSID,...`): the
+    /// dump's source, and any copy that replaced it since, which may be
+    /// live; one left out refuses the repair ([`gone_problems`]).
+    Gone(Vec<i64>),
 }
 
 /// The name an old copy goes by in messages.
@@ -204,6 +208,101 @@ pub(crate) fn problems(
             server: old_name(server),
             shard: None,
             problem,
+        });
+    }
+    out
+}
+
+/// Why `--old-copy-gone` may not replace unreached what it names: it
+/// must name the system identifier of each database any server records
+/// a replaced server's shards on (but the new one), each told apart in
+/// the refusal (the one the new copy was restored from, or one that
+/// replaced it since and may be making the ids now), and nothing else.
+pub(crate) fn gone_problems(
+    topo: &Topology,
+    views: &[ServerView],
+    replaces: &[Replacement],
+) -> Vec<Drift> {
+    let mut out = Vec::new();
+    let mut all_recorded = BTreeSet::new();
+    let mut all_named = BTreeSet::new();
+    for r in replaces {
+        let OldCopy::Gone(named) = &r.old else {
+            continue;
+        };
+        all_named.extend(named.iter().copied());
+        let Some(new) = topo
+            .servers()
+            .iter()
+            .position(|s| s.name == r.server)
+            .map(|i| &views[i])
+        else {
+            continue;
+        };
+        let server = r.server.as_str();
+        // Each database recorded for the server's shards → who records it.
+        let mut recorded: BTreeMap<Identity, BTreeSet<&str>> = BTreeMap::new();
+        for v in views {
+            for o in v.owners.values() {
+                if o.server == server && o.identity != new.identity {
+                    recorded.entry(o.identity).or_default().insert(&v.name);
+                }
+            }
+        }
+        all_recorded.extend(recorded.keys().map(|i| i.system));
+        if recorded.keys().all(|i| named.contains(&i.system)) {
+            continue;
+        }
+        let own: BTreeSet<Identity> = new
+            .owners
+            .values()
+            .filter(|o| o.server == server)
+            .map(|o| o.identity)
+            .collect();
+        let listed: Vec<String> = recorded
+            .iter()
+            .map(|(id, by)| {
+                let by = by.iter().copied().collect::<Vec<_>>().join(", ");
+                let what = if own.contains(id) {
+                    format!("the database {server}'s new one was restored from")
+                } else {
+                    format!(
+                        "a database that replaced it since (`shardflake pg repair --replaces {server}`): it may be live and making {server}'s ids now"
+                    )
+                };
+                format!(
+                    "{} (database oid {}), {what}, recorded by {by}",
+                    id.system, id.database
+                )
+            })
+            .collect();
+        let systems: BTreeSet<String> = recorded.keys().map(|i| i.system.to_string()).collect();
+        out.push(Drift {
+            server: server.to_string(),
+            shard: None,
+            problem: format!(
+                "--old-copy-gone declares gone, unreached, every database the deployment records {server}'s shards on: {}. Name the system identifier of each one that is destroyed or whose server is stopped for good (--old-copy-gone {}); one still running makes the ids the replacement would make: reach it with --old-url instead",
+                listed.join("; "),
+                systems.into_iter().collect::<Vec<_>>().join(",")
+            ),
+        });
+    }
+    let unknown: Vec<String> = all_named
+        .difference(&all_recorded)
+        .map(ToString::to_string)
+        .collect();
+    if !unknown.is_empty() {
+        out.push(Drift {
+            server: replaces
+                .iter()
+                .map(|r| r.server.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            shard: None,
+            problem: format!(
+                "--old-copy-gone names system identifier {}, which no server records for the shards of a server replaced: give only those the refusal lists",
+                unknown.join(", ")
+            ),
         });
     }
     out

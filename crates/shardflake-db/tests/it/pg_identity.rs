@@ -401,6 +401,12 @@ async fn a_dump_restored_into_another_cluster_is_a_replacement_only_when_said() 
     pg::apply(&original).await.unwrap();
     let made = insert(&connect(&a.url()).await, "shard0", 100).await;
     dump_into(&a, &c);
+    let a_system: i64 = connect(&a.url())
+        .await
+        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .await
+        .unwrap()
+        .get(0);
     a.stop();
     let onto_c =
         Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
@@ -421,7 +427,7 @@ async fn a_dump_restored_into_another_cluster_is_a_replacement_only_when_said() 
         None,
         &[pg::Replacement {
             server: "a".to_string(),
-            old: pg::OldCopy::Gone,
+            old: pg::OldCopy::Gone(vec![a_system]),
         }],
     )
     .await
@@ -527,7 +533,7 @@ async fn a_replacement_fences_the_copy_it_replaces_while_that_one_runs() {
     assert!(e.contains("--shard with --replaces"), "{e}");
     let twice = [
         replaces(pg::OldCopy::Url(a.url())),
-        replaces(pg::OldCopy::Gone),
+        replaces(pg::OldCopy::Gone(Vec::new())),
     ]
     .concat();
     let e = pg::repair_replacing(&onto_c, None, &twice)

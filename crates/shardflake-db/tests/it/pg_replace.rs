@@ -241,3 +241,90 @@ async fn a_lock_held_on_the_old_copy_refuses_the_replacement_naming_it() {
     let on_c = insert(&connect(&c.url()).await, "shard0", 100).await;
     assert!(on_c.iter().min() > made.iter().max());
 }
+
+fn gone(systems: &[i64]) -> Vec<pg::Replacement> {
+    vec![pg::Replacement {
+        server: "a".to_string(),
+        old: pg::OldCopy::Gone(systems.to_vec()),
+    }]
+}
+
+async fn system_identifier(url: &str) -> i64 {
+    connect(url)
+        .await
+        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// E8: a lost for good, its dump restored twice, into c and d, by two
+/// operators, each running `--replaces a --old-copy-gone`: both were
+/// accepted, and c and d made the same ids. The records of b say c
+/// replaced a; `--old-copy-gone` now names the system identifier of
+/// each database it declares gone, and the refusal says what each is:
+/// the second operator cannot declare the live c gone by accident.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_copy_gone_names_each_database_it_declares_gone() {
+    let (a, b, c, d) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let original =
+        Topology::parse(&topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    pg::apply(&original).await.unwrap();
+    let made = insert(&connect(&a.url()).await, "shard0", 100).await;
+    dump_into(&a, &c);
+    dump_into(&a, &d);
+    let (a_sys, c_sys) = (
+        system_identifier(&a.url()).await,
+        system_identifier(&c.url()).await,
+    );
+    a.stop();
+    let onto = |s: &PgServer| {
+        Topology::parse(&topology(&[("a", &s.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap()
+    };
+    let e = pg::repair_replacing(&onto(&c), None, &gone(&[]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("{a_sys} (database oid"))
+            && e.contains("the database a's new one was restored from")
+            && e.contains(&format!("--old-copy-gone {a_sys})")),
+        "{e}"
+    );
+    let e = pg::repair_replacing(&onto(&c), None, &gone(&[a_sys, 42]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("names system identifier 42, which no server"),
+        "{e}"
+    );
+    pg::repair_replacing(&onto(&c), None, &gone(&[a_sys]))
+        .await
+        .unwrap();
+    let on_c = insert(&connect(&c.url()).await, "shard0", 100).await;
+    assert!(on_c.iter().min() > made.iter().max());
+
+    let e = pg::repair_replacing(&onto(&d), None, &gone(&[a_sys]))
+        .await
+        .expect_err("d declared a gone while c, which replaced a, is live")
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "{c_sys} (database oid 5), a database that replaced it since"
+        )) && e.contains("may be live"),
+        "{e}"
+    );
+    // Told explicitly, once c is stopped for good too.
+    c.stop();
+    pg::repair_replacing(&onto(&d), None, &gone(&[a_sys, c_sys]))
+        .await
+        .unwrap();
+    let on_d = insert(&connect(&d.url()).await, "shard0", 100).await;
+    assert!(on_d.iter().min() > made.iter().max());
+}
