@@ -315,12 +315,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     ),
                 }
             }
-            for r in &repaired {
+            for r in &repaired.repaired {
                 println!("{r}");
+            }
+            for l in &repaired.left_behind {
+                println!("{l}");
             }
             println!(
                 "repaired {} shard(s); new ids wait until the clock is within {} ms of them",
-                repaired.len(),
+                repaired.repaired.len(),
                 sql::AHEAD_MS
             );
             Ok(())

@@ -43,7 +43,16 @@ impl fmt::Display for Repaired {
 /// `AHEAD_MS` (and that margin) ahead: new draws wait until the clock is
 /// within `AHEAD_MS` of them.
 pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>, Error> {
-    repair_replacing(topo, only, &[]).await
+    Ok(repair_replacing(topo, only, &[]).await?.repaired)
+}
+
+/// What [`repair_replacing`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Replaced {
+    /// Each shard repaired.
+    pub repaired: Vec<Repaired>,
+    /// Rows each fenced old copy holds that the replacement lacks.
+    pub left_behind: Vec<replace::LeftBehind>,
 }
 
 /// [`repair`], with the servers in `replaces` taken as replacing the
@@ -65,7 +74,7 @@ pub async fn repair_replacing(
     topo: &Topology,
     only: Option<u64>,
     replaces: &[Replacement],
-) -> Result<Vec<Repaired>, Error> {
+) -> Result<Replaced, Error> {
     for (i, r) in replaces.iter().enumerate() {
         if topo.servers().iter().all(|s| s.name != r.server) {
             return Err(TopologyError::UnknownServer(r.server.clone()).into());
@@ -180,6 +189,7 @@ pub async fn repair_replacing(
     // is refused, the fences alone committed.
     let mut past: BTreeMap<(String, u64), i64> = BTreeMap::new();
     let mut not_the_old = Vec::new();
+    let mut left_behind = Vec::new();
     for (tx, (name, view)) in old_txs.iter().zip(&old_views) {
         let Some(i) = topo.servers().iter().position(|s| &s.name == name) else {
             continue;
@@ -188,7 +198,10 @@ pub async fn repair_replacing(
             not_the_old.push(problem);
         }
         let owners = replace::replaced_owners(topo, &views, &view.owners, replaces);
-        for (shard, last) in replace::fence(tx, topo, view, views[i].identity, &owners).await? {
+        let fenced = replace::fence(tx, topo, view, views[i].identity, &owners).await?;
+        let shards: Vec<u64> = fenced.keys().copied().collect();
+        left_behind.extend(replace::left_behind(tx, &txs[i], topo, name, &shards).await?);
+        for (shard, last) in fenced {
             past.insert((name.clone(), shard), last);
         }
     }
@@ -261,6 +274,25 @@ pub async fn repair_replacing(
             .await
             .map_err(ctx(name, "creating the deployment records"))?;
         catalog::record_timelines(tx, name, &timelines).await?;
+        // Rows only on the fenced old copy: `pg check` reports them here
+        // until they are copied over.
+        for l in left_behind.iter().filter(|l| l.server == name) {
+            tx.execute(
+                "INSERT INTO shardflake.left_behind VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (shard, tbl) DO UPDATE SET id_column = EXCLUDED.id_column,
+                   rows = EXCLUDED.rows, min_id = EXCLUDED.min_id, max_id = EXCLUDED.max_id",
+                &[
+                    &(l.shard as i64),
+                    &l.table,
+                    &l.column,
+                    &l.rows,
+                    &l.ids.0,
+                    &l.ids.1,
+                ],
+            )
+            .await
+            .map_err(ctx(name, "recording the rows left on the old copy"))?;
+        }
     }
     // The old copies' fences first: a replacement never serves while the
     // copy it replaces still can. Each server's repair stands alone (no
@@ -274,5 +306,17 @@ pub async fn repair_replacing(
     for (tx, server) in txs.into_iter().zip(topo.servers()) {
         tx.commit().await.map_err(ctx(&server.name, "commit"))?;
     }
-    Ok(out)
+    for l in &left_behind {
+        tracing::warn!(
+            server = l.server.as_str(),
+            shard = l.shard,
+            table = l.table.as_str(),
+            rows = l.rows,
+            "rows only on the fenced old copy"
+        );
+    }
+    Ok(Replaced {
+        repaired: out,
+        left_behind,
+    })
 }

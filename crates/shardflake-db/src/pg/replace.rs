@@ -570,3 +570,123 @@ async fn timelines(c: &impl GenericClient, who: &str) -> Result<(i64, Option<i64
         None => (current, Some(current)),
     })
 }
+
+/// Rows a fenced old copy holds that its replacement lacks: acknowledged
+/// inserts made after the dump, only on the old copy now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftBehind {
+    /// The server of the file the old copy was.
+    pub server: String,
+    /// The shard.
+    pub shard: u64,
+    /// `schema.table`.
+    pub table: String,
+    /// Its id column (quoted as SQL needs).
+    pub column: String,
+    /// How many rows.
+    pub rows: i64,
+    /// Their smallest and largest id.
+    pub ids: (i64, i64),
+    /// The replacement has no copy of the shard at all (it moved onto the
+    /// old copy after the dump).
+    pub shard_missing: bool,
+}
+
+impl std::fmt::Display for LeftBehind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (t, c, (min, max)) = (&self.table, &self.column, self.ids);
+        let copy = format!(
+            "copy them over: in psql on the old copy `\\copy (SELECT * FROM {t} WHERE {c} BETWEEN {min} AND {max}) TO 'rows.csv' CSV`, then on the new one `\\copy {t} FROM 'rows.csv' CSV`"
+        );
+        if self.shard_missing {
+            write!(
+                f,
+                "{} (fenced): shard {}: {t} holds {} row(s) (ids {min}..{max}) and the new database has no shard {} at all (it moved onto the old copy after the dump): run `shardflake pg apply` to create it here (empty), then {copy}",
+                old_name(&self.server),
+                self.shard,
+                self.rows,
+                self.shard
+            )
+        } else {
+            write!(
+                f,
+                "{} (fenced): shard {}: {t} holds {} row(s) the new database lacks (ids {min}..{max}, above its largest: inserts acknowledged after the dump); {copy}",
+                old_name(&self.server),
+                self.shard,
+                self.rows
+            )
+        }
+    }
+}
+
+/// The rows each shard of `shards` holds on the fenced old copy (`old`,
+/// its tables locked) above the largest id the replacement (`new`) has,
+/// table by table; every row where the replacement lacks the table.
+pub(crate) async fn left_behind(
+    old: &impl GenericClient,
+    new: &impl GenericClient,
+    topo: &Topology,
+    server: &str,
+    shards: &[u64],
+) -> Result<Vec<LeftBehind>, Error> {
+    let who = old_name(server);
+    let mut out = Vec::new();
+    for &shard in shards {
+        let schema = topo.schema(shard);
+        let shard_missing = !relation_exists(new, server, &sql::shard_sequence(&schema)).await?;
+        for t in topo.tables() {
+            let table = format!("{schema}.{}", t.name);
+            if !relation_exists(old, &who, &table).await? {
+                continue;
+            }
+            // The column whose default draws from the shard's next_id.
+            let Some(column) = old
+                .query_opt(
+                    "SELECT quote_ident(a.attname) FROM pg_attribute a
+                       JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                      WHERE a.attrelid = $1::text::regclass AND pg_get_expr(d.adbin, d.adrelid) LIKE '%next_id%'
+                      LIMIT 1",
+                    &[&table],
+                )
+                .await
+                .map_err(ctx(&who, &format!("reading {table}'s id column")))?
+                .map(|r| r.get::<_, String>(0))
+            else {
+                continue;
+            };
+            let above: i64 = if relation_exists(new, server, &table).await? {
+                new.query_one(
+                    &format!("SELECT coalesce(max({column}), 0) FROM {table}"),
+                    &[],
+                )
+                .await
+                .map_err(ctx(server, &format!("reading {table}")))?
+                .get(0)
+            } else {
+                i64::MIN
+            };
+            let row = old
+                .query_one(
+                    &format!(
+                        "SELECT count(*), coalesce(min({column}), 0), coalesce(max({column}), 0) FROM {table} WHERE {column} > $1"
+                    ),
+                    &[&above],
+                )
+                .await
+                .map_err(ctx(&who, &format!("reading {table}")))?;
+            let rows: i64 = row.get(0);
+            if rows > 0 {
+                out.push(LeftBehind {
+                    server: server.to_string(),
+                    shard,
+                    table,
+                    column: column.clone(),
+                    rows,
+                    ids: (row.get(1), row.get(2)),
+                    shard_missing,
+                });
+            }
+        }
+    }
+    Ok(out)
+}

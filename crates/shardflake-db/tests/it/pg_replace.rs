@@ -328,3 +328,107 @@ async fn old_copy_gone_names_each_database_it_declares_gone() {
     let on_d = insert(&connect(&d.url()).await, "shard0", 100).await;
     assert!(on_d.iter().min() > made.iter().max());
 }
+
+/// E1, E16: inserts acknowledged on a after its dump, and a shard that
+/// moved onto a after it (the dump holds none of it), are only on the
+/// fenced a once c replaces it; the repair said nothing of them. Now it
+/// reports each table's rows the new copy lacks, and a shard it lacks
+/// entirely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_only_on_the_fenced_old_copy_are_reported() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let dir = std::env::temp_dir().join(format!("sf-left-behind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("topology.toml");
+    std::fs::write(
+        &path,
+        topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    )
+    .unwrap();
+    pg::apply(&Topology::load(&path).unwrap()).await.unwrap();
+    let ca = connect(&a.url()).await;
+    insert(&ca, "shard0", 50).await;
+    dump_into(&a, &c);
+    let after_dump = insert(&ca, "shard0", 30).await;
+    pg::move_shard::move_shard(&path, 4, "a", &Default::default())
+        .await
+        .unwrap();
+    let moved = insert(&ca, "shard4", 20).await;
+    // The file the move wrote (its generation), a's url pointed at c.
+    let moved_file = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let onto_c = Topology::parse(&moved_file.replace(&a.url(), &c.url())).unwrap();
+    let replaced = pg::repair_replacing(&onto_c, None, &replacing(&a.url()))
+        .await
+        .unwrap();
+    let left: Vec<_> = replaced
+        .left_behind
+        .iter()
+        .map(|l| (l.shard, l.table.as_str(), l.rows, l.ids, l.shard_missing))
+        .collect();
+    let span = |ids: &[i64]| (*ids.iter().min().unwrap(), *ids.iter().max().unwrap());
+    assert_eq!(
+        left,
+        vec![
+            (0, "shard0.posts", 30, span(&after_dump), false),
+            (4, "shard4.posts", 20, span(&moved), true),
+        ],
+        "{:#?}",
+        replaced.left_behind
+    );
+    let said = replaced.left_behind[1].to_string();
+    assert!(
+        said.contains("has no shard 4 at all") && said.contains("\\copy shard4.posts FROM"),
+        "{said}"
+    );
+    // check says so, not just "run pg apply" (which recreates the shard
+    // empty), until the rows are copied over.
+    let drift: Vec<String> = pg::check(&onto_c)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.contains("shard4.posts is missing here, and its 20 row(s)"))
+            && drift
+                .iter()
+                .any(|d| d.contains("30 of the 30 row(s) of shard0.posts")),
+        "{drift:#?}"
+    );
+    pg::apply(&onto_c).await.unwrap();
+    let drift: Vec<String> = pg::check(&onto_c)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.contains("20 of the 20 row(s) of shard4.posts")),
+        "{drift:#?}"
+    );
+    let cc = connect(&c.url()).await;
+    for t in ["shard0.posts", "shard4.posts"] {
+        for r in ca
+            .query(&format!("SELECT id, user_id FROM {t}"), &[])
+            .await
+            .unwrap()
+        {
+            cc.execute(
+                &format!("INSERT INTO {t} (id, user_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"),
+                &[&r.get::<_, i64>(0), &r.get::<_, i64>(1)],
+            )
+            .await
+            .unwrap();
+        }
+    }
+    assert_eq!(pg::check(&onto_c).await.unwrap(), Vec::new());
+}
