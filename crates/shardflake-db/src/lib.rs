@@ -77,7 +77,7 @@ pub enum Error {
     #[error(transparent)]
     Id(#[from] shardflake::IdError),
     /// A server could not be reached.
-    #[error("cannot connect to server {server:?} ({url}): {source}")]
+    #[error("cannot connect to server {server:?} ({url}): {}", pg_message(source))]
     Connect {
         /// Server name.
         server: String,

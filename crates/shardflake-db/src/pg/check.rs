@@ -1,6 +1,8 @@
 //! `pg check`: every difference between the servers and the file, and
 //! every setting that breaks the no-repeat argument.
 
+use std::collections::BTreeSet;
+
 use super::catalog::{self, State};
 use super::*;
 
@@ -37,7 +39,11 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         views.push(catalog::read(c, &server.name, topo).await?);
     }
     drift.extend(catalog::conflicts(topo, &views, &[]));
-    drift.extend(catalog::replaced_copies(&views, &[]));
+    let replacing = catalog::replaced_copies(&views, &[]);
+    // Servers whose url reaches another copy than the recorded one: their
+    // way out is `repair --replaces`, not `repair --shard`.
+    let to_replace: BTreeSet<String> = replacing.iter().map(|d| d.server.clone()).collect();
+    drift.extend(replacing);
     // A file older than the servers' generation is refused: where it puts
     // shards is no guide to what is missing (its `pg apply` is refused too).
     let older_file = catalog::older_file(topo, &views).is_some();
@@ -216,7 +222,16 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 Some(_) => {}
             }
             let seq = sql::shard_sequence(&schema);
-            if let Some(problem) = restored(client, topo, name, shard).await? {
+            if let Some(problem) = restored(client, topo, name, shard).await?.map(|p| {
+                if to_replace.contains(name) {
+                    p.replace(
+                        &format!("`shardflake pg repair --shard {shard}`"),
+                        &format!("`shardflake pg repair --replaces {name} --old-url OLD` (above)"),
+                    )
+                } else {
+                    p
+                }
+            }) {
                 drift.push(d(Some(shard), problem));
             } else if let Some(problem) = restarted(client, topo, name, shard).await? {
                 drift.push(d(Some(shard), problem));

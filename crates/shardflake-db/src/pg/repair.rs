@@ -115,7 +115,9 @@ pub async fn repair_replacing(
     let old = replace::connect(replaces).await?;
     replace::distinct(topo, &clients, &old).await?;
     let old_names: Vec<String> = old.iter().map(|(name, _)| name.clone()).collect();
-    lock_names.extend(old_names.iter().map(String::as_str));
+    // Labelled "a (old copy)" in every error; sorted after "a".
+    let old_labels: Vec<String> = old_names.iter().map(|n| replace::old_name(n)).collect();
+    lock_names.extend(old_labels.iter().map(String::as_str));
     clients.extend(old.into_iter().map(|(_, c)| c));
     let mut txs = Vec::new();
     for (c, name) in clients.iter_mut().zip(&lock_names) {
@@ -131,7 +133,9 @@ pub async fn repair_replacing(
     }
     let mut old_views = Vec::new();
     for (tx, name) in old_txs.iter().zip(&old_names) {
-        old_views.push((name.clone(), catalog::read(tx, name, topo).await?));
+        let mut view = catalog::read(tx, &replace::old_name(name), topo).await?;
+        view.name = name.clone();
+        old_views.push((name.clone(), view));
     }
     // Records of a copy that moved away and came back with a restore, its
     // schema dropped since (what `pg check` says to do): no copy, no ids.

@@ -91,7 +91,7 @@ pub(crate) async fn connect(replaces: &[Replacement]) -> Result<Vec<(String, Cli
                 server: old_name(&r.server),
                 shard: None,
                 problem: format!(
-                    "cannot reach the copy that --old-url gives for {0}: {e}. It may still be running and making ids, which the replacement would make again: reach it (start its server if it is stopped: after a restart it makes no id until a repair, SQLSTATE SF005, and the repair then fences it). Only if that database is destroyed or its server is stopped for good, run again with --old-copy-gone instead of --old-url",
+                    "cannot reach the copy that --old-url gives for {0}: {e}. It may still be running and making ids, which the replacement would make again: reach it. If its server is stopped, starting it is safe (after a restart it makes no id, SQLSTATE SF005, until a repair), but a copy restarted cannot be told from a clone of it: the repair fences it and then asks for --old-copy-gone. Only if that database is destroyed or its server is stopped for good, run again with --old-copy-gone instead of --old-url",
                     r.server
                 ),
             }),

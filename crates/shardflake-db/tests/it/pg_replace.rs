@@ -204,6 +204,27 @@ async fn a_lock_held_on_the_old_copy_refuses_the_replacement_naming_it() {
     let ca = connect(&a.url()).await;
     let made = insert(&ca, "shard0", 100).await;
     dump_into(&a, &c);
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    // Messages: the old copy is labelled so, with the server's own words.
+    let as_role = |role: &str| a.url().replace("postgres@", &format!("{role}@"));
+    let e = pg::repair_replacing(&onto_c, None, &replacing(&as_role("nobody")))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"a (old copy)\"") && e.contains("role \"nobody\" does not exist"),
+        "{e}"
+    );
+    ca.batch_execute("CREATE ROLE reader LOGIN").await.unwrap();
+    let e = pg::repair_replacing(&onto_c, None, &replacing(&as_role("reader")))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("server \"a (old copy)\"") && e.contains("permission denied"),
+        "{e}"
+    );
     connect(&a.url())
         .await
         .batch_execute(
@@ -211,8 +232,6 @@ async fn a_lock_held_on_the_old_copy_refuses_the_replacement_naming_it() {
         )
         .await
         .unwrap();
-    let onto_c =
-        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
     let e = tokio::time::timeout(
         Duration::from_secs(60),
         pg::repair_replacing(&onto_c, None, &replacing(&a.url())),
