@@ -77,7 +77,10 @@ pub enum Error {
     #[error(transparent)]
     Id(#[from] shardflake::IdError),
     /// A server could not be reached.
-    #[error("cannot connect to server {server:?} ({url}): {source}")]
+    #[error(
+        "cannot connect to server {server:?} ({url}): {}",
+        connect_message(source)
+    )]
     Connect {
         /// Server name.
         server: String,
@@ -195,6 +198,17 @@ impl Error {
             context: context.to_string(),
             message: message.into(),
         }
+    }
+}
+
+/// Why a connection failed: the server's own words where it answered
+/// (an unknown role, a database that does not exist), else the driver's
+/// (whose text already holds its cause).
+fn connect_message(e: &tokio_postgres::Error) -> String {
+    if e.as_db_error().is_some() {
+        pg_message(e)
+    } else {
+        e.to_string()
     }
 }
 

@@ -86,9 +86,19 @@ enum PgCommand {
         /// The copies --replaces replaces are gone for good (the database
         /// destroyed, or its server stopped never to take writes again):
         /// repair reaches none of them, on your word. One still running
-        /// would make the replacement's ids too.
-        #[arg(long, requires = "replaces", conflicts_with = "old_url")]
-        old_copy_gone: bool,
+        /// would make the replacement's ids too. Names the system
+        /// identifier of each database the deployment records those
+        /// shards on (given none, the refusal lists them and what each
+        /// is).
+        #[arg(
+            long,
+            value_name = "SYSID",
+            num_args = 0..,
+            value_delimiter = ',',
+            requires = "replaces",
+            conflicts_with = "old_url"
+        )]
+        old_copy_gone: Option<Vec<i64>>,
     },
     /// Which logical shard, schema and server a sharding key lives on.
     Route {
@@ -294,18 +304,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         "{}: the copy it replaces (--old-url) is fenced for good: it makes no id",
                         r.server
                     ),
-                    pg::OldCopy::Gone => println!(
-                        "{}: the copy it replaces was not reached (--old-copy-gone): it must never take writes again",
-                        r.server
+                    pg::OldCopy::Gone(systems) => println!(
+                        "{}: the copies it replaces were not reached (--old-copy-gone {}): they must never take writes again",
+                        r.server,
+                        systems
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
                     ),
                 }
             }
-            for r in &repaired {
+            for r in &repaired.repaired {
                 println!("{r}");
+            }
+            for l in &repaired.left_behind {
+                println!("{l}");
             }
             println!(
                 "repaired {} shard(s); new ids wait until the clock is within {} ms of them",
-                repaired.len(),
+                repaired.repaired.len(),
                 sql::AHEAD_MS
             );
             Ok(())
@@ -478,14 +496,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn replacements(
     servers: Vec<String>,
     old_urls: Vec<String>,
-    gone: bool,
+    gone: Option<Vec<i64>>,
 ) -> anyhow::Result<Vec<pg::Replacement>> {
-    if gone {
+    if let Some(systems) = gone {
         return Ok(servers
             .into_iter()
             .map(|server| pg::Replacement {
                 server,
-                old: pg::OldCopy::Gone,
+                old: pg::OldCopy::Gone(systems.clone()),
             })
             .collect());
     }

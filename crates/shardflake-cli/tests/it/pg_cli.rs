@@ -758,6 +758,21 @@ async fn pg_repair_replaces_fences_the_old_copy() {
         e.contains("give the url that reaches each old copy") && e.contains("--old-copy-gone"),
         "{e}"
     );
+    // --old-copy-gone names what it declares gone: given nothing, the
+    // refusal lists each database and what it is.
+    let e = fails(&[
+        "pg",
+        "repair",
+        "--replaces",
+        "a",
+        "--old-copy-gone",
+        "-t",
+        &new_file,
+    ]);
+    assert!(
+        e.contains("the database a's new one was restored from") && e.contains("--old-copy-gone "),
+        "{e}"
+    );
     let out = ok(&[
         "pg",
         "repair",

@@ -82,6 +82,14 @@ CREATE TABLE IF NOT EXISTS shardflake.timeline (
 ALTER TABLE shardflake.deployment
   ADD COLUMN IF NOT EXISTS replaced_by_system bigint,
   ADD COLUMN IF NOT EXISTS replaced_by_database bigint;
+CREATE TABLE IF NOT EXISTS shardflake.left_behind (
+  shard bigint NOT NULL,
+  tbl text NOT NULL,
+  id_column text NOT NULL,
+  rows bigint NOT NULL,
+  min_id bigint NOT NULL,
+  max_id bigint NOT NULL,
+  PRIMARY KEY (shard, tbl));
 CREATE TABLE IF NOT EXISTS shardflake.timelines (
   system_identifier bigint NOT NULL,
   database_oid bigint NOT NULL,

@@ -1,6 +1,8 @@
 //! `pg check`: every difference between the servers and the file, and
 //! every setting that breaks the no-repeat argument.
 
+use std::collections::BTreeSet;
+
 use super::catalog::{self, State};
 use super::*;
 
@@ -37,7 +39,11 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         views.push(catalog::read(c, &server.name, topo).await?);
     }
     drift.extend(catalog::conflicts(topo, &views, &[]));
-    drift.extend(catalog::replaced_copies(&views, &[]));
+    let replacing = catalog::replaced_copies(&views, &[]);
+    // Servers whose url reaches another copy than the recorded one: their
+    // way out is `repair --replaces`, not `repair --shard`.
+    let to_replace: BTreeSet<String> = replacing.iter().map(|d| d.server.clone()).collect();
+    drift.extend(replacing);
     // A file older than the servers' generation is refused: where it puts
     // shards is no guide to what is missing (its `pg apply` is refused too).
     let older_file = catalog::older_file(topo, &views).is_some();
@@ -144,8 +150,46 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
             }
         }
         drift.extend(super::adopt::drift(client, topo, server).await?);
+        let left = left_behind(client, name).await?;
+        for (shard, tbl, column, rows, (min, max)) in &left {
+            let copy = format!(
+                "copy them over (in psql on the old copy `\\copy (SELECT * FROM {tbl} WHERE {column} BETWEEN {min} AND {max}) TO 'rows.csv' CSV`, then here `\\copy {tbl} FROM 'rows.csv' CSV`); to leave them there for good, `DELETE FROM shardflake.left_behind WHERE shard = {shard} AND tbl = '{tbl}'` here"
+            );
+            if !relation_exists(client, name, tbl).await? {
+                drift.push(d(
+                    Some(*shard),
+                    format!(
+                        "{tbl} is missing here, and its {rows} row(s) (ids {min}..{max}) are only on the old copy that `shardflake pg repair --replaces {name}` fenced (the shard moved onto it after the dump): run `shardflake pg apply` to create the shard here (empty), then {copy}"
+                    ),
+                ));
+                continue;
+            }
+            let here: i64 = client
+                .query_one(
+                    &format!("SELECT count(*) FROM {tbl} WHERE {column} BETWEEN $1 AND $2"),
+                    &[min, max],
+                )
+                .await
+                .map_err(ctx(name, &format!("reading {tbl}")))?
+                .get(0);
+            if here < *rows {
+                drift.push(d(
+                    Some(*shard),
+                    format!(
+                        "{} of the {rows} row(s) of {tbl} with ids {min}..{max} are only on the old copy that `shardflake pg repair --replaces {name}` fenced (inserts acknowledged there after the dump): {copy}",
+                        rows - here
+                    ),
+                ));
+            }
+        }
         for &shard in &server.shards {
             let schema = topo.schema(shard);
+            if left.iter().any(|l| l.0 == shard)
+                && !relation_exists(client, name, &sql::shard_sequence(&schema)).await?
+            {
+                // Said above: its rows are on the fenced old copy.
+                continue;
+            }
             match view.state(shard) {
                 Some(State::Live)
                     if !relation_exists(client, name, &sql::shard_sequence(&schema)).await? =>
@@ -178,7 +222,16 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 Some(_) => {}
             }
             let seq = sql::shard_sequence(&schema);
-            if let Some(problem) = restored(client, topo, name, shard).await? {
+            if let Some(problem) = restored(client, topo, name, shard).await?.map(|p| {
+                if to_replace.contains(name) {
+                    p.replace(
+                        &format!("`shardflake pg repair --shard {shard}`"),
+                        &format!("`shardflake pg repair --replaces {name} --old-url OLD` (above)"),
+                    )
+                } else {
+                    p
+                }
+            }) {
                 drift.push(d(Some(shard), problem));
             } else if let Some(problem) = restarted(client, topo, name, shard).await? {
                 drift.push(d(Some(shard), problem));
@@ -261,4 +314,32 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         }
     }
     Ok(drift)
+}
+
+/// Rows a replacement's repair found only on the old copy it fenced
+/// (`shardflake.left_behind`): shard, table, id column, rows, id span.
+type LeftBehind = Vec<(u64, String, String, i64, (i64, i64))>;
+
+async fn left_behind(client: &impl GenericClient, name: &str) -> Result<LeftBehind, Error> {
+    if !relation_exists(client, name, "shardflake.left_behind").await? {
+        return Ok(Vec::new());
+    }
+    Ok(client
+        .query(
+            "SELECT shard, tbl, id_column, rows, min_id, max_id FROM shardflake.left_behind ORDER BY 1, 2",
+            &[],
+        )
+        .await
+        .map_err(ctx(name, "reading the rows left on a replaced copy"))?
+        .iter()
+        .map(|r| {
+            (
+                r.get::<_, i64>(0) as u64,
+                r.get(1),
+                r.get(2),
+                r.get(3),
+                (r.get(4), r.get(5)),
+            )
+        })
+        .collect())
 }

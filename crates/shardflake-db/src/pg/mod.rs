@@ -50,8 +50,8 @@ pub use adopt::{AdoptOptions, Adopted, AdoptedTable, Target, adopt, adopted};
 pub(crate) use apply::install_shard;
 pub use apply::{Applied, ApplyOptions, apply, apply_adding, apply_with};
 pub use check::check;
-pub use repair::{Repaired, repair, repair_replacing};
-pub use replace::{OldCopy, Replacement};
+pub use repair::{Repaired, Replaced, repair, repair_replacing};
+pub use replace::{LeftBehind, OldCopy, Replacement};
 pub use route::{Route, Router};
 pub use topology::{Server, SignBit, Topology, TopologyError};
 

@@ -43,7 +43,16 @@ impl fmt::Display for Repaired {
 /// `AHEAD_MS` (and that margin) ahead: new draws wait until the clock is
 /// within `AHEAD_MS` of them.
 pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>, Error> {
-    repair_replacing(topo, only, &[]).await
+    Ok(repair_replacing(topo, only, &[]).await?.repaired)
+}
+
+/// What [`repair_replacing`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Replaced {
+    /// Each shard repaired.
+    pub repaired: Vec<Repaired>,
+    /// Rows each fenced old copy holds that the replacement lacks.
+    pub left_behind: Vec<replace::LeftBehind>,
 }
 
 /// [`repair`], with the servers in `replaces` taken as replacing the
@@ -58,13 +67,14 @@ pub async fn repair(topo: &Topology, only: Option<u64>) -> Result<Vec<Repaired>,
 /// from then on, and the replacement's sequences go past its last values;
 /// one that does not answer refuses the repair.
 /// [`replace::OldCopy::Gone`] reaches nothing: it trusts the operator that
-/// the old copy never takes writes again. A replacement repairs every
+/// each database it names never takes writes again, and must name every
+/// one the deployment records the server's shards on. A replacement repairs every
 /// shard of its server: `only` with `replaces` is refused.
 pub async fn repair_replacing(
     topo: &Topology,
     only: Option<u64>,
     replaces: &[Replacement],
-) -> Result<Vec<Repaired>, Error> {
+) -> Result<Replaced, Error> {
     for (i, r) in replaces.iter().enumerate() {
         if topo.servers().iter().all(|s| s.name != r.server) {
             return Err(TopologyError::UnknownServer(r.server.clone()).into());
@@ -105,7 +115,9 @@ pub async fn repair_replacing(
     let old = replace::connect(replaces).await?;
     replace::distinct(topo, &clients, &old).await?;
     let old_names: Vec<String> = old.iter().map(|(name, _)| name.clone()).collect();
-    lock_names.extend(old_names.iter().map(String::as_str));
+    // Labelled "a (old copy)" in every error; sorted after "a".
+    let old_labels: Vec<String> = old_names.iter().map(|n| replace::old_name(n)).collect();
+    lock_names.extend(old_labels.iter().map(String::as_str));
     clients.extend(old.into_iter().map(|(_, c)| c));
     let mut txs = Vec::new();
     for (c, name) in clients.iter_mut().zip(&lock_names) {
@@ -121,7 +133,9 @@ pub async fn repair_replacing(
     }
     let mut old_views = Vec::new();
     for (tx, name) in old_txs.iter().zip(&old_names) {
-        old_views.push((name.clone(), catalog::read(tx, name, topo).await?));
+        let mut view = catalog::read(tx, &replace::old_name(name), topo).await?;
+        view.name = name.clone();
+        old_views.push((name.clone(), view));
     }
     // Records of a copy that moved away and came back with a restore, its
     // schema dropped since (what `pg check` says to do): no copy, no ids.
@@ -142,6 +156,7 @@ pub async fn repair_replacing(
     let mut problems = catalog::conflicts(topo, &views, &[]);
     problems.extend(catalog::replaced_copies(&views, &names));
     problems.extend(replace::problems(topo, &views, &old_views));
+    problems.extend(replace::gone_problems(topo, &views, replaces));
     let (timelines, recorded) = timelines(&txs, topo).await?;
     problems.extend(catalog::older_timelines(&views, &timelines, &recorded));
     let timelines: Vec<_> = views.iter().map(|v| v.identity).zip(timelines).collect();
@@ -172,16 +187,42 @@ pub async fn repair_replacing(
         return Err(refused("repair", problems));
     }
     // Each old copy fenced, its last values read under the sequences'
-    // locks: the replacement's sequences go past them.
+    // locks: the replacement's sequences go past them. A copy whose ids
+    // are not vouched for its run (a physical clone, a restart) is fenced
+    // too, but it is not the one that made the ids: then the replacement
+    // is refused, the fences alone committed.
     let mut past: BTreeMap<(String, u64), i64> = BTreeMap::new();
+    let mut not_the_old = Vec::new();
+    let mut left_behind = Vec::new();
     for (tx, (name, view)) in old_txs.iter().zip(&old_views) {
         let Some(i) = topo.servers().iter().position(|s| &s.name == name) else {
             continue;
         };
+        if let Some(problem) = replace::unvouched(tx, topo, name, view, views[i].identity).await? {
+            not_the_old.push(problem);
+        }
         let owners = replace::replaced_owners(topo, &views, &view.owners, replaces);
-        for (shard, last) in replace::fence(tx, topo, view, views[i].identity, &owners).await? {
+        let fenced = replace::fence(tx, topo, view, views[i].identity, &owners).await?;
+        let shards: Vec<u64> = fenced.keys().copied().collect();
+        left_behind.extend(replace::left_behind(tx, &txs[i], topo, name, &shards).await?);
+        for (shard, last) in fenced {
             past.insert((name.clone(), shard), last);
         }
+    }
+    if !not_the_old.is_empty() {
+        for (tx, name) in old_txs.into_iter().zip(&old_names) {
+            tx.commit()
+                .await
+                .map_err(ctx(&replace::old_name(name), "commit"))?;
+        }
+        return Err(Error::Conflict {
+            server: not_the_old[0].server.clone(),
+            message: not_the_old
+                .iter()
+                .map(|d| d.problem.as_str())
+                .collect::<Vec<_>>()
+                .join("\n  "),
+        });
     }
     let mut out = Vec::new();
     for ((tx, (server, view)), &margin_ms) in txs
@@ -237,6 +278,25 @@ pub async fn repair_replacing(
             .await
             .map_err(ctx(name, "creating the deployment records"))?;
         catalog::record_timelines(tx, name, &timelines).await?;
+        // Rows only on the fenced old copy: `pg check` reports them here
+        // until they are copied over.
+        for l in left_behind.iter().filter(|l| l.server == name) {
+            tx.execute(
+                "INSERT INTO shardflake.left_behind VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (shard, tbl) DO UPDATE SET id_column = EXCLUDED.id_column,
+                   rows = EXCLUDED.rows, min_id = EXCLUDED.min_id, max_id = EXCLUDED.max_id",
+                &[
+                    &(l.shard as i64),
+                    &l.table,
+                    &l.column,
+                    &l.rows,
+                    &l.ids.0,
+                    &l.ids.1,
+                ],
+            )
+            .await
+            .map_err(ctx(name, "recording the rows left on the old copy"))?;
+        }
     }
     // The old copies' fences first: a replacement never serves while the
     // copy it replaces still can. Each server's repair stands alone (no
@@ -250,5 +310,17 @@ pub async fn repair_replacing(
     for (tx, server) in txs.into_iter().zip(topo.servers()) {
         tx.commit().await.map_err(ctx(&server.name, "commit"))?;
     }
-    Ok(out)
+    for l in &left_behind {
+        tracing::warn!(
+            server = l.server.as_str(),
+            shard = l.shard,
+            table = l.table.as_str(),
+            rows = l.rows,
+            "rows only on the fenced old copy"
+        );
+    }
+    Ok(Replaced {
+        repaired: out,
+        left_behind,
+    })
 }

@@ -17,7 +17,11 @@ use super::catalog::{self, Identity, Owner, ServerView, State};
 use super::move_shard::replaced_fence_sql;
 use super::topology::Topology;
 use super::{Drift, ctx, relation_exists, sql};
-use crate::Error;
+use crate::{Error, SQLSTATE_MOVED};
+
+/// How long the repair waits for a lock on an old copy before it refuses,
+/// naming what holds it.
+pub(crate) const OLD_COPY_LOCK_TIMEOUT: &str = "5s";
 
 /// A server of the file whose URL reaches a database that replaces the
 /// one the deployment records its shards on.
@@ -36,8 +40,12 @@ pub enum OldCopy {
     /// the recorded database, then fenced.
     Url(String),
     /// Not reached: the operator says it is gone for good (the database
-    /// destroyed, or its server stopped never to take writes again).
-    Gone,
+    /// destroyed, or its server stopped never to take writes again). It
+    /// names the system identifier of every database the deployment
+    /// records the server's shards on (`--old-copy-gone SYSID,...`): the
+    /// dump's source, and any copy that replaced it since, which may be
+    /// live; one left out refuses the repair ([`gone_problems`]).
+    Gone(Vec<i64>),
 }
 
 /// The name an old copy goes by in messages.
@@ -52,13 +60,38 @@ pub(crate) async fn connect(replaces: &[Replacement]) -> Result<Vec<(String, Cli
     let mut problems = Vec::new();
     for r in replaces {
         let OldCopy::Url(url) = &r.old else { continue };
-        match super::connect_url(&old_name(&r.server), url).await {
-            Ok(c) => out.push((r.server.clone(), c)),
+        let who = old_name(&r.server);
+        match super::connect_url(&who, url).await {
+            Ok(c) => {
+                // Every lock wait there bounded: a transaction holding a
+                // shard's table (a prepared one outlives its session)
+                // must refuse the repair, not hang it.
+                c.batch_execute(&format!("SET lock_timeout = '{OLD_COPY_LOCK_TIMEOUT}'"))
+                    .await
+                    .map_err(ctx(&who, "setting lock_timeout"))?;
+                let standby: bool = c
+                    .query_one("SELECT pg_is_in_recovery()", &[])
+                    .await
+                    .map_err(ctx(&who, "reading whether it is in recovery"))?
+                    .get(0);
+                if standby {
+                    problems.push(Drift {
+                        server: who,
+                        shard: None,
+                        problem: format!(
+                            "--old-url reaches a standby in recovery (read-only): it makes no id itself and cannot be fenced. The copy that makes {0}'s ids is its primary, or another copy: give that one's url as --old-url (or --old-copy-gone if it is destroyed or its server stopped for good)",
+                            r.server
+                        ),
+                    });
+                } else {
+                    out.push((r.server.clone(), c));
+                }
+            }
             Err(e) => problems.push(Drift {
                 server: old_name(&r.server),
                 shard: None,
                 problem: format!(
-                    "cannot reach the copy that --old-url gives for {0}: {e}. It may still be running and making ids, which the replacement would make again: reach it (start its server if it is stopped: after a restart it makes no id until a repair, SQLSTATE SF005, and the repair then fences it). Only if that database is destroyed or its server is stopped for good, run again with --old-copy-gone instead of --old-url",
+                    "cannot reach the copy that --old-url gives for {0}: {e}. It may still be running and making ids, which the replacement would make again: reach it. If its server is stopped, starting it is safe (after a restart it makes no id, SQLSTATE SF005, until a repair), but a copy restarted cannot be told from a clone of it: the repair fences it and then asks for --old-copy-gone. Only if that database is destroyed or its server is stopped for good, run again with --old-copy-gone instead of --old-url",
                     r.server
                 ),
             }),
@@ -180,6 +213,101 @@ pub(crate) fn problems(
     out
 }
 
+/// Why `--old-copy-gone` may not replace unreached what it names: it
+/// must name the system identifier of each database any server records
+/// a replaced server's shards on (but the new one), each told apart in
+/// the refusal (the one the new copy was restored from, or one that
+/// replaced it since and may be making the ids now), and nothing else.
+pub(crate) fn gone_problems(
+    topo: &Topology,
+    views: &[ServerView],
+    replaces: &[Replacement],
+) -> Vec<Drift> {
+    let mut out = Vec::new();
+    let mut all_recorded = BTreeSet::new();
+    let mut all_named = BTreeSet::new();
+    for r in replaces {
+        let OldCopy::Gone(named) = &r.old else {
+            continue;
+        };
+        all_named.extend(named.iter().copied());
+        let Some(new) = topo
+            .servers()
+            .iter()
+            .position(|s| s.name == r.server)
+            .map(|i| &views[i])
+        else {
+            continue;
+        };
+        let server = r.server.as_str();
+        // Each database recorded for the server's shards → who records it.
+        let mut recorded: BTreeMap<Identity, BTreeSet<&str>> = BTreeMap::new();
+        for v in views {
+            for o in v.owners.values() {
+                if o.server == server && o.identity != new.identity {
+                    recorded.entry(o.identity).or_default().insert(&v.name);
+                }
+            }
+        }
+        all_recorded.extend(recorded.keys().map(|i| i.system));
+        if recorded.keys().all(|i| named.contains(&i.system)) {
+            continue;
+        }
+        let own: BTreeSet<Identity> = new
+            .owners
+            .values()
+            .filter(|o| o.server == server)
+            .map(|o| o.identity)
+            .collect();
+        let listed: Vec<String> = recorded
+            .iter()
+            .map(|(id, by)| {
+                let by = by.iter().copied().collect::<Vec<_>>().join(", ");
+                let what = if own.contains(id) {
+                    format!("the database {server}'s new one was restored from")
+                } else {
+                    format!(
+                        "a database that replaced it since (`shardflake pg repair --replaces {server}`): it may be live and making {server}'s ids now"
+                    )
+                };
+                format!(
+                    "{} (database oid {}), {what}, recorded by {by}",
+                    id.system, id.database
+                )
+            })
+            .collect();
+        let systems: BTreeSet<String> = recorded.keys().map(|i| i.system.to_string()).collect();
+        out.push(Drift {
+            server: server.to_string(),
+            shard: None,
+            problem: format!(
+                "--old-copy-gone declares gone, unreached, every database the deployment records {server}'s shards on: {}. Name the system identifier of each one that is destroyed or whose server is stopped for good (--old-copy-gone {}); one still running makes the ids the replacement would make: reach it with --old-url instead",
+                listed.join("; "),
+                systems.into_iter().collect::<Vec<_>>().join(",")
+            ),
+        });
+    }
+    let unknown: Vec<String> = all_named
+        .difference(&all_recorded)
+        .map(ToString::to_string)
+        .collect();
+    if !unknown.is_empty() {
+        out.push(Drift {
+            server: replaces
+                .iter()
+                .map(|r| r.server.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            shard: None,
+            problem: format!(
+                "--old-copy-gone names system identifier {}, which no server records for the shards of a server replaced: give only those the refusal lists",
+                unknown.join(", ")
+            ),
+        });
+    }
+    out
+}
+
 /// Whether a copy records itself as the server `server` of the
 /// deployment, holding all of that server's shards: a live copy (another
 /// restore of the same dump that replaced the recorded one), which a
@@ -256,13 +384,22 @@ pub(crate) async fn fence(
         // with the fence's triggers. Then a no-op that takes the lock
         // every draw conflicts with.
         for t in &tables {
-            tx.batch_execute(&format!("LOCK TABLE {schema}.{t} IN EXCLUSIVE MODE"))
-                .await
-                .map_err(ctx(&who, &format!("locking {schema}.{t}")))?;
+            let table = format!("{schema}.{t}");
+            lock_bounded(
+                tx,
+                &who,
+                &table,
+                &format!("LOCK TABLE {table} IN EXCLUSIVE MODE"),
+            )
+            .await?;
         }
-        tx.batch_execute(&format!("ALTER SEQUENCE {seq} INCREMENT BY 1"))
-            .await
-            .map_err(ctx(&who, &format!("locking {seq}")))?;
+        lock_bounded(
+            tx,
+            &who,
+            &seq,
+            &format!("ALTER SEQUENCE {seq} INCREMENT BY 1"),
+        )
+        .await?;
         let value: i64 = tx
             .query_one(&format!("SELECT last_value FROM {seq}"), &[])
             .await
@@ -283,4 +420,273 @@ pub(crate) async fn fence(
     catalog::record_owners(tx, &who, owners).await?;
     catalog::record_replaced(tx, &who, by).await?;
     Ok(last)
+}
+
+/// Runs `lock` (a statement that locks `rel`) in a savepoint: when it
+/// waits past `lock_timeout`, the repair is refused naming what holds
+/// `rel` (prepared transactions, sessions), and no lock request is left
+/// queued there.
+async fn lock_bounded(
+    tx: &impl GenericClient,
+    who: &str,
+    rel: &str,
+    lock: &str,
+) -> Result<(), Error> {
+    tx.batch_execute("SAVEPOINT shardflake_lock")
+        .await
+        .map_err(ctx(who, "savepoint"))?;
+    let err = match tx.batch_execute(lock).await {
+        Ok(()) => {
+            return tx
+                .batch_execute("RELEASE SAVEPOINT shardflake_lock")
+                .await
+                .map_err(ctx(who, "savepoint"));
+        }
+        Err(e) => e,
+    };
+    if err.code() != Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        return Err(ctx(who, &format!("locking {rel}"))(err));
+    }
+    tx.batch_execute("ROLLBACK TO SAVEPOINT shardflake_lock")
+        .await
+        .map_err(ctx(who, "savepoint"))?;
+    let mut holders: Vec<String> = tx
+        .query(
+            "SELECT format('prepared transaction %L (prepared %s by %s): COMMIT PREPARED or ROLLBACK PREPARED it', gid, prepared, owner)
+               FROM pg_prepared_xacts WHERE database = current_database()",
+            &[],
+        )
+        .await
+        .map_err(ctx(who, "reading the prepared transactions"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    holders.extend(
+        tx.query(
+            "SELECT format('session pid %s (user %s, %s, transaction started %s): %s', a.pid, a.usename, a.state, a.xact_start, left(a.query, 80))
+               FROM pg_stat_activity a
+              WHERE a.pid IN (SELECT l.pid FROM pg_locks l WHERE l.relation = $1::text::regclass AND l.granted)
+                AND a.pid <> pg_backend_pid()",
+            &[&rel],
+        )
+        .await
+        .map_err(ctx(who, "reading who holds the lock"))?
+        .iter()
+        .map(|r| r.get::<_, String>(0)),
+    );
+    if holders.is_empty() {
+        holders.push("nothing now (it ended meanwhile): run the repair again".to_string());
+    }
+    Err(super::refused(
+        "repair",
+        vec![Drift {
+            server: who.to_string(),
+            shard: None,
+            problem: format!(
+                "{rel} stayed locked for {OLD_COPY_LOCK_TIMEOUT} there, so it could not be fenced; nothing was changed. Held by: {}. End that (or wait for it) and run the repair again",
+                holders.join("; ")
+            ),
+        }],
+    ))
+}
+
+/// Why an old copy reached (`view`, under the deployment lock) is not
+/// the one that makes `server`'s ids, if it is not. The copy that makes
+/// them is the one each live shard's `next_id` is vouched for on its
+/// current run (apply and repair build the server's start and WAL state
+/// in): a physical copy of it (a promoted standby, a base backup started)
+/// or the copy restarted carries the same records and identity, but its
+/// ids are refused (`SF005`), and the copy that makes them may be running
+/// elsewhere. A copy an earlier run fenced (`by`) cannot be told any more.
+pub(crate) async fn unvouched(
+    tx: &impl GenericClient,
+    topo: &Topology,
+    server: &str,
+    view: &ServerView,
+    by: Identity,
+) -> Result<Option<Drift>, Error> {
+    let who = old_name(server);
+    let live: Vec<u64> = view
+        .shards
+        .iter()
+        .filter(|(_, (state, _))| matches!(state, State::Live | State::Moving))
+        .map(|(&shard, _)| shard)
+        .collect();
+    let (mut fenced, mut other_run) = (false, None);
+    for &shard in &live {
+        let body: Option<String> = tx
+            .query_opt(
+                "SELECT p.prosrc FROM pg_proc p
+                  WHERE p.pronamespace = to_regnamespace($1) AND p.proname = 'next_id' AND p.pronargs = 1",
+                &[&topo.schema(shard)],
+            )
+            .await
+            .map_err(ctx(&who, "reading next_id"))?
+            .map(|r| r.get(0));
+        let Some(body) = body else { continue };
+        if body.contains(SQLSTATE_MOVED) && view.replaced_by == Some(by) {
+            fenced = true;
+        } else if super::restarted(tx, topo, &who, shard).await?.is_some() {
+            other_run = Some(vouched_start(&body));
+        }
+    }
+    let problem = if let Some(recorded) = other_run {
+        let now = super::server_run(tx, &who).await?;
+        let (timeline, recorded_timeline) = timelines(tx, &who).await?;
+        format!(
+            "--old-url reaches {}, a copy of {server}'s database whose ids are not vouched for its current run (started {}, WAL timeline {timeline}): {server}'s ids were vouched for the run started {} (timeline {}). It is a physical copy (a promoted standby, a base backup started) or that copy restarted since, so the copy that made {server}'s ids was not reached, and it may still be making them. This copy is fenced now (it made no id anyway); {server}'s new database was not made live. Give the url of the copy that makes {server}'s ids as --old-url, or, if that one is destroyed or its server stopped for good (this one, restarted, included), --old-copy-gone",
+            view.identity,
+            now.started,
+            recorded.as_deref().unwrap_or("(not recorded)"),
+            recorded_timeline.map_or("(not recorded)".to_string(), |t| t.to_string()),
+        )
+    } else if fenced {
+        format!(
+            "--old-url reaches {}, which an earlier `--replaces {server}` already fenced (it makes no id) without making the new database live: whether it was the copy that made {server}'s ids is not known any more. Give the url of the copy that makes {server}'s ids as --old-url; if that is this one (the earlier run failed after its fence), or it is destroyed or its server stopped for good, --old-copy-gone",
+            view.identity
+        )
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Drift {
+        server: who,
+        shard: None,
+        problem,
+    }))
+}
+
+/// The start time a `next_id` body is vouched for (see
+/// [`sql::ServerRun::changed_sql`]).
+fn vouched_start(body: &str) -> Option<String> {
+    let rest = body.split("pg_postmaster_start_time() <> '").nth(1)?;
+    rest.split('\'').next().map(str::to_string)
+}
+
+/// A server's current WAL timeline and the one `apply`/`repair` recorded.
+async fn timelines(c: &impl GenericClient, who: &str) -> Result<(i64, Option<i64>), Error> {
+    let current = catalog::current_timeline(c, who).await?;
+    Ok(match catalog::timeline_changed(c, who).await? {
+        Some((recorded, _)) => (current, Some(recorded)),
+        None => (current, Some(current)),
+    })
+}
+
+/// Rows a fenced old copy holds that its replacement lacks: acknowledged
+/// inserts made after the dump, only on the old copy now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftBehind {
+    /// The server of the file the old copy was.
+    pub server: String,
+    /// The shard.
+    pub shard: u64,
+    /// `schema.table`.
+    pub table: String,
+    /// Its id column (quoted as SQL needs).
+    pub column: String,
+    /// How many rows.
+    pub rows: i64,
+    /// Their smallest and largest id.
+    pub ids: (i64, i64),
+    /// The replacement has no copy of the shard at all (it moved onto the
+    /// old copy after the dump).
+    pub shard_missing: bool,
+}
+
+impl std::fmt::Display for LeftBehind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (t, c, (min, max)) = (&self.table, &self.column, self.ids);
+        let copy = format!(
+            "copy them over: in psql on the old copy `\\copy (SELECT * FROM {t} WHERE {c} BETWEEN {min} AND {max}) TO 'rows.csv' CSV`, then on the new one `\\copy {t} FROM 'rows.csv' CSV`"
+        );
+        if self.shard_missing {
+            write!(
+                f,
+                "{} (fenced): shard {}: {t} holds {} row(s) (ids {min}..{max}) and the new database has no shard {} at all (it moved onto the old copy after the dump): run `shardflake pg apply` to create it here (empty), then {copy}",
+                old_name(&self.server),
+                self.shard,
+                self.rows,
+                self.shard
+            )
+        } else {
+            write!(
+                f,
+                "{} (fenced): shard {}: {t} holds {} row(s) the new database lacks (ids {min}..{max}, above its largest: inserts acknowledged after the dump); {copy}",
+                old_name(&self.server),
+                self.shard,
+                self.rows
+            )
+        }
+    }
+}
+
+/// The rows each shard of `shards` holds on the fenced old copy (`old`,
+/// its tables locked) above the largest id the replacement (`new`) has,
+/// table by table; every row where the replacement lacks the table.
+pub(crate) async fn left_behind(
+    old: &impl GenericClient,
+    new: &impl GenericClient,
+    topo: &Topology,
+    server: &str,
+    shards: &[u64],
+) -> Result<Vec<LeftBehind>, Error> {
+    let who = old_name(server);
+    let mut out = Vec::new();
+    for &shard in shards {
+        let schema = topo.schema(shard);
+        let shard_missing = !relation_exists(new, server, &sql::shard_sequence(&schema)).await?;
+        for t in topo.tables() {
+            let table = format!("{schema}.{}", t.name);
+            if !relation_exists(old, &who, &table).await? {
+                continue;
+            }
+            // The column whose default draws from the shard's next_id.
+            let Some(column) = old
+                .query_opt(
+                    "SELECT quote_ident(a.attname) FROM pg_attribute a
+                       JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                      WHERE a.attrelid = $1::text::regclass AND pg_get_expr(d.adbin, d.adrelid) LIKE '%next_id%'
+                      LIMIT 1",
+                    &[&table],
+                )
+                .await
+                .map_err(ctx(&who, &format!("reading {table}'s id column")))?
+                .map(|r| r.get::<_, String>(0))
+            else {
+                continue;
+            };
+            let above: i64 = if relation_exists(new, server, &table).await? {
+                new.query_one(
+                    &format!("SELECT coalesce(max({column}), 0) FROM {table}"),
+                    &[],
+                )
+                .await
+                .map_err(ctx(server, &format!("reading {table}")))?
+                .get(0)
+            } else {
+                i64::MIN
+            };
+            let row = old
+                .query_one(
+                    &format!(
+                        "SELECT count(*), coalesce(min({column}), 0), coalesce(max({column}), 0) FROM {table} WHERE {column} > $1"
+                    ),
+                    &[&above],
+                )
+                .await
+                .map_err(ctx(&who, &format!("reading {table}")))?;
+            let rows: i64 = row.get(0);
+            if rows > 0 {
+                out.push(LeftBehind {
+                    server: server.to_string(),
+                    shard,
+                    table,
+                    column: column.clone(),
+                    rows,
+                    ids: (row.get(1), row.get(2)),
+                    shard_missing,
+                });
+            }
+        }
+    }
+    Ok(out)
 }

@@ -19,4 +19,5 @@ mod pg_move;
 mod pg_next_id;
 mod pg_operator;
 mod pg_physical;
+mod pg_replace;
 mod time_range;

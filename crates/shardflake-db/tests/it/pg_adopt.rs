@@ -312,6 +312,11 @@ async fn an_adopted_database_restored_into_a_fresh_server_keeps_inserting() {
             .iter()
             .map(|r| r.get::<_, i64>(0)),
     );
+    let a_system: i64 = ca
+        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .await
+        .unwrap()
+        .get(0);
     drop(ca);
     a.stop();
 
@@ -354,7 +359,7 @@ async fn an_adopted_database_restored_into_a_fresh_server_keeps_inserting() {
         None,
         &[pg::Replacement {
             server: "a".to_string(),
-            old: pg::OldCopy::Gone,
+            old: pg::OldCopy::Gone(vec![a_system]),
         }],
     )
     .await

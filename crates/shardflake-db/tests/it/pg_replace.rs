@@ -1,0 +1,453 @@
+//! `pg repair --replaces a --old-url URL` where URL does not reach the
+//! copy that makes a's ids (the second outside review of issue 37): a
+//! physical clone of a (a standby, promoted or not, or a base backup
+//! started as a primary) has a's identity and records, but not its run;
+//! and a lock held on a's tables (a prepared transaction) must refuse the
+//! repair, not hang it.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use shardflake_db::pg::{self, Topology};
+use shardflake_testkit::{PgServer, free_port};
+use tokio_postgres::Client;
+
+use crate::pg_identity::{connect, dump_into, insert, topology, try_insert};
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {out:?}");
+}
+
+/// A physical copy of `primary` (`pg_basebackup`), started as its standby
+/// (`-R`) or on its own as a primary; stopped and removed on drop.
+struct Clone {
+    dir: PathBuf,
+    port: u16,
+    pg_ctl: PathBuf,
+}
+
+impl Clone {
+    fn start(primary: &PgServer, name: &str, standby: bool) -> Clone {
+        let dir = std::env::temp_dir().join(format!("sf-clone-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let data = dir.join("data");
+        run(Command::new(primary.program("pg_basebackup").unwrap())
+            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
+            .args(["-U", "postgres", "-X", "stream", "-c", "fast", "-D"])
+            .arg(&data)
+            .args(if standby { &["-R"][..] } else { &[][..] }));
+        run(Command::new("sh").arg("-c").arg(format!(
+            "chmod 755 '{0}' && chown -R postgres:postgres '{0}' && chmod 700 '{1}'",
+            dir.display(),
+            data.display()
+        )));
+        let clone = Clone {
+            port: free_port().unwrap(),
+            pg_ctl: primary.program("pg_ctl").unwrap(),
+            dir,
+        };
+        let out = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(&clone.pg_ctl)
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(clone.dir.join("log"))
+            .args(["-w", "-t", "60", "-o"])
+            .arg(format!(
+                "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+                clone.port,
+                data.display()
+            ))
+            .arg("start")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {out:?}\n{}",
+            std::fs::read_to_string(clone.dir.join("log")).unwrap_or_default()
+        );
+        clone
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn promote(&self) {
+        run(Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(&self.pg_ctl)
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-w", "promote"]));
+    }
+}
+
+impl Drop for Clone {
+    fn drop(&mut self) {
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(&self.pg_ctl)
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn replacing(old: &str) -> Vec<pg::Replacement> {
+    vec![pg::Replacement {
+        server: "a".to_string(),
+        old: pg::OldCopy::Url(old.to_string()),
+    }]
+}
+
+async fn code(c: &Client, schema: &str) -> Option<String> {
+    try_insert(c, schema, 1)
+        .await
+        .err()
+        .and_then(|e| e.as_db_error().map(|d| d.code().code().to_string()))
+}
+
+/// E2c, E2d, E5: `--old-url` reaching a standby of a is refused as
+/// read-only, nothing changed (before: "cannot execute CREATE SCHEMA in
+/// a read-only transaction"); promoted, or a base backup of a started as
+/// a primary, it has a's identity and records and was taken as the old
+/// copy: fenced while the real a kept making ids, which c made again (21
+/// of 347, 42 of 272 in the review). Now such a copy is fenced (it made
+/// no id) and c is not made live until the url reaches the copy whose
+/// ids are vouched for its run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_physical_clone_of_the_old_copy_is_not_taken_for_it() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let original =
+        Topology::parse(&topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    pg::apply(&original).await.unwrap();
+    let ca = connect(&a.url()).await;
+    let mut made = insert(&ca, "shard0", 100).await;
+    dump_into(&a, &c);
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+
+    let standby = Clone::start(&a, "standby", true);
+    let e = pg::repair_replacing(&onto_c, None, &replacing(&standby.url()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("a standby in recovery (read-only)") && e.contains("nothing was changed"),
+        "{e}"
+    );
+
+    standby.promote();
+    let e = pg::repair_replacing(&onto_c, None, &replacing(&standby.url()))
+        .await
+        .expect_err("a promoted standby of a taken as the copy that makes a's ids")
+        .to_string();
+    assert!(
+        e.contains("not vouched for its current run")
+            && e.contains("was not reached")
+            && e.contains("--old-copy-gone"),
+        "{e}"
+    );
+    // The clone is fenced; the real a still makes ids, and c makes none.
+    let cs = connect(&standby.url()).await;
+    assert_eq!(code(&cs, "shard0").await.as_deref(), Some("SF001"));
+    made.extend(insert(&ca, "shard0", 100).await);
+    let cc = connect(&c.url()).await;
+    assert!(code(&cc, "shard0").await.is_some(), "c made an id");
+    // Again: it cannot be told any more, and is still not taken.
+    let e = pg::repair_replacing(&onto_c, None, &replacing(&standby.url()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already fenced"), "{e}");
+
+    let started = Clone::start(&a, "primary", false);
+    let e = pg::repair_replacing(&onto_c, None, &replacing(&started.url()))
+        .await
+        .expect_err("a base backup of a started on its own taken as the copy that makes a's ids")
+        .to_string();
+    assert!(e.contains("not vouched for its current run"), "{e}");
+    made.extend(insert(&ca, "shard0", 100).await);
+
+    // The real a: fenced, and c's ids come after all of its.
+    pg::repair_replacing(&onto_c, None, &replacing(&a.url()))
+        .await
+        .unwrap();
+    assert_eq!(code(&ca, "shard0").await.as_deref(), Some("SF001"));
+    let on_c = insert(&cc, "shard0", 100).await;
+    assert!(on_c.iter().min() > made.iter().max());
+}
+
+/// E10: a prepared transaction holding a row of a's shard0.posts made
+/// `--replaces a --old-url` wait forever, and killing it left its
+/// EXCLUSIVE lock request queued on a, blocking every insert there. Now
+/// the wait is bounded: refused naming the prepared transaction, nothing
+/// left queued, and the repair goes through once it is committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_on_the_old_copy_refuses_the_replacement_naming_it() {
+    let a = PgServer::start_with(&[("max_prepared_transactions", "5")]).unwrap();
+    let (b, c) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let original =
+        Topology::parse(&topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    pg::apply(&original).await.unwrap();
+    let ca = connect(&a.url()).await;
+    let made = insert(&ca, "shard0", 100).await;
+    dump_into(&a, &c);
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    // Messages: the old copy is labelled so, with the server's own words.
+    let as_role = |role: &str| a.url().replace("postgres@", &format!("{role}@"));
+    let e = pg::repair_replacing(&onto_c, None, &replacing(&as_role("nobody")))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"a (old copy)\"") && e.contains("role \"nobody\" does not exist"),
+        "{e}"
+    );
+    ca.batch_execute("CREATE ROLE reader LOGIN").await.unwrap();
+    let e = pg::repair_replacing(&onto_c, None, &replacing(&as_role("reader")))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("server \"a (old copy)\"") && e.contains("permission denied"),
+        "{e}"
+    );
+    connect(&a.url())
+        .await
+        .batch_execute(
+            "BEGIN; INSERT INTO shard0.posts (user_id) VALUES (1); PREPARE TRANSACTION 'held'",
+        )
+        .await
+        .unwrap();
+    let e = tokio::time::timeout(
+        Duration::from_secs(60),
+        pg::repair_replacing(&onto_c, None, &replacing(&a.url())),
+    )
+    .await
+    .expect("the repair waits on the prepared transaction for 60 s")
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("prepared transaction 'held'") && e.contains("COMMIT PREPARED"),
+        "{e}"
+    );
+    let queued: i64 = ca
+        .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(queued, 0, "a lock request left queued on a");
+    tokio::time::timeout(Duration::from_secs(30), insert(&ca, "shard0", 10))
+        .await
+        .expect("an insert on a waits behind the refused repair");
+    ca.batch_execute("COMMIT PREPARED 'held'").await.unwrap();
+    pg::repair_replacing(&onto_c, None, &replacing(&a.url()))
+        .await
+        .unwrap();
+    let on_c = insert(&connect(&c.url()).await, "shard0", 100).await;
+    assert!(on_c.iter().min() > made.iter().max());
+}
+
+fn gone(systems: &[i64]) -> Vec<pg::Replacement> {
+    vec![pg::Replacement {
+        server: "a".to_string(),
+        old: pg::OldCopy::Gone(systems.to_vec()),
+    }]
+}
+
+async fn system_identifier(url: &str) -> i64 {
+    connect(url)
+        .await
+        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// E8: a lost for good, its dump restored twice, into c and d, by two
+/// operators, each running `--replaces a --old-copy-gone`: both were
+/// accepted, and c and d made the same ids. The records of b say c
+/// replaced a; `--old-copy-gone` now names the system identifier of
+/// each database it declares gone, and the refusal says what each is:
+/// the second operator cannot declare the live c gone by accident.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_copy_gone_names_each_database_it_declares_gone() {
+    let (a, b, c, d) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let original =
+        Topology::parse(&topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    pg::apply(&original).await.unwrap();
+    let made = insert(&connect(&a.url()).await, "shard0", 100).await;
+    dump_into(&a, &c);
+    dump_into(&a, &d);
+    let (a_sys, c_sys) = (
+        system_identifier(&a.url()).await,
+        system_identifier(&c.url()).await,
+    );
+    a.stop();
+    let onto = |s: &PgServer| {
+        Topology::parse(&topology(&[("a", &s.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap()
+    };
+    let e = pg::repair_replacing(&onto(&c), None, &gone(&[]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("{a_sys} (database oid"))
+            && e.contains("the database a's new one was restored from")
+            && e.contains(&format!("--old-copy-gone {a_sys})")),
+        "{e}"
+    );
+    let e = pg::repair_replacing(&onto(&c), None, &gone(&[a_sys, 42]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("names system identifier 42, which no server"),
+        "{e}"
+    );
+    pg::repair_replacing(&onto(&c), None, &gone(&[a_sys]))
+        .await
+        .unwrap();
+    let on_c = insert(&connect(&c.url()).await, "shard0", 100).await;
+    assert!(on_c.iter().min() > made.iter().max());
+
+    let e = pg::repair_replacing(&onto(&d), None, &gone(&[a_sys]))
+        .await
+        .expect_err("d declared a gone while c, which replaced a, is live")
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "{c_sys} (database oid 5), a database that replaced it since"
+        )) && e.contains("may be live"),
+        "{e}"
+    );
+    // Told explicitly, once c is stopped for good too.
+    c.stop();
+    pg::repair_replacing(&onto(&d), None, &gone(&[a_sys, c_sys]))
+        .await
+        .unwrap();
+    let on_d = insert(&connect(&d.url()).await, "shard0", 100).await;
+    assert!(on_d.iter().min() > made.iter().max());
+}
+
+/// E1, E16: inserts acknowledged on a after its dump, and a shard that
+/// moved onto a after it (the dump holds none of it), are only on the
+/// fenced a once c replaces it; the repair said nothing of them. Now it
+/// reports each table's rows the new copy lacks, and a shard it lacks
+/// entirely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_only_on_the_fenced_old_copy_are_reported() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let dir = std::env::temp_dir().join(format!("sf-left-behind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("topology.toml");
+    std::fs::write(
+        &path,
+        topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    )
+    .unwrap();
+    pg::apply(&Topology::load(&path).unwrap()).await.unwrap();
+    let ca = connect(&a.url()).await;
+    insert(&ca, "shard0", 50).await;
+    dump_into(&a, &c);
+    let after_dump = insert(&ca, "shard0", 30).await;
+    pg::move_shard::move_shard(&path, 4, "a", &Default::default())
+        .await
+        .unwrap();
+    let moved = insert(&ca, "shard4", 20).await;
+    // The file the move wrote (its generation), a's url pointed at c.
+    let moved_file = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let onto_c = Topology::parse(&moved_file.replace(&a.url(), &c.url())).unwrap();
+    let replaced = pg::repair_replacing(&onto_c, None, &replacing(&a.url()))
+        .await
+        .unwrap();
+    let left: Vec<_> = replaced
+        .left_behind
+        .iter()
+        .map(|l| (l.shard, l.table.as_str(), l.rows, l.ids, l.shard_missing))
+        .collect();
+    let span = |ids: &[i64]| (*ids.iter().min().unwrap(), *ids.iter().max().unwrap());
+    assert_eq!(
+        left,
+        vec![
+            (0, "shard0.posts", 30, span(&after_dump), false),
+            (4, "shard4.posts", 20, span(&moved), true),
+        ],
+        "{:#?}",
+        replaced.left_behind
+    );
+    let said = replaced.left_behind[1].to_string();
+    assert!(
+        said.contains("has no shard 4 at all") && said.contains("\\copy shard4.posts FROM"),
+        "{said}"
+    );
+    // check says so, not just "run pg apply" (which recreates the shard
+    // empty), until the rows are copied over.
+    let drift: Vec<String> = pg::check(&onto_c)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.contains("shard4.posts is missing here, and its 20 row(s)"))
+            && drift
+                .iter()
+                .any(|d| d.contains("30 of the 30 row(s) of shard0.posts")),
+        "{drift:#?}"
+    );
+    pg::apply(&onto_c).await.unwrap();
+    let drift: Vec<String> = pg::check(&onto_c)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.contains("20 of the 20 row(s) of shard4.posts")),
+        "{drift:#?}"
+    );
+    let cc = connect(&c.url()).await;
+    for t in ["shard0.posts", "shard4.posts"] {
+        for r in ca
+            .query(&format!("SELECT id, user_id FROM {t}"), &[])
+            .await
+            .unwrap()
+        {
+            cc.execute(
+                &format!("INSERT INTO {t} (id, user_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"),
+                &[&r.get::<_, i64>(0), &r.get::<_, i64>(1)],
+            )
+            .await
+            .unwrap();
+        }
+    }
+    assert_eq!(pg::check(&onto_c).await.unwrap(), Vec::new());
+}
