@@ -465,8 +465,15 @@ async fn one_statement_ahead_of_the_clock(
     (ahead_ms, ids, per_ms.into_iter().collect())
 }
 
+/// Sets the server's clock offset. Written to a temporary file and renamed
+/// over the old one: libfaketime reads the file at every clock call (no
+/// cache), and a call between a plain write's truncation and its bytes
+/// would read no offset, so the clock event would see the real time for
+/// one tick and put the sequence ahead of the faked clock.
 async fn set_clock(file: &Path, offset: &str) {
-    std::fs::write(file, offset).unwrap();
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, offset).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
 }
 
 async fn server_ms(c: &mut Conn) -> u64 {

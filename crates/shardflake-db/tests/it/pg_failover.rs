@@ -81,8 +81,12 @@ impl Standby {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// Renamed into place, never truncated in place: libfaketime reads the
+    /// file at every clock call, and an empty read is no offset at all.
     fn set_clock(&self, shift: &str) {
-        std::fs::write(&self.clock, shift).unwrap();
+        let tmp = self.clock.with_extension("tmp");
+        std::fs::write(&tmp, shift).unwrap();
+        std::fs::rename(&tmp, &self.clock).unwrap();
     }
 
     fn promote(&self) {
