@@ -1488,7 +1488,9 @@ async fn copy_shard(
     Ok(rows)
 }
 
-async fn copy(
+/// Copies the rows `select` reads on `from` into `rel` on `to` (binary
+/// `COPY`: the same columns on both); the rows copied.
+pub(crate) async fn copy(
     from: &tokio_postgres::Transaction<'_>,
     to: &tokio_postgres::Transaction<'_>,
     select: &str,

@@ -690,3 +690,165 @@ pub(crate) async fn left_behind(
     }
     Ok(out)
 }
+
+/// A move stopped before its fence, between a replaced server and
+/// another, that `--replaces` undid (see [`undo_moves`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UndoneMove {
+    /// The shard.
+    pub shard: u64,
+    /// The move's source: the shard stays there, live.
+    pub source: String,
+    /// The move's destination, whose copy (not live) was dropped.
+    pub destination: String,
+    /// Rows the dropped copy held above the largest id of the copy that
+    /// stays, copied there first: `(table, rows)`.
+    pub copied: Vec<(String, u64)>,
+}
+
+impl std::fmt::Display for UndoneMove {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "shard {}: its move from {} to {}, stopped before its fence, is undone: {}'s copy (never live) dropped, the shard stays live on {}",
+            self.shard, self.source, self.destination, self.destination, self.source
+        )?;
+        for (table, rows) in &self.copied {
+            write!(
+                f,
+                "; {rows} row(s) of {table} that only the dropped copy held (acknowledged on the old copy after the dump) copied to {} first",
+                self.source
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Undoes each move stopped before its fence whose source or destination
+/// is a server being replaced (`replaced`), under the deployment lock
+/// `txs` hold (`txs[i]` and `views[i]`: the file's `i`-th server), so
+/// the replacement is not refused for a move nobody can finish any more
+/// (the copy it ran against is lost):
+///
+/// - the source replaced: its new copy holds the shard live, the
+///   destination's copy has only what the move copied from the lost
+///   source. Its rows above the new copy's largest id (acknowledged there
+///   after the dump) are copied to the new copy, then it is dropped: the
+///   shard stays live on the new copy alone, never live twice;
+/// - the destination replaced: the source kept serving (it holds every
+///   row); the new copy's copy, if the dump holds one, is what the move
+///   copied there, never live: dropped, the source recorded live.
+///
+/// A move past its fence is not undone: the fenced copy stopped at its
+/// last value and the other one may have gone live and made ids, so
+/// either way out could repeat them or drop rows. It is returned as a
+/// refusal.
+pub(crate) async fn undo_moves(
+    txs: &[tokio_postgres::Transaction<'_>],
+    topo: &Topology,
+    views: &mut [ServerView],
+    replaced: &[String],
+) -> Result<(Vec<UndoneMove>, Vec<Drift>), Error> {
+    let index = |name: &str| topo.servers().iter().position(|s| s.name == name);
+    let shards: BTreeSet<u64> = views
+        .iter()
+        .flat_map(|v| v.shards.keys().copied())
+        .collect();
+    let (mut undone, mut problems) = (Vec::new(), Vec::new());
+    for shard in shards {
+        let held = |state: State| {
+            views
+                .iter()
+                .find(|v| v.state(shard) == Some(state))
+                .map(|v| {
+                    (
+                        v.name.clone(),
+                        v.peer(shard).unwrap_or_default().to_string(),
+                    )
+                })
+        };
+        let (source, destination) = match (held(State::Incoming), held(State::Moving)) {
+            (Some((d, s)), _) => (s, d),
+            (None, Some((s, d))) => (s, d),
+            (None, None) => continue,
+        };
+        let source_lost = replaced.contains(&source);
+        if !source_lost && !replaced.contains(&destination) {
+            continue;
+        }
+        let (Some(s), Some(d)) = (index(&source), index(&destination)) else {
+            continue;
+        };
+        if let Some((at, _)) = held(State::Fenced) {
+            let lost = if source_lost { &source } else { &destination };
+            problems.push(Drift {
+                server: at,
+                shard: Some(shard),
+                problem: format!(
+                    "the move of shard {shard} from {source} to {destination} passed its fence before {lost}'s copy was lost: {source}'s copy stopped at its last value and {destination}'s may have gone live and made ids, so `--replaces {lost}` neither finishes nor undoes it (either could repeat ids or drop acknowledged rows), and `move-shard` refuses the restored copy until it is the server. Not handled by this version: keep the old copy of {lost} if you still have it and run `shardflake pg move-shard {shard} --to {destination}` with the file that reaches it first"
+                ),
+            });
+            continue;
+        }
+        let schema = topo.schema(shard);
+        let mut copied = Vec::new();
+        if source_lost {
+            if !matches!(views[s].state(shard), Some(State::Live | State::Moving)) {
+                continue;
+            }
+            if views[d].state(shard) == Some(State::Incoming) {
+                for t in topo.tables() {
+                    let rel = format!("{schema}.{}", t.name);
+                    if !relation_exists(&txs[d], &destination, &rel).await?
+                        || !relation_exists(&txs[s], &source, &rel).await?
+                    {
+                        continue;
+                    }
+                    let above: i64 = txs[s]
+                        .query_one(
+                            &format!("SELECT coalesce(max(id), $1) FROM {rel}"),
+                            &[&i64::MIN],
+                        )
+                        .await
+                        .map_err(ctx(&source, &format!("reading {rel}")))?
+                        .get(0);
+                    let rows = super::move_shard::copy(
+                        &txs[d],
+                        &txs[s],
+                        &format!("SELECT * FROM {rel} WHERE id > {above}"),
+                        &rel,
+                        (&destination, &source),
+                    )
+                    .await?;
+                    if rows > 0 {
+                        copied.push((rel, rows));
+                    }
+                }
+            }
+        }
+        // The copy that never went live goes, with its record.
+        if views[d].state(shard) == Some(State::Incoming) {
+            txs[d]
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .await
+                .map_err(ctx(&destination, "dropping the move's copy"))?;
+            catalog::forget_shard(&txs[d], &destination, shard).await?;
+            views[d].shards.remove(&shard);
+        }
+        catalog::record_shard(&txs[s], &source, shard, State::Live, None).await?;
+        views[s].shards.insert(shard, (State::Live, None));
+        tracing::warn!(
+            shard,
+            source = source.as_str(),
+            destination = destination.as_str(),
+            "undid a move stopped before its fence, one of its servers replaced"
+        );
+        undone.push(UndoneMove {
+            shard,
+            source,
+            destination,
+            copied,
+        });
+    }
+    Ok((undone, problems))
+}
