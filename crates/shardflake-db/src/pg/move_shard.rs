@@ -1423,7 +1423,7 @@ fn dollar_quote(body: &str) -> String {
 /// Lifts a fence (only `move-shard --abort`, before the destination went
 /// live): the sequence's options back, the triggers dropped, the functions
 /// rebuilt for the sequence.
-async fn unfence(
+pub(crate) async fn unfence(
     tx: &impl GenericClient,
     topo: &Topology,
     name: &str,

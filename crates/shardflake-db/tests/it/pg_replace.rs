@@ -596,6 +596,7 @@ async fn a_move_to_a_lost_server_is_undone_by_its_replacement() {
             source: "b".into(),
             destination: "a".into(),
             copied: vec![],
+            unfenced: false,
         }]
     );
     let cc = connect(&c.url()).await;
@@ -609,4 +610,79 @@ async fn a_move_to_a_lost_server_is_undone_by_its_replacement() {
         .await
         .unwrap();
     assert_eq!(stored(&cc, "shard4").await, made);
+}
+
+/// E12 and E13b past the fence: both moves stopped after they fenced
+/// their source, the destination's copy complete but never live, then a
+/// dump of a restored into c and a lost. Shard 0 (a the source) is fenced
+/// on c with every row; shard 4 (a the destination): b's copy fenced, c's
+/// a copy. Both were refused as in E12; now the replacement lifts the
+/// source's fence, drops the copy that never went live, and the shard's
+/// ids go past every id made before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_past_its_fence_with_a_lost_server_is_undone_by_its_replacement() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "past-fence",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let (ca, cb) = (connect(&a.url()).await, connect(&b.url()).await);
+    let mut on_0 = insert(&ca, "shard0", 100).await;
+    let mut on_4 = insert(&cb, "shard4", 100).await;
+    let fenced = MoveOptions {
+        stop_after: Some(MoveStep::Fenced),
+        ..Default::default()
+    };
+    move_shard(&file.0, 4, "a", &fenced).await.unwrap_err();
+    on_0.extend(insert(&ca, "shard0", 30).await);
+    move_shard(&file.0, 0, "b", &fenced).await.unwrap_err();
+    dump_into(&a, &c);
+    let system = system_identifier(&a.url()).await;
+    drop(ca);
+    a.stop();
+
+    let onto_c = topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")]);
+    let onto_c_topo = Topology::parse(&onto_c).unwrap();
+    let replaced = pg::repair_replacing(&onto_c_topo, None, &gone(&[system]))
+        .await
+        .expect("the replacement refused for a move past its fence");
+    let mut undone = replaced.undone.clone();
+    undone.sort_by_key(|u| u.shard);
+    assert_eq!(
+        undone,
+        vec![
+            pg::UndoneMove {
+                shard: 0,
+                source: "a".into(),
+                destination: "b".into(),
+                copied: vec![],
+                unfenced: true,
+            },
+            pg::UndoneMove {
+                shard: 4,
+                source: "b".into(),
+                destination: "a".into(),
+                copied: vec![],
+                unfenced: true,
+            },
+        ]
+    );
+    let cc = connect(&c.url()).await;
+    assert!(!has_schema(&cb, "shard0").await && !has_schema(&cc, "shard4").await);
+    on_0.sort_unstable();
+    on_4.sort_unstable();
+    assert_eq!(stored(&cc, "shard0").await, on_0);
+    assert_eq!(stored(&cb, "shard4").await, on_4);
+    assert_eq!(pg::check(&onto_c_topo).await.unwrap(), vec![]);
+    let (new_0, new_4) = (
+        insert(&cc, "shard0", 20).await,
+        insert(&cb, "shard4", 20).await,
+    );
+    assert!(new_0.iter().min() > on_0.iter().max());
+    assert!(new_4.iter().min() > on_4.iter().max());
 }
