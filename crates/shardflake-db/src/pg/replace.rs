@@ -756,7 +756,9 @@ impl std::fmt::Display for UndoneMove {
 ///
 /// A move whose destination is live (it went live, and the file was not
 /// switched) is not undone: that copy holds the rows written since, and
-/// dropping it would lose them. It is returned as a refusal.
+/// dropping it would lose them. It is refused until the file puts the
+/// shard on the destination (the switch the move did not write); then
+/// the source's copy is fenced, if it is not, and the move is finished.
 pub(crate) async fn undo_moves(
     txs: &[tokio_postgres::Transaction<'_>],
     topo: &Topology,
@@ -807,6 +809,35 @@ pub(crate) async fn undo_moves(
             continue;
         }
         if views[d].state(shard) == Some(State::Live) {
+            // The file already says where it went live: the move is
+            // finished but for the source's copy, which must serve no more.
+            if topo.server_of(shard)?.name == destination {
+                if views[s].state(shard) != Some(State::Fenced) {
+                    let tables: Vec<String> =
+                        topo.tables().iter().map(|t| t.name.clone()).collect();
+                    txs[s]
+                        .batch_execute(&super::move_shard::fence_sql(
+                            &topo.schema(shard),
+                            &tables,
+                            shard,
+                            &destination,
+                        ))
+                        .await
+                        .map_err(ctx(&source, "fencing the moved-away copy"))?;
+                    catalog::record_shard(
+                        &txs[s],
+                        &source,
+                        shard,
+                        State::Fenced,
+                        Some(&destination),
+                    )
+                    .await?;
+                    views[s]
+                        .shards
+                        .insert(shard, (State::Fenced, Some(destination.clone())));
+                }
+                continue;
+            }
             let lost = if source_lost { &source } else { &destination };
             problems.push(Drift {
                 server: destination.clone(),

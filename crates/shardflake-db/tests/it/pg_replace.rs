@@ -686,3 +686,59 @@ async fn a_move_past_its_fence_with_a_lost_server_is_undone_by_its_replacement()
     assert!(new_0.iter().min() > on_0.iter().max());
     assert!(new_4.iter().min() > on_4.iter().max());
 }
+
+/// E12 after go-live: the move went live on b but did not switch the
+/// file, then a lost and its dump (shard 0 fenced there) restored into c.
+/// b makes shard 0's ids: the replacement never undoes that move (b's
+/// rows since would be lost); it is refused until the file puts shard 0
+/// on b, the switch the move did not write, and then goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_live_on_its_destination_is_finished_by_the_file_not_undone() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "went-live",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let ca = connect(&a.url()).await;
+    let mut made = insert(&ca, "shard0", 100).await;
+    let live = MoveOptions {
+        stop_after: Some(MoveStep::Live),
+        ..Default::default()
+    };
+    move_shard(&file.0, 0, "b", &live).await.unwrap_err();
+    let cb = connect(&b.url()).await;
+    made.extend(insert(&cb, "shard0", 20).await);
+    dump_into(&a, &c);
+    let system = system_identifier(&a.url()).await;
+    drop(ca);
+    a.stop();
+
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    let e = pg::repair_replacing(&onto_c, None, &gone(&[system]))
+        .await
+        .expect_err("a move live on b undone")
+        .to_string();
+    assert!(
+        e.contains("went live on b") && e.contains("Put shard 0 in b's list"),
+        "{e}"
+    );
+    assert_eq!(stored(&cb, "shard0").await.len(), 120);
+    let switched = Topology::parse(&topology(&[
+        ("a", &c.url(), "1-3"),
+        ("b", &b.url(), "0,4-7"),
+    ]))
+    .unwrap();
+    pg::repair_replacing(&switched, None, &gone(&[system]))
+        .await
+        .unwrap();
+    made.extend(insert(&cb, "shard0", 20).await);
+    made.sort_unstable();
+    assert_eq!(stored(&cb, "shard0").await, made);
+    assert_eq!(pg::check(&switched).await.unwrap(), vec![]);
+}
