@@ -53,8 +53,8 @@ pub struct Replaced {
     pub repaired: Vec<Repaired>,
     /// Rows each fenced old copy holds that the replacement lacks.
     pub left_behind: Vec<replace::LeftBehind>,
-    /// Moves stopped before their fence, to or from a server replaced,
-    /// undone as part of the replacement.
+    /// Moves to or from a server replaced, never live on their
+    /// destination, undone as part of the replacement.
     pub undone: Vec<replace::UndoneMove>,
 }
 
@@ -159,7 +159,7 @@ pub async fn repair_replacing(
     // A move to or from a server replaced cannot be finished or undone by
     // `move-shard` (it refuses the new copy until the replacement, and the
     // file that reaches the lost one reaches nothing): undone here, under
-    // the same lock, when that is safe (before its fence).
+    // the same lock, when that is safe (its destination never live).
     let (undone, mut problems) = if names.is_empty() {
         (Vec::new(), Vec::new())
     } else {
