@@ -315,6 +315,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     ),
                 }
             }
+            for u in &repaired.undone {
+                println!("{u}");
+            }
             for r in &repaired.repaired {
                 println!("{r}");
             }

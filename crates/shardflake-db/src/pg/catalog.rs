@@ -485,10 +485,11 @@ pub fn replaced_copies(views: &[ServerView], replaces: &[String]) -> Vec<Drift> 
                 server: v.name.clone(),
                 shard: None,
                 problem: format!(
-                    "this URL reaches {}, but {} record shards {} of {} on {was}: this is another copy of that database (a dump restored into another cluster, a clone), or the copy another server replaced; two copies would hand out the same ids. If this one is to replace the recorded one, run `shardflake pg repair --replaces {} --old-url URL`, URL reaching the recorded one (the url {} had before): it fences that copy and records this one on every server of the file; `--old-copy-gone` instead of `--old-url` only if that database is destroyed or its server stopped for good. Otherwise put back the url of the recorded one",
+                    "this URL reaches {}, but {} record shards {} of {} on {was}: this is another copy of that database (a dump restored into another cluster, a clone), or the copy another server replaced; two copies would hand out the same ids. If this one is to replace the recorded one, run `shardflake pg repair --replaces {} --old-url URL`, URL reaching the recorded one (the url {} had before): it fences that copy and records this one on every server of the file; `--old-copy-gone` instead of `--old-url` only if that database is destroyed or its server stopped for good. A `move-shard` to or from {} that did not finish is settled by that repair (undone while its destination never went live). Otherwise put back the url of the recorded one",
                     v.identity,
                     by.join(", "),
                     shards.join(", "),
+                    v.name,
                     v.name,
                     v.name,
                     v.name

@@ -51,7 +51,7 @@ pub(crate) use apply::install_shard;
 pub use apply::{Applied, ApplyOptions, apply, apply_adding, apply_with};
 pub use check::check;
 pub use repair::{Repaired, Replaced, repair, repair_replacing};
-pub use replace::{LeftBehind, OldCopy, Replacement};
+pub use replace::{LeftBehind, OldCopy, Replacement, UndoneMove};
 pub use route::{Route, Router};
 pub use topology::{Server, SignBit, Topology, TopologyError};
 

@@ -1423,7 +1423,7 @@ fn dollar_quote(body: &str) -> String {
 /// Lifts a fence (only `move-shard --abort`, before the destination went
 /// live): the sequence's options back, the triggers dropped, the functions
 /// rebuilt for the sequence.
-async fn unfence(
+pub(crate) async fn unfence(
     tx: &impl GenericClient,
     topo: &Topology,
     name: &str,
@@ -1488,7 +1488,9 @@ async fn copy_shard(
     Ok(rows)
 }
 
-async fn copy(
+/// Copies the rows `select` reads on `from` into `rel` on `to` (binary
+/// `COPY`: the same columns on both); the rows copied.
+pub(crate) async fn copy(
     from: &tokio_postgres::Transaction<'_>,
     to: &tokio_postgres::Transaction<'_>,
     select: &str,

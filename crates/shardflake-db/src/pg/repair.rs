@@ -53,6 +53,9 @@ pub struct Replaced {
     pub repaired: Vec<Repaired>,
     /// Rows each fenced old copy holds that the replacement lacks.
     pub left_behind: Vec<replace::LeftBehind>,
+    /// Moves to or from a server replaced, never live on their
+    /// destination, undone as part of the replacement.
+    pub undone: Vec<replace::UndoneMove>,
 }
 
 /// [`repair`], with the servers in `replaces` taken as replacing the
@@ -153,7 +156,16 @@ pub async fn repair_replacing(
             "removed the record of a copy that is gone"
         );
     }
-    let mut problems = catalog::conflicts(topo, &views, &[]);
+    // A move to or from a server replaced cannot be finished or undone by
+    // `move-shard` (it refuses the new copy until the replacement, and the
+    // file that reaches the lost one reaches nothing): undone here, under
+    // the same lock, when that is safe (its destination never live).
+    let (undone, mut problems) = if names.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        replace::undo_moves(&txs, topo, &mut views, &names).await?
+    };
+    problems.extend(catalog::conflicts(topo, &views, &[]));
     problems.extend(catalog::replaced_copies(&views, &names));
     problems.extend(replace::problems(topo, &views, &old_views));
     problems.extend(replace::gone_problems(topo, &views, replaces));
@@ -322,5 +334,6 @@ pub async fn repair_replacing(
     Ok(Replaced {
         repaired: out,
         left_behind,
+        undone,
     })
 }

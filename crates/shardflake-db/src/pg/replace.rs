@@ -690,3 +690,244 @@ pub(crate) async fn left_behind(
     }
     Ok(out)
 }
+
+/// A move between a replaced server and another, never live on its
+/// destination, that `--replaces` undid (see [`undo_moves`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UndoneMove {
+    /// The shard.
+    pub shard: u64,
+    /// The move's source: the shard stays there, live.
+    pub source: String,
+    /// The move's destination, whose copy (not live) was dropped.
+    pub destination: String,
+    /// Rows the dropped copy held above the largest id of the copy that
+    /// stays, copied there first: `(table, rows)`.
+    pub copied: Vec<(String, u64)>,
+    /// The source's copy was fenced (the move had passed its fence): its
+    /// fence lifted, and its sequence goes past the repair's clock margin.
+    pub unfenced: bool,
+}
+
+impl std::fmt::Display for UndoneMove {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (s, d) = (&self.source, &self.destination);
+        write!(
+            f,
+            "shard {}: its move from {s} to {d}, never live on {d}, is undone: {d}'s copy dropped, the shard stays live on {s}",
+            self.shard
+        )?;
+        for (table, rows) in &self.copied {
+            write!(
+                f,
+                "; {rows} row(s) of {table} that only the dropped copy held (acknowledged on the old copy after the dump) copied to {s} first"
+            )?;
+        }
+        if self.unfenced {
+            write!(
+                f,
+                "; the move had passed its fence: {s}'s fence is lifted and its ids go past every id the lost copy can have made"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Undoes each unfinished move whose source or destination is a server
+/// being replaced (`replaced`), and whose destination is not live, under
+/// the deployment lock `txs` hold (`txs[i]` and `views[i]`: the file's
+/// `i`-th server): `move-shard` cannot finish or undo it (it refuses the
+/// new copy until the replacement, and a file reaching the lost copy
+/// reaches nothing). The shard stays live on the source alone, never on
+/// two copies, and its sequence goes past the repair's clock margin, past
+/// every id the lost copy made:
+///
+/// - the source replaced: the destination's copy, not live (read on its
+///   live server), holds only what the move copied from the lost source;
+///   its rows above the new copy's largest id (acknowledged after the
+///   dump) are copied to the new copy, then it is dropped. The new copy
+///   holds every row either had; fenced (a dump taken after the fence),
+///   its fence is lifted;
+/// - the destination replaced: the source holds every row the move
+///   copied (after its fence it took none); the new copy's copy, if the
+///   dump holds one, is dropped and a fenced source unfenced. Past the
+///   fence, the lost destination may have gone live: rows written there
+///   since were on it alone, and its ids stay below the source's.
+///
+/// A move whose destination is live (it went live, and the file was not
+/// switched) is not undone: that copy holds the rows written since, and
+/// dropping it would lose them. It is refused until the file puts the
+/// shard on the destination (the switch the move did not write); then
+/// the source's copy is fenced, if it is not, and the move is finished.
+pub(crate) async fn undo_moves(
+    txs: &[tokio_postgres::Transaction<'_>],
+    topo: &Topology,
+    views: &mut [ServerView],
+    replaced: &[String],
+) -> Result<(Vec<UndoneMove>, Vec<Drift>), Error> {
+    let index = |name: &str| topo.servers().iter().position(|s| s.name == name);
+    let shards: BTreeSet<u64> = views
+        .iter()
+        .flat_map(|v| v.shards.keys().copied())
+        .collect();
+    let (mut undone, mut problems) = (Vec::new(), Vec::new());
+    for shard in shards {
+        let held = |state: State| {
+            views
+                .iter()
+                .find(|v| v.state(shard) == Some(state))
+                .map(|v| {
+                    (
+                        v.name.clone(),
+                        v.peer(shard).unwrap_or_default().to_string(),
+                    )
+                })
+        };
+        let (source, destination) = match (
+            held(State::Incoming),
+            held(State::Moving),
+            held(State::Fenced),
+            held(State::Live),
+        ) {
+            (Some((d, s)), _, _, _) => (s, d),
+            (None, Some((s, d)), _, _) => (s, d),
+            (None, None, Some((s, d)), live) if live.as_ref().is_none_or(|(l, _)| *l == d) => {
+                (s, d)
+            }
+            _ => continue,
+        };
+        let source_lost = replaced.contains(&source);
+        if !source_lost && !replaced.contains(&destination) {
+            continue;
+        }
+        let (Some(s), Some(d)) = (index(&source), index(&destination)) else {
+            continue;
+        };
+        // A new copy of the source without the shard (it moved there after
+        // the dump) has nothing to serve: left to `conflicts`.
+        if views[s].state(shard).is_none() {
+            continue;
+        }
+        if views[d].state(shard) == Some(State::Live) {
+            // The file already says where it went live: the move is
+            // finished but for the source's copy, which must serve no more.
+            if topo.server_of(shard)?.name == destination {
+                if views[s].state(shard) != Some(State::Fenced) {
+                    let tables: Vec<String> =
+                        topo.tables().iter().map(|t| t.name.clone()).collect();
+                    txs[s]
+                        .batch_execute(&super::move_shard::fence_sql(
+                            &topo.schema(shard),
+                            &tables,
+                            shard,
+                            &destination,
+                        ))
+                        .await
+                        .map_err(ctx(&source, "fencing the moved-away copy"))?;
+                    catalog::record_shard(
+                        &txs[s],
+                        &source,
+                        shard,
+                        State::Fenced,
+                        Some(&destination),
+                    )
+                    .await?;
+                    views[s]
+                        .shards
+                        .insert(shard, (State::Fenced, Some(destination.clone())));
+                }
+                continue;
+            }
+            let lost = if source_lost { &source } else { &destination };
+            problems.push(Drift {
+                server: destination.clone(),
+                shard: Some(shard),
+                problem: format!(
+                    "the move of shard {shard} from {source} to {destination} went live on {destination} (it makes the shard's ids) but did not switch the file, and {lost} is replaced: `--replaces {lost}` does not undo it, which would drop the rows written on {destination} since. Put shard {shard} in {destination}'s list in the file (the switch the move did not write), then run the repair again"
+                ),
+            });
+            continue;
+        }
+        let fenced = views[s].state(shard) == Some(State::Fenced);
+        if let Some((at, _)) = held(State::Fenced).filter(|(at, _)| *at != source) {
+            problems.push(Drift {
+                server: at.clone(),
+                shard: Some(shard),
+                problem: format!(
+                    "shard {shard} is fenced on {at} while it moves from {source} to {destination}: the records contradict each other; run `shardflake pg check` and fix them by hand (shardflake.shards on {at})"
+                ),
+            });
+            continue;
+        }
+        let schema = topo.schema(shard);
+        let mut copied = Vec::new();
+        if source_lost && views[d].state(shard) == Some(State::Incoming) {
+            for t in topo.tables() {
+                let rel = format!("{schema}.{}", t.name);
+                if !relation_exists(&txs[d], &destination, &rel).await?
+                    || !relation_exists(&txs[s], &source, &rel).await?
+                {
+                    continue;
+                }
+                let above: i64 = txs[s]
+                    .query_one(
+                        &format!("SELECT coalesce(max(id), $1) FROM {rel}"),
+                        &[&i64::MIN],
+                    )
+                    .await
+                    .map_err(ctx(&source, &format!("reading {rel}")))?
+                    .get(0);
+                if fenced {
+                    // The fence's triggers refuse the copy's own writes.
+                    txs[s]
+                        .batch_execute(&super::move_shard::lift_fence_triggers_sql(
+                            &schema,
+                            std::slice::from_ref(&t.name),
+                        ))
+                        .await
+                        .map_err(ctx(&source, "lifting the fence"))?;
+                }
+                let rows = super::move_shard::copy(
+                    &txs[d],
+                    &txs[s],
+                    &format!("SELECT * FROM {rel} WHERE id > {above}"),
+                    &rel,
+                    (&destination, &source),
+                )
+                .await?;
+                if rows > 0 {
+                    copied.push((rel, rows));
+                }
+            }
+        }
+        // The copy that never went live goes, with its record.
+        if views[d].state(shard) == Some(State::Incoming) {
+            txs[d]
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .await
+                .map_err(ctx(&destination, "dropping the move's copy"))?;
+            catalog::forget_shard(&txs[d], &destination, shard).await?;
+            views[d].shards.remove(&shard);
+        }
+        if fenced {
+            super::move_shard::unfence(&txs[s], topo, &source, shard).await?;
+        }
+        catalog::record_shard(&txs[s], &source, shard, State::Live, None).await?;
+        views[s].shards.insert(shard, (State::Live, None));
+        tracing::warn!(
+            shard,
+            source = source.as_str(),
+            destination = destination.as_str(),
+            fenced,
+            "undid a move whose source or destination is replaced"
+        );
+        undone.push(UndoneMove {
+            shard,
+            source,
+            destination,
+            copied,
+            unfenced: fenced,
+        });
+    }
+    Ok((undone, problems))
+}

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use shardflake_db::pg::move_shard::{MoveOptions, MoveStep, move_shard};
 use shardflake_db::pg::{self, Topology};
 use shardflake_testkit::{PgServer, free_port};
 use tokio_postgres::Client;
@@ -450,4 +451,294 @@ async fn rows_only_on_the_fenced_old_copy_are_reported() {
         }
     }
     assert_eq!(pg::check(&onto_c).await.unwrap(), Vec::new());
+}
+
+/// A topology file for `move-shard`, removed on drop.
+struct MoveFile(PathBuf);
+
+impl MoveFile {
+    fn new(name: &str, text: &str) -> MoveFile {
+        let path =
+            std::env::temp_dir().join(format!("sf-replace-{name}-{}.toml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        MoveFile(path)
+    }
+}
+
+impl Drop for MoveFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn stopped_after_copy() -> MoveOptions {
+    MoveOptions {
+        stop_after: Some(MoveStep::Copied),
+        ..Default::default()
+    }
+}
+
+/// Every id stored in `schema`'s posts, sorted.
+async fn stored(c: &Client, schema: &str) -> Vec<i64> {
+    let mut ids: Vec<i64> = c
+        .query(&format!("SELECT id FROM {schema}.posts"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+async fn has_schema(c: &Client, schema: &str) -> bool {
+    c.query_one(
+        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+        &[&schema],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// E12: `move-shard 0 --to b` stopped before its fence (a the source),
+/// then a lost and its dump restored into c. `--replaces a` was refused
+/// ("a move of shard 0 to b did not finish"), and `move-shard` and
+/// `--abort` refused c until the replacement: shard 0 refused every id
+/// on c for good. Now the replacement undoes the move: b's copy (never
+/// live) holds only what the move copied from a, so its rows c lacks
+/// (acknowledged on a after the dump) are copied to c, b's copy is
+/// dropped, and shard 0 is live on c alone with every acknowledged row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_from_a_lost_server_is_undone_by_its_replacement() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "source-lost",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let ca = connect(&a.url()).await;
+    let mut made = insert(&ca, "shard0", 100).await;
+    dump_into(&a, &c);
+    // Acknowledged on a after the dump: only a and b's copy hold them.
+    made.extend(insert(&ca, "shard0", 30).await);
+    move_shard(&file.0, 0, "b", &stopped_after_copy())
+        .await
+        .unwrap_err();
+    let system = system_identifier(&a.url()).await;
+    drop(ca);
+    a.stop();
+
+    let onto_c = topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")]);
+    let replaced = pg::repair_replacing(&Topology::parse(&onto_c).unwrap(), None, &gone(&[system]))
+        .await
+        .expect("the replacement of a lost source refused for its unfinished move");
+    assert_eq!(
+        replaced.repaired.iter().filter(|r| r.server == "a").count(),
+        4
+    );
+    let (cb, cc) = (connect(&b.url()).await, connect(&c.url()).await);
+    assert!(!has_schema(&cb, "shard0").await, "b's copy of shard 0 kept");
+    made.sort_unstable();
+    assert_eq!(stored(&cc, "shard0").await, made, "acknowledged rows lost");
+    let onto_c_topo = Topology::parse(&onto_c).unwrap();
+    assert_eq!(pg::check(&onto_c_topo).await.unwrap(), vec![]);
+    let on_c = insert(&cc, "shard0", 50).await;
+    assert!(on_c.iter().min() > made.iter().max());
+    // And the move can be made again, from c.
+    std::fs::write(&file.0, &onto_c).unwrap();
+    move_shard(&file.0, 0, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(stored(&cb, "shard0").await.len(), 180);
+}
+
+/// E13b: `move-shard 4 --to a` stopped before its fence (a the
+/// destination), a's dump (holding its copy of shard 4, never live)
+/// restored into c, a lost: refused as in E12, `pg apply` too. Now the
+/// replacement undoes the move: b served shard 4 throughout and holds
+/// every row; c's copy is dropped, b's record made live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_a_lost_server_is_undone_by_its_replacement() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "destination-lost",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let cb = connect(&b.url()).await;
+    let mut made = insert(&cb, "shard4", 100).await;
+    move_shard(&file.0, 4, "a", &stopped_after_copy())
+        .await
+        .unwrap_err();
+    dump_into(&a, &c);
+    made.extend(insert(&cb, "shard4", 20).await);
+    let system = system_identifier(&a.url()).await;
+    a.stop();
+
+    let onto_c = topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")]);
+    let onto_c_topo = Topology::parse(&onto_c).unwrap();
+    let replaced = pg::repair_replacing(&onto_c_topo, None, &gone(&[system]))
+        .await
+        .expect("the replacement of a lost destination refused for its unfinished move");
+    assert_eq!(
+        replaced.undone,
+        vec![pg::UndoneMove {
+            shard: 4,
+            source: "b".into(),
+            destination: "a".into(),
+            copied: vec![],
+            unfenced: false,
+        }]
+    );
+    let cc = connect(&c.url()).await;
+    assert!(!has_schema(&cc, "shard4").await, "c's copy of shard 4 kept");
+    made.extend(insert(&cb, "shard4", 20).await);
+    made.sort_unstable();
+    assert_eq!(stored(&cb, "shard4").await, made);
+    assert_eq!(pg::check(&onto_c_topo).await.unwrap(), vec![]);
+    std::fs::write(&file.0, &onto_c).unwrap();
+    move_shard(&file.0, 4, "a", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(stored(&cc, "shard4").await, made);
+}
+
+/// E12 and E13b past the fence: both moves stopped after they fenced
+/// their source, the destination's copy complete but never live, then a
+/// dump of a restored into c and a lost. Shard 0 (a the source) is fenced
+/// on c with every row; shard 4 (a the destination): b's copy fenced, c's
+/// a copy. Both were refused as in E12; now the replacement lifts the
+/// source's fence, drops the copy that never went live, and the shard's
+/// ids go past every id made before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_past_its_fence_with_a_lost_server_is_undone_by_its_replacement() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "past-fence",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let (ca, cb) = (connect(&a.url()).await, connect(&b.url()).await);
+    let mut on_0 = insert(&ca, "shard0", 100).await;
+    let mut on_4 = insert(&cb, "shard4", 100).await;
+    let fenced = MoveOptions {
+        stop_after: Some(MoveStep::Fenced),
+        ..Default::default()
+    };
+    move_shard(&file.0, 4, "a", &fenced).await.unwrap_err();
+    on_0.extend(insert(&ca, "shard0", 30).await);
+    move_shard(&file.0, 0, "b", &fenced).await.unwrap_err();
+    dump_into(&a, &c);
+    let system = system_identifier(&a.url()).await;
+    drop(ca);
+    a.stop();
+
+    let onto_c = topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")]);
+    let onto_c_topo = Topology::parse(&onto_c).unwrap();
+    let replaced = pg::repair_replacing(&onto_c_topo, None, &gone(&[system]))
+        .await
+        .expect("the replacement refused for a move past its fence");
+    let mut undone = replaced.undone.clone();
+    undone.sort_by_key(|u| u.shard);
+    assert_eq!(
+        undone,
+        vec![
+            pg::UndoneMove {
+                shard: 0,
+                source: "a".into(),
+                destination: "b".into(),
+                copied: vec![],
+                unfenced: true,
+            },
+            pg::UndoneMove {
+                shard: 4,
+                source: "b".into(),
+                destination: "a".into(),
+                copied: vec![],
+                unfenced: true,
+            },
+        ]
+    );
+    let cc = connect(&c.url()).await;
+    assert!(!has_schema(&cb, "shard0").await && !has_schema(&cc, "shard4").await);
+    on_0.sort_unstable();
+    on_4.sort_unstable();
+    assert_eq!(stored(&cc, "shard0").await, on_0);
+    assert_eq!(stored(&cb, "shard4").await, on_4);
+    assert_eq!(pg::check(&onto_c_topo).await.unwrap(), vec![]);
+    let (new_0, new_4) = (
+        insert(&cc, "shard0", 20).await,
+        insert(&cb, "shard4", 20).await,
+    );
+    assert!(new_0.iter().min() > on_0.iter().max());
+    assert!(new_4.iter().min() > on_4.iter().max());
+}
+
+/// E12 after go-live: the move went live on b but did not switch the
+/// file, then a lost and its dump (shard 0 fenced there) restored into c.
+/// b makes shard 0's ids: the replacement never undoes that move (b's
+/// rows since would be lost); it is refused until the file puts shard 0
+/// on b, the switch the move did not write, and then goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_live_on_its_destination_is_finished_by_the_file_not_undone() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "went-live",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let ca = connect(&a.url()).await;
+    let mut made = insert(&ca, "shard0", 100).await;
+    let live = MoveOptions {
+        stop_after: Some(MoveStep::Live),
+        ..Default::default()
+    };
+    move_shard(&file.0, 0, "b", &live).await.unwrap_err();
+    let cb = connect(&b.url()).await;
+    made.extend(insert(&cb, "shard0", 20).await);
+    dump_into(&a, &c);
+    let system = system_identifier(&a.url()).await;
+    drop(ca);
+    a.stop();
+
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    let e = pg::repair_replacing(&onto_c, None, &gone(&[system]))
+        .await
+        .expect_err("a move live on b undone")
+        .to_string();
+    assert!(
+        e.contains("went live on b") && e.contains("Put shard 0 in b's list"),
+        "{e}"
+    );
+    assert_eq!(stored(&cb, "shard0").await.len(), 120);
+    let switched = Topology::parse(&topology(&[
+        ("a", &c.url(), "1-3"),
+        ("b", &b.url(), "0,4-7"),
+    ]))
+    .unwrap();
+    pg::repair_replacing(&switched, None, &gone(&[system]))
+        .await
+        .unwrap();
+    made.extend(insert(&cb, "shard0", 20).await);
+    made.sort_unstable();
+    assert_eq!(stored(&cb, "shard0").await, made);
+    assert_eq!(pg::check(&switched).await.unwrap(), vec![]);
 }
