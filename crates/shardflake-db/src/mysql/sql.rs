@@ -1339,7 +1339,7 @@ pub fn sequences_sql(row: &str) -> String {
 /// The row stays locked until the caller's transaction ends.
 ///
 /// Before all that, the guards the trigger and `generate_post_id` apply
-/// ([`guards_sql`]): the database and server it was installed for, the
+/// (`guards_sql`): the database and server it was installed for, the
 /// shard values the server records, and (with sequences) the clock
 /// event's loop. Without them a server that gave shard values away still
 /// made ids for them here (issue 37, A7: 314 of 18,539 ids twice after a

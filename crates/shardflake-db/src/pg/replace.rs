@@ -44,7 +44,7 @@ pub enum OldCopy {
     /// names the system identifier of every database the deployment
     /// records the server's shards on (`--old-copy-gone SYSID,...`): the
     /// dump's source, and any copy that replaced it since, which may be
-    /// live; one left out refuses the repair ([`gone_problems`]).
+    /// live; one left out refuses the repair (`gone_problems`).
     Gone(Vec<i64>),
 }
 
@@ -692,7 +692,7 @@ pub(crate) async fn left_behind(
 }
 
 /// A move between a replaced server and another, never live on its
-/// destination, that `--replaces` undid (see [`undo_moves`]).
+/// destination, that `--replaces` undid (see `undo_moves`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UndoneMove {
     /// The shard.
