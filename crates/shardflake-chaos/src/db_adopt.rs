@@ -33,7 +33,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
@@ -564,12 +564,26 @@ fn fault_once(ops: &Ops, writers: &Writers, step: &Drawn<Fault>) -> anyhow::Resu
             ops.adopt()
         }
         Fault::RestorePredump => {
+            // Each part timed: a step that outlasts the run is an incident
+            // ("no client was answered after the last fault"), and its log
+            // must say which part took the time.
+            let t = Instant::now();
             writers.pause(LANE, 2 * TIMEOUT);
+            let paused = t.elapsed();
             writers.restored();
             let restored = ops.restore_predump();
+            let loaded = t.elapsed();
             let seen = ops.check_reports_it("the restore");
+            let checked = t.elapsed();
             let adopted = ops.adopt();
             writers.resume(LANE);
+            println!(
+                "  restore-predump: writers paused after {} ms, dump loaded at {} ms, checked at {} ms, adopted at {} ms",
+                paused.as_millis(),
+                loaded.as_millis(),
+                checked.as_millis(),
+                t.elapsed().as_millis()
+            );
             restored?;
             seen?;
             adopted
