@@ -197,8 +197,8 @@ async fn install_locked_deployment(
     // after those, whatever its clock. So its sequence goes past every
     // peer's reservation, which must be within a draw's lead of its clock
     // (a draw further ahead waits, or is refused).
-    let peers_past = peers_reservation(cmd, &opts.peers, &opts.names).await?;
-    if let Some((past, url)) = &peers_past {
+    let peers = peers_past(cmd, &opts.peers, &opts.names).await?;
+    if let Some((past, url)) = &peers.reservation {
         let now = server_packed_clock(conn, &plan).await?;
         if *past - now > plan.packed_ms(sql::AHEAD_MS) {
             let ahead_ms = (*past - now) / plan.per_tick() * layout.tick_ms() as i64;
@@ -216,7 +216,7 @@ async fn install_locked_deployment(
     // The same for the row-lock procedure's counter: past every peer's,
     // before its procedure takes the peer's values.
     if (opts.locked || !srv.has_sequences())
-        && let Some(past) = peers_locked_counter(cmd, &opts.peers, &opts.names).await?
+        && let Some(past) = peers.locked_counter
     {
         conn.query_drop(sql::sequences_sql(&opts.names.locked_row()))
             .await
@@ -246,7 +246,15 @@ async fn install_locked_deployment(
     ))
     .await
     .map_err(my("setting sql_mode"))?;
-    let mut result = apply_pinned(conn, &plan, opts, &srv, mode, peers_past.map(|p| p.0)).await;
+    let mut result = apply_pinned(
+        conn,
+        &plan,
+        opts,
+        &srv,
+        mode,
+        peers.reservation.map(|p| p.0),
+    )
+    .await;
     if result.is_ok() && srv.has_sequences() {
         record_serves(conn, &db, &opts.names, serves).await?;
     }

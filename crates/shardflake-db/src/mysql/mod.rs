@@ -623,18 +623,21 @@ async fn overlapping_peers(
     Ok(problems)
 }
 
-/// The highest reservation of `names.table`'s sequence on any peer (in
-/// each database its `shardflake.serves` records), with that peer's URL.
-/// Every id a peer made of the table, for any shard value, came from a
-/// value below it. Read once no peer records the values this server takes
-/// ([`overlapping_peers`] found none): a peer has let them go, and makes
-/// no id for them after this reading.
-async fn peers_reservation(
-    command: &str,
-    peers: &[String],
-    names: &Names,
-) -> Result<Option<(i64, String)>, Error> {
-    let mut highest: Option<(i64, String)> = None;
+/// What every id a peer made of `names.table` came from, read in each
+/// database its `shardflake.serves` records: the highest reservation of
+/// the table's sequence, with that peer's URL, and the highest value of
+/// the row-lock procedure's counter (the `sequences` row
+/// [`Names::locked_row`]). Read once no peer records the values this
+/// server takes ([`overlapping_peers`] found none): a peer has let them go,
+/// and makes no id for them after this reading.
+#[derive(Debug, Default)]
+struct PeersPast {
+    reservation: Option<(i64, String)>,
+    locked_counter: Option<i64>,
+}
+
+async fn peers_past(command: &str, peers: &[String], names: &Names) -> Result<PeersPast, Error> {
+    let mut past = PeersPast::default();
     for url in peers {
         let opts = Opts::from_url(url).map_err(|e| other(command, format!("peer {url}: {e}")))?;
         let mut peer = Conn::new(opts)
@@ -652,10 +655,10 @@ async fn peers_reservation(
             Err(e) => return Err(my("reading a peer's shard values")(e)),
         };
         for db in dbs {
+            let db = db.replace('`', "``");
             let reserved: Result<Option<i64>, _> = peer
                 .query_first(format!(
-                    "SELECT next_not_cached_value FROM `{}`.`{}`",
-                    db.replace('`', "``"),
+                    "SELECT next_not_cached_value FROM `{db}`.`{}`",
                     names.sequence()
                 ))
                 .await;
@@ -666,49 +669,13 @@ async fn peers_reservation(
                 Err(e) => return Err(my("reading a peer's sequence")(e)),
             };
             if let Some(r) = reserved
-                && highest.as_ref().is_none_or(|(h, _)| r > *h)
+                && past.reservation.as_ref().is_none_or(|(h, _)| r > *h)
             {
-                highest = Some((r, url.clone()));
+                past.reservation = Some((r, url.clone()));
             }
-        }
-        let _ = peer.disconnect().await;
-    }
-    Ok(highest)
-}
-
-/// The highest value of the row-lock procedure's counter (the
-/// `sequences` row [`Names::locked_row`]) on any peer, in each database
-/// its `shardflake.serves` records: every id a peer's
-/// `generate_post_id_locked` made came from a value at or below it.
-async fn peers_locked_counter(
-    command: &str,
-    peers: &[String],
-    names: &Names,
-) -> Result<Option<i64>, Error> {
-    let mut highest: Option<i64> = None;
-    for url in peers {
-        let opts = Opts::from_url(url).map_err(|e| other(command, format!("peer {url}: {e}")))?;
-        let mut peer = Conn::new(opts)
-            .await
-            .map_err(|e| other(command, format!("peer {url} does not answer: {e}")))?;
-        let dbs: Result<Vec<String>, _> = peer
-            .exec(
-                "SELECT db FROM `shardflake`.`serves` WHERE tbl = ?",
-                (&names.table,),
-            )
-            .await;
-        let dbs = match dbs {
-            Ok(dbs) => dbs,
-            Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Vec::new(),
-            Err(e) => return Err(my("reading a peer's shard values")(e)),
-        };
-        for db in dbs {
             let counter: Result<Option<Option<i64>>, _> = peer
                 .exec_first(
-                    format!(
-                        "SELECT MAX(next_val) FROM `{}`.sequences WHERE name = ?",
-                        db.replace('`', "``")
-                    ),
+                    format!("SELECT MAX(next_val) FROM `{db}`.sequences WHERE name = ?"),
                     (names.locked_row(),),
                 )
                 .await;
@@ -718,11 +685,11 @@ async fn peers_locked_counter(
                 Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => None,
                 Err(e) => return Err(my("reading a peer's row-lock counter")(e)),
             };
-            highest = highest.max(counter);
+            past.locked_counter = past.locked_counter.max(counter);
         }
         let _ = peer.disconnect().await;
     }
-    Ok(highest)
+    Ok(past)
 }
 
 /// The other databases of this server whose table of `names.table`'s name
