@@ -21,9 +21,10 @@ fn run(cmd: &mut Command) {
     assert!(out.status.success(), "{cmd:?}: {out:?}");
 }
 
-/// A standby of `primary` (`pg_basebackup -R`) whose wall clock is shifted
-/// by what its faketime file says; stopped and removed on drop.
-struct Standby {
+/// A physical copy of `primary` (`pg_basebackup`), started as its standby
+/// (`-R`) or on its own as a primary, whose wall clock is shifted by what
+/// its faketime file says; stopped and removed on drop.
+pub(crate) struct Standby {
     dir: PathBuf,
     clock: PathBuf,
     port: u16,
@@ -32,7 +33,17 @@ struct Standby {
 
 impl Standby {
     fn start(primary: &PgServer, clock_shift: &str) -> Standby {
-        let dir = std::env::temp_dir().join(format!("s37-standby-{}", std::process::id()));
+        Standby::start_copy(primary, "standby", clock_shift, true)
+    }
+
+    /// A copy named `name` (its directory), a standby or a primary.
+    pub(crate) fn start_copy(
+        primary: &PgServer,
+        name: &str,
+        clock_shift: &str,
+        standby: bool,
+    ) -> Standby {
+        let dir = std::env::temp_dir().join(format!("sf-copy-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let data = dir.join("data");
@@ -40,8 +51,9 @@ impl Standby {
         std::fs::write(&clock, clock_shift).unwrap();
         run(Command::new(primary.program("pg_basebackup").unwrap())
             .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
-            .args(["-U", "postgres", "-X", "stream", "-c", "fast", "-R", "-D"])
-            .arg(&data));
+            .args(["-U", "postgres", "-X", "stream", "-c", "fast", "-D"])
+            .arg(&data)
+            .args(if standby { &["-R"][..] } else { &[][..] }));
         run(Command::new("sh").arg("-c").arg(format!(
             "chmod 755 '{0}' && chown postgres '{0}' && chmod 644 '{0}/clock' && chown -R postgres:postgres '{1}' && chmod 700 '{1}'",
             dir.display(),
@@ -77,7 +89,7 @@ impl Standby {
         standby
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
@@ -89,7 +101,7 @@ impl Standby {
         std::fs::rename(&tmp, &self.clock).unwrap();
     }
 
-    fn promote(&self) {
+    pub(crate) fn promote(&self) {
         run(Command::new("runuser")
             .args(["-u", "postgres", "--"])
             .arg(&self.pg_ctl)

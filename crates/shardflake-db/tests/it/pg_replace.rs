@@ -6,100 +6,15 @@
 //! repair, not hang it.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use shardflake_db::pg::move_shard::{MoveOptions, MoveStep, move_shard};
 use shardflake_db::pg::{self, Topology};
-use shardflake_testkit::{PgServer, free_port};
+use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
 
+use crate::pg_failover::Standby;
 use crate::pg_identity::{connect, dump_into, insert, topology, try_insert};
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{cmd:?}: {out:?}");
-}
-
-/// A physical copy of `primary` (`pg_basebackup`), started as its standby
-/// (`-R`) or on its own as a primary; stopped and removed on drop.
-struct Clone {
-    dir: PathBuf,
-    port: u16,
-    pg_ctl: PathBuf,
-}
-
-impl Clone {
-    fn start(primary: &PgServer, name: &str, standby: bool) -> Clone {
-        let dir = std::env::temp_dir().join(format!("sf-clone-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let data = dir.join("data");
-        run(Command::new(primary.program("pg_basebackup").unwrap())
-            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
-            .args(["-U", "postgres", "-X", "stream", "-c", "fast", "-D"])
-            .arg(&data)
-            .args(if standby { &["-R"][..] } else { &[][..] }));
-        run(Command::new("sh").arg("-c").arg(format!(
-            "chmod 755 '{0}' && chown -R postgres:postgres '{0}' && chmod 700 '{1}'",
-            dir.display(),
-            data.display()
-        )));
-        let clone = Clone {
-            port: free_port().unwrap(),
-            pg_ctl: primary.program("pg_ctl").unwrap(),
-            dir,
-        };
-        let out = Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(&clone.pg_ctl)
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(clone.dir.join("log"))
-            .args(["-w", "-t", "60", "-o"])
-            .arg(format!(
-                "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
-                clone.port,
-                data.display()
-            ))
-            .arg("start")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "pg_ctl start: {out:?}\n{}",
-            std::fs::read_to_string(clone.dir.join("log")).unwrap_or_default()
-        );
-        clone
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-
-    fn promote(&self) {
-        run(Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(&self.pg_ctl)
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-w", "promote"]));
-    }
-}
-
-impl Drop for Clone {
-    fn drop(&mut self) {
-        let _ = Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(&self.pg_ctl)
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-m", "immediate", "-w", "stop"])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn replacing(old: &str) -> Vec<pg::Replacement> {
     vec![pg::Replacement {
@@ -139,7 +54,7 @@ async fn a_physical_clone_of_the_old_copy_is_not_taken_for_it() {
     let onto_c =
         Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
 
-    let standby = Clone::start(&a, "standby", true);
+    let standby = Standby::start_copy(&a, "standby", "+0", true);
     let e = pg::repair_replacing(&onto_c, None, &replacing(&standby.url()))
         .await
         .unwrap_err()
@@ -173,7 +88,7 @@ async fn a_physical_clone_of_the_old_copy_is_not_taken_for_it() {
         .to_string();
     assert!(e.contains("already fenced"), "{e}");
 
-    let started = Clone::start(&a, "primary", false);
+    let started = Standby::start_copy(&a, "primary", "+0", false);
     let e = pg::repair_replacing(&onto_c, None, &replacing(&started.url()))
         .await
         .expect_err("a base backup of a started on its own taken as the copy that makes a's ids")
