@@ -159,13 +159,16 @@ async fn install_locked_deployment(
         ));
     }
     let plan = plan.serving(Some(serves));
+    let was = installed_for(conn, &opts.names)
+        .await?
+        .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir));
     if mode != Mode::Repair
-        && let Some(installed) = installed_server_id(conn, &opts.names).await?
-        && installed != srv.server_id
+        && let Some(was) = &was
+        && was.server_id != srv.server_id
     {
         return Err(other(
             cmd,
-            other_server_text(&opts.names, installed, srv.server_id),
+            other_server_text(&opts.names, was, srv.server_id),
         ));
     }
     // A record made on another server: this one may be a copy of it, and
@@ -173,15 +176,23 @@ async fn install_locked_deployment(
     // (`repair`, the step after a promotion or a restore, records it.)
     if mode != Mode::Repair
         && opts.shards.is_none()
-        && let Some((was, here)) = recorded_elsewhere(conn, &db, &opts.names).await?
+        && let Some((recorded_at, here)) = recorded_elsewhere(conn, &db, &opts.names).await?
     {
         return Err(other(
             cmd,
             format!(
                 "nothing was changed: {}",
-                copy_text(&db, &opts.names, serves, &was, &here)
+                copy_text(&db, &opts.names, serves, &recorded_at, &here, was.as_ref())
             ),
         ));
+    }
+    // The objects made for another port or data directory (a copy of the
+    // server beside it, or the server moved): values of its own only
+    // with the original named as a peer, or on the word that it is gone.
+    if mode != Mode::Repair
+        && let Some(was) = &was
+    {
+        old_server_proven_gone(cmd, opts, was, &srv).await?;
     }
     if mode != Mode::Repair {
         // Where its clock is off, ids of shard values it takes from a peer

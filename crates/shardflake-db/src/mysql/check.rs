@@ -78,18 +78,19 @@ async fn check_installed(
             db, names.table
         ));
     }
-    let promoted = installed_server_id(conn, names).await?;
-    let promoted = promoted.filter(|&installed| installed != srv.server_id);
-    if let Some(installed) = promoted {
-        problems.push(other_server_text(names, installed, srv.server_id));
+    let was = installed_for(conn, names)
+        .await?
+        .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir));
+    let promoted = was.as_ref().filter(|w| w.server_id != srv.server_id);
+    if let Some(was) = promoted {
+        problems.push(other_server_text(names, was, srv.server_id));
     }
-    if let (Some(serves), Some((was, here))) =
+    if let (Some(serves), Some((recorded_at, here))) =
         (recorded, recorded_elsewhere(conn, &db, names).await?)
     {
-        problems.push(if promoted.is_some() {
-            promoted_copy_text(&db, names, serves, &was, &here)
-        } else {
-            copy_text(&db, names, serves, &was, &here)
+        problems.push(match promoted {
+            Some(was) => promoted_copy_text(&db, names, serves, &recorded_at, &here, was),
+            None => copy_text(&db, names, serves, &recorded_at, &here, was.as_ref()),
         });
     }
     // Values recorded by this server and a peer too (`--peer`): both make
