@@ -878,9 +878,11 @@ async fn databases_making_ids(
 pub const DEPLOYMENT_LOCK_WAIT_S: u64 = 10;
 
 /// How long, in seconds, `apply`, `repair` and `adopt` wait for a table's
-/// metadata lock (`lock_wait_timeout`) before a change to the table or
-/// its trigger: an open transaction that used the table holds it, and
-/// every insert into the table waits behind the change meanwhile.
+/// metadata lock (`lock_wait_timeout`) before a change to the table, its
+/// sequence or its trigger (an open transaction that used the table
+/// holds it, and every insert into the table waits behind the change
+/// meanwhile), and for the row-lock counter's row (`innodb_lock_wait_timeout`:
+/// a transaction that called `generate_post_id_locked` holds it).
 pub const TABLE_LOCK_WAIT_S: u64 = 2;
 
 /// MariaDB's "Lock wait timeout exceeded".
@@ -1030,40 +1032,110 @@ async fn get_lock(
     ))
 }
 
-/// What an open transaction holding `table`'s metadata lock is told
-/// (`apply`'s change to the table waited [`TABLE_LOCK_WAIT_S`] for it):
-/// each open transaction of the server, its session and its age.
+/// The context of a failed statement on the row-lock procedure's counter
+/// row (`sequences`): a lock wait there is a row lock ([`lock_was_a_row`]).
+pub(super) const ROW_LOCK_COUNTER: &str = "writing the row-lock counter's row in sequences";
+
+/// Whether a lock wait that ran out ([`lock_wait_ran_out`]) was for the
+/// row-lock counter's row (an InnoDB row lock, held by a transaction
+/// that called `generate_post_id_locked`), not a metadata lock.
+fn lock_was_a_row(e: &Error) -> bool {
+    matches!(e, Error::Mysql { context, .. } if context == ROW_LOCK_COUNTER)
+}
+
+/// What `command` is told when a lock it waited [`TABLE_LOCK_WAIT_S`]
+/// for stayed held: the row-lock counter's row (`row`: an InnoDB row
+/// lock) or the metadata lock of the table, its sequence or its trigger.
+/// It names the sessions that can hold it: each open transaction
+/// holding row locks; for a metadata lock each open transaction, or,
+/// where none shows in `INNODB_TRX` (one that only drew from the
+/// sequence shows nowhere), the server's other client sessions.
 async fn open_transactions_text(
     conn: &mut Conn,
-    table: &str,
+    names: &Names,
     command: &str,
     changed: &str,
+    row: bool,
 ) -> String {
-    let open: Vec<(u64, String, String, u64, Option<String>)> = conn
-        .query(
-            "SELECT p.ID, p.USER, p.HOST, TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.INFO
-               FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
-              WHERE p.ID <> CONNECTION_ID() ORDER BY t.trx_started",
-        )
-        .await
-        .unwrap_or_default();
-    let open = if open.is_empty() {
-        "none is open now (it has ended: run the command again)".to_string()
-    } else {
-        open.iter()
+    type Session = (u64, String, String, u64, Option<String>);
+    let describe = |sessions: &[Session], what: &str| {
+        let mut parts: Vec<String> = sessions
+            .iter()
+            .take(5)
             .map(|(id, user, host, secs, info)| {
                 format!(
-                    "connection {id} of {user}@{host}, open {secs} s{}",
+                    "connection {id} of {user}@{host}, {what} {secs} s{}",
                     info.as_deref()
                         .map(|i| format!(", running {i:.80}"))
                         .unwrap_or_default()
                 )
             })
-            .collect::<Vec<_>>()
-            .join("; ")
+            .collect();
+        if sessions.len() > 5 {
+            parts.push(format!("{} more", sessions.len() - 5));
+        }
+        parts.join("; ")
+    };
+    let open: Vec<Session> = conn
+        .query(format!(
+            "SELECT p.ID, p.USER, p.HOST, TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.INFO
+               FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+              WHERE p.ID <> CONNECTION_ID(){} ORDER BY t.trx_started",
+            if row { " AND t.trx_rows_locked > 0" } else { "" }
+        ))
+        .await
+        .unwrap_or_default();
+    let (table, seq) = (&names.table, names.sequence());
+    let (held, holders) = if row {
+        (
+            format!(
+                "the row {row_name:?} of table sequences (the counter of {proc}) is locked by an open transaction that called {proc} (an InnoDB row lock, held until that transaction ends), and {command} waited {TABLE_LOCK_WAIT_S} s to write it",
+                row_name = names.locked_row(),
+                proc = names.locked_procedure()
+            ),
+            if open.is_empty() {
+                "Open transactions holding row locks: none now (it has ended: run the command again)".to_string()
+            } else {
+                format!(
+                    "Open transactions holding row locks: {}",
+                    describe(&open, "open")
+                )
+            },
+        )
+    } else {
+        let holders = if open.is_empty() {
+            // A transaction that only drew from the sequence (CALL
+            // generate_post_id, an insert rolled back) holds the
+            // sequence's metadata lock without showing in INNODB_TRX.
+            let others: Vec<Session> = conn
+                .query(
+                    "SELECT ID, USER, HOST, TIME, INFO FROM information_schema.PROCESSLIST
+                      WHERE ID <> CONNECTION_ID() AND COMMAND IN ('Sleep', 'Query', 'Execute')
+                        AND USER NOT IN ('system user', 'event_scheduler') ORDER BY TIME DESC",
+                )
+                .await
+                .unwrap_or_default();
+            if others.is_empty() {
+                "No open transaction shows in information_schema.INNODB_TRX, and no other session is connected now (it has ended: run the command again)".to_string()
+            } else {
+                format!(
+                    "No open transaction shows in information_schema.INNODB_TRX (one that only drew ids from the sequence, such as CALL {proc} in a transaction not yet ended, holds the lock without showing there); the other sessions now, one of which holds it: {}",
+                    describe(&others, "in its state for"),
+                    proc = names.procedure
+                )
+            }
+        } else {
+            format!("Open transactions: {}", describe(&open, "open"))
+        };
+        (
+            format!(
+                "table {table} or its sequence {seq} is held by an open transaction that used it (its metadata lock), and {command} waited {TABLE_LOCK_WAIT_S} s to change the table, the sequence or the trigger (inserts into {table} waited behind it meanwhile, then went on)"
+            ),
+            holders,
+        )
     };
     format!(
-        "{changed}: table {table} is held by an open transaction that used it (its metadata lock), and {command} waited {TABLE_LOCK_WAIT_S} s to change the table or its trigger (inserts into {table} waited behind it meanwhile, then went on). Open transactions: {open}. End it (COMMIT or ROLLBACK, or KILL its connection), then run shardflake mysql {command} again"
+        "{changed}: {held}. {holders}. End it (COMMIT or ROLLBACK, or KILL its connection), then run shardflake mysql {command} again"
     )
 }
 
