@@ -20,14 +20,18 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
     let mut problems = check_installed(conn, layout, opts).await?;
     let names = &opts.names;
     let here = server(conn).await?.server_id;
-    if installed_server_id(conn, names)
+    if let Some(was) = installed_for(conn, names)
         .await?
-        .is_some_and(|id| id != here)
+        .filter(|w| w.server_id != here)
     {
-        // A promoted replica or a copy: apply refuses it, and repair
+        // A promoted replica or a copy: apply refuses it, and repair,
+        // given the proof that the old server makes no more ids,
         // reinstalls everything for this server.
+        let repair = format!(
+            "run shardflake mysql repair with the proof that server {was} makes no more ids (--shards LO-HI --peer URL_OF_IT while it runs, --old-server-gone '{was}' once it is stopped for good)"
+        );
         for p in &mut problems {
-            *p = p.replace("re-run apply", "run shardflake mysql repair");
+            *p = p.replace("re-run apply", &repair);
         }
     } else if !problems.is_empty()
         && super::adopt::adopted(conn)
