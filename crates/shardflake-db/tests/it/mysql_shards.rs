@@ -972,6 +972,8 @@ impl Drop for CopiedServer {
         .arg("stop")
         .arg(&self.dir)
         .output();
+        // A whole data directory: the disk is shared.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
