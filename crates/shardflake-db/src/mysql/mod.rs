@@ -1290,7 +1290,32 @@ pub fn explained(e: mysql_async::Error, context: &str) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::same_server;
+    use super::{InstalledFor, same_server};
+
+    #[test]
+    fn the_server_a_trigger_was_made_for_is_read_back_from_its_text() {
+        for dir in [
+            "/var/lib/mysql/",
+            "/srv/it's \\ odd/",
+            "/x/ AND @@port = 9/",
+        ] {
+            let body = format!(
+                "SET NEW.id = IF(NEW.id <> 0, NEW.id, CASE WHEN @@server_id = 42{} THEN 1 ELSE f(NEW.user_id, FALSE) END)",
+                super::sql::Plan::place_sql(3307, dir)
+            );
+            let was = InstalledFor::parse(&body).unwrap();
+            assert_eq!(was.to_string(), format!("42:3307:{dir}"), "{body}");
+            assert!(was.is(42, 3307, dir));
+            assert!(!was.is(42, 3306, dir));
+            assert!(!was.is(43, 3307, dir));
+            assert!(!was.is(42, 3307, "/other/"));
+        }
+        // Objects of a release before the guard tested the place.
+        let old = InstalledFor::parse("CASE WHEN @@server_id = 7 THEN 1 END").unwrap();
+        assert_eq!(old.to_string(), "7");
+        assert!(old.is(7, 1, "/anywhere/"));
+        assert_eq!(InstalledFor::parse("SET NEW.id = 1"), None);
+    }
 
     #[test]
     fn a_server_is_its_port_and_datadir_with_its_hostname_or_server_uid() {
