@@ -190,6 +190,11 @@ enum MysqlCommand {
         /// The shard values this server makes ids for (as for apply).
         #[arg(long, value_name = "LO-HI", value_parser = parse_shards)]
         shards: Option<(u64, u64)>,
+        /// Another server making ids for the same table (repeatable), as
+        /// for apply: a shard value it records too is refused, and this
+        /// server's sequence is put past the peer's.
+        #[arg(long = "peer", value_name = "URL")]
+        peers: Vec<String>,
         /// Print the plan and the switch's SQL; change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -225,9 +230,18 @@ enum MysqlCommand {
         #[arg(long, value_name = "LO-HI", value_parser = parse_shards)]
         shards: Option<(u64, u64)>,
         /// Another server making ids for the same table (repeatable): a
-        /// shard value it records too is refused.
+        /// shard value it records too is refused. On a promoted replica
+        /// or a copy of the server, naming the server the ids were
+        /// installed for proves that it makes none of this one's values.
         #[arg(long = "peer", value_name = "URL")]
         peers: Vec<String>,
+        /// On a promoted replica, a copy of the server or a server moved:
+        /// the server the ids were installed for, as the refusal and
+        /// `mysql check` print it (SERVER_ID:PORT:DATADIR), is stopped
+        /// for good (or this is it, moved). It must name exactly that
+        /// server; one still running would make this one's ids too.
+        #[arg(long, value_name = "SERVER_ID:PORT:DATADIR")]
+        old_server_gone: Option<String>,
     },
     /// Decode an id of the URL's database: its time, shard and sequence,
     /// or that it is from before an adopted table's adoption (such an id
@@ -439,6 +453,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 shards,
                 peers,
                 new_deployment,
+                old_server_gone: None,
             };
             conn.run(async |c| {
                 let applied = mysql::apply(c, &l, &opts).await?;
@@ -472,6 +487,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             layout,
             cache,
             shards,
+            peers,
             dry_run,
         } => {
             let l = mysql_layout(&layout)?;
@@ -482,8 +498,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     locked: true,
                     seed: false,
                     shards,
-                    peers: Vec::new(),
+                    peers,
                     new_deployment: false,
+                    old_server_gone: None,
                 },
                 dry_run,
             };
@@ -594,12 +611,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             layout,
             shards,
             peers,
+            old_server_gone,
         } => {
             let l = mysql_layout(&layout)?;
             let opts = Options {
                 names: target.names()?,
                 shards,
                 peers,
+                old_server_gone,
                 ..Options::default()
             };
             conn.run(async |c| {
@@ -797,13 +816,8 @@ fn before_adoption(a: &mysql::AdoptedTable) -> String {
     )
 }
 
-/// `LO-HI` or one value: the shard values `mysql apply --shards` takes.
+/// `LO-HI` or one value: the shard values `--shards` of `mysql apply`,
+/// `adopt` and `repair` take (one parser, the library's).
 fn parse_shards(s: &str) -> Result<(u64, u64), String> {
-    let (lo, hi) = s.split_once('-').unwrap_or((s, s));
-    let num = |v: &str| {
-        v.trim()
-            .parse::<u64>()
-            .map_err(|_| format!("{s:?}: expected LO-HI or one value, such as 0-511"))
-    };
-    Ok((num(lo)?, num(hi)?))
+    sql::parse_shards(s).map_err(|e| e.to_string())
 }

@@ -8,6 +8,7 @@ mod cli;
 mod client;
 mod docs;
 mod holder_watch;
+mod mysql_cli;
 mod node_options;
 mod pg_cli;
 mod serve_api;

@@ -245,6 +245,10 @@ pub async fn adopt(
         .shards
         .or(recorded_serves)
         .unwrap_or((0, plan.shard_max()));
+    // Values a `--peer` records too, as apply refuses them (apply's
+    // install checks again under the deployment lock): here, so that a
+    // dry run names them too.
+    problems.extend(overlapping_peers(conn, "adopt", &opts.options.peers, names, serves).await?);
     let serving = plan.clone().serving(Some(serves));
     let wanted = sql::trigger_sql(&serving, names);
     let trigger_in_place = trigger_problem(conn, names, &wanted).await?.is_none();

@@ -159,13 +159,16 @@ async fn install_locked_deployment(
         ));
     }
     let plan = plan.serving(Some(serves));
+    let was = installed_for(conn, &opts.names)
+        .await?
+        .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir));
     if mode != Mode::Repair
-        && let Some(installed) = installed_server_id(conn, &opts.names).await?
-        && installed != srv.server_id
+        && let Some(was) = &was
+        && was.server_id != srv.server_id
     {
         return Err(other(
             cmd,
-            other_server_text(&opts.names, installed, srv.server_id),
+            other_server_text(&opts.names, was, srv.server_id),
         ));
     }
     // A record made on another server: this one may be a copy of it, and
@@ -173,15 +176,23 @@ async fn install_locked_deployment(
     // (`repair`, the step after a promotion or a restore, records it.)
     if mode != Mode::Repair
         && opts.shards.is_none()
-        && let Some((was, here)) = recorded_elsewhere(conn, &db, &opts.names).await?
+        && let Some((recorded_at, here)) = recorded_elsewhere(conn, &db, &opts.names).await?
     {
         return Err(other(
             cmd,
             format!(
                 "nothing was changed: {}",
-                copy_text(&db, &opts.names, serves, &was, &here)
+                copy_text(&db, &opts.names, serves, &recorded_at, &here, was.as_ref())
             ),
         ));
+    }
+    // The objects made for another port or data directory (a copy of the
+    // server beside it, or the server moved): values of its own only
+    // with the original named as a peer, or on the word that it is gone.
+    if mode != Mode::Repair
+        && let Some(was) = &was
+    {
+        old_server_proven_gone(cmd, opts, was, &srv).await?;
     }
     if mode != Mode::Repair {
         // Where its clock is off, ids of shard values it takes from a peer
@@ -213,47 +224,53 @@ async fn install_locked_deployment(
             ));
         }
     }
-    // The same for the row-lock procedure's counter: past every peer's,
-    // before its procedure takes the peer's values.
-    if (opts.locked || !srv.has_sequences())
-        && let Some(past) = peers.locked_counter
-    {
-        conn.query_drop(sql::sequences_sql(&opts.names.locked_row()))
-            .await
-            .map_err(my("creating sequences"))?;
-        conn.exec_drop(
-            "UPDATE sequences SET next_val = GREATEST(next_val, ?) WHERE name = ?",
-            (past, opts.names.locked_row()),
-        )
-        .await
-        .map_err(my("moving the row-lock counter past the peers'"))?;
-    }
     let old_mode: String = conn
         .query_first("SELECT @@SESSION.sql_mode")
         .await
         .map_err(my("reading sql_mode"))?
         .unwrap_or_default();
-    // A change to the table or its trigger waits for every open
-    // transaction that used the table, and every insert into it waits
-    // behind that change: the wait is bounded, and named when it runs out.
-    let old_wait: Option<u64> = conn
-        .query_first("SELECT @@SESSION.lock_wait_timeout")
+    // A change to the table, its sequence or its trigger waits for every
+    // open transaction that used them (their metadata lock), and every
+    // insert waits behind that change; the row-lock counter's row waits
+    // for a transaction that called generate_post_id_locked (an InnoDB
+    // row lock, `innodb_lock_wait_timeout`, 50 s by default). Both waits
+    // are bounded, and named when they run out.
+    let old_wait: Option<(u64, u64)> = conn
+        .query_first("SELECT @@SESSION.lock_wait_timeout, @@SESSION.innodb_lock_wait_timeout")
         .await
         .map_err(my("reading lock_wait_timeout"))?;
     conn.query_drop(format!(
-        "SET SESSION sql_mode = '{}', SESSION lock_wait_timeout = {TABLE_LOCK_WAIT_S}",
+        "SET SESSION sql_mode = '{}', SESSION lock_wait_timeout = {TABLE_LOCK_WAIT_S}, SESSION innodb_lock_wait_timeout = {TABLE_LOCK_WAIT_S}",
         sql::SQL_MODE
     ))
     .await
     .map_err(my("setting sql_mode"))?;
-    let mut result = apply_pinned(
-        conn,
-        &plan,
-        opts,
-        &srv,
-        mode,
-        peers.reservation.map(|p| p.0),
-    )
+    let mut result = async {
+        // The same for the row-lock procedure's counter: past every
+        // peer's, before its procedure takes the peer's values.
+        if (opts.locked || !srv.has_sequences())
+            && let Some(past) = peers.locked_counter
+        {
+            conn.query_drop(sql::sequences_sql(&opts.names.locked_row()))
+                .await
+                .map_err(my(ROW_LOCK_COUNTER))?;
+            conn.exec_drop(
+                "UPDATE sequences SET next_val = GREATEST(next_val, ?) WHERE name = ?",
+                (past, opts.names.locked_row()),
+            )
+            .await
+            .map_err(my(ROW_LOCK_COUNTER))?;
+        }
+        apply_pinned(
+            conn,
+            &plan,
+            opts,
+            &srv,
+            mode,
+            peers.reservation.map(|p| p.0),
+        )
+        .await
+    }
     .await;
     if result.is_ok() && srv.has_sequences() {
         record_serves(conn, &db, &opts.names, serves).await?;
@@ -267,12 +284,13 @@ async fn install_locked_deployment(
         );
         result = Err(other(
             cmd,
-            open_transactions_text(conn, &opts.names.table, cmd, &changed).await,
+            open_transactions_text(conn, &opts.names, cmd, &changed, lock_was_a_row(e)).await,
         ));
     }
+    let (old_wait, old_row_wait) = old_wait.unwrap_or((31_536_000, 50));
     conn.exec_drop(
-        "SET SESSION sql_mode = ?, SESSION lock_wait_timeout = ?",
-        (old_mode, old_wait.unwrap_or(31_536_000)),
+        "SET SESSION sql_mode = ?, SESSION lock_wait_timeout = ?, SESSION innodb_lock_wait_timeout = ?",
+        (old_mode, old_wait, old_row_wait),
     )
     .await
     .map_err(my("restoring sql_mode"))?;
@@ -640,7 +658,7 @@ pub(super) async fn install_locked(
 ) -> Result<bool, Error> {
     conn.query_drop(sql::sequences_sql(&names.locked_row()))
         .await
-        .map_err(my("creating sequences"))?;
+        .map_err(my(ROW_LOCK_COUNTER))?;
     replace_procedure(
         conn,
         &names.locked_procedure(),

@@ -20,14 +20,18 @@ pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<V
     let mut problems = check_installed(conn, layout, opts).await?;
     let names = &opts.names;
     let here = server(conn).await?.server_id;
-    if installed_server_id(conn, names)
+    if let Some(was) = installed_for(conn, names)
         .await?
-        .is_some_and(|id| id != here)
+        .filter(|w| w.server_id != here)
     {
-        // A promoted replica or a copy: apply refuses it, and repair
+        // A promoted replica or a copy: apply refuses it, and repair,
+        // given the proof that the old server makes no more ids,
         // reinstalls everything for this server.
+        let repair = format!(
+            "run shardflake mysql repair with the proof that server {was} makes no more ids (--shards LO-HI --peer URL_OF_IT while it runs, --old-server-gone '{was}' once it is stopped for good)"
+        );
         for p in &mut problems {
-            *p = p.replace("re-run apply", "run shardflake mysql repair");
+            *p = p.replace("re-run apply", &repair);
         }
     } else if !problems.is_empty()
         && super::adopt::adopted(conn)
@@ -78,18 +82,19 @@ async fn check_installed(
             db, names.table
         ));
     }
-    let promoted = installed_server_id(conn, names).await?;
-    let promoted = promoted.filter(|&installed| installed != srv.server_id);
-    if let Some(installed) = promoted {
-        problems.push(other_server_text(names, installed, srv.server_id));
+    let was = installed_for(conn, names)
+        .await?
+        .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir));
+    let promoted = was.as_ref().filter(|w| w.server_id != srv.server_id);
+    if let Some(was) = promoted {
+        problems.push(other_server_text(names, was, srv.server_id));
     }
-    if let (Some(serves), Some((was, here))) =
+    if let (Some(serves), Some((recorded_at, here))) =
         (recorded, recorded_elsewhere(conn, &db, names).await?)
     {
-        problems.push(if promoted.is_some() {
-            promoted_copy_text(&db, names, serves, &was, &here)
-        } else {
-            copy_text(&db, names, serves, &was, &here)
+        problems.push(match promoted {
+            Some(was) => promoted_copy_text(&db, names, serves, &recorded_at, &here, was),
+            None => copy_text(&db, names, serves, &recorded_at, &here, was.as_ref()),
         });
     }
     // Values recorded by this server and a peer too (`--peer`): both make

@@ -174,7 +174,11 @@
 //! `--peer`, in one order, before reading any server's records of shard
 //! values, and hold it until this server's record and trigger are
 //! written: two commands on servers that name each other run one after
-//! the other. A change to the table waits at most [`TABLE_LOCK_WAIT_S`]
+//! the other. Where the objects were made for another server (a promoted
+//! replica, a copy, the server moved), `repair` and `apply` take its
+//! shard values only on proof that it makes them no more: that server
+//! named as a `--peer` holding none of them, or `--old-server-gone`
+//! naming it (`SERVER_ID:PORT:DATADIR`) exactly. A change to the table waits at most [`TABLE_LOCK_WAIT_S`]
 //! for the transactions that used it. All routines, the trigger, the event and the
 //! table are created with `sql_mode` [`sql::SQL_MODE`] (a routine keeps the
 //! mode it was created with); every range check comes before any write.
@@ -374,15 +378,74 @@ async fn installed_server_id(conn: &mut Conn, names: &Names) -> Result<Option<u3
     }))
 }
 
-/// Whether the installed trigger was made for another port or data
-/// directory than `srv`'s ([`Plan::at`]): a copy of the server started
-/// beside it, or the server moved. A trigger installed before it named
-/// them is not.
-async fn installed_at_another_place(
+/// The server the installed trigger was made for ([`Plan::on_server`],
+/// [`Plan::at`]): what its guard tests, and what `repair
+/// --old-server-gone` must name (`SERVER_ID:PORT:DATADIR`, or
+/// `SERVER_ID` for objects of a release before the guard tested the
+/// port and data directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct InstalledFor {
+    server_id: u32,
+    place: Option<(u16, String)>,
+}
+
+impl std::fmt::Display for InstalledFor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.place {
+            Some((port, dir)) => write!(f, "{}:{port}:{dir}", self.server_id),
+            None => write!(f, "{}", self.server_id),
+        }
+    }
+}
+
+impl InstalledFor {
+    /// Whether a server with these `@@server_id`, `@@port` and `@@datadir`
+    /// passes the guard.
+    fn is(&self, server_id: u32, port: u16, datadir: &str) -> bool {
+        self.server_id == server_id
+            && self
+                .place
+                .as_ref()
+                .is_none_or(|(p, d)| *p == port && d == datadir)
+    }
+
+    /// Reads it from the trigger's text (`@@server_id = N`, then
+    /// [`Plan::place_sql`]); `None` where the trigger names no server.
+    fn parse(body: &str) -> Option<InstalledFor> {
+        let number = |rest: &str| -> Option<u64> {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        };
+        let server_id = u32::try_from(number(body.split_once("@@server_id = ")?.1)?).ok()?;
+        let place = body.split_once(" AND @@port = ").and_then(|(_, rest)| {
+            let port = u16::try_from(number(rest)?).ok()?;
+            let lit = rest.split_once(" AND @@datadir = '")?.1;
+            // The literal as `sql::lit` writes it: '' and \\ escaped.
+            let (mut dir, mut chars) = (String::new(), lit.chars().peekable());
+            loop {
+                match chars.next()? {
+                    '\'' if chars.peek() == Some(&'\'') => {
+                        chars.next();
+                        dir.push('\'');
+                    }
+                    '\'' => break,
+                    '\\' => dir.push(chars.next()?),
+                    c => dir.push(c),
+                }
+            }
+            Some((port, dir))
+        });
+        Some(InstalledFor { server_id, place })
+    }
+}
+
+/// The server the installed trigger was made for, if one names it.
+pub(super) async fn installed_for(
     conn: &mut Conn,
     names: &Names,
-    srv: &Server,
-) -> Result<bool, Error> {
+) -> Result<Option<InstalledFor>, Error> {
     let body: Option<String> = conn
         .exec_first(
             "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?",
@@ -390,8 +453,64 @@ async fn installed_at_another_place(
         )
         .await
         .map_err(my("reading the trigger"))?;
-    let here = sql::Plan::place_sql(srv.port, &srv.datadir);
-    Ok(body.is_some_and(|b| b.contains(" AND @@port = ") && !b.contains(&here)))
+    Ok(body.as_deref().and_then(InstalledFor::parse))
+}
+
+/// Refuses `command` taking over the ids of the server the objects were
+/// installed for, `was`, when this is another (a promoted replica, a copy
+/// of its data directory or backup, the server moved), unless the
+/// operator proved that server makes none of this one's values any more:
+/// a `--peer` that is it (a peer whose records meet `serves` was refused
+/// before), or [`Options::old_server_gone`] naming `was` exactly (it is
+/// stopped for good, or this is it, moved). Review E6/E7: a plain
+/// `repair` on a copy started beside its running original, or on a
+/// replica promoted while the old primary ran, recorded it for all of
+/// the original's values, and both made the same ids.
+pub(super) async fn old_server_proven_gone(
+    command: &str,
+    opts: &Options,
+    was: &InstalledFor,
+    srv: &Server,
+) -> Result<(), Error> {
+    if was.is(srv.server_id, srv.port, &srv.datadir) {
+        return Ok(());
+    }
+    let here = InstalledFor {
+        server_id: srv.server_id,
+        place: Some((srv.port, srv.datadir.clone())),
+    };
+    let named = opts.old_server_gone.as_deref();
+    if named == Some(was.to_string().as_str()) {
+        tracing::warn!(old = %was, here = %here, "mysql {command}: taking over the ids of a server named gone by --old-server-gone");
+        return Ok(());
+    }
+    for url in &opts.peers {
+        let opts = Opts::from_url(url).map_err(|e| other(command, format!("peer {url}: {e}")))?;
+        let mut peer = Conn::new(opts)
+            .await
+            .map_err(|e| other(command, format!("peer {url} does not answer: {e}")))?;
+        let them: Option<(u32, u16, String)> = peer
+            .query_first("SELECT @@server_id, @@port, @@datadir")
+            .await
+            .map_err(my("reading which server a peer is"))?;
+        let _ = peer.disconnect().await;
+        if them.is_some_and(|(id, port, dir)| was.is(id, port, &dir)) {
+            return Ok(());
+        }
+    }
+    let wrong = match named {
+        Some(n) => format!(
+            "--old-server-gone {n} does not name the server they were installed for, {was}: "
+        ),
+        None => String::new(),
+    };
+    Err(other(
+        command,
+        format!(
+            "nothing was changed: {wrong}the ids of {table} here were installed for server {was} (SERVER_ID:PORT:DATADIR), and this is {here}: a promoted replica, a copy of that server (its data directory or backup started here), or the server moved. While that server runs it makes the same ids for the shard values it records, so this one takes them over only on proof that it makes them no more. If it still runs: give it values of its own there (shardflake mysql apply --shards LO-HI), then this one the rest, naming it: shardflake mysql {command} --shards LO-HI --peer URL_OF_THAT_SERVER. Only if it is stopped for good, or this is it moved: shardflake mysql repair --old-server-gone '{was}'",
+            table = opts.names.table
+        ),
+    ))
 }
 
 /// The database the installed trigger was made for, when it names one
@@ -519,27 +638,52 @@ async fn recorded_elsewhere(
     }
 }
 
-/// What a server whose record names another is told ([`recorded_elsewhere`]).
-fn copy_text(db: &str, names: &Names, (lo, hi): (u64, u64), recorded: &str, here: &str) -> String {
+/// The way out, for a server whose objects were made for another (`was`),
+/// where that server is stopped for good or this is it, moved.
+fn gone_text(was: &InstalledFor) -> String {
+    format!("shardflake mysql repair --old-server-gone '{was}'")
+}
+
+/// What a server whose record names another is told ([`recorded_elsewhere`]);
+/// `was`: the server its objects were made for, where not this one.
+fn copy_text(
+    db: &str,
+    names: &Names,
+    (lo, hi): (u64, u64),
+    recorded: &str,
+    here: &str,
+    was: Option<&InstalledFor>,
+) -> String {
+    let none = match was {
+        Some(was) => format!(
+            "if none does (stopped for good, or this is it, moved): {}",
+            gone_text(was)
+        ),
+        None => format!(
+            "if none does, record this server with shardflake mysql apply --shards {lo}-{hi}"
+        ),
+    };
     format!(
-        "shardflake.serves records that server {recorded} makes the ids of {db}.{table} for shard values {lo}-{hi}, and this is {here}: a copy of that server (its dump or backup restored here, a promoted replica) or the server moved. Two servers making ids for one shard value make the same ids: if that server or another copy still makes ids of {table}, give this one shard values of its own, none of theirs (shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER) before it takes writes; if none does, record this server with shardflake mysql apply --shards {lo}-{hi}",
+        "shardflake.serves records that server {recorded} makes the ids of {db}.{table} for shard values {lo}-{hi}, and this is {here}: a copy of that server (its dump or backup restored here, a promoted replica) or the server moved. Two servers making ids for one shard value make the same ids: if that server or another copy still makes ids of {table}, give this one shard values of its own, none of theirs (shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER) before it takes writes; {none}",
         table = names.table
     )
 }
 
 /// [`copy_text`] for a server whose trigger was made for another
-/// `server_id` (a promoted replica, or a copy of the server): there
-/// `apply` is refused and `repair` is the way out.
+/// `server_id`, `was` (a promoted replica, or a copy of the server):
+/// there `apply` is refused and `repair` is the way out.
 fn promoted_copy_text(
     db: &str,
     names: &Names,
     (lo, hi): (u64, u64),
     recorded: &str,
     here: &str,
+    was: &InstalledFor,
 ) -> String {
     format!(
-        "shardflake.serves records that server {recorded} makes the ids of {db}.{table} for shard values {lo}-{hi}, and this is {here}: a promoted replica or a copy of that server. If no other server makes ids of {table} any more (a promotion), shardflake mysql repair records this one; if that server or another copy still does, give it shard values of its own (shardflake mysql apply --shards LO-HI there) and this one the rest: shardflake mysql repair --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER",
-        table = names.table
+        "shardflake.serves records that server {recorded} makes the ids of {db}.{table} for shard values {lo}-{hi}, and this is {here}: a promoted replica or a copy of that server. If that server is stopped for good (a promotion), {gone} records this one; if that server or another copy still makes ids, give it shard values of its own (shardflake mysql apply --shards LO-HI there) and this one the rest: shardflake mysql repair --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER",
+        table = names.table,
+        gone = gone_text(was)
     )
 }
 
@@ -734,9 +878,11 @@ async fn databases_making_ids(
 pub const DEPLOYMENT_LOCK_WAIT_S: u64 = 10;
 
 /// How long, in seconds, `apply`, `repair` and `adopt` wait for a table's
-/// metadata lock (`lock_wait_timeout`) before a change to the table or
-/// its trigger: an open transaction that used the table holds it, and
-/// every insert into the table waits behind the change meanwhile.
+/// metadata lock (`lock_wait_timeout`) before a change to the table, its
+/// sequence or its trigger (an open transaction that used the table
+/// holds it, and every insert into the table waits behind the change
+/// meanwhile), and for the row-lock counter's row (`innodb_lock_wait_timeout`:
+/// a transaction that called `generate_post_id_locked` holds it).
 pub const TABLE_LOCK_WAIT_S: u64 = 2;
 
 /// MariaDB's "Lock wait timeout exceeded".
@@ -886,40 +1032,110 @@ async fn get_lock(
     ))
 }
 
-/// What an open transaction holding `table`'s metadata lock is told
-/// (`apply`'s change to the table waited [`TABLE_LOCK_WAIT_S`] for it):
-/// each open transaction of the server, its session and its age.
+/// The context of a failed statement on the row-lock procedure's counter
+/// row (`sequences`): a lock wait there is a row lock ([`lock_was_a_row`]).
+pub(super) const ROW_LOCK_COUNTER: &str = "writing the row-lock counter's row in sequences";
+
+/// Whether a lock wait that ran out ([`lock_wait_ran_out`]) was for the
+/// row-lock counter's row (an InnoDB row lock, held by a transaction
+/// that called `generate_post_id_locked`), not a metadata lock.
+fn lock_was_a_row(e: &Error) -> bool {
+    matches!(e, Error::Mysql { context, .. } if context == ROW_LOCK_COUNTER)
+}
+
+/// What `command` is told when a lock it waited [`TABLE_LOCK_WAIT_S`]
+/// for stayed held: the row-lock counter's row (`row`: an InnoDB row
+/// lock) or the metadata lock of the table, its sequence or its trigger.
+/// It names the sessions that can hold it: each open transaction
+/// holding row locks; for a metadata lock each open transaction, or,
+/// where none shows in `INNODB_TRX` (one that only drew from the
+/// sequence shows nowhere), the server's other client sessions.
 async fn open_transactions_text(
     conn: &mut Conn,
-    table: &str,
+    names: &Names,
     command: &str,
     changed: &str,
+    row: bool,
 ) -> String {
-    let open: Vec<(u64, String, String, u64, Option<String>)> = conn
-        .query(
-            "SELECT p.ID, p.USER, p.HOST, TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.INFO
-               FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
-              WHERE p.ID <> CONNECTION_ID() ORDER BY t.trx_started",
-        )
-        .await
-        .unwrap_or_default();
-    let open = if open.is_empty() {
-        "none is open now (it has ended: run the command again)".to_string()
-    } else {
-        open.iter()
+    type Session = (u64, String, String, u64, Option<String>);
+    let describe = |sessions: &[Session], what: &str| {
+        let mut parts: Vec<String> = sessions
+            .iter()
+            .take(5)
             .map(|(id, user, host, secs, info)| {
                 format!(
-                    "connection {id} of {user}@{host}, open {secs} s{}",
+                    "connection {id} of {user}@{host}, {what} {secs} s{}",
                     info.as_deref()
                         .map(|i| format!(", running {i:.80}"))
                         .unwrap_or_default()
                 )
             })
-            .collect::<Vec<_>>()
-            .join("; ")
+            .collect();
+        if sessions.len() > 5 {
+            parts.push(format!("{} more", sessions.len() - 5));
+        }
+        parts.join("; ")
+    };
+    let open: Vec<Session> = conn
+        .query(format!(
+            "SELECT p.ID, p.USER, p.HOST, TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.INFO
+               FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+              WHERE p.ID <> CONNECTION_ID(){} ORDER BY t.trx_started",
+            if row { " AND t.trx_rows_locked > 0" } else { "" }
+        ))
+        .await
+        .unwrap_or_default();
+    let (table, seq) = (&names.table, names.sequence());
+    let (held, holders) = if row {
+        (
+            format!(
+                "the row {row_name:?} of table sequences (the counter of {proc}) is locked by an open transaction that called {proc} (an InnoDB row lock, held until that transaction ends), and {command} waited {TABLE_LOCK_WAIT_S} s to write it",
+                row_name = names.locked_row(),
+                proc = names.locked_procedure()
+            ),
+            if open.is_empty() {
+                "Open transactions holding row locks: none now (it has ended: run the command again)".to_string()
+            } else {
+                format!(
+                    "Open transactions holding row locks: {}",
+                    describe(&open, "open")
+                )
+            },
+        )
+    } else {
+        let holders = if open.is_empty() {
+            // A transaction that only drew from the sequence (CALL
+            // generate_post_id, an insert rolled back) holds the
+            // sequence's metadata lock without showing in INNODB_TRX.
+            let others: Vec<Session> = conn
+                .query(
+                    "SELECT ID, USER, HOST, TIME, INFO FROM information_schema.PROCESSLIST
+                      WHERE ID <> CONNECTION_ID() AND COMMAND IN ('Sleep', 'Query', 'Execute')
+                        AND USER NOT IN ('system user', 'event_scheduler') ORDER BY TIME DESC",
+                )
+                .await
+                .unwrap_or_default();
+            if others.is_empty() {
+                "No open transaction shows in information_schema.INNODB_TRX, and no other session is connected now (it has ended: run the command again)".to_string()
+            } else {
+                format!(
+                    "No open transaction shows in information_schema.INNODB_TRX (one that only drew ids from the sequence, such as CALL {proc} in a transaction not yet ended, holds the lock without showing there); the other sessions now, one of which holds it: {}",
+                    describe(&others, "in its state for"),
+                    proc = names.procedure
+                )
+            }
+        } else {
+            format!("Open transactions: {}", describe(&open, "open"))
+        };
+        (
+            format!(
+                "table {table} or its sequence {seq} is held by an open transaction that used it (its metadata lock), and {command} waited {TABLE_LOCK_WAIT_S} s to change the table, the sequence or the trigger (inserts into {table} waited behind it meanwhile, then went on)"
+            ),
+            holders,
+        )
     };
     format!(
-        "{changed}: table {table} is held by an open transaction that used it (its metadata lock), and {command} waited {TABLE_LOCK_WAIT_S} s to change the table or its trigger (inserts into {table} waited behind it meanwhile, then went on). Open transactions: {open}. End it (COMMIT or ROLLBACK, or KILL its connection), then run shardflake mysql {command} again"
+        "{changed}: {held}. {holders}. End it (COMMIT or ROLLBACK, or KILL its connection), then run shardflake mysql {command} again"
     )
 }
 
@@ -928,12 +1144,15 @@ fn lock_wait_ran_out(e: &Error) -> bool {
     matches!(e, Error::Mysql { source: mysql_async::Error::Server(s), .. } if s.code == ER_LOCK_WAIT_TIMEOUT)
 }
 
-/// What a server other than the one the ids were installed on is told.
-fn other_server_text(names: &Names, installed: u32, here: u32) -> String {
+/// What a server other than the one the ids were installed on (`was`)
+/// is told.
+fn other_server_text(names: &Names, was: &InstalledFor, here: u32) -> String {
     format!(
-        "the trigger {} was installed for server_id {installed}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until shardflake mysql repair (apply refuses it; repair reinstalls everything for this server), which refuses a clock more than {} ms from this host's",
+        "the trigger {} was installed for server_id {}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until shardflake mysql repair (apply refuses it; repair reinstalls everything for this server), which refuses a clock more than {} ms from this host's, and takes over the old server's ids only on proof that it makes them no more: if it still runs, give it shard values of its own (shardflake mysql apply --shards LO-HI there) and this one the rest (shardflake mysql repair --shards LO-HI --peer URL_OF_IT); if it is stopped for good, {}",
         names.trigger(),
-        crate::CLOCK_BOUND_MS
+        was.server_id,
+        crate::CLOCK_BOUND_MS,
+        gone_text(was)
     )
 }
 
@@ -974,6 +1193,13 @@ pub struct Options {
     /// refused, for shard values both would make ids for, as a URL changed
     /// to another database (`databases_making_ids`).
     pub new_deployment: bool,
+    /// `repair` (and `apply`) where the objects were installed for
+    /// another server (a promoted replica, a copy, the server moved): the
+    /// operator's word that the server they name, as
+    /// `SERVER_ID:PORT:DATADIR` (what the refusal prints), makes no ids
+    /// any more. Without it, or a `--peer` that is that server, such a
+    /// takeover is refused.
+    pub old_server_gone: Option<String>,
 }
 
 impl Default for Options {
@@ -986,6 +1212,7 @@ impl Default for Options {
             shards: None,
             peers: Vec::new(),
             new_deployment: false,
+            old_server_gone: None,
         }
     }
 }
@@ -1063,7 +1290,32 @@ pub fn explained(e: mysql_async::Error, context: &str) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::same_server;
+    use super::{InstalledFor, same_server};
+
+    #[test]
+    fn the_server_a_trigger_was_made_for_is_read_back_from_its_text() {
+        for dir in [
+            "/var/lib/mysql/",
+            "/srv/it's \\ odd/",
+            "/x/ AND @@port = 9/",
+        ] {
+            let body = format!(
+                "SET NEW.id = IF(NEW.id <> 0, NEW.id, CASE WHEN @@server_id = 42{} THEN 1 ELSE f(NEW.user_id, FALSE) END)",
+                super::sql::Plan::place_sql(3307, dir)
+            );
+            let was = InstalledFor::parse(&body).unwrap();
+            assert_eq!(was.to_string(), format!("42:3307:{dir}"), "{body}");
+            assert!(was.is(42, 3307, dir));
+            assert!(!was.is(42, 3306, dir));
+            assert!(!was.is(43, 3307, dir));
+            assert!(!was.is(42, 3307, "/other/"));
+        }
+        // Objects of a release before the guard tested the place.
+        let old = InstalledFor::parse("CASE WHEN @@server_id = 7 THEN 1 END").unwrap();
+        assert_eq!(old.to_string(), "7");
+        assert!(old.is(7, 1, "/anywhere/"));
+        assert_eq!(InstalledFor::parse("SET NEW.id = 1"), None);
+    }
 
     #[test]
     fn a_server_is_its_port_and_datadir_with_its_hostname_or_server_uid() {

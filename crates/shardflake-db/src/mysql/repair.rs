@@ -65,6 +65,12 @@ pub(super) async fn exhausted_text(
 /// objects were made for another database of this server (a copy loaded
 /// from its dump) is refused.
 ///
+/// Where the objects were installed for another server (a promoted
+/// replica, a copy of the server, the server moved), it takes over that
+/// server's values only on proof that it makes them no more: a `--peer`
+/// that is it, holding none of them, or [`Options::old_server_gone`]
+/// naming it exactly (`old_server_proven_gone`).
+///
 /// It runs under the table's deployment lock on this server and every
 /// `--peer` (`DeploymentLock`), and every refusal comes before any change.
 pub async fn repair(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Repaired, Error> {
@@ -96,15 +102,16 @@ async fn repair_locked(
             ),
         ));
     }
+    // The trigger made for another server: a promoted replica, a copy of
+    // the server (its data directory or backup), or the server moved.
+    let was = installed_for(conn, names)
+        .await?
+        .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir));
     // A promoted replica or a copy of the server (its trigger made for
     // another server_id) may take other values than the record it came
     // with, where the server it copies still makes ids.
-    let promoted = installed_server_id(conn, names)
-        .await?
-        .is_some_and(|id| id != srv.server_id);
-    // The trigger made for another port or data directory: the server
-    // moved (or a copy beside it, which `apply --shards --peer` serves).
-    let moved = installed_at_another_place(conn, names, &srv).await?;
+    let promoted = was.as_ref().is_some_and(|w| w.server_id != srv.server_id);
+    let moved = was.is_some();
     if let Some(shards) = opts.shards
         && recorded.is_some_and(|r| r != shards)
         && !promoted
@@ -148,6 +155,11 @@ async fn repair_locked(
                 format!("nothing was changed: {}", overlaps.join("; ")),
             ));
         }
+    }
+    // Only where the server the objects were made for makes none of
+    // these values any more.
+    if let Some(was) = &was {
+        old_server_proven_gone("repair", opts, was, &srv).await?;
     }
     // A promoted replica (the trigger made for another server_id) may be
     // behind ids its old primary made after the last change it received:

@@ -145,6 +145,36 @@ pub enum MysqlSqlError {
         /// Longest allowed.
         max: usize,
     },
+    /// Shard values (`--shards`) not written `LO-HI` or as one value:
+    /// digits only, `LO` at most `HI`.
+    #[error(
+        "shard values {0:?}: expected LO-HI or one value, such as 0-511 or 7 (digits only, no spaces, LO at most HI)"
+    )]
+    Shards(String),
+}
+
+/// Parses the shard values of `--shards` (`apply`, `adopt`, `repair`):
+/// `LO-HI` or one value, digits only (`"0 - 10"`, `"0-"` and `"5-3"` are
+/// refused, not read as something else).
+pub fn parse_shards(s: &str) -> Result<(u64, u64), MysqlSqlError> {
+    let bad = || MysqlSqlError::Shards(s.to_string());
+    let num = |v: &str| -> Result<u64, MysqlSqlError> {
+        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        v.parse().map_err(|_| bad())
+    };
+    let (lo, hi) = match s.split_once('-') {
+        Some((lo, hi)) => (num(lo)?, num(hi)?),
+        None => {
+            let v = num(s)?;
+            (v, v)
+        }
+    };
+    if lo > hi {
+        return Err(bad());
+    }
+    Ok((lo, hi))
 }
 
 /// A [`Layout`] checked for MariaDB, with every number the SQL uses.
@@ -656,23 +686,38 @@ fn on_another_server(plan: &Plan, who: &str, keyword: &str, set: &str) -> String
         ));
         keyword = "ELSEIF";
     }
+    // What `repair --old-server-gone` must name: the server they were
+    // made for (`SERVER_ID:PORT:DATADIR`), quoted for the shell, as text
+    // inside an SQL literal. (Each text is cut to 512 characters, what
+    // `msg` and a SIGNAL's text hold: a data directory's path has no
+    // bound.)
+    let gone = |id: u32| match &plan.place {
+        Some((port, dir)) => {
+            let quoted = lit(dir);
+            format!(
+                "shardflake mysql repair --old-server-gone ''{id}:{port}:{}''",
+                &quoted[1..quoted.len() - 1]
+            )
+        }
+        None => format!("shardflake mysql repair --old-server-gone {id}"),
+    };
     if let Some(id) = plan.server_id {
         arms.push_str(&format!(
             "\n  {keyword} @@server_id <> {id} THEN\n    \
-             {set}CONCAT('{who}: installed for server_id {id}, this is server_id ', @@server_id, \
-             ' (a promoted replica, or a copy of the server): its sequence may be behind ids the old primary made; run shardflake mysql repair before writing');"
+             {set}LEFT(CONCAT('{who}: installed for server_id {id}, this is server_id ', @@server_id, \
+             ' (a promoted replica, or a copy of the server): its sequence may be behind ids the old primary made, which makes them still if it runs. It runs: give it shard values of its own (shardflake mysql apply --shards LO-HI there), this one the rest (shardflake mysql repair --shards LO-HI --peer URL_OF_IT); it is stopped for good: {}'), 512);",
+            gone(id)
         ));
         keyword = "ELSEIF";
     }
-    // (Cut to 512 characters, what `msg` and a SIGNAL's text hold: a data
-    // directory's path has no bound.)
     if let Some((port, dir)) = &plan.place {
         let quoted = lit(dir);
         let text = &quoted[1..quoted.len() - 1];
         arms.push_str(&format!(
             "\n  {keyword} @@port <> {port} OR @@datadir <> {quoted} THEN\n    \
              {set}LEFT(CONCAT('{who}: installed for the server on port {port}, data directory {text}; this is port ', @@port, ', ', @@datadir, \
-             ': a copy of that server started beside it, or the server moved. A copy: give it shard values of its own, none of the original''s (shardflake mysql apply --shards LO-HI --peer URL_OF_THE_ORIGINAL); the server moved: shardflake mysql repair'), 512);"
+             ': a copy of that server started beside it, or the server moved. A copy: give it shard values of its own, none of the original''s (shardflake mysql apply --shards LO-HI --peer URL_OF_THE_ORIGINAL); the server moved (the original gone for good): {}'), 512);",
+            gone(plan.server_id.unwrap_or_default())
         ));
     }
     arms
@@ -1430,6 +1475,36 @@ mod tests {
 
     fn plan() -> Plan {
         Plan::new(&preset::by_name("mysql-procedure").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn shard_values_are_lo_hi_or_one_value_and_nothing_else() {
+        assert_eq!(parse_shards("0-511"), Ok((0, 511)));
+        assert_eq!(parse_shards("7"), Ok((7, 7)));
+        assert_eq!(parse_shards("0-1023"), Ok((0, 1023)));
+        for bad in [
+            "0 - 10",
+            " 0-10",
+            "0-10 ",
+            "0- 10",
+            "",
+            "-",
+            "0-",
+            "-5",
+            "5-3",
+            "0-10-20",
+            "a-b",
+            "+1-2",
+            "0x10",
+            "1,2",
+            "99999999999999999999",
+        ] {
+            assert_eq!(
+                parse_shards(bad),
+                Err(MysqlSqlError::Shards(bad.to_string())),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

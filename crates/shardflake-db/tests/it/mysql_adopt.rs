@@ -344,8 +344,22 @@ async fn an_adopted_tables_dump_keeps_inserting_in_a_fresh_server_after_repair()
         e.contains("records no shard values") && e.contains("repair --shards 0-1023"),
         "{e}"
     );
+    // Nor, with them, without proof that the server the dump came from
+    // makes ids no more (it is named gone: the dump moved the table).
     let names = Options {
         shards: Some((0, 1023)),
+        ..names
+    };
+    let e = mysql::repair(&mut f, &layout(), &names)
+        .await
+        .unwrap_err()
+        .to_string();
+    let was = server
+        .sql("SELECT CONCAT(@@server_id, ':', @@port, ':', @@datadir)")
+        .unwrap();
+    assert!(e.contains(&format!("--old-server-gone '{was}'")), "{e}");
+    let names = Options {
+        old_server_gone: Some(was),
         ..names
     };
     mysql::repair(&mut f, &layout(), &names).await.unwrap();

@@ -68,6 +68,7 @@ async fn a_replica_promoted_with_a_clock_behind_makes_no_id_the_old_primary_made
         made.push(mysql::insert(&mut cp, &opts.names, 42, "x").await.unwrap());
     }
     drop(cp);
+    let was = identity(&primary);
     primary.kill().unwrap();
     replica.sql("RESET SLAVE ALL").unwrap();
     let max_made = *made.iter().max().unwrap();
@@ -107,15 +108,20 @@ async fn a_replica_promoted_with_a_clock_behind_makes_no_id_the_old_primary_made
     ] {
         assert!(problems.contains(what), "{what}: {problems}");
     }
-    // apply cannot lift it; repair refuses the clock 4 s behind.
+    // apply cannot lift it; repair refuses the clock 4 s behind (the
+    // old primary named gone: it was killed).
     let e = mysql::apply(&mut cr, &layout, &opts).await.unwrap_err();
     assert!(e.to_string().contains("mysql repair"), "{e}");
-    let e = mysql::repair(&mut cr, &layout, &opts).await.unwrap_err();
+    let gone = Options {
+        old_server_gone: Some(was),
+        ..Options::default()
+    };
+    let e = mysql::repair(&mut cr, &layout, &gone).await.unwrap_err();
     assert!(e.to_string().contains("behind this host's"), "{e}");
     // The clock corrected, repair puts the sequence past every id the old
     // primary made and starts the clock event there.
     std::fs::write(&clock, "+0").unwrap();
-    mysql::repair(&mut cr, &layout, &opts).await.unwrap();
+    mysql::repair(&mut cr, &layout, &gone).await.unwrap();
     let mut after = Vec::new();
     for _ in 0..200 {
         after.push(mysql::insert(&mut cr, &opts.names, 42, "x").await.unwrap());
@@ -154,6 +160,7 @@ async fn a_promoted_server_is_told_one_way_out_and_it_works() {
     let opts = Options::default();
     let mut c = conn(&server.url()).await;
     mysql::apply(&mut c, &layout, &opts).await.unwrap();
+    let was = identity(&server);
     server.sql("SET GLOBAL server_id = 2").unwrap();
     // A session keeps the server_id it started with.
     drop(c);
@@ -174,6 +181,15 @@ async fn a_promoted_server_is_told_one_way_out_and_it_works() {
     let own = Options {
         shards: Some((0, 511)),
         ..Options::default()
+    };
+    // Values of its own on its word alone: the server of server_id 1 may
+    // still make ids for them.
+    let e = mysql::repair(&mut c, &layout, &own).await.unwrap_err();
+    assert!(e.to_string().contains("--old-server-gone"), "{e}");
+    // Server_id 1 is gone: this is it, its server_id changed.
+    let own = Options {
+        old_server_gone: Some(was),
+        ..own
     };
     mysql::repair(&mut c, &layout, &own).await.unwrap();
     assert_eq!(
@@ -228,6 +244,7 @@ async fn repair_with_a_peer_meeting_its_values_is_refused_before_any_change() {
     };
     mysql::apply(&mut cp, &layout, &own).await.unwrap();
     // r promoted: its trigger was made for server_id 1.
+    let was = identity(&r);
     r.sql("SET GLOBAL server_id = 2").unwrap();
     drop(cr);
     let mut cr = conn(&r.url()).await;
@@ -257,6 +274,7 @@ async fn repair_with_a_peer_meeting_its_values_is_refused_before_any_change() {
     let rest = Options {
         shards: Some((384, 1023)),
         peers: vec![p.url()],
+        old_server_gone: Some(was),
         ..Options::default()
     };
     mysql::repair(&mut cr, &layout, &rest).await.unwrap();
@@ -267,4 +285,133 @@ async fn repair_with_a_peer_meeting_its_values_is_refused_before_any_change() {
     }
     assert!(mysql::insert(&mut cr, &rest.names, 400, "x").await.is_ok());
     assert!(mysql::insert(&mut cr, &rest.names, 5, "x").await.is_err());
+}
+
+/// What `repair --old-server-gone` names for `server`:
+/// `SERVER_ID:PORT:DATADIR`, as the refusals print it.
+fn identity(server: &MariaDbServer) -> String {
+    server
+        .sql("SELECT CONCAT(@@server_id, ':', @@port, ':', @@datadir)")
+        .unwrap()
+}
+
+/// A primary (`server_id` 1, binary log) and a replica of it (2),
+/// replicating, with the ids applied on the primary and replicated.
+async fn primary_and_replica() -> (MariaDbServer, MariaDbServer) {
+    let primary = MariaDbServer::start_with("--log-bin --server-id=1", None).unwrap();
+    let replica = MariaDbServer::start_with("--server-id=2", None).unwrap();
+    let status = primary.sql("SHOW MASTER STATUS").unwrap();
+    let mut fields = status.split('\t');
+    let (file, pos) = (fields.next().unwrap(), fields.next().unwrap());
+    replica
+        .sql(&format!(
+            "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, MASTER_USER='root', \
+             MASTER_PASSWORD='', MASTER_LOG_FILE='{file}', MASTER_LOG_POS={pos}; START SLAVE",
+            primary.port
+        ))
+        .unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let opts = Options::default();
+    let mut cp = conn(&primary.url()).await;
+    mysql::apply(&mut cp, &layout, &opts).await.unwrap();
+    for _ in 0..20 {
+        mysql::insert(&mut cp, &opts.names, 42, "x").await.unwrap();
+    }
+    wait_replicated(&primary, &replica);
+    (primary, replica)
+}
+
+/// Review E7: a replica promoted while its old primary still ran; a
+/// plain `mysql repair` on it recorded it for all the primary's shard
+/// values, and both served (454 of 8,000 ids twice). Now `repair` there
+/// is refused, changing nothing, unless the old primary is proven out of
+/// the way: named with `--peer` once it holds none of the values the
+/// replica takes, or named gone, exactly, with `--old-server-gone`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_on_a_replica_promoted_beside_its_running_primary_needs_proof() {
+    let (primary, replica) = primary_and_replica().await;
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Options::default().names;
+    let was = identity(&primary);
+    replica.sql("STOP SLAVE; RESET SLAVE ALL").unwrap();
+    let mut cr = conn(&replica.url()).await;
+    // Plain repair, values of its own named on its word alone, a wrong
+    // name, and the primary named while it still records every value.
+    let refused = [
+        Options::default(),
+        Options {
+            shards: Some((512, 1023)),
+            ..Options::default()
+        },
+        Options {
+            old_server_gone: Some(identity(&replica)),
+            ..Options::default()
+        },
+        Options {
+            peers: vec![primary.url()],
+            ..Options::default()
+        },
+    ];
+    for opts in &refused {
+        let e = match mysql::repair(&mut cr, &layout, opts).await {
+            Ok(r) => panic!(
+                "repair (shards {:?}, peers {:?}, gone {:?}) took the running primary's values: {r:?}",
+                opts.shards, opts.peers, opts.old_server_gone
+            ),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("nothing was changed"), "{e}");
+        assert!(mysql::insert(&mut cr, &names, 42, "x").await.is_err());
+    }
+    let e = mysql::insert(&mut cr, &names, 42, "x")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "shardflake mysql repair --old-server-gone '{was}'"
+        )),
+        "{e}"
+    );
+    let problems = mysql::check(&mut cr, &layout, &Options::default())
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        problems.contains(&format!("--old-server-gone '{was}'")),
+        "{problems}"
+    );
+    // The proof: the primary keeps 0-511, the replica takes the rest
+    // naming it.
+    let mut cp = conn(&primary.url()).await;
+    mysql::apply(
+        &mut cp,
+        &layout,
+        &Options {
+            shards: Some((0, 511)),
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    mysql::repair(
+        &mut cr,
+        &layout,
+        &Options {
+            shards: Some((512, 1023)),
+            peers: vec![primary.url()],
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mysql::clock_running(&mut cr, &names).await.unwrap() {
+        assert!(Instant::now() < deadline, "no clock loop after repair");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(mysql::insert(&mut cr, &names, 600, "x").await.is_ok());
+    assert!(mysql::insert(&mut cr, &names, 42, "x").await.is_err());
+    assert!(mysql::insert(&mut cp, &names, 42, "x").await.is_ok());
+    assert!(mysql::insert(&mut cp, &names, 600, "x").await.is_err());
 }

@@ -671,3 +671,128 @@ async fn apply_behind_an_open_transaction_is_refused_naming_it() {
             .is_ok()
     );
 }
+
+/// Review: `apply` behind an open transaction that had only called
+/// `generate_post_id_locked` (a row lock on the counter's row of
+/// `sequences`) waited `innodb_lock_wait_timeout` (50 s here), then
+/// blamed the table's metadata lock; behind one that had called
+/// `generate_post_id` it said "none is open now". Now the row-lock wait
+/// is bounded as the metadata lock's is, and the refusal names the row
+/// and the connection holding it; for the sequence, the sessions one of
+/// which holds it. The giver's apply that stopped there had narrowed the
+/// trigger but not yet the record: safe (the server makes ids for fewer
+/// values than it records, and no peer can take them while it records
+/// them), and the same apply run again finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_behind_a_row_lock_is_refused_in_seconds_naming_it() {
+    let (giver, taker) = (
+        MariaDbServer::start_with("", None).unwrap(),
+        MariaDbServer::start_with("", None).unwrap(),
+    );
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let connect =
+        async |s: &MariaDbServer| mysql::pool(&s.url()).unwrap().get_conn().await.unwrap();
+    let mut c = connect(&giver).await;
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    let mut open = connect(&giver).await;
+    open.query_drop("BEGIN").await.unwrap();
+    mysql::generate_post_id(&mut open, "generate_post_id_locked", 5)
+        .await
+        .unwrap();
+    let narrower = Options {
+        shards: Some((0, 511)),
+        ..Options::default()
+    };
+    let started = Instant::now();
+    let e = tokio::time::timeout(
+        Duration::from_secs(60),
+        mysql::apply(&mut c, &layout, &narrower),
+    )
+    .await
+    .expect("apply waited 60 s for the row lock")
+    .unwrap_err()
+    .to_string();
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}: {e}",
+        started.elapsed()
+    );
+    for part in [
+        "mysql: apply: stopped before changing table posts",
+        "of table sequences (the counter of generate_post_id_locked) is locked by an open transaction",
+        &format!("connection {} of root@", open.id()),
+        "then run shardflake mysql apply again",
+    ] {
+        assert!(e.contains(part), "{part}: {e}");
+    }
+    // It stopped after the trigger: that refuses 600 already, while the
+    // record still says 0-1023, so no peer takes 512-1023 meanwhile.
+    let e = mysql::insert(&mut c, &Names::default(), 600, "x")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("not one this server makes ids for (0-511)"),
+        "{e}"
+    );
+    assert_eq!(
+        giver
+            .sql("SELECT CONCAT(lo, '-', hi) FROM shardflake.serves")
+            .unwrap(),
+        "0-1023"
+    );
+    let take = Options {
+        shards: Some((512, 1023)),
+        peers: vec![giver.url()],
+        ..Options::default()
+    };
+    let mut t = connect(&taker).await;
+    let e = mysql::apply(&mut t, &layout, &take).await.unwrap_err();
+    assert!(e.to_string().contains("which meets 512-1023"), "{e}");
+    // The way out it names: end the transaction, run the same apply.
+    open.query_drop("ROLLBACK").await.unwrap();
+    mysql::apply(&mut c, &layout, &narrower).await.unwrap();
+    assert_eq!(
+        giver
+            .sql("SELECT CONCAT(lo, '-', hi) FROM shardflake.serves")
+            .unwrap(),
+        "0-511"
+    );
+    assert!(
+        mysql::generate_post_id(&mut c, "generate_post_id_locked", 600)
+            .await
+            .is_err()
+    );
+    mysql::apply(&mut t, &layout, &take).await.unwrap();
+    assert!(
+        mysql::insert(&mut t, &Names::default(), 600, "x")
+            .await
+            .is_ok()
+    );
+
+    // A transaction that only drew from the sequence: not in INNODB_TRX,
+    // yet it holds the sequence, which a new cache must change.
+    let mut drew = connect(&giver).await;
+    drew.query_drop("BEGIN").await.unwrap();
+    mysql::generate_post_id(&mut drew, "generate_post_id", 5)
+        .await
+        .unwrap();
+    let other_cache = Options {
+        cache: 7,
+        ..narrower.clone()
+    };
+    let e = mysql::apply(&mut c, &layout, &other_cache)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains("none is open now"), "{e}");
+    assert!(
+        e.contains("its sequence posts_id_seq is held")
+            && e.contains(&format!("connection {} of root@", drew.id())),
+        "{e}"
+    );
+    drew.query_drop("COMMIT").await.unwrap();
+    mysql::apply(&mut c, &layout, &other_cache).await.unwrap();
+}

@@ -731,6 +731,7 @@ async fn every_way_of_making_an_id_applies_the_triggers_guards() {
     }
 
     // Another server_id (a promoted replica, a copy): none until repair.
+    let was = identity(&server);
     server.sql("SET GLOBAL server_id = 2").unwrap();
     drop(c);
     let mut c = conn(&server.url()).await;
@@ -745,9 +746,11 @@ async fn every_way_of_making_an_id_applies_the_triggers_guards() {
             "{p}: {e}"
         );
     }
-    mysql::repair(&mut c, &layout, &Options::default())
-        .await
-        .unwrap();
+    let gone = Options {
+        old_server_gone: Some(was),
+        ..Options::default()
+    };
+    mysql::repair(&mut c, &layout, &gone).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !mysql::clock_running(&mut c, &names).await.unwrap() {
         assert!(Instant::now() < deadline, "no clock loop after repair");
@@ -969,6 +972,8 @@ impl Drop for CopiedServer {
         .arg("stop")
         .arg(&self.dir)
         .output();
+        // A whole data directory: the disk is shared.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -1108,4 +1113,149 @@ async fn values_taken_from_a_peer_get_locked_ids_above_the_peers() {
         .await
         .unwrap();
     assert!(after > before, "{after} after {before}");
+}
+
+/// What `repair --old-server-gone` names for `server`:
+/// `SERVER_ID:PORT:DATADIR`, as the refusals print it.
+fn identity(server: &MariaDbServer) -> String {
+    server
+        .sql("SELECT CONCAT(@@server_id, ':', @@port, ':', @@datadir)")
+        .unwrap()
+}
+
+/// Review E6: a data directory copied and started beside its running
+/// original refused its first insert, which named plain `mysql repair`
+/// as one way out; run on the copy, it recorded the copy for all the
+/// original's shard values, `mysql check` on it said ok, and both served
+/// (452 of 8,000 ids twice). Now `repair` there is refused, changing
+/// nothing, unless the original is proven out of the way: a `--peer`
+/// that is it (holding none of the copy's values), or
+/// `--old-server-gone` naming exactly the server the ids were installed
+/// for. `apply --shards` on the copy needs the same proof.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_on_a_copy_beside_its_running_original_takes_no_values_without_proof() {
+    let original = MariaDbServer::start_with("--server-id=1", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Options::default().names;
+    let mut c = conn(&original.url()).await;
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    mysql::insert(&mut c, &names, 5, "x").await.unwrap();
+    drop(c);
+    let was = identity(&original);
+    let copy = CopiedServer::start(&original, "e6");
+    original.restart().unwrap();
+    let (mut co, mut cc) = (conn(&original.url()).await, conn(&copy.url).await);
+    for c in [&mut co, &mut cc] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !mysql::clock_running(c, &names).await.unwrap() {
+            assert!(Instant::now() < deadline, "no clock loop");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Plain repair and wrong names of the original: each refused,
+    // nothing changed; so is apply --shards without the original.
+    let refused = [
+        Options::default(),
+        Options {
+            old_server_gone: Some(format!("2:{}", &was[2..])),
+            ..Options::default()
+        },
+        Options {
+            old_server_gone: Some(was.replace(":/", ":/x/")),
+            ..Options::default()
+        },
+    ];
+    for opts in &refused {
+        let e = match mysql::repair(&mut cc, &layout, opts).await {
+            Ok(r) => panic!(
+                "repair {:?} took the original's values on the copy: {r:?}",
+                opts.old_server_gone
+            ),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("nothing was changed"), "{e}");
+        assert!(
+            e.contains(&format!("installed for server {was}"))
+                && e.contains(&format!("--old-server-gone '{was}'")),
+            "{e}"
+        );
+    }
+    // The copy's insert error and check name the proof, not plain repair.
+    let e = mysql::insert(&mut cc, &names, 5, "x")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "shardflake mysql repair --old-server-gone '{was}'"
+        )),
+        "{e}"
+    );
+    let problems = mysql::check(&mut cc, &layout, &Options::default())
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        problems.contains(&format!("--old-server-gone '{was}'")),
+        "{problems}"
+    );
+    assert!(
+        !problems.contains("record this server with shardflake mysql apply"),
+        "{problems}"
+    );
+    let e = mysql::apply(
+        &mut cc,
+        &layout,
+        &Options {
+            shards: Some((512, 1023)),
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--peer URL_OF_THAT_SERVER"), "{e}");
+    assert!(mysql::insert(&mut cc, &names, 600, "x").await.is_err());
+    // The original still records every value: naming it is no proof yet.
+    let e = mysql::repair(
+        &mut cc,
+        &layout,
+        &Options {
+            peers: vec![original.url()],
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("which meets 0-1023"), "{e}");
+    assert!(mysql::insert(&mut co, &names, 5, "x").await.is_ok());
+
+    // The original retired: the exact name is the proof.
+    drop(co);
+    original.kill().unwrap();
+    mysql::repair(
+        &mut cc,
+        &layout,
+        &Options {
+            old_server_gone: Some(was.clone()),
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mysql::clock_running(&mut cc, &names).await.unwrap() {
+        assert!(Instant::now() < deadline, "no clock loop after repair");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(mysql::insert(&mut cc, &names, 5, "x").await.is_ok());
+    assert_eq!(
+        mysql::check(&mut cc, &layout, &Options::default())
+            .await
+            .unwrap(),
+        Vec::<String>::new()
+    );
 }
