@@ -345,7 +345,7 @@ async fn a_copy_stays_a_copy_whatever_record_is_deleted_on_it() -> anyhow::Resul
         .await?
         .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
     let stop = Arc::new(AtomicBool::new(false));
-    let mut loads = vec![
+    let loads = vec![
         ids_until(&first.http, &stop),
         ids_until(&second.http, &stop),
     ];
@@ -353,69 +353,91 @@ async fn a_copy_stays_a_copy_whatever_record_is_deleted_on_it() -> anyhow::Resul
     let x_id = format!("{:x}", x.client().range_header(b"/").await?.cluster_id);
     let y_id = format!("{:x}", y.client().range_header(b"/").await?.cluster_id);
     anyhow::ensure!(x_id != y_id, "the copy has the first cluster's id");
-    // Fresh nodes on the copy, each given time to issue beside the fleet
-    // should it start.
+    let mut copy = Copy {
+        refusal: format!("holds records written in etcd cluster={x_id} ("),
+        here: format!("but this is etcd cluster={y_id}: a copy"),
+        stop: stop.clone(),
+        loads,
+    };
+    // A node on the copy, given time to issue beside the fleet should it
+    // start: refused as a copy, naming the record that tells it.
     let quick = ["--max-resume-wait", "3s"];
     let on_copy = |dir: &Path| leased(&y, "/e4", dir, &quick);
-    let mut refusals = Vec::new();
     // The cluster record deleted, then every take's stamp too.
-    for del in [
-        &["del", "/e4/cluster"][..],
-        &["del", "--prefix", "/e4/taken/"],
-    ] {
-        y.etcdctl(del)?;
-        let mut fresh = on_copy(&d[2])?;
-        let refused = run_beside(&mut fresh, &stop, &mut loads, Duration::from_secs(4)).await?;
-        fresh.kill();
-        refusals.push((del.join(" "), refused));
-    }
+    y.etcdctl(&["del", "/e4/cluster"])?;
+    copy.refused(on_copy(&d[2])?, "del /e4/cluster", "(/e4/taken/0)")
+        .await?;
+    y.etcdctl(&["del", "--prefix", "/e4/taken/"])?;
+    let registration = format!("(shardflake.fleets/{fleet})");
+    copy.refused(on_copy(&d[2])?, "del --prefix /e4/taken/", &registration)
+        .await?;
     // The whole prefix; then the floor and the fleet id put back, as an
     // earlier refusal advised.
     y.etcdctl(&["del", "--prefix", "/e4"])?;
-    let mut fresh = on_copy(&d[2])?;
-    let refused = run_beside(&mut fresh, &stop, &mut loads, Duration::from_secs(4)).await?;
-    fresh.kill();
-    refusals.push(("del --prefix /e4".into(), refused));
+    copy.refused(on_copy(&d[2])?, "del --prefix /e4", &registration)
+        .await?;
     y.put("/e4/floor", &(now_ms()? + 6_000).to_string()).await?;
     y.put("/e4/fleet", &fleet).await?;
-    let mut fresh = on_copy(&d[2])?;
-    let refused = run_beside(&mut fresh, &stop, &mut loads, Duration::from_secs(10)).await?;
-    fresh.kill();
-    refusals.push(("floor and fleet id put back".into(), refused));
+    copy.refused(
+        on_copy(&d[2])?,
+        "floor and fleet id put back",
+        &registration,
+    )
+    .await?;
     // The registration deleted too: the fleet's own node, its state file
     // naming the first cluster, pointed at the copy.
     y.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
     stop_cleanly(&mut second).await?;
-    let mut moved = on_copy(&d[1])?;
-    let refused = run_beside(&mut moved, &stop, &mut loads, Duration::from_secs(10)).await?;
-    moved.kill();
-    refusals.push((
-        "the registration deleted, a node of the fleet".into(),
-        refused,
-    ));
-    stop.store(true, Ordering::Relaxed);
-    let total = no_duplicates(loads).await?;
+    copy.refused(
+        on_copy(&d[1])?,
+        "the registration deleted, a node of the fleet",
+        "(this node's state file)",
+    )
+    .await?;
+    copy.stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(copy.loads).await?;
     eprintln!("{total} ids, no duplicate");
-    let copy = format!("holds records written in etcd cluster={x_id} (");
-    let here = format!("but this is etcd cluster={y_id}: a copy");
-    let evidence = [
-        "(/e4/taken/0)".to_string(),
-        format!("(shardflake.fleets/{fleet})"),
-        format!("(shardflake.fleets/{fleet})"),
-        format!("(shardflake.fleets/{fleet})"),
-        "(this node's state file)".to_string(),
-    ];
-    for ((what, refused), evidence) in refusals.into_iter().zip(evidence) {
-        let refused = refused.ok_or_else(|| anyhow::anyhow!("started on the copy after {what}"))?;
+    Ok(())
+}
+
+/// A fleet running on one cluster, and the nodes started on its copy.
+struct Copy {
+    /// The start of the refusal naming the first cluster.
+    refusal: String,
+    /// Its words naming the copy's.
+    here: String,
+    stop: Arc<AtomicBool>,
+    loads: Vec<JoinHandle<Vec<u64>>>,
+}
+
+impl Copy {
+    /// `node`, started on the copy after `what`, must be refused as a
+    /// copy by `evidence`, with nothing to put back; one that starts
+    /// issues beside the fleet for 4 s, then fails the test with the ids
+    /// it made twice.
+    async fn refused(&mut self, mut node: Serve, what: &str, evidence: &str) -> anyhow::Result<()> {
+        let refused = run_beside(
+            &mut node,
+            &self.stop,
+            &mut self.loads,
+            Duration::from_secs(4),
+        )
+        .await?;
+        node.kill();
+        let Some(refused) = refused else {
+            self.stop.store(true, Ordering::Relaxed);
+            let checked = no_duplicates(std::mem::take(&mut self.loads)).await;
+            anyhow::bail!("started on the copy after {what}: {checked:?}");
+        };
         assert!(
-            refused.contains(&copy)
-                && refused.contains(&here)
-                && refused.contains(&evidence)
+            refused.contains(&self.refusal)
+                && refused.contains(&self.here)
+                && refused.contains(evidence)
                 && !refused.contains("etcdctl put"),
             "after {what}: {refused}"
         );
+        Ok(())
     }
-    Ok(())
 }
 
 /// Reproduction 2: static nodes 0, 1, 2; node 2 restarted with --etcd
