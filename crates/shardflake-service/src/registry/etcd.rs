@@ -644,6 +644,11 @@ impl EtcdRegistry {
     /// this holder's node key and the fleet id are as it holds them; a
     /// failure is logged and the next record tries again.
     async fn register_again(&self, holding: &Holding, held: &Held) {
+        // Known since the take: a registration naming no cluster, or
+        // another, would read as a copy's.
+        let Some(cluster_id) = *lock(&self.cluster_id) else {
+            return;
+        };
         let key = fleet_registry_key(&held.fleet);
         let node = keys(&self.prefix, holding.node_id).0;
         let compares = [
@@ -653,11 +658,7 @@ impl EtcdRegistry {
         ];
         let put = [Op::Put(
             key.clone(),
-            registration(
-                &self.prefix,
-                &held.layout,
-                lock(&self.cluster_id).unwrap_or_default(),
-            ),
+            registration(&self.prefix, &held.layout, cluster_id),
             0,
         )];
         let shown = String::from_utf8_lossy(&key).into_owned();
@@ -1074,7 +1075,7 @@ fn stamp_text(status: &Status, cluster_id: u64) -> String {
 }
 
 /// The etcd cluster id (hex) a stamp names (`None`: a stamp of an earlier
-/// version, or of a take that could not read etcd's status).
+/// version).
 fn stamp_cluster(value: &[u8]) -> Option<&str> {
     let text = std::str::from_utf8(value).ok()?;
     let mut words = text.split_whitespace().skip(4);
