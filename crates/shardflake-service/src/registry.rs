@@ -23,11 +23,11 @@
 //! prefix would compose equal ids from different node ids, or from one). On etcd, `<prefix>/queue/<lease>` marks a node that
 //! lost a race for an id and is still trying (leased; it only orders racing
 //! nodes, see `registry/etcd.rs`), `<prefix>/taken/<id>` the etcd status
-//! each take read (every take writes it: an id taken before whose
+//! each take read and the etcd cluster it read it in (every take writes it: an id taken before whose
 //! high-water record is gone had it deleted, and is waited out), and `<prefix>/restored` the last snapshot restore a
 //! take saw (both judge records after a restore, see `registry/etcd.rs`).
 //! Outside every prefix, `shardflake.fleets/<fleet id>` registers each
-//! fleet of the cluster (its prefix and layout record): a take refuses a
+//! fleet of the cluster (its prefix, layout record and the cluster's id): a take refuses a
 //! fleet whose ids another registered fleet could make ([`FLEETS`]).
 //! `shardflake fleet move` carries a stopped fleet's records to another
 //! prefix or cluster ([`move_fleet`]).

@@ -41,8 +41,9 @@
 //! recorded a high-water further ahead than this node may wait is skipped,
 //! before anything is written; the etcd cluster id and prefix must match the
 //! node's state file; the records must have been written in this etcd
-//! cluster (`<prefix>/cluster`, see [`CLUSTER`]: a snapshot restored into
-//! another cluster is a copy, refused however young).
+//! cluster (`<prefix>/cluster` and every other record that names its
+//! cluster, see `copied_from`: a snapshot restored into another cluster
+//! is a copy, refused however young, whichever record is deleted there).
 //!
 //! **Restores.** An etcd restored from a snapshot hands back the records of
 //! the snapshot: a holder that took an id or recorded a high-water after it
