@@ -947,6 +947,84 @@ fn apply(
             }
             start_slot(slot)?;
         }
+        Fault::CopyElsewhere => {
+            let etcd = cluster.etcd.as_ref().context("no etcd")?;
+            let file = etcd
+                .dir
+                .with_extension(format!("{}.copy", p.at.as_millis()));
+            etcd.snapshot(&file)?;
+            if cluster.other_etcd.is_none() {
+                cluster.other_etcd = Some(Etcd::start(1)?);
+            }
+            let copy = cluster.other_etcd.as_ref().context("no other etcd")?;
+            copy.restore(&file)?;
+            let _ = std::fs::remove_file(&file);
+            let prefix = cluster.prefix.clone();
+            // What the operator deletes there: drawn from the schedule's
+            // jitter, its tenths of a second as the schedule prints them
+            // (the fault's slot is the node pointed at it).
+            let fleet = copy.etcdctl(&["get", "--print-value-only", &format!("{prefix}/fleet")])?;
+            let fleet = fleet.trim_end_matches('\n').to_string();
+            let what = match (p.at.as_millis() / 100) % 4 {
+                0 => {
+                    copy.etcdctl(&["del", &format!("{prefix}/cluster")])?;
+                    format!("{prefix}/cluster deleted")
+                }
+                1 => {
+                    copy.etcdctl(&["del", &format!("{prefix}/cluster")])?;
+                    copy.etcdctl(&["del", "--prefix", &format!("{prefix}/taken/")])?;
+                    format!("{prefix}/cluster and {prefix}/taken/ deleted")
+                }
+                2 => {
+                    copy.etcdctl(&["del", "--prefix", &format!("{prefix}/")])?;
+                    format!("{prefix}/ deleted")
+                }
+                _ => {
+                    copy.etcdctl(&["del", "--prefix", &format!("{prefix}/")])?;
+                    let floor = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)?
+                        .as_millis()
+                        + 6_000;
+                    copy.etcdctl(&["put", &format!("{prefix}/floor"), &floor.to_string()])?;
+                    copy.etcdctl(&["put", &format!("{prefix}/fleet"), &fleet])?;
+                    format!("{prefix}/ deleted, floor and fleet id put back")
+                }
+            };
+            say(
+                start,
+                format!("etcd snapshot restored into another cluster; on the copy: {what}"),
+            );
+            let urls = copy.urls();
+            last_count(cluster, p.slot);
+            let slot = &mut cluster.slots[p.slot];
+            term_slot(slot)?;
+            let mut wrong = slot.spec.clone();
+            let at = wrong
+                .args
+                .iter()
+                .position(|a| a == "--etcd")
+                .context("no --etcd")?;
+            wrong.args[at + 1] = urls;
+            start_slot_as(slot, &wrong)?;
+            match exits_within(slot, Duration::from_secs(10)) {
+                Some(log)
+                    if log.contains("a copy of that cluster")
+                        || log.contains("whose state file names another etcd cluster") =>
+                {
+                    say(start, format!("node{} on the copy: refused", p.slot))
+                }
+                Some(log) => bail!(
+                    "node{} on the copy exited, but not for it: {}",
+                    p.slot,
+                    log.lines().last().unwrap_or("")
+                ),
+                None => {
+                    term_slot(slot)?;
+                    bail!("node{} started on a copy of its fleet's etcd", p.slot);
+                }
+            }
+            start_slot(slot)?;
+        }
         Fault::FleetMove => {
             let nodes = cluster.slots.len() - 1;
             for i in 0..nodes {

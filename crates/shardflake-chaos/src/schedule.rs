@@ -67,11 +67,19 @@ pub enum Fault {
     /// runs there), or an epoch 5-30 s later (its ids would repeat the old
     /// ones': every node must be refused, then restarts as it was).
     LayoutChange,
+    /// A snapshot of the fleet's etcd restored into another etcd cluster
+    /// while the fleet runs, then records deleted on the copy by hand
+    /// (drawn: `<prefix>/cluster`; it and the take stamps; the prefix;
+    /// the prefix, then the floor and fleet id put back), then one node
+    /// pointed at the copy: it must be refused (a copy, or no fleet id
+    /// where its state file names another cluster), then it is restarted
+    /// as it was (runs without `--etcd-auth` only).
+    CopyElsewhere,
 }
 
 impl Fault {
     /// Every kind, in a fixed order.
-    pub const ALL: [Fault; 16] = [
+    pub const ALL: [Fault; 17] = [
         Fault::Kill,
         Fault::Stop,
         Fault::Clock,
@@ -88,6 +96,7 @@ impl Fault {
         Fault::FleetMove,
         Fault::ForeignEndpoint,
         Fault::LayoutChange,
+        Fault::CopyElsewhere,
     ];
 
     /// The name printed in the schedule.
@@ -109,6 +118,7 @@ impl Fault {
             Fault::FleetMove => "fleet-move",
             Fault::ForeignEndpoint => "other-cluster-endpoint",
             Fault::LayoutChange => "layout-change",
+            Fault::CopyElsewhere => "copy-in-other-cluster",
         }
     }
 }
@@ -177,7 +187,7 @@ impl Shape {
                 Fault::AuthChange => self.auth,
                 // The other cluster has no users: a node logging in is not
                 // answered there, and not refused.
-                Fault::ForeignEndpoint => !self.auth,
+                Fault::ForeignEndpoint | Fault::CopyElsewhere => !self.auth,
                 _ => true,
             })
             .collect()

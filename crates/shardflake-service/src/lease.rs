@@ -52,6 +52,10 @@ use crate::issuer::{Active, Issuer, LeaseState};
 use crate::registry::STATIC;
 use crate::state_file::{State, StateFile, StateLock};
 
+/// How often a wait for the clock to pass a high-water says it still
+/// waits (at its start too).
+const WAIT_SAID_EVERY: Duration = Duration::from_secs(5);
+
 pub use crate::registry::{
     AcquireError, Claim, Holding, PreviousFleet, RecordError, Registry, RegistryError, Renewal,
     StaticRegistry,
@@ -720,6 +724,17 @@ impl Keeper {
         }
         // The clock could stall or step back while we wait: bound it too.
         let deadline = Instant::now() + Duration::from_millis(unix_ms.saturating_sub(now)) + limit;
+        // A wait is said, with its length and its reason, at its start and
+        // every few seconds: a node silent for a minute looks hung.
+        if unix_ms >= now {
+            tracing::info!(
+                resume_after_ms = unix_ms,
+                wait_ms = unix_ms - now + 1,
+                "waiting {} ms for this clock to pass the high-water {whose} before issuing: an id at or before it may have been issued already",
+                unix_ms - now + 1
+            );
+        }
+        let mut next_said = Instant::now() + WAIT_SAID_EVERY;
         loop {
             let now = clock.now_ms();
             if now > unix_ms {
@@ -727,6 +742,15 @@ impl Keeper {
             }
             if Instant::now() >= deadline {
                 return Err(too_far(now));
+            }
+            if Instant::now() >= next_said {
+                next_said += WAIT_SAID_EVERY;
+                tracing::info!(
+                    resume_after_ms = unix_ms,
+                    wait_ms = unix_ms - now + 1,
+                    "still waiting {} ms for this clock to pass the high-water {whose}",
+                    unix_ms - now + 1
+                );
             }
             let step = Duration::from_millis(unix_ms - now + 1).min(Duration::from_millis(500));
             tokio::select! {
@@ -741,7 +765,8 @@ impl Keeper {
         }
     }
 
-    /// Which record a resume waits for, for the error when it is too far.
+    /// Which record a resume waits for, for the error when it is too far
+    /// and the log lines while it waits.
     fn whose(&self, local_hw: u64, holding: &Holding) -> String {
         if local_hw >= holding.previous_high_water_ms {
             format!("in the state file {}", self.state_file.path().display())

@@ -23,11 +23,11 @@
 //! prefix would compose equal ids from different node ids, or from one). On etcd, `<prefix>/queue/<lease>` marks a node that
 //! lost a race for an id and is still trying (leased; it only orders racing
 //! nodes, see `registry/etcd.rs`), `<prefix>/taken/<id>` the etcd status
-//! each take read (every take writes it: an id taken before whose
+//! each take read and the etcd cluster it read it in (every take writes it: an id taken before whose
 //! high-water record is gone had it deleted, and is waited out), and `<prefix>/restored` the last snapshot restore a
 //! take saw (both judge records after a restore, see `registry/etcd.rs`).
 //! Outside every prefix, `shardflake.fleets/<fleet id>` registers each
-//! fleet of the cluster (its prefix and layout record): a take refuses a
+//! fleet of the cluster (its prefix, layout record and the cluster's id): a take refuses a
 //! fleet whose ids another registered fleet could make ([`FLEETS`]).
 //! `shardflake fleet move` carries a stopped fleet's records to another
 //! prefix or cluster ([`move_fleet`]).
@@ -247,6 +247,23 @@ impl FleetOverlap {
     }
 }
 
+/// Records of a prefix written in another etcd cluster than the one
+/// that answers: a copy (a snapshot restored into this cluster).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "etcd prefix {prefix} holds records written in etcd cluster={recorded} ({evidence}), but this is etcd cluster={here}: a copy of that cluster (a snapshot restored into another cluster), and the fleet may still run there, making the ids a node here would make. Every record of a fleet names the etcd cluster it was written in ({prefix}/cluster, each {prefix}/taken/<id>, its registration shardflake.fleets/<fleet id>, each node's state file): deleting one, or the prefix, does not make a copy an original, and no fleet id or floor put back here makes it safe while that cluster runs the fleet. Start the fleet's nodes on the cluster the records name. Only if that cluster no longer runs the fleet, for good: stop every node of the fleet, then `shardflake fleet move --etcd URLS --etcd-prefix {prefix} --to-prefix NEW_PREFIX --raise R --max-resume-wait R` here, R at least the fleet's --max-resume-wait (the copy's records may be far behind what its nodes stamped there), and start the nodes on NEW_PREFIX"
+)]
+pub struct FleetCopied {
+    /// The key prefix.
+    pub prefix: String,
+    /// The cluster id the records name.
+    pub recorded: String,
+    /// This cluster's id.
+    pub here: String,
+    /// The record that names it.
+    pub evidence: String,
+}
+
 /// Why no node id could be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum AcquireError {
@@ -382,17 +399,8 @@ pub enum AcquireError {
     /// The prefix's records were written in another etcd cluster: a copy
     /// (a snapshot restored into this cluster), whose fleet may run where
     /// it was copied from.
-    #[error(
-        "etcd prefix {prefix} holds records written in etcd cluster={recorded} (its {prefix}/cluster), but this is etcd cluster={here}: a copy of that cluster (a snapshot restored into another cluster), and the fleet may still run there, making the ids a node here would make. Start the fleet's nodes on the cluster the records name. Only if that cluster no longer runs the fleet, for good: stop every node of the fleet, then `shardflake fleet move --etcd URLS --etcd-prefix {prefix} --to-prefix NEW_PREFIX --raise R --max-resume-wait R` here, R at least the fleet's --max-resume-wait (the copy's records may be far behind what its nodes stamped there), and start the nodes on NEW_PREFIX"
-    )]
-    FleetCopied {
-        /// The key prefix.
-        prefix: String,
-        /// The cluster id the records name.
-        recorded: String,
-        /// This cluster's id.
-        here: String,
-    },
+    #[error(transparent)]
+    FleetCopied(Box<FleetCopied>),
     /// `--fleet` names another fleet than the node's state file.
     #[error(
         "--fleet {given}, but the state file {path} records fleet {recorded}: it is the file of another fleet's node. Give this node its own state file, or the --fleet its fleet runs with"
@@ -407,7 +415,7 @@ pub enum AcquireError {
     },
     /// The prefix records no fleet id, where this node expects its own.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet (its high-water records with it): stop every node of it, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {expected} (after a `fleet move` or a layout change, with the generation the fleet's state files record, `generation N`: etcdctl put {prefix}/generation N; its nodes are refused by a lower one); the fleet id alone is not enough: a node would resume one window past its own clock, under another node's id"
+        "etcd prefix {prefix} holds no fleet id, and this node belongs to fleet {expected} (its state file): an empty place knows nothing of the ids the fleet made. If this etcd was restored or copied from another etcd cluster where the fleet may still run: put nothing back here and start none of its nodes here (both would hand out the fleet's ids); start them on that cluster, and only once none runs there for good, move the fleet from that cluster or start a new one. To move the fleet there (another prefix or another etcd cluster): stop every node of it, then `shardflake fleet move --etcd OLD_URLS --etcd-prefix OLD_PREFIX --to-etcd URLS --to-prefix {prefix}`, and start them there. If this prefix was deleted under the fleet in this cluster (its high-water records with it): stop every node of it, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {expected} (after a `fleet move` or a layout change, with the generation the fleet's state files record, `generation N`: etcdctl put {prefix}/generation N; its nodes are refused by a lower one); the fleet id alone is not enough: a node would resume one window past its own clock, under another node's id"
     )]
     FleetMissing {
         /// The key prefix.
@@ -423,7 +431,7 @@ pub enum AcquireError {
     /// records were deleted (`etcdctl del --prefix`), its high-waters with
     /// them, and a new fleet here would make that fleet's ids again.
     #[error(
-        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. Stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {fleet} (after a `fleet move` or a layout change, with the generation the fleet's state files record, `generation N`: etcdctl put {prefix}/generation N; its nodes are refused by a lower one), and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}, then etcdctl del /shardflake.fleets/{fleet} (where an earlier version registered it)"
+        "etcd prefix {prefix} holds no fleet id, but fleet {fleet} is registered in this etcd cluster under it (shardflake.fleets/{fleet}): its records there were deleted (etcdctl del --prefix?), their high-water records with them, and a new fleet started here would make its ids again. If this etcd was restored or copied from another etcd cluster where that fleet may still run: put nothing back here and start no fleet here (both would hand out its ids); start its nodes on that cluster, and only once none runs there for good, move the fleet from that cluster or start a new one. If it was deleted in this cluster: stop every node of that fleet, then put back a floor past every id it stamped before its fleet id: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait, the clock difference the fleet's nodes allow between their hosts; if the largest high_water_ms line in the fleet's state files is later, that instead), then etcdctl put {prefix}/fleet {fleet} (after a `fleet move` or a layout change, with the generation the fleet's state files record, `generation N`: etcdctl put {prefix}/generation N; its nodes are refused by a lower one), and start its nodes. Only if no id that fleet ever made is kept anywhere, to start a new fleet here: etcdctl del shardflake.fleets/{fleet}, then etcdctl del /shardflake.fleets/{fleet} (where an earlier version registered it)"
     )]
     FleetDeleted {
         /// The key prefix.
@@ -594,7 +602,7 @@ impl AcquireError {
                 | AcquireError::MembersDisagree { .. }
                 | AcquireError::FleetMissing { .. }
                 | AcquireError::FleetNotHere { .. }
-                | AcquireError::FleetCopied { .. }
+                | AcquireError::FleetCopied(_)
                 | AcquireError::FleetFlagDiffers { .. }
                 | AcquireError::FleetDeleted { .. }
                 | AcquireError::FleetMovedAway { .. }

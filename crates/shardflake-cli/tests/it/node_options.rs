@@ -69,3 +69,37 @@ fn serve_takes_config_before_or_after_its_other_options() {
     }
     let _ = std::fs::remove_file(&file);
 }
+
+/// Review R5: a mistyped `--fleet` got only "is not a fleet id (32 hex
+/// digits …)". The refusal names the mistake and where to copy the id
+/// from, before anything is sent (no etcd listens on this endpoint).
+#[test]
+fn a_mistyped_fleet_id_is_told_what_is_wrong() {
+    let serve = |fleet: &str| {
+        let out = shardflake(
+            &[
+                "serve",
+                "--etcd",
+                "http://127.0.0.1:1",
+                "--etcd-prefix",
+                "/p",
+                "--fleet",
+                fleet,
+            ],
+            "ids-7",
+        );
+        assert!(!out.status.success(), "{fleet}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let cut = serve("9f1c2e4b7a6d5c3e8f9a0b1c2d3e4f5");
+    assert!(
+        cut.contains("--fleet \"9f1c2e4b7a6d5c3e8f9a0b1c2d3e4f5\" is not a fleet id: it has 31 hex digits, not 32")
+            && cut.contains("etcdctl get <prefix>/fleet --print-value-only"),
+        "{cut}"
+    );
+    let prefix = serve("/shardflake/prod");
+    assert!(
+        prefix.contains("it looks like an etcd prefix, which is --etcd-prefix"),
+        "{prefix}"
+    );
+}

@@ -320,6 +320,126 @@ async fn a_copy_of_a_fleets_first_seconds_in_another_cluster_issues_no_id_twice(
     Ok(())
 }
 
+/// Review E4 and E5: a snapshot of a fleet's first seconds restored into
+/// another etcd cluster while the fleet runs on the first; on the copy the
+/// operator deletes `<prefix>/cluster` by hand, and a fresh node there took
+/// ids the fleet holds (118,000 of 2,642,000 twice); after `etcdctl del
+/// --prefix` on the copy, the floor and fleet id put back as the refusal
+/// advised gave 106,000 of 6,384,000 twice. Every record of the fleet now
+/// names the cluster it was written in: whichever is deleted on the copy
+/// (the cluster record, the stamps, the prefix, the registration), the
+/// others still tell a copy, and a put-back place there is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_stays_a_copy_whatever_record_is_deleted_on_it() -> anyhow::Result<()> {
+    let x = Etcd::start(1)?;
+    let y = Etcd::start(1)?;
+    let d = dirs(4)?;
+    let first = leased(&x, "/e4", &d[0], &[])?;
+    assert_eq!(first.ready(Duration::from_secs(20)).await?, 0);
+    let snapshot = d[3].join("snapshot.db");
+    x.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    let mut second = leased(&x, "/e4", &d[1], &[])?;
+    assert_eq!(second.ready(Duration::from_secs(20)).await?, 1);
+    let fleet = x
+        .get("/e4/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = vec![
+        ids_until(&first.http, &stop),
+        ids_until(&second.http, &stop),
+    ];
+    tokio::task::block_in_place(|| y.restore(&snapshot))?;
+    let x_id = format!("{:x}", x.client().range_header(b"/").await?.cluster_id);
+    let y_id = format!("{:x}", y.client().range_header(b"/").await?.cluster_id);
+    anyhow::ensure!(x_id != y_id, "the copy has the first cluster's id");
+    let mut copy = Copy {
+        refusal: format!("holds records written in etcd cluster={x_id} ("),
+        here: format!("but this is etcd cluster={y_id}: a copy"),
+        stop: stop.clone(),
+        loads,
+    };
+    // A node on the copy, given time to issue beside the fleet should it
+    // start: refused as a copy, naming the record that tells it.
+    let quick = ["--max-resume-wait", "3s"];
+    let on_copy = |dir: &Path| leased(&y, "/e4", dir, &quick);
+    // The cluster record deleted, then every take's stamp too.
+    y.etcdctl(&["del", "/e4/cluster"])?;
+    copy.refused(on_copy(&d[2])?, "del /e4/cluster", "(/e4/taken/0)")
+        .await?;
+    y.etcdctl(&["del", "--prefix", "/e4/taken/"])?;
+    let registration = format!("(shardflake.fleets/{fleet})");
+    copy.refused(on_copy(&d[2])?, "del --prefix /e4/taken/", &registration)
+        .await?;
+    // The whole prefix; then the floor and the fleet id put back, as an
+    // earlier refusal advised.
+    y.etcdctl(&["del", "--prefix", "/e4"])?;
+    copy.refused(on_copy(&d[2])?, "del --prefix /e4", &registration)
+        .await?;
+    y.put("/e4/floor", &(now_ms()? + 6_000).to_string()).await?;
+    y.put("/e4/fleet", &fleet).await?;
+    copy.refused(
+        on_copy(&d[2])?,
+        "floor and fleet id put back",
+        &registration,
+    )
+    .await?;
+    // The registration deleted too: the fleet's own node, its state file
+    // naming the first cluster, pointed at the copy.
+    y.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    stop_cleanly(&mut second).await?;
+    copy.refused(
+        on_copy(&d[1])?,
+        "the registration deleted, a node of the fleet",
+        "(this node's state file)",
+    )
+    .await?;
+    copy.stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(copy.loads).await?;
+    eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
+/// A fleet running on one cluster, and the nodes started on its copy.
+struct Copy {
+    /// The start of the refusal naming the first cluster.
+    refusal: String,
+    /// Its words naming the copy's.
+    here: String,
+    stop: Arc<AtomicBool>,
+    loads: Vec<JoinHandle<Vec<u64>>>,
+}
+
+impl Copy {
+    /// `node`, started on the copy after `what`, must be refused as a
+    /// copy by `evidence`, with nothing to put back; one that starts
+    /// issues beside the fleet for 4 s, then fails the test with the ids
+    /// it made twice.
+    async fn refused(&mut self, mut node: Serve, what: &str, evidence: &str) -> anyhow::Result<()> {
+        let refused = run_beside(
+            &mut node,
+            &self.stop,
+            &mut self.loads,
+            Duration::from_secs(4),
+        )
+        .await?;
+        node.kill();
+        let Some(refused) = refused else {
+            self.stop.store(true, Ordering::Relaxed);
+            let checked = no_duplicates(std::mem::take(&mut self.loads)).await;
+            anyhow::bail!("started on the copy after {what}: {checked:?}");
+        };
+        assert!(
+            refused.contains(&self.refusal)
+                && refused.contains(&self.here)
+                && refused.contains(evidence)
+                && !refused.contains("etcdctl put"),
+            "after {what}: {refused}"
+        );
+        Ok(())
+    }
+}
+
 /// Reproduction 2: static nodes 0, 1, 2; node 2 restarted with --etcd
 /// took etcd node 0. Then the migration the docs give, both kinds issuing
 /// throughout: each static node restarted with its --node-id and --etcd
@@ -463,6 +583,11 @@ async fn a_fresh_node_on_a_deleted_prefix_is_refused() -> anyhow::Result<()> {
             && refused.contains(&format!("etcdctl put /del/fleet {fleet}")),
         "{refused}"
     );
+    // Review E5: the copy case first, where nothing put back is safe.
+    let copy = refused
+        .find("If this etcd was restored or copied from another etcd cluster where that fleet may still run: put nothing back here and start no fleet here")
+        .ok_or_else(|| anyhow::anyhow!("no copy case: {refused}"))?;
+    assert!(copy < refused.find("etcdctl put").unwrap_or(0), "{refused}");
     // The old holder noticed its records were gone.
     assert!(a.stderr().contains("node id withdrawn"), "{}", a.stderr());
     eprintln!("{total} ids, no duplicate");
@@ -2463,12 +2588,26 @@ async fn a_deleted_prefix_is_started_again_past_a_floor() -> anyhow::Result<()> 
             && e.contains(&format!("etcdctl put /e1/fleet {fleet}")),
         "{e}"
     );
+    // Review E5: the copy case first, where nothing put back is safe.
+    let copy = e
+        .find("If this etcd was restored or copied from another etcd cluster where the fleet may still run: put nothing back here")
+        .ok_or_else(|| anyhow::anyhow!("no copy case: {e}"))?;
+    assert!(copy < e.find("etcdctl put").unwrap_or(0), "{e}");
     // As the refusal says: the floor first, then the fleet id.
-    let floor = now_ms()? + 4_000;
+    let floor = now_ms()? + 7_000;
     etcd.put("/e1/floor", &floor.to_string()).await?;
     etcd.put("/e1/fleet", &fleet).await?;
     let s = leased(&etcd, "/e1", &d[0], &[])?;
     s.ready(Duration::from_secs(30)).await?;
+    // Review R5: the wait on the floor is said, why and how long, at its
+    // start and every few seconds.
+    let log = s.stderr();
+    assert!(
+        log.contains("/e1/floor is ahead of this clock")
+            && log.contains("ms for this clock to pass the high-water recorded for node id 0")
+            && log.contains("still waiting"),
+        "{log}"
+    );
     let ids = load_for(&s, Duration::from_millis(300)).await?;
     // snowflake: 22 bits below the time, epoch 1288834974657 ms.
     let first = ids.iter().min().ok_or_else(|| anyhow::anyhow!("no id"))?;

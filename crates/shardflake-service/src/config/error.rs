@@ -131,9 +131,14 @@ pub enum ConfigError {
     PreviousPrefixSame(String),
     /// A `--fleet` that is no fleet id.
     #[error(
-        "--fleet {0:?} is not a fleet id (32 hex digits, as `etcdctl get <prefix>/fleet` or the fleet line of a node's state file shows it)"
+        "--fleet {given:?} is not a fleet id: {why}. A fleet id is 32 hex digits, minted by the fleet's first node (which starts without --fleet): copy it from `etcdctl get <prefix>/fleet --print-value-only` or from the fleet line of one of the fleet's state files"
     )]
-    FleetId(String),
+    FleetId {
+        /// The value given.
+        given: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// An etcd prefix without its leading `/`.
     #[error(
         "etcd prefix {0:?} must start with /: without it, it names another namespace than \"/{0}\" (nodes under both would hand out one node id twice); use --etcd-prefix /{0}"

@@ -137,10 +137,20 @@ fn etcd_section() {
         panic!("a fleet id refused")
     };
     assert_eq!(e.fleet.as_deref(), Some("0123456789abcdef0123456789abcdef"));
-    assert_eq!(
-        fleet("prod").unwrap_err(),
-        ConfigError::FleetId("prod".into())
+    // A mistyped one is told what is wrong with it, and where to copy it.
+    let said = |id: &str| fleet(id).unwrap_err().to_string();
+    let prod = said("prod");
+    assert!(
+        prod.starts_with(
+            "--fleet \"prod\" is not a fleet id: character 1 ('p') is not a hex digit"
+        ) && prod.contains("etcdctl get <prefix>/fleet --print-value-only")
+            && prod.contains("starts without --fleet"),
+        "{prod}"
     );
+    assert!(said("0123456789abcdef0123456789abcde").contains("it has 31 hex digits, not 32"),);
+    assert!(said("/shardflake/prod").contains("looks like an etcd prefix, which is --etcd-prefix"));
+    assert!(said("").contains("it is empty"));
+    assert!(said("0123456789abcdef 0123456789abcdef").contains("character 17 (' ')"));
     // Without endpoints it would be ignored: refused.
     assert!(err(RawConfig::default(), "[etcd]\nfleet = \"prod\"").contains("fleet id"));
 }

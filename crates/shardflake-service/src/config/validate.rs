@@ -332,10 +332,10 @@ fn validate_etcd(endpoints: Vec<String>, raw: RawEtcd) -> Result<EtcdConfig, Con
     };
     // A fleet id as its first node mints it: 32 hex digits.
     let fleet = match raw.fleet {
-        Some(f) if f.len() == 32 && f.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            Some(f.to_ascii_lowercase())
-        }
-        Some(f) => return Err(ConfigError::FleetId(f)),
+        Some(f) => match fleet_id_problem(&f) {
+            None => Some(f.to_ascii_lowercase()),
+            Some(why) => return Err(ConfigError::FleetId { given: f, why }),
+        },
         None => None,
     };
     Ok(EtcdConfig {
@@ -459,4 +459,27 @@ pub fn parse_rollback(text: &str) -> Result<RollbackPolicy, ConfigError> {
         "continue" => RollbackPolicy::Continue { max: max()? },
         _ => return Err(ConfigError::Rollback(text.to_string())),
     })
+}
+
+/// What keeps `given` from being a fleet id (32 hex digits), in words
+/// that point at the mistake; `None`: it is one.
+fn fleet_id_problem(given: &str) -> Option<String> {
+    let chars = given.chars().count();
+    if given.is_empty() {
+        return Some("it is empty".into());
+    }
+    if given.starts_with('/') {
+        return Some("it looks like an etcd prefix, which is --etcd-prefix".into());
+    }
+    if let Some((at, c)) = given
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !c.is_ascii_hexdigit())
+    {
+        return Some(format!(
+            "character {} ({c:?}) is not a hex digit (0-9, a-f)",
+            at + 1
+        ));
+    }
+    (chars != 32).then(|| format!("it has {chars} hex digits, not 32 (cut or pasted twice?)"))
 }

@@ -41,8 +41,9 @@
 //! recorded a high-water further ahead than this node may wait is skipped,
 //! before anything is written; the etcd cluster id and prefix must match the
 //! node's state file; the records must have been written in this etcd
-//! cluster (`<prefix>/cluster`, see [`CLUSTER`]: a snapshot restored into
-//! another cluster is a copy, refused however young).
+//! cluster (`<prefix>/cluster` and every other record that names its
+//! cluster, see `copied_from`: a snapshot restored into another cluster
+//! is a copy, refused however young, whichever record is deleted there).
 //!
 //! **Restores.** An etcd restored from a snapshot hands back the records of
 //! the snapshot: a holder that took an id or recorded a high-water after it
@@ -90,8 +91,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AcquireError, Claim, FleetOverlap, GenerationBehind, Holding, LeaseId, PreviousFleet,
-    RecordError, Registry, RegistryError, Renewal, keys, read_high_water,
+    AcquireError, Claim, FleetCopied, FleetOverlap, GenerationBehind, Holding, LeaseId,
+    PreviousFleet, RecordError, Registry, RegistryError, Renewal, keys, read_high_water,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{
@@ -326,7 +327,9 @@ impl Registry for EtcdRegistry {
                         // leader confirms it.
                         let rolled_back = header.revision < seen
                             && self.revision_now().await.is_some_and(|now| now < seen);
-                        let marker = self.restore_marker(&kvs, status, rolled_back).await;
+                        let marker = self
+                            .restore_marker(&kvs, status, rolled_back, header.cluster_id)
+                            .await;
                         let trust = if rolled_back {
                             tracing::warn!(
                                 revision = header.revision,
@@ -356,14 +359,37 @@ impl Registry for EtcdRegistry {
                             && place.fleet.is_none()
                             && claim.previous.is_none();
                         let here_hex = format!("{:x}", header.cluster_id);
-                        let checked = if let Some(recorded) =
-                            place.cluster.as_ref().filter(|c| **c != here_hex)
-                        {
-                            Err(AcquireError::FleetCopied {
+                        let fleets: Vec<&str> = [place.fleet.as_deref(), expected_fleet.as_deref()]
+                            .into_iter()
+                            .flatten()
+                            .collect();
+                        let copy = copied_from(
+                            &self.prefix,
+                            &kvs,
+                            &registered,
+                            header.cluster_id,
+                            &fleets,
+                        )
+                        .or_else(|| {
+                            // A node of this fleet whose state file names
+                            // another cluster: only a `fleet move` brings
+                            // the fleet here, and it names this cluster at
+                            // the new place.
+                            let recorded = state_file_cluster(claim.expected_registry.as_deref()?)?;
+                            let moved_here = place.cluster.as_deref() == Some(here_hex.as_str());
+                            (recorded != here_hex
+                                && !moved_here
+                                && place.fleet.is_some()
+                                && place.fleet == expected_fleet)
+                                .then(|| (recorded, "this node's state file".to_string()))
+                        });
+                        let checked = if let Some((recorded, evidence)) = copy {
+                            Err(AcquireError::FleetCopied(Box::new(FleetCopied {
                                 prefix: self.prefix.clone(),
-                                recorded: recorded.clone(),
+                                recorded,
                                 here: here_hex,
-                            })
+                                evidence,
+                            })))
                         } else if let Some(e) = place.behind(
                             remembered,
                             &expected_fleet,
@@ -395,6 +421,7 @@ impl Registry for EtcdRegistry {
                                 let before = BeforeRetiring {
                                     registered: &registered,
                                     expected: expected_fleet.as_deref(),
+                                    cluster_id: header.cluster_id,
                                 };
                                 retire_previous(&self.client, &self.prefix, previous, claim, before)
                                     .await
@@ -618,6 +645,11 @@ impl EtcdRegistry {
     /// this holder's node key and the fleet id are as it holds them; a
     /// failure is logged and the next record tries again.
     async fn register_again(&self, holding: &Holding, held: &Held) {
+        // Known since the take: a registration naming no cluster, or
+        // another, would read as a copy's.
+        let Some(cluster_id) = *lock(&self.cluster_id) else {
+            return;
+        };
         let key = fleet_registry_key(&held.fleet);
         let node = keys(&self.prefix, holding.node_id).0;
         let compares = [
@@ -627,7 +659,7 @@ impl EtcdRegistry {
         ];
         let put = [Op::Put(
             key.clone(),
-            registration(&self.prefix, &held.layout),
+            registration(&self.prefix, &held.layout, cluster_id),
             0,
         )];
         let shown = String::from_utf8_lossy(&key).into_owned();
@@ -880,6 +912,7 @@ impl EtcdRegistry {
         kvs: &[Kv],
         status: Option<Status>,
         rolled_back: bool,
+        cluster_id: u64,
     ) -> Option<i64> {
         let key = format!("{}/restored", self.prefix);
         let recorded = kvs
@@ -900,7 +933,7 @@ impl EtcdRegistry {
                 &[],
                 &[Op::Put(
                     key.clone().into_bytes(),
-                    stamp_text(&now).into_bytes(),
+                    stamp_text(&now, cluster_id).into_bytes(),
                     0,
                 )],
                 &[],
@@ -1032,17 +1065,35 @@ impl Trust {
     }
 }
 
-/// `<prefix>/taken/<id>`'s value: the status of etcd read by the take.
-fn stamp_text(status: &Status) -> String {
+/// `<prefix>/taken/<id>`'s value (also `<prefix>/restored`'s and
+/// `<prefix>/confirmed`'s): the status of etcd read by the take, and the
+/// etcd cluster it was read in (see [`copied_from`]).
+fn stamp_text(status: &Status, cluster_id: u64) -> String {
     format!(
-        "revision {} raft_index {}",
+        "revision {} raft_index {} cluster {cluster_id:x}",
         status.revision, status.raft_index
     )
+}
+
+/// The etcd cluster id (hex) a stamp names (`None`: a stamp of an earlier
+/// version).
+fn stamp_cluster(value: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut words = text.split_whitespace().skip(4);
+    match (words.next()?, words.next()?) {
+        ("cluster", id) => Some(id),
+        _ => None,
+    }
 }
 
 /// The stamp of a take that could not read etcd's status: believed by no
 /// restore check, and still a mark that the id was taken.
 const UNKNOWN_STAMP: &str = "taken (etcd status unknown)";
+
+/// [`UNKNOWN_STAMP`] with the cluster it was written in.
+fn unknown_stamp(cluster_id: u64) -> String {
+    format!("{UNKNOWN_STAMP} cluster {cluster_id:x}")
+}
 
 /// A stamp's status (`None`: absent, or not one).
 fn parse_stamp(value: &[u8]) -> Option<Status> {
@@ -1244,6 +1295,8 @@ struct BeforeRetiring<'a> {
     registered: &'a [Kv],
     /// The fleet id of this node's state file.
     expected: Option<&'a str>,
+    /// The etcd cluster of the take.
+    cluster_id: u64,
 }
 
 impl BeforeRetiring<'_> {
@@ -1271,7 +1324,14 @@ impl BeforeRetiring<'_> {
         // A fleet that carries no id (an earlier version's) mints one,
         // which no registration names.
         let fleet = carried.unwrap_or_default().as_bytes();
-        check_registered(self.registered, prefix, fleet, &claim.layout, Some(old))?;
+        check_registered(
+            self.registered,
+            prefix,
+            fleet,
+            &claim.layout,
+            Some(old),
+            self.cluster_id,
+        )?;
         let ahead_ms = floor.saturating_sub(claim.now_ms);
         if ahead_ms > claim.max_ahead_ms {
             return Err(AcquireError::HighWaterAhead {
@@ -1351,13 +1411,27 @@ fn latest_registrations(registered: &[Kv]) -> Vec<(&[u8], &Kv)> {
     latest
 }
 
-/// A registration's value.
-fn registration(prefix: &str, layout: &[u8]) -> Vec<u8> {
+/// A registration's value: the fleet's prefix, its layout record and the
+/// etcd cluster it registered in (hex; see [`copied_from`]).
+fn registration(prefix: &str, layout: &[u8], cluster_id: u64) -> Vec<u8> {
     format!(
-        "prefix {prefix}\nlayout {}",
+        "prefix {prefix}\nlayout {}\n{REGISTERED_IN}{cluster_id:x}",
         String::from_utf8_lossy(layout)
     )
     .into_bytes()
+}
+
+/// How a registration's line naming its etcd cluster begins (absent in
+/// an earlier version's).
+const REGISTERED_IN: &str = "cluster ";
+
+/// The etcd cluster id (hex) a registration names (`None`: an earlier
+/// version's).
+fn registration_cluster(value: &[u8]) -> Option<&str> {
+    std::str::from_utf8(value)
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix(REGISTERED_IN))
 }
 
 /// A registration's prefix and layout record (`None`: it does not read).
@@ -1375,8 +1449,8 @@ fn parse_registration(value: &[u8]) -> Option<(String, String)> {
 const MOVED_TO: &str = "moved to ";
 
 /// A registration marked as moved to `to` (another cluster).
-fn moved_registration(prefix: &str, layout: &[u8], to: &str) -> Vec<u8> {
-    let mut value = registration(prefix, layout);
+fn moved_registration(prefix: &str, layout: &[u8], cluster_id: u64, to: &str) -> Vec<u8> {
+    let mut value = registration(prefix, layout, cluster_id);
     value.extend_from_slice(format!("\n{MOVED_TO}{to}").as_bytes());
     value
 }
@@ -1439,6 +1513,7 @@ fn check_registered(
     fleet: &[u8],
     layout: &[u8],
     moved_from: Option<&str>,
+    cluster_id: u64,
 ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, AcquireError> {
     let ours = String::from_utf8_lossy(fleet).into_owned();
     let layout_text = String::from_utf8_lossy(layout).into_owned();
@@ -1471,7 +1546,7 @@ fn check_registered(
             })));
         }
     }
-    let wanted = registration(prefix, layout);
+    let wanted = registration(prefix, layout, cluster_id);
     let holds = |key: &[u8]| {
         registered
             .iter()
@@ -1617,6 +1692,61 @@ const CONFIRMED: &str = "confirmed";
 /// cannot see it; this record can. Written by a take that finds none, and
 /// by `fleet move` at the new place.
 pub(crate) const CLUSTER: &str = "cluster";
+
+/// Where the records of `prefix` (`kvs`, a read of the prefix, and
+/// `registered`, the cluster's registrations) say they were written in
+/// another etcd cluster than `here`: that cluster (hex) and the record
+/// that names it. Each record a take reads or writes to decide names its
+/// cluster: `<prefix>/cluster`, every `<prefix>/taken/<id>` stamp,
+/// `<prefix>/restored` and `<prefix>/confirmed`, and the registration of
+/// the fleet under `prefix` or of `fleets` (the place's and the node's).
+/// So a copy (a snapshot restored into another cluster) is told by any
+/// one of them: deleting one (`etcdctl del <prefix>/cluster`, or the whole
+/// prefix, which leaves the registrations) does not make it an original.
+/// Records of an earlier version, which name no cluster, tell nothing.
+fn copied_from(
+    prefix: &str,
+    kvs: &[Kv],
+    registered: &[Kv],
+    here: u64,
+    fleets: &[&str],
+) -> Option<(String, String)> {
+    let here = format!("{here:x}");
+    let cluster_key = format!("{prefix}/{CLUSTER}");
+    if let Some(kv) = kvs.iter().find(|kv| kv.key == cluster_key.as_bytes())
+        && kv.value != here.as_bytes()
+    {
+        let recorded = String::from_utf8_lossy(&kv.value).into_owned();
+        return Some((recorded, format!("its {cluster_key}")));
+    }
+    let stamped = [
+        format!("{prefix}/taken/"),
+        format!("{prefix}/restored"),
+        format!("{prefix}/{CONFIRMED}"),
+    ];
+    let elsewhere = |named: Option<&str>| named.filter(|c| *c != here).map(str::to_string);
+    for kv in kvs {
+        let is_stamp = stamped.iter().any(|k| kv.key.starts_with(k.as_bytes()));
+        if is_stamp && let Some(recorded) = elsewhere(stamp_cluster(&kv.value)) {
+            return Some((recorded, String::from_utf8_lossy(&kv.key).into_owned()));
+        }
+    }
+    for (id, kv) in latest_registrations(registered) {
+        let ours = fleets.iter().any(|f| f.as_bytes() == id)
+            || parse_registration(&kv.value).is_some_and(|(p, _)| p == prefix);
+        if ours && let Some(recorded) = elsewhere(registration_cluster(&kv.value)) {
+            return Some((recorded, String::from_utf8_lossy(&kv.key).into_owned()));
+        }
+    }
+    None
+}
+
+/// The etcd cluster id (hex) a state file's registry line names
+/// (`etcd cluster=<id> prefix=<prefix>`; `None`: a static one).
+fn state_file_cluster(registry: &str) -> Option<String> {
+    let rest = registry.strip_prefix("etcd cluster=")?;
+    rest.split_whitespace().next().map(str::to_string)
+}
 
 /// What a take knows of its fleet besides the claim.
 struct Fleet {
@@ -1960,6 +2090,14 @@ async fn take_lowest(
             recorded
         };
         // Past every id of the fleet this one replaced.
+        if floor_ms > previous_ms && floor_ms > claim.now_ms {
+            tracing::warn!(
+                node_id = candidate,
+                floor_ms,
+                wait_ms = floor_ms - claim.now_ms,
+                "{prefix}/floor is ahead of this clock: no id of this fleet is stamped at or before it (a layout change, a `fleet move` or a floor put back after a delete wrote it, past every id the fleet may have made before), so this node waits until its clock passes it"
+            );
+        }
         let previous_ms = previous_ms.max(floor_ms);
         // Checked before anything is written: a refused take leaves the
         // record as it was.
@@ -2006,8 +2144,8 @@ async fn take_lowest(
         success.push(Op::Put(
             stamp_key.clone().into_bytes(),
             status.as_ref().map_or_else(
-                || UNKNOWN_STAMP.to_string().into_bytes(),
-                |s| stamp_text(s).into_bytes(),
+                || unknown_stamp(fleet.cluster_id).into_bytes(),
+                |s| stamp_text(s, fleet.cluster_id).into_bytes(),
             ),
             0,
         ));
@@ -2065,6 +2203,7 @@ async fn take_lowest(
             fleet_id,
             layout_recorded,
             fleet.moved_from.as_deref(),
+            fleet.cluster_id,
         )?;
         compares.extend(registrations_unchanged(registrations_at));
         for (key, value) in registration {
@@ -2268,21 +2407,21 @@ mod tests {
         assert!(may_share_ids(&dc(1), "L; node id in field worker"));
         let reg = |fleet: &str, prefix: &str, layout: &str| Kv {
             key: fleet_registry_key(fleet.as_bytes()),
-            value: registration(prefix, layout.as_bytes()),
+            value: registration(prefix, layout.as_bytes(), 1),
             lease: 0,
             create_revision: 1,
             mod_revision: 1,
         };
         let ours = dc(1);
         let check = |registered: &[Kv], prefix: &str, moved_from: Option<&str>| {
-            check_registered(registered, prefix, b"F", ours.as_bytes(), moved_from)
+            check_registered(registered, prefix, b"F", ours.as_bytes(), moved_from, 1)
         };
         // Not registered yet: registered with the take; then nothing to write.
         assert_eq!(
             check(&[], "/a", None).unwrap(),
             vec![(
                 fleet_registry_key(b"F"),
-                registration("/a", ours.as_bytes())
+                registration("/a", ours.as_bytes(), 1)
             )]
         );
         assert_eq!(check(&[reg("F", "/a", &ours)], "/a", None).unwrap(), vec![]);
@@ -2297,7 +2436,7 @@ mod tests {
             check(&[old("F", "/a", &ours, 1)], "/a", None).unwrap(),
             vec![(
                 fleet_registry_key(b"F"),
-                registration("/a", ours.as_bytes())
+                registration("/a", ours.as_bytes(), 1)
             )]
         );
         assert!(matches!(
@@ -2353,7 +2492,7 @@ mod tests {
     fn a_fleet_registered_under_a_prefix_is_found_with_its_revision() {
         let reg = |fleet: &str, prefix: &str, revision: i64| Kv {
             key: fleet_registry_key(fleet.as_bytes()),
-            value: registration(prefix, b"L; node id in field node"),
+            value: registration(prefix, b"L; node id in field node", 1),
             lease: 0,
             create_revision: revision,
             mod_revision: revision,
@@ -2368,7 +2507,7 @@ mod tests {
             Some(("G".into(), 3, None))
         );
         let moved = Kv {
-            value: moved_registration("/b", b"L; node id in field node", "/b on etcd cluster=2"),
+            value: moved_registration("/b", b"L; node id in field node", 1, "/b on etcd cluster=2"),
             ..reg("G", "/b", 3)
         };
         assert_eq!(
@@ -2451,7 +2590,7 @@ mod tests {
             revision: 201,
             raft_index: 205,
         };
-        let read = parse_stamp(stamp_text(&then).as_bytes());
+        let read = parse_stamp(stamp_text(&then, 0xab).as_bytes());
         assert_eq!(read, Some(then));
         assert_eq!(parse_stamp(b"revision x raft_index 1"), None);
         assert_eq!(parse_stamp(b"201"), None);
@@ -2477,5 +2616,82 @@ mod tests {
             raft_index: 10_030
         })));
         assert!(!Trust::StampedAfter(230).believes(None));
+    }
+
+    /// Review E4: a copy of a fleet's records in another etcd cluster is
+    /// told by any record that names the cluster it was written in, so
+    /// deleting `<prefix>/cluster` (or the prefix) leaves it a copy.
+    #[test]
+    fn any_record_naming_another_cluster_tells_a_copy() {
+        let kv = |key: &str, value: &str| Kv {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+            lease: 0,
+            create_revision: 1,
+            mod_revision: 1,
+        };
+        let status = Status {
+            revision: 7,
+            raft_index: 9,
+        };
+        let stamp = stamp_text(&status, 0xa);
+        assert_eq!(parse_stamp(stamp.as_bytes()), Some(status));
+        assert_eq!(stamp_cluster(stamp.as_bytes()), Some("a"));
+        assert_eq!(stamp_cluster(unknown_stamp(0xa).as_bytes()), Some("a"));
+        assert_eq!(stamp_cluster(b"revision 7 raft_index 9"), None);
+        let layout = b"L; node id in field node";
+        let reg = |fleet: &str, prefix: &str, cluster: u64| Kv {
+            key: fleet_registry_key(fleet.as_bytes()),
+            value: registration(prefix, layout, cluster),
+            lease: 0,
+            create_revision: 1,
+            mod_revision: 1,
+        };
+        assert_eq!(
+            parse_registration(&reg("F", "/p", 0xa).value),
+            Some(("/p".into(), String::from_utf8_lossy(layout).into_owned()))
+        );
+        let copied =
+            |kvs: &[Kv], registered: &[Kv]| copied_from("/p", kvs, registered, 0xb, &["F"]);
+        // Written here, or by an earlier version (no cluster named).
+        let own = [
+            kv("/p/cluster", "b"),
+            kv("/p/taken/0", &stamp_text(&status, 0xb)),
+            kv("/p/taken/1", "revision 7 raft_index 9"),
+        ];
+        assert_eq!(copied(&own, &[reg("F", "/p", 0xb)]), None);
+        let earlier = Kv {
+            value: b"prefix /p\nlayout L; node id in field node".to_vec(),
+            ..reg("F", "/p", 0xa)
+        };
+        assert_eq!(copied(&[], &[earlier]), None);
+        // Each record alone tells.
+        assert_eq!(
+            copied(&[kv("/p/cluster", "a")], &[]),
+            Some(("a".into(), "its /p/cluster".into()))
+        );
+        assert_eq!(
+            copied(&[kv("/p/taken/3", &stamp)], &[]),
+            Some(("a".into(), "/p/taken/3".into()))
+        );
+        assert_eq!(
+            copied(&[kv("/p/restored", &stamp)], &[]),
+            Some(("a".into(), "/p/restored".into()))
+        );
+        assert_eq!(
+            copied(&[], &[reg("F", "/elsewhere", 0xa)]),
+            Some(("a".into(), "shardflake.fleets/F".into()))
+        );
+        assert_eq!(
+            copied(&[], &[reg("G", "/p", 0xa)]),
+            Some(("a".into(), "shardflake.fleets/G".into()))
+        );
+        // Another fleet under another prefix, copied too, is not this one.
+        assert_eq!(copied(&[], &[reg("G", "/q", 0xa)]), None);
+        assert_eq!(
+            state_file_cluster("etcd cluster=a1 prefix=/p"),
+            Some("a1".into())
+        );
+        assert_eq!(state_file_cluster("static"), None);
     }
 }

@@ -38,9 +38,9 @@
 //! without a state file of it take ids there again.
 
 use super::{
-    CLUSTER, CONFIRMED, RETIRED, check_registered, client, fleet_registry_key, moved_registration,
-    parse_retired, read_generation, read_high_water, read_registrations, registrations_unchanged,
-    stamp_text,
+    CLUSTER, CONFIRMED, RETIRED, check_registered, client, copied_from, fleet_registry_key,
+    moved_registration, parse_retired, read_generation, read_high_water, read_registrations,
+    registrations_unchanged, stamp_text,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{Compare, EtcdError, Op};
@@ -234,9 +234,18 @@ pub async fn move_fleet(
     // A record a restore rolled back is believed by no take there (see
     // registry/etcd.rs); carried elsewhere, it would be: raised past what
     // its lost holder may have stamped instead.
-    // So is a copy of another cluster's records (see `CLUSTER`).
-    let copied = find(format!("{old}/{CLUSTER}"))
-        .is_some_and(|kv| kv.value != format!("{:x}", header.cluster_id).into_bytes());
+    // So is a copy of another cluster's records, told by any record there
+    // that names its cluster (see `copied_from`).
+    let fleet_id = String::from_utf8_lossy(&fleet).into_owned();
+    let (src_registered, _) = read_registrations(&src, false).await?;
+    let copied = copied_from(
+        old,
+        &kvs,
+        &src_registered,
+        header.cluster_id,
+        &[fleet_id.as_str()],
+    )
+    .is_some();
     let restored = copied
         || find(format!("{old}/restored")).is_some()
         || src.status().await.is_ok_and(|s| s.restored());
@@ -367,6 +376,7 @@ pub async fn move_fleet(
         &fleet,
         &record,
         same_cluster.then_some(old.as_str()),
+        dheader.cluster_id,
     )
     .map_err(MoveError::Refused)?;
     // Moved to another cluster: the fleet's registration in the old one
@@ -375,7 +385,7 @@ pub async fn move_fleet(
     let mark_moved = (!same_cluster).then(|| {
         Op::Put(
             fleet_registry_key(&fleet),
-            moved_registration(old, &record, &successor),
+            moved_registration(old, &record, header.cluster_id, &successor),
             0,
         )
     });
@@ -451,7 +461,7 @@ pub async fn move_fleet(
     if let Ok(status) = dst.status().await {
         ops.push(Op::Put(
             format!("{new}/{CONFIRMED}").into_bytes(),
-            stamp_text(&status).into_bytes(),
+            stamp_text(&status, dheader.cluster_id).into_bytes(),
             0,
         ));
     }
@@ -500,7 +510,7 @@ pub struct Confirmed {
 pub async fn confirm_place(cfg: &EtcdConfig) -> Result<Confirmed, MoveError> {
     let prefix = &cfg.prefix;
     let etcd = client(cfg)?;
-    let (kvs, _) = etcd
+    let (kvs, header) = etcd
         .range_prefix_header(format!("{prefix}/").as_bytes())
         .await?;
     let find = |name: &str| {
@@ -519,7 +529,7 @@ pub async fn confirm_place(cfg: &EtcdConfig) -> Result<Confirmed, MoveError> {
     // older than the restore.
     let ops = [Op::Put(
         format!("{prefix}/{CONFIRMED}").into_bytes(),
-        stamp_text(&status).into_bytes(),
+        stamp_text(&status, header.cluster_id).into_bytes(),
         0,
     )];
     let restore_seen = find("restored").is_some() || status.restored();
