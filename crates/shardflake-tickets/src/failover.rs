@@ -713,6 +713,7 @@ impl Pool {
                 server: server.config.name.clone(),
                 context: "connect".into(),
                 ms: timeout.as_millis() as u64,
+                setting: "`[failover] attempt_timeout_ms`",
             })
         });
         match opened {
@@ -767,18 +768,21 @@ impl Pool {
         let deadline = Instant::now() + timeout;
         let name = &server.config.name;
         let identity = server.identity();
+        // Why the places did not take them, as they said it: a retry cut
+        // short by the deadline names no place.
+        let mut last = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let record = self.store.record(&server.class, identity.as_deref(), marks);
-            let written = tokio::time::timeout(left, record)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(TicketError::Timeout {
-                        server: name.clone(),
-                        context: "write high-water marks".into(),
-                        ms: timeout.as_millis() as u64,
-                    })
-                });
+            let written = match tokio::time::timeout(left, record).await {
+                Ok(written) => written,
+                Err(_) => Err(last.take().unwrap_or_else(|| TicketError::Timeout {
+                    server: name.clone(),
+                    context: "the places holding its marks, asked together".into(),
+                    ms: timeout.as_millis() as u64,
+                    setting: "half of `[failover] attempt_timeout_ms`",
+                })),
+            };
             match written {
                 Ok(()) => break,
                 Err(e) if e.is_refusal() => {
@@ -788,7 +792,10 @@ impl Pool {
                     return Err(e);
                 }
                 Err(e) if Instant::now() >= deadline => return Err(e),
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                Err(e) => {
+                    last = Some(e);
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await
+                }
             }
         }
         for (i, q) in self.config.sequences.iter().enumerate() {
@@ -885,6 +892,10 @@ impl Pool {
                     server: name.clone(),
                     context: "call".into(),
                     ms: budget.as_millis() as u64,
+                    setting: match budget < f.attempt_timeout() {
+                        true => "`[failover] timeout_ms`, what was left of it",
+                        false => "`[failover] attempt_timeout_ms`",
+                    },
                 })
             });
             match result {
@@ -1083,6 +1094,7 @@ mod tests {
             server: "s1".into(),
             context: "call".into(),
             ms: 1,
+            setting: "`[failover] attempt_timeout_ms`",
         });
         s[2].mark_failed(&TicketError::misconfigured("s3", "offset"));
         assert_eq!(names(call_order(&s, 0)), ["s2", "s1"]);

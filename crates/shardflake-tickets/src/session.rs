@@ -212,8 +212,8 @@ impl Backend for Session {
         delegate!(self, b => b.pin_lattice(version).await)
     }
 
-    async fn begin_reshape(&mut self) -> Result<(), TicketError> {
-        delegate!(self, b => b.begin_reshape().await)
+    async fn begin_reshape(&mut self, to: i64) -> Result<(), TicketError> {
+        delegate!(self, b => b.begin_reshape(to).await)
     }
 
     async fn end_reshape(&mut self) -> Result<(), TicketError> {
