@@ -765,9 +765,9 @@ fn lattice_problem(
         .filter_map(|(name, o)| Some((o.version?, *name)))
         .max();
     Some(match (seen.version, current) {
-        (Some(own), Some((version, other))) if own < version => format!(
-            "server {server}: it records lattice version {own} and another lattice than this file's, while server {other} records this file's at version {version}: {server} went back to before the reshape to version {version} (its own dump of before it loaded?); run `shardflake tickets reshape --config FILE` again with this file (it raises {server} past every mark and counter and records this lattice), not a reshape back, and no other file"
-        ),
+        (Some(own), Some((version, other))) if own < version => {
+            TicketError::went_back_before_reshape(server, own, other, version).to_string()
+        }
         _ => refused,
     })
 }

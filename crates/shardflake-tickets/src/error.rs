@@ -304,6 +304,26 @@ impl TicketError {
         }
     }
 
+    /// `server` records lattice version `own` and another lattice than the
+    /// file's, while `other` records the file's at `current`, a higher
+    /// one: `server` went back to before the reshape to `current` (its own
+    /// dump of before it loaded), not the file. The way out is that
+    /// reshape again with this file.
+    pub(crate) fn went_back_before_reshape(
+        server: &str,
+        own: i64,
+        other: &str,
+        current: i64,
+    ) -> TicketError {
+        TicketError::LatticeChanged {
+            server: server.to_string(),
+            sequence: String::new(),
+            change: format!(
+                "it records lattice version {own} and another lattice than this file's, while server {other} records this file's at version {current}: {server} went back to before the reshape to version {current} (its own dump of before it loaded?); run `shardflake tickets reshape --config FILE` again with this file (it raises {server} past every mark and counter and records this lattice), not a reshape back, and no other file"
+            ),
+        }
+    }
+
     /// A record `init` writes (`what`) is not on `server`. While a dump
     /// is loaded each table is recreated empty before its rows, so this is
     /// most often a restore under way and clears by itself: the message

@@ -108,6 +108,12 @@ pub(crate) struct Server {
     superseded: AtomicBool,
     /// The server's start time (unix seconds) at the last check.
     started: AtomicI64,
+    /// The lattice version its last session was pinned to (0: none yet),
+    /// and the one it recorded when a session was last refused: a server
+    /// refusing the file's lattice at a lower version than another server
+    /// takes it at went back.
+    version: AtomicI64,
+    refused_at: AtomicI64,
     /// The server's identity (as the database reports it) at the last
     /// check: the holder its marks are written as.
     identity: Mutex<Option<String>>,
@@ -155,6 +161,8 @@ impl Server {
             verified: AtomicBool::new(false),
             superseded: AtomicBool::new(false),
             started: AtomicI64::new(i64::MIN),
+            version: AtomicI64::new(0),
+            refused_at: AtomicI64::new(0),
             identity: Mutex::new(None),
             seen: config
                 .sequences
@@ -267,7 +275,15 @@ impl Server {
         force: bool,
         alone: bool,
     ) -> Result<Session, TicketError> {
-        let mut session = Session::connect(&self.config, config).await?;
+        let mut read = None;
+        let connected = Session::connect(&self.config, config, &mut read).await;
+        let (slot, other) = match &connected {
+            Ok(_) => (&self.version, &self.refused_at),
+            Err(_) => (&self.refused_at, &self.version),
+        };
+        slot.store(read.unwrap_or(0), Ordering::Relaxed);
+        other.store(0, Ordering::Relaxed);
+        let mut session = connected?;
         let who = session.identify().await?;
         let known = self.started.load(Ordering::Relaxed);
         // Start times are computed to the second: one apart is the same start.
@@ -723,9 +739,40 @@ impl Pool {
                 Ok(())
             }
             Err(e) => {
+                let e = self.went_back(server, e);
                 server.mark_failed(&e);
                 Err(e)
             }
+        }
+    }
+
+    /// `e` of `server`, said as it is: a lattice refusal of a server that
+    /// records a lower lattice version than another server this client
+    /// holds a session of on the file's lattice is that server gone back
+    /// to before a reshape (its own dump loaded), not this client's file.
+    fn went_back(&self, server: &Server, e: TicketError) -> TicketError {
+        if !matches!(e, TicketError::LatticeChanged { .. }) {
+            return e;
+        }
+        // The server that refused: this one at its session, or a peer
+        // refusing this one's marks (its lattice fence).
+        let refusing = match e.server() {
+            Some(name) => self.servers.iter().find(|s| s.config.name == name),
+            None => Some(server),
+        };
+        let Some(refusing) = refusing else { return e };
+        let own = refusing.refused_at.load(Ordering::Relaxed);
+        let current = self
+            .servers
+            .iter()
+            .filter(|s| s.index != refusing.index)
+            .map(|s| (s.version.load(Ordering::Relaxed), s.config.name.as_str()))
+            .max();
+        match current {
+            Some((version, other)) if own > 0 && version > own => {
+                TicketError::went_back_before_reshape(&refusing.config.name, own, other, version)
+            }
+            _ => e,
         }
     }
 
@@ -911,6 +958,7 @@ impl Pool {
                     exhausted = Some(e);
                 }
                 Err(e) => {
+                    let e = self.went_back(server, e);
                     server.failed(&e);
                     failures.push(ServerFailure {
                         server: name.clone(),

@@ -326,7 +326,7 @@ pub(crate) fn lattice_fenced(server: &str, class: &str) -> TicketError {
         server: server.to_string(),
         sequence: String::new(),
         change: format!(
-            "this server's lattice was changed by `shardflake tickets reshape` (or one is under way) and residue class {class} is not of it: this client runs on the file of before the reshape and would hand out ids twice; restart it with the file reshape was given"
+            "it takes no mark of residue class {class}: the lattice it records has no such class (or a reshape is under way there). Either this client runs on a file of before a `shardflake tickets reshape` and would hand out ids twice (restart it with the file reshape was given), or this server went back to before the reshape this client's file comes from (its own dump of before it loaded: run `shardflake tickets reshape --config FILE` again with the current file, not a reshape back)"
         ),
     }
 }

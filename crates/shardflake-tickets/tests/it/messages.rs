@@ -238,11 +238,11 @@ async fn init_with_a_file_of_before_a_reshape_is_sent_to_the_current_file_mariad
     init_ok(&after).await;
 }
 
-/// `a` given back its own dump of before a reshape: a client and `check`
+/// `a` given back its own dump of before a reshape: `check` and a client
 /// on the current file are told `a` went back and to run the reshape
-/// again, not that their file is old; after it, all is well. The servers
-/// of one lattice record one version. Before: "the file says … but it was
-/// initialised with …; … run reshape, or put the file back".
+/// again, not that their file is old; after it, all is well. Before: "the
+/// file says … but it was initialised with …; … run reshape, or put the
+/// file back", as if the file had been edited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_given_its_dump_of_before_a_reshape_is_named_mariadb() {
     let (a, b) = (maria(2, 1), maria(2, 2));
@@ -267,10 +267,37 @@ async fn a_server_given_its_dump_of_before_a_reshape_is_named_mariadb() {
     let _ = std::fs::remove_file(&night);
     let report = admin::check(&after).await.to_string();
     assert!(
-        report.contains("server a: it records lattice version 1 and another lattice than this file's, while server b records this file's at version 2")
+        report.contains("server \"a\": it records lattice version 1 and another lattice than this file's, while server b records this file's at version 2")
             && report.contains("run `shardflake tickets reshape --config FILE` again with this file")
             && !report.contains("put the file back"),
         "{report}"
+    );
+    // A client of the current file refuses a, and says a went back once
+    // it has a session of b (a is probed again meanwhile).
+    let said = match TicketClient::connect(after.clone()).await {
+        Err(e) => e.to_string(),
+        Ok(client) => {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let said = loop {
+                let reason = client
+                    .metrics()
+                    .into_iter()
+                    .find(|m| m.name == "a")
+                    .and_then(|m| m.reason)
+                    .unwrap_or_default();
+                if reason.contains("went back") || Instant::now() > deadline {
+                    break reason;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            client.shutdown().await;
+            said
+        }
+    };
+    assert!(
+        said.contains("it records lattice version 1 and another lattice than this file's, while server b records this file's at version 2: a went back to before the reshape to version 2")
+            && said.contains("run `shardflake tickets reshape --config FILE` again with this file"),
+        "{said}"
     );
     admin::reshape(&after, &PeersStore::new(after.clone()))
         .await
