@@ -396,3 +396,49 @@ async fn a_counter_set_back_without_its_guard_is_reported_whole_mariadb() {
     client.shutdown().await;
     assert_unique(&ids);
 }
+
+/// A server added by a later reshape records the same lattice version as
+/// the others: `reshape` gives every server one past the highest any
+/// records, so the versions `check` and the refusals show agree. Before:
+/// each server's own version + 1 (a and b 3, c 2 here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_server_of_a_lattice_records_one_version_mariadb() {
+    let (a, b, c) = (maria(2, 1), maria(2, 2), maria(6, 5));
+    let (before, after) = before_and_after(&a, &b);
+    init_ok(&before).await;
+    admin::reshape(&after, &PeersStore::new(after.clone()))
+        .await
+        .unwrap();
+    // c joins (increment 6): its tables by `init` with the three-server
+    // file (a and b refuse it: their lattice differs), then the reshape
+    // to that file.
+    let three = Config::parse(&format!(
+        "increment = 6\n{}{}{}{FIXED}",
+        server_toml("a", "mariadb", &a.url(), 1),
+        server_toml("b", "mariadb", &b.url(), 3),
+        server_toml("c", "mariadb", &c.url(), 5)
+    ))
+    .unwrap();
+    let init = admin::init(&three).await;
+    assert!(
+        init.iter()
+            .find(|s| s.server == "c")
+            .unwrap()
+            .result
+            .is_ok(),
+        "{init:?}"
+    );
+    admin::reshape(&three, &PeersStore::new(three.clone()))
+        .await
+        .unwrap();
+    let versions: Vec<String> = [&a, &b, &c]
+        .iter()
+        .map(|m| {
+            m.sql("SELECT version FROM shardflake_ticket_lattice_version")
+                .unwrap()
+                .trim()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(versions, ["3", "3", "3"]);
+}
