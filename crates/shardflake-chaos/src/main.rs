@@ -203,6 +203,11 @@ struct TicketsArgs {
     /// failover, edited-file, guard-replaced].
     #[arg(long, value_delimiter = ',', value_parser = parse_ticket_fault)]
     kinds: Vec<tickets::Fault>,
+    /// Keep exactly two servers (a reshape swaps their offsets, never
+    /// adds or removes one): with `--kinds kill`, how long the clients of
+    /// a pair wait while one server is down (a mark needs the peer).
+    #[arg(long)]
+    pair: bool,
 }
 
 fn parse_ticket_fault(name: &str) -> Result<tickets::Fault, String> {
@@ -320,10 +325,15 @@ fn main() -> ExitCode {
                 } else {
                     a.kinds
                 },
+                pair: a.pair,
             };
             println!(
-                "shardflake-chaos tickets --seconds {} --clients {} --mode {} --seed {}",
-                o.run.seconds, o.run.clients, a.mode, o.run.seed
+                "shardflake-chaos tickets --seconds {} --clients {} --mode {} --seed {}{}",
+                o.run.seconds,
+                o.run.clients,
+                a.mode,
+                o.run.seed,
+                if o.pair { " --pair" } else { "" }
             );
             exit(tickets::run(&o))
         }

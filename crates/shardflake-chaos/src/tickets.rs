@@ -59,6 +59,11 @@ pub struct TicketsOptions {
     pub segment: bool,
     /// The kinds the run draws from (all, unless narrowed).
     pub kinds: Vec<Fault>,
+    /// The fleet stays at exactly two servers (`--pair`): a reshape
+    /// swaps their offsets, never adds or removes one. With two servers a
+    /// mark needs the peer, so this measures how long clients wait while
+    /// one of a pair is down.
+    pub pair: bool,
 }
 
 /// An operator's fault (or a crash); its target is a server of the fleet.
@@ -945,7 +950,7 @@ impl Fleet<'_> {
         let mut added = None;
         let mut removed = None;
         let what;
-        if step.variant == 0 {
+        if step.variant == 0 || self.o.pair {
             (e[t].offset, e[peer].offset) = (e[peer].offset, e[t].offset);
             what = format!("offsets of {} and {} swapped", e[t].name, e[peer].name);
         } else if self.members.len() < MAX_SERVERS {
@@ -1157,8 +1162,13 @@ fn run_in(o: &TicketsOptions, dir: &Path) -> anyhow::Result<bool> {
     drop(fleet);
     Outcome {
         name: format!(
-            "tickets ({}, 2 or more servers)",
-            if o.segment { "segment" } else { "per-id" }
+            "tickets ({}, {})",
+            if o.segment { "segment" } else { "per-id" },
+            if o.pair {
+                "exactly 2 servers"
+            } else {
+                "2 or more servers"
+            }
         ),
         processes: servers,
         clients: all,
@@ -1188,6 +1198,7 @@ mod tests {
             },
             segment: true,
             kinds: kinds.to_vec(),
+            pair: false,
         }
     }
 

@@ -27,14 +27,19 @@
 //!
 //! Every command is bounded: each statement by the server
 //! (`lock_wait_timeout`, `lock_timeout`, `statement_timeout`: the error
-//! names the server and the statement), each server by `admin_timeout_ms`
-//! times [`ADMIN_STATEMENTS`] on our side.
+//! names the server and the statement), each connection and each place of
+//! the marks by `admin_timeout_ms`, each server's work by `admin_timeout_ms`
+//! times [`ADMIN_STATEMENTS`] on our side; `check` reads every server at
+//! once. A timeout names the place and the setting.
 
 use std::fmt;
 use std::future::Future;
 
+use futures_util::future::join_all;
+
 use crate::backend::{
-    Backend, LatticeRecord, ServerSettings, check_lattice, check_marks_at, reshaping,
+    Backend, INITIAL_VERSION, LatticeRecord, ServerSettings, check_lattice, check_marks_at,
+    reshaping,
 };
 use crate::config::{Config, Kind, MarksConfig, Mode, ServerConfig};
 use crate::error::TicketError;
@@ -56,9 +61,12 @@ pub fn admin_store(config: &Config) -> std::sync::Arc<dyn HighWaterStore> {
 /// side, before it is given up (each statement is bounded by the server).
 pub const ADMIN_STATEMENTS: u32 = 4;
 
+/// A connection within `admin_timeout_ms` (one statement's limit: a
+/// stopped or stalled server is given up on after it).
 async fn admin_session(config: &Config, server: &ServerConfig) -> Result<Session, TicketError> {
-    bounded(
-        config,
+    within(
+        config.failover.admin_timeout(),
+        "`[failover] admin_timeout_ms`",
         server,
         "connect",
         Session::connect_admin(server, config),
@@ -66,8 +74,9 @@ async fn admin_session(config: &Config, server: &ServerConfig) -> Result<Session
     .await
 }
 
-/// `work` on `server` within the admin limit; a timeout names the server
-/// and what was being done.
+/// `work` on `server` within the admin limit (`admin_timeout_ms` times
+/// [`ADMIN_STATEMENTS`]); a timeout names the server and what was being
+/// done.
 async fn bounded<T>(
     config: &Config,
     server: &ServerConfig,
@@ -75,11 +84,25 @@ async fn bounded<T>(
     work: impl Future<Output = Result<T, TicketError>>,
 ) -> Result<T, TicketError> {
     let limit = config.failover.admin_timeout() * ADMIN_STATEMENTS;
+    within(limit, ADMIN_LIMIT, server, what, work).await
+}
+
+/// The admin limit of one server's work, as a timeout names it.
+const ADMIN_LIMIT: &str = "4 x `[failover] admin_timeout_ms`";
+
+async fn within<T>(
+    limit: std::time::Duration,
+    setting: &'static str,
+    server: &ServerConfig,
+    what: &str,
+    work: impl Future<Output = Result<T, TicketError>>,
+) -> Result<T, TicketError> {
     tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
         Err(TicketError::Timeout {
             server: server.name.clone(),
             context: what.to_string(),
             ms: limit.as_millis() as u64,
+            setting,
         })
     })
 }
@@ -121,7 +144,7 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
         // Unreachable: init goes on with the servers, as for a place down.
         if let Ok(Some(to)) = etcd.moved_to().await {
             elsewhere = Some(crate::etcd_marks::moved_away(
-                "init",
+                &format!("etcd {}", config.marks.etcd_prefix),
                 &config.marks.etcd_prefix,
                 to.as_bytes(),
             ));
@@ -133,7 +156,7 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
             .iter()
             .map(|server| ServerInit {
                 server: server.name.clone(),
-                result: Err(e.clone()),
+                result: Err(e.said_of(&server.name)),
             })
             .collect();
     }
@@ -174,7 +197,7 @@ pub async fn init(config: &Config) -> Vec<ServerInit> {
     }
     if let Some(e) = take_back_a_split(config, &places, &wrote, &seen).await {
         for init in &mut out {
-            init.result = Err(e.clone());
+            init.result = Err(e.said_of(&init.server));
         }
         return out;
     }
@@ -249,8 +272,7 @@ async fn say_where_ids_start(
             *line = line.replace(
                 &said,
                 &format!(
-                    ", counter at {}, behind the marks of its residue class {} (ids up to {mark} were handed out: by the server this one replaces, or before a restore): the first client session on it raises it past them, so ids from above {mark} on",
-                    counter + 1,
+                    ", counter at {counter} ({COUNTER_IS}, as `check` shows it), behind the marks of its residue class {} (ids up to {mark} were handed out: by the server this one replaces, or before a restore): the first client session on it raises it past them, so ids from above {mark} on",
                     class.key
                 ),
             );
@@ -382,6 +404,9 @@ async fn raise_adopted(
     Ok(())
 }
 
+/// What a counter `check` and `init` show is: the same value in both.
+pub const COUNTER_IS: &str = "the last id it may have handed out";
+
 /// One server in a [`CheckReport`].
 #[derive(Debug, Clone)]
 pub struct ServerCheck {
@@ -446,7 +471,9 @@ impl fmt::Display for CheckReport {
                         writeln!(f, "  warning: {w}")?;
                     }
                     for q in &settings.sequences {
-                        let counter = q.counter.map_or("-".to_string(), |c| c.to_string());
+                        let counter = q
+                            .counter
+                            .map_or("-".to_string(), |c| format!("{c} ({COUNTER_IS})"));
                         let hw = q.high_water.map_or("-".to_string(), |c| c.to_string());
                         writeln!(
                             f,
@@ -484,161 +511,27 @@ pub async fn check(config: &Config) -> CheckReport {
 /// give each place `admin_timeout_ms`, as [`check`] does: a peer slow
 /// under load is then waited for, not taken for absent).
 pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> CheckReport {
-    let mut servers = Vec::new();
+    // Every server at once: a check of servers that are all stopped or
+    // stalled ends within one limit, not one per server.
+    let checked = join_all(
+        config
+            .servers
+            .iter()
+            .map(|server| check_server(config, store, server)),
+    )
+    .await;
+    let seen: Vec<(&str, &LatticeSeen)> = config
+        .servers
+        .iter()
+        .zip(&checked)
+        .map(|(s, (_, _, l))| (s.name.as_str(), l))
+        .collect();
     let mut problems = Vec::new();
-    for server in &config.servers {
-        let span = config.failover.mark_ahead.saturating_mul(config.increment);
-        let mut holder = String::new();
-        let mut settings = async {
-            // The marks before the counters: a mark read first is never
-            // ahead of a counter read after it unless the counter went back
-            // (a block's mark is written after its row moved; a per-id
-            // mark at most `mark_ahead` ids ahead of the counter it was
-            // written from). Read the other way round, a client's block
-            // reserved between the two reads looked like a restore.
-            let class = ResidueClass::of(config, server);
-            let marks = match store.load(&class).await {
-                Ok(marks) => marks,
-                Err(e) => {
-                    problems.push(format!("server {}: {e}", server.name));
-                    Default::default()
-                }
-            };
-            let mut session = admin_session(config, server).await?;
-            let mut settings =
-                bounded(config, server, "check", session.settings(config, server)).await?;
-            // What every session checks first: a file whose lattice differs
-            // from the recorded one (a server renamed, an offset moved) is
-            // refused by every client, so it is no ok here either. A
-            // sequence not initialised says so already.
-            let version = bounded(config, server, "check", session.lattice_version()).await?;
-            let recorded = bounded(config, server, "check", session.read_lattice()).await?;
-            let initialised = settings.sequences.iter().all(|q| q.counter.is_some());
-            match check_lattice(config, server, &recorded, version.as_ref()) {
-                Err(e @ TicketError::LatticeChanged { .. }) => problems.push(e.to_string()),
-                Err(e) if initialised => problems.push(e.to_string()),
-                _ => {}
-            }
-            // Every session refuses these too.
-            let marks_at = bounded(config, server, "check", session.read_marks_at()).await?;
-            if initialised
-                && let Err(e) = check_marks_at(
-                    config,
-                    &server.name,
-                    marks_at.as_deref(),
-                    version.map(|v| v.version),
-                )
-            {
-                problems.push(e.to_string());
-            }
-            match version {
-                Some(v) if v.reshaping => problems.push(reshaping(&server.name).to_string()),
-                None if initialised => problems.push(format!(
-                    "server {}: no lattice version recorded (made by an older shardflake): run `shardflake tickets init`",
-                    server.name
-                )),
-                _ => {}
-            }
-            // A server answering with an identity its class was taken
-            // from (an old primary beside its promoted standby) is not
-            // behind: it must not be repaired, but retired.
-            let who = bounded(config, server, "check", session.identify()).await?;
-            let mut superseded = false;
-            holder = match store.holder(&class).await {
-                Ok(Some(h)) if h.supersedes(&who.id) => {
-                    superseded = true;
-                    let e = TicketError::Superseded(Box::new(crate::error::Superseded {
-                        server: server.name.clone(),
-                        class: class.key.clone(),
-                        identity: who.id.clone(),
-                        holder: h.identity.clone(),
-                    }));
-                    problems.push(e.to_string());
-                    format!(
-                        "class {} held by {} (generation {}); this server answers as {}: SUPERSEDED",
-                        class.key, h.identity, h.generation, who.id
-                    )
-                }
-                Ok(Some(h)) if h.identity == who.id => format!(
-                    "class {} held by this server, {} (generation {})",
-                    class.key, who.id, h.generation
-                ),
-                Ok(Some(h)) => format!(
-                    "class {} held by {} (generation {}); this server answers as {} and takes it over at its first session",
-                    class.key, h.identity, h.generation, who.id
-                ),
-                Ok(None) => format!(
-                    "class {} held by no server yet; this server answers as {}",
-                    class.key, who.id
-                ),
-                Err(e) => format!("class {}: holder not read: {e}", class.key),
-            };
-            for (q, seq) in settings.sequences.iter_mut().zip(&config.sequences) {
-                q.high_water = marks.get(&q.name).copied();
-                let Some(counter) = q.counter else { continue };
-                let hw = q.high_water.unwrap_or(0);
-                // A segment row is never below a block's mark; a per-id
-                // counter is below the mark written ahead of it by at most
-                // `mark_ahead` ids of the server.
-                let behind = match seq.mode {
-                    Mode::Segment => counter < hw,
-                    Mode::PerId => counter.saturating_add(span) < hw,
-                };
-                if seq.mode == Mode::Segment && q.problem.is_none() {
-                    let lattice = Lattice::new(config, server);
-                    let row = lattice.row_of_counter(counter);
-                    if let Err(e) = lattice.check_row(&server.name, &seq.name, row) {
-                        q.problem = Some(e.to_string());
-                    }
-                }
-                if behind && q.problem.is_none() && !superseded {
-                    q.problem = Some(format!(
-                        "counter {counter} is behind the high-water {hw}: it went back (restored?); clients raise it past the mark on their next checked session, `shardflake tickets repair` does it now"
-                    ));
-                }
-            }
-            Ok(settings)
-        }
-        .await;
-        match &mut settings {
-            Err(e) => problems.push(format!("server {}: {e}", server.name)),
-            Ok(s) => {
-                let want = (config.increment, server.offset);
-                match s.global {
-                    // Never configured: shardflake's clients set their own
-                    // sessions and never use it; only plain SQL clients of
-                    // the server would (ids of every class).
-                    Some(MARIADB_DEFAULT) if want != MARIADB_DEFAULT => s.warnings.push(format!(
-                        "global auto_increment_increment/offset are MariaDB's defaults 1/1: shardflake's clients set {}/{} on their own sessions and are not affected; a client that does not (plain SQL) hands out ids of every server's class: set them in the server's configuration if any such client uses it",
-                        want.0, want.1
-                    )),
-                    Some(global) if global != want => problems.push(format!(
-                        "server {}: global auto_increment_increment/offset are {}/{}, the file says {}/{}",
-                        server.name, global.0, global.1, want.0, want.1
-                    )),
-                    _ => {}
-                }
-                if let Some(session) = s.session
-                    && session != want
-                {
-                    problems.push(format!(
-                        "server {}: a session keeps auto_increment_increment/offset {}/{} after setting {}/{}",
-                        server.name, session.0, session.1, want.0, want.1
-                    ));
-                }
-                for q in &s.sequences {
-                    if let Some(p) = &q.problem {
-                        problems.push(format!("server {} sequence {}: {p}", server.name, q.name));
-                    }
-                }
-            }
-        }
-        servers.push(ServerCheck {
-            server: server.clone(),
-            settings,
-            holder,
-        });
+    for (server, (_, found, lattice)) in config.servers.iter().zip(&checked) {
+        problems.extend(found.iter().cloned());
+        problems.extend(lattice_problem(&server.name, lattice, &seen));
     }
+    let servers: Vec<ServerCheck> = checked.into_iter().map(|(c, _, _)| c).collect();
     // Two MariaDB servers with one global offset hand out the same ids to
     // any client that does not set its session (plain SQL, other languages).
     for (i, a) in servers.iter().enumerate() {
@@ -663,6 +556,220 @@ pub async fn check_with_store(config: &Config, store: &dyn HighWaterStore) -> Ch
         servers,
         problems,
     }
+}
+
+/// [`check_with_store`] of one server: what it read, and the problems.
+/// Bounded as a whole by the admin limit (a server that answers each
+/// statement just in time cannot make it last longer).
+async fn check_server(
+    config: &Config,
+    store: &dyn HighWaterStore,
+    server: &ServerConfig,
+) -> (ServerCheck, Vec<String>, LatticeSeen) {
+    let mut problems = Vec::new();
+    let span = config.failover.mark_ahead.saturating_mul(config.increment);
+    let mut holder = String::new();
+    let mut lattice = LatticeSeen::default();
+    let work = async {
+        // The marks before the counters: a mark read first is never
+        // ahead of a counter read after it unless the counter went back
+        // (a block's mark is written after its row moved; a per-id
+        // mark at most `mark_ahead` ids ahead of the counter it was
+        // written from). Read the other way round, a client's block
+        // reserved between the two reads looked like a restore.
+        let class = ResidueClass::of(config, server);
+        // The connection while the marks are read (nothing is read from
+        // it before them): a stalled server costs one limit, not two.
+        let (marks, session) = tokio::join!(store.load(&class), admin_session(config, server));
+        let marks = match marks {
+            Ok(marks) => marks,
+            Err(e) => {
+                problems.push(format!("server {}: {e}", server.name));
+                Default::default()
+            }
+        };
+        let mut session = session?;
+        let mut settings =
+            bounded(config, server, "check", session.settings(config, server)).await?;
+        // What every session checks first: a file whose lattice differs
+        // from the recorded one (a server renamed, an offset moved) is
+        // refused by every client, so it is no ok here either. A
+        // sequence not initialised says so already.
+        let version = bounded(config, server, "check", session.lattice_version()).await?;
+        let recorded = bounded(config, server, "check", session.read_lattice()).await?;
+        let initialised = settings.sequences.iter().all(|q| q.counter.is_some());
+        lattice.version = version.map(|v| v.version);
+        match check_lattice(config, server, &recorded, version.as_ref()) {
+            // Said once every server is read: which side is older.
+            Err(e @ TicketError::LatticeChanged { .. }) => lattice.refused = Some(e.to_string()),
+            Err(e) if initialised => problems.push(e.to_string()),
+            Ok(()) => lattice.files = true,
+            _ => {}
+        }
+        // Every session refuses these too.
+        let marks_at = bounded(config, server, "check", session.read_marks_at()).await?;
+        if initialised
+            && let Err(e) = check_marks_at(
+                config,
+                &server.name,
+                marks_at.as_deref(),
+                version.map(|v| v.version),
+            )
+        {
+            problems.push(e.to_string());
+        }
+        match version {
+            Some(v) if v.reshaping => problems.push(reshaping(&server.name).to_string()),
+            None if initialised => problems.push(format!(
+                "server {}: no lattice version recorded (made by an older shardflake): run `shardflake tickets init`",
+                server.name
+            )),
+            _ => {}
+        }
+        // A server answering with an identity its class was taken
+        // from (an old primary beside its promoted standby) is not
+        // behind: it must not be repaired, but retired.
+        let who = bounded(config, server, "check", session.identify()).await?;
+        let mut superseded = false;
+        holder = match store.holder(&class).await {
+            Ok(Some(h)) if h.supersedes(&who.id) => {
+                superseded = true;
+                let e = TicketError::Superseded(Box::new(crate::error::Superseded {
+                    server: server.name.clone(),
+                    class: class.key.clone(),
+                    identity: who.id.clone(),
+                    holder: h.identity.clone(),
+                }));
+                problems.push(e.to_string());
+                format!(
+                    "class {} held by {} (generation {}); this server answers as {}: SUPERSEDED",
+                    class.key, h.identity, h.generation, who.id
+                )
+            }
+            Ok(Some(h)) if h.identity == who.id => format!(
+                "class {} held by this server, {} (generation {})",
+                class.key, who.id, h.generation
+            ),
+            Ok(Some(h)) => format!(
+                "class {} held by {} (generation {}); this server answers as {} and takes it over at its first session",
+                class.key, h.identity, h.generation, who.id
+            ),
+            Ok(None) => format!(
+                "class {} held by no server yet; this server answers as {}",
+                class.key, who.id
+            ),
+            Err(e) => format!("class {}: holder not read: {e}", class.key),
+        };
+        for (q, seq) in settings.sequences.iter_mut().zip(&config.sequences) {
+            q.high_water = marks.get(&q.name).copied();
+            let Some(counter) = q.counter else { continue };
+            let hw = q.high_water.unwrap_or(0);
+            // A segment row is never below a block's mark; a per-id
+            // counter is below the mark written ahead of it by at most
+            // `mark_ahead` ids of the server.
+            let behind = match seq.mode {
+                Mode::Segment => counter < hw,
+                Mode::PerId => counter.saturating_add(span) < hw,
+            };
+            if seq.mode == Mode::Segment && q.problem.is_none() {
+                let lattice = Lattice::new(config, server);
+                let row = lattice.row_of_counter(counter);
+                if let Err(e) = lattice.check_row(&server.name, &seq.name, row) {
+                    q.problem = Some(e.to_string());
+                }
+            }
+            // Said beside any other problem (a guard missing after a
+            // restore made without triggers is most often behind too).
+            if behind && !superseded {
+                let went_back = format!(
+                    "counter {counter} is behind the high-water {hw}: it went back (restored?); clients raise it past the mark on their next checked session, `shardflake tickets repair` does it now"
+                );
+                q.problem = Some(match q.problem.take() {
+                    Some(p) => format!("{p}; and {went_back}"),
+                    None => went_back,
+                });
+            }
+        }
+        Ok(settings)
+    };
+    let mut settings = bounded(config, server, "check", work).await;
+    match &mut settings {
+        Err(e) => problems.push(format!("server {}: {e}", server.name)),
+        Ok(s) => {
+            let want = (config.increment, server.offset);
+            match s.global {
+                // Never configured: shardflake's clients set their own
+                // sessions and never use it; only plain SQL clients of
+                // the server would (ids of every class).
+                Some(MARIADB_DEFAULT) if want != MARIADB_DEFAULT => s.warnings.push(format!(
+                    "global auto_increment_increment/offset are MariaDB's defaults 1/1: shardflake's clients set {}/{} on their own sessions and are not affected; a client that does not (plain SQL) hands out ids of every server's class: set them in the server's configuration if any such client uses it",
+                    want.0, want.1
+                )),
+                Some(global) if global != want => problems.push(format!(
+                    "server {}: global auto_increment_increment/offset are {}/{}, the file says {}/{}",
+                    server.name, global.0, global.1, want.0, want.1
+                )),
+                _ => {}
+            }
+            if let Some(session) = s.session
+                && session != want
+            {
+                problems.push(format!(
+                    "server {}: a session keeps auto_increment_increment/offset {}/{} after setting {}/{}",
+                    server.name, session.0, session.1, want.0, want.1
+                ));
+            }
+            for q in &s.sequences {
+                if let Some(p) = &q.problem {
+                    problems.push(format!("server {} sequence {}: {p}", server.name, q.name));
+                }
+            }
+        }
+    }
+    (
+        ServerCheck {
+            server: server.clone(),
+            settings,
+            holder,
+        },
+        problems,
+        lattice,
+    )
+}
+
+/// What [`check_server`] read of a server's lattice.
+#[derive(Debug, Default)]
+struct LatticeSeen {
+    /// Its lattice version.
+    version: Option<i64>,
+    /// It records the file's lattice.
+    files: bool,
+    /// Why a session of the file is refused there (`lattice_changed`).
+    refused: Option<String>,
+}
+
+/// A server's lattice refusal, said as it is: where another server of the
+/// file records the file's lattice at a higher version, the file is the
+/// current one and the refusing server went back to before the reshape
+/// that recorded it (its own dump loaded): the way out is that reshape
+/// again, not another file.
+fn lattice_problem(
+    server: &str,
+    seen: &LatticeSeen,
+    others: &[(&str, &LatticeSeen)],
+) -> Option<String> {
+    let refused = seen.refused.clone()?;
+    let current = others
+        .iter()
+        .filter(|(name, o)| *name != server && o.files)
+        .filter_map(|(name, o)| Some((o.version?, *name)))
+        .max();
+    Some(match (seen.version, current) {
+        (Some(own), Some((version, other))) if own < version => {
+            TicketError::went_back_before_reshape(server, own, other, version).to_string()
+        }
+        _ => refused,
+    })
 }
 
 /// MariaDB's own `auto_increment_increment`/`_offset`: a global never
@@ -867,6 +974,10 @@ pub async fn reshape(
     }
     // A reshape left unfinished is finished by this one, changed or not.
     let mut unfinished = false;
+    // One past the highest version any server records: every server of
+    // the new lattice records the same version (a server added by an
+    // earlier reshape, or restored, would otherwise count apart).
+    let mut highest = INITIAL_VERSION;
     // Marks kept elsewhere than the file says (another etcd prefix or
     // cluster) move to the file's places: every sequence is raised past
     // every mark and counter, as for a new lattice, and recorded there.
@@ -882,6 +993,7 @@ pub async fn reshape(
         )
         .await?;
         unfinished |= version.is_some_and(|v| v.reshaping);
+        highest = highest.max(version.map_or(INITIAL_VERSION, |v| v.version));
         let at = bounded(
             config,
             server,
@@ -911,7 +1023,7 @@ pub async fn reshape(
             config,
             server,
             "reshape: raise the lattice version",
-            session.begin_reshape(),
+            session.begin_reshape(highest + 1),
         )
         .await?;
     }

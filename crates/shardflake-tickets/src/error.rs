@@ -153,14 +153,17 @@ pub enum TicketError {
         message: String,
     },
     /// A server did not answer in time.
-    #[error("server {server:?} did not answer within {ms} ms ({context})")]
+    #[error("server {server:?} did not answer within {ms} ms ({context}; the limit is {setting})")]
     Timeout {
-        /// The server.
+        /// The server (the place that did not answer).
         server: String,
         /// What was being done.
         context: String,
         /// The timeout.
         ms: u64,
+        /// The setting that bounds it, as the file names it
+        /// (`[failover] marks_timeout_ms`, ...).
+        setting: &'static str,
     },
 }
 
@@ -225,11 +228,42 @@ impl TicketError {
         }
     }
 
+    /// The server (or place) the error names, where it names one.
+    pub(crate) fn server(&self) -> Option<&str> {
+        match self {
+            TicketError::Misconfigured { server, .. }
+            | TicketError::LatticeChanged { server, .. }
+            | TicketError::Database { server, .. }
+            | TicketError::Timeout { server, .. }
+            | TicketError::NoHighWater { server, .. } => Some(server),
+            _ => None,
+        }
+    }
+
+    /// This error as said of `server` (an `init` line, where one server's
+    /// refusal refuses the whole run): as it is where it names `server`,
+    /// else naming `server` and the server it came from.
+    pub(crate) fn said_of(&self, server: &str) -> TicketError {
+        match self.server() {
+            Some(named) if named == server => self.clone(),
+            _ => TicketError::db(
+                server,
+                "init",
+                format!("refused on every server, because {self}"),
+            ),
+        }
+    }
+
     pub(crate) fn db(server: &str, context: &str, message: impl ToString) -> TicketError {
+        // mysql_async's error and the I/O error inside it each say
+        // "Input/output error: ": once is enough.
+        const TWICE: &str = "Input/output error: Input/output error: ";
         TicketError::Database {
             server: server.to_string(),
             context: context.to_string(),
-            message: message.to_string(),
+            message: message
+                .to_string()
+                .replacen(TWICE, "Input/output error: ", 1),
         }
     }
 
@@ -266,6 +300,26 @@ impl TicketError {
             sequence: sequence.to_string(),
             change: format!(
                 "the servers' lattice was changed by `shardflake tickets reshape` to {recorded} (lattice version {version}, the current one), and this client's file says {file}: it runs on a file of before that reshape (or one edited since), and would hand out ids twice. Run it with the file that reshape was given, whose lattice is {recorded}. Do not reshape back to this file to get past this refusal: that undoes the reshape of version {version}, and its clients are then refused in turn; a reshape is a planned change, made once every client's file says its lattice"
+            ),
+        }
+    }
+
+    /// `server` records lattice version `own` and another lattice than the
+    /// file's, while `other` records the file's at `current`, a higher
+    /// one: `server` went back to before the reshape to `current` (its own
+    /// dump of before it loaded), not the file. The way out is that
+    /// reshape again with this file.
+    pub(crate) fn went_back_before_reshape(
+        server: &str,
+        own: i64,
+        other: &str,
+        current: i64,
+    ) -> TicketError {
+        TicketError::LatticeChanged {
+            server: server.to_string(),
+            sequence: String::new(),
+            change: format!(
+                "it records lattice version {own} and another lattice than this file's, while server {other} records this file's at version {current}: {server} went back to before the reshape to version {current} (its own dump of before it loaded?); run `shardflake tickets reshape --config FILE` again with this file (it raises {server} past every mark and counter and records this lattice), not a reshape back, and no other file"
             ),
         }
     }
@@ -325,6 +379,32 @@ mod tests {
             }],
         };
         assert_eq!(e.to_string(), "no ticket server could be used: a: down");
+    }
+
+    /// The driver's error and the I/O error inside it each said
+    /// "Input/output error: " (a review saw it doubled on every server
+    /// down).
+    #[test]
+    fn a_connection_refused_says_input_output_error_once() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let driver = mysql_async::Error::Io(mysql_async::IoError::Io(refused));
+        let e = TicketError::db("t1", "connect", driver);
+        assert_eq!(
+            e.to_string(),
+            "server \"t1\": connect: Input/output error: connection refused"
+        );
+    }
+
+    /// One server's refusal of a whole `init` run, said on every server's
+    /// line: each line names its own server, and the one refusing.
+    #[test]
+    fn an_init_refusal_is_said_of_each_server_by_its_name() {
+        let e = TicketError::misconfigured("t2", "records another place");
+        assert_eq!(e.said_of("t2"), e);
+        assert_eq!(
+            e.said_of("t1").to_string(),
+            "server \"t1\": init: refused on every server, because server \"t2\" is misconfigured: records another place"
+        );
     }
 }
 

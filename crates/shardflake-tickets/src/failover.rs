@@ -108,6 +108,12 @@ pub(crate) struct Server {
     superseded: AtomicBool,
     /// The server's start time (unix seconds) at the last check.
     started: AtomicI64,
+    /// The lattice version its last session was pinned to (0: none yet),
+    /// and the one it recorded when a session was last refused: a server
+    /// refusing the file's lattice at a lower version than another server
+    /// takes it at went back.
+    version: AtomicI64,
+    refused_at: AtomicI64,
     /// The server's identity (as the database reports it) at the last
     /// check: the holder its marks are written as.
     identity: Mutex<Option<String>>,
@@ -155,6 +161,8 @@ impl Server {
             verified: AtomicBool::new(false),
             superseded: AtomicBool::new(false),
             started: AtomicI64::new(i64::MIN),
+            version: AtomicI64::new(0),
+            refused_at: AtomicI64::new(0),
             identity: Mutex::new(None),
             seen: config
                 .sequences
@@ -267,7 +275,15 @@ impl Server {
         force: bool,
         alone: bool,
     ) -> Result<Session, TicketError> {
-        let mut session = Session::connect(&self.config, config).await?;
+        let mut read = None;
+        let connected = Session::connect(&self.config, config, &mut read).await;
+        let (slot, other) = match &connected {
+            Ok(_) => (&self.version, &self.refused_at),
+            Err(_) => (&self.refused_at, &self.version),
+        };
+        slot.store(read.unwrap_or(0), Ordering::Relaxed);
+        other.store(0, Ordering::Relaxed);
+        let mut session = connected?;
         let who = session.identify().await?;
         let known = self.started.load(Ordering::Relaxed);
         // Start times are computed to the second: one apart is the same start.
@@ -713,6 +729,7 @@ impl Pool {
                 server: server.config.name.clone(),
                 context: "connect".into(),
                 ms: timeout.as_millis() as u64,
+                setting: "`[failover] attempt_timeout_ms`",
             })
         });
         match opened {
@@ -722,9 +739,40 @@ impl Pool {
                 Ok(())
             }
             Err(e) => {
+                let e = self.went_back(server, e);
                 server.mark_failed(&e);
                 Err(e)
             }
+        }
+    }
+
+    /// `e` of `server`, said as it is: a lattice refusal of a server that
+    /// records a lower lattice version than another server this client
+    /// holds a session of on the file's lattice is that server gone back
+    /// to before a reshape (its own dump loaded), not this client's file.
+    fn went_back(&self, server: &Server, e: TicketError) -> TicketError {
+        if !matches!(e, TicketError::LatticeChanged { .. }) {
+            return e;
+        }
+        // The server that refused: this one at its session, or a peer
+        // refusing this one's marks (its lattice fence).
+        let refusing = match e.server() {
+            Some(name) => self.servers.iter().find(|s| s.config.name == name),
+            None => Some(server),
+        };
+        let Some(refusing) = refusing else { return e };
+        let own = refusing.refused_at.load(Ordering::Relaxed);
+        let current = self
+            .servers
+            .iter()
+            .filter(|s| s.index != refusing.index)
+            .map(|s| (s.version.load(Ordering::Relaxed), s.config.name.as_str()))
+            .max();
+        match current {
+            Some((version, other)) if own > 0 && version > own => {
+                TicketError::went_back_before_reshape(&refusing.config.name, own, other, version)
+            }
+            _ => e,
         }
     }
 
@@ -767,18 +815,21 @@ impl Pool {
         let deadline = Instant::now() + timeout;
         let name = &server.config.name;
         let identity = server.identity();
+        // Why the places did not take them, as they said it: a retry cut
+        // short by the deadline names no place.
+        let mut last = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let record = self.store.record(&server.class, identity.as_deref(), marks);
-            let written = tokio::time::timeout(left, record)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(TicketError::Timeout {
-                        server: name.clone(),
-                        context: "write high-water marks".into(),
-                        ms: timeout.as_millis() as u64,
-                    })
-                });
+            let written = match tokio::time::timeout(left, record).await {
+                Ok(written) => written,
+                Err(_) => Err(last.take().unwrap_or_else(|| TicketError::Timeout {
+                    server: name.clone(),
+                    context: "the places holding its marks, asked together".into(),
+                    ms: timeout.as_millis() as u64,
+                    setting: "half of `[failover] attempt_timeout_ms`",
+                })),
+            };
             match written {
                 Ok(()) => break,
                 Err(e) if e.is_refusal() => {
@@ -788,7 +839,10 @@ impl Pool {
                     return Err(e);
                 }
                 Err(e) if Instant::now() >= deadline => return Err(e),
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                Err(e) => {
+                    last = Some(e);
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await
+                }
             }
         }
         for (i, q) in self.config.sequences.iter().enumerate() {
@@ -885,6 +939,10 @@ impl Pool {
                     server: name.clone(),
                     context: "call".into(),
                     ms: budget.as_millis() as u64,
+                    setting: match budget < f.attempt_timeout() {
+                        true => "`[failover] timeout_ms`, what was left of it",
+                        false => "`[failover] attempt_timeout_ms`",
+                    },
                 })
             });
             match result {
@@ -900,6 +958,7 @@ impl Pool {
                     exhausted = Some(e);
                 }
                 Err(e) => {
+                    let e = self.went_back(server, e);
                     server.failed(&e);
                     failures.push(ServerFailure {
                         server: name.clone(),
@@ -1083,6 +1142,7 @@ mod tests {
             server: "s1".into(),
             context: "call".into(),
             ms: 1,
+            setting: "`[failover] attempt_timeout_ms`",
         });
         s[2].mark_failed(&TicketError::misconfigured("s3", "offset"));
         assert_eq!(names(call_order(&s, 0)), ["s2", "s1"]);

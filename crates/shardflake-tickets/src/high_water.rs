@@ -291,6 +291,8 @@ pub struct PeersStore {
     config: Config,
     sessions: Vec<Mutex<Option<Session>>>,
     timeout: Duration,
+    /// The setting `timeout` comes from.
+    setting: &'static str,
 }
 
 impl PeersStore {
@@ -305,10 +307,17 @@ impl PeersStore {
     /// `admin_timeout_ms`).
     pub fn with_timeout(config: Config, timeout: Duration) -> PeersStore {
         let sessions = config.servers.iter().map(|_| Mutex::new(None)).collect();
+        // What a timeout names: the setting the operator changes.
+        let setting = match timeout {
+            t if t == config.failover.marks_timeout() => "`[failover] marks_timeout_ms`",
+            t if t == config.failover.admin_timeout() => "`[failover] admin_timeout_ms`",
+            _ => "the marks store's timeout",
+        };
         PeersStore {
             config,
             sessions,
             timeout,
+            setting,
         }
     }
 
@@ -356,6 +365,7 @@ impl PeersStore {
                     server: server.name.clone(),
                     context: "high-water marks".into(),
                     ms: self.timeout.as_millis() as u64,
+                    setting: self.setting,
                 })
             })
     }

@@ -25,12 +25,20 @@ impl Session {
     /// every table the guard watches guarded, the marks kept where the
     /// file's `[marks]` says, and the session pinned to the lattice's
     /// version.
-    pub async fn connect(server: &ServerConfig, config: &Config) -> Result<Session, TicketError> {
+    /// `read`: the lattice version the server records, once read (also
+    /// when the session is refused: a server refusing the file's lattice
+    /// at a lower version than another server went back, not the file).
+    pub async fn connect(
+        server: &ServerConfig,
+        config: &Config,
+        read: &mut Option<i64>,
+    ) -> Result<Session, TicketError> {
         let mut session = Session::connect_admin(server, config).await?;
         // The version before the lattice: a reshape that begins between the
         // two raises the version, so this session is refused at its first
         // call (read after, a new version could pass with the old lattice).
         let version = session.lattice_version().await?;
+        *read = version.map(|v| v.version);
         let recorded = session.read_lattice().await?;
         check_lattice(config, server, &recorded, version.as_ref())?;
         let version = version
@@ -212,8 +220,8 @@ impl Backend for Session {
         delegate!(self, b => b.pin_lattice(version).await)
     }
 
-    async fn begin_reshape(&mut self) -> Result<(), TicketError> {
-        delegate!(self, b => b.begin_reshape().await)
+    async fn begin_reshape(&mut self, to: i64) -> Result<(), TicketError> {
+        delegate!(self, b => b.begin_reshape(to).await)
     }
 
     async fn end_reshape(&mut self) -> Result<(), TicketError> {

@@ -1301,10 +1301,10 @@ impl Backend for MariaSession {
         Ok(())
     }
 
-    async fn begin_reshape(&mut self) -> Result<(), TicketError> {
+    async fn begin_reshape(&mut self, to: i64) -> Result<(), TicketError> {
         self.conn
             .query_drop(format!(
-                "UPDATE {VERSION_TABLE} SET version = version + 1, reshaping = TRUE"
+                "UPDATE {VERSION_TABLE} SET version = GREATEST(version + 1, {to}), reshaping = TRUE"
             ))
             .await
             .map_err(|e| TicketError::db(&self.server, "begin the reshape", e))
@@ -1374,15 +1374,10 @@ impl Backend for MariaSession {
             let name = name.clone();
             move |e| TicketError::db(&name, &format!("init: {what}"), e)
         };
+        // The version before the records, as a session reads them.
+        let version = self.lattice_version().await?;
         let recorded = self.read_lattice().await?;
-        for seq in &config.sequences {
-            let file = LatticeRecord::of(config, server, seq);
-            if let Some((_, r)) = recorded.iter().find(|(q, _)| *q == seq.name)
-                && *r != file
-            {
-                return Err(TicketError::lattice_changed(&name, &seq.name, r, &file));
-            }
-        }
+        super::check_recorded_lattice(config, server, &recorded, version.as_ref())?;
         self.conn
             .query_drop(format!(
                 "CREATE TABLE IF NOT EXISTS {LATTICE_TABLE} (sequence_name varchar(64) NOT NULL PRIMARY KEY, server_name varchar(64) NOT NULL, increment bigint unsigned NOT NULL, server_offset bigint unsigned NOT NULL, mode varchar(16) NOT NULL, bits int unsigned NOT NULL, chunk bigint unsigned NOT NULL) ENGINE=InnoDB"

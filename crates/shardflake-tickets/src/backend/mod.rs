@@ -161,10 +161,13 @@ pub(crate) trait Backend {
     /// Before [`Backend::prepare`].
     async fn pin_lattice(&mut self, version: i64) -> Result<(), TicketError>;
 
-    /// Raises the lattice's version and marks a reshape under way, in one
-    /// statement: every session pinned to the old version is refused at
-    /// its next ticket or block, every new session at its start.
-    async fn begin_reshape(&mut self) -> Result<(), TicketError>;
+    /// Raises the lattice's version to `to` (at least one past its own)
+    /// and marks a reshape under way, in one statement: every session
+    /// pinned to the old version is refused at its next ticket or block,
+    /// every new session at its start. `reshape` gives every server the
+    /// same `to`, one past the highest any of them records, so the
+    /// servers of one lattice record one version.
+    async fn begin_reshape(&mut self, to: i64) -> Result<(), TicketError>;
 
     /// Ends a reshape: sessions may start again (those whose file's lattice
     /// is the one recorded).
@@ -323,7 +326,7 @@ pub(crate) fn lattice_fenced(server: &str, class: &str) -> TicketError {
         server: server.to_string(),
         sequence: String::new(),
         change: format!(
-            "this server's lattice was changed by `shardflake tickets reshape` (or one is under way) and residue class {class} is not of it: this client runs on the file of before the reshape and would hand out ids twice; restart it with the file reshape was given"
+            "it takes no mark of residue class {class}: the lattice it records has no such class (or a reshape is under way there). Either this client runs on a file of before a `shardflake tickets reshape` and would hand out ids twice (restart it with the file reshape was given), or this server went back to before the reshape this client's file comes from (its own dump of before it loaded: run `shardflake tickets reshape --config FILE` again with the current file, not a reshape back)"
         ),
     }
 }
@@ -452,8 +455,11 @@ pub(crate) fn guard_refusal(table: &str, flag: &str) -> String {
     )
 }
 
-/// What `check` says of a table without its guard.
-pub(crate) const GUARD_MISSING: &str = "no guard against setting it back in place (a restore made without triggers, such as mariadb-dump --skip-triggers, a trigger dropped or disabled, or made by an older shardflake): run `shardflake tickets init`";
+/// What `check` and a refused session say of a table without its guard.
+/// A dump being loaded makes a table's triggers after its rows, so for a
+/// moment this is most often a restore under way, which clears by itself:
+/// said first, `init` only if it stays.
+pub(crate) const GUARD_MISSING: &str = "no guard against setting it back in place: a restore in progress (a dump makes a table's triggers after its rows), or a restore made without triggers (such as mariadb-dump --skip-triggers), a trigger dropped or disabled, or made by an older shardflake; if it stays, run `shardflake tickets init`";
 
 /// A session refuses a table without its guard: a restore that then sets
 /// it back in place would not be seen by a client whose last answer was
@@ -559,16 +565,33 @@ pub(crate) fn check_lattice(
     recorded: &[(String, LatticeRecord)],
     version: Option<&LatticeVersion>,
 ) -> Result<(), TicketError> {
+    if let Some(seq) = config
+        .sequences
+        .iter()
+        .find(|seq| !recorded.iter().any(|(name, _)| *name == seq.name))
+    {
+        return Err(TicketError::missing_record(
+            &server.name,
+            &format!("the lattice record of sequence {:?}", seq.name),
+        ));
+    }
+    check_recorded_lattice(config, server, recorded, version)
+}
+
+/// [`check_lattice`] of the sequences recorded only (what `init` checks
+/// before it records the others): one recorded by a `reshape` is refused
+/// as a file of before it, never with the advice to reshape, which would
+/// undo that reshape.
+pub(crate) fn check_recorded_lattice(
+    config: &Config,
+    server: &ServerConfig,
+    recorded: &[(String, LatticeRecord)],
+    version: Option<&LatticeVersion>,
+) -> Result<(), TicketError> {
     let reshaped = version.is_some_and(|v| v.version > INITIAL_VERSION);
     for seq in &config.sequences {
         let file = LatticeRecord::of(config, server, seq);
         match recorded.iter().find(|(name, _)| *name == seq.name) {
-            None => {
-                return Err(TicketError::missing_record(
-                    &server.name,
-                    &format!("the lattice record of sequence {:?}", seq.name),
-                ));
-            }
             Some((_, r)) if *r != file && reshaped => {
                 return Err(TicketError::lattice_reshaped(
                     &server.name,
@@ -586,7 +609,7 @@ pub(crate) fn check_lattice(
                     &file,
                 ));
             }
-            Some(_) => {}
+            _ => {}
         }
     }
     Ok(())

@@ -706,10 +706,10 @@ impl Backend for PgSession {
         Ok(())
     }
 
-    async fn begin_reshape(&mut self) -> Result<(), TicketError> {
+    async fn begin_reshape(&mut self, to: i64) -> Result<(), TicketError> {
         self.client
             .batch_execute(&format!(
-                "UPDATE {VERSION_TABLE} SET version = version + 1, reshaping = true"
+                "UPDATE {VERSION_TABLE} SET version = GREATEST(version + 1, {to}), reshaping = true"
             ))
             .await
             .map_err(pg_err(&self.server, "begin the reshape"))
@@ -780,15 +780,10 @@ impl Backend for PgSession {
     ) -> Result<Vec<String>, TicketError> {
         let name = self.server.clone();
         let err = |context: &'static str| pg_err(&name, context);
+        // The version before the records, as a session reads them.
+        let version = self.lattice_version().await?;
         let recorded = self.read_lattice().await?;
-        for seq in &config.sequences {
-            let file = LatticeRecord::of(config, server, seq);
-            if let Some((_, r)) = recorded.iter().find(|(q, _)| *q == seq.name)
-                && *r != file
-            {
-                return Err(TicketError::lattice_changed(&name, &seq.name, r, &file));
-            }
-        }
+        super::check_recorded_lattice(config, server, &recorded, version.as_ref())?;
         self.client
             .batch_execute(&format!(
                 "CREATE TABLE IF NOT EXISTS {LATTICE_TABLE} (sequence_name text PRIMARY KEY, server_name text NOT NULL, increment bigint NOT NULL, server_offset bigint NOT NULL, mode text NOT NULL, bits int NOT NULL, chunk bigint NOT NULL);

@@ -81,7 +81,7 @@ fn segment_row(m: &MariaDbServer) -> i64 {
         .unwrap()
 }
 
-fn signal(pid: u32, sig: &str) {
+pub(super) fn signal(pid: u32, sig: &str) {
     let ok = Command::new("kill")
         .args([&format!("-{sig}"), &pid.to_string()])
         .status()
