@@ -90,6 +90,7 @@ CREATE TABLE IF NOT EXISTS shardflake.left_behind (
   min_id bigint NOT NULL,
   max_id bigint NOT NULL,
   PRIMARY KEY (shard, tbl));
+ALTER TABLE shardflake.left_behind ADD COLUMN IF NOT EXISTS replaced text;
 CREATE TABLE IF NOT EXISTS shardflake.timelines (
   system_identifier bigint NOT NULL,
   database_oid bigint NOT NULL,

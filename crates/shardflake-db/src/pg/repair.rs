@@ -294,9 +294,12 @@ pub async fn repair_replacing(
         // until they are copied over.
         for l in left_behind.iter().filter(|l| l.server == name) {
             tx.execute(
-                "INSERT INTO shardflake.left_behind VALUES ($1, $2, $3, $4, $5, $6)
+                "INSERT INTO shardflake.left_behind
+                   (shard, tbl, id_column, rows, min_id, max_id, replaced)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (shard, tbl) DO UPDATE SET id_column = EXCLUDED.id_column,
-                   rows = EXCLUDED.rows, min_id = EXCLUDED.min_id, max_id = EXCLUDED.max_id",
+                   rows = EXCLUDED.rows, min_id = EXCLUDED.min_id, max_id = EXCLUDED.max_id,
+                   replaced = EXCLUDED.replaced",
                 &[
                     &(l.shard as i64),
                     &l.table,
@@ -304,6 +307,7 @@ pub async fn repair_replacing(
                     &l.rows,
                     &l.ids.0,
                     &l.ids.1,
+                    &name,
                 ],
             )
             .await

@@ -27,17 +27,17 @@ fn topology(servers: &[(&str, &PgServer, &str)]) -> String {
 }
 
 /// A topology file in a fresh temp dir, removed on drop.
-struct TopoFile(PathBuf);
+pub(crate) struct TopoFile(pub(crate) PathBuf);
 
 impl TopoFile {
-    fn new(name: &str, text: &str) -> Self {
+    pub(crate) fn new(name: &str, text: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("sf-lock-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("topology.toml");
         std::fs::write(&path, text).unwrap();
         TopoFile(path)
     }
-    fn load(&self) -> Topology {
+    pub(crate) fn load(&self) -> Topology {
         Topology::load(&self.0).unwrap()
     }
 }

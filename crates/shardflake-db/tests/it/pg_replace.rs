@@ -13,6 +13,7 @@ use shardflake_db::pg::{self, Topology};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
 
+use crate::pg_deployment_lock::TopoFile;
 use crate::pg_failover::Standby;
 use crate::pg_identity::{connect, dump_into, insert, topology, try_insert};
 
@@ -656,4 +657,86 @@ async fn a_move_live_on_its_destination_is_finished_by_the_file_not_undone() {
     made.sort_unstable();
     assert_eq!(stored(&cb, "shard0").await, made);
     assert_eq!(pg::check(&switched).await.unwrap(), vec![]);
+}
+
+/// Outside review R7, item 2: rows acknowledged on a after its dump stay
+/// only on the old copy that `--replaces a` fenced, recorded on c (now a
+/// in the file); then shard 0 moves from c to b. The record went nowhere:
+/// check kept saying on a "shard0.posts is missing here ... run pg
+/// apply", which changes nothing, and never said it on b. The record now
+/// goes with the shard, and check names the way out on b: the `\copy`
+/// commands, then the `DELETE` that drops the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_left_on_the_old_copy_are_reported_where_the_shard_moved() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = TopoFile::new(
+        "left-moved",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&file.load()).await.unwrap();
+    let ca = connect(&a.url()).await;
+    insert(&ca, "shard0", 50).await;
+    dump_into(&a, &c);
+    let after_dump = insert(&ca, "shard0", 30).await;
+    let text = std::fs::read_to_string(&file.0).unwrap();
+    std::fs::write(&file.0, text.replace(&a.url(), &c.url())).unwrap();
+    let replaced = pg::repair_replacing(&file.load(), None, &replacing(&a.url()))
+        .await
+        .unwrap();
+    assert_eq!(replaced.left_behind.len(), 1, "{:#?}", replaced.left_behind);
+    move_shard(&file.0, 0, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+
+    let topo = file.load();
+    let drift = |d: Vec<pg::Drift>| -> Vec<String> { d.iter().map(ToString::to_string).collect() };
+    let found = drift(pg::check(&topo).await.unwrap());
+    let about: Vec<&String> = found
+        .iter()
+        .filter(|d| d.contains("shard0.posts"))
+        .collect();
+    let (min, max) = (
+        after_dump.iter().min().unwrap(),
+        after_dump.iter().max().unwrap(),
+    );
+    assert!(
+        about.len() == 1
+            && about[0].starts_with(&format!(
+                "b: shard 0: 30 of the 30 row(s) of shard0.posts with ids {min}..{max} are only on the old copy that `shardflake pg repair --replaces a` fenced"
+            ))
+            && about[0].contains("then on b `\\copy shard0.posts FROM 'rows.csv' CSV`")
+            && about[0].contains(
+                "then `DELETE FROM shardflake.left_behind WHERE shard = 0 AND tbl = 'shard0.posts'` here"
+            ),
+        "{found:#?}"
+    );
+
+    // The way out it names: the rows copied to b, then the record dropped.
+    let cb = connect(&b.url()).await;
+    for r in ca
+        .query(
+            &format!("SELECT id, user_id FROM shard0.posts WHERE id BETWEEN {min} AND {max}"),
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        cb.execute(
+            "INSERT INTO shard0.posts (id, user_id) VALUES ($1, $2)",
+            &[&r.get::<_, i64>(0), &r.get::<_, i64>(1)],
+        )
+        .await
+        .unwrap();
+    }
+    let found = drift(pg::check(&topo).await.unwrap());
+    assert!(found.is_empty(), "{found:#?}");
+    cb.batch_execute("DELETE FROM shardflake.left_behind WHERE shard = 0 AND tbl = 'shard0.posts'")
+        .await
+        .unwrap();
+    let found = drift(pg::check(&topo).await.unwrap());
+    assert!(found.is_empty(), "{found:#?}");
 }
