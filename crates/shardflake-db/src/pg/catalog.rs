@@ -804,9 +804,17 @@ pub fn older_file(topo: &Topology, views: &[ServerView]) -> Option<Drift> {
     if topo.generation() >= newest.generation {
         return None;
     }
+    // The move records the generation on every server, then writes the
+    // file: stopped in between, the file it names still holds the old one.
     let moved = match (newest.last_move, &newest.file) {
         (Some(shard), Some(file)) => {
-            format!(" (the last `pg move-shard`, of shard {shard}, wrote it to {file})")
+            let to = recorded_owners(views)
+                .get(&shard)
+                .map_or_else(|| "its destination".to_string(), |o| o.server.clone());
+            format!(
+                ": the last `pg move-shard`, of shard {shard} to {to}, recorded it on the servers, then writes it to {file}. If that file still says an older generation (the move stopped in between), run that move again from it (`shardflake pg move-shard {shard} --to {to}`), which writes it; or, where that move is refused, make its two edits by hand: set `generation = {}` and put shard {shard} in {to}'s list (out of any other's)",
+                newest.generation
+            )
         }
         _ => String::new(),
     };

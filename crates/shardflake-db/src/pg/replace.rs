@@ -839,11 +839,18 @@ pub(crate) async fn undo_moves(
                 continue;
             }
             let lost = if source_lost { &source } else { &destination };
+            // The move may have recorded its generation before it stopped:
+            // the file must then say it too, or every command refuses it.
+            let generation = catalog::recorded_generation(views)
+                .map(|d| d.generation)
+                .filter(|&g| g > topo.generation())
+                .map(|g| format!(" and set `generation = {g}`"))
+                .unwrap_or_default();
             problems.push(Drift {
                 server: destination.clone(),
                 shard: Some(shard),
                 problem: format!(
-                    "the move of shard {shard} from {source} to {destination} went live on {destination} (it makes the shard's ids) but did not switch the file, and {lost} is replaced: `--replaces {lost}` does not undo it, which would drop the rows written on {destination} since. Put shard {shard} in {destination}'s list in the file (the switch the move did not write), then run the repair again"
+                    "the move of shard {shard} from {source} to {destination} went live on {destination} (it makes the shard's ids) but did not switch the file, and {lost} is replaced: `--replaces {lost}` does not undo it, which would drop the rows written on {destination} since. Put shard {shard} in {destination}'s list in the file (out of {source}'s){generation}: the switch the move did not write. Then run the repair again"
                 ),
             });
             continue;

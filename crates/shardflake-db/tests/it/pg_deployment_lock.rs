@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+use shardflake_db::pg::move_shard::{MoveOptions, MoveStep, move_shard};
 use shardflake_db::pg::{self, Topology, sql};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
@@ -306,4 +306,46 @@ async fn check_waits_for_a_command_holding_the_deployment_lock() {
         .unwrap();
     assert_eq!(check.await.unwrap().unwrap(), Vec::new());
     assert_eq!(other.await.unwrap().unwrap(), Vec::new());
+}
+
+/// Outside review R7, item 3: a move that recorded its generation on the
+/// servers and stopped before it wrote the file (simulated: stopped once
+/// the file was written, the file then put back) leaves a file one
+/// generation behind. The refusal said the move "wrote it to" that file,
+/// false, and named neither `generation` nor a command. It now says the
+/// move writes the file after recording it, names the move to run again,
+/// and the two edits that do the same by hand; the move, run again from
+/// that file, writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_stopped_before_it_wrote_the_file_names_the_way_to_write_it() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new("unwritten", &topology(&[("a", &a, "0-3"), ("b", &b, "")]));
+    pg::apply(&file.load()).await.unwrap();
+    let before = std::fs::read_to_string(&file.0).unwrap();
+    let stop = MoveOptions {
+        stop_after: Some(MoveStep::Switched),
+        ..MoveOptions::default()
+    };
+    move_shard(&file.0, 1, "b", &stop).await.unwrap_err();
+    std::fs::write(&file.0, &before).unwrap();
+
+    let text = pg::apply(&file.load()).await.unwrap_err().to_string();
+    let path = file.0.display().to_string();
+    assert!(
+        text.contains(&format!(
+            "use the file of generation 1: the last `pg move-shard`, of shard 1 to b, recorded it on the servers, then writes it to {path}. If that file still says an older generation (the move stopped in between), run that move again from it (`shardflake pg move-shard 1 --to b`), which writes it; or, where that move is refused, make its two edits by hand: set `generation = 1` and put shard 1 in b's list"
+        )) && !text.contains("wrote it to"),
+        "{text}"
+    );
+    move_shard(&file.0, 1, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    let topo = file.load();
+    assert_eq!(
+        (topo.generation(), topo.server_of(1).unwrap().name.as_str()),
+        (1, "b")
+    );
+    pg::apply(&topo).await.unwrap();
+    let drift = pg::check(&topo).await.unwrap();
+    assert!(drift.is_empty(), "{drift:#?}");
 }
