@@ -142,6 +142,9 @@ pub async fn repair_replacing(
     }
     // Records of a copy that moved away and came back with a restore, its
     // schema dropped since (what `pg check` says to do): no copy, no ids.
+    // Logged once committed, as the moves undone below: a repair refused
+    // after them rolls them back.
+    let mut forgotten = Vec::new();
     for stale in catalog::stale_records(&views) {
         let Some(i) = topo.servers().iter().position(|s| s.name == stale.server) else {
             continue;
@@ -149,12 +152,7 @@ pub async fn repair_replacing(
         catalog::forget_shard(&txs[i], &stale.server, stale.shard).await?;
         views[i].shards.remove(&stale.shard);
         views[i].schemaless.remove(&stale.shard);
-        tracing::warn!(
-            server = stale.server.as_str(),
-            shard = stale.shard,
-            live_on = stale.live_on.as_str(),
-            "removed the record of a copy that is gone"
-        );
+        forgotten.push(stale);
     }
     // A move to or from a server replaced cannot be finished or undone by
     // `move-shard` (it refuses the new copy until the replacement, and the
@@ -325,6 +323,23 @@ pub async fn repair_replacing(
     }
     for (tx, server) in txs.into_iter().zip(topo.servers()) {
         tx.commit().await.map_err(ctx(&server.name, "commit"))?;
+    }
+    for stale in &forgotten {
+        tracing::warn!(
+            server = stale.server.as_str(),
+            shard = stale.shard,
+            live_on = stale.live_on.as_str(),
+            "removed the record of a copy that is gone"
+        );
+    }
+    for u in &undone {
+        tracing::warn!(
+            shard = u.shard,
+            source = u.source.as_str(),
+            destination = u.destination.as_str(),
+            fenced = u.unfenced,
+            "undid a move whose source or destination is replaced"
+        );
     }
     for l in &left_behind {
         tracing::warn!(

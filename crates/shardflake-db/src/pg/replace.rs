@@ -921,13 +921,6 @@ pub(crate) async fn undo_moves(
         }
         catalog::record_shard(&txs[s], &source, shard, State::Live, None).await?;
         views[s].shards.insert(shard, (State::Live, None));
-        tracing::warn!(
-            shard,
-            source = source.as_str(),
-            destination = destination.as_str(),
-            fenced,
-            "undid a move whose source or destination is replaced"
-        );
         undone.push(UndoneMove {
             shard,
             source,

@@ -740,3 +740,102 @@ async fn rows_left_on_the_old_copy_are_reported_where_the_shard_moved() {
     let found = drift(pg::check(&topo).await.unwrap());
     assert!(found.is_empty(), "{found:#?}");
 }
+
+/// Every event's message logged while it is the thread's default.
+struct Logged(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Logged {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        self.0.lock().unwrap().push(message.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Outside review R7, item 4: shard 4's move from b to a stopped after
+/// its copy (undone by a replacement of a) and shard 0's move from a to b
+/// live on b, file not switched (refused), then a's dump restored into c.
+/// The refused repair rolled back the undo, yet logged "undid a move".
+/// Now only what was committed is logged. (One thread: the logger is
+/// that thread's.)
+#[tokio::test]
+async fn a_refused_replacement_logs_no_move_it_did_not_undo() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "refused-log",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let (ca, cb) = (connect(&a.url()).await, connect(&b.url()).await);
+    insert(&ca, "shard0", 10).await;
+    insert(&cb, "shard4", 10).await;
+    move_shard(&file.0, 4, "a", &stopped_after_copy())
+        .await
+        .unwrap_err();
+    let live = MoveOptions {
+        stop_after: Some(MoveStep::Live),
+        ..Default::default()
+    };
+    move_shard(&file.0, 0, "b", &live).await.unwrap_err();
+    dump_into(&a, &c);
+    let system = system_identifier(&a.url()).await;
+    drop(ca);
+    a.stop();
+
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _logger = tracing::subscriber::set_default(Logged(logs.clone()));
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    let e = pg::repair_replacing(&onto_c, None, &gone(&[system]))
+        .await
+        .expect_err("a move live on b undone")
+        .to_string();
+    assert!(e.contains("went live on b"), "{e}");
+    let undid = |logs: &[String]| logs.iter().any(|l| l.contains("undid a move"));
+    assert!(!undid(&logs.lock().unwrap()), "{:#?}", logs.lock().unwrap());
+    // Nothing was undone: b still records shard 4 moving to a.
+    let moving: String = cb
+        .query_one("SELECT state FROM shardflake.shards WHERE shard = 4", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(moving, "moving");
+
+    // The file switched for shard 0, the repair undoes shard 4's move,
+    // and says so.
+    let switched = Topology::parse(&topology(&[
+        ("a", &c.url(), "1-3"),
+        ("b", &b.url(), "0,4-7"),
+    ]))
+    .unwrap();
+    let replaced = pg::repair_replacing(&switched, None, &gone(&[system]))
+        .await
+        .unwrap();
+    assert_eq!(
+        replaced.undone.iter().map(|u| u.shard).collect::<Vec<_>>(),
+        vec![4]
+    );
+    assert!(undid(&logs.lock().unwrap()), "{:#?}", logs.lock().unwrap());
+}
