@@ -39,6 +39,7 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         views.push(catalog::read(c, &server.name, topo).await?);
     }
     drift.extend(catalog::conflicts(topo, &views, &[]));
+    drift.extend(fenced_beside_live(topo, &views));
     let replacing = catalog::replaced_copies(&views, &[]);
     // Servers whose url reaches another copy than the recorded one: their
     // way out is `repair --replaces`, not `repair --shard`.
@@ -339,6 +340,40 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         }
     }
     Ok(drift)
+}
+
+/// A fenced copy of a shard beside its live copy, on a server the file
+/// does not put the shard on: kept by `move-shard --keep-source`, or
+/// brought back by a restore of a dump taken during a move. It makes no
+/// id, but `move-shard` of that shard to any other server is refused while
+/// it is there ("finish that first"): said here, with the move that drops
+/// it. (A fenced copy where the file puts the shard is `conflicts`'.)
+fn fenced_beside_live(topo: &Topology, views: &[catalog::ServerView]) -> Vec<Drift> {
+    let mut out = Vec::new();
+    for v in views {
+        for (&shard, (state, peer)) in &v.shards {
+            let Some(live) = peer.as_deref() else {
+                continue;
+            };
+            let is_live = |name: &str| {
+                views
+                    .iter()
+                    .any(|w| w.name == name && w.state(shard) == Some(State::Live))
+            };
+            let owner = topo.server_of(shard).ok().map(|s| s.name.as_str());
+            if *state != State::Fenced || owner == Some(v.name.as_str()) || !is_live(live) {
+                continue;
+            }
+            out.push(Drift {
+                server: v.name.clone(),
+                shard: Some(shard),
+                problem: format!(
+                    "a fenced copy of shard {shard} is here (kept by `move-shard --keep-source`, or brought back by a restore), while the shard is live on {live}: it makes no id, but `shardflake pg move-shard {shard}` to any server but {live} is refused while it is here; `shardflake pg move-shard {shard} --to {live}` finishes that move and drops it"
+                ),
+            });
+        }
+    }
+    out
 }
 
 /// Rows a replacement's repair found only on the old copy it fenced

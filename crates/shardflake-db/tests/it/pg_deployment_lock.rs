@@ -224,7 +224,17 @@ async fn repair_during_a_move_never_reopens_the_fenced_copy() {
         .await
         .expect_err("the fenced copy made an id after repair");
     assert!(shardflake_db::is_moved(&e), "{e}");
-    assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
+    // check says only what the kept copy blocks (a later move elsewhere).
+    let drift: Vec<String> = pg::check(&file.load())
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift.len() == 1 && drift[0].starts_with("a: shard 1: a fenced copy of shard 1 is here"),
+        "{drift:#?}"
+    );
 }
 
 /// A `pg repair` started beside a move on the same file waits for the move,
@@ -348,4 +358,55 @@ async fn a_move_stopped_before_it_wrote_the_file_names_the_way_to_write_it() {
     pg::apply(&topo).await.unwrap();
     let drift = pg::check(&topo).await.unwrap();
     assert!(drift.is_empty(), "{drift:#?}");
+}
+
+/// Outside review R7, item 5: a fenced copy beside the live one (kept by
+/// `--keep-source`; a restore of a dump taken during a move brings back
+/// the same records) made `move-shard` of that shard to any other server
+/// refuse ("finish that first"), while `pg check` said nothing. check now
+/// says so, with the move that drops it; run, the next move goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_fenced_copy_that_refuses_the_next_move() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = TopoFile::new(
+        "fenced-beside",
+        &topology(&[("a", &a, "0-3"), ("b", &b, ""), ("c", &c, "")]),
+    );
+    pg::apply(&file.load()).await.unwrap();
+    let keep = MoveOptions {
+        keep_source: true,
+        ..MoveOptions::default()
+    };
+    move_shard(&file.0, 1, "b", &keep).await.unwrap();
+
+    let drift: Vec<String> = pg::check(&file.load())
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        drift,
+        vec![
+            "a: shard 1: a fenced copy of shard 1 is here (kept by `move-shard --keep-source`, or brought back by a restore), while the shard is live on b: it makes no id, but `shardflake pg move-shard 1` to any server but b is refused while it is here; `shardflake pg move-shard 1 --to b` finishes that move and drops it"
+        ]
+    );
+    let e = move_shard(&file.0, 1, "c", &MoveOptions::default())
+        .await
+        .expect_err("moved beside a fenced copy")
+        .to_string();
+    assert!(e.contains("finish that first"), "{e}");
+    move_shard(&file.0, 1, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
+    assert!(!has_schema(&client(&a).await, "shard1").await);
+    move_shard(&file.0, 1, "c", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
 }
