@@ -839,3 +839,79 @@ async fn a_refused_replacement_logs_no_move_it_did_not_undo() {
     );
     assert!(undid(&logs.lock().unwrap()), "{:#?}", logs.lock().unwrap());
 }
+
+/// Outside review R7, item 7: the undo of a move whose source is replaced,
+/// the old copy reached with `--old-url` (still running, so fenced by the
+/// same repair) rather than declared gone. `move-shard 0 --to b` stopped
+/// after its copy, 30 rows acknowledged on a after its dump (on a and b's
+/// copy), then 20 more on a alone after the copy. The repair undoes the
+/// move (b's 30 copied to c, b's copy dropped), fences a, and reports
+/// the 20 rows only a holds; check names them until they are on c.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_from_a_replaced_server_reached_by_old_url_is_undone() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "source-old-url",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let ca = connect(&a.url()).await;
+    let mut made = insert(&ca, "shard0", 100).await;
+    dump_into(&a, &c);
+    made.extend(insert(&ca, "shard0", 30).await);
+    move_shard(&file.0, 0, "b", &stopped_after_copy())
+        .await
+        .unwrap_err();
+    let only_on_a = insert(&ca, "shard0", 20).await;
+
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    let replaced = pg::repair_replacing(&onto_c, None, &replacing(&a.url()))
+        .await
+        .expect("the replacement refused for its unfinished move");
+    assert_eq!(
+        replaced.undone,
+        vec![pg::UndoneMove {
+            shard: 0,
+            source: "a".into(),
+            destination: "b".into(),
+            copied: vec![("shard0.posts".into(), 30)],
+            unfenced: false,
+        }]
+    );
+    let left: Vec<_> = replaced
+        .left_behind
+        .iter()
+        .map(|l| (l.shard, l.rows, l.ids))
+        .collect();
+    let span = (
+        *only_on_a.iter().min().unwrap(),
+        *only_on_a.iter().max().unwrap(),
+    );
+    assert_eq!(left, vec![(0, 20, span)], "{:#?}", replaced.left_behind);
+    let e = try_insert(&ca, "shard0", 1)
+        .await
+        .expect_err("the old copy still makes ids");
+    assert!(shardflake_db::is_moved(&e), "{e}");
+
+    let (cb, cc) = (connect(&b.url()).await, connect(&c.url()).await);
+    assert!(!has_schema(&cb, "shard0").await, "b's copy of shard 0 kept");
+    made.sort_unstable();
+    assert_eq!(stored(&cc, "shard0").await, made, "acknowledged rows lost");
+    let drift: Vec<String> = pg::check(&onto_c)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift.len() == 1 && drift[0].contains("20 of the 20 row(s) of shard0.posts"),
+        "{drift:#?}"
+    );
+    let on_c = insert(&cc, "shard0", 10).await;
+    assert!(on_c.iter().min() > only_on_a.iter().max());
+}
