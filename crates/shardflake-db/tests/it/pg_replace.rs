@@ -656,7 +656,29 @@ async fn a_move_live_on_its_destination_is_finished_by_the_file_not_undone() {
     made.extend(insert(&cb, "shard0", 20).await);
     made.sort_unstable();
     assert_eq!(stored(&cb, "shard0").await, made);
-    assert_eq!(pg::check(&switched).await.unwrap(), vec![]);
+    // Finished but for the source's fenced copy on c, which check reports
+    // (it refuses a later move elsewhere) with the move that drops it.
+    let drift: Vec<String> = pg::check(&switched)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift.len() == 1
+            && drift[0].starts_with("a: shard 0: a fenced copy of shard 0 is here")
+            && drift[0].contains("`shardflake pg move-shard 0 --to b` finishes that move"),
+        "{drift:#?}"
+    );
+    std::fs::write(&file.0, switched.to_toml()).unwrap();
+    move_shard(&file.0, 0, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert!(!has_schema(&connect(&c.url()).await, "shard0").await);
+    assert_eq!(
+        pg::check(&Topology::load(&file.0).unwrap()).await.unwrap(),
+        vec![]
+    );
 }
 
 /// Outside review R7, item 2: rows acknowledged on a after its dump stay
