@@ -1009,8 +1009,11 @@ pub fn record_conflicts(topo: &Topology, views: &[ServerView], added: &[String])
         .collect();
     for shard in all {
         let owner = topo.server_of(shard).ok().map(|s| s.name.as_str());
+        // A copy another database replaced is fenced for good
+        // (`replaced_copies` says so): no holder of any shard.
         let holders: Vec<(&str, State, Option<&str>)> = views
             .iter()
+            .filter(|v| v.replaced_by.is_none())
             .filter_map(|v| Some((v.name.as_str(), v.state(shard)?, v.peer(shard))))
             .collect();
         if let Some((at, _, peer)) = holders

@@ -350,7 +350,7 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
 /// it. (A fenced copy where the file puts the shard is `conflicts`'.)
 fn fenced_beside_live(topo: &Topology, views: &[catalog::ServerView]) -> Vec<Drift> {
     let mut out = Vec::new();
-    for v in views {
+    for v in views.iter().filter(|v| v.replaced_by.is_none()) {
         for (&shard, (state, peer)) in &v.shards {
             let Some(live) = peer.as_deref() else {
                 continue;

@@ -365,7 +365,7 @@ pub(crate) async fn fence(
         .map_err(ctx(&who, "creating the deployment records"))?;
     let mut last = BTreeMap::new();
     for (&shard, &(state, _)) in &view.shards {
-        if !matches!(state, State::Live | State::Moving) {
+        if !serving_or_replaced(view, state) {
             continue;
         }
         let schema = topo.schema(shard);
@@ -415,11 +415,23 @@ pub(crate) async fn fence(
         ))
         .await
         .map_err(ctx(&who, &format!("fencing shard {shard}")))?;
+        // Its own records say so too (no peer: no move goes on from here).
+        catalog::record_shard(tx, &who, shard, State::Fenced, None).await?;
         last.insert(shard, value);
     }
     catalog::record_owners(tx, &who, owners).await?;
     catalog::record_replaced(tx, &who, by).await?;
     Ok(last)
+}
+
+/// Whether a shard in `state` on the old copy `view` is one it served:
+/// live or moving away, or fenced by a replacement (whose fence its own
+/// records hold too), so that what a later `--replaces` reads of that
+/// copy (its `next_id`, its last values) is what it read before that
+/// record was written.
+fn serving_or_replaced(view: &ServerView, state: State) -> bool {
+    matches!(state, State::Live | State::Moving)
+        || (state == State::Fenced && view.replaced_by.is_some())
 }
 
 /// Runs `lock` (a statement that locks `rel`) in a savepoint: when it
@@ -509,7 +521,7 @@ pub(crate) async fn unvouched(
     let live: Vec<u64> = view
         .shards
         .iter()
-        .filter(|(_, (state, _))| matches!(state, State::Live | State::Moving))
+        .filter(|(_, (state, _))| serving_or_replaced(view, *state))
         .map(|(&shard, _)| shard)
         .collect();
     let (mut fenced, mut other_run) = (false, None);

@@ -919,6 +919,20 @@ async fn a_move_from_a_replaced_server_reached_by_old_url_is_undone() {
         .await
         .expect_err("the old copy still makes ids");
     assert!(shardflake_db::is_moved(&e), "{e}");
+    // Item 6: the old copy's own records say fenced, not live (or moving).
+    let states: Vec<(i64, String)> = ca
+        .query("SELECT shard, state FROM shardflake.shards ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        states,
+        (0..4)
+            .map(|s| (s, "fenced".to_string()))
+            .collect::<Vec<_>>()
+    );
 
     let (cb, cc) = (connect(&b.url()).await, connect(&c.url()).await);
     assert!(!has_schema(&cb, "shard0").await, "b's copy of shard 0 kept");
