@@ -79,15 +79,29 @@ pub enum Error {
     /// A server could not be reached.
     #[error(
         "cannot connect to server {server:?} ({url}): {}",
-        connect_message(source)
+        connect_message(source.as_ref())
     )]
     Connect {
         /// Server name.
         server: String,
         /// Its URL.
         url: String,
-        /// The driver's or the server's error.
-        source: tokio_postgres::Error,
+        /// The socket's, the driver's or the server's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A server stopped answering while a command ran
+    /// (`pg::liveness`): the command gave up on it there.
+    #[error(
+        "server {server:?}: {context}: {why}; the command stopped here: what it committed before stays, its open transactions roll back (on {server:?} when it runs again). Once {server:?} answers, run the same command again (`shardflake pg check` says what is left and the command that finishes it){}",
+        if server.ends_with("(old copy)") { "; if the old copy is gone for good, give `--old-copy-gone` instead of `--old-url`" } else { "" }
+    )]
+    Unresponsive {
+        /// Server name.
+        server: String,
+        /// What the command was doing.
+        context: String,
+        /// What was seen.
+        why: String,
     },
     /// A statement failed.
     #[error("server {server:?}: {context}: {}", pg_message(source))]
@@ -204,11 +218,10 @@ impl Error {
 /// Why a connection failed: the server's own words where it answered
 /// (an unknown role, a database that does not exist), else the driver's
 /// (whose text already holds its cause).
-fn connect_message(e: &tokio_postgres::Error) -> String {
-    if e.as_db_error().is_some() {
-        pg_message(e)
-    } else {
-        e.to_string()
+fn connect_message(e: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    match e.downcast_ref::<tokio_postgres::Error>() {
+        Some(e) if e.as_db_error().is_some() => pg_message(e),
+        _ => e.to_string(),
     }
 }
 

@@ -90,6 +90,7 @@ CREATE TABLE IF NOT EXISTS shardflake.left_behind (
   min_id bigint NOT NULL,
   max_id bigint NOT NULL,
   PRIMARY KEY (shard, tbl));
+ALTER TABLE shardflake.left_behind ADD COLUMN IF NOT EXISTS replaced text;
 CREATE TABLE IF NOT EXISTS shardflake.timelines (
   system_identifier bigint NOT NULL,
   database_oid bigint NOT NULL,
@@ -258,6 +259,9 @@ pub struct ServerView {
     /// The database that replaced this one (`pg repair --replaces` with
     /// `--old-url`), which fenced every shard here for good.
     pub replaced_by: Option<Identity>,
+    /// Live shards here restored from a dump (`next_id` made for another
+    /// sequence: `SF003`): of two live copies, such a one is the stale.
+    pub restored: BTreeSet<u64>,
 }
 
 impl ServerView {
@@ -295,6 +299,7 @@ pub async fn read(
         foreign: Vec::new(),
         schemaless: BTreeSet::new(),
         replaced_by: None,
+        restored: BTreeSet::new(),
     };
     if has {
         if let Some(r) = c
@@ -404,6 +409,17 @@ pub async fn read(
             }
             Some(_) => {}
             None => view.foreign.push(schema),
+        }
+    }
+    let live: Vec<u64> = view
+        .shards
+        .iter()
+        .filter(|(_, (state, _))| *state == State::Live)
+        .map(|(&shard, _)| shard)
+        .collect();
+    for shard in live {
+        if super::restored(c, topo, name, shard).await?.is_some() {
+            view.restored.insert(shard);
         }
     }
     Ok(view)
@@ -803,9 +819,17 @@ pub fn older_file(topo: &Topology, views: &[ServerView]) -> Option<Drift> {
     if topo.generation() >= newest.generation {
         return None;
     }
+    // The move records the generation on every server, then writes the
+    // file: stopped in between, the file it names still holds the old one.
     let moved = match (newest.last_move, &newest.file) {
         (Some(shard), Some(file)) => {
-            format!(" (the last `pg move-shard`, of shard {shard}, wrote it to {file})")
+            let to = recorded_owners(views)
+                .get(&shard)
+                .map_or_else(|| "its destination".to_string(), |o| o.server.clone());
+            format!(
+                ": the last `pg move-shard`, of shard {shard} to {to}, recorded it on the servers, then writes it to {file}. If that file still says an older generation (the move stopped in between), run that move again from it (`shardflake pg move-shard {shard} --to {to}`), which writes it; or, where that move is refused, make its two edits by hand: set `generation = {}` and put shard {shard} in {to}'s list (out of any other's)",
+                newest.generation
+            )
         }
         _ => String::new(),
     };
@@ -985,8 +1009,11 @@ pub fn record_conflicts(topo: &Topology, views: &[ServerView], added: &[String])
         .collect();
     for shard in all {
         let owner = topo.server_of(shard).ok().map(|s| s.name.as_str());
+        // A copy another database replaced is fenced for good
+        // (`replaced_copies` says so): no holder of any shard.
         let holders: Vec<(&str, State, Option<&str>)> = views
             .iter()
+            .filter(|v| v.replaced_by.is_none())
             .filter_map(|v| Some((v.name.as_str(), v.state(shard)?, v.peer(shard))))
             .collect();
         if let Some((at, _, peer)) = holders
@@ -1031,6 +1058,38 @@ pub fn record_conflicts(topo: &Topology, views: &[ServerView], added: &[String])
             .collect();
         if live.len() > 1 {
             let schema = topo.schema(shard);
+            // A copy restored from a dump beside one that is not (a move
+            // went live there after the dump): the restored one is stale,
+            // whatever the file says (a move stopped before its switch
+            // leaves the file naming the old server).
+            let restored = |n: &str| {
+                views
+                    .iter()
+                    .any(|v| v.name == n && v.restored.contains(&shard))
+            };
+            let fresh: Vec<&str> = live.iter().copied().filter(|n| !restored(n)).collect();
+            if let [keep] = fresh[..] {
+                let stale: Vec<&str> = live.iter().copied().filter(|n| restored(n)).collect();
+                let switch = if owner == Some(keep) {
+                    String::new()
+                } else {
+                    format!(
+                        "; put shard {shard} in {keep}'s list in the file (out of {}'s): the move to {keep} went live and did not switch it",
+                        owner.unwrap_or("?")
+                    )
+                };
+                say(
+                    stale[0],
+                    Some(shard),
+                    format!(
+                        "shard {shard} is live on {}: the copy on {} was restored from a dump taken before the shard went live on {keep}, and holds none of the rows written on {keep} since: stop writes to it and drop it (`DROP SCHEMA {schema} CASCADE` on {}), keep the one on {keep}{switch}, then run `shardflake pg repair`",
+                        live.join(" and "),
+                        stale.join(" and "),
+                        stale.join(" and ")
+                    ),
+                );
+                continue;
+            }
             let (at, which) = match owner.filter(|o| live.contains(o)) {
                 Some(owner) => {
                     let other = live.iter().find(|&&n| n != owner).copied().unwrap_or("?");

@@ -39,6 +39,7 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         views.push(catalog::read(c, &server.name, topo).await?);
     }
     drift.extend(catalog::conflicts(topo, &views, &[]));
+    drift.extend(fenced_beside_live(topo, &views));
     let replacing = catalog::replaced_copies(&views, &[]);
     // Servers whose url reaches another copy than the recorded one: their
     // way out is `repair --replaces`, not `repair --shard`.
@@ -151,15 +152,39 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
         }
         drift.extend(super::adopt::drift(client, topo, server).await?);
         let left = left_behind(client, name).await?;
-        for (shard, tbl, column, rows, (min, max)) in &left {
-            let copy = format!(
-                "copy them over (in psql on the old copy `\\copy (SELECT * FROM {tbl} WHERE {column} BETWEEN {min} AND {max}) TO 'rows.csv' CSV`, then here `\\copy {tbl} FROM 'rows.csv' CSV`); to leave them there for good, `DELETE FROM shardflake.left_behind WHERE shard = {shard} AND tbl = '{tbl}'` here"
+        for (shard, tbl, column, rows, (min, max), replaced) in &left {
+            let forget = format!(
+                "then `DELETE FROM shardflake.left_behind WHERE shard = {shard} AND tbl = '{tbl}'` here (also the way to leave them there for good)"
             );
+            let copy = |to: &str| {
+                format!(
+                    "copy them over (in psql on the old copy `\\copy (SELECT * FROM {tbl} WHERE {column} BETWEEN {min} AND {max}) TO 'rows.csv' CSV`, then on {to} `\\copy {tbl} FROM 'rows.csv' CSV`), {forget}"
+                )
+            };
+            let fenced_by =
+                format!("the old copy that `shardflake pg repair --replaces {replaced}` fenced");
+            // A record left where the shard no longer is (a move before
+            // moves carried them): the rows belong where it is now.
+            if !server.shards.contains(shard) && view.state(*shard).is_none() {
+                let at = topo.server_of(*shard).map_or_else(
+                    |_| "the server that holds it".to_string(),
+                    |s| s.name.clone(),
+                );
+                drift.push(d(
+                    Some(*shard),
+                    format!(
+                        "{rows} row(s) of {tbl} (ids {min}..{max}) were recorded here as only on {fenced_by}, but shard {shard} is on {at} now: {}",
+                        copy(&at)
+                    ),
+                ));
+                continue;
+            }
             if !relation_exists(client, name, tbl).await? {
                 drift.push(d(
                     Some(*shard),
                     format!(
-                        "{tbl} is missing here, and its {rows} row(s) (ids {min}..{max}) are only on the old copy that `shardflake pg repair --replaces {name}` fenced (the shard moved onto it after the dump): run `shardflake pg apply` to create the shard here (empty), then {copy}"
+                        "{tbl} is missing here, and its {rows} row(s) (ids {min}..{max}) are only on {fenced_by} (the shard moved onto it after the dump): run `shardflake pg apply` to create the shard here (empty), then {}",
+                        copy(name)
                     ),
                 ));
                 continue;
@@ -176,8 +201,9 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
                 drift.push(d(
                     Some(*shard),
                     format!(
-                        "{} of the {rows} row(s) of {tbl} with ids {min}..{max} are only on the old copy that `shardflake pg repair --replaces {name}` fenced (inserts acknowledged there after the dump): {copy}",
-                        rows - here
+                        "{} of the {rows} row(s) of {tbl} with ids {min}..{max} are only on {fenced_by} (inserts acknowledged there after the dump): {}",
+                        rows - here,
+                        copy(name)
                     ),
                 ));
             }
@@ -316,9 +342,44 @@ pub async fn check(topo: &Topology) -> Result<Vec<Drift>, Error> {
     Ok(drift)
 }
 
+/// A fenced copy of a shard beside its live copy, on a server the file
+/// does not put the shard on: kept by `move-shard --keep-source`, or
+/// brought back by a restore of a dump taken during a move. It makes no
+/// id, but `move-shard` of that shard to any other server is refused while
+/// it is there ("finish that first"): said here, with the move that drops
+/// it. (A fenced copy where the file puts the shard is `conflicts`'.)
+fn fenced_beside_live(topo: &Topology, views: &[catalog::ServerView]) -> Vec<Drift> {
+    let mut out = Vec::new();
+    for v in views.iter().filter(|v| v.replaced_by.is_none()) {
+        for (&shard, (state, peer)) in &v.shards {
+            let Some(live) = peer.as_deref() else {
+                continue;
+            };
+            let is_live = |name: &str| {
+                views
+                    .iter()
+                    .any(|w| w.name == name && w.state(shard) == Some(State::Live))
+            };
+            let owner = topo.server_of(shard).ok().map(|s| s.name.as_str());
+            if *state != State::Fenced || owner == Some(v.name.as_str()) || !is_live(live) {
+                continue;
+            }
+            out.push(Drift {
+                server: v.name.clone(),
+                shard: Some(shard),
+                problem: format!(
+                    "a fenced copy of shard {shard} is here (kept by `move-shard --keep-source`, or brought back by a restore), while the shard is live on {live}: it makes no id, but `shardflake pg move-shard {shard}` to any server but {live} is refused while it is here; `shardflake pg move-shard {shard} --to {live}` finishes that move and drops it"
+                ),
+            });
+        }
+    }
+    out
+}
+
 /// Rows a replacement's repair found only on the old copy it fenced
-/// (`shardflake.left_behind`): shard, table, id column, rows, id span.
-type LeftBehind = Vec<(u64, String, String, i64, (i64, i64))>;
+/// (`shardflake.left_behind`): shard, table, id column, rows, id span,
+/// the server replaced.
+type LeftBehind = Vec<(u64, String, String, i64, (i64, i64), String)>;
 
 async fn left_behind(client: &impl GenericClient, name: &str) -> Result<LeftBehind, Error> {
     if !relation_exists(client, name, "shardflake.left_behind").await? {
@@ -326,8 +387,9 @@ async fn left_behind(client: &impl GenericClient, name: &str) -> Result<LeftBehi
     }
     Ok(client
         .query(
-            "SELECT shard, tbl, id_column, rows, min_id, max_id FROM shardflake.left_behind ORDER BY 1, 2",
-            &[],
+            "SELECT shard, tbl, id_column, rows, min_id, max_id, coalesce(replaced, $1)
+               FROM shardflake.left_behind ORDER BY 1, 2",
+            &[&name],
         )
         .await
         .map_err(ctx(name, "reading the rows left on a replaced copy"))?
@@ -339,6 +401,7 @@ async fn left_behind(client: &impl GenericClient, name: &str) -> Result<LeftBehi
                 r.get(2),
                 r.get(3),
                 (r.get(4), r.get(5)),
+                r.get(6),
             )
         })
         .collect())

@@ -28,9 +28,8 @@
 //! commands depend on it, never the other way round.
 
 use std::fmt;
-use std::time::Duration;
 
-use tokio_postgres::{Client, GenericClient, NoTls};
+use tokio_postgres::{Client, GenericClient};
 
 use crate::{Error, SQLSTATE_RESTARTED, SQLSTATE_RESTORED, pg_message};
 
@@ -38,6 +37,7 @@ pub mod adopt;
 mod apply;
 pub mod catalog;
 mod check;
+pub mod liveness;
 pub mod move_shard;
 pub mod partitions;
 mod repair;
@@ -55,8 +55,9 @@ pub use replace::{LeftBehind, OldCopy, Replacement, UndoneMove};
 pub use route::{Route, Router};
 pub use topology::{Server, SignBit, Topology, TopologyError};
 
-/// Connects to a server (5 s connect timeout); the connection task runs on
-/// the current tokio runtime.
+/// Connects to a server (5 s connect timeout, unless the URL sets one);
+/// the connection task runs on the current tokio runtime, and gives up on
+/// a server that stops answering ([`liveness`]).
 pub async fn connect(server: &Server) -> Result<Client, Error> {
     connect_url(&server.name, &server.url).await
 }
@@ -67,40 +68,40 @@ pub async fn connect_url(name: &str, url: &str) -> Result<Client, Error> {
 }
 
 /// Connects to a URL, or to another database of the same server
-/// (`database`), naming the server in errors.
+/// (`database`), naming the server in errors. The connection gives up on
+/// a server that stops answering ([`liveness`]).
 pub(crate) async fn connect_database(
     name: &str,
     url: &str,
     database: Option<&str>,
 ) -> Result<Client, Error> {
-    let err = |source| Error::Connect {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| Error::Connect {
         server: name.to_string(),
         url: url.to_string(),
-        source,
-    };
-    let mut config: tokio_postgres::Config = url.parse().map_err(err)?;
+        source: Box::new(e),
+    })?;
     if let Some(database) = database {
         config.dbname(database);
     }
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(5));
-    }
     config.application_name("shardflake");
-    let (client, connection) = config.connect(NoTls).await.map_err(err)?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
+    liveness::connect(name, url, config).await
 }
 
 pub(crate) fn ctx<'a>(
     server: &'a str,
     context: &'a str,
 ) -> impl FnOnce(tokio_postgres::Error) -> Error + 'a {
-    move |source| Error::Postgres {
-        server: server.to_string(),
-        context: context.to_string(),
-        source,
+    move |source| match liveness::gave_up(server, &source) {
+        Some(why) => Error::Unresponsive {
+            server: server.to_string(),
+            context: context.to_string(),
+            why,
+        },
+        None => Error::Postgres {
+            server: server.to_string(),
+            context: context.to_string(),
+            source,
+        },
     }
 }
 

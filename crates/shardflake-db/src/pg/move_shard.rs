@@ -690,6 +690,7 @@ async fn switch(dep: &Deployed, path: &Path, shard: u64, to: &str) -> Result<(),
         catalog::record_generation(c, &server.name, generation, shard, &file).await?;
         catalog::record_owners(c, &server.name, &owner).await?;
     }
+    carry_left_behind(dep, shard, to).await?;
     dep.topo
         .with_generation(generation)
         .with_shard_moved(shard, to)?
@@ -698,6 +699,57 @@ async fn switch(dep: &Deployed, path: &Path, shard: u64, to: &str) -> Result<(),
             path: path.display().to_string(),
             source,
         })
+}
+
+/// The records of rows a replacement left on a fenced old copy of
+/// `shard` (`shardflake.left_behind`) go where the shard goes: `pg check`
+/// reports them on the server that holds it, until the rows are copied
+/// there. Written there before they are deleted elsewhere: a move stopped
+/// in between leaves them on both, and the move run again carries them.
+async fn carry_left_behind(dep: &Deployed, shard: u64, to: &str) -> Result<(), Error> {
+    let d = dep.index(to)?;
+    for (i, (c, server)) in dep.clients.iter().zip(dep.topo.servers()).enumerate() {
+        if i == d {
+            continue;
+        }
+        let name = server.name.as_str();
+        let rows = c
+            .query(
+                "SELECT tbl, id_column, rows, min_id, max_id, coalesce(replaced, $2)
+                   FROM shardflake.left_behind WHERE shard = $1",
+                &[&(shard as i64), &name],
+            )
+            .await
+            .map_err(ctx(name, "reading the rows left on a replaced copy"))?;
+        for r in &rows {
+            let (tbl, column, n, min, max, replaced): (String, String, i64, i64, i64, String) =
+                (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+            dep.clients[d]
+                .execute(
+                    "INSERT INTO shardflake.left_behind
+                       (shard, tbl, id_column, rows, min_id, max_id, replaced)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)
+                     ON CONFLICT (shard, tbl) DO UPDATE SET id_column = EXCLUDED.id_column,
+                       rows = EXCLUDED.rows, min_id = EXCLUDED.min_id,
+                       max_id = EXCLUDED.max_id, replaced = EXCLUDED.replaced",
+                    &[&(shard as i64), &tbl, &column, &n, &min, &max, &replaced],
+                )
+                .await
+                .map_err(ctx(to, "recording the rows left on a replaced copy"))?;
+        }
+        if !rows.is_empty() {
+            c.execute(
+                "DELETE FROM shardflake.left_behind WHERE shard = $1",
+                &[&(shard as i64)],
+            )
+            .await
+            .map_err(ctx(
+                name,
+                "moving the record of rows left on a replaced copy",
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 /// Settings under which a row's text is the same on both servers.

@@ -142,6 +142,9 @@ pub async fn repair_replacing(
     }
     // Records of a copy that moved away and came back with a restore, its
     // schema dropped since (what `pg check` says to do): no copy, no ids.
+    // Logged once committed, as the moves undone below: a repair refused
+    // after them rolls them back.
+    let mut forgotten = Vec::new();
     for stale in catalog::stale_records(&views) {
         let Some(i) = topo.servers().iter().position(|s| s.name == stale.server) else {
             continue;
@@ -149,12 +152,7 @@ pub async fn repair_replacing(
         catalog::forget_shard(&txs[i], &stale.server, stale.shard).await?;
         views[i].shards.remove(&stale.shard);
         views[i].schemaless.remove(&stale.shard);
-        tracing::warn!(
-            server = stale.server.as_str(),
-            shard = stale.shard,
-            live_on = stale.live_on.as_str(),
-            "removed the record of a copy that is gone"
-        );
+        forgotten.push(stale);
     }
     // A move to or from a server replaced cannot be finished or undone by
     // `move-shard` (it refuses the new copy until the replacement, and the
@@ -294,9 +292,12 @@ pub async fn repair_replacing(
         // until they are copied over.
         for l in left_behind.iter().filter(|l| l.server == name) {
             tx.execute(
-                "INSERT INTO shardflake.left_behind VALUES ($1, $2, $3, $4, $5, $6)
+                "INSERT INTO shardflake.left_behind
+                   (shard, tbl, id_column, rows, min_id, max_id, replaced)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (shard, tbl) DO UPDATE SET id_column = EXCLUDED.id_column,
-                   rows = EXCLUDED.rows, min_id = EXCLUDED.min_id, max_id = EXCLUDED.max_id",
+                   rows = EXCLUDED.rows, min_id = EXCLUDED.min_id, max_id = EXCLUDED.max_id,
+                   replaced = EXCLUDED.replaced",
                 &[
                     &(l.shard as i64),
                     &l.table,
@@ -304,6 +305,7 @@ pub async fn repair_replacing(
                     &l.rows,
                     &l.ids.0,
                     &l.ids.1,
+                    &name,
                 ],
             )
             .await
@@ -321,6 +323,23 @@ pub async fn repair_replacing(
     }
     for (tx, server) in txs.into_iter().zip(topo.servers()) {
         tx.commit().await.map_err(ctx(&server.name, "commit"))?;
+    }
+    for stale in &forgotten {
+        tracing::warn!(
+            server = stale.server.as_str(),
+            shard = stale.shard,
+            live_on = stale.live_on.as_str(),
+            "removed the record of a copy that is gone"
+        );
+    }
+    for u in &undone {
+        tracing::warn!(
+            shard = u.shard,
+            source = u.source.as_str(),
+            destination = u.destination.as_str(),
+            fenced = u.unfenced,
+            "undid a move whose source or destination is replaced"
+        );
     }
     for l in &left_behind {
         tracing::warn!(

@@ -365,7 +365,7 @@ pub(crate) async fn fence(
         .map_err(ctx(&who, "creating the deployment records"))?;
     let mut last = BTreeMap::new();
     for (&shard, &(state, _)) in &view.shards {
-        if !matches!(state, State::Live | State::Moving) {
+        if !serving_or_replaced(view, state) {
             continue;
         }
         let schema = topo.schema(shard);
@@ -415,11 +415,23 @@ pub(crate) async fn fence(
         ))
         .await
         .map_err(ctx(&who, &format!("fencing shard {shard}")))?;
+        // Its own records say so too (no peer: no move goes on from here).
+        catalog::record_shard(tx, &who, shard, State::Fenced, None).await?;
         last.insert(shard, value);
     }
     catalog::record_owners(tx, &who, owners).await?;
     catalog::record_replaced(tx, &who, by).await?;
     Ok(last)
+}
+
+/// Whether a shard in `state` on the old copy `view` is one it served:
+/// live or moving away, or fenced by a replacement (whose fence its own
+/// records hold too), so that what a later `--replaces` reads of that
+/// copy (its `next_id`, its last values) is what it read before that
+/// record was written.
+fn serving_or_replaced(view: &ServerView, state: State) -> bool {
+    matches!(state, State::Live | State::Moving)
+        || (state == State::Fenced && view.replaced_by.is_some())
 }
 
 /// Runs `lock` (a statement that locks `rel`) in a savepoint: when it
@@ -509,7 +521,7 @@ pub(crate) async fn unvouched(
     let live: Vec<u64> = view
         .shards
         .iter()
-        .filter(|(_, (state, _))| matches!(state, State::Live | State::Moving))
+        .filter(|(_, (state, _))| serving_or_replaced(view, *state))
         .map(|(&shard, _)| shard)
         .collect();
     let (mut fenced, mut other_run) = (false, None);
@@ -839,11 +851,18 @@ pub(crate) async fn undo_moves(
                 continue;
             }
             let lost = if source_lost { &source } else { &destination };
+            // The move may have recorded its generation before it stopped:
+            // the file must then say it too, or every command refuses it.
+            let generation = catalog::recorded_generation(views)
+                .map(|d| d.generation)
+                .filter(|&g| g > topo.generation())
+                .map(|g| format!(" and set `generation = {g}`"))
+                .unwrap_or_default();
             problems.push(Drift {
                 server: destination.clone(),
                 shard: Some(shard),
                 problem: format!(
-                    "the move of shard {shard} from {source} to {destination} went live on {destination} (it makes the shard's ids) but did not switch the file, and {lost} is replaced: `--replaces {lost}` does not undo it, which would drop the rows written on {destination} since. Put shard {shard} in {destination}'s list in the file (the switch the move did not write), then run the repair again"
+                    "the move of shard {shard} from {source} to {destination} went live on {destination} (it makes the shard's ids) but did not switch the file, and {lost} is replaced: `--replaces {lost}` does not undo it, which would drop the rows written on {destination} since. Put shard {shard} in {destination}'s list in the file (out of {source}'s){generation}: the switch the move did not write. Then run the repair again"
                 ),
             });
             continue;
@@ -914,13 +933,6 @@ pub(crate) async fn undo_moves(
         }
         catalog::record_shard(&txs[s], &source, shard, State::Live, None).await?;
         views[s].shards.insert(shard, (State::Live, None));
-        tracing::warn!(
-            shard,
-            source = source.as_str(),
-            destination = destination.as_str(),
-            fenced,
-            "undid a move whose source or destination is replaced"
-        );
         undone.push(UndoneMove {
             shard,
             source,

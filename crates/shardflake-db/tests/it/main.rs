@@ -20,4 +20,5 @@ mod pg_next_id;
 mod pg_operator;
 mod pg_physical;
 mod pg_replace;
+mod pg_stopped;
 mod time_range;

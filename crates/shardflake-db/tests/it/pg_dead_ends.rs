@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+use shardflake_db::pg::move_shard::{MoveOptions, MoveStep, move_shard};
 use shardflake_db::pg::{self, Topology};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
@@ -151,4 +151,96 @@ async fn a_sequence_far_ahead_of_the_clock_is_reported_with_when_ids_resume() {
         said.contains("SF004") && said.contains("at about 20"),
         "{said}"
     );
+}
+
+/// Outside review R7, item 7: a's dump taken before `move-shard 1 --to b`,
+/// which went live on b and stopped before switching the file; rows
+/// written on b since; then the dump restored over a. Both copies are
+/// live, and the file still puts shard 1 on a: check advised dropping
+/// b's copy, the one holding every row. The restored copy (its `next_id`
+/// refuses ids, SF003) is the stale one: check now says to drop it and
+/// put the shard in b's list; done, `pg repair` and check are clean and
+/// every row written on b is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_from_before_a_move_live_elsewhere_is_the_copy_to_drop() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let dir = std::env::temp_dir().join(format!("sf-dead-r7-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("topology.toml");
+    let text = |b_shards: &str, a_shards: &str| {
+        format!(
+            "layout = \"instagram\"\nshards = 4\n[[servers]]\nname = \"a\"\nurl = \"{}\"\nshards = \"{a_shards}\"\n\
+             [[servers]]\nname = \"b\"\nurl = \"{}\"\nshards = \"{b_shards}\"\n{POSTS}",
+            a.url(),
+            b.url()
+        )
+    };
+    std::fs::write(&path, text("", "0-3")).unwrap();
+    pg::apply(&Topology::load(&path).unwrap()).await.unwrap();
+    let ca = client(&a).await;
+    insert(&ca, "shard1").await.unwrap();
+
+    let dump = dir.join("a.dump");
+    let port = a.port.to_string();
+    let conn = ["-h", "127.0.0.1", "-p", &port, "-U", "postgres"];
+    let out = Command::new(a.program("pg_dump").unwrap())
+        .args(conn)
+        .args(["-Fc", "-f"])
+        .arg(&dump)
+        .arg("postgres")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let live = MoveOptions {
+        stop_after: Some(MoveStep::Live),
+        ..MoveOptions::default()
+    };
+    move_shard(&path, 1, "b", &live).await.unwrap_err();
+    let cb = client(&b).await;
+    let mut on_b = Vec::new();
+    for _ in 0..5 {
+        on_b.push(insert(&cb, "shard1").await.unwrap());
+    }
+    // Restored as into an empty database: the fenced copy's fence
+    // functions, not in the dump, would stop `--clean` dropping its schema.
+    ca.batch_execute("DROP SCHEMA shard1 CASCADE")
+        .await
+        .unwrap();
+    drop(ca);
+    let out = Command::new(a.program("pg_restore").unwrap())
+        .args(conn)
+        .args(["--clean", "--if-exists", "-d", "postgres"])
+        .arg(&dump)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let said = problems(&pg::check(&Topology::load(&path).unwrap()).await.unwrap());
+    assert!(
+        said.contains("a: shard 1: shard 1 is live on a and b: the copy on a was restored from a dump taken before the shard went live on b")
+            && said.contains("(`DROP SCHEMA shard1 CASCADE` on a), keep the one on b; put shard 1 in b's list in the file (out of a's)")
+            && !said.contains("copy on b and drop it"),
+        "{said}"
+    );
+    // As it says.
+    client(&a)
+        .await
+        .batch_execute("DROP SCHEMA shard1 CASCADE")
+        .await
+        .unwrap();
+    std::fs::write(&path, text("1", "0,2-3")).unwrap();
+    let topo = Topology::load(&path).unwrap();
+    pg::repair(&topo, None).await.unwrap();
+    assert_eq!(problems(&pg::check(&topo).await.unwrap()), "");
+    let mut stored: Vec<i64> = cb
+        .query("SELECT id FROM shard1.posts", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    stored.sort_unstable();
+    assert!(on_b.iter().all(|id| stored.contains(id)), "{stored:?}");
+    assert_eq!(stored.len(), 6);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use shardflake_db::pg::move_shard::{MoveOptions, move_shard};
+use shardflake_db::pg::move_shard::{MoveOptions, MoveStep, move_shard};
 use shardflake_db::pg::{self, Topology, sql};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
@@ -27,17 +27,17 @@ fn topology(servers: &[(&str, &PgServer, &str)]) -> String {
 }
 
 /// A topology file in a fresh temp dir, removed on drop.
-struct TopoFile(PathBuf);
+pub(crate) struct TopoFile(pub(crate) PathBuf);
 
 impl TopoFile {
-    fn new(name: &str, text: &str) -> Self {
+    pub(crate) fn new(name: &str, text: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("sf-lock-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("topology.toml");
         std::fs::write(&path, text).unwrap();
         TopoFile(path)
     }
-    fn load(&self) -> Topology {
+    pub(crate) fn load(&self) -> Topology {
         Topology::load(&self.0).unwrap()
     }
 }
@@ -224,7 +224,17 @@ async fn repair_during_a_move_never_reopens_the_fenced_copy() {
         .await
         .expect_err("the fenced copy made an id after repair");
     assert!(shardflake_db::is_moved(&e), "{e}");
-    assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
+    // check says only what the kept copy blocks (a later move elsewhere).
+    let drift: Vec<String> = pg::check(&file.load())
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift.len() == 1 && drift[0].starts_with("a: shard 1: a fenced copy of shard 1 is here"),
+        "{drift:#?}"
+    );
 }
 
 /// A `pg repair` started beside a move on the same file waits for the move,
@@ -306,4 +316,97 @@ async fn check_waits_for_a_command_holding_the_deployment_lock() {
         .unwrap();
     assert_eq!(check.await.unwrap().unwrap(), Vec::new());
     assert_eq!(other.await.unwrap().unwrap(), Vec::new());
+}
+
+/// Outside review R7, item 3: a move that recorded its generation on the
+/// servers and stopped before it wrote the file (simulated: stopped once
+/// the file was written, the file then put back) leaves a file one
+/// generation behind. The refusal said the move "wrote it to" that file,
+/// false, and named neither `generation` nor a command. It now says the
+/// move writes the file after recording it, names the move to run again,
+/// and the two edits that do the same by hand; the move, run again from
+/// that file, writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_stopped_before_it_wrote_the_file_names_the_way_to_write_it() {
+    let (a, b) = (PgServer::start().unwrap(), PgServer::start().unwrap());
+    let file = TopoFile::new("unwritten", &topology(&[("a", &a, "0-3"), ("b", &b, "")]));
+    pg::apply(&file.load()).await.unwrap();
+    let before = std::fs::read_to_string(&file.0).unwrap();
+    let stop = MoveOptions {
+        stop_after: Some(MoveStep::Switched),
+        ..MoveOptions::default()
+    };
+    move_shard(&file.0, 1, "b", &stop).await.unwrap_err();
+    std::fs::write(&file.0, &before).unwrap();
+
+    let text = pg::apply(&file.load()).await.unwrap_err().to_string();
+    let path = file.0.display().to_string();
+    assert!(
+        text.contains(&format!(
+            "use the file of generation 1: the last `pg move-shard`, of shard 1 to b, recorded it on the servers, then writes it to {path}. If that file still says an older generation (the move stopped in between), run that move again from it (`shardflake pg move-shard 1 --to b`), which writes it; or, where that move is refused, make its two edits by hand: set `generation = 1` and put shard 1 in b's list"
+        )) && !text.contains("wrote it to"),
+        "{text}"
+    );
+    move_shard(&file.0, 1, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    let topo = file.load();
+    assert_eq!(
+        (topo.generation(), topo.server_of(1).unwrap().name.as_str()),
+        (1, "b")
+    );
+    pg::apply(&topo).await.unwrap();
+    let drift = pg::check(&topo).await.unwrap();
+    assert!(drift.is_empty(), "{drift:#?}");
+}
+
+/// Outside review R7, item 5: a fenced copy beside the live one (kept by
+/// `--keep-source`; a restore of a dump taken during a move brings back
+/// the same records) made `move-shard` of that shard to any other server
+/// refuse ("finish that first"), while `pg check` said nothing. check now
+/// says so, with the move that drops it; run, the next move goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_fenced_copy_that_refuses_the_next_move() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = TopoFile::new(
+        "fenced-beside",
+        &topology(&[("a", &a, "0-3"), ("b", &b, ""), ("c", &c, "")]),
+    );
+    pg::apply(&file.load()).await.unwrap();
+    let keep = MoveOptions {
+        keep_source: true,
+        ..MoveOptions::default()
+    };
+    move_shard(&file.0, 1, "b", &keep).await.unwrap();
+
+    let drift: Vec<String> = pg::check(&file.load())
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        drift,
+        vec![
+            "a: shard 1: a fenced copy of shard 1 is here (kept by `move-shard --keep-source`, or brought back by a restore), while the shard is live on b: it makes no id, but `shardflake pg move-shard 1` to any server but b is refused while it is here; `shardflake pg move-shard 1 --to b` finishes that move and drops it"
+        ]
+    );
+    let e = move_shard(&file.0, 1, "c", &MoveOptions::default())
+        .await
+        .expect_err("moved beside a fenced copy")
+        .to_string();
+    assert!(e.contains("finish that first"), "{e}");
+    move_shard(&file.0, 1, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
+    assert!(!has_schema(&client(&a).await, "shard1").await);
+    move_shard(&file.0, 1, "c", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(pg::check(&file.load()).await.unwrap(), Vec::new());
 }

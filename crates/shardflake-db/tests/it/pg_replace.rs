@@ -13,6 +13,7 @@ use shardflake_db::pg::{self, Topology};
 use shardflake_testkit::PgServer;
 use tokio_postgres::Client;
 
+use crate::pg_deployment_lock::TopoFile;
 use crate::pg_failover::Standby;
 use crate::pg_identity::{connect, dump_into, insert, topology, try_insert};
 
@@ -655,5 +656,298 @@ async fn a_move_live_on_its_destination_is_finished_by_the_file_not_undone() {
     made.extend(insert(&cb, "shard0", 20).await);
     made.sort_unstable();
     assert_eq!(stored(&cb, "shard0").await, made);
-    assert_eq!(pg::check(&switched).await.unwrap(), vec![]);
+    // Finished but for the source's fenced copy on c, which check reports
+    // (it refuses a later move elsewhere) with the move that drops it.
+    let drift: Vec<String> = pg::check(&switched)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift.len() == 1
+            && drift[0].starts_with("a: shard 0: a fenced copy of shard 0 is here")
+            && drift[0].contains("`shardflake pg move-shard 0 --to b` finishes that move"),
+        "{drift:#?}"
+    );
+    std::fs::write(&file.0, switched.to_toml()).unwrap();
+    move_shard(&file.0, 0, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+    assert!(!has_schema(&connect(&c.url()).await, "shard0").await);
+    assert_eq!(
+        pg::check(&Topology::load(&file.0).unwrap()).await.unwrap(),
+        vec![]
+    );
+}
+
+/// Outside review R7, item 2: rows acknowledged on a after its dump stay
+/// only on the old copy that `--replaces a` fenced, recorded on c (now a
+/// in the file); then shard 0 moves from c to b. The record went nowhere:
+/// check kept saying on a "shard0.posts is missing here ... run pg
+/// apply", which changes nothing, and never said it on b. The record now
+/// goes with the shard, and check names the way out on b: the `\copy`
+/// commands, then the `DELETE` that drops the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_left_on_the_old_copy_are_reported_where_the_shard_moved() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = TopoFile::new(
+        "left-moved",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&file.load()).await.unwrap();
+    let ca = connect(&a.url()).await;
+    insert(&ca, "shard0", 50).await;
+    dump_into(&a, &c);
+    let after_dump = insert(&ca, "shard0", 30).await;
+    let text = std::fs::read_to_string(&file.0).unwrap();
+    std::fs::write(&file.0, text.replace(&a.url(), &c.url())).unwrap();
+    let replaced = pg::repair_replacing(&file.load(), None, &replacing(&a.url()))
+        .await
+        .unwrap();
+    assert_eq!(replaced.left_behind.len(), 1, "{:#?}", replaced.left_behind);
+    move_shard(&file.0, 0, "b", &MoveOptions::default())
+        .await
+        .unwrap();
+
+    let topo = file.load();
+    let drift = |d: Vec<pg::Drift>| -> Vec<String> { d.iter().map(ToString::to_string).collect() };
+    let found = drift(pg::check(&topo).await.unwrap());
+    let about: Vec<&String> = found
+        .iter()
+        .filter(|d| d.contains("shard0.posts"))
+        .collect();
+    let (min, max) = (
+        after_dump.iter().min().unwrap(),
+        after_dump.iter().max().unwrap(),
+    );
+    assert!(
+        about.len() == 1
+            && about[0].starts_with(&format!(
+                "b: shard 0: 30 of the 30 row(s) of shard0.posts with ids {min}..{max} are only on the old copy that `shardflake pg repair --replaces a` fenced"
+            ))
+            && about[0].contains("then on b `\\copy shard0.posts FROM 'rows.csv' CSV`")
+            && about[0].contains(
+                "then `DELETE FROM shardflake.left_behind WHERE shard = 0 AND tbl = 'shard0.posts'` here"
+            ),
+        "{found:#?}"
+    );
+
+    // The way out it names: the rows copied to b, then the record dropped.
+    let cb = connect(&b.url()).await;
+    for r in ca
+        .query(
+            &format!("SELECT id, user_id FROM shard0.posts WHERE id BETWEEN {min} AND {max}"),
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        cb.execute(
+            "INSERT INTO shard0.posts (id, user_id) VALUES ($1, $2)",
+            &[&r.get::<_, i64>(0), &r.get::<_, i64>(1)],
+        )
+        .await
+        .unwrap();
+    }
+    let found = drift(pg::check(&topo).await.unwrap());
+    assert!(found.is_empty(), "{found:#?}");
+    cb.batch_execute("DELETE FROM shardflake.left_behind WHERE shard = 0 AND tbl = 'shard0.posts'")
+        .await
+        .unwrap();
+    let found = drift(pg::check(&topo).await.unwrap());
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+/// Every event's message logged while it is the thread's default.
+struct Logged(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Logged {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        self.0.lock().unwrap().push(message.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Outside review R7, item 4: shard 4's move from b to a stopped after
+/// its copy (undone by a replacement of a) and shard 0's move from a to b
+/// live on b, file not switched (refused), then a's dump restored into c.
+/// The refused repair rolled back the undo, yet logged "undid a move".
+/// Now only what was committed is logged. (One thread: the logger is
+/// that thread's.)
+#[tokio::test]
+async fn a_refused_replacement_logs_no_move_it_did_not_undo() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "refused-log",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let (ca, cb) = (connect(&a.url()).await, connect(&b.url()).await);
+    insert(&ca, "shard0", 10).await;
+    insert(&cb, "shard4", 10).await;
+    move_shard(&file.0, 4, "a", &stopped_after_copy())
+        .await
+        .unwrap_err();
+    let live = MoveOptions {
+        stop_after: Some(MoveStep::Live),
+        ..Default::default()
+    };
+    move_shard(&file.0, 0, "b", &live).await.unwrap_err();
+    dump_into(&a, &c);
+    let system = system_identifier(&a.url()).await;
+    drop(ca);
+    a.stop();
+
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _logger = tracing::subscriber::set_default(Logged(logs.clone()));
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    let e = pg::repair_replacing(&onto_c, None, &gone(&[system]))
+        .await
+        .expect_err("a move live on b undone")
+        .to_string();
+    assert!(e.contains("went live on b"), "{e}");
+    let undid = |logs: &[String]| logs.iter().any(|l| l.contains("undid a move"));
+    assert!(!undid(&logs.lock().unwrap()), "{:#?}", logs.lock().unwrap());
+    // Nothing was undone: b still records shard 4 moving to a.
+    let moving: String = cb
+        .query_one("SELECT state FROM shardflake.shards WHERE shard = 4", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(moving, "moving");
+
+    // The file switched for shard 0, the repair undoes shard 4's move,
+    // and says so.
+    let switched = Topology::parse(&topology(&[
+        ("a", &c.url(), "1-3"),
+        ("b", &b.url(), "0,4-7"),
+    ]))
+    .unwrap();
+    let replaced = pg::repair_replacing(&switched, None, &gone(&[system]))
+        .await
+        .unwrap();
+    assert_eq!(
+        replaced.undone.iter().map(|u| u.shard).collect::<Vec<_>>(),
+        vec![4]
+    );
+    assert!(undid(&logs.lock().unwrap()), "{:#?}", logs.lock().unwrap());
+}
+
+/// Outside review R7, item 7: the undo of a move whose source is replaced,
+/// the old copy reached with `--old-url` (still running, so fenced by the
+/// same repair) rather than declared gone. `move-shard 0 --to b` stopped
+/// after its copy, 30 rows acknowledged on a after its dump (on a and b's
+/// copy), then 20 more on a alone after the copy. The repair undoes the
+/// move (b's 30 copied to c, b's copy dropped), fences a, and reports
+/// the 20 rows only a holds; check names them until they are on c.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_from_a_replaced_server_reached_by_old_url_is_undone() {
+    let (a, b, c) = (
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+        PgServer::start().unwrap(),
+    );
+    let file = MoveFile::new(
+        "source-old-url",
+        &topology(&[("a", &a.url(), "0-3"), ("b", &b.url(), "4-7")]),
+    );
+    pg::apply(&Topology::load(&file.0).unwrap()).await.unwrap();
+    let ca = connect(&a.url()).await;
+    let mut made = insert(&ca, "shard0", 100).await;
+    dump_into(&a, &c);
+    made.extend(insert(&ca, "shard0", 30).await);
+    move_shard(&file.0, 0, "b", &stopped_after_copy())
+        .await
+        .unwrap_err();
+    let only_on_a = insert(&ca, "shard0", 20).await;
+
+    let onto_c =
+        Topology::parse(&topology(&[("a", &c.url(), "0-3"), ("b", &b.url(), "4-7")])).unwrap();
+    let replaced = pg::repair_replacing(&onto_c, None, &replacing(&a.url()))
+        .await
+        .expect("the replacement refused for its unfinished move");
+    assert_eq!(
+        replaced.undone,
+        vec![pg::UndoneMove {
+            shard: 0,
+            source: "a".into(),
+            destination: "b".into(),
+            copied: vec![("shard0.posts".into(), 30)],
+            unfenced: false,
+        }]
+    );
+    let left: Vec<_> = replaced
+        .left_behind
+        .iter()
+        .map(|l| (l.shard, l.rows, l.ids))
+        .collect();
+    let span = (
+        *only_on_a.iter().min().unwrap(),
+        *only_on_a.iter().max().unwrap(),
+    );
+    assert_eq!(left, vec![(0, 20, span)], "{:#?}", replaced.left_behind);
+    let e = try_insert(&ca, "shard0", 1)
+        .await
+        .expect_err("the old copy still makes ids");
+    assert!(shardflake_db::is_moved(&e), "{e}");
+    // Item 6: the old copy's own records say fenced, not live (or moving).
+    let states: Vec<(i64, String)> = ca
+        .query("SELECT shard, state FROM shardflake.shards ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        states,
+        (0..4)
+            .map(|s| (s, "fenced".to_string()))
+            .collect::<Vec<_>>()
+    );
+
+    let (cb, cc) = (connect(&b.url()).await, connect(&c.url()).await);
+    assert!(!has_schema(&cb, "shard0").await, "b's copy of shard 0 kept");
+    made.sort_unstable();
+    assert_eq!(stored(&cc, "shard0").await, made, "acknowledged rows lost");
+    let drift: Vec<String> = pg::check(&onto_c)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        drift.len() == 1 && drift[0].contains("20 of the 20 row(s) of shard0.posts"),
+        "{drift:#?}"
+    );
+    let on_c = insert(&cc, "shard0", 10).await;
+    assert!(on_c.iter().min() > only_on_a.iter().max());
 }
