@@ -6,8 +6,11 @@
 //! TCP timeout fires. A deadline per statement cannot tell that from a
 //! statement that is rightly slow (waiting for the deployment lock while
 //! another operator's move runs, copying a large shard), so the watch is
-//! on the server instead: a connection that has read nothing for
-//! [`SILENCE`] asks the server, on a new connection, for `SELECT 1`. A
+//! on the server instead: a connection waiting for an answer (a request
+//! sent whose `ReadyForQuery` has not come back) that has read nothing for
+//! [`SILENCE`] asks the server, on a new connection, for `SELECT 1`. An
+//! idle connection (a [`Router`](super::Router)'s between requests) asks
+//! nothing, so a pool of them costs the server no connections. A
 //! server that answers is alive and the wait goes on; one that gives no
 //! answer within [`PROBE`] is declared stopped, the connection is closed,
 //! and every statement on it fails with [`Error::Unresponsive`], naming
@@ -182,6 +185,10 @@ struct Watched {
     silence: Pin<Box<Sleep>>,
     /// The question in flight.
     probe: Option<JoinHandle<bool>>,
+    /// The messages sent that each end in a `ReadyForQuery`, and those
+    /// read: while fewer are read, an answer is awaited.
+    sent: Framing,
+    read: Framing,
 }
 
 impl Watched {
@@ -192,7 +199,16 @@ impl Watched {
             server: server.to_string(),
             silence: Box::pin(tokio::time::sleep(SILENCE)),
             probe: None,
+            // The start-up message has no type byte and ends in a
+            // `ReadyForQuery`, as does each simple query and each Sync.
+            sent: Framing::new(true, b"QS"),
+            read: Framing::new(false, b"Z"),
         }
+    }
+
+    /// Whether a request is waiting for its answer.
+    fn awaiting(&self) -> bool {
+        self.sent.counted > self.read.counted
     }
 
     /// Pending while the server is alive or not yet asked; the error that
@@ -231,6 +247,7 @@ impl AsyncRead for Watched {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        let before = buf.filled().len();
         let read = match &mut this.stream {
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             #[cfg(unix)]
@@ -238,11 +255,15 @@ impl AsyncRead for Watched {
         };
         if read.is_ready() {
             // Anything read, an end or an error included, is an answer.
+            this.read.feed(&buf.filled()[before..]);
             this.silence.as_mut().reset(Instant::now() + SILENCE);
             if let Some(probe) = this.probe.take() {
                 probe.abort();
             }
             return read;
+        }
+        if !this.awaiting() {
+            return Poll::Pending;
         }
         this.poll_stopped(cx).map(Err)
     }
@@ -254,11 +275,23 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let written = match &mut this.stream {
             Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             #[cfg(unix)]
             Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        };
+        if let Poll::Ready(Ok(n)) = written {
+            let idle = !this.awaiting();
+            this.sent.feed(&buf[..n]);
+            if idle && this.awaiting() {
+                // The silence counts from the request; polled here so that
+                // it wakes this task even if the server never answers.
+                this.silence.as_mut().reset(Instant::now() + SILENCE);
+                let _ = this.silence.as_mut().poll(cx);
+            }
         }
+        written
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -275,5 +308,132 @@ impl AsyncWrite for Watched {
             #[cfg(unix)]
             Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
         }
+    }
+}
+
+/// Splits a protocol stream into its messages (a type byte, then a length
+/// that counts itself and the body) to count those of some types.
+struct Framing {
+    /// The next message is the start-up, which has no type byte (first
+    /// on a connection) and is counted.
+    startup: bool,
+    header: [u8; 5],
+    have: usize,
+    /// Body bytes of the current message still to skip.
+    left: usize,
+    counts: &'static [u8],
+    counted: u64,
+}
+
+impl Framing {
+    fn new(startup: bool, counts: &'static [u8]) -> Self {
+        Framing {
+            startup,
+            header: [0; 5],
+            have: 0,
+            left: 0,
+            counts,
+            counted: 0,
+        }
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.left > 0 {
+                let skip = self.left.min(bytes.len());
+                self.left -= skip;
+                bytes = &bytes[skip..];
+                continue;
+            }
+            let start = usize::from(self.startup);
+            let take = (5 - start - self.have).min(bytes.len());
+            self.header[start + self.have..start + self.have + take]
+                .copy_from_slice(&bytes[..take]);
+            self.have += take;
+            bytes = &bytes[take..];
+            if start + self.have < 5 {
+                return;
+            }
+            if std::mem::take(&mut self.startup) || self.counts.contains(&self.header[0]) {
+                self.counted += 1;
+            }
+            let len = u32::from_be_bytes([
+                self.header[1],
+                self.header[2],
+                self.header[3],
+                self.header[4],
+            ]);
+            self.left = (len as usize).saturating_sub(4);
+            self.have = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![kind];
+        m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    fn startup() -> Vec<u8> {
+        let mut m = 8u32.to_be_bytes().to_vec();
+        m.extend_from_slice(&196_608u32.to_be_bytes());
+        m
+    }
+
+    #[test]
+    fn requests_and_their_answers_are_counted_across_any_split() {
+        let mut sent = startup();
+        sent.extend(message(b'P', b"SELECT 1\0\0\0"));
+        sent.extend(message(b'S', b""));
+        sent.extend(message(b'Q', b"SELECT 'QS'\0"));
+        let mut read = message(b'R', &[0; 4]);
+        read.extend(message(b'Z', b"I"));
+        read.extend(message(b'D', b"ZZZZZZZZ"));
+        read.extend(message(b'Z', b"T"));
+        for size in 1..=7 {
+            let (mut s, mut r) = (Framing::new(true, b"QS"), Framing::new(false, b"Z"));
+            sent.chunks(size).for_each(|c| s.feed(c));
+            read.chunks(size).for_each(|c| r.feed(c));
+            assert_eq!((s.counted, r.counted), (3, 2), "chunks of {size}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_asks_nothing_and_an_unanswered_request_is_given_up() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut config = Config::new();
+        config.host("127.0.0.1").port(port).user("u");
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let mut conn = Watched::new("s", config, Stream::Tcp(stream));
+        let mut buf = [0u8; 64];
+
+        conn.write_all(&startup()).await.unwrap();
+        server.write_all(&message(b'Z', b"I")).await.unwrap();
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 6);
+
+        // Idle a minute: the server is asked nothing, the connection lives.
+        let idle = tokio::time::timeout(SILENCE * 6, conn.read(&mut buf)).await;
+        assert!(idle.is_err(), "the idle connection ended: {idle:?}");
+        let asked = tokio::time::timeout(Duration::from_millis(1), listener.accept()).await;
+        assert!(asked.is_err(), "the idle connection asked the server");
+
+        // A request the server never answers, nor the question: given up.
+        let sent = Instant::now();
+        conn.write_all(&message(b'Q', b"SELECT 1\0")).await.unwrap();
+        let read = tokio::time::timeout(SILENCE * 6, conn.read(&mut buf)).await;
+        let e = read.expect("not given up").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(sent.elapsed() >= SILENCE, "{:?}", sent.elapsed());
+        drop(server);
     }
 }
