@@ -705,7 +705,7 @@ fn on_another_server(plan: &Plan, who: &str, keyword: &str, set: &str) -> String
         arms.push_str(&format!(
             "\n  {keyword} @@server_id <> {id} THEN\n    \
              {set}LEFT(CONCAT('{who}: installed for server_id {id}, this is server_id ', @@server_id, \
-             ' (a promoted replica, or a copy of the server): its sequence may be behind ids the old primary made. While it or another copy runs: give each shard values of its own (shardflake mysql apply --shards LO-HI there), this one the rest (shardflake mysql repair --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER: one not named is not checked); all stopped for good: {}'), 512);",
+             ' (a promoted replica, or a copy of the server): its sequence may be behind the old primary''s ids. While it or another copy runs: values of its own on each (shardflake mysql apply --shards LO-HI), the rest here (shardflake mysql repair --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER: one not named is not checked); all stopped for good: {}'), 512);",
             gone(id)
         ));
         keyword = "ELSEIF";

@@ -369,10 +369,37 @@ async fn a_copy_of_the_database_on_its_server_leaves_the_original_making_ids() {
             .unwrap(),
         Vec::<String>::new()
     );
+    // apply on the copy: refused for values app records; for values of
+    // its own it makes ids for those only, and app keeps its own.
+    let shards = |lo, hi| Options {
+        shards: Some((lo, hi)),
+        ..Options::default()
+    };
+    let e = mysql::apply(&mut app9, &layout, &shards(0, 10))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nothing was changed")
+            && e.contains("database app of this server makes ids of app.posts"),
+        "{e}"
+    );
+    mysql::apply(&mut app, &layout, &shards(0, 511))
+        .await
+        .unwrap();
+    mysql::apply(&mut app9, &layout, &shards(600, 700))
+        .await
+        .unwrap();
+    let copy_id = mysql::insert(&mut app9, &names, 600, "copy").await.unwrap();
+    assert!(mysql::insert(&mut app9, &names, 5, "copy").await.is_err());
+    let original_id = mysql::insert(&mut app, &names, 5, "original")
+        .await
+        .unwrap();
+    assert_ne!(copy_id, original_id);
     // A separate table: the operator's word, and the copy makes ids.
     let separate = Options {
         new_deployment: true,
-        ..Options::default()
+        ..shards(0, 1023)
     };
     mysql::apply(&mut app9, &layout, &separate).await.unwrap();
     mysql::insert(&mut app9, &names, 1, "copy").await.unwrap();
