@@ -778,6 +778,23 @@ async fn overlapping_peers(
         }
         for (db, plo, phi) in rows {
             if plo <= hi && lo <= phi {
+                // A dropped database's values count until its record is
+                // deleted (its ids come back with it): say which it is.
+                let exists: Option<u64> = peer
+                    .exec_first(
+                        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                        (&db, &names.table),
+                    )
+                    .await
+                    .map_err(my("looking for a peer's table"))?;
+                if exists == Some(0) {
+                    problems.push(format!(
+                        "peer {url} records (shardflake.serves) shard values {plo}-{phi} of {db}.{table}, which meets {lo}-{hi}, and that table or its database was dropped there: its ids come back with it (a restore of its backup), so its values count until its record is deleted; if it will not come back, release them on that server: DELETE FROM shardflake.serves WHERE db = '{db_lit}' AND tbl = '{table}'",
+                        table = names.table,
+                        db_lit = db.replace('\'', "''"),
+                    ));
+                    continue;
+                }
                 problems.push(format!(
                     "peer {url} makes ids of {db}.{} for shard values {plo}-{phi}, which meets {lo}-{hi}: two servers making ids for one shard value make the same ids; give each server shard values of its own (shardflake mysql apply --shards LO-HI on the one that lets values go, then shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER on the one that takes them)",
                     names.table

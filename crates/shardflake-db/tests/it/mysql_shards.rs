@@ -1507,6 +1507,24 @@ async fn a_dropped_databases_values_count_until_released() {
         e.contains("nothing was changed") && e.contains(release),
         "{e}"
     );
+    // A peer counts it too, and says so.
+    let other = MariaDbServer::start_with("", None).unwrap();
+    let mut b = conn(&other.url()).await;
+    let e = mysql::apply(
+        &mut b,
+        &layout,
+        &Options {
+            peers: vec![server.url()],
+            ..shards(550, 560)
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("nothing was changed") && e.contains("was dropped there") && e.contains(release),
+        "{e}"
+    );
     // Released: the values are free.
     server.sql(release).unwrap();
     mysql::apply(&mut app, &layout, &shards(0, 1023))
