@@ -163,13 +163,14 @@ enum MysqlCommand {
         /// Another server making ids for the same table (repeatable): a
         /// shard value it records too is refused, and this server's
         /// sequence is put past the peer's (values taken from it get ids
-        /// after its ids).
+        /// after its ids). Every other database of this server counts as
+        /// one, named or not; naming this very database is refused.
         #[arg(long = "peer", value_name = "URL")]
         peers: Vec<String>,
-        /// The table is separate from the same-named one another database
-        /// of this server makes ids for (their ids may be equal): without
-        /// it, a first apply meeting that table's shard values is refused
-        /// as a url changed to another database.
+        /// The table is separate from the same-named one other databases
+        /// of this server make ids for (their ids may be equal); recorded.
+        /// Without it, shard values another database of this server
+        /// records are refused as a peer's are.
         #[arg(long = "new-deployment")]
         new_deployment: bool,
     },
@@ -240,6 +241,8 @@ enum MysqlCommand {
         /// `mysql check` print it (SERVER_ID:PORT:DATADIR), is stopped
         /// for good (or this is it, moved). It must name exactly that
         /// server; one still running would make this one's ids too.
+        /// Refused where the ids were installed for this server (nothing
+        /// to prove).
         #[arg(long, value_name = "SERVER_ID:PORT:DATADIR")]
         old_server_gone: Option<String>,
     },

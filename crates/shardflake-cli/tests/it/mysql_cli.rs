@@ -110,3 +110,45 @@ fn shards_with_spaces_or_garbage_are_refused_by_every_command() {
         }
     }
 }
+
+/// Review 18 through the binary, as the operator ran it: `apply --shards
+/// 1023` in a second database that already records values of its own
+/// took the first database's value, with or without `--peer` naming it,
+/// and `check` printed ok. Both applies are refused now, a `--peer` that
+/// is the database itself too, and `check` reports a meeting record.
+#[test]
+fn a_second_database_of_the_server_never_takes_the_firsts_values() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let app = server.url();
+    let shop = app.replace("/app", "/shop");
+    ok(&["mysql", "apply", "--url", &app, "--shards", "1023"]);
+    server.sql("CREATE DATABASE shop").unwrap();
+    ok(&["mysql", "apply", "--url", &shop, "--shards", "500-600"]);
+    for peer in [None, Some(&app)] {
+        let mut args = vec!["mysql", "apply", "--url", &shop, "--shards", "1023"];
+        if let Some(p) = peer {
+            args.extend(["--peer", p.as_str()]);
+        }
+        let e = fails(&args);
+        assert!(
+            e.contains("nothing was changed")
+                && e.contains(
+                    "database app of this server makes ids of app.posts for shard values 1023-1023"
+                ),
+            "{e}"
+        );
+    }
+    let e = fails(&[
+        "mysql", "apply", "--url", &shop, "--shards", "500-600", "--peer", &shop,
+    ]);
+    assert!(e.contains("is this database itself (shop)"), "{e}");
+    server
+        .sql("UPDATE shardflake.serves SET lo = 1023, hi = 1023 WHERE db = 'shop'")
+        .unwrap();
+    for url in [&shop, &app] {
+        let out = shardflake(&["mysql", "check", "--url", url]);
+        let t = text(&out);
+        assert!(!out.status.success(), "{t}");
+        assert!(t.contains("of this server makes ids of"), "{t}");
+    }
+}

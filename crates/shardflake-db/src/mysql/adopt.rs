@@ -290,6 +290,12 @@ pub async fn adopt(
         ));
     }
     if opts.dry_run {
+        // Every check the real run makes (review: a dry run on a copy of
+        // the server printed a plan the real run refused).
+        let lock = DeploymentLock::take(conn, &opts.options.peers, names, "adopt").await?;
+        let checked = apply::preflight(conn, layout, &opts.options, Mode::Adopt).await;
+        lock.release(conn).await;
+        checked?;
         return Ok(Adopted {
             database: db.clone(),
             table: t.clone(),

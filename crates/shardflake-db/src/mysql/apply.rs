@@ -97,12 +97,46 @@ pub(super) async fn install(
     result
 }
 
-async fn install_locked_deployment(
+/// What every check before a change found, for the change
+/// ([`install_locked_deployment`]) or a dry run that stops there
+/// (`adopt --dry-run`).
+pub(super) struct Preflight {
+    srv: Server,
+    db: String,
+    plan: Plan,
+    serves: (u64, u64),
+    peers: PeersPast,
+}
+
+/// Refuses a shard range that is not one within the layout's values.
+pub(super) fn check_range(
+    cmd: &str,
+    layout: &Layout,
+    plan: &Plan,
+    (lo, hi): (u64, u64),
+) -> Result<(), Error> {
+    if lo > hi || hi > plan.shard_max() {
+        return Err(other(
+            cmd,
+            format!(
+                "shard values {lo}-{hi} are not a range within 0-{} (the key mod {} of layout {})",
+                plan.shard_max(),
+                plan.shard_max() + 1,
+                layout.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Every check `apply`, `repair`'s reinstall and `adopt` make before
+/// any change, under the deployment lock; a dry run runs them all.
+pub(super) async fn preflight(
     conn: &mut Conn,
     layout: &Layout,
     opts: &Options,
     mode: Mode,
-) -> Result<Applied, Error> {
+) -> Result<Preflight, Error> {
     let cmd = mode.command();
     let srv = server(conn).await?;
     let db = srv.named_database(cmd)?;
@@ -116,26 +150,22 @@ async fn install_locked_deployment(
         plan.without_clock_loop()
     };
     let serves = opts.shards.or(recorded).unwrap_or((0, plan.shard_max()));
-    if serves.0 > serves.1 || serves.1 > plan.shard_max() {
-        return Err(other(
-            cmd,
-            format!(
-                "shard values {}-{} are not a range within 0-{} (the key mod {} of layout {})",
-                serves.0,
-                serves.1,
-                plan.shard_max(),
-                plan.shard_max() + 1,
-                layout.name()
-            ),
-        ));
-    }
+    check_range(cmd, layout, &plan, serves)?;
     let mut overlaps = overlapping_peers(conn, cmd, &opts.peers, &opts.names, serves).await?;
-    // A first install in this database: the same table making ids in
-    // another database of this server is likely the one a changed URL
-    // named before (a repair reinstalls what is there).
-    if mode != Mode::Repair && recorded.is_none() && !opts.new_deployment {
+    // Every other database of this server is a peer too, on every
+    // command that records values (`--new-deployment`: a deployment of
+    // its own, by the operator's word).
+    if !opts.new_deployment {
         overlaps.extend(
-            databases_making_ids(conn, &db, &opts.names, serves, (0, plan.shard_max())).await?,
+            this_servers_other_databases(
+                conn,
+                &db,
+                &opts.names,
+                serves,
+                (0, plan.shard_max()),
+                false,
+            )
+            .await?,
         );
     }
     if !overlaps.is_empty() {
@@ -162,6 +192,9 @@ async fn install_locked_deployment(
     let was = installed_for(conn, &opts.names)
         .await?
         .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir));
+    if mode != Mode::Repair {
+        nothing_to_prove(cmd, opts, was.as_ref(), &srv)?;
+    }
     if mode != Mode::Repair
         && let Some(was) = &was
         && was.server_id != srv.server_id
@@ -203,12 +236,16 @@ async fn install_locked_deployment(
             return Err(other(cmd, format!("nothing was changed: {problem}")));
         }
     }
-    // Shard values taken from a peer: the peer made ids for them up to its
-    // sequence, by its own clock; this server's ids for them must sort
-    // after those, whatever its clock. So its sequence goes past every
-    // peer's reservation, which must be within a draw's lead of its clock
-    // (a draw further ahead waits, or is refused).
-    let peers = peers_past(cmd, &opts.peers, &opts.names).await?;
+    // Shard values taken from a peer, or from another database of this
+    // server: the peer made ids for them up to its sequence, by its own
+    // clock; this server's ids for them must sort after those, whatever
+    // its clock. So its sequence goes past every peer's reservation,
+    // which must be within a draw's lead of its clock (a draw further
+    // ahead waits, or is refused).
+    let mut peers = peers_past(cmd, &opts.peers, &opts.names).await?;
+    if !opts.new_deployment {
+        past_of(conn, "this server", Some(&db), &opts.names, &mut peers).await?;
+    }
     if let Some((past, url)) = &peers.reservation {
         let now = server_packed_clock(conn, &plan).await?;
         if *past - now > plan.packed_ms(sql::AHEAD_MS) {
@@ -224,6 +261,54 @@ async fn install_locked_deployment(
             ));
         }
     }
+    Ok(Preflight {
+        srv,
+        db,
+        plan,
+        serves,
+        peers,
+    })
+}
+
+/// Refuses `--old-server-gone` where the objects were installed for this
+/// server (or are not installed): there is no other server whose ids
+/// would be taken over, and a flag that proves something is never
+/// ignored (review: `--old-server-gone x` was accepted and did nothing).
+pub(super) fn nothing_to_prove(
+    cmd: &str,
+    opts: &Options,
+    was: Option<&InstalledFor>,
+    srv: &Server,
+) -> Result<(), Error> {
+    match (&opts.old_server_gone, was) {
+        (Some(named), None) => Err(other(
+            cmd,
+            format!(
+                "nothing was changed: --old-server-gone {named}: the ids of {table} here were installed for this server ({}:{}:{}), or are not installed: this server's ids were installed for it, so there is no other server's to take over and nothing to prove; run shardflake mysql {cmd} without --old-server-gone",
+                srv.server_id,
+                srv.port,
+                srv.datadir,
+                table = opts.names.table
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+async fn install_locked_deployment(
+    conn: &mut Conn,
+    layout: &Layout,
+    opts: &Options,
+    mode: Mode,
+) -> Result<Applied, Error> {
+    let cmd = mode.command();
+    let Preflight {
+        srv,
+        db,
+        plan,
+        serves,
+        peers,
+    } = preflight(conn, layout, opts, mode).await?;
     let old_mode: String = conn
         .query_first("SELECT @@SESSION.sql_mode")
         .await
@@ -274,6 +359,9 @@ async fn install_locked_deployment(
     .await;
     if result.is_ok() && srv.has_sequences() {
         record_serves(conn, &db, &opts.names, serves).await?;
+        if opts.new_deployment {
+            record_separate(conn, &db, &opts.names).await?;
+        }
     }
     if let Err(e) = &result
         && lock_wait_ran_out(e)

@@ -19,19 +19,34 @@ use super::*;
 pub async fn check(conn: &mut Conn, layout: &Layout, opts: &Options) -> Result<Vec<String>, Error> {
     let mut problems = check_installed(conn, layout, opts).await?;
     let names = &opts.names;
-    let here = server(conn).await?.server_id;
+    let srv = server(conn).await?;
     if let Some(was) = installed_for(conn, names)
         .await?
-        .filter(|w| w.server_id != here)
+        .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir))
     {
-        // A promoted replica or a copy: apply refuses it, and repair,
-        // given the proof that the old server makes no more ids,
-        // reinstalls everything for this server.
-        let repair = format!(
-            "run shardflake mysql repair with the proof that server {was} makes no more ids (--shards LO-HI --peer URL_OF_IT while it runs, --old-server-gone '{was}' once it is stopped for good)"
-        );
+        // A promoted replica or a copy of the server: plain apply refuses
+        // it, and the objects differ only because they name the server
+        // they were made for. The way out takes the proof that it makes
+        // no more ids, naming every other server (a second copy, or a
+        // copy of a copy, not named is not checked).
+        let way = if was.server_id != srv.server_id {
+            format!(
+                "this is a promoted replica or a copy of server {was}: run shardflake mysql repair with the proof that it makes no more ids (--shards LO-HI --peer URL_OF_EACH_OTHER_SERVER while it or another copy runs, --old-server-gone '{was}' once it is stopped for good)"
+            )
+        } else {
+            format!(
+                "this is a copy of server {was} (its data directory started here) or that server moved: while it or another copy runs, give this one shard values of its own with shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER; if it is stopped for good or this is it moved: shardflake mysql repair --old-server-gone '{was}'"
+            )
+        };
+        // Objects that differ only in the server they name: the copy is
+        // the one problem (review: four "re-run apply" lines where
+        // apply is refused).
+        problems.retain(|p| !p.contains("differs from this version's"));
         for p in &mut problems {
-            *p = p.replace("re-run apply", &repair);
+            *p = p.replace("re-run apply", &way);
+        }
+        if !problems.iter().any(|p| p.contains("--old-server-gone")) {
+            problems.push(way);
         }
     } else if !problems.is_empty()
         && super::adopt::adopted(conn)
@@ -100,6 +115,20 @@ async fn check_installed(
     // Values recorded by this server and a peer too (`--peer`): both make
     // the same ids for them.
     problems.extend(overlapping_peers(conn, "check", &opts.peers, names, plan.serves()).await?);
+    // And this server's other databases, always: each is a peer.
+    if recorded.is_some() {
+        problems.extend(
+            this_servers_other_databases(
+                conn,
+                &db,
+                names,
+                plan.serves(),
+                (0, plan.shard_max()),
+                true,
+            )
+            .await?,
+        );
+    }
     let (offset, uncertainty) = clock_offset(conn).await?;
     problems.extend(crate::clock_problem(offset, uncertainty, "mysql repair"));
     if !srv.has_sequences() {

@@ -178,7 +178,12 @@
 //! replica, a copy, the server moved), `repair` and `apply` take its
 //! shard values only on proof that it makes them no more: that server
 //! named as a `--peer` holding none of them, or `--old-server-gone`
-//! naming it (`SERVER_ID:PORT:DATADIR`) exactly. A change to the table waits at most [`TABLE_LOCK_WAIT_S`]
+//! naming it (`SERVER_ID:PORT:DATADIR`) exactly. Every other database
+//! of the server is a peer too, named by `--peer` or not (same server,
+//! same lock: its name is the table's), unless one of the two is a
+//! deployment of its own (`--new-deployment`); a recorded database that
+//! was dropped still counts (its ids come back with it) until its row
+//! of `shardflake.serves` is deleted. A change to the table waits at most [`TABLE_LOCK_WAIT_S`]
 //! for the transactions that used it. All routines, the trigger, the event and the
 //! table are created with `sql_mode` [`sql::SQL_MODE`] (a routine keeps the
 //! mode it was created with); every range check comes before any write.
@@ -507,7 +512,7 @@ pub(super) async fn old_server_proven_gone(
     Err(other(
         command,
         format!(
-            "nothing was changed: {wrong}the ids of {table} here were installed for server {was} (SERVER_ID:PORT:DATADIR), and this is {here}: a promoted replica, a copy of that server (its data directory or backup started here), or the server moved. While that server runs it makes the same ids for the shard values it records, so this one takes them over only on proof that it makes them no more. If it still runs: give it values of its own there (shardflake mysql apply --shards LO-HI), then this one the rest, naming it: shardflake mysql {command} --shards LO-HI --peer URL_OF_THAT_SERVER. Only if it is stopped for good, or this is it moved: shardflake mysql repair --old-server-gone '{was}'",
+            "nothing was changed: {wrong}the ids of {table} here were installed for server {was} (SERVER_ID:PORT:DATADIR), and this is {here}: a promoted replica, a copy of that server (its data directory or backup started here), or the server moved. While that server runs it makes the same ids for the shard values it records, so this one takes them over only on proof that it makes them no more. If it or another copy of it still runs: give each of those values of its own there (shardflake mysql apply --shards LO-HI), then this one the rest, naming every other server, since one not named is not checked and makes the same ids: shardflake mysql {command} --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER (one --peer each). Only if it is stopped for good and no other copy runs, or this is it moved: shardflake mysql repair --old-server-gone '{was}'",
             table = opts.names.table
         ),
     ))
@@ -528,14 +533,19 @@ async fn installed_for_another_database(
         )
         .await
         .map_err(my("reading the trigger"))?;
+    Ok(body
+        .and_then(|b| trigger_database(&b, names))
+        .filter(|installed| installed != db))
+}
+
+/// The database a trigger's text was made for: the one whose high-water
+/// it reads (`` `shardflake`.`DB.SEQ` ``).
+fn trigger_database(body: &str, names: &Names) -> Option<String> {
     let prefix = format!("`{}`.`", sql::HIGH_WATER_DB);
     let suffix = format!(".{}`", names.sequence());
-    Ok(body.and_then(|b| {
-        let rest = b.split_once(&prefix)?.1;
-        let end = rest.find(&suffix)?;
-        let installed = rest[..end].replace("``", "`");
-        (installed != db).then_some(installed)
-    }))
+    let rest = body.split_once(&prefix)?.1;
+    let end = rest.find(&suffix)?;
+    Some(rest[..end].replace("``", "`"))
 }
 
 /// What a copy of database `installed` in `db`, on the same server, is
@@ -720,8 +730,8 @@ async fn overlapping_peers(
     names: &Names,
     (lo, hi): (u64, u64),
 ) -> Result<Vec<String>, Error> {
-    let me: Option<String> = conn
-        .query_first(format!("SELECT {SERVER_SQL}"))
+    let me: Option<(String, Option<String>)> = conn
+        .query_first(format!("SELECT {SERVER_SQL}, DATABASE()"))
         .await
         .map_err(my("reading which server this is"))?;
     let mut problems = Vec::new();
@@ -730,11 +740,23 @@ async fn overlapping_peers(
         let mut peer = Conn::new(opts)
             .await
             .map_err(|e| other(command, format!("peer {url} does not answer: {e}")))?;
-        let them: Option<String> = peer
-            .query_first(format!("SELECT {SERVER_SQL}"))
+        let them: Option<(String, Option<String>)> = peer
+            .query_first(format!("SELECT {SERVER_SQL}, DATABASE()"))
             .await
             .map_err(my("reading which server a peer is"))?;
-        if them == me {
+        if let (Some((me, db)), Some((them, their_db))) = (&me, &them)
+            && me == them
+        {
+            // This server: its other databases are checked whatever
+            // --peer names (`this_servers_other_databases`); this very
+            // database named is a wrong URL.
+            if db == their_db {
+                problems.push(format!(
+                    "--peer {url} is this database itself ({}): name each other server of the deployment (another database of this server is checked whether --peer names it or not)",
+                    db.as_deref().unwrap_or("none")
+                ));
+            }
+            let _ = peer.disconnect().await;
             continue;
         }
         let rows: Result<Vec<(String, u64, u64)>, _> = peer
@@ -756,6 +778,23 @@ async fn overlapping_peers(
         }
         for (db, plo, phi) in rows {
             if plo <= hi && lo <= phi {
+                // A dropped database's values count until its record is
+                // deleted (its ids come back with it): say which it is.
+                let exists: Option<u64> = peer
+                    .exec_first(
+                        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                        (&db, &names.table),
+                    )
+                    .await
+                    .map_err(my("looking for a peer's table"))?;
+                if exists == Some(0) {
+                    problems.push(format!(
+                        "peer {url} records (shardflake.serves) shard values {plo}-{phi} of {db}.{table}, which meets {lo}-{hi}, and that table or its database was dropped there: its ids come back with it (a restore of its backup), so its values count until its record is deleted; if it will not come back, release them on that server: DELETE FROM shardflake.serves WHERE db = '{db_lit}' AND tbl = '{table}'",
+                        table = names.table,
+                        db_lit = db.replace('\'', "''"),
+                    ));
+                    continue;
+                }
                 problems.push(format!(
                     "peer {url} makes ids of {db}.{} for shard values {plo}-{phi}, which meets {lo}-{hi}: two servers making ids for one shard value make the same ids; give each server shard values of its own (shardflake mysql apply --shards LO-HI on the one that lets values go, then shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER on the one that takes them)",
                     names.table
@@ -787,70 +826,166 @@ async fn peers_past(command: &str, peers: &[String], names: &Names) -> Result<Pe
         let mut peer = Conn::new(opts)
             .await
             .map_err(|e| other(command, format!("peer {url} does not answer: {e}")))?;
-        let dbs: Result<Vec<String>, _> = peer
-            .exec(
-                "SELECT db FROM `shardflake`.`serves` WHERE tbl = ?",
-                (&names.table,),
-            )
-            .await;
-        let dbs = match dbs {
-            Ok(dbs) => dbs,
-            Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Vec::new(),
-            Err(e) => return Err(my("reading a peer's shard values")(e)),
-        };
-        for db in dbs {
-            let db = db.replace('`', "``");
-            let reserved: Result<Option<i64>, _> = peer
-                .query_first(format!(
-                    "SELECT next_not_cached_value FROM `{db}`.`{}`",
-                    names.sequence()
-                ))
-                .await;
-            let reserved = match reserved {
-                Ok(r) => r,
-                // Recorded, but its table's ids since dropped: none to pass.
-                Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => None,
-                Err(e) => return Err(my("reading a peer's sequence")(e)),
-            };
-            if let Some(r) = reserved
-                && past.reservation.as_ref().is_none_or(|(h, _)| r > *h)
-            {
-                past.reservation = Some((r, url.clone()));
-            }
-            let counter: Result<Option<Option<i64>>, _> = peer
-                .exec_first(
-                    format!("SELECT MAX(next_val) FROM `{db}`.sequences WHERE name = ?"),
-                    (names.locked_row(),),
-                )
-                .await;
-            let counter = match counter {
-                Ok(c) => c.flatten(),
-                // No row-lock procedure there.
-                Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => None,
-                Err(e) => return Err(my("reading a peer's row-lock counter")(e)),
-            };
-            past.locked_counter = past.locked_counter.max(counter);
-        }
+        let read = past_of(&mut peer, url, None, names, &mut past).await;
         let _ = peer.disconnect().await;
+        read?;
     }
     Ok(past)
 }
 
-/// The other databases of this server whose table of `names.table`'s name
-/// has our trigger, each with the shard values it makes ids for (recorded
-/// in `shardflake.serves`, or all where none are: installed before they
-/// were recorded), as refusals where they meet `lo..=hi`. A database whose
-/// table was dropped, whose record stays, makes no ids and is not one.
-async fn databases_making_ids(
+/// [`PeersPast`] of the server `conn` reaches (`label`: its URL), read in
+/// each database its `shardflake.serves` records but `skip` (this
+/// server's own, when it reads its other databases: each is a peer).
+async fn past_of(
+    peer: &mut Conn,
+    label: &str,
+    skip: Option<&str>,
+    names: &Names,
+    past: &mut PeersPast,
+) -> Result<(), Error> {
+    let dbs: Result<Vec<String>, _> = peer
+        .exec(
+            "SELECT db FROM `shardflake`.`serves` WHERE tbl = ?",
+            (&names.table,),
+        )
+        .await;
+    let dbs = match dbs {
+        Ok(dbs) => dbs,
+        Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Vec::new(),
+        Err(e) => return Err(my("reading a peer's shard values")(e)),
+    };
+    for db in dbs {
+        if Some(db.as_str()) == skip {
+            continue;
+        }
+        let db = db.replace('`', "``");
+        let reserved: Result<Option<i64>, _> = peer
+            .query_first(format!(
+                "SELECT next_not_cached_value FROM `{db}`.`{}`",
+                names.sequence()
+            ))
+            .await;
+        let reserved = match reserved {
+            Ok(r) => r,
+            // Recorded, but its table's ids since dropped: none to pass.
+            Err(mysql_async::Error::Server(e))
+                if e.code == ER_NO_SUCH_TABLE || e.code == ER_BAD_DB_ERROR =>
+            {
+                None
+            }
+            Err(e) => return Err(my("reading a peer's sequence")(e)),
+        };
+        if let Some(r) = reserved
+            && past.reservation.as_ref().is_none_or(|(h, _)| r > *h)
+        {
+            past.reservation = Some((r, label.to_string()));
+        }
+        let counter: Result<Option<Option<i64>>, _> = peer
+            .exec_first(
+                format!("SELECT MAX(next_val) FROM `{db}`.sequences WHERE name = ?"),
+                (names.locked_row(),),
+            )
+            .await;
+        let counter = match counter {
+            Ok(c) => c.flatten(),
+            // No row-lock procedure there.
+            Err(mysql_async::Error::Server(e))
+                if e.code == ER_NO_SUCH_TABLE || e.code == ER_BAD_DB_ERROR =>
+            {
+                None
+            }
+            Err(e) => return Err(my("reading a peer's row-lock counter")(e)),
+        };
+        past.locked_counter = past.locked_counter.max(counter);
+    }
+    Ok(())
+}
+
+/// MariaDB's "Unknown database".
+const ER_BAD_DB_ERROR: u16 = 1049;
+
+/// Where each server records the databases whose table is a deployment
+/// of its own (`apply --new-deployment`): its ids may equal those of the
+/// same-named table in the server's other databases, by the operator's
+/// word, so their shard values do not meet.
+const SEPARATE_DDL: &str = "CREATE TABLE IF NOT EXISTS `shardflake`.`separate` (\
+    db VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, PRIMARY KEY (db, tbl)) ENGINE=InnoDB";
+
+/// The databases of this server recorded as deployments of their own for
+/// `names.table` ([`SEPARATE_DDL`]).
+async fn separate_databases(conn: &mut Conn, names: &Names) -> Result<Vec<String>, Error> {
+    let rows: Result<Vec<String>, _> = conn
+        .exec(
+            "SELECT db FROM `shardflake`.`separate` WHERE tbl = ?",
+            (&names.table,),
+        )
+        .await;
+    match rows {
+        Ok(rows) => Ok(rows),
+        Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Ok(Vec::new()),
+        Err(e) => Err(my(
+            "reading the databases that are deployments of their own",
+        )(e)),
+    }
+}
+
+/// Records `db`'s table as a deployment of its own.
+async fn record_separate(conn: &mut Conn, db: &str, names: &Names) -> Result<(), Error> {
+    conn.query_drop(SEPARATE_DDL)
+        .await
+        .map_err(my("creating shardflake.separate"))?;
+    conn.exec_drop(
+        "INSERT IGNORE INTO `shardflake`.`separate` VALUES (?, ?)",
+        (db, &names.table),
+    )
+    .await
+    .map_err(my("recording a deployment of its own"))
+}
+
+/// The server's other databases that make ids of a table of
+/// `names.table`'s name, as problems: each one meeting `lo..=hi`, and
+/// with `report_dropped` each recorded one whose database or table is
+/// gone. A database of this server is always one of the table's servers,
+/// under the same deployment lock (its name is the table's), whether or
+/// not a `--peer` names it (review 18: only the first apply in a database
+/// was checked, and a later `apply --shards` there took values another
+/// database made ids for). Counted: every database `shardflake.serves`
+/// records, a dropped one too (its ids come back with it, from a backup,
+/// so its values count until its record is deleted: review 19), and every
+/// one whose table has our trigger but no record (installed before
+/// records: all values). Not counted: one recorded as a deployment of its
+/// own (`--new-deployment`), or any where `db` is one.
+async fn this_servers_other_databases(
     conn: &mut Conn,
     db: &str,
     names: &Names,
     (lo, hi): (u64, u64),
     all: (u64, u64),
+    report_dropped: bool,
 ) -> Result<Vec<String>, Error> {
-    let others: Vec<String> = conn
+    let separate = separate_databases(conn, names).await?;
+    if separate.iter().any(|s| s == db) {
+        return Ok(Vec::new());
+    }
+    let recorded: Result<Vec<(String, u64, u64)>, _> = conn
         .exec(
-            "SELECT TRIGGER_SCHEMA FROM information_schema.TRIGGERS
+            "SELECT db, lo, hi FROM `shardflake`.`serves` WHERE tbl = ? AND db <> ? ORDER BY db",
+            (&names.table, db),
+        )
+        .await;
+    let mut others = match recorded {
+        Ok(rows) => rows,
+        Err(mysql_async::Error::Server(e)) if e.code == ER_NO_SUCH_TABLE => Vec::new(),
+        Err(e) => {
+            return Err(my(
+                "reading the shard values of the server's other databases",
+            )(e));
+        }
+    };
+    let first = recorded_serves(conn, db, names).await?.is_none();
+    let triggered: Vec<(String, String)> = conn
+        .exec(
+            "SELECT TRIGGER_SCHEMA, ACTION_STATEMENT FROM information_schema.TRIGGERS
               WHERE TRIGGER_NAME = ? AND EVENT_OBJECT_TABLE = ? AND TRIGGER_SCHEMA <> ?
               ORDER BY 1",
             (names.trigger(), &names.table, db),
@@ -859,13 +994,50 @@ async fn databases_making_ids(
         .map_err(my(
             "looking for the table's ids in the server's other databases",
         ))?;
+    for (other, body) in triggered {
+        // A copy of another database's objects (loaded from its dump)
+        // refuses every id: it makes none until applied there.
+        let copy = trigger_database(&body, names).is_some_and(|made_for| made_for != other);
+        if !copy && !others.iter().any(|(o, _, _)| *o == other) {
+            others.push((other, all.0, all.1));
+        }
+    }
+    let table = &names.table;
     let mut problems = Vec::new();
-    for other in others {
-        let (olo, ohi) = recorded_serves(conn, &other, names).await?.unwrap_or(all);
-        if olo <= hi && lo <= ohi {
+    for (other, olo, ohi) in others {
+        if separate.contains(&other) {
+            continue;
+        }
+        let (schema, tables): (u64, u64) = conn
+            .exec_first(
+                "SELECT (SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?),
+                        (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?)",
+                (&other, &other, table),
+            )
+            .await
+            .map_err(my("looking for the server's other databases"))?
+            .unwrap_or((0, 0));
+        let meets = olo <= hi && lo <= ohi;
+        let gone = match (schema, tables) {
+            (0, _) => Some(format!("database {other}")),
+            (_, 0) => Some(format!("table {other}.{table}")),
+            _ => None,
+        };
+        if let Some(gone) = gone {
+            if meets || report_dropped {
+                problems.push(format!(
+                    "{gone}, dropped, is still recorded (shardflake.serves) as making ids of {other}.{table} for shard values {olo}-{ohi}{}: its ids come back with it (a restore of its backup), so its values count until its record is deleted; if it will not come back, release them on this server: DELETE FROM shardflake.serves WHERE db = '{other}' AND tbl = '{table}'",
+                    if meets { format!(", which meets {lo}-{hi}") } else { String::new() },
+                    other = other.replace('\'', "''"),
+                ));
+            }
+        } else if meets && first {
             problems.push(format!(
-                "database {other} of this server makes ids of {other}.{table} for shard values {olo}-{ohi}, which meets {lo}-{hi}, and {db}.{table} has none yet: the URL now names another database than the one making them? two databases making ids for one shard value make the same ids; put back the URL of database {other}. If {db}.{table} is a separate table, whose ids may equal those of {other}.{table}, run shardflake mysql apply --new-deployment; to make ids for one table from both, give each --shards of its own",
-                table = names.table
+                "database {other} of this server makes ids of {other}.{table} for shard values {olo}-{ohi}, which meets {lo}-{hi}, and {db}.{table} has none yet: the URL now names another database than the one making them? two databases making ids for one shard value make the same ids; put back the URL of database {other}. If {db}.{table} is a separate table, whose ids may equal those of {other}.{table}, run shardflake mysql apply --new-deployment; to make ids for one table from both, give each --shards of its own"
+            ));
+        } else if meets {
+            problems.push(format!(
+                "database {other} of this server makes ids of {other}.{table} for shard values {olo}-{ohi}, which meets {lo}-{hi} of {db}.{table}: two databases making ids for one shard value make the same ids (every database of a server is one of the table's servers, named by --peer or not); give each shard values of its own (shardflake mysql apply --shards LO-HI on the one that lets values go, then on the other), or, if {db}.{table} is a separate table whose ids may equal those of {other}.{table}: shardflake mysql apply --new-deployment"
             ));
         }
     }
@@ -1148,7 +1320,7 @@ fn lock_wait_ran_out(e: &Error) -> bool {
 /// is told.
 fn other_server_text(names: &Names, was: &InstalledFor, here: u32) -> String {
     format!(
-        "the trigger {} was installed for server_id {}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until shardflake mysql repair (apply refuses it; repair reinstalls everything for this server), which refuses a clock more than {} ms from this host's, and takes over the old server's ids only on proof that it makes them no more: if it still runs, give it shard values of its own (shardflake mysql apply --shards LO-HI there) and this one the rest (shardflake mysql repair --shards LO-HI --peer URL_OF_IT); if it is stopped for good, {}",
+        "the trigger {} was installed for server_id {}, and this server is server_id {here}: a promoted replica (or a copy of the server), whose sequence may be behind ids the old primary made; every insert is refused until shardflake mysql repair (apply refuses it; repair reinstalls everything for this server), which refuses a clock more than {} ms from this host's, and takes over the old server's ids only on proof that it makes them no more: if it or another copy of it (a second replica, a copy of a copy) still runs, give each of those shard values of its own (shardflake mysql apply --shards LO-HI there) and this one the rest, naming every other server, since one not named is not checked and makes the same ids (shardflake mysql repair --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER, one --peer each); if it is stopped for good and no other copy runs, {}",
         names.trigger(),
         was.server_id,
         crate::CLOCK_BOUND_MS,
@@ -1187,11 +1359,11 @@ pub struct Options {
     /// that one of them records too is refused, and the sequence is put
     /// past each one's (values taken from a peer get ids after its ids).
     pub peers: Vec<String>,
-    /// `apply` in a database with no ids of this table yet: the table is
-    /// separate from the same-named one another database of this server
-    /// makes ids for (their ids may be equal). Without it such an apply is
-    /// refused, for shard values both would make ids for, as a URL changed
-    /// to another database (`databases_making_ids`).
+    /// `apply`: this database's table is a deployment of its own, separate
+    /// from the same-named one other databases of this server make ids
+    /// for (their ids may be equal); recorded in `shardflake.separate`.
+    /// Without it, shard values another database of this server records
+    /// are refused as a peer's are (`this_servers_other_databases`).
     pub new_deployment: bool,
     /// `repair` (and `apply`) where the objects were installed for
     /// another server (a promoted replica, a copy, the server moved): the

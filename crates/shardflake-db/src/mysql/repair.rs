@@ -112,6 +112,10 @@ async fn repair_locked(
     // with, where the server it copies still makes ids.
     let promoted = was.as_ref().is_some_and(|w| w.server_id != srv.server_id);
     let moved = was.is_some();
+    if let Some(shards) = opts.shards {
+        apply::check_range("repair", layout, &plan, shards)?;
+    }
+    apply::nothing_to_prove("repair", opts, was.as_ref(), &srv)?;
     if let Some(shards) = opts.shards
         && recorded.is_some_and(|r| r != shards)
         && !promoted
@@ -142,11 +146,22 @@ async fn repair_locked(
     // The values it will make ids for, against every peer's, before any
     // change (the reinstall below checks them again, after the move).
     let serves = opts.shards.filter(|_| records).unwrap_or(plan.serves());
-    if records || !opts.peers.is_empty() {
+    // The reinstall below records them: every other database of this
+    // server is a peer too.
+    let reinstall = promoted || moved || records;
+    if reinstall || !opts.peers.is_empty() {
         let mut overlaps = overlapping_peers(conn, "repair", &opts.peers, names, serves).await?;
-        if records {
+        if reinstall && !opts.new_deployment {
             overlaps.extend(
-                databases_making_ids(conn, &db, names, serves, (0, plan.shard_max())).await?,
+                this_servers_other_databases(
+                    conn,
+                    &db,
+                    names,
+                    serves,
+                    (0, plan.shard_max()),
+                    false,
+                )
+                .await?,
             );
         }
         if !overlaps.is_empty() {
@@ -239,7 +254,7 @@ async fn repair_locked(
             .map_err(my("recording the high-water"))?;
     }
     tracing::info!(sequence = %seq, from, to = past, "mysql repair moved the sequence");
-    if promoted || moved || records {
+    if reinstall {
         // The trigger and procedure for this server and the shard values
         // now recorded, and the clock event, which a replica has disabled
         // (SLAVESIDE_DISABLED) and ran none.

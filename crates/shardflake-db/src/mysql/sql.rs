@@ -705,7 +705,7 @@ fn on_another_server(plan: &Plan, who: &str, keyword: &str, set: &str) -> String
         arms.push_str(&format!(
             "\n  {keyword} @@server_id <> {id} THEN\n    \
              {set}LEFT(CONCAT('{who}: installed for server_id {id}, this is server_id ', @@server_id, \
-             ' (a promoted replica, or a copy of the server): its sequence may be behind ids the old primary made, which makes them still if it runs. It runs: give it shard values of its own (shardflake mysql apply --shards LO-HI there), this one the rest (shardflake mysql repair --shards LO-HI --peer URL_OF_IT); it is stopped for good: {}'), 512);",
+             ' (a promoted replica, or a copy of the server): its sequence may be behind the old primary''s ids. While it or another copy runs: values of its own on each (shardflake mysql apply --shards LO-HI), the rest here (shardflake mysql repair --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER: one not named is not checked); all stopped for good: {}'), 512);",
             gone(id)
         ));
         keyword = "ELSEIF";
@@ -716,7 +716,7 @@ fn on_another_server(plan: &Plan, who: &str, keyword: &str, set: &str) -> String
         arms.push_str(&format!(
             "\n  {keyword} @@port <> {port} OR @@datadir <> {quoted} THEN\n    \
              {set}LEFT(CONCAT('{who}: installed for the server on port {port}, data directory {text}; this is port ', @@port, ', ', @@datadir, \
-             ': a copy of that server started beside it, or the server moved. A copy: give it shard values of its own, none of the original''s (shardflake mysql apply --shards LO-HI --peer URL_OF_THE_ORIGINAL); the server moved (the original gone for good): {}'), 512);",
+             ': a copy of that server started beside it, or the server moved. A copy: give it shard values of its own, none of the original''s (shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER); the server moved (the original gone for good): {}'), 512);",
             gone(plan.server_id.unwrap_or_default())
         ));
     }

@@ -369,10 +369,37 @@ async fn a_copy_of_the_database_on_its_server_leaves_the_original_making_ids() {
             .unwrap(),
         Vec::<String>::new()
     );
+    // apply on the copy: refused for values app records; for values of
+    // its own it makes ids for those only, and app keeps its own.
+    let shards = |lo, hi| Options {
+        shards: Some((lo, hi)),
+        ..Options::default()
+    };
+    let e = mysql::apply(&mut app9, &layout, &shards(0, 10))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nothing was changed")
+            && e.contains("database app of this server makes ids of app.posts"),
+        "{e}"
+    );
+    mysql::apply(&mut app, &layout, &shards(0, 511))
+        .await
+        .unwrap();
+    mysql::apply(&mut app9, &layout, &shards(600, 700))
+        .await
+        .unwrap();
+    let copy_id = mysql::insert(&mut app9, &names, 600, "copy").await.unwrap();
+    assert!(mysql::insert(&mut app9, &names, 5, "copy").await.is_err());
+    let original_id = mysql::insert(&mut app, &names, 5, "original")
+        .await
+        .unwrap();
+    assert_ne!(copy_id, original_id);
     // A separate table: the operator's word, and the copy makes ids.
     let separate = Options {
         new_deployment: true,
-        ..Options::default()
+        ..shards(0, 1023)
     };
     mysql::apply(&mut app9, &layout, &separate).await.unwrap();
     mysql::insert(&mut app9, &names, 1, "copy").await.unwrap();
@@ -1017,9 +1044,44 @@ async fn a_datadir_copy_beside_its_original_makes_no_id_until_given_values() {
         "{e}"
     );
     assert!(
-        e.contains("shardflake mysql apply --shards LO-HI --peer URL_OF_THE_ORIGINAL"),
+        e.contains("shardflake mysql apply --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER"),
         "{e}"
     );
+    // check names the copy and its ways out, not "re-run apply" on each
+    // object that names the server it was made for (apply is refused).
+    let problems = mysql::check(&mut cc, &layout, &Options::default())
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        !problems.contains("differs from this version's"),
+        "{problems}"
+    );
+    assert!(!problems.contains("re-run apply"), "{problems}");
+    assert!(problems.contains("URL_OF_EACH_OTHER_SERVER"), "{problems}");
+    assert!(problems.contains("--old-server-gone '1:"), "{problems}");
+    // A dry run of adopt runs every check the real run makes.
+    for dry_run in [true, false] {
+        let e = mysql::adopt(
+            &mut cc,
+            &layout,
+            &mysql::AdoptOptions {
+                options: Options {
+                    shards: Some((512, 1023)),
+                    ..Options::default()
+                },
+                dry_run,
+            },
+        )
+        .await
+        .expect_err("adopt on a copy without proof")
+        .to_string();
+        assert!(e.contains("nothing was changed"), "dry run {dry_run}: {e}");
+        assert!(
+            e.contains("URL_OF_EACH_OTHER_SERVER"),
+            "dry run {dry_run}: {e}"
+        );
+    }
     for p in ["generate_post_id", "generate_post_id_locked"] {
         let e = mysql::generate_post_id(&mut cc, p, 5)
             .await
@@ -1216,7 +1278,10 @@ async fn repair_on_a_copy_beside_its_running_original_takes_no_values_without_pr
     .await
     .unwrap_err()
     .to_string();
-    assert!(e.contains("--peer URL_OF_THAT_SERVER"), "{e}");
+    assert!(
+        e.contains("--peer URL_OF_EACH_OTHER_SERVER (one --peer each)"),
+        "{e}"
+    );
     assert!(mysql::insert(&mut cc, &names, 600, "x").await.is_err());
     // The original still records every value: naming it is no proof yet.
     let e = mysql::repair(
@@ -1257,5 +1322,314 @@ async fn repair_on_a_copy_beside_its_running_original_takes_no_values_without_pr
             .await
             .unwrap(),
         Vec::<String>::new()
+    );
+}
+
+/// Review 18/18b: only the first apply in a database was checked against
+/// the server's other databases: `apply --shards 1023` in `shop`, after
+/// `shop` had recorded values of its own, took `app`'s value (with or
+/// without `--peer .../app`, which was skipped as this server), and
+/// `check` passed on both: 100 of 5,800 ids twice. Every command that
+/// records values now counts every other database of the server, and
+/// `check` reports their overlaps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_database_of_a_server_is_a_peer_of_every_command() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Options::default().names;
+    let shards = |lo, hi, peers: &[String]| Options {
+        shards: Some((lo, hi)),
+        peers: peers.to_vec(),
+        ..Options::default()
+    };
+    let mut app = conn(&server.url()).await;
+    mysql::apply(&mut app, &layout, &shards(1023, 1023, &[]))
+        .await
+        .unwrap();
+    server.sql("CREATE DATABASE shop").unwrap();
+    let shop_url = server.url().replace("/app", "/shop");
+    let mut shop = conn(&shop_url).await;
+    mysql::apply(&mut shop, &layout, &shards(500, 600, &[]))
+        .await
+        .unwrap();
+    // shop records 500-600 now: apply, repair and adopt there are still
+    // checked against app.
+    for peers in [vec![], vec![server.url()]] {
+        let refused = mysql::apply(&mut shop, &layout, &shards(1000, 1023, &peers)).await;
+        let serves = server
+            .sql("SELECT CONCAT(lo, '-', hi) FROM shardflake.serves WHERE db = 'shop'")
+            .unwrap();
+        if serves != "500-600" {
+            let mut same = 0;
+            for _ in 0..50 {
+                let x = mysql::insert(&mut app, &names, 1023, "x").await.unwrap();
+                let y = mysql::insert(&mut shop, &names, 1023, "x").await.unwrap();
+                same += usize::from(x == y);
+            }
+            panic!(
+                "shop took app's value 1023 (peers {peers:?}): records {serves}, {same} of 50 pairs of ids equal"
+            );
+        }
+        let e = refused.expect_err("shop took app's value").to_string();
+        assert!(
+            e.contains("nothing was changed")
+                && e.contains("database app of this server makes ids of app.posts for shard values 1023-1023, which meets 1000-1023 of shop.posts"),
+            "{e}"
+        );
+    }
+    let e = mysql::repair(&mut shop, &layout, &shards(1000, 1023, &[]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nothing was changed"), "{e}");
+    // This very database as a --peer: a wrong URL, refused.
+    let e = mysql::apply(
+        &mut shop,
+        &layout,
+        &shards(500, 600, std::slice::from_ref(&shop_url)),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("is this database itself (shop)"), "{e}");
+    // A third database adopting its table for app's value.
+    server
+        .sql(
+            "CREATE DATABASE legacy; CREATE TABLE legacy.posts (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body TEXT); \
+             INSERT INTO legacy.posts (user_id, body) VALUES (1, 'old')",
+        )
+        .unwrap();
+    let mut legacy = conn(&server.url().replace("/app", "/legacy")).await;
+    for dry_run in [true, false] {
+        let e = mysql::adopt(
+            &mut legacy,
+            &layout,
+            &mysql::AdoptOptions {
+                options: shards(1023, 1023, &[]),
+                dry_run,
+            },
+        )
+        .await
+        .expect_err("legacy adopted app's value")
+        .to_string();
+        assert!(e.contains("database app of this server"), "{e}");
+    }
+    // check reports an overlap made behind the commands' backs, from
+    // either database, with or without --peer.
+    server
+        .sql("UPDATE shardflake.serves SET lo = 1000, hi = 1023 WHERE db = 'shop'")
+        .unwrap();
+    for (c, peers) in [(&mut shop, vec![]), (&mut app, vec![shop_url.clone()])] {
+        let problems = mysql::check(
+            c,
+            &layout,
+            &Options {
+                peers,
+                ..Options::default()
+            },
+        )
+        .await
+        .unwrap()
+        .join("\n");
+        assert!(
+            problems.contains("of this server makes ids of"),
+            "{problems}"
+        );
+        assert!(problems.contains("which meets"), "{problems}");
+    }
+    // A separate deployment, by the operator's word, is recorded as one.
+    server
+        .sql("UPDATE shardflake.serves SET lo = 500, hi = 600 WHERE db = 'shop'")
+        .unwrap();
+    mysql::apply(
+        &mut shop,
+        &layout,
+        &Options {
+            new_deployment: true,
+            ..shards(0, 1023, &[])
+        },
+    )
+    .await
+    .unwrap();
+    mysql::apply(&mut shop, &layout, &Options::default())
+        .await
+        .unwrap();
+    mysql::apply(&mut app, &layout, &Options::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        mysql::check(&mut app, &layout, &Options::default())
+            .await
+            .unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+/// Review 19: `DROP DATABASE shop` while shop recorded 500-600: a peer
+/// still counted it, the guide said it was not counted, nothing reported
+/// it and no command released it. Its ids come back only with it (a
+/// restore), so it counts until its record is deleted; `check` names it
+/// with the statement that releases it, and the refusals name it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_databases_values_count_until_released() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let shards = |lo, hi| Options {
+        shards: Some((lo, hi)),
+        ..Options::default()
+    };
+    let mut app = conn(&server.url()).await;
+    mysql::apply(&mut app, &layout, &shards(0, 499))
+        .await
+        .unwrap();
+    server.sql("CREATE DATABASE shop").unwrap();
+    let mut shop = conn(&server.url().replace("/app", "/shop")).await;
+    mysql::apply(&mut shop, &layout, &shards(500, 600))
+        .await
+        .unwrap();
+    drop(shop);
+    server.sql("DROP DATABASE shop").unwrap();
+    let release = "DELETE FROM shardflake.serves WHERE db = 'shop' AND tbl = 'posts'";
+    let problems = mysql::check(&mut app, &layout, &Options::default())
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        problems.contains("database shop, dropped, is still recorded (shardflake.serves) as making ids of shop.posts for shard values 500-600")
+            && problems.contains(release),
+        "{problems}"
+    );
+    let e = mysql::apply(&mut app, &layout, &shards(0, 1023))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nothing was changed") && e.contains(release),
+        "{e}"
+    );
+    // A peer counts it too, and says so.
+    let other = MariaDbServer::start_with("", None).unwrap();
+    let mut b = conn(&other.url()).await;
+    let e = mysql::apply(
+        &mut b,
+        &layout,
+        &Options {
+            peers: vec![server.url()],
+            ..shards(550, 560)
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("nothing was changed") && e.contains("was dropped there") && e.contains(release),
+        "{e}"
+    );
+    // Released: the values are free.
+    server.sql(release).unwrap();
+    mysql::apply(&mut app, &layout, &shards(0, 1023))
+        .await
+        .unwrap();
+    assert_eq!(
+        mysql::check(&mut app, &layout, &Options::default())
+            .await
+            .unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+/// Review: `repair --old-server-gone x` on a server whose ids were
+/// installed for it was accepted and the flag ignored; `repair --shards
+/// 1024` suggested `apply --shards 1024-1024`, which apply refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flag_that_proves_nothing_and_a_range_outside_the_layout_are_refused() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let mut c = conn(&server.url()).await;
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    for named in ["x", "9:9:/nonexistent/"] {
+        let e = mysql::repair(
+            &mut c,
+            &layout,
+            &Options {
+                old_server_gone: Some(named.into()),
+                ..Options::default()
+            },
+        )
+        .await
+        .expect_err("--old-server-gone ignored")
+        .to_string();
+        assert!(
+            e.contains("nothing was changed")
+                && e.contains("this server's ids were installed for it")
+                && e.contains("without --old-server-gone"),
+            "{e}"
+        );
+    }
+    for (lo, hi) in [(1024, 1024), (5, 4)] {
+        let e = mysql::repair(
+            &mut c,
+            &layout,
+            &Options {
+                shards: Some((lo, hi)),
+                ..Options::default()
+            },
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(&format!(
+                "shard values {lo}-{hi} are not a range within 0-1023"
+            )),
+            "{e}"
+        );
+        assert!(!e.contains("apply --shards"), "{e}");
+    }
+}
+
+/// Review 5/6b: the refusal on a promoted replica named only the
+/// original as the --peer (URL_OF_IT); a second copy following it
+/// literally repeated ids with the servers not named. The texts now ask
+/// for every other server, as check does, and say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_server_is_told_to_name_every_other_server() {
+    let server = MariaDbServer::start_with("--server-id=1", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let names = Options::default().names;
+    let mut c = conn(&server.url()).await;
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    // What a promoted replica sees: objects made for another server_id.
+    server.sql("SET GLOBAL server_id = 2").unwrap();
+    let mut c = conn(&server.url()).await;
+    let e = mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    let e_insert = mysql::insert(&mut c, &names, 5, "x")
+        .await
+        .unwrap_err()
+        .to_string();
+    let problems = mysql::check(&mut c, &layout, &Options::default())
+        .await
+        .unwrap()
+        .join("\n");
+    server.sql("SET GLOBAL server_id = 1").unwrap();
+    for text in [&e, &e_insert, &problems] {
+        assert!(text.contains("--peer URL_OF_EACH_OTHER_SERVER"), "{text}");
+        assert!(!text.contains("URL_OF_IT"), "{text}");
+    }
+    assert!(e.contains("one not named is not checked"), "{e}");
+    assert!(
+        e_insert.contains("one not named is not checked"),
+        "{e_insert}"
+    );
+    assert!(
+        !problems.contains("differs from this version's"),
+        "{problems}"
     );
 }
