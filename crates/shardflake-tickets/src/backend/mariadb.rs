@@ -16,10 +16,10 @@ use mysql_async::{Conn, Opts};
 
 use super::{
     Backend, GUARD, GUARD_MISSING, HOLDERS_TABLE, HW_TABLE, Holder, LATTICE_MOVED, LATTICE_TABLE,
-    LatticeRecord, LatticeVersion, MARKS_AT_TABLE, SEGMENT_TABLE, SequenceState, ServerIdentity,
-    ServerSettings, Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables,
-    holder_fence, holder_of, lattice_moved, mode_changed, not_initialised, raise_segment_sql,
-    unguarded,
+    LatticeRecord, LatticeVersion, MARKS_AT_TABLE, MarkFence, SEGMENT_TABLE, SequenceState,
+    ServerIdentity, ServerSettings, Stamped, VERSION_TABLE, clean_identity, guard_refusal,
+    guarded_tables, holder_fence, holder_of, lattice_moved, mode_changed, not_initialised,
+    raise_segment_sql, unguarded,
 };
 use crate::config::{Config, Kind, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -1014,7 +1014,7 @@ impl Backend for MariaSession {
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-        holder: Option<(&str, &str)>,
+        mark_fence: Option<MarkFence<'_>>,
     ) -> Result<bool, TicketError> {
         if marks.is_empty() {
             return Ok(true);
@@ -1024,12 +1024,12 @@ impl Backend for MariaSession {
             .map(|(s, q, hw)| format!("SELECT '{s}' AS s, '{q}' AS q, {hw} AS h"))
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
-        let fence = match holder {
-            Some((class, identity)) => {
+        let fence = match mark_fence {
+            Some(f) => {
                 format!(
                     " AND {} AND {}",
-                    holder_fence(class, identity, "LOCK IN SHARE MODE"),
-                    super::lattice_fence(class, marks, "LOCK IN SHARE MODE")
+                    holder_fence(f.class, f.identity, "LOCK IN SHARE MODE"),
+                    super::lattice_fence(f.class, f.lattice, marks, "LOCK IN SHARE MODE")
                 )
             }
             None => String::new(),
@@ -1047,19 +1047,19 @@ impl Backend for MariaSession {
         // Nothing changed: every mark was already as high, the table is
         // empty, the class is another identity's here, or of another
         // lattice.
-        if let Some((class, identity)) = holder {
-            if let Some(h) = self.read_holder(class).await?
-                && h.identity != identity
+        if let Some(f) = mark_fence {
+            if let Some(h) = self.read_holder(f.class).await?
+                && h.identity != f.identity
             {
                 return Ok(false);
             }
             let refused: Option<i32> = self
                 .conn
-                .query_first(super::lattice_fence_refuses(class, marks))
+                .query_first(super::lattice_fence_refuses(f.class, f.lattice, marks))
                 .await
                 .map_err(|e| TicketError::db(&self.server, context, e))?;
             match refused {
-                Some(1) => return Err(super::lattice_fenced(&self.server, class)),
+                Some(1) => return Err(super::lattice_fenced(&self.server, f.class, f.lattice)),
                 Some(super::NO_VERSION) => return Err(super::no_version(&self.server)),
                 _ => {}
             }
