@@ -1016,179 +1016,196 @@ pub async fn reshape(
     if changed.is_empty() && !unfinished {
         return Ok(Vec::new());
     }
-    // Fence first: every old client's session refused from here on, so the
-    // counters read below hold everything it got.
-    for (server, session) in config.servers.iter().zip(&mut sessions) {
-        bounded(
-            config,
-            server,
-            "reshape: raise the lattice version",
-            session.begin_reshape(highest + 1),
-        )
-        .await?;
-    }
-    // The marks in the stores the file names (etcd too, where the peers'
-    // went back with them in a restore), read after the fence: of every
-    // server of the file and every server the servers hold marks of (one
-    // the new file removes: its ids are in the new lattice's classes).
-    let mut names: Vec<String> = config.servers.iter().map(|s| s.name.clone()).collect();
-    for (server, session) in config.servers.iter().zip(&mut sessions) {
-        names.extend(
+    // From the fence on, a reshape cut short leaves servers refusing every
+    // session until one runs to its end: its error says so first.
+    let rest = async {
+        // Fence first: every old client's session refused from here on, so the
+        // counters read below hold everything it got.
+        for (server, session) in config.servers.iter().zip(&mut sessions) {
             bounded(
                 config,
                 server,
-                "reshape: read the marks",
-                session.high_water_servers(),
+                "reshape: raise the lattice version",
+                session.begin_reshape(highest + 1),
             )
-            .await?,
-        );
-    }
-    // And every class of every lattice the servers recorded (a class whose
-    // marks only etcd still holds is read too).
-    for r in &recorded {
-        for (_, old) in r {
-            names.extend((1..=old.increment).map(|o| format!("@{o}of{}", old.increment)));
+            .await?;
         }
-    }
-    names.sort();
-    names.dedup();
-    let mut stored = Vec::new();
-    // Marks moving from another etcd place: read there too (a server
-    // restored since holds fewer than that place), then that place told
-    // where they moved, before any server records it: a later restore of
-    // every server from before this reshape brings the old place back on
-    // the servers, never in etcd, so the old file's clients stay refused.
-    // A place an earlier reshape moved the marks away from names where
-    // they went: that place is read and told too (servers restored from
-    // before that reshape record the first place only), and so on along
-    // the chain; each place once.
-    let mut next = 0;
-    while let Some(at) = old_places.get(next).cloned() {
-        next += 1;
-        let Some(old) = MarksConfig::etcd_of_places(&at) else {
-            continue;
-        };
-        let etcd = EtcdHighWater::from_file(&old, config.failover.admin_timeout());
-        let unread = |name: &str, e: TicketError| {
-            TicketError::misconfigured(
-                name,
-                format!(
-                    "the marks kept so far in etcd {} at {} could not be read or marked moved ({e}); no session starts until a reshape ends: make that etcd answer and run `shardflake tickets reshape --config FILE` again",
-                    old.etcd_prefix,
-                    old.etcd.join(",")
-                ),
-            )
-        };
-        if let Some(went) = etcd
-            .moved_to()
-            .await
-            .map_err(|e| unread(&old.etcd_prefix, e))?
-            && went != places
-            && !old_places.contains(&went)
-        {
-            old_places.push(went);
+        // The marks in the stores the file names (etcd too, where the peers'
+        // went back with them in a restore), read after the fence: of every
+        // server of the file and every server the servers hold marks of (one
+        // the new file removes: its ids are in the new lattice's classes).
+        let mut names: Vec<String> = config.servers.iter().map(|s| s.name.clone()).collect();
+        for (server, session) in config.servers.iter().zip(&mut sessions) {
+            names.extend(
+                bounded(
+                    config,
+                    server,
+                    "reshape: read the marks",
+                    session.high_water_servers(),
+                )
+                .await?,
+            );
+        }
+        // And every class of every lattice the servers recorded (a class whose
+        // marks only etcd still holds is read too).
+        for r in &recorded {
+            for (_, old) in r {
+                names.extend((1..=old.increment).map(|o| format!("@{o}of{}", old.increment)));
+            }
+        }
+        names.sort();
+        names.dedup();
+        let mut stored = Vec::new();
+        // Marks moving from another etcd place: read there too (a server
+        // restored since holds fewer than that place), then that place told
+        // where they moved, before any server records it: a later restore of
+        // every server from before this reshape brings the old place back on
+        // the servers, never in etcd, so the old file's clients stay refused.
+        // A place an earlier reshape moved the marks away from names where
+        // they went: that place is read and told too (servers restored from
+        // before that reshape record the first place only), and so on along
+        // the chain; each place once.
+        let mut next = 0;
+        while let Some(at) = old_places.get(next).cloned() {
+            next += 1;
+            let Some(old) = MarksConfig::etcd_of_places(&at) else {
+                continue;
+            };
+            let etcd = EtcdHighWater::from_file(&old, config.failover.admin_timeout());
+            let unread = |name: &str, e: TicketError| {
+                TicketError::misconfigured(
+                    name,
+                    format!(
+                        "the marks kept so far in etcd {} at {} could not be read or marked moved ({e}); no session starts until a reshape ends: make that etcd answer and run `shardflake tickets reshape --config FILE` again",
+                        old.etcd_prefix,
+                        old.etcd.join(",")
+                    ),
+                )
+            };
+            if let Some(went) = etcd
+                .moved_to()
+                .await
+                .map_err(|e| unread(&old.etcd_prefix, e))?
+                && went != places
+                && !old_places.contains(&went)
+            {
+                old_places.push(went);
+            }
+            for name in &names {
+                let marks = etcd
+                    .load_even_if_moved(&ResidueClass::named(config, name))
+                    .await
+                    .map_err(|e| unread(name, e))?;
+                stored.push(marks);
+            }
+            etcd.mark_moved(&places)
+                .await
+                .map_err(|e| unread(&old.etcd_prefix, e))?;
+        }
+        // A place the marks were moved away from before vouches again once
+        // they move back to it (only after the old places were told).
+        if moved && !config.marks.etcd.is_empty() {
+            EtcdHighWater::from_file(&config.marks, config.failover.admin_timeout())
+                .clear_moved()
+                .await?;
         }
         for name in &names {
-            let marks = etcd
-                .load_even_if_moved(&ResidueClass::named(config, name))
-                .await
-                .map_err(|e| unread(name, e))?;
-            stored.push(marks);
+            stored.push(store.load(&ResidueClass::named(config, name)).await?);
         }
-        etcd.mark_moved(&places)
-            .await
-            .map_err(|e| unread(&old.etcd_prefix, e))?;
-    }
-    // A place the marks were moved away from before vouches again once
-    // they move back to it (only after the old places were told).
-    if moved && !config.marks.etcd.is_empty() {
-        EtcdHighWater::from_file(&config.marks, config.failover.admin_timeout())
-            .clear_moved()
-            .await?;
-    }
-    for name in &names {
-        stored.push(store.load(&ResidueClass::named(config, name)).await?);
-    }
-    let mut done = Vec::new();
-    for seq in changed {
-        let mut past = stored
-            .iter()
-            .filter_map(|marks| marks.get(&seq.name).copied())
-            .max()
-            .unwrap_or(0);
-        for ((server, session), r) in config.servers.iter().zip(&mut sessions).zip(&recorded) {
-            let old = r.iter().find(|(q, _)| *q == seq.name).map(|(_, r)| r);
-            let marks = bounded(
-                config,
-                server,
-                "reshape: read the marks",
-                session.read_marks_of_sequence(&seq.name),
-            )
-            .await?;
-            // The counter under the lattice it was handed out with.
-            let mut then = config.clone();
-            let mut then_server = server.clone();
-            if let Some(old) = old {
-                then.increment = old.increment;
-                then.segment.chunk = old.chunk.max(1);
-                then_server.offset = old.offset;
+        let mut done = Vec::new();
+        for seq in changed {
+            let mut past = stored
+                .iter()
+                .filter_map(|marks| marks.get(&seq.name).copied())
+                .max()
+                .unwrap_or(0);
+            for ((server, session), r) in config.servers.iter().zip(&mut sessions).zip(&recorded) {
+                let old = r.iter().find(|(q, _)| *q == seq.name).map(|(_, r)| r);
+                let marks = bounded(
+                    config,
+                    server,
+                    "reshape: read the marks",
+                    session.read_marks_of_sequence(&seq.name),
+                )
+                .await?;
+                // The counter under the lattice it was handed out with.
+                let mut then = config.clone();
+                let mut then_server = server.clone();
+                if let Some(old) = old {
+                    then.increment = old.increment;
+                    then.segment.chunk = old.chunk.max(1);
+                    then_server.offset = old.offset;
+                }
+                let counter = bounded(
+                    config,
+                    server,
+                    "reshape: read the counter",
+                    session.counter(&then, &then_server, seq),
+                )
+                .await?
+                .unwrap_or(0);
+                past = past.max(marks).max(counter);
             }
-            let counter = bounded(
-                config,
-                server,
-                "reshape: read the counter",
-                session.counter(&then, &then_server, seq),
-            )
-            .await?
-            .unwrap_or(0);
-            past = past.max(marks).max(counter);
+            for (server, session) in config.servers.iter().zip(&mut sessions) {
+                bounded(
+                    config,
+                    server,
+                    "reshape: raise the counter",
+                    session.reshape(config, server, seq, past),
+                )
+                .await?;
+                bounded(
+                    config,
+                    server,
+                    "reshape: record the lattice",
+                    session.write_lattice(&seq.name, &LatticeRecord::of(config, server, seq)),
+                )
+                .await?;
+            }
+            for server in &config.servers {
+                store
+                    .record(
+                        &ResidueClass::of(config, server),
+                        None,
+                        &[(seq.name.clone(), past)],
+                    )
+                    .await?;
+            }
+            tracing::info!(sequence = %seq.name, past, "sequence reshaped");
+            done.push(Reshaped {
+                sequence: seq.name.clone(),
+                past,
+            });
         }
         for (server, session) in config.servers.iter().zip(&mut sessions) {
             bounded(
                 config,
                 server,
-                "reshape: raise the counter",
-                session.reshape(config, server, seq, past),
+                "reshape: record where the marks are kept",
+                session.write_marks_at(&places, true),
             )
             .await?;
             bounded(
                 config,
                 server,
-                "reshape: record the lattice",
-                session.write_lattice(&seq.name, &LatticeRecord::of(config, server, seq)),
+                "reshape: end the reshape",
+                session.end_reshape(),
             )
             .await?;
         }
-        for server in &config.servers {
-            store
-                .record(
-                    &ResidueClass::of(config, server),
-                    None,
-                    &[(seq.name.clone(), past)],
-                )
-                .await?;
-        }
-        tracing::info!(sequence = %seq.name, past, "sequence reshaped");
-        done.push(Reshaped {
-            sequence: seq.name.clone(),
-            past,
-        });
-    }
-    for (server, session) in config.servers.iter().zip(&mut sessions) {
-        bounded(
-            config,
-            server,
-            "reshape: record where the marks are kept",
-            session.write_marks_at(&places, true),
-        )
-        .await?;
-        bounded(
-            config,
-            server,
-            "reshape: end the reshape",
-            session.end_reshape(),
-        )
-        .await?;
-    }
-    Ok(done)
+        Ok::<_, TicketError>(done)
+    };
+    rest.await.map_err(half_done)
+}
+
+/// An error of a reshape past its fence: the reshape is half done (the
+/// servers it reached refuse every session), whatever stopped it, and only
+/// running it to its end gets out of it.
+fn half_done(cause: TicketError) -> TicketError {
+    TicketError::misconfigured(
+        cause.server().unwrap_or("reshape"),
+        format!(
+            "the reshape is half done: every server it reached refuses sessions until a reshape runs to its end. It stopped on: {cause}. Make that server (or place) answer, then run `shardflake tickets reshape --config FILE` again with this file"
+        ),
+    )
 }

@@ -114,6 +114,13 @@ pub(crate) struct Server {
     /// takes it at went back.
     version: AtomicI64,
     refused_at: AtomicI64,
+    /// The lattice version of its last session opened (0: none yet; a
+    /// refused session leaves it): every mark write of its class carries
+    /// it, and a place recording another version takes none
+    /// (`backend::lattice_fence`), so a server gone back to before a
+    /// reshape, or a client of the file of before it, writes no mark on
+    /// a place that is past it, whatever the reshape changed.
+    pinned: AtomicI64,
     /// The server's identity (as the database reports it) at the last
     /// check: the holder its marks are written as.
     identity: Mutex<Option<String>>,
@@ -163,6 +170,7 @@ impl Server {
             started: AtomicI64::new(i64::MIN),
             version: AtomicI64::new(0),
             refused_at: AtomicI64::new(0),
+            pinned: AtomicI64::new(0),
             identity: Mutex::new(None),
             seen: config
                 .sequences
@@ -284,6 +292,7 @@ impl Server {
         slot.store(read.unwrap_or(0), Ordering::Relaxed);
         other.store(0, Ordering::Relaxed);
         let mut session = connected?;
+        self.pinned.store(read.unwrap_or(0), Ordering::Relaxed);
         let who = session.identify().await?;
         let known = self.started.load(Ordering::Relaxed);
         // Start times are computed to the second: one apart is the same start.
@@ -815,12 +824,13 @@ impl Pool {
         let deadline = Instant::now() + timeout;
         let name = &server.config.name;
         let identity = server.identity();
+        let class = server.class.pinned(server.pinned.load(Ordering::Relaxed));
         // Why the places did not take them, as they said it: a retry cut
         // short by the deadline names no place.
         let mut last = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let record = self.store.record(&server.class, identity.as_deref(), marks);
+            let record = self.store.record(&class, identity.as_deref(), marks);
             let written = match tokio::time::timeout(left, record).await {
                 Ok(written) => written,
                 Err(_) => Err(last.take().unwrap_or_else(|| TicketError::Timeout {

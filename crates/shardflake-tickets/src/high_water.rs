@@ -45,7 +45,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
 
-use crate::backend::{Backend, Holder};
+use crate::backend::{Backend, Holder, MarkFence};
 use crate::config::{Config, ServerConfig};
 use crate::error::TicketError;
 use crate::session::Session;
@@ -58,12 +58,21 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// server's name, so a class key and a name-keyed mark of an older
 /// release never meet); `server` is the name in the file of the server
 /// answering for it now (errors, logs, and which place is its own copy).
+/// `lattice`: the lattice version the writer's session of that server is
+/// pinned to; a mark write carrying it is taken only by a place recording
+/// that version. The key stays the same across a reshape that keeps the
+/// offsets and the increment (a new chunk, say), the version does not: a
+/// server gone back to before a reshape, or a client on the file of
+/// before it, is refused by every place past it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResidueClass {
     /// `@<offset>of<increment>`.
     pub key: String,
     /// The server of the file that answers for it.
     pub server: String,
+    /// The lattice version its marks are written under (`None`: any, as
+    /// `reshape` raising every class's marks itself).
+    pub lattice: Option<i64>,
 }
 
 impl ResidueClass {
@@ -72,6 +81,16 @@ impl ResidueClass {
         ResidueClass {
             key: format!("@{}of{}", server.offset, config.increment),
             server: server.name.clone(),
+            lattice: None,
+        }
+    }
+
+    /// This class, its marks written under lattice `version` (0: a server
+    /// that never said its version, written under any).
+    pub fn pinned(&self, version: i64) -> ResidueClass {
+        ResidueClass {
+            lattice: (version > 0).then_some(version),
+            ..self.clone()
         }
     }
 
@@ -83,6 +102,7 @@ impl ResidueClass {
             None => ResidueClass {
                 key: server.to_string(),
                 server: server.to_string(),
+                lattice: None,
             },
         }
     }
@@ -405,7 +425,11 @@ impl PeersStore {
             .map(|(q, hw)| (class.key.clone(), q.clone(), *hw))
             .collect();
         let rows = &rows;
-        let fence = identity.map(|id| (class.key.as_str(), id));
+        let fence = identity.map(|identity| MarkFence {
+            class: &class.key,
+            identity,
+            lattice: class.lattice,
+        });
         let results = self
             .on_all(|_, mut s| async move {
                 let r = match s.write_high_water(rows, fence).await {
@@ -668,6 +692,7 @@ mod tests {
         let class = ResidueClass {
             key: "@1of2".into(),
             server: "a".into(),
+            lattice: None,
         };
         let e = tally(true, 0).written(quorum(2), &class).unwrap_err();
         assert!(

@@ -6,8 +6,8 @@
 use crate::backend::mariadb::MariaSession;
 use crate::backend::postgres::PgSession;
 use crate::backend::{
-    Backend, Holder, LatticeRecord, LatticeVersion, ServerIdentity, ServerSettings, Stamped,
-    check_lattice, check_marks_at, reshaping, unguarded,
+    Backend, Holder, LatticeRecord, LatticeVersion, MarkFence, ServerIdentity, ServerSettings,
+    Stamped, check_lattice, check_marks_at, reshaping, unguarded,
 };
 use crate::config::{Config, Kind, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -154,9 +154,9 @@ impl Backend for Session {
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-        holder: Option<(&str, &str)>,
+        fence: Option<MarkFence<'_>>,
     ) -> Result<bool, TicketError> {
-        delegate!(self, b => b.write_high_water(marks, holder).await)
+        delegate!(self, b => b.write_high_water(marks, fence).await)
     }
 
     async fn read_holder(&mut self, class: &str) -> Result<Option<Holder>, TicketError> {

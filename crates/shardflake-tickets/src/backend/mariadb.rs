@@ -16,10 +16,10 @@ use mysql_async::{Conn, Opts};
 
 use super::{
     Backend, GUARD, GUARD_MISSING, HOLDERS_TABLE, HW_TABLE, Holder, LATTICE_MOVED, LATTICE_TABLE,
-    LatticeRecord, LatticeVersion, MARKS_AT_TABLE, SEGMENT_TABLE, SequenceState, ServerIdentity,
-    ServerSettings, Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables,
-    holder_fence, holder_of, lattice_moved, mode_changed, not_initialised, raise_segment_sql,
-    unguarded,
+    LatticeRecord, LatticeVersion, MARKS_AT_TABLE, MarkFence, SEGMENT_TABLE, SequenceState,
+    ServerIdentity, ServerSettings, Stamped, VERSION_TABLE, clean_identity, guard_refusal,
+    guarded_tables, holder_fence, holder_of, lattice_moved, mode_changed, not_initialised,
+    raise_segment_sql, unguarded,
 };
 use crate::config::{Config, Kind, Mode, SequenceConfig, ServerConfig};
 use crate::error::TicketError;
@@ -669,6 +669,17 @@ fn first_at_or_above(increment: u64, offset: u64, from: u64) -> u64 {
     from.saturating_add(up)
 }
 
+/// The largest id below `next` in a server's residue class (0: none): the
+/// last id a counter whose next id is `next` may have handed out (not
+/// `next - 1`, which is another class's when the increment is above 1).
+fn last_below(increment: u64, offset: u64, next: u64) -> u64 {
+    let Some(below) = next.checked_sub(1) else {
+        return 0;
+    };
+    let down = (below % increment + increment - offset % increment) % increment;
+    below.saturating_sub(down)
+}
+
 impl MariaSession {
     /// The version [`Backend::pin_lattice`] pinned this session to.
     fn pinned(&self) -> Result<i64, TicketError> {
@@ -890,10 +901,11 @@ impl Backend for MariaSession {
                     .map_err(|e| {
                         TicketError::db(&self.server, &format!("read the counter of {table}"), e)
                     })?;
+                let last = |next| last_below(config.increment, server.offset, next);
                 Ok(match row {
                     None => None,
-                    Some((Some(next), id)) => Some(next.saturating_sub(1).max(id.unwrap_or(0))),
-                    Some((None, next)) => next.map(|next| next.saturating_sub(1)),
+                    Some((Some(next), id)) => Some(last(next).max(id.unwrap_or(0))),
+                    Some((None, next)) => next.map(last),
                 })
             }
             Mode::Segment => {
@@ -1014,7 +1026,7 @@ impl Backend for MariaSession {
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-        holder: Option<(&str, &str)>,
+        mark_fence: Option<MarkFence<'_>>,
     ) -> Result<bool, TicketError> {
         if marks.is_empty() {
             return Ok(true);
@@ -1024,12 +1036,12 @@ impl Backend for MariaSession {
             .map(|(s, q, hw)| format!("SELECT '{s}' AS s, '{q}' AS q, {hw} AS h"))
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
-        let fence = match holder {
-            Some((class, identity)) => {
+        let fence = match mark_fence {
+            Some(f) => {
                 format!(
                     " AND {} AND {}",
-                    holder_fence(class, identity, "LOCK IN SHARE MODE"),
-                    super::lattice_fence(class, marks, "LOCK IN SHARE MODE")
+                    holder_fence(f.class, f.identity, "LOCK IN SHARE MODE"),
+                    super::lattice_fence(f.class, f.lattice, marks, "LOCK IN SHARE MODE")
                 )
             }
             None => String::new(),
@@ -1047,19 +1059,19 @@ impl Backend for MariaSession {
         // Nothing changed: every mark was already as high, the table is
         // empty, the class is another identity's here, or of another
         // lattice.
-        if let Some((class, identity)) = holder {
-            if let Some(h) = self.read_holder(class).await?
-                && h.identity != identity
+        if let Some(f) = mark_fence {
+            if let Some(h) = self.read_holder(f.class).await?
+                && h.identity != f.identity
             {
                 return Ok(false);
             }
             let refused: Option<i32> = self
                 .conn
-                .query_first(super::lattice_fence_refuses(class, marks))
+                .query_first(super::lattice_fence_refuses(f.class, f.lattice, marks))
                 .await
                 .map_err(|e| TicketError::db(&self.server, context, e))?;
             match refused {
-                Some(1) => return Err(super::lattice_fenced(&self.server, class)),
+                Some(1) => return Err(super::lattice_fenced(&self.server, f.class, f.lattice)),
                 Some(super::NO_VERSION) => return Err(super::no_version(&self.server)),
                 _ => {}
             }
@@ -1821,7 +1833,22 @@ const ER_NO_SUCH_TABLE: u16 = 1146;
 
 #[cfg(test)]
 mod tests {
-    use super::{first_at_or_above, has_returning};
+    use super::{first_at_or_above, has_returning, last_below};
+
+    /// `check` showed server t1 (offset 1 of 2) at "counter 2004 (the last
+    /// id it may have handed out)", an even id it never hands out.
+    #[test]
+    fn the_last_id_a_counter_may_have_handed_out_is_of_its_class() {
+        assert_eq!(last_below(2, 1, 2005), 2003);
+        assert_eq!(last_below(2, 2, 2006), 2004);
+        assert_eq!(last_below(2, 1, 2006), 2005);
+        assert_eq!(last_below(1, 1, 10), 9);
+        assert_eq!(last_below(3, 3, 10), 9);
+        // Nothing handed out yet.
+        assert_eq!(last_below(2, 1, 1), 0);
+        assert_eq!(last_below(2, 2, 2), 0);
+        assert_eq!(last_below(2, 1, 0), 0);
+    }
 
     #[test]
     fn a_counter_row_lands_on_the_servers_residue_class() {

@@ -89,14 +89,15 @@ pub(crate) trait Backend {
     ) -> Result<(), TicketError>;
 
     /// Raises (never lowers) high-water marks: `(class key, sequence, id)`.
-    /// With `holder` (`(class key, identity)`): only while this place
-    /// records that identity as the class's holder, or no holder at all,
-    /// read under a lock that a takeover ([`Backend::claim`]) waits for.
-    /// `Ok(false)`: not written, the class is another identity's here.
+    /// With `fence` (a client's write): only while this place records
+    /// `fence.identity` as the class's holder, or no holder at all, read
+    /// under a lock that a takeover ([`Backend::claim`]) waits for, and
+    /// the lattice the fence names ([`lattice_fence`]). `Ok(false)`: not
+    /// written, the class is another identity's here.
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-        holder: Option<(&str, &str)>,
+        fence: Option<MarkFence<'_>>,
     ) -> Result<bool, TicketError>;
 
     /// Who holds class `class` here (`None`: nobody recorded yet).
@@ -267,15 +268,40 @@ pub(crate) fn clean_identity(raw: &str) -> String {
         .collect()
 }
 
+/// What a client's mark write must find on a place: `identity` holding
+/// `class` there (or nobody), and the lattice at `lattice`, the version
+/// the client's session of the class's server is pinned to (`None`: any).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MarkFence<'a> {
+    /// The class key.
+    pub class: &'a str,
+    /// The identity the marks are written as.
+    pub identity: &'a str,
+    /// The lattice version they are written under.
+    pub lattice: Option<i64>,
+}
+
 /// The SQL condition a client's mark write needs besides its holder: no
 /// reshape under way on this place (`lock` makes the read wait for, and
-/// hold off, `begin_reshape`), and, for a class key (`@<offset>of<inc>`),
-/// the lattice this place records for the marks' sequences has the class's
-/// increment. So a client on the file of before a reshape, a server the
-/// new file removed included, can write no mark on a reshaped peer: it
-/// hands out nothing past the marks the reshape raised every server past.
-pub(crate) fn lattice_fence(class: &str, marks: &[(String, String, u64)], lock: &str) -> String {
-    let mut sql = format!("EXISTS (SELECT 1 FROM {VERSION_TABLE} WHERE NOT reshaping {lock})");
+/// hold off, `begin_reshape`), this place at the lattice version the
+/// client's session of the class's server is pinned to (every reshape
+/// raises it, whatever it changed: a chunk alone too), and, for a class
+/// key (`@<offset>of<inc>`), the lattice this place records for the
+/// marks' sequences has the class's increment. So a client on the file of
+/// before a reshape, a server the new file removed included, and a server
+/// given back its dump of before it, can write no mark on a place past the
+/// reshape (nor a client of the current file on a place gone back before
+/// it): no id goes out past the marks the reshape raised every server past.
+pub(crate) fn lattice_fence(
+    class: &str,
+    version: Option<i64>,
+    marks: &[(String, String, u64)],
+    lock: &str,
+) -> String {
+    let at = version
+        .map(|v| format!(" AND version = {v}"))
+        .unwrap_or_default();
+    let mut sql = format!("EXISTS (SELECT 1 FROM {VERSION_TABLE} WHERE NOT reshaping{at} {lock})");
     if let Some(increment) = class_increment(class) {
         let sequences = marks
             .iter()
@@ -291,10 +317,14 @@ pub(crate) fn lattice_fence(class: &str, marks: &[(String, String, u64)], lock: 
 
 /// The SQL that says whether [`lattice_fence`] refuses (1) or not (0), or
 /// finds no lattice version ([`NO_VERSION`]).
-pub(crate) fn lattice_fence_refuses(class: &str, marks: &[(String, String, u64)]) -> String {
+pub(crate) fn lattice_fence_refuses(
+    class: &str,
+    version: Option<i64>,
+    marks: &[(String, String, u64)],
+) -> String {
     format!(
         "SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM {VERSION_TABLE}) THEN {NO_VERSION} WHEN {} THEN 0 ELSE 1 END",
-        lattice_fence(class, marks, "")
+        lattice_fence(class, version, marks, "")
     )
 }
 
@@ -321,12 +351,15 @@ fn class_increment(class: &str) -> Option<u64> {
 }
 
 /// A mark write refused by [`lattice_fence`] on `server`.
-pub(crate) fn lattice_fenced(server: &str, class: &str) -> TicketError {
+pub(crate) fn lattice_fenced(server: &str, class: &str, version: Option<i64>) -> TicketError {
+    let at = version
+        .map(|v| format!(" written under lattice version {v}"))
+        .unwrap_or_default();
     TicketError::LatticeChanged {
         server: server.to_string(),
         sequence: String::new(),
         change: format!(
-            "it takes no mark of residue class {class}: the lattice it records has no such class (or a reshape is under way there). Either this client runs on a file of before a `shardflake tickets reshape` and would hand out ids twice (restart it with the file reshape was given), or this server went back to before the reshape this client's file comes from (its own dump of before it loaded: run `shardflake tickets reshape --config FILE` again with the current file, not a reshape back)"
+            "it takes no mark of residue class {class}{at}: the lattice it records is another (another version, or no such class), or a reshape is under way there. Either this client runs on a file of before a `shardflake tickets reshape` and would hand out ids twice (restart it with the file reshape was given), or this server went back to before the reshape this client's file comes from (its own dump of before it loaded: run `shardflake tickets reshape --config FILE` again with the current file, not a reshape back)"
         ),
     }
 }

@@ -15,9 +15,10 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
     Backend, GUARD, GUARD_MISSING, HOLDERS_TABLE, HW_TABLE, Holder, LATTICE_TABLE, LatticeRecord,
-    LatticeVersion, MARKS_AT_TABLE, SEGMENT_TABLE, SequenceState, ServerIdentity, ServerSettings,
-    Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables, holder_fence, holder_of,
-    lattice_moved, mode_changed, not_initialised, raise_segment_sql, unguarded,
+    LatticeVersion, MARKS_AT_TABLE, MarkFence, SEGMENT_TABLE, SequenceState, ServerIdentity,
+    ServerSettings, Stamped, VERSION_TABLE, clean_identity, guard_refusal, guarded_tables,
+    holder_fence, holder_of, lattice_moved, mode_changed, not_initialised, raise_segment_sql,
+    unguarded,
 };
 use crate::config::{
     Config, Kind, Mode, PgTickets, SequenceConfig, ServerConfig, first_of_residue,
@@ -455,17 +456,17 @@ impl Backend for PgSession {
     async fn write_high_water(
         &mut self,
         marks: &[(String, String, u64)],
-        holder: Option<(&str, &str)>,
+        mark_fence: Option<MarkFence<'_>>,
     ) -> Result<bool, TicketError> {
         if marks.is_empty() {
             return Ok(true);
         }
         let values = super::high_water_rows(marks);
-        let fence = match holder {
-            Some((class, identity)) => format!(
+        let fence = match mark_fence {
+            Some(f) => format!(
                 "{} AND {}",
-                holder_fence(class, identity, "FOR SHARE"),
-                super::lattice_fence(class, marks, "FOR SHARE")
+                holder_fence(f.class, f.identity, "FOR SHARE"),
+                super::lattice_fence(f.class, f.lattice, marks, "FOR SHARE")
             ),
             None => "true".to_string(),
         };
@@ -480,15 +481,18 @@ impl Backend for PgSession {
         let written = messages
             .iter()
             .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::CommandComplete(n) if *n > 0));
-        if !written && let Some((class, _)) = holder {
+        if !written && let Some(f) = mark_fence {
             let refused: i32 = self
                 .client
-                .query_one(&super::lattice_fence_refuses(class, marks), &[])
+                .query_one(
+                    &super::lattice_fence_refuses(f.class, f.lattice, marks),
+                    &[],
+                )
                 .await
                 .map_err(pg_err(&self.server, "write high-water marks"))?
                 .get(0);
             match refused {
-                1 => return Err(super::lattice_fenced(&self.server, class)),
+                1 => return Err(super::lattice_fenced(&self.server, f.class, f.lattice)),
                 super::NO_VERSION => return Err(super::no_version(&self.server)),
                 _ => {}
             }

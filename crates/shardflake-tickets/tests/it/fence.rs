@@ -545,6 +545,7 @@ async fn a_takeover_in_etcd_fences_the_marks_of_the_identity_it_took_from() {
     let class = shardflake_tickets::ResidueClass {
         key: "@1of2".into(),
         server: "a".into(),
+        lattice: None,
     };
     let marks = |n: u64| vec![("photos".to_string(), n)];
     assert_eq!(store.holder(&class).await.unwrap(), None);

@@ -18,6 +18,7 @@ mod issue36;
 mod live_restore;
 mod messages;
 mod quorum;
+mod rechunk;
 mod reply_order;
 mod repro;
 mod stores;

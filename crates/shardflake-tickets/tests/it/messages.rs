@@ -442,3 +442,43 @@ async fn every_server_of_a_lattice_records_one_version_mariadb() {
         .collect();
     assert_eq!(versions, ["3", "3", "3"]);
 }
+
+/// A reshape cut short past its fence (`b` holds its lattice version row
+/// locked, as a stalled server would, once `a` was fenced) says it is half
+/// done and to run it again, whatever stopped it; run again, it ends and
+/// the clients of the new file go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reshape_cut_short_says_it_is_half_done_mariadb() {
+    use mysql_async::prelude::Queryable;
+    let (a, b) = (maria(2, 1), maria(2, 2));
+    let mut old = pair(&a, &b, "");
+    old.failover.admin_timeout_ms = 1000;
+    init_ok(&old).await;
+    let mut new = old.clone();
+    new.segment.chunk = 200;
+    let mut lock = mysql_async::Conn::new(mysql_async::Opts::from_url(&b.url()).unwrap())
+        .await
+        .unwrap();
+    lock.query_drop("BEGIN").await.unwrap();
+    lock.query_drop("SELECT * FROM shardflake_ticket_lattice_version FOR UPDATE")
+        .await
+        .unwrap();
+    let e = admin::reshape(&new, &PeersStore::new(new.clone()))
+        .await
+        .expect_err("a reshape with b's version row locked")
+        .to_string();
+    assert!(
+        e.contains("the reshape is half done")
+            && e.contains("run `shardflake tickets reshape --config FILE` again with this file")
+            && !e.contains("allow_without_marks"),
+        "{e}"
+    );
+    lock.query_drop("ROLLBACK").await.unwrap();
+    admin::reshape(&new, &PeersStore::new(new.clone()))
+        .await
+        .unwrap();
+    let client = TicketClient::connect(new.clone()).await.unwrap();
+    let ids = client.next_n("blocks", 100).await.unwrap();
+    client.shutdown().await;
+    assert_unique(&ids);
+}
