@@ -264,13 +264,20 @@ async fn say_where_ids_start(
         if counter.saturating_add(span) >= mark {
             continue;
         }
-        let said = format!(", ids from {} on", counter + 1);
         for line in done
             .iter_mut()
             .filter(|l| l.starts_with(&format!("{}: ", seq.name)))
         {
-            *line = line.replace(
-                &said,
+            // ", ids from N on" (N: the server's first id after the
+            // counter), replaced whole.
+            let Some(at) = line.find(", ids from ") else {
+                continue;
+            };
+            let Some(end) = line[at..].find(" on").map(|e| at + e + " on".len()) else {
+                continue;
+            };
+            line.replace_range(
+                at..end,
                 &format!(
                     ", counter at {counter} ({COUNTER_IS}, as `check` shows it), behind the marks of its residue class {} (ids up to {mark} were handed out: by the server this one replaces, or before a restore): the first client session on it raises it past them, so ids from above {mark} on",
                     class.key

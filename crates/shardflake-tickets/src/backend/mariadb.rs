@@ -1519,7 +1519,8 @@ impl Backend for MariaSession {
                         .await
                         .map_err(run(format!("INSERT the counter row INTO {table}")))?;
                     self.raise(config, server, seq, first - 1).await?;
-                    let next = self.counter(config, server, seq).await?.unwrap_or(0) + 1;
+                    let last = self.counter(config, server, seq).await?.unwrap_or(0);
+                    let next = first_at_or_above(config.increment, server.offset, last + 1);
                     done.push(match converted {
                         Some(_) => format!(
                             "{}: table {table} ({column}) converted to the counter row, ids from {next} on (clients of the REPLACE form are refused from now on)",
