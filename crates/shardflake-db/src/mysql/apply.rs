@@ -192,8 +192,15 @@ pub(super) async fn preflight(
     let was = installed_for(conn, &opts.names)
         .await?
         .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir));
+    // This table's objects are this server's (or none): another table's
+    // made for another server make this server a copy all the same.
+    let copied = match (&was, mode) {
+        (None, Mode::Apply | Mode::Adopt) => copied_server(conn, &srv).await?,
+        _ => None,
+    };
     if mode != Mode::Repair {
-        nothing_to_prove(cmd, opts, was.as_ref(), &srv)?;
+        let either = was.as_ref().or(copied.as_ref().map(|(_, w)| w));
+        nothing_to_prove(cmd, opts, either, &srv)?;
     }
     if mode != Mode::Repair
         && let Some(was) = &was
@@ -225,7 +232,10 @@ pub(super) async fn preflight(
     if mode != Mode::Repair
         && let Some(was) = &was
     {
-        old_server_proven_gone(cmd, opts, was, &srv).await?;
+        old_server_proven_gone(cmd, opts, was, None, &srv).await?;
+    }
+    if let Some((table, was)) = &copied {
+        old_server_proven_gone(cmd, opts, was, Some(table), &srv).await?;
     }
     if mode != Mode::Repair {
         // Where its clock is off, ids of shard values it takes from a peer

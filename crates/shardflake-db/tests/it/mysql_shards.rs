@@ -1633,3 +1633,78 @@ async fn a_promoted_server_is_told_to_name_every_other_server() {
         "{problems}"
     );
 }
+
+/// Review E8: a data directory copied and started beside its original
+/// refused its first table's ids as a copy, yet `adopt --table orders`
+/// (and its dry run) and `apply` of a new table there went through with
+/// no proof and recorded 0-1023 for them, while the original did the
+/// same (255 of 4,000 ids twice). A server any of whose objects were
+/// made for another server is a copy for every table: each command that
+/// records values or installs objects needs the same proof.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datadir_copy_takes_no_new_table_without_proof() {
+    let original = MariaDbServer::start_with("--server-id=1", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let mut c = conn(&original.url()).await;
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    c.query_drop(
+        "CREATE TABLE orders (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body TEXT)",
+    )
+    .await
+    .unwrap();
+    drop(c);
+    let was = identity(&original);
+    let copy = CopiedServer::start(&original, "e8");
+    original.restart().unwrap();
+    let mut cc = conn(&copy.url).await;
+    let table = |t: &str| Options {
+        names: mysql::Names::new(t, "user_id", &format!("generate_{t}_id")).unwrap(),
+        ..Options::default()
+    };
+    let refused = |e: shardflake_db::Error| {
+        let e = e.to_string();
+        assert!(e.contains("nothing was changed"), "{e}");
+        assert!(e.contains(&format!("installed for server {was}")), "{e}");
+        assert!(e.contains("--peer URL_OF_EACH_OTHER_SERVER"), "{e}");
+    };
+    for dry_run in [true, false] {
+        let adopt = mysql::AdoptOptions {
+            options: Options {
+                locked: false,
+                ..table("orders")
+            },
+            dry_run,
+        };
+        match mysql::adopt(&mut cc, &layout, &adopt).await {
+            Ok(a) => panic!("adopt (dry run {dry_run}) on the copy took orders: {a:?}"),
+            Err(e) => refused(e),
+        }
+    }
+    match mysql::apply(&mut cc, &layout, &table("items")).await {
+        Ok(a) => panic!("apply on the copy took items: {a:?}"),
+        Err(e) => refused(e),
+    }
+    let recorded = cc
+        .query_first::<i64, _>("SELECT COUNT(*) FROM shardflake.serves")
+        .await
+        .unwrap();
+    assert_eq!(recorded, Some(1), "only posts' record, copied");
+    // The proof the copy's own table needs is enough for a new one.
+    mysql::apply(
+        &mut cc,
+        &layout,
+        &Options {
+            old_server_gone: Some(was.clone()),
+            ..table("items")
+        },
+    )
+    .await
+    .unwrap();
+    // Its repair too, while posts' objects still name the original.
+    match mysql::repair(&mut cc, &layout, &table("items")).await {
+        Ok(r) => panic!("plain repair of items on the copy: {r:?}"),
+        Err(e) => refused(e),
+    }
+}
