@@ -1708,3 +1708,66 @@ async fn a_datadir_copy_takes_no_new_table_without_proof() {
         Err(e) => refused(e),
     }
 }
+
+/// Review E4: app 0-511 and shop 512-1023 on one server; `DROP DATABASE
+/// shop; CREATE DATABASE shop`, then `apply --new-deployment` in the new
+/// shop freed the dropped one's values (app then took 0-1023, and the
+/// old shop's dump restored made 100 of 4,400 ids twice); a plain
+/// `apply` there took them back silently. A database made anew under a
+/// dropped one's name neither inherits nor frees its record: only the
+/// DELETE the refusal names does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_made_anew_neither_inherits_nor_frees_a_dropped_ones_values() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let shards = |lo, hi| Options {
+        shards: Some((lo, hi)),
+        ..Options::default()
+    };
+    let mut app = conn(&server.url()).await;
+    mysql::apply(&mut app, &layout, &shards(0, 511))
+        .await
+        .unwrap();
+    server.sql("CREATE DATABASE shop").unwrap();
+    let shop_url = server.url().replace("/app", "/shop");
+    let mut shop = conn(&shop_url).await;
+    mysql::apply(&mut shop, &layout, &shards(512, 1023))
+        .await
+        .unwrap();
+    drop(shop);
+    server
+        .sql("DROP DATABASE shop; CREATE DATABASE shop")
+        .unwrap();
+    let mut shop = conn(&shop_url).await;
+    let release = "DELETE FROM shardflake.serves WHERE db = 'shop' AND tbl = 'posts'";
+    let new_deployment = Options {
+        new_deployment: true,
+        ..Options::default()
+    };
+    for opts in [&new_deployment, &Options::default()] {
+        let e = match mysql::apply(&mut shop, &layout, opts).await {
+            Ok(a) => panic!(
+                "apply (new deployment {}) in the new shop: {a:?}",
+                opts.new_deployment
+            ),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("nothing was changed")
+                && e.contains("shop has no sequence posts_id_seq")
+                && e.contains(release),
+            "{e}"
+        );
+    }
+    // The dropped shop's values are still taken.
+    let e = mysql::apply(&mut app, &layout, &shards(0, 1023))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(release), "{e}");
+    // Released by name: the new shop is a deployment of its own.
+    server.sql(release).unwrap();
+    mysql::apply(&mut shop, &layout, &new_deployment)
+        .await
+        .unwrap();
+}
