@@ -1771,3 +1771,49 @@ async fn a_database_made_anew_neither_inherits_nor_frees_a_dropped_ones_values()
         .await
         .unwrap();
 }
+
+/// Review E6/E7: a dump taken before a server's values were narrowed,
+/// restored after, brings back a trigger that makes ids for the wider
+/// values (102 of 4,000 ids twice); `check` said only "differs from this
+/// version's". It now names the values the trigger takes beyond the
+/// record, and `apply` as the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_restored_trigger_wider_than_the_record() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let mut c = conn(&server.url()).await;
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    let file = dump(&server, "app", "e7");
+    mysql::apply(
+        &mut c,
+        &layout,
+        &Options {
+            shards: Some((0, 511)),
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    let load = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "mariadb --no-defaults -h 127.0.0.1 -u root -P{} app < {}",
+            server.port,
+            file.display()
+        ))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(load.status.success(), "{load:?}");
+    let problems = mysql::check(&mut c, &layout, &Options::default())
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        problems.contains("makes ids for shard values 0-1023, but this server records 0-511")
+            && problems.contains("run shardflake mysql apply"),
+        "{problems}"
+    );
+}
