@@ -149,6 +149,18 @@ pub(super) async fn preflight(
     } else {
         plan.without_clock_loop()
     };
+    // A record, yet no sequence of the table here (the record is written
+    // only once the sequence is): the database or the table's objects
+    // were dropped, and this one made anew under the same name. The
+    // dropped one's ids come back with its backup, so its values stay
+    // taken until its record is deleted by name (review E4: a plain or
+    // `--new-deployment` apply here took them over or freed them).
+    if mode != Mode::Repair
+        && let Some((lo, hi)) = recorded
+        && sequence_kind(conn, &opts.names.sequence()).await?.is_none()
+    {
+        return Err(other(cmd, dropped_record_text(&db, &opts.names, (lo, hi))));
+    }
     let serves = opts.shards.or(recorded).unwrap_or((0, plan.shard_max()));
     check_range(cmd, layout, &plan, serves)?;
     let mut overlaps = overlapping_peers(conn, cmd, &opts.peers, &opts.names, serves).await?;
@@ -192,8 +204,15 @@ pub(super) async fn preflight(
     let was = installed_for(conn, &opts.names)
         .await?
         .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir));
+    // This table's objects are this server's (or none): another table's
+    // made for another server make this server a copy all the same.
+    let copied = match (&was, mode) {
+        (None, Mode::Apply | Mode::Adopt) => copied_server(conn, &srv).await?,
+        _ => None,
+    };
     if mode != Mode::Repair {
-        nothing_to_prove(cmd, opts, was.as_ref(), &srv)?;
+        let either = was.as_ref().or(copied.as_ref().map(|(_, w)| w));
+        nothing_to_prove(cmd, opts, either, &srv)?;
     }
     if mode != Mode::Repair
         && let Some(was) = &was
@@ -225,7 +244,10 @@ pub(super) async fn preflight(
     if mode != Mode::Repair
         && let Some(was) = &was
     {
-        old_server_proven_gone(cmd, opts, was, &srv).await?;
+        old_server_proven_gone(cmd, opts, was, None, &srv).await?;
+    }
+    if let Some((table, was)) = &copied {
+        old_server_proven_gone(cmd, opts, was, Some(table), &srv).await?;
     }
     if mode != Mode::Repair {
         // Where its clock is off, ids of shard values it takes from a peer
@@ -268,6 +290,17 @@ pub(super) async fn preflight(
         serves,
         peers,
     })
+}
+
+/// Why a database whose record outlived its sequence ([`preflight`]) is
+/// refused, and the two ways out.
+fn dropped_record_text(db: &str, names: &Names, (lo, hi): (u64, u64)) -> String {
+    format!(
+        "nothing was changed: this server records (shardflake.serves) that {db}.{table} makes ids for shard values {lo}-{hi}, but {db} has no sequence {seq}: that database (or the table's objects) was dropped, and this {db} is another made under the same name. The dropped one's ids come back with its backup, so its values stay taken until its record is deleted: restore that backup here, then run shardflake mysql repair; or, if it will not come back, release them: DELETE FROM shardflake.serves WHERE db = '{db_lit}' AND tbl = '{table}', then run this command again",
+        table = names.table,
+        seq = names.sequence(),
+        db_lit = db.replace('\'', "''"),
+    )
 }
 
 /// Refuses `--old-server-gone` where the objects were installed for this

@@ -112,6 +112,19 @@ async fn check_installed(
             None => copy_text(&db, names, serves, &recorded_at, &here, was.as_ref()),
         });
     }
+    // Review E6/E7: a dump from before the values were narrowed restores
+    // a trigger that still makes ids for the wider ones, which another
+    // server may now make ids for.
+    if let (Some((lo, hi)), Some((tlo, thi))) =
+        (recorded, trigger_serves(conn, &plan, names).await?)
+        && (tlo < lo || thi > hi)
+    {
+        problems.push(format!(
+            "the trigger {trigger} of {db}.{table} makes ids for shard values {tlo}-{thi}, but this server records {lo}-{hi} (shardflake.serves): it was restored from a dump taken before its values were narrowed, and another server may make the same ids for the rest; run shardflake mysql apply to reinstall it for {lo}-{hi}",
+            trigger = names.trigger(),
+            table = names.table,
+        ));
+    }
     // Values recorded by this server and a peer too (`--peer`): both make
     // the same ids for them.
     problems.extend(overlapping_peers(conn, "check", &opts.peers, names, plan.serves()).await?);
@@ -355,4 +368,32 @@ async fn check_installed(
         problems.extend(locked_procedure_problem(conn, &plan, names).await?);
     }
     Ok(problems)
+}
+
+/// The shard values the installed trigger makes ids for (its `(key &
+/// MAX) BETWEEN LO AND HI`, or every value where it tests none); `None`
+/// where no trigger is installed.
+async fn trigger_serves(
+    conn: &mut Conn,
+    plan: &Plan,
+    names: &Names,
+) -> Result<Option<(u64, u64)>, Error> {
+    let body: Option<String> = conn
+        .exec_first(
+            "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?",
+            (names.trigger(),),
+        )
+        .await
+        .map_err(my("reading the trigger"))?;
+    let Some(body) = body else {
+        return Ok(None);
+    };
+    let marker = format!(" & {}) BETWEEN ", plan.shard_max());
+    let range = body.split_once(&marker).and_then(|(_, rest)| {
+        let mut it = rest
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty());
+        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+    });
+    Ok(Some(range.unwrap_or((0, plan.shard_max()))))
 }

@@ -461,6 +461,29 @@ pub(super) async fn installed_for(
     Ok(body.as_deref().and_then(InstalledFor::parse))
 }
 
+/// Where this table's objects were made for this server (or are not
+/// installed): the first object of another table of this server, in any
+/// database, made for another server (`db.table`, and that server). Review
+/// E8: a data directory copy refused its copied table's ids, yet took a
+/// new table with no proof and made the original's ids for it; a server
+/// any of whose objects name another is a copy for every table.
+pub(super) async fn copied_server(
+    conn: &mut Conn,
+    srv: &Server,
+) -> Result<Option<(String, InstalledFor)>, Error> {
+    let triggers: Vec<(String, String, String)> = conn
+        .query(
+            "SELECT TRIGGER_SCHEMA, EVENT_OBJECT_TABLE, ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE ACTION_STATEMENT LIKE '%@@server_id = %' ORDER BY TRIGGER_SCHEMA, EVENT_OBJECT_TABLE",
+        )
+        .await
+        .map_err(my("reading which server each trigger was made for"))?;
+    Ok(triggers.into_iter().find_map(|(db, table, body)| {
+        InstalledFor::parse(&body)
+            .filter(|w| !w.is(srv.server_id, srv.port, &srv.datadir))
+            .map(|w| (format!("{db}.{table}"), w))
+    }))
+}
+
 /// Refuses `command` taking over the ids of the server the objects were
 /// installed for, `was`, when this is another (a promoted replica, a copy
 /// of its data directory or backup, the server moved), unless the
@@ -471,10 +494,15 @@ pub(super) async fn installed_for(
 /// `repair` on a copy started beside its running original, or on a
 /// replica promoted while the old primary ran, recorded it for all of
 /// the original's values, and both made the same ids.
+///
+/// `other_table`: where `was` is read from another table's objects
+/// ([`copied_server`]), that table; this one's are not installed for
+/// another server, and `command --old-server-gone` is the way out.
 pub(super) async fn old_server_proven_gone(
     command: &str,
     opts: &Options,
     was: &InstalledFor,
+    other_table: Option<&str>,
     srv: &Server,
 ) -> Result<(), Error> {
     if was.is(srv.server_id, srv.port, &srv.datadir) {
@@ -509,11 +537,20 @@ pub(super) async fn old_server_proven_gone(
         ),
         None => String::new(),
     };
+    let (whose, gone_cmd) = match other_table {
+        Some(t) => (
+            format!(
+                "{t} on this server (so this server is a copy for {} too)",
+                opts.names.table
+            ),
+            command,
+        ),
+        None => (format!("{} here", opts.names.table), "repair"),
+    };
     Err(other(
         command,
         format!(
-            "nothing was changed: {wrong}the ids of {table} here were installed for server {was} (SERVER_ID:PORT:DATADIR), and this is {here}: a promoted replica, a copy of that server (its data directory or backup started here), or the server moved. While that server runs it makes the same ids for the shard values it records, so this one takes them over only on proof that it makes them no more. If it or another copy of it still runs: give each of those values of its own there (shardflake mysql apply --shards LO-HI), then this one the rest, naming every other server, since one not named is not checked and makes the same ids: shardflake mysql {command} --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER (one --peer each). Only if it is stopped for good and no other copy runs, or this is it moved: shardflake mysql repair --old-server-gone '{was}'",
-            table = opts.names.table
+            "nothing was changed: {wrong}the ids of {whose} were installed for server {was} (SERVER_ID:PORT:DATADIR), and this is {here}: a promoted replica, a copy of that server (its data directory or backup started here), or the server moved. While that server runs it makes the same ids for the shard values it records, so this one takes them over only on proof that it makes them no more. If it or another copy of it still runs: give each of those values of its own there (shardflake mysql apply --shards LO-HI), then this one the rest, naming every other server, since one not named is not checked and makes the same ids: shardflake mysql {command} --shards LO-HI --peer URL_OF_EACH_OTHER_SERVER (one --peer each). Only if it is stopped for good and no other copy runs, or this is it moved: shardflake mysql {gone_cmd} --old-server-gone '{was}'"
         ),
     ))
 }

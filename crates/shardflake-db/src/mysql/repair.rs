@@ -115,7 +115,14 @@ async fn repair_locked(
     if let Some(shards) = opts.shards {
         apply::check_range("repair", layout, &plan, shards)?;
     }
-    apply::nothing_to_prove("repair", opts, was.as_ref(), &srv)?;
+    // This table's objects are this server's (or none): another table's
+    // made for another server make this server a copy all the same.
+    let copied = match &was {
+        None => copied_server(conn, &srv).await?,
+        Some(_) => None,
+    };
+    let either = was.as_ref().or(copied.as_ref().map(|(_, w)| w));
+    apply::nothing_to_prove("repair", opts, either, &srv)?;
     if let Some(shards) = opts.shards
         && recorded.is_some_and(|r| r != shards)
         && !promoted
@@ -174,7 +181,10 @@ async fn repair_locked(
     // Only where the server the objects were made for makes none of
     // these values any more.
     if let Some(was) = &was {
-        old_server_proven_gone("repair", opts, was, &srv).await?;
+        old_server_proven_gone("repair", opts, was, None, &srv).await?;
+    }
+    if let Some((table, was)) = &copied {
+        old_server_proven_gone("repair", opts, was, Some(table), &srv).await?;
     }
     // A promoted replica (the trigger made for another server_id) may be
     // behind ids its old primary made after the last change it received:

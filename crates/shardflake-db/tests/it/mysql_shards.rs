@@ -1633,3 +1633,187 @@ async fn a_promoted_server_is_told_to_name_every_other_server() {
         "{problems}"
     );
 }
+
+/// Review E8: a data directory copied and started beside its original
+/// refused its first table's ids as a copy, yet `adopt --table orders`
+/// (and its dry run) and `apply` of a new table there went through with
+/// no proof and recorded 0-1023 for them, while the original did the
+/// same (255 of 4,000 ids twice). A server any of whose objects were
+/// made for another server is a copy for every table: each command that
+/// records values or installs objects needs the same proof.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datadir_copy_takes_no_new_table_without_proof() {
+    let original = MariaDbServer::start_with("--server-id=1", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let mut c = conn(&original.url()).await;
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    c.query_drop(
+        "CREATE TABLE orders (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, body TEXT)",
+    )
+    .await
+    .unwrap();
+    drop(c);
+    let was = identity(&original);
+    let copy = CopiedServer::start(&original, "e8");
+    original.restart().unwrap();
+    let mut cc = conn(&copy.url).await;
+    let table = |t: &str| Options {
+        names: mysql::Names::new(t, "user_id", &format!("generate_{t}_id")).unwrap(),
+        ..Options::default()
+    };
+    let refused = |e: shardflake_db::Error| {
+        let e = e.to_string();
+        assert!(e.contains("nothing was changed"), "{e}");
+        assert!(e.contains(&format!("installed for server {was}")), "{e}");
+        assert!(e.contains("--peer URL_OF_EACH_OTHER_SERVER"), "{e}");
+    };
+    for dry_run in [true, false] {
+        let adopt = mysql::AdoptOptions {
+            options: Options {
+                locked: false,
+                ..table("orders")
+            },
+            dry_run,
+        };
+        match mysql::adopt(&mut cc, &layout, &adopt).await {
+            Ok(a) => panic!("adopt (dry run {dry_run}) on the copy took orders: {a:?}"),
+            Err(e) => refused(e),
+        }
+    }
+    match mysql::apply(&mut cc, &layout, &table("items")).await {
+        Ok(a) => panic!("apply on the copy took items: {a:?}"),
+        Err(e) => refused(e),
+    }
+    let recorded = cc
+        .query_first::<i64, _>("SELECT COUNT(*) FROM shardflake.serves")
+        .await
+        .unwrap();
+    assert_eq!(recorded, Some(1), "only posts' record, copied");
+    // The proof the copy's own table needs is enough for a new one.
+    mysql::apply(
+        &mut cc,
+        &layout,
+        &Options {
+            old_server_gone: Some(was.clone()),
+            ..table("items")
+        },
+    )
+    .await
+    .unwrap();
+    // Its repair too, while posts' objects still name the original.
+    match mysql::repair(&mut cc, &layout, &table("items")).await {
+        Ok(r) => panic!("plain repair of items on the copy: {r:?}"),
+        Err(e) => refused(e),
+    }
+}
+
+/// Review E4: app 0-511 and shop 512-1023 on one server; `DROP DATABASE
+/// shop; CREATE DATABASE shop`, then `apply --new-deployment` in the new
+/// shop freed the dropped one's values (app then took 0-1023, and the
+/// old shop's dump restored made 100 of 4,400 ids twice); a plain
+/// `apply` there took them back silently. A database made anew under a
+/// dropped one's name neither inherits nor frees its record: only the
+/// DELETE the refusal names does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_made_anew_neither_inherits_nor_frees_a_dropped_ones_values() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let shards = |lo, hi| Options {
+        shards: Some((lo, hi)),
+        ..Options::default()
+    };
+    let mut app = conn(&server.url()).await;
+    mysql::apply(&mut app, &layout, &shards(0, 511))
+        .await
+        .unwrap();
+    server.sql("CREATE DATABASE shop").unwrap();
+    let shop_url = server.url().replace("/app", "/shop");
+    let mut shop = conn(&shop_url).await;
+    mysql::apply(&mut shop, &layout, &shards(512, 1023))
+        .await
+        .unwrap();
+    drop(shop);
+    server
+        .sql("DROP DATABASE shop; CREATE DATABASE shop")
+        .unwrap();
+    let mut shop = conn(&shop_url).await;
+    let release = "DELETE FROM shardflake.serves WHERE db = 'shop' AND tbl = 'posts'";
+    let new_deployment = Options {
+        new_deployment: true,
+        ..Options::default()
+    };
+    for opts in [&new_deployment, &Options::default()] {
+        let e = match mysql::apply(&mut shop, &layout, opts).await {
+            Ok(a) => panic!(
+                "apply (new deployment {}) in the new shop: {a:?}",
+                opts.new_deployment
+            ),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("nothing was changed")
+                && e.contains("shop has no sequence posts_id_seq")
+                && e.contains(release),
+            "{e}"
+        );
+    }
+    // The dropped shop's values are still taken.
+    let e = mysql::apply(&mut app, &layout, &shards(0, 1023))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(release), "{e}");
+    // Released by name: the new shop is a deployment of its own.
+    server.sql(release).unwrap();
+    mysql::apply(&mut shop, &layout, &new_deployment)
+        .await
+        .unwrap();
+}
+
+/// Review E6/E7: a dump taken before a server's values were narrowed,
+/// restored after, brings back a trigger that makes ids for the wider
+/// values (102 of 4,000 ids twice); `check` said only "differs from this
+/// version's". It now names the values the trigger takes beyond the
+/// record, and `apply` as the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_restored_trigger_wider_than_the_record() {
+    let server = MariaDbServer::start_with("", None).unwrap();
+    let layout = preset::by_name("mysql-procedure").unwrap();
+    let mut c = conn(&server.url()).await;
+    mysql::apply(&mut c, &layout, &Options::default())
+        .await
+        .unwrap();
+    let file = dump(&server, "app", "e7");
+    mysql::apply(
+        &mut c,
+        &layout,
+        &Options {
+            shards: Some((0, 511)),
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    let load = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "mariadb --no-defaults -h 127.0.0.1 -u root -P{} app < {}",
+            server.port,
+            file.display()
+        ))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(load.status.success(), "{load:?}");
+    let problems = mysql::check(&mut c, &layout, &Options::default())
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        problems.contains("makes ids for shard values 0-1023, but this server records 0-511")
+            && problems.contains("run shardflake mysql apply"),
+        "{problems}"
+    );
+}
