@@ -137,6 +137,52 @@ pub struct Holding {
     /// The high-water the take itself recorded for the new holder (see
     /// [`Claim::now_ms`]); `None` when it recorded nothing (a static id).
     pub recorded_high_water_ms: Option<u64>,
+    /// What `previous_high_water_ms` stands for (the words of the wait).
+    pub resume_from: ResumeFrom,
+}
+
+/// What a take resumes past ([`Holding::previous_high_water_ms`]): a
+/// previous holder's record, or a bound the take set where no record can
+/// be believed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// The high-water the id's previous holder recorded.
+    Recorded,
+    /// No record: one window past this clock (the id was never used
+    /// here, or its record was deleted under a holder still running).
+    NoRecord,
+    /// The id was taken before and its record deleted:
+    /// `max_resume_wait` past this clock.
+    Deleted,
+    /// etcd was restored and the id not recorded since:
+    /// `max_resume_wait` past this clock, or the record if later.
+    Restored,
+    /// The fleet's floor (`<prefix>/floor`: a layout change, a move or a
+    /// floor put back).
+    Floor,
+}
+
+impl ResumeFrom {
+    /// The words for the high-water a take of `node_id` resumes past.
+    pub fn describe(self, node_id: u64) -> String {
+        match self {
+            ResumeFrom::Recorded => {
+                format!("recorded for node id {node_id} by its previous holder")
+            }
+            ResumeFrom::NoRecord => format!(
+                "set one window past this clock for node id {node_id}, which holds no high-water record here (never used, or its record deleted under a holder that may still run)"
+            ),
+            ResumeFrom::Deleted => format!(
+                "set max_resume_wait past this clock for node id {node_id}, taken before and its high-water record deleted"
+            ),
+            ResumeFrom::Restored => format!(
+                "set max_resume_wait past this clock (or its record, if later) for node id {node_id}: etcd was restored and it was not recorded since"
+            ),
+            ResumeFrom::Floor => {
+                "of the fleet's floor (the floor record under its etcd prefix)".to_string()
+            }
+        }
+    }
 }
 
 impl Claim {
@@ -251,7 +297,7 @@ impl FleetOverlap {
 /// that answers: a copy (a snapshot restored into this cluster).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "etcd prefix {prefix} holds records written in etcd cluster={recorded} ({evidence}), but this is etcd cluster={here}: a copy of that cluster (a snapshot restored into another cluster), and the fleet may still run there, making the ids a node here would make. Every record of a fleet names the etcd cluster it was written in ({prefix}/cluster, each {prefix}/taken/<id>, its registration shardflake.fleets/<fleet id>, each node's state file): deleting one, or the prefix, does not make a copy an original, and no fleet id or floor put back here makes it safe while that cluster runs the fleet. Start the fleet's nodes on the cluster the records name. Only if that cluster no longer runs the fleet, for good: stop every node of the fleet, then `shardflake fleet move --etcd URLS --etcd-prefix {prefix} --to-prefix NEW_PREFIX --raise R --max-resume-wait R` here, R at least the fleet's --max-resume-wait (the copy's records may be far behind what its nodes stamped there), and start the nodes on NEW_PREFIX"
+    "etcd prefix {prefix} holds records written in etcd cluster={recorded} ({evidence}), but this is etcd cluster={here}: a copy of that cluster (a snapshot restored into another cluster), and the fleet may still run there, making the ids a node here would make. Every record of a fleet names the etcd cluster it was written in ({prefix}/cluster, each {prefix}/taken/<id>, its registration shardflake.fleets/<fleet id>, each node's state file): deleting one, or the prefix, does not make a copy an original, and no fleet id or floor put back here makes it safe while that cluster runs the fleet. Start the fleet's nodes on the cluster the records name (a move, a confirmation or a layout change from this place is refused too). Only if etcd cluster={recorded} runs the fleet no more, for good (every node of it stopped, none started there again): stop every node of the fleet, then `shardflake fleet move --etcd URLS --etcd-prefix {prefix} --to-prefix NEW_PREFIX --copy-of-gone-cluster {recorded} --raise R --max-resume-wait R` here, R at least the fleet's --max-resume-wait (the copy's records may be far behind what its nodes stamped there), and start the nodes on NEW_PREFIX"
 )]
 pub struct FleetCopied {
     /// The key prefix.
@@ -442,6 +488,21 @@ pub enum AcquireError {
         /// max_resume_wait (Unix ms).
         floor_ms: u64,
     },
+    /// The prefix holds a fleet id this etcd cluster does not register:
+    /// a fleet's registration is written with its fleet id (or by `fleet
+    /// move`), so the fleet id came here without it, most likely in a
+    /// copy of another cluster whose records were deleted by hand.
+    #[error(
+        "etcd prefix {prefix} holds fleet {fleet}, but this etcd cluster={here} does not register it (shardflake.fleets/{fleet} is missing): a fleet's registration is written in the same transaction as its fleet id, or by `shardflake fleet move` at the place it moves to, so this fleet id came here without one. If this etcd was restored or copied from another etcd cluster (a snapshot restored into a new one, records deleted by hand): it is a copy, the fleet may still run on the cluster it was copied from, making the ids a node here would make; put nothing back here and start no node here, start the fleet's nodes on that cluster. Only if this is the cluster the fleet runs on and its registration alone was deleted here: start one node of the fleet with its own state file (its registry line naming etcd cluster={here} and prefix {prefix}): its take registers the fleet again, then start the others"
+    )]
+    FleetUnregistered {
+        /// The key prefix.
+        prefix: String,
+        /// The fleet id the prefix holds.
+        fleet: String,
+        /// This cluster's id (hex).
+        here: String,
+    },
     /// The prefix records no fleet id, and this node's state file names a
     /// registry on another etcd cluster: the fleet's ids were made there.
     #[error(
@@ -607,6 +668,7 @@ impl AcquireError {
                 | AcquireError::FleetDeleted { .. }
                 | AcquireError::FleetMovedAway { .. }
                 | AcquireError::FleetOnAnotherCluster { .. }
+                | AcquireError::FleetUnregistered { .. }
                 | AcquireError::FleetElsewhere { .. }
                 | AcquireError::FleetOverlaps(_)
                 | AcquireError::PreviousMissing { .. }
@@ -718,6 +780,7 @@ impl Registry for StaticRegistry {
             ttl: None,
             previous_high_water_ms: 0,
             recorded_high_water_ms: None,
+            resume_from: ResumeFrom::NoRecord,
         })
     }
     async fn renew(&self, _lease: LeaseId) -> Result<Renewal, RegistryError> {

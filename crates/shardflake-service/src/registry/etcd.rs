@@ -92,7 +92,8 @@ use async_trait::async_trait;
 
 use super::{
     AcquireError, Claim, FleetCopied, FleetOverlap, GenerationBehind, Holding, LeaseId,
-    PreviousFleet, RecordError, Registry, RegistryError, Renewal, keys, read_high_water,
+    PreviousFleet, RecordError, Registry, RegistryError, Renewal, ResumeFrom, keys,
+    read_high_water,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{
@@ -363,33 +364,44 @@ impl Registry for EtcdRegistry {
                             .into_iter()
                             .flatten()
                             .collect();
-                        let copy = copied_from(
+                        // Only a node that took here before (its state
+                        // file naming this place, or this process)
+                        // registers an unregistered fleet id again: a
+                        // prefix of a version before the registrations,
+                        // or one deleted here by hand.
+                        let took_here = expected_fleet.as_deref().filter(|_| {
+                            self.fleet_known.load(Ordering::Relaxed)
+                                && match claim.expected_registry.as_deref() {
+                                    Some(recorded) => recorded == now,
+                                    None => !first_take,
+                                }
+                        });
+                        let copy = copy_check(
                             &self.prefix,
                             &kvs,
                             &registered,
+                            registered_at,
                             header.cluster_id,
                             &fleets,
-                        )
-                        .or_else(|| {
-                            // A node of this fleet whose state file names
-                            // another cluster: only a `fleet move` brings
-                            // the fleet here, and it names this cluster at
-                            // the new place.
-                            let recorded = state_file_cluster(claim.expected_registry.as_deref()?)?;
-                            let moved_here = place.cluster.as_deref() == Some(here_hex.as_str());
-                            (recorded != here_hex
-                                && !moved_here
-                                && place.fleet.is_some()
-                                && place.fleet == expected_fleet)
-                                .then(|| (recorded, "this node's state file".to_string()))
-                        });
-                        let checked = if let Some((recorded, evidence)) = copy {
-                            Err(AcquireError::FleetCopied(Box::new(FleetCopied {
-                                prefix: self.prefix.clone(),
-                                recorded,
-                                here: here_hex,
-                                evidence,
-                            })))
+                            || {
+                                // A node of this fleet whose state file
+                                // names another cluster: only a `fleet
+                                // move` brings the fleet here, and it
+                                // names this cluster at the new place.
+                                let recorded =
+                                    state_file_cluster(claim.expected_registry.as_deref()?)?;
+                                let moved_here =
+                                    place.cluster.as_deref() == Some(here_hex.as_str());
+                                (recorded != here_hex
+                                    && !moved_here
+                                    && place.fleet.is_some()
+                                    && place.fleet == expected_fleet)
+                                    .then(|| (recorded, "this node's state file".to_string()))
+                            },
+                            took_here,
+                        );
+                        let checked = if let Err(e) = copy {
+                            Err(e)
                         } else if let Some(e) = place.behind(
                             remembered,
                             &expected_fleet,
@@ -420,6 +432,7 @@ impl Registry for EtcdRegistry {
                             {
                                 let before = BeforeRetiring {
                                     registered: &registered,
+                                    registered_at,
                                     expected: expected_fleet.as_deref(),
                                     cluster_id: header.cluster_id,
                                 };
@@ -488,6 +501,7 @@ impl Registry for EtcdRegistry {
                     ttl: Some(Duration::from_secs(ttl).min(claim.ttl)),
                     previous_high_water_ms: taken.previous_ms,
                     recorded_high_water_ms: Some(taken.recorded_ms),
+                    resume_from: taken.resume_from,
                 })
             }
             Err(e) => {
@@ -1015,6 +1029,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Taken {
     node_id: u64,
     previous_ms: u64,
+    resume_from: super::ResumeFrom,
     recorded_ms: u64,
     /// The revision the take wrote the high-water at.
     hw_revision: i64,
@@ -1179,6 +1194,22 @@ async fn retire_previous_once(
             previous: old.clone(),
         });
     };
+    // A copy of another cluster's fleet is carried nowhere: the fleet
+    // may run where it was copied from.
+    let previous_fleet = kvs
+        .iter()
+        .find(|kv| kv.key == format!("{old}/fleet").as_bytes())
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    copy_check(
+        old,
+        &kvs,
+        before.registered,
+        before.registered_at,
+        header.cluster_id,
+        &previous_fleet.as_deref().into_iter().collect::<Vec<_>>(),
+        || None,
+        None,
+    )?;
     let (old_record, retired) = match parse_retired(&record.value) {
         Some((successor, was)) if successor == prefix => (was, true),
         Some((successor, _)) => {
@@ -1291,8 +1322,10 @@ async fn retire_previous_once(
 /// previous fleet: whatever the take that follows would refuse.
 #[derive(Clone, Copy)]
 struct BeforeRetiring<'a> {
-    /// The fleets registered in the cluster, as the take read them.
+    /// The fleets registered in the cluster, as the take read them, and
+    /// the revision they were read at.
     registered: &'a [Kv],
+    registered_at: i64,
     /// The fleet id of this node's state file.
     expected: Option<&'a str>,
     /// The etcd cluster of the take.
@@ -1741,6 +1774,65 @@ fn copied_from(
     None
 }
 
+/// The fleet id `<prefix>/fleet` holds where the cluster's registrations
+/// (`registered`, read at revision `registered_at`) hold none for it. A
+/// fleet id is written with its registration (a fleet's first take, `fleet
+/// move`), so one without is a copy whose registration was deleted (or
+/// one deleted here by hand, or a prefix of a version before 24f4003).
+/// A read of the registrations older than the fleet id (a lagging member)
+/// tells nothing.
+fn unregistered(prefix: &str, kvs: &[Kv], registered: &[Kv], registered_at: i64) -> Option<String> {
+    let key = format!("{prefix}/fleet");
+    let fleet = kvs.iter().find(|kv| kv.key == key.as_bytes())?;
+    let known = latest_registrations(registered)
+        .iter()
+        .any(|(id, _)| *id == fleet.value.as_slice());
+    (!known && registered_at >= fleet.mod_revision)
+        .then(|| String::from_utf8_lossy(&fleet.value).into_owned())
+}
+
+/// The copy check every command that reads a fleet's place to take,
+/// carry, retire or confirm it runs (a take, `--previous-prefix`, `fleet
+/// move`, `fleet confirm`): `prefix`'s records (`kvs`, read in cluster
+/// `here`, with the cluster's registrations `registered`, read at
+/// `registered_at`) are refused where any names another cluster
+/// ([`copied_from`]; `fleets`: the fleet ids the caller knows), where the
+/// caller's own evidence tells (`also`: a take's state file), and where
+/// the prefix holds a fleet id the cluster does not register
+/// ([`unregistered`]), but for `took_here`: the fleet id the caller's own
+/// state file (or process) took at this very place, whose take registers
+/// it again.
+#[allow(clippy::too_many_arguments)] // one check, its inputs read at once
+fn copy_check(
+    prefix: &str,
+    kvs: &[Kv],
+    registered: &[Kv],
+    registered_at: i64,
+    here: u64,
+    fleets: &[&str],
+    also: impl FnOnce() -> Option<(String, String)>,
+    took_here: Option<&str>,
+) -> Result<(), AcquireError> {
+    if let Some((recorded, evidence)) =
+        copied_from(prefix, kvs, registered, here, fleets).or_else(also)
+    {
+        return Err(AcquireError::FleetCopied(Box::new(FleetCopied {
+            prefix: prefix.to_string(),
+            recorded,
+            here: format!("{here:x}"),
+            evidence,
+        })));
+    }
+    match unregistered(prefix, kvs, registered, registered_at) {
+        Some(fleet) if Some(fleet.as_str()) != took_here => Err(AcquireError::FleetUnregistered {
+            prefix: prefix.to_string(),
+            fleet,
+            here: format!("{here:x}"),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The etcd cluster id (hex) a state file's registry line names
 /// (`etcd cluster=<id> prefix=<prefix>`; `None`: a static one).
 fn state_file_cluster(registry: &str) -> Option<String> {
@@ -2061,13 +2153,13 @@ async fn take_lowest(
         // <prefix>/hw/`). Its last holder, killed, or stopped by its
         // failing record, may have stamped as far ahead as its clock ran.
         let hw_deleted = seen.is_none() && stamps.contains_key(&candidate);
-        let previous_ms = if hw_deleted {
+        let (previous_ms, resume_from) = if hw_deleted {
             let skew_ms = claim.max_ahead_ms.saturating_sub(claim.window_ms);
             tracing::warn!(
                 node_id = candidate,
                 "{hw} is missing, but node id {candidate} was taken before ({stamp_key}): its record was deleted, and its last holder may have stamped up to max_resume_wait ({skew_ms} ms) past this clock; waiting that out"
             );
-            claim.now_ms.saturating_add(skew_ms)
+            (claim.now_ms.saturating_add(skew_ms), ResumeFrom::Deleted)
         } else if !trust.believes(stamp.as_ref()) {
             // etcd was restored: the record (or its absence) may be older
             // than what a lost holder stamped since, with its own clock:
@@ -2079,15 +2171,18 @@ async fn take_lowest(
                 recorded_ms = recorded,
                 "etcd was restored from a snapshot and {hw} was not recorded since: node id {candidate}'s last holder may have stamped up to max_resume_wait ({skew_ms} ms) past this clock; waiting that out"
             );
-            recorded.max(lost)
+            (recorded.max(lost), ResumeFrom::Restored)
         } else if recorded == 0 {
             // No record: the id was never used here, or its record was
             // deleted under a holder that may still run until its next
             // record fails. Such a holder stamped at most one window past
             // its clock: resume past ours by as much.
-            claim.now_ms.saturating_add(claim.window_ms)
+            (
+                claim.now_ms.saturating_add(claim.window_ms),
+                ResumeFrom::NoRecord,
+            )
         } else {
-            recorded
+            (recorded, ResumeFrom::Recorded)
         };
         // Past every id of the fleet this one replaced.
         if floor_ms > previous_ms && floor_ms > claim.now_ms {
@@ -2098,13 +2193,23 @@ async fn take_lowest(
                 "{prefix}/floor is ahead of this clock: no id of this fleet is stamped at or before it (a layout change, a `fleet move` or a floor put back after a delete wrote it, past every id the fleet may have made before), so this node waits until its clock passes it"
             );
         }
+        let resume_from = if floor_ms > previous_ms {
+            ResumeFrom::Floor
+        } else {
+            resume_from
+        };
         let previous_ms = previous_ms.max(floor_ms);
         // Checked before anything is written: a refused take leaves the
         // record as it was.
         let ahead_ms = previous_ms.saturating_sub(claim.now_ms);
         if ahead_ms > claim.max_ahead_ms {
             let e = AcquireError::HighWaterAhead {
-                whose: format!("recorded in {hw} by node id {candidate}'s previous holder"),
+                whose: match resume_from {
+                    ResumeFrom::Recorded => {
+                        format!("recorded in {hw} by node id {candidate}'s previous holder")
+                    }
+                    other => other.describe(candidate),
+                },
                 high_water_ms: previous_ms,
                 ahead: Duration::from_millis(ahead_ms),
                 limit: Duration::from_millis(claim.max_ahead_ms),
@@ -2250,6 +2355,7 @@ async fn take_lowest(
         let taken = Taken {
             node_id: candidate,
             previous_ms,
+            resume_from,
             recorded_ms,
             hw_revision: answer.revision,
             layout: layout_present.clone().unwrap_or_else(|| layout.to_vec()),
@@ -2693,5 +2799,29 @@ mod tests {
             Some("a1".into())
         );
         assert_eq!(state_file_cluster("static"), None);
+    }
+
+    #[test]
+    fn a_fleet_id_without_its_registration_is_told() {
+        let kv = |key: &[u8], value: &[u8], mod_revision: i64| Kv {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: 0,
+            create_revision: mod_revision,
+            mod_revision,
+        };
+        let fleet = [kv(b"/p/fleet", b"F", 5)];
+        let registered = |id: &str| kv(&fleet_registry_key(id.as_bytes()), b"prefix /p", 5);
+        let old_place = kv(format!("{OLD_FLEETS}F").as_bytes(), b"prefix /p", 5);
+        assert_eq!(unregistered("/p", &fleet, &[registered("F")], 9), None);
+        assert_eq!(unregistered("/p", &fleet, &[old_place], 9), None);
+        assert_eq!(unregistered("/p", &[], &[], 9), None);
+        assert_eq!(
+            unregistered("/p", &fleet, &[registered("G")], 9),
+            Some("F".into())
+        );
+        assert_eq!(unregistered("/p", &fleet, &[], 5), Some("F".into()));
+        // Registrations read from a member behind the fleet id's write.
+        assert_eq!(unregistered("/p", &fleet, &[], 4), None);
     }
 }
