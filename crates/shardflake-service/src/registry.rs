@@ -287,7 +287,7 @@ impl FleetOverlap {
                 "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other}, which ran in this etcd cluster under {other_prefix} (layout {other_layout:?}) and moved to {to}: it makes its ids there, and nothing in this cluster sees its nodes, so a fleet here whose ids meet its layout's would make them again. A node of that fleet: start it there. {own}. Only if that fleet is gone for good (no node of it runs anywhere, and none will): etcdctl del shardflake.fleets/{other} (and /shardflake.fleets/{other}, where an earlier version registered it)"
             ),
             None => format!(
-                "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: start a node on {other_prefix}: its refusal says what to put back, the floor first; the fleet id alone is not safe). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. {own}"
+                "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. If this etcd was restored or copied from another etcd cluster where that fleet may still run: start nothing here (a move, a layout change or a confirmation from a copy is refused too) and start its nodes there. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: start a node on {other_prefix}: its refusal says what to put back, the floor first; the fleet id alone is not safe). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. {own}"
             ),
         }
     }
@@ -532,7 +532,7 @@ pub enum AcquireError {
     },
     /// This fleet is registered in the cluster under another prefix.
     #[error(
-        "fleet {fleet} is registered in this etcd cluster under {registered} (shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. Start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
+        "fleet {fleet} is registered in this etcd cluster under {registered} (shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. If this etcd was restored or copied from another etcd cluster where the fleet may still run: start nothing here (a move from a copy is refused too) and start its nodes there. Otherwise, start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
     )]
     FleetElsewhere {
         /// This node's fleet id.
