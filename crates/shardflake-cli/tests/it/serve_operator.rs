@@ -564,6 +564,42 @@ async fn a_fleet_id_this_cluster_never_registered_is_refused() -> anyhow::Result
     Ok(())
 }
 
+/// The fleet's own cluster with only its registration deleted by hand:
+/// a node without a state file is refused there as at a copy, and a node
+/// of the fleet restarted with its own state file (naming this cluster
+/// and prefix) takes its id and registers the fleet again, after which a
+/// fresh node joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_registration_is_written_again_only_by_a_node_that_ran_there()
+-> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mut node = leased(&etcd, "/reg", &d[0], &[])?;
+    assert_eq!(node.ready(Duration::from_secs(20)).await?, 0);
+    stop_cleanly(&mut node).await?;
+    let fleet = etcd
+        .get("/reg/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    let key = format!("shardflake.fleets/{fleet}");
+    etcd.etcdctl(&["del", &key])?;
+    let mut fresh = leased(&etcd, "/reg", &d[1], &[])?;
+    let refused = started_or_refused(&mut fresh).await?;
+    fresh.kill();
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("a fresh node joined"))?;
+    assert!(refused.contains("does not register it"), "{refused}");
+    assert!(
+        etcd.get(&key).await?.is_none(),
+        "registered by a refused take"
+    );
+    let own = leased(&etcd, "/reg", &d[0], &[])?;
+    own.ready(Duration::from_secs(20)).await?;
+    assert!(etcd.get(&key).await?.is_some(), "not registered again");
+    let joined = leased(&etcd, "/reg", &d[2], &[])?;
+    assert_eq!(joined.ready(Duration::from_secs(20)).await?, 1);
+    Ok(())
+}
+
 /// Outside review, exp. e1: a node waiting for its clock to pass the
 /// high-water of a node id no holder ever recorded was told it waited
 /// for the one "recorded for node id N by its previous holder". The wait
