@@ -310,6 +310,27 @@ pub struct FleetCopied {
     pub evidence: String,
 }
 
+/// A prefix holding no fleet id but a fleet's records (high-waters,
+/// layout, floor...), where the cluster registers no fleet under it: a
+/// node without a fleet would start a new one there, resuming past
+/// records that may not be all of the old fleet's (a copy, or a fleet id
+/// deleted by hand).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "etcd prefix {prefix} in etcd cluster={here} holds no fleet id, but it holds a fleet's records: {records}; a new fleet starts only on a prefix with no records at all. If this etcd was restored or copied from another etcd cluster (a snapshot restored into a new one, records deleted by hand): it is a copy, the fleet whose records these are may still run on the cluster it was copied from, making the ids a node here would make; put nothing back here and start no node here, start the fleet's nodes on that cluster. If this is the cluster the fleet runs on and its fleet id was deleted here: stop every node of it, put back a floor past every id it stamped: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait; if the largest high_water_ms line in the fleet's state files is later, that instead), then its fleet id, the `fleet` line of its nodes' state files: etcdctl put {prefix}/fleet FLEET_ID, and start its nodes with their state files. Only if no id a fleet made under this prefix is kept anywhere, to start a new fleet here: etcdctl del --prefix {prefix}/"
+)]
+pub struct FleetLeftovers {
+    /// The key prefix.
+    pub prefix: String,
+    /// The records found, a few named, and their count.
+    pub records: String,
+    /// This cluster's id (hex).
+    pub here: String,
+    /// The floor to put back, should the fleet id have been deleted here:
+    /// this clock plus window and max_resume_wait (Unix ms).
+    pub floor_ms: u64,
+}
+
 /// Why no node id could be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum AcquireError {
@@ -488,6 +509,10 @@ pub enum AcquireError {
         /// max_resume_wait (Unix ms).
         floor_ms: u64,
     },
+    /// The prefix holds no fleet id but a fleet's records, and the
+    /// cluster registers no fleet under it.
+    #[error(transparent)]
+    FleetLeftovers(Box<FleetLeftovers>),
     /// The prefix holds a fleet id this etcd cluster does not register:
     /// a fleet's registration is written with its fleet id (or by `fleet
     /// move`), so the fleet id came here without it, most likely in a
@@ -669,6 +694,7 @@ impl AcquireError {
                 | AcquireError::FleetMovedAway { .. }
                 | AcquireError::FleetOnAnotherCluster { .. }
                 | AcquireError::FleetUnregistered { .. }
+                | AcquireError::FleetLeftovers(_)
                 | AcquireError::FleetElsewhere { .. }
                 | AcquireError::FleetOverlaps(_)
                 | AcquireError::PreviousMissing { .. }

@@ -600,6 +600,67 @@ async fn a_deleted_registration_is_written_again_only_by_a_node_that_ran_there()
     Ok(())
 }
 
+/// Outside review, exp. 22: a prefix holding a fleet's leftovers (its
+/// layout and a high-water) but no fleet id, cluster record, stamps or
+/// registration. A fresh node started a new fleet there, resuming past
+/// the one high-water left. Refused now, the copy case first; the
+/// fleet's own node, with its floor and fleet id put back as told, takes
+/// its id and registers the fleet again; a prefix wiped entirely starts
+/// a new fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_with_a_fleets_leftovers_but_no_fleet_id_starts_no_fleet() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mut node = leased(&etcd, "/lo", &d[0], &[])?;
+    assert_eq!(node.ready(Duration::from_secs(20)).await?, 0);
+    stop_cleanly(&mut node).await?;
+    let fleet = etcd
+        .get("/lo/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "/lo/cluster"])?;
+    etcd.etcdctl(&["del", "--prefix", "/lo/taken/"])?;
+    etcd.etcdctl(&["del", "/lo/fleet"])?;
+    etcd.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    anyhow::ensure!(etcd.get("/lo/hw/0").await?.is_some(), "no high-water left");
+    let mut fresh = leased(&etcd, "/lo", &d[1], &[])?;
+    let refused = started_or_refused(&mut fresh).await?;
+    fresh.kill();
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("a fresh node started a new fleet"))?;
+    let copy_case = refused.find("restored or copied from another etcd cluster");
+    let put_back = refused.find("etcdctl put /lo/floor");
+    assert!(
+        refused.contains("holds no fleet id, but it holds a fleet's records")
+            && refused.contains("/lo/hw/0")
+            && copy_case.is_some()
+            && copy_case < put_back,
+        "{refused}"
+    );
+    assert!(
+        etcd.get("/lo/fleet").await?.is_none(),
+        "a refused take wrote a fleet id"
+    );
+    // The way out on the fleet's own cluster: floor and fleet id put back.
+    etcd.put("/lo/floor", &(now_ms()? + 2_000).to_string())
+        .await?;
+    etcd.put("/lo/fleet", &fleet).await?;
+    let mut own = leased(&etcd, "/lo", &d[0], &[])?;
+    assert_eq!(own.ready(Duration::from_secs(20)).await?, 0);
+    stop_cleanly(&mut own).await?;
+    assert!(
+        etcd.get(&format!("shardflake.fleets/{fleet}"))
+            .await?
+            .is_some(),
+        "not registered again"
+    );
+    // Still passes: a prefix with no records at all is a new fleet's.
+    etcd.etcdctl(&["del", "--prefix", "/lo/"])?;
+    etcd.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    let new = leased(&etcd, "/lo", &d[2], &[])?;
+    assert_eq!(new.ready(Duration::from_secs(20)).await?, 0);
+    Ok(())
+}
+
 /// Outside review, exp. e1: a node waiting for its clock to pass the
 /// high-water of a node id no holder ever recorded was told it waited
 /// for the one "recorded for node id N by its previous holder". The wait

@@ -91,8 +91,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AcquireError, Claim, FleetCopied, FleetOverlap, GenerationBehind, Holding, LeaseId,
-    PreviousFleet, RecordError, Registry, RegistryError, Renewal, ResumeFrom, keys,
+    AcquireError, Claim, FleetCopied, FleetLeftovers, FleetOverlap, GenerationBehind, Holding,
+    LeaseId, PreviousFleet, RecordError, Registry, RegistryError, Renewal, ResumeFrom, keys,
     read_high_water,
 };
 use crate::config::EtcdConfig;
@@ -400,8 +400,38 @@ impl Registry for EtcdRegistry {
                             },
                             took_here,
                         );
+                        // A node without a fleet that would start a new
+                        // one: only on a prefix with no records at all.
+                        // Records without a fleet id are a fleet's
+                        // leftovers (a copy, or its fleet id deleted), and
+                        // their high-water records may be gone with it. A
+                        // node whose state file names this very place ran
+                        // here before fleet ids were recorded, and a
+                        // layout record without the fixed fields was
+                        // written by a version before them (and before
+                        // fleet ids), whose nodes recorded no fleet.
+                        let layout_key = format!("{}/layout", self.prefix);
+                        let earlier_version = kvs.iter().any(|kv| {
+                            kv.key == layout_key.as_bytes()
+                                && claim.earlier_layout.as_deref() == Some(kv.value.as_slice())
+                        });
+                        let leftovers = (expected_fleet.is_none()
+                            && !earlier_version
+                            && claim.previous.is_none()
+                            && place.fleet.is_none()
+                            && claim.expected_registry.as_deref() != Some(now.as_str())
+                            && registered_under(&registered, &self.prefix).is_none())
+                        .then(|| leftover_records(&self.prefix, &kvs))
+                        .filter(|keys| !keys.is_empty());
                         let checked = if let Err(e) = copy {
                             Err(e)
+                        } else if let Some(records) = leftovers {
+                            Err(AcquireError::FleetLeftovers(Box::new(FleetLeftovers {
+                                prefix: self.prefix.clone(),
+                                records,
+                                here: here_hex.clone(),
+                                floor_ms: claim.now_ms.saturating_add(claim.max_ahead_ms),
+                            })))
                         } else if let Some(e) = place.behind(
                             remembered,
                             &expected_fleet,
@@ -423,7 +453,6 @@ impl Registry for EtcdRegistry {
                         // A layout change: the new fleet's first takes (no
                         // layout record yet) check the previous fleet and
                         // retire it; later ones find the floor it left.
-                        let layout_key = format!("{}/layout", self.prefix);
                         let moved_from = claim.previous.as_ref().map(|p| p.prefix.clone());
                         let fleet = match (checked, &claim.previous) {
                             (Err(e), _) => Err(e),
@@ -1789,6 +1818,26 @@ fn unregistered(prefix: &str, kvs: &[Kv], registered: &[Kv], registered_at: i64)
         .any(|(id, _)| *id == fleet.value.as_slice());
     (!known && registered_at >= fleet.mod_revision)
         .then(|| String::from_utf8_lossy(&fleet.value).into_owned())
+}
+
+/// The keys under `prefix` a fleet leaves (all but the queue keys of
+/// nodes waiting to take, which go with their leases), at most a few
+/// named, and how many in all: `<key>, <key>, ... (N records)`; empty
+/// where there are none.
+fn leftover_records(prefix: &str, kvs: &[Kv]) -> String {
+    let queue = format!("{prefix}/queue/");
+    let keys: Vec<String> = kvs
+        .iter()
+        .filter(|kv| !kv.key.starts_with(queue.as_bytes()))
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+        .collect();
+    match keys.len() {
+        0 => String::new(),
+        n => {
+            let named: Vec<&str> = keys.iter().take(4).map(String::as_str).collect();
+            format!("{} ({n} records)", named.join(", "))
+        }
+    }
 }
 
 /// The copy check every command that reads a fleet's place to take,
