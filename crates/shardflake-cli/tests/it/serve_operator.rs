@@ -661,6 +661,52 @@ async fn a_prefix_with_a_fleets_leftovers_but_no_fleet_id_starts_no_fleet() -> a
     Ok(())
 }
 
+/// Outside review, exp. 14: a copy of a fleet's cluster with only the
+/// fleet's registration deleted (its prefix kept, its records naming the
+/// first cluster). A fresh node on another prefix started a new fleet
+/// beside the copied one, which runs on the first cluster: it is refused
+/// as a copy now, whichever prefix it starts on. A cluster wiped
+/// entirely is an empty cluster to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_fleet_on_another_prefix_of_a_copy_is_refused() -> anyhow::Result<()> {
+    let x = Etcd::start(1)?;
+    let y = Etcd::start(1)?;
+    let d = dirs(4)?;
+    let mut first = leased(&x, "/c14", &d[0], &[])?;
+    assert_eq!(first.ready(Duration::from_secs(20)).await?, 0);
+    let fleet = x
+        .get("/c14/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    let snapshot = d[2].join("snapshot.db");
+    x.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    tokio::task::block_in_place(|| y.restore(&snapshot))?;
+    y.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    let x_id = format!("{:x}", x.client().range_header(b"/").await?.cluster_id);
+    let mut fresh = leased(&y, "/other14", &d[1], &[])?;
+    let refused = started_or_refused(&mut fresh).await?;
+    fresh.kill();
+    let refused = refused
+        .ok_or_else(|| anyhow::anyhow!("a new fleet started on another prefix of a copy"))?;
+    assert!(
+        refused.contains(&format!(
+            "etcd prefix /c14 holds records written in etcd cluster={x_id}"
+        )),
+        "{refused}"
+    );
+    anyhow::ensure!(
+        y.get("/other14/fleet").await?.is_none(),
+        "a refused take wrote a fleet id"
+    );
+    // Still passes: every record deleted, the copy is an empty cluster.
+    y.etcdctl(&["del", "--prefix", ""])?;
+    let mut new = leased(&y, "/other14", &d[3], &[])?;
+    assert_eq!(new.ready(Duration::from_secs(20)).await?, 0);
+    stop_cleanly(&mut new).await?;
+    stop_cleanly(&mut first).await?;
+    Ok(())
+}
+
 /// Outside review, exp. e1: a node waiting for its clock to pass the
 /// high-water of a node id no holder ever recorded was told it waited
 /// for the one "recorded for node id N by its previous holder". The wait

@@ -423,6 +423,23 @@ impl Registry for EtcdRegistry {
                             && registered_under(&registered, &self.prefix).is_none())
                         .then(|| leftover_records(&self.prefix, &kvs))
                         .filter(|keys| !keys.is_empty());
+                        // A new fleet: the cluster's other fleets are
+                        // found by their records too, not only by their
+                        // registrations (deleted on a copy), and a copy
+                        // is refused whichever prefix a node starts on.
+                        let new_fleet = copy.is_ok()
+                            && leftovers.is_none()
+                            && expected_fleet.is_none()
+                            && claim.previous.is_none()
+                            && place.fleet.is_none()
+                            && registered_under(&registered, &self.prefix).is_none();
+                        let copy = match copy {
+                            Ok(()) if new_fleet => {
+                                self.copy_elsewhere(&registered, registered_at, header.cluster_id)
+                                    .await
+                            }
+                            other => other,
+                        };
                         let checked = if let Err(e) = copy {
                             Err(e)
                         } else if let Some(records) = leftovers {
@@ -1006,6 +1023,51 @@ impl EtcdRegistry {
             .await
             .ok()
             .map(|h| h.revision)
+    }
+
+    /// [`copy_check`] of every other place in the cluster holding a
+    /// fleet's records ([`other_places`]), before a new fleet starts
+    /// here: a copy of another cluster is refused under any prefix.
+    async fn copy_elsewhere(
+        &self,
+        registered: &[Kv],
+        registered_at: i64,
+        cluster_id: u64,
+    ) -> Result<(), AcquireError> {
+        for place in other_places(&self.client, &self.prefix).await? {
+            let kvs = self
+                .client
+                .range_prefix_local(format!("{place}/").as_bytes())
+                .await?;
+            // Only a fleet's place: its layout record, or a fleet id (keys
+            // of another application may end the same way).
+            let (layout, fleet) = (format!("{place}/layout"), format!("{place}/fleet"));
+            let a_fleets = kvs.iter().any(|kv| {
+                (kv.key == layout.as_bytes()
+                    && std::str::from_utf8(&kv.value)
+                        .is_ok_and(|v| v.contains("; node id in field")))
+                    || (kv.key == fleet.as_bytes()
+                        && kv.value.len() == 32
+                        && kv.value.iter().all(u8::is_ascii_hexdigit))
+            });
+            if !a_fleets {
+                continue;
+            }
+            copy_check(
+                &place,
+                &kvs,
+                registered,
+                registered_at,
+                cluster_id,
+                &[],
+                || None,
+                None,
+            )
+            .inspect_err(|_| {
+                tracing::warn!(prefix = %self.prefix, other = %place, "a new fleet would start beside a copy of another fleet");
+            })?;
+        }
+        Ok(())
     }
 
     fn identity_of(&self, cluster_id: u64) -> String {
@@ -1838,6 +1900,66 @@ fn leftover_records(prefix: &str, kvs: &[Kv]) -> String {
             format!("{} ({n} records)", named.join(", "))
         }
     }
+}
+
+/// How many keys [`other_places`] reads at most: a cluster with more is
+/// searched that far (logged), so a new fleet's first take stays bounded.
+const PLACES_SCAN_LIMIT: usize = 100_000;
+/// How many other fleets' places [`other_places`] returns at most.
+const PLACES_LIMIT: usize = 64;
+
+/// The prefixes other than `prefix` that hold a fleet's records (a key
+/// ending `/fleet`, `/cluster` or `/layout`), found by a keys-only read of
+/// the whole keyspace, in pages, at most [`PLACES_SCAN_LIMIT`] keys.
+/// A registration names a fleet's prefix, but one deleted (a copy's, by
+/// hand) leaves its records unnamed: a new fleet finds them here.
+async fn other_places(client: &Client, prefix: &str) -> Result<Vec<String>, AcquireError> {
+    const PAGE: usize = 2_000;
+    let mut places: Vec<String> = Vec::new();
+    let mut from = vec![0u8];
+    let mut read = 0;
+    loop {
+        let keys = match client.keys_from(&from, PAGE as i64).await {
+            // A user allowed only its prefix and the registrations sees no
+            // other place; the registrations are all it can check.
+            Err(EtcdError::Auth(error)) => {
+                tracing::warn!(%error, "etcd lets this user read only its prefix: a new fleet looks for other fleets by their registrations alone");
+                break;
+            }
+            keys => keys?,
+        };
+        read += keys.len();
+        for key in &keys {
+            let Ok(key) = std::str::from_utf8(key) else {
+                continue;
+            };
+            let place = ["/fleet", "/cluster", "/layout"]
+                .iter()
+                .find_map(|suffix| key.strip_suffix(suffix));
+            if let Some(place) = place
+                && place != prefix
+                && !place.is_empty()
+                && !places.iter().any(|p| p == place)
+            {
+                places.push(place.to_string());
+            }
+        }
+        let Some(last) = keys.last() else { break };
+        if keys.len() < PAGE || places.len() >= PLACES_LIMIT {
+            break;
+        }
+        if read >= PLACES_SCAN_LIMIT {
+            tracing::warn!(
+                read,
+                "a new fleet's first take looked for other fleets' records in the first {read} keys of etcd only"
+            );
+            break;
+        }
+        from = last.clone();
+        from.push(0);
+    }
+    places.truncate(PLACES_LIMIT);
+    Ok(places)
 }
 
 /// The copy check every command that reads a fleet's place to take,
