@@ -168,6 +168,13 @@ fn confirm(a: ConfirmArgs) -> anyhow::Result<()> {
         },
     )?;
     let done = runtime()?.block_on(shardflake_service::registry::confirm_place(&place))?;
+    if !done.written {
+        println!(
+            "{}: no fleet records here; nothing to confirm, nothing written (an etcd copied from another cluster and wiped looks the same to every node: start a fleet here only if that cluster runs none of it)",
+            place.prefix
+        );
+        return Ok(());
+    }
     let what = match &done.fleet {
         Some(fleet) => format!("fleet {fleet}, generation {}", done.generation),
         None => "no fleet yet".to_string(),

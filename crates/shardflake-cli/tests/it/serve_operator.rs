@@ -588,6 +588,14 @@ async fn a_deleted_registration_is_written_again_only_by_a_node_that_ran_there()
     fresh.kill();
     let refused = refused.ok_or_else(|| anyhow::anyhow!("a fresh node joined"))?;
     assert!(refused.contains("does not register it"), "{refused}");
+    // Review exp. 11: the way out gave this cluster's id as the registry
+    // line to have, read as a line to write into a state file.
+    assert!(
+        refused.contains("never edited by hand")
+            && refused.contains("names another etcd cluster than this one is refused here: that means this etcd is a copy")
+            && !refused.contains("registry line naming etcd cluster="),
+        "{refused}"
+    );
     assert!(
         etcd.get(&key).await?.is_none(),
         "registered by a refused take"
@@ -699,7 +707,18 @@ async fn a_new_fleet_on_another_prefix_of_a_copy_is_refused() -> anyhow::Result<
         "a refused take wrote a fleet id"
     );
     // Still passes: every record deleted, the copy is an empty cluster.
+    // `fleet confirm` there says so, and writes nothing.
     y.etcdctl(&["del", "--prefix", ""])?;
+    let (ok, said) = fleet_cmd("confirm", &["--etcd", &y.urls(), "--etcd-prefix", "/c14"])?;
+    assert!(
+        ok && said.contains("/c14: no fleet records here; nothing to confirm"),
+        "{said}"
+    );
+    assert!(!said.contains("etcd shows no restore"), "{said}");
+    anyhow::ensure!(
+        y.get("/c14/confirmed").await?.is_none(),
+        "confirm wrote on an empty prefix"
+    );
     let mut new = leased(&y, "/other14", &d[3], &[])?;
     assert_eq!(new.ready(Duration::from_secs(20)).await?, 0);
     stop_cleanly(&mut new).await?;

@@ -518,6 +518,9 @@ pub struct Confirmed {
     /// Whether etcd shows a restore (its revision past its raft index, or
     /// `<prefix>/restored`).
     pub restore_seen: bool,
+    /// Whether `<prefix>/confirmed` was written (not where the place holds
+    /// no record and etcd shows no restore: nothing to confirm).
+    pub written: bool,
 }
 
 /// Records the operator's word that the place of `cfg` is still its
@@ -571,6 +574,16 @@ pub async fn confirm_place(cfg: &EtcdConfig) -> Result<Confirmed, MoveError> {
         0,
     )];
     let restore_seen = find("restored").is_some() || status.restored();
+    // No record and no restore: nothing a node would be refused for here
+    // (and a record written would be all the place holds).
+    if kvs.is_empty() && !restore_seen {
+        return Ok(Confirmed {
+            fleet,
+            generation: 0,
+            restore_seen,
+            written: false,
+        });
+    }
     etcd.txn(&[], &ops, &[]).await?;
     tracing::warn!(
         "{prefix}/{CONFIRMED} recorded: nodes without a state file of this place take ids here again"
@@ -579,5 +592,6 @@ pub async fn confirm_place(cfg: &EtcdConfig) -> Result<Confirmed, MoveError> {
         fleet,
         generation: read_generation(&kvs, prefix),
         restore_seen,
+        written: true,
     })
 }
