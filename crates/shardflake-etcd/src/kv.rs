@@ -103,6 +103,29 @@ impl Client {
         Ok(self.range_with_header(prefix, serializable).await?.0)
     }
 
+    /// The keys (no values) from `from` to the end of the keyspace, at most
+    /// `limit` of them, in key order; served by the member asked
+    /// (`serializable`). To page through a keyspace of unknown size.
+    pub async fn keys_from(&self, from: &[u8], limit: i64) -> Result<Vec<Vec<u8>>, EtcdError> {
+        let req = rpc::RangeRequest {
+            key: from.to_vec(),
+            // `\0` as the range end: every key at or after `key`.
+            range_end: vec![0],
+            keys_only: true,
+            serializable: true,
+            limit,
+            ..Default::default()
+        };
+        let answer = self
+            .call("KV.Range", |ch, token| {
+                let req = with_token(req.clone(), token);
+                async move { KvClient::new(ch).range(req).await }
+            })
+            .await?
+            .into_inner();
+        Ok(answer.kvs.into_iter().map(|kv| kv.key).collect())
+    }
+
     /// The [`Header`] of a linearizable read of `key` (its value unused).
     pub async fn range_header(&self, key: &[u8]) -> Result<Header, EtcdError> {
         let req = rpc::RangeRequest {

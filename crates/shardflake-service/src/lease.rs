@@ -771,10 +771,7 @@ impl Keeper {
         if local_hw >= holding.previous_high_water_ms {
             format!("in the state file {}", self.state_file.path().display())
         } else {
-            format!(
-                "recorded for node id {} by its previous holder",
-                holding.node_id
-            )
+            holding.resume_from.describe(holding.node_id)
         }
     }
 

@@ -137,6 +137,52 @@ pub struct Holding {
     /// The high-water the take itself recorded for the new holder (see
     /// [`Claim::now_ms`]); `None` when it recorded nothing (a static id).
     pub recorded_high_water_ms: Option<u64>,
+    /// What `previous_high_water_ms` stands for (the words of the wait).
+    pub resume_from: ResumeFrom,
+}
+
+/// What a take resumes past ([`Holding::previous_high_water_ms`]): a
+/// previous holder's record, or a bound the take set where no record can
+/// be believed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// The high-water the id's previous holder recorded.
+    Recorded,
+    /// No record: one window past this clock (the id was never used
+    /// here, or its record was deleted under a holder still running).
+    NoRecord,
+    /// The id was taken before and its record deleted:
+    /// `max_resume_wait` past this clock.
+    Deleted,
+    /// etcd was restored and the id not recorded since:
+    /// `max_resume_wait` past this clock, or the record if later.
+    Restored,
+    /// The fleet's floor (`<prefix>/floor`: a layout change, a move or a
+    /// floor put back).
+    Floor,
+}
+
+impl ResumeFrom {
+    /// The words for the high-water a take of `node_id` resumes past.
+    pub fn describe(self, node_id: u64) -> String {
+        match self {
+            ResumeFrom::Recorded => {
+                format!("recorded for node id {node_id} by its previous holder")
+            }
+            ResumeFrom::NoRecord => format!(
+                "set one window past this clock for node id {node_id}, which holds no high-water record here (never used, or its record deleted under a holder that may still run)"
+            ),
+            ResumeFrom::Deleted => format!(
+                "set max_resume_wait past this clock for node id {node_id}, taken before and its high-water record deleted"
+            ),
+            ResumeFrom::Restored => format!(
+                "set max_resume_wait past this clock (or its record, if later) for node id {node_id}: etcd was restored and it was not recorded since"
+            ),
+            ResumeFrom::Floor => {
+                "of the fleet's floor (the floor record under its etcd prefix)".to_string()
+            }
+        }
+    }
 }
 
 impl Claim {
@@ -241,7 +287,7 @@ impl FleetOverlap {
                 "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other}, which ran in this etcd cluster under {other_prefix} (layout {other_layout:?}) and moved to {to}: it makes its ids there, and nothing in this cluster sees its nodes, so a fleet here whose ids meet its layout's would make them again. A node of that fleet: start it there. {own}. Only if that fleet is gone for good (no node of it runs anywhere, and none will): etcdctl del shardflake.fleets/{other} (and /shardflake.fleets/{other}, where an earlier version registered it)"
             ),
             None => format!(
-                "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: start a node on {other_prefix}: its refusal says what to put back, the floor first; the fleet id alone is not safe). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. {own}"
+                "etcd prefix {prefix} (layout {layout:?}) would share ids with fleet {other} registered in this etcd cluster under {other_prefix} (layout {other_layout:?}): two fleets on one etcd cluster take the same node ids unless a fixed field of the same layout tells them apart. If this etcd was restored or copied from another etcd cluster where that fleet may still run: start nothing here (a move, a layout change or a confirmation from a copy is refused too) and start its nodes there. A node of that fleet: use --etcd-prefix {other_prefix} (if its records there were deleted: start a node on {other_prefix}: its refusal says what to put back, the floor first; the fleet id alone is not safe). To move that fleet here: stop its nodes, then `shardflake fleet move --etcd URLS --etcd-prefix {other_prefix} --to-prefix {prefix}`. To replace it with a new layout: --previous-prefix {other_prefix}. {own}"
             ),
         }
     }
@@ -251,7 +297,7 @@ impl FleetOverlap {
 /// that answers: a copy (a snapshot restored into this cluster).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "etcd prefix {prefix} holds records written in etcd cluster={recorded} ({evidence}), but this is etcd cluster={here}: a copy of that cluster (a snapshot restored into another cluster), and the fleet may still run there, making the ids a node here would make. Every record of a fleet names the etcd cluster it was written in ({prefix}/cluster, each {prefix}/taken/<id>, its registration shardflake.fleets/<fleet id>, each node's state file): deleting one, or the prefix, does not make a copy an original, and no fleet id or floor put back here makes it safe while that cluster runs the fleet. Start the fleet's nodes on the cluster the records name. Only if that cluster no longer runs the fleet, for good: stop every node of the fleet, then `shardflake fleet move --etcd URLS --etcd-prefix {prefix} --to-prefix NEW_PREFIX --raise R --max-resume-wait R` here, R at least the fleet's --max-resume-wait (the copy's records may be far behind what its nodes stamped there), and start the nodes on NEW_PREFIX"
+    "etcd prefix {prefix} holds records written in etcd cluster={recorded} ({evidence}), but this is etcd cluster={here}: a copy of that cluster (a snapshot restored into another cluster), and the fleet may still run there, making the ids a node here would make. Every record of a fleet names the etcd cluster it was written in ({prefix}/cluster, each {prefix}/taken/<id>, its registration shardflake.fleets/<fleet id>, each node's state file): deleting one, or the prefix, does not make a copy an original, and no fleet id or floor put back here makes it safe while that cluster runs the fleet. Start the fleet's nodes on the cluster the records name (a move, a confirmation or a layout change from this place is refused too). Only if etcd cluster={recorded} runs the fleet no more, for good (every node of it stopped, none started there again): stop every node of the fleet, then `shardflake fleet move --etcd URLS --etcd-prefix {prefix} --to-prefix NEW_PREFIX --copy-of-gone-cluster {recorded} --raise R --max-resume-wait R` here, R at least the fleet's --max-resume-wait (the copy's records may be far behind what its nodes stamped there), and start the nodes on NEW_PREFIX"
 )]
 pub struct FleetCopied {
     /// The key prefix.
@@ -262,6 +308,27 @@ pub struct FleetCopied {
     pub here: String,
     /// The record that names it.
     pub evidence: String,
+}
+
+/// A prefix holding no fleet id but a fleet's records (high-waters,
+/// layout, floor...), where the cluster registers no fleet under it: a
+/// node without a fleet would start a new one there, resuming past
+/// records that may not be all of the old fleet's (a copy, or a fleet id
+/// deleted by hand).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "etcd prefix {prefix} in etcd cluster={here} holds no fleet id, but it holds a fleet's records: {records}; a new fleet starts only on a prefix with no records at all. If this etcd was restored or copied from another etcd cluster (a snapshot restored into a new one, records deleted by hand): it is a copy, the fleet whose records these are may still run on the cluster it was copied from, making the ids a node here would make; put nothing back here and start no node here, start the fleet's nodes on that cluster. If this is the cluster the fleet runs on and its fleet id was deleted here: stop every node of it, put back a floor past every id it stamped: etcdctl put {prefix}/floor {floor_ms} (this host's clock plus the window and --max-resume-wait; if the largest high_water_ms line in the fleet's state files is later, that instead), then its fleet id, the `fleet` line of its nodes' state files: etcdctl put {prefix}/fleet FLEET_ID, and start its nodes with their state files. Only if no id a fleet made under this prefix is kept anywhere, to start a new fleet here: etcdctl del --prefix {prefix}/"
+)]
+pub struct FleetLeftovers {
+    /// The key prefix.
+    pub prefix: String,
+    /// The records found, a few named, and their count.
+    pub records: String,
+    /// This cluster's id (hex).
+    pub here: String,
+    /// The floor to put back, should the fleet id have been deleted here:
+    /// this clock plus window and max_resume_wait (Unix ms).
+    pub floor_ms: u64,
 }
 
 /// Why no node id could be taken.
@@ -442,6 +509,25 @@ pub enum AcquireError {
         /// max_resume_wait (Unix ms).
         floor_ms: u64,
     },
+    /// The prefix holds no fleet id but a fleet's records, and the
+    /// cluster registers no fleet under it.
+    #[error(transparent)]
+    FleetLeftovers(Box<FleetLeftovers>),
+    /// The prefix holds a fleet id this etcd cluster does not register:
+    /// a fleet's registration is written with its fleet id (or by `fleet
+    /// move`), so the fleet id came here without it, most likely in a
+    /// copy of another cluster whose records were deleted by hand.
+    #[error(
+        "etcd prefix {prefix} holds fleet {fleet}, but this etcd cluster={here} does not register it (shardflake.fleets/{fleet} is missing): a fleet's registration is written in the same transaction as its fleet id, or by `shardflake fleet move` at the place it moves to, so this fleet id came here without one. If this etcd was restored or copied from another etcd cluster (a snapshot restored into a new one, records deleted by hand): it is a copy, the fleet may still run on the cluster it was copied from, making the ids a node here would make; put nothing back here and start no node here, start the fleet's nodes on that cluster. Only if this is the cluster the fleet runs on and its registration alone was deleted here: start one node of the fleet with its own state file, as that node wrote it when it ran on this cluster (never edited by hand: an edited file proves nothing): its take registers the fleet again, then start the others. A node whose state file names another etcd cluster than this one is refused here: that means this etcd is a copy"
+    )]
+    FleetUnregistered {
+        /// The key prefix.
+        prefix: String,
+        /// The fleet id the prefix holds.
+        fleet: String,
+        /// This cluster's id (hex).
+        here: String,
+    },
     /// The prefix records no fleet id, and this node's state file names a
     /// registry on another etcd cluster: the fleet's ids were made there.
     #[error(
@@ -471,7 +557,7 @@ pub enum AcquireError {
     },
     /// This fleet is registered in the cluster under another prefix.
     #[error(
-        "fleet {fleet} is registered in this etcd cluster under {registered} (shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. Start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
+        "fleet {fleet} is registered in this etcd cluster under {registered} (shardflake.fleets/{fleet}), not {prefix}: one fleet runs in one place. If this etcd was restored or copied from another etcd cluster where the fleet may still run: start nothing here (a move from a copy is refused too) and start its nodes there. Otherwise, start this node with --etcd-prefix {registered}; to move the fleet: stop every node of it, then `shardflake fleet move --etcd URLS --etcd-prefix {registered} --to-prefix {prefix}`"
     )]
     FleetElsewhere {
         /// This node's fleet id.
@@ -607,6 +693,8 @@ impl AcquireError {
                 | AcquireError::FleetDeleted { .. }
                 | AcquireError::FleetMovedAway { .. }
                 | AcquireError::FleetOnAnotherCluster { .. }
+                | AcquireError::FleetUnregistered { .. }
+                | AcquireError::FleetLeftovers(_)
                 | AcquireError::FleetElsewhere { .. }
                 | AcquireError::FleetOverlaps(_)
                 | AcquireError::PreviousMissing { .. }
@@ -718,6 +806,7 @@ impl Registry for StaticRegistry {
             ttl: None,
             previous_high_water_ms: 0,
             recorded_high_water_ms: None,
+            resume_from: ResumeFrom::NoRecord,
         })
     }
     async fn renew(&self, _lease: LeaseId) -> Result<Renewal, RegistryError> {

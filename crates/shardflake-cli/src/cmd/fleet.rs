@@ -89,6 +89,12 @@ struct MoveArgs {
     /// The fleet's --window (see --max-resume-wait).
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     window: Duration,
+    /// The etcd cluster id (hex) the fleet's records here were copied
+    /// from, which the operator says runs the fleet no more, for good: a
+    /// copy (a snapshot restored into another cluster) is refused without
+    /// it, as the fleet may still run there.
+    #[arg(long)]
+    copy_of_gone_cluster: Option<String>,
     /// CA certificate (PEM) for https:// endpoints (both places).
     #[arg(long)]
     etcd_ca: Option<PathBuf>,
@@ -162,6 +168,13 @@ fn confirm(a: ConfirmArgs) -> anyhow::Result<()> {
         },
     )?;
     let done = runtime()?.block_on(shardflake_service::registry::confirm_place(&place))?;
+    if !done.written {
+        println!(
+            "{}: no fleet records here; nothing to confirm, nothing written (an etcd copied from another cluster and wiped looks the same to every node: start a fleet here only if that cluster runs none of it)",
+            place.prefix
+        );
+        return Ok(());
+    }
     let what = match &done.fleet {
         Some(fleet) => format!("fleet {fleet}, generation {}", done.generation),
         None => "no fleet yet".to_string(),
@@ -202,6 +215,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         raise_ms,
         a.max_resume_wait.as_millis() as u64,
         a.window.as_millis() as u64,
+        a.copy_of_gone_cluster.as_deref(),
     ))?;
     let what = if moved.already {
         "was already there"

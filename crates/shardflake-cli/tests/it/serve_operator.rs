@@ -252,7 +252,7 @@ async fn a_copy_of_a_fleets_first_seconds_in_another_cluster_issues_no_id_twice(
 -> anyhow::Result<()> {
     let x = Etcd::start(1)?;
     let y = Etcd::start(1)?;
-    let d = dirs(4)?;
+    let d = dirs(5)?;
     let first = leased(&x, "/young", &d[0], &[])?;
     assert_eq!(first.ready(Duration::from_secs(20)).await?, 0);
     let snapshot = d[3].join("snapshot.db");
@@ -271,24 +271,51 @@ async fn a_copy_of_a_fleets_first_seconds_in_another_cluster_issues_no_id_twice(
     let mut fresh = leased(&y, "/young", &d[2], &[])?;
     let refused = run_beside(&mut fresh, &stop, &mut loads, Duration::from_secs(4)).await?;
     fresh.kill();
-    stop.store(true, Ordering::Relaxed);
-    let total = no_duplicates(loads).await?;
-    eprintln!("{total} ids, no duplicate; refused: {refused:?}");
-    let refused = refused.ok_or_else(|| anyhow::anyhow!("a fresh node started on the copy"))?;
+    let Some(refused) = refused else {
+        stop.store(true, Ordering::Relaxed);
+        let checked = no_duplicates(loads).await;
+        anyhow::bail!("a fresh node started on the copy: {checked:?}");
+    };
+    let copy = format!(
+        "holds records written in etcd cluster={x_id:x} (its /young/cluster), but this is etcd cluster={y_id:x}: a copy"
+    );
     assert!(
-        refused.contains(&format!(
-            "holds records written in etcd cluster={x_id:x} (its /young/cluster), but this is etcd cluster={y_id:x}: a copy"
-        )) && !refused.contains("fleet confirm"),
+        refused.contains(&copy) && !refused.contains("fleet confirm"),
         "{refused}"
     );
-    // The way out the refusal names, once the first cluster no longer
-    // runs the fleet: a move on the copy, raised as after a restore.
-    let (mut first, mut second) = (first, second);
-    first.kill();
-    second.kill();
+    // Review J/J2, 5, 7/8: every other command that reads the place
+    // runs the same check, the fleet still running on the first cluster.
+    // `fleet confirm` said "etcd shows no restore" and confirmed it.
     let y_urls = y.urls();
-    let mv = |raise: &str| -> anyhow::Result<(bool, String)> {
-        let args = [
+    let (ok, said) = fleet_cmd("confirm", &["--etcd", &y_urls, "--etcd-prefix", "/young"])?;
+    assert!(
+        !ok && said.contains(&copy) && said.contains("nothing was confirmed"),
+        "{said}"
+    );
+    // The node keys the copy brought back last their leases' TTL.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !y.client().range_prefix(b"/young/node/").await?.is_empty() {
+        anyhow::ensure!(Instant::now() < deadline, "the copy's node keys stay");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // `--previous-prefix` retired the copy's place and started a new
+    // fleet issuing the first cluster's ids.
+    let mut carried = leased(
+        &y,
+        "/young-b",
+        &d[4],
+        &["--previous-prefix", "/young", "--max-resume-wait", "3s"],
+    )?;
+    let refused = run_beside(&mut carried, &stop, &mut loads, Duration::from_secs(4)).await?;
+    carried.kill();
+    let Some(refused) = refused else {
+        stop.store(true, Ordering::Relaxed);
+        let checked = no_duplicates(loads).await;
+        anyhow::bail!("--previous-prefix carried the copy: {checked:?}");
+    };
+    assert!(refused.contains(&copy), "{refused}");
+    let mv = |raise: &str, gone: Option<&str>| -> anyhow::Result<(bool, String)> {
+        let mut args = vec![
             "--etcd",
             &y_urls,
             "--etcd-prefix",
@@ -300,6 +327,9 @@ async fn a_copy_of_a_fleets_first_seconds_in_another_cluster_issues_no_id_twice(
             "--max-resume-wait",
             "3s",
         ];
+        if let Some(gone) = gone {
+            args.extend(["--copy-of-gone-cluster", gone]);
+        }
         // The node key the copy brought back lasts its lease's TTL.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -310,9 +340,26 @@ async fn a_copy_of_a_fleets_first_seconds_in_another_cluster_issues_no_id_twice(
             std::thread::sleep(Duration::from_millis(200));
         }
     };
-    let (ok, said) = mv("2s")?;
+    // `fleet move` asked only for a larger --raise, then moved.
+    let (ok, said) = mv("3s", None)?;
+    let gone = format!("--copy-of-gone-cluster {x_id:x}");
+    assert!(
+        !ok && said.contains(&copy) && said.contains(&gone) && said.contains("nothing was moved"),
+        "{said}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(loads).await?;
+    eprintln!("{total} ids, no duplicate");
+    // The way out the refusal names, once the first cluster no longer
+    // runs the fleet: a move on the copy naming that cluster gone, raised
+    // as after a restore.
+    let (mut first, mut second) = (first, second);
+    first.kill();
+    second.kill();
+    let x_hex = format!("{x_id:x}");
+    let (ok, said) = mv("2s", Some(&x_hex))?;
     assert!(!ok && said.contains("--raise at least"), "{said}");
-    let (ok, said) = mv("3s")?;
+    let (ok, said) = mv("3s", Some(&x_hex))?;
     assert!(ok, "{said}");
     assert_eq!(y.get("/young2/cluster").await?, Some(format!("{y_id:x}")));
     let moved = leased(&y, "/young2", &d[2], &["--max-resume-wait", "3s"])?;
@@ -397,6 +444,307 @@ async fn a_copy_stays_a_copy_whatever_record_is_deleted_on_it() -> anyhow::Resul
     copy.stop.store(true, Ordering::Relaxed);
     let total = no_duplicates(copy.loads).await?;
     eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
+/// Outside review, exp. 2b/3: a snapshot of a fleet's cluster restored
+/// into a new cluster while the fleet runs; on the copy the operator
+/// deleted `<prefix>/cluster`, the `taken/` stamps and the fleet's
+/// registration, keeping its fleet id, layout and high-waters. A fresh
+/// node there joined the fleet and wrote the registration with the copy's
+/// cluster (4,000 of 1,236,000 ids twice); `--fleet` nodes, one with its
+/// clock 10 s ahead, took the ids the fleet's nodes held (10,000 of
+/// 3,443,000). A fleet id this cluster does not register is refused at
+/// every take, the copy case first in the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_id_this_cluster_never_registered_is_refused() -> anyhow::Result<()> {
+    let x = Etcd::start(1)?;
+    let y = Etcd::start(1)?;
+    let d = dirs(5)?;
+    let first = leased(&x, "/e2b", &d[0], &[])?;
+    assert_eq!(first.ready(Duration::from_secs(20)).await?, 0);
+    let snapshot = d[3].join("snapshot.db");
+    x.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    let mut second = leased(&x, "/e2b", &d[1], &[])?;
+    assert_eq!(second.ready(Duration::from_secs(20)).await?, 1);
+    let fleet = x
+        .get("/e2b/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = vec![
+        ids_until(&first.http, &stop),
+        ids_until(&second.http, &stop),
+    ];
+    tokio::task::block_in_place(|| y.restore(&snapshot))?;
+    let y_id = format!("{:x}", y.client().range_header(b"/").await?.cluster_id);
+    y.etcdctl(&["del", "/e2b/cluster"])?;
+    y.etcdctl(&["del", "--prefix", "/e2b/taken/"])?;
+    y.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    let mut copy = Copy {
+        refusal: format!("holds fleet {fleet}, but this etcd cluster={y_id} does not register it"),
+        here: "If this etcd was restored or copied from another etcd cluster".into(),
+        stop: stop.clone(),
+        loads,
+    };
+    let missing = format!("(shardflake.fleets/{fleet} is missing)");
+    let urls = y.urls();
+    let on_copy = [
+        "--etcd",
+        &urls,
+        "--etcd-prefix",
+        "/e2b",
+        "--lease-ttl",
+        "3s",
+    ];
+    let fresh = serve_in(&d[2], &on_copy, &[])?;
+    copy.refused(fresh, "a fresh node", &missing).await?;
+    // A node given the fleet id, its clock 10 s ahead.
+    let libfaketime = shardflake_testkit::libfaketime()?.display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", libfaketime.as_str()),
+        ("FAKETIME", "+10s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let mut given = on_copy.to_vec();
+    given.extend(["--fleet", &fleet]);
+    let fleet_node = serve_in(&d[4], &given, &ahead)?;
+    copy.refused(fleet_node, "a --fleet node", &missing).await?;
+    anyhow::ensure!(
+        y.get(&format!("shardflake.fleets/{fleet}"))
+            .await?
+            .is_none(),
+        "a refused take registered the fleet on the copy"
+    );
+    // Exp. 4g: the prefix deleted too, and a node of the fleet whose state
+    // file lost its path and registry lines: refused, the copy case first;
+    // the floor and fleet id put back as its last words say: refused
+    // still, as the cluster registers no such fleet.
+    y.etcdctl(&["del", "--prefix", "/e2b"])?;
+    stop_cleanly(&mut second).await?;
+    let state = d[1].join("shardflake.state");
+    let text = std::fs::read_to_string(&state)?;
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("registry ") && !l.starts_with("path "))
+        .collect();
+    std::fs::write(&state, kept.join("\n") + "\n")?;
+    let mut own = serve_in(&d[1], &on_copy, &[])?;
+    let refused = run_beside(
+        &mut own,
+        &copy.stop,
+        &mut copy.loads,
+        Duration::from_secs(4),
+    )
+    .await?;
+    own.kill();
+    let Some(refused) = refused else {
+        copy.stop.store(true, Ordering::Relaxed);
+        let checked = no_duplicates(std::mem::take(&mut copy.loads)).await;
+        anyhow::bail!("a node of the fleet started on the emptied copy: {checked:?}");
+    };
+    let copy_case = refused.find("restored or copied from another etcd cluster");
+    let put_back = refused.find("etcdctl put /e2b/floor");
+    assert!(
+        refused.contains("holds no fleet id") && copy_case.is_some() && copy_case < put_back,
+        "{refused}"
+    );
+    y.put("/e2b/floor", &(now_ms()? + 4_000).to_string())
+        .await?;
+    y.put("/e2b/fleet", &fleet).await?;
+    // In a directory of its own: a serve's stderr file keeps the earlier
+    // refusal's words.
+    std::fs::copy(&state, d[3].join("shardflake.state"))?;
+    let own = serve_in(&d[3], &on_copy, &[])?;
+    copy.refused(own, "the floor and fleet id put back", &missing)
+        .await?;
+    copy.stop.store(true, Ordering::Relaxed);
+    let total = no_duplicates(copy.loads).await?;
+    eprintln!("{total} ids, no duplicate");
+    Ok(())
+}
+
+/// The fleet's own cluster with only its registration deleted by hand:
+/// a node without a state file is refused there as at a copy, and a node
+/// of the fleet restarted with its own state file (naming this cluster
+/// and prefix) takes its id and registers the fleet again, after which a
+/// fresh node joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_registration_is_written_again_only_by_a_node_that_ran_there()
+-> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mut node = leased(&etcd, "/reg", &d[0], &[])?;
+    assert_eq!(node.ready(Duration::from_secs(20)).await?, 0);
+    stop_cleanly(&mut node).await?;
+    let fleet = etcd
+        .get("/reg/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    let key = format!("shardflake.fleets/{fleet}");
+    etcd.etcdctl(&["del", &key])?;
+    let mut fresh = leased(&etcd, "/reg", &d[1], &[])?;
+    let refused = started_or_refused(&mut fresh).await?;
+    fresh.kill();
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("a fresh node joined"))?;
+    assert!(refused.contains("does not register it"), "{refused}");
+    // Review exp. 11: the way out gave this cluster's id as the registry
+    // line to have, read as a line to write into a state file.
+    assert!(
+        refused.contains("never edited by hand")
+            && refused.contains("names another etcd cluster than this one is refused here: that means this etcd is a copy")
+            && !refused.contains("registry line naming etcd cluster="),
+        "{refused}"
+    );
+    assert!(
+        etcd.get(&key).await?.is_none(),
+        "registered by a refused take"
+    );
+    let own = leased(&etcd, "/reg", &d[0], &[])?;
+    own.ready(Duration::from_secs(20)).await?;
+    assert!(etcd.get(&key).await?.is_some(), "not registered again");
+    let joined = leased(&etcd, "/reg", &d[2], &[])?;
+    assert_eq!(joined.ready(Duration::from_secs(20)).await?, 1);
+    Ok(())
+}
+
+/// Outside review, exp. 22: a prefix holding a fleet's leftovers (its
+/// layout and a high-water) but no fleet id, cluster record, stamps or
+/// registration. A fresh node started a new fleet there, resuming past
+/// the one high-water left. Refused now, the copy case first; the
+/// fleet's own node, with its floor and fleet id put back as told, takes
+/// its id and registers the fleet again; a prefix wiped entirely starts
+/// a new fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_with_a_fleets_leftovers_but_no_fleet_id_starts_no_fleet() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(3)?;
+    let mut node = leased(&etcd, "/lo", &d[0], &[])?;
+    assert_eq!(node.ready(Duration::from_secs(20)).await?, 0);
+    stop_cleanly(&mut node).await?;
+    let fleet = etcd
+        .get("/lo/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    etcd.etcdctl(&["del", "/lo/cluster"])?;
+    etcd.etcdctl(&["del", "--prefix", "/lo/taken/"])?;
+    etcd.etcdctl(&["del", "/lo/fleet"])?;
+    etcd.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    anyhow::ensure!(etcd.get("/lo/hw/0").await?.is_some(), "no high-water left");
+    let mut fresh = leased(&etcd, "/lo", &d[1], &[])?;
+    let refused = started_or_refused(&mut fresh).await?;
+    fresh.kill();
+    let refused = refused.ok_or_else(|| anyhow::anyhow!("a fresh node started a new fleet"))?;
+    let copy_case = refused.find("restored or copied from another etcd cluster");
+    let put_back = refused.find("etcdctl put /lo/floor");
+    assert!(
+        refused.contains("holds no fleet id, but it holds a fleet's records")
+            && refused.contains("/lo/hw/0")
+            && copy_case.is_some()
+            && copy_case < put_back,
+        "{refused}"
+    );
+    assert!(
+        etcd.get("/lo/fleet").await?.is_none(),
+        "a refused take wrote a fleet id"
+    );
+    // The way out on the fleet's own cluster: floor and fleet id put back.
+    etcd.put("/lo/floor", &(now_ms()? + 2_000).to_string())
+        .await?;
+    etcd.put("/lo/fleet", &fleet).await?;
+    let mut own = leased(&etcd, "/lo", &d[0], &[])?;
+    assert_eq!(own.ready(Duration::from_secs(20)).await?, 0);
+    stop_cleanly(&mut own).await?;
+    assert!(
+        etcd.get(&format!("shardflake.fleets/{fleet}"))
+            .await?
+            .is_some(),
+        "not registered again"
+    );
+    // Still passes: a prefix with no records at all is a new fleet's.
+    etcd.etcdctl(&["del", "--prefix", "/lo/"])?;
+    etcd.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    let new = leased(&etcd, "/lo", &d[2], &[])?;
+    assert_eq!(new.ready(Duration::from_secs(20)).await?, 0);
+    Ok(())
+}
+
+/// Outside review, exp. 14: a copy of a fleet's cluster with only the
+/// fleet's registration deleted (its prefix kept, its records naming the
+/// first cluster). A fresh node on another prefix started a new fleet
+/// beside the copied one, which runs on the first cluster: it is refused
+/// as a copy now, whichever prefix it starts on. A cluster wiped
+/// entirely is an empty cluster to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_fleet_on_another_prefix_of_a_copy_is_refused() -> anyhow::Result<()> {
+    let x = Etcd::start(1)?;
+    let y = Etcd::start(1)?;
+    let d = dirs(4)?;
+    let mut first = leased(&x, "/c14", &d[0], &[])?;
+    assert_eq!(first.ready(Duration::from_secs(20)).await?, 0);
+    let fleet = x
+        .get("/c14/fleet")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no fleet id"))?;
+    let snapshot = d[2].join("snapshot.db");
+    x.etcdctl(&["snapshot", "save", &snapshot.display().to_string()])?;
+    tokio::task::block_in_place(|| y.restore(&snapshot))?;
+    y.etcdctl(&["del", &format!("shardflake.fleets/{fleet}")])?;
+    let x_id = format!("{:x}", x.client().range_header(b"/").await?.cluster_id);
+    let mut fresh = leased(&y, "/other14", &d[1], &[])?;
+    let refused = started_or_refused(&mut fresh).await?;
+    fresh.kill();
+    let refused = refused
+        .ok_or_else(|| anyhow::anyhow!("a new fleet started on another prefix of a copy"))?;
+    assert!(
+        refused.contains(&format!(
+            "etcd prefix /c14 holds records written in etcd cluster={x_id}"
+        )),
+        "{refused}"
+    );
+    anyhow::ensure!(
+        y.get("/other14/fleet").await?.is_none(),
+        "a refused take wrote a fleet id"
+    );
+    // Still passes: every record deleted, the copy is an empty cluster.
+    // `fleet confirm` there says so, and writes nothing.
+    y.etcdctl(&["del", "--prefix", ""])?;
+    let (ok, said) = fleet_cmd("confirm", &["--etcd", &y.urls(), "--etcd-prefix", "/c14"])?;
+    assert!(
+        ok && said.contains("/c14: no fleet records here; nothing to confirm"),
+        "{said}"
+    );
+    assert!(!said.contains("etcd shows no restore"), "{said}");
+    anyhow::ensure!(
+        y.get("/c14/confirmed").await?.is_none(),
+        "confirm wrote on an empty prefix"
+    );
+    let mut new = leased(&y, "/other14", &d[3], &[])?;
+    assert_eq!(new.ready(Duration::from_secs(20)).await?, 0);
+    stop_cleanly(&mut new).await?;
+    stop_cleanly(&mut first).await?;
+    Ok(())
+}
+
+/// Outside review, exp. e1: a node waiting for its clock to pass the
+/// high-water of a node id no holder ever recorded was told it waited
+/// for the one "recorded for node id N by its previous holder". The wait
+/// names what it waits for: here, one window past the clock, since the
+/// id holds no record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_an_id_never_held_names_no_previous_holder() -> anyhow::Result<()> {
+    let etcd = Etcd::start(1)?;
+    let d = dirs(1)?;
+    let mut node = leased(&etcd, "/words", &d[0], &[])?;
+    assert_eq!(node.ready(Duration::from_secs(20)).await?, 0);
+    stop_cleanly(&mut node).await?;
+    let log = node.stderr();
+    assert!(
+        log.contains(
+            "set one window past this clock for node id 0, which holds no high-water record here"
+        ) && !log.contains("by its previous holder"),
+        "{log}"
+    );
     Ok(())
 }
 
@@ -2604,7 +2952,7 @@ async fn a_deleted_prefix_is_started_again_past_a_floor() -> anyhow::Result<()> 
     let log = s.stderr();
     assert!(
         log.contains("/e1/floor is ahead of this clock")
-            && log.contains("ms for this clock to pass the high-water recorded for node id 0")
+            && log.contains("ms for this clock to pass the high-water of the fleet's floor")
             && log.contains("still waiting"),
         "{log}"
     );

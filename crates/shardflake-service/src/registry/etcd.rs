@@ -91,8 +91,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AcquireError, Claim, FleetCopied, FleetOverlap, GenerationBehind, Holding, LeaseId,
-    PreviousFleet, RecordError, Registry, RegistryError, Renewal, keys, read_high_water,
+    AcquireError, Claim, FleetCopied, FleetLeftovers, FleetOverlap, GenerationBehind, Holding,
+    LeaseId, PreviousFleet, RecordError, Registry, RegistryError, Renewal, ResumeFrom, keys,
+    read_high_water,
 };
 use crate::config::EtcdConfig;
 use crate::etcd::{
@@ -363,32 +364,90 @@ impl Registry for EtcdRegistry {
                             .into_iter()
                             .flatten()
                             .collect();
-                        let copy = copied_from(
+                        // Only a node that took here before (its state
+                        // file naming this place, or this process)
+                        // registers an unregistered fleet id again: a
+                        // prefix of a version before the registrations,
+                        // or one deleted here by hand.
+                        let took_here = expected_fleet.as_deref().filter(|_| {
+                            self.fleet_known.load(Ordering::Relaxed)
+                                && match claim.expected_registry.as_deref() {
+                                    Some(recorded) => recorded == now,
+                                    None => !first_take,
+                                }
+                        });
+                        let copy = copy_check(
                             &self.prefix,
                             &kvs,
                             &registered,
+                            registered_at,
                             header.cluster_id,
                             &fleets,
-                        )
-                        .or_else(|| {
-                            // A node of this fleet whose state file names
-                            // another cluster: only a `fleet move` brings
-                            // the fleet here, and it names this cluster at
-                            // the new place.
-                            let recorded = state_file_cluster(claim.expected_registry.as_deref()?)?;
-                            let moved_here = place.cluster.as_deref() == Some(here_hex.as_str());
-                            (recorded != here_hex
-                                && !moved_here
-                                && place.fleet.is_some()
-                                && place.fleet == expected_fleet)
-                                .then(|| (recorded, "this node's state file".to_string()))
+                            || {
+                                // A node of this fleet whose state file
+                                // names another cluster: only a `fleet
+                                // move` brings the fleet here, and it
+                                // names this cluster at the new place.
+                                let recorded =
+                                    state_file_cluster(claim.expected_registry.as_deref()?)?;
+                                let moved_here =
+                                    place.cluster.as_deref() == Some(here_hex.as_str());
+                                (recorded != here_hex
+                                    && !moved_here
+                                    && place.fleet.is_some()
+                                    && place.fleet == expected_fleet)
+                                    .then(|| (recorded, "this node's state file".to_string()))
+                            },
+                            took_here,
+                        );
+                        // A node without a fleet that would start a new
+                        // one: only on a prefix with no records at all.
+                        // Records without a fleet id are a fleet's
+                        // leftovers (a copy, or its fleet id deleted), and
+                        // their high-water records may be gone with it. A
+                        // node whose state file names this very place ran
+                        // here before fleet ids were recorded, and a
+                        // layout record without the fixed fields was
+                        // written by a version before them (and before
+                        // fleet ids), whose nodes recorded no fleet.
+                        let layout_key = format!("{}/layout", self.prefix);
+                        let earlier_version = kvs.iter().any(|kv| {
+                            kv.key == layout_key.as_bytes()
+                                && claim.earlier_layout.as_deref() == Some(kv.value.as_slice())
                         });
-                        let checked = if let Some((recorded, evidence)) = copy {
-                            Err(AcquireError::FleetCopied(Box::new(FleetCopied {
+                        let leftovers = (expected_fleet.is_none()
+                            && !earlier_version
+                            && claim.previous.is_none()
+                            && place.fleet.is_none()
+                            && claim.expected_registry.as_deref() != Some(now.as_str())
+                            && registered_under(&registered, &self.prefix).is_none())
+                        .then(|| leftover_records(&self.prefix, &kvs))
+                        .filter(|keys| !keys.is_empty());
+                        // A new fleet: the cluster's other fleets are
+                        // found by their records too, not only by their
+                        // registrations (deleted on a copy), and a copy
+                        // is refused whichever prefix a node starts on.
+                        let new_fleet = copy.is_ok()
+                            && leftovers.is_none()
+                            && expected_fleet.is_none()
+                            && claim.previous.is_none()
+                            && place.fleet.is_none()
+                            && registered_under(&registered, &self.prefix).is_none();
+                        let copy = match copy {
+                            Ok(()) if new_fleet => {
+                                self.copy_elsewhere(&registered, registered_at, header.cluster_id)
+                                    .await
+                            }
+                            other => other,
+                        };
+                        let checked = if let Err(e) = copy {
+                            Err(e)
+                        } else if let Some(records) = leftovers {
+                            Err(AcquireError::FleetLeftovers(Box::new(FleetLeftovers {
                                 prefix: self.prefix.clone(),
-                                recorded,
-                                here: here_hex,
-                                evidence,
+                                records,
+                                here: here_hex.clone(),
+                                floor_ms: claim.now_ms.saturating_add(claim.max_ahead_ms),
                             })))
                         } else if let Some(e) = place.behind(
                             remembered,
@@ -411,7 +470,6 @@ impl Registry for EtcdRegistry {
                         // A layout change: the new fleet's first takes (no
                         // layout record yet) check the previous fleet and
                         // retire it; later ones find the floor it left.
-                        let layout_key = format!("{}/layout", self.prefix);
                         let moved_from = claim.previous.as_ref().map(|p| p.prefix.clone());
                         let fleet = match (checked, &claim.previous) {
                             (Err(e), _) => Err(e),
@@ -420,6 +478,7 @@ impl Registry for EtcdRegistry {
                             {
                                 let before = BeforeRetiring {
                                     registered: &registered,
+                                    registered_at,
                                     expected: expected_fleet.as_deref(),
                                     cluster_id: header.cluster_id,
                                 };
@@ -488,6 +547,7 @@ impl Registry for EtcdRegistry {
                     ttl: Some(Duration::from_secs(ttl).min(claim.ttl)),
                     previous_high_water_ms: taken.previous_ms,
                     recorded_high_water_ms: Some(taken.recorded_ms),
+                    resume_from: taken.resume_from,
                 })
             }
             Err(e) => {
@@ -965,6 +1025,51 @@ impl EtcdRegistry {
             .map(|h| h.revision)
     }
 
+    /// [`copy_check`] of every other place in the cluster holding a
+    /// fleet's records ([`other_places`]), before a new fleet starts
+    /// here: a copy of another cluster is refused under any prefix.
+    async fn copy_elsewhere(
+        &self,
+        registered: &[Kv],
+        registered_at: i64,
+        cluster_id: u64,
+    ) -> Result<(), AcquireError> {
+        for place in other_places(&self.client, &self.prefix).await? {
+            let kvs = self
+                .client
+                .range_prefix_local(format!("{place}/").as_bytes())
+                .await?;
+            // Only a fleet's place: its layout record, or a fleet id (keys
+            // of another application may end the same way).
+            let (layout, fleet) = (format!("{place}/layout"), format!("{place}/fleet"));
+            let a_fleets = kvs.iter().any(|kv| {
+                (kv.key == layout.as_bytes()
+                    && std::str::from_utf8(&kv.value)
+                        .is_ok_and(|v| v.contains("; node id in field")))
+                    || (kv.key == fleet.as_bytes()
+                        && kv.value.len() == 32
+                        && kv.value.iter().all(u8::is_ascii_hexdigit))
+            });
+            if !a_fleets {
+                continue;
+            }
+            copy_check(
+                &place,
+                &kvs,
+                registered,
+                registered_at,
+                cluster_id,
+                &[],
+                || None,
+                None,
+            )
+            .inspect_err(|_| {
+                tracing::warn!(prefix = %self.prefix, other = %place, "a new fleet would start beside a copy of another fleet");
+            })?;
+        }
+        Ok(())
+    }
+
     fn identity_of(&self, cluster_id: u64) -> String {
         format!("etcd cluster={cluster_id:x} prefix={}", self.prefix)
     }
@@ -1015,6 +1120,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Taken {
     node_id: u64,
     previous_ms: u64,
+    resume_from: super::ResumeFrom,
     recorded_ms: u64,
     /// The revision the take wrote the high-water at.
     hw_revision: i64,
@@ -1179,6 +1285,22 @@ async fn retire_previous_once(
             previous: old.clone(),
         });
     };
+    // A copy of another cluster's fleet is carried nowhere: the fleet
+    // may run where it was copied from.
+    let previous_fleet = kvs
+        .iter()
+        .find(|kv| kv.key == format!("{old}/fleet").as_bytes())
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    copy_check(
+        old,
+        &kvs,
+        before.registered,
+        before.registered_at,
+        header.cluster_id,
+        &previous_fleet.as_deref().into_iter().collect::<Vec<_>>(),
+        || None,
+        None,
+    )?;
     let (old_record, retired) = match parse_retired(&record.value) {
         Some((successor, was)) if successor == prefix => (was, true),
         Some((successor, _)) => {
@@ -1291,8 +1413,10 @@ async fn retire_previous_once(
 /// previous fleet: whatever the take that follows would refuse.
 #[derive(Clone, Copy)]
 struct BeforeRetiring<'a> {
-    /// The fleets registered in the cluster, as the take read them.
+    /// The fleets registered in the cluster, as the take read them, and
+    /// the revision they were read at.
     registered: &'a [Kv],
+    registered_at: i64,
     /// The fleet id of this node's state file.
     expected: Option<&'a str>,
     /// The etcd cluster of the take.
@@ -1741,6 +1865,155 @@ fn copied_from(
     None
 }
 
+/// The fleet id `<prefix>/fleet` holds where the cluster's registrations
+/// (`registered`, read at revision `registered_at`) hold none for it. A
+/// fleet id is written with its registration (a fleet's first take, `fleet
+/// move`), so one without is a copy whose registration was deleted (or
+/// one deleted here by hand, or a prefix of a version before 24f4003).
+/// A read of the registrations older than the fleet id (a lagging member)
+/// tells nothing.
+fn unregistered(prefix: &str, kvs: &[Kv], registered: &[Kv], registered_at: i64) -> Option<String> {
+    let key = format!("{prefix}/fleet");
+    let fleet = kvs.iter().find(|kv| kv.key == key.as_bytes())?;
+    let known = latest_registrations(registered)
+        .iter()
+        .any(|(id, _)| *id == fleet.value.as_slice());
+    (!known && registered_at >= fleet.mod_revision)
+        .then(|| String::from_utf8_lossy(&fleet.value).into_owned())
+}
+
+/// The keys under `prefix` a fleet leaves (all but the queue keys of
+/// nodes waiting to take, which go with their leases, and the restore and
+/// confirmation records), at most a few
+/// named, and how many in all: `<key>, <key>, ... (N records)`; empty
+/// where there are none.
+fn leftover_records(prefix: &str, kvs: &[Kv]) -> String {
+    let queue = format!("{prefix}/queue/");
+    // etcd's own state as a take or `fleet confirm` saw it, written before
+    // any fleet id (a restore seen, a confirmation of an empty prefix);
+    // [`copied_from`] refuses one naming another cluster.
+    let status = [
+        format!("{prefix}/restored"),
+        format!("{prefix}/{CONFIRMED}"),
+    ];
+    let keys: Vec<String> = kvs
+        .iter()
+        .filter(|kv| {
+            !kv.key.starts_with(queue.as_bytes()) && !status.iter().any(|k| kv.key == k.as_bytes())
+        })
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+        .collect();
+    match keys.len() {
+        0 => String::new(),
+        n => {
+            let named: Vec<&str> = keys.iter().take(4).map(String::as_str).collect();
+            format!("{} ({n} records)", named.join(", "))
+        }
+    }
+}
+
+/// How many keys [`other_places`] reads at most: a cluster with more is
+/// searched that far (logged), so a new fleet's first take stays bounded.
+const PLACES_SCAN_LIMIT: usize = 100_000;
+/// How many other fleets' places [`other_places`] returns at most.
+const PLACES_LIMIT: usize = 64;
+
+/// The prefixes other than `prefix` that hold a fleet's records (a key
+/// ending `/fleet`, `/cluster` or `/layout`), found by a keys-only read of
+/// the whole keyspace, in pages, at most [`PLACES_SCAN_LIMIT`] keys.
+/// A registration names a fleet's prefix, but one deleted (a copy's, by
+/// hand) leaves its records unnamed: a new fleet finds them here.
+async fn other_places(client: &Client, prefix: &str) -> Result<Vec<String>, AcquireError> {
+    const PAGE: usize = 2_000;
+    let mut places: Vec<String> = Vec::new();
+    let mut from = vec![0u8];
+    let mut read = 0;
+    loop {
+        let keys = match client.keys_from(&from, PAGE as i64).await {
+            // A user allowed only its prefix and the registrations sees no
+            // other place; the registrations are all it can check.
+            Err(EtcdError::Auth(error)) => {
+                tracing::warn!(%error, "etcd lets this user read only its prefix: a new fleet looks for other fleets by their registrations alone");
+                break;
+            }
+            keys => keys?,
+        };
+        read += keys.len();
+        for key in &keys {
+            let Ok(key) = std::str::from_utf8(key) else {
+                continue;
+            };
+            let place = ["/fleet", "/cluster", "/layout"]
+                .iter()
+                .find_map(|suffix| key.strip_suffix(suffix));
+            if let Some(place) = place
+                && place != prefix
+                && !place.is_empty()
+                && !places.iter().any(|p| p == place)
+            {
+                places.push(place.to_string());
+            }
+        }
+        let Some(last) = keys.last() else { break };
+        if keys.len() < PAGE || places.len() >= PLACES_LIMIT {
+            break;
+        }
+        if read >= PLACES_SCAN_LIMIT {
+            tracing::warn!(
+                read,
+                "a new fleet's first take looked for other fleets' records in the first {read} keys of etcd only"
+            );
+            break;
+        }
+        from = last.clone();
+        from.push(0);
+    }
+    places.truncate(PLACES_LIMIT);
+    Ok(places)
+}
+
+/// The copy check every command that reads a fleet's place to take,
+/// carry, retire or confirm it runs (a take, `--previous-prefix`, `fleet
+/// move`, `fleet confirm`): `prefix`'s records (`kvs`, read in cluster
+/// `here`, with the cluster's registrations `registered`, read at
+/// `registered_at`) are refused where any names another cluster
+/// ([`copied_from`]; `fleets`: the fleet ids the caller knows), where the
+/// caller's own evidence tells (`also`: a take's state file), and where
+/// the prefix holds a fleet id the cluster does not register
+/// ([`unregistered`]), but for `took_here`: the fleet id the caller's own
+/// state file (or process) took at this very place, whose take registers
+/// it again.
+#[allow(clippy::too_many_arguments)] // one check, its inputs read at once
+fn copy_check(
+    prefix: &str,
+    kvs: &[Kv],
+    registered: &[Kv],
+    registered_at: i64,
+    here: u64,
+    fleets: &[&str],
+    also: impl FnOnce() -> Option<(String, String)>,
+    took_here: Option<&str>,
+) -> Result<(), AcquireError> {
+    if let Some((recorded, evidence)) =
+        copied_from(prefix, kvs, registered, here, fleets).or_else(also)
+    {
+        return Err(AcquireError::FleetCopied(Box::new(FleetCopied {
+            prefix: prefix.to_string(),
+            recorded,
+            here: format!("{here:x}"),
+            evidence,
+        })));
+    }
+    match unregistered(prefix, kvs, registered, registered_at) {
+        Some(fleet) if Some(fleet.as_str()) != took_here => Err(AcquireError::FleetUnregistered {
+            prefix: prefix.to_string(),
+            fleet,
+            here: format!("{here:x}"),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The etcd cluster id (hex) a state file's registry line names
 /// (`etcd cluster=<id> prefix=<prefix>`; `None`: a static one).
 fn state_file_cluster(registry: &str) -> Option<String> {
@@ -2061,13 +2334,13 @@ async fn take_lowest(
         // <prefix>/hw/`). Its last holder, killed, or stopped by its
         // failing record, may have stamped as far ahead as its clock ran.
         let hw_deleted = seen.is_none() && stamps.contains_key(&candidate);
-        let previous_ms = if hw_deleted {
+        let (previous_ms, resume_from) = if hw_deleted {
             let skew_ms = claim.max_ahead_ms.saturating_sub(claim.window_ms);
             tracing::warn!(
                 node_id = candidate,
                 "{hw} is missing, but node id {candidate} was taken before ({stamp_key}): its record was deleted, and its last holder may have stamped up to max_resume_wait ({skew_ms} ms) past this clock; waiting that out"
             );
-            claim.now_ms.saturating_add(skew_ms)
+            (claim.now_ms.saturating_add(skew_ms), ResumeFrom::Deleted)
         } else if !trust.believes(stamp.as_ref()) {
             // etcd was restored: the record (or its absence) may be older
             // than what a lost holder stamped since, with its own clock:
@@ -2079,15 +2352,18 @@ async fn take_lowest(
                 recorded_ms = recorded,
                 "etcd was restored from a snapshot and {hw} was not recorded since: node id {candidate}'s last holder may have stamped up to max_resume_wait ({skew_ms} ms) past this clock; waiting that out"
             );
-            recorded.max(lost)
+            (recorded.max(lost), ResumeFrom::Restored)
         } else if recorded == 0 {
             // No record: the id was never used here, or its record was
             // deleted under a holder that may still run until its next
             // record fails. Such a holder stamped at most one window past
             // its clock: resume past ours by as much.
-            claim.now_ms.saturating_add(claim.window_ms)
+            (
+                claim.now_ms.saturating_add(claim.window_ms),
+                ResumeFrom::NoRecord,
+            )
         } else {
-            recorded
+            (recorded, ResumeFrom::Recorded)
         };
         // Past every id of the fleet this one replaced.
         if floor_ms > previous_ms && floor_ms > claim.now_ms {
@@ -2098,13 +2374,23 @@ async fn take_lowest(
                 "{prefix}/floor is ahead of this clock: no id of this fleet is stamped at or before it (a layout change, a `fleet move` or a floor put back after a delete wrote it, past every id the fleet may have made before), so this node waits until its clock passes it"
             );
         }
+        let resume_from = if floor_ms > previous_ms {
+            ResumeFrom::Floor
+        } else {
+            resume_from
+        };
         let previous_ms = previous_ms.max(floor_ms);
         // Checked before anything is written: a refused take leaves the
         // record as it was.
         let ahead_ms = previous_ms.saturating_sub(claim.now_ms);
         if ahead_ms > claim.max_ahead_ms {
             let e = AcquireError::HighWaterAhead {
-                whose: format!("recorded in {hw} by node id {candidate}'s previous holder"),
+                whose: match resume_from {
+                    ResumeFrom::Recorded => {
+                        format!("recorded in {hw} by node id {candidate}'s previous holder")
+                    }
+                    other => other.describe(candidate),
+                },
                 high_water_ms: previous_ms,
                 ahead: Duration::from_millis(ahead_ms),
                 limit: Duration::from_millis(claim.max_ahead_ms),
@@ -2250,6 +2536,7 @@ async fn take_lowest(
         let taken = Taken {
             node_id: candidate,
             previous_ms,
+            resume_from,
             recorded_ms,
             hw_revision: answer.revision,
             layout: layout_present.clone().unwrap_or_else(|| layout.to_vec()),
@@ -2693,5 +2980,29 @@ mod tests {
             Some("a1".into())
         );
         assert_eq!(state_file_cluster("static"), None);
+    }
+
+    #[test]
+    fn a_fleet_id_without_its_registration_is_told() {
+        let kv = |key: &[u8], value: &[u8], mod_revision: i64| Kv {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: 0,
+            create_revision: mod_revision,
+            mod_revision,
+        };
+        let fleet = [kv(b"/p/fleet", b"F", 5)];
+        let registered = |id: &str| kv(&fleet_registry_key(id.as_bytes()), b"prefix /p", 5);
+        let old_place = kv(format!("{OLD_FLEETS}F").as_bytes(), b"prefix /p", 5);
+        assert_eq!(unregistered("/p", &fleet, &[registered("F")], 9), None);
+        assert_eq!(unregistered("/p", &fleet, &[old_place], 9), None);
+        assert_eq!(unregistered("/p", &[], &[], 9), None);
+        assert_eq!(
+            unregistered("/p", &fleet, &[registered("G")], 9),
+            Some("F".into())
+        );
+        assert_eq!(unregistered("/p", &fleet, &[], 5), Some("F".into()));
+        // Registrations read from a member behind the fleet id's write.
+        assert_eq!(unregistered("/p", &fleet, &[], 4), None);
     }
 }

@@ -210,6 +210,11 @@ impl Registry for MemoryRegistry {
                 ttl: Some(claim.ttl),
                 previous_high_water_ms,
                 recorded_high_water_ms: Some(first),
+                resume_from: if previous_high_water_ms == 0 {
+                    super::ResumeFrom::NoRecord
+                } else {
+                    super::ResumeFrom::Recorded
+                },
             }),
             Err(e) => {
                 store.revoke(lease);

@@ -38,7 +38,7 @@
 //! without a state file of it take ids there again.
 
 use super::{
-    CLUSTER, CONFIRMED, RETIRED, check_registered, client, copied_from, fleet_registry_key,
+    CLUSTER, CONFIRMED, RETIRED, check_registered, client, copy_check, fleet_registry_key,
     moved_registration, parse_retired, read_generation, read_high_water, read_registrations,
     registrations_unchanged, stamp_text,
 };
@@ -116,6 +116,10 @@ pub enum MoveError {
         /// The prefix that changed.
         prefix: String,
     },
+    /// The place's records are a copy of another cluster's, or hold a
+    /// fleet id this cluster does not register: the same check as a take.
+    #[error("{0}. This command refuses it as a take does{1}")]
+    Copied(Box<AcquireError>, String),
     /// The old place saw an etcd restore and the raise is short of it.
     #[error(
         "etcd under {prefix} was restored from a snapshot ({prefix}/restored, or its revision past its raft index, or {prefix}/cluster naming another cluster: a copy): a high-water record there may be older than what its holder stamped, up to the fleet's --max-resume-wait past its clock. Run the move with --raise at least that (the fleet's --max-resume-wait, given to the move: {min_ms} ms)"
@@ -187,6 +191,7 @@ pub async fn move_fleet(
     raise_ms: u64,
     max_resume_wait_ms: u64,
     window_ms: u64,
+    copy_of_gone: Option<&str>,
 ) -> Result<Moved, MoveError> {
     let (old, new) = (&from.prefix, &to.prefix);
     let src = client(from)?;
@@ -236,16 +241,30 @@ pub async fn move_fleet(
     // its lost holder may have stamped instead.
     // So is a copy of another cluster's records, told by any record there
     // that names its cluster (see `copied_from`).
+    // Refused, as at a take, unless the operator names the cluster the
+    // records were copied from as gone (`copy_of_gone`): the fleet may run
+    // there, and a move would carry its ids to a place beside it.
     let fleet_id = String::from_utf8_lossy(&fleet).into_owned();
-    let (src_registered, _) = read_registrations(&src, false).await?;
-    let copied = copied_from(
+    let (src_registered, src_registered_at) = read_registrations(&src, false).await?;
+    let copied = match copy_check(
         old,
         &kvs,
         &src_registered,
+        src_registered_at,
         header.cluster_id,
         &[fleet_id.as_str()],
-    )
-    .is_some();
+        || None,
+        None,
+    ) {
+        Ok(()) => false,
+        Err(AcquireError::FleetCopied(c)) if copy_of_gone == Some(c.recorded.as_str()) => true,
+        Err(e) => {
+            return Err(MoveError::Copied(
+                Box::new(e),
+                ": nothing was moved".to_string(),
+            ));
+        }
+    };
     let restored = copied
         || find(format!("{old}/restored")).is_some()
         || src.status().await.is_ok_and(|s| s.restored());
@@ -499,6 +518,9 @@ pub struct Confirmed {
     /// Whether etcd shows a restore (its revision past its raft index, or
     /// `<prefix>/restored`).
     pub restore_seen: bool,
+    /// Whether `<prefix>/confirmed` was written (not where the place holds
+    /// no record and etcd shows no restore: nothing to confirm).
+    pub written: bool,
 }
 
 /// Records the operator's word that the place of `cfg` is still its
@@ -523,6 +545,25 @@ pub async fn confirm_place(cfg: &EtcdConfig) -> Result<Confirmed, MoveError> {
             successor,
         });
     }
+    // A copy is never confirmed: the fleet may run where it was copied
+    // from (its way out is `fleet move --copy-of-gone-cluster`).
+    let (registered, registered_at) = read_registrations(&etcd, false).await?;
+    let fleet = find("fleet").map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    if let Err(e) = copy_check(
+        prefix,
+        &kvs,
+        &registered,
+        registered_at,
+        header.cluster_id,
+        &fleet.as_deref().into_iter().collect::<Vec<_>>(),
+        || None,
+        None,
+    ) {
+        return Err(MoveError::Copied(
+            Box::new(e),
+            ": nothing was confirmed".to_string(),
+        ));
+    }
     let status = etcd.status().await?;
     // The restore itself is recorded by takes (registry/etcd.rs): a record
     // written here, after a take's own, would make that take's stamp look
@@ -533,13 +574,24 @@ pub async fn confirm_place(cfg: &EtcdConfig) -> Result<Confirmed, MoveError> {
         0,
     )];
     let restore_seen = find("restored").is_some() || status.restored();
+    // No record and no restore: nothing a node would be refused for here
+    // (and a record written would be all the place holds).
+    if kvs.is_empty() && !restore_seen {
+        return Ok(Confirmed {
+            fleet,
+            generation: 0,
+            restore_seen,
+            written: false,
+        });
+    }
     etcd.txn(&[], &ops, &[]).await?;
     tracing::warn!(
         "{prefix}/{CONFIRMED} recorded: nodes without a state file of this place take ids here again"
     );
     Ok(Confirmed {
-        fleet: find("fleet").map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
+        fleet,
         generation: read_generation(&kvs, prefix),
         restore_seen,
+        written: true,
     })
 }
