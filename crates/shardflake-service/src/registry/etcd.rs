@@ -1883,12 +1883,14 @@ fn unregistered(prefix: &str, kvs: &[Kv], registered: &[Kv], registered_at: i64)
 }
 
 /// The keys under `prefix` a fleet leaves (all but the queue keys of
-/// nodes waiting to take, which go with their leases, and the restore and
-/// confirmation records), at most a few
-/// named, and how many in all: `<key>, <key>, ... (N records)`; empty
-/// where there are none.
+/// nodes waiting to take, which go with their leases, the restore and
+/// confirmation records, and the ticket servers' marks under
+/// `<prefix>/tickets/`, which `serve --tickets` writes with or without a
+/// fleet), at most a few named, and how many in all: `<key>, <key>, ...
+/// (N records)`; empty where there are none.
 fn leftover_records(prefix: &str, kvs: &[Kv]) -> String {
     let queue = format!("{prefix}/queue/");
+    let tickets = format!("{prefix}/tickets/");
     // etcd's own state as a take or `fleet confirm` saw it, written before
     // any fleet id (a restore seen, a confirmation of an empty prefix);
     // [`copied_from`] refuses one naming another cluster.
@@ -1899,7 +1901,9 @@ fn leftover_records(prefix: &str, kvs: &[Kv]) -> String {
     let keys: Vec<String> = kvs
         .iter()
         .filter(|kv| {
-            !kv.key.starts_with(queue.as_bytes()) && !status.iter().any(|k| kv.key == k.as_bytes())
+            !kv.key.starts_with(queue.as_bytes())
+                && !kv.key.starts_with(tickets.as_bytes())
+                && !status.iter().any(|k| kv.key == k.as_bytes())
         })
         .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
         .collect();
