@@ -116,13 +116,7 @@ impl Client {
             limit,
             ..Default::default()
         };
-        let answer = self
-            .call("KV.Range", |ch, token| {
-                let req = with_token(req.clone(), token);
-                async move { KvClient::new(ch).range(req).await }
-            })
-            .await?
-            .into_inner();
+        let answer = self.range_request(req).await?;
         Ok(answer.kvs.into_iter().map(|kv| kv.key).collect())
     }
 
@@ -133,18 +127,8 @@ impl Client {
             count_only: true,
             ..Default::default()
         };
-        let answer = self
-            .call("KV.Range", |ch, token| {
-                let req = with_token(req.clone(), token);
-                async move { KvClient::new(ch).range(req).await }
-            })
-            .await?
-            .into_inner();
-        Ok(answer.header.map_or(Header::default(), |h| Header {
-            cluster_id: h.cluster_id,
-            member_id: h.member_id,
-            revision: h.revision,
-        }))
+        let answer = self.range_request(req).await?;
+        Ok(header(answer.header))
     }
 
     /// [`Client::range_prefix`] (linearizable), with the answer's [`Header`].
@@ -171,19 +155,22 @@ impl Client {
             serializable,
             ..Default::default()
         };
-        let answer = self
+        let answer = self.range_request(req).await?;
+        Ok((
+            answer.kvs.into_iter().map(kv).collect(),
+            header(answer.header),
+        ))
+    }
+
+    /// One `KV.Range` call, with the auth token.
+    async fn range_request(&self, req: rpc::RangeRequest) -> Result<rpc::RangeResponse, EtcdError> {
+        Ok(self
             .call("KV.Range", |ch, token| {
                 let req = with_token(req.clone(), token);
                 async move { KvClient::new(ch).range(req).await }
             })
             .await?
-            .into_inner();
-        let header = answer.header.map_or(Header::default(), |h| Header {
-            cluster_id: h.cluster_id,
-            member_id: h.member_id,
-            revision: h.revision,
-        });
-        Ok((answer.kvs.into_iter().map(kv).collect(), header))
+            .into_inner())
     }
 
     /// Runs a transaction (`KV.Txn`): the success ops if every compare
@@ -309,6 +296,15 @@ impl Client {
         }
         Ok(out)
     }
+}
+
+/// An answer's [`Header`] (zeros where etcd sent none).
+fn header(h: Option<rpc::ResponseHeader>) -> Header {
+    h.map_or(Header::default(), |h| Header {
+        cluster_id: h.cluster_id,
+        member_id: h.member_id,
+        revision: h.revision,
+    })
 }
 
 fn kv(kv: pb::mvccpb::KeyValue) -> Kv {
