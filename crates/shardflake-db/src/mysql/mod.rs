@@ -537,15 +537,19 @@ pub(super) async fn old_server_proven_gone(
         ),
         None => String::new(),
     };
+    // Only `repair` takes `--old-server-gone`: for another table, it is
+    // repaired first (its database in the URL), then this command again.
     let (whose, gone_cmd) = match other_table {
         Some(t) => (
             format!(
                 "{t} on this server (so this server is a copy for {} too)",
                 opts.names.table
             ),
-            command,
+            format!(
+                "repair (the URL naming that table's database, --table its name) then {command} again, the repair with"
+            ),
         ),
-        None => (format!("{} here", opts.names.table), "repair"),
+        None => (format!("{} here", opts.names.table), "repair".to_string()),
     };
     Err(other(
         command,
